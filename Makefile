@@ -1,0 +1,30 @@
+# Two commands: `make demo` runs the main job on the embedded default, `make test` runs the tests.
+# Both create .venv on first use and install Tula into it.
+PY      ?= python3
+VENV    := .venv
+STAMP   := $(VENV)/.installed
+TULA    := $(VENV)/bin/tula
+OUT     ?= runs/demo
+
+.PHONY: demo test bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(TULA) run examples/digits_cnn.yaml --out $(OUT)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/perfmodel_accuracy.py
+	$(VENV)/bin/python bench/memory_bound.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

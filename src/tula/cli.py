@@ -1,0 +1,177 @@
+"""Command line: ``tula profile``, ``tula fit``, ``tula plan``, ``tula run``.
+
+Errors a user can cause print one sentence and exit with code 2; records already
+measured are written before the next stage starts, so a later failure loses nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .errors import TulaError
+from .spec import JobSpec, load_spec
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Tula: profile short DDP runs of your model, fit memory and performance models, "
+                       "and plan the global batch and cluster size that minimise time, cost, or sit at the knee.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+class Search(str, Enum):
+    full = "full"
+    partial = "partial"
+
+
+class Objective(str, Enum):
+    time = "time"
+    cost = "cost"
+    knee = "knee"
+
+
+def _profile_with_progress(spec: JobSpec, search: str) -> dict:
+    from .profile import profile
+
+    with Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
+        task = bar.add_task("memory probe", total=None)
+
+        def on_event(ev: dict) -> None:
+            if ev.get("type") == "plan":
+                bar.update(task, total=ev["total"], description=f"{ev['total']} trials")
+            elif ev.get("type") == "trial":
+                bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+
+        rec = profile(spec, search, on_event=on_event)
+        bar.update(task, description="done")
+    return rec
+
+
+def _models_from_input(path: Path, search: str, out_dir: Path | None) -> dict:
+    """A spec (YAML) is profiled and fitted; a profile JSON is fitted; a models JSON is used as is."""
+    from .fit import MODELS_KIND, PROFILE_KIND, fit_models, load_record, save_record
+    from .report import models_table, trials_table
+
+    if path.suffix.lower() in (".yaml", ".yml"):
+        spec = load_spec(path)
+        prof = _profile_with_progress(spec, search)
+        if out_dir is not None:
+            save_record(prof, out_dir / "profile.json")
+        console.print(trials_table(prof))
+    else:
+        rec = load_record(path)
+        if rec["kind"] == MODELS_KIND:
+            return rec
+        if rec["kind"] != PROFILE_KIND:
+            raise TulaError(f"{str(path)!r} is a plan; give a spec, a profile or a models record")
+        prof = rec
+    models = fit_models(prof)
+    if out_dir is not None:
+        save_record(models, out_dir / "models.json")
+    console.print(models_table(models))
+    return models
+
+
+@app.command()
+def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
+            search: Search = typer.Option(Search.partial, help="full: every candidate (N, B); partial: only the "
+                                          "extreme cluster sizes and batches (paper §III-A2)"),
+            out: Path = typer.Option(Path("profile.json"), help="where to write the profile record (JSON)")) -> None:
+    """Run short real DDP trials and record step, compute and sync time and peak memory."""
+    from .fit import save_record
+    from .report import trials_table
+
+    rec = _profile_with_progress(load_spec(spec), search.value)
+    save_record(rec, out)
+    console.print(trials_table(rec))
+    console.print(f"profile written to [bold]{out}[/]")
+
+
+@app.command()
+def fit(profile_json: Path = typer.Argument(..., help="a profile record from `tula profile`"),
+        out: Path = typer.Option(Path("models.json"), help="where to write the fitted models (JSON)")) -> None:
+    """Fit the memory and performance models of a profile; the result re-plans without profiling."""
+    from .fit import PROFILE_KIND, fit_models, load_record, save_record
+    from .report import models_table
+
+    rec = load_record(profile_json)
+    if rec["kind"] != PROFILE_KIND:
+        raise TulaError(f"{str(profile_json)!r} is not a profile record (it is a {rec['kind']})")
+    models = fit_models(rec)
+    save_record(models, out)
+    console.print(models_table(models))
+    console.print(f"models written to [bold]{out}[/]")
+
+
+@app.command()
+def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a profile JSON, or a models JSON"),
+         objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+         search: Search = typer.Option(Search.partial, help="search used when SOURCE is a spec"),
+         out: Path = typer.Option(Path("plan.json"), help="where to write the plan (JSON)"),
+         plot: Path = typer.Option(None, help="also write the time/cost-vs-batch plot to this PNG")) -> None:
+    """Predict time and cost of every configuration and choose one."""
+    from .fit import save_record
+    from .plan import make_plan
+    from .report import plan_table, plot_plan
+
+    models = _models_from_input(source, search.value, out.parent)
+    p = make_plan(models, objective.value if objective else None)
+    save_record(p, out)
+    console.print(plan_table(p))
+    console.print(f"[bold green]choice[/]: {p['reason']}")
+    if plot is not None:
+        plot_plan(p, models["trials"], plot)
+        console.print(f"plot written to [bold]{plot}[/]")
+    console.print(f"plan written to [bold]{out}[/]")
+
+
+@app.command()
+def run(spec: Path = typer.Argument(..., help="job spec (YAML)"),
+        search: Search = typer.Option(Search.partial, help="full or partial search"),
+        objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+        out: Path = typer.Option(Path("runs/job"), help="directory for profile.json, models.json, plan.json, "
+                                 "plan.png")) -> None:
+    """The main job: profile, fit, plan and report."""
+    from .fit import save_record
+    from .plan import make_plan
+    from .report import plan_table, plot_plan
+
+    load_spec(spec)  # fail fast, before any output directory appears
+    out.mkdir(parents=True, exist_ok=True)
+    models = _models_from_input(spec, search.value, out)
+    p = make_plan(models, objective.value if objective else None)
+    save_record(p, out / "plan.json")
+    console.print(plan_table(p))
+    png = plot_plan(p, models["trials"], out / "plan.png")
+    console.print(f"[bold green]choice[/]: {p['reason']}")
+    console.print(f"records and plot in [bold]{out}[/]: profile.json, models.json, plan.json, {png.name}")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except TulaError as err:
+        err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except (typer.Abort,):
+        sys.exit(1)
+    except Exception as err:  # click usage errors come here in non-standalone mode
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

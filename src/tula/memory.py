@@ -1,0 +1,146 @@
+"""Memory model (Eq. 3, §III-A1): peak memory of one training step as a function of the
+local batch, and the largest local batch that fits a budget.
+
+    M_total(b) = M_param + M_grad + M_opt + M_buffers + M_other  +  b * (m_act + m_batch)
+
+The static part is read from the model and optimiser; the per-sample part is measured
+from real training steps at two small local batches (after a first step, so that the
+lazily created optimiser state exists).  Measured peaks come from torch's MemTracker on
+CPU and ``torch.cuda.max_memory_allocated`` on CUDA, the same measure the profiler uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for CUDA OOM, the CPU allocator's failure under an address-space cap, and MemoryError."""
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    msg = str(err).lower()
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in msg or "out of memory" in msg
+                                              or "cannot allocate memory" in msg)
+
+
+def measure_step_peak_bytes(run_step: Callable[[], None], model: nn.Module, optimizer: torch.optim.Optimizer,
+                            device: torch.device) -> int:
+    """Peak bytes of tensors alive during ``run_step()`` (parameters and optimiser state included)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run_step()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        run_step()
+    peaks = tracker.get_tracker_snapshot("peak")
+    return int(sum(v["Total"] for v in peaks.values()))
+
+
+def tensor_bytes(tensors) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors))
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return tensor_bytes(v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Fitted memory model of one (model, data, optimiser, device).  All sizes in bytes."""
+
+    param_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+    buffer_bytes: int
+    other_static_bytes: int  # measured intercept minus the static parts above (workspaces, DDP, rounding)
+    activation_bytes_per_sample: int  # measured slope minus the data batch
+    batch_bytes_per_sample: int
+    probe_local_batches: tuple[int, int]
+    probe_peak_bytes: tuple[int, int]
+    device: str
+
+    @property
+    def static_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_state_bytes + self.buffer_bytes + \
+            self.other_static_bytes
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return self.activation_bytes_per_sample + self.batch_bytes_per_sample
+
+    def predict_peak_bytes(self, local_batch):
+        """Predicted peak bytes for a local batch (scalar or numpy array)."""
+        return self.static_bytes + self.bytes_per_sample * local_batch
+
+    def max_local_batch(self, budget_bytes: int | None, safety: float = 0.1) -> int | None:
+        """Largest local batch whose predicted peak stays within ``(1 - safety) * budget``;
+        ``None`` when there is no budget, 0 when not even one sample fits."""
+        if budget_bytes is None:
+            return None
+        room = budget_bytes * (1.0 - safety) - self.static_bytes
+        if room < self.bytes_per_sample:
+            return 0
+        return int(math.floor(room / max(self.bytes_per_sample, 1)))
+
+    def refit(self, local_batches, peak_bytes) -> "MemoryModel":
+        """The same static decomposition with intercept and slope refitted to more measured
+        peaks (e.g. the profiled trials), by least squares on relative error over the
+        larger half of the batches."""
+        b = np.concatenate([np.asarray(self.probe_local_batches, float), np.asarray(local_batches, float)])
+        p = np.concatenate([np.asarray(self.probe_peak_bytes, float), np.asarray(peak_bytes, float)])
+        # at small batches the peak can sit in another phase of the step (optimiser update
+        # rather than backward), so the line is fitted to the larger half of the batches
+        keep = b >= np.median(b)
+        if len(np.unique(b[keep])) < 2:
+            keep = np.ones_like(b, dtype=bool)
+        if len(np.unique(b[keep])) < 2:
+            return self
+        slope, intercept = np.polyfit(b[keep], p[keep], 1, w=1.0 / p[keep])
+        slope = max(float(slope), 0.0)
+        known = self.param_bytes + self.grad_bytes + self.optimizer_state_bytes + self.buffer_bytes
+        return replace(self, other_static_bytes=int(round(intercept)) - known,
+                       activation_bytes_per_sample=int(math.ceil(slope)) - self.batch_bytes_per_sample)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MemoryModel":
+        d = dict(d)
+        d["probe_local_batches"] = tuple(d["probe_local_batches"])
+        d["probe_peak_bytes"] = tuple(d["probe_peak_bytes"])
+        return cls(**d)
+
+
+def fit_memory_model(model: nn.Module, optimizer: torch.optim.Optimizer, sample_bytes: int,
+                     local_batches: tuple[int, int], peaks: tuple[int, int], device: torch.device) -> MemoryModel:
+    """Build the model from two measured peaks (after the optimiser state exists)."""
+    (b1, b2), (p1, p2) = local_batches, peaks
+    if b2 <= b1:
+        raise ValueError("memory probe batches must be increasing")
+    slope = max((p2 - p1) / (b2 - b1), 0.0)
+    intercept = p1 - slope * b1
+    params = [p for p in model.parameters()]
+    param_bytes = tensor_bytes(params)
+    grad_bytes = tensor_bytes(p for p in params if p.requires_grad)
+    opt_bytes = optimizer_state_bytes(optimizer)
+    buffer_bytes = tensor_bytes(model.buffers())
+    static_known = param_bytes + grad_bytes + opt_bytes + buffer_bytes
+    per_sample = int(math.ceil(slope))
+    return MemoryModel(
+        param_bytes=param_bytes, grad_bytes=grad_bytes, optimizer_state_bytes=opt_bytes, buffer_bytes=buffer_bytes,
+        other_static_bytes=int(round(intercept)) - static_known,
+        activation_bytes_per_sample=per_sample - sample_bytes, batch_bytes_per_sample=sample_bytes,
+        probe_local_batches=(b1, b2), probe_peak_bytes=(int(p1), int(p2)), device=device.type)

@@ -1,0 +1,316 @@
+"""Profiler: short real DDP trials at chosen (N, b) configurations.
+
+Each cluster size is one launched world that runs all its trials in turn.  A trial:
+
+1. a *probe* step under ``no_sync()`` (no collective), after which every rank says
+   whether it ran out of memory; the ranks agree through one all-reduce, so an OOM is a
+   result (``status: oom``) and no rank is left waiting in a collective;
+2. one synchronised step under the memory tracker: ``peak_mem_bytes``;
+3. warm-up steps, then timed steps alternating synchronised (``t_step``) and
+   ``no_sync`` (``t_compute``) steps, so both see the same machine noise; the exposed
+   sync time is ``t_step - t_compute``.  Times are the per-step maximum over ranks, then
+   the median over steps; another round runs while the spread is wide.
+
+The first world also probes the memory model (two small local batches) before its trials,
+which bounds the batches to profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .errors import InfeasibleError
+from .launch import Launcher, LocalLauncher, WorkerContext
+from .launch.base import pick_device
+from .memory import MemoryModel, fit_memory_model, is_out_of_memory, measure_step_peak_bytes
+from .space import Config, candidate_configs, partial_configs
+from .spec import JobSpec
+from .workloads import build_model, build_optimizer, load_dataset
+
+PROFILE_KIND = "tula.profile"
+MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
+MAX_ROUNDS = 3
+
+
+@dataclass
+class Trial:
+    n_workers: int
+    local_batch: int
+    global_batch: int
+    status: str  # ok | oom | skipped | error
+    t_step_s: float | None = None
+    t_compute_s: float | None = None
+    t_sync_s: float | None = None
+    peak_mem_bytes: int | None = None
+    t_step_spread: float | None = None
+    timed_steps: int = 0
+    note: str = ""
+    step_times_s: list[float] = field(default_factory=list)
+    compute_times_s: list[float] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- inside a rank
+class _Worker:
+    """One rank's model, optimiser and data for a world of trials."""
+
+    def __init__(self, ctx: WorkerContext, spec: JobSpec):
+        self.ctx, self.spec = ctx, spec
+        torch.manual_seed(spec.seed)
+        self.data = load_dataset(spec.data, spec.seed)
+        model = build_model(spec.model).to(ctx.device)
+        self.ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                       gradient_as_bucket_view=True)
+        self.optimizer = build_optimizer(self.ddp.module, spec)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.gen = torch.Generator().manual_seed(spec.seed * 1000 + ctx.rank)
+        self.x: torch.Tensor | None = None
+        self.y: torch.Tensor | None = None
+
+    @property
+    def sample_bytes(self) -> int:
+        x, y = self.data.batch(1, torch.Generator().manual_seed(0))
+        return x.numel() * x.element_size() + y.numel() * y.element_size()
+
+    def load_batch(self, local_batch: int) -> None:
+        x, y = self.data.batch(local_batch, self.gen)
+        self.x, self.y = x.to(self.ctx.device), y.to(self.ctx.device)
+
+    def step(self, sync: bool = True) -> None:
+        with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
+            loss = self.loss_fn(self.ddp(self.x), self.y)
+            loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+
+    def timed(self, sync: bool) -> float:
+        t0 = time.perf_counter()
+        self.step(sync)
+        return time.perf_counter() - t0
+
+    def agree_any(self, flag: bool) -> bool:
+        """All-reduce a flag: True on every rank if it is True on any rank."""
+        t = torch.tensor([1.0 if flag else 0.0], device=self.ctx.device if self.ctx.backend == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item() > 0)
+
+    def agree_max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64,
+                         device=self.ctx.device if self.ctx.backend == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def release(self) -> None:
+        self.x = self.y = None
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def measure_peak(self) -> int:
+        return measure_step_peak_bytes(lambda: self.step(True), self.ddp.module, self.optimizer, self.ctx.device)
+
+    def probe_memory(self, local_batches: tuple[int, int]) -> MemoryModel:
+        """One untracked step (creates the optimiser state), then a tracked step at each
+        probe batch.  Every rank runs it (the steps are synchronised)."""
+        self.load_batch(local_batches[0])
+        self.step(True)
+        peaks = []
+        for b in local_batches:
+            self.load_batch(b)
+            peaks.append(self.measure_peak())
+        # the data batch is created outside the tracked step: add its bytes per sample back
+        sb = self.sample_bytes
+        peaks = [p + sb * b for p, b in zip(peaks, local_batches)]
+        self.release()
+        return fit_memory_model(self.ddp.module, self.optimizer, sb, local_batches, tuple(peaks), self.ctx.device)
+
+    def trial(self, cfg: Config, warmup: int, timed: int) -> Trial:
+        b = cfg.local_batch
+        base = dict(n_workers=cfg.n_workers, local_batch=b, global_batch=cfg.global_batch)
+        failed, err_msg = False, ""
+        try:
+            self.load_batch(b)
+            self.step(sync=False)
+        except Exception as err:  # noqa: BLE001
+            if not is_out_of_memory(err):
+                raise
+            failed, err_msg = True, str(err).splitlines()[0][:200]
+        if self.agree_any(failed):
+            self.release()
+            return Trial(**base, status="oom", note=f"out of memory on rank {self.ctx.rank}: {err_msg}" if failed
+                         else "out of memory on another rank")
+        peak = self.measure_peak()
+        for _ in range(warmup):
+            self.step(True)
+        steps: list[float] = []
+        comps: list[float] = []
+        for _ in range(MAX_ROUNDS):
+            for _ in range(timed):
+                steps.append(self.timed(True))
+                comps.append(self.timed(False))
+            spread = self.agree_max(_spread(steps[-timed:]))
+            if spread <= MAX_SPREAD:
+                break
+        self.release()
+        return Trial(**base, status="ok", peak_mem_bytes=peak, step_times_s=steps, compute_times_s=comps,
+                     timed_steps=len(steps))
+
+
+def _spread(xs: list[float]) -> float:
+    if len(xs) < 4:
+        return 0.0
+    q = statistics.quantiles(xs, n=4)
+    return (q[2] - q[0]) / max(statistics.median(xs), 1e-12)
+
+
+def _cap_address_space(budget_bytes: int) -> int:
+    """Cap this process's address space at its current size plus the budget (Linux)."""
+    with open("/proc/self/status") as fh:
+        vm_kb = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:"))
+    cap = vm_kb * 1024 + budget_bytes
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return cap
+
+
+def select_configs(spec: JobSpec, search: str, dataset_size: int, mm: MemoryModel,
+                   budget_bytes: int | None) -> tuple[int | None, list[Config]]:
+    """The memory bound on the local batch and the configurations a search profiles."""
+    b_max = mm.max_local_batch(budget_bytes, spec.search.memory_safety)
+    pick = partial_configs if search == "partial" else candidate_configs
+    return b_max, pick(spec.search, dataset_size, b_max)
+
+
+def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, int]] | None,
+                  mem_cap_bytes: int | None, search: str, budget_bytes: int | None) -> dict:
+    """Run in every rank of one world: the trials of ``configs`` ((n_workers, global_batch)
+    pairs of this world's size) in order of batch.
+
+    With ``configs=None`` (the first world) the memory model is probed first, the search
+    space is bounded with it, and this world runs the configurations of its own size."""
+    spec = JobSpec.model_validate(spec_dict)
+    w = _Worker(ctx, spec)
+    out: dict[str, Any] = {"rank": ctx.rank, "trials": []}
+    if configs is None:
+        mm = w.probe_memory(tuple(spec.profile.memory_probe_batches))
+        b_max, chosen = select_configs(spec, search, w.data.train_size, mm, budget_bytes)
+        out.update(memory=mm.to_dict(), max_local_batch=b_max,
+                   configs=[(c.n_workers, c.global_batch) for c in chosen])
+        if ctx.rank == 0:
+            ctx.emit({"type": "plan", "total": len(chosen)})
+        configs = [(c.n_workers, c.global_batch) for c in chosen if c.n_workers == ctx.world_size]
+    if mem_cap_bytes is not None and ctx.device.type == "cpu":
+        out["address_space_cap_bytes"] = _cap_address_space(mem_cap_bytes)
+    oom_at: int | None = None
+    for i, (n, big_b) in enumerate(sorted(configs, key=lambda c: c[1])):
+        cfg = Config(n, big_b)
+        if oom_at is not None and cfg.local_batch >= oom_at:
+            t = Trial(n, cfg.local_batch, big_b, "skipped",
+                      note=f"not run: local batch {oom_at} already ran out of memory")
+        else:
+            t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps)
+            if t.status == "oom":
+                oom_at = cfg.local_batch
+        out["trials"].append(asdict(t))
+        if ctx.rank == 0:
+            ctx.emit({"type": "trial", "n_workers": n, "global_batch": big_b, "status": t.status, "index": i})
+    return out
+
+
+# --------------------------------------------------------------------------- in the caller
+def _merge_ranks(rank_results: list[dict]) -> list[dict]:
+    """Per step, the slowest rank sets the pace; then the median over steps."""
+    merged = []
+    for per_rank in zip(*(r["trials"] for r in rank_results)):
+        t = dict(per_rank[0])
+        if t["status"] == "ok":
+            steps = [max(xs) for xs in zip(*(r["step_times_s"] for r in per_rank))]
+            comps = [max(xs) for xs in zip(*(r["compute_times_s"] for r in per_rank))]
+            t["step_times_s"], t["compute_times_s"] = steps, comps
+            t["t_step_s"] = statistics.median(steps)
+            t["t_compute_s"] = statistics.median(comps)
+            t["t_sync_s"] = max(t["t_step_s"] - t["t_compute_s"], 0.0)
+            t["t_step_spread"] = _spread(steps)
+            t["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in per_rank)
+        elif t["status"] == "oom":
+            t["note"] = next((r["note"] for r in per_rank if r["note"].startswith("out of memory on rank")), t["note"])
+        merged.append(t)
+    return merged
+
+
+def default_threads(spec: JobSpec) -> int:
+    """Same torch thread count in every rank of every world, so per-worker compute does not
+    depend on N (as on a real cluster, where each node has its own cores)."""
+    return spec.profile.threads_per_worker or max(1, (os.cpu_count() or 1) // max(spec.search.cluster_sizes))
+
+
+def profile(spec: JobSpec, search: str = "partial", launcher: Launcher | None = None,
+            on_event: Callable[[dict], None] | None = None) -> dict:
+    """Profile ``spec`` (``search`` = ``full`` | ``partial``); return the profile record.
+
+    ``on_event`` receives ``{"type": "plan", "total": k}`` once the trials are known and
+    ``{"type": "trial", ...}`` after each trial."""
+    from .workloads import check_workload
+
+    if search not in ("full", "partial"):
+        raise ValueError(f"search must be 'full' or 'partial', not {search!r}")
+    t_start = time.perf_counter()
+    model, data = check_workload(spec)
+    device = pick_device(spec.profile.device)
+    threads = default_threads(spec)
+    launcher = launcher or LocalLauncher(device=device, threads_per_worker=threads)
+    budget = spec.search.memory_budget_bytes
+    if budget is None and device == "cuda":
+        budget = torch.cuda.get_device_properties(0).total_memory
+    cap = budget if spec.search.enforce_memory_cap else None
+    sizes = spec.search.cluster_sizes
+    emit = on_event or (lambda ev: None)
+
+    def forward(rank: int, ev: dict) -> None:
+        emit(ev)
+
+    n_max_trials = len(candidate_configs(spec.search, data.train_size, None))
+    timeout = spec.profile.trial_timeout_s * (n_max_trials + 1)
+    # first world: memory probe, search space, then its own trials
+    first = launcher.run(profile_world, sizes[0], spec.to_dict(), None, cap, search, budget,
+                         on_event=forward, timeout_s=timeout)
+    mm = MemoryModel.from_dict(first[0]["memory"])
+    b_max = first[0]["max_local_batch"]
+    configs = [Config(n, b) for n, b in first[0]["configs"]]
+    if not configs:
+        raise InfeasibleError(
+            f"no configuration fits: the memory model allows a local batch of at most {b_max} within the budget "
+            f"of {budget} bytes, below every candidate (min_batch {spec.search.min_batch} over up to "
+            f"{max(sizes)} workers)")
+    trials: list[dict] = _merge_ranks(first)
+    for n in sorted({c.n_workers for c in configs} - {sizes[0]}):
+        mine = [(c.n_workers, c.global_batch) for c in configs if c.n_workers == n]
+        res = launcher.run(profile_world, n, spec.to_dict(), mine, cap, search, budget, on_event=forward,
+                           timeout_s=timeout)
+        trials.extend(_merge_ranks(res))
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return {
+        "kind": PROFILE_KIND, "version": 1, "spec": spec.to_dict(), "search": search, "device": device,
+        "backend": "nccl" if device == "cuda" else "gloo", "threads_per_worker": threads,
+        "memory_budget_bytes": budget, "enforce_memory_cap": spec.search.enforce_memory_cap,
+        "dataset_size": data.train_size, "sample_shape": list(data.sample_shape),
+        "model": {"name": spec.model.name, "param_count": sum(p.numel() for p in model.parameters()),
+                  "grad_bytes": grad_bytes},
+        "memory": mm.to_dict(), "max_local_batch": b_max, "trials": trials,
+        "profiling_s": time.perf_counter() - t_start,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

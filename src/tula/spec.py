@@ -1,0 +1,181 @@
+"""The job spec: what the user wants trained, on which resources, to which objective.
+
+A spec is a YAML file validated once, here, at the edge; inner code trusts it.  Every
+bad field becomes a :class:`~tula.errors.SpecError` with one sentence naming the field
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import SpecError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 10**12}
+
+
+def parse_bytes(value: Any) -> int | None:
+    """Parse ``123``, ``"512MiB"``, ``"2 GB"`` into a byte count (``None`` stays ``None``)."""
+    if value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{value!r} is not a size; use bytes or a number with a unit such as '512MiB' or '2GB'")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """The network: a Tula built-in (``small_cnn``, ``mlp``), a torchvision model name,
+    or an import path ``package.module:factory``; ``kwargs`` go to its constructor."""
+
+    name: str = "small_cnn"
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataSpec(_Strict):
+    """The training data.
+
+    ``digits`` (scikit-learn, 1x8x8), ``synthetic`` (random tensors of ``sample_shape``),
+    torchvision sets read from a local ``root`` (``mnist``, ``fashionmnist``, ``cifar10``,
+    ``cifar100``) and ``imagefolder`` (a local folder of class sub-folders).
+    """
+
+    name: Literal["digits", "synthetic", "mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"] = "digits"
+    root: str | None = None
+    sample_shape: tuple[int, ...] = (3, 32, 32)
+    num_samples: int = Field(default=4096, ge=1)
+    num_classes: int = Field(default=10, ge=2)
+    image_size: int | None = Field(default=None, ge=1, description="resize imagefolder images to this square size")
+    test_fraction: float = Field(default=0.2, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _root_needed(self) -> "DataSpec":
+        if self.name in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder") and not self.root:
+            raise ValueError(f"data set {self.name!r} is read from a local folder: set data.root to it")
+        return self
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: float = Field(default=0.05, gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    nesterov: bool = False
+    weight_decay: float = Field(default=5e-4, ge=0)
+
+
+class SearchSpec(_Strict):
+    """The space the planner may choose from.
+
+    Global batches grow geometrically from ``min_batch`` by ``batch_growth`` up to
+    ``max_batch`` (default: the data set size), cut by the memory bound per worker.
+    """
+
+    cluster_sizes: list[int] = Field(default_factory=lambda: [1, 2])
+    min_batch: int = Field(default=32, ge=1)
+    max_batch: int | None = Field(default=None, ge=1)
+    batch_growth: int = Field(default=2, ge=2)
+    memory_budget_bytes: int | None = Field(default=None, gt=0, description="memory each worker may use")
+    memory_safety: float = Field(default=0.1, ge=0, lt=1, description="fraction of the budget kept free")
+    enforce_memory_cap: bool = Field(default=False, description="on CPU, cap each worker's address space "
+                                     "at its size after set-up plus the budget, so exceeding it is a real OOM")
+
+    _mem = field_validator("memory_budget_bytes", mode="before")(classmethod(lambda cls, v: parse_bytes(v)))
+
+    @field_validator("cluster_sizes")
+    @classmethod
+    def _sizes(cls, v: list[int]) -> list[int]:
+        if not v or any(n < 1 for n in v):
+            raise ValueError("cluster_sizes must be a non-empty list of positive worker counts")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "SearchSpec":
+        if self.max_batch is not None and self.max_batch < self.min_batch:
+            raise ValueError(f"max_batch ({self.max_batch}) is below min_batch ({self.min_batch})")
+        if self.enforce_memory_cap and self.memory_budget_bytes is None:
+            raise ValueError("enforce_memory_cap needs memory_budget_bytes")
+        return self
+
+
+class ProfileSpec(_Strict):
+    """How each profiling trial runs."""
+
+    warmup_steps: int = Field(default=3, ge=1)
+    timed_steps: int = Field(default=8, ge=2)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads_per_worker: int | None = Field(default=None, ge=1, description="torch threads per rank; default: "
+                                           "cores // largest cluster size, so compute is the same for every N")
+    trial_timeout_s: float = Field(default=300, gt=0)
+    memory_probe_batches: tuple[int, int] = Field(default=(16, 32), description="two small local batches "
+                                                     "the memory model is measured at")
+
+
+class PricingSpec(_Strict):
+    """``fixed``: C = T * N * price_per_node_hour (Eq. 4b).  ``memory``: C = T * N *
+    peak_GB * price_per_gb_hour (§IV-C2)."""
+
+    kind: Literal["fixed", "memory"] = "fixed"
+    price_per_node_hour: float = Field(default=2.48, ge=0)
+    price_per_gb_hour: float = Field(default=0.15, ge=0)
+
+
+class JobSpec(_Strict):
+    name: str = "job"
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    epochs: int = Field(default=10, ge=1)
+    seed: int = 0
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    collective: Literal["ring", "parameter_server", "tree"] = "ring"
+    pricing: PricingSpec = Field(default_factory=PricingSpec)
+    objective: Literal["time", "cost", "knee"] = "knee"
+    profile: ProfileSpec = Field(default_factory=ProfileSpec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _sentence(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"])
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        return f"unknown field '{loc}' in the spec; check its spelling against the documented fields"
+    if e["type"] == "literal_error":
+        return f"spec field '{loc}' is {e.get('input')!r}, but it must be {msg.removeprefix('Input should be ')}"
+    where = f"spec field '{loc}'" if loc else "the spec"
+    return f"{where}: {msg[0].lower() + msg[1:]}" if msg else f"{where} is invalid"
+
+
+def spec_from_dict(data: Any) -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError("the spec must be a YAML mapping of fields (name, model, data, search, ...)")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_sentence(err)) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read and validate a YAML job spec."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"spec file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(f"spec file {str(p)!r} is not valid YAML ({str(err).splitlines()[0]})") from None
+    return spec_from_dict(data)

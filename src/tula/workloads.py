@@ -1,0 +1,197 @@
+"""Model and data-set registry: turn a ModelSpec/DataSpec into a torch module and data.
+
+Nothing here downloads: data sets come from packages (scikit-learn's digits), are
+generated (synthetic), or are read from a local folder the user names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .errors import WorkloadError
+from .spec import DataSpec, JobSpec, ModelSpec
+
+
+# --------------------------------------------------------------------------- models
+class SmallCNN(nn.Module):
+    """A small CNN for small images (digits' 1x8x8 by default)."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 32):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(2 * width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(8 * width, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def mlp(in_features: int = 64, hidden: int = 256, num_classes: int = 10) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(),
+                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+
+BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"small_cnn": SmallCNN, "mlp": mlp}
+
+
+def _resolve_factory(name: str) -> Callable[..., nn.Module]:
+    if name in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name]
+    if ":" in name:
+        mod_name, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise WorkloadError(f"model import path {name!r} cannot be loaded ({err})") from None
+    import torchvision.models as tvm
+
+    if name in tvm.list_models():
+        return lambda **kw: tvm.get_model(name, weights=None, **kw)
+    raise WorkloadError(f"unknown model {name!r}: use a Tula built-in ({', '.join(BUILTIN_MODELS)}), "
+                        "a torchvision model name such as 'resnet18', or an import path 'package.module:factory'")
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    factory = _resolve_factory(spec.name)
+    try:
+        model = factory(**spec.kwargs)
+    except TypeError as err:
+        raise WorkloadError(f"model {spec.name!r} does not accept the arguments {spec.kwargs} ({err})") from None
+    if not isinstance(model, nn.Module):
+        raise WorkloadError(f"model factory {spec.name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+# --------------------------------------------------------------------------- data
+@dataclass
+class Dataset:
+    """Training and test data of one job; ``batch`` draws local batches for profiling."""
+
+    name: str
+    train: torch.utils.data.Dataset
+    test: torch.utils.data.Dataset
+    sample_shape: tuple[int, ...]
+    num_classes: int
+
+    @property
+    def train_size(self) -> int:
+        return len(self.train)  # type: ignore[arg-type]
+
+    def batch(self, local_batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """A random batch of ``local_batch`` training samples (with replacement past the set's size)."""
+        n = self.train_size
+        idx = torch.randint(0, n, (local_batch,), generator=generator) if local_batch > n else \
+            torch.randperm(n, generator=generator)[:local_batch]
+        if isinstance(self.train, torch.utils.data.TensorDataset):
+            x, y = self.train.tensors
+            return x[idx], y[idx]
+        items = [self.train[int(i)] for i in idx]
+        return torch.stack([it[0] for it in items]), torch.as_tensor([int(it[1]) for it in items])
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(x), generator=g)
+    n_test = max(1, int(round(len(x) * test_fraction)))
+    te, tr = perm[:n_test], perm[n_test:]
+    return torch.utils.data.TensorDataset(x[tr], y[tr]), torch.utils.data.TensorDataset(x[te], y[te])
+
+
+def _digits(spec: DataSpec, seed: int) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    x = (x - x.mean()) / x.std()
+    y = torch.tensor(d.target, dtype=torch.long)
+    tr, te = _split(x, y, spec.test_fraction, seed)
+    return Dataset("digits", tr, te, (1, 8, 8), 10)
+
+
+def _synthetic(spec: DataSpec, seed: int) -> Dataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(spec.num_samples, *spec.sample_shape, generator=g)
+    y = torch.randint(0, spec.num_classes, (spec.num_samples,), generator=g)
+    tr, te = _split(x, y, spec.test_fraction, seed)
+    return Dataset("synthetic", tr, te, tuple(spec.sample_shape), spec.num_classes)
+
+
+def _torchvision(spec: DataSpec) -> Dataset:
+    import torchvision.datasets as tvd
+    import torchvision.transforms as T
+
+    classes = {"mnist": (tvd.MNIST, 10), "fashionmnist": (tvd.FashionMNIST, 10),
+               "cifar10": (tvd.CIFAR10, 10), "cifar100": (tvd.CIFAR100, 100)}
+    cls, k = classes[spec.name]
+    try:
+        tr = cls(spec.root, train=True, download=False, transform=T.ToTensor())
+        te = cls(spec.root, train=False, download=False, transform=T.ToTensor())
+    except RuntimeError as err:
+        raise WorkloadError(f"data set {spec.name!r} is not under {spec.root!r} ({err}); Tula never downloads") from None
+    shape = tuple(tr[0][0].shape)
+    return Dataset(spec.name, tr, te, shape, k)
+
+
+def _imagefolder(spec: DataSpec, seed: int) -> Dataset:
+    import torchvision.datasets as tvd
+    import torchvision.transforms as T
+
+    size = spec.image_size or 64
+    tf = T.Compose([T.Resize((size, size)), T.ToTensor()])
+    try:
+        full = tvd.ImageFolder(spec.root, transform=tf)
+    except (FileNotFoundError, RuntimeError) as err:
+        raise WorkloadError(f"image folder {spec.root!r} cannot be read ({err})") from None
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(full), generator=g).tolist()
+    n_test = max(1, int(round(len(full) * spec.test_fraction)))
+    te = torch.utils.data.Subset(full, perm[:n_test])
+    tr = torch.utils.data.Subset(full, perm[n_test:])
+    return Dataset("imagefolder", tr, te, tuple(full[0][0].shape), len(full.classes))
+
+
+def load_dataset(spec: DataSpec, seed: int = 0) -> Dataset:
+    if spec.name == "digits":
+        return _digits(spec, seed)
+    if spec.name == "synthetic":
+        return _synthetic(spec, seed)
+    if spec.name == "imagefolder":
+        return _imagefolder(spec, seed)
+    return _torchvision(spec)
+
+
+def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
+    """Build the model and data once and run a forward pass on two samples, so that a
+    mismatch is one clear sentence here rather than a traceback in every worker."""
+    data = load_dataset(spec.data, spec.seed)
+    model = build_model(spec.model)
+    x, y = data.batch(2, torch.Generator().manual_seed(0))
+    try:
+        out = model(x)
+    except Exception as err:  # noqa: BLE001 - any failure here is a mismatch the user must fix
+        raise WorkloadError(f"model {spec.model.name!r} cannot take {data.name} samples of shape "
+                            f"{tuple(x.shape[1:])} ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    if out.ndim != 2 or out.shape[1] < data.num_classes:
+        raise WorkloadError(f"model {spec.model.name!r} gives outputs of shape {tuple(out.shape)}, but "
+                            f"{data.name} has {data.num_classes} classes; set model.kwargs.num_classes")
+    return model, data
+
+
+def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
+    o = spec.optimizer
+    if o.name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
+                               weight_decay=o.weight_decay)
+    if o.name == "adam":
+        return torch.optim.Adam(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)

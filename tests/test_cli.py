@@ -1,0 +1,63 @@
+import json
+import subprocess
+import time
+
+import yaml
+
+
+def _run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+
+
+def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec_dict))
+    out = tmp_path / "run"
+    r = _run([*tula_cmd, "run", str(spec), "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    for name in ("profile.json", "models.json", "plan.json", "plan.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    prof = json.loads((out / "profile.json").read_text())
+    assert {t["status"] for t in prof["trials"]} == {"ok"}
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["objective"] == "knee" and plan["choice"]["feasible"]
+    assert "choice" in r.stdout
+
+    # re-plan from the saved models: no profiling, a different objective
+    t0 = time.monotonic()
+    r2 = _run([*tula_cmd, "plan", str(out / "models.json"), "--objective", "time", "--out", str(tmp_path / "p2.json"),
+               "--plot", str(tmp_path / "p2.png")])
+    assert r2.returncode == 0, r2.stderr
+    assert time.monotonic() - t0 < 30
+    assert "profiling" not in r2.stderr
+    p2 = json.loads((tmp_path / "p2.json").read_text())
+    assert p2["objective"] == "time"
+    fastest = min(c["total_time_s"] for c in p2["configurations"] if c["feasible"])
+    assert p2["choice"]["total_time_s"] == fastest
+    assert (tmp_path / "p2.png").exists()
+
+    # a plan is not something to plan from: one sentence, exit 2, nothing overwritten
+    before = (out / "plan.json").read_text()
+    r3 = _run([*tula_cmd, "plan", str(out / "plan.json"), "--out", str(out / "plan.json")])
+    assert r3.returncode == 2 and "is a plan" in r3.stderr and "Traceback" not in r3.stderr
+    assert (out / "plan.json").read_text() == before
+
+
+def test_unknown_model_exits_2(tmp_path, tiny_spec_dict, tula_cmd):
+    d = dict(tiny_spec_dict, model={"name": "alexnetz"})
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(yaml.safe_dump(d))
+    r = _run([*tula_cmd, "profile", str(spec), "--out", str(tmp_path / "p.json")])
+    assert r.returncode == 2
+    assert "unknown model 'alexnetz'" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_help_explains_commands(tula_cmd):
+    r = _run([*tula_cmd, "--help"])
+    assert r.returncode == 0
+    for word in ("profile", "plan", "run", "fit"):
+        assert word in r.stdout
+    r = _run([*tula_cmd, "plan", "--help"])
+    assert "--objective" in r.stdout and "knee" in r.stdout
