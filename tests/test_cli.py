@@ -1,6 +1,7 @@
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import yaml
 
@@ -61,3 +62,22 @@ def test_help_explains_commands(tula_cmd):
         assert word in r.stdout
     r = _run([*tula_cmd, "plan", "--help"])
     assert "--objective" in r.stdout and "knee" in r.stdout
+
+
+def test_dead_worker_mid_profile_keeps_finished_trials(tmp_path, tiny_spec_dict, tula_cmd):
+    """Rank 1 dies on the largest N=2 trial: exit 2 with one sentence naming the rank, and
+    the trials finished before it are in the profile record."""
+    d = dict(tiny_spec_dict, model={"name": "workers:dies_on_rank_one", "kwargs": {"die_at_batch": 100}})
+    spec = tmp_path / "dies.yaml"
+    spec.write_text(yaml.safe_dump(d))
+    out = tmp_path / "p.json"
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent)}
+    r = _run([*tula_cmd, "profile", str(spec), "--out", str(out)], env=env)
+    assert r.returncode == 2, r.stderr
+    assert "rank 1 of 2 died" in r.stderr and "Traceback" not in r.stderr
+    assert f"saved in {out}" in r.stderr.replace("\n", "")
+    rec = json.loads(out.read_text())
+    status = {(t["n_workers"], t["global_batch"]): t["status"] for t in rec["trials"]}
+    # partial search: N=1 at B=16 and 256 (fine), N=2 at B=16 (fine) and 256 (b=128: rank 1 dies)
+    assert status == {(1, 16): "ok", (1, 256): "ok", (2, 16): "ok", (2, 256): "error"}
+    assert "died" in next(t["note"] for t in rec["trials"] if t["status"] == "error")

@@ -26,3 +26,22 @@ def die_on_rank_one(ctx):
         os._exit(17)
     dist.barrier()
     return "unreachable"
+
+
+class _DiesOnRankOne(torch.nn.Module):
+    """A small model whose rank-1 process dies (like a killed node) on a large batch."""
+
+    def __init__(self, die_at_batch: int = 100):
+        super().__init__()
+        self.die_at_batch = die_at_batch
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                                       torch.nn.Linear(32, 10))
+
+    def forward(self, x):
+        if dist.is_initialized() and dist.get_rank() == 1 and x.shape[0] >= self.die_at_batch:
+            os._exit(9)
+        return self.net(x)
+
+
+def dies_on_rank_one(die_at_batch: int = 100):
+    return _DiesOnRankOne(die_at_batch)

@@ -35,8 +35,11 @@ class Objective(str, Enum):
     knee = "knee"
 
 
-def _profile_with_progress(spec: JobSpec, search: str) -> dict:
-    from .profile import profile
+def _profile_with_progress(spec: JobSpec, search: str, save_to: Path) -> dict:
+    """Profile with a progress bar and write the record to ``save_to``; if a worker fails
+    mid-way, the trials finished before it are written there before the error is raised."""
+    from .fit import save_record
+    from .profile import ProfileFailed, profile
 
     with Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=False) as bar:
@@ -48,21 +51,27 @@ def _profile_with_progress(spec: JobSpec, search: str) -> dict:
             elif ev.get("type") == "trial":
                 bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
 
-        rec = profile(spec, search, on_event=on_event)
+        try:
+            rec = profile(spec, search, on_event=on_event)
+        except ProfileFailed as err:
+            if err.record is None:
+                raise
+            save_record(err.record, save_to)
+            n_ok = sum(t["status"] == "ok" for t in err.record["trials"])
+            raise TulaError(f"{err}; the {n_ok} trial(s) finished before it are saved in {save_to}") from None
         bar.update(task, description="done")
+    save_record(rec, save_to)
     return rec
 
 
-def _models_from_input(path: Path, search: str, out_dir: Path | None) -> dict:
+def _models_from_input(path: Path, search: str, out_dir: Path) -> dict:
     """A spec (YAML) is profiled and fitted; a profile JSON is fitted; a models JSON is used as is."""
     from .fit import MODELS_KIND, PROFILE_KIND, fit_models, load_record, save_record
     from .report import models_table, trials_table
 
     if path.suffix.lower() in (".yaml", ".yml"):
         spec = load_spec(path)
-        prof = _profile_with_progress(spec, search)
-        if out_dir is not None:
-            save_record(prof, out_dir / "profile.json")
+        prof = _profile_with_progress(spec, search, out_dir / "profile.json")
         console.print(trials_table(prof))
     else:
         rec = load_record(path)
@@ -72,8 +81,7 @@ def _models_from_input(path: Path, search: str, out_dir: Path | None) -> dict:
             raise TulaError(f"{str(path)!r} is a plan; give a spec, a profile or a models record")
         prof = rec
     models = fit_models(prof)
-    if out_dir is not None:
-        save_record(models, out_dir / "models.json")
+    save_record(models, out_dir / "models.json")
     console.print(models_table(models))
     return models
 
@@ -84,11 +92,9 @@ def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
                                           "extreme cluster sizes and batches (paper §III-A2)"),
             out: Path = typer.Option(Path("profile.json"), help="where to write the profile record (JSON)")) -> None:
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
-    from .fit import save_record
     from .report import trials_table
 
-    rec = _profile_with_progress(load_spec(spec), search.value)
-    save_record(rec, out)
+    rec = _profile_with_progress(load_spec(spec), search.value, out)
     console.print(trials_table(rec))
     console.print(f"profile written to [bold]{out}[/]")
 

@@ -9,7 +9,7 @@ per step):
 
     ring all-reduce     hops 2 (N - 1)        link_bytes 2 (N - 1) / N * grad_bytes
     parameter server    hops 2                link_bytes 2 N * grad_bytes   (the server's link)
-    tree all-reduce     hops 2 ceil(log2 N)   link_bytes 2 ceil(log2 N) * grad_bytes
+    tree all-reduce     hops 2 ceil(log2 N)   link_bytes 2 * grad_bytes  (pipelined reduce + broadcast)
 
 ``kappa`` is the slowdown of compute when N workers share one host (0 on a cluster of
 separate nodes); ``rho`` the slowdown of compute by the communication threads running
@@ -52,7 +52,10 @@ def link_bytes(collective: str, n, grad_bytes: float):
     elif collective == "parameter_server":
         f = np.where(n > 1, 2.0 * n, 0.0)
     elif collective == "tree":
-        f = 2.0 * np.ceil(np.log2(np.maximum(n, 1)))
+        # pipelined reduce up and broadcast down the tree: each link carries the bytes twice,
+        # whatever the depth; the depth shows in the latency hops.  (Were the bytes also
+        # proportional to the depth, latency and bandwidth could not be told apart.)
+        f = np.where(n > 1, 2.0, 0.0)
     else:
         raise ValueError(f"unknown collective {collective!r}; use one of {COLLECTIVES}")
     return f * grad_bytes

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .errors import InfeasibleError
+from .errors import InfeasibleError, WorkerError
 from .launch import Launcher, LocalLauncher, WorkerContext
 from .launch.base import pick_device
 from .memory import MemoryModel, fit_memory_model, is_out_of_memory, measure_step_peak_bytes
@@ -42,6 +42,14 @@ from .workloads import build_model, build_optimizer, load_dataset
 PROFILE_KIND = "tula.profile"
 MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
 MAX_ROUNDS = 3
+
+
+class ProfileFailed(WorkerError):
+    """A worker failed mid-profile; ``record`` holds every trial finished before it."""
+
+    def __init__(self, message: str, rank: int | None = None, details: str = "", record: dict | None = None):
+        super().__init__(message, rank=rank, details=details)
+        self.record = record
 
 
 @dataclass
@@ -211,7 +219,8 @@ def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, 
         out.update(memory=mm.to_dict(), max_local_batch=b_max,
                    configs=[(c.n_workers, c.global_batch) for c in chosen])
         if ctx.rank == 0:
-            ctx.emit({"type": "plan", "total": len(chosen)})
+            ctx.emit({"type": "plan", "total": len(chosen), "memory": out["memory"], "max_local_batch": b_max,
+                      "configs": out["configs"]})
         configs = [(c.n_workers, c.global_batch) for c in chosen if c.n_workers == ctx.world_size]
     if mem_cap_bytes is not None and ctx.device.type == "cpu":
         out["address_space_cap_bytes"] = _cap_address_space(mem_cap_bytes)
@@ -226,6 +235,7 @@ def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, 
             if t.status == "oom":
                 oom_at = cfg.local_batch
         out["trials"].append(asdict(t))
+        ctx.emit({"type": "rank_trial", "rank": ctx.rank, "trial": asdict(t)})  # kept if the world dies later
         if ctx.rank == 0:
             ctx.emit({"type": "trial", "n_workers": n, "global_batch": big_b, "status": t.status, "index": i})
     return out
@@ -234,8 +244,12 @@ def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, 
 # --------------------------------------------------------------------------- in the caller
 def _merge_ranks(rank_results: list[dict]) -> list[dict]:
     """Per step, the slowest rank sets the pace; then the median over steps."""
+    return _merge_trials([r["trials"] for r in rank_results])
+
+
+def _merge_trials(rank_trials: list[list[dict]]) -> list[dict]:
     merged = []
-    for per_rank in zip(*(r["trials"] for r in rank_results)):
+    for per_rank in zip(*rank_trials):
         t = dict(per_rank[0])
         if t["status"] == "ok":
             steps = [max(xs) for xs in zip(*(r["step_times_s"] for r in per_rank))]
@@ -280,37 +294,64 @@ def profile(spec: JobSpec, search: str = "partial", launcher: Launcher | None = 
     sizes = spec.search.cluster_sizes
     emit = on_event or (lambda ev: None)
 
+    streamed: dict[int, list[dict]] = {}  # rank -> trials of the world now running
+    probe: dict = {}
+
     def forward(rank: int, ev: dict) -> None:
+        if ev["type"] == "rank_trial":
+            streamed.setdefault(rank, []).append(ev["trial"])
+            return
+        if ev["type"] == "plan":
+            probe.update(ev)
         emit(ev)
 
     n_max_trials = len(candidate_configs(spec.search, data.train_size, None))
     timeout = spec.profile.trial_timeout_s * (n_max_trials + 1)
+    trials: list[dict] = []
+
+    def run_world(n: int, configs: list[tuple[int, int]] | None) -> None:
+        streamed.clear()
+        try:
+            res = launcher.run(profile_world, n, spec.to_dict(), configs, cap, search, budget,
+                               on_event=forward, timeout_s=timeout)
+        except WorkerError as err:
+            if not probe:
+                raise  # nothing measured yet
+            # keep every trial all ranks finished; the one in flight and the rest are errors
+            done = _merge_trials([streamed.get(r, []) for r in range(n)]) if len(streamed) == n else []
+            trials.extend(done)
+            todo = [c for c in (configs or [tuple(c) for c in probe["configs"] if c[0] == n])
+                    if (c[0], c[1]) not in {(t["n_workers"], t["global_batch"]) for t in done}]
+            for i, (nn, big_b) in enumerate(todo):
+                trials.append(asdict(Trial(nn, big_b // nn, big_b, "error",
+                                           note=str(err) if i == 0 else "not run: the world failed earlier")))
+            raise ProfileFailed(str(err), rank=err.rank, details=err.details,
+                                record=_record(trials, failed=str(err))) from None
+        trials.extend(_merge_ranks(res))
+
+    def _record(trials: list[dict], failed: str | None = None) -> dict:
+        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        return {
+            "kind": PROFILE_KIND, "version": 1, "spec": spec.to_dict(), "search": search, "device": device,
+            "backend": "nccl" if device == "cuda" else "gloo", "threads_per_worker": threads,
+            "memory_budget_bytes": budget, "enforce_memory_cap": spec.search.enforce_memory_cap,
+            "dataset_size": data.train_size, "sample_shape": list(data.sample_shape),
+            "model": {"name": spec.model.name, "param_count": sum(p.numel() for p in model.parameters()),
+                      "grad_bytes": grad_bytes},
+            "memory": probe["memory"], "max_local_batch": probe["max_local_batch"], "trials": trials,
+            "profiling_s": time.perf_counter() - t_start, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"failed": failed} if failed else {}),
+        }
+
     # first world: memory probe, search space, then its own trials
-    first = launcher.run(profile_world, sizes[0], spec.to_dict(), None, cap, search, budget,
-                         on_event=forward, timeout_s=timeout)
-    mm = MemoryModel.from_dict(first[0]["memory"])
-    b_max = first[0]["max_local_batch"]
-    configs = [Config(n, b) for n, b in first[0]["configs"]]
+    run_world(sizes[0], None)
+    b_max = probe["max_local_batch"]
+    configs = [Config(n, b) for n, b in probe["configs"]]
     if not configs:
         raise InfeasibleError(
             f"no configuration fits: the memory model allows a local batch of at most {b_max} within the budget "
             f"of {budget} bytes, below every candidate (min_batch {spec.search.min_batch} over up to "
             f"{max(sizes)} workers)")
-    trials: list[dict] = _merge_ranks(first)
     for n in sorted({c.n_workers for c in configs} - {sizes[0]}):
-        mine = [(c.n_workers, c.global_batch) for c in configs if c.n_workers == n]
-        res = launcher.run(profile_world, n, spec.to_dict(), mine, cap, search, budget, on_event=forward,
-                           timeout_s=timeout)
-        trials.extend(_merge_ranks(res))
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return {
-        "kind": PROFILE_KIND, "version": 1, "spec": spec.to_dict(), "search": search, "device": device,
-        "backend": "nccl" if device == "cuda" else "gloo", "threads_per_worker": threads,
-        "memory_budget_bytes": budget, "enforce_memory_cap": spec.search.enforce_memory_cap,
-        "dataset_size": data.train_size, "sample_shape": list(data.sample_shape),
-        "model": {"name": spec.model.name, "param_count": sum(p.numel() for p in model.parameters()),
-                  "grad_bytes": grad_bytes},
-        "memory": mm.to_dict(), "max_local_batch": b_max, "trials": trials,
-        "profiling_s": time.perf_counter() - t_start,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+        run_world(n, [(c.n_workers, c.global_batch) for c in configs if c.n_workers == n])
+    return _record(trials)

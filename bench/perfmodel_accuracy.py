@@ -1,0 +1,168 @@
+"""How well do Tula's fitted models predict step time and peak memory on this machine?
+
+For each model, this benchmark runs real DDP profiles through Tula's own profiler:
+
+* one **partial** search (extreme cluster sizes x extreme batches: 4 trials),
+* two **full** searches of the same grid (N in {1, 2}, 6 global batches), A and B.
+
+It fits one model from the partial profile and one from full profile A, and scores both
+against the step times and peaks measured in full profile B (so neither is scored on the
+measurements it was fitted to).  The noise floor is the relative difference between the
+two full profiles' measurements of the same configuration.  It prints median and max
+relative errors and the profiling seconds of partial vs full search.
+
+Run:  .venv/bin/python bench/perfmodel_accuracy.py [--timed-steps 10] [--models small_cnn,resnet18]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tula.fit import fit_models, save_record
+from tula.memory import MemoryModel
+from tula.perfmodel import PerfModel
+from tula.profile import profile
+from tula.spec import spec_from_dict
+
+WORKLOADS = {
+    "small_cnn": {"model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 32}},
+                  "data": {"name": "digits"}, "search": {"min_batch": 16, "max_batch": 512}},
+    "resnet18": {"model": {"name": "resnet18", "kwargs": {"num_classes": 10}},
+                 "data": {"name": "synthetic", "sample_shape": [3, 32, 32], "num_samples": 2048},
+                 "search": {"min_batch": 8, "max_batch": 256}},
+    "mobilenet_v3_small": {"model": {"name": "mobilenet_v3_small", "kwargs": {"num_classes": 10}},
+                           "data": {"name": "synthetic", "sample_shape": [3, 32, 32], "num_samples": 2048},
+                           "search": {"min_batch": 8, "max_batch": 256}},
+}
+
+console = Console()
+
+
+def _profile(spec, search: str, label: str) -> dict:
+    with Progress(TextColumn(f"[bold]{label}[/] {{task.description}}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("memory probe", total=None)
+
+        def on_event(ev):
+            if ev["type"] == "plan":
+                bar.update(task, total=ev["total"], description="trials")
+            else:
+                bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}")
+
+        return profile(spec, search, on_event=on_event)
+
+
+def _key(t):
+    return t["n_workers"], t["global_batch"]
+
+
+def _rel(pred, meas):
+    pred, meas = np.asarray(pred, float), np.asarray(meas, float)
+    return np.abs(pred - meas) / meas
+
+
+def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
+    w = WORKLOADS[name]
+    spec = spec_from_dict({"name": f"bench-{name}", **w, "epochs": 1,
+                           "search": {**w["search"], "cluster_sizes": [1, 2]},
+                           "profile": {"warmup_steps": 3, "timed_steps": timed_steps}})
+    t0 = time.perf_counter()
+    part = _profile(spec, "partial", f"{name} partial")
+    t_part = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    full_a = _profile(spec, "full", f"{name} full A")
+    t_full = time.perf_counter() - t0
+    full_b = _profile(spec, "full", f"{name} full B")
+    for label, rec in (("partial", part), ("full_a", full_a), ("full_b", full_b)):
+        save_record(rec, out_dir / f"{name}_{label}.json")
+
+    truth = {_key(t): t for t in full_b["trials"] if t["status"] == "ok"}
+    a = {_key(t): t for t in full_a["trials"] if t["status"] == "ok"}
+    common = sorted(set(truth) & set(a))
+    noise = _rel([a[k]["t_step_s"] for k in common], [truth[k]["t_step_s"] for k in common])
+    noise_mem = _rel([a[k]["peak_mem_bytes"] for k in common], [truth[k]["peak_mem_bytes"] for k in common])
+
+    n = np.array([k[0] for k in common], float)
+    b = np.array([truth[k]["local_batch"] for k in common], float)
+    meas_t = [truth[k]["t_step_s"] for k in common]
+    meas_m = [truth[k]["peak_mem_bytes"] for k in common]
+    res = {"model": name, "configs": len(common), "partial_trials": len(part["trials"]),
+           "profiling_s_partial": t_part, "profiling_s_full": t_full,
+           "noise_t_step_median": float(np.median(noise)), "noise_t_step_max": float(noise.max()),
+           "noise_mem_max": float(noise_mem.max()),
+           "per_config": {f"N={k[0]} B={k[1]}": {"measured_s": truth[k]["t_step_s"]} for k in common}}
+    for label, rec in (("partial", part), ("full", full_a)):
+        models = fit_models(rec)
+        perf, mem = PerfModel.from_dict(models["perf"]), MemoryModel.from_dict(models["memory"])
+        pred_t = perf.t_step_s(b, n)
+        e_t = _rel(pred_t, meas_t)
+        e_m = _rel(mem.predict_peak_bytes(b), meas_m)
+        res[f"t_step_{label}_median"] = float(np.median(e_t))
+        res[f"t_step_{label}_max"] = float(e_t.max())
+        res[f"mem_{label}_median"] = float(np.median(e_m))
+        res[f"mem_{label}_max"] = float(e_m.max())
+        res[f"perf_{label}"] = models["perf"]
+        for k, p in zip(common, pred_t):
+            res["per_config"][f"N={k[0]} B={k[1]}"][f"{label}_pred_s"] = float(p)
+    # the memory model straight from the two probe steps, before any trial refines it
+    probed = MemoryModel.from_dict(part["memory"])
+    e_probe = _rel(probed.predict_peak_bytes(b), meas_m)
+    res["mem_probe_only_median"], res["mem_probe_only_max"] = float(np.median(e_probe)), float(e_probe.max())
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="small_cnn,resnet18", help="comma-separated: " + ", ".join(WORKLOADS))
+    ap.add_argument("--timed-steps", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=Path("runs/bench/perfmodel_accuracy"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    console.print(f"date {time.strftime('%Y-%m-%d %H:%M %Z')}; machine {platform.machine()} "
+                  f"{os.cpu_count()} cores, {platform.processor() or 'cpu'}; torch {torch.__version__}; "
+                  f"timed steps {args.timed_steps}")
+    results = [evaluate(m.strip(), args.timed_steps, args.out) for m in args.models.split(",")]
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+
+    tab = Table(title="Prediction error vs a second full profile (median / max relative error)")
+    for col in ("model", "configs", "noise t_step", "partial t_step", "full t_step", "memory (partial)",
+                "memory (probe only)", "profiling s partial / full"):
+        tab.add_column(col, justify="right")
+    for r in results:
+        tab.add_row(r["model"], str(r["configs"]),
+                    f"{r['noise_t_step_median']:.1%} / {r['noise_t_step_max']:.1%}",
+                    f"{r['t_step_partial_median']:.1%} / {r['t_step_partial_max']:.1%}",
+                    f"{r['t_step_full_median']:.1%} / {r['t_step_full_max']:.1%}",
+                    f"{r['mem_partial_median']:.1%} / {r['mem_partial_max']:.1%}",
+                    f"{r['mem_probe_only_median']:.1%} / {r['mem_probe_only_max']:.1%}",
+                    f"{r['profiling_s_partial']:.0f} / {r['profiling_s_full']:.0f}")
+    console.print(tab)
+    for r in results:
+        t = Table(title=f"{r['model']}: step time per configuration (ms)")
+        for col in ("config", "measured (B)", "partial pred", "full pred"):
+            t.add_column(col, justify="right")
+        for k, v in r["per_config"].items():
+            t.add_row(k, f"{1e3 * v['measured_s']:.2f}", f"{1e3 * v['partial_pred_s']:.2f}",
+                      f"{1e3 * v['full_pred_s']:.2f}")
+        console.print(t)
+    targets = [("partial t_step median <= 5%", all(r["t_step_partial_median"] <= 0.05 for r in results)),
+               ("full t_step median <= 3%", all(r["t_step_full_median"] <= 0.03 for r in results)),
+               ("memory median <= 3%", all(r["mem_partial_median"] <= 0.03 for r in results))]
+    for what, ok in targets:
+        console.print(f"target {what}: {'met' if ok else 'MISSED'}")
+    console.print(f"raw profiles and results in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
