@@ -23,8 +23,10 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)
+	$(VENV)/bin/pip install -q -e '.[test,bench]'
 	$(VENV)/bin/python bench/perfmodel_accuracy.py
 	$(VENV)/bin/python bench/memory_bound.py
+	$(VENV)/bin/python bench/large_batch.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

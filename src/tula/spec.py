@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -47,12 +47,13 @@ class ModelSpec(_Strict):
 class DataSpec(_Strict):
     """The training data.
 
-    ``digits`` (scikit-learn, 1x8x8), ``synthetic`` (random tensors of ``sample_shape``),
+    ``digits`` (scikit-learn, 1x8x8), ``mnist1d`` (MNIST-1D, 1x40, regenerated locally by
+    the ``mnist1d`` package: ``num_samples`` of them), ``synthetic`` (random tensors of ``sample_shape``),
     torchvision sets read from a local ``root`` (``mnist``, ``fashionmnist``, ``cifar10``,
     ``cifar100``) and ``imagefolder`` (a local folder of class sub-folders).
     """
 
-    name: Literal["digits", "synthetic", "mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"] = "digits"
+    name: Literal["digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"] = "digits"
     root: str | None = None
     sample_shape: tuple[int, ...] = (3, 32, 32)
     num_samples: int = Field(default=4096, ge=1)
@@ -131,6 +132,47 @@ class PricingSpec(_Strict):
     price_per_gb_hour: float = Field(default=0.15, ge=0)
 
 
+class AGSSpec(_Strict):
+    """Adaptive gradient scaling (§III-C, Algorithm 1) and static scaling U(s) (Eq. 8)."""
+
+    delta: float = Field(default=0.5, ge=0, description="scale only while the gradient variability is below this")
+    b_small: int = Field(default=32, ge=1, description="global size of the sub-batch the factors are measured on")
+    s_min: float = Field(default=0.1, gt=0, description="lower bound of every factor (Lemma 1 needs it > 0)")
+    update_every: int | None = Field(default=None, ge=1, description="steps between factor updates "
+                                     "(default: once per epoch)")
+    granularity: Literal["tensor", "element"] = "tensor"
+    static_scale: float = Field(default=2.0, gt=0, description="the factor s of static scaling (method 'static')")
+
+
+class TrainSpec(_Strict):
+    """How ``tula train`` trains: the method, the configuration, the LR schedule.
+
+    ``ags``: Tula's adaptive gradient scaling; ``static``: static scaling U(s);
+    ``lbt``: vanilla large-batch SGD; ``lrs``: linear LR scaling from ``base_batch`` with
+    warm-up; ``lars``/``lamb``: layer-wise adaptive optimisers (timm); ``polo``:
+    post-local SGD; ``adascale``: AdaScale's gain-ratio LR scaling.
+    """
+
+    method: Literal["ags", "static", "lbt", "lrs", "lars", "polo", "adascale", "lamb"] = "ags"
+    n_workers: int | None = Field(default=None, ge=1, description="default: the plan's choice")
+    global_batch: int | None = Field(default=None, ge=1, description="default: the plan's choice")
+    lr_milestones: list[int] = Field(default_factory=list, description="epochs after which the LR is "
+                                     "multiplied by lr_gamma")
+    lr_gamma: float = Field(default=0.1, gt=0, le=1)
+    base_batch: int = Field(default=128, ge=1, description="reference batch of LR scaling (lrs, lars, lamb)")
+    warmup_epochs: int = Field(default=5, ge=0, description="LR warm-up of lrs, lars, lamb and polo")
+    polo_switch_epoch: int = Field(default=5, ge=0, description="post-local SGD: epochs of synchronous SGD first")
+    polo_averages_per_epoch: int = Field(default=4, ge=1)
+    lamb_lr: float = Field(default=0.01, gt=0, description="LAMB's LR at base_batch (Adam-like scale)")
+    ags: AGSSpec = Field(default_factory=AGSSpec)
+    eval_batch: int = Field(default=1024, ge=1, description="samples per evaluation forward pass")
+    step_timeout_s: float = Field(default=300, gt=0, description="a world that makes no progress for this "
+                                  "long is stopped")
+
+
+METHODS: tuple[str, ...] = get_args(TrainSpec.model_fields["method"].annotation)
+
+
 class JobSpec(_Strict):
     name: str = "job"
     model: ModelSpec = Field(default_factory=ModelSpec)
@@ -143,6 +185,7 @@ class JobSpec(_Strict):
     pricing: PricingSpec = Field(default_factory=PricingSpec)
     objective: Literal["time", "cost", "knee"] = "knee"
     profile: ProfileSpec = Field(default_factory=ProfileSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -187,11 +187,13 @@ def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
     return model, data
 
 
-def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, spec: JobSpec, lr: float | None = None) -> torch.optim.Optimizer:
+    """The spec's optimiser over ``model``'s parameters (``lr`` overrides the spec's LR)."""
     o = spec.optimizer
+    lr = o.lr if lr is None else lr
     if o.name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
                                weight_decay=o.weight_decay)
     if o.name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=o.weight_decay)
