@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	rm -rf $(OUT)
 	$(TULA) run examples/digits_cnn.yaml --out $(OUT)
 
 test: $(STAMP)

@@ -14,7 +14,7 @@ TRIAL_FIELDS = {"n_workers", "local_batch", "global_batch", "t_step_s", "t_compu
 def test_two_rank_ddp_trials(tiny_spec_dict):
     spec = spec_from_dict(tiny_spec_dict)
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
-    res = launcher.run(profile_world, 2, spec.to_dict(), [(2, 16), (2, 128)], None, "full", None, timeout_s=300)
+    res = launcher.run(profile_world, 2, spec.to_dict(), [(2, 16), (2, 512)], None, "full", None, timeout_s=300)
     trials = _merge_ranks(res)
     assert [t["status"] for t in trials] == ["ok", "ok"]
     for t in trials:
@@ -23,7 +23,7 @@ def test_two_rank_ddp_trials(tiny_spec_dict):
         assert t["t_sync_s"] == pytest.approx(max(t["t_step_s"] - t["t_compute_s"], 0.0))
         assert t["timed_steps"] >= 3
     small, big = trials
-    assert (small["local_batch"], big["local_batch"]) == (8, 64)
+    assert (small["local_batch"], big["local_batch"]) == (8, 256)
     assert big["peak_mem_bytes"] > small["peak_mem_bytes"]
     assert big["t_compute_s"] > small["t_compute_s"]
 

@@ -1,4 +1,4 @@
-"""Command line: ``tula profile``, ``tula fit``, ``tula plan``, ``tula run``.
+"""Command line: ``tula profile``, ``tula fit``, ``tula plan``, ``tula train``, ``tula run``.
 
 Errors a user can cause print one sentence and exit with code 2; records already
 measured are written before the next stage starts, so a later failure loses nothing.
@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .errors import TulaError
-from .spec import JobSpec, load_spec
+from .spec import METHODS, JobSpec, load_spec, spec_from_dict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Tula: profile short DDP runs of your model, fit memory and performance models, "
@@ -33,6 +33,9 @@ class Objective(str, Enum):
     time = "time"
     cost = "cost"
     knee = "knee"
+
+
+TrainMethod = Enum("TrainMethod", {m: m for m in METHODS}, type=str)  # type: ignore[misc]
 
 
 def _profile_with_progress(spec: JobSpec, search: str, save_to: Path) -> dict:
@@ -137,18 +140,99 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
     console.print(f"plan written to [bold]{out}[/]")
 
 
+def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batch: int, out: Path,
+                         resume: bool) -> dict:
+    """Train with a progress bar; write train.json and train.png into ``out``."""
+    from .fit import save_record
+    from .report import plot_training, train_table
+    from .train import train
+
+    with Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
+        task = bar.add_task(f"{method} N={n_workers} B={global_batch}", total=None)
+        state = {"base": 0}
+
+        def on_event(ev: dict) -> None:
+            kind = ev.get("type")
+            if kind == "start":
+                total = ev["epochs"] * ev["steps_per_epoch"]
+                state["spe"] = ev["steps_per_epoch"]
+                bar.update(task, total=total, completed=0,
+                           description=f"{method} N={ev['n_workers']} B={ev['global_batch']}")
+            elif kind == "step":
+                bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
+            elif kind == "epoch":
+                acc = f", top-1 {ev['test_top1']:.1%}"
+                bar.update(task, completed=ev["epoch"] * ev["steps"],
+                           description=f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}{acc}")
+            elif kind == "fallback":
+                err_console.print(f"[yellow]out of memory at global batch {ev['from_global_batch']}[/]: resuming "
+                                  f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
+
+        run = train(spec, method, n_workers, global_batch, out, resume=resume, on_event=on_event)
+    save_record(run, out / "train.json")
+    console.print(train_table(run))
+    plot_training(run, out / "train.png")
+    return run
+
+
+def _train_summary(run: dict) -> str:
+    tr = run.get("traces") or {}
+    extra = f", {tr['scaled_fraction']:.0%} of steps scaled" if "scaled_fraction" in tr else ""
+    return (f"{run['method']} at N={run['n_workers']}, B={run['global_batch']}: final test top-1 "
+            f"{run['final'].get('test_top1', float('nan')):.2%} after {run['epochs']} epochs "
+            f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})")
+
+
+@app.command()
+def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
+          method: TrainMethod = typer.Option(None, help="ags (Tula's adaptive gradient scaling), static, lbt "
+                                             "(vanilla), lrs (LR scaling + warm-up), lars, lamb, polo (post-local "
+                                             "SGD), adascale; default: the spec's train.method"),
+          workers: int = typer.Option(None, help="number of workers N (default: train.n_workers, else the plan's)"),
+          batch: int = typer.Option(None, help="global batch B (default: train.global_batch, else the plan's)"),
+          plan: Path = typer.Option(None, help="a plan.json whose choice gives N and B"),
+          epochs: int = typer.Option(None, help="override the spec's epochs"),
+          out: Path = typer.Option(Path("runs/train"), help="directory for checkpoint.pt, metrics.jsonl, "
+                                   "train.json, train.png"),
+          resume: bool = typer.Option(False, help="continue the checkpoint in --out")) -> None:
+    """Train with DDP on N local workers at global batch B, with AGS or a baseline.
+
+    Checkpoints after every epoch; on out-of-memory the run resumes from the last
+    checkpoint at the next smaller batch."""
+    from .fit import PLAN_KIND, load_record
+
+    job = load_spec(spec)
+    if epochs is not None:
+        job = spec_from_dict({**job.to_dict(), "epochs": epochs})
+    n, b = workers or job.train.n_workers, batch or job.train.global_batch
+    if plan is not None:
+        rec = load_record(plan)
+        if rec["kind"] != PLAN_KIND:
+            raise TulaError(f"{str(plan)!r} is not a plan record (it is a {rec['kind']})")
+        n, b = n or rec["choice"]["n_workers"], b or rec["choice"]["global_batch"]
+    if n is None or b is None:
+        raise TulaError("no configuration to train at: give --workers and --batch, set train.n_workers and "
+                        "train.global_batch in the spec, or pass --plan plan.json")
+    run = _train_with_progress(job, (method.value if method else job.train.method), n, b, out, resume)
+    console.print(f"[bold green]trained[/]: {_train_summary(run)}")
+    console.print(f"records and plot in [bold]{out}[/]: train.json, metrics.jsonl, checkpoint.pt, train.png")
+
+
 @app.command()
 def run(spec: Path = typer.Argument(..., help="job spec (YAML)"),
         search: Search = typer.Option(Search.partial, help="full or partial search"),
         objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+        train_after: bool = typer.Option(True, "--train/--no-train", help="after planning, train at the chosen "
+                                         "configuration with the spec's train.method (default ags)"),
         out: Path = typer.Option(Path("runs/job"), help="directory for profile.json, models.json, plan.json, "
-                                 "plan.png")) -> None:
-    """The main job: profile, fit, plan and report."""
+                                 "plan.png and the training records")) -> None:
+    """The main job: profile, fit, plan, train at the choice with AGS, and report."""
     from .fit import save_record
     from .plan import make_plan
     from .report import plan_table, plot_plan
 
-    load_spec(spec)  # fail fast, before any output directory appears
+    job = load_spec(spec)  # fail fast, before any output directory appears
     out.mkdir(parents=True, exist_ok=True)
     models = _models_from_input(spec, search.value, out)
     p = make_plan(models, objective.value if objective else None)
@@ -156,7 +240,18 @@ def run(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     console.print(plan_table(p))
     png = plot_plan(p, models["trials"], out / "plan.png")
     console.print(f"[bold green]choice[/]: {p['reason']}")
-    console.print(f"records and plot in [bold]{out}[/]: profile.json, models.json, plan.json, {png.name}")
+    files = ["profile.json", "models.json", "plan.json", png.name]
+    if train_after:
+        c = p["choice"]
+        method = job.train.method
+        if method in ("ags", "static") and c["global_batch"] <= job.train.ags.b_small:
+            console.print(f"the chosen batch {c['global_batch']} is not above train.ags.b_small "
+                          f"({job.train.ags.b_small}): nothing to scale, training with lbt")
+            method = "lbt"
+        r = _train_with_progress(job, method, c["n_workers"], c["global_batch"], out / "train", resume=False)
+        console.print(f"[bold green]trained[/]: {_train_summary(r)}")
+        files += ["train/train.json", "train/train.png", "train/metrics.jsonl"]
+    console.print(f"records and plots in [bold]{out}[/]: {', '.join(files)}")
 
 
 def main() -> None:

@@ -120,3 +120,71 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     fig.savefig(p, dpi=110)
     plt.close(fig)
     return p
+
+
+def train_table(run: dict) -> Table:
+    """One row per epoch: loss, accuracy, time, LR and (AGS) the share of scaled steps."""
+    top5 = any("test_top5" in h for h in run["history"])
+    scaled = any("scaled_fraction" in h for h in run["history"])
+    t = Table(title=f"Training: {run['method']} on N={run['n_workers']}, B={run['global_batch']} "
+                    f"(b={run['local_batch']}, {run['steps_per_epoch']} steps/epoch)")
+    cols = ["epoch", "train loss", "test loss", "top-1"] + (["top-5"] if top5 else []) + \
+        ["epoch s", "lr"] + (["scaled steps"] if scaled else [])
+    for col in cols:
+        t.add_column(col, justify="right")
+    for h in run["history"]:
+        row = [str(h["epoch"]), f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}", f"{h['test_top1']:.2%}"]
+        row += [f"{h['test_top5']:.2%}"] if top5 else []
+        row += [f"{h['epoch_time_s']:.2f}", f"{h['lr']:.4g}"]
+        row += [f"{h.get('scaled_fraction', 0):.0%}"] if scaled else []
+        t.add_row(*row)
+    return t
+
+
+def plot_training(run: dict, path: str | Path) -> Path:
+    """Test accuracy and training loss per epoch; for AGS and static scaling also the
+    gradient variability Δ(G) per step with scaled and unscaled steps marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    tr = run.get("traces") or {}
+    has_delta = bool(tr.get("delta"))
+    fig, axes = plt.subplots(1, 2 if has_delta else 1, figsize=(12 if has_delta else 6, 4.4), squeeze=False)
+    ax = axes[0, 0]
+    ep = [h["epoch"] for h in run["history"]]
+    ax.plot(ep, [h["test_top1"] for h in run["history"]], "o-", label="test top-1")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test top-1 accuracy")
+    ax.grid(alpha=0.3)
+    ax2 = ax.twinx()
+    ax2.plot(ep, [h["train_loss"] for h in run["history"]], "s--", color="tab:red", alpha=0.7, label="train loss")
+    ax2.set_ylabel("train loss")
+    for f in run.get("fallbacks", []):
+        ax.axvline(f["at_epoch"] + 0.5, color="grey", ls=":", lw=1)
+    ax.legend(loc="lower right", fontsize=8)
+    ax2.legend(loc="upper right", fontsize=8)
+    ax.set_title(f"{run['method']}: N={run['n_workers']}, B={run['global_batch']}")
+    if has_delta:
+        axd = axes[0, 1]
+        d = np.array([np.nan if v is None else v for v in tr["delta"]], float)
+        steps = np.arange(len(d))
+        scaled = np.array(tr["scaled"], bool)
+        axd.semilogy(steps[scaled], d[scaled], ".", ms=3, color="tab:green", label="scaled step")
+        axd.semilogy(steps[~scaled], d[~scaled], ".", ms=3, color="tab:red", label="sensitive step (unscaled)")
+        axd.axhline(tr["delta_threshold"], color="black", ls="--", lw=1, label=f"δ = {tr['delta_threshold']}")
+        axd.set_xlabel("step")
+        axd.set_ylabel("gradient variability Δ(G)")
+        f = tr.get("factors") or {}
+        extra = f", factors mean {f['mean']:.2f} [{f['min']:.2f}, {f['max']:.2f}]" if f else ""
+        axd.set_title(f"{tr['scaled_fraction']:.0%} of steps scaled{extra}", fontsize=10)
+        axd.legend(fontsize=8)
+        axd.grid(alpha=0.3)
+    fig.tight_layout()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p

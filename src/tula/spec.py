@@ -166,8 +166,6 @@ class TrainSpec(_Strict):
     lamb_lr: float = Field(default=0.01, gt=0, description="LAMB's LR at base_batch (Adam-like scale)")
     ags: AGSSpec = Field(default_factory=AGSSpec)
     eval_batch: int = Field(default=1024, ge=1, description="samples per evaluation forward pass")
-    step_timeout_s: float = Field(default=300, gt=0, description="a world that makes no progress for this "
-                                  "long is stopped")
 
 
 METHODS: tuple[str, ...] = get_args(TrainSpec.model_fields["method"].annotation)

@@ -36,12 +36,29 @@ class SmallCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class SmallCNN1d(nn.Module):
+    """A small 1-D CNN for sequences (MNIST-1D's 1x40 by default)."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 32):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv1d(in_channels, width, 5, padding=2), nn.BatchNorm1d(width), nn.ReLU(),
+            nn.Conv1d(width, width, 3, padding=1), nn.BatchNorm1d(width), nn.ReLU(), nn.MaxPool1d(2),
+            nn.Conv1d(width, 2 * width, 3, padding=1), nn.BatchNorm1d(2 * width), nn.ReLU(),
+            nn.AdaptiveAvgPool1d(4),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(8 * width, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
 def mlp(in_features: int = 64, hidden: int = 256, num_classes: int = 10) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(),
                          nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
 
-BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"small_cnn": SmallCNN, "mlp": mlp}
+BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"small_cnn": SmallCNN, "small_cnn1d": SmallCNN1d, "mlp": mlp}
 
 
 def _resolve_factory(name: str) -> Callable[..., nn.Module]:
@@ -87,15 +104,24 @@ class Dataset:
     def train_size(self) -> int:
         return len(self.train)  # type: ignore[arg-type]
 
+    @property
+    def test_size(self) -> int:
+        return len(self.test)  # type: ignore[arg-type]
+
     def batch(self, local_batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """A random batch of ``local_batch`` training samples (with replacement past the set's size)."""
         n = self.train_size
         idx = torch.randint(0, n, (local_batch,), generator=generator) if local_batch > n else \
             torch.randperm(n, generator=generator)[:local_batch]
-        if isinstance(self.train, torch.utils.data.TensorDataset):
-            x, y = self.train.tensors
-            return x[idx], y[idx]
-        items = [self.train[int(i)] for i in idx]
+        return self.take(idx)
+
+    def take(self, indices: torch.Tensor, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples at ``indices`` of the ``train`` or ``test`` split, stacked."""
+        ds = self.train if split == "train" else self.test
+        if isinstance(ds, torch.utils.data.TensorDataset):
+            x, y = ds.tensors
+            return x[indices], y[indices]
+        items = [ds[int(i)] for i in indices]
         return torch.stack([it[0] for it in items]), torch.as_tensor([int(it[1]) for it in items])
 
 
@@ -116,6 +142,22 @@ def _digits(spec: DataSpec, seed: int) -> Dataset:
     y = torch.tensor(d.target, dtype=torch.long)
     tr, te = _split(x, y, spec.test_fraction, seed)
     return Dataset("digits", tr, te, (1, 8, 8), 10)
+
+
+def _mnist1d(spec: DataSpec, seed: int) -> Dataset:
+    """MNIST-1D regenerated locally from the package's templates (nothing is downloaded)."""
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError as err:
+        raise WorkloadError(f"data set 'mnist1d' needs the mnist1d package ({err})") from None
+    args = get_dataset_args()
+    args.num_samples, args.train_split, args.seed = spec.num_samples, 1.0 - spec.test_fraction, seed
+    d = make_dataset(args)
+    def tensors(x, y):
+        return torch.tensor(x, dtype=torch.float32).unsqueeze(1), torch.tensor(y, dtype=torch.long)
+    tr = torch.utils.data.TensorDataset(*tensors(d["x"], d["y"]))
+    te = torch.utils.data.TensorDataset(*tensors(d["x_test"], d["y_test"]))
+    return Dataset("mnist1d", tr, te, (1, d["x"].shape[1]), 10)
 
 
 def _synthetic(spec: DataSpec, seed: int) -> Dataset:
@@ -163,6 +205,8 @@ def _imagefolder(spec: DataSpec, seed: int) -> Dataset:
 def load_dataset(spec: DataSpec, seed: int = 0) -> Dataset:
     if spec.name == "digits":
         return _digits(spec, seed)
+    if spec.name == "mnist1d":
+        return _mnist1d(spec, seed)
     if spec.name == "synthetic":
         return _synthetic(spec, seed)
     if spec.name == "imagefolder":

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing as mp
 import os
-import queue
+import signal
 import socket
 import time
 import traceback
@@ -24,8 +26,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """Linux: end this rank when the launching process dies (a killed ``tula train`` must
+    leave no orphaned ranks training on).  Elsewhere a no-op."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _worker_main(rank: int, world_size: int, port: int, device_kind: str, threads: int | None,
                  fn: Callable[..., Any], args: tuple, q: Any, pg_timeout_s: float) -> None:
+    _die_with_parent()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if threads:
         torch.set_num_threads(threads)
@@ -80,7 +90,9 @@ class LocalLauncher:
     def run(self, fn: Callable[..., Any], n_workers: int, *args: Any,
             on_event: Callable[[int, dict], None] | None = None, timeout_s: float | None = None) -> list[Any]:
         ctx = mp.get_context("spawn")
-        q = ctx.Queue()
+        # a SimpleQueue writes each message to the pipe before put() returns, so a rank that
+        # dies right after an event (os._exit, SIGKILL) has still delivered it
+        q = ctx.SimpleQueue()
         port = free_port()
         pg_timeout = max(30.0, timeout_s or 600.0)
         procs = [ctx.Process(target=_worker_main, daemon=True,
@@ -111,21 +123,17 @@ class LocalLauncher:
 
         try:
             while len(results) < n_workers:
-                try:
-                    take(q.get(timeout=0.2))
+                if not q.empty():
+                    take(q.get())
                     continue
-                except queue.Empty:
-                    pass
+                time.sleep(0.05)
                 now = time.monotonic()
                 if errors and (now - first_error_at > self.grace_s or all(not p.is_alive() for p in procs)):
                     break
                 if silent_dead():
-                    time.sleep(0.5)  # its last words may still be in the queue
-                    while True:
-                        try:
-                            take(q.get_nowait())
-                        except queue.Empty:
-                            break
+                    time.sleep(0.5)  # the other ranks' last words may still be coming
+                    while not q.empty():
+                        take(q.get())
                     if silent_dead() and not errors:
                         break
                 if deadline is not None and now > deadline:
