@@ -35,7 +35,7 @@ process (this script re-run with ``--child``):
 The cap is real: each process, after building the model, optimiser and data and running
 one training step at local batch 16 (so that the optimiser state, thread pools and lazily
 loaded libraries exist), calls ``resource.setrlimit(RLIMIT_AS, (VmSize + budget, hard))``
-exactly as ``tula.profile._cap_address_space`` does, so a step that needs more raises the
+exactly as ``tula.memory.cap_address_space`` does, so a step that needs more raises the
 CPU allocator's own error (``RuntimeError: [enforce fail at alloc_cpu.cpp] ...
 DefaultCPUAllocator: can't allocate memory ...``).  For Tula that pre-cap step is its
 untracked probe step and is counted in its steps and seconds; for Lightning it is run through
@@ -95,10 +95,10 @@ def _vm_size_bytes() -> int:
 
 
 def _cap(budget: int) -> int:
-    """``tula.profile._cap_address_space``: address space capped at its size now + budget."""
-    from tula.profile import _cap_address_space
+    """``tula.memory.cap_address_space``: address space capped at its size now + budget."""
+    from tula.memory import cap_address_space
 
-    return _cap_address_space(budget)
+    return cap_address_space(budget)
 
 
 def _spec(name: str, budget: int, num_samples: int):

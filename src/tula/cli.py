@@ -147,29 +147,31 @@ def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batc
     from .report import plot_training, train_table
     from .train import train
 
-    with Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
-        task = bar.add_task(f"{method} N={n_workers} B={global_batch}", total=None)
-        state = {"base": 0}
+    # the bar appears once the configuration is validated and the workers start
+    bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err_console, transient=False)
+    task = bar.add_task(f"{method} N={n_workers} B={global_batch}", total=None)
 
-        def on_event(ev: dict) -> None:
-            kind = ev.get("type")
-            if kind == "start":
-                total = ev["epochs"] * ev["steps_per_epoch"]
-                state["spe"] = ev["steps_per_epoch"]
-                bar.update(task, total=total, completed=0,
-                           description=f"{method} N={ev['n_workers']} B={ev['global_batch']}")
-            elif kind == "step":
-                bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
-            elif kind == "epoch":
-                acc = f", top-1 {ev['test_top1']:.1%}"
-                bar.update(task, completed=ev["epoch"] * ev["steps"],
-                           description=f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}{acc}")
-            elif kind == "fallback":
-                err_console.print(f"[yellow]out of memory at global batch {ev['from_global_batch']}[/]: resuming "
-                                  f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
+    def on_event(ev: dict) -> None:
+        kind = ev.get("type")
+        if kind == "start":
+            bar.start()
+            bar.update(task, total=ev["epochs"] * ev["steps_per_epoch"], completed=0,
+                       description=f"{method} N={ev['n_workers']} B={ev['global_batch']}")
+        elif kind == "step":
+            bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
+        elif kind == "epoch":
+            bar.update(task, completed=ev["epoch"] * ev["steps"],
+                       description=f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, "
+                                   f"top-1 {ev['test_top1']:.1%}")
+        elif kind == "fallback":
+            bar.console.print(f"[yellow]out of memory at global batch {ev['from_global_batch']}[/]: resuming "
+                              f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
 
+    try:
         run = train(spec, method, n_workers, global_batch, out, resume=resume, on_event=on_event)
+    finally:
+        bar.stop()
     save_record(run, out / "train.json")
     console.print(train_table(run))
     plot_training(run, out / "train.png")
@@ -263,15 +265,14 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
-    except (typer.Abort,):
+    except typer.Abort:
         sys.exit(1)
-    except Exception as err:  # click usage errors come here in non-standalone mode
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        raise
+    except typer.TyperException as err:  # usage errors (bad option values) in non-standalone mode
+        if not hasattr(err, "format_message"):
+            raise
+        message = err.format_message().replace("Value error, ", "")
+        err_console.print(f"[bold red]error:[/] {message} (see --help)", soft_wrap=True)
+        sys.exit(getattr(err, "exit_code", 2))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ CPU and ``torch.cuda.max_memory_allocated`` on CUDA, the same measure the profil
 from __future__ import annotations
 
 import math
+import resource
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
@@ -144,3 +145,14 @@ def fit_memory_model(model: nn.Module, optimizer: torch.optim.Optimizer, sample_
         other_static_bytes=int(round(intercept)) - static_known,
         activation_bytes_per_sample=per_sample - sample_bytes, batch_bytes_per_sample=sample_bytes,
         probe_local_batches=(b1, b2), probe_peak_bytes=(int(p1), int(p2)), device=device.type)
+
+
+def cap_address_space(budget_bytes: int) -> int:
+    """Cap this process's address space at its current size plus the budget (Linux), so that
+    exceeding the budget raises the CPU allocator's out-of-memory error; returns the cap."""
+    with open("/proc/self/status") as fh:
+        vm_kb = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:"))
+    cap = vm_kb * 1024 + budget_bytes
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return cap

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .errors import InfeasibleError, WorkerError
 from .launch import Launcher, LocalLauncher, WorkerContext
 from .launch.base import pick_device
-from .memory import MemoryModel, fit_memory_model, is_out_of_memory, measure_step_peak_bytes
+from .memory import MemoryModel, cap_address_space, fit_memory_model, is_out_of_memory, measure_step_peak_bytes
 from .space import Config, candidate_configs, partial_configs
 from .spec import JobSpec
 from .workloads import build_model, build_optimizer, load_dataset
@@ -185,16 +184,6 @@ def _spread(xs: list[float]) -> float:
     return (q[2] - q[0]) / max(statistics.median(xs), 1e-12)
 
 
-def _cap_address_space(budget_bytes: int) -> int:
-    """Cap this process's address space at its current size plus the budget (Linux)."""
-    with open("/proc/self/status") as fh:
-        vm_kb = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:"))
-    cap = vm_kb * 1024 + budget_bytes
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    return cap
-
-
 def select_configs(spec: JobSpec, search: str, dataset_size: int, mm: MemoryModel,
                    budget_bytes: int | None) -> tuple[int | None, list[Config]]:
     """The memory bound on the local batch and the configurations a search profiles."""
@@ -223,7 +212,7 @@ def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, 
                       "configs": out["configs"]})
         configs = [(c.n_workers, c.global_batch) for c in chosen if c.n_workers == ctx.world_size]
     if mem_cap_bytes is not None and ctx.device.type == "cpu":
-        out["address_space_cap_bytes"] = _cap_address_space(mem_cap_bytes)
+        out["address_space_cap_bytes"] = cap_address_space(mem_cap_bytes)
     oom_at: int | None = None
     for i, (n, big_b) in enumerate(sorted(configs, key=lambda c: c[1])):
         cfg = Config(n, big_b)

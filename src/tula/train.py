@@ -36,9 +36,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .errors import InfeasibleError, SpecError, TulaError, WorkerError
 from .launch import Launcher, LocalLauncher, WorkerContext
 from .launch.base import pick_device
-from .memory import is_out_of_memory
+from .memory import cap_address_space, is_out_of_memory
 from .optim.methods import build_method
-from .profile import _cap_address_space, default_threads
+from .profile import default_threads
 from .spec import JobSpec
 from .workloads import Dataset, build_model, check_workload, load_dataset
 
@@ -165,7 +165,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
             _write_metrics(metrics_path, history)  # drop lines written after the checkpoint, if any
     if mem_cap_bytes is not None and device.type == "cpu":
         ctx.emit({"type": "ready", "rank": rank})  # the last event sent before the cap binds
-        _cap_address_space(mem_cap_bytes)
+        cap_address_space(mem_cap_bytes)
 
     base = {"global_batch": global_batch, "local_batch": local_batch, "n_workers": world,
             "steps_per_epoch": n_steps, "start_epoch": start_epoch}
@@ -275,6 +275,7 @@ def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir
     out = Path(out_dir)
     ckpt = out / CHECKPOINT
     fallbacks: list[dict] = []
+    resumed_from_epoch: int | None = None
     if ckpt.exists():
         if not resume:
             raise TulaError(f"{ckpt} already holds a training run; pass --resume to continue it, or choose "
@@ -284,6 +285,7 @@ def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir
             raise SpecError(f"the checkpoint in {out} was trained with method {state['method']!r} on "
                             f"{state['n_workers']} worker(s), not {method!r} on {n_workers}; resume it with those")
         global_batch, fallbacks = state["global_batch"], list(state.get("fallbacks", []))
+        resumed_from_epoch = state["epoch"]
         del state
     validate_config(spec, method, n_workers, global_batch, data.train_size)
     out.mkdir(parents=True, exist_ok=True)
@@ -322,7 +324,7 @@ def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir
         "kind": TRAIN_KIND, "version": 1, "spec": spec.to_dict(), "method": method, "n_workers": n_workers,
         "requested_global_batch": first_batch, "global_batch": global_batch, "local_batch": global_batch // n_workers,
         "steps_per_epoch": rank0["steps_per_epoch"], "epochs": spec.epochs, "steps_done": rank0["steps_done"],
-        "fallbacks": fallbacks, "history": hist, "final": hist[-1] if hist else {},
+        "resumed_from_epoch": resumed_from_epoch, "fallbacks": fallbacks, "history": hist, "final": hist[-1] if hist else {},
         "best_test_top1": max((h["test_top1"] for h in hist), default=math.nan),
         "replicas_identical": len({r["param_digest"] for r in res}) == 1,
         "traces": rank0["traces"], "train_s": time.perf_counter() - t0, "device": device,

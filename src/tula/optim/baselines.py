@@ -95,9 +95,8 @@ class PostLocalSGD(Method):
     ``PostLocalSGDOptimizer`` around the spec's optimiser, at the spec's LR with warm-up.
 
     For the first ``train.polo_switch_epoch`` epochs the DDP hook all-reduces the gradients
-    as usual.  From then on every worker is its own node: the hook leaves the local
-    gradients as they are (``post_local_gradient_allreduce=False``, the same as torch's
-    intra-node all-reduce over single-rank subgroups, without the subgroups) and the
+    as usual.  From then on every worker is its own node: the hook all-reduces within an
+    explicit single-rank subgroup (so the local gradient stays as it is) and the
     optimiser averages the parameters over all ranks after every ``period`` steps,
     ``period = steps_per_epoch // polo_averages_per_epoch`` (at least 1).  Momentum buffers
     stay local.  :meth:`before_eval` averages parameters and floating-point buffers, so
@@ -114,8 +113,11 @@ class PostLocalSGD(Method):
         self.hook_state: PostLocalSGDState | None = None
         self.averager: PeriodicModelAverager | None = None
         if n_workers > 1:
-            self.hook_state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=switch_steps,
-                                                post_local_gradient_allreduce=False)
+            # every worker is its own node: an explicit single-rank subgroup per rank (torch's
+            # default, one subgroup per node found through CUDA's device count, fails on gloo/CPU)
+            self.subgroup, _ = dist.new_subgroups(group_size=1)
+            self.hook_state = PostLocalSGDState(process_group=None, subgroup=self.subgroup,
+                                                start_localSGD_iter=switch_steps)
             self.averager = PeriodicModelAverager(period=max(1, steps_per_epoch // t.polo_averages_per_epoch),
                                                   warmup_steps=switch_steps)
         super().__init__(ddp, spec, global_batch, n_workers, steps_per_epoch)
