@@ -16,6 +16,26 @@ def test_example_spec_loads():
     assert spec.objective == "knee"
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_spec_validates_and_builds(path):
+    from tula.workloads import check_workload
+
+    spec = load_spec(path)
+    model, data = check_workload(spec)
+    assert data.train_size > spec.search.min_batch
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert spec.train.method == "ags"
+
+
+def test_train_section_errors_are_named():
+    with pytest.raises(SpecError, match="spec field 'train.method' is 'sgd', but it must be"):
+        spec_from_dict({"train": {"method": "sgd"}})
+    with pytest.raises(SpecError, match="train.ags.s_min"):
+        spec_from_dict({"train": {"ags": {"s_min": 0}}})
+    with pytest.raises(SpecError, match="unknown field 'train.ags.granulrity'"):
+        spec_from_dict({"train": {"ags": {"granulrity": "tensor"}}})
+
+
 def test_defaults_are_valid():
     spec = JobSpec()
     assert spec.collective == "ring" and spec.pricing.kind == "fixed"
