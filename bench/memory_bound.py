@@ -6,19 +6,20 @@ spec's default SGD) and the same memory cap, three procedures run, each in its o
 process (this script re-run with ``--child``):
 
 * **ground truth** (not counted against either method): one real training step per
-  candidate local batch under the cap, doubling from 16 until a step runs out of memory,
-  then bisection to the exact largest batch whose step succeeds.  The boundary is then
-  re-checked in two more fresh processes (largest fitting batch fits, one more sample does
-  not), because an allocator's history can move it.
+  candidate local batch, each candidate in a FRESH process under the cap, doubling from 16
+  until a step runs out of memory, then bisection to the exact largest batch whose step
+  succeeds.  Fresh processes, because a failed allocation under an address-space cap
+  leaves address space reserved (allocator arenas, caches): within one process, every step
+  after the first out-of-memory error sees a smaller cap.
 * **Tula**: what the profiler does (``tula.profile._Worker.probe_memory``, without the DDP
   wrapper): one untracked training step at the first probe batch (creates the optimiser
   state), one tracked step at each probe batch (``tula.memory.measure_step_peak_bytes``,
   plus the data batch's bytes), ``tula.memory.fit_memory_model``, then
   ``MemoryModel.max_local_batch(budget, safety)`` with the spec's default safety (10 %),
   and ONE confirming training step at that batch under the cap.  Should the confirming step
-  run out of memory (``tula.memory.is_out_of_memory``), the batch is cut by the safety
-  fraction and confirmed again, every extra step counted; none did in the recorded runs
-  unless the output says so.
+  run out of memory, Tula falls back as its training runner does (a new process): bisection
+  between the largest probe batch and the failed bound, one fresh process per candidate,
+  every step and every process's wall time (start-up included) counted against Tula.
 * **Lightning**: ``lightning.pytorch.tuner.Tuner(trainer).scale_batch_size(mode="binsearch")``
   -- the public entry point that adds a ``BatchSizeFinder`` callback and stops after it --
   with the finder's defaults otherwise (``init_val=2``, ``steps_per_trial=3``,
@@ -183,35 +184,6 @@ def _describe_oom(err: BaseException) -> dict:
             "tula_recognises": bool(is_out_of_memory(err)), "lightning_recognises": bool(is_oom_error(err))}
 
 
-def child_truth(spec, budget: int) -> dict:
-    w = _Plain(spec)
-    w.try_step(WARMUP_BATCH)
-    cap = _cap(budget)
-    errors: list[dict] = []
-    tried: list[tuple[int, bool]] = []
-    t0 = time.perf_counter()
-
-    def fits(b: int) -> bool:
-        ok = w.try_step(b, errors)
-        tried.append((b, ok))
-        return ok
-
-    lo, hi, b = 0, None, WARMUP_BATCH
-    while hi is None:
-        if fits(b):
-            lo, b = b, 2 * b
-        else:
-            hi = b
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return {"max_local_batch": lo, "steps": len(tried), "seconds": time.perf_counter() - t0, "tried": tried,
-            "oom_errors": errors, "address_space_cap_bytes": cap}
-
-
 def child_check(spec, budget: int, batch: int) -> dict:
     """One capped step at ``batch`` in a fresh process."""
     w = _Plain(spec)
@@ -246,15 +218,13 @@ def child_tula(spec, budget: int) -> dict:
     mm = fit_memory_model(w.model, w.optimizer, sb, (b1, b2), tuple(peaks), w.torch.device("cpu"))
     bound = mm.max_local_batch(budget, safety)
     t_model = time.perf_counter() - t0
-    answer, confirms, errors = bound, [], []
-    while answer and answer > 0:
-        ok = w.try_step(answer, errors)
-        steps += 1
-        confirms.append((answer, ok))
-        if ok:
-            break
-        answer = int(answer * (1.0 - safety))
-    return {"max_local_batch": answer if confirms and confirms[-1][1] else 0, "model_bound": bound,
+    # ONE confirming step; if it fails the parent continues in fresh processes, because a
+    # failed allocation under the cap leaves address space reserved in this one
+    errors: list[dict] = []
+    confirms = [(bound, w.try_step(bound, errors))] if bound else []
+    steps += len(confirms)
+    answer = bound if confirms and confirms[0][1] else None
+    return {"max_local_batch": answer, "probe_batches": [b1, b2], "model_bound": bound,
             "model_bound_no_safety": mm.max_local_batch(budget, 0.0), "safety": safety, "steps": steps,
             "seconds": time.perf_counter() - t0, "seconds_to_bound": t_model, "confirms": confirms,
             "memory_model": mm.to_dict(), "oom_errors": errors, "address_space_cap_bytes": cap}
@@ -344,9 +314,7 @@ def child_main(cfg: dict) -> None:
 
     torch.set_num_threads(cfg["threads"])
     spec = _spec(cfg["model"], cfg["budget"], cfg["num_samples"])
-    if cfg["method"] == "truth":
-        res = child_truth(spec, cfg["budget"])
-    elif cfg["method"] == "check":
+    if cfg["method"] == "check":
         res = child_check(spec, cfg["budget"], cfg["batch"])
     elif cfg["method"] == "tula":
         res = child_tula(spec, cfg["budget"])
@@ -376,19 +344,49 @@ def _run_child(cfg: dict, out: Path, console) -> dict:
     return res
 
 
+def fresh_search(base: dict, lo: int, hi: int | None, out: Path, console) -> dict:
+    """Largest local batch whose training step fits under the cap, each candidate in a fresh
+    process: doubling from ``lo`` (known to fit) while ``hi`` (known not to fit) is unknown,
+    then bisection.  Returns the answer, the candidates tried and the processes' seconds."""
+    tried, errors, seconds = [], [], 0.0
+
+    def fits(b: int) -> bool:
+        nonlocal seconds
+        r = _run_child({**base, "method": "check", "batch": b}, out, console)
+        seconds += r["process_wall_s"]
+        ok = bool(r.get("fits")) and not r.get("crashed")
+        tried.append((b, ok, bool(r.get("crashed"))))
+        errors.extend(r.get("oom_errors", []))
+        return ok
+
+    while hi is None:
+        if fits(2 * lo):
+            lo *= 2
+        else:
+            hi = 2 * lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return {"max_local_batch": lo, "steps": len(tried), "seconds": seconds, "tried": tried, "oom_errors": errors}
+
+
 def evaluate(name: str, budget: int, threads: int, steps_per_trial: int, out: Path, console) -> dict:
     base = {"model": name, "budget": budget, "threads": threads, "num_samples": WORKLOADS[name]["num_samples"],
             "steps_per_trial": steps_per_trial}
-    console.print(f"[bold]{name}[/]: cap {budget / 2**20:.0f} MiB -- ground truth ...")
-    truth = _run_child({**base, "method": "truth"}, out, console)
-    checks = []
-    if not truth.get("crashed"):
-        t = truth["max_local_batch"]
-        console.print(f"  true max local batch {t} ({truth['steps']} steps, {truth['seconds']:.0f} s); "
-                      f"re-checking {t} and {t + 1} in fresh processes ...")
-        checks = [_run_child({**base, "method": "check", "batch": b}, out, console) for b in (t, t + 1)]
+    console.print(f"[bold]{name}[/]: cap {budget / 2**20:.0f} MiB -- ground truth (one fresh process per "
+                  "candidate) ...")
+    truth = fresh_search(base, WARMUP_BATCH, None, out, console)
+    t = truth["max_local_batch"]
+    console.print(f"  true max local batch {t} ({truth['steps']} processes, {truth['seconds']:.0f} s)")
+    checks = sorted(({"batch": b, "fits": ok} for b, ok, _ in truth["tried"] if b in (t, t + 1)), key=lambda c: c["batch"])
     console.print("  Tula ...")
     tula = _run_child({**base, "method": "tula"}, out, console)
+    if not tula.get("crashed") and tula["max_local_batch"] is None and tula.get("model_bound"):
+        console.print(f"  Tula's bound {tula['model_bound']} did not fit: bisecting below it in fresh processes ...")
+        rest = fresh_search(base, max(tula["probe_batches"]), tula["model_bound"], out, console)
+        tula.update(max_local_batch=rest["max_local_batch"], steps=tula["steps"] + rest["steps"],
+                    seconds=tula["seconds"] + rest["seconds"], fallback_search=rest)
+        tula["oom_errors"] = tula.get("oom_errors", []) + rest["oom_errors"]
     console.print("  Lightning BatchSizeFinder (binsearch) ...")
     light = _run_child({**base, "method": "lightning"}, out, console)
     return {"model": name, "budget_bytes": budget, "threads": threads, "truth": truth, "boundary_checks": checks,

@@ -40,6 +40,20 @@ def test_fit_recovers_overlap_and_colocation():
     assert np.median(relative_errors(fit, trials)) < 0.01
 
 
+def test_fit_separates_a_fixed_colocation_cost_from_latency():
+    """kappa0 (fixed compute seconds per extra co-located worker) appears in t_compute, which
+    is measured without sync, so it is not confused with the all-reduce latency alpha."""
+    true = PerfModel("ring", GRAD, c0=0.001, c1=0.0002, kappa=0.05, kappa0=0.002, alpha=3e-4, beta=1e-9)
+    trials = _trials(true, [1, 2, 4], [8, 16, 32, 64, 128], noise=0.003)
+    fit = fit_perf_model(trials, "ring", GRAD, overlap="never")
+    assert fit.kappa0 == pytest.approx(0.002, rel=0.15)
+    assert fit.alpha == pytest.approx(3e-4, rel=0.3)
+    assert "kappa0" not in fit.frozen
+    # a design with one batch per cluster size cannot tell kappa0 from kappa: frozen at 0
+    one_batch = fit_perf_model(_trials(true, [1, 2], [8, 128])[:3], "ring", GRAD)
+    assert "kappa0" in one_batch.frozen and one_batch.kappa0 == 0.0
+
+
 def test_unidentifiable_parameters_are_frozen():
     true = PerfModel("ring", GRAD, c0=0.003, c1=0.001)
     fit = fit_perf_model(_trials(true, [1], [8, 32, 128]), "ring", GRAD)

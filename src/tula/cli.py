@@ -6,6 +6,7 @@ measured are written before the next stage starts, so a later failure loses noth
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -20,8 +21,11 @@ from .spec import METHODS, JobSpec, load_spec, spec_from_dict
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Tula: profile short DDP runs of your model, fit memory and performance models, "
                        "and plan the global batch and cluster size that minimise time, cost, or sit at the knee.")
-console = Console()
-err_console = Console(stderr=True)
+# rich falls back to 80 columns when the output is not a terminal (make demo | tee, CI logs),
+# which wraps the plan table; give such output room unless COLUMNS says otherwise
+_WIDTH = None if Console().is_terminal or "COLUMNS" in os.environ else 120
+console = Console(width=_WIDTH)
+err_console = Console(stderr=True, width=_WIDTH)
 
 
 class Search(str, Enum):

@@ -1,6 +1,6 @@
 """Performance model (Eq. 2, 4): step time as compute plus synchronisation.
 
-    t_compute(b, N) = (c0 + c1 * b) * (1 + kappa * (N - 1))           (Eq. 2b)
+    t_compute(b, N) = (c0 + c1 * b) * (1 + kappa * (N - 1)) + kappa0 * (N - 1)     (Eq. 2b)
     t_sync(N)       = alpha * hops(N) + beta * link_bytes(N)            (Eq. 2c), 0 when N = 1
     t_step(b, N)    = ((t_compute * (1 + rho * [N > 1]))**gamma + t_sync**gamma) ** (1 / gamma)
 
@@ -12,7 +12,8 @@ per step):
     tree all-reduce     hops 2 ceil(log2 N)   link_bytes 2 * grad_bytes  (pipelined reduce + broadcast)
 
 ``kappa`` is the slowdown of compute when N workers share one host (0 on a cluster of
-separate nodes); ``rho`` the slowdown of compute by the communication threads running
+separate nodes) and ``kappa0`` the fixed seconds per step it adds per extra worker (on a
+shared host a small step slows down by far more than a large one); ``rho`` the slowdown of compute by the communication threads running
 beside it; ``gamma >= 1`` the compute/communication overlap (1: none, large: full), the
 form AdaptDL uses.  Parameters the data cannot identify are frozen (kappa when only one
 cluster size was measured, alpha when fewer than two cluster sizes above one, ...).
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-PARAMS = ("c0", "c1", "kappa", "alpha", "beta", "rho", "gamma")
+PARAMS = ("c0", "c1", "kappa", "kappa0", "alpha", "beta", "rho", "gamma")
 COLLECTIVES = ("ring", "parameter_server", "tree")
 
 
@@ -70,6 +71,7 @@ class PerfModel:
     c0: float
     c1: float
     kappa: float = 0.0
+    kappa0: float = 0.0
     alpha: float = 0.0
     beta: float = 0.0
     rho: float = 0.0
@@ -82,7 +84,7 @@ class PerfModel:
     # ---------------------------------------------------------------- prediction
     def t_compute_s(self, local_batch, n_workers):
         b, n = np.asarray(local_batch, float), np.asarray(n_workers, float)
-        return (self.c0 + self.c1 * b) * (1.0 + self.kappa * (n - 1))
+        return (self.c0 + self.c1 * b) * (1.0 + self.kappa * (n - 1)) + self.kappa0 * (n - 1)
 
     def t_sync_s(self, n_workers):
         n = np.asarray(n_workers, float)
@@ -139,6 +141,8 @@ def _identifiable(b, n) -> set[str]:
     multi = sizes[sizes > 1]
     if len(sizes) >= 2 and any(len(np.unique(b[n == s])) >= 1 for s in sizes):
         free.add("kappa")
+        if len(np.unique(b[n > 1])) >= 2:
+            free.add("kappa0")
     if len(multi) >= 1:
         free.add("beta")
         if len(np.unique(b[n > 1])) >= 2:
@@ -163,10 +167,10 @@ def _initial(b, n, ts, tc, collective, grad_bytes) -> dict[str, float]:
     if multi.any():
         lb = link_bytes(collective, n[multi], grad_bytes)
         beta = float(np.median(np.maximum(ts[multi] - tc[multi], 1e-6) / np.maximum(lb, 1.0)))
-    return {"c0": c0, "c1": c1, "kappa": 0.01, "alpha": 1e-6, "beta": max(beta, 1e-15), "rho": 0.01, "gamma": 1.0}
+    return {"c0": c0, "c1": c1, "kappa": 0.01, "kappa0": max(0.1 * c0, 1e-5), "alpha": 1e-6, "beta": max(beta, 1e-15), "rho": 0.01, "gamma": 1.0}
 
 
-_BOUNDS = {"c0": (0.0, np.inf), "c1": (1e-12, np.inf), "kappa": (0.0, 20.0), "alpha": (0.0, np.inf),
+_BOUNDS = {"c0": (0.0, np.inf), "c1": (1e-12, np.inf), "kappa": (0.0, 20.0), "kappa0": (0.0, np.inf), "alpha": (0.0, np.inf),
            "beta": (0.0, np.inf), "rho": (0.0, 20.0), "gamma": (1.0, 10.0)}
 
 
@@ -207,7 +211,7 @@ def fit_perf_model(trials: list[dict], collective: str = "ring", grad_bytes: int
     if len(b) == 0:
         raise ValueError("no successful trial to fit the performance model to")
     free_set = _identifiable(b, n)
-    defaults = {"c0": 0.0, "c1": 0.0, "kappa": 0.0, "alpha": 0.0, "beta": 0.0, "rho": 0.0, "gamma": 1.0}
+    defaults = {"c0": 0.0, "c1": 0.0, "kappa": 0.0, "kappa0": 0.0, "alpha": 0.0, "beta": 0.0, "rho": 0.0, "gamma": 1.0}
     notes = []
     if "c0" not in free_set:
         defaults["c0"] = 0.0

@@ -46,7 +46,7 @@ def models_table(models: dict) -> Table:
     t.add_row("memory: per sample", f"activations {fmt_bytes(mem['activation_bytes_per_sample'])}, "
               f"data {fmt_bytes(mem['batch_bytes_per_sample'])}")
     t.add_row("compute", f"t = ({perf['c0'] * 1e3:.3f} ms + {perf['c1'] * 1e6:.2f} us * b) * "
-              f"(1 + {perf['kappa']:.3f} (N-1))")
+              f"(1 + {perf['kappa']:.3f} (N-1)) + {perf.get('kappa0', 0.0) * 1e3:.3f} ms * (N-1)")
     t.add_row("sync", f"{perf['collective']}: alpha {perf['alpha'] * 1e6:.2f} us/hop, "
               f"bandwidth {1 / perf['beta'] / 1e9 if perf['beta'] > 0 else float('inf'):.3g} GB/s, "
               f"rho {perf['rho']:.3f}, gamma {perf['gamma']:.2f}")
