@@ -44,6 +44,20 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
     assert r3.returncode == 2 and "is a plan" in r3.stderr and "Traceback" not in r3.stderr
     assert (out / "plan.json").read_text() == before
 
+    # run trained at the choice; a second run into the same --out refuses before profiling,
+    # and the command it suggests continues the run
+    tr = json.loads((out / "train" / "train.json").read_text())
+    assert (tr["n_workers"], tr["global_batch"]) == (plan["choice"]["n_workers"], plan["choice"]["global_batch"])
+    assert [h["epoch"] for h in tr["history"]] == [1, 2] and tr["replicas_identical"]
+    r4 = _run([*tula_cmd, "run", str(spec), "--out", str(out)])
+    assert r4.returncode == 2 and "already holds a training run" in r4.stderr, r4.stderr
+    assert json.loads((out / "profile.json").read_text()) == prof  # not profiled again
+    hint = " ".join(r4.stderr.split()).split("continue it with: ")[1].split()
+    assert hint[:2] == ["tula", "train"]
+    r5 = _run([*tula_cmd, *hint[1:]])
+    assert r5.returncode == 0, r5.stderr
+    assert [h["epoch"] for h in json.loads((out / "train" / "train.json").read_text())["history"]] == [1, 2]
+
 
 def test_unknown_model_exits_2(tmp_path, tiny_spec_dict, tula_cmd):
     d = dict(tiny_spec_dict, model={"name": "alexnetz"})

@@ -238,7 +238,17 @@ def run(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     from .plan import make_plan
     from .report import plan_table, plot_plan
 
+    from .train import CHECKPOINT
+
     job = load_spec(spec)  # fail fast, before any output directory appears
+    ckpt = out / "train" / CHECKPOINT
+    if train_after and ckpt.exists():
+        import torch
+
+        done = torch.load(ckpt, map_location="cpu", weights_only=False)
+        raise TulaError(f"{ckpt} already holds a training run; choose another --out, or continue it with: "
+                        f"tula train {spec} --method {done['method']} --workers {done['n_workers']} "
+                        f"--batch {done['global_batch']} --out {out / 'train'} --resume")
     out.mkdir(parents=True, exist_ok=True)
     models = _models_from_input(spec, search.value, out)
     p = make_plan(models, objective.value if objective else None)
