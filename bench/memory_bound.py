@@ -13,8 +13,9 @@ process (this script re-run with ``--child``):
   after the first out-of-memory error sees a smaller cap.
 * **Tula**: what the profiler does (``tula.profile._Worker.probe_memory``, without the DDP
   wrapper): one untracked training step at the first probe batch (creates the optimiser
-  state), one tracked step at each probe batch (``tula.memory.measure_step_peak_bytes``,
-  plus the data batch's bytes), ``tula.memory.fit_memory_model``, then
+  state), then ``tula.memory.probe_memory_model``: one step at each probe batch with its
+  forward/backward and its optimiser update tracked separately (plus the data batch's
+  bytes), doubling the batch while the peak does not grow, then
   ``MemoryModel.max_local_batch(budget, safety)`` with the spec's default safety (10 %),
   and ONE confirming training step at that batch under the cap.  Should the confirming step
   run out of memory, Tula falls back as its training runner does (a new process): bisection
@@ -138,11 +139,16 @@ class _Plain:
     def load_batch(self, b: int) -> None:
         self.x, self.y = self.data.batch(b, self.gen)
 
-    def step(self) -> None:
-        loss = self.loss_fn(self.model(self.x), self.y)
-        loss.backward()
+    def forward_backward(self) -> None:
+        self.loss_fn(self.model(self.x), self.y).backward()
+
+    def update(self) -> None:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.forward_backward()
+        self.update()
 
     def release(self) -> None:
         self.x = self.y = None
@@ -194,7 +200,7 @@ def child_check(spec, budget: int, batch: int) -> dict:
 
 
 def child_tula(spec, budget: int) -> dict:
-    from tula.memory import fit_memory_model, measure_step_peak_bytes
+    from tula.memory import measure_phase_peaks, probe_memory_model
 
     w = _Plain(spec)
     b1, b2 = spec.profile.memory_probe_batches
@@ -206,16 +212,21 @@ def child_tula(spec, budget: int) -> dict:
     w.release()
     steps = 1
     cap = _cap(budget)
-    # ... then one tracked step at each probe batch
-    peaks = []
-    for b in (b1, b2):
-        w.load_batch(b)
-        peaks.append(measure_step_peak_bytes(w.step, w.model, w.optimizer, w.torch.device("cpu")))
-        steps += 1
-    w.release()
+    # ... then the profiler's probe steps (tula.memory.probe_memory_model): forward/backward
+    # and update tracked separately, more probes only if the peak does not grow
     sb = w.sample_bytes  # the data batch is created outside the tracked step: add it back
-    peaks = [p + sb * b for p, b in zip(peaks, (b1, b2))]
-    mm = fit_memory_model(w.model, w.optimizer, sb, (b1, b2), tuple(peaks), w.torch.device("cpu"))
+    probed = []
+
+    def measure(b: int) -> tuple[int, int]:
+        w.load_batch(b)
+        fb, up = measure_phase_peaks(w.forward_backward, w.update, w.model, w.optimizer, w.torch.device("cpu"))
+        w.release()
+        probed.append(b)
+        return fb + sb * b, up + sb * b
+
+    mm = probe_memory_model(measure, w.model, w.optimizer, sb, (b1, b2), w.torch.device("cpu"),
+                            max_batch=w.data.train_size)
+    steps += len(probed)
     bound = mm.max_local_batch(budget, safety)
     t_model = time.perf_counter() - t0
     # ONE confirming step; if it fails the parent continues in fresh processes, because a
@@ -224,7 +235,7 @@ def child_tula(spec, budget: int) -> dict:
     confirms = [(bound, w.try_step(bound, errors))] if bound else []
     steps += len(confirms)
     answer = bound if confirms and confirms[0][1] else None
-    return {"max_local_batch": answer, "probe_batches": [b1, b2], "model_bound": bound,
+    return {"max_local_batch": answer, "probe_batches": probed, "model_bound": bound,
             "model_bound_no_safety": mm.max_local_batch(budget, 0.0), "safety": safety, "steps": steps,
             "seconds": time.perf_counter() - t0, "seconds_to_bound": t_model, "confirms": confirms,
             "memory_model": mm.to_dict(), "oom_errors": errors, "address_space_cap_bytes": cap}

@@ -49,6 +49,17 @@ def measure_step_peak_bytes(run_step: Callable[[], None], model: nn.Module, opti
     return int(sum(v["Total"] for v in peaks.values()))
 
 
+def measure_phase_peaks(forward_backward: Callable[[], None], update: Callable[[], None], model: nn.Module,
+                        optimizer: torch.optim.Optimizer, device: torch.device) -> tuple[int, int]:
+    """Peak bytes of live tensors during ``forward_backward()`` and, separately, during
+    ``update()`` (the optimiser step).  They are different curves: the first grows with the
+    batch (activations), the second does not (gradients, optimiser state and the update's
+    temporaries), and at small batches the second can be the higher one -- a line through
+    two whole-step peaks there would miss the activations' growth."""
+    return (measure_step_peak_bytes(forward_backward, model, optimizer, device),
+            measure_step_peak_bytes(update, model, optimizer, device))
+
+
 def tensor_bytes(tensors) -> int:
     return int(sum(t.numel() * t.element_size() for t in tensors))
 
@@ -71,6 +82,7 @@ class MemoryModel:
     probe_local_batches: tuple[int, int]
     probe_peak_bytes: tuple[int, int]
     device: str
+    update_peak_bytes: int = 0  # peak during the optimiser step: a floor under every batch's peak
 
     @property
     def static_bytes(self) -> int:
@@ -82,8 +94,11 @@ class MemoryModel:
         return self.activation_bytes_per_sample + self.batch_bytes_per_sample
 
     def predict_peak_bytes(self, local_batch):
-        """Predicted peak bytes for a local batch (scalar or numpy array)."""
-        return self.static_bytes + self.bytes_per_sample * local_batch
+        """Predicted peak bytes for a local batch (scalar or numpy array): the forward/backward
+        line, or the optimiser step's peak where that is higher."""
+        line = self.static_bytes + self.bytes_per_sample * np.asarray(local_batch)
+        peak = np.maximum(line, self.update_peak_bytes)
+        return int(peak) if peak.ndim == 0 else peak
 
     def max_local_batch(self, budget_bytes: int | None, safety: float = 0.1) -> int | None:
         """Largest local batch whose predicted peak stays within ``(1 - safety) * budget``;
@@ -91,7 +106,7 @@ class MemoryModel:
         if budget_bytes is None:
             return None
         room = budget_bytes * (1.0 - safety) - self.static_bytes
-        if room < self.bytes_per_sample:
+        if room < self.bytes_per_sample or self.update_peak_bytes > budget_bytes * (1.0 - safety):
             return 0
         return int(math.floor(room / max(self.bytes_per_sample, 1)))
 
@@ -126,8 +141,10 @@ class MemoryModel:
 
 
 def fit_memory_model(model: nn.Module, optimizer: torch.optim.Optimizer, sample_bytes: int,
-                     local_batches: tuple[int, int], peaks: tuple[int, int], device: torch.device) -> MemoryModel:
-    """Build the model from two measured peaks (after the optimiser state exists)."""
+                     local_batches: tuple[int, int], peaks: tuple[int, int], device: torch.device,
+                     update_peak_bytes: int = 0) -> MemoryModel:
+    """Build the model from two measured forward/backward peaks (after the optimiser state
+    exists) and the optimiser step's peak."""
     (b1, b2), (p1, p2) = local_batches, peaks
     if b2 <= b1:
         raise ValueError("memory probe batches must be increasing")
@@ -144,7 +161,40 @@ def fit_memory_model(model: nn.Module, optimizer: torch.optim.Optimizer, sample_
         param_bytes=param_bytes, grad_bytes=grad_bytes, optimizer_state_bytes=opt_bytes, buffer_bytes=buffer_bytes,
         other_static_bytes=int(round(intercept)) - static_known,
         activation_bytes_per_sample=per_sample - sample_bytes, batch_bytes_per_sample=sample_bytes,
-        probe_local_batches=(b1, b2), probe_peak_bytes=(int(p1), int(p2)), device=device.type)
+        probe_local_batches=(b1, b2), probe_peak_bytes=(int(p1), int(p2)), device=device.type,
+        update_peak_bytes=int(update_peak_bytes))
+
+
+def probe_memory_model(measure: Callable[[int], tuple[int, int]], model: nn.Module, optimizer: torch.optim.Optimizer,
+                       sample_bytes: int, local_batches: tuple[int, int], device: torch.device,
+                       max_batch: int, max_extra_probes: int = 4, min_growth: float = 0.02) -> MemoryModel:
+    """Fit the memory model from probe steps.  ``measure(b)`` runs one step at local batch
+    ``b`` and returns its (forward/backward peak, optimiser-update peak), both including the
+    data batch.
+
+    Probing starts at ``local_batches``.  While the forward/backward peak has not grown by
+    ``min_growth`` from one probe to the next, the activations are still hidden under a
+    batch-independent peak (for a large model under DDP: gradients and their buckets at the
+    end of backward), so the batch is doubled, up to ``max_extra_probes`` times and
+    ``max_batch``, and once it grows one probe more is taken.  The line is fitted to the
+    last two probes; the update's peak and the earlier probes' peaks are a floor under it."""
+    batches = list(local_batches)
+    peaks = {b: measure(b) for b in batches}
+    extra = 0
+    while (extra < max_extra_probes and 2 * batches[-1] <= max_batch
+           and peaks[batches[-1]][0] < (1.0 + min_growth) * peaks[batches[-2]][0]):
+        batches.append(2 * batches[-1])
+        peaks[batches[-1]] = measure(batches[-1])
+        extra += 1
+    if extra and 2 * batches[-1] <= max_batch:
+        # the peak has just started to grow: the probe before may still sit on the floor,
+        # so fit the line through this probe and one more
+        batches.append(2 * batches[-1])
+        peaks[batches[-1]] = measure(batches[-1])
+    b1, b2 = batches[-2], batches[-1]
+    floor = max([up for _, up in peaks.values()] + [peaks[b][0] for b in batches[:-2]])
+    return fit_memory_model(model, optimizer, sample_bytes, (b1, b2), (peaks[b1][0], peaks[b2][0]), device,
+                            update_peak_bytes=floor)
 
 
 def cap_address_space(budget_bytes: int) -> int:

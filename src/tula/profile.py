@@ -33,7 +33,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .errors import InfeasibleError, WorkerError
 from .launch import Launcher, LocalLauncher, WorkerContext
 from .launch.base import pick_device
-from .memory import MemoryModel, cap_address_space, fit_memory_model, is_out_of_memory, measure_step_peak_bytes
+from .memory import (MemoryModel, cap_address_space, is_out_of_memory, measure_phase_peaks, measure_step_peak_bytes,
+                     probe_memory_model)
 from .space import Config, candidate_configs, partial_configs
 from .spec import JobSpec
 from .workloads import build_model, build_optimizer, load_dataset
@@ -94,14 +95,20 @@ class _Worker:
         x, y = self.data.batch(local_batch, self.gen)
         self.x, self.y = x.to(self.ctx.device), y.to(self.ctx.device)
 
-    def step(self, sync: bool = True) -> None:
+    def forward_backward(self, sync: bool = True) -> None:
         with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
             loss = self.loss_fn(self.ddp(self.x), self.y)
             loss.backward()
+
+    def update(self) -> None:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
+
+    def step(self, sync: bool = True) -> None:
+        self.forward_backward(sync)
+        self.update()
 
     def timed(self, sync: bool) -> float:
         t0 = time.perf_counter()
@@ -131,19 +138,25 @@ class _Worker:
         return measure_step_peak_bytes(lambda: self.step(True), self.ddp.module, self.optimizer, self.ctx.device)
 
     def probe_memory(self, local_batches: tuple[int, int]) -> MemoryModel:
-        """One untracked step (creates the optimiser state), then a tracked step at each
-        probe batch.  Every rank runs it (the steps are synchronised)."""
+        """One untracked step (creates the optimiser state), then probe steps with their
+        forward/backward and their optimiser update tracked separately
+        (:func:`tula.memory.probe_memory_model`).  Every rank runs the same probes (the
+        steps are synchronised; the decision to probe further uses rank 0's peaks)."""
         self.load_batch(local_batches[0])
         self.step(True)
-        peaks = []
-        for b in local_batches:
-            self.load_batch(b)
-            peaks.append(self.measure_peak())
-        # the data batch is created outside the tracked step: add its bytes per sample back
         sb = self.sample_bytes
-        peaks = [p + sb * b for p, b in zip(peaks, local_batches)]
-        self.release()
-        return fit_memory_model(self.ddp.module, self.optimizer, sb, local_batches, tuple(peaks), self.ctx.device)
+
+        def measure(b: int) -> tuple[int, int]:
+            self.load_batch(b)
+            fb, up = measure_phase_peaks(self.forward_backward, self.update, self.ddp.module, self.optimizer,
+                                         self.ctx.device)
+            self.release()
+            # the data batch is created outside the tracked steps: add its bytes back; the
+            # ranks agree on the peaks so that every rank takes the same probing decisions
+            return int(self.agree_max(fb + sb * b)), int(self.agree_max(up + sb * b))
+
+        return probe_memory_model(measure, self.ddp.module, self.optimizer, sb, local_batches, self.ctx.device,
+                                  max_batch=self.data.train_size)
 
     def trial(self, cfg: Config, warmup: int, timed: int) -> Trial:
         b = cfg.local_batch
