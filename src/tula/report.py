@@ -114,6 +114,13 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     ax_t.legend(fontsize=8)
     ax_c.legend(fontsize=8)
     fig.suptitle(f"{spec.name}: objective {plan['objective']} (dotted: knee per cluster size)")
+    return _save_figure(fig, path)
+
+
+def _save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write as PNG (creating the folder) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -182,9 +189,4 @@ def plot_training(run: dict, path: str | Path) -> Path:
         axd.set_title(f"{tr['scaled_fraction']:.0%} of steps scaled{extra}", fontsize=10)
         axd.legend(fontsize=8)
         axd.grid(alpha=0.3)
-    fig.tight_layout()
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
+    return _save_figure(fig, path)

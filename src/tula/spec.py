@@ -159,7 +159,7 @@ class TrainSpec(_Strict):
     lr_milestones: list[int] = Field(default_factory=list, description="epochs after which the LR is "
                                      "multiplied by lr_gamma")
     lr_gamma: float = Field(default=0.1, gt=0, le=1)
-    base_batch: int = Field(default=128, ge=1, description="reference batch of LR scaling (lrs, lars, lamb)")
+    base_batch: int = Field(default=128, ge=1, description="reference batch of LR scaling (lrs, lars, lamb) and of AdaScale's gain")
     warmup_epochs: int = Field(default=5, ge=0, description="LR warm-up of lrs, lars, lamb and polo")
     polo_switch_epoch: int = Field(default=5, ge=0, description="post-local SGD: epochs of synchronous SGD first")
     polo_averages_per_epoch: int = Field(default=4, ge=1)
