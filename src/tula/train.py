@@ -199,7 +199,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
         perm = _epoch_indices(spec.seed, epoch, data.train_size)
         model.train()
         t0 = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # on device: no host sync per step
         for i in range(n_steps):
             step = epoch * n_steps + i
             x, y = _local_batch(data, perm, i, global_batch, rank, local_batch, device)
@@ -209,7 +209,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
             method.after_backward(step, x, y, loss_fn)
             method.optimizer.step()
             method.scheduler.step()
-            loss_sum += loss.detach().double().cpu()
+            loss_sum += loss.detach().double()
             steps_done += 1
             if rank == 0 and (i + 1) % report_every == 0:
                 ctx.emit({"type": "step", "epoch": epoch, "step": i + 1, "steps_per_epoch": n_steps})
@@ -217,7 +217,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
             torch.cuda.synchronize(device)
         epoch_s = time.perf_counter() - t0
         method.before_eval()
-        loss_total = torch.tensor([float(loss_sum)], dtype=torch.float64, device=device)
+        loss_total = loss_sum.reshape(1)
         slowest_s = torch.tensor([epoch_s], dtype=torch.float64, device=device)
         dist.all_reduce(loss_total)
         dist.all_reduce(slowest_s, op=dist.ReduceOp.MAX)
