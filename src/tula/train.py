@@ -164,7 +164,6 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
         if rank == 0:
             _write_metrics(metrics_path, history)  # drop lines written after the checkpoint, if any
     if mem_cap_bytes is not None and device.type == "cpu":
-        ctx.emit({"type": "ready", "rank": rank})  # the last event sent before the cap binds
         cap_address_space(mem_cap_bytes)
 
     base = {"global_batch": global_batch, "local_batch": local_batch, "n_workers": world,
@@ -244,7 +243,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
 
 # --------------------------------------------------------------------------- in the caller
 def _oom_text(err: WorkerError) -> bool:
-    return is_out_of_memory(RuntimeError(str(err))) or "OutOfMemoryError" in str(err) or "MemoryError" in str(err)
+    return is_out_of_memory(RuntimeError(str(err))) or "MemoryError" in str(err)  # also OutOfMemoryError
 
 
 def validate_config(spec: JobSpec, method: str, n_workers: int, global_batch: int, dataset_size: int) -> None:
