@@ -40,8 +40,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tula.launch import LocalLauncher
+from tula.registry import METHODS as METHOD_TABLE
 from tula.spec import spec_from_dict
-from tula.train import steps_per_epoch, train_world
+from tula.train import METRICS, step_traces, steps_per_epoch, train_world
 from tula.workloads import load_dataset
 
 console = Console(width=140)
@@ -52,21 +53,18 @@ DATASETS = {
     "mnist1d": {"model": {"name": "small_cnn1d", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 32}},
                 "data": {"name": "mnist1d"}},
 }
-# label -> (tula method, spec overrides).  "AGS" is the default granularity; the other one
-# is run too, to choose the default.
-METHODS = {
-    "LBT": ("lbt", {}),
-    "LRS": ("lrs", {}),
+# label -> (tula method, spec overrides): every method of tula's registry under its label,
+# the baselines first; "AGS" is the default granularity, "AGS-element" the other one, run
+# too, to choose the default.
+OVERRIDES = {
     # LARS steps are lr * trust_coeff (0.001) * |w| / |g|: it needs a LARS-scale LR, not SGD's
-    "LARS": ("lars", {"optimizer": {"lr": 1.0}}),
-    "PoLo": ("polo", {}),
-    "AdaScale": ("adascale", {}),
-    "LAMB": ("lamb", {}),
-    "static": ("static", {}),
-    "AGS": ("ags", {"train": {"ags": {"granularity": "tensor"}}}),
-    "AGS-element": ("ags", {"train": {"ags": {"granularity": "element"}}}),
+    "lars": {"optimizer": {"lr": 1.0}},
+    "ags": {"train": {"ags": {"granularity": "tensor"}}},
 }
-TABLE_METHODS = ["SB", "LBT", "LRS", "LARS", "PoLo", "AdaScale", "LAMB", "static", "AGS", "AGS-element"]
+METHODS = {m.label: (m.name, OVERRIDES.get(m.name, {}))
+           for m in sorted(METHOD_TABLE.values(), key=lambda m: not m.is_baseline)}
+METHODS["AGS-element"] = ("ags", {"train": {"ags": {"granularity": "element"}}})
+TABLE_METHODS = ["SB", *METHODS]
 
 
 def job_spec(dataset: str, seed: int, epochs: int, overrides: dict) -> dict:
@@ -112,7 +110,7 @@ def run_cells(ctx, cells: list[dict], scratch: str) -> int:
         res = train_world(ctx, c["spec"], c["method"], c["global_batch"], str(out), [], None)
         if ctx.rank == 0:
             hist = res["history"]
-            tr = res.get("traces") or {}
+            tr = {**(res.get("traces") or {}), **step_traces(out / METRICS)}  # per-step values: metrics.jsonl
             ctx.emit({"type": "cell", "key": cell_key(c), **{k: c[k] for k in ("dataset", "seed", "label", "method",
                                                                              "global_batch")},
                       "epochs": len(hist), "steps_per_epoch": res["steps_per_epoch"],

@@ -45,17 +45,19 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
     assert (out / "plan.json").read_text() == before
 
     # run trained at the choice; a second run into the same --out refuses before profiling,
-    # and the command it suggests continues the run
+    # and the command it suggests continues the run (here: nothing left to do)
     tr = json.loads((out / "train" / "train.json").read_text())
     assert (tr["n_workers"], tr["global_batch"]) == (plan["choice"]["n_workers"], plan["choice"]["global_batch"])
     assert [h["epoch"] for h in tr["history"]] == [1, 2] and tr["replicas_identical"]
     r4 = _run([*tula_cmd, "run", str(spec), "--out", str(out)])
-    assert r4.returncode == 2 and "already holds a training run" in r4.stderr, r4.stderr
+    assert r4.returncode == 2 and "already holds a run" in r4.stderr, r4.stderr
     assert json.loads((out / "profile.json").read_text()) == prof  # not profiled again
-    hint = " ".join(r4.stderr.split()).split("continue it with: ")[1].split()
-    assert hint[:2] == ["tula", "train"]
+    hint = " ".join(r4.stderr.split()).split("continue it with `")[1].split("`")[0].split()
+    assert hint[:3] == ["tula", "run", "--resume"]
     r5 = _run([*tula_cmd, *hint[1:]])
     assert r5.returncode == 0, r5.stderr
+    assert "is complete" in r5.stdout and "profiling" not in r5.stderr
+    assert json.loads((out / "profile.json").read_text()) == prof
     assert [h["epoch"] for h in json.loads((out / "train" / "train.json").read_text())["history"]] == [1, 2]
 
 
@@ -69,13 +71,23 @@ def test_unknown_model_exits_2(tmp_path, tiny_spec_dict, tula_cmd):
     assert not (tmp_path / "p.json").exists()
 
 
-def test_help_explains_commands(tula_cmd):
-    r = _run([*tula_cmd, "--help"])
-    assert r.returncode == 0
-    for word in ("profile", "plan", "run", "fit"):
-        assert word in r.stdout
-    r = _run([*tula_cmd, "plan", "--help"])
-    assert "--objective" in r.stdout and "knee" in r.stdout
+def test_bare_tula_shows_help_and_version_is_the_package_version(tula_cmd):
+    from importlib.metadata import version
+
+    r = _run(tula_cmd)
+    assert r.returncode == 0 and "Usage" in r.stdout and "error" not in r.stderr.lower(), (r.stdout, r.stderr)
+    r = _run([*tula_cmd, "--version"])
+    assert r.returncode == 0 and r.stdout.strip() == f"tula {version('tula')}"
+
+
+def test_train_help_lists_every_registered_method(tula_cmd):
+    """The CLI reads the one method registry: a method added there shows up here."""
+    from tula.registry import METHODS
+
+    r = _run([*tula_cmd, "train", "--help"], env={**__import__("os").environ, "TERMINAL_WIDTH": "2000"})
+    text = " ".join(r.stdout.split())  # one line per option at that width
+    for name, info in METHODS.items():
+        assert f"{name}: {' '.join(info.summary.split())}" in text, name
 
 
 def test_dead_worker_mid_profile_keeps_finished_trials(tmp_path, tiny_spec_dict, tula_cmd):

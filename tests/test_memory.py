@@ -1,9 +1,23 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+
+import pytest
 import torch
 from torch import nn
 
-from tula.memory import (MemoryModel, fit_memory_model, is_out_of_memory, measure_phase_peaks, measure_step_peak_bytes,
-                         probe_memory_model)
+from tula.errors import InfeasibleError
+from tula.launch import LocalLauncher
+from tula.memory import (MemoryModel, failure_cause, fit_memory_model, is_out_of_memory, measure_phase_peaks,
+                         measure_step_peak_bytes, probe_memory_model)
+from tula.profile import _merge_ranks, profile, profile_world
+from tula.spec import spec_from_dict
 from tula.workloads import SmallCNN
+
+MiB = 2**20
 
 
 def _step_fn(model, opt, b):
@@ -135,3 +149,159 @@ def test_oom_classification():
                                          "can't allocate memory: you tried to allocate 123 bytes."))
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_max_local_batch_keeps_room_for_the_address_space_overhead():
+    """Under a cap the budget also holds what tensors never show (oneDNN kernels, heap,
+    thread stacks): a budget below static + overhead allows no batch, and says why."""
+    mm = MemoryModel(param_bytes=1000, grad_bytes=1000, optimizer_state_bytes=1000, buffer_bytes=0,
+                     other_static_bytes=0, activation_bytes_per_sample=90, batch_bytes_per_sample=10,
+                     probe_local_batches=(1, 2), probe_peak_bytes=(3100, 3200), device="cpu",
+                     address_space_overhead_bytes=5000)
+    assert mm.predict_peak_bytes(10) == 4000  # tensors, as measured: the overhead is not a tensor
+    assert mm.predict_budget_bytes(10) == 9000
+    assert mm.max_local_batch(18000, safety=0.0) == 100  # floor((18000 - 5000 - 3000) / 100)
+    assert mm.max_local_batch(13000, safety=0.0) == 50
+    assert mm.max_local_batch(8050, safety=0.0) == 0
+    assert "5000" not in mm.shortfall(8050, 0.0) and "address space" in mm.shortfall(8050, 0.0)
+    floored = replace(mm, update_peak_bytes=9000)
+    assert floored.max_local_batch(13500, safety=0.0) == 0  # the update (9000) + overhead (5000) do not fit
+
+
+def test_old_memory_model_records_still_load():
+    """Records saved before ``update_peak_bytes`` and ``address_space_overhead_bytes``
+    existed load with both 0, and predict as they did."""
+    old = {"param_bytes": 1000, "grad_bytes": 1000, "optimizer_state_bytes": 1000, "buffer_bytes": 0,
+           "other_static_bytes": 0, "activation_bytes_per_sample": 90, "batch_bytes_per_sample": 10,
+           "probe_local_batches": [1, 2], "probe_peak_bytes": [3100, 3200], "device": "cpu"}
+    mm = MemoryModel.from_dict(old)
+    assert mm.update_peak_bytes == 0 and mm.address_space_overhead_bytes == 0
+    assert mm.max_local_batch(13000, safety=0.1) == 87
+    assert MemoryModel.from_dict(mm.to_dict()) == mm
+
+
+def test_failure_cause_from_the_exception_type():
+    assert failure_cause(MemoryError(), memory_capped=False) == "oom"
+    assert failure_cause(torch.OutOfMemoryError("CUDA out of memory"), memory_capped=False) == "oom"
+    # no cap, no typed error: the words alone decide nothing
+    assert failure_cause(RuntimeError("could not create a primitive"), memory_capped=False) is None
+    assert failure_cause(RuntimeError("shape mismatch"), memory_capped=False) is None
+
+
+def _in_fresh_process(code: str) -> dict:
+    """Run ``code`` in a new interpreter (a cap must never reach the test process); it
+    prints a JSON object as its last line."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_onednn_failure_under_a_real_cap_is_out_of_memory_and_a_bug_is_not():
+    """Capped 1 MiB above its size before any convolution ran, a process cannot map
+    oneDNN's JIT kernels: oneDNN says only "could not create a primitive".  The probe
+    calls it out of memory (the kernel said ENOMEM); a real bug under the same cap is
+    raised, not called out of memory."""
+    res = _in_fresh_process("""
+        import json, torch
+        from torch import nn
+        from tula.memory import cap_address_space, run_probe_step
+        from tula.workloads import SmallCNN
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        model = SmallCNN(1, 10, 8)
+        x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+        cap_address_space(1 << 20)
+        fits, note = run_probe_step(lambda: nn.functional.cross_entropy(model(x), y).backward())
+        try:
+            run_probe_step(lambda: model(torch.randn(4, 3, 8, 8)))  # 3 channels into a 1-channel network
+            bug = None
+        except RuntimeError as err:
+            bug = str(err)
+
+        import resource
+        from tula.memory import AddressSpace
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+
+        def quiet():  # fails under the cap and leaves errno alone
+            if resource.getrlimit(resource.RLIMIT_AS)[0] < AddressSpace.now().total_bytes + (256 << 20):
+                raise RuntimeError("refused")
+
+        quiet_fits, quiet_note = run_probe_step(quiet)
+        print(json.dumps({"fits": fits, "note": note, "bug": bug, "quiet": [quiet_fits, quiet_note],
+                          "cap_kept": resource.getrlimit(resource.RLIMIT_AS)[0] == cap}))
+    """)
+    assert res["fits"] is False
+    assert "could not create a primitive" in res["note"], res["note"]
+    assert res["bug"] is not None and "channels" in res["bug"]
+    # no errno either way: the same step, run with the cap lifted, decides; then the cap is back
+    assert res["quiet"] == [False, "RuntimeError: refused (the same step runs with the address-space cap lifted)"]
+    assert res["cap_kept"]
+
+
+def test_threads_and_malloc_arenas_under_a_real_cap():
+    """OpenMP aborts the process when it cannot start its threads, and a thread's first
+    allocation reserves a 64 MiB malloc arena that RLIMIT_AS counts in full: the cap is
+    set after the threads exist and with no new arenas."""
+    res = _in_fresh_process("""
+        import json, threading, torch
+        from tula.memory import AddressSpace, cap_address_space
+        torch.set_num_threads(2)
+        cap_address_space(96 << 20)
+        before = AddressSpace.now().total_bytes
+        (torch.ones(1 << 17) * 2).sum()  # a parallel region: OpenMP's threads
+        t = threading.Thread(target=lambda: torch.ones(1 << 10).sum())
+        t.start()
+        t.join()
+        print(json.dumps({"grown": AddressSpace.now().total_bytes - before}))
+    """)
+    assert res["grown"] < 32 * MiB  # a thread's stack (8 MiB), no 64 MiB arena
+
+
+@pytest.fixture
+def capped_spec_dict(tiny_spec_dict):
+    d = dict(tiny_spec_dict)
+    d["search"] = {**d["search"], "memory_budget_bytes": "3MiB", "enforce_memory_cap": True}
+    return d
+
+
+def test_three_mib_budget_under_the_cap_fits_no_batch_and_says_why(capped_spec_dict):
+    """Issue 7: the tensors of a local batch of 128 take 2.8 MiB, within 90 % of 3 MiB, but
+    a worker maps far more than its tensors (oneDNN kernels for each batch shape, heap,
+    threads): the model used to say 128 fits, and every trial then failed.  Now the probe
+    measures that overhead and no batch fits, in one sentence."""
+    events = []
+    with pytest.raises(InfeasibleError, match="address space beyond tensors under the memory cap"):
+        profile(spec_from_dict(capped_spec_dict), "partial",
+                launcher=LocalLauncher(device="cpu", threads_per_worker=1), on_event=events.append)
+    plan = next(e for e in events if e["type"] == "plan")
+    mm = MemoryModel.from_dict(plan["memory"])
+    assert plan["max_local_batch"] == 0 and plan["configs"] == []
+    assert mm.address_space_overhead_bytes > 3 * MiB
+    assert replace(mm, address_space_overhead_bytes=0).max_local_batch(3 * MiB) >= 128  # the old prediction
+
+
+def test_trials_that_do_not_fit_under_a_tiny_cap_are_oom_not_errors(capped_spec_dict):
+    """The trials the old model chose, run anyway in a fresh 2-rank world capped at 3 MiB:
+    the first step's oneDNN kernels cannot be mapped.  That is an out-of-memory result
+    (it used to be an error that abandoned the world's other trials); larger batches are
+    skipped, and the world returns."""
+    spec = spec_from_dict(capped_spec_dict)
+    res = LocalLauncher(device="cpu", threads_per_worker=1).run(
+        profile_world, 2, spec.to_dict(), [(2, 16), (2, 256)], 3 * MiB, "partial", 3 * MiB, timeout_s=300)
+    trials = _merge_ranks(res)
+    assert [t["status"] for t in trials] == ["oom", "skipped"], trials
+    assert trials[0]["note"].startswith("out of memory on rank")
+
+
+def test_max_local_batch_under_a_cap_is_what_runs(capped_spec_dict):
+    """End to end at a budget where batches fit: every trial at or below the model's bound
+    runs (none is an error), and the bound is below what tensors alone would allow."""
+    d = dict(capped_spec_dict)
+    d["search"] = {**d["search"], "cluster_sizes": [1], "memory_budget_bytes": "64MiB"}
+    rec = profile(spec_from_dict(d), "partial", launcher=LocalLauncher(device="cpu", threads_per_worker=1))
+    mm = MemoryModel.from_dict(rec["memory"])
+    assert mm.address_space_overhead_bytes > 0
+    assert rec["max_local_batch"] < replace(mm, address_space_overhead_bytes=0).max_local_batch(64 * MiB)
+    assert rec["trials"] and all(t["status"] == "ok" for t in rec["trials"]), rec["trials"]
+    assert all(t["local_batch"] <= rec["max_local_batch"] for t in rec["trials"])

@@ -1,5 +1,9 @@
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tula.errors import InfeasibleError
 from tula.memory import MemoryModel
@@ -10,8 +14,8 @@ from tula.spec import spec_from_dict
 D = 1000
 
 
-def _models(perf: PerfModel, sizes=(1, 2), budget=None, oom=None, pricing=None):
-    spec = spec_from_dict({"epochs": 1, "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
+def _models(perf: PerfModel, sizes=(1, 2), budget=None, oom=None, pricing=None, epochs=1):
+    spec = spec_from_dict({"epochs": epochs, "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
                            "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0}})
     mem = MemoryModel(param_bytes=1000, grad_bytes=1000, optimizer_state_bytes=0, buffer_bytes=0,
                       other_static_bytes=0, activation_bytes_per_sample=90, batch_bytes_per_sample=10,
@@ -83,10 +87,10 @@ def test_plan_rows_have_the_promised_fields_and_a_frontier():
             "peak_mem_bytes", "feasible"}
     assert all(need <= set(r) for r in plan["configurations"])
     assert sum(r["chosen"] for r in plan["configurations"]) == 1
+    feasible = [(r["total_time_s"], r["cost"]) for r in plan["configurations"] if r["feasible"]]
     front = plan["frontier"]
-    times = [r["total_time_s"] for r in front]
-    costs = [r["cost"] for r in front]
-    assert times == sorted(times) and costs == sorted(costs, reverse=True)
+    assert {(r["total_time_s"], r["cost"]) for r in front} == _non_dominated(feasible)
+    assert len(front) == len(_non_dominated(feasible))
     assert front[0]["n_workers"] == 2 and front[-1]["n_workers"] == 1  # fastest uses 2 nodes, cheapest 1
 
 
@@ -97,5 +101,109 @@ def test_memory_pricing_changes_the_cheapest_batch():
     assert 10 <= plan["choice"]["global_batch"] <= 20
 
 
+# --------------------------------------------------------------------------- against brute force
+def _non_dominated(points) -> set:
+    """The (time, cost) pairs no other pair beats in one and matches or beats in the other."""
+    pts = set(points)
+    return {p for p in pts if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in pts)}
+
+
 def test_pareto_frontier():
     assert pareto_frontier(np.array([1.0, 2.0, 3.0, 4.0]), np.array([4.0, 3.0, 3.5, 1.0])) == [0, 1, 3]
+
+
+_values = st.integers(0, 6).map(float) | st.floats(0, 100, allow_nan=False)  # small integers: many ties
+
+
+@settings(max_examples=300, deadline=None)
+@given(pts=st.lists(st.tuples(_values, _values), min_size=1, max_size=25))
+def test_pareto_frontier_is_exactly_the_non_dominated_points(pts):
+    t, c = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    front = pareto_frontier(t, c)
+    assert len(set(front)) == len(front)
+    assert [t[i] for i in front] == sorted(t[i] for i in front)  # by increasing time
+    # one index per distinct non-dominated point, and nothing else
+    assert {(t[i], c[i]) for i in front} == _non_dominated(pts)
+    assert len(front) == len(_non_dominated(pts))
+    # every point left out is matched or beaten in both by a frontier point
+    for j in set(range(len(pts))) - set(front):
+        assert any(t[i] <= t[j] and c[i] <= c[j] for i in front)
+
+
+def _brute_force(perf: PerfModel, sizes, epochs, budget, oom, pricing):
+    """Every (N, b) with b an integer local batch in the search space, with its feasibility,
+    time and cost computed here from the equations (ring all-reduce, no overlap), not by Tula."""
+    static, per_sample = 2000, 100  # the memory model of _models
+    rows = []
+    for n in sizes:
+        for b in range(math.ceil(10 / n), 1000 // n + 1):
+            feasible = (budget is None or static + per_sample * b <= 0.9 * budget) and (oom is None or b < oom)
+            sync = 0.0 if n == 1 else perf.alpha * 2 * (n - 1) + perf.beta * 2 * (n - 1) / n * perf.grad_bytes
+            t_step = perf.c0 + perf.c1 * b + sync
+            total = epochs * D / (n * b) * t_step
+            if pricing["kind"] == "fixed":
+                cost = total / 3600 * n * pricing["price_per_node_hour"]
+            else:
+                cost = total / 3600 * n * (static + per_sample * b) / 1e9 * pricing["price_per_gb_hour"]
+            rows.append({"n": n, "b": b, "feasible": feasible, "total": total, "cost": cost})
+    return rows
+
+
+@settings(max_examples=40, deadline=None)
+@given(c0=st.floats(0, 0.05), c1=st.floats(1e-6, 1e-2), alpha=st.floats(0, 1e-3), beta=st.floats(0, 2e-8),
+       sizes=st.sampled_from([(1,), (2,), (1, 2), (1, 2, 4), (2, 4)]), epochs=st.integers(1, 3),
+       budget=st.none() | st.integers(3000, 150_000), oom=st.none() | st.integers(2, 600),
+       pricing=st.sampled_from([{"kind": "fixed", "price_per_node_hour": 3600.0},
+                                {"kind": "memory", "price_per_gb_hour": 3600.0 * 1e9}]),
+       objective=st.sampled_from(["time", "cost"]))
+def test_the_choice_is_the_brute_force_optimum(c0, c1, alpha, beta, sizes, epochs, budget, oom, pricing, objective):
+    perf = PerfModel("ring", grad_bytes=10**6, c0=c0, c1=c1, alpha=alpha, beta=beta)
+    rows = _brute_force(perf, sizes, epochs, budget, oom, pricing)
+    feasible = [r for r in rows if r["feasible"]]
+    models = _models(perf, sizes=sizes, budget=budget, oom=oom, pricing=pricing, epochs=epochs)
+    if not feasible:
+        with pytest.raises(InfeasibleError):
+            make_plan(models, objective)
+        return
+    plan = make_plan(models, objective)
+    key = "total" if objective == "time" else "cost"
+    best = min(r[key] for r in feasible)
+    choice = plan["choice"]
+    got = choice["total_time_s"] if objective == "time" else choice["cost"]
+    mine = next(r for r in rows if (r["n"], r["b"]) == (choice["n_workers"], choice["local_batch"]))
+    assert mine["feasible"] and choice["feasible"]
+    assert got == pytest.approx(mine[key], rel=1e-9)  # the plan's figures are the equations'
+    if objective == "time" or pricing["kind"] == "fixed":
+        assert got == pytest.approx(best, rel=1e-9)  # optimal over every integer local batch
+    else:  # memory pricing has an interior optimum between the plan's 16 points per octave
+        assert best * (1 - 1e-9) <= got <= best * 1.01
+    # every evaluated row agrees with the equations, and feasibility with the memory bound
+    for r in plan["configurations"]:
+        m = next(x for x in rows if (x["n"], x["b"]) == (r["n_workers"], r["local_batch"]))
+        assert r["feasible"] == m["feasible"]
+        assert r["total_time_s"] == pytest.approx(m["total"], rel=1e-9)
+        assert r["cost"] == pytest.approx(m["cost"], rel=1e-9)
+    # the frontier is the brute-force frontier of the feasible rows
+    evaluated = [(r["total_time_s"], r["cost"]) for r in plan["configurations"] if r["feasible"]]
+    assert {(r["total_time_s"], r["cost"]) for r in plan["frontier"]} == _non_dominated(evaluated)
+
+
+def test_knee_of_a_hand_made_elbow():
+    """A steep straight drop to B = 128, then almost flat: the knee is the elbow."""
+    x = np.array([16, 32, 64, 128, 256, 512, 1024], float)
+    y = np.where(x <= 128, 100 - (x - 16) * 80 / 112, 20 - (x - 128) * 0.001)
+    assert find_knee(x, y) == (3, "kneedle")
+    # the same elbow moved to B = 64
+    y2 = np.where(x <= 64, 100 - (x - 16) * 80 / 48, 20 - (x - 64) * 0.001)
+    assert find_knee(x, y2) == (2, "kneedle")
+
+
+def test_a_straight_line_has_no_knee_and_the_fallback_is_the_first_point_near_the_fastest():
+    x = np.linspace(10, 1000, 50)
+    y = 100 - 0.05 * x  # no curvature: Kneedle finds nothing
+    idx, how = find_knee(x, y)
+    assert how == "fallback"
+    assert idx == next(i for i in range(len(y)) if y[i] <= 1.05 * y.min())  # 47: x = 959.4, y = 52.03 <= 52.5
+    assert idx == 47
+    # a curve within 5 % of its minimum everywhere: the smallest batch
+    assert find_knee(np.array([10.0, 20, 30, 40, 50]), np.array([10.4, 10.3, 10.2, 10.0, 10.1])) == (0, "fallback")

@@ -1,9 +1,13 @@
+import copy
+import json
 import subprocess
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tula.errors import SpecError
+from tula.errors import SpecError, TulaError
 from tula.spec import JobSpec, load_spec, parse_bytes, spec_from_dict
 
 from conftest import ROOT
@@ -94,3 +98,144 @@ def test_cli_missing_spec_exits_2(tmp_path, tula_cmd):
                        timeout=120)
     assert r.returncode == 2
     assert "does not exist" in r.stderr
+
+
+# --------------------------------------------------------------------------- damaged spec files
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+FULL_SPEC = {  # every section set, so mutations reach every validator
+    "name": "full", "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
+    "data": {"name": "digits", "num_samples": 4096, "test_fraction": 0.2}, "epochs": 3, "seed": 1,
+    "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0005},
+    "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256, "batch_growth": 2,
+               "memory_budget_bytes": "512MiB", "memory_safety": 0.1, "enforce_memory_cap": True},
+    "collective": "tree", "pricing": {"kind": "memory", "price_per_gb_hour": 0.15}, "objective": "cost",
+    "profile": {"warmup_steps": 1, "timed_steps": 3, "device": "cpu", "threads_per_worker": 1,
+                "memory_probe_batches": [16, 32]},
+    "train": {"method": "ags", "lr_milestones": [1, 2], "warmup_epochs": 1, "polo_switch_epoch": 1,
+              "ags": {"delta": 0.5, "b_small": 32, "s_min": 0.1, "update_every": 4, "granularity": "element"}},
+}
+
+
+def _base_specs():
+    specs = [FULL_SPEC]
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        specs.append(yaml.safe_load(path.read_text()))
+    return specs
+
+
+BASES = _base_specs()
+_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+yaml_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) |
+                           st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+
+
+def _retype(value):
+    return [v for v in (None, True, 0, -1, 0.5, float("nan"), float("inf"), "", "x", str(value), [], [value], {},
+                        {"v": value}, "12 GiB", 10**30) if type(v) is not type(value)]
+
+
+def _mutate(data, tree):
+    """Delete a key, give a value another type, a random value of its type or any random value,
+    somewhere in ``tree``: walk down from the top, stopping at a random depth."""
+    node, key = tree, None
+    while True:
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        if not keys:
+            break
+        key = data.draw(st.sampled_from(keys))
+        if isinstance(node[key], (dict, list)) and node[key] and data.draw(st.booleans()):
+            node = node[key]
+            continue
+        break
+    if key is None:
+        return
+    op = data.draw(st.sampled_from(["delete", "retype", "number", "random", "new key"]))
+    if op == "delete":
+        del node[key]
+    elif op == "retype":
+        node[key] = data.draw(st.sampled_from(_retype(node[key])))
+    elif op == "number":
+        node[key] = data.draw(st.integers() | st.floats())
+    elif op == "random":
+        node[key] = data.draw(yaml_values)
+    elif isinstance(node, dict):
+        node[data.draw(st.text(max_size=8))] = data.draw(yaml_values)
+
+
+def _load_or_sentence(path, raw: bytes):
+    """``load_spec`` on ``raw``: a JobSpec that survives the round trip records make of it, or
+    Tula's one sentence, never another exception."""
+    path.write_bytes(raw)
+    try:
+        spec = load_spec(path)
+    except SpecError as err:
+        msg = str(err)
+        assert len(msg.splitlines()) == 1 and "Traceback" not in msg, msg
+        assert str(path) in msg or "field '" in msg or msg.startswith("the spec must be a YAML mapping"), msg
+        return None
+    except TulaError as err:  # pragma: no cover - a TulaError of the wrong kind is still a bug
+        raise AssertionError(f"load_spec raised {type(err).__name__}, not SpecError: {err}") from None
+    # every record embeds spec.to_dict() and validates it again on load
+    assert json.dumps(spec_from_dict(spec.to_dict()).to_dict()) == json.dumps(spec.to_dict())
+    return spec
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    return tmp_path_factory.mktemp("specs")
+
+
+@SETTINGS
+@given(value=yaml_values)
+def test_random_yaml_loads_or_is_one_sentence(scratch, value):
+    _load_or_sentence(scratch / "random.yaml", yaml.safe_dump(value).encode())
+
+
+@SETTINGS
+@given(data=st.data())
+def test_mutated_specs_load_or_are_one_sentence(scratch, data):
+    tree = copy.deepcopy(data.draw(st.sampled_from(BASES)))
+    for _ in range(data.draw(st.integers(1, 3))):
+        _mutate(data, tree)
+    _load_or_sentence(scratch / "mutated.yaml", yaml.safe_dump(tree, allow_unicode=data.draw(st.booleans())).encode())
+
+
+@SETTINGS
+@given(data=st.data())
+def test_truncated_or_byte_flipped_specs_load_or_are_one_sentence(scratch, data):
+    raw = bytearray((ROOT / "examples" / data.draw(st.sampled_from(["digits_cnn.yaml", "mnist1d_cnn.yaml"])))
+                    .read_bytes())
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    else:
+        for _ in range(data.draw(st.integers(1, 4))):
+            raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
+    _load_or_sentence(scratch / "bytes.yaml", bytes(raw))
+
+
+@pytest.mark.parametrize("raw", [b"name: caf\xe9\n", b"\xff\xfe\x00n\x00a", b"seed: " + b"9" * 5000 + b"\n",
+                                 b"name: " + b"[" * 5000 + b"]" * 5000 + b"\n"],
+                         ids=["latin-1", "utf-16", "5000-digit-int", "nested-5000-deep"])
+def test_spec_files_yaml_cannot_read_are_one_sentence(tmp_path, raw):
+    """Bytes that are not UTF-8, an integer Python refuses to parse, nesting deeper than the
+    recursion limit: each was a UnicodeDecodeError, ValueError or RecursionError traceback."""
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(raw)
+    with pytest.raises(SpecError, match="is not valid YAML") as e:
+        load_spec(path)
+    assert str(path) in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+def test_a_key_with_a_line_break_stays_one_line(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text('search: {"min_\\nbatch": 4, "café": 1}\n')
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    assert str(e.value).startswith("unknown field 'search.min_\\nbatch'")  # shown escaped, on one line
+
+
+@pytest.mark.parametrize("budget", [float("inf"), "1" + "0" * 400 + " GiB"], ids=["inf", "400-digit"])
+def test_an_infinite_memory_budget_is_one_sentence(budget):
+    with pytest.raises(SpecError, match="memory_budget_bytes"):
+        spec_from_dict({"search": {"memory_budget_bytes": budget}})

@@ -46,3 +46,45 @@ def test_synthetic_dataset():
                                     "num_classes": 5}})
     data = load_dataset(spec.data, 0)
     assert data.sample_shape == (3, 16, 16) and data.num_classes == 5 and data.train_size == 80
+
+
+def _write_idx(path, arr):
+    """An MNIST idx file (unsigned bytes, big-endian dimensions)."""
+    import struct
+
+    path.write_bytes(bytes([0, 0, 8, arr.ndim]) + b"".join(struct.pack(">I", d) for d in arr.shape) + arr.tobytes())
+
+
+def test_mnist_from_disk_is_normalised_and_augmented_without_flips(tmp_path):
+    import numpy as np
+
+    from tula.data import DataPath, augment_image, sample_key
+
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 30), ("t10k", 10)):
+        _write_idx(raw / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        _write_idx(raw / f"{split}-labels-idx1-ubyte", rng.integers(0, 10, (n,), dtype=np.uint8))
+    spec = spec_from_dict({"seed": 5, "data": {"name": "mnist", "root": str(tmp_path), "augment": True}})
+    data = load_dataset(spec.data, 5)
+    assert not data.in_memory and data.train_size == 30 and data.test_size == 10 and data.sample_shape == (1, 28, 28)
+    assert data.loader_workers == 2
+    plain = torch.from_numpy(np.fromfile(raw / "train-images-idx3-ubyte", np.uint8)[16:].reshape(30, 1, 28, 28))
+    plain = plain.float() / 255
+    x, y = data.train[7]  # evaluation's view: normalised, not augmented
+    assert torch.allclose(x, (plain[7] - 0.1307) / 0.3081, atol=1e-6) and isinstance(y, int)
+    for epoch in range(3):  # training's view: cropped, never flipped (digits are not mirror images)
+        want = (augment_image(plain[7], sample_key(5, epoch, 7), flip=False) - 0.1307) / 0.3081
+        assert torch.allclose(data.train[(epoch, 7)][0], want, atol=1e-6)
+    with DataPath(data, "cpu", workers=2) as path:
+        xe, ye = next(path.eval_batches(0, 1, 10))
+    assert torch.equal(xe, data.take(torch.arange(10), "test")[0]) and ye.dtype == torch.int64
+    raw_off = load_dataset(spec_from_dict({"data": {"name": "mnist", "root": str(tmp_path), "normalize": False}}).data)
+    assert torch.equal(raw_off.train[7][0], plain[7])
+
+
+def test_missing_torchvision_set_is_one_sentence(tmp_path):
+    spec = spec_from_dict({"data": {"name": "cifar10", "root": str(tmp_path)}})
+    with pytest.raises(WorkloadError, match="Tula never downloads"):
+        load_dataset(spec.data)

@@ -47,24 +47,13 @@ def dies_on_rank_one(die_at_batch: int = 100):
     return _DiesOnRankOne(die_at_batch)
 
 
-def _replica_spread(module):
-    """Largest difference between this rank's parameters and any other rank's."""
-    flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
-    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, flat)
-    return max(float((g - flat).abs().max()) for g in gathered)
-
-
-def train_with_method(ctx, name, spec_dict, global_batch, steps_per_epoch, n_steps):
-    """Train tula's SmallCNN on digits with the method ``name`` for ``n_steps`` steps of a
-    fixed batch sequence (different on every rank), the way the runner drives a method.
-
-    Returns the test loss before and after, the LR set at each step and the LR the update
-    actually applied to the last layer's weight (``-Δw·g / |g|²``, meaningful for plain SGD
-    without momentum and weight decay), the replicas' spread before and after
-    ``before_eval()``, and the method's traces and extra state; for ``adascale`` also
-    whether a fresh method restored from a (serialised) state dict matches the trained one.
-    """
+def lr_after_resume(ctx, runs, global_batch, steps_per_epoch, n_steps):
+    """For each ``(name, spec_dict)`` of ``runs``: step a method ``n_steps`` times (DDP
+    backward, ``after_backward``, optimiser step, scheduler step, different batches on every
+    rank), save its state and restore it into a fresh method at step ``n_steps``; then take
+    one more step with both.  Returns, per method, the LRs the schedulers report
+    (``get_last_lr()``) and the param groups hold right after the restore, and the LRs each
+    reports and applies at that next step (read after ``after_backward``, before the update)."""
     import io
 
     import torch.nn.functional as F
@@ -74,56 +63,43 @@ def train_with_method(ctx, name, spec_dict, global_batch, steps_per_epoch, n_ste
     from tula.spec import spec_from_dict
     from tula.workloads import SmallCNN, load_dataset
 
-    spec = spec_from_dict(spec_dict)
-    data = load_dataset(spec.data, spec.seed)
-    test_x, test_y = data.test.tensors
+    out = {}
+    for name, spec_dict in runs:
+        spec = spec_from_dict(spec_dict)
+        data = load_dataset(spec.data, spec.seed)
+        generator = torch.Generator().manual_seed(100 + ctx.rank)
+        batches = [data.batch(global_batch // ctx.world_size, generator) for _ in range(n_steps + 1)]
 
-    def test_loss(module):
-        module.eval()
-        with torch.no_grad():
-            loss = float(F.cross_entropy(module(test_x), test_y))
-        module.train()
-        return loss
+        def build():
+            torch.manual_seed(spec.seed)
+            ddp = DDP(SmallCNN(width=8))
+            return ddp, build_method(name, ddp, spec, global_batch, ctx.world_size, steps_per_epoch)
 
-    def build():
-        torch.manual_seed(spec.seed)
-        ddp = DDP(SmallCNN(width=8))
-        return ddp, build_method(name, ddp, spec, global_batch, ctx.world_size, steps_per_epoch)
+        def step(ddp, method, i):
+            x, y = batches[i]
+            method.optimizer.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            method.after_backward(i, x, y, F.cross_entropy)
+            applied = [g["lr"] for g in method.optimizer.param_groups]
+            reported = list(method.scheduler.get_last_lr())
+            method.optimizer.step()
+            method.scheduler.step()
+            return applied, reported
 
-    ddp, method = build()
-    generator = torch.Generator().manual_seed(100 + ctx.rank)
-    batches = [data.batch(global_batch // ctx.world_size, generator) for _ in range(n_steps)]
-    last = ddp.module.classifier[-1].weight
-    loss_before = test_loss(ddp.module)
-    lr_set, lr_applied = [], []
-    for step, (x, y) in enumerate(batches):
-        method.optimizer.zero_grad()
-        F.cross_entropy(ddp(x), y).backward()
-        method.after_backward(step, x, y, F.cross_entropy)
-        before, grad = last.detach().clone(), last.grad.detach().clone()
-        lr_set.append(method.lr)
-        method.optimizer.step()
-        method.scheduler.step()
-        lr_applied.append(float(-(last.detach() - before).flatten() @ grad.flatten() / grad.square().sum()))
-    spread_trained = _replica_spread(ddp.module)
-    method.before_eval()
-    result = {"loss_before": loss_before, "loss_after": test_loss(ddp.module), "lr_set": lr_set,
-              "lr_applied": lr_applied, "spread_trained": spread_trained,
-              "spread_after_eval_sync": _replica_spread(ddp.module), "traces": method.traces(),
-              "extra_state": method.extra_state()}
-    if name == "adascale":
-        saved = io.BytesIO()
-        torch.save(method.state_dict(), saved)
-        saved.seek(0)
-        _, restored = build()
-        restored.load_state_dict(torch.load(saved, weights_only=False), n_steps)
-        result["restored_matches"] = (restored.extra_state() == method.extra_state()
-                                      and restored.lr == method.lr)
-    return result
-
-
-def train_methods(ctx, runs, global_batch, steps_per_epoch, n_steps):
-    """:func:`train_with_method` for each ``(name, spec_dict)`` of ``runs`` in turn, in one
-    world (a launch costs seconds, training here a fraction of one)."""
-    return {name: train_with_method(ctx, name, spec_dict, global_batch, steps_per_epoch, n_steps)
-            for name, spec_dict in runs}
+        ddp, method = build()
+        for i in range(n_steps):
+            step(ddp, method, i)
+        buf = io.BytesIO()
+        torch.save({"model": ddp.module.state_dict(), "method": method.state_dict()}, buf)
+        buf.seek(0)
+        saved = torch.load(buf, weights_only=False)
+        ddp2, restored = build()
+        ddp2.module.load_state_dict(saved["model"])
+        restored.load_state_dict(saved["method"], n_steps)
+        res = {"reported": list(method.scheduler.get_last_lr()),
+               "restored_reported": list(restored.scheduler.get_last_lr()),
+               "restored_groups": [g["lr"] for g in restored.optimizer.param_groups]}
+        res["next_applied"], res["next_reported"] = step(ddp, method, n_steps)
+        res["restored_next_applied"], res["restored_next_reported"] = step(ddp2, restored, n_steps)
+        out[name] = res
+    return out

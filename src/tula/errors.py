@@ -1,4 +1,16 @@
-"""Errors a user can cause. Each carries one clear sentence; the CLI prints it and exits 2."""
+"""Errors a user can cause, and how a run ends when it does not finish.
+
+Each :class:`TulaError` carries one clear sentence; the CLI prints it and exits 2.
+:class:`Interrupted` is not an error of the user's input: the CLI prints its sentence and
+exits 130 (SIGINT) or 143 (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+
+#: why a rank of a distributed world failed; travels as data, never parsed from text
+FAILURE_CAUSES = ("oom", "user_error", "crash", "lost_worker", "timeout", "interrupted")
 
 
 class TulaError(Exception):
@@ -14,17 +26,42 @@ class WorkloadError(TulaError):
 
 
 class RecordError(TulaError):
-    """A JSON record (profile, models, plan) is missing, unreadable or of the wrong kind."""
+    """A record (profile, models, plan, checkpoint) is missing, damaged or of the wrong kind."""
 
 
 class InfeasibleError(TulaError):
     """No configuration satisfies the constraints (e.g. no batch fits in the memory budget)."""
 
 
-class WorkerError(TulaError):
-    """A worker process of a distributed run failed or died."""
+class RunDirError(TulaError):
+    """An output directory cannot be used: in use by another run, a file, or holding records."""
 
-    def __init__(self, message: str, rank: int | None = None, details: str = ""):
+
+class WorkerError(TulaError):
+    """A rank of a distributed run failed or died.
+
+    ``cause`` is one of :data:`FAILURE_CAUSES` (the root cause's), ``rank`` the rank it
+    happened on, ``details`` a traceback where there is one."""
+
+    def __init__(self, message: str, rank: int | None = None, details: str = "", cause: str = "crash"):
         super().__init__(message)
         self.rank = rank
         self.details = details
+        self.cause = cause
+
+
+class Interrupted(Exception):
+    """A run stopped because of SIGINT or SIGTERM; ``message`` says what was kept and how to
+    continue.  ``exit_code`` is 128 + the signal number (130, 143)."""
+
+    def __init__(self, message: str, signum: int = _signal.SIGINT):
+        super().__init__(message)
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @property
+    def signal_name(self) -> str:
+        return _signal.Signals(self.signum).name

@@ -7,19 +7,13 @@ without profiling again.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
 from .errors import RecordError
-from .memory import MemoryModel
-from .perfmodel import PerfModel, fit_perf_model
-from .profile import PROFILE_KIND
+from .memory_model import MemoryModel
+from .perfmodel import PerfModel, fit_perf_model, relative_error
+from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, load_record, save_record  # noqa: F401 (re-exported)
 from .spec import JobSpec, spec_from_dict
-
-MODELS_KIND = "tula.models"
-PLAN_KIND = "tula.plan"
 
 
 def oom_local_batch(trials: list[dict]) -> int | None:
@@ -39,10 +33,10 @@ def fit_models(profile: dict) -> dict:
     ok = [t for t in trials if t["status"] == "ok"]
     probed = MemoryModel.from_dict(profile["memory"])
     mem = probed.refit([t["local_batch"] for t in ok], [t["peak_mem_bytes"] for t in ok])
-    t_err = np.abs(perf.t_step_s([t["local_batch"] for t in ok], [t["n_workers"] for t in ok]) /
-                   np.array([t["t_step_s"] for t in ok]) - 1)
-    m_err = np.abs(mem.predict_peak_bytes(np.array([t["local_batch"] for t in ok])) /
-                   np.array([t["peak_mem_bytes"] for t in ok]) - 1)
+    t_err = relative_error(perf.t_step_s([t["local_batch"] for t in ok], [t["n_workers"] for t in ok]),
+                           [t["t_step_s"] for t in ok])
+    m_err = relative_error(mem.predict_peak_bytes(np.array([t["local_batch"] for t in ok])),
+                           [t["peak_mem_bytes"] for t in ok])
     return {
         "kind": MODELS_KIND, "version": 1, "spec": spec.to_dict(), "search": profile["search"],
         "device": profile["device"], "dataset_size": profile["dataset_size"],
@@ -52,37 +46,6 @@ def fit_models(profile: dict) -> dict:
                       "peak_mem_median_rel": float(np.median(m_err)), "peak_mem_max_rel": float(m_err.max())},
         "trials": trials, "profiling_s": profile.get("profiling_s"),
     }
-
-
-def load_record(path: str | Path) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise RecordError(f"file {str(p)!r} does not exist")
-    try:
-        rec = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RecordError(f"{str(p)!r} is not a JSON record ({err})") from None
-    if not isinstance(rec, dict) or rec.get("kind") not in (PROFILE_KIND, MODELS_KIND, PLAN_KIND):
-        raise RecordError(f"{str(p)!r} is not a Tula record (expected a profile, models or plan JSON)")
-    return rec
-
-
-def save_record(rec: dict, path: str | Path) -> Path:
-    """Write atomically (temp file + rename), so a crash never leaves half a record."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(rec, indent=1, default=_jsonable))
-    tmp.replace(p)
-    return p
-
-
-def _jsonable(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
 
 
 def models_from(rec: dict) -> tuple[JobSpec, MemoryModel, PerfModel]:

@@ -7,12 +7,26 @@ The static part is read from the model and optimiser; the per-sample part is mea
 from real training steps at two small local batches (after a first step, so that the
 lazily created optimiser state exists).  Measured peaks come from torch's MemTracker on
 CPU and ``torch.cuda.max_memory_allocated`` on CUDA, the same measure the profiler uses.
+
+Under ``search.enforce_memory_cap`` (CPU) the budget is enforced on a worker's *address
+space* (RLIMIT_AS) beyond its size after set-up, and address space holds more than
+tensors: oneDNN's JIT-compiled kernels and primitives for every batch shape the process
+has run (several MiB per shape), the allocator's retained heap, thread stacks.  Tensor
+accounting never sees them, so the probe measures them apart
+(``address_space_overhead_bytes``) and :meth:`MemoryModel.max_local_batch` keeps room
+for them.  Out-of-memory is recognised from structured evidence (:func:`failure_cause`,
+:func:`run_probe_step`), never from an error message.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
+import gc
 import math
 import resource
+import traceback
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
@@ -20,14 +34,213 @@ import numpy as np
 import torch
 from torch import nn
 
+from .memory_model import MemoryModel  # noqa: F401 (the model lives apart, without torch)
+
 
 def is_out_of_memory(err: BaseException) -> bool:
-    """True for CUDA OOM, the CPU allocator's failure under an address-space cap, and MemoryError."""
-    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+    """True for CUDA OOM, the CPU allocator's failure under an address-space cap, and MemoryError.
+
+    Kept for callers that only hold an error (or its text): the structured evidence of
+    :func:`failure_cause` (this process's cap read from its rlimit), and failing that the
+    CPU allocator's words.  New code should call :func:`failure_cause` where the exception
+    is caught, or run the step through :func:`run_probe_step`."""
+    if failure_cause(err, memory_capped=address_space_capped()) == "oom":
         return True
     msg = str(err).lower()
     return isinstance(err, RuntimeError) and ("can't allocate memory" in msg or "out of memory" in msg
                                               or "cannot allocate memory" in msg)
+
+
+# --------------------------------------------------------------------------- out-of-memory evidence
+CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation, carried by torch.AcceleratorError.error_code
+
+
+@functools.lru_cache(maxsize=1)
+def _errno_location():
+    """libc's per-thread errno cell (glibc ``__errno_location``), or None elsewhere."""
+    try:
+        fn = ctypes.CDLL(None).__errno_location
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.POINTER(ctypes.c_int), []
+    return fn
+
+
+def _errno() -> int | None:
+    loc = _errno_location()
+    return None if loc is None else int(loc()[0])
+
+
+def clear_errno() -> None:
+    """Set this thread's C ``errno`` to 0, so that an ENOMEM read later comes from what ran since."""
+    loc = _errno_location()
+    if loc is not None:
+        loc()[0] = 0
+
+
+def failure_cause(err: BaseException, *, memory_capped: bool) -> str | None:
+    """``"oom"`` when ``err`` is a failure for lack of memory, else None.
+
+    The evidence is structured, never the message: the exception's type
+    (``torch.OutOfMemoryError`` -- CUDA's caching allocator --, ``MemoryError``, a
+    ``torch.AcceleratorError`` carrying ``cudaErrorMemoryAllocation``); and, with
+    ``memory_capped`` (an address-space cap is in force), the kernel's own reason: this
+    thread's C ``errno`` is ENOMEM.  Under RLIMIT_AS every native allocation path fails
+    that way -- the CPU allocator's ``posix_memalign`` ("can't allocate memory"), oneDNN's
+    ``mmap`` of JIT code and scratchpads ("could not create a primitive"), ``std::bad_alloc``,
+    thread stacks ("can't start new thread") -- whatever the message says.  errno is read
+    now, so call this in the ``except`` clause that caught ``err``, with errno cleared
+    (:func:`clear_errno`) before the work that failed; :func:`run_probe_step` does both,
+    and where a failure under the cap carries no evidence it tries the step again with the
+    cap lifted."""
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return "oom"
+    accel = getattr(torch, "AcceleratorError", None)
+    if accel is not None and isinstance(err, accel) and \
+            getattr(err, "error_code", None) == CUDA_ERROR_MEMORY_ALLOCATION:
+        return "oom"
+    if memory_capped and _errno() == errno.ENOMEM:
+        return "oom"
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200] if text else ''}"
+
+
+def run_probe_step(step: Callable[[], None], *, memory_capped: bool | None = None) -> tuple[bool, str]:
+    """Run one probe step (no collective inside); ``(True, "")`` when it ran, ``(False, note)``
+    when it failed for lack of memory (the note: the error's type and first line); any
+    other failure is raised.
+
+    ``memory_capped``: whether an address-space cap is in force (None: read this process's
+    RLIMIT_AS).  errno is cleared first, so :func:`failure_cause` judges by what this step
+    did: the exception's type, or under a cap the kernel's ENOMEM -- which covers oneDNN's
+    "could not create a primitive" as well as the CPU allocator's error.  Under a cap, a
+    failure with neither is put to a real test: the soft RLIMIT_AS is lifted (to the hard
+    limit, or this process's size plus half the memory the machine has available, whichever
+    is lower), the same step runs again, and the cap is restored; the step ran out of
+    memory if it now runs or fails again for lack of memory, else its first error is raised.
+    (The retry cannot replace errno: once oneDNN fails to map a JIT kernel, it fails to
+    create new kernels on that thread even with memory to spare.)"""
+    capped = address_space_capped() if memory_capped is None else memory_capped
+    clear_errno()
+    try:
+        step()
+        return True, ""
+    except Exception as err:  # noqa: BLE001 - classified below, raised when not memory
+        cause = failure_cause(err, memory_capped=capped)
+        if cause == "oom":
+            return False, _first_line(err)
+        if not capped:
+            raise
+        first, note = err, _first_line(err)
+        traceback.clear_frames(err.__traceback__)  # let the failed step's tensors go
+    # under the cap with no evidence either way (a library may have clobbered errno):
+    # does the same step run with the cap lifted?
+    gc.collect()
+    with _lifted_address_space_cap():
+        clear_errno()
+        try:
+            step()
+        except Exception as again:  # noqa: BLE001
+            if failure_cause(again, memory_capped=True) != "oom":
+                raise first from None
+            return False, f"{note} (and again with the address-space cap lifted to what this machine has free)"
+        finally:
+            gc.collect()
+    return False, f"{note} (the same step runs with the address-space cap lifted)"
+
+
+# --------------------------------------------------------------------------- address space
+def _meminfo_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class AddressSpace:
+    """This process's mappings (Linux ``/proc/self/maps``).  ``total_bytes`` is what
+    RLIMIT_AS counts; ``reserved_bytes`` the inaccessible (PROT_NONE) part of it:
+    reservations such as glibc's per-thread malloc arenas, which the allocator does
+    without when a cap refuses them, so a budget is charged only ``used_bytes``."""
+
+    total_bytes: int
+    reserved_bytes: int
+
+    @property
+    def used_bytes(self) -> int:
+        return self.total_bytes - self.reserved_bytes
+
+    @classmethod
+    def now(cls) -> "AddressSpace":
+        total = reserved = 0
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                span, perms = line.split(maxsplit=2)[:2]
+                lo, hi = span.split("-")
+                size = int(hi, 16) - int(lo, 16)
+                total += size
+                if perms.startswith("---"):
+                    reserved += size
+        return cls(total, reserved)
+
+
+def address_space_capped() -> bool:
+    """Whether this process runs under a soft address-space limit (RLIMIT_AS)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return soft != resource.RLIM_INFINITY
+
+
+class _lifted_address_space_cap:
+    """Raise the soft RLIMIT_AS for a while (to the hard limit, or this process's size plus
+    half the machine's available memory, whichever is lower), then put it back -- never
+    below what the process maps by then, so that it can go on to report."""
+
+    def __enter__(self):
+        self.soft, self.hard = resource.getrlimit(resource.RLIMIT_AS)
+        room = _meminfo_available_bytes()
+        lifted = self.hard if room is None else AddressSpace.now().total_bytes + room // 2
+        if self.hard != resource.RLIM_INFINITY:
+            lifted = min(lifted, self.hard)
+        resource.setrlimit(resource.RLIMIT_AS, (max(lifted, self.soft), self.hard))
+        return self
+
+    def __exit__(self, *exc):
+        if self.soft != resource.RLIM_INFINITY:
+            restored = max(self.soft, AddressSpace.now().total_bytes)
+            resource.setrlimit(resource.RLIMIT_AS, (restored, self.hard))
+        else:
+            resource.setrlimit(resource.RLIMIT_AS, (self.soft, self.hard))
+        return False
+
+
+M_ARENA_MAX = -8  # glibc mallopt parameter
+
+
+def limit_malloc_arenas() -> None:
+    """No more glibc malloc arenas (glibc; elsewhere a no-op).  Each new arena reserves 64 MiB
+    of address space the first time another thread allocates -- e.g. gloo's thread at the
+    first collective on a new group -- which RLIMIT_AS counts in full: under a cap of 64 MiB
+    that one reservation took the whole budget.  With one arena, every thread allocates
+    from the main heap."""
+    try:
+        ctypes.CDLL(None).mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(1))
+    except (OSError, AttributeError):
+        pass
+
+
+def start_thread_pools() -> None:
+    """Start torch's intra-op (OpenMP) threads now.  They are created at the first parallel
+    region, and OpenMP aborts the whole process when it cannot create one, so under an
+    address-space cap they must exist before the cap (each reserves a stack: 8 MiB here)."""
+    if torch.get_num_threads() > 1:
+        x = torch.ones(1 << 17)
+        (x * 2).sum()
 
 
 def measure_step_peak_bytes(run_step: Callable[[], None], model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -66,78 +279,6 @@ def tensor_bytes(tensors) -> int:
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return tensor_bytes(v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
-
-
-@dataclass(frozen=True)
-class MemoryModel:
-    """Fitted memory model of one (model, data, optimiser, device).  All sizes in bytes."""
-
-    param_bytes: int
-    grad_bytes: int
-    optimizer_state_bytes: int
-    buffer_bytes: int
-    other_static_bytes: int  # measured intercept minus the static parts above (workspaces, DDP, rounding)
-    activation_bytes_per_sample: int  # measured slope minus the data batch
-    batch_bytes_per_sample: int
-    probe_local_batches: tuple[int, int]
-    probe_peak_bytes: tuple[int, int]
-    device: str
-    update_peak_bytes: int = 0  # peak during the optimiser step: a floor under every batch's peak
-
-    @property
-    def static_bytes(self) -> int:
-        return self.param_bytes + self.grad_bytes + self.optimizer_state_bytes + self.buffer_bytes + \
-            self.other_static_bytes
-
-    @property
-    def bytes_per_sample(self) -> int:
-        return self.activation_bytes_per_sample + self.batch_bytes_per_sample
-
-    def predict_peak_bytes(self, local_batch):
-        """Predicted peak bytes for a local batch (scalar or numpy array): the forward/backward
-        line, or the optimiser step's peak where that is higher."""
-        line = self.static_bytes + self.bytes_per_sample * np.asarray(local_batch)
-        peak = np.maximum(line, self.update_peak_bytes)
-        return int(peak) if peak.ndim == 0 else peak
-
-    def max_local_batch(self, budget_bytes: int | None, safety: float = 0.1) -> int | None:
-        """Largest local batch whose predicted peak stays within ``(1 - safety) * budget``;
-        ``None`` when there is no budget, 0 when not even one sample fits."""
-        if budget_bytes is None:
-            return None
-        room = budget_bytes * (1.0 - safety) - self.static_bytes
-        if room < self.bytes_per_sample or self.update_peak_bytes > budget_bytes * (1.0 - safety):
-            return 0
-        return int(math.floor(room / max(self.bytes_per_sample, 1)))
-
-    def refit(self, local_batches, peak_bytes) -> "MemoryModel":
-        """The same static decomposition with intercept and slope refitted to more measured
-        peaks (e.g. the profiled trials), by least squares on relative error over the
-        larger half of the batches."""
-        b = np.concatenate([np.asarray(self.probe_local_batches, float), np.asarray(local_batches, float)])
-        p = np.concatenate([np.asarray(self.probe_peak_bytes, float), np.asarray(peak_bytes, float)])
-        # at small batches the peak can sit in another phase of the step (optimiser update
-        # rather than backward), so the line is fitted to the larger half of the batches
-        keep = b >= np.median(b)
-        if len(np.unique(b[keep])) < 2:
-            keep = np.ones_like(b, dtype=bool)
-        if len(np.unique(b[keep])) < 2:
-            return self
-        slope, intercept = np.polyfit(b[keep], p[keep], 1, w=1.0 / p[keep])
-        slope = max(float(slope), 0.0)
-        known = self.param_bytes + self.grad_bytes + self.optimizer_state_bytes + self.buffer_bytes
-        return replace(self, other_static_bytes=int(round(intercept)) - known,
-                       activation_bytes_per_sample=int(math.ceil(slope)) - self.batch_bytes_per_sample)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "MemoryModel":
-        d = dict(d)
-        d["probe_local_batches"] = tuple(d["probe_local_batches"])
-        d["probe_peak_bytes"] = tuple(d["probe_peak_bytes"])
-        return cls(**d)
 
 
 def fit_memory_model(model: nn.Module, optimizer: torch.optim.Optimizer, sample_bytes: int,
@@ -197,12 +338,37 @@ def probe_memory_model(measure: Callable[[int], tuple[int, int]], model: nn.Modu
                             update_peak_bytes=floor)
 
 
-def cap_address_space(budget_bytes: int) -> int:
-    """Cap this process's address space at its current size plus the budget (Linux), so that
-    exceeding the budget raises the CPU allocator's out-of-memory error; returns the cap."""
-    with open("/proc/self/status") as fh:
-        vm_kb = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:"))
-    cap = vm_kb * 1024 + budget_bytes
+def with_address_space_overhead(mm: MemoryModel, since: AddressSpace) -> MemoryModel:
+    """``mm`` with its address-space overhead measured, for a budget enforced as an
+    address-space cap: what this process has mapped since ``since`` (the end of set-up,
+    before the probe's first step) beyond the probe's largest tensor peak -- oneDNN's
+    one-time set-up and its kernels for each batch shape the probe ran (they stay cached:
+    several MiB per shape), the heap the allocator kept, threads started -- plus one more
+    batch shape's kernels (a trial or a training run at a new batch), estimated as half of
+    it, as the probe runs at least two shapes.  Inaccessible reservations (malloc arenas)
+    are not counted: under a cap the allocator does without them."""
+    grown = AddressSpace.now().used_bytes - since.used_bytes
+    tensors = max(*mm.probe_peak_bytes, mm.update_peak_bytes)
+    probed = max(int(grown - tensors), 0)
+    return replace(mm, address_space_overhead_bytes=probed + probed // 2)
+
+
+def cap_address_space(budget_bytes: int, since: AddressSpace | None = None) -> int:
+    """Cap this process's address space (RLIMIT_AS, Linux) so that it may use ``budget_bytes``
+    more than it used at ``since`` (default: now), and exceeding that fails for real in the
+    allocator; returns the cap.
+
+    Pass the :class:`AddressSpace` taken at the end of set-up to charge the budget with
+    everything mapped since (the memory probe's kernels and heap), so that every world is
+    capped alike.  First torch's threads are started (:func:`start_thread_pools`) and malloc
+    is kept from reserving new arenas (:func:`limit_malloc_arenas`)."""
+    limit_malloc_arenas()
+    start_thread_pools()
+    now = AddressSpace.now()
+    spent = 0 if since is None else max(now.used_bytes - since.used_bytes, 0)
+    cap = now.total_bytes + max(budget_bytes - spent, 0)
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     return cap

@@ -62,6 +62,12 @@ def link_bytes(collective: str, n, grad_bytes: float):
     return f * grad_bytes
 
 
+def training_time_s(t_step_s, global_batch, dataset_size: int, epochs: int = 1):
+    """Eq. 4a, the one place it is written: T = E * D / B * t_step (seconds), for a
+    predicted or a measured step time."""
+    return epochs * dataset_size / np.asarray(global_batch, float) * np.asarray(t_step_s, float)
+
+
 @dataclass(frozen=True)
 class PerfModel:
     """Fitted parameters (seconds, seconds per sample, seconds per byte) and what they describe."""
@@ -101,9 +107,9 @@ class PerfModel:
         return (tc ** g + ts ** g) ** (1.0 / g)
 
     def epoch_time_s(self, global_batch, n_workers, dataset_size: int):
-        """Eq. 4a for one epoch: D / B steps of t_step."""
+        """Eq. 4a for one epoch: D / B steps of the predicted t_step."""
         big_b = np.asarray(global_batch, float)
-        return dataset_size / big_b * self.t_step_s(big_b / np.asarray(n_workers, float), n_workers)
+        return training_time_s(self.t_step_s(big_b / np.asarray(n_workers, float), n_workers), big_b, dataset_size)
 
     def total_time_s(self, global_batch, n_workers, dataset_size: int, epochs: int):
         """Eq. 4a: T = E * D / B * t_step."""
@@ -231,7 +237,13 @@ def fit_perf_model(trials: list[dict], collective: str = "ring", grad_bytes: int
     return replace(best, frozen=frozen, rmsle=best_err, n_trials=int(len(b)), notes=tuple(notes))
 
 
+def relative_error(predicted, measured) -> np.ndarray:
+    """|predicted - measured| / measured, elementwise: the one error metric of every model."""
+    m = np.asarray(measured, float)
+    return np.abs(np.asarray(predicted, float) - m) / m
+
+
 def relative_errors(model: PerfModel, trials: list[dict]) -> np.ndarray:
-    """|predicted - measured| / measured step time over the successful trials."""
+    """Relative step-time error of ``model`` over the successful trials."""
     b, n, ts, _ = _arrays(trials)
-    return np.abs(model.t_step_s(b, n) - ts) / ts
+    return relative_error(model.t_step_s(b, n), ts)

@@ -19,7 +19,9 @@ import numpy as np
 from kneed import KneeLocator
 
 from .errors import InfeasibleError
-from .fit import PLAN_KIND, models_from
+from .fit import models_from
+from .perfmodel import training_time_s
+from .records import PLAN_KIND
 from .pricing import make_pricing
 from .space import candidate_global_batches, max_global_batch
 
@@ -97,7 +99,7 @@ def make_plan(models: dict, objective: str | None = None) -> dict:
     n_arr = np.array([r["n_workers"] for r in rows], float)
     b_arr = np.array([r["local_batch"] for r in rows], float)
     t_step = perf.t_step_s(b_arr, n_arr)
-    epoch = d / (n_arr * b_arr) * t_step
+    epoch = training_time_s(t_step, n_arr * b_arr, d)
     total = epochs * epoch
     peak = mem.predict_peak_bytes(b_arr)
     cost = pricing.cost(total, n_arr, peak)

@@ -20,53 +20,49 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .errors import InfeasibleError, WorkerError
+from . import interrupts
+from .data import data_path
+from .ddp import agree_any, agree_max, probe_fits, wrap_ddp
+from .errors import InfeasibleError, Interrupted, WorkerError
 from .launch import Launcher, LocalLauncher, WorkerContext
 from .launch.base import pick_device
-from .memory import (MemoryModel, cap_address_space, is_out_of_memory, measure_phase_peaks, measure_step_peak_bytes,
-                     probe_memory_model)
+from .memory import (AddressSpace, MemoryModel, cap_address_space, measure_phase_peaks, measure_step_peak_bytes,
+                     probe_memory_model, with_address_space_overhead)
+from .records import PROFILE_KIND, Trial
 from .space import Config, candidate_configs, partial_configs
 from .spec import JobSpec
 from .workloads import build_model, build_optimizer, load_dataset
 
-PROFILE_KIND = "tula.profile"
 MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
 MAX_ROUNDS = 3
+DATA_SHARE_NOTE = 0.1  # a trial whose wait for data is at least this share of its step says so
+FINISHED = ("ok", "oom", "skipped")  # trial statuses a resumed profile does not run again
 
 
 class ProfileFailed(WorkerError):
     """A worker failed mid-profile; ``record`` holds every trial finished before it."""
 
-    def __init__(self, message: str, rank: int | None = None, details: str = "", record: dict | None = None):
-        super().__init__(message, rank=rank, details=details)
+    def __init__(self, message: str, rank: int | None = None, details: str = "", record: dict | None = None,
+                 cause: str = "crash"):
+        super().__init__(message, rank=rank, details=details, cause=cause)
         self.record = record
 
 
-@dataclass
-class Trial:
-    n_workers: int
-    local_batch: int
-    global_batch: int
-    status: str  # ok | oom | skipped | error
-    t_step_s: float | None = None
-    t_compute_s: float | None = None
-    t_sync_s: float | None = None
-    peak_mem_bytes: int | None = None
-    t_step_spread: float | None = None
-    timed_steps: int = 0
-    note: str = ""
-    step_times_s: list[float] = field(default_factory=list)
-    compute_times_s: list[float] = field(default_factory=list)
+class ProfileInterrupted(Interrupted):
+    """SIGINT/SIGTERM stopped profiling; ``record`` holds every trial finished before it."""
+
+    def __init__(self, message: str, signum: int, record: dict | None):
+        super().__init__(message, signum)
+        self.record = record
 
 
 # --------------------------------------------------------------------------- inside a rank
@@ -78,11 +74,13 @@ class _Worker:
         torch.manual_seed(spec.seed)
         self.data = load_dataset(spec.data, spec.seed)
         model = build_model(spec.model).to(ctx.device)
-        self.ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                       gradient_as_bucket_view=True)
+        self.ddp = wrap_ddp(model, ctx.device)
         self.optimizer = build_optimizer(self.ddp.module, spec)
         self.loss_fn = nn.CrossEntropyLoss()
         self.gen = torch.Generator().manual_seed(spec.seed * 1000 + ctx.rank)
+        self.batches: Any = None  # random batches of local batch self.batches_b through the data path
+        self.batches_b = 0
+        self.data_waits: list[float] = []
         self.x: torch.Tensor | None = None
         self.y: torch.Tensor | None = None
 
@@ -92,8 +90,12 @@ class _Worker:
         return x.numel() * x.element_size() + y.numel() * y.element_size()
 
     def load_batch(self, local_batch: int) -> None:
-        x, y = self.data.batch(local_batch, self.gen)
-        self.x, self.y = x.to(self.ctx.device), y.to(self.ctx.device)
+        """The next random batch through the data path training uses (DataLoader workers
+        prefetching for sets read from disk)."""
+        if self.batches is None or self.batches_b != local_batch:
+            self.batches = data_path(self.data, self.ctx.device).random_batches(local_batch, self.gen)
+            self.batches_b = local_batch
+        self.x, self.y = next(self.batches)
 
     def forward_backward(self, sync: bool = True) -> None:
         with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
@@ -111,21 +113,16 @@ class _Worker:
         self.update()
 
     def timed(self, sync: bool) -> float:
+        """One step with the wait for its batch included, as training runs it."""
         t0 = time.perf_counter()
+        self.load_batch(self.batches_b)
+        t1 = time.perf_counter()
         self.step(sync)
+        self.data_waits.append(t1 - t0)
         return time.perf_counter() - t0
 
-    def agree_any(self, flag: bool) -> bool:
-        """All-reduce a flag: True on every rank if it is True on any rank."""
-        t = torch.tensor([1.0 if flag else 0.0], device=self.ctx.device if self.ctx.backend == "nccl" else "cpu")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item() > 0)
-
     def agree_max(self, value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64,
-                         device=self.ctx.device if self.ctx.backend == "nccl" else "cpu")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
+        return agree_max(value, self.ctx.device)
 
     def release(self) -> None:
         self.x = self.y = None
@@ -161,23 +158,21 @@ class _Worker:
     def trial(self, cfg: Config, warmup: int, timed: int) -> Trial:
         b = cfg.local_batch
         base = dict(n_workers=cfg.n_workers, local_batch=b, global_batch=cfg.global_batch)
-        failed, err_msg = False, ""
-        try:
+
+        def probe() -> None:
             self.load_batch(b)
             self.step(sync=False)
-        except Exception as err:  # noqa: BLE001
-            if not is_out_of_memory(err):
-                raise
-            failed, err_msg = True, str(err).splitlines()[0][:200]
-        if self.agree_any(failed):
+
+        fits, note = probe_fits(probe, self.ctx.device, self.ctx.rank)
+        if not fits:
             self.release()
-            return Trial(**base, status="oom", note=f"out of memory on rank {self.ctx.rank}: {err_msg}" if failed
-                         else "out of memory on another rank")
+            return Trial(**base, status="oom", note=note)
         peak = self.measure_peak()
         for _ in range(warmup):
             self.step(True)
         steps: list[float] = []
         comps: list[float] = []
+        self.data_waits = []
         for _ in range(MAX_ROUNDS):
             for _ in range(timed):
                 steps.append(self.timed(True))
@@ -187,7 +182,7 @@ class _Worker:
                 break
         self.release()
         return Trial(**base, status="ok", peak_mem_bytes=peak, step_times_s=steps, compute_times_s=comps,
-                     timed_steps=len(steps))
+                     timed_steps=len(steps), t_data_s=statistics.median(self.data_waits))
 
 
 def _spread(xs: list[float]) -> float:
@@ -206,17 +201,25 @@ def select_configs(spec: JobSpec, search: str, dataset_size: int, mm: MemoryMode
 
 
 def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, int]] | None,
-                  mem_cap_bytes: int | None, search: str, budget_bytes: int | None) -> dict:
+                  mem_cap_bytes: int | None, search: str, budget_bytes: int | None,
+                  oom_local_batch: int | None = None) -> dict:
     """Run in every rank of one world: the trials of ``configs`` ((n_workers, global_batch)
     pairs of this world's size) in order of batch.
 
     With ``configs=None`` (the first world) the memory model is probed first, the search
-    space is bounded with it, and this world runs the configurations of its own size."""
+    space is bounded with it, and this world runs the configurations of its own size.
+    Local batches at or above ``oom_local_batch`` (one already ran out of memory) are
+    skipped.  After each trial the ranks agree whether to stop (SIGINT/SIGTERM); then
+    ``interrupted`` holds the signal number and the trials not run are left out."""
     spec = JobSpec.model_validate(spec_dict)
     w = _Worker(ctx, spec)
+    set_up = AddressSpace.now() if mem_cap_bytes is not None and ctx.device.type == "cpu" else None
     out: dict[str, Any] = {"rank": ctx.rank, "trials": []}
+    stop = ctx.stop
     if configs is None:
         mm = w.probe_memory(tuple(spec.profile.memory_probe_batches))
+        if set_up is not None:  # under the cap, the budget also holds what tensors do not show
+            mm = with_address_space_overhead(mm, set_up)
         b_max, chosen = select_configs(spec, search, w.data.train_size, mm, budget_bytes)
         out.update(memory=mm.to_dict(), max_local_batch=b_max,
                    configs=[(c.n_workers, c.global_batch) for c in chosen])
@@ -225,9 +228,12 @@ def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, 
                       "configs": out["configs"]})
         configs = [(c.n_workers, c.global_batch) for c in chosen if c.n_workers == ctx.world_size]
     if mem_cap_bytes is not None and ctx.device.type == "cpu":
-        out["address_space_cap_bytes"] = cap_address_space(mem_cap_bytes)
-    oom_at: int | None = None
+        out["address_space_cap_bytes"] = cap_address_space(mem_cap_bytes, since=set_up)
+    oom_at = oom_local_batch
     for i, (n, big_b) in enumerate(sorted(configs, key=lambda c: c[1])):
+        if stop is not None and stop.agree():
+            out["interrupted"] = stop.signum or signal.SIGINT
+            break
         cfg = Config(n, big_b)
         if oom_at is not None and cfg.local_batch >= oom_at:
             t = Trial(n, cfg.local_batch, big_b, "skipped",
@@ -235,7 +241,7 @@ def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, 
         else:
             t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps)
             if t.status == "oom":
-                oom_at = cfg.local_batch
+                oom_at = cfg.local_batch if oom_at is None else min(oom_at, cfg.local_batch)
         out["trials"].append(asdict(t))
         ctx.emit({"type": "rank_trial", "rank": ctx.rank, "trial": asdict(t)})  # kept if the world dies later
         if ctx.rank == 0:
@@ -262,6 +268,12 @@ def _merge_trials(rank_trials: list[list[dict]]) -> list[dict]:
             t["t_sync_s"] = max(t["t_step_s"] - t["t_compute_s"], 0.0)
             t["t_step_spread"] = _spread(steps)
             t["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in per_rank)
+            if per_rank[0].get("t_data_s") is not None:  # the slowest rank's median wait for its batch
+                t["t_data_s"] = max(r["t_data_s"] for r in per_rank)
+                share = t["t_data_s"] / max(t["t_step_s"], 1e-12)
+                if share >= DATA_SHARE_NOTE:
+                    t["note"] = (f"data loading is {100 * share:.0f} % of the step: the loader is a bottleneck "
+                                 "(more data.loader_workers, or faster storage, would help)")
         elif t["status"] == "oom":
             t["note"] = next((r["note"] for r in per_rank if r["note"].startswith("out of memory on rank")), t["note"])
         merged.append(t)
@@ -274,12 +286,22 @@ def default_threads(spec: JobSpec) -> int:
     return spec.profile.threads_per_worker or max(1, (os.cpu_count() or 1) // max(spec.search.cluster_sizes))
 
 
+def _oom_threshold(trials: list[dict]) -> int | None:
+    bad = [t["local_batch"] for t in trials if t["status"] == "oom"]
+    return min(bad) if bad else None
+
+
 def profile(spec: JobSpec, search: str = "partial", launcher: Launcher | None = None,
-            on_event: Callable[[dict], None] | None = None) -> dict:
+            on_event: Callable[[dict], None] | None = None, previous: dict | None = None) -> dict:
     """Profile ``spec`` (``search`` = ``full`` | ``partial``); return the profile record.
 
-    ``on_event`` receives ``{"type": "plan", "total": k}`` once the trials are known and
-    ``{"type": "trial", ...}`` after each trial."""
+    ``previous`` is a partial profile record of the same spec (interrupted or failed):
+    its memory model and configuration list are reused and its finished trials are kept,
+    so only the rest run.  ``on_event`` receives ``{"type": "plan", "total": k}`` once the
+    trials are known and ``{"type": "trial", ...}`` after each trial.
+
+    A failed world raises :class:`ProfileFailed`, SIGINT/SIGTERM :class:`ProfileInterrupted`;
+    both carry the record of every trial finished before it."""
     from .workloads import check_workload
 
     if search not in ("full", "partial"):
@@ -295,9 +317,20 @@ def profile(spec: JobSpec, search: str = "partial", launcher: Launcher | None = 
     cap = budget if spec.search.enforce_memory_cap else None
     sizes = spec.search.cluster_sizes
     emit = on_event or (lambda ev: None)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    param_count = sum(p.numel() for p in model.parameters())
+    del model
 
     streamed: dict[int, list[dict]] = {}  # rank -> trials of the world now running
     probe: dict = {}
+    trials: list[dict] = []
+    spent_before = 0.0
+    if previous is not None:
+        probe = {"memory": previous["memory"], "max_local_batch": previous["max_local_batch"],
+                 "configs": [tuple(c) for c in previous["configs"]]}
+        trials = [t for t in previous["trials"] if t["status"] in FINISHED]
+        spent_before = previous.get("profiling_s") or 0.0
+        emit({"type": "plan", "total": len(probe["configs"]), "done": len(trials)})
 
     def forward(rank: int, ev: dict) -> None:
         if ev["type"] == "rank_trial":
@@ -309,51 +342,89 @@ def profile(spec: JobSpec, search: str = "partial", launcher: Launcher | None = 
 
     n_max_trials = len(candidate_configs(spec.search, data.train_size, None))
     timeout = spec.profile.trial_timeout_s * (n_max_trials + 1)
-    trials: list[dict] = []
 
-    def run_world(n: int, configs: list[tuple[int, int]] | None) -> None:
-        streamed.clear()
-        try:
-            res = launcher.run(profile_world, n, spec.to_dict(), configs, cap, search, budget,
-                               on_event=forward, timeout_s=timeout)
-        except WorkerError as err:
-            if not probe:
-                raise  # nothing measured yet
-            # keep every trial all ranks finished; the one in flight and the rest are errors
-            done = _merge_trials([streamed.get(r, []) for r in range(n)]) if len(streamed) == n else []
-            trials.extend(done)
-            todo = [c for c in (configs or [tuple(c) for c in probe["configs"] if c[0] == n])
-                    if (c[0], c[1]) not in {(t["n_workers"], t["global_batch"]) for t in done}]
-            for i, (nn, big_b) in enumerate(todo):
-                trials.append(asdict(Trial(nn, big_b // nn, big_b, "error",
-                                           note=str(err) if i == 0 else "not run: the world failed earlier")))
-            raise ProfileFailed(str(err), rank=err.rank, details=err.details,
-                                record=_record(trials, failed=str(err))) from None
-        trials.extend(_merge_ranks(res))
-
-    def _record(trials: list[dict], failed: str | None = None) -> dict:
-        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    def record(failed: str | None = None, interrupted: str | None = None) -> dict:
+        ordered = sorted(trials, key=lambda t: (t["n_workers"], t["global_batch"]))
         return {
             "kind": PROFILE_KIND, "version": 1, "spec": spec.to_dict(), "search": search, "device": device,
             "backend": "nccl" if device == "cuda" else "gloo", "threads_per_worker": threads,
             "memory_budget_bytes": budget, "enforce_memory_cap": spec.search.enforce_memory_cap,
             "dataset_size": data.train_size, "sample_shape": list(data.sample_shape),
-            "model": {"name": spec.model.name, "param_count": sum(p.numel() for p in model.parameters()),
-                      "grad_bytes": grad_bytes},
-            "memory": probe["memory"], "max_local_batch": probe["max_local_batch"], "trials": trials,
-            "profiling_s": time.perf_counter() - t_start, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **({"failed": failed} if failed else {}),
+            "model": {"name": spec.model.name, "param_count": param_count, "grad_bytes": grad_bytes},
+            "memory": probe["memory"], "max_local_batch": probe["max_local_batch"],
+            "configs": [list(c) for c in probe["configs"]], "trials": ordered,
+            "profiling_s": spent_before + time.perf_counter() - t_start,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"failed": failed} if failed else {}), **({"interrupted": interrupted} if interrupted else {}),
         }
 
-    # first world: memory probe, search space, then its own trials
-    run_world(sizes[0], None)
-    b_max = probe["max_local_batch"]
-    configs = [Config(n, b) for n, b in probe["configs"]]
-    if not configs:
-        raise InfeasibleError(
-            f"no configuration fits: the memory model allows a local batch of at most {b_max} within the budget "
-            f"of {budget} bytes, below every candidate (min_batch {spec.search.min_batch} over up to "
-            f"{max(sizes)} workers)")
-    for n in sorted({c.n_workers for c in configs} - {sizes[0]}):
-        run_world(n, [(c.n_workers, c.global_batch) for c in configs if c.n_workers == n])
-    return _record(trials)
+    def stopped(signum: int) -> ProfileInterrupted:
+        name = signal.Signals(signum).name
+        if not probe:
+            return ProfileInterrupted(f"profiling stopped by {name} during the memory probe; nothing was measured "
+                                      "yet", signum, None)
+        n_done = sum(t["status"] in FINISHED for t in trials)
+        return ProfileInterrupted(f"profiling stopped by {name}: {n_done} of {len(probe['configs'])} trial(s) "
+                                  "finished", signum, record(interrupted=name))
+
+    def run_world(n: int, configs: list[tuple[int, int]] | None) -> None:
+        streamed.clear()
+        if interrupts.requested():
+            raise stopped(interrupts.requested())
+        oom_at = _oom_threshold([t for t in trials if t["n_workers"] == n])
+        try:
+            res = launcher.run(profile_world, n, spec.to_dict(), configs, cap, search, budget, oom_at,
+                               on_event=forward, timeout_s=timeout)
+        except WorkerError as err:
+            # keep every trial all ranks finished; the one in flight and the rest are not
+            done = _merge_trials([streamed.get(r, []) for r in range(n)]) if len(streamed) == n else []
+            trials.extend(done)
+            if err.cause == "interrupted" or interrupts.requested():
+                raise stopped(interrupts.requested() or signal.SIGINT) from None
+            if not probe:
+                raise  # nothing measured yet
+            todo = sorted((tuple(c) for c in (configs or [c for c in probe["configs"] if c[0] == n])
+                           if (c[0], c[1]) not in {(t["n_workers"], t["global_batch"]) for t in done}),
+                          key=lambda c: c[1])
+            if err.cause == "oom" and todo:
+                # a rank ran out of memory after the probe step (a synchronised or timed step):
+                # that trial is an out-of-memory result, larger local batches are skipped, and
+                # a fresh world runs the smaller ones still to do
+                (n_oom, b_oom), rest = todo[0], todo[1:]
+                b_local = b_oom // n_oom
+                trials.append(asdict(Trial(n_oom, b_local, b_oom, "oom", note=str(err)[:300])))
+                trials.extend(asdict(Trial(n_, b_ // n_, b_, "skipped", note=f"not run: local batch {b_local} "
+                                           "already ran out of memory")) for n_, b_ in rest if b_ // n_ >= b_local)
+                smaller = [c for c in rest if c[1] // c[0] < b_local]
+                if smaller:
+                    run_world(n, smaller)
+                return
+            for i, (nn_, big_b) in enumerate(todo):
+                trials.append(asdict(Trial(nn_, big_b // nn_, big_b, "error",
+                                           note=str(err) if i == 0 else "not run: the world failed earlier")))
+            raise ProfileFailed(str(err), rank=err.rank, details=err.details, cause=err.cause,
+                                record=record(failed=str(err))) from None
+        trials.extend(_merge_ranks(res))
+        if any("interrupted" in r for r in res):
+            raise stopped(res[0].get("interrupted") or signal.SIGINT)
+
+    with interrupts.graceful_signals():
+        if not probe:
+            # first world: memory probe, search space, then its own trials
+            run_world(sizes[0], None)
+            probe["configs"] = [tuple(c) for c in probe["configs"]]
+        configs = [Config(n, b) for n, b in probe["configs"]]
+        if not configs:
+            raise InfeasibleError(
+                f"no configuration fits: the memory model allows a local batch of at most {probe['max_local_batch']} "
+                f"within the budget of {budget} bytes, below every candidate (min_batch {spec.search.min_batch} "
+                f"over up to {max(sizes)} workers)" + (
+                    f": {MemoryModel.from_dict(probe['memory']).shortfall(budget, spec.search.memory_safety)}"
+                    if probe["max_local_batch"] == 0 else ""))
+        done = {(t["n_workers"], t["global_batch"]) for t in trials}
+        for n in sorted({c.n_workers for c in configs}):
+            todo = [(c.n_workers, c.global_batch) for c in configs if c.n_workers == n and
+                    (c.n_workers, c.global_batch) not in done]
+            if todo:
+                run_world(n, todo)
+    return record()

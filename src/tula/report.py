@@ -24,14 +24,18 @@ def _ms(x: float | None) -> str:
 def trials_table(profile: dict) -> Table:
     t = Table(title=f"Profile ({profile['search']} search, {profile['device']}, "
                     f"{profile['threads_per_worker']} thread(s)/worker, {profile['profiling_s']:.0f} s)")
-    for col in ("N", "B", "b", "t_step ms", "t_compute ms", "t_sync ms", "spread", "peak mem", "status"):
+    data = any(r.get("t_data_s") is not None for r in profile["trials"])
+    cols = ["N", "B", "b", "t_step ms", "t_compute ms", "t_sync ms"] + (["data ms"] if data else []) + \
+        ["spread", "peak mem", "status"]
+    for col in cols:
         t.add_column(col, justify="right" if col != "status" else "left")
     for r in profile["trials"]:
-        style = {"ok": None, "oom": "red", "skipped": "yellow", "error": "red"}.get(r["status"])
+        style = {"ok": None, "oom": "red", "skipped": "yellow", "error": "red", "interrupted": "yellow"}.get(r["status"])
         spread = "-" if r.get("t_step_spread") is None else f"{r['t_step_spread']:.0%}"
-        t.add_row(str(r["n_workers"]), str(r["global_batch"]), str(r["local_batch"]), _ms(r["t_step_s"]),
-                  _ms(r["t_compute_s"]), _ms(r["t_sync_s"]), spread, fmt_bytes(r["peak_mem_bytes"]),
-                  r["status"] + (f" ({r['note']})" if r["note"] else ""), style=style)
+        row = [str(r["n_workers"]), str(r["global_batch"]), str(r["local_batch"]), _ms(r["t_step_s"]),
+               _ms(r["t_compute_s"]), _ms(r["t_sync_s"])] + ([_ms(r.get("t_data_s"))] if data else []) + \
+            [spread, fmt_bytes(r["peak_mem_bytes"]), r["status"] + (f" ({r['note']})" if r["note"] else "")]
+        t.add_row(*row, style=style)
     return t
 
 
@@ -80,6 +84,7 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .perfmodel import training_time_s
     from .pricing import make_pricing
     from .spec import spec_from_dict
 
@@ -95,7 +100,7 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
         meas = [t for t in trials if t["status"] == "ok" and t["n_workers"] == int(n)]
         if meas:
             gb = [t["global_batch"] for t in meas]
-            tt = [e * d / t["global_batch"] * t["t_step_s"] for t in meas]
+            tt = training_time_s([t["t_step_s"] for t in meas], gb, d, e)
             cc = pricing.cost(tt, int(n), [t["peak_mem_bytes"] for t in meas])
             ax_t.plot(gb, tt, "o", color=col, label=f"N={n} measured")
             ax_c.plot(gb, cc, "o", color=col)

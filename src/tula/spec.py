@@ -7,14 +7,16 @@ and what is allowed.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SpecError
+from .registry import METHOD_NAMES
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 10**12}
@@ -24,12 +26,18 @@ def parse_bytes(value: Any) -> int | None:
     """Parse ``123``, ``"512MiB"``, ``"2 GB"`` into a byte count (``None`` stays ``None``)."""
     if value is None or isinstance(value, int):
         return value
+    bad = f"{str(value)[:40]!r} is not a size; use bytes or a number with a unit such as '512MiB' or '2GB'"
     if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(bad)
         return int(value)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{value!r} is not a size; use bytes or a number with a unit such as '512MiB' or '2GB'")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        raise ValueError(bad)
+    number = float(m.group(1))
+    if not math.isfinite(number):
+        raise ValueError(bad)
+    return int(number * _UNITS[m.group(2).lower()])
 
 
 class _Strict(BaseModel):
@@ -51,6 +59,11 @@ class DataSpec(_Strict):
     the ``mnist1d`` package: ``num_samples`` of them), ``synthetic`` (random tensors of ``sample_shape``),
     torchvision sets read from a local ``root`` (``mnist``, ``fashionmnist``, ``cifar10``,
     ``cifar100``) and ``imagefolder`` (a local folder of class sub-folders).
+
+    Sets read from disk are decoded by ``loader_workers`` DataLoader processes per rank,
+    normalised per channel (``normalize``) and, with ``augment``, their training split is
+    randomly cropped (4 pixels of padding) and flipped (not MNIST's digits), drawn from
+    (seed, epoch, sample) so that resume stays exact; in-memory sets ignore these.
     """
 
     name: Literal["digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"] = "digits"
@@ -60,11 +73,19 @@ class DataSpec(_Strict):
     num_classes: int = Field(default=10, ge=2)
     image_size: int | None = Field(default=None, ge=1, description="resize imagefolder images to this square size")
     test_fraction: float = Field(default=0.2, gt=0, lt=1)
+    augment: bool = Field(default=False, description="sets read from disk: random crop (padding 4) and horizontal "
+                          "flip of the training split")
+    normalize: bool = Field(default=True, description="sets read from disk: per-channel mean and standard deviation "
+                            "(the set's published values; ImageNet's for imagefolder)")
+    loader_workers: int = Field(default=2, ge=0, description="sets read from disk: DataLoader worker processes per "
+                                "rank (0: read in the training process, sample by sample)")
 
     @model_validator(mode="after")
     def _root_needed(self) -> "DataSpec":
         if self.name in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder") and not self.root:
             raise ValueError(f"data set {self.name!r} is read from a local folder: set data.root to it")
+        if self.augment and self.name not in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"):
+            raise ValueError(f"data.augment applies to image sets read from disk, not {self.name!r}")
         return self
 
 
@@ -153,7 +174,7 @@ class TrainSpec(_Strict):
     post-local SGD; ``adascale``: AdaScale's gain-ratio LR scaling.
     """
 
-    method: Literal["ags", "static", "lbt", "lrs", "lars", "polo", "adascale", "lamb"] = "ags"
+    method: Literal[METHOD_NAMES] = "ags"  # the names of tula.registry.METHODS
     n_workers: int | None = Field(default=None, ge=1, description="default: the plan's choice")
     global_batch: int | None = Field(default=None, ge=1, description="default: the plan's choice")
     lr_milestones: list[int] = Field(default_factory=list, description="epochs after which the LR is "
@@ -168,7 +189,7 @@ class TrainSpec(_Strict):
     eval_batch: int = Field(default=1024, ge=1, description="samples per evaluation forward pass")
 
 
-METHODS: tuple[str, ...] = get_args(TrainSpec.model_fields["method"].annotation)
+METHODS: tuple[str, ...] = METHOD_NAMES  # kept for callers; the table is tula.registry.METHODS
 
 
 class JobSpec(_Strict):
@@ -191,7 +212,7 @@ class JobSpec(_Strict):
 
 def _sentence(err: ValidationError) -> str:
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"])
+    loc = ".".join(repr(p)[1:-1] if isinstance(p, str) else str(p) for p in e["loc"])  # a key may hold a line break
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":
         return f"unknown field '{loc}' in the spec; check its spelling against the documented fields"
@@ -217,6 +238,8 @@ def load_spec(path: str | Path) -> JobSpec:
         raise SpecError(f"spec file {str(p)!r} does not exist")
     try:
         data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError, RecursionError) as err:  # not text, 4300+ digits, too deep
         raise SpecError(f"spec file {str(p)!r} is not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"spec file {str(p)!r} is not a YAML mapping of fields (name, model, data, search, ...)")
     return spec_from_dict(data)

@@ -6,17 +6,20 @@ The caller (:func:`train`) launches one N-rank world; every rank runs :func:`tra
   ``i`` takes global batch ``i`` of it and rank ``r`` its ``r``-th slice, so a resumed
   run sees exactly the batches an uninterrupted one would;
 * before the first step at a batch size, a *probe* forward/backward under ``no_sync()``
-  (no collective), after which the ranks agree through one all-reduce whether anyone ran
-  out of memory -- the world then returns ``status: oom`` instead of hanging in a
-  collective; BatchNorm statistics are restored after the probe;
+  whose out-of-memory verdict all ranks agree on (:func:`tula.ddp.probe_fits`): the world
+  then returns ``status: oom`` instead of hanging in a collective; BatchNorm statistics
+  are restored after the probe;
 * after each epoch: evaluation (top-1, and top-5 where there are more than 5 classes) on
-  the test split, sharded over the ranks; an atomic checkpoint (model, method state, RNG,
-  history) written by rank 0; the epoch's metrics appended to ``metrics.jsonl``.
+  the test split, sharded over the ranks; a checkpoint with a checksum (model, method
+  state, RNG, epoch history; :mod:`tula.checkpoint`, the last two kept) written by rank 0;
+  the epoch's metrics, with the method's per-step traces, appended to ``metrics.jsonl``;
+* SIGINT/SIGTERM: the ranks agree to stop at the next step boundary (no new epoch
+  starts); the last finished epoch's checkpoint is what is kept.
 
-Out of memory -- the probe's agreed verdict, or a rank failing with the CPU allocator's or
-CUDA's out-of-memory error mid-epoch -- makes the caller relaunch from the last checkpoint
-at the next smaller global batch (half, split evenly over the workers): completed epochs
-are kept, the interrupted epoch is re-run whole, none is lost or repeated.
+Out of memory -- the probe's agreed verdict, or a rank failing with cause ``oom`` mid-epoch --
+makes the caller relaunch from the last checkpoint at the next smaller global batch (half,
+split evenly over the workers): completed epochs are kept, the interrupted epoch is re-run
+whole, none is lost or repeated.
 """
 
 from __future__ import annotations
@@ -31,24 +34,29 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .errors import InfeasibleError, SpecError, TulaError, WorkerError
+from . import interrupts
+from .checkpoint import CHECKPOINT, checkpoint_meta, has_checkpoint, load_checkpoint, save_checkpoint
+from .data import data_path
+from .ddp import probe_fits, wrap_ddp
+from .errors import InfeasibleError, Interrupted, RunDirError, SpecError, WorkerError
 from .launch import Launcher, LocalLauncher, WorkerContext
 from .launch.base import pick_device
-from .memory import cap_address_space, is_out_of_memory
+from .memory import cap_address_space
 from .optim.methods import build_method
 from .profile import default_threads
+from .records import TRAIN_KIND, read_jsonl, write_atomic
+from .registry import check_train_config, smallest_batch_for
+from .rundir import check_out_dir, locked
 from .spec import JobSpec
 from .workloads import Dataset, build_model, check_workload, load_dataset
 
-TRAIN_KIND = "tula.train"
-CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
+STEP_TRACES = "step_traces"  # key of an epoch line's per-step method traces (metrics.jsonl only)
 
 
 class TrainFailed(WorkerError):
-    """A worker failed during training for a reason other than memory; the last checkpoint is kept."""
+    """A worker failed mid-training; the epochs finished before it are in the checkpoint."""
 
 
 def steps_per_epoch(dataset_size: int, global_batch: int) -> int:
@@ -74,12 +82,6 @@ def _local_batch(data: Dataset, perm: torch.Tensor, step: int, global_batch: int
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
-def _agree_any(flag: bool, device: torch.device) -> bool:
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, rank: int, world: int, eval_batch: int,
              device: torch.device) -> dict[str, float]:
@@ -87,12 +89,9 @@ def evaluate(model: nn.Module, data: Dataset, rank: int, world: int, eval_batch:
     each rank taking every ``world``-th sample; the sums are all-reduced."""
     was_training = model.training
     model.eval()
-    idx = torch.arange(rank, data.test_size, world)
     k5 = data.num_classes > 5
     sums = torch.zeros(4, dtype=torch.float64)  # samples, loss, top1, top5
-    for chunk in torch.split(idx, eval_batch):
-        x, y = data.take(chunk, "test")
-        x, y = x.to(device), y.to(device)
+    for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):  # samples rank, rank + world, ...
         out = model(x)
         sums[0] += len(y)
         sums[1] += float(nn.functional.cross_entropy(out, y, reduction="sum"))
@@ -120,40 +119,41 @@ def param_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def _save_atomic(obj: Any, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
+def _rewrite_metrics(path: Path, upto_epoch: int) -> None:
+    """Keep the metrics lines of epochs up to ``upto_epoch`` (drop lines written after the
+    checkpoint, if any), so every epoch appears exactly once after a resume."""
+    lines = [r for r in read_jsonl(path) if r["epoch"] <= upto_epoch]
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in lines))
 
 
-def _write_metrics(path: Path, history: list[dict]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(h) + "\n" for h in history))
-    tmp.replace(path)
+def _drain_step_traces(method: Any) -> dict[str, list]:
+    drain = getattr(method, "drain_step_traces", None)
+    return drain() if drain is not None else {}
 
 
 def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_batch: int, out_dir: str,
                 fallbacks: list[dict], mem_cap_bytes: int | None = None) -> dict:
     """Run on every rank: train ``spec.epochs`` epochs at ``global_batch`` with ``method_name``,
-    resuming from ``out_dir/checkpoint.pt`` when it exists.  Returns ``{"status": "ok", ...}``
-    with the history and the method's traces, or ``{"status": "oom", ...}`` when the
-    ranks agreed that the first step at this batch does not fit."""
+    resuming from the checkpoint in ``out_dir`` when there is one.  Returns ``{"status":
+    "ok", ...}`` with the history and the method's trace summary, ``{"status": "oom", ...}``
+    when the ranks agreed that the first step at this batch does not fit, or ``{"status":
+    "interrupted", ...}`` when they agreed to stop (SIGINT/SIGTERM)."""
     spec = JobSpec.model_validate(spec_dict)
     out = Path(out_dir)
-    ckpt_path, metrics_path = out / CHECKPOINT, out / METRICS
+    metrics_path = out / METRICS
     device, rank, world = ctx.device, ctx.rank, ctx.world_size
     torch.manual_seed(spec.seed)
     data = load_dataset(spec.data, spec.seed)
     model = build_model(spec.model).to(device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+    ddp = wrap_ddp(model, device)
     local_batch = global_batch // world
     n_steps = steps_per_epoch(data.train_size, global_batch)
     method = build_method(method_name, ddp, spec, global_batch, world, n_steps)
     loss_fn = nn.CrossEntropyLoss()
 
     start_epoch, steps_done, history = 0, 0, []
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=device, weights_only=False)
+    if has_checkpoint(out):
+        state = load_checkpoint(out, map_location=device)
         if state["method"] != method_name:
             raise SpecError(f"the checkpoint in {out_dir} was trained with method {state['method']!r}, "
                             f"not {method_name!r}; use another --out or the same method")
@@ -161,47 +161,50 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
         start_epoch, steps_done, history = state["epoch"], state["steps_done"], state["history"]
         method.load_state_dict(state["method_state"], step=start_epoch * n_steps)
         torch.set_rng_state(state["torch_rng"])
+        del state
         if rank == 0:
-            _write_metrics(metrics_path, history)  # drop lines written after the checkpoint, if any
+            _rewrite_metrics(metrics_path, start_epoch)
     if mem_cap_bytes is not None and device.type == "cpu":
         cap_address_space(mem_cap_bytes)
 
     base = {"global_batch": global_batch, "local_batch": local_batch, "n_workers": world,
             "steps_per_epoch": n_steps, "start_epoch": start_epoch}
     if start_epoch >= spec.epochs:
-        return {**base, "status": "ok", "history": history, "steps_done": steps_done, "traces": method.traces(),
-                "param_digest": param_digest(model)}
+        return {**base, "status": "ok", "history": history, "steps_done": steps_done,
+                "traces": method.traces() if rank == 0 else {}, "param_digest": param_digest(model)}
 
-    # probe: can this rank run a step at this batch?  No collective inside, so an OOM
-    # cannot leave another rank waiting; then all agree.
-    failed, err_msg = False, ""
+    # probe: can every rank run a step at this batch?  BatchNorm statistics are restored after
     buffers = [b.detach().clone() for b in model.buffers()]
-    try:
+
+    def probe_step() -> None:
         x, y = _local_batch(data, _epoch_indices(spec.seed, start_epoch, data.train_size), 0, global_batch, rank,
                             local_batch, device)
         with ddp.no_sync():
             loss_fn(ddp(x), y).backward()
-    except Exception as err:  # noqa: BLE001
-        if not is_out_of_memory(err):
-            raise
-        failed, err_msg = True, str(err).splitlines()[0][:200]
+
+    fits, note = probe_fits(probe_step, device, rank)
     method.optimizer.zero_grad(set_to_none=True)
     with torch.no_grad():
         for b, saved in zip(model.buffers(), buffers):
             b.copy_(saved)
     del buffers
-    if _agree_any(failed, device):
-        return {**base, "status": "oom", "note": f"rank {rank}: {err_msg}" if failed else "another rank"}
+    if not fits:
+        return {**base, "status": "oom", "note": note}
 
     report_every = max(1, n_steps // 25)
+    stop = ctx.stop
     for epoch in range(start_epoch, spec.epochs):
         perm = _epoch_indices(spec.seed, epoch, data.train_size)
+        batches = data_path(data, device).epoch_batches(epoch, perm, global_batch, rank, local_batch, n_steps)
         model.train()
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # on device: no host sync per step
         for i in range(n_steps):
+            if stop is not None and stop.poll():  # every rank sees the same answer at the same step
+                return {**base, "status": "interrupted", "epochs_done": epoch, "steps_done": steps_done - i,
+                        "signal": stop.signum}
             step = epoch * n_steps + i
-            x, y = _local_batch(data, perm, i, global_batch, rank, local_batch, device)
+            x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
             method.optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(ddp(x), y)
             loss.backward()
@@ -224,41 +227,48 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
                "n_workers": world, "lr": method.lr, "train_loss": float(loss_total) / (n_steps * world),
                "epoch_time_s": float(slowest_s),
                **evaluate(model, data, rank, world, spec.train.eval_batch, device)}
-        tr = method.traces()
-        if "scaled" in tr:
-            recent = tr["scaled"][-n_steps:]
-            rec["scaled_fraction"] = sum(recent) / max(len(recent), 1)
+        step_traces = _drain_step_traces(method)
+        if "scaled" in step_traces and step_traces["scaled"]:
+            rec["scaled_fraction"] = sum(map(bool, step_traces["scaled"])) / len(step_traces["scaled"])
         history.append(rec)
         if rank == 0:
-            _save_atomic({"epoch": epoch + 1, "steps_done": steps_done, "history": history, "method": method_name,
-                          "global_batch": global_batch, "n_workers": world, "fallbacks": fallbacks,
-                          "model": model.state_dict(), "method_state": method.state_dict(),
-                          "torch_rng": torch.get_rng_state()}, ckpt_path)
+            save_checkpoint({"epoch": epoch + 1, "steps_done": steps_done, "history": history, "method": method_name,
+                             "global_batch": global_batch, "n_workers": world, "fallbacks": fallbacks,
+                             "model": model.state_dict(), "method_state": method.state_dict(),
+                             "torch_rng": torch.get_rng_state()}, out)
             with open(metrics_path, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+                fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
             ctx.emit({"type": "epoch", **rec})
+        if stop is not None and epoch + 1 < spec.epochs and stop.agree():  # no new epoch starts
+            return {**base, "status": "interrupted", "epochs_done": epoch + 1, "steps_done": steps_done,
+                    "signal": stop.signum}
     return {**base, "status": "ok", "history": history, "steps_done": steps_done,
             "traces": method.traces() if rank == 0 else {}, "param_digest": param_digest(model)}
 
 
 # --------------------------------------------------------------------------- in the caller
-def _oom_text(err: WorkerError) -> bool:
-    return is_out_of_memory(RuntimeError(str(err))) or "MemoryError" in str(err)  # also OutOfMemoryError
-
-
 def validate_config(spec: JobSpec, method: str, n_workers: int, global_batch: int, dataset_size: int) -> None:
-    """One sentence for a configuration that cannot train, before any process starts."""
-    if n_workers < 1:
-        raise SpecError(f"the number of workers must be at least 1, not {n_workers}")
-    if global_batch < n_workers or global_batch % n_workers:
-        raise SpecError(f"global batch {global_batch} does not split evenly over {n_workers} workers")
-    if global_batch > dataset_size:
-        raise SpecError(f"global batch {global_batch} is larger than the training set ({dataset_size} samples)")
-    if method in ("ags", "static") and spec.train.ags.b_small >= global_batch:
-        raise SpecError(f"train.ags.b_small ({spec.train.ags.b_small}) must be smaller than the global batch "
-                        f"({global_batch}) for method {method!r}")
-    if method == "adascale" and n_workers < 2:
-        raise SpecError("method 'adascale' estimates the gradient variance across workers and needs at least 2")
+    """One sentence for a configuration that cannot train, before any process starts
+    (the rules are :func:`tula.registry.check_train_config`'s)."""
+    check_train_config(spec, method, n_workers, global_batch, dataset_size)
+
+
+def step_traces(metrics_path: Path) -> dict[str, list]:
+    """The method's per-step traces of a run, joined from its metrics lines."""
+    out: dict[str, list] = {}
+    for line in read_jsonl(metrics_path):
+        for key, values in (line.get(STEP_TRACES) or {}).items():
+            out.setdefault(key, []).extend(values)
+    return out
+
+
+def _interrupted(signum: int | None, epochs_done: int, epochs: int, out: Path) -> Interrupted:
+    import signal as _signal
+
+    signum = signum or interrupts.requested() or _signal.SIGINT
+    kept = (f"epochs 1-{epochs_done} of {epochs} are kept in {out / CHECKPOINT}" if epochs_done else
+            "no epoch had finished, so there is no checkpoint yet")
+    return Interrupted(f"training stopped by {_signal.Signals(signum).name}: {kept}", signum)
 
 
 def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir: str | Path,
@@ -266,66 +276,78 @@ def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir
           on_event: Callable[[dict], None] | None = None) -> dict:
     """Train ``spec`` with ``method`` on ``n_workers`` at ``global_batch``; return the run record.
 
-    Writes ``checkpoint.pt`` and ``metrics.jsonl`` into ``out_dir`` as it goes.  With
-    ``resume`` an existing checkpoint is continued (at its own global batch, which may be
-    smaller than ``global_batch`` after an out-of-memory fallback); without it an existing
-    checkpoint is an error, so nothing trained is overwritten."""
+    Writes ``checkpoint.pt`` and ``metrics.jsonl`` into ``out_dir`` as it goes, holding the
+    directory's lock.  With ``resume`` an existing checkpoint is continued (at its own
+    global batch, which may be smaller than ``global_batch`` after an out-of-memory
+    fallback); without it an existing checkpoint is an error, so nothing trained is
+    overwritten.  SIGINT/SIGTERM end the run with :class:`~tula.errors.Interrupted` once the
+    ranks have stopped; the last finished epoch's checkpoint is kept."""
+    out = check_out_dir(Path(out_dir))
     _, data = check_workload(spec)
-    out = Path(out_dir)
-    ckpt = out / CHECKPOINT
-    fallbacks: list[dict] = []
-    resumed_from_epoch: int | None = None
-    if ckpt.exists():
-        if not resume:
-            raise TulaError(f"{ckpt} already holds a training run; pass --resume to continue it, or choose "
-                            "another output directory")
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if state["n_workers"] != n_workers or state["method"] != method:
-            raise SpecError(f"the checkpoint in {out} was trained with method {state['method']!r} on "
-                            f"{state['n_workers']} worker(s), not {method!r} on {n_workers}; resume it with those")
-        global_batch, fallbacks = state["global_batch"], list(state.get("fallbacks", []))
-        resumed_from_epoch = state["epoch"]
-        del state
-    validate_config(spec, method, n_workers, global_batch, data.train_size)
-    out.mkdir(parents=True, exist_ok=True)
-    device = pick_device(spec.profile.device)
-    launcher = launcher or LocalLauncher(device=device, threads_per_worker=default_threads(spec))
-    cap = spec.search.memory_budget_bytes if spec.search.enforce_memory_cap else None
-    emit = on_event or (lambda ev: None)
-    first_batch = global_batch
-    t0 = time.perf_counter()
-    while True:
-        emit({"type": "start", "global_batch": global_batch, "n_workers": n_workers,
-              "steps_per_epoch": steps_per_epoch(data.train_size, global_batch), "epochs": spec.epochs})
-        try:
-            res = launcher.run(train_world, n_workers, spec.to_dict(), method, global_batch, str(out), fallbacks,
-                               cap, on_event=lambda rank, ev: emit(ev), timeout_s=None)
-            status, note = res[0]["status"], res[0].get("note", "")
-        except WorkerError as err:
-            if not _oom_text(err):
-                raise TrainFailed(f"{err}; the epochs finished before it are kept in {ckpt}" if ckpt.exists()
-                                  else str(err), rank=err.rank, details=err.details) from None
-            status, note = "oom", str(err)
-        if status == "ok":
-            break
-        smaller = next_smaller_batch(global_batch, n_workers)
-        done = torch.load(ckpt, map_location="cpu", weights_only=False)["epoch"] if ckpt.exists() else 0
-        fallbacks.append({"from_global_batch": global_batch, "to_global_batch": smaller, "at_epoch": done,
-                          "reason": note[:300]})
-        emit({"type": "fallback", **fallbacks[-1]})
-        if smaller < n_workers or (method in ("ags", "static") and smaller <= spec.train.ags.b_small):
-            raise InfeasibleError(f"global batch {global_batch} ran out of memory on {n_workers} worker(s) and "
-                                  "no smaller batch is left to fall back to")
-        global_batch = smaller
-    rank0 = res[0]
-    hist = rank0["history"]
-    return {
-        "kind": TRAIN_KIND, "version": 1, "spec": spec.to_dict(), "method": method, "n_workers": n_workers,
-        "requested_global_batch": first_batch, "global_batch": global_batch, "local_batch": global_batch // n_workers,
-        "steps_per_epoch": rank0["steps_per_epoch"], "epochs": spec.epochs, "steps_done": rank0["steps_done"],
-        "resumed_from_epoch": resumed_from_epoch, "fallbacks": fallbacks, "history": hist, "final": hist[-1] if hist else {},
-        "best_test_top1": max((h["test_top1"] for h in hist), default=math.nan),
-        "replicas_identical": len({r["param_digest"] for r in res}) == 1,
-        "traces": rank0["traces"], "train_s": time.perf_counter() - t0, "device": device,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    with interrupts.graceful_signals(), locked(out):
+        fallbacks: list[dict] = []
+        resumed_from_epoch: int | None = None
+        if has_checkpoint(out):
+            if not resume:
+                raise RunDirError(f"{out} already holds a training run; pass --resume to continue it, or choose "
+                                  "another output directory")
+            meta = checkpoint_meta(out)
+            if meta["n_workers"] != n_workers or meta["method"] != method:
+                raise SpecError(f"the checkpoint in {out} was trained with method {meta['method']!r} on "
+                                f"{meta['n_workers']} worker(s), not {method!r} on {n_workers}; resume it with those")
+            global_batch, fallbacks = meta["global_batch"], list(meta.get("fallbacks", []))
+            resumed_from_epoch = meta["epoch"]
+        elif resume:
+            raise RunDirError(f"there is no checkpoint in {out} to resume; run without --resume to start training")
+        validate_config(spec, method, n_workers, global_batch, data.train_size)
+        device = pick_device(spec.profile.device)
+        launcher = launcher or LocalLauncher(device=device, threads_per_worker=default_threads(spec))
+        cap = spec.search.memory_budget_bytes if spec.search.enforce_memory_cap else None
+        emit = on_event or (lambda ev: None)
+        first_batch = global_batch
+        t0 = time.perf_counter()
+        while True:
+            if interrupts.requested():
+                raise _interrupted(None, (resumed_from_epoch or 0) if not has_checkpoint(out) else
+                                   checkpoint_meta(out)["epoch"], spec.epochs, out)
+            emit({"type": "start", "global_batch": global_batch, "n_workers": n_workers,
+                  "steps_per_epoch": steps_per_epoch(data.train_size, global_batch), "epochs": spec.epochs})
+            try:
+                res = launcher.run(train_world, n_workers, spec.to_dict(), method, global_batch, str(out), fallbacks,
+                                   cap, on_event=lambda rank, ev: emit(ev), timeout_s=None)
+                status, note = res[0]["status"], res[0].get("note", "")
+            except WorkerError as err:
+                done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
+                if err.cause == "interrupted" or interrupts.requested():
+                    raise _interrupted(None, done, spec.epochs, out) from None
+                if err.cause != "oom":
+                    raise TrainFailed(f"{err}; the {done} epoch(s) finished before it are kept in {out / CHECKPOINT}"
+                                      if done else str(err), rank=err.rank, details=err.details,
+                                      cause=err.cause) from None
+                status, note = "oom", str(err)
+            if status == "ok":
+                break
+            if status == "interrupted":
+                raise _interrupted(res[0].get("signal"), res[0]["epochs_done"], spec.epochs, out)
+            smaller = next_smaller_batch(global_batch, n_workers)
+            done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
+            fallbacks.append({"from_global_batch": global_batch, "to_global_batch": smaller, "at_epoch": done,
+                              "reason": note[:300]})
+            emit({"type": "fallback", **fallbacks[-1]})
+            if smaller < smallest_batch_for(method, spec, n_workers):
+                raise InfeasibleError(f"global batch {global_batch} ran out of memory on {n_workers} worker(s) and "
+                                      "no smaller batch is left to fall back to")
+            global_batch = smaller
+        rank0 = res[0]
+        hist = rank0["history"]
+        return {
+            "kind": TRAIN_KIND, "version": 1, "spec": spec.to_dict(), "method": method, "n_workers": n_workers,
+            "requested_global_batch": first_batch, "global_batch": global_batch,
+            "local_batch": global_batch // n_workers, "steps_per_epoch": rank0["steps_per_epoch"],
+            "epochs": spec.epochs, "steps_done": rank0["steps_done"], "resumed_from_epoch": resumed_from_epoch,
+            "fallbacks": fallbacks, "history": hist, "final": hist[-1] if hist else {},
+            "best_test_top1": max((h["test_top1"] for h in hist), default=math.nan),
+            "replicas_identical": len({r["param_digest"] for r in res}) == 1,
+            "traces": {**rank0["traces"], **step_traces(out / METRICS)}, "train_s": time.perf_counter() - t0,
+            "device": device, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }

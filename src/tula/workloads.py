@@ -1,18 +1,20 @@
 """Model and data-set registry: turn a ModelSpec/DataSpec into a torch module and data.
 
 Nothing here downloads: data sets come from packages (scikit-learn's digits), are
-generated (synthetic), or are read from a local folder the user names.
+generated (synthetic), or are read from a local folder the user names.  How a rank gets
+its batches of a data set (the tensor path or a DataLoader) is :mod:`tula.data`.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from .data import MEAN_STD, SampleView
 from .errors import WorkloadError
 from .spec import DataSpec, JobSpec, ModelSpec
 
@@ -92,13 +94,34 @@ def build_model(spec: ModelSpec) -> nn.Module:
 # --------------------------------------------------------------------------- data
 @dataclass
 class Dataset:
-    """Training and test data of one job; ``batch`` draws local batches for profiling."""
+    """Training and test data of one job.
+
+    In-memory sets hold ``TensorDataset`` splits; sets read from disk hold
+    :class:`tula.data.SampleView` splits (normalised tensors; ``train[(epoch, i)]`` is
+    augmented when the spec asks).  ``take`` and ``batch`` read samples one by one in this
+    process (no augmentation): for a look at the data, not for training --
+    :func:`tula.data.data_path` gives a rank its batches.
+    """
 
     name: str
     train: torch.utils.data.Dataset
     test: torch.utils.data.Dataset
     sample_shape: tuple[int, ...]
     num_classes: int
+    seed: int = 0
+    loader_workers: int = 0  # DataLoader worker processes per rank (sets read from disk)
+    _path: Any = field(default=None, repr=False, compare=False)  # tula.data.DataPath, made on first use
+
+    @property
+    def in_memory(self) -> bool:
+        """True for stacked tensors (digits, mnist1d, synthetic): batches are one indexing."""
+        return isinstance(self.train, torch.utils.data.TensorDataset)
+
+    def close(self) -> None:
+        """End the loader worker processes of this data set's data path, if any started."""
+        if self._path is not None:
+            self._path.close()
+            self._path = None
 
     @property
     def train_size(self) -> int:
@@ -168,7 +191,17 @@ def _synthetic(spec: DataSpec, seed: int) -> Dataset:
     return Dataset("synthetic", tr, te, tuple(spec.sample_shape), spec.num_classes)
 
 
-def _torchvision(spec: DataSpec) -> Dataset:
+def _views(spec: DataSpec, seed: int, train: torch.utils.data.Dataset, test: torch.utils.data.Dataset):
+    """The splits of an image set read from disk as :class:`~tula.data.SampleView` views:
+    normalised (``data.normalize``), the training split augmented (``data.augment``; no
+    flip for MNIST's digits)."""
+    mean, std = MEAN_STD[spec.name] if spec.normalize else (None, None)
+    flip = spec.name != "mnist"
+    return (SampleView(train, mean, std, augment=spec.augment, flip=flip, seed=seed),
+            SampleView(test, mean, std, augment=False, seed=seed))
+
+
+def _torchvision(spec: DataSpec, seed: int) -> Dataset:
     import torchvision.datasets as tvd
     import torchvision.transforms as T
 
@@ -181,7 +214,8 @@ def _torchvision(spec: DataSpec) -> Dataset:
     except RuntimeError as err:
         raise WorkloadError(f"data set {spec.name!r} is not under {spec.root!r} ({err}); Tula never downloads") from None
     shape = tuple(tr[0][0].shape)
-    return Dataset(spec.name, tr, te, shape, k)
+    tr, te = _views(spec, seed, tr, te)
+    return Dataset(spec.name, tr, te, shape, k, seed=seed, loader_workers=spec.loader_workers)
 
 
 def _imagefolder(spec: DataSpec, seed: int) -> Dataset:
@@ -199,7 +233,9 @@ def _imagefolder(spec: DataSpec, seed: int) -> Dataset:
     n_test = max(1, int(round(len(full) * spec.test_fraction)))
     te = torch.utils.data.Subset(full, perm[:n_test])
     tr = torch.utils.data.Subset(full, perm[n_test:])
-    return Dataset("imagefolder", tr, te, tuple(full[0][0].shape), len(full.classes))
+    shape = tuple(full[0][0].shape)
+    tr, te = _views(spec, seed, tr, te)
+    return Dataset("imagefolder", tr, te, shape, len(full.classes), seed=seed, loader_workers=spec.loader_workers)
 
 
 def load_dataset(spec: DataSpec, seed: int = 0) -> Dataset:
@@ -211,7 +247,7 @@ def load_dataset(spec: DataSpec, seed: int = 0) -> Dataset:
         return _synthetic(spec, seed)
     if spec.name == "imagefolder":
         return _imagefolder(spec, seed)
-    return _torchvision(spec)
+    return _torchvision(spec, seed)
 
 
 def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:

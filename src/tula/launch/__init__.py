@@ -3,9 +3,12 @@
 Profiling and training call a launcher; they never spawn processes themselves.  A
 launcher calls ``fn(ctx, *args)`` on every rank after the process group is up, where
 ``ctx`` is a :class:`WorkerContext`, and returns the per-rank results in rank order.
+What a rank does is written once (:mod:`.runtime`); a launcher only decides where ranks
+run and how they meet.  A failed world raises :class:`~tula.errors.WorkerError` whose
+``cause`` says why, as data.
 """
 
-from .base import Launcher, WorkerContext
+from .base import Launcher, RankFailure, WorkerContext
 from .local import LocalLauncher
 
-__all__ = ["Launcher", "LocalLauncher", "WorkerContext"]
+__all__ = ["Launcher", "LocalLauncher", "RankFailure", "WorkerContext"]

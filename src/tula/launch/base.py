@@ -1,22 +1,47 @@
-"""The launcher interface and the context a rank's function receives."""
+"""The launcher interface, the context a rank's function receives, and a rank's failure as data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
 
 
 @dataclass
+class RankFailure:
+    """Why one rank did not return a result.  ``cause`` is one of
+    :data:`tula.errors.FAILURE_CAUSES`; it is decided where the failure happened (in the rank,
+    or by the launcher for a rank that died without a word), so no caller parses ``message``."""
+
+    rank: int
+    cause: str
+    message: str
+    exc_type: str = ""
+    traceback: str = ""
+    host: str = ""
+    at: float = field(default_factory=time.time)  # wall clock: the earliest failure is the root cause
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
 class WorkerContext:
-    """What a rank knows about its world.  ``emit`` sends a small event (a dict) to the
-    launching process, e.g. for a progress bar; it never blocks training."""
+    """What a rank knows about its world.
+
+    ``emit`` sends a small event (a dict) to the launching process, e.g. for a progress bar;
+    it never blocks training.  ``stop`` says whether the launching process asked the world
+    to stop (SIGINT/SIGTERM): see :class:`tula.launch.runtime.StopFlag`."""
 
     rank: int
     world_size: int
     device: torch.device
     backend: str
+    host: str = "127.0.0.1"
+    local_rank: int = 0
+    stop: Any = None  # StopFlag; None outside a launched world
     _emit: Callable[[dict], None] | None = field(default=None, repr=False)
 
     def emit(self, event: dict) -> None:
@@ -29,7 +54,7 @@ class Launcher(Protocol):
             on_event: Callable[[int, dict], None] | None = None, timeout_s: float | None = None) -> list[Any]:
         """Run ``fn(ctx, *args)`` on ``n_workers`` ranks; return results in rank order.
 
-        Raises :class:`~tula.errors.WorkerError` naming the first rank that failed or died."""
+        Raises :class:`~tula.errors.WorkerError` with the root cause's ``cause`` and rank."""
         ...
 
 

@@ -1,75 +1,62 @@
-"""Run a function as an N-rank torch.distributed world of local processes."""
+"""Run a function as an N-rank torch.distributed world of local processes.
+
+Rendezvous only: one process per rank on this machine, meeting at 127.0.0.1 on a free
+port (a fresh one for every world).  What a rank does is :func:`~.runtime.run_rank`.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import multiprocessing as mp
 import os
 import signal
 import socket
 import time
-import traceback
-from datetime import timedelta
 from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
+from .. import interrupts
+from ..errors import WorkerError
+from .base import RankFailure, pick_device
+from .runtime import RankSetup, run_rank
 
-from ..errors import TulaError, WorkerError
-from .base import WorkerContext, pick_device
+# the root cause first: a rank that died without a word, then a user error, an out-of-memory,
+# a crash (the earliest), and only then what other ranks saw because of it
+_CAUSE_ORDER = {"lost_worker": 0, "user_error": 1, "oom": 2, "crash": 3, "timeout": 4, "interrupted": 5}
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """Linux: end this rank when the launching process dies (a killed ``tula train`` must
-    leave no orphaned ranks training on).  Elsewhere a no-op."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def root_failure(failures: list[RankFailure]) -> RankFailure:
+    """The failure that explains the others."""
+    return min(failures, key=lambda f: (_CAUSE_ORDER.get(f.cause, 9), f.at, f.rank))
 
 
-def _worker_main(rank: int, world_size: int, port: int, device_kind: str, threads: int | None,
-                 fn: Callable[..., Any], args: tuple, q: Any, pg_timeout_s: float) -> None:
-    _die_with_parent()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    if threads:
-        torch.set_num_threads(threads)
-    if device_kind == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=pg_timeout_s),
-                                **({"device_id": device} if backend == "nccl" else {}))
-        ctx = WorkerContext(rank, world_size, device, backend, _emit=lambda ev: q.put(("event", rank, ev)))
-        result = fn(ctx, *args)
-        q.put(("result", rank, result))
-    except BaseException as err:  # noqa: BLE001 - every failure goes back to the parent, named
-        user = isinstance(err, TulaError)
-        q.put(("error", rank, type(err).__name__, str(err), "" if user else traceback.format_exc(), user))
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass
+def failure_sentence(f: RankFailure, n_workers: int) -> str:
+    """One sentence for a rank's failure."""
+    where = f"rank {f.rank} of {n_workers}" + (f" on {f.host}" if f.host and f.host != "127.0.0.1" else "")
+    if f.cause == "user_error":
+        return f.message
+    if f.cause == "oom":
+        return f"{where} ran out of memory ({f.message.splitlines()[0][:200]})"
+    if f.cause == "lost_worker":
+        return f"worker {where} {f.message}"
+    if f.cause == "interrupted":
+        return f"{where} was {f.message}"
+    return f"worker {where} failed: {f.exc_type}: {f.message.splitlines()[0][:300] if f.message else ''}"
 
 
-def _error_order(msg: tuple) -> tuple:
-    """Report the root cause first: a user error, then an ordinary exception, and only then
-    the connection errors that other ranks see when one rank fails."""
-    text = f"{msg[2]} {msg[3]}"
-    secondary = any(k in text for k in ("Connection reset", "Connection closed", "Broken pipe", "timed out",
-                                        "Timeout"))
-    return (not msg[5], secondary, msg[1])
+def _rank_main(setup: RankSetup, fn: Callable[..., Any], args: tuple, q: Any) -> None:
+    kind, value = run_rank(setup, fn, args, emit=lambda ev: q.put(("event", setup.rank, ev)))
+    q.put((kind, setup.rank, value))
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 class LocalLauncher:
@@ -80,12 +67,20 @@ class LocalLauncher:
     device : ``auto`` | ``cpu`` | ``cuda``
     threads_per_worker : torch threads in each rank (None: torch's default)
     grace_s : how long the other ranks get to finish after one rank failed
+    stop_grace_s : how long the ranks get to stop cleanly after SIGINT/SIGTERM before
+        they are killed
+    pg_timeout_s : the process group's timeout (a collective waiting longer fails)
     """
 
-    def __init__(self, device: str = "auto", threads_per_worker: int | None = None, grace_s: float = 10.0):
+    name = "local"
+
+    def __init__(self, device: str = "auto", threads_per_worker: int | None = None, grace_s: float = 10.0,
+                 stop_grace_s: float = 60.0, pg_timeout_s: float | None = None):
         self.device = pick_device(device)
         self.threads_per_worker = threads_per_worker
         self.grace_s = grace_s
+        self.stop_grace_s = stop_grace_s
+        self.pg_timeout_s = pg_timeout_s
 
     def run(self, fn: Callable[..., Any], n_workers: int, *args: Any,
             on_event: Callable[[int, dict], None] | None = None, timeout_s: float | None = None) -> list[Any]:
@@ -94,19 +89,31 @@ class LocalLauncher:
         # dies right after an event (os._exit, SIGKILL) has still delivered it
         q = ctx.SimpleQueue()
         port = free_port()
-        pg_timeout = max(30.0, timeout_s or 600.0)
-        procs = [ctx.Process(target=_worker_main, daemon=True,
-                             args=(r, n_workers, port, self.device, self.threads_per_worker, fn, args, q, pg_timeout))
-                 for r in range(n_workers)]
-        for p in procs:
-            p.start()
+        pg_timeout = self.pg_timeout_s or max(30.0, timeout_s or 600.0)
+        setups = [RankSetup(r, n_workers, f"tcp://127.0.0.1:{port}", self.device, self.threads_per_worker,
+                            pg_timeout, local_rank=r) for r in range(n_workers)]
+        # not daemonic: a rank may start DataLoader worker processes; ranks end with this
+        # process anyway (PR_SET_PDEATHSIG) and are joined or killed below
+        procs = [ctx.Process(target=_rank_main, args=(s, fn, args, q), daemon=False, name=f"tula-rank-{s.rank}")
+                 for s in setups]
         results: dict[int, Any] = {}
-        errors: dict[int, tuple] = {}
-        first_error_at: float | None = None
+        failures: dict[int, RankFailure] = {}
+        killed: set[int] = set()
+        first_failure_at: float | None = None
+        stop_at: list[float] = []
         deadline = time.monotonic() + timeout_s if timeout_s else None
 
+        def forward(signum: int) -> None:
+            stop_at.append(time.monotonic())
+            for p in procs:
+                if p.pid is not None and p.is_alive():
+                    try:
+                        os.kill(p.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+
         def take(msg: tuple) -> None:
-            nonlocal first_error_at
+            nonlocal first_failure_at
             kind, rank = msg[0], msg[1]
             if kind == "event":
                 if on_event is not None:
@@ -114,47 +121,59 @@ class LocalLauncher:
             elif kind == "result":
                 results[rank] = msg[2]
             else:
-                errors[rank] = msg
-                first_error_at = first_error_at or time.monotonic()
+                failures[rank] = msg[2]
+                first_failure_at = first_failure_at or time.monotonic()
 
         def silent_dead() -> list[int]:
             return [r for r, p in enumerate(procs)
-                    if not p.is_alive() and r not in results and r not in errors]
+                    if p.exitcode is not None and r not in results and r not in failures and r not in killed]
 
+        def drain() -> None:
+            while not q.empty():
+                take(q.get())
+
+        for p in procs:
+            p.start()
+        unregister = interrupts.on_stop(forward)
         try:
-            while len(results) < n_workers:
+            while len(results) + len(failures) < n_workers:
                 if not q.empty():
                     take(q.get())
                     continue
-                time.sleep(0.05)
+                time.sleep(0.02)
                 now = time.monotonic()
-                if errors and (now - first_error_at > self.grace_s or all(not p.is_alive() for p in procs)):
+                if failures and now - first_failure_at > self.grace_s:
                     break
                 if silent_dead():
                     time.sleep(0.5)  # the other ranks' last words may still be coming
-                    while not q.empty():
-                        take(q.get())
-                    if silent_dead() and not errors:
+                    drain()
+                    if silent_dead():
                         break
+                if stop_at and now - stop_at[0] > self.stop_grace_s:
+                    break
                 if deadline is not None and now > deadline:
-                    raise WorkerError(f"the {n_workers}-worker run did not finish within {timeout_s:.0f} s")
-            dead = silent_dead()
-            if dead:
-                # a rank that died without a word (killed, out of memory, segfault) is the cause;
-                # the others' connection errors are its consequence
-                r = dead[0]
-                raise WorkerError(f"worker rank {r} of {n_workers} died (exit code {procs[r].exitcode}) "
-                                  "before returning a result", rank=r)
-            if errors:
-                _, rank, etype, message, tb, user = errors[min(errors, key=lambda k: _error_order(errors[k]))]
-                if user:
-                    raise WorkerError(message, rank=rank)
-                raise WorkerError(f"worker rank {rank} of {n_workers} failed: {etype}: {message}", rank=rank,
-                                  details=tb)
+                    for r, p in enumerate(procs):
+                        if r not in results and r not in failures:
+                            killed.add(r)
+                            p.kill()
+                    raise WorkerError(f"the {n_workers}-worker run did not finish within {timeout_s:.0f} s",
+                                      cause="timeout")
+            drain()
+            lost = [RankFailure(r, "lost_worker", f"died ({_exit_text(procs[r].exitcode)}) before returning a result")
+                    for r in silent_dead()]
+            if stop_at and len(results) + len(failures) < n_workers and not lost:
+                lost = [RankFailure(r, "interrupted", f"killed: it did not stop within {self.stop_grace_s:.0f} s "
+                                    "of the signal") for r in range(n_workers) if r not in results and r not in failures]
+            all_failures = list(failures.values()) + lost
+            if all_failures:
+                root = root_failure(all_failures)
+                raise WorkerError(failure_sentence(root, n_workers), rank=root.rank, details=root.traceback,
+                                  cause=root.cause)
             return [results[r] for r in range(n_workers)]
         finally:
+            unregister()
             for p in procs:
-                p.join(timeout=5 if not errors else 0.5)
+                p.join(timeout=5 if not failures else 0.5)
             for p in procs:
                 if p.is_alive():
                     p.kill()

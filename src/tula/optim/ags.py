@@ -18,40 +18,120 @@ per element (``granularity="element"``) or per tensor with the ratio of norms
 (``granularity="tensor"``).  ``s_min > 0`` is enforced: Lemma 1 needs every factor
 bounded away from zero, which Algorithm 1 as printed does not guarantee.
 
+The gate runs on the gradients' device: Δ, the decision and the step counters are
+0-d tensors and the factor applied is ``where(scaled, s, 1)``, so :meth:`AGS.step` never
+reads a value back to the host (no device sync per step).  The per-step Δ and decisions
+are kept on the device until :meth:`AGS.drain_trace` moves them to the host (the runner
+does so once per epoch); at most ``trace_capacity`` steps are kept between two drains, and
+checkpoints carry only O(1) counters.
+
 The wrapper keeps torch's optimiser contract -- ``param_groups`` and ``state`` are the
 wrapped optimiser's own objects, ``state_dict``/``load_state_dict`` carry both the
-wrapped state and the AGS state, ``zero_grad`` is passed through -- so LR schedulers and
-checkpoints work on it unchanged.
+wrapped state and the AGS state, ``zero_grad`` is passed through, step and state-dict
+hooks registered on it run -- so LR schedulers and checkpoints work on it unchanged.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import torch
 
+TRACE_CAPACITY = 65536  # steps of per-step values kept between two drains (the oldest go first)
+
+_HOOK_DICTS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+               "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
+               "_optimizer_load_state_dict_post_hooks")
+
 
 class GradientVariability:
-    """Δ(G) of Eq. 5 from one squared gradient norm per step."""
+    """Δ(G) of Eq. 5 from one squared gradient norm per step, as a float64 0-d tensor on the
+    norm's device (no host sync).  Infinite on the first step; after a zero or non-finite
+    norm it is infinite or NaN, so no comparison ``Δ < δ`` holds (the step is sensitive)."""
 
     def __init__(self) -> None:
-        self.prev_sq_norm: float | None = None
+        self.prev_sq_norm: torch.Tensor | None = None
 
-    def update(self, sq_norm: float) -> float:
-        prev, self.prev_sq_norm = self.prev_sq_norm, sq_norm
-        if prev is None or prev == 0.0 or not math.isfinite(prev):
-            return math.inf
-        return abs((sq_norm - prev) / prev)
+    def update(self, sq_norm: torch.Tensor | float) -> torch.Tensor:
+        sq = sq_norm if isinstance(sq_norm, torch.Tensor) and sq_norm.dtype == torch.float64 else \
+            torch.as_tensor(sq_norm, dtype=torch.float64)
+        prev, self.prev_sq_norm = self.prev_sq_norm, sq
+        if prev is None:
+            return torch.full((), math.inf, dtype=torch.float64, device=sq.device)
+        return ((sq - prev) / prev).abs()
 
 
-def grad_sq_norm(grads: list[torch.Tensor]) -> float:
-    """Squared L2 norm of a list of tensors: one fused norm per device, one host sync."""
+def grad_sq_norm(grads: list[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
+    """Squared L2 norm of a list of tensors as a float64 0-d tensor on their device: one fused
+    norm per device, no host sync."""
     if not grads:
-        return 0.0
+        return torch.zeros((), dtype=torch.float64, device=device)
     norms = torch._foreach_norm(grads)
-    return float(torch.linalg.vector_norm(torch.stack(norms)) ** 2)
+    dev = grads[0].device
+    if any(g.device != dev for g in grads):
+        norms = [n.to(dev) for n in norms]
+    return (torch.linalg.vector_norm(torch.stack(norms)) ** 2).double()
+
+
+class _StepTrace:
+    """Per-step Δ and scaling decisions kept on the device, as the 0-d tensors the step made
+    (no work per step), until drained; at most ``capacity`` steps, the oldest go first."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"trace_capacity must be at least 1, not {capacity}")
+        self.steps: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=capacity)
+
+    def append(self, delta: torch.Tensor, scaled: torch.Tensor) -> None:
+        self.steps.append((delta, scaled))
+
+    def drain(self) -> tuple[list[float], list[bool]]:
+        if not self.steps:
+            return [], []
+        delta, scaled = zip(*self.steps)
+        self.steps.clear()
+        both = torch.stack([torch.stack(delta), torch.stack(scaled).to(torch.float64)]).cpu()  # one sync
+        return both[0].tolist(), [bool(v) for v in both[1].tolist()]
+
+
+class _Gate:
+    """Multiplies gradients by ``factor if scaled else 1`` with ``scaled`` a 0-d bool tensor,
+    on the device.  The factors are row 1 of a ``(2, n)`` buffer whose row 0 is ones (the
+    per-parameter factors are views of it); each step one ``index_select`` copies row
+    ``scaled`` into a second buffer whose views multiply the gradients in one
+    ``_foreach_mul_`` (a row copy, not an elementwise ``where``: several times faster on
+    CPU).  ``x * 1`` is ``x`` exactly, so a sensitive step's gradients pass through
+    bit-identical.  One factor (static scaling) applies to every gradient."""
+
+    def __init__(self, factors: list[torch.Tensor]) -> None:
+        f0 = factors[0]
+        self.both: torch.Tensor | None = None
+        if all(f.dtype == f0.dtype and f.device == f0.device for f in factors):
+            flat = torch.cat([f.reshape(-1) for f in factors])
+            self.both = torch.stack([torch.ones_like(flat), flat])
+            self.chosen = torch.empty_like(flat).unsqueeze(0)
+            sizes = [f.numel() for f in factors]
+            self.factors = [v.view_as(f) for v, f in zip(self.both[1].split(sizes), factors)]
+            self.views = [v.view_as(f) for v, f in zip(self.chosen[0].split(sizes), factors)]
+        else:  # mixed dtypes or devices: one where per factor
+            self.factors = list(factors)
+
+    def apply(self, params: list[torch.Tensor], grads: list[torch.Tensor], scaled: torch.Tensor) -> None:
+        """Scale ``grads``, the gradients of those ``params`` (one factor each) that have one."""
+        if self.both is not None:
+            torch.index_select(self.both, 0, scaled.reshape(1).long(), out=self.chosen)
+            chosen = self.views
+        else:
+            chosen = [torch.where(scaled, f, torch.ones((), dtype=f.dtype, device=f.device)) for f in self.factors]
+        # per tensor the factors are 0-d views, which broadcast
+        if len(chosen) == 1:  # one factor for every gradient
+            torch._foreach_mul_(grads, chosen[0])
+        elif len(grads) == len(params):
+            torch._foreach_mul_(grads, chosen)
+        else:
+            torch._foreach_mul_(grads, [c for p, c in zip(params, chosen) if p.grad is not None])
 
 
 class AGS(torch.optim.Optimizer):
@@ -68,17 +148,19 @@ class AGS(torch.optim.Optimizer):
         ``element`` (one factor per element)
     mode : ``adaptive`` (Algorithm 1) or ``static`` (U(s), Eq. 8, factor ``static_scale``)
     eps : stability term ε of Algorithm 1
+    trace_capacity : per-step values kept between two :meth:`drain_trace` calls
 
     Attributes
     ----------
     factors : current factors, one tensor (or 0-d tensor) per parameter with a gradient
-    delta_history : Δ(G) of every step (``inf`` for the first)
-    scaled_history : whether each step was scaled
+    steps : steps taken (over the whole run, restored from checkpoints)
+    factor_updates : factor updates so far
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, b_large: int, b_small: int, delta: float = 0.5,
                  s_min: float = 0.1, s_max: float | None = None, granularity: str = "tensor",
-                 mode: str = "adaptive", static_scale: float = 2.0, eps: float = 1e-8):
+                 mode: str = "adaptive", static_scale: float = 2.0, eps: float = 1e-8,
+                 trace_capacity: int = TRACE_CAPACITY):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"AGS wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
         if granularity not in ("tensor", "element"):
@@ -93,24 +175,26 @@ class AGS(torch.optim.Optimizer):
                              "(Lemma 1 needs every factor bounded away from zero)")
         if delta < 0:
             raise ValueError(f"delta must be >= 0, not {delta}")
-        # torch.optim.Optimizer.__init__ is not called: param_groups and state are the
-        # wrapped optimiser's, shared, not copies
+        # torch.optim.Optimizer.__init__ is not called, since it would replace param_groups
+        # and state, which are the wrapped optimiser's own (shared, not copies).  What it sets
+        # up for hooks is done here: the hook dictionaries, and the class's step wrapped once
+        # by torch (Optimizer._patch_step_function), which runs the step pre and post hooks.
         self.optimizer = optimizer
         self.defaults = optimizer.defaults
-        self._optimizer_step_pre_hooks: OrderedDict = OrderedDict()
-        self._optimizer_step_post_hooks: OrderedDict = OrderedDict()
-        self._optimizer_state_dict_pre_hooks: OrderedDict = OrderedDict()
-        self._optimizer_state_dict_post_hooks: OrderedDict = OrderedDict()
-        self._optimizer_load_state_dict_pre_hooks: OrderedDict = OrderedDict()
-        self._optimizer_load_state_dict_post_hooks: OrderedDict = OrderedDict()
+        for name in _HOOK_DICTS:
+            setattr(self, name, OrderedDict())
+        self._patch_step_function()
+        self._warned_capturable_if_run_uncaptured = True
         self.b_large, self.b_small = b_large, b_small
         self.delta, self.s_min, self.s_max, self.eps = float(delta), float(s_min), float(s_max), float(eps)
         self.granularity, self.mode, self.static_scale = granularity, mode, float(static_scale)
         self.variability = GradientVariability()
         self.factors: list[torch.Tensor] | None = None  # per parameter (in param_groups order)
-        self.delta_history: list[float] = []
-        self.scaled_history: list[bool] = []
+        self._gate: _Gate | None = None  # applies where(scaled, factor, 1) to the gradients
+        self.steps = 0
+        self._scaled_steps: torch.Tensor | int = 0  # a device counter once a step ran
         self.factor_updates = 0
+        self._trace = _StepTrace(trace_capacity)
 
     # ------------------------------------------------------------------ torch contract
     @property
@@ -134,7 +218,14 @@ class AGS(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         self.optimizer.add_param_group(param_group)
-        self.factors = None  # the factor list no longer matches the parameters
+        self.factors, self._gate = None, None  # the factor list no longer matches the parameters
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._patch_step_function()
 
     def __repr__(self) -> str:
         return (f"AGS(mode={self.mode}, granularity={self.granularity}, delta={self.delta}, s_min={self.s_min}, "
@@ -146,23 +237,26 @@ class AGS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
+        """Gate, scale and step, with no host sync: Δ, the decision and the factor applied
+        stay 0-d tensors on the gradients' device."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         params = self._params()
         grads = [p.grad for p in params if p.grad is not None]
-        d = self.variability.update(grad_sq_norm(grads))
-        scaled = d < self.delta
-        self.delta_history.append(d)
-        self.scaled_history.append(scaled)
-        if scaled and grads:
-            if self.mode == "static":
-                torch._foreach_mul_(grads, self.static_scale)
-            elif self.factors is not None:
-                pairs = [(p.grad, s) for p, s in zip(params, self.factors) if p.grad is not None]
-                # per tensor the factors are 0-d tensors, which broadcast
-                torch._foreach_mul_([g for g, _ in pairs], [s for _, s in pairs])
+        d = self.variability.update(grad_sq_norm(grads, params[0].device if params else None))
+        scaled = d < self.delta  # NaN and δ = 0: never
+        self.steps += 1
+        if isinstance(self._scaled_steps, int):
+            self._scaled_steps = torch.full((), self._scaled_steps, dtype=torch.int64, device=d.device)
+        self._scaled_steps.add_(scaled)
+        self._trace.append(d, scaled)
+        if grads:
+            if self.mode == "static" and self._gate is None:
+                self._gate = _Gate([torch.full((), self.static_scale, dtype=grads[0].dtype, device=grads[0].device)])
+            if self._gate is not None:
+                self._gate.apply(params, grads, scaled)
         self.optimizer.step()
         return loss
 
@@ -189,14 +283,26 @@ class AGS(torch.optim.Optimizer):
                 ratio = torch.linalg.vector_norm(g_small) / (torch.linalg.vector_norm(g_large) + self.eps)
                 s = ratio.clamp(self.s_min, self.s_max)
             factors.append(s.to(p.dtype))
-        self.factors = factors
+        self._gate = _Gate(factors)
+        self.factors = self._gate.factors
         self.factor_updates += 1
 
     # ------------------------------------------------------------------ what it did
     @property
+    def scaled_steps(self) -> int:
+        """Steps so far whose gradients were scaled (reads the device counter: not per step)."""
+        return int(self._scaled_steps)
+
+    @property
     def scaled_fraction(self) -> float:
         """Fraction of steps so far whose gradients were scaled."""
-        return sum(self.scaled_history) / len(self.scaled_history) if self.scaled_history else 0.0
+        return self.scaled_steps / self.steps if self.steps else 0.0
+
+    def drain_trace(self) -> dict[str, list]:
+        """The per-step values since the last drain, moved to the host at once, and cleared:
+        ``{"delta": [Δ, None where infinite or NaN], "scaled": [bool]}``."""
+        delta, scaled = self._trace.drain()
+        return {"delta": [d if math.isfinite(d) else None for d in delta], "scaled": scaled}
 
     def factor_summary(self) -> dict[str, float] | None:
         """Mean, min and max of the current factors (over elements)."""
@@ -208,30 +314,51 @@ class AGS(torch.optim.Optimizer):
         return {"mean": float(flat.mean()), "min": float(flat.min()), "max": float(flat.max())}
 
     def traces(self) -> dict[str, Any]:
-        return {"delta": [None if not math.isfinite(d) else d for d in self.delta_history],
-                "scaled": list(self.scaled_history), "scaled_fraction": self.scaled_fraction,
-                "factors": self.factor_summary(), "factor_updates": self.factor_updates,
-                "s_max": self.s_max, "s_min": self.s_min, "delta_threshold": self.delta, "mode": self.mode,
+        """A bounded summary of what it did (the per-step values: :meth:`drain_trace`)."""
+        return {"steps": self.steps, "scaled_steps": self.scaled_steps, "scaled_fraction": self.scaled_fraction,
+                "factors": self.factor_summary(), "factor_updates": self.factor_updates, "s_max": self.s_max,
+                "s_min": self.s_min, "delta_threshold": self.delta, "mode": self.mode,
                 "granularity": self.granularity}
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        return {"optimizer": self.optimizer.state_dict(),
-                "ags": {"factors": None if self.factors is None else [f.detach().cpu().clone() for f in self.factors],
-                        "prev_sq_norm": self.variability.prev_sq_norm, "delta_history": list(self.delta_history),
-                        "scaled_history": list(self.scaled_history), "factor_updates": self.factor_updates}}
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
+        prev = self.variability.prev_sq_norm
+        state = {"optimizer": self.optimizer.state_dict(),
+                 "ags": {"factors": None if self.factors is None else [f.detach().cpu().clone() for f in self.factors],
+                         "prev_sq_norm": None if prev is None else prev.item(), "steps": self.steps,
+                         "scaled_steps": self.scaled_steps, "factor_updates": self.factor_updates}}
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state)
+            if result is not None:
+                state = result
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         self.optimizer.load_state_dict(state_dict["optimizer"])
         a = state_dict["ags"]
         params = self._params()
+        device = params[0].device if params else None
         if a["factors"] is None:
-            self.factors = None
+            self.factors, self._gate = None, None
         else:
             if len(a["factors"]) != len(params):
                 raise ValueError(f"the AGS state has {len(a['factors'])} factors for {len(params)} parameters")
-            self.factors = [f.to(p.device) for f, p in zip(a["factors"], params)]
-        self.variability.prev_sq_norm = a["prev_sq_norm"]
-        self.delta_history = list(a["delta_history"])
-        self.scaled_history = list(a["scaled_history"])
+            self._gate = _Gate([f.to(p.device) for f, p in zip(a["factors"], params)])
+            self.factors = self._gate.factors
+        prev = a["prev_sq_norm"]
+        self.variability.prev_sq_norm = None if prev is None else torch.tensor(prev, dtype=torch.float64,
+                                                                               device=device)
+        if "steps" in a:
+            self.steps, scaled = int(a["steps"]), int(a["scaled_steps"])
+        else:  # a checkpoint from before the histories were dropped from the state
+            self.steps, scaled = len(a["delta_history"]), sum(map(bool, a["scaled_history"]))
+        self._scaled_steps = scaled
         self.factor_updates = int(a["factor_updates"])
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)

@@ -1,8 +1,7 @@
 """The large-batch baselines Tula is compared with (§IV-D): LARS, LAMB, post-local SGD, AdaScale.
 
-Importing this module registers the methods ``lars``, ``lamb``, ``polo`` and ``adascale``
-in :data:`tula.optim.methods.METHOD_CLASSES`; :func:`~tula.optim.methods.build_method`
-does so on first use.
+The table of :mod:`tula.registry` names these classes (``lars``, ``lamb``, ``polo``,
+``adascale``); :func:`~tula.optim.methods.build_method` imports this module on first use.
 
 * ``lars`` -- timm's :class:`~timm.optim.Lars` (You et al. 2017), linear LR scaling from
   ``train.base_batch`` with warm-up, as in the paper;
@@ -21,6 +20,8 @@ adapted even when ``optimizer.weight_decay`` is 0.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from typing import Any
 
 import torch
@@ -31,8 +32,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostL
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.distributed.optim import PostLocalSGDOptimizer
 
-from ..errors import SpecError
-from .methods import METHOD_CLASSES, LRS, Method, sqrt_scale
+from .ags import TRACE_CAPACITY
+from .methods import LRS, Method, sqrt_scale
 
 
 def adaptive_param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -131,6 +132,9 @@ class PostLocalSGD(Method):
         return PostLocalSGDOptimizer(optim=local, averager=self.averager)
 
     def before_eval(self) -> None:
+        """Average the replicas (parameters and floating-point buffers), and gather every
+        rank's own optimiser state (momentum stays local in the local phase) so that the
+        checkpoint, written by rank 0, holds all of them."""
         if self.averager is None:
             return
         tensors = [t for t in (*self.module.parameters(), *self.module.buffers()) if t.is_floating_point()]
@@ -140,6 +144,28 @@ class PostLocalSGD(Method):
             flat /= dist.get_world_size()
             for t, avg in zip(tensors, torch.split(flat, [t.numel() for t in tensors])):
                 t.copy_(avg.view_as(t))
+            local = self._local_state_tensors()
+            if local:  # the same on every rank: the state exists once a step has run
+                mine = torch.cat([t.reshape(-1) for t in local])
+                gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+                dist.all_gather(gathered, mine)
+                self._rank_states = [g.cpu() for g in gathered]
+
+    def _local_state_tensors(self) -> list[torch.Tensor]:
+        """This rank's optimiser state tensors (e.g. momentum buffers) in parameter order."""
+        inner = self.optimizer.optim
+        return [v for g in inner.param_groups for p in g["params"]
+                for _, v in sorted(inner.state.get(p, {}).items()) if torch.is_tensor(v) and v.dim() > 0]
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.averager is not None:
+            # torch's PostLocalSGDOptimizer.load_state_dict gives the inner optimiser new param
+            # groups but keeps its own reference to the old list, through which the LR schedule
+            # writes: re-link them, or the LR stays frozen at the checkpoint's value
+            self.optimizer.param_groups = self.optimizer.optim.param_groups
+        self.load_extra_state(state.get("extra") or {})
+        self.set_step(step)
 
     def traces(self) -> dict[str, Any]:
         if self.averager is None:
@@ -149,36 +175,57 @@ class PostLocalSGD(Method):
     def extra_state(self) -> dict[str, Any]:
         if self.averager is None:
             return {}
-        return {"averager_step": self.averager.step, "hook_iter": self.hook_state.iter}
+        return {"averager_step": self.averager.step, "hook_iter": self.hook_state.iter,
+                "rank_optimizer_state": getattr(self, "_rank_states", None)}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if self.averager is not None and state:
             self.averager.step = int(state["averager_step"])
             self.hook_state.iter = int(state["hook_iter"])
+            per_rank = state.get("rank_optimizer_state")
+            if per_rank is not None:  # each rank takes back its own momentum
+                local = self._local_state_tensors()
+                mine = per_rank[dist.get_rank()]
+                with torch.no_grad():
+                    for t, v in zip(local, torch.split(mine, [t.numel() for t in local])):
+                        t.copy_(v.view_as(t))
 
 
 class _LocalSqNorm:
-    """State of :func:`_sq_norm_allreduce_hook`: this rank's squared gradient norm, summed
-    over the buckets of the current backward pass."""
+    """State of :func:`_sq_norm_allreduce_hook`: this rank's squared gradient norm per
+    parameter, taken from the buckets of the current backward pass.
 
-    def __init__(self, device: torch.device) -> None:
+    The norms are kept per parameter and summed in the model's parameter order, so the
+    total does not depend on how DDP grouped the parameters into buckets: DDP rebuilds its
+    buckets after the first step of every new process, so a resumed run's first step uses
+    other buckets than an uninterrupted run's, and a per-bucket sum would differ in the
+    last digits (and so would the gain and the parameters)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], device: torch.device) -> None:
         self.device = device
-        self.total = torch.zeros((), dtype=torch.float64, device=device)
+        self.order = {id(p): i for i, p in enumerate(params)}
+        self.per_param: dict[int, torch.Tensor] = {}
+
+    def add(self, params, grads) -> None:
+        for p, g in zip(params, grads):
+            self.per_param[self.order[id(p)]] = torch.linalg.vector_norm(g, dtype=torch.float64).square()
 
     def take(self) -> torch.Tensor:
-        total, self.total = self.total, torch.zeros((), dtype=torch.float64, device=self.device)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i in sorted(self.per_param):
+            total += self.per_param[i]
+        self.per_param = {}
         return total
 
 
 def _sq_norm_allreduce_hook(state: _LocalSqNorm, bucket):
-    """DDP comm hook: add the squared norm of the bucket's local gradient to ``state``,
-    then average the bucket over the ranks as DDP does without a hook.
+    """DDP comm hook: keep the squared norm of each local gradient in the bucket in
+    ``state``, then average the bucket over the ranks as DDP does without a hook.
 
     ``bucket`` is a ``dist.GradBucket`` and the result a ``torch.futures.Future`` of the
     averaged bucket; they are not annotated because DDP compares the annotations with
     those types, and this module's annotations are strings."""
-    local = torch.linalg.vector_norm(bucket.buffer(), dtype=torch.float64).square()
-    state.total += local
+    state.add(bucket.parameters(), bucket.gradients())
     return allreduce_hook(None, bucket)
 
 
@@ -200,23 +247,27 @@ class AdaScale(Method):
     no warm-up, the gain ramps the LR up by itself) runs on plain steps, not on
     AdaScale's scale-invariant iterations.
 
-    The gain is part of :meth:`lr_factor`, so ``LambdaLR`` and :meth:`after_backward`
+    The gain is part of :meth:`lr_factor`, so the scheduler and :meth:`after_backward`
     agree: the scheduler's step sets the next step's LR with the last gain, and
-    :meth:`after_backward` sets it again with the new one just before the update.
+    :meth:`after_backward` puts the scheduler at the same step again with the new gain just
+    before the update.  At least 2 workers (:mod:`tula.registry`).
+
+    The gain of every step is kept until :meth:`drain_step_traces` (at most
+    ``TRACE_CAPACITY`` steps between two calls); :meth:`traces` and checkpoints hold its
+    running minimum, maximum and mean.
     """
 
     name = "adascale"
     ema_decay = 0.9
 
     def __init__(self, ddp, spec, global_batch, n_workers, steps_per_epoch):
-        if n_workers < 2:
-            raise SpecError("adascale needs at least 2 workers to estimate the gradient variance from their "
-                            "local gradients; use another method on one worker")
         self.gain = 1.0
-        self.gain_history: list[float] = []
+        self.gain_steps: deque[float] = deque(maxlen=TRACE_CAPACITY)  # since the last drain
+        self.gain_stats = {"count": 0, "sum": 0.0, "min": math.inf, "max": -math.inf}  # the whole run
         self.variance_ema: float | None = None
         self.mean_sq_norm_ema: float | None = None
-        self.sq_norm_state = _LocalSqNorm(next(ddp.parameters()).device)
+        self.sq_norm_state = _LocalSqNorm([p for p in ddp.parameters() if p.requires_grad],
+                                          next(ddp.parameters()).device)
         super().__init__(ddp, spec, global_batch, n_workers, steps_per_epoch)
         ddp.register_comm_hook(self.sq_norm_state, _sq_norm_allreduce_hook)
 
@@ -236,9 +287,11 @@ class AdaScale(Method):
         self.variance_ema = self._smooth(self.variance_ema, variance)
         self.mean_sq_norm_ema = self._smooth(self.mean_sq_norm_ema, mean_sq_norm)
         self.gain = self.gain_ratio(self.variance_ema, self.mean_sq_norm_ema)
-        self.gain_history.append(self.gain)
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-            group["lr"] = base * self.lr_factor(step)
+        self.gain_steps.append(self.gain)
+        st = self.gain_stats
+        st["count"], st["sum"] = st["count"] + 1, st["sum"] + self.gain
+        st["min"], st["max"] = min(st["min"], self.gain), max(st["max"], self.gain)
+        self.scheduler.set_step(step)  # this step's LR with the new gain
 
     def _smooth(self, average: float | None, value: float) -> float:
         return value if average is None else self.ema_decay * average + (1.0 - self.ema_decay) * value
@@ -252,19 +305,30 @@ class AdaScale(Method):
         low, high = sorted((1.0, batch / base))
         return min(high, max(low, (variance / base + mean_sq_norm) / denominator))
 
+    def drain_step_traces(self) -> dict[str, list]:
+        """``{"gain": [r_t]}``: the gain of every step since the last call."""
+        gains, self.gain_steps = list(self.gain_steps), deque(maxlen=TRACE_CAPACITY)
+        return {"gain": gains}
+
     def traces(self) -> dict[str, Any]:
-        return {"gain": list(self.gain_history), "variance_per_sample": self.variance_ema,
-                "mean_grad_sq_norm": self.mean_sq_norm_ema, "ema_decay": self.ema_decay}
+        st = self.gain_stats
+        return {"gain_last": self.gain, "gain_min": st["min"] if st["count"] else None,
+                "gain_max": st["max"] if st["count"] else None,
+                "gain_mean": st["sum"] / st["count"] if st["count"] else None, "gain_steps": st["count"],
+                "variance_per_sample": self.variance_ema, "mean_grad_sq_norm": self.mean_sq_norm_ema,
+                "ema_decay": self.ema_decay}
 
     def extra_state(self) -> dict[str, Any]:
-        return {"gain": self.gain, "gain_history": list(self.gain_history), "variance_ema": self.variance_ema,
+        return {"gain": self.gain, "gain_stats": dict(self.gain_stats), "variance_ema": self.variance_ema,
                 "mean_sq_norm_ema": self.mean_sq_norm_ema}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if state:
             self.gain = float(state["gain"])
-            self.gain_history = list(state["gain_history"])
+            if "gain_stats" in state:
+                self.gain_stats = dict(state["gain_stats"])
+            else:  # a checkpoint from before the history was dropped from the state
+                h = [float(g) for g in state.get("gain_history", [])]
+                self.gain_stats = {"count": len(h), "sum": sum(h), "min": min(h, default=math.inf),
+                                   "max": max(h, default=-math.inf)}
             self.variance_ema, self.mean_sq_norm_ema = state["variance_ema"], state["mean_sq_norm_ema"]
-
-
-METHOD_CLASSES.update({"lars": LARS, "lamb": LAMB, "polo": PostLocalSGD, "adascale": AdaScale})

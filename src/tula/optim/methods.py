@@ -4,14 +4,18 @@ A method bundles what the training runner needs and nothing else:
 
 * ``optimizer`` -- a ``torch.optim.Optimizer`` (possibly a wrapper) the runner calls
   ``zero_grad()`` and ``step()`` on, checkpointed through ``state_dict()``;
-* ``scheduler`` -- a per-step LR scheduler: the LR factor of :meth:`Method.lr_factor`
-  (LR scaling, linear warm-up, milestone decay) on the optimiser's base LR;
+* ``scheduler`` -- a per-step LR scheduler (:class:`MethodSchedule`): the LR factor of
+  :meth:`Method.lr_factor` (LR scaling, linear warm-up, milestone decay) on the
+  optimiser's base LR; ``get_last_lr()`` is the LR of the next step, also after a resume;
 * hooks: :meth:`after_backward` (after the synchronised backward, before the step: AGS
   measures its factors there, AdaScale its gain), :meth:`before_eval` (post-local SGD
-  averages the replicas there) and :meth:`traces` (what the report plots).
+  averages the replicas there);
+* what it did: :meth:`drain_step_traces` (per-step values since the last call, which the
+  runner writes into each epoch's metrics) and :meth:`traces` (a bounded summary).
 
 The runner (``tula.train``) builds a method per rank with :func:`build_method` and
-never looks inside it.  Methods of this module: ``lbt`` (vanilla large-batch training),
+never looks inside it.  The methods, their classes and constraints are the table of
+:mod:`tula.registry`.  Methods of this module: ``lbt`` (vanilla large-batch training),
 ``lrs`` (linear LR scaling with warm-up, Goyal et al.), ``static`` (static gradient
 scaling U(s), Eq. 8) and ``ags`` (adaptive gradient scaling, Algorithm 1); the other
 baselines (``lars``, ``lamb``, ``polo``, ``adascale``) are in :mod:`tula.optim.baselines`.
@@ -27,12 +31,27 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from ..errors import SpecError
+from ..registry import METHODS, check_method, method_class
 from ..spec import JobSpec
 from ..workloads import build_optimizer
 from .ags import AGS
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class MethodSchedule(LambdaLR):
+    """``LambdaLR`` on a method's :meth:`Method.lr_factor` that can also be put at any step
+    (a resume, the out-of-memory fallback) and re-applied within a step when the factor's
+    inputs change (AdaScale's gain), keeping ``get_last_lr()`` equal to the LR the
+    optimiser holds, which is the LR of the next step."""
+
+    def set_step(self, step: int) -> None:
+        """Put the schedule at optimiser step ``step``: its LR into every param group."""
+        self.last_epoch = step
+        for group, base, factor in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
+            group["initial_lr"] = base  # the base of this method's rule, not a loaded checkpoint's
+            group["lr"] = base * factor(step)
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
 
 class Method:
@@ -51,10 +70,12 @@ class Method:
     warmup = False  # linear LR warm-up over spec.train.warmup_epochs
 
     def __init__(self, ddp: nn.Module, spec: JobSpec, global_batch: int, n_workers: int, steps_per_epoch: int):
+        if self.name in METHODS:
+            check_method(self.name, spec, n_workers, global_batch)  # the registry's constraints
         self.ddp, self.spec = ddp, spec
         self.global_batch, self.n_workers, self.steps_per_epoch = global_batch, n_workers, steps_per_epoch
         self.optimizer = self.build_optimizer()
-        self.scheduler = LambdaLR(self.optimizer, self.lr_factor)
+        self.scheduler = MethodSchedule(self.optimizer, self.lr_factor)
 
     # ------------------------------------------------------------ what subclasses change
     @property
@@ -91,8 +112,14 @@ class Method:
     def before_eval(self) -> None:
         """Called on every rank before evaluation and before a checkpoint is written."""
 
+    def drain_step_traces(self) -> dict[str, list]:
+        """Per-step values (one list entry per optimiser step) since the last call, moved to
+        the host and cleared: the runner calls it at every epoch end.  Their keys never
+        appear in :meth:`traces`.  ``{}`` for methods that keep none."""
+        return {}
+
     def traces(self) -> dict[str, Any]:
-        """Method-specific traces for the run record (JSON-serialisable)."""
+        """A bounded, JSON-serialisable summary of what the method did, for the run record."""
         return {}
 
     # ------------------------------------------------------------ checkpoints
@@ -110,9 +137,7 @@ class Method:
         self.set_step(step)
 
     def set_step(self, step: int) -> None:
-        self.scheduler.last_epoch = step
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-            group["lr"] = base * self.lr_factor(step)
+        self.scheduler.set_step(step)
 
     def extra_state(self) -> dict[str, Any]:
         return {}
@@ -141,9 +166,7 @@ class ScaledGradients(Method):
     mode = "adaptive"
 
     def __init__(self, ddp, spec, global_batch, n_workers, steps_per_epoch):
-        a = spec.train.ags
-        if a.b_small >= global_batch:
-            raise SpecError(f"train.ags.b_small ({a.b_small}) must be smaller than the global batch ({global_batch})")
+        a = spec.train.ags  # b_small < global batch: checked by Method.__init__ (tula.registry)
         self.local_small = max(1, a.b_small // n_workers)
         self.update_every = a.update_every or steps_per_epoch
         super().__init__(ddp, spec, global_batch, n_workers, steps_per_epoch)
@@ -153,6 +176,10 @@ class ScaledGradients(Method):
         return AGS(super().build_optimizer(), b_large=self.global_batch, b_small=self.local_small * self.n_workers,
                    delta=a.delta, s_min=a.s_min, granularity=a.granularity, mode=self.mode,
                    static_scale=a.static_scale)
+
+    def drain_step_traces(self) -> dict[str, list]:
+        """``{"delta": [Δ(G) or None where infinite], "scaled": [bool]}`` per step."""
+        return self.optimizer.drain_trace()
 
     def traces(self) -> dict[str, Any]:
         return self.optimizer.traces()
@@ -195,20 +222,11 @@ class AdaptiveScaling(ScaledGradients):
         self.optimizer.update_factors(small, params)
 
 
-METHOD_CLASSES: dict[str, type[Method]] = {"lbt": Method, "lrs": LRS, "static": StaticScaling,
-                                           "ags": AdaptiveScaling}
-
-
 def build_method(name: str, ddp: nn.Module, spec: JobSpec, global_batch: int, n_workers: int,
                  steps_per_epoch: int) -> Method:
-    """The method ``name`` (one of :data:`tula.spec.METHODS`) for this rank's DDP model."""
-    if name not in METHOD_CLASSES:
-        from . import baselines  # noqa: F401  (registers lars, lamb, polo, adascale)
-    try:
-        cls = METHOD_CLASSES[name]
-    except KeyError:
-        raise SpecError(f"unknown training method {name!r}; use one of {', '.join(sorted(METHOD_CLASSES))}") from None
-    return cls(ddp, spec, global_batch, n_workers, steps_per_epoch)
+    """The method ``name`` (one of :data:`tula.registry.METHOD_NAMES`) for this rank's DDP
+    model; an unknown name or a broken constraint is a :class:`~tula.errors.SpecError`."""
+    return method_class(name)(ddp, spec, global_batch, n_workers, steps_per_epoch)
 
 
 def sqrt_scale(global_batch: int, base_batch: int) -> float:

@@ -1,0 +1,175 @@
+"""What a rank does, written once for every launcher.
+
+A launcher decides where ranks run and how they meet (an ``init_method`` URL); then each
+rank calls :func:`run_rank`, which sets its threads and device, joins the process group
+with a timeout, runs the function, and reports a result or a :class:`RankFailure` whose
+cause is decided here, where the exception happened -- and always destroys the group.
+
+Stopping: SIGINT/SIGTERM in a rank (forwarded by the launcher, or from the terminal)
+only sets a flag.  The rank's function asks :class:`StopFlag` at its boundaries; the
+ranks agree through a small all-reduce on a separate gloo group, so they all stop at the
+same step and none is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ..errors import TulaError
+from .base import RankFailure, WorkerContext
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """How one rank joins its world."""
+
+    rank: int
+    world_size: int
+    init_method: str  # tcp://HOST:PORT of rank 0's rendezvous
+    device_kind: str  # cpu | cuda
+    threads: int | None = None
+    pg_timeout_s: float = 600.0
+    local_rank: int = 0
+    host: str = "127.0.0.1"
+    backend: str | None = None  # default: nccl on cuda, gloo on cpu
+
+
+class StopRequested(Exception):
+    """Raised inside a rank's function when the world agreed to stop (SIGINT/SIGTERM)."""
+
+
+class StopFlag:
+    """Whether this world should stop, agreed by every rank.
+
+    ``requested`` is this rank's own view (set by its signal handler).  :meth:`poll` is
+    called by every rank at every step boundary: it starts a one-element all-reduce (MAX)
+    of the flag on a CPU gloo group and returns the *previous* step's agreed answer, so
+    the check costs no wait and no device sync; all ranks see the same answer at the same
+    step.  :meth:`agree` is the blocking form for rarer boundaries (a trial, an epoch)."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.requested = False
+        self.signum: int | None = None
+        self.group = group
+        self._pending: tuple[Any, torch.Tensor] | None = None
+        self.agreed = False
+
+    def _flag(self) -> torch.Tensor:
+        return torch.tensor([1.0 if self.requested else 0.0])
+
+    def poll(self) -> bool:
+        if self.agreed:
+            return True
+        if not dist.is_initialized():
+            self.agreed = self.requested
+            return self.agreed
+        self.drain()
+        if self.agreed:
+            return True
+        t = self._flag()
+        self._pending = (dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True), t)
+        return False
+
+    def agree(self) -> bool:
+        """Blocking: True on every rank if any rank was asked to stop."""
+        self.drain()
+        if self.agreed:
+            return True
+        if not dist.is_initialized():
+            self.agreed = self.requested
+            return self.agreed
+        t = self._flag()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        self.agreed = t.item() > 0
+        return self.agreed
+
+    def drain(self) -> None:
+        """Finish a pending poll (before the world ends, or a blocking collective)."""
+        if self._pending is not None:
+            work, t = self._pending
+            work.wait()
+            self._pending = None
+            if t.item() > 0:
+                self.agreed = True
+
+
+def _die_with_parent() -> None:
+    """Linux: end this rank when the launching process dies (a killed ``tula train`` must
+    leave no orphaned ranks training on).  Elsewhere a no-op."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def classify(err: BaseException) -> str:
+    """The cause of an exception raised in a rank (see :data:`tula.errors.FAILURE_CAUSES`)."""
+    from ..memory import address_space_capped, failure_cause
+
+    if isinstance(err, (StopRequested, KeyboardInterrupt)):
+        return "interrupted"
+    if isinstance(err, TulaError):
+        return "user_error"
+    if failure_cause(err, memory_capped=address_space_capped()) == "oom":
+        return "oom"
+    return "crash"
+
+
+def run_rank(setup: RankSetup, fn: Callable[..., Any], args: tuple,
+             emit: Callable[[dict], None], die_with_parent: bool = True) -> tuple[str, Any]:
+    """Run ``fn(ctx, *args)`` as one rank; return ``("result", value)`` or
+    ``("failure", RankFailure)``.  Never raises."""
+    if die_with_parent:
+        _die_with_parent()
+    stop = StopFlag()
+
+    def on_signal(signum, frame) -> None:  # noqa: ARG001
+        stop.requested, stop.signum = True, signum
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread (e.g. a Dask worker task)
+            signal.signal(s, on_signal)
+    if setup.host in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if setup.threads:
+        torch.set_num_threads(setup.threads)
+    try:
+        if setup.device_kind == "cuda":
+            device = torch.device("cuda", setup.local_rank % max(torch.cuda.device_count(), 1))
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        backend = setup.backend or ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend, init_method=setup.init_method, rank=setup.rank,
+                                world_size=setup.world_size, timeout=timedelta(seconds=setup.pg_timeout_s),
+                                **({"device_id": device} if backend == "nccl" else {}))
+        # the stop flag's all-reduces run on their own CPU group: no device sync, and never
+        # interleaved with the model's collectives
+        stop.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=setup.pg_timeout_s))
+        ctx = WorkerContext(setup.rank, setup.world_size, device, backend, host=setup.host,
+                            local_rank=setup.local_rank, stop=stop, _emit=emit)
+        value = fn(ctx, *args)
+        stop.drain()
+        return "result", value
+    except BaseException as err:  # noqa: BLE001 - every failure goes back to the launcher, classified
+        cause = classify(err)
+        if cause == "interrupted" or stop.requested and cause == "crash":
+            cause, message = "interrupted", f"stopped by {signal.Signals(stop.signum or signal.SIGINT).name}"
+        else:
+            message = str(err) or type(err).__name__
+        return "failure", RankFailure(setup.rank, cause, message, type(err).__name__,
+                                      "" if cause in ("user_error", "interrupted") else traceback.format_exc(),
+                                      host=setup.host or socket.gethostname())
+    finally:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()

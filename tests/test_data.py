@@ -1,0 +1,277 @@
+"""The data path (tula.data) on a real ImageFolder of JPEGs written here: the DataLoader
+path gives exactly the per-sample path's batches, augmentation is drawn from (seed,
+epoch, sample) alone, the loader leaves the global RNG and no process behind, and 2-rank
+training on it resumes exactly."""
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tula.checkpoint import load_checkpoint
+from tula.data import DataPath, augment_image, data_path, sample_key
+from tula.errors import SpecError
+from tula.launch import LocalLauncher
+from tula.spec import spec_from_dict
+from tula.train import _epoch_indices, steps_per_epoch, train
+from tula.workloads import load_dataset
+
+CLASSES, PER_CLASS, SIZE = 3, 20, 32
+
+
+@pytest.fixture(scope="module")
+def image_root(tmp_path_factory) -> Path:
+    """3 classes x 20 JPEGs of 32x32: a coloured square on noise, its corner by class."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for c in range(CLASSES):
+        (root / f"class{c}").mkdir()
+        for i in range(PER_CLASS):
+            img = rng.integers(0, 96, (SIZE, SIZE, 3), dtype=np.uint8)
+            img[4 + 8 * c:14 + 8 * c, 4:14, c] = 255
+            Image.fromarray(img).save(root / f"class{c}" / f"{i:03d}.jpg", quality=90)
+    return root
+
+
+def _data(root, augment=False, workers=2, seed=0, **extra):
+    spec = spec_from_dict({"seed": seed, "data": {"name": "imagefolder", "root": str(root), "augment": augment,
+                                                  "loader_workers": workers, "image_size": SIZE, **extra}})
+    return load_dataset(spec.data, seed)
+
+
+def _tree() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(d))
+    return children
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc), but multiprocessing's resource tracker
+    (one per process that used a spawn context, kept for its lifetime by design)."""
+    children = _tree()
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            todo.append(c)
+            try:
+                if b"resource_tracker" in Path(f"/proc/{c}/cmdline").read_bytes():
+                    continue
+            except OSError:
+                continue
+            out.append(c)
+    return out
+
+
+def _epochs(path: DataPath, n: int, epochs=(0, 1), global_batch=16, seed=0):
+    """Every (epoch, step, rank) batch of a 2-rank run, as one rank after the other takes it."""
+    out = {}
+    for e in epochs:
+        perm = _epoch_indices(seed, e, n)
+        for rank in range(2):
+            for i, b in enumerate(path.epoch_batches(e, perm, global_batch, rank, global_batch // 2,
+                                                     steps_per_epoch(n, global_batch))):
+                out[e, i, rank] = b
+    return out
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k][0], b[k][0]) and torch.equal(a[k][1], b[k][1]) for k in a)
+
+
+def test_loader_batches_are_the_per_sample_batches(image_root):
+    data = _data(image_root)
+    assert not data.in_memory and data.train_size == 48 and data.sample_shape == (3, SIZE, SIZE)
+    n = data.train_size
+    with DataPath(data, "cpu", workers=2) as path:
+        got = _epochs(path, n)
+        evals = list(path.eval_batches(1, 2, 4))
+        assert len(path.worker_pids) == 2
+    assert len(got) == 2 * 3 * 2
+    for (e, i, rank), (x, y) in got.items():  # the per-sample path: Dataset.take of the rank's slice
+        start = i * 16 + rank * 8
+        xr, yr = data.take(_epoch_indices(0, e, n)[start:start + 8])
+        assert torch.equal(x, xr) and torch.equal(y, yr) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert not torch.equal(got[0, 0, 0][0], got[1, 0, 0][0])  # epochs are different permutations
+    xe, ye = data.take(torch.arange(1, data.test_size, 2)[:4], "test")
+    assert torch.equal(evals[0][0], xe) and torch.equal(evals[0][1], ye)
+    assert sum(len(y) for _, y in evals) == len(range(1, data.test_size, 2))
+    # normalised with ImageNet's statistics: not in [0, 1] any more
+    assert got[0, 0, 0][0].min() < -0.5
+
+
+def test_augmented_batches_depend_only_on_seed_epoch_and_sample(image_root):
+    n = 48
+    with DataPath(_data(image_root, augment=True), "cpu", workers=0) as path:
+        in_process = _epochs(path, n)
+    with DataPath(_data(image_root, augment=True), "cpu", workers=2) as path:
+        two_workers = _epochs(path, n)
+    with DataPath(_data(image_root, augment=True), "cpu", workers=1) as path:
+        again = _epochs(path, n)
+    with DataPath(_data(image_root, augment=False), "cpu", workers=0) as path:
+        plain = _epochs(path, n)
+    with DataPath(_data(image_root, augment=True, seed=1), "cpu", workers=0) as path:
+        other_seed = _epochs(path, n, seed=0)  # same order, other augmentation seed
+    assert _same(in_process, two_workers) and _same(in_process, again)
+    assert not _same(in_process, other_seed)
+    for k in in_process:  # labels untouched, images changed
+        assert torch.equal(in_process[k][1], plain[k][1])
+    changed = sum(not torch.equal(in_process[k][0], plain[k][0]) for k in in_process)
+    assert changed == len(in_process)
+    # the same sample is augmented differently in another epoch
+    data = _data(image_root, augment=True)
+    e0, e1, e0_again = data.train[(0, 5)][0], data.train[(1, 5)][0], data.train[(0, 5)][0]
+    assert torch.equal(e0, e0_again) and not torch.equal(e0, e1)
+    assert torch.equal(data.train[5][0], _data(image_root).train[5][0])  # a bare index: not augmented
+    # evaluation is never augmented
+    with DataPath(data, "cpu", workers=0) as path:
+        xe, _ = next(path.eval_batches(0, 1, 12))
+    assert torch.equal(xe, data.take(torch.arange(12), "test")[0])
+
+
+def test_augment_image_is_a_padded_crop_and_flip():
+    x = torch.arange(2 * 6 * 5, dtype=torch.float32).reshape(2, 6, 5) + 1
+    span = 9
+    centre = 4 | 4 << 16  # top = left = 4 (no shift), flip bit 0
+    assert torch.equal(augment_image(x, centre), x)
+    assert torch.equal(augment_image(x, centre | (1 << 40)), x.flip(-1))
+    assert torch.equal(augment_image(x, centre | (1 << 40), flip=False), x)
+    shifted = augment_image(x, 0)  # top = left = 0: 4 rows and columns of zero padding come in
+    assert shifted.shape == x.shape and torch.equal(shifted[:, 4:, 4:], x[:, :2, :1])
+    assert float(shifted[:, :4].abs().sum()) == 0.0
+    draws = {((k & 0xFFFF) % span, ((k >> 16) & 0xFFFF) % span, (k >> 40) & 1) for k in (sample_key(0, 0, i) for i in range(2000))}
+    assert len(draws) == span * span * 2  # every offset and flip occurs
+    assert sample_key(0, 1, 2) != sample_key(0, 2, 1) and sample_key(3, 0, 0) == sample_key(3, 0, 0)
+
+
+def test_loader_keeps_the_global_rng_and_ends_its_workers(image_root):
+    me = os.getpid()
+    before = set(_descendants(me))
+    data = _data(image_root, augment=True)
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    path = data_path(data, "cpu")
+    assert path is data_path(data, "cpu")  # one path per data set and device
+    list(path.epoch_batches(0, _epoch_indices(0, 0, 48), 16, 0, 8, 3))
+    pids = path.worker_pids
+    assert len(pids) == 2 and set(pids) <= set(_descendants(me))
+    list(path.eval_batches(0, 1, 5))  # the same workers serve evaluation ...
+    stream = path.random_batches(8, torch.Generator().manual_seed(0))
+    assert [len(next(stream)[1]) for _ in range(10)] == [8] * 10  # ... and profiling's endless stream
+    assert path.worker_pids == pids
+    list(path.epoch_batches(1, _epoch_indices(0, 1, 48), 16, 0, 8, 3))  # a new stream replaces that one
+    with pytest.raises(RuntimeError, match="replaced"):
+        next(stream)
+    assert torch.equal(torch.get_rng_state(), state)
+    data.close()
+    assert set(_descendants(me)) <= before
+
+
+def test_random_batches_draw_with_replacement_past_the_set(image_root):
+    path = DataPath(_data(image_root), "cpu", workers=0)
+    x, y = next(path.random_batches(100, torch.Generator().manual_seed(0)))
+    assert x.shape == (100, 3, SIZE, SIZE) and y.shape == (100,)
+
+
+def test_in_memory_sets_keep_the_tensor_path():
+    before = set(_descendants(os.getpid()))
+    spec = spec_from_dict({"data": {"name": "digits", "loader_workers": 2}})
+    data = load_dataset(spec.data, 0)
+    assert data.in_memory and data.loader_workers == 0
+    path = DataPath(data, "cpu", workers=3)
+    assert path.workers == 0
+    perm = _epoch_indices(0, 0, data.train_size)
+    batches = list(path.epoch_batches(0, perm, 64, 1, 32, 4))
+    x_all, y_all = data.train.tensors
+    for i, (x, y) in enumerate(batches):
+        idx = perm[i * 64 + 32:i * 64 + 64]
+        assert torch.equal(x, x_all[idx]) and torch.equal(y, y_all[idx])
+    assert path.worker_pids == [] and set(_descendants(os.getpid())) <= before
+    with pytest.raises(SpecError, match="augment"):
+        spec_from_dict({"data": {"name": "digits", "augment": True}})
+    with pytest.raises(SpecError, match="loader_workers"):
+        spec_from_dict({"data": {"name": "imagefolder", "root": "/x", "loader_workers": -1}})
+
+
+@pytest.mark.slow
+def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_process(image_root, tmp_path):
+    """2 ranks x 2 loader workers, augmentation on: 2 epochs in one run end with the same
+    model as 1 epoch and a resumed second; the workers run inside the ranks; none is left."""
+    me = os.getpid()
+    before = set(_descendants(me))
+    d = {"name": "imgs", "seed": 3, "epochs": 2,
+         "model": {"name": "small_cnn", "kwargs": {"in_channels": 3, "num_classes": CLASSES, "width": 4}},
+         "data": {"name": "imagefolder", "root": str(image_root), "augment": True, "loader_workers": 2},
+         "train": {"warmup_epochs": 0, "eval_batch": 8}}
+    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    seen = {"grandchildren": 0}
+    done = threading.Event()
+
+    def watch() -> None:  # the ranks' own children: their loader workers
+        while not done.is_set():
+            tree = _tree()
+            seen["grandchildren"] = max(seen["grandchildren"], sum(len(tree.get(c, [])) for c in tree.get(me, [])))
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        whole = train(spec_from_dict(d), "lbt", 2, 16, tmp_path / "whole", launcher=launcher)
+    finally:
+        done.set()
+        t.join()
+    assert seen["grandchildren"] >= 4, "the ranks did not start their DataLoader workers"
+    assert whole["replicas_identical"] and [h["epoch"] for h in whole["history"]] == [1, 2]
+    train(spec_from_dict({**d, "epochs": 1}), "lbt", 2, 16, tmp_path / "split", launcher=launcher)
+    resumed = train(spec_from_dict(d), "lbt", 2, 16, tmp_path / "split", resume=True, launcher=launcher)
+    assert resumed["resumed_from_epoch"] == 1 and resumed["replicas_identical"]
+    a = load_checkpoint(tmp_path / "whole")["model"]
+    b = load_checkpoint(tmp_path / "split")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert whole["history"][-1]["test_top1"] == resumed["history"][-1]["test_top1"]
+    time.sleep(0.5)
+    assert set(_descendants(me)) <= before, "processes were left behind"
+
+
+@pytest.mark.slow
+def test_profile_times_the_step_with_its_batch_through_the_loader(image_root):
+    from tula.profile import profile
+
+    spec = spec_from_dict({
+        "name": "imgs", "model": {"name": "small_cnn", "kwargs": {"in_channels": 3, "num_classes": CLASSES, "width": 4}},
+        "data": {"name": "imagefolder", "root": str(image_root), "augment": True, "loader_workers": 2},
+        "search": {"cluster_sizes": [1], "min_batch": 8, "max_batch": 16},
+        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1}})
+    before = set(_descendants(os.getpid()))
+    rec = profile(spec, launcher=LocalLauncher(device="cpu", threads_per_worker=1))
+    ok = [t for t in rec["trials"] if t["status"] == "ok"]
+    assert ok and all(0 <= t["t_data_s"] < t["t_step_s"] for t in ok)
+    assert set(_descendants(os.getpid())) <= before
+
+
+def test_merged_trial_names_the_loader_when_it_is_the_bottleneck():
+    from tula.profile import _merge_trials
+
+    def rank(t_data, steps):
+        return {"n_workers": 2, "local_batch": 8, "global_batch": 16, "status": "ok", "note": "", "t_data_s": t_data,
+                "step_times_s": steps, "compute_times_s": [s / 2 for s in steps], "peak_mem_bytes": 1}
+
+    slow, = _merge_trials([[rank(0.02, [0.1] * 4)], [rank(0.04, [0.1, 0.1, 0.1, 0.2])]])
+    assert slow["t_data_s"] == 0.04 and slow["note"].startswith("data loading is 40 % of the step")
+    fast, = _merge_trials([[rank(0.001, [0.1] * 4)], [rank(0.002, [0.1] * 4)]])
+    assert fast["t_data_s"] == 0.002 and fast["note"] == ""
+    legacy = {k: v for k, v in rank(0, [0.1] * 4).items() if k != "t_data_s"}  # a record from before the field
+    old, = _merge_trials([[legacy], [dict(legacy)]])
+    assert old.get("t_data_s") is None and old["t_step_s"] == 0.1

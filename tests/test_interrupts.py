@@ -1,0 +1,146 @@
+"""SIGINT and SIGTERM to a real `tula train` / `tula run`: the ranks stop at the next step,
+the last finished epoch's checkpoint and every finished trial are on disk, one sentence
+says what was kept and how to continue, the exit code is 130 / 143, no rank survives,
+and the suggested command continues the run exactly."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from tula.checkpoint import CHECKPOINT, checkpoint_meta
+from tula.records import read_jsonl
+from tula.train import METRICS
+
+pytestmark = pytest.mark.slow
+
+
+def _write(tmp_path, d, name="spec.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+def _group_alive(pgid: int, wait_s: float = 5.0) -> list[str]:
+    """Command lines of processes still in the group after ``wait_s`` (helpers such as
+    multiprocessing's resource tracker exit a moment after their parent)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                if os.getpgid(int(pid)) == pgid:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        alive.append(fh.read().replace(b"\0", b" ").decode()[:120])
+            except (ProcessLookupError, OSError):
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _wait_for(cond, timeout=240.0, proc=None):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc is None or proc.poll() is None, f"ended early: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("sig, code, to_group", [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, True)])
+def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(tiny_spec_dict, tmp_path, tula_cmd,
+                                                                          sig, code, to_group):
+    d = dict(tiny_spec_dict, epochs=200)
+    d["train"] = {"warmup_epochs": 0}
+    spec = _write(tmp_path, d)
+    out = tmp_path / "run"
+    cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for(lambda: (out / CHECKPOINT).exists(), proc=proc)
+    ranks = _children(proc.pid)
+    assert ranks, "no rank processes found"
+    t_signal = time.monotonic()
+    os.killpg(proc.pid, sig) if to_group else os.kill(proc.pid, sig)  # Ctrl-C in a terminal reaches the group
+    _, err = proc.communicate(timeout=120)
+    stop_s = time.monotonic() - t_signal
+    assert proc.returncode == code, err
+    assert stop_s < 30, f"took {stop_s:.1f} s to stop"
+    text = _one_line(err)
+    assert f"training stopped by {signal.Signals(sig).name}" in text and "Traceback" not in err
+    assert "leaked semaphore" not in err
+    kept = checkpoint_meta(out)["epoch"]
+    assert 1 <= kept < 200
+    assert f"epochs 1-{kept} of 200 are kept in {out / CHECKPOINT}" in text
+    assert [r["epoch"] for r in read_jsonl(out / METRICS)] == list(range(1, kept + 1))
+    assert not (out / "train.json").exists()
+    assert not _group_alive(proc.pid), f"processes of the run survived: {_group_alive(proc.pid, 0)}"
+    assert all(not os.path.exists(f"/proc/{r}") for r in ranks)
+
+    # the suggested command continues: here with fewer epochs, so it finishes quickly
+    hint = text.split("continue with: ")[1].split()
+    assert hint[:2] == ["tula", "train"] and "--resume" in hint
+    d["epochs"] = kept + 2
+    _write(tmp_path, d)
+    r = subprocess.run([*tula_cmd, *hint[1:]], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((out / "train.json").read_text())
+    assert rec["resumed_from_epoch"] == kept
+    assert [h["epoch"] for h in rec["history"]] == list(range(1, kept + 3))
+    assert rec["steps_done"] == (kept + 2) * rec["steps_per_epoch"]
+
+
+def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_rerun_them(tiny_spec_dict, tmp_path,
+                                                                                         tula_cmd):
+    d = dict(tiny_spec_dict, name="slowprof")
+    d["profile"] = {**d["profile"], "timed_steps": 25}
+    spec = _write(tmp_path, d)
+    out = tmp_path / "run"
+    cmd = [*tula_cmd, "run", str(spec), "--search", "full", "--no-train", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    trials_seen = 0
+    while trials_seen < 2:  # the CLI logs a line per finished trial when stderr is not a terminal
+        line = proc.stderr.readline()
+        assert line, f"profiling ended before it could be interrupted: {proc.communicate()}"
+        trials_seen += line.startswith("trial N=")
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    text = _one_line(err)
+    assert "profiling stopped by SIGINT" in text and "Traceback" not in err
+    assert f"continue with: tula run --resume {out}" in text
+    assert not _group_alive(proc.pid)
+    partial = json.loads((out / "profile.json").read_text())
+    assert partial["interrupted"] == "SIGINT"
+    finished = {(t["n_workers"], t["global_batch"]): t for t in partial["trials"]}
+    assert finished, "no trial had finished before the signal; wait longer"
+    assert len(finished) < len(partial["configs"])
+    assert f"{len(finished)} of {len(partial['configs'])} trial(s) finished" in text
+
+    r = subprocess.run([*tula_cmd, "run", "--resume", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    full = json.loads((out / "profile.json").read_text())
+    assert "interrupted" not in full
+    assert {(t["n_workers"], t["global_batch"]) for t in full["trials"]} == {tuple(c) for c in full["configs"]}
+    for t in full["trials"]:  # the finished trials are kept as measured, not run again
+        key = (t["n_workers"], t["global_batch"])
+        if key in finished:
+            assert t == finished[key]
+    assert (out / "plan.json").exists() and not (out / "train").exists()

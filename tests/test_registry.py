@@ -1,0 +1,75 @@
+"""The method registry: one table that the spec, the runner, the CLI and the benchmarks read;
+every training-configuration rule checked in one place, with one sentence each."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tula.errors import SpecError
+from tula.registry import (METHOD_NAMES, METHODS, check_train_config, method_class, method_info,
+                           smallest_batch_for)
+from tula.spec import METHODS as SPEC_METHODS
+from tula.spec import spec_from_dict
+
+
+def test_registry_and_spec_load_without_torch():
+    code = "import tula.registry, tula.spec, sys; assert 'torch' not in sys.modules, 'torch was imported'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_spec_accepts_exactly_the_registered_methods():
+    assert SPEC_METHODS == METHOD_NAMES == tuple(METHODS)
+    for name in METHOD_NAMES:
+        assert spec_from_dict({"train": {"method": name}}).train.method == name
+    with pytest.raises(SpecError, match="spec field 'train.method' is 'sgd', but it must be 'ags', 'static'"):
+        spec_from_dict({"train": {"method": "sgd"}})
+
+
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_every_entry_names_its_class(name):
+    from tula.optim.methods import Method
+
+    cls = method_class(name)
+    assert issubclass(cls, Method) and cls.name == name
+    assert method_info(name).summary and "\n" not in method_info(name).summary
+
+
+def test_an_unknown_method_is_one_sentence():
+    with pytest.raises(SpecError, match="unknown training method 'sgd'; use one of ags, static, lbt"):
+        method_class("sgd")
+
+
+@pytest.mark.parametrize("method, n, batch, sentence", [
+    ("lbt", 0, 64, "the number of workers must be at least 1, not 0"),
+    ("lbt", 2, 33, "global batch 33 does not split evenly over 2 workers"),
+    ("lbt", 4, 2, "global batch 2 does not split evenly over 4 workers"),
+    ("lbt", 2, 4096, "global batch 4096 is larger than the training set (1438 samples)"),
+    ("ags", 2, 32, "train.ags.b_small (32) must be smaller than the global batch (32) for method 'ags'"),
+    ("static", 1, 16, "train.ags.b_small (32) must be smaller than the global batch (16) for method 'static'"),
+    ("adascale", 1, 64, "method 'adascale' estimates the gradient variance across workers and needs at least 2 "
+                        "workers, not 1"),
+])
+def test_check_train_config_gives_one_sentence(method, n, batch, sentence):
+    with pytest.raises(SpecError) as err:
+        check_train_config(spec_from_dict({}), method, n, batch, 1438)
+    assert str(err.value) == sentence
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_check_train_config_accepts_a_valid_configuration(method):
+    check_train_config(spec_from_dict({}), method, 2, 64, 1438)
+
+
+def test_smallest_batch_for_follows_the_constraints():
+    spec = spec_from_dict({"train": {"ags": {"b_small": 32}}})
+    assert smallest_batch_for("lbt", spec, 4) == 4
+    assert smallest_batch_for("ags", spec, 4) == 36  # the first multiple of 4 above 32
+    assert smallest_batch_for("static", spec, 3) == 33
+    for method in METHOD_NAMES:  # the smallest batch passes the method's own check, one fewer worker-step fails
+        smallest = smallest_batch_for(method, spec, 2)
+        check_train_config(spec, method, 2, smallest, 1438)
+        if smallest > 2:
+            with pytest.raises(SpecError):
+                check_train_config(spec, method, 2, smallest - 2, 1438)

@@ -1,0 +1,124 @@
+"""Run directories: one run at a time, no silent overwrites, --out checked before any work."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tula.checkpoint import CHECKPOINT
+from tula.errors import RunDirError
+from tula.rundir import LOCK, check_out_file, locked
+
+
+def _write(tmp_path, d, name="spec.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def _run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
+
+
+def _sentence(r):
+    return " ".join(r.stderr.split())
+
+
+@pytest.mark.slow
+def test_second_run_into_a_locked_directory_is_refused_naming_the_first(tiny_spec_dict, tmp_path, tula_cmd):
+    d = dict(tiny_spec_dict, epochs=200)
+    spec = _write(tmp_path, d)
+    out = tmp_path / "run"
+    cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out)]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / CHECKPOINT).exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.05)
+        second = _run(cmd)
+        assert second.returncode == 2, second.stderr
+        assert f"is in use by another Tula run (pid {first.pid}" in _sentence(second)
+        assert first.poll() is None  # the first is untouched
+    finally:
+        os.killpg(first.pid, signal.SIGINT)
+        first.communicate(timeout=120)
+    assert first.returncode == 130
+    lines = [json.loads(s)["epoch"] for s in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lines == sorted(set(lines)), "an epoch was written twice"
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / LOCK).write_text(json.dumps({"pid": dead.pid, "host": "h", "command": "tula train x",
+                                             "started": "then"}))
+    seen = []
+    with locked(tmp_path, on_stale=seen.append):
+        info = json.loads((tmp_path / LOCK).read_text())
+        assert info["pid"] == os.getpid()
+        # another process trying the same directory while this one holds it is refused
+        r = subprocess.run([sys.executable, "-c", f"from tula.rundir import locked\nwith locked({str(tmp_path)!r}): "
+                            "pass"], capture_output=True, text=True)
+        assert r.returncode != 0 and f"in use by another Tula run (pid {os.getpid()}" in r.stderr
+    assert seen and seen[0]["pid"] == dead.pid
+
+
+def test_out_file_checks_name_the_problem(tmp_path):
+    f = tmp_path / "f.json"
+    f.write_text("{}")
+    with pytest.raises(RunDirError, match="already exists and was not written by this command; pass --force"):
+        check_out_file(f, force=False)
+    assert check_out_file(f, force=True) == f
+    with pytest.raises(RunDirError, match="is a directory"):
+        check_out_file(tmp_path, force=True)
+    with pytest.raises(RunDirError, match="is a file"):
+        check_out_file(f / "x.json", force=True)
+
+
+@pytest.mark.parametrize("make_args, sentence", [
+    (lambda spec, tmp: ["train", spec, "--method", "lbt", "--workers", "2", "--batch", "64", "--out",
+                        _file(tmp)], "is a file, not a directory"),
+    (lambda spec, tmp: ["run", spec, "--out", _file(tmp)], "is a file, not a directory"),
+    (lambda spec, tmp: ["profile", spec, "--out", _file(tmp)], "already exists and was not written by this command"),
+    (lambda spec, tmp: ["plan", spec, "--out", str(_with_profile(tmp) / "plan.json")],
+     "profile.json' already exists and was not written by this command"),
+    (lambda spec, tmp: ["train", spec, "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(tmp),
+                        "--resume"], "there is no checkpoint in"),
+    (lambda spec, tmp: ["train", spec, "--method", "lbt", "--workers", "0", "--batch", "64", "--out",
+                        str(tmp / "o")], "the number of workers must be at least 1, not 0"),
+    (lambda spec, tmp: ["run", "--resume", str(tmp)], "holds no Tula run to continue"),
+])
+def test_cli_output_problems_are_one_sentence_before_any_work(tiny_spec_dict, tmp_path, tula_cmd, make_args,
+                                                              sentence):
+    spec = _write(tmp_path, tiny_spec_dict)
+    work = tmp_path / "work"
+    work.mkdir()
+    args = make_args(str(spec), work)
+    before = {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
+    t0 = time.monotonic()
+    r = _run([*tula_cmd, *args])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert sentence in _sentence(r) and "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith("error:") and "━" not in r.stderr  # refused before any work (no bar)
+    assert time.monotonic() - t0 < 60
+    assert {p: p.read_bytes() for p in work.rglob("*") if p.is_file() and p.name != LOCK} == {
+        p: b for p, b in before.items()}
+    assert not (work / "o" / CHECKPOINT).exists()
+
+
+def _file(tmp):
+    f = tmp / "taken"
+    f.write_text("not a directory")
+    return str(f)
+
+
+def _with_profile(tmp):
+    (tmp / "profile.json").write_text('{"kind": "tula.profile"}')
+    return tmp
