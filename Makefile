@@ -28,6 +28,8 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/perfmodel_accuracy.py
 	$(VENV)/bin/python bench/memory_bound.py
 	$(VENV)/bin/python bench/large_batch.py
+	$(VENV)/bin/python bench/data_path.py
+	$(VENV)/bin/python bench/cluster_overhead.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

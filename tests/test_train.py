@@ -56,11 +56,11 @@ def test_ags_on_two_ranks_keeps_replicas_identical_and_learns(tiny_spec_dict, tm
 
 @pytest.mark.slow
 def test_oom_during_training_falls_back_to_a_smaller_batch_under_a_real_cap(tiny_spec_dict, tmp_path):
-    """Each rank's address space is capped at its size + 40 MiB: a local batch of 512 digits
+    """Each rank's address space is capped at its size + 28 MiB: a local batch of 512 digits
     through a width-32 CNN needs more, so the ranks agree on OOM and the run restarts at
     half the batch until it fits; every epoch then runs exactly once."""
     d = dict(tiny_spec_dict, epochs=2, model={"name": "small_cnn", "kwargs": {"width": 32}})
-    d["search"] = {**d["search"], "memory_budget_bytes": 40 * 2**20, "enforce_memory_cap": True}
+    d["search"] = {**d["search"], "memory_budget_bytes": 28 * 2**20, "enforce_memory_cap": True}
     d["train"] = {"warmup_epochs": 0}
     spec = spec_from_dict(d)
     run = train(spec, "lbt", 2, 1024, tmp_path, launcher=_launcher())

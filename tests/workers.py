@@ -103,3 +103,30 @@ def lr_after_resume(ctx, runs, global_batch, steps_per_epoch, n_steps):
         res["restored_next_applied"], res["restored_next_reported"] = step(ddp2, restored, n_steps)
         out[name] = res
     return out
+
+
+def user_error_on_rank_one(ctx):
+    from tula.errors import TulaError
+
+    if ctx.rank == 1:
+        raise TulaError("rank 1 says: this input is wrong")
+    t = torch.zeros(1)
+    dist.all_reduce(t)  # rank 0 then sees a connection error: not the root cause
+    return "unreachable"
+
+
+def hold_and_time(ctx, seconds):
+    """Hold a world for ``seconds`` and say when and where it ran."""
+    import time
+
+    from distributed import get_worker
+
+    dist.barrier()
+    start = time.time()
+    time.sleep(seconds)
+    dist.barrier()
+    return {"rank": ctx.rank, "start": start, "end": time.time(), "worker": get_worker().address}
+
+
+def where_am_i(ctx):
+    return {"rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank}

@@ -68,6 +68,25 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     """Tula: plan and run distributed large-batch training."""
 
 
+_CLUSTER_HELP = ("where the ranks run: local (processes on this machine), dask (a Dask LocalCluster started for "
+                 "the run), tcp://HOST:PORT (an existing Dask scheduler) or a dask-jobqueue YAML file (SLURM/PBS); "
+                 "default: the spec's cluster.where")
+
+
+def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
+    """The spec with ``--cluster`` in its ``cluster.where`` (records say where they ran)."""
+    if cluster is None:
+        return job
+    d = job.to_dict()
+    d["cluster"] = {**d["cluster"], "where": cluster}
+    return spec_from_dict(d)
+
+
+def _same_job(a: dict, b: dict) -> bool:
+    """Two specs describe the same job wherever it runs (the cluster may change on resume)."""
+    return {k: v for k, v in a.items() if k != "cluster"} == {k: v for k, v in b.items() if k != "cluster"}
+
+
 def _q(p: Path | str) -> str:
     return shlex.quote(str(p))
 
@@ -78,7 +97,8 @@ def _stale_note(info: dict) -> None:
 
 
 # --------------------------------------------------------------------------- stages with progress
-def _profile_with_progress(spec: JobSpec, search: str, save_to: Path, previous: dict | None = None) -> dict:
+def _profile_with_progress(spec: JobSpec, search: str, save_to: Path, previous: dict | None = None,
+                           launcher=None) -> dict:
     """Profile with a progress bar and write the record to ``save_to``; if a worker fails or
     the run is interrupted mid-way, the trials finished before it are written there first."""
     from .profile import ProfileFailed, ProfileInterrupted, profile
@@ -97,7 +117,7 @@ def _profile_with_progress(spec: JobSpec, search: str, save_to: Path, previous: 
                     err_console.print(f"trial N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
 
         try:
-            rec = profile(spec, search, on_event=on_event, previous=previous)
+            rec = profile(spec, search, launcher=launcher, on_event=on_event, previous=previous)
         except (ProfileFailed, ProfileInterrupted) as err:
             if err.record is None:
                 raise
@@ -124,7 +144,7 @@ def _fit_and_save(prof: dict, save_to: Path) -> dict:
 
 
 def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batch: int, out: Path,
-                         resume: bool) -> dict:
+                         resume: bool, launcher=None) -> dict:
     """Train with a progress bar; write train.json and train.png into ``out``."""
     from .records import save_record
     from .report import plot_training, train_table
@@ -155,7 +175,7 @@ def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batc
                               f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
 
     try:
-        run = train(spec, method, n_workers, global_batch, out, resume=resume, on_event=on_event)
+        run = train(spec, method, n_workers, global_batch, out, resume=resume, launcher=launcher, on_event=on_event)
     finally:
         bar.stop()
     save_record(run, out / "train.json")
@@ -181,18 +201,19 @@ def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
                                      "runs/<spec name>/profile.json"),
             resume: bool = typer.Option(False, help="continue the partial profile in --out (an interrupted or failed "
                                         "one): its finished trials are kept, only the rest run"),
-            force: bool = typer.Option(False, help="overwrite an existing record at --out")) -> None:
+            force: bool = typer.Option(False, help="overwrite an existing record at --out"),
+            cluster: str = typer.Option(None, help=_CLUSTER_HELP)) -> None:
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
     from .records import PROFILE_KIND, load_record
     from .report import trials_table
     from .rundir import check_out_file, locked
 
-    job = load_spec(spec)
+    job = _with_cluster(load_spec(spec), cluster)
     out = out or RUNS / job.name / "profile.json"
     previous = None
     if resume:
         previous = load_record(out, expect=(PROFILE_KIND,))
-        if previous["spec"] != job.to_dict():
+        if not _same_job(previous["spec"], job.to_dict()):
             raise RunDirError(f"{out} was profiled from another spec than {spec}; give that spec, or profile into "
                               "another --out")
     else:
@@ -201,7 +222,8 @@ def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
         try:
             rec = _profile_with_progress(job, search.value, out, previous)
         except Interrupted as err:
-            err.hint = f"tula profile {_q(spec)} --search {search.value} --out {_q(out)} --resume"
+            err.hint = f"tula profile {_q(spec)} --search {search.value} --out {_q(out)} --resume" + \
+                (f" --cluster {_q(cluster)}" if cluster else "")
             raise
     console.print(trials_table(rec))
     console.print(f"profile written to [bold]{out}[/]")
@@ -231,7 +253,8 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
                                   "(runs/<spec name>/ for a spec); a spec's profile.json and models.json go "
                                   "beside it"),
          plot: Path = typer.Option(None, help="also write the time/cost-vs-batch plot to this PNG"),
-         force: bool = typer.Option(False, help="overwrite existing records")) -> None:
+         force: bool = typer.Option(False, help="overwrite existing records"),
+         cluster: str = typer.Option(None, help=_CLUSTER_HELP + " (when SOURCE is a spec)")) -> None:
     """Predict time and cost of every configuration and choose one."""
     from .plan import make_plan
     from .records import MODELS_KIND, PROFILE_KIND, load_record, save_record
@@ -239,7 +262,7 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
     from .rundir import check_out_file, locked
 
     is_spec = source.suffix.lower() in (".yaml", ".yml")
-    job = load_spec(source) if is_spec else None
+    job = _with_cluster(load_spec(source), cluster) if is_spec else None
     rec = None if is_spec else load_record(source, expect=(PROFILE_KIND, MODELS_KIND))
     out = out or (RUNS / job.name / "plan.json" if job else source.parent / "plan.json")
     check_out_file(out, force)
@@ -278,7 +301,8 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
           epochs: int = typer.Option(None, help="override the spec's epochs"),
           out: Path = typer.Option(None, help="directory for checkpoint.pt, metrics.jsonl, train.json, train.png; "
                                    "default runs/<spec name>/train"),
-          resume: bool = typer.Option(False, help="continue the checkpoint in --out")) -> None:
+          resume: bool = typer.Option(False, help="continue the checkpoint in --out"),
+          cluster: str = typer.Option(None, help=_CLUSTER_HELP)) -> None:
     """Train with DDP on N local workers at global batch B, with AGS or a baseline.
 
     Checkpoints after every epoch (the last two are kept, with checksums); on out-of-memory
@@ -287,7 +311,7 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     from .records import PLAN_KIND, load_record
     from .rundir import check_out_dir
 
-    job = load_spec(spec)
+    job = _with_cluster(load_spec(spec), cluster)
     if epochs is not None:
         job = spec_from_dict({**job.to_dict(), "epochs": epochs})
     out = check_out_dir(out or RUNS / job.name / "train")
@@ -310,7 +334,8 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
         run = _train_with_progress(job, name, n, b, out, resume)
     except Interrupted as err:
         err.hint = (f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
-                    + (f" --epochs {epochs}" if epochs is not None else "") + f" --out {_q(out)} --resume")
+                    + (f" --epochs {epochs}" if epochs is not None else "") + f" --out {_q(out)} --resume"
+                    + (f" --cluster {_q(cluster)}" if cluster else ""))
         raise
     console.print(f"[bold green]trained[/]: {_train_summary(run)}")
     console.print(f"records and plot in [bold]{out}[/]: train.json, metrics.jsonl, checkpoint.pt, train.png")
@@ -331,7 +356,8 @@ def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with
         resume: Path = typer.Option(None, help="continue the run in this directory from the stage it stopped in "
                                     "(finished trials are not run again; training resumes from its checkpoint)"),
         force: bool = typer.Option(False, help="start over in an --out that holds an earlier run, deleting its "
-                                   "records")) -> None:
+                                   "records"),
+        cluster: str = typer.Option(None, help=_CLUSTER_HELP)) -> None:
     """The main job: profile, fit, plan, train at the choice with AGS, and report.
 
     Ctrl-C keeps every finished trial and epoch; `tula run --resume DIR` continues from
@@ -347,15 +373,15 @@ def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with
             raise RunDirError(f"{str(out)!r} holds no Tula run to continue (no run.json); start one with "
                               "`tula run SPEC --out DIR`")
         manifest = load_record(out / "run.json", expect=(RUN_KIND,))
-        job = spec_from_dict(manifest["spec"])
-        if spec is not None and load_spec(spec).to_dict() != manifest["spec"]:
+        job = _with_cluster(spec_from_dict(manifest["spec"]), cluster)
+        if spec is not None and not _same_job(load_spec(spec).to_dict(), manifest["spec"]):
             raise RunDirError(f"{spec} differs from the spec the run in {out} was started with; resume without "
                               "SPEC, or start a new run with another --out")
         search_v, objective_v, train_v = manifest["search"], manifest["objective"], manifest["train"]
     else:
         if spec is None:
             raise TulaError("give a job spec (tula run SPEC), or --resume DIR to continue a run")
-        job = load_spec(spec)  # fail fast, before any output directory appears
+        job = _with_cluster(load_spec(spec), cluster)  # fail fast, before any output directory appears
         out = check_out_dir(out or RUNS / job.name)
         search_v, objective_v, train_v = search.value, objective.value if objective else None, train_after
         existing = _existing_run_files(out)
@@ -372,15 +398,18 @@ def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with
                     shutil.rmtree(target) if target.is_dir() else target.unlink()
             save_record({"kind": RUN_KIND, "version": 1, "spec": job.to_dict(), "search": search_v,
                          "objective": objective_v, "train": train_v}, out / "run.json")
+        from .launch.clusters import open_launcher
+
         try:
-            _run_stages(job, out, search_v, objective_v, train_v, resume is not None)
+            with open_launcher(job) as launcher:  # one cluster for every stage
+                _run_stages(job, out, search_v, objective_v, train_v, resume is not None, launcher)
         except Interrupted as err:
-            err.hint = f"tula run --resume {_q(out)}"
+            err.hint = f"tula run --resume {_q(out)}" + (f" --cluster {_q(cluster)}" if cluster else "")
             raise
 
 
 def _run_stages(job: JobSpec, out: Path, search: str, objective: str | None, train_after: bool,
-                resuming: bool) -> None:
+                resuming: bool, launcher) -> None:
     from .checkpoint import has_checkpoint
     from .plan import make_plan
     from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, load_record, save_record
@@ -394,7 +423,7 @@ def _run_stages(job: JobSpec, out: Path, search: str, objective: str | None, tra
             console.print(f"continuing the profile in {prof_path}: "
                           f"{sum(t['status'] in ('ok', 'oom', 'skipped') for t in prof['trials'])} of "
                           f"{len(prof['configs'])} trial(s) already finished")
-        prof = _profile_with_progress(job, search, prof_path, previous=prof)
+        prof = _profile_with_progress(job, search, prof_path, previous=prof, launcher=launcher)
         models = None
     else:
         console.print(f"profile: {prof_path} is complete")
@@ -424,7 +453,7 @@ def _run_stages(job: JobSpec, out: Path, search: str, objective: str | None, tra
             console.print(f"training: {train_dir / 'train.json'} is complete")
         else:
             r = _train_with_progress(job, method, c["n_workers"], c["global_batch"], train_dir,
-                                     resume=resuming and has_checkpoint(train_dir))
+                                     resume=resuming and has_checkpoint(train_dir), launcher=launcher)
         console.print(f"[bold green]trained[/]: {_train_summary(r)}")
         files += ["train/train.json", "train/train.png", "train/metrics.jsonl"]
     console.print(f"records and plots in [bold]{out}[/]: {', '.join(files)}")

@@ -55,3 +55,33 @@ def probe_fits(step: Callable[[], None], device: torch.device, rank: int) -> tup
     if agree_any(failed, device):
         return False, note or "out of memory on another rank"
     return True, ""
+
+
+def check_shared_directory(directory: str, token: str, rank: int, device: torch.device) -> None:
+    """Every rank must see the run directory (a shared file system on a cluster): rank 0
+    writes ``token`` there, every rank reads it back; a rank that cannot is one sentence."""
+    import os
+
+    from .errors import TulaError
+
+    path = os.path.join(directory, f".tula-reach-{token}")
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(token)
+    agree_any(False, device)  # a barrier: the token is written before anyone looks
+    try:
+        with open(path) as fh:
+            missing = fh.read() != token
+    except OSError:
+        missing = True
+    first_missing = int(agree_max(-rank if missing else -float(10**9), device) * -1)
+    if first_missing < 10**9:
+        if rank == 0:
+            os.remove(path)
+        raise TulaError(f"the run directory {directory} is not reachable from rank {first_missing} (each rank "
+                        f"reads it on its own host); put it on a file system every worker shares (e.g. the "
+                        "cluster's home or scratch file system)")
+    agree_any(False, device)  # everyone has read it
+    if rank == 0:
+        os.remove(path)

@@ -12,7 +12,7 @@ import numpy as np
 from .errors import RecordError
 from .memory_model import MemoryModel
 from .perfmodel import PerfModel, fit_perf_model, relative_error
-from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, load_record, save_record  # noqa: F401 (re-exported)
+from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, load_record, placement, save_record  # noqa: F401
 from .spec import JobSpec, spec_from_dict
 
 
@@ -44,7 +44,7 @@ def fit_models(profile: dict) -> dict:
         "oom_local_batch": oom_local_batch(trials),
         "fit_error": {"t_step_median_rel": float(np.median(t_err)), "t_step_max_rel": float(t_err.max()),
                       "peak_mem_median_rel": float(np.median(m_err)), "peak_mem_max_rel": float(m_err.max())},
-        "trials": trials, "profiling_s": profile.get("profiling_s"),
+        "trials": trials, "profiling_s": profile.get("profiling_s"), "placement": placement(trials),
     }
 
 

@@ -139,6 +139,13 @@ def make_plan(models: dict, objective: str | None = None) -> dict:
     reason = (f"{why}: N={c['n_workers']}, B={c['global_batch']} (b={c['local_batch']}) trains {epochs} epochs in "
               f"{c['total_time_s']:.1f} s for {c['cost']:.4g} {pricing.unit} "
               f"({c['total_time_s'] / fastest:.2f}x the fastest, {c['cost'] / cheapest:.2f}x the cheapest)")
+    fitted_on = models.get("placement") or {}
+    if fitted_on.get("n_hosts"):
+        where = (f"fitted on {fitted_on['n_hosts']} host(s) with up to {fitted_on['max_ranks_per_host']} rank(s) "
+                 f"per host, N <= {fitted_on['max_workers']} measured")
+        if fitted_on["n_hosts"] == 1 and c["n_workers"] > 1:
+            where += "; the choice's sync time is from ranks sharing one host, not a network"
+        reason += f" [{where}]"
     for i, r in enumerate(rows):
         r["chosen"] = i == chosen
     front = pareto_frontier(np.array([rows[i]["total_time_s"] for i in feas]), np.array([rows[i]["cost"] for i in feas]))
@@ -147,5 +154,5 @@ def make_plan(models: dict, objective: str | None = None) -> dict:
         "max_local_batch": b_mem, "oom_local_batch": b_oom, "memory_budget_bytes": budget,
         "knees": {n: {"global_batch": k["global_batch"], "method": k["method"]} for n, k in knees.items()},
         "frontier": [dict(rows[feas[j]]) for j in front], "curves": curves, "configurations": rows,
-        "spec": spec.to_dict(), "dataset_size": d,
+        "spec": spec.to_dict(), "dataset_size": d, "fitted_on": fitted_on,
     }

@@ -23,6 +23,7 @@ import os
 import signal
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict
 from typing import Any, Callable
 
@@ -33,11 +34,10 @@ from . import interrupts
 from .data import data_path
 from .ddp import agree_any, agree_max, probe_fits, wrap_ddp
 from .errors import InfeasibleError, Interrupted, WorkerError
-from .launch import Launcher, LocalLauncher, WorkerContext
-from .launch.base import pick_device
+from .launch import Launcher, WorkerContext
 from .memory import (AddressSpace, MemoryModel, cap_address_space, measure_phase_peaks, measure_step_peak_bytes,
                      probe_memory_model, with_address_space_overhead)
-from .records import PROFILE_KIND, Trial
+from .records import PROFILE_KIND, Trial, placement
 from .space import Config, candidate_configs, partial_configs
 from .spec import JobSpec
 from .workloads import build_model, build_optimizer, load_dataset
@@ -242,6 +242,7 @@ def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, 
             t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps)
             if t.status == "oom":
                 oom_at = cfg.local_batch if oom_at is None else min(oom_at, cfg.local_batch)
+        t.hosts, t.devices = [ctx.host], [_device_name(ctx.device)]  # where this rank ran it
         out["trials"].append(asdict(t))
         ctx.emit({"type": "rank_trial", "rank": ctx.rank, "trial": asdict(t)})  # kept if the world dies later
         if ctx.rank == 0:
@@ -255,10 +256,19 @@ def _merge_ranks(rank_results: list[dict]) -> list[dict]:
     return _merge_trials([r["trials"] for r in rank_results])
 
 
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return "cpu"
+
+
 def _merge_trials(rank_trials: list[list[dict]]) -> list[dict]:
     merged = []
     for per_rank in zip(*rank_trials):
         t = dict(per_rank[0])
+        t["hosts"] = [h for r in per_rank for h in r.get("hosts", [])]  # in rank order
+        t["devices"] = [d for r in per_rank for d in r.get("devices", [])]
+        t["ranks_per_host"] = max(Counter(t["hosts"]).values()) if t["hosts"] else None
         if t["status"] == "ok":
             steps = [max(xs) for xs in zip(*(r["step_times_s"] for r in per_rank))]
             comps = [max(xs) for xs in zip(*(r["compute_times_s"] for r in per_rank))]
@@ -302,18 +312,28 @@ def profile(spec: JobSpec, search: str = "partial", launcher: Launcher | None = 
 
     A failed world raises :class:`ProfileFailed`, SIGINT/SIGTERM :class:`ProfileInterrupted`;
     both carry the record of every trial finished before it."""
+    if launcher is None:
+        from .launch.clusters import open_launcher
+
+        with open_launcher(spec) as opened:
+            return _profile(spec, search, opened, on_event, previous)
+    return _profile(spec, search, launcher, on_event, previous)
+
+
+def _profile(spec: JobSpec, search: str, launcher: Launcher, on_event: Callable[[dict], None] | None,
+             previous: dict | None) -> dict:
     from .workloads import check_workload
 
     if search not in ("full", "partial"):
         raise ValueError(f"search must be 'full' or 'partial', not {search!r}")
     t_start = time.perf_counter()
     model, data = check_workload(spec)
-    device = pick_device(spec.profile.device)
-    threads = default_threads(spec)
-    launcher = launcher or LocalLauncher(device=device, threads_per_worker=threads)
+    facts = launcher.facts()  # the workers' hardware, read on a worker
+    device = facts["device"]
+    threads = launcher.threads_per_worker or default_threads(spec)
     budget = spec.search.memory_budget_bytes
     if budget is None and device == "cuda":
-        budget = torch.cuda.get_device_properties(0).total_memory
+        budget = facts["gpu_memory_bytes"]
     cap = budget if spec.search.enforce_memory_cap else None
     sizes = spec.search.cluster_sizes
     emit = on_event or (lambda ev: None)
@@ -352,7 +372,8 @@ def profile(spec: JobSpec, search: str = "partial", launcher: Launcher | None = 
             "dataset_size": data.train_size, "sample_shape": list(data.sample_shape),
             "model": {"name": spec.model.name, "param_count": param_count, "grad_bytes": grad_bytes},
             "memory": probe["memory"], "max_local_batch": probe["max_local_batch"],
-            "configs": [list(c) for c in probe["configs"]], "trials": ordered,
+            "configs": [list(c) for c in probe["configs"]], "trials": ordered, "placement": placement(ordered),
+            "launcher": getattr(launcher, "name", type(launcher).__name__),
             "profiling_s": spent_before + time.perf_counter() - t_start,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **({"failed": failed} if failed else {}), **({"interrupted": interrupted} if interrupted else {}),

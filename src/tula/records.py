@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +73,19 @@ class Trial:
     note: str = ""
     step_times_s: list[float] = field(default_factory=list)
     compute_times_s: list[float] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)  # each rank's host, in rank order
+    devices: list[str] = field(default_factory=list)  # each rank's device
+    ranks_per_host: int | None = None  # the most ranks that shared one host
+
+
+def placement(trials: list[dict]) -> dict:
+    """Where a profile's worlds ran: the hosts, the most ranks one host held, the devices --
+    so that a model fitted on one host is never silently taken for a multi-host one."""
+    hosts = sorted({h for t in trials for h in t.get("hosts") or []})
+    per_host = max((max(Counter(t["hosts"]).values()) for t in trials if t.get("hosts")), default=0)
+    return {"hosts": hosts, "n_hosts": len(hosts), "max_ranks_per_host": per_host,
+            "devices": sorted({d for t in trials for d in t.get("devices") or []}),
+            "max_workers": max((t["n_workers"] for t in trials if t.get("status") == "ok"), default=0)}
 
 
 class _Record(BaseModel):

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from .errors import SpecError
 from .registry import METHOD_NAMES
+from .schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, param_problem
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 10**12}
@@ -165,6 +167,64 @@ class AGSSpec(_Strict):
     static_scale: float = Field(default=2.0, gt=0, description="the factor s of static scaling (method 'static')")
 
 
+class BatchScheduleSpec(_Strict):
+    """How the global batch moves during training (the table is :data:`tula.schedules.SCHEDULES`).
+
+    ``constant``; ``geometric``: B0 x factor^floor(epoch / delay) (AdaDamp's GeoDamp);
+    ``linear``: B0 + ceil(rate x model updates) (PadaDamp); ``increase_instead_of_decay``:
+    at each ``train.lr_milestones`` the batch x 1/``train.lr_gamma`` instead of the LR decay,
+    the LR decays once the batch is at its largest (Smith et al.); ``loss_ratio``:
+    B0 x (F(w0) - F*) / (F(wk) - F*) (AdaDamp); ``adaptive``: follows the gradient noise
+    scale B_simple.  B0 is the first global batch (``train.global_batch`` or the plan's).
+    Each parameter belongs to one kind; unset ones take that kind's default."""
+
+    kind: Literal[SCHEDULE_NAMES] = "constant"  # the names of tula.schedules.SCHEDULES
+    every_epochs: int = Field(default=1, ge=1, description="the batch may change every this many epochs")
+    lr_rule: Literal[LR_RULES] = Field(default="keep", description="the LR when the batch changes, relative to "
+                                       "the first batch: keep, linear (x B/B0), sqrt (x sqrt(B/B0))")
+    max_batch: int | None = Field(default=None, ge=1, description="largest global batch (also capped by memory "
+                                  "x the largest worker count and by the training set)")
+    factor: float | None = Field(default=None, description="geometric: growth factor (> 1, default 2)")
+    delay: int | None = Field(default=None, description="geometric: epochs between growths (>= 1, default 5)")
+    rate: float | None = Field(default=None, description="linear: samples added per model update (> 0, default 1)")
+    f_star: float | None = Field(default=None, description="loss_ratio: the lowest reachable loss F* (default 0)")
+    min_batch: int | None = Field(default=None, description="adaptive: smallest batch (default: the first batch)")
+    band: float | None = Field(default=None, description="adaptive: relative difference between B_simple and the "
+                               "batch that is ignored (in (0, 1), default 0.2)")
+    max_growth: float | None = Field(default=None, description="adaptive: largest factor per boundary (>= 1, "
+                                     "default 2)")
+
+    @field_validator(*PARAM_NAMES, mode="after")
+    @classmethod
+    def _belongs_to_kind(cls, v: Any, info: ValidationInfo) -> Any:
+        kind = info.data.get("kind")
+        if v is None or kind is None:  # an invalid kind has its own error
+            return v
+        problem = param_problem(kind, info.field_name, v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    def params(self) -> dict[str, Any]:
+        """The parameters set for this kind (the others are ``None``)."""
+        return {name: getattr(self, name) for name in PARAM_NAMES if getattr(self, name) is not None}
+
+
+class WorkersSpec(_Strict):
+    """Workers that grow with the batch: N = clip(ceil(B / batch_per_worker), min, max) at
+    every boundary of the batch schedule (a new world when N changes)."""
+
+    min: int = Field(default=1, ge=1)
+    max: int = Field(ge=1)
+    batch_per_worker: int | None = Field(default=None, ge=1, description="default: the first local batch")
+
+    @model_validator(mode="after")
+    def _range(self) -> "WorkersSpec":
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
 class TrainSpec(_Strict):
     """How ``tula train`` trains: the method, the configuration, the LR schedule.
 
@@ -187,9 +247,49 @@ class TrainSpec(_Strict):
     lamb_lr: float = Field(default=0.01, gt=0, description="LAMB's LR at base_batch (Adam-like scale)")
     ags: AGSSpec = Field(default_factory=AGSSpec)
     eval_batch: int = Field(default=1024, ge=1, description="samples per evaluation forward pass")
+    batch_schedule: BatchScheduleSpec | None = Field(default=None, description="default: a constant batch")
+    workers: WorkersSpec | None = Field(default=None, description="default: the worker count stays")
+
+    @model_validator(mode="after")
+    def _schedule_needs(self) -> "TrainSpec":
+        if self.batch_schedule is not None and self.batch_schedule.kind == "increase_instead_of_decay":
+            if not self.lr_milestones:
+                raise ValueError("batch schedule 'increase_instead_of_decay' grows the batch at train.lr_milestones, "
+                                 "which is empty")
+            if self.lr_gamma >= 1:
+                raise ValueError("batch schedule 'increase_instead_of_decay' grows the batch by 1 / train.lr_gamma, "
+                                 "which must be below 1")
+        return self
 
 
 METHODS: tuple[str, ...] = METHOD_NAMES  # kept for callers; the table is tula.registry.METHODS
+
+
+class ClusterSpec(_Strict):
+    """Where the ranks run (``--cluster`` overrides ``where``).
+
+    ``where``: ``local`` (one process per rank on this machine), ``dask`` (a Dask
+    LocalCluster started for the run, one worker process per rank), ``tcp://HOST:PORT`` (an
+    existing Dask scheduler), or the path of a dask-jobqueue YAML file (SLURM or PBS; see the
+    README).  Every launcher runs the same profiling and training; it only decides where the
+    ranks run and how they meet."""
+
+    where: str = "local"
+    dask_workers: int | None = Field(default=None, ge=1, description="workers of a LocalCluster started for the "
+                                     "run (default: the largest cluster size in search or train)")
+    dask_threads_per_worker: int = Field(default=1, ge=1, description="Dask threads per worker process")
+    pg_timeout_s: float = Field(default=60.0, gt=0, description="torch.distributed timeout: a rank waiting this "
+                                "long in a collective (e.g. for a lost worker) fails the world")
+    worker_wait_s: float = Field(default=120.0, gt=0, description="how long to wait for enough Dask workers")
+    backend: Literal["gloo", "nccl"] | None = Field(default=None, description="default: nccl on GPU, gloo on CPU")
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, v: str) -> str:
+        if v in ("local", "dask") or v.startswith("tcp://") or v.endswith((".yaml", ".yml")):
+            return v
+        raise ValueError(f"{v!r} is not a cluster: use 'local', 'dask', a scheduler address 'tcp://HOST:PORT', or "
+                         "a dask-jobqueue YAML file")
 
 
 class JobSpec(_Strict):
@@ -205,6 +305,7 @@ class JobSpec(_Strict):
     objective: Literal["time", "cost", "knee"] = "knee"
     profile: ProfileSpec = Field(default_factory=ProfileSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,13 +39,11 @@ from torch import nn
 from . import interrupts
 from .checkpoint import CHECKPOINT, checkpoint_meta, has_checkpoint, load_checkpoint, save_checkpoint
 from .data import data_path
-from .ddp import probe_fits, wrap_ddp
+from .ddp import check_shared_directory, probe_fits, wrap_ddp
 from .errors import InfeasibleError, Interrupted, RunDirError, SpecError, WorkerError
-from .launch import Launcher, LocalLauncher, WorkerContext
-from .launch.base import pick_device
+from .launch import Launcher, WorkerContext
 from .memory import cap_address_space
 from .optim.methods import build_method
-from .profile import default_threads
 from .records import TRAIN_KIND, read_jsonl, write_atomic
 from .registry import check_train_config, smallest_batch_for
 from .rundir import check_out_dir, locked
@@ -132,7 +131,7 @@ def _drain_step_traces(method: Any) -> dict[str, list]:
 
 
 def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_batch: int, out_dir: str,
-                fallbacks: list[dict], mem_cap_bytes: int | None = None) -> dict:
+                fallbacks: list[dict], mem_cap_bytes: int | None = None, reach_token: str | None = None) -> dict:
     """Run on every rank: train ``spec.epochs`` epochs at ``global_batch`` with ``method_name``,
     resuming from the checkpoint in ``out_dir`` when there is one.  Returns ``{"status":
     "ok", ...}`` with the history and the method's trace summary, ``{"status": "oom", ...}``
@@ -142,6 +141,8 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
     out = Path(out_dir)
     metrics_path = out / METRICS
     device, rank, world = ctx.device, ctx.rank, ctx.world_size
+    if reach_token is not None:
+        check_shared_directory(out_dir, reach_token, rank, device)
     torch.manual_seed(spec.seed)
     data = load_dataset(spec.data, spec.seed)
     model = build_model(spec.model).to(device)
@@ -282,7 +283,20 @@ def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir
     fallback); without it an existing checkpoint is an error, so nothing trained is
     overwritten.  SIGINT/SIGTERM end the run with :class:`~tula.errors.Interrupted` once the
     ranks have stopped; the last finished epoch's checkpoint is kept."""
+    if launcher is None:
+        from .launch.clusters import open_launcher
+
+        with open_launcher(spec, n_workers=n_workers) as opened:
+            return _train(spec, method, n_workers, global_batch, out_dir, resume, opened, on_event)
+    return _train(spec, method, n_workers, global_batch, out_dir, resume, launcher, on_event)
+
+
+def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir: str | Path, resume: bool,
+           launcher: Launcher, on_event: Callable[[dict], None] | None) -> dict:
     out = check_out_dir(Path(out_dir))
+    if spec.train.batch_schedule is not None or spec.train.workers is not None:
+        raise SpecError("train.batch_schedule and train.workers are checked but the training runner does not follow "
+                        "them yet (issue #9); remove them to train at one configuration")
     _, data = check_workload(spec)
     with interrupts.graceful_signals(), locked(out):
         fallbacks: list[dict] = []
@@ -300,8 +314,7 @@ def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir
         elif resume:
             raise RunDirError(f"there is no checkpoint in {out} to resume; run without --resume to start training")
         validate_config(spec, method, n_workers, global_batch, data.train_size)
-        device = pick_device(spec.profile.device)
-        launcher = launcher or LocalLauncher(device=device, threads_per_worker=default_threads(spec))
+        device = launcher.facts()["device"]
         cap = spec.search.memory_budget_bytes if spec.search.enforce_memory_cap else None
         emit = on_event or (lambda ev: None)
         first_batch = global_batch
@@ -314,7 +327,7 @@ def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir
                   "steps_per_epoch": steps_per_epoch(data.train_size, global_batch), "epochs": spec.epochs})
             try:
                 res = launcher.run(train_world, n_workers, spec.to_dict(), method, global_batch, str(out), fallbacks,
-                                   cap, on_event=lambda rank, ev: emit(ev), timeout_s=None)
+                                   cap, uuid.uuid4().hex, on_event=lambda rank, ev: emit(ev), timeout_s=None)
                 status, note = res[0]["status"], res[0].get("note", "")
             except WorkerError as err:
                 done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0

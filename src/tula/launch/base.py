@@ -50,12 +50,37 @@ class WorkerContext:
 
 
 class Launcher(Protocol):
+    name: str
+    threads_per_worker: int | None
+
+    def facts(self) -> dict:
+        """The workers' hardware (:func:`host_facts`), read where the ranks run."""
+        ...
+
     def run(self, fn: Callable[..., Any], n_workers: int, *args: Any,
             on_event: Callable[[int, dict], None] | None = None, timeout_s: float | None = None) -> list[Any]:
         """Run ``fn(ctx, *args)`` on ``n_workers`` ranks; return results in rank order.
 
         Raises :class:`~tula.errors.WorkerError` with the root cause's ``cause`` and rank."""
         ...
+
+
+def host_facts(device: str = "auto") -> dict:
+    """This machine's hardware as a worker sees it: the device kind ranks will use (``auto``
+    -> ``cuda`` where a GPU is visible), cores, memory, GPU name and memory, torch version."""
+    import os
+
+    facts: dict[str, Any] = {"device": pick_device(device), "cores": os.cpu_count(), "torch": torch.__version__,
+                             "cuda_available": torch.cuda.is_available()}
+    if facts["cuda_available"]:
+        props = torch.cuda.get_device_properties(0)
+        facts.update(gpu=props.name, gpu_memory_bytes=int(props.total_memory), gpus=torch.cuda.device_count())
+    try:
+        with open("/proc/meminfo") as fh:
+            facts["memory_bytes"] = int(fh.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return facts
 
 
 def pick_device(kind: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .. import interrupts
 from ..errors import WorkerError
-from .base import RankFailure, pick_device
+from .base import RankFailure, host_facts, pick_device
 from .runtime import RankSetup, run_rank
 
 # the root cause first: a rank that died without a word, then a user error, an out-of-memory,
@@ -81,6 +81,10 @@ class LocalLauncher:
         self.grace_s = grace_s
         self.stop_grace_s = stop_grace_s
         self.pg_timeout_s = pg_timeout_s
+
+    def facts(self) -> dict:
+        """This machine's hardware: the ranks run here."""
+        return host_facts(self.device)
 
     def run(self, fn: Callable[..., Any], n_workers: int, *args: Any,
             on_event: Callable[[int, dict], None] | None = None, timeout_s: float | None = None) -> list[Any]:

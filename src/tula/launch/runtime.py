@@ -130,6 +130,9 @@ def run_rank(setup: RankSetup, fn: Callable[..., Any], args: tuple,
     ``("failure", RankFailure)``.  Never raises."""
     if die_with_parent:
         _die_with_parent()
+    import resource
+
+    address_space_limit = resource.getrlimit(resource.RLIMIT_AS)  # a memory cap ends with the rank
     stop = StopFlag()
 
     def on_signal(signum, frame) -> None:  # noqa: ARG001
@@ -138,7 +141,7 @@ def run_rank(setup: RankSetup, fn: Callable[..., Any], args: tuple,
     for s in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(ValueError):  # not the main thread (e.g. a Dask worker task)
             signal.signal(s, on_signal)
-    if setup.host in ("127.0.0.1", "localhost"):
+    if setup.host.startswith("127.") or setup.host == "localhost":  # loopback: gloo on lo
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if setup.threads:
         torch.set_num_threads(setup.threads)
@@ -173,3 +176,5 @@ def run_rank(setup: RankSetup, fn: Callable[..., Any], args: tuple,
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+        with contextlib.suppress(ValueError, OSError):  # a worker process runs later ranks too (Dask)
+            resource.setrlimit(resource.RLIMIT_AS, address_space_limit)

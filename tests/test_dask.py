@@ -1,0 +1,249 @@
+"""The Dask launcher on a real LocalCluster of 2 worker processes with real gloo: the same
+results as the local launcher, failures named by their cause, worlds that never share a
+worker, and a lost worker that fails the world within the timeout."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+import yaml
+
+from tula.checkpoint import CHECKPOINT, checkpoint_meta, load_checkpoint
+from tula.errors import WorkerError
+from tula.launch import LocalLauncher
+from tula.spec import spec_from_dict
+from tula.train import METRICS, train
+
+import workers
+
+pytestmark = pytest.mark.slow
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def client():
+    import logging
+
+    import dask
+
+    from tula.launch.clusters import WORKER_CONFIG
+
+    dask.config.set(WORKER_CONFIG)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                       silence_logs=logging.ERROR)
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+def _dask(client, **kw):
+    from tula.launch.dask import DaskLauncher
+
+    return DaskLauncher(client, device="cpu", threads_per_worker=1, **{"pg_timeout_s": 30, **kw})
+
+
+def _spec(tiny_spec_dict, **over):
+    d = {**tiny_spec_dict, **over}
+    d["train"] = {"warmup_epochs": 0, "ags": {"update_every": 3, "delta": 10.0}, **d.get("train", {})}
+    return spec_from_dict(d)
+
+
+def test_training_on_dask_equals_the_local_launcher_bit_for_bit(client, tiny_spec_dict, tmp_path):
+    spec = _spec(tiny_spec_dict)
+    local = train(spec, "ags", 2, 128, tmp_path / "local", launcher=LocalLauncher(device="cpu", threads_per_worker=1))
+    on_dask = train(spec, "ags", 2, 128, tmp_path / "dask", launcher=_dask(client))
+    assert on_dask["replicas_identical"] and local["replicas_identical"]
+    assert [h["train_loss"] for h in on_dask["history"]] == [h["train_loss"] for h in local["history"]]
+    a, b = load_checkpoint(tmp_path / "local")["model"], load_checkpoint(tmp_path / "dask")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_profile_on_dask_runs_the_same_trials(client, tiny_spec_dict):
+    from tula.profile import profile
+
+    spec = _spec(tiny_spec_dict)
+    local = profile(spec, "partial", launcher=LocalLauncher(device="cpu", threads_per_worker=1))
+    on_dask = profile(spec, "partial", launcher=_dask(client))
+
+    def key(rec):
+        return [(t["n_workers"], t["global_batch"], t["status"]) for t in rec["trials"]]
+
+    assert key(on_dask) == key(local) and {t["status"] for t in on_dask["trials"]} == {"ok"}
+    assert on_dask["memory"]["probe_local_batches"] == local["memory"]["probe_local_batches"]
+
+
+def test_a_user_error_on_one_rank_is_that_sentence(client):
+    with pytest.raises(WorkerError) as e:
+        _dask(client).run(workers.user_error_on_rank_one, 2)
+    assert e.value.cause == "user_error"
+    assert str(e.value) == "rank 1 says: this input is wrong"
+
+
+def test_two_worlds_at_once_never_share_a_worker(client):
+    """Two 2-rank worlds submitted together to a 2-worker cluster run one after the other."""
+    out: dict[str, list] = {}
+
+    def world(name):
+        out[name] = _dask(client).run(workers.hold_and_time, 2, 1.5)
+
+    threads = [threading.Thread(target=world, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    spans = {n: (min(r["start"] for r in rs), max(r["end"] for r in rs)) for n, rs in out.items()}
+    (s1, e1), (s2, e2) = sorted(spans.values())
+    assert e1 <= s2, f"the worlds overlapped: {spans}"
+    # each world's ranks ran on two distinct workers
+    assert all(len({r["worker"] for r in rs}) == 2 for rs in out.values())
+
+
+def test_out_of_memory_under_a_cap_on_a_dask_worker_falls_back(client, tiny_spec_dict, tmp_path):
+    d = dict(tiny_spec_dict, epochs=1, model={"name": "small_cnn", "kwargs": {"width": 32}})
+    d["search"] = {**d["search"], "memory_budget_bytes": 28 * 2**20, "enforce_memory_cap": True}
+    d["train"] = {"warmup_epochs": 0}
+    run = train(spec_from_dict(d), "lbt", 2, 1024, tmp_path, launcher=_dask(client))
+    assert run["fallbacks"] and run["fallbacks"][0]["from_global_batch"] == 1024
+    assert run["global_batch"] < 1024 and [h["epoch"] for h in run["history"]] == [1]
+    # the cap ended with the world: the workers run the next world without it
+    assert _dask(client).run(workers.allreduce_rank, 2, 1.0)[0]["sum"] == 3.0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_a_lost_worker_stops_the_run_naming_it_and_resume_on_a_fresh_cluster_is_exact(tiny_spec_dict, tmp_path,
+                                                                                     tula_cmd):
+    d = dict(tiny_spec_dict, epochs=60)
+    d["train"] = {"warmup_epochs": 0}
+    d["cluster"] = {"pg_timeout_s": 20}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(d))
+    out = tmp_path / "run"
+    cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out),
+           "--cluster", "dask"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not (out / CHECKPOINT).exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    # the LocalCluster's nannies live in the command's process; its worker processes are children
+    victims = [p for p in _children(proc.pid) if "spawn_main" in _cmdline(p)]
+    assert victims, "no Dask worker process found"
+    t_kill = time.monotonic()
+    os.kill(victims[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    stopped_s = time.monotonic() - t_kill
+    text = " ".join(err.split())
+    assert proc.returncode == 2, err
+    assert stopped_s <= 20 + 5 + 5, f"took {stopped_s:.0f} s"
+    assert "left the Dask cluster" in text or "was lost" in text, text
+    assert "on tcp://" in text and "Traceback" not in err
+    kept = checkpoint_meta(out)["epoch"]
+    assert 1 <= kept < 60
+
+    # --resume on a fresh LocalCluster finishes with the exact epoch and step counts
+    d["epochs"] = kept + 2
+    spec.write_text(yaml.safe_dump(d))
+    r = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((out / "train.json").read_text())
+    assert rec["resumed_from_epoch"] == kept
+    assert [h["epoch"] for h in rec["history"]] == list(range(1, kept + 3))
+    assert rec["steps_done"] == (kept + 2) * rec["steps_per_epoch"]
+    assert [json.loads(s)["epoch"] for s in (out / METRICS).read_text().splitlines()] == list(range(1, kept + 3))
+
+
+def _children(pid: int) -> list[int]:
+    """Child processes of ``pid``, whichever of its threads started them."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def test_jobqueue_config_gives_the_expected_slurm_script(tmp_path):
+    """There is no SLURM here: the generated job script is what can be checked."""
+    from tula.launch.clusters import jobqueue_cluster, load_jobqueue_config
+
+    cfg_path = tmp_path / "slurm.yaml"
+    cfg_path.write_text(yaml.safe_dump({
+        "scheduler": "slurm", "cores": 8, "memory": "32GiB", "walltime": "02:30:00", "queue": "gpu",
+        "account": "proj42", "processes": 2, "job_extra_directives": ["--gres=gpu:2"],
+        "job_script_prologue": ["source ~/tula/.venv/bin/activate"]}))
+    cluster = jobqueue_cluster(load_jobqueue_config(cfg_path))
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    for line in ("#SBATCH -A proj42", "#SBATCH -p gpu", "#SBATCH --cpus-per-task=8", "#SBATCH -t 02:30:00",
+                 "#SBATCH --gres=gpu:2", "source ~/tula/.venv/bin/activate",
+                 "export DASK_DISTRIBUTED__WORKER__DAEMON=False", "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False", "--nworkers 2"):
+        assert line in script, (line, script)
+    assert "#SBATCH --mem=" in script
+
+
+def test_a_bad_jobqueue_config_is_one_sentence(tmp_path):
+    from tula.errors import SpecError
+    from tula.launch.clusters import load_jobqueue_config
+
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump({"scheduler": "lsf", "cores": 8, "memory": "32GiB"}))
+    with pytest.raises(SpecError, match="field 'scheduler'"):
+        load_jobqueue_config(p)
+
+
+def test_ranks_are_grouped_by_host_and_the_profile_records_where_they_ran(tiny_spec_dict):
+    """Three workers on two loopback 'hosts' (127.0.0.1 twice, 127.0.0.2 once): ranks on one
+    host are contiguous with local ranks 0, 1, 0; a profile records each trial's hosts, and
+    the fitted models and the plan say what they were fitted on."""
+    import logging
+
+    from distributed import Client, Nanny, Scheduler, SpecCluster
+
+    from tula.fit import fit_models
+    from tula.plan import make_plan
+    from tula.profile import profile
+
+    workers_spec = {f"w{i}": {"cls": Nanny, "options": {"host": host, "nthreads": 1}}
+                    for i, host in enumerate(["127.0.0.2", "127.0.0.1", "127.0.0.1"])}
+    cluster = SpecCluster(workers=workers_spec, scheduler={"cls": Scheduler, "options": {
+        "host": "127.0.0.1", "dashboard_address": ":0"}}, silence_logs=logging.ERROR)
+    client = Client(cluster)
+    try:
+        got = _dask(client).run(workers.where_am_i, 3)
+        assert [(g["host"], g["local_rank"]) for g in got] == [("127.0.0.1", 0), ("127.0.0.1", 1), ("127.0.0.2", 0)]
+        two = _dask(client).run(workers.where_am_i, 2)
+        assert [g["host"] for g in two] == ["127.0.0.1", "127.0.0.1"]  # two ranks fit on the first host
+
+        spec = _spec(tiny_spec_dict, search={"cluster_sizes": [1, 3], "min_batch": 48, "max_batch": 96})
+        rec = profile(spec, "partial", launcher=_dask(client))
+        three = [t for t in rec["trials"] if t["n_workers"] == 3]
+        assert three and all(t["hosts"] == ["127.0.0.1", "127.0.0.1", "127.0.0.2"] and t["ranks_per_host"] == 2
+                             for t in three)
+        assert rec["placement"]["hosts"] == ["127.0.0.1", "127.0.0.2"] and rec["launcher"] == "dask"
+        models = fit_models(rec)
+        assert models["placement"]["n_hosts"] == 2
+        plan = make_plan(models)
+        assert plan["fitted_on"]["n_hosts"] == 2 and "fitted on 2 host(s)" in plan["reason"]
+    finally:
+        client.close()
+        cluster.close()
