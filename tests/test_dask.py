@@ -247,3 +247,25 @@ def test_ranks_are_grouped_by_host_and_the_profile_records_where_they_ran(tiny_s
     finally:
         client.close()
         cluster.close()
+
+
+def test_a_growing_batch_resizes_the_world_on_dask(client, tiny_spec_dict, tmp_path):
+    d = dict(tiny_spec_dict, epochs=2)
+    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+                  "workers": {"min": 1, "max": 2, "batch_per_worker": 64}}
+    run = train(spec_from_dict(d), "lbt", 1, 64, tmp_path, launcher=_dask(client))
+    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2)]
+    assert run["steps_done"] == 22 + 11 and run["replicas_identical"]
+
+
+def test_an_existing_scheduler_is_used_by_its_address(client, tiny_spec_dict):
+    """--cluster tcp://HOST:PORT: Tula connects to a scheduler it did not start (here the
+    fixture's) and leaves it running."""
+    from tula.launch.clusters import open_launcher
+
+    address = client.scheduler.address
+    spec = _spec(tiny_spec_dict)
+    with open_launcher(spec, where=address) as launcher:
+        assert launcher.name == "dask" and launcher.threads_per_worker >= 1
+        assert launcher.run(workers.allreduce_rank, 2, 1.0)[1]["sum"] == 3.0
+    assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2  # still there

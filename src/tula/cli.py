@@ -25,6 +25,7 @@ from . import __version__
 from .errors import Interrupted, RunDirError, TulaError
 from .registry import METHOD_NAMES
 from .registry import METHODS as METHOD_TABLE
+from .schedules import SCHEDULES
 from .spec import JobSpec, load_spec, spec_from_dict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -54,6 +55,7 @@ class Objective(str, Enum):
 
 TrainMethod = Enum("TrainMethod", {m: m for m in METHOD_NAMES}, type=str)  # type: ignore[misc]
 _METHOD_HELP = "; ".join(f"{m.name}: {m.summary}" for m in METHOD_TABLE.values())
+_SCHEDULE_HELP = "; ".join(f"{s.name}: {s.summary}" for s in SCHEDULES.values())
 
 
 def _version(value: bool) -> None:
@@ -170,6 +172,9 @@ def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batc
             if not err_console.is_terminal:  # a log gets a line per epoch
                 err_console.print(f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test top-1 "
                                   f"{ev['test_top1']:.2%}, {ev['epoch_time_s']:.2f} s")
+        elif kind == "resize":
+            bar.console.print(f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
+                              f"{ev['global_batch']} on {ev['n_workers']} worker(s) (a new world)")
         elif kind == "fallback":
             bar.console.print(f"[yellow]out of memory at global batch {ev['from_global_batch']}[/]: resuming "
                               f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
@@ -302,7 +307,10 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
           out: Path = typer.Option(None, help="directory for checkpoint.pt, metrics.jsonl, train.json, train.png; "
                                    "default runs/<spec name>/train"),
           resume: bool = typer.Option(False, help="continue the checkpoint in --out"),
-          cluster: str = typer.Option(None, help=_CLUSTER_HELP)) -> None:
+          cluster: str = typer.Option(None, help=_CLUSTER_HELP),
+          schedule: str = typer.Option(None, help=f"grow the batch during training: {_SCHEDULE_HELP}; its "
+                                       "parameters and train.workers (min, max, batch_per_worker) come from the "
+                                       "spec's train section")) -> None:
     """Train with DDP on N local workers at global batch B, with AGS or a baseline.
 
     Checkpoints after every epoch (the last two are kept, with checksums); on out-of-memory
@@ -314,6 +322,10 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     job = _with_cluster(load_spec(spec), cluster)
     if epochs is not None:
         job = spec_from_dict({**job.to_dict(), "epochs": epochs})
+    if schedule is not None:
+        d = job.to_dict()
+        d["train"]["batch_schedule"] = {**(d["train"].get("batch_schedule") or {}), "kind": schedule}
+        job = spec_from_dict(d)
     out = check_out_dir(out or RUNS / job.name / "train")
     n = workers if workers is not None else job.train.n_workers
     b = batch if batch is not None else job.train.global_batch
@@ -335,7 +347,7 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     except Interrupted as err:
         err.hint = (f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
                     + (f" --epochs {epochs}" if epochs is not None else "") + f" --out {_q(out)} --resume"
-                    + (f" --cluster {_q(cluster)}" if cluster else ""))
+                    + (f" --cluster {_q(cluster)}" if cluster else "") + (f" --schedule {schedule}" if schedule else ""))
         raise
     console.print(f"[bold green]trained[/]: {_train_summary(run)}")
     console.print(f"records and plot in [bold]{out}[/]: train.json, metrics.jsonl, checkpoint.pt, train.png")

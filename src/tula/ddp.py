@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .memory import run_probe_step
@@ -85,3 +86,49 @@ def check_shared_directory(directory: str, token: str, rank: int, device: torch.
     agree_any(False, device)  # everyone has read it
     if rank == 0:
         os.remove(path)
+
+
+class LocalGradNorms:
+    """State of :func:`local_norms_allreduce_hook`: this rank's squared gradient norm per
+    parameter, taken from the buckets of the current backward pass.
+
+    The norms are kept per parameter and summed in the model's parameter order, so the
+    total does not depend on how DDP grouped the parameters into buckets: DDP rebuilds its
+    buckets after the first step of every new process, so a resumed run's first step uses
+    other buckets than an uninterrupted run's, and a per-bucket sum would differ in the
+    last digits (and so would the gain and the parameters)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], device: torch.device) -> None:
+        self.device = device
+        self.order = {id(p): i for i, p in enumerate(params)}
+        self.per_param: dict[int, torch.Tensor] = {}
+
+    def add(self, params, grads) -> None:
+        for p, g in zip(params, grads):
+            self.per_param[self.order[id(p)]] = torch.linalg.vector_norm(g, dtype=torch.float64).square()
+
+    def take(self) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i in sorted(self.per_param):
+            total += self.per_param[i]
+        self.per_param = {}
+        return total
+
+
+def local_norms_allreduce_hook(state: LocalGradNorms, bucket):
+    """DDP comm hook: keep the squared norm of each local gradient in the bucket in
+    ``state``, then average the bucket over the ranks as DDP does without a hook.
+
+    ``bucket`` is a ``dist.GradBucket`` and the result a ``torch.futures.Future`` of the
+    averaged bucket; they are not annotated because DDP compares the annotations with
+    those types, and this module's annotations are strings."""
+    state.add(bucket.parameters(), bucket.gradients())
+    return allreduce_hook(None, bucket)
+
+
+def synced_sq_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """|G_B|^2 of the (synchronised) gradients, on their device, in float64: no host sync."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in grads]).sum()

@@ -43,6 +43,10 @@ class MethodInfo:
     min_workers_reason : why (completes "method 'x' ... and needs at least N workers")
     needs_b_small_below_batch : ``train.ags.b_small`` must be smaller than the global batch
     is_baseline : a method Tula is compared with (not one of Tula's own)
+    scales_lr_with_batch : its own LR rule already follows the global batch (a batch schedule's
+        ``lr_rule`` must then be ``keep``, or the LR would be scaled twice)
+    resizable : its state can move to another worker count (post-local SGD keeps one momentum
+        per rank, which has no meaning on another count)
     """
 
     name: str
@@ -55,6 +59,8 @@ class MethodInfo:
     min_workers_reason: str = ""
     needs_b_small_below_batch: bool = False
     is_baseline: bool = True
+    scales_lr_with_batch: bool = False
+    resizable: bool = True
 
 
 _TABLE = (
@@ -67,16 +73,18 @@ _TABLE = (
     MethodInfo("lbt", "tula.optim.methods:Method", "vanilla large-batch training at the spec's LR", "LBT",
                spec_fields=("optimizer",)),
     MethodInfo("lrs", "tula.optim.methods:LRS", "linear LR scaling from train.base_batch with warm-up", "LRS",
-               spec_fields=("train.base_batch", "train.warmup_epochs")),
+               spec_fields=("train.base_batch", "train.warmup_epochs"), scales_lr_with_batch=True),
     MethodInfo("lars", "tula.optim.baselines:LARS", "LARS (timm) with linear LR scaling and warm-up", "LARS",
-               spec_fields=("train.base_batch", "train.warmup_epochs")),
+               spec_fields=("train.base_batch", "train.warmup_epochs"), scales_lr_with_batch=True),
     MethodInfo("polo", "tula.optim.baselines:PostLocalSGD", "post-local SGD", "PoLo",
-               spec_fields=("train.polo_switch_epoch", "train.polo_averages_per_epoch", "train.warmup_epochs")),
+               spec_fields=("train.polo_switch_epoch", "train.polo_averages_per_epoch", "train.warmup_epochs"),
+               resizable=False),
     MethodInfo("adascale", "tula.optim.baselines:AdaScale", "AdaScale SGD, the LR times the gain ratio", "AdaScale",
                spec_fields=("train.base_batch",), min_workers=2,
                min_workers_reason="estimates the gradient variance across workers"),
     MethodInfo("lamb", "tula.optim.baselines:LAMB", "LAMB (timm) at train.lamb_lr with square-root LR scaling",
-               "LAMB", spec_fields=("train.lamb_lr", "train.base_batch", "train.warmup_epochs")),
+               "LAMB", spec_fields=("train.lamb_lr", "train.base_batch", "train.warmup_epochs"),
+               scales_lr_with_batch=True),
 )
 
 METHODS: dict[str, MethodInfo] = {m.name: m for m in _TABLE}
@@ -137,3 +145,24 @@ def smallest_batch_for(method: str, spec: "JobSpec", n_workers: int) -> int:
     if method_info(method).needs_b_small_below_batch:
         smallest = max(smallest, (spec.train.ags.b_small // n_workers + 1) * n_workers)
     return smallest
+
+
+def schedule_problem(method: str, spec: "JobSpec") -> str | None:
+    """Why ``method`` cannot follow the spec's batch schedule / growing workers, or None."""
+    info = method_info(method)
+    sched, workers = spec.train.batch_schedule, spec.train.workers
+    if sched is None and workers is None:
+        return None
+    if workers is not None and workers.min != workers.max and not info.resizable:
+        return (f"method {method!r} keeps state per rank that cannot move to another worker count; train it with "
+                "train.workers.min equal to train.workers.max, or choose another method")
+    if workers is not None and workers.min < info.min_workers:
+        return (f"method {method!r} needs at least {info.min_workers} workers, but train.workers.min is "
+                f"{workers.min}")
+    if sched is not None and sched.lr_rule != "keep" and info.scales_lr_with_batch:
+        return (f"method {method!r} already scales its LR with the global batch; set train.batch_schedule.lr_rule "
+                "to 'keep' so that the LR is not scaled twice")
+    if sched is not None and sched.kind == "adaptive" and not info.resizable:
+        return (f"batch schedule 'adaptive' follows the gradient noise scale, which method {method!r} does not "
+                "give (its workers do not synchronise their gradients); use another schedule")
+    return None

@@ -138,14 +138,16 @@ def train_table(run: dict) -> Table:
     """One row per epoch: loss, accuracy, time, LR and (AGS) the share of scaled steps."""
     top5 = any("test_top5" in h for h in run["history"])
     scaled = any("scaled_fraction" in h for h in run["history"])
+    grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
     t = Table(title=f"Training: {run['method']} on N={run['n_workers']}, B={run['global_batch']} "
                     f"(b={run['local_batch']}, {run['steps_per_epoch']} steps/epoch)")
-    cols = ["epoch", "train loss", "test loss", "top-1"] + (["top-5"] if top5 else []) + \
-        ["epoch s", "lr"] + (["scaled steps"] if scaled else [])
+    cols = ["epoch"] + (["B", "N", "updates"] if grows else []) + ["train loss", "test loss", "top-1"] + \
+        (["top-5"] if top5 else []) + ["epoch s", "lr"] + (["scaled steps"] if scaled else [])
     for col in cols:
         t.add_column(col, justify="right")
     for h in run["history"]:
-        row = [str(h["epoch"]), f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}", f"{h['test_top1']:.2%}"]
+        row = [str(h["epoch"])] + ([str(h["global_batch"]), str(h["n_workers"]), str(h["steps_done"])] if grows
+                                   else []) + [f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}", f"{h['test_top1']:.2%}"]
         row += [f"{h['test_top5']:.2%}"] if top5 else []
         row += [f"{h['epoch_time_s']:.2f}", f"{h['lr']:.4g}"]
         row += [f"{h.get('scaled_fraction', 0):.0%}"] if scaled else []
@@ -164,7 +166,29 @@ def plot_training(run: dict, path: str | Path) -> Path:
 
     tr = run.get("traces") or {}
     has_delta = bool(tr.get("delta"))
-    fig, axes = plt.subplots(1, 2 if has_delta else 1, figsize=(12 if has_delta else 6, 4.4), squeeze=False)
+    grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
+    noise = [h.get("b_simple") for h in run["history"]]
+    grows = grows or any(b is not None for b in noise)  # the batch panel also shows B_simple
+    cols = 1 + has_delta + grows
+    fig, axes = plt.subplots(1, cols, figsize=(6 * cols, 4.4), squeeze=False)
+    if grows:  # the batch schedule: global batch and workers per epoch
+        axg = axes[0, cols - 1]
+        ep = [h["epoch"] for h in run["history"]]
+        axg.step(ep, [h["global_batch"] for h in run["history"]], where="mid", label="global batch B")
+        if any(b is not None for b in noise):
+            axg.plot(ep, [float("nan") if b is None else b for b in noise], "o:", color="tab:green", ms=4,
+                     label="gradient noise scale B_simple")
+        axg.set_yscale("log", base=2)
+        axg.set_xlabel("epoch")
+        axg.set_ylabel("global batch B")
+        axw = axg.twinx()
+        axw.step(ep, [h["n_workers"] for h in run["history"]], where="mid", color="tab:orange", ls="--",
+                 label="workers N")
+        axw.set_ylabel("workers N")
+        axg.set_title(f"batch {run.get('batch_schedule') or 'constant'}: {run['steps_done']} model updates",
+                      fontsize=10)
+        axg.legend(loc="upper left", fontsize=8)
+        axw.legend(loc="lower right", fontsize=8)
     ax = axes[0, 0]
     ep = [h["epoch"] for h in run["history"]]
     ax.plot(ep, [h["test_top1"] for h in run["history"]], "o-", label="test top-1")

@@ -29,6 +29,7 @@ import json
 import math
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,12 +40,16 @@ from torch import nn
 from . import interrupts
 from .checkpoint import CHECKPOINT, checkpoint_meta, has_checkpoint, load_checkpoint, save_checkpoint
 from .data import data_path
-from .ddp import check_shared_directory, probe_fits, wrap_ddp
+from .ddp import (LocalGradNorms, check_shared_directory, local_norms_allreduce_hook, probe_fits, synced_sq_norm,
+                  wrap_ddp)
+from .noise_scale import NoiseScale
 from .errors import InfeasibleError, Interrupted, RunDirError, SpecError, WorkerError
 from .launch import Launcher, WorkerContext
 from .memory import cap_address_space
 from .optim.methods import build_method
 from .records import TRAIN_KIND, read_jsonl, write_atomic
+from .registry import schedule_problem
+from .schedules import caps_from_spec, next_config, state_from_spec
 from .registry import check_train_config, smallest_batch_for
 from .rundir import check_out_dir, locked
 from .spec import JobSpec
@@ -130,13 +135,39 @@ def _drain_step_traces(method: Any) -> dict[str, list]:
     return drain() if drain is not None else {}
 
 
+def ddp_has_comm_hook(ddp) -> bool:
+    """Whether a method registered its own DDP comm hook (DDP takes one)."""
+    return bool(getattr(ddp, "_comm_hooks", []))
+
+
+def _measure_noise_scale(gns: NoiseScale, method: Any, own_norms: LocalGradNorms | None, params: list, world: int,
+                         local_batch: int, global_batch: int) -> None:
+    """Feed the gradient noise scale (McCandlish et al., App. A) one step's pair of squared
+    gradient norms: each rank's local gradient (batch b) averaged over the ranks, and the
+    synchronised gradient (batch B) -- one one-element all-reduce, no host sync.  A method
+    that measures the pair anyway (AdaScale every step; AGS, whose sub-batch is the small
+    batch when there is one worker) gives its own."""
+    if own_norms is not None:
+        local = own_norms.take().reshape(1)
+        dist.all_reduce(local)
+        gns.update(local[0] / world, synced_sq_norm(params), local_batch, global_batch)
+    elif method.step_norms is not None and (world > 1 or method.step_norms_batches is not None):
+        small, big = method.step_norms_batches or (local_batch, global_batch)
+        gns.update(method.step_norms[0], method.step_norms[1], small, big)
+        method.step_norms = None
+
+
 def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_batch: int, out_dir: str,
-                fallbacks: list[dict], mem_cap_bytes: int | None = None, reach_token: str | None = None) -> dict:
+                fallbacks: list[dict], mem_cap_bytes: int | None = None, reach_token: str | None = None,
+                schedule: dict | None = None) -> dict:
     """Run on every rank: train ``spec.epochs`` epochs at ``global_batch`` with ``method_name``,
     resuming from the checkpoint in ``out_dir`` when there is one.  Returns ``{"status":
     "ok", ...}`` with the history and the method's trace summary, ``{"status": "oom", ...}``
-    when the ranks agreed that the first step at this batch does not fit, or ``{"status":
-    "interrupted", ...}`` when they agreed to stop (SIGINT/SIGTERM)."""
+    when the ranks agreed that the first step at this batch does not fit, ``{"status":
+    "interrupted", ...}`` when they agreed to stop (SIGINT/SIGTERM), or ``{"status":
+    "resize", ...}`` when the batch schedule (``schedule``: its state, LR multiplier and
+    :class:`~tula.schedules.Caps`) chose another (N, B) at an epoch boundary: this world
+    ends there, its checkpoint written, and the caller starts the next generation."""
     spec = JobSpec.model_validate(spec_dict)
     out = Path(out_dir)
     metrics_path = out / METRICS
@@ -151,8 +182,16 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
     n_steps = steps_per_epoch(data.train_size, global_batch)
     method = build_method(method_name, ddp, spec, global_batch, world, n_steps)
     loss_fn = nn.CrossEntropyLoss()
+    gns, own_norms = NoiseScale(), None
+    params = [p for p in model.parameters() if p.requires_grad]
+    if world > 1 and not ddp_has_comm_hook(ddp):
+        # each rank's gradient norm before the all-reduce, from a comm hook (AdaScale has its own)
+        own_norms = LocalGradNorms(params, device)
+        ddp.register_comm_hook(own_norms, local_norms_allreduce_hook)
 
     start_epoch, steps_done, history = 0, 0, []
+    sched_state = schedule["state"] if schedule else None
+    lr_mult = schedule["lr_multiplier"] if schedule else 1.0
     if has_checkpoint(out):
         state = load_checkpoint(out, map_location=device)
         if state["method"] != method_name:
@@ -160,11 +199,21 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
                             f"not {method_name!r}; use another --out or the same method")
         model.load_state_dict(state["model"])
         start_epoch, steps_done, history = state["epoch"], state["steps_done"], state["history"]
+        # the LR schedule's position is counted in epochs: a resumed generation at another
+        # batch has another number of steps per epoch
         method.load_state_dict(state["method_state"], step=start_epoch * n_steps)
         torch.set_rng_state(state["torch_rng"])
+        if schedule and state.get("schedule_state") is not None:
+            sched_state, lr_mult = state["schedule_state"], state["lr_multiplier"]
+        if state.get("noise_scale"):
+            gns.load_state_dict(state["noise_scale"])
         del state
         if rank == 0:
             _rewrite_metrics(metrics_path, start_epoch)
+    if schedule:
+        if sched_state is None:  # a checkpoint written before the run had a schedule
+            sched_state = state_from_spec(spec, global_batch)
+        method.set_schedule_lr(lr_mult, start_epoch * n_steps)
     if mem_cap_bytes is not None and device.type == "cpu":
         cap_address_space(mem_cap_bytes)
 
@@ -210,6 +259,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
             loss = loss_fn(ddp(x), y)
             loss.backward()
             method.after_backward(step, x, y, loss_fn)
+            _measure_noise_scale(gns, method, own_norms, params, world, local_batch, global_batch)
             method.optimizer.step()
             method.scheduler.step()
             loss_sum += loss.detach().double()
@@ -228,21 +278,35 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
                "n_workers": world, "lr": method.lr, "train_loss": float(loss_total) / (n_steps * world),
                "epoch_time_s": float(slowest_s),
                **evaluate(model, data, rank, world, spec.train.eval_batch, device)}
+        rec["b_simple"] = gns.b_simple()  # the batch the model could use now (one host sync per epoch)
         step_traces = _drain_step_traces(method)
         if "scaled" in step_traces and step_traces["scaled"]:
             rec["scaled_fraction"] = sum(map(bool, step_traces["scaled"])) / len(step_traces["scaled"])
         history.append(rec)
+        nxt = (global_batch, world)
+        if schedule:  # the same decision on every rank: the history is all-reduced
+            d = next_config(sched_state, epoch + 1, history, schedule["caps"])
+            sched_state, nxt = d.state, (d.global_batch, d.n_workers)
+            rec["schedule"] = d.record()
+            if nxt == (global_batch, world) and d.lr_multiplier != lr_mult:
+                method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * n_steps)
+            lr_mult = d.lr_multiplier
         if rank == 0:
             save_checkpoint({"epoch": epoch + 1, "steps_done": steps_done, "history": history, "method": method_name,
                              "global_batch": global_batch, "n_workers": world, "fallbacks": fallbacks,
                              "model": model.state_dict(), "method_state": method.state_dict(),
-                             "torch_rng": torch.get_rng_state()}, out)
+                             "torch_rng": torch.get_rng_state(), "schedule_state": sched_state,
+                             "lr_multiplier": lr_mult, "next_global_batch": nxt[0], "next_n_workers": nxt[1],
+                             "noise_scale": gns.state_dict()}, out)
             with open(metrics_path, "a") as fh:
                 fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
             ctx.emit({"type": "epoch", **rec})
         if stop is not None and epoch + 1 < spec.epochs and stop.agree():  # no new epoch starts
             return {**base, "status": "interrupted", "epochs_done": epoch + 1, "steps_done": steps_done,
                     "signal": stop.signum}
+        if nxt != (global_batch, world) and epoch + 1 < spec.epochs:  # the next generation's world
+            return {**base, "status": "resize", "epochs_done": epoch + 1, "steps_done": steps_done,
+                    "next_global_batch": nxt[0], "next_n_workers": nxt[1]}
     return {**base, "status": "ok", "history": history, "steps_done": steps_done,
             "traces": method.traces() if rank == 0 else {}, "param_digest": param_digest(model)}
 
@@ -294,9 +358,11 @@ def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir
 def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir: str | Path, resume: bool,
            launcher: Launcher, on_event: Callable[[dict], None] | None) -> dict:
     out = check_out_dir(Path(out_dir))
-    if spec.train.batch_schedule is not None or spec.train.workers is not None:
-        raise SpecError("train.batch_schedule and train.workers are checked but the training runner does not follow "
-                        "them yet (issue #9); remove them to train at one configuration")
+    scheduled = spec.train.batch_schedule is not None or spec.train.workers is not None
+    if scheduled:
+        problem = schedule_problem(method, spec)
+        if problem:
+            raise SpecError(problem)
     _, data = check_workload(spec)
     with interrupts.graceful_signals(), locked(out):
         fallbacks: list[dict] = []
@@ -306,15 +372,28 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
                 raise RunDirError(f"{out} already holds a training run; pass --resume to continue it, or choose "
                                   "another output directory")
             meta = checkpoint_meta(out)
-            if meta["n_workers"] != n_workers or meta["method"] != method:
+            if meta["method"] != method or (not scheduled and meta["n_workers"] != n_workers):
                 raise SpecError(f"the checkpoint in {out} was trained with method {meta['method']!r} on "
                                 f"{meta['n_workers']} worker(s), not {method!r} on {n_workers}; resume it with those")
             global_batch, fallbacks = meta["global_batch"], list(meta.get("fallbacks", []))
+            if scheduled:  # the generation the schedule chose after the last finished epoch
+                global_batch = meta.get("next_global_batch") or global_batch
+                n_workers = meta.get("next_n_workers") or meta["n_workers"]
             resumed_from_epoch = meta["epoch"]
         elif resume:
             raise RunDirError(f"there is no checkpoint in {out} to resume; run without --resume to start training")
+        schedule = None
+        if scheduled:
+            caps = caps_from_spec(spec, global_batch, n_workers, data.train_size, max_local_batch=None)
+            if resumed_from_epoch is None:  # epoch 0's configuration, within the caps
+                d = next_config(state_from_spec(spec, global_batch), 0, [], caps)
+                global_batch, n_workers = d.global_batch, d.n_workers
+                schedule = {"state": d.state, "lr_multiplier": d.lr_multiplier, "caps": caps}
+            else:  # the state and LR multiplier come from the checkpoint
+                schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
         validate_config(spec, method, n_workers, global_batch, data.train_size)
         device = launcher.facts()["device"]
+        generations: list[dict] = []
         cap = spec.search.memory_budget_bytes if spec.search.enforce_memory_cap else None
         emit = on_event or (lambda ev: None)
         first_batch = global_batch
@@ -325,9 +404,11 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
                                    checkpoint_meta(out)["epoch"], spec.epochs, out)
             emit({"type": "start", "global_batch": global_batch, "n_workers": n_workers,
                   "steps_per_epoch": steps_per_epoch(data.train_size, global_batch), "epochs": spec.epochs})
+            started = time.perf_counter()
             try:
                 res = launcher.run(train_world, n_workers, spec.to_dict(), method, global_batch, str(out), fallbacks,
-                                   cap, uuid.uuid4().hex, on_event=lambda rank, ev: emit(ev), timeout_s=None)
+                                   cap, uuid.uuid4().hex, schedule, on_event=lambda rank, ev: emit(ev),
+                                   timeout_s=None)
                 status, note = res[0]["status"], res[0].get("note", "")
             except WorkerError as err:
                 done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
@@ -338,10 +419,24 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
                                       if done else str(err), rank=err.rank, details=err.details,
                                       cause=err.cause) from None
                 status, note = "oom", str(err)
+            if status in ("ok", "resize"):
+                generations.append({"n_workers": n_workers, "global_batch": global_batch,
+                                    "from_epoch": res[0]["start_epoch"] + 1, "wall_s": time.perf_counter() - started})
             if status == "ok":
                 break
             if status == "interrupted":
                 raise _interrupted(res[0].get("signal"), res[0]["epochs_done"], spec.epochs, out)
+            if status == "resize":  # the next generation: a new world of its own size, on a fresh port
+                global_batch, n_workers = res[0]["next_global_batch"], res[0]["next_n_workers"]
+                validate_config(spec, method, n_workers, global_batch, data.train_size)
+                emit({"type": "resize", "at_epoch": res[0]["epochs_done"], "global_batch": global_batch,
+                      "n_workers": n_workers})
+                continue
+            if schedule:  # the schedule must not grow back into what ran out of memory
+                failed_local = global_batch // n_workers
+                lim = schedule["caps"].max_local_batch
+                schedule["caps"] = replace(schedule["caps"], max_local_batch=min(lim or failed_local, failed_local - 1)
+                                           if failed_local > 1 else lim)
             smaller = next_smaller_batch(global_batch, n_workers)
             done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
             fallbacks.append({"from_global_batch": global_batch, "to_global_batch": smaller, "at_epoch": done,
@@ -363,4 +458,6 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
             "replicas_identical": len({r["param_digest"] for r in res}) == 1,
             "traces": {**rank0["traces"], **step_traces(out / METRICS)}, "train_s": time.perf_counter() - t0,
             "device": device, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "batch_schedule": None if spec.train.batch_schedule is None else spec.train.batch_schedule.kind,
+            "generations": generations,
         }

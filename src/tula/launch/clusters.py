@@ -104,7 +104,8 @@ def jobqueue_cluster(cfg: JobqueueConfig) -> Any:
 
 
 def _largest_world(spec: JobSpec) -> int:
-    return max([*spec.search.cluster_sizes, spec.train.n_workers or 1])
+    grow = spec.train.workers.max if spec.train.workers is not None else 1
+    return max([*spec.search.cluster_sizes, spec.train.n_workers or 1, grow])
 
 
 @contextlib.contextmanager

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.distributed.optim import PostLocalSGDOptimizer
 
+from ..ddp import LocalGradNorms, local_norms_allreduce_hook
 from .ags import TRACE_CAPACITY
 from .methods import LRS, Method, sqrt_scale
 
@@ -191,44 +191,6 @@ class PostLocalSGD(Method):
                         t.copy_(v.view_as(t))
 
 
-class _LocalSqNorm:
-    """State of :func:`_sq_norm_allreduce_hook`: this rank's squared gradient norm per
-    parameter, taken from the buckets of the current backward pass.
-
-    The norms are kept per parameter and summed in the model's parameter order, so the
-    total does not depend on how DDP grouped the parameters into buckets: DDP rebuilds its
-    buckets after the first step of every new process, so a resumed run's first step uses
-    other buckets than an uninterrupted run's, and a per-bucket sum would differ in the
-    last digits (and so would the gain and the parameters)."""
-
-    def __init__(self, params: list[torch.nn.Parameter], device: torch.device) -> None:
-        self.device = device
-        self.order = {id(p): i for i, p in enumerate(params)}
-        self.per_param: dict[int, torch.Tensor] = {}
-
-    def add(self, params, grads) -> None:
-        for p, g in zip(params, grads):
-            self.per_param[self.order[id(p)]] = torch.linalg.vector_norm(g, dtype=torch.float64).square()
-
-    def take(self) -> torch.Tensor:
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for i in sorted(self.per_param):
-            total += self.per_param[i]
-        self.per_param = {}
-        return total
-
-
-def _sq_norm_allreduce_hook(state: _LocalSqNorm, bucket):
-    """DDP comm hook: keep the squared norm of each local gradient in the bucket in
-    ``state``, then average the bucket over the ranks as DDP does without a hook.
-
-    ``bucket`` is a ``dist.GradBucket`` and the result a ``torch.futures.Future`` of the
-    averaged bucket; they are not annotated because DDP compares the annotations with
-    those types, and this module's annotations are strings."""
-    state.add(bucket.parameters(), bucket.gradients())
-    return allreduce_hook(None, bucket)
-
-
 class AdaScale(Method):
     """AdaScale SGD: the spec's optimiser at ``optimizer.lr * lr_factor(step) * r_t``.
 
@@ -266,10 +228,10 @@ class AdaScale(Method):
         self.gain_stats = {"count": 0, "sum": 0.0, "min": math.inf, "max": -math.inf}  # the whole run
         self.variance_ema: float | None = None
         self.mean_sq_norm_ema: float | None = None
-        self.sq_norm_state = _LocalSqNorm([p for p in ddp.parameters() if p.requires_grad],
+        self.sq_norm_state = LocalGradNorms([p for p in ddp.parameters() if p.requires_grad],
                                           next(ddp.parameters()).device)
         super().__init__(ddp, spec, global_batch, n_workers, steps_per_epoch)
-        ddp.register_comm_hook(self.sq_norm_state, _sq_norm_allreduce_hook)
+        ddp.register_comm_hook(self.sq_norm_state, local_norms_allreduce_hook)
 
     def lr_factor(self, step: int) -> float:
         return super().lr_factor(step) * self.gain
@@ -282,6 +244,7 @@ class AdaScale(Method):
         global_sq = float(torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])).square())
         batch, local_batch = self.global_batch, self.global_batch / self.n_workers
+        self.step_norms = (mean_local_sq, global_sq)  # the runner's gradient noise scale reads them
         variance = max(0.0, (mean_local_sq - global_sq) / (1.0 / local_batch - 1.0 / batch))
         mean_sq_norm = max(0.0, global_sq - variance / batch)
         self.variance_ema = self._smooth(self.variance_ema, variance)

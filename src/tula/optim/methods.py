@@ -39,6 +39,12 @@ from .ags import AGS
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _schedule_owns_milestones(kind: str) -> bool:
+    from ..schedules import SCHEDULES
+
+    return SCHEDULES[kind].owns_lr_milestones
+
+
 class MethodSchedule(LambdaLR):
     """``LambdaLR`` on a method's :meth:`Method.lr_factor` that can also be put at any step
     (a resume, the out-of-memory fallback) and re-applied within a step when the factor's
@@ -74,6 +80,16 @@ class Method:
             check_method(self.name, spec, n_workers, global_batch)  # the registry's constraints
         self.ddp, self.spec = ddp, spec
         self.global_batch, self.n_workers, self.steps_per_epoch = global_batch, n_workers, steps_per_epoch
+        # a batch schedule's LR multiplier (its LR rule, and LR decays it takes instead of
+        # growing the batch); when the schedule owns the milestones they are not applied here
+        self.schedule_lr = 1.0
+        # (|G_b|^2 averaged over the ranks, |G_B|^2) of the last step when the method measures
+        # them anyway (AdaScale every step, AGS at its factor updates); the runner's gradient
+        # noise scale takes them instead of measuring again; None when there are none
+        self.step_norms: tuple | None = None
+        self.step_norms_batches: tuple[int, int] | None = None
+        sched = spec.train.batch_schedule
+        self.milestones_owned = sched is not None and _schedule_owns_milestones(sched.kind)
         self.optimizer = self.build_optimizer()
         self.scheduler = MethodSchedule(self.optimizer, self.lr_factor)
 
@@ -97,12 +113,17 @@ class Method:
         of the LR when there is no scaling) and a ``lr_gamma`` decay after each milestone."""
         t = self.spec.train
         epoch = step / max(self.steps_per_epoch, 1)
-        f = t.lr_gamma ** sum(epoch >= m for m in t.lr_milestones)
+        f = 1.0 if self.milestones_owned else t.lr_gamma ** sum(epoch >= m for m in t.lr_milestones)
         if self.warmup and t.warmup_epochs > 0 and epoch < t.warmup_epochs:
             scale = self.lr_scale()
             start = 1.0 / scale if scale > 1.0 else 0.1
             f *= start + (1.0 - start) * epoch / t.warmup_epochs
-        return f
+        return f * self.schedule_lr
+
+    def set_schedule_lr(self, multiplier: float, step: int) -> None:
+        """Apply a batch schedule's LR multiplier from optimiser step ``step`` on."""
+        self.schedule_lr = float(multiplier)
+        self.set_step(step)
 
     # ------------------------------------------------------------ hooks
     def after_backward(self, step: int, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
@@ -220,6 +241,10 @@ class AdaptiveScaling(ScaledGradients):
             flat /= dist.get_world_size()
             small = [t.view_as(g) for t, g in zip(torch.split(flat, [g.numel() for g in small]), small)]
         self.optimizer.update_factors(small, params)
+        # the sub-batch and the batch gradient: with one worker, the gradient noise scale's pair
+        self.step_norms = (sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in small),
+                           sum(torch.linalg.vector_norm(p.grad, dtype=torch.float64).square() for p in params))
+        self.step_norms_batches = (self.local_small * self.n_workers, self.global_batch)
 
 
 def build_method(name: str, ddp: nn.Module, spec: JobSpec, global_batch: int, n_workers: int,

@@ -1,0 +1,83 @@
+"""Growing the batch, and the worker count with it, on real gloo worlds: each change of
+(N, B) ends the world at an epoch boundary and starts the next generation from the
+checkpoint; steps are counted exactly, and a resume after a resize ends with the same
+model as an uninterrupted run."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tula.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
+from tula.errors import SpecError
+from tula.launch import LocalLauncher
+from tula.spec import spec_from_dict
+from tula.train import METRICS, train
+
+
+def _spec(tiny_spec_dict, epochs=3, **train_over):
+    d = dict(tiny_spec_dict, epochs=epochs)
+    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+                  "workers": {"min": 1, "max": 2, "batch_per_worker": 64}, **train_over}
+    return spec_from_dict(d)
+
+
+def _launcher():
+    return LocalLauncher(device="cpu", threads_per_worker=1)
+
+
+@pytest.mark.slow
+def test_geometric_batch_grows_the_world_from_one_to_two_workers_with_exact_step_counts(tiny_spec_dict, tmp_path):
+    ref = tmp_path / "ref"
+    run = train(_spec(tiny_spec_dict), "ags", 1, 64, ref, launcher=_launcher())
+    # digits: 1438 training samples; B = 64 * 2^epoch, N = ceil(B / 64) clipped to 2
+    assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in run["history"]] == [
+        (64, 1, 22), (128, 2, 11), (256, 2, 5)]
+    assert run["steps_done"] == 22 + 11 + 5 == run["history"][-1]["steps_done"]
+    assert [(g["n_workers"], g["global_batch"], g["from_epoch"]) for g in run["generations"]] == [
+        (1, 64, 1), (2, 128, 2), (2, 256, 3)]
+    assert run["replicas_identical"] and run["batch_schedule"] == "geometric"
+    lines = [json.loads(s) for s in (ref / METRICS).read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == [1, 2, 3]
+    assert lines[0]["schedule"]["global_batch"] == 128 and lines[0]["schedule"]["resize"]
+
+    # the epoch-2 checkpoint (kept as checkpoint.prev.pt) is what a run stopped after the
+    # resize to N=2 leaves; resumed, it ends with the same model as the uninterrupted run
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    shutil.copy(ref / PREVIOUS, cut / CHECKPOINT)
+    resumed = train(_spec(tiny_spec_dict), "ags", 1, 64, cut, resume=True, launcher=_launcher())
+    assert resumed["resumed_from_epoch"] == 2 and resumed["steps_done"] == run["steps_done"]
+    assert resumed["history"][-1]["train_loss"] == run["history"][-1]["train_loss"]
+    a, b = load_checkpoint(ref)["model"], load_checkpoint(cut)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("method, over, sentence", [
+    ("polo", {}, "keeps state per rank that cannot move to another worker count"),
+    ("lrs", {"batch_schedule": {"kind": "geometric", "lr_rule": "linear"}}, "so that the LR is not scaled twice"),
+    ("adascale", {}, "needs at least 2 workers, but train.workers.min is 1"),
+])
+def test_a_combination_that_cannot_follow_the_schedule_is_refused_before_training(tiny_spec_dict, tmp_path, method,
+                                                                                  over, sentence):
+    with pytest.raises(SpecError, match=sentence):
+        train(_spec(tiny_spec_dict, **over), method, 2, 64, tmp_path / "out", launcher=_launcher())
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_gradient_noise_scale_is_measured_and_the_adaptive_schedule_follows_it(tiny_spec_dict, tmp_path):
+    """B_simple per epoch from the ranks' local and synchronised gradient norms; the adaptive
+    schedule moves the batch toward it, within the caps (here 2 workers x the data set)."""
+    spec = _spec(tiny_spec_dict, epochs=3, batch_schedule={"kind": "adaptive", "band": 0.1, "max_growth": 4.0},
+                 workers={"min": 2, "max": 2})
+    run = train(spec, "lbt", 2, 32, tmp_path, launcher=_launcher())
+    b_simple = [h["b_simple"] for h in run["history"]]
+    assert all(b is not None and 1 < b < 1438 for b in b_simple), b_simple
+    for h, nxt in zip(run["history"], run["history"][1:]):
+        # the next epoch's batch moved from this one toward B_simple, by at most 4x
+        want = min(max(h["b_simple"], h["global_batch"] / 4), h["global_batch"] * 4)
+        assert abs(nxt["global_batch"] - want) <= max(2, 0.1 * want) or nxt["global_batch"] == h["global_batch"], (
+            h, nxt)
+    assert len({h["global_batch"] for h in run["history"]}) > 1
