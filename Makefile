@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/large_batch.py
 	$(VENV)/bin/python bench/data_path.py
 	$(VENV)/bin/python bench/cluster_overhead.py
+	$(VENV)/bin/python bench/schedules.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

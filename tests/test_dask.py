@@ -269,3 +269,19 @@ def test_an_existing_scheduler_is_used_by_its_address(client, tiny_spec_dict):
         assert launcher.name == "dask" and launcher.threads_per_worker >= 1
         assert launcher.run(workers.allreduce_rank, 2, 1.0)[1]["sum"] == 3.0
     assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2  # still there
+
+
+def test_a_world_larger_than_the_cluster_goes_on_with_the_workers_there_are(client, tiny_spec_dict, tmp_path):
+    """The schedule asks for 3 workers; a cluster Tula cannot scale (a scheduler it only
+    connects to) has 2: after the wait the run goes on with 2 and says so."""
+    d = dict(tiny_spec_dict, epochs=3)
+    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+                  "workers": {"min": 1, "max": 3, "batch_per_worker": 64}}
+    events = []
+    with distributed.Client(client.scheduler.address) as other:
+        run = train(spec_from_dict(d), "lbt", 1, 64, tmp_path, launcher=_dask(other, worker_wait_s=2),
+                    on_event=events.append)
+    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2), (256, 2)]
+    assert run["steps_done"] == 22 + 11 + 5
+    notes = [e["message"] for e in events if e["type"] == "note"]
+    assert notes == ["the cluster gave 2 of the 3 workers asked for; going on with 2 worker(s) at global batch 256"]

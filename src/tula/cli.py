@@ -172,6 +172,8 @@ def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batc
             if not err_console.is_terminal:  # a log gets a line per epoch
                 err_console.print(f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test top-1 "
                                   f"{ev['test_top1']:.2%}, {ev['epoch_time_s']:.2f} s")
+        elif kind == "note":
+            bar.console.print(f"[yellow]note[/]: {ev['message']}")
         elif kind == "resize":
             bar.console.print(f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
                               f"{ev['global_batch']} on {ev['n_workers']} worker(s) (a new world)")

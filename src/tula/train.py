@@ -327,6 +327,25 @@ def step_traces(metrics_path: Path) -> dict[str, list]:
     return out
 
 
+def _available(launcher: Launcher, global_batch: int, n_workers: int, schedule: dict | None,
+               emit: Callable[[dict], None], dataset_size: int) -> tuple[int, int]:
+    """The generation's (B, N) with the workers the launcher can provide: when the cluster gives
+    fewer within its wait, the run goes on with as many as there are (the schedule's worker
+    cap is lowered to that) and says so."""
+    got = launcher.provide(n_workers) if hasattr(launcher, "provide") else n_workers
+    if got >= n_workers:
+        return global_batch, n_workers
+    fewer = max(got, round(global_batch / got) * got)  # the nearest batch that splits over them
+    if fewer > dataset_size:
+        fewer = dataset_size // got * got
+    emit({"type": "note", "message": f"the cluster gave {got} of the {n_workers} workers asked for; going on with "
+                                      f"{got} worker(s) at global batch {fewer}"})
+    if schedule is not None:
+        caps = schedule["caps"]
+        schedule["caps"] = replace(caps, max_workers=got, min_workers=min(caps.min_workers, got))
+    return fewer, got
+
+
 def _interrupted(signum: int | None, epochs_done: int, epochs: int, out: Path) -> Interrupted:
     import signal as _signal
 
@@ -382,6 +401,7 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
             resumed_from_epoch = meta["epoch"]
         elif resume:
             raise RunDirError(f"there is no checkpoint in {out} to resume; run without --resume to start training")
+        emit = on_event or (lambda ev: None)
         schedule = None
         if scheduled:
             caps = caps_from_spec(spec, global_batch, n_workers, data.train_size, max_local_batch=None)
@@ -391,11 +411,11 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
                 schedule = {"state": d.state, "lr_multiplier": d.lr_multiplier, "caps": caps}
             else:  # the state and LR multiplier come from the checkpoint
                 schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
+            global_batch, n_workers = _available(launcher, global_batch, n_workers, schedule, emit, data.train_size)
         validate_config(spec, method, n_workers, global_batch, data.train_size)
         device = launcher.facts()["device"]
         generations: list[dict] = []
         cap = spec.search.memory_budget_bytes if spec.search.enforce_memory_cap else None
-        emit = on_event or (lambda ev: None)
         first_batch = global_batch
         t0 = time.perf_counter()
         while True:
@@ -428,6 +448,7 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
                 raise _interrupted(res[0].get("signal"), res[0]["epochs_done"], spec.epochs, out)
             if status == "resize":  # the next generation: a new world of its own size, on a fresh port
                 global_batch, n_workers = res[0]["next_global_batch"], res[0]["next_n_workers"]
+                global_batch, n_workers = _available(launcher, global_batch, n_workers, schedule, emit, data.train_size)
                 validate_config(spec, method, n_workers, global_batch, data.train_size)
                 emit({"type": "resize", "at_epoch": res[0]["epochs_done"], "global_batch": global_batch,
                       "n_workers": n_workers})

@@ -57,6 +57,11 @@ class Launcher(Protocol):
         """The workers' hardware (:func:`host_facts`), read where the ranks run."""
         ...
 
+    def provide(self, n_workers: int) -> int:
+        """Make ``n_workers`` workers available if it can (scaling a cluster, waiting for it);
+        returns how many there are, at most ``n_workers``."""
+        ...
+
     def run(self, fn: Callable[..., Any], n_workers: int, *args: Any,
             on_event: Callable[[int, dict], None] | None = None, timeout_s: float | None = None) -> list[Any]:
         """Run ``fn(ctx, *args)`` on ``n_workers`` ranks; return results in rank order.

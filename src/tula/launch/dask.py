@@ -140,6 +140,21 @@ class DaskLauncher:
         cores = [max(1, (facts[a].get("cores") or 1) // per_host[w["host"]]) for a, w in workers.items() if a in facts]
         return min(cores) if cores else 1
 
+    def provide(self, n_workers: int) -> int:
+        """Ask for ``n_workers`` workers (scaling the cluster where Tula can) and wait up to
+        ``worker_wait_s`` for them; returns how many there are (the caller goes on with that
+        many when it is fewer, and says so)."""
+        have = len(self.workers())
+        if have >= n_workers:
+            return n_workers
+        cluster = getattr(self.client, "cluster", None)
+        if cluster is not None and hasattr(cluster, "scale"):
+            with contextlib.suppress(Exception):
+                cluster.scale(n_workers)
+        with contextlib.suppress(Exception):
+            self.client.wait_for_workers(n_workers, timeout=self.worker_wait_s)
+        return min(n_workers, len(self.workers()))
+
     def _choose(self, n_workers: int) -> list[tuple[str, str]]:
         workers = self.workers()
         if len(workers) < n_workers:  # e.g. a lost worker's nanny is still restarting it

@@ -86,6 +86,10 @@ class LocalLauncher:
         """This machine's hardware: the ranks run here."""
         return host_facts(self.device)
 
+    def provide(self, n_workers: int) -> int:
+        """Local processes are started per world: any count is available."""
+        return n_workers
+
     def run(self, fn: Callable[..., Any], n_workers: int, *args: Any,
             on_event: Callable[[int, dict], None] | None = None, timeout_s: float | None = None) -> list[Any]:
         ctx = mp.get_context("spawn")
