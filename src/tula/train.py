@@ -404,7 +404,11 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
         emit = on_event or (lambda ev: None)
         schedule = None
         if scheduled:
-            caps = caps_from_spec(spec, global_batch, n_workers, data.train_size, max_local_batch=None)
+            # the caps' defaults (batch_per_worker) come from the run's first configuration
+            first = meta["history"][0] if resumed_from_epoch and meta["history"] else \
+                {"global_batch": global_batch, "n_workers": n_workers}
+            caps = caps_from_spec(spec, first["global_batch"], first["n_workers"], data.train_size,
+                                  max_local_batch=None)
             if resumed_from_epoch is None:  # epoch 0's configuration, within the caps
                 d = next_config(state_from_spec(spec, global_batch), 0, [], caps)
                 global_batch, n_workers = d.global_batch, d.n_workers
