@@ -88,7 +88,7 @@ def assert_sentence(err: BaseException, *names: str) -> str:
     return msg
 
 
-def _load_or_sentence(path, raw: bytes):
+def assert_loads_or_one_sentence(path, raw: bytes):
     path.write_bytes(raw)
     try:
         return load_record(path)
@@ -309,7 +309,7 @@ def _mutate(data, rec):
 @SETTINGS
 @given(value=json_values)
 def test_random_json_is_refused_with_one_sentence(scratch, value):
-    assert _load_or_sentence(scratch / "random.json", json.dumps(value).encode()) is None
+    assert assert_loads_or_one_sentence(scratch / "random.json", json.dumps(value).encode()) is None
 
 
 @SETTINGS
@@ -317,7 +317,7 @@ def test_random_json_is_refused_with_one_sentence(scratch, value):
        extra=st.dictionaries(st.sampled_from(["spec", "trials", "memory", "perf", "choice", "history", "search",
                                               "objective", "configurations", "model"]), json_values, max_size=4))
 def test_random_fields_under_a_tula_kind_load_or_are_refused(scratch, kind, version, extra):
-    _load_or_sentence(scratch / "kinded.json", json.dumps({"kind": kind, "version": version, **extra}).encode())
+    assert_loads_or_one_sentence(scratch / "kinded.json", json.dumps({"kind": kind, "version": version, **extra}).encode())
 
 
 @SETTINGS
@@ -327,7 +327,7 @@ def test_mutated_records_load_or_are_refused(records, scratch, data):
     rec = copy.deepcopy(records[kind])
     for _ in range(data.draw(st.integers(1, 3))):
         _mutate(data, rec)
-    loaded = _load_or_sentence(scratch / "mutated.json", json.dumps(rec).encode())
+    loaded = assert_loads_or_one_sentence(scratch / "mutated.json", json.dumps(rec).encode())
     if loaded is not None:
         assert loaded["kind"] == rec["kind"]
 
@@ -342,7 +342,7 @@ def test_truncated_or_byte_flipped_records_load_or_are_refused(records, scratch,
     else:
         for _ in range(data.draw(st.integers(1, 4))):
             raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
-    _load_or_sentence(scratch / "bytes.json", bytes(raw))
+    assert_loads_or_one_sentence(scratch / "bytes.json", bytes(raw))
 
 
 # --------------------------------------------------------------------------- checkpoints

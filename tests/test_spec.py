@@ -163,7 +163,7 @@ def _mutate(data, tree):
         node[data.draw(st.text(max_size=8))] = data.draw(yaml_values)
 
 
-def _load_or_sentence(path, raw: bytes):
+def assert_loads_or_one_sentence(path, raw: bytes):
     """``load_spec`` on ``raw``: a JobSpec that survives the round trip records make of it, or
     Tula's one sentence, never another exception."""
     path.write_bytes(raw)
@@ -189,7 +189,7 @@ def scratch(tmp_path_factory):
 @SETTINGS
 @given(value=yaml_values)
 def test_random_yaml_loads_or_is_one_sentence(scratch, value):
-    _load_or_sentence(scratch / "random.yaml", yaml.safe_dump(value).encode())
+    assert_loads_or_one_sentence(scratch / "random.yaml", yaml.safe_dump(value).encode())
 
 
 @SETTINGS
@@ -198,7 +198,7 @@ def test_mutated_specs_load_or_are_one_sentence(scratch, data):
     tree = copy.deepcopy(data.draw(st.sampled_from(BASES)))
     for _ in range(data.draw(st.integers(1, 3))):
         _mutate(data, tree)
-    _load_or_sentence(scratch / "mutated.yaml", yaml.safe_dump(tree, allow_unicode=data.draw(st.booleans())).encode())
+    assert_loads_or_one_sentence(scratch / "mutated.yaml", yaml.safe_dump(tree, allow_unicode=data.draw(st.booleans())).encode())
 
 
 @SETTINGS
@@ -211,7 +211,7 @@ def test_truncated_or_byte_flipped_specs_load_or_are_one_sentence(scratch, data)
     else:
         for _ in range(data.draw(st.integers(1, 4))):
             raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
-    _load_or_sentence(scratch / "bytes.yaml", bytes(raw))
+    assert_loads_or_one_sentence(scratch / "bytes.yaml", bytes(raw))
 
 
 @pytest.mark.parametrize("raw", [b"name: caf\xe9\n", b"\xff\xfe\x00n\x00a", b"seed: " + b"9" * 5000 + b"\n",
