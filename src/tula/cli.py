@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 
@@ -39,6 +40,7 @@ console = Console(width=_WIDTH)
 err_console = Console(stderr=True, width=_WIDTH)
 
 RUNS = Path("runs")
+LOG_STEP_EVERY_S = 2.0  # output that is not a terminal gets a step line at most this often within an epoch
 RUN_FILES = ("run.json", "profile.json", "models.json", "plan.json", "plan.png")
 
 
@@ -156,6 +158,7 @@ def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batc
     bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=err_console, transient=False)
     task = bar.add_task(f"{method} N={n_workers} B={global_batch}", total=None)
+    last_line = [time.monotonic()]  # when a log (not a terminal) last got a line
 
     def on_event(ev: dict) -> None:
         kind = ev.get("type")
@@ -165,11 +168,15 @@ def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batc
                        description=f"{method} N={ev['n_workers']} B={ev['global_batch']}")
         elif kind == "step":
             bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
+            if not err_console.is_terminal and time.monotonic() - last_line[0] >= LOG_STEP_EVERY_S:
+                last_line[0] = time.monotonic()  # a log of a long epoch gets a line every few seconds
+                err_console.print(f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
         elif kind == "epoch":
             bar.update(task, completed=ev["epoch"] * ev["steps"],
                        description=f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, "
                                    f"top-1 {ev['test_top1']:.1%}")
             if not err_console.is_terminal:  # a log gets a line per epoch
+                last_line[0] = time.monotonic()
                 err_console.print(f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test top-1 "
                                   f"{ev['test_top1']:.2%}, {ev['epoch_time_s']:.2f} s")
         elif kind == "note":

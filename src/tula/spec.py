@@ -18,7 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from .errors import SpecError
 from .registry import METHOD_NAMES
-from .schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, param_problem
+from .schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 10**12}
@@ -175,7 +175,7 @@ class BatchScheduleSpec(_Strict):
     at each ``train.lr_milestones`` the batch x 1/``train.lr_gamma`` instead of the LR decay,
     the LR decays once the batch is at its largest (Smith et al.); ``loss_ratio``:
     B0 x (F(w0) - F*) / (F(wk) - F*) (AdaDamp); ``adaptive``: follows the gradient noise
-    scale B_simple.  B0 is the first global batch (``train.global_batch`` or the plan's).
+    scale B_simple; ``piecewise``: the list ``batches``, one per period of ``every_epochs``.  B0 is the first global batch (``train.global_batch`` or the plan's).
     Each parameter belongs to one kind; unset ones take that kind's default."""
 
     kind: Literal[SCHEDULE_NAMES] = "constant"  # the names of tula.schedules.SCHEDULES
@@ -193,6 +193,8 @@ class BatchScheduleSpec(_Strict):
                                "batch that is ignored (in (0, 1), default 0.2)")
     max_growth: float | None = Field(default=None, description="adaptive: largest factor per boundary (>= 1, "
                                      "default 2)")
+    batches: list[int] | None = Field(default=None, description="piecewise: the global batch of each period of "
+                                      "every_epochs epochs, the last for the rest of the run (required)")
 
     @field_validator(*PARAM_NAMES, mode="after")
     @classmethod
@@ -204,6 +206,13 @@ class BatchScheduleSpec(_Strict):
         if problem:
             raise ValueError(problem)
         return v
+
+    @model_validator(mode="after")
+    def _required_given(self) -> "BatchScheduleSpec":
+        missing = missing_param(self.kind, self.params())
+        if missing:
+            raise ValueError(missing)
+        return self
 
     def params(self) -> dict[str, Any]:
         """The parameters set for this kind (the others are ``None``)."""
@@ -249,9 +258,16 @@ class TrainSpec(_Strict):
     eval_batch: int = Field(default=1024, ge=1, description="samples per evaluation forward pass")
     batch_schedule: BatchScheduleSpec | None = Field(default=None, description="default: a constant batch")
     workers: WorkersSpec | None = Field(default=None, description="default: the worker count stays")
+    noise_scale: bool = Field(default=True, description="measure the gradient noise scale B_simple every step (a "
+                              "DDP comm hook for the local gradient norms and one one-element all-reduce); false "
+                              "saves that work, and train.json has no B_simple")
 
     @model_validator(mode="after")
     def _schedule_needs(self) -> "TrainSpec":
+        kind = self.batch_schedule.kind if self.batch_schedule is not None else None
+        if kind is not None and SCHEDULES[kind].needs_b_simple and not self.noise_scale:
+            raise ValueError(f"batch schedule {kind!r} follows the gradient noise scale, which train.noise_scale "
+                             "false turns off")
         if self.batch_schedule is not None and self.batch_schedule.kind == "increase_instead_of_decay":
             if not self.lr_milestones:
                 raise ValueError("batch schedule 'increase_instead_of_decay' grows the batch at train.lr_milestones, "
