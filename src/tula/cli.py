@@ -27,6 +27,7 @@ from .errors import Interrupted, RunDirError, TulaError
 from .registry import METHOD_NAMES
 from .registry import METHODS as METHOD_TABLE
 from .schedules import SCHEDULES
+from .pipeline import Observer, is_partial
 from .spec import JobSpec, load_spec, spec_from_dict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -100,83 +101,86 @@ def _stale_note(info: dict) -> None:
                       f"`{info.get('command')}`)")
 
 
-# --------------------------------------------------------------------------- stages with progress
-def _profile_with_progress(spec: JobSpec, search: str, save_to: Path, previous: dict | None = None,
-                           launcher=None) -> dict:
-    """Profile with a progress bar and write the record to ``save_to``; if a worker fails or
-    the run is interrupted mid-way, the trials finished before it are written there first."""
-    from .profile import ProfileFailed, ProfileInterrupted, profile
-    from .records import save_record
+# --------------------------------------------------------------------------- what the user sees
+class _Console(Observer):
+    """The pipeline's observer on a terminal (or a log): a progress bar per stage, a line
+    per trial / epoch / few seconds of a long epoch when the output is not a terminal, and
+    the tables of the records as they are written."""
 
-    with Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
-        task = bar.add_task("memory probe", total=None)
+    def __init__(self) -> None:
+        self.method: str | None = None
+        self.bar: Progress | None = None
+        self.task = None
+        self.last_line = time.monotonic()  # when a log (not a terminal) last got a line
 
-        def on_event(ev: dict) -> None:
-            if ev.get("type") == "plan":
-                bar.update(task, total=ev["total"], completed=ev.get("done", 0), description=f"{ev['total']} trials")
-            elif ev.get("type") == "trial":
-                bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
-                if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
-                    err_console.print(f"trial N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+    # the Observer protocol
+    def stage(self, name: str, **info) -> None:
+        self.method = info.get("method", self.method)
+        if name == "profiling":
+            self.bar = Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=err_console, transient=False)
+            self.task = self.bar.add_task("memory probe", total=None)
+            self.bar.start()
+        elif name == "training":  # the bar appears once the configuration is validated and the workers start
+            self.bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=err_console, transient=False)
+            self.task = self.bar.add_task(str(self.method or ""), total=None)
 
-        try:
-            rec = profile(spec, search, launcher=launcher, on_event=on_event, previous=previous)
-        except (ProfileFailed, ProfileInterrupted) as err:
-            if err.record is None:
-                raise
-            save_record(err.record, save_to)
-            n_ok = sum(t["status"] in ("ok", "oom", "skipped") for t in err.record["trials"])
-            kept = f"the {n_ok} trial(s) finished before it are saved in {save_to}"
-            if isinstance(err, ProfileInterrupted):
-                raise Interrupted(f"{err}; {kept}", err.signum) from None
-            raise TulaError(f"{err}; {kept}") from None
-        bar.update(task, description="done")
-    save_record(rec, save_to)
-    return rec
+    def done(self, name: str) -> None:
+        if self.bar is not None:
+            if name == "profiling":
+                self.bar.update(self.task, description="done")
+            self.bar.stop()
+            self.bar = None
 
+    def event(self, stage: str, ev: dict) -> None:
+        (self._profiling if stage == "profiling" else self._training)(ev)
 
-def _fit_and_save(prof: dict, save_to: Path) -> dict:
-    from .fit import fit_models
-    from .records import save_record
-    from .report import models_table
+    def saved(self, kind: str, record: dict | None, path: Path) -> None:
+        from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND
+        from .report import models_table, plan_table, train_table, trials_table
 
-    models = fit_models(prof)
-    save_record(models, save_to)
-    console.print(models_table(models))
-    return models
+        if kind == PROFILE_KIND and not record.get("in_progress") and not is_partial(record):
+            console.print(trials_table(record))
+        elif kind == MODELS_KIND:
+            console.print(models_table(record))
+        elif kind == PLAN_KIND:
+            console.print(plan_table(record))
+            console.print(f"[bold green]choice[/]: {record['reason']}")
+        elif kind == TRAIN_KIND:
+            console.print(train_table(record))
+            console.print(f"[bold green]trained[/]: {_train_summary(record)}")
 
+    def note(self, message: str) -> None:
+        console.print(message)
 
-def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batch: int, out: Path,
-                         resume: bool, launcher=None) -> dict:
-    """Train with a progress bar; write train.json and train.png into ``out``."""
-    from .records import save_record
-    from .report import plot_training, train_table
-    from .train import train
+    # progress
+    def _profiling(self, ev: dict) -> None:
+        bar, task = self.bar, self.task
+        if ev.get("type") == "plan":
+            bar.update(task, total=ev["total"], completed=ev.get("done", 0), description=f"{ev['total']} trials")
+        elif ev.get("type") == "trial":
+            bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+            if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
+                err_console.print(f"trial N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
 
-    # the bar appears once the configuration is validated and the workers start
-    bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=err_console, transient=False)
-    task = bar.add_task(f"{method} N={n_workers} B={global_batch}", total=None)
-    last_line = [time.monotonic()]  # when a log (not a terminal) last got a line
-
-    def on_event(ev: dict) -> None:
-        kind = ev.get("type")
+    def _training(self, ev: dict) -> None:
+        bar, task, method, kind = self.bar, self.task, self.method, ev.get("type")
         if kind == "start":
             bar.start()
             bar.update(task, total=ev["epochs"] * ev["steps_per_epoch"], completed=0,
                        description=f"{method} N={ev['n_workers']} B={ev['global_batch']}")
         elif kind == "step":
             bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
-            if not err_console.is_terminal and time.monotonic() - last_line[0] >= LOG_STEP_EVERY_S:
-                last_line[0] = time.monotonic()  # a log of a long epoch gets a line every few seconds
+            if not err_console.is_terminal and time.monotonic() - self.last_line >= LOG_STEP_EVERY_S:
+                self.last_line = time.monotonic()  # a log of a long epoch gets a line every few seconds
                 err_console.print(f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
         elif kind == "epoch":
             bar.update(task, completed=ev["epoch"] * ev["steps"],
                        description=f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, "
                                    f"top-1 {ev['test_top1']:.1%}")
             if not err_console.is_terminal:  # a log gets a line per epoch
-                last_line[0] = time.monotonic()
+                self.last_line = time.monotonic()
                 err_console.print(f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test top-1 "
                                   f"{ev['test_top1']:.2%}, {ev['epoch_time_s']:.2f} s")
         elif kind == "note":
@@ -187,15 +191,6 @@ def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batc
         elif kind == "fallback":
             bar.console.print(f"[yellow]out of memory at global batch {ev['from_global_batch']}[/]: resuming "
                               f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
-
-    try:
-        run = train(spec, method, n_workers, global_batch, out, resume=resume, launcher=launcher, on_event=on_event)
-    finally:
-        bar.stop()
-    save_record(run, out / "train.json")
-    console.print(train_table(run))
-    plot_training(run, out / "train.png")
-    return run
 
 
 def _train_summary(run: dict) -> str:
@@ -218,8 +213,8 @@ def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
             force: bool = typer.Option(False, help="overwrite an existing record at --out"),
             cluster: str = typer.Option(None, help=_CLUSTER_HELP)) -> None:
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
+    from .pipeline import profile_stage
     from .records import PROFILE_KIND, load_record
-    from .report import trials_table
     from .rundir import check_out_file, locked
 
     job = _with_cluster(load_spec(spec), cluster)
@@ -234,12 +229,11 @@ def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
         check_out_file(out, force)
     with locked(out.parent, on_stale=_stale_note):
         try:
-            rec = _profile_with_progress(job, search.value, out, previous)
+            profile_stage(job, search.value, out, previous=previous, observer=_Console())
         except Interrupted as err:
             err.hint = f"tula profile {_q(spec)} --search {search.value} --out {_q(out)} --resume" + \
                 (f" --cluster {_q(cluster)}" if cluster else "")
             raise
-    console.print(trials_table(rec))
     console.print(f"profile written to [bold]{out}[/]")
 
 
@@ -249,13 +243,17 @@ def fit(profile_json: Path = typer.Argument(..., help="a profile record from `tu
                                  "to the profile"),
         force: bool = typer.Option(False, help="overwrite an existing record at --out")) -> None:
     """Fit the memory and performance models of a profile; the result re-plans without profiling."""
+    from .pipeline import fit_stage
     from .records import PROFILE_KIND, load_record
     from .rundir import check_out_file
 
     out = out or profile_json.parent / "models.json"
     check_out_file(out, force)
     rec = load_record(profile_json, expect=(PROFILE_KIND,))
-    _fit_and_save(rec, out)
+    if is_partial(rec):
+        raise TulaError(f"{profile_json} is a partial profile (its trials did not all finish); continue it with "
+                        f"`tula profile SPEC --out {_q(profile_json)} --resume` first")
+    fit_stage(rec, out, _Console())
     console.print(f"models written to [bold]{out}[/]")
 
 
@@ -270,9 +268,8 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
          force: bool = typer.Option(False, help="overwrite existing records"),
          cluster: str = typer.Option(None, help=_CLUSTER_HELP + " (when SOURCE is a spec)")) -> None:
     """Predict time and cost of every configuration and choose one."""
-    from .plan import make_plan
-    from .records import MODELS_KIND, PROFILE_KIND, load_record, save_record
-    from .report import plan_table, plot_plan, trials_table
+    from .pipeline import fit_stage, plan_stage, profile_stage
+    from .records import MODELS_KIND, PROFILE_KIND, load_record
     from .rundir import check_out_file, locked
 
     is_spec = source.suffix.lower() in (".yaml", ".yml")
@@ -288,20 +285,19 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
     if plot is not None:
         check_out_file(plot, force, what="--plot")
     with locked(out.parent, on_stale=_stale_note):
+        shown = _Console()
         if is_spec:
-            prof = _profile_with_progress(job, search.value, out.parent / "profile.json")
-            console.print(trials_table(prof))
-            models = _fit_and_save(prof, out.parent / "models.json")
+            prof = profile_stage(job, search.value, out.parent / "profile.json", observer=shown)
+            models = fit_stage(prof, out.parent / "models.json", shown)
         elif rec["kind"] == PROFILE_KIND:
-            models = _fit_and_save(rec, out.parent / "models.json")
+            if is_partial(rec):
+                raise TulaError(f"{source} is a partial profile (its trials did not all finish); continue it with "
+                                f"`tula profile SPEC --out {_q(source)} --resume` first")
+            models = fit_stage(rec, out.parent / "models.json", shown)
         else:
             models = rec
-        p = make_plan(models, objective.value if objective else None)
-        save_record(p, out)
-    console.print(plan_table(p))
-    console.print(f"[bold green]choice[/]: {p['reason']}")
+        plan_stage(models, objective.value if objective else None, out, plot, shown)
     if plot is not None:
-        plot_plan(p, models["trials"], plot)
         console.print(f"plot written to [bold]{plot}[/]")
     console.print(f"plan written to [bold]{out}[/]")
 
@@ -325,6 +321,7 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     Checkpoints after every epoch (the last two are kept, with checksums); on out-of-memory
     the run resumes from the last checkpoint at the next smaller batch.  Ctrl-C stops at
     the next step and keeps the last finished epoch; --resume continues from it."""
+    from .pipeline import train_stage
     from .records import PLAN_KIND, load_record
     from .rundir import check_out_dir
 
@@ -352,13 +349,12 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
                         "train.global_batch in the spec, or pass --plan plan.json")
     name = method.value if method else job.train.method
     try:
-        run = _train_with_progress(job, name, n, b, out, resume)
+        train_stage(job, name, n, b, out, resume=resume, observer=_Console())
     except Interrupted as err:
         err.hint = (f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
                     + (f" --epochs {epochs}" if epochs is not None else "") + f" --out {_q(out)} --resume"
                     + (f" --cluster {_q(cluster)}" if cluster else "") + (f" --schedule {schedule}" if schedule else ""))
         raise
-    console.print(f"[bold green]trained[/]: {_train_summary(run)}")
     console.print(f"records and plot in [bold]{out}[/]: train.json, metrics.jsonl, checkpoint.pt, train.png")
 
 
@@ -431,51 +427,12 @@ def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with
 
 def _run_stages(job: JobSpec, out: Path, search: str, objective: str | None, train_after: bool,
                 resuming: bool, launcher) -> None:
-    from .checkpoint import has_checkpoint
-    from .plan import make_plan
-    from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, load_record, save_record
-    from .report import plan_table, plot_plan, trials_table
+    from .pipeline import run_pipeline
 
+    run_pipeline(job, out, search=search, objective=objective, train_after=train_after, resuming=resuming,
+                 launcher=launcher, observer=_Console())
     files = ["profile.json", "models.json", "plan.json", "plan.png"]
-    prof_path, models_path, plan_path = out / "profile.json", out / "models.json", out / "plan.json"
-    prof = load_record(prof_path, expect=(PROFILE_KIND,)) if resuming and prof_path.exists() else None
-    if prof is None or prof.get("interrupted") or prof.get("failed"):
-        if prof is not None:
-            console.print(f"continuing the profile in {prof_path}: "
-                          f"{sum(t['status'] in ('ok', 'oom', 'skipped') for t in prof['trials'])} of "
-                          f"{len(prof['configs'])} trial(s) already finished")
-        prof = _profile_with_progress(job, search, prof_path, previous=prof, launcher=launcher)
-        models = None
-    else:
-        console.print(f"profile: {prof_path} is complete")
-        models = load_record(models_path, expect=(MODELS_KIND,)) if models_path.exists() else None
-    console.print(trials_table(prof))
-    if models is None:
-        models = _fit_and_save(prof, models_path)
-        p = None
-    else:
-        p = load_record(plan_path, expect=(PLAN_KIND,)) if plan_path.exists() else None
-    if p is None:
-        p = make_plan(models, objective)
-        save_record(p, plan_path)
-    console.print(plan_table(p))
-    plot_plan(p, models["trials"], out / "plan.png")
-    console.print(f"[bold green]choice[/]: {p['reason']}")
     if train_after:
-        c = p["choice"]
-        method = job.train.method
-        if METHOD_TABLE[method].needs_b_small_below_batch and c["global_batch"] <= job.train.ags.b_small:
-            console.print(f"the chosen batch {c['global_batch']} is not above train.ags.b_small "
-                          f"({job.train.ags.b_small}): nothing to scale, training with lbt")
-            method = "lbt"
-        train_dir = out / "train"
-        if resuming and (train_dir / "train.json").exists():  # written only when training finished
-            r = load_record(train_dir / "train.json", expect=(TRAIN_KIND,))
-            console.print(f"training: {train_dir / 'train.json'} is complete")
-        else:
-            r = _train_with_progress(job, method, c["n_workers"], c["global_batch"], train_dir,
-                                     resume=resuming and has_checkpoint(train_dir), launcher=launcher)
-        console.print(f"[bold green]trained[/]: {_train_summary(r)}")
         files += ["train/train.json", "train/train.png", "train/metrics.jsonl"]
     console.print(f"records and plots in [bold]{out}[/]: {', '.join(files)}")
 

@@ -160,6 +160,9 @@ class ProfileRecord(_Record):
     created: str
     failed: str | None = None
     interrupted: str | None = None
+    #: a snapshot written while trials still ran (the process may have died since): the
+    #: finished trials are kept and the rest run when it is resumed, as for ``interrupted``
+    in_progress: bool = False
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
     _mem = field_validator("memory")(classmethod(lambda cls, v: _valid_memory(v)))
