@@ -293,3 +293,24 @@ def test_cli_simulate_refuses_a_record_that_is_not_a_models_record(models_json, 
     assert r.returncode == 2 and "is a plan record, but a models record is needed here" in " ".join(r.stderr.split())
     r = _tula("simulate", tmp_path / "missing.json", "--out", tmp_path / "x.png")
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_simulating_imports_no_torch(models_json, tmp_path):
+    code = f"""
+import sys
+from tula.records import load_record
+from tula.report import plot_simulation, simulation_tables
+from tula.schedules import Caps
+from tula.simulate import simulator_from_models
+models = load_record({str(models_json)!r})
+sim = simulator_from_models(models, bandwidth="100Gbit/s", latency="5us")
+rows = sim.constant(512, [1, 64, 1024])
+simulation_tables(sim, rows)
+plot_simulation(sim, rows, {str(tmp_path / 'sim.png')!r})
+sim.schedule("geometric", 32, Caps(1438, None, 1, 64, 32), {{"factor": 2, "delay": 1}})
+loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+assert not loaded, loaded[:5]
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "sim.png").read_bytes()[:4] == b"\x89PNG"
