@@ -233,7 +233,8 @@ def test_bad_simulation_inputs_are_one_sentence():
                         (lambda: simulator_from_models(_record(HAND), bandwidth="fast"), "'fast' is not a bandwidth"),
                         (lambda: simulator_from_models(_record(HAND), latency="soon"), "'soon' is not a latency"),
                         (lambda: simulator_from_models(_record(HAND), compute_speed=0), "positive factor"),
-                        (lambda: simulator_from_models({"kind": "tula.plan", "version": 1}), "a models record is needed")):
+                        (lambda: simulator_from_models({"kind": "tula.plan", "version": 1}),
+                         "a models record is needed")):
         with pytest.raises(TulaError) as e:
             call()
         assert words in str(e.value) and len(str(e.value).splitlines()) == 1

@@ -493,6 +493,7 @@ def simulate(models_json: Path = typer.Argument(..., help="a models record from 
     for t in simulation_tables(sim, rows, unit):
         console.print(t)
     console.print(simulation_summary(rows))
+    console.print(title)
     for note in sim.notes:
         console.print(f"[yellow]note[/]: {note}")
     plot_simulation(sim, rows, out, title, measured)

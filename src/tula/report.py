@@ -179,7 +179,8 @@ def simulation_tables(sim, rows: list[dict], unit: str = "$") -> list[Table]:
         else:
             t = Table(title=f"Simulated {c}, B={mine[0]['global_batch']} constant, {sim.epochs} epochs: "
                             f"{_simulated_network(sim)}")
-            for col in ("N", "b", "step ms", "sync ms", "epoch", "total", f"cost {unit}", "updates", "speed-up", "note"):
+            for col in ("N", "b", "step ms", "sync ms", "epoch", "total", f"cost {unit}", "updates", "speed-up",
+                        "note"):
                 t.add_column(col, justify="right" if col != "note" else "left")
             base = next((r["total_time_s"] for r in mine if r["total_time_s"] is not None), None)
             for r in mine:
@@ -206,7 +207,8 @@ def simulation_summary(rows: list[dict]) -> Table:
     return t
 
 
-def plot_simulation(sim, rows: list[dict], path: str | Path, title: str = "", measured: list[dict] | None = None) -> Path:
+def plot_simulation(sim, rows: list[dict], path: str | Path, title: str = "",
+                    measured: list[dict] | None = None) -> Path:
     """Constant batch: total time and cost vs N (log-log), a line per collective, the
     profiled measurements (E * updates * measured t_step) as points.  Schedules: total time
     and cost per schedule, a bar per collective."""

@@ -224,7 +224,8 @@ class Simulator:
         if reads:
             if not history:
                 raise TulaError(f"batch schedule {kind!r} follows the {' and '.join(reads)} measured while training, "
-                                "which a performance model cannot predict; give a training run's record to replay (tula simulate --history train.json)")
+                                "which a performance model cannot predict; give a training run's record to replay "
+                                "(tula simulate --history train.json)")
             if len(history) < self.epochs - 1:
                 raise TulaError(f"the training run to replay has {len(history)} epochs, but {kind!r} needs the "
                                 f"first {self.epochs - 1} to simulate {self.epochs}")
@@ -312,14 +313,15 @@ def simulator_from_models(models: dict, bandwidth: Any = None, latency: Any = No
     if latency is not None:
         try:
             lat = parse_duration(latency)
-        except ValueError as err:
+        except ValueError:
             raise TulaError(f"{str(latency)[:40]!r} is not a latency; use seconds or a number with a unit such as "
                             "'5us', '50us' or '0.1ms'") from None
         notes.pop("latency", None)
     if bandwidth is not None and latency is not None:
         notes.pop("loopback", None)
     if not (isinstance(compute_speed, (int, float)) and math.isfinite(compute_speed) and compute_speed > 0):
-        raise TulaError(f"the compute speed must be a positive factor (2: workers twice as fast), not {compute_speed!r}")
+        raise TulaError(f"the compute speed must be a positive factor (2: workers twice as fast), "
+                        f"not {compute_speed!r}")
     ok = [t for t in rec["trials"] if t["status"] == "ok"]
     largest = max((t["n_workers"] for t in ok), default=1)
     r = largest if ranks_per_node is None else int(ranks_per_node)
@@ -346,7 +348,8 @@ def default_batch(models: dict) -> int:
     return max(ok) if ok else spec.search.min_batch
 
 
-def schedule_caps(models: dict, sim: Simulator, first_batch: int, workers: Sequence[int], min_workers: int | None = None,
+def schedule_caps(models: dict, sim: Simulator, first_batch: int, workers: Sequence[int],
+                  min_workers: int | None = None,
                   max_workers: int | None = None, batch_per_worker: int | None = None) -> Caps:
     """The workers rule of a simulated schedule: the spec's ``train.workers`` where it has one,
     else 1 to the largest of ``workers`` with ``batch_per_worker`` the first batch; each
