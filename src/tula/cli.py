@@ -1,4 +1,4 @@
-"""Command line: ``tula profile``, ``tula fit``, ``tula plan``, ``tula train``, ``tula run``.
+"""Command line: ``tula profile``, ``tula fit``, ``tula plan``, ``tula train``, ``tula run``, ``tula simulate``.
 
 Errors a user can cause print one sentence and exit with code 2; SIGINT/SIGTERM stop the
 ranks at the next step boundary, keep what finished, print what was kept and the command
@@ -201,6 +201,48 @@ def _train_summary(run: dict) -> str:
             f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})")
 
 
+_PRICING_HELP = ("replace a field of the spec's pricing, KEY=VALUE, repeatable: kind (fixed, memory, spot), "
+                 "price_per_node_hour (on-demand), price_per_gb_hour, spot_price_per_node_hour, "
+                 "preemption_rate_per_node_hour, checkpoint_interval_s (e.g. 10min; default every epoch), restart_s")
+
+
+def _pricing_overrides(items: list[str] | None) -> dict:
+    """``["kind=spot", "spot_price_per_node_hour=0.9"]`` into pricing fields (checked by the spec)."""
+    out = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise TulaError(f"--pricing {item!r} is not KEY=VALUE (e.g. --pricing kind=spot)")
+        out[key.strip()] = value.strip()
+    if out:  # one sentence for a bad field or value, before any work
+        from .spec import JobSpec as _Job
+
+        try:
+            spec_from_dict({"pricing": {**_Job().pricing.model_dump(mode="json"), **out}})
+        except TulaError as err:
+            raise TulaError(f"--pricing: {str(err).removeprefix('spec field ')}") from None
+    return out
+
+
+def _plan_constraints(models: dict, deadline: str | None, budget: float | None):
+    """The spec's constraints with --deadline and --budget in place of its own."""
+    from .plan import Constraints
+    from .spec import parse_duration
+
+    base = Constraints.of(spec_from_dict(models["spec"]).constraints)
+    d_s = base.deadline_s
+    if deadline is not None:
+        try:
+            d_s = parse_duration(deadline)
+        except ValueError as err:
+            raise TulaError(f"--deadline: {err}") from None
+        if d_s <= 0:
+            raise TulaError(f"--deadline must be a positive duration, not {deadline!r}")
+    if budget is not None and not (budget >= 0 and budget != float("inf")):
+        raise TulaError(f"--budget must be a non-negative amount, not {budget!r}")
+    return Constraints(d_s, base.budget if budget is None else budget)
+
+
 # --------------------------------------------------------------------------- commands
 @app.command()
 def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
@@ -266,12 +308,28 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
                                   "beside it"),
          plot: Path = typer.Option(None, help="also write the time/cost-vs-batch plot to this PNG"),
          force: bool = typer.Option(False, help="overwrite existing records"),
-         cluster: str = typer.Option(None, help=_CLUSTER_HELP + " (when SOURCE is a spec)")) -> None:
-    """Predict time and cost of every configuration and choose one."""
+         cluster: str = typer.Option(None, help=_CLUSTER_HELP + " (when SOURCE is a spec)"),
+         deadline: str = typer.Option(None, help="choose among configurations expected to finish within this "
+                                      "duration, e.g. 8h, 90min, 1h30m (default: the spec's constraints.deadline)"),
+         budget: float = typer.Option(None, help="choose among configurations expected to cost at most this, in "
+                                      "the pricing's unit (default: the spec's constraints.budget)"),
+         pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
+         compare_spot: bool = typer.Option(False, "--compare-spot", help="also plan on the other of spot and "
+                                           "on-demand pricing and say which is cheaper, and up to which preemption "
+                                           "rate spot stays cheaper (needs pricing.spot_price_per_node_hour and "
+                                           "preemption_rate_per_node_hour, e.g. via --pricing)")) -> None:
+    """Predict time and cost of every configuration and choose one.
+
+    With --deadline/--budget (or the spec's constraints) the choice is the best by the
+    objective among the configurations that meet both; if none does, one sentence says
+    which constraint and by how much.  With spot pricing (--pricing kind=spot ...) times
+    and costs are expected values with preemptions (lost work since the last checkpoint and
+    a restart per preemption); --compare-spot sets spot against on-demand."""
     from .pipeline import fit_stage, plan_stage, profile_stage
     from .records import MODELS_KIND, PROFILE_KIND, load_record
     from .rundir import check_out_file, locked
 
+    price_over = _pricing_overrides(pricing)
     is_spec = source.suffix.lower() in (".yaml", ".yml")
     job = _with_cluster(load_spec(source), cluster) if is_spec else None
     rec = None if is_spec else load_record(source, expect=(PROFILE_KIND, MODELS_KIND))
@@ -296,7 +354,11 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
             models = fit_stage(rec, out.parent / "models.json", shown)
         else:
             models = rec
-        plan_stage(models, objective.value if objective else None, out, plot, shown)
+        p = plan_stage(models, objective.value if objective else None, out, plot, shown,
+                       constraints=_plan_constraints(models, deadline, budget), pricing=price_over or None,
+                       compare_spot=compare_spot)
+    if p.get("spot_comparison"):
+        console.print(f"[bold]spot vs on-demand[/]: {p['spot_comparison']['sentence']}")
     if plot is not None:
         console.print(f"plot written to [bold]{plot}[/]")
     console.print(f"plan written to [bold]{out}[/]")
@@ -356,6 +418,90 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
                     + (f" --cluster {_q(cluster)}" if cluster else "") + (f" --schedule {schedule}" if schedule else ""))
         raise
     console.print(f"records and plot in [bold]{out}[/]: train.json, metrics.jsonl, checkpoint.pt, train.png")
+
+
+@app.command()
+def simulate(models_json: Path = typer.Argument(..., help="a models record from `tula fit` (a run's models.json)"),
+             workers: str = typer.Option(None, help="worker counts N, comma-separated (default 1,2,4,...,1024); "
+                                         "with --schedule, the largest is the workers' maximum"),
+             batch: int = typer.Option(None, help="the constant global batch B (default: the spec's "
+                                       "train.global_batch, else the largest profiled); with --schedule, the first "
+                                       "batch B0 (default: train.global_batch, else search.min_batch)"),
+             schedule: list[str] = typer.Option(None, help=f"simulate batch schedules instead of a constant batch, "
+                                                "KIND[:KEY=VALUE,...] (e.g. geometric:factor=2,delay=5), repeatable; "
+                                                f"kinds: {', '.join(SCHEDULES)}; workers follow N = "
+                                                "clip(ceil(B / batch_per_worker), min, max)"),
+             collective: str = typer.Option(None, help="ring, parameter_server, tree, comma-separated "
+                                            "(default: all three)"),
+             bandwidth: str = typer.Option(None, help="network bandwidth per link, e.g. 100Gbit/s, 25Gb/s, 10GB/s "
+                                           "(default: the fitted 1/beta)"),
+             latency: str = typer.Option(None, help="latency per message hop, e.g. 5us (default: the fitted alpha)"),
+             compute_speed: float = typer.Option(1.0, help="per-worker compute speed relative to the profiled "
+                                                 "worker (2: twice as fast)"),
+             ranks_per_node: int = typer.Option(None, help="workers that share one node, to which the fitted "
+                                                "co-location slowdown applies (default: the largest N profiled, "
+                                                "which reproduces the fit there; 1: a node per worker)"),
+             epochs: int = typer.Option(None, help="override the spec's epochs"),
+             min_workers: int = typer.Option(None, help="--schedule: fewest workers (default: train.workers.min, "
+                                             "else 1)"),
+             max_workers: int = typer.Option(None, help="--schedule: most workers (default: train.workers.max, else "
+                                             "the largest of --workers)"),
+             batch_per_worker: int = typer.Option(None, help="--schedule: samples per worker in the workers rule "
+                                                  "(default: train.workers.batch_per_worker, else B0)"),
+             history: Path = typer.Option(None, help="--schedule loss_ratio/adaptive: a training run record "
+                                          "(train.json) whose per-epoch training loss and B_simple they follow"),
+             pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
+             out: Path = typer.Option(None, help="the PNG to write (default: simulate.png next to MODELS_JSON)"),
+             force: bool = typer.Option(False, help="overwrite an existing PNG at --out")) -> None:
+    """What if the cluster were larger: predict step, epoch and total time and cost from a
+    fitted models record for worker counts far beyond the profiled ones, per collective
+    (ring all-reduce, parameter server, tree), for a constant batch or batch schedules,
+    on the fitted network or a given --bandwidth/--latency.  No profiling, no torch."""
+    from .records import MODELS_KIND, TRAIN_KIND, load_record
+    from .report import plot_simulation, simulation_summary, simulation_tables
+    from .rundir import check_out_file
+    from .simulate import (default_batch, parse_collectives, parse_schedule, parse_workers, schedule_caps,
+                           schedule_settings, simulator_from_models)
+
+    colls = parse_collectives(collective)
+    ns = parse_workers(workers)
+    scheds = [parse_schedule(s) for s in schedule or []]
+    price_over = _pricing_overrides(pricing)
+    out = out or models_json.parent / "simulate.png"
+    check_out_file(out, force, what="--out")
+    models = load_record(models_json, expect=(MODELS_KIND,))
+    sim = simulator_from_models(models, bandwidth, latency, compute_speed, ranks_per_node, epochs, price_over)
+    job = spec_from_dict(models["spec"])
+    unit = sim.pricing.unit
+    if scheds:
+        past = load_record(history, expect=(TRAIN_KIND,))["history"] if history is not None else None
+        b0 = batch or job.train.global_batch or job.search.min_batch
+        caps = schedule_caps(models, sim, b0, ns, min_workers, max_workers, batch_per_worker)
+        rows = []
+        for text, (kind, given) in zip(schedule, scheds):
+            rows += sim.schedule(kind, b0, caps, schedule_settings(models, kind, given), colls,
+                                 job.train.lr_milestones, job.train.lr_gamma, past, label=text)
+        title = (f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
+                 f"{caps.min_workers}, {caps.max_workers})")
+        measured = None
+    else:
+        big_b = batch or default_batch(models)
+        rows = sim.constant(big_b, ns, colls)
+        title = f"{job.name}: constant global batch {big_b}"
+        from .schedules import steps_per_epoch
+
+        perf_coll = models["perf"]["collective"]
+        measured = [{"n_workers": t["n_workers"], "total_time_s": sim.epochs * steps_per_epoch(sim.dataset_size, big_b)
+                     * t["t_step_s"]} for t in models["trials"]
+                    if t["status"] == "ok" and t["global_batch"] == big_b and perf_coll in colls]
+    for t in simulation_tables(sim, rows, unit):
+        console.print(t)
+    console.print(simulation_summary(rows))
+    console.print(title)
+    for note in sim.notes:
+        console.print(f"[yellow]note[/]: {note}")
+    plot_simulation(sim, rows, out, title, measured)
+    console.print(f"plot written to [bold]{out}[/]")
 
 
 def _existing_run_files(out: Path) -> list[str]:

@@ -57,6 +57,12 @@ def _ceil(x: float) -> int:
     return math.ceil(x - _EPS * max(1.0, abs(x)))
 
 
+def steps_per_epoch(dataset_size: int, global_batch: int) -> int:
+    """Optimiser steps per epoch: every full global batch (at least one).  The runner trains
+    this many; the simulator counts them."""
+    return max(1, dataset_size // global_batch)
+
+
 # ---------------------------------------------------------------------------- parameters as data
 @dataclass(frozen=True)
 class Param:
@@ -264,6 +270,8 @@ class ScheduleInfo:
         apply the milestone decay itself; the decision's ``lr_decay`` holds the decays taken)
     needs_b_simple : it reads ``b_simple`` from the epochs' records (the runner must
         estimate the gradient noise scale)
+    needs_train_loss : it reads ``train_loss`` from the epochs' records (a simulation needs
+        a training run's losses to follow it)
     """
 
     name: str
@@ -273,6 +281,7 @@ class ScheduleInfo:
     spec_fields: tuple[str, ...] = ()
     owns_lr_milestones: bool = False
     needs_b_simple: bool = False
+    needs_train_loss: bool = False
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
@@ -295,7 +304,8 @@ _TABLE = (
                  "the LR decays at the largest batch", spec_fields=("train.lr_milestones", "train.lr_gamma"),
                  owns_lr_milestones=True),
     ScheduleInfo("loss_ratio", LossRatio, "AdaDamp: B0 x (F(w0) - F*) / (F(wk) - F*) from the training loss",
-                 (Param("f_star", float, 0.0, "the smallest loss the model can reach (F*)"),)),
+                 (Param("f_star", float, 0.0, "the smallest loss the model can reach (F*)"),),
+                 needs_train_loss=True),
     ScheduleInfo("adaptive", Adaptive, "follows the gradient noise scale B_simple, with hysteresis and a "
                  "maximum growth per boundary",
                  (Param("min_batch", int, None, "the smallest batch it goes to (default: the first batch)", low=1),

@@ -49,7 +49,7 @@ from .memory import cap_address_space
 from .optim.methods import build_method
 from .records import TRAIN_KIND, read_jsonl, write_atomic
 from .registry import schedule_problem
-from .schedules import caps_from_spec, next_config, state_from_spec
+from .schedules import caps_from_spec, next_config, state_from_spec, steps_per_epoch  # noqa: F401 (re-exported)
 from .registry import check_train_config, smallest_batch_for
 from .rundir import check_out_dir, locked
 from .spec import JobSpec
@@ -61,11 +61,6 @@ STEP_TRACES = "step_traces"  # key of an epoch line's per-step method traces (me
 
 class TrainFailed(WorkerError):
     """A worker failed mid-training; the epochs finished before it are in the checkpoint."""
-
-
-def steps_per_epoch(dataset_size: int, global_batch: int) -> int:
-    """Optimiser steps per epoch: every full global batch (at least one)."""
-    return max(1, dataset_size // global_batch)
 
 
 def next_smaller_batch(global_batch: int, n_workers: int) -> int:
