@@ -583,6 +583,137 @@ def _run_stages(job: JobSpec, out: Path, search: str, objective: str | None, tra
     console.print(f"records and plots in [bold]{out}[/]: {', '.join(files)}")
 
 
+# --------------------------------------------------------------------------- the service and its clients
+_SERVER_HELP = "the Tula service's URL (default: $TULA_SERVER, else http://127.0.0.1:8787)"
+_TOKEN_HELP = "the service's bearer token (default: $TULA_TOKEN)"
+
+
+@app.command()
+def serve(host: str = typer.Option(None, help="address to listen on (default 127.0.0.1; beyond loopback a token "
+                                   "is required)"),
+          port: int = typer.Option(None, help="port (default 8787)"),
+          token: str = typer.Option(None, help="bearer token every request must carry (default: $TULA_TOKEN)"),
+          home: Path = typer.Option(None, help="data directory: job records, checkpoints, plots and the SQLite "
+                                    "store (default: $TULA_HOME, else ~/.tula)"),
+          db_url: str = typer.Option(None, help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db "
+                                     "(default: $TULA_DB_URL, else sqlite:///HOME/tula.db)"),
+          max_concurrent_jobs: int = typer.Option(None, help="jobs running at once (default 1); the rest queue")) -> None:
+    """Run the Tula service: a REST API (OpenAPI at /docs) and a dashboard at /.
+
+    Jobs submitted with `tula submit` or POST /v1/jobs run in runner processes, one per job;
+    every record goes into the store, and a job whose model was measured before is planned
+    from the store without profiling.  Settings also come from TULA_* environment variables
+    (TULA_MAX_EPOCHS, TULA_MAX_CONFIGS, TULA_MAX_REQUEST_BYTES, TULA_IMPORT_ALLOWLIST,
+    TULA_DATA_ROOTS, TULA_STALE_AFTER_S, ...).  Ctrl-C stops the service; running jobs stop at
+    their next step and resume when it starts again."""
+    import uvicorn
+
+    from .service.app import create_app
+    from .service.settings import settings_from
+    from .service.store import Store
+
+    settings = settings_from(host=host, port=port, token=token, home=home, db_url=db_url,
+                             max_concurrent_jobs=max_concurrent_jobs)
+    settings.check_can_start()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    Store(settings.store_url, settings.home).close()  # a store that cannot be opened: one sentence, before binding
+    shown = "localhost" if settings.loopback else settings.host
+    err_console.print(f"Tula service on http://{shown}:{settings.port} (API docs at /docs), store "
+                      f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in "
+                      f"{settings.home}")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+def _client(server: str | None, token: str | None):
+    from .service.client import Client
+
+    return Client(server, token)
+
+
+@app.command()
+def submit(spec: Path = typer.Argument(..., help="job spec (YAML)"),
+           server: str = typer.Option(None, help=_SERVER_HELP),
+           token: str = typer.Option(None, help=_TOKEN_HELP),
+           search: Search = typer.Option(Search.partial, help="full or partial search"),
+           objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+           train_after: bool = typer.Option(True, "--train/--no-train", help="train at the chosen configuration"),
+           wait: bool = typer.Option(False, help="follow the job until it ends, with a progress bar")) -> None:
+    """Submit a job spec to a Tula service; prints the job's id (and follows it with --wait)."""
+    job = load_spec(spec)  # the same checks as the local commands, before anything is sent
+    c = _client(server, token)
+    rec = c.submit(job.to_dict(), search=search.value, objective=objective.value if objective else None,
+                   train=train_after)
+    console.print(f"submitted job [bold]{rec['id']}[/] ({job.name}): {c.base}{rec['url']}")
+    if wait:
+        _follow(c, rec["id"])
+
+
+def _follow(c, job_id: str) -> None:
+    from .report import plan_table
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=err_console) as bar:
+        task = bar.add_task("queued", total=1.0)
+        while True:
+            j = c.job(job_id)
+            bar.update(task, completed=j["progress"] or 0.0, description=f"{j['state']}: {j.get('message') or ''}"[:80])
+            if j["state"] in ("done", "failed", "cancelled"):
+                break
+            time.sleep(1.0)
+    if j["state"] == "done":
+        plan = c.record(job_id, "plan")
+        console.print(plan_table(plan))
+        console.print(f"[bold green]choice[/]: {plan['reason']}")
+    elif j["state"] == "failed":
+        raise TulaError(f"job {job_id} failed: {j['error']}")
+    else:
+        raise TulaError(f"job {job_id} was cancelled")
+
+
+@app.command()
+def status(job_id: str = typer.Argument(None, help="a job id; without it, the jobs table"),
+           server: str = typer.Option(None, help=_SERVER_HELP),
+           token: str = typer.Option(None, help=_TOKEN_HELP),
+           state: str = typer.Option(None, help="only jobs in this state (queued, profiling, ..., done, failed)"),
+           limit: int = typer.Option(20, help="at most this many jobs")) -> None:
+    """The jobs of a Tula service, or one job with its plan and training summary."""
+    from .service.client import job_detail, jobs_table
+
+    c = _client(server, token)
+    if job_id is None:
+        page = c.jobs(state=state, limit=limit)
+        console.print(jobs_table(page["jobs"], page["total"]))
+        return
+    job = c.job(job_id)
+    records = {name: c.record(job_id, name, missing_ok=True) for name in ("plan", "train")}
+    for renderable in job_detail(job, records):
+        console.print(renderable)
+
+
+@app.command()
+def replan(job_id: str = typer.Argument(..., help="a job of the service whose models are fitted"),
+           objective: Objective = typer.Option(None, help="time, cost or knee"),
+           price: float = typer.Option(None, help="fixed price per node-hour"),
+           cluster_sizes: str = typer.Option(None, help="comma-separated cluster sizes to plan over, e.g. 1,2,4,8,16"),
+           epochs: int = typer.Option(None, help="another epoch count"),
+           server: str = typer.Option(None, help=_SERVER_HELP),
+           token: str = typer.Option(None, help=_TOKEN_HELP)) -> None:
+    """Plan a service job again from its stored models (no profiling), e.g. --objective cost."""
+    from .report import plan_table
+
+    body: dict = {"objective": objective.value if objective else None, "epochs": epochs}
+    if price is not None:
+        body["pricing"] = {"kind": "fixed", "price_per_node_hour": price}
+    if cluster_sizes is not None:
+        try:
+            body["cluster_sizes"] = [int(x) for x in cluster_sizes.split(",") if x.strip()]
+        except ValueError:
+            raise TulaError(f"--cluster-sizes must be comma-separated integers, not {cluster_sizes!r}") from None
+    p = _client(server, token).replan(job_id, {k: v for k, v in body.items() if v is not None})
+    console.print(plan_table(p))
+    console.print(f"[bold green]choice[/]: {p['reason']}")
+
+
 def main() -> None:
     if len(sys.argv) == 1:  # bare `tula`: the help, not an error
         sys.argv.append("--help")

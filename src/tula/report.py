@@ -91,6 +91,43 @@ def plan_table(plan: dict) -> Table:
     return t
 
 
+def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
+    """What a plan chart shows, for the PNG and the dashboard alike: per cluster size the
+    predicted time and cost vs global batch, the measured points (time: E * D / B * the
+    measured step time, with preemptions on spot), the knee; the Pareto frontier, the
+    constraints and the choice."""
+    from .perfmodel import training_time_s
+    from .pricing import make_pricing
+    from .spec import spec_from_dict
+
+    spec = spec_from_dict(plan["spec"])
+    pricing = make_pricing(spec.pricing)
+    d, e = plan["dataset_size"], spec.epochs
+    series = []
+    for n, curve in sorted(plan["curves"].items(), key=lambda kv: int(kv[0])):
+        meas = [t for t in trials if t["status"] == "ok" and t["n_workers"] == int(n)]
+        measured = {"global_batch": [], "total_time_s": [], "cost": []}
+        if meas:
+            gb = [t["global_batch"] for t in meas]
+            ep = training_time_s([t["t_step_s"] for t in meas], gb, d)
+            tt = pricing.expected_time_s(e * ep, int(n), ep)
+            cc = pricing.cost(tt, int(n), [t["peak_mem_bytes"] for t in meas])
+            measured = {"global_batch": list(gb), "total_time_s": [float(x) for x in tt],
+                        "cost": [float(x) for x in cc]}
+        kn = plan["knees"].get(n)
+        series.append({"n_workers": int(n), "predicted": {"global_batch": list(curve["global_batch"]),
+                                                          "total_time_s": list(curve["total_time_s"]),
+                                                          "cost": list(curve["cost"])},
+                       "measured": measured, "knee_batch": kn["global_batch"] if kn else None})
+    cons = plan.get("constraints") or {}
+    return {"name": spec.name, "objective": plan["objective"], "epochs": e, "pricing": spec.pricing.kind,
+            "unit": pricing.unit, "series": series,
+            "frontier": [{k: f[k] for k in ("n_workers", "global_batch", "total_time_s", "cost")}
+                         for f in plan.get("frontier", [])],
+            "deadline_s": cons.get("deadline_s"), "budget": cons.get("budget"), "choice": plan["choice"],
+            "reason": plan["reason"]}
+
+
 def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     """Time and cost vs global batch per cluster size: predicted lines, measured points
     (time: E * D / B * measured t_step), the chosen configuration starred."""
@@ -99,47 +136,34 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .perfmodel import training_time_s
-    from .pricing import make_pricing
-    from .spec import spec_from_dict
-
-    spec = spec_from_dict(plan["spec"])
-    pricing = make_pricing(spec.pricing)
-    d, e = plan["dataset_size"], spec.epochs
+    data = plan_chart_data(plan, trials)
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(12, 4.6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for k, (n, curve) in enumerate(sorted(plan["curves"].items(), key=lambda kv: int(kv[0]))):
-        col = colors[k % len(colors)]
-        ax_t.plot(curve["global_batch"], curve["total_time_s"], "-", color=col, label=f"N={n} predicted")
-        ax_c.plot(curve["global_batch"], curve["cost"], "-", color=col, label=f"N={n} predicted")
-        meas = [t for t in trials if t["status"] == "ok" and t["n_workers"] == int(n)]
-        if meas:
-            gb = [t["global_batch"] for t in meas]
-            ep = training_time_s([t["t_step_s"] for t in meas], gb, d)
-            tt = pricing.expected_time_s(e * ep, int(n), ep)  # with preemptions, on spot
-            cc = pricing.cost(tt, int(n), [t["peak_mem_bytes"] for t in meas])
-            ax_t.plot(gb, tt, "o", color=col, label=f"N={n} measured")
-            ax_c.plot(gb, cc, "o", color=col)
-        kn = plan["knees"].get(n)
-        if kn:
-            ax_t.axvline(kn["global_batch"], color=col, ls=":", lw=1)
-    cons = plan.get("constraints") or {}
-    if cons.get("deadline_s") is not None:
-        ax_t.axhline(cons["deadline_s"], color="red", ls="--", lw=1, label="deadline")
-    if cons.get("budget") is not None:
-        ax_c.axhline(cons["budget"], color="red", ls="--", lw=1, label="budget")
-    c = plan["choice"]
+    for k, s in enumerate(data["series"]):
+        col, n, pred, meas = colors[k % len(colors)], s["n_workers"], s["predicted"], s["measured"]
+        ax_t.plot(pred["global_batch"], pred["total_time_s"], "-", color=col, label=f"N={n} predicted")
+        ax_c.plot(pred["global_batch"], pred["cost"], "-", color=col, label=f"N={n} predicted")
+        if meas["global_batch"]:
+            ax_t.plot(meas["global_batch"], meas["total_time_s"], "o", color=col, label=f"N={n} measured")
+            ax_c.plot(meas["global_batch"], meas["cost"], "o", color=col)
+        if s["knee_batch"]:
+            ax_t.axvline(s["knee_batch"], color=col, ls=":", lw=1)
+    if data["deadline_s"] is not None:
+        ax_t.axhline(data["deadline_s"], color="red", ls="--", lw=1, label="deadline")
+    if data["budget"] is not None:
+        ax_c.axhline(data["budget"], color="red", ls="--", lw=1, label="budget")
+    c = data["choice"]
     for ax, y in ((ax_t, c["total_time_s"]), (ax_c, c["cost"])):
         ax.plot([c["global_batch"]], [y], marker="*", ms=18, color="gold", mec="black", ls="none",
                 label=f"chosen: N={c['n_workers']}, B={c['global_batch']}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch B")
         ax.grid(alpha=0.3)
-    ax_t.set_ylabel(f"training time for {e} epochs (s)")
-    ax_c.set_ylabel(f"cost ({spec.pricing.kind} pricing, {pricing.unit})")
+    ax_t.set_ylabel(f"training time for {data['epochs']} epochs (s)")
+    ax_c.set_ylabel(f"cost ({data['pricing']} pricing, {data['unit']})")
     ax_t.legend(fontsize=8)
     ax_c.legend(fontsize=8)
-    fig.suptitle(f"{spec.name}: objective {plan['objective']} (dotted: knee per cluster size)")
+    fig.suptitle(f"{data['name']}: objective {data['objective']} (dotted: knee per cluster size)")
     return _save_figure(fig, path)
 
 
