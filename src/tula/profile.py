@@ -385,6 +385,7 @@ def _profile(spec: JobSpec, search: str, launcher: Launcher, on_event: Callable[
             "memory": probe["memory"], "max_local_batch": probe["max_local_batch"],
             "configs": [list(c) for c in probe["configs"]], "trials": ordered, "placement": placement(ordered),
             "launcher": getattr(launcher, "name", type(launcher).__name__),
+            "facts": facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
             "profiling_s": spent_before + time.perf_counter() - t_start,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **({"failed": failed} if failed else {}), **({"interrupted": interrupted} if interrupted else {}),
