@@ -32,6 +32,8 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/cluster_overhead.py
 	$(VENV)/bin/python bench/schedules.py
 	$(VENV)/bin/python bench/simulate_accuracy.py
+	$(VENV)/bin/python bench/noise_scale_cost.py
+	$(VENV)/bin/python bench/service_load.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

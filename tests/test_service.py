@@ -52,6 +52,10 @@ def test_a_job_over_http_runs_the_pipeline_and_its_records_are_those_tula_run_wr
     for name, path in (("profile", "profile.json"), ("models", "models.json"), ("plan", "plan.json"),
                        ("train", "train/train.json")):
         assert recs[name] == json.loads((job_dir / path).read_text()), name
+    from tula.service.store import Store
+
+    with Store(f"sqlite:///{home / 'tula.db'}", home) as store:  # checkpoints are files the rows point to
+        assert store.artifact_path(job_id, "checkpoint.pt") == job_dir / "train" / "checkpoint.pt"
     for name in ("plan.png", "train.png"):
         png = c.get(f"/v1/jobs/{job_id}/plots/{name}")
         assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -147,6 +151,30 @@ def test_kill_9_of_the_service_while_profiling_then_restart_completes_without_re
         again.stop()
 
 
+def test_the_service_on_a_postgresql_store_runs_a_job_and_reuses_its_model(tmp_path, pg_server, tiny_spec_dict):
+    """The same service with its store on a real PostgreSQL server (--db-url)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    url = pg_server.new_database()
+    svc = Service(home, db_url=url).start()
+    try:
+        c = svc.client()
+        assert c.get("/v1/health").json()["store"] == "postgresql"
+        first = c.post("/v1/jobs", json={"spec": tiny_spec_dict, "train": False}).json()["id"]
+        assert wait_for(c, first)["state"] == "done"
+        second = c.post("/v1/jobs", json={"spec": dict(tiny_spec_dict, name="again"), "train": False}).json()["id"]
+        job = wait_for(c, second)
+        assert job["state"] == "done" and job["reused_models_from"] == first
+        assert c.get(f"/v1/jobs/{first}/plan").json()["kind"] == "tula.plan"
+    finally:
+        svc.stop()
+    from tula.service.store import Store
+
+    with Store(url, home) as store:
+        assert len(store.trials(first)) > 0 and store.trials(second) == []
+        assert store.get_record(second, "profile") is None
+
+
 def test_a_queued_job_is_cancelled_at_once_and_a_running_one_at_its_next_step(service, tiny_spec_dict):
     c = service.client()
     long = dict(tiny_spec_dict, epochs=200)
@@ -211,7 +239,9 @@ def test_with_a_token_every_request_needs_it(home):
         assert httpx.get(f"{svc.url}/", timeout=10).status_code == 401  # the dashboard too
         assert svc.client().get("/v1/jobs").status_code == 200
     finally:
-        svc.stop()
+        code = svc.stop()
+    assert code == 130  # Ctrl-C stops the service, and is not success
+    assert "interrupted: the service stopped on SIGINT" in svc.read_log()
 
 
 def test_the_cli_client_submits_lists_and_replans(service, tiny_spec_dict, tmp_path, tula_cmd):

@@ -606,6 +606,9 @@ def serve(host: str = typer.Option(None, help="address to listen on (default 127
     (TULA_MAX_EPOCHS, TULA_MAX_CONFIGS, TULA_MAX_REQUEST_BYTES, TULA_IMPORT_ALLOWLIST,
     TULA_DATA_ROOTS, TULA_STALE_AFTER_S, ...).  Ctrl-C stops the service; running jobs stop at
     their next step and resume when it starts again."""
+    import contextlib
+    import signal
+
     import uvicorn
 
     from .service.app import create_app
@@ -621,7 +624,34 @@ def serve(host: str = typer.Option(None, help="address to listen on (default 127
     err_console.print(f"Tula service on http://{shown}:{settings.port} (API docs at /docs), store "
                       f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in "
                       f"{settings.home}")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    stopped_by: list[int] = []
+
+    class _Server(uvicorn.Server):
+        """Ctrl-C / SIGTERM: shut down (running jobs are queued again), then exit 130 / 143."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in previous.items():
+                    signal.signal(s, h)
+
+        def _on_signal(self, sig: int, frame) -> None:
+            stopped_by.append(sig)
+            if self.should_exit:  # a second signal: do not wait for open connections
+                self.force_exit = True
+            self.should_exit = True
+
+    server = _Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                                    log_level="warning"))
+    server.run()
+    if stopped_by:
+        raise Interrupted(f"the service stopped on {signal.Signals(stopped_by[0]).name}; running jobs were queued "
+                          "again and resume when it starts", stopped_by[0])
+    if not server.started:
+        raise TulaError(f"the service could not listen on {settings.host}:{settings.port} (is the port in use?)")
 
 
 def _client(server: str | None, token: str | None):

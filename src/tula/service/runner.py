@@ -36,10 +36,6 @@ from .store import Store
 PROGRESS_EVERY_S = 1.0  # progress is written at most this often (the heartbeat carries it too)
 
 
-def job_dir(settings: ServiceSettings, job_id: str) -> Path:
-    return settings.home / "jobs" / job_id
-
-
 class StoreObserver(Observer):
     """The pipeline's observer in a runner: state, progress and records into the store."""
 
@@ -77,13 +73,17 @@ class StoreObserver(Observer):
             self.store.update_job(self.job_id, progress=min(1.0, self.done_count / self.total))
 
     def saved(self, kind: str, record: dict | None, path: Path) -> None:
-        from ..records import MODELS_KIND, PROFILE_KIND
+        from ..records import MODELS_KIND, PROFILE_KIND, TRAIN_KIND
         from .model_key import model_key, model_key_parts
 
         if record is None:  # a plot
             self.store.add_artifact(self.job_id, path.name, path)
             return
         self.store.put_record(self.job_id, record)
+        if kind == TRAIN_KIND:  # the checkpoints stay files, referenced from the job's rows
+            for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+                if (path.parent / name).is_file():
+                    self.store.add_artifact(self.job_id, name, path.parent / name)
         if kind == PROFILE_KIND:
             self.profile = record
         elif kind == MODELS_KIND and self.profile is not None and "reused_models_from" not in record:
@@ -136,7 +136,7 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
 
     beat = threading.Thread(target=heartbeat, name="tula-heartbeat", daemon=True)
     beat.start()
-    out = job_dir(settings, job_id)
+    out = store.job_dir(job_id)
     observer = StoreObserver(store, job_id, settings.home)
     try:
         spec = spec_from_dict(job["spec"])
