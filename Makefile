@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/data_path.py
 	$(VENV)/bin/python bench/cluster_overhead.py
 	$(VENV)/bin/python bench/schedules.py
+	$(VENV)/bin/python bench/simulate_accuracy.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -25,3 +25,26 @@ def tiny_spec_dict():
 def tula_cmd():
     exe = Path(sys.executable).parent / "tula"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "tula.cli"]
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A throwaway PostgreSQL server for the session (tests/pg.py), or a skip saying why
+    there is none -- a failure instead when TULA_REQUIRE_POSTGRES=1 (CI)."""
+    from pg import REQUIRE_ENV, PostgresServer, find_pg_bin
+
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        reason = "PostgreSQL is not installed (no initdb on PATH or under /usr/lib/postgresql/*/bin)"
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{reason}, and {REQUIRE_ENV}=1 requires it")
+        pytest.skip(reason)
+    server = PostgresServer(bin_dir)
+    try:
+        server.start()
+    except Exception as err:  # noqa: BLE001 - installed but not starting is a failure, never a skip
+        log = server.log()
+        server.stop()
+        pytest.fail(f"the PostgreSQL server in {server.root} did not start: {err}\n{log}")
+    yield server
+    server.stop()

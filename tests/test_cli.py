@@ -61,6 +61,26 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
     assert [h["epoch"] for h in json.loads((out / "train" / "train.json").read_text())["history"]] == [1, 2]
 
 
+def test_run_trains_with_the_batch_schedule_of_the_spec(tmp_path, tiny_spec_dict, tula_cmd):
+    """`tula run` starts training at the plan's choice and the spec's schedule moves it from there."""
+    d = dict(tiny_spec_dict, train={"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2,
+                                                                            "delay": 1},
+                                    "workers": {"min": 1, "max": 2}})
+    spec = tmp_path / "sched.yaml"
+    spec.write_text(yaml.safe_dump(d))
+    out = tmp_path / "run"
+    r = _run([*tula_cmd, "run", str(spec), "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    choice = json.loads((out / "plan.json").read_text())["choice"]
+    tr = json.loads((out / "train" / "train.json").read_text())
+    assert tr["batch_schedule"] == "geometric"
+    b0 = choice["global_batch"]
+    assert tr["history"][0]["global_batch"] == b0 and tr["history"][0]["n_workers"] == choice["n_workers"]
+    assert tr["history"][1]["global_batch"] == 2 * b0  # 2 x at most 256: below every cap of this job
+    assert tr["history"][1]["n_workers"] == min(2, 2 * choice["n_workers"])
+    assert tr["steps_done"] == sum(1438 // h["global_batch"] for h in tr["history"])
+
+
 def test_unknown_model_exits_2(tmp_path, tiny_spec_dict, tula_cmd):
     d = dict(tiny_spec_dict, model={"name": "alexnetz"})
     spec = tmp_path / "bad.yaml"

@@ -249,13 +249,16 @@ def test_ranks_are_grouped_by_host_and_the_profile_records_where_they_ran(tiny_s
         cluster.close()
 
 
-def test_a_growing_batch_resizes_the_world_on_dask(client, tiny_spec_dict, tmp_path):
-    d = dict(tiny_spec_dict, epochs=2)
-    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+def test_the_world_grows_and_shrinks_on_dask_with_exact_step_counts(client, tiny_spec_dict, tmp_path):
+    """1 -> 2 -> 1 workers: each generation takes its workers under the cluster lock and
+    gives them back; the steps are those of each epoch at its own batch."""
+    d = dict(tiny_spec_dict, epochs=3)
+    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "piecewise", "batches": [64, 128, 64]},
                   "workers": {"min": 1, "max": 2, "batch_per_worker": 64}}
     run = train(spec_from_dict(d), "lbt", 1, 64, tmp_path, launcher=_dask(client))
-    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2)]
-    assert run["steps_done"] == 22 + 11 and run["replicas_identical"]
+    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2), (64, 1)]
+    assert [g["n_workers"] for g in run["generations"]] == [1, 2, 1]
+    assert run["steps_done"] == 22 + 11 + 22 and run["replicas_identical"]
 
 
 def test_an_existing_scheduler_is_used_by_its_address(client, tiny_spec_dict):

@@ -81,3 +81,75 @@ def test_the_gradient_noise_scale_is_measured_and_the_adaptive_schedule_follows_
         assert abs(nxt["global_batch"] - want) <= max(2, 0.1 * want) or nxt["global_batch"] == h["global_batch"], (
             h, nxt)
     assert len({h["global_batch"] for h in run["history"]}) > 1
+
+
+def _piecewise(tiny_spec_dict, batches, epochs, **data):
+    d = dict(tiny_spec_dict, epochs=epochs)
+    if data:
+        d["data"] = data
+    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "piecewise", "batches": batches},
+                  "workers": {"min": 1, "max": 2, "batch_per_worker": 64}}
+    return d
+
+
+@pytest.mark.slow
+def test_the_world_grows_from_one_to_two_workers_and_shrinks_back_with_exact_step_counts(tiny_spec_dict, tmp_path):
+    events = []
+    run = train(spec_from_dict(_piecewise(tiny_spec_dict, [64, 128, 64], 3)), "ags", 1, 64, tmp_path,
+                launcher=_launcher(), on_event=events.append)
+    # digits: 1438 training samples -> 22 steps at B=64, 11 at B=128
+    assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in run["history"]] == [
+        (64, 1, 22), (128, 2, 11), (64, 1, 22)]
+    assert run["steps_done"] == 55 == run["history"][-1]["steps_done"]
+    assert [(g["n_workers"], g["global_batch"], g["from_epoch"]) for g in run["generations"]] == [
+        (1, 64, 1), (2, 128, 2), (1, 64, 3)]
+    assert [(e["at_epoch"], e["n_workers"]) for e in events if e["type"] == "resize"] == [(1, 2), (2, 1)]
+    assert run["replicas_identical"] and run["batch_schedule"] == "piecewise"
+
+
+@pytest.mark.slow
+def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninterrupted_run(tiny_spec_dict, tmp_path,
+                                                                                          tula_cmd):
+    """A real `tula train` is killed with SIGKILL (process group: the ranks too) while the
+    2-worker world that followed a 1-worker epoch is mid-epoch; the same command with
+    --resume finishes with the same parameters, step count and losses as a run never killed."""
+    import os
+    import signal
+    import subprocess
+
+    import yaml
+
+    from tula.checkpoint import checkpoint_meta
+
+    # synthetic data large enough that the 2-worker epoch lasts several seconds
+    d = _piecewise(tiny_spec_dict, [64, 128], 2, name="synthetic", sample_shape=[1, 8, 8], num_samples=40000)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(d))
+    cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "1", "--batch", "64"]
+    ref = subprocess.run([*cmd, "--out", str(tmp_path / "ref")], capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr
+
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([*cmd, "--out", str(cut)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("epoch 2: step"):  # the new world is training
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    assert any("moves to global batch 128 on 2 worker(s)" in s for s in seen), "".join(seen)
+    meta = checkpoint_meta(cut)
+    assert (meta["epoch"], meta["n_workers"], meta["global_batch"]) == (1, 1, 64)  # killed before epoch 2's
+
+    again = subprocess.run([*cmd, "--out", str(cut), "--resume"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
+    assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"] == 32000 // 64 + 32000 // 128
+    assert [h["train_loss"] for h in b["history"]] == [h["train_loss"] for h in a["history"]]
+    ma, mb = load_checkpoint(tmp_path / "ref")["model"], load_checkpoint(cut)["model"]
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)

@@ -48,9 +48,24 @@ def test_the_table_and_the_spec_agree():
     for name, info in SCHEDULES.items():
         assert issubclass(info.cls, Schedule) and info.cls.name == name
         assert info.summary and "\n" not in info.summary
-        assert spec_from_dict({"train": {"batch_schedule": {"kind": name}, "lr_milestones": [3]}})
+        required = {p.name: [64] for p in info.params if p.required}
+        assert spec_from_dict({"train": {"batch_schedule": {"kind": name, **required}, "lr_milestones": [3]}})
     assert SCHEDULES["increase_instead_of_decay"].owns_lr_milestones
     assert SCHEDULES["adaptive"].needs_b_simple and not SCHEDULES["geometric"].needs_b_simple
+
+
+def test_piecewise_follows_its_list_grows_and_shrinks_within_the_caps():
+    caps = Caps(dataset_size=1000, max_local_batch=100, min_workers=1, max_workers=3, batch_per_worker=64)
+    ds = drive(initial_state("piecewise", 64, {"batches": [64, 128, 500, 32]}, every_epochs=2, lr_rule="linear"),
+               caps, 9)
+    # periods of 2 epochs: 64, 128, then 500 capped by memory (100 x 3 = 300), then 32 for the rest
+    assert col(ds, "global_batch") == [64, 64, 128, 128, 300, 300, 32, 32, 32, 32]
+    assert col(ds, "n_workers") == [1, 1, 2, 2, 3, 3, 1, 1, 1, 1]
+    assert col(ds, "resize") == [False, False, True, False, True, False, True, False, False, False]
+    assert ds[4].capped_by == "memory" and ds[6].capped_by is None
+    assert col(ds, "lr_multiplier")[::2] == [1.0, 2.0, 300 / 64, 0.5, 0.5]
+    with pytest.raises(SpecError, match="needs its parameter 'batches'"):
+        initial_state("piecewise", 64)
 
 
 def test_constant():
@@ -260,6 +275,16 @@ def test_state_and_caps_from_the_spec():
     ({"batch_schedule": {"kind": "increase_instead_of_decay"}, "lr_milestones": [3], "lr_gamma": 1},
      "spec field 'train': batch schedule 'increase_instead_of_decay' grows the batch by 1 / train.lr_gamma, "
      "which must be below 1"),
+    ({"batch_schedule": {"kind": "piecewise"}},
+     "spec field 'train.batch_schedule': batch schedule 'piecewise' needs its parameter 'batches' (the global "
+     "batch of each period, e.g. [64, 128, 64])"),
+    ({"batch_schedule": {"kind": "piecewise", "batches": []}},
+     "spec field 'train.batch_schedule.batches': must be a non-empty list of integers, not []"),
+    ({"batch_schedule": {"kind": "piecewise", "batches": [64, 0]}},
+     "spec field 'train.batch_schedule.batches': entry 1 must be at least 1, not 0"),
+    ({"batch_schedule": {"kind": "adaptive"}, "noise_scale": False},
+     "spec field 'train': batch schedule 'adaptive' follows the gradient noise scale, which train.noise_scale "
+     "false turns off"),
     ({"workers": {"min": 3, "max": 2}}, "spec field 'train.workers': min (3) is above max (2)"),
     ({"workers": {"max": 2, "per_worker": 2}},
      "unknown field 'train.workers.per_worker' in the spec; check its spelling against the documented fields"),

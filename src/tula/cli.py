@@ -1,4 +1,4 @@
-"""Command line: ``tula profile``, ``tula fit``, ``tula plan``, ``tula train``, ``tula run``.
+"""Command line: ``tula profile``, ``tula fit``, ``tula plan``, ``tula train``, ``tula run``, ``tula simulate``.
 
 Errors a user can cause print one sentence and exit with code 2; SIGINT/SIGTERM stop the
 ranks at the next step boundary, keep what finished, print what was kept and the command
@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from .records import epoch_score
 from .registry import METHOD_NAMES
 from .registry import METHODS as METHOD_TABLE
 from .schedules import SCHEDULES
+from .pipeline import Observer, is_partial
 from .spec import JobSpec, load_spec, spec_from_dict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -40,6 +42,7 @@ console = Console(width=_WIDTH)
 err_console = Console(stderr=True, width=_WIDTH)
 
 RUNS = Path("runs")
+LOG_STEP_EVERY_S = 2.0  # output that is not a terminal gets a step line at most this often within an epoch
 RUN_FILES = ("run.json", "profile.json", "models.json", "plan.json", "plan.png")
 
 
@@ -99,78 +102,86 @@ def _stale_note(info: dict) -> None:
                       f"`{info.get('command')}`)")
 
 
-# --------------------------------------------------------------------------- stages with progress
-def _profile_with_progress(spec: JobSpec, search: str, save_to: Path, previous: dict | None = None,
-                           launcher=None) -> dict:
-    """Profile with a progress bar and write the record to ``save_to``; if a worker fails or
-    the run is interrupted mid-way, the trials finished before it are written there first."""
-    from .profile import ProfileFailed, ProfileInterrupted, profile
-    from .records import save_record
+# --------------------------------------------------------------------------- what the user sees
+class _Console(Observer):
+    """The pipeline's observer on a terminal (or a log): a progress bar per stage, a line
+    per trial / epoch / few seconds of a long epoch when the output is not a terminal, and
+    the tables of the records as they are written."""
 
-    with Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
-        task = bar.add_task("memory probe", total=None)
+    def __init__(self) -> None:
+        self.method: str | None = None
+        self.bar: Progress | None = None
+        self.task = None
+        self.last_line = time.monotonic()  # when a log (not a terminal) last got a line
 
-        def on_event(ev: dict) -> None:
-            if ev.get("type") == "plan":
-                bar.update(task, total=ev["total"], completed=ev.get("done", 0), description=f"{ev['total']} trials")
-            elif ev.get("type") == "trial":
-                bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
-                if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
-                    err_console.print(f"trial N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+    # the Observer protocol
+    def stage(self, name: str, **info) -> None:
+        self.method = info.get("method", self.method)
+        if name == "profiling":
+            self.bar = Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=err_console, transient=False)
+            self.task = self.bar.add_task("memory probe", total=None)
+            self.bar.start()
+        elif name == "training":  # the bar appears once the configuration is validated and the workers start
+            self.bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=err_console, transient=False)
+            self.task = self.bar.add_task(str(self.method or ""), total=None)
 
-        try:
-            rec = profile(spec, search, launcher=launcher, on_event=on_event, previous=previous)
-        except (ProfileFailed, ProfileInterrupted) as err:
-            if err.record is None:
-                raise
-            save_record(err.record, save_to)
-            n_ok = sum(t["status"] in ("ok", "oom", "skipped") for t in err.record["trials"])
-            kept = f"the {n_ok} trial(s) finished before it are saved in {save_to}"
-            if isinstance(err, ProfileInterrupted):
-                raise Interrupted(f"{err}; {kept}", err.signum) from None
-            raise TulaError(f"{err}; {kept}") from None
-        bar.update(task, description="done")
-    save_record(rec, save_to)
-    return rec
+    def done(self, name: str) -> None:
+        if self.bar is not None:
+            if name == "profiling":
+                self.bar.update(self.task, description="done")
+            self.bar.stop()
+            self.bar = None
 
+    def event(self, stage: str, ev: dict) -> None:
+        (self._profiling if stage == "profiling" else self._training)(ev)
 
-def _fit_and_save(prof: dict, save_to: Path) -> dict:
-    from .fit import fit_models
-    from .records import save_record
-    from .report import models_table
+    def saved(self, kind: str, record: dict | None, path: Path) -> None:
+        from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND
+        from .report import models_table, plan_table, train_table, trials_table
 
-    models = fit_models(prof)
-    save_record(models, save_to)
-    console.print(models_table(models))
-    return models
+        if kind == PROFILE_KIND and not record.get("in_progress") and not is_partial(record):
+            console.print(trials_table(record))
+        elif kind == MODELS_KIND:
+            console.print(models_table(record))
+        elif kind == PLAN_KIND:
+            console.print(plan_table(record))
+            console.print(f"[bold green]choice[/]: {record['reason']}")
+        elif kind == TRAIN_KIND:
+            console.print(train_table(record))
+            console.print(f"[bold green]trained[/]: {_train_summary(record)}")
 
+    def note(self, message: str) -> None:
+        console.print(message)
 
-def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batch: int, out: Path,
-                         resume: bool, launcher=None) -> dict:
-    """Train with a progress bar; write train.json and train.png into ``out``."""
-    from .records import save_record
-    from .report import plot_training, train_table
-    from .train import train
+    # progress
+    def _profiling(self, ev: dict) -> None:
+        bar, task = self.bar, self.task
+        if ev.get("type") == "plan":
+            bar.update(task, total=ev["total"], completed=ev.get("done", 0), description=f"{ev['total']} trials")
+        elif ev.get("type") == "trial":
+            bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+            if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
+                err_console.print(f"trial N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
 
-    # the bar appears once the configuration is validated and the workers start
-    bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=err_console, transient=False)
-    task = bar.add_task(f"{method} N={n_workers} B={global_batch}", total=None)
-
-    def on_event(ev: dict) -> None:
-        kind = ev.get("type")
+    def _training(self, ev: dict) -> None:
+        bar, task, method, kind = self.bar, self.task, self.method, ev.get("type")
         if kind == "start":
             bar.start()
             bar.update(task, total=ev["epochs"] * ev["steps_per_epoch"], completed=0,
                        description=f"{method} N={ev['n_workers']} B={ev['global_batch']}")
         elif kind == "step":
             bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
+            if not err_console.is_terminal and time.monotonic() - self.last_line >= LOG_STEP_EVERY_S:
+                self.last_line = time.monotonic()  # a log of a long epoch gets a line every few seconds
+                err_console.print(f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
         elif kind == "epoch":
             bar.update(task, completed=ev["epoch"] * ev["steps"],
                        description=f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, "
                                    "{} {}".format(*epoch_score(ev)[::2]))
             if not err_console.is_terminal:  # a log gets a line per epoch
+                self.last_line = time.monotonic()
                 err_console.print(f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test "
                                   "{} {}".format(*epoch_score(ev)[::2]) + f", {ev['epoch_time_s']:.2f} s")
         elif kind == "note":
@@ -182,15 +193,6 @@ def _train_with_progress(spec: JobSpec, method: str, n_workers: int, global_batc
             bar.console.print(f"[yellow]out of memory at global batch {ev['from_global_batch']}[/]: resuming "
                               f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
 
-    try:
-        run = train(spec, method, n_workers, global_batch, out, resume=resume, launcher=launcher, on_event=on_event)
-    finally:
-        bar.stop()
-    save_record(run, out / "train.json")
-    console.print(train_table(run))
-    plot_training(run, out / "train.png")
-    return run
-
 
 def _train_summary(run: dict) -> str:
     tr = run.get("traces") or {}
@@ -198,6 +200,48 @@ def _train_summary(run: dict) -> str:
     return (f"{run['method']} at N={run['n_workers']}, B={run['global_batch']}: final test "
             "{} {}".format(*epoch_score(run['final'])[::2]) + f" after {run['epochs']} epochs "
             f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})")
+
+
+_PRICING_HELP = ("replace a field of the spec's pricing, KEY=VALUE, repeatable: kind (fixed, memory, spot), "
+                 "price_per_node_hour (on-demand), price_per_gb_hour, spot_price_per_node_hour, "
+                 "preemption_rate_per_node_hour, checkpoint_interval_s (e.g. 10min; default every epoch), restart_s")
+
+
+def _pricing_overrides(items: list[str] | None) -> dict:
+    """``["kind=spot", "spot_price_per_node_hour=0.9"]`` into pricing fields (checked by the spec)."""
+    out = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise TulaError(f"--pricing {item!r} is not KEY=VALUE (e.g. --pricing kind=spot)")
+        out[key.strip()] = value.strip()
+    if out:  # one sentence for a bad field or value, before any work
+        from .spec import JobSpec as _Job
+
+        try:
+            spec_from_dict({"pricing": {**_Job().pricing.model_dump(mode="json"), **out}})
+        except TulaError as err:
+            raise TulaError(f"--pricing: {str(err).removeprefix('spec field ')}") from None
+    return out
+
+
+def _plan_constraints(models: dict, deadline: str | None, budget: float | None):
+    """The spec's constraints with --deadline and --budget in place of its own."""
+    from .plan import Constraints
+    from .spec import parse_duration
+
+    base = Constraints.of(spec_from_dict(models["spec"]).constraints)
+    d_s = base.deadline_s
+    if deadline is not None:
+        try:
+            d_s = parse_duration(deadline)
+        except ValueError as err:
+            raise TulaError(f"--deadline: {err}") from None
+        if d_s <= 0:
+            raise TulaError(f"--deadline must be a positive duration, not {deadline!r}")
+    if budget is not None and not (budget >= 0 and budget != float("inf")):
+        raise TulaError(f"--budget must be a non-negative amount, not {budget!r}")
+    return Constraints(d_s, base.budget if budget is None else budget)
 
 
 # --------------------------------------------------------------------------- commands
@@ -212,8 +256,8 @@ def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
             force: bool = typer.Option(False, help="overwrite an existing record at --out"),
             cluster: str = typer.Option(None, help=_CLUSTER_HELP)) -> None:
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
+    from .pipeline import profile_stage
     from .records import PROFILE_KIND, load_record
-    from .report import trials_table
     from .rundir import check_out_file, locked
 
     job = _with_cluster(load_spec(spec), cluster)
@@ -228,12 +272,11 @@ def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
         check_out_file(out, force)
     with locked(out.parent, on_stale=_stale_note):
         try:
-            rec = _profile_with_progress(job, search.value, out, previous)
+            profile_stage(job, search.value, out, previous=previous, observer=_Console())
         except Interrupted as err:
             err.hint = f"tula profile {_q(spec)} --search {search.value} --out {_q(out)} --resume" + \
                 (f" --cluster {_q(cluster)}" if cluster else "")
             raise
-    console.print(trials_table(rec))
     console.print(f"profile written to [bold]{out}[/]")
 
 
@@ -243,13 +286,17 @@ def fit(profile_json: Path = typer.Argument(..., help="a profile record from `tu
                                  "to the profile"),
         force: bool = typer.Option(False, help="overwrite an existing record at --out")) -> None:
     """Fit the memory and performance models of a profile; the result re-plans without profiling."""
+    from .pipeline import fit_stage
     from .records import PROFILE_KIND, load_record
     from .rundir import check_out_file
 
     out = out or profile_json.parent / "models.json"
     check_out_file(out, force)
     rec = load_record(profile_json, expect=(PROFILE_KIND,))
-    _fit_and_save(rec, out)
+    if is_partial(rec):
+        raise TulaError(f"{profile_json} is a partial profile (its trials did not all finish); continue it with "
+                        f"`tula profile SPEC --out {_q(profile_json)} --resume` first")
+    fit_stage(rec, out, _Console())
     console.print(f"models written to [bold]{out}[/]")
 
 
@@ -262,13 +309,28 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
                                   "beside it"),
          plot: Path = typer.Option(None, help="also write the time/cost-vs-batch plot to this PNG"),
          force: bool = typer.Option(False, help="overwrite existing records"),
-         cluster: str = typer.Option(None, help=_CLUSTER_HELP + " (when SOURCE is a spec)")) -> None:
-    """Predict time and cost of every configuration and choose one."""
-    from .plan import make_plan
-    from .records import MODELS_KIND, PROFILE_KIND, load_record, save_record
-    from .report import plan_table, plot_plan, trials_table
+         cluster: str = typer.Option(None, help=_CLUSTER_HELP + " (when SOURCE is a spec)"),
+         deadline: str = typer.Option(None, help="choose among configurations expected to finish within this "
+                                      "duration, e.g. 8h, 90min, 1h30m (default: the spec's constraints.deadline)"),
+         budget: float = typer.Option(None, help="choose among configurations expected to cost at most this, in "
+                                      "the pricing's unit (default: the spec's constraints.budget)"),
+         pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
+         compare_spot: bool = typer.Option(False, "--compare-spot", help="also plan on the other of spot and "
+                                           "on-demand pricing and say which is cheaper, and up to which preemption "
+                                           "rate spot stays cheaper (needs pricing.spot_price_per_node_hour and "
+                                           "preemption_rate_per_node_hour, e.g. via --pricing)")) -> None:
+    """Predict time and cost of every configuration and choose one.
+
+    With --deadline/--budget (or the spec's constraints) the choice is the best by the
+    objective among the configurations that meet both; if none does, one sentence says
+    which constraint and by how much.  With spot pricing (--pricing kind=spot ...) times
+    and costs are expected values with preemptions (lost work since the last checkpoint and
+    a restart per preemption); --compare-spot sets spot against on-demand."""
+    from .pipeline import fit_stage, plan_stage, profile_stage
+    from .records import MODELS_KIND, PROFILE_KIND, load_record
     from .rundir import check_out_file, locked
 
+    price_over = _pricing_overrides(pricing)
     is_spec = source.suffix.lower() in (".yaml", ".yml")
     job = _with_cluster(load_spec(source), cluster) if is_spec else None
     rec = None if is_spec else load_record(source, expect=(PROFILE_KIND, MODELS_KIND))
@@ -282,20 +344,23 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
     if plot is not None:
         check_out_file(plot, force, what="--plot")
     with locked(out.parent, on_stale=_stale_note):
+        shown = _Console()
         if is_spec:
-            prof = _profile_with_progress(job, search.value, out.parent / "profile.json")
-            console.print(trials_table(prof))
-            models = _fit_and_save(prof, out.parent / "models.json")
+            prof = profile_stage(job, search.value, out.parent / "profile.json", observer=shown)
+            models = fit_stage(prof, out.parent / "models.json", shown)
         elif rec["kind"] == PROFILE_KIND:
-            models = _fit_and_save(rec, out.parent / "models.json")
+            if is_partial(rec):
+                raise TulaError(f"{source} is a partial profile (its trials did not all finish); continue it with "
+                                f"`tula profile SPEC --out {_q(source)} --resume` first")
+            models = fit_stage(rec, out.parent / "models.json", shown)
         else:
             models = rec
-        p = make_plan(models, objective.value if objective else None)
-        save_record(p, out)
-    console.print(plan_table(p))
-    console.print(f"[bold green]choice[/]: {p['reason']}")
+        p = plan_stage(models, objective.value if objective else None, out, plot, shown,
+                       constraints=_plan_constraints(models, deadline, budget), pricing=price_over or None,
+                       compare_spot=compare_spot)
+    if p.get("spot_comparison"):
+        console.print(f"[bold]spot vs on-demand[/]: {p['spot_comparison']['sentence']}")
     if plot is not None:
-        plot_plan(p, models["trials"], plot)
         console.print(f"plot written to [bold]{plot}[/]")
     console.print(f"plan written to [bold]{out}[/]")
 
@@ -319,6 +384,7 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     Checkpoints after every epoch (the last two are kept, with checksums); on out-of-memory
     the run resumes from the last checkpoint at the next smaller batch.  Ctrl-C stops at
     the next step and keeps the last finished epoch; --resume continues from it."""
+    from .pipeline import train_stage
     from .records import PLAN_KIND, load_record
     from .rundir import check_out_dir
 
@@ -346,14 +412,97 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
                         "train.global_batch in the spec, or pass --plan plan.json")
     name = method.value if method else job.train.method
     try:
-        run = _train_with_progress(job, name, n, b, out, resume)
+        train_stage(job, name, n, b, out, resume=resume, observer=_Console())
     except Interrupted as err:
         err.hint = (f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
                     + (f" --epochs {epochs}" if epochs is not None else "") + f" --out {_q(out)} --resume"
                     + (f" --cluster {_q(cluster)}" if cluster else "") + (f" --schedule {schedule}" if schedule else ""))
         raise
-    console.print(f"[bold green]trained[/]: {_train_summary(run)}")
     console.print(f"records and plot in [bold]{out}[/]: train.json, metrics.jsonl, checkpoint.pt, train.png")
+
+
+@app.command()
+def simulate(models_json: Path = typer.Argument(..., help="a models record from `tula fit` (a run's models.json)"),
+             workers: str = typer.Option(None, help="worker counts N, comma-separated (default 1,2,4,...,1024); "
+                                         "with --schedule, the largest is the workers' maximum"),
+             batch: int = typer.Option(None, help="the constant global batch B (default: the spec's "
+                                       "train.global_batch, else the largest profiled); with --schedule, the first "
+                                       "batch B0 (default: train.global_batch, else search.min_batch)"),
+             schedule: list[str] = typer.Option(None, help=f"simulate batch schedules instead of a constant batch, "
+                                                "KIND[:KEY=VALUE,...] (e.g. geometric:factor=2,delay=5), repeatable; "
+                                                f"kinds: {', '.join(SCHEDULES)}; workers follow N = "
+                                                "clip(ceil(B / batch_per_worker), min, max)"),
+             collective: str = typer.Option(None, help="ring, parameter_server, tree, comma-separated "
+                                            "(default: all three)"),
+             bandwidth: str = typer.Option(None, help="network bandwidth per link, e.g. 100Gbit/s, 25Gb/s, 10GB/s "
+                                           "(default: the fitted 1/beta)"),
+             latency: str = typer.Option(None, help="latency per message hop, e.g. 5us (default: the fitted alpha)"),
+             compute_speed: float = typer.Option(1.0, help="per-worker compute speed relative to the profiled "
+                                                 "worker (2: twice as fast)"),
+             ranks_per_node: int = typer.Option(None, help="workers that share one node, to which the fitted "
+                                                "co-location slowdown applies (default: the largest N profiled, "
+                                                "which reproduces the fit there; 1: a node per worker)"),
+             epochs: int = typer.Option(None, help="override the spec's epochs"),
+             min_workers: int = typer.Option(None, help="--schedule: fewest workers (default: train.workers.min, "
+                                             "else 1)"),
+             max_workers: int = typer.Option(None, help="--schedule: most workers (default: train.workers.max, else "
+                                             "the largest of --workers)"),
+             batch_per_worker: int = typer.Option(None, help="--schedule: samples per worker in the workers rule "
+                                                  "(default: train.workers.batch_per_worker, else B0)"),
+             history: Path = typer.Option(None, help="--schedule loss_ratio/adaptive: a training run record "
+                                          "(train.json) whose per-epoch training loss and B_simple they follow"),
+             pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
+             out: Path = typer.Option(None, help="the PNG to write (default: simulate.png next to MODELS_JSON)"),
+             force: bool = typer.Option(False, help="overwrite an existing PNG at --out")) -> None:
+    """What if the cluster were larger: predict step, epoch and total time and cost from a
+    fitted models record for worker counts far beyond the profiled ones, per collective
+    (ring all-reduce, parameter server, tree), for a constant batch or batch schedules,
+    on the fitted network or a given --bandwidth/--latency.  No profiling, no torch."""
+    from .records import MODELS_KIND, TRAIN_KIND, load_record
+    from .report import plot_simulation, simulation_summary, simulation_tables
+    from .rundir import check_out_file
+    from .simulate import (default_batch, parse_collectives, parse_schedule, parse_workers, schedule_caps,
+                           schedule_settings, simulator_from_models)
+
+    colls = parse_collectives(collective)
+    ns = parse_workers(workers)
+    scheds = [parse_schedule(s) for s in schedule or []]
+    price_over = _pricing_overrides(pricing)
+    out = out or models_json.parent / "simulate.png"
+    check_out_file(out, force, what="--out")
+    models = load_record(models_json, expect=(MODELS_KIND,))
+    sim = simulator_from_models(models, bandwidth, latency, compute_speed, ranks_per_node, epochs, price_over)
+    job = spec_from_dict(models["spec"])
+    unit = sim.pricing.unit
+    if scheds:
+        past = load_record(history, expect=(TRAIN_KIND,))["history"] if history is not None else None
+        b0 = batch or job.train.global_batch or job.search.min_batch
+        caps = schedule_caps(models, sim, b0, ns, min_workers, max_workers, batch_per_worker)
+        rows = []
+        for text, (kind, given) in zip(schedule, scheds):
+            rows += sim.schedule(kind, b0, caps, schedule_settings(models, kind, given), colls,
+                                 job.train.lr_milestones, job.train.lr_gamma, past, label=text)
+        title = (f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
+                 f"{caps.min_workers}, {caps.max_workers})")
+        measured = None
+    else:
+        big_b = batch or default_batch(models)
+        rows = sim.constant(big_b, ns, colls)
+        title = f"{job.name}: constant global batch {big_b}"
+        from .schedules import steps_per_epoch
+
+        perf_coll = models["perf"]["collective"]
+        measured = [{"n_workers": t["n_workers"], "total_time_s": sim.epochs * steps_per_epoch(sim.dataset_size, big_b)
+                     * t["t_step_s"]} for t in models["trials"]
+                    if t["status"] == "ok" and t["global_batch"] == big_b and perf_coll in colls]
+    for t in simulation_tables(sim, rows, unit):
+        console.print(t)
+    console.print(simulation_summary(rows))
+    console.print(title)
+    for note in sim.notes:
+        console.print(f"[yellow]note[/]: {note}")
+    plot_simulation(sim, rows, out, title, measured)
+    console.print(f"plot written to [bold]{out}[/]")
 
 
 def _existing_run_files(out: Path) -> list[str]:
@@ -425,53 +574,145 @@ def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with
 
 def _run_stages(job: JobSpec, out: Path, search: str, objective: str | None, train_after: bool,
                 resuming: bool, launcher) -> None:
-    from .checkpoint import has_checkpoint
-    from .plan import make_plan
-    from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, load_record, save_record
-    from .report import plan_table, plot_plan, trials_table
+    from .pipeline import run_pipeline
 
+    run_pipeline(job, out, search=search, objective=objective, train_after=train_after, resuming=resuming,
+                 launcher=launcher, observer=_Console())
     files = ["profile.json", "models.json", "plan.json", "plan.png"]
-    prof_path, models_path, plan_path = out / "profile.json", out / "models.json", out / "plan.json"
-    prof = load_record(prof_path, expect=(PROFILE_KIND,)) if resuming and prof_path.exists() else None
-    if prof is None or prof.get("interrupted") or prof.get("failed"):
-        if prof is not None:
-            console.print(f"continuing the profile in {prof_path}: "
-                          f"{sum(t['status'] in ('ok', 'oom', 'skipped') for t in prof['trials'])} of "
-                          f"{len(prof['configs'])} trial(s) already finished")
-        prof = _profile_with_progress(job, search, prof_path, previous=prof, launcher=launcher)
-        models = None
-    else:
-        console.print(f"profile: {prof_path} is complete")
-        models = load_record(models_path, expect=(MODELS_KIND,)) if models_path.exists() else None
-    console.print(trials_table(prof))
-    if models is None:
-        models = _fit_and_save(prof, models_path)
-        p = None
-    else:
-        p = load_record(plan_path, expect=(PLAN_KIND,)) if plan_path.exists() else None
-    if p is None:
-        p = make_plan(models, objective)
-        save_record(p, plan_path)
-    console.print(plan_table(p))
-    plot_plan(p, models["trials"], out / "plan.png")
-    console.print(f"[bold green]choice[/]: {p['reason']}")
     if train_after:
-        c = p["choice"]
-        method = job.train.method
-        if METHOD_TABLE[method].needs_b_small_below_batch and c["global_batch"] <= job.train.ags.b_small:
-            console.print(f"the chosen batch {c['global_batch']} is not above train.ags.b_small "
-                          f"({job.train.ags.b_small}): nothing to scale, training with lbt")
-            method = "lbt"
-        train_dir = out / "train"
-        if resuming and (train_dir / "train.json").exists():  # written only when training finished
-            r = load_record(train_dir / "train.json", expect=(TRAIN_KIND,))
-            console.print(f"training: {train_dir / 'train.json'} is complete")
-        else:
-            r = _train_with_progress(job, method, c["n_workers"], c["global_batch"], train_dir,
-                                     resume=resuming and has_checkpoint(train_dir), launcher=launcher)
-        console.print(f"[bold green]trained[/]: {_train_summary(r)}")
         files += ["train/train.json", "train/train.png", "train/metrics.jsonl"]
     console.print(f"records and plots in [bold]{out}[/]: {', '.join(files)}")
+
+
+# --------------------------------------------------------------------------- the service and its clients
+_SERVER_HELP = "the Tula service's URL (default: $TULA_SERVER, else http://127.0.0.1:8787)"
+_TOKEN_HELP = "the service's bearer token (default: $TULA_TOKEN)"
+
+
+@app.command()
+def serve(host: str = typer.Option(None, help="address to listen on (default 127.0.0.1; beyond loopback a token "
+                                   "is required)"),
+          port: int = typer.Option(None, help="port (default 8787)"),
+          token: str = typer.Option(None, help="bearer token every request must carry (default: $TULA_TOKEN)"),
+          home: Path = typer.Option(None, help="data directory: job records, checkpoints, plots and the SQLite "
+                                    "store (default: $TULA_HOME, else ~/.tula)"),
+          db_url: str = typer.Option(None, help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db "
+                                     "(default: $TULA_DB_URL, else sqlite:///HOME/tula.db)"),
+          max_concurrent_jobs: int = typer.Option(None, help="jobs running at once (default 1); the rest queue")) -> None:
+    """Run the Tula service: a REST API (OpenAPI at /docs) and a dashboard at /.
+
+    Jobs submitted with `tula submit` or POST /v1/jobs run in runner processes, one per job;
+    every record goes into the store, and a job whose model was measured before is planned
+    from the store without profiling.  Settings also come from TULA_* environment variables
+    (TULA_MAX_EPOCHS, TULA_MAX_CONFIGS, TULA_MAX_REQUEST_BYTES, TULA_IMPORT_ALLOWLIST,
+    TULA_DATA_ROOTS, TULA_STALE_AFTER_S, ...).  Ctrl-C stops the service; running jobs stop at
+    their next step and resume when it starts again."""
+    import uvicorn
+
+    from .service.app import create_app
+    from .service.settings import settings_from
+    from .service.store import Store
+
+    settings = settings_from(host=host, port=port, token=token, home=home, db_url=db_url,
+                             max_concurrent_jobs=max_concurrent_jobs)
+    settings.check_can_start()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    Store(settings.store_url, settings.home).close()  # a store that cannot be opened: one sentence, before binding
+    shown = "localhost" if settings.loopback else settings.host
+    err_console.print(f"Tula service on http://{shown}:{settings.port} (API docs at /docs), store "
+                      f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in "
+                      f"{settings.home}")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+def _client(server: str | None, token: str | None):
+    from .service.client import Client
+
+    return Client(server, token)
+
+
+@app.command()
+def submit(spec: Path = typer.Argument(..., help="job spec (YAML)"),
+           server: str = typer.Option(None, help=_SERVER_HELP),
+           token: str = typer.Option(None, help=_TOKEN_HELP),
+           search: Search = typer.Option(Search.partial, help="full or partial search"),
+           objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+           train_after: bool = typer.Option(True, "--train/--no-train", help="train at the chosen configuration"),
+           wait: bool = typer.Option(False, help="follow the job until it ends, with a progress bar")) -> None:
+    """Submit a job spec to a Tula service; prints the job's id (and follows it with --wait)."""
+    job = load_spec(spec)  # the same checks as the local commands, before anything is sent
+    c = _client(server, token)
+    rec = c.submit(job.to_dict(), search=search.value, objective=objective.value if objective else None,
+                   train=train_after)
+    console.print(f"submitted job [bold]{rec['id']}[/] ({job.name}): {c.base}{rec['url']}")
+    if wait:
+        _follow(c, rec["id"])
+
+
+def _follow(c, job_id: str) -> None:
+    from .report import plan_table
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=err_console) as bar:
+        task = bar.add_task("queued", total=1.0)
+        while True:
+            j = c.job(job_id)
+            bar.update(task, completed=j["progress"] or 0.0, description=f"{j['state']}: {j.get('message') or ''}"[:80])
+            if j["state"] in ("done", "failed", "cancelled"):
+                break
+            time.sleep(1.0)
+    if j["state"] == "done":
+        plan = c.record(job_id, "plan")
+        console.print(plan_table(plan))
+        console.print(f"[bold green]choice[/]: {plan['reason']}")
+    elif j["state"] == "failed":
+        raise TulaError(f"job {job_id} failed: {j['error']}")
+    else:
+        raise TulaError(f"job {job_id} was cancelled")
+
+
+@app.command()
+def status(job_id: str = typer.Argument(None, help="a job id; without it, the jobs table"),
+           server: str = typer.Option(None, help=_SERVER_HELP),
+           token: str = typer.Option(None, help=_TOKEN_HELP),
+           state: str = typer.Option(None, help="only jobs in this state (queued, profiling, ..., done, failed)"),
+           limit: int = typer.Option(20, help="at most this many jobs")) -> None:
+    """The jobs of a Tula service, or one job with its plan and training summary."""
+    from .service.client import job_detail, jobs_table
+
+    c = _client(server, token)
+    if job_id is None:
+        page = c.jobs(state=state, limit=limit)
+        console.print(jobs_table(page["jobs"], page["total"]))
+        return
+    job = c.job(job_id)
+    records = {name: c.record(job_id, name, missing_ok=True) for name in ("plan", "train")}
+    for renderable in job_detail(job, records):
+        console.print(renderable)
+
+
+@app.command()
+def replan(job_id: str = typer.Argument(..., help="a job of the service whose models are fitted"),
+           objective: Objective = typer.Option(None, help="time, cost or knee"),
+           price: float = typer.Option(None, help="fixed price per node-hour"),
+           cluster_sizes: str = typer.Option(None, help="comma-separated cluster sizes to plan over, e.g. 1,2,4,8,16"),
+           epochs: int = typer.Option(None, help="another epoch count"),
+           server: str = typer.Option(None, help=_SERVER_HELP),
+           token: str = typer.Option(None, help=_TOKEN_HELP)) -> None:
+    """Plan a service job again from its stored models (no profiling), e.g. --objective cost."""
+    from .report import plan_table
+
+    body: dict = {"objective": objective.value if objective else None, "epochs": epochs}
+    if price is not None:
+        body["pricing"] = {"kind": "fixed", "price_per_node_hour": price}
+    if cluster_sizes is not None:
+        try:
+            body["cluster_sizes"] = [int(x) for x in cluster_sizes.split(",") if x.strip()]
+        except ValueError:
+            raise TulaError(f"--cluster-sizes must be comma-separated integers, not {cluster_sizes!r}") from None
+    p = _client(server, token).replan(job_id, {k: v for k, v in body.items() if v is not None})
+    console.print(plan_table(p))
+    console.print(f"[bold green]choice[/]: {p['reason']}")
 
 
 def main() -> None:

@@ -50,3 +50,14 @@ def fit_models(profile: dict) -> dict:
 
 def models_from(rec: dict) -> tuple[JobSpec, MemoryModel, PerfModel]:
     return spec_from_dict(rec["spec"]), MemoryModel.from_dict(rec["memory"]), PerfModel.from_dict(rec["perf"])
+
+
+def rebase_models(models: dict, spec: dict, dataset_size: int, from_job: str | None = None) -> dict:
+    """Fitted models reused for another job with the same model key: the fitted memory and
+    performance models (and the trials they were fitted on) are kept; the job's own spec
+    (epochs, search space, pricing, objective) and training-set size replace the measured
+    job's, so the plan is this job's.  ``from_job`` names the job that measured them."""
+    out = {**models, "spec": spec_from_dict(spec).to_dict(), "dataset_size": int(dataset_size)}
+    if from_job is not None:
+        out["reused_models_from"] = from_job
+    return out

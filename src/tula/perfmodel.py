@@ -99,8 +99,14 @@ class PerfModel:
 
     def t_step_s(self, local_batch, n_workers):
         n = np.asarray(n_workers, float)
-        tc = self.t_compute_s(local_batch, n) * (1.0 + self.rho * (n > 1))
-        ts = self.t_sync_s(n)
+        return self.combine_s(self.t_compute_s(local_batch, n), self.t_sync_s(n), n)
+
+    def combine_s(self, t_compute_s, t_sync_s, n_workers):
+        """The step time from its parts (Eq. 2): compute slowed by ``rho`` when N > 1, then
+        combined with the sync time under the overlap ``gamma``."""
+        n = np.asarray(n_workers, float)
+        tc = np.asarray(t_compute_s, float) * (1.0 + self.rho * (n > 1))
+        ts = np.asarray(t_sync_s, float)
         g = self.gamma
         if g == 1.0:
             return tc + ts

@@ -31,7 +31,7 @@ import torch
 
 from . import interrupts
 from .data import data_path
-from .ddp import agree_any, agree_max, probe_fits, wrap_ddp
+from .ddp import agree_max, probe_fits, wrap_ddp
 from .errors import InfeasibleError, Interrupted, WorkerError
 from .launch import Launcher, WorkerContext
 from .memory import (AddressSpace, MemoryModel, cap_address_space, measure_phase_peaks, measure_step_peak_bytes,
@@ -301,13 +301,16 @@ def _oom_threshold(trials: list[dict]) -> int | None:
 
 
 def profile(spec: JobSpec, search: str = "partial", launcher: Launcher | None = None,
-            on_event: Callable[[dict], None] | None = None, previous: dict | None = None) -> dict:
+            on_event: Callable[[dict], None] | None = None, previous: dict | None = None,
+            on_snapshot: Callable[[dict], None] | None = None) -> dict:
     """Profile ``spec`` (``search`` = ``full`` | ``partial``); return the profile record.
 
     ``previous`` is a partial profile record of the same spec (interrupted or failed):
     its memory model and configuration list are reused and its finished trials are kept,
     so only the rest run.  ``on_event`` receives ``{"type": "plan", "total": k}`` once the
-    trials are known and ``{"type": "trial", ...}`` after each trial.
+    trials are known and ``{"type": "trial", ...}`` after each trial; ``on_snapshot`` the
+    record so far (``in_progress``) each time a trial has finished on every rank, so that a
+    process killed mid-profile loses no finished trial when its caller saved the snapshot.
 
     A failed world raises :class:`ProfileFailed`, SIGINT/SIGTERM :class:`ProfileInterrupted`;
     both carry the record of every trial finished before it."""
@@ -315,12 +318,12 @@ def profile(spec: JobSpec, search: str = "partial", launcher: Launcher | None = 
         from .launch.clusters import open_launcher
 
         with open_launcher(spec) as opened:
-            return _profile(spec, search, opened, on_event, previous)
-    return _profile(spec, search, launcher, on_event, previous)
+            return _profile(spec, search, opened, on_event, previous, on_snapshot)
+    return _profile(spec, search, launcher, on_event, previous, on_snapshot)
 
 
 def _profile(spec: JobSpec, search: str, launcher: Launcher, on_event: Callable[[dict], None] | None,
-             previous: dict | None) -> dict:
+             previous: dict | None, on_snapshot: Callable[[dict], None] | None = None) -> dict:
     from .workloads import check_workload
 
     if search not in ("full", "partial"):
@@ -351,9 +354,16 @@ def _profile(spec: JobSpec, search: str, launcher: Launcher, on_event: Callable[
         spent_before = previous.get("profiling_s") or 0.0
         emit({"type": "plan", "total": len(probe["configs"]), "done": len(trials)})
 
+    world = {"n": 0, "snapped": 0}  # the running world's size; its trials already in a snapshot
+
     def forward(rank: int, ev: dict) -> None:
         if ev["type"] == "rank_trial":
             streamed.setdefault(rank, []).append(ev["trial"])
+            k = min((len(streamed.get(r, [])) for r in range(world["n"])), default=0)
+            if on_snapshot is not None and k > world["snapped"] and probe.get("configs") is not None:
+                world["snapped"] = k  # every rank finished trial k: a snapshot with it
+                done = _merge_trials([streamed[r][:k] for r in range(world["n"])])
+                on_snapshot(record(extra=done, in_progress=True))
             return
         if ev["type"] == "plan":
             probe.update(ev)
@@ -362,8 +372,9 @@ def _profile(spec: JobSpec, search: str, launcher: Launcher, on_event: Callable[
     n_max_trials = len(candidate_configs(spec.search, data.train_size, None))
     timeout = spec.profile.trial_timeout_s * (n_max_trials + 1)
 
-    def record(failed: str | None = None, interrupted: str | None = None) -> dict:
-        ordered = sorted(trials, key=lambda t: (t["n_workers"], t["global_batch"]))
+    def record(failed: str | None = None, interrupted: str | None = None, extra: list[dict] = (),
+               in_progress: bool = False) -> dict:
+        ordered = sorted([*trials, *extra], key=lambda t: (t["n_workers"], t["global_batch"]))
         return {
             "kind": PROFILE_KIND, "version": 1, "spec": spec.to_dict(), "search": search, "device": device,
             "backend": "nccl" if device == "cuda" else "gloo", "threads_per_worker": threads,
@@ -373,9 +384,11 @@ def _profile(spec: JobSpec, search: str, launcher: Launcher, on_event: Callable[
             "memory": probe["memory"], "max_local_batch": probe["max_local_batch"],
             "configs": [list(c) for c in probe["configs"]], "trials": ordered, "placement": placement(ordered),
             "launcher": getattr(launcher, "name", type(launcher).__name__),
+            "facts": facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
             "profiling_s": spent_before + time.perf_counter() - t_start,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **({"failed": failed} if failed else {}), **({"interrupted": interrupted} if interrupted else {}),
+            **({"in_progress": True} if in_progress else {}),
         }
 
     def stopped(signum: int) -> ProfileInterrupted:
@@ -389,6 +402,7 @@ def _profile(spec: JobSpec, search: str, launcher: Launcher, on_event: Callable[
 
     def run_world(n: int, configs: list[tuple[int, int]] | None) -> None:
         streamed.clear()
+        world.update(n=n, snapped=0)
         if interrupts.requested():
             raise stopped(interrupts.requested())
         oom_at = _oom_threshold([t for t in trials if t["n_workers"] == n])

@@ -43,7 +43,10 @@ RUN_KIND = "tula.run"
 CHECKPOINT_KIND = "tula.checkpoint"
 
 #: the newest version of each kind this Tula writes and reads (older ones are read too)
-VERSIONS = {PROFILE_KIND: 1, MODELS_KIND: 1, PLAN_KIND: 1, TRAIN_KIND: 1, RUN_KIND: 1, CHECKPOINT_KIND: 1}
+VERSIONS = {PROFILE_KIND: 1, MODELS_KIND: 1, PLAN_KIND: 2, TRAIN_KIND: 1, RUN_KIND: 1, CHECKPOINT_KIND: 1}
+#: what each version added, per kind; an older record loads with the added fields' defaults
+CHANGES = {PLAN_KIND: {2: "constraints (deadline, budget; which configurations meet them: each row's "
+                          "meets_constraints) and spot_comparison"}}
 #: what each kind is called in a sentence
 NAMES = {PROFILE_KIND: "profile", MODELS_KIND: "models", PLAN_KIND: "plan", TRAIN_KIND: "training run",
          RUN_KIND: "run manifest", CHECKPOINT_KIND: "checkpoint"}
@@ -160,6 +163,9 @@ class ProfileRecord(_Record):
     created: str
     failed: str | None = None
     interrupted: str | None = None
+    #: a snapshot written while trials still ran (the process may have died since): the
+    #: finished trials are kept and the rest run when it is resumed, as for ``interrupted``
+    in_progress: bool = False
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
     _mem = field_validator("memory")(classmethod(lambda cls, v: _valid_memory(v)))
@@ -204,14 +210,31 @@ class PlanRow(BaseModel):
     n_workers: int = Field(ge=1)
     global_batch: int = Field(ge=1)
     local_batch: int = Field(ge=1)
-    feasible: bool
+    feasible: bool  # fits in memory
     t_step_s: float
-    total_time_s: float
+    total_time_s: float  # expected, with preemptions, under spot pricing
     cost: float
     peak_mem_bytes: int
+    meets_constraints: bool = True  # within the deadline and the budget (version 2; none before)
+
+
+class PlanConstraints(BaseModel):
+    """What a plan was made under (version 2): the deadline and budget (``None``: none) and
+    how many configurations fit in memory and how many of those meet both."""
+
+    model_config = ConfigDict(extra="allow")
+
+    deadline_s: float | None = Field(default=None, gt=0)
+    budget: float | None = Field(default=None, ge=0)
+    unit: str = "$"
+    n_feasible: int = Field(ge=0)
+    n_meeting: int = Field(ge=0)
 
 
 class PlanRecord(_Record):
+    """A plan.  Version 1 (before constraints) loads with ``constraints`` and
+    ``spot_comparison`` ``None`` and every row's ``meets_constraints`` true."""
+
     kind: Literal["tula.plan"]
     objective: Literal["time", "cost", "knee"]
     choice: PlanRow
@@ -222,8 +245,16 @@ class PlanRecord(_Record):
     curves: dict[str, dict]
     knees: dict[str, dict]
     frontier: list[PlanRow]
+    constraints: PlanConstraints | None = None
+    spot_comparison: dict | None = None
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
+
+    @model_validator(mode="after")
+    def _v2_fields(self) -> "PlanRecord":
+        if self.version >= 2 and self.constraints is None:
+            raise ValueError("field 'constraints' is missing (a version 2 plan records what it was planned under)")
+        return self
 
 
 class EpochRecord(BaseModel):
@@ -247,11 +278,11 @@ class EpochRecord(BaseModel):
 def epoch_score(h: dict) -> tuple[str, float, str]:
     """An epoch's test score: ``("top-1", value, "93.10%")`` for classification, ``("R^2",
     value, "0.8123")`` for regression (``train.loss`` mse)."""
-    if h.get("test_top1") is not None:
-        v = float(h["test_top1"])
-        return "top-1", v, f"{v:.2%}"
-    v = float(h["test_r2"]) if h.get("test_r2") is not None else math.nan
-    return "R^2", v, f"{v:.4f}"
+    if h.get("test_top1") is None and h.get("test_r2") is not None:
+        v = float(h["test_r2"])
+        return "R^2", v, f"{v:.4f}"
+    v = float(h["test_top1"]) if h.get("test_top1") is not None else math.nan
+    return "top-1", v, f"{v:.2%}"
 
 
 class TrainRecord(_Record):

@@ -65,17 +65,69 @@ def models_table(models: dict) -> Table:
 
 
 def plan_table(plan: dict) -> Table:
-    t = Table(title=f"Plan (objective: {plan['objective']}); candidate batches and the choice")
-    for col in ("", "N", "B", "b", "t_step ms", "epoch s", "total s", "cost", "peak mem", "feasible"):
+    cons = plan.get("constraints") or {}
+    constrained = cons.get("deadline_s") is not None or cons.get("budget") is not None
+    spot = any("failure_free_time_s" in r for r in plan["configurations"])
+    title = f"Plan (objective: {plan['objective']}); candidate batches and the choice"
+    if constrained:
+        from .spec import format_duration
+
+        limits = ([f"deadline {format_duration(cons['deadline_s'])}"] if cons.get("deadline_s") is not None else []) + \
+            ([f"budget {cons['budget']:.4g} {cons.get('unit', '$')}"] if cons.get("budget") is not None else [])
+        title += f"; {', '.join(limits)}: {cons['n_meeting']} of {cons['n_feasible']} feasible configurations meet it"
+    t = Table(title=title)
+    cols = ["", "N", "B", "b", "t_step ms", "epoch s", "total s" + (" (expected)" if spot else "")] + \
+        (["preempt."] if spot else []) + ["cost", "peak mem", "feasible"] + (["meets"] if constrained else [])
+    for col in cols:
         t.add_column(col, justify="right")
     for r in plan["configurations"]:
         if not (r["candidate"] or r["chosen"]):
             continue
-        t.add_row("*" if r["chosen"] else "", str(r["n_workers"]), str(r["global_batch"]), str(r["local_batch"]),
-                  _ms(r["t_step_s"]), f"{r['epoch_time_s']:.3f}", f"{r['total_time_s']:.2f}", f"{r['cost']:.4g}",
-                  fmt_bytes(r["peak_mem_bytes"]), "yes" if r["feasible"] else "no",
-                  style="bold green" if r["chosen"] else (None if r["feasible"] else "dim"))
+        meets = r.get("meets_constraints", True)
+        row = ["*" if r["chosen"] else "", str(r["n_workers"]), str(r["global_batch"]), str(r["local_batch"]),
+               _ms(r["t_step_s"]), f"{r['epoch_time_s']:.3f}", f"{r['total_time_s']:.2f}"]
+        row += [f"{r['expected_preemptions']:.2g}"] if spot else []
+        row += [f"{r['cost']:.4g}", fmt_bytes(r["peak_mem_bytes"]), "yes" if r["feasible"] else "no"]
+        row += ["yes" if meets else "no"] if constrained else []
+        t.add_row(*row, style="bold green" if r["chosen"] else (None if r["feasible"] and meets else "dim"))
     return t
+
+
+def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
+    """What a plan chart shows, for the PNG and the dashboard alike: per cluster size the
+    predicted time and cost vs global batch, the measured points (time: E * D / B * the
+    measured step time, with preemptions on spot), the knee; the Pareto frontier, the
+    constraints and the choice."""
+    from .perfmodel import training_time_s
+    from .pricing import make_pricing
+    from .spec import spec_from_dict
+
+    spec = spec_from_dict(plan["spec"])
+    pricing = make_pricing(spec.pricing)
+    d, e = plan["dataset_size"], spec.epochs
+    series = []
+    for n, curve in sorted(plan["curves"].items(), key=lambda kv: int(kv[0])):
+        meas = [t for t in trials if t["status"] == "ok" and t["n_workers"] == int(n)]
+        measured = {"global_batch": [], "total_time_s": [], "cost": []}
+        if meas:
+            gb = [t["global_batch"] for t in meas]
+            ep = training_time_s([t["t_step_s"] for t in meas], gb, d)
+            tt = pricing.expected_time_s(e * ep, int(n), ep)
+            cc = pricing.cost(tt, int(n), [t["peak_mem_bytes"] for t in meas])
+            measured = {"global_batch": list(gb), "total_time_s": [float(x) for x in tt],
+                        "cost": [float(x) for x in cc]}
+        kn = plan["knees"].get(n)
+        series.append({"n_workers": int(n), "predicted": {"global_batch": list(curve["global_batch"]),
+                                                          "total_time_s": list(curve["total_time_s"]),
+                                                          "cost": list(curve["cost"])},
+                       "measured": measured, "knee_batch": kn["global_batch"] if kn else None})
+    cons = plan.get("constraints") or {}
+    return {"name": spec.name, "objective": plan["objective"], "epochs": e, "pricing": spec.pricing.kind,
+            "unit": pricing.unit, "series": series,
+            "frontier": [{k: f[k] for k in ("n_workers", "global_batch", "total_time_s", "cost")}
+                         for f in plan.get("frontier", [])],
+            "deadline_s": cons.get("deadline_s"), "budget": cons.get("budget"), "choice": plan["choice"],
+            "reason": plan["reason"]}
 
 
 def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
@@ -86,41 +138,144 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .perfmodel import training_time_s
-    from .pricing import make_pricing
-    from .spec import spec_from_dict
-
-    spec = spec_from_dict(plan["spec"])
-    pricing = make_pricing(spec.pricing)
-    d, e = plan["dataset_size"], spec.epochs
+    data = plan_chart_data(plan, trials)
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(12, 4.6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for k, (n, curve) in enumerate(sorted(plan["curves"].items(), key=lambda kv: int(kv[0]))):
-        col = colors[k % len(colors)]
-        ax_t.plot(curve["global_batch"], curve["total_time_s"], "-", color=col, label=f"N={n} predicted")
-        ax_c.plot(curve["global_batch"], curve["cost"], "-", color=col, label=f"N={n} predicted")
-        meas = [t for t in trials if t["status"] == "ok" and t["n_workers"] == int(n)]
-        if meas:
-            gb = [t["global_batch"] for t in meas]
-            tt = training_time_s([t["t_step_s"] for t in meas], gb, d, e)
-            cc = pricing.cost(tt, int(n), [t["peak_mem_bytes"] for t in meas])
-            ax_t.plot(gb, tt, "o", color=col, label=f"N={n} measured")
-            ax_c.plot(gb, cc, "o", color=col)
-        kn = plan["knees"].get(n)
-        if kn:
-            ax_t.axvline(kn["global_batch"], color=col, ls=":", lw=1)
-    c = plan["choice"]
+    for k, s in enumerate(data["series"]):
+        col, n, pred, meas = colors[k % len(colors)], s["n_workers"], s["predicted"], s["measured"]
+        ax_t.plot(pred["global_batch"], pred["total_time_s"], "-", color=col, label=f"N={n} predicted")
+        ax_c.plot(pred["global_batch"], pred["cost"], "-", color=col, label=f"N={n} predicted")
+        if meas["global_batch"]:
+            ax_t.plot(meas["global_batch"], meas["total_time_s"], "o", color=col, label=f"N={n} measured")
+            ax_c.plot(meas["global_batch"], meas["cost"], "o", color=col)
+        if s["knee_batch"]:
+            ax_t.axvline(s["knee_batch"], color=col, ls=":", lw=1)
+    if data["deadline_s"] is not None:
+        ax_t.axhline(data["deadline_s"], color="red", ls="--", lw=1, label="deadline")
+    if data["budget"] is not None:
+        ax_c.axhline(data["budget"], color="red", ls="--", lw=1, label="budget")
+    c = data["choice"]
     for ax, y in ((ax_t, c["total_time_s"]), (ax_c, c["cost"])):
         ax.plot([c["global_batch"]], [y], marker="*", ms=18, color="gold", mec="black", ls="none",
                 label=f"chosen: N={c['n_workers']}, B={c['global_batch']}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch B")
         ax.grid(alpha=0.3)
-    ax_t.set_ylabel(f"training time for {e} epochs (s)")
-    ax_c.set_ylabel(f"cost ({spec.pricing.kind} pricing, {pricing.unit})")
+    ax_t.set_ylabel(f"training time for {data['epochs']} epochs (s)")
+    ax_c.set_ylabel(f"cost ({data['pricing']} pricing, {data['unit']})")
     ax_t.legend(fontsize=8)
     ax_c.legend(fontsize=8)
-    fig.suptitle(f"{spec.name}: objective {plan['objective']} (dotted: knee per cluster size)")
+    fig.suptitle(f"{data['name']}: objective {data['objective']} (dotted: knee per cluster size)")
+    return _save_figure(fig, path)
+
+
+def fmt_bandwidth(bytes_per_s: float) -> str:
+    """``"100 Gbit/s (12.5 GB/s)"``; ``inf``: free."""
+    if bytes_per_s == float("inf"):
+        return "unlimited"
+    return f"{bytes_per_s * 8 / 1e9:.3g} Gbit/s ({bytes_per_s / 1e9:.3g} GB/s)"
+
+
+def _simulated_network(sim) -> str:
+    return (f"bandwidth {fmt_bandwidth(sim.bandwidth_bytes_per_s)}, latency {sim.latency_s * 1e6:.3g} us, "
+            f"compute x{sim.compute_speed:g}, co-location up to {sim.ranks_per_node} per node")
+
+
+def _dur(x: float | None) -> str:
+    from .spec import format_duration
+
+    return "-" if x is None else format_duration(x)
+
+
+def simulation_tables(sim, rows: list[dict], unit: str = "$") -> list[Table]:
+    """One table per collective of a constant-batch simulation (rows: N) or a schedule
+    simulation (rows: schedules): step time, epoch time, total time, cost, updates."""
+    out = []
+    for c in dict.fromkeys(r["collective"] for r in rows):
+        mine = [r for r in rows if r["collective"] == c]
+        if "schedule" in mine[0]:
+            t = Table(title=f"Simulated {c}, {sim.epochs} epochs: {_simulated_network(sim)}")
+            for col in ("schedule", "updates", "max B", "max N", "resizes", "step ms (mean)", "epoch (mean)",
+                        "total", f"cost {unit}"):
+                t.add_column(col, justify="right" if col != "schedule" else "left")
+            for r in mine:
+                t.add_row(r["schedule"], str(r["updates"]), str(r["max_batch"]), str(r["max_workers"]),
+                          str(r["resizes"]), _ms(r["t_step_s"]), _dur(r["epoch_time_s"]), _dur(r["total_time_s"]),
+                          f"{r['cost']:.4g}")
+        else:
+            t = Table(title=f"Simulated {c}, B={mine[0]['global_batch']} constant, {sim.epochs} epochs: "
+                            f"{_simulated_network(sim)}")
+            for col in ("N", "b", "step ms", "sync ms", "epoch", "total", f"cost {unit}", "updates", "speed-up",
+                        "note"):
+                t.add_column(col, justify="right" if col != "note" else "left")
+            base = next((r["total_time_s"] for r in mine if r["total_time_s"] is not None), None)
+            for r in mine:
+                speed = "-" if r["total_time_s"] is None or base is None else f"{base / r['total_time_s']:.2f}x"
+                t.add_row(str(r["n_workers"]), f"{r['local_batch']:.4g}", _ms(r["t_step_s"]), _ms(r["t_sync_s"]),
+                          _dur(r["epoch_time_s"]), _dur(r["total_time_s"]),
+                          "-" if r["cost"] is None else f"{r['cost']:.4g}", str(r["updates"]), speed, r["note"],
+                          style="dim" if r["note"] else None)
+        out.append(t)
+    return out
+
+
+def simulation_summary(rows: list[dict]) -> Table:
+    """AdaDamp's Table 2 layout: total training time, rows N (or schedules), a column per collective."""
+    key = "schedule" if "schedule" in rows[0] else "n_workers"
+    colls = list(dict.fromkeys(r["collective"] for r in rows))
+    t = Table(title="Simulated training time" + (" per schedule" if key == "schedule" else " per cluster size"))
+    t.add_column("schedule" if key == "schedule" else "N", justify="left" if key == "schedule" else "right")
+    for c in colls:
+        t.add_column(c, justify="right")
+    for k in dict.fromkeys(r[key] for r in rows):
+        by = {r["collective"]: r for r in rows if r[key] == k}
+        t.add_row(str(k), *[_dur(by[c]["total_time_s"]) if c in by else "-" for c in colls])
+    return t
+
+
+def plot_simulation(sim, rows: list[dict], path: str | Path, title: str = "",
+                    measured: list[dict] | None = None) -> Path:
+    """Constant batch: total time and cost vs N (log-log), a line per collective, the
+    profiled measurements (E * updates * measured t_step) as points.  Schedules: total time
+    and cost per schedule, a bar per collective."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(12, 4.6))
+    colls = list(dict.fromkeys(r["collective"] for r in rows))
+    if "schedule" in rows[0]:
+        names = list(dict.fromkeys(r["schedule"] for r in rows))
+        x = np.arange(len(names))
+        w = 0.8 / len(colls)
+        for j, c in enumerate(colls):
+            by = {r["schedule"]: r for r in rows if r["collective"] == c}
+            ax_t.bar(x + j * w, [by[s]["total_time_s"] for s in names], w, label=c)
+            ax_c.bar(x + j * w, [by[s]["cost"] for s in names], w, label=c)
+        for ax in (ax_t, ax_c):
+            ax.set_xticks(x + w * (len(colls) - 1) / 2, names, rotation=20, fontsize=8)
+            ax.set_yscale("log")
+    else:
+        for c in colls:
+            mine = [r for r in rows if r["collective"] == c and r["total_time_s"] is not None]
+            n = [r["n_workers"] for r in mine]
+            ax_t.plot(n, [r["total_time_s"] for r in mine], "o-", ms=3, label=c)
+            ax_c.plot(n, [r["cost"] for r in mine], "o-", ms=3, label=c)
+        if measured:
+            ax_t.plot([m["n_workers"] for m in measured], [m["total_time_s"] for m in measured], "k*", ms=10,
+                      label="profiled (measured step time)")
+        for ax in (ax_t, ax_c):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("workers N")
+    ax_t.set_ylabel(f"training time for {sim.epochs} epochs (s)")
+    ax_c.set_ylabel(f"cost ({sim.pricing.unit})")
+    for ax in (ax_t, ax_c):
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle((title + "\n" if title else "") + _simulated_network(sim), fontsize=10)
     return _save_figure(fig, path)
 
 

@@ -16,6 +16,9 @@ torch here: the decision is pure arithmetic on the epochs' records.
 ``adaptive``                   follows the gradient noise scale B_simple
                                (:mod:`tula.noise_scale`), clipped, with hysteresis and a
                                maximum growth per boundary
+``piecewise``                  a hand-written list: ``batches[i]`` for the i-th period of
+                               ``every_epochs`` epochs, the last for the rest of the run
+                               (the batch may also shrink)
 =============================  =================================================================
 
 The runner calls :func:`next_config` once before the first epoch (``epoch_done=0``, empty
@@ -54,6 +57,12 @@ def _ceil(x: float) -> int:
     return math.ceil(x - _EPS * max(1.0, abs(x)))
 
 
+def steps_per_epoch(dataset_size: int, global_batch: int) -> int:
+    """Optimiser steps per epoch: every full global batch (at least one).  The runner trains
+    this many; the simulator counts them."""
+    return max(1, dataset_size // global_batch)
+
+
 # ---------------------------------------------------------------------------- parameters as data
 @dataclass(frozen=True)
 class Param:
@@ -70,6 +79,7 @@ class Param:
     low_open: bool = False
     high: float | None = None
     high_open: bool = False
+    required: bool = False
 
     def bounds(self) -> str:
         """The allowed range in words ("greater than 1", "between 0 and 1, exclusive")."""
@@ -84,6 +94,15 @@ class Param:
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not allowed (a sentence without its subject), or ``None``."""
+        if self.type is list:  # a non-empty list of integers, each within the bounds
+            if not isinstance(value, (list, tuple)) or not value:
+                return f"must be a non-empty list of integers, not {value!r}"
+            item = Param(self.name, int, None, self.help, self.low, self.low_open, self.high, self.high_open)
+            for i, v in enumerate(value):
+                problem = item.problem(v)
+                if problem:
+                    return f"entry {i} {problem}"
+            return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 (self.type is int and not float(value).is_integer()):
             return f"must be {'an integer' if self.type is int else 'a number'}, not {value!r}"
@@ -224,6 +243,17 @@ class Adaptive(Schedule):
         return new, f"adaptive: B_simple {float(bs):.4g} -> batch {_floor(new)}{limited}"
 
 
+class Piecewise(Schedule):
+    """``batches[i]`` during the i-th period of ``every_epochs`` epochs; after the list, its last."""
+
+    name = "piecewise"
+
+    def want(self, ctx):
+        batches, every = ctx.state["params"]["batches"], ctx.state["every_epochs"]
+        i = min(ctx.epoch_done // every, len(batches) - 1)
+        return batches[i], f"piecewise: entry {i} of {list(batches)}"
+
+
 # ---------------------------------------------------------------------------- the table
 @dataclass(frozen=True)
 class ScheduleInfo:
@@ -240,6 +270,8 @@ class ScheduleInfo:
         apply the milestone decay itself; the decision's ``lr_decay`` holds the decays taken)
     needs_b_simple : it reads ``b_simple`` from the epochs' records (the runner must
         estimate the gradient noise scale)
+    needs_train_loss : it reads ``train_loss`` from the epochs' records (a simulation needs
+        a training run's losses to follow it)
     """
 
     name: str
@@ -249,6 +281,7 @@ class ScheduleInfo:
     spec_fields: tuple[str, ...] = ()
     owns_lr_milestones: bool = False
     needs_b_simple: bool = False
+    needs_train_loss: bool = False
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
@@ -271,7 +304,8 @@ _TABLE = (
                  "the LR decays at the largest batch", spec_fields=("train.lr_milestones", "train.lr_gamma"),
                  owns_lr_milestones=True),
     ScheduleInfo("loss_ratio", LossRatio, "AdaDamp: B0 x (F(w0) - F*) / (F(wk) - F*) from the training loss",
-                 (Param("f_star", float, 0.0, "the smallest loss the model can reach (F*)"),)),
+                 (Param("f_star", float, 0.0, "the smallest loss the model can reach (F*)"),),
+                 needs_train_loss=True),
     ScheduleInfo("adaptive", Adaptive, "follows the gradient noise scale B_simple, with hysteresis and a "
                  "maximum growth per boundary",
                  (Param("min_batch", int, None, "the smallest batch it goes to (default: the first batch)", low=1),
@@ -280,6 +314,10 @@ _TABLE = (
                   Param("max_growth", float, 2.0, "largest factor the batch may grow or shrink by at one "
                         "boundary", low=1.0)),
                  needs_b_simple=True),
+    ScheduleInfo("piecewise", Piecewise, "a hand-written list of global batches, one per period of every_epochs "
+                 "epochs (the last holds); the batch may shrink too",
+                 (Param("batches", list, None, "the global batch of each period, e.g. [64, 128, 64]", low=1,
+                        required=True),)),
 )
 
 SCHEDULES: dict[str, ScheduleInfo] = {s.name: s for s in _TABLE}
@@ -310,6 +348,15 @@ def param_problem(kind: str, name: str, value: Any) -> str | None:
         return (f"it does not apply to schedule {kind!r}, whose parameters are "
                 f"{', '.join(names[:-1])} and {names[-1]}")
     return p.problem(value)
+
+
+def missing_param(kind: str, given: dict[str, Any]) -> str | None:
+    """A sentence naming the first required parameter of ``kind`` not in ``given`` (set, not
+    ``None``), or ``None``."""
+    for p in schedule_info(kind).params:
+        if p.required and given.get(p.name) is None:
+            return f"batch schedule {kind!r} needs its parameter {p.name!r} ({p.help})"
+    return None
 
 
 # ---------------------------------------------------------------------------- caps and decisions
@@ -404,6 +451,9 @@ def initial_state(kind: str, first_batch: int, params: dict[str, Any] | None = N
     the runner measured it (default: the first epoch's training loss)."""
     info = schedule_info(kind)
     given = dict(params or {})
+    missing = missing_param(kind, given)
+    if missing:
+        raise SpecError(missing)
     for name, value in given.items():
         problem = param_problem(kind, name, value)
         if problem:

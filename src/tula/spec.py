@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
 from .errors import SpecError
 from .registry import LOSS_NAMES, METHOD_NAMES
-from .schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, param_problem
+from .schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 10**12}
@@ -40,6 +40,91 @@ def parse_bytes(value: Any) -> int | None:
     if not math.isfinite(number):
         raise ValueError(bad)
     return int(number * _UNITS[m.group(2).lower()])
+
+
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+                   "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3,
+                   "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+                   "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
+                   "d": 86400.0, "day": 86400.0, "days": 86400.0}
+_NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?"
+
+
+def parse_duration(value: Any) -> float | None:
+    """Parse a duration into seconds: ``28800``, ``"8h"``, ``"90 min"``, ``"1h30m"``, ``"5us"``
+    (``None`` stays ``None``).  The one parser of durations: deadlines, latencies, checkpoint
+    intervals and restart times all go through it."""
+    if value is None:
+        return None
+    bad = (f"{str(value)[:40]!r} is not a duration; use seconds or a number with a unit such as "
+           "'8h', '90min', '1h30m', '30s' or '5us'")
+    if isinstance(value, bool):
+        raise ValueError(bad)
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(bad)
+        return float(value)
+    text = str(value).strip()
+    parts = re.findall(rf"\s*({_NUMBER})\s*([a-zA-Zµ]*)", text)
+    if not text or not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", text):
+        raise ValueError(bad)
+    if len(parts) > 1 and any(u == "" for _, u in parts):  # "1h 30" is ambiguous
+        raise ValueError(bad)
+    total = 0.0
+    for number, unit in parts:
+        if unit.lower() not in _DURATION_UNITS and unit not in _DURATION_UNITS:
+            raise ValueError(bad)
+        total += float(number) * _DURATION_UNITS.get(unit, _DURATION_UNITS.get(unit.lower(), 0.0))
+    if not math.isfinite(total):
+        raise ValueError(bad)
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for a sentence: ``"850 ms"``, ``"42.0 s"``, ``"12.5 min"``, ``"9.3 h"``, ``"2.1 d"``."""
+    s = float(seconds)
+    if not math.isfinite(s):
+        return "forever"
+    if s < 1.0:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120.0:
+        return f"{s:.1f} s"
+    if s < 2 * 3600.0:
+        return f"{s / 60:.1f} min"
+    if s < 2 * 86400.0:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+_RATE_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+                "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+
+
+def parse_bandwidth(value: Any) -> float:
+    """Parse a network bandwidth into bytes per second: ``"100Gbit/s"``, ``"100 Gb/s"``,
+    ``"100Gbps"`` (bits), ``"10GB/s"``, ``"10 GiB/s"`` (bytes), or a plain number (bytes per
+    second).  ``b``/``bit`` are bits, ``B``/``byte`` bytes."""
+    bad = (f"{str(value)[:40]!r} is not a bandwidth; use a number with a unit such as '100Gbit/s', '25Gb/s', "
+           "'100Gbps' or '10GB/s'")
+    if isinstance(value, bool):
+        raise ValueError(bad)
+    if isinstance(value, (int, float)):
+        rate = float(value)
+    else:
+        m = re.fullmatch(rf"\s*({_NUMBER})\s*(Ki|Mi|Gi|Ti|k|K|M|G|T)?(bits?|b|B|bytes?|Bytes?)\s*(/\s*s|ps)\s*",
+                         str(value))
+        if m is None:
+            try:
+                rate = float(str(value).strip())
+            except ValueError:
+                raise ValueError(bad) from None
+        else:
+            number, prefix, unit = float(m.group(1)), m.group(2) or "", m.group(3)
+            bits = unit in ("b", "bit", "bits")
+            rate = number * _RATE_PREFIX[prefix] / (8.0 if bits else 1.0)
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(bad)
+    return rate
 
 
 class _Strict(BaseModel):
@@ -158,11 +243,47 @@ class ProfileSpec(_Strict):
 
 class PricingSpec(_Strict):
     """``fixed``: C = T * N * price_per_node_hour (Eq. 4b).  ``memory``: C = T * N *
-    peak_GB * price_per_gb_hour (§IV-C2)."""
+    peak_GB * price_per_gb_hour (§IV-C2).  ``spot``: C = E[T] * N * spot_price_per_node_hour,
+    where E[T] is the expected wall time when each node is preempted at
+    ``preemption_rate_per_node_hour`` and every preemption loses the work since the last
+    checkpoint plus ``restart_s`` (:class:`tula.pricing.SpotPricing` derives it);
+    ``price_per_node_hour`` stays the on-demand price spot is compared with."""
 
-    kind: Literal["fixed", "memory"] = "fixed"
-    price_per_node_hour: float = Field(default=2.48, ge=0)
+    kind: Literal["fixed", "memory", "spot"] = "fixed"
+    price_per_node_hour: float = Field(default=2.48, ge=0, description="on-demand price per node-hour")
     price_per_gb_hour: float = Field(default=0.15, ge=0)
+    spot_price_per_node_hour: float | None = Field(default=None, ge=0, description="spot: price per node-hour")
+    preemption_rate_per_node_hour: float | None = Field(default=None, ge=0, description="spot: expected "
+                                                        "preemptions of one node per hour")
+    checkpoint_interval_s: float | None = Field(default=None, gt=0, description="spot: seconds between "
+                                                "checkpoints (a duration such as '10min'); default: every "
+                                                "epoch, as `tula train` checkpoints")
+    restart_s: float = Field(default=60.0, ge=0, description="spot: seconds from a preemption until training "
+                             "runs again (a replacement node, the world, the checkpoint loaded)")
+
+    _durations = field_validator("checkpoint_interval_s", "restart_s", mode="before")(
+        classmethod(lambda cls, v: parse_duration(v)))
+
+    @model_validator(mode="after")
+    def _spot_needs(self) -> "PricingSpec":
+        if self.kind == "spot":
+            missing = [f for f in ("spot_price_per_node_hour", "preemption_rate_per_node_hour")
+                       if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"spot pricing needs {' and '.join(missing)}")
+        return self
+
+
+class ConstraintsSpec(_Strict):
+    """What the plan's choice must meet: finish within ``deadline`` (a duration such as
+    ``8h``, or seconds) and cost at most ``budget`` (in the pricing's unit, $).  ``None``:
+    no such constraint."""
+
+    deadline_s: float | None = Field(default=None, gt=0, validation_alias=AliasChoices("deadline_s", "deadline"),
+                                     description="training must finish within this many seconds")
+    budget: float | None = Field(default=None, ge=0, description="training may cost at most this much")
+
+    _deadline = field_validator("deadline_s", mode="before")(classmethod(lambda cls, v: parse_duration(v)))
 
 
 class AGSSpec(_Strict):
@@ -185,7 +306,7 @@ class BatchScheduleSpec(_Strict):
     at each ``train.lr_milestones`` the batch x 1/``train.lr_gamma`` instead of the LR decay,
     the LR decays once the batch is at its largest (Smith et al.); ``loss_ratio``:
     B0 x (F(w0) - F*) / (F(wk) - F*) (AdaDamp); ``adaptive``: follows the gradient noise
-    scale B_simple.  B0 is the first global batch (``train.global_batch`` or the plan's).
+    scale B_simple; ``piecewise``: the list ``batches``, one per period of ``every_epochs``.  B0 is the first global batch (``train.global_batch`` or the plan's).
     Each parameter belongs to one kind; unset ones take that kind's default."""
 
     kind: Literal[SCHEDULE_NAMES] = "constant"  # the names of tula.schedules.SCHEDULES
@@ -203,6 +324,8 @@ class BatchScheduleSpec(_Strict):
                                "batch that is ignored (in (0, 1), default 0.2)")
     max_growth: float | None = Field(default=None, description="adaptive: largest factor per boundary (>= 1, "
                                      "default 2)")
+    batches: list[int] | None = Field(default=None, description="piecewise: the global batch of each period of "
+                                      "every_epochs epochs, the last for the rest of the run (required)")
 
     @field_validator(*PARAM_NAMES, mode="after")
     @classmethod
@@ -214,6 +337,13 @@ class BatchScheduleSpec(_Strict):
         if problem:
             raise ValueError(problem)
         return v
+
+    @model_validator(mode="after")
+    def _required_given(self) -> "BatchScheduleSpec":
+        missing = missing_param(self.kind, self.params())
+        if missing:
+            raise ValueError(missing)
+        return self
 
     def params(self) -> dict[str, Any]:
         """The parameters set for this kind (the others are ``None``)."""
@@ -261,9 +391,16 @@ class TrainSpec(_Strict):
     eval_batch: int = Field(default=1024, ge=1, description="samples per evaluation forward pass")
     batch_schedule: BatchScheduleSpec | None = Field(default=None, description="default: a constant batch")
     workers: WorkersSpec | None = Field(default=None, description="default: the worker count stays")
+    noise_scale: bool = Field(default=True, description="measure the gradient noise scale B_simple every step (a "
+                              "DDP comm hook for the local gradient norms and one one-element all-reduce); false "
+                              "saves that work, and train.json has no B_simple")
 
     @model_validator(mode="after")
     def _schedule_needs(self) -> "TrainSpec":
+        kind = self.batch_schedule.kind if self.batch_schedule is not None else None
+        if kind is not None and SCHEDULES[kind].needs_b_simple and not self.noise_scale:
+            raise ValueError(f"batch schedule {kind!r} follows the gradient noise scale, which train.noise_scale "
+                             "false turns off")
         if self.batch_schedule is not None and self.batch_schedule.kind == "increase_instead_of_decay":
             if not self.lr_milestones:
                 raise ValueError("batch schedule 'increase_instead_of_decay' grows the batch at train.lr_milestones, "
@@ -314,6 +451,7 @@ class JobSpec(_Strict):
     search: SearchSpec = Field(default_factory=SearchSpec)
     collective: Literal["ring", "parameter_server", "tree"] = "ring"
     pricing: PricingSpec = Field(default_factory=PricingSpec)
+    constraints: ConstraintsSpec = Field(default_factory=ConstraintsSpec)
     objective: Literal["time", "cost", "knee"] = "knee"
     profile: ProfileSpec = Field(default_factory=ProfileSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)

@@ -49,7 +49,7 @@ from .memory import cap_address_space
 from .optim.methods import build_method
 from .records import TRAIN_KIND, read_jsonl, write_atomic
 from .registry import schedule_problem
-from .schedules import caps_from_spec, next_config, state_from_spec
+from .schedules import caps_from_spec, next_config, state_from_spec, steps_per_epoch  # noqa: F401 (re-exported)
 from .registry import check_train_config, smallest_batch_for
 from .rundir import check_out_dir, locked
 from .spec import JobSpec
@@ -61,11 +61,6 @@ STEP_TRACES = "step_traces"  # key of an epoch line's per-step method traces (me
 
 class TrainFailed(WorkerError):
     """A worker failed mid-training; the epochs finished before it are in the checkpoint."""
-
-
-def steps_per_epoch(dataset_size: int, global_batch: int) -> int:
-    """Optimiser steps per epoch: every full global batch (at least one)."""
-    return max(1, dataset_size // global_batch)
 
 
 def next_smaller_batch(global_batch: int, n_workers: int) -> int:
@@ -171,21 +166,38 @@ def ddp_has_comm_hook(ddp) -> bool:
     return bool(getattr(ddp, "_comm_hooks", []))
 
 
-def _measure_noise_scale(gns: NoiseScale, method: Any, own_norms: LocalGradNorms | None, params: list, world: int,
-                         local_batch: int, global_batch: int) -> None:
-    """Feed the gradient noise scale (McCandlish et al., App. A) one step's pair of squared
+class _NoiseScaleFeed:
+    """Feeds the gradient noise scale (McCandlish et al., App. A) one step's pair of squared
     gradient norms: each rank's local gradient (batch b) averaged over the ranks, and the
-    synchronised gradient (batch B) -- one one-element all-reduce, no host sync.  A method
-    that measures the pair anyway (AdaScale every step; AGS, whose sub-batch is the small
-    batch when there is one worker) gives its own."""
-    if own_norms is not None:
-        local = own_norms.take().reshape(1)
-        dist.all_reduce(local)
-        gns.update(local[0] / world, synced_sq_norm(params), local_batch, global_batch)
-    elif method.step_norms is not None and (world > 1 or method.step_norms_batches is not None):
-        small, big = method.step_norms_batches or (local_batch, global_batch)
-        gns.update(method.step_norms[0], method.step_norms[1], small, big)
-        method.step_norms = None
+    synchronised gradient (batch B).  The ranks' local norms meet in one one-element
+    all-reduce that runs in the background while the next step computes (it is waited for
+    at the next step or by :meth:`flush`); no host sync.  A method that measures the pair
+    anyway (AdaScale every step; AGS, whose sub-batch is the small batch when there is one
+    worker) gives its own."""
+
+    def __init__(self, gns: NoiseScale, own_norms: LocalGradNorms | None, world: int) -> None:
+        self.gns, self.own_norms, self.world = gns, own_norms, world
+        self.pending: tuple | None = None
+
+    def step(self, method: Any, params: list, local_batch: int, global_batch: int) -> None:
+        if self.own_norms is not None:
+            local = self.own_norms.take().reshape(1)
+            work = dist.all_reduce(local, async_op=True)
+            synced = synced_sq_norm(params)
+            self.flush()
+            self.pending = (work, local, synced, local_batch, global_batch)
+        elif method.step_norms is not None and (self.world > 1 or method.step_norms_batches is not None):
+            small, big = method.step_norms_batches or (local_batch, global_batch)
+            self.gns.update(method.step_norms[0], method.step_norms[1], small, big)
+            method.step_norms = None
+
+    def flush(self) -> None:
+        """Complete the last step's measurement (before reading or saving the estimate)."""
+        if self.pending is not None:
+            work, local, synced, b, big = self.pending
+            self.pending = None
+            work.wait()
+            self.gns.update(local[0] / self.world, synced, b, big)
 
 
 def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_batch: int, out_dir: str,
@@ -215,10 +227,11 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
     loss_fn = build_loss(spec.train.loss)
     gns, own_norms = NoiseScale(), None
     params = [p for p in model.parameters() if p.requires_grad]
-    if world > 1 and not ddp_has_comm_hook(ddp):
+    if spec.train.noise_scale and world > 1 and not ddp_has_comm_hook(ddp):
         # each rank's gradient norm before the all-reduce, from a comm hook (AdaScale has its own)
         own_norms = LocalGradNorms(params, device)
         ddp.register_comm_hook(own_norms, local_norms_allreduce_hook)
+    gns_feed = _NoiseScaleFeed(gns, own_norms, world)
 
     start_epoch, steps_done, history = 0, 0, []
     sched_state = schedule["state"] if schedule else None
@@ -290,7 +303,8 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
             loss = loss_fn(ddp(x), y)
             loss.backward()
             method.after_backward(step, x, y, loss_fn)
-            _measure_noise_scale(gns, method, own_norms, params, world, local_batch, global_batch)
+            if spec.train.noise_scale:
+                gns_feed.step(method, params, local_batch, global_batch)
             method.optimizer.step()
             method.scheduler.step()
             loss_sum += loss.detach().double()
@@ -309,6 +323,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
                "n_workers": world, "lr": method.lr, "train_loss": float(loss_total) / (n_steps * world),
                "epoch_time_s": float(slowest_s),
                **evaluate(model, data, rank, world, spec.train.eval_batch, device, spec.train.loss)}
+        gns_feed.flush()
         rec["b_simple"] = gns.b_simple()  # the batch the model could use now (one host sync per epoch)
         step_traces = _drain_step_traces(method)
         if "scaled" in step_traces and step_traces["scaled"]:

@@ -72,11 +72,12 @@ class Launcher(Protocol):
 
 def host_facts(device: str = "auto") -> dict:
     """This machine's hardware as a worker sees it: the device kind ranks will use (``auto``
-    -> ``cuda`` where a GPU is visible), cores, memory, GPU name and memory, torch version."""
+    -> ``cuda`` where a GPU is visible), CPU model, cores, memory, GPU name and memory, torch
+    version."""
     import os
 
-    facts: dict[str, Any] = {"device": pick_device(device), "cores": os.cpu_count(), "torch": torch.__version__,
-                             "cuda_available": torch.cuda.is_available()}
+    facts: dict[str, Any] = {"device": pick_device(device), "cpu": cpu_model(), "cores": os.cpu_count(),
+                             "torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
     if facts["cuda_available"]:
         props = torch.cuda.get_device_properties(0)
         facts.update(gpu=props.name, gpu_memory_bytes=int(props.total_memory), gpus=torch.cuda.device_count())
@@ -86,6 +87,22 @@ def host_facts(device: str = "auto") -> dict:
     except (OSError, ValueError, IndexError):
         pass
     return facts
+
+
+def cpu_model() -> str:
+    """This machine's CPU model as the OS names it (``/proc/cpuinfo``'s model name on Linux),
+    else the processor or machine type ``platform`` reports."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("model name", "hardware", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def pick_device(kind: str) -> str:

@@ -1,0 +1,117 @@
+"""The service under load: re-plans answered from a stored model, and a plan from the store
+against profiling again.
+
+Starts a real `tula serve` (uvicorn, SQLite store) on a free loopback port, runs the digits
+example through it once (profile, fit, plan; no training) so that a fitted model is stored,
+then
+
+1. sends ``--requests`` re-plan requests (POST /v1/jobs/{id}/replan, objectives and cluster
+   sizes varying) from ``--clients`` concurrent clients, and prints the throughput and the
+   p50 / p99 latency (target: p99 < 100 ms);
+2. times POST /v1/plans for the same spec (answered from the stored model) against profiling
+   it again (`tula plan SPEC`: profile, fit, plan), and prints the ratio.
+
+    python bench/service_load.py [--requests 1000] [--clients 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from service_helpers import Service, wait_for  # noqa: E402
+
+SPEC = yaml.safe_load((ROOT / "examples" / "digits_cnn.yaml").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--clients", type=int, default=16)
+    args = ap.parse_args()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores), "
+          f"{args.requests} re-plans from {args.clients} clients")
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        svc = Service(home).start()
+        try:
+            c = svc.client()
+            t0 = time.perf_counter()
+            job_id = c.post("/v1/jobs", json={"spec": SPEC, "train": False}).json()["id"]
+            job = wait_for(c, job_id, timeout_s=900)
+            measured_s = time.perf_counter() - t0
+            assert job["state"] == "done", job
+            print(f"stored model: job {job_id} profiled, fitted and planned in {measured_s:.1f} s through the service")
+
+            bodies = [{"objective": o, "cluster_sizes": cs} for o in ("knee", "time", "cost")
+                      for cs in ([1, 2], [1, 2, 4, 8], [1, 2, 4, 8, 16, 32, 64])]
+            latencies: list[float] = []
+            errors: list[str] = []
+            lock = threading.Lock()
+            per_client = [args.requests // args.clients + (i < args.requests % args.clients)
+                          for i in range(args.clients)]
+
+            def client(n: int, k: int) -> None:
+                with httpx.Client(base_url=svc.url, timeout=60) as h:
+                    for i in range(n):
+                        t = time.perf_counter()
+                        r = h.post(f"/v1/jobs/{job_id}/replan", json=bodies[(k + i) % len(bodies)])
+                        dt = time.perf_counter() - t
+                        with lock:
+                            latencies.append(dt)
+                            if r.status_code != 200:
+                                errors.append(f"{r.status_code}: {r.text[:120]}")
+
+            threads = [threading.Thread(target=client, args=(n, k)) for k, n in enumerate(per_client)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            lat = sorted(latencies)
+            p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+            print(f"re-plan: {len(lat)} requests in {wall:.2f} s = {len(lat) / wall:.0f} req/s; latency p50 "
+                  f"{p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {lat[-1] * 1e3:.1f} ms "
+                  f"({'meets' if p99 < 0.1 else 'MISSES'} the p99 < 100 ms target); {len(errors)} error(s)")
+            if errors:
+                print("  first error:", errors[0])
+
+            # a plan for the same spec from the store vs profiling it again
+            times = []
+            for _ in range(5):
+                t = time.perf_counter()
+                r = c.post("/v1/plans", json={"spec": SPEC})
+                times.append(time.perf_counter() - t)
+                assert r.status_code == 200 and r.json()["reused_models_from"] == job_id, r.text
+            from_store = statistics.median(times)
+        finally:
+            svc.stop()
+        spec_path = Path(tmp) / "digits.yaml"
+        spec_path.write_text(yaml.safe_dump(SPEC))
+        t = time.perf_counter()
+        r = subprocess.run([str(Path(sys.executable).parent / "tula"), "plan", str(spec_path), "--out",
+                            str(Path(tmp) / "again" / "plan.json")], capture_output=True, text=True)
+        again_s = time.perf_counter() - t
+        assert r.returncode == 0, r.stderr
+        print(f"POST /v1/plans from the stored model: median {from_store * 1e3:.1f} ms (5 calls; the first, which "
+              f"reads the hardware facts once, {times[0] * 1e3:.0f} ms); profiling again "
+              f"(tula plan SPEC: profile, fit, plan): {again_s:.1f} s; ratio {again_s / from_store:.0f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""The pipeline every front end runs: profile -> fit -> plan -> train, into a run directory.
+
+``tula run`` and the service's job runner both call :func:`run_pipeline`; the single-stage
+commands call the stage functions.  Nothing here prints or knows who is watching: an
+:class:`Observer` hears each stage begin and end, the workers' progress events, every
+record as it is written and one-line notes (the CLI draws progress bars and tables from
+them, the service writes its store).
+
+The run directory's layout is the one the CLI documents: ``profile.json``,
+``models.json``, ``plan.json``, ``plan.png`` and ``train/`` (``train.json``, ``train.png``,
+``metrics.jsonl``, checkpoints).  Every record is written atomically as soon as it exists;
+``profile.json`` is rewritten (``in_progress``) each time a trial has finished on every
+rank, so a process killed mid-profile loses no finished trial.  A resumed pipeline
+continues from the stage it stopped in: finished trials are not run again and training
+resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import Interrupted, TulaError
+from .registry import METHODS
+from .spec import JobSpec
+
+STAGES = ("profiling", "fitting", "planning", "training")
+PROFILE, MODELS, PLAN, PLAN_PNG = "profile.json", "models.json", "plan.json", "plan.png"
+TRAIN_DIR, TRAIN, TRAIN_PNG = "train", "train.json", "train.png"
+
+
+class Observer:
+    """What a front end hears from the pipeline; every method is a no-op here."""
+
+    def stage(self, name: str, **info: Any) -> None:
+        """Stage ``name`` (one of :data:`STAGES`) begins; training says its ``method``,
+        ``n_workers`` and ``global_batch``."""
+
+    def done(self, name: str) -> None:
+        """Stage ``name`` ended (finished, failed or interrupted)."""
+
+    def event(self, stage: str, ev: dict) -> None:
+        """A progress event of the stage's workers (``plan``/``trial`` while profiling;
+        ``start``/``step``/``epoch``/``resize``/``fallback``/``note`` while training)."""
+
+    def saved(self, kind: str, record: dict | None, path: Path) -> None:
+        """``path`` was written: a record (``kind`` is its kind, ``record`` its content; a
+        profile with ``in_progress`` is a snapshot) or a plot (``kind`` ``"plot"``,
+        ``record`` ``None``)."""
+
+    def note(self, message: str) -> None:
+        """A line for the user."""
+
+
+def profiled_trials(prof: dict) -> int:
+    """How many of a (partial) profile's trials are finished."""
+    return sum(t["status"] in ("ok", "oom", "skipped") for t in prof["trials"])
+
+
+def is_partial(prof: dict) -> bool:
+    """A profile that stopped (or was still running) before all its trials finished."""
+    return bool(prof.get("interrupted") or prof.get("failed") or prof.get("in_progress"))
+
+
+# --------------------------------------------------------------------------- the stages
+def profile_stage(job: JobSpec, search: str, save_to: Path, *, previous: dict | None = None, launcher=None,
+                  observer: Observer | None = None) -> dict:
+    """Profile ``job`` and write the record to ``save_to``; snapshots are written there as
+    trials finish, and if a worker fails or the run is interrupted the trials finished
+    before it are written there too, then the error is raised with a sentence saying so."""
+    from .profile import ProfileFailed, ProfileInterrupted, profile
+    from .records import PROFILE_KIND, save_record
+
+    obs = observer or Observer()
+
+    def snapshot(rec: dict) -> None:
+        save_record(rec, save_to)
+        obs.saved(PROFILE_KIND, rec, save_to)
+
+    obs.stage("profiling")
+    try:
+        rec = profile(job, search, launcher=launcher, on_event=lambda ev: obs.event("profiling", ev),
+                      previous=previous, on_snapshot=snapshot)
+    except (ProfileFailed, ProfileInterrupted) as err:
+        if err.record is None:
+            raise
+        snapshot(err.record)
+        kept = f"the {profiled_trials(err.record)} trial(s) finished before it are saved in {save_to}"
+        if isinstance(err, ProfileInterrupted):
+            raise Interrupted(f"{err}; {kept}", err.signum) from None
+        raise TulaError(f"{err}; {kept}") from None
+    finally:
+        obs.done("profiling")
+    snapshot(rec)
+    return rec
+
+
+def fit_stage(prof: dict, save_to: Path, observer: Observer | None = None) -> dict:
+    """Fit the memory and performance models of a profile; write them to ``save_to``."""
+    from .fit import fit_models
+    from .records import MODELS_KIND, save_record
+
+    obs = observer or Observer()
+    obs.stage("fitting")
+    try:
+        models = fit_models(prof)
+        save_record(models, save_to)
+    finally:
+        obs.done("fitting")
+    obs.saved(MODELS_KIND, models, save_to)
+    return models
+
+
+def plan_stage(models: dict, objective: str | None, save_to: Path, plot_to: Path | None = None,
+               observer: Observer | None = None, **plan_options: Any) -> dict:
+    """Choose a configuration from fitted models; write the plan (and its plot) there.
+    ``plan_options`` go to :func:`tula.plan.make_plan`."""
+    from .plan import make_plan
+    from .records import PLAN_KIND, save_record
+    from .report import plot_plan
+
+    obs = observer or Observer()
+    obs.stage("planning")
+    try:
+        p = make_plan(models, objective, **plan_options)
+        save_record(p, save_to)
+        if plot_to is not None:
+            plot_plan(p, models["trials"], plot_to)
+    finally:
+        obs.done("planning")
+    obs.saved(PLAN_KIND, p, save_to)
+    if plot_to is not None:
+        obs.saved("plot", None, plot_to)
+    return p
+
+
+def train_stage(job: JobSpec, method: str, n_workers: int, global_batch: int, out: Path, *, resume: bool = False,
+                launcher=None, observer: Observer | None = None) -> dict:
+    """Train in ``out`` (checkpoints, metrics.jsonl); write train.json and train.png there."""
+    from .records import TRAIN_KIND, save_record
+    from .report import plot_training
+    from .train import train
+
+    obs = observer or Observer()
+    obs.stage("training", method=method, n_workers=n_workers, global_batch=global_batch)
+    try:
+        run = train(job, method, n_workers, global_batch, out, resume=resume, launcher=launcher,
+                    on_event=lambda ev: obs.event("training", ev))
+        save_record(run, out / TRAIN)
+        plot_training(run, out / TRAIN_PNG)
+    finally:
+        obs.done("training")
+    obs.saved(TRAIN_KIND, run, out / TRAIN)
+    obs.saved("plot", None, out / TRAIN_PNG)
+    return run
+
+
+def training_method(job: JobSpec, global_batch: int, observer: Observer | None = None) -> str:
+    """The spec's method, or ``lbt`` where AGS has nothing to scale (the batch is not above
+    ``train.ags.b_small``)."""
+    method = job.train.method
+    if METHODS[method].needs_b_small_below_batch and global_batch <= job.train.ags.b_small:
+        if observer is not None:
+            observer.note(f"the chosen batch {global_batch} is not above train.ags.b_small "
+                          f"({job.train.ags.b_small}): nothing to scale, training with lbt")
+        return "lbt"
+    return method
+
+
+# --------------------------------------------------------------------------- the whole job
+def run_pipeline(job: JobSpec, out: Path, *, search: str = "partial", objective: str | None = None,
+                 train_after: bool = True, resuming: bool = False, launcher=None,
+                 observer: Observer | None = None, models: dict | None = None) -> dict[str, dict]:
+    """Profile, fit, plan and (with ``train_after``) train ``job`` in run directory ``out``.
+
+    ``resuming``: continue from the records already in ``out`` (a partial profile goes on
+    from its finished trials; a finished stage is not run again; training resumes from its
+    checkpoint).  ``models``: a fitted models record to plan from instead of profiling
+    (the service's reuse of a model measured by another job).  Returns the records by
+    kind name (``profile`` -- absent when ``models`` was given --, ``models``, ``plan``,
+    ``train``)."""
+    from .checkpoint import has_checkpoint
+    from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, load_record, save_record
+
+    obs = observer or Observer()
+    out.mkdir(parents=True, exist_ok=True)
+    prof_path, models_path, plan_path = out / PROFILE, out / MODELS, out / PLAN
+    done: dict[str, dict] = {}
+    have = (lambda p: resuming and p.exists())
+    if models is None and have(models_path):
+        models = load_record(models_path, expect=(MODELS_KIND,))
+    prof = load_record(prof_path, expect=(PROFILE_KIND,)) if have(prof_path) else None
+    if models is not None and (prof is None or not is_partial(prof)):
+        if prof is not None:
+            done["profile"] = prof
+        if not have(models_path):
+            save_record(models, models_path)
+            obs.saved(MODELS_KIND, models, models_path)
+        else:
+            obs.note(f"models: {models_path} is complete")
+        plan = load_record(plan_path, expect=(PLAN_KIND,)) if have(plan_path) else None
+    else:
+        if prof is None or is_partial(prof):
+            if prof is not None:
+                obs.note(f"continuing the profile in {prof_path}: {profiled_trials(prof)} of "
+                         f"{len(prof['configs'])} trial(s) already finished")
+            prof = profile_stage(job, search, prof_path, previous=prof, launcher=launcher, observer=obs)
+        else:
+            obs.note(f"profile: {prof_path} is complete")
+            obs.saved(PROFILE_KIND, prof, prof_path)
+        done["profile"] = prof
+        models = fit_stage(prof, models_path, obs)
+        plan = None
+    done["models"] = models
+    if plan is None:
+        plan = plan_stage(models, objective, plan_path, out / PLAN_PNG, obs)
+    else:
+        obs.note(f"plan: {plan_path} is complete")
+        if not (out / PLAN_PNG).exists():
+            from .report import plot_plan
+
+            plot_plan(plan, models["trials"], out / PLAN_PNG)
+        obs.saved(PLAN_KIND, plan, plan_path)
+    done["plan"] = plan
+    if train_after:
+        c = plan["choice"]
+        method = training_method(job, c["global_batch"], obs)
+        train_dir = out / TRAIN_DIR
+        if resuming and (train_dir / TRAIN).exists():  # written only when training finished
+            run = load_record(train_dir / TRAIN, expect=(TRAIN_KIND,))
+            obs.note(f"training: {train_dir / TRAIN} is complete")
+            obs.saved(TRAIN_KIND, run, train_dir / TRAIN)
+        else:
+            run = train_stage(job, method, c["n_workers"], c["global_batch"], train_dir,
+                              resume=resuming and has_checkpoint(train_dir), launcher=launcher, observer=obs)
+        done["train"] = run
+    return done

@@ -1,0 +1,83 @@
+"""What the service accepts: a spec valid by the CLI's own rules, within the service's limits,
+importing code and reading data only where the settings allow.  No torch here.
+
+Each refusal is a :class:`~tula.errors.SpecError` whose one sentence names the field; the
+web layer answers it with 422.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import SpecError
+from ..spec import JobSpec, spec_from_dict
+from .settings import ServiceSettings
+
+SEARCHES = ("full", "partial")
+OBJECTIVES = ("time", "cost", "knee")
+
+
+def parse_spec_text(text: str) -> Any:
+    """A spec sent as YAML (JSON is YAML too); not a mapping is one sentence."""
+    try:
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, RecursionError) as err:
+        raise SpecError(f"the request body is not valid YAML or JSON ({str(err).splitlines()[0]})") from None
+    return data
+
+
+def search_space_size(spec: JobSpec) -> int:
+    """An upper bound of the (N, B) configurations the search may plan over, without the data
+    set: cluster sizes x global batches from min_batch up to max_batch by batch_growth (to
+    2^30 when max_batch is unset; the data set caps it further)."""
+    s = spec.search
+    hi = s.max_batch or (1 << 30)
+    batches = int(math.floor(math.log(hi / s.min_batch, s.batch_growth) + 1e-9)) + 1
+    return len(s.cluster_sizes) * batches
+
+
+def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
+    """The checked spec of a submission, or a :class:`SpecError` naming the field."""
+    spec = spec_from_dict(spec_data)
+    if spec.epochs > settings.max_epochs:
+        raise SpecError(f"spec field 'epochs' is {spec.epochs}, above this service's limit of {settings.max_epochs}")
+    n = search_space_size(spec)
+    if n > settings.max_configs:
+        raise SpecError(f"spec field 'search' allows up to {n} configurations ({len(spec.search.cluster_sizes)} "
+                        f"cluster sizes x batches {spec.search.min_batch}..{spec.search.max_batch or 'the data set'}), "
+                        f"above this service's limit of {settings.max_configs}")
+    name = spec.model.name
+    if ":" in name:
+        module = name.partition(":")[0]
+        top = module.split(".")[0]
+        if top not in settings.import_allowlist and module not in settings.import_allowlist:
+            allowed = ", ".join(settings.import_allowlist) or "none"
+            raise SpecError(f"spec field 'model.name' imports {module!r}, which is not on this service's import "
+                            f"allow-list (allowed: {allowed}; set TULA_IMPORT_ALLOWLIST)")
+    if spec.data.root is not None:
+        root = Path(spec.data.root).expanduser()
+        resolved = root.resolve() if root.is_absolute() else None
+        if resolved is None or not any(resolved.is_relative_to(Path(r).resolve()) for r in settings.data_roots):
+            allowed = ", ".join(str(r) for r in settings.data_roots) or "none"
+            raise SpecError(f"spec field 'data.root' is {spec.data.root!r}, not under a data directory this service "
+                            f"allows (allowed: {allowed}; set TULA_DATA_ROOTS)")
+    if spec.cluster.where not in ("local", "dask"):
+        raise SpecError(f"spec field 'cluster.where' is {spec.cluster.where!r}; the service runs jobs on its own "
+                        "launcher (local or dask), not on a cluster a submission names")
+    return spec
+
+
+def check_options(search: Any, objective: Any, train: Any) -> tuple[str, str | None, bool]:
+    """The pipeline options of a submission."""
+    if search not in SEARCHES:
+        raise SpecError(f"field 'search' is {search!r}, but it must be one of {', '.join(SEARCHES)}")
+    if objective is not None and objective not in OBJECTIVES:
+        raise SpecError(f"field 'objective' is {objective!r}, but it must be one of {', '.join(OBJECTIVES)}")
+    if not isinstance(train, bool):
+        raise SpecError(f"field 'train' is {train!r}, but it must be true or false")
+    return search, objective, train
+

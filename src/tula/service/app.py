@@ -1,0 +1,379 @@
+"""The Tula service's web application (FastAPI): submit, watch, cancel and re-plan jobs.
+
+Handlers validate and enqueue; runner processes (:mod:`tula.service.runner`) do the work.
+Every error a client can cause is a JSON ``{"detail": "<one sentence>"}`` with its status
+(401 no or wrong token, 404 unknown job or record, 409 not yet there, 413 too large, 422 a
+bad spec or option).  Bound beyond loopback the service needs a token; requests carry it
+as ``Authorization: Bearer <token>`` (or, for a browser, the cookie ``/login?token=`` sets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import importlib
+import json
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import FastAPI, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from ..errors import InfeasibleError, RecordError, SpecError, TulaError
+from .admission import admit, check_options, parse_spec_text
+from .settings import ServiceSettings
+from .store import JOB_STATES, Store
+
+RECORD_KINDS = {"profile": "tula.profile", "models": "tula.models", "plan": "tula.plan", "train": "tula.train"}
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
+TOKEN_COOKIE = "tula_token"
+
+
+class RecordResponse(JSONResponse):
+    """A record exactly as the CLI writes it: Python's JSON, in which a measurement that is
+    not finite (a gradient noise scale with no measurable signal: ``Infinity``; a metric not
+    measured: ``NaN``) stays what it is instead of becoming null."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=True, separators=(",", ":")).encode("utf-8")
+
+
+class Problem(Exception):
+    """An error answered with ``status`` and one sentence."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+# --------------------------------------------------------------------------- request bodies (for OpenAPI)
+class Submission(BaseModel):
+    """A job: its spec (the same fields as a YAML spec for the CLI) and how to run it."""
+
+    spec: dict[str, Any] = Field(description="the job spec (name, model, data, search, pricing, train, ...)")
+    search: Literal["full", "partial"] = "partial"
+    objective: Literal["time", "cost", "knee"] | None = Field(default=None, description="default: the spec's")
+    train: bool = Field(default=True, description="train at the chosen configuration after planning")
+
+
+class Replan(BaseModel):
+    """Another question for a job's fitted models; whatever is left out stays as the job had it."""
+
+    objective: Literal["time", "cost", "knee"] | None = None
+    pricing: dict[str, Any] | None = Field(default=None, description="e.g. {kind: fixed, price_per_node_hour: 3.2}")
+    cluster_sizes: list[int] | None = Field(default=None, description="the cluster sizes to plan over")
+    epochs: int | None = Field(default=None, ge=1)
+    deadline: str | float | None = Field(default=None, description="finish within this duration (e.g. 8h) or "
+                                         "seconds")
+    budget: float | None = Field(default=None, ge=0, description="cost at most this, in the pricing's unit")
+
+
+class PlanRequest(BaseModel):
+    spec: dict[str, Any]
+    objective: Literal["time", "cost", "knee"] | None = None
+
+
+def _job_view(job: dict, base: str = "") -> dict:
+    out = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in job.items()}
+    out["url"] = f"{base}/v1/jobs/{job['id']}"
+    return out
+
+
+def _sentence_of(err: RequestValidationError) -> str:
+    e = err.errors()[0]
+    loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path")]
+    where = ".".join(loc) or "the request"
+    msg = str(e.get("msg", "is not valid")).replace("Value error, ", "")
+    return f"field {where!r}: {msg[0].lower() + msg[1:]}" if msg else f"field {where!r} is not valid"
+
+
+def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
+    """The application; with ``dispatch`` its lifespan starts the job dispatcher."""
+    store_box: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        from .runner import Dispatcher
+
+        settings.home.mkdir(parents=True, exist_ok=True)
+        store = Store(settings.store_url, settings.home)
+        # the planner's imports (numpy, scipy, kneed) now, not in the first re-plan request
+        await run_in_threadpool(importlib.import_module, "tula.plan")
+        store_box["store"] = store
+        dispatcher = Dispatcher(settings, store) if dispatch and settings.run_jobs else None
+        if dispatcher:
+            dispatcher.start()
+        try:
+            yield
+        finally:
+            if dispatcher:
+                await run_in_threadpool(dispatcher.stop)
+            store.close()
+
+    app = FastAPI(title="Tula", version=__version__, lifespan=lifespan,
+                  description="Profile, fit, plan and train distributed large-batch jobs; re-plan from stored "
+                              "models without profiling again.")
+
+    def store() -> Store:
+        return store_box["store"]
+
+    # ----------------------------------------------------------------------- errors as one sentence
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem):
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+
+    @app.exception_handler(SpecError)
+    async def _spec_error(request: Request, exc: SpecError):
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(TulaError)
+    async def _tula_error(request: Request, exc: TulaError):
+        from .store import StoreError
+
+        return JSONResponse({"detail": str(exc)}, status_code=503 if isinstance(exc, StoreError) else 422)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        return JSONResponse({"detail": _sentence_of(exc)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    # ----------------------------------------------------------------------- auth and limits
+    @app.middleware("http")
+    async def _guard(request: Request, call_next):
+        if settings.token is not None and request.url.path != "/login":
+            given = request.headers.get("authorization", "")
+            token = given[7:] if given[:7].lower() == "bearer " else request.cookies.get(TOKEN_COOKIE, "")
+            if not hmac.compare_digest(token.encode(), settings.token.encode()):
+                return JSONResponse({"detail": "this service needs 'Authorization: Bearer <token>'; the request "
+                                               "had no token or a wrong one"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_request_bytes):
+            return JSONResponse({"detail": f"the request body is larger than this service's limit of "
+                                           f"{settings.max_request_bytes} bytes"}, status_code=413)
+        return await call_next(request)
+
+    @app.get("/login", include_in_schema=False)
+    async def login(token: str = ""):
+        if settings.token is None or not hmac.compare_digest(token.encode(), settings.token.encode()):
+            raise Problem(401, "wrong or missing token")
+        resp = RedirectResponse("/", status_code=303)
+        resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+        return resp
+
+    async def _body(request: Request) -> bytes:
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > settings.max_request_bytes:
+                raise Problem(413, f"the request body is larger than this service's limit of "
+                                   f"{settings.max_request_bytes} bytes")
+        return body
+
+    async def _submission(request: Request) -> tuple[Any, dict]:
+        """(spec data, options) from a JSON submission or a YAML spec with options in the query."""
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        raw = await _body(request)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpecError("the request body is not UTF-8 text") from None
+        if ctype in YAML_TYPES:
+            return parse_spec_text(text), dict(request.query_params)
+        if ctype != "application/json":
+            raise Problem(415, f"send the job as application/json (a submission) or application/yaml (a spec), "
+                               f"not {ctype}")
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise SpecError(f"the request body is not valid JSON ({err})") from None
+        if isinstance(data, dict) and "spec" in data:
+            opts = {k: v for k, v in data.items() if k != "spec"}
+            unknown = sorted(set(opts) - {"search", "objective", "train"})
+            if unknown:
+                raise SpecError(f"unknown field {unknown[0]!r} in the submission; it has spec, search, objective "
+                                "and train")
+            return data["spec"], opts
+        return data, dict(request.query_params)
+
+    def _need_job(job_id: str) -> dict:
+        job = store().get_job(job_id)
+        if job is None:
+            raise Problem(404, f"there is no job {job_id!r}")
+        return job
+
+    # ----------------------------------------------------------------------- the API
+    @app.get("/v1/health")
+    async def health() -> dict:
+        """The service is up; its version, store back end and running jobs."""
+        running = await run_in_threadpool(store().count_running)
+        return {"status": "ok", "version": __version__, "store": store().dialect, "running_jobs": running}
+
+    @app.post("/v1/jobs", status_code=202, openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": Submission.model_json_schema()},
+        "application/yaml": {"schema": {"type": "string", "description": "a job spec as YAML (options in the "
+                                                                           "query: search, objective, train)"}}}}})
+    async def submit(request: Request) -> JSONResponse:
+        """Submit a job: 202 with its id and URL; it runs when a runner is free."""
+        spec_data, opts = await _submission(request)
+        train = opts.get("train", True)
+        if isinstance(train, str):
+            train = {"true": True, "false": False, "1": True, "0": False}.get(train.lower(), train)
+        search, objective, train = check_options(opts.get("search", "partial"), opts.get("objective"), train)
+        spec = admit(spec_data, settings)
+        job_id = await run_in_threadpool(store().create_job, spec.to_dict(), search=search, objective=objective,
+                                         train=train)
+        url = f"/v1/jobs/{job_id}"
+        return JSONResponse({"id": job_id, "url": url, "state": "queued"}, status_code=202,
+                            headers={"Location": url})
+
+    @app.get("/v1/jobs")
+    async def list_jobs(state: Literal[JOB_STATES] | None = None,  # type: ignore[valid-type]
+                        limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=2**31 - 1)) -> dict:
+        """Jobs, newest first, optionally in one state."""
+        rows, total = await run_in_threadpool(store().list_jobs, state, limit, offset)
+        return {"jobs": [_job_view(j) for j in rows], "total": total, "limit": limit, "offset": offset}
+
+    @app.get("/v1/jobs/{job_id}")
+    async def get_job(job_id: str) -> dict:
+        """One job: state, progress, timestamps, the error sentence, the model reuse."""
+        return _job_view(await run_in_threadpool(_need_job, job_id))
+
+    @app.post("/v1/jobs/{job_id}/cancel")
+    async def cancel(job_id: str) -> dict:
+        """Cancel: a queued job at once, a running one at its next step."""
+        _need_job(job_id)
+        return _job_view(await run_in_threadpool(store().request_cancel, job_id))
+
+    def _record(job_id: str, name: str) -> dict:
+        job = _need_job(job_id)
+        rec = store().get_record(job_id, RECORD_KINDS[name])
+        if rec is None:
+            raise Problem(404, f"job {job_id!r} has no {name} record (it is {job['state']}"
+                               + (f": {job['error']}" if job.get("error") else "") + ")")
+        return rec
+
+    for _name in RECORD_KINDS:
+        def _make(name: str):
+            async def get_record(job_id: str) -> RecordResponse:
+                return RecordResponse(await run_in_threadpool(_record, job_id, name))
+            get_record.__doc__ = f"The job's {name} record: the same JSON `tula` writes to {name}.json."
+            return get_record
+        app.get(f"/v1/jobs/{{job_id}}/{_name}", name=f"get_{_name}")(_make(_name))
+
+    @app.get("/v1/jobs/{job_id}/plots/{name}", response_class=FileResponse)
+    async def plot(job_id: str, name: Literal["plan.png", "train.png"]):
+        """The job's plan or training plot (PNG)."""
+        job = _need_job(job_id)
+        path = store().artifact_path(job_id, name)
+        if path is None or not Path(path).is_file():
+            raise Problem(404, f"job {job_id!r} has no {name} yet (it is {job['state']})")
+        return FileResponse(path, media_type="image/png")
+
+    finished_models: dict[str, dict] = {}  # job id -> models of an ended job (they never change again)
+    cache_lock = threading.Lock()
+
+    def _models_of(job_id: str) -> dict:
+        if job_id in finished_models:
+            return finished_models[job_id]
+        job = _need_job(job_id)
+        models = _record(job_id, "models")
+        if job["state"] in ("done", "failed", "cancelled"):
+            with cache_lock:
+                if len(finished_models) >= 256:
+                    finished_models.pop(next(iter(finished_models)))
+                finished_models[job_id] = models
+        return models
+
+    @app.post("/v1/jobs/{job_id}/replan")
+    async def replan(job_id: str, body: Replan) -> RecordResponse:
+        """Plan again from the job's fitted models (no profiling): another objective, pricing,
+        cluster sizes, epoch count, deadline or budget.  The job's own plan is not changed."""
+        return RecordResponse(await run_in_threadpool(lambda: _replan(_models_of(job_id), body)))
+
+    @app.post("/v1/plans")
+    async def plans(body: PlanRequest) -> RecordResponse:
+        """A plan for a spec from a stored model of the same key (no profiling); 404 with what to
+        submit when there is none."""
+        spec = admit(body.spec, settings)
+        return RecordResponse(await run_in_threadpool(_plan_from_store, store(), spec, body.objective))
+
+    from .dashboard import mount_dashboard
+
+    mount_dashboard(app, store)
+    return app
+
+
+def _replan(models: dict, body: Replan) -> dict:
+    from ..plan import make_plan
+    from ..spec import spec_from_dict
+
+    d = dict(models["spec"])
+    if body.pricing is not None:
+        d["pricing"] = body.pricing
+    if body.cluster_sizes is not None:
+        d["search"] = {**d["search"], "cluster_sizes": body.cluster_sizes}
+    if body.epochs is not None:
+        d["epochs"] = body.epochs
+    if body.deadline is not None or body.budget is not None:
+        cons = dict(d.get("constraints") or {})
+        if body.deadline is not None:
+            cons.pop("deadline_s", None)
+            cons["deadline"] = body.deadline
+        if body.budget is not None:
+            cons["budget"] = body.budget
+        d["constraints"] = cons
+    spec = spec_from_dict(d)  # a bad pricing or size list is a SpecError: 422
+    try:
+        return make_plan({**models, "spec": spec.to_dict()}, body.objective)
+    except InfeasibleError as err:
+        raise Problem(422, str(err)) from None
+
+
+_FACTS: dict[str, dict] = {}
+
+
+def _plan_from_store(store: Store, spec, objective: str | None) -> dict:
+    from ..fit import rebase_models
+    from ..plan import make_plan
+    from .model_key import key_parts_for_new_job, model_key
+
+    if "facts" not in _FACTS:
+        from ..launch.base import host_facts
+
+        _FACTS["facts"] = host_facts("auto")
+    try:
+        parts = key_parts_for_new_job(spec.to_dict(), _FACTS["facts"])
+    except ValueError as err:
+        raise Problem(404, f"no stored model can be matched for this spec ({err}); submit it as a job "
+                           "(POST /v1/jobs) to profile it") from None
+    found = store.find_models(model_key(parts))
+    if found is None:
+        raise Problem(404, f"no stored model for {spec.model.name} on {spec.data.name} with this optimiser, "
+                           f"collective and hardware; submit the spec as a job (POST /v1/jobs) to profile it once")
+    models, from_job = found
+    if models["spec"]["data"] == spec.to_dict()["data"]:
+        size = models["dataset_size"]
+    else:
+        from ..workloads import check_workload
+
+        try:
+            size = check_workload(spec)[1].train_size
+        except TulaError as err:
+            raise Problem(422, str(err)) from None
+    try:
+        plan = make_plan(rebase_models(models, spec.to_dict(), size, from_job), objective)
+    except (InfeasibleError, RecordError) as err:
+        raise Problem(422, str(err)) from None
+    plan["reused_models_from"] = from_job
+    return plan

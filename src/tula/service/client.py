@@ -1,0 +1,92 @@
+"""A small client of the Tula service (what `tula submit`, `tula status` and `tula replan` use),
+and the tables they print.  No torch here."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+from rich.table import Table
+
+from ..errors import TulaError
+
+DEFAULT_SERVER = "http://127.0.0.1:8787"
+
+
+class ServiceError(TulaError):
+    """The service refused a request or could not be reached (one sentence)."""
+
+
+class Client:
+    def __init__(self, server: str | None = None, token: str | None = None, timeout_s: float = 30.0) -> None:
+        self.base = (server or os.environ.get("TULA_SERVER") or DEFAULT_SERVER).rstrip("/")
+        token = token or os.environ.get("TULA_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.base, headers=headers, timeout=timeout_s)
+
+    def _call(self, method: str, path: str, missing_ok: bool = False, **kw: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as err:
+            raise ServiceError(f"cannot reach the Tula service at {self.base} ({type(err).__name__}: {err}); start "
+                               "it with `tula serve` or give --server") from None
+        if r.status_code == 404 and missing_ok:
+            return None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail")
+            except ValueError:
+                detail = r.text[:200]
+            raise ServiceError(f"the service answered {r.status_code}: {detail}")
+        return r.json()
+
+    def submit(self, spec: dict, **options: Any) -> dict:
+        return self._call("POST", "/v1/jobs", json={"spec": spec, **{k: v for k, v in options.items()
+                                                                       if v is not None}})
+
+    def jobs(self, state: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+        params = {"limit": limit, "offset": offset, **({"state": state} if state else {})}
+        return self._call("GET", "/v1/jobs", params=params)
+
+    def job(self, job_id: str) -> dict:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def record(self, job_id: str, name: str, missing_ok: bool = False) -> dict | None:
+        return self._call("GET", f"/v1/jobs/{job_id}/{name}", missing_ok=missing_ok)
+
+    def cancel(self, job_id: str) -> dict:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def replan(self, job_id: str, body: dict) -> dict:
+        return self._call("POST", f"/v1/jobs/{job_id}/replan", json=body)
+
+    def plan(self, spec: dict, objective: str | None = None) -> dict:
+        return self._call("POST", "/v1/plans", json={"spec": spec, "objective": objective})
+
+
+def jobs_table(jobs: list[dict], total: int) -> Table:
+    t = Table(title=f"Tula jobs ({len(jobs)} of {total})")
+    for col in ("id", "name", "state", "progress", "created", "message"):
+        t.add_column(col, justify="right" if col == "progress" else "left")
+    for j in jobs:
+        msg = j.get("error") or j.get("message") or ""
+        t.add_row(j["id"], j["spec"].get("name", ""), j["state"], f"{(j.get('progress') or 0):.0%}",
+                  str(j.get("created_at", ""))[:19].replace("T", " "), msg[:70])
+    return t
+
+
+def job_detail(job: dict, records: dict[str, dict | None]) -> list:
+    from ..report import plan_table, train_table
+
+    out: list = [f"job [bold]{job['id']}[/] ({job['spec'].get('name', '')}): {job['state']}, "
+                 f"{(job.get('progress') or 0):.0%}" + (f" -- {job['message']}" if job.get("message") else "")]
+    if job.get("reused_models_from"):
+        out.append(f"planned from the models of job {job['reused_models_from']} (not profiled again)")
+    if job.get("error"):
+        out.append(f"[bold red]error[/]: {job['error']}")
+    if records.get("plan"):
+        out += [plan_table(records["plan"]), f"[bold green]choice[/]: {records['plan']['reason']}"]
+    if records.get("train"):
+        out.append(train_table(records["train"]))
+    return out

@@ -1,0 +1,158 @@
+"""The key a fitted model is stored and found under: what decides its parameters.
+
+Two jobs get the same key when profiling them would measure the same thing, so the second
+is planned from the first one's fitted models without profiling again.  The key is the
+SHA-256 of the canonical JSON of its parts (:func:`model_key`); the parts come either from
+a finished profile -- :func:`model_key_parts`, describing where the trials were MEASURED --
+or, for a job not yet profiled, from its spec and the launcher's ``facts()``
+(:func:`key_parts_for_new_job`).  The two give the same parts for the same model on the
+same hardware.
+
+What is in the key, and why:
+
+- ``model``: the model's name and constructor kwargs (they decide the network).
+- ``data``: the data set's name and the sample shape the network sees; for sets read from
+  disk also ``loader_workers`` and ``augment``, which change the time a step waits for data.
+  The set's size, root and seed are not: they change how many steps an epoch has, which the
+  planner computes, not the time or memory of one step.
+- ``optimizer``: its name and, for SGD, whether it keeps a momentum buffer (optimiser state
+  is part of the memory model); the LR and weight decay change neither time nor memory.
+- ``collective``: the sync term's form is fitted per collective.
+- ``device`` and ``hardware``: the device kind, the CPU model or GPU name, and the core count,
+  read where the ranks run (``tula.launch.base.host_facts``).
+- ``torch``: its version (kernels and DDP change between releases).
+- ``cluster``: ``single-host`` for the local launcher and a Dask LocalCluster (ranks meet on
+  this machine's loopback); otherwise the scheduler address or jobqueue file, since ranks on
+  several hosts sync over a network.
+- ``backend``: the process group's back end (gloo on CPU, nccl on GPU, unless the spec says).
+- ``threads_per_worker`` (CPU only): the torch threads each rank computed with; a step's
+  compute time scales with it.  On a GPU it hardly matters and is left out.
+- ``enforce_memory_cap`` (CPU only): with the address-space cap the memory model includes
+  what tensors do not show, so the fitted memory model differs.
+
+Profile settings that are NOT in the key: ``warmup_steps`` and ``timed_steps`` (they decide
+how precisely the same quantity -- the median step time after warm-up -- is estimated, not
+what is measured; a job that asks for more timed steps than a stored model had still reuses
+it, and the models record's ``fit_error`` says how good the fit was),
+``memory_probe_batches`` (two points on the same line), ``trial_timeout_s``, the search mode
+and the search space (cluster sizes, batch range, memory budget: they choose WHICH points
+are measured, not what a point measures; planning at other sizes is what the models are
+for).
+
+No torch import here: the service computes keys in its web process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..errors import RecordError
+from ..spec import spec_from_dict
+
+#: bump when the parts change meaning, so old keys never match new ones
+KEY_VERSION = 1
+
+#: data sets read from disk (their loader settings change the time a step waits for data)
+DISK_SETS = ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder")
+
+#: the sample shape of each data set whose shape the spec does not give (tula.workloads
+#: builds them so: checked against load_dataset by tests/test_store.py)
+_FIXED_SHAPES = {"digits": (1, 8, 8), "mnist1d": (1, 40), "mnist": (1, 28, 28), "fashionmnist": (1, 28, 28),
+                 "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+
+
+def sample_shape(data: dict) -> list[int]:
+    """The shape of one sample of the data set ``data`` (a checked data spec as a dict) without
+    loading it: fixed per set, the spec's ``sample_shape`` for ``synthetic``, and
+    3 x ``image_size`` x ``image_size`` (default 64) for ``imagefolder`` (images are read as RGB)."""
+    name = data["name"]
+    if name == "synthetic":
+        return [int(d) for d in data["sample_shape"]]
+    if name == "imagefolder":
+        size = data.get("image_size") or 64
+        return [3, int(size), int(size)]
+    if name not in _FIXED_SHAPES:
+        raise ValueError(f"unknown data set {name!r}")
+    return list(_FIXED_SHAPES[name])
+
+
+def _cluster(where: str) -> str:
+    # tula.launch.clusters.kind_of: 'local' and 'dask' (a LocalCluster) run on this host
+    return "single-host" if where in ("local", "dask") else where
+
+
+def _parts(spec: dict, *, device: str, facts: dict, shape: list[int], threads: int | None) -> dict:
+    job = spec_from_dict(spec).to_dict()  # every default filled in, by the spec's own rules
+    data, opt, cluster = job["data"], job["optimizer"], job["cluster"]
+    data_part: dict[str, Any] = {"name": data["name"], "sample_shape": [int(d) for d in shape]}
+    if data["name"] in DISK_SETS:
+        data_part.update(loader_workers=data["loader_workers"], augment=data["augment"])
+    opt_part: dict[str, Any] = {"name": opt["name"]}
+    if opt["name"] == "sgd":
+        opt_part["momentum_buffer"] = opt["momentum"] > 0  # torch's SGD keeps no state without momentum
+    if device == "cuda":
+        hardware = {"gpu": facts.get("gpu"), "cores": facts.get("cores")}
+    else:
+        hardware = {"cpu": facts.get("cpu"), "cores": facts.get("cores")}
+    parts: dict[str, Any] = {
+        "key_version": KEY_VERSION,
+        "model": {"name": job["model"]["name"], "kwargs": job["model"]["kwargs"]},
+        "data": data_part,
+        "optimizer": opt_part,
+        "collective": job["collective"],
+        "device": device,
+        "hardware": hardware,
+        "torch": facts.get("torch"),
+        "cluster": _cluster(cluster["where"]),
+        "backend": cluster["backend"] or ("nccl" if device == "cuda" else "gloo"),
+    }
+    if device != "cuda":
+        parts["threads_per_worker"] = threads
+        parts["enforce_memory_cap"] = job["search"]["enforce_memory_cap"]
+    return parts
+
+
+def model_key_parts(spec: dict, profile: dict) -> dict:
+    """The key parts of the models fitted from ``profile`` (a profile record) of the job
+    ``spec`` (a spec as a dict): hardware, threads and sample shape as the profile MEASURED them.
+
+    Raises :class:`~tula.errors.RecordError` for a profile that does not say which hardware
+    it ran on (written before profile records carried ``facts``)."""
+    facts = profile.get("facts")
+    if not isinstance(facts, dict) or not facts.get("torch"):
+        raise RecordError("the profile record does not say which hardware it was measured on (it has no 'facts'; "
+                          "an older Tula wrote it), so its fitted models cannot be stored for reuse")
+    return _parts(spec, device=profile["device"], facts=facts, shape=profile["sample_shape"],
+                  threads=profile.get("threads_per_worker"))
+
+
+def key_parts_for_new_job(spec: dict, facts: dict, threads_per_worker: int | None = None) -> dict:
+    """The key parts of a job not yet profiled: ``facts`` from its launcher's ``facts()``
+    (read where the ranks will run), ``threads_per_worker`` the launcher's
+    ``threads_per_worker`` (what its profile would run with).  Left out, it is the spec's
+    ``profile.threads_per_worker``, else what ``open_launcher`` gives a local launcher
+    (cores // the largest cluster size); a Dask cluster's must be given (on CPU)."""
+    job = spec_from_dict(spec).to_dict()
+    device = facts["device"]
+    threads = threads_per_worker
+    if threads is None and device != "cuda":
+        threads = job["profile"]["threads_per_worker"]
+        where = job["cluster"]["where"]
+        if threads is None and where == "local":  # as tula.profile.default_threads
+            threads = max(1, (facts.get("cores") or 1) // max(job["search"]["cluster_sizes"]))
+        if threads is None:
+            raise ValueError(f"the threads per worker of a job on cluster {where!r} depend on its workers: pass the "
+                             "launcher's threads_per_worker")
+    return _parts(job, device=device, facts=facts, shape=sample_shape(job["data"]), threads=threads)
+
+
+def canonical_json(parts: dict) -> str:
+    """``parts`` as JSON with sorted keys and no spaces: equal parts, equal text."""
+    return json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def model_key(parts: dict) -> str:
+    """The SHA-256 (hex) of the canonical JSON of ``parts``."""
+    return hashlib.sha256(canonical_json(parts).encode("ascii")).hexdigest()

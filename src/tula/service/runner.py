@@ -1,0 +1,255 @@
+"""Job runners: the processes that run submitted jobs, and the dispatcher that starts them.
+
+The web process never runs a job.  Its :class:`Dispatcher` thread re-queues jobs whose
+heartbeat went stale (their runner or the whole service was killed), claims queued jobs
+while fewer than ``max_concurrent_jobs`` run, and starts one runner process per job
+(``python -m tula.service.runner``).  A runner runs :func:`tula.pipeline.run_pipeline` in
+the job's directory under the service's home, always resuming: a re-queued job continues
+from its records (finished profile trials and epochs are not redone).  Its
+:class:`StoreObserver` writes the job's state, progress and every record into the store as
+the pipeline writes them; a heartbeat thread keeps the row alive and turns a cancel request
+into SIGTERM, which the pipeline answers by stopping at the next step.
+
+A new job whose model key (:mod:`tula.service.model_key`) matches models fitted by an
+earlier job is planned from those, without profiling; its row names the job it reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .. import interrupts
+from ..errors import Interrupted, TulaError
+from ..pipeline import Observer
+from .settings import ServiceSettings
+from .store import Store
+
+PROGRESS_EVERY_S = 1.0  # progress is written at most this often (the heartbeat carries it too)
+
+
+def job_dir(settings: ServiceSettings, job_id: str) -> Path:
+    return settings.home / "jobs" / job_id
+
+
+class StoreObserver(Observer):
+    """The pipeline's observer in a runner: state, progress and records into the store."""
+
+    def __init__(self, store: Store, job_id: str, home: Path) -> None:
+        self.store, self.job_id, self.home = store, job_id, home
+        self.profile: dict | None = None
+        self.total = 0
+        self.done_count = 0
+        self.last_write = 0.0
+
+    def stage(self, name: str, **info: Any) -> None:
+        message = {"profiling": "profiling", "fitting": "fitting the models", "planning": "planning",
+                   "training": f"training {info.get('method')} at N={info.get('n_workers')}, "
+                               f"B={info.get('global_batch')}"}[name]
+        self.total, self.done_count = 0, 0
+        self.store.update_job(self.job_id, state=name, progress=0.0, message=message)
+
+    def event(self, stage: str, ev: dict) -> None:
+        kind = ev.get("type")
+        if kind == "plan":
+            self.total, self.done_count = ev["total"], ev.get("done", 0)
+        elif kind == "trial":
+            self.done_count += 1
+        elif kind == "start":
+            self.total = ev["epochs"] * ev["steps_per_epoch"]
+        elif kind == "step":
+            self.done_count = ev["epoch"] * ev["steps_per_epoch"] + ev["step"]
+        elif kind == "epoch":
+            self.done_count = ev["epoch"] * ev["steps"]
+        else:
+            return
+        now = time.monotonic()
+        if self.total and (now - self.last_write >= PROGRESS_EVERY_S or kind in ("trial", "epoch")):
+            self.last_write = now
+            self.store.update_job(self.job_id, progress=min(1.0, self.done_count / self.total))
+
+    def saved(self, kind: str, record: dict | None, path: Path) -> None:
+        from ..records import MODELS_KIND, PROFILE_KIND
+        from .model_key import model_key, model_key_parts
+
+        if record is None:  # a plot
+            self.store.add_artifact(self.job_id, path.name, path)
+            return
+        self.store.put_record(self.job_id, record)
+        if kind == PROFILE_KIND:
+            self.profile = record
+        elif kind == MODELS_KIND and self.profile is not None and "reused_models_from" not in record:
+            parts = model_key_parts(record["spec"], self.profile)
+            self.store.put_models(self.job_id, model_key(parts), parts, record)
+
+    def note(self, message: str) -> None:
+        self.store.update_job(self.job_id, message=message)
+
+
+def _reusable_models(store: Store, job: dict, spec, launcher) -> dict | None:
+    """Models fitted by an earlier job with the same key, rebased onto this job's spec, or None."""
+    from ..fit import rebase_models
+    from ..workloads import check_workload
+    from .model_key import key_parts_for_new_job, model_key
+
+    parts = key_parts_for_new_job(spec.to_dict(), launcher.facts(), launcher.threads_per_worker)
+    found = store.find_models(model_key(parts))
+    if found is None:
+        return None
+    models, from_job = found
+    _, data = check_workload(spec)
+    return rebase_models(models, spec.to_dict(), data.train_size, from_job)
+
+
+def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
+    """Run (or resume) one claimed job to its end; the exit code of the runner process."""
+    from ..launch.clusters import open_launcher
+    from ..pipeline import run_pipeline
+    from ..spec import spec_from_dict
+
+    store = Store(settings.store_url, settings.home)
+    job = store.get_job(job_id)
+    if job is None or job["runner"] != runner:
+        return 0  # re-queued or taken by another runner meanwhile
+    stop = threading.Event()
+    cancelled = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(settings.heartbeat_s):
+            try:
+                mine = store.heartbeat(job_id, runner)
+                row = store.get_job(job_id)
+            except TulaError:
+                continue  # the store is briefly unavailable: try again at the next beat
+            if not mine or (row and row["cancel_requested"]):
+                cancelled.set() if row and row["cancel_requested"] else None
+                os.kill(os.getpid(), signal.SIGTERM)  # the pipeline stops at the next step
+                return
+
+    beat = threading.Thread(target=heartbeat, name="tula-heartbeat", daemon=True)
+    beat.start()
+    out = job_dir(settings, job_id)
+    observer = StoreObserver(store, job_id, settings.home)
+    try:
+        spec = spec_from_dict(job["spec"])
+        with interrupts.graceful_signals(), open_launcher(spec) as launcher:
+            models = None
+            if not (out / "profile.json").exists() and not (out / "models.json").exists():
+                models = _reusable_models(store, job, spec, launcher)
+                if models is not None:
+                    store.update_job(job_id, reused_models_from=models["reused_models_from"],
+                                     message=f"planned from the models of job {models['reused_models_from']}")
+            run_pipeline(spec, out, search=job["search"], objective=job["objective"], train_after=job["train"],
+                         resuming=True, launcher=launcher, observer=observer, models=models)
+        store.update_job(job_id, state="done", progress=1.0, message="done")
+        return 0
+    except Interrupted as err:
+        if cancelled.is_set():
+            store.update_job(job_id, state="cancelled", message=f"cancelled: {err}")
+            return 0
+        return 143  # stopped from outside (the service is shutting down): the dispatcher re-queues it
+    except TulaError as err:
+        store.update_job(job_id, state="failed", error=str(err))
+        return 2
+    except Exception as err:  # a bug: the job fails with the error, the traceback goes to the log
+        traceback.print_exc()
+        store.update_job(job_id, state="failed", error=f"internal error: {type(err).__name__}: {err}")
+        return 1
+    finally:
+        stop.set()
+        store.close()
+
+
+class Dispatcher:
+    """A thread in the web process: re-queue stale jobs, start a runner per claimed job."""
+
+    def __init__(self, settings: ServiceSettings, store: Store, name: str | None = None) -> None:
+        self.settings, self.store = settings, store
+        self.name = name or f"{os.uname().nodename}:{os.getpid()}"
+        self.children: dict[str, subprocess.Popen] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="tula-dispatcher", daemon=True)
+        self.log = settings.home / "runners.log"
+
+    def start(self) -> None:
+        self.store.requeue_stale(self.settings.stale_after_s)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(self.settings.poll_s):
+            try:
+                self.tick()
+            except TulaError as err:  # the store is unavailable: say so and try again
+                print(f"tula serve: {err}", file=sys.stderr)
+
+    def tick(self) -> None:
+        for job_id, proc in list(self.children.items()):
+            if proc.poll() is not None:
+                del self.children[job_id]
+                job = self.store.get_job(job_id)
+                if job and job["state"] in ("profiling", "fitting", "planning", "training") \
+                        and job["runner"] and job["runner"].startswith(self.name):
+                    # the runner ended without finishing the job (killed, stopped): queue it again
+                    self.store.update_job(job_id, state="queued", message=f"runner exited with code "
+                                          f"{proc.returncode}; queued again to resume")
+        self.store.requeue_stale(self.settings.stale_after_s)
+        while not self.stopping.is_set() and self.store.count_running() < self.settings.max_concurrent_jobs:
+            runner = f"{self.name}/{time.monotonic_ns()}"
+            job = self.store.claim_job(runner)
+            if job is None:
+                return
+            self.children[job["id"]] = self._spawn(job["id"], runner)
+
+    def _spawn(self, job_id: str, runner: str) -> subprocess.Popen:
+        s = self.settings
+        env = {**os.environ, "TULA_HOME": str(s.home)}
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "tula.service.runner", "--db", s.store_url,
+                                     "--home", str(s.home), "--job", job_id, "--runner", runner,
+                                     "--heartbeat-s", str(s.heartbeat_s)],
+                                    stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop dispatching; ask running runners to stop at their next step (they are
+        re-queued and resume when the service starts again)."""
+        self.stopping.set()
+        for proc in self.children.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.children.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for job_id in list(self.children):
+            job = self.store.get_job(job_id)
+            if job and job["state"] in ("profiling", "fitting", "planning", "training"):
+                self.store.update_job(job_id, state="queued", message="the service stopped; queued again to resume")
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tula.service.runner", description="run one claimed Tula job")
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--home", required=True)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--runner", required=True)
+    ap.add_argument("--heartbeat-s", type=float, default=2.0)
+    a = ap.parse_args(argv)
+    settings = ServiceSettings(home=Path(a.home), db_url=a.db, heartbeat_s=a.heartbeat_s)
+    return run_job(settings, a.job, a.runner)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""The Tula service on a real uvicorn (a `tula serve` process on a free loopback port) with a
+real SQLite store: submit and follow a job over HTTP, the records it keeps, model reuse, a
+kill -9 mid-profile, cancel, bad input and the token."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from service_helpers import Service, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def home(tmp_path):
+    h = tmp_path / "home"
+    h.mkdir()
+    return h
+
+
+@pytest.fixture
+def service(home):
+    s = Service(home).start()
+    yield s
+    s.stop()
+
+
+def _records(client, job_id):
+    return {name: client.get(f"/v1/jobs/{job_id}/{name}").json() for name in ("profile", "models", "plan", "train")}
+
+
+def test_a_job_over_http_runs_the_pipeline_and_its_records_are_those_tula_run_writes(service, home, tiny_spec_dict,
+                                                                                     tmp_path, tula_cmd):
+    c = service.client()
+    r = c.post("/v1/jobs", json={"spec": tiny_spec_dict})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert r.headers["location"] == f"/v1/jobs/{job_id}"
+    seen = set()
+    job = wait_for(c, job_id, check=lambda j: seen.add(j["state"]) and False)
+    assert job["state"] == "done", job
+    assert job["progress"] == 1.0 and job["finished_at"] and job["attempts"] == 1
+    assert seen & {"profiling", "training"}, seen  # it was watched while it ran
+    recs = _records(c, job_id)
+    # the records are the files the pipeline wrote into the job's directory, as the CLI writes them
+    job_dir = home / "jobs" / job_id
+    for name, path in (("profile", "profile.json"), ("models", "models.json"), ("plan", "plan.json"),
+                       ("train", "train/train.json")):
+        assert recs[name] == json.loads((job_dir / path).read_text()), name
+    for name in ("plan.png", "train.png"):
+        png = c.get(f"/v1/jobs/{job_id}/plots/{name}")
+        assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n", name
+    # and they have what `tula run` writes for the same spec
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec_dict))
+    run = subprocess.run([*tula_cmd, "run", str(spec), "--out", str(tmp_path / "cli")], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    cli = {name: json.loads((tmp_path / "cli" / path).read_text()) for name, path in
+           (("profile", "profile.json"), ("models", "models.json"), ("plan", "plan.json"),
+            ("train", "train/train.json"))}
+    for name in cli:
+        assert set(recs[name]) == set(cli[name]) | ({"facts"} & set(recs[name])), name
+        assert recs[name]["kind"] == cli[name]["kind"] and recs[name]["spec"] == cli[name]["spec"]
+    assert recs["profile"]["configs"] == cli["profile"]["configs"]
+    assert [h["epoch"] for h in recs["train"]["history"]] == [h["epoch"] for h in cli["train"]["history"]]
+    assert not recs["profile"].get("in_progress")
+
+    # a list, one job page, a 404 in one sentence
+    page = c.get("/v1/jobs", params={"state": "done"}).json()
+    assert page["total"] == 1 and page["jobs"][0]["id"] == job_id
+    missing = c.get("/v1/jobs/nosuchjob")
+    assert missing.status_code == 404 and missing.json()["detail"] == "there is no job 'nosuchjob'"
+
+    # re-plan from the stored models: synchronous, no profiling, another objective and price
+    t0 = time.monotonic()
+    p = c.post(f"/v1/jobs/{job_id}/replan", json={"objective": "cost", "cluster_sizes": [1, 2, 4, 8]})
+    assert p.status_code == 200, p.text
+    assert time.monotonic() - t0 < 5
+    plan = p.json()
+    assert plan["objective"] == "cost" and {c_["n_workers"] for c_ in plan["configurations"]} >= {4, 8}
+    assert c.get(f"/v1/jobs/{job_id}/plan").json() == recs["plan"]  # the job's own plan is unchanged
+
+    # a second job with the same model key is planned from the store: no trial runs
+    d2 = dict(tiny_spec_dict, name="tiny-again", epochs=1, objective="time")
+    r2 = c.post("/v1/jobs", json={"spec": d2})
+    job2 = wait_for(c, r2.json()["id"])
+    assert job2["state"] == "done", job2
+    assert job2["reused_models_from"] == job_id
+    assert c.get(f"/v1/jobs/{job2['id']}/profile").status_code == 404
+    assert not (home / "jobs" / job2["id"] / "profile.json").exists()
+    from tula.service.store import Store
+
+    with Store(f"sqlite:///{home / 'tula.db'}", home) as store:
+        assert store.trials(job2["id"]) == [] and len(store.trials(job_id)) == len(recs["profile"]["trials"])
+    plan2 = c.get(f"/v1/jobs/{job2['id']}/plan").json()
+    assert plan2["objective"] == "time" and plan2["spec"]["epochs"] == 1
+    # POST /v1/plans answers from the store too, and says what to do when it cannot
+    hit = c.post("/v1/plans", json={"spec": d2, "objective": "knee"})
+    assert hit.status_code == 200 and hit.json()["reused_models_from"] == job_id
+    other = dict(tiny_spec_dict, model={"name": "mlp"})
+    miss = c.post("/v1/plans", json={"spec": other})
+    assert miss.status_code == 404 and "submit the spec as a job" in miss.json()["detail"]
+
+
+def test_kill_9_of_the_service_while_profiling_then_restart_completes_without_rerunning_trials(home, tiny_spec_dict):
+    d = dict(tiny_spec_dict, search={**tiny_spec_dict["search"], "cluster_sizes": [1, 2]}, epochs=1)
+    svc = Service(home, "--max-concurrent-jobs", "1").start()
+    c = svc.client()
+    job_id = c.post("/v1/jobs", json={"spec": d, "search": "full"}).json()["id"]
+
+    def some_trials(job):
+        r = c.get(f"/v1/jobs/{job_id}/profile")
+        return r.status_code == 200 and 1 <= len(r.json()["trials"]) < len(r.json()["configs"])
+
+    wait_for(c, job_id, check=some_trials, timeout_s=180)
+    before = c.get(f"/v1/jobs/{job_id}/profile").json()
+    svc.kill9()  # the service, its runner and the ranks
+    assert before["in_progress"]
+
+    again = Service(home, "--max-concurrent-jobs", "1")
+    again.port, again.url = svc.port, svc.url
+    again.start()
+    try:
+        c = again.client()
+        job = wait_for(c, job_id, timeout_s=300)
+        assert job["state"] == "done", job
+        assert job["attempts"] == 2
+        prof = c.get(f"/v1/jobs/{job_id}/profile").json()
+        assert not prof.get("in_progress") and len(prof["trials"]) == len(prof["configs"])
+        # the trials finished before the kill are the same measurements, not new ones
+        by_cfg = {(t["n_workers"], t["global_batch"]): t for t in prof["trials"]}
+        for t in before["trials"]:
+            assert by_cfg[(t["n_workers"], t["global_batch"])] == t
+        from tula.service.store import Store
+
+        with Store(f"sqlite:///{home / 'tula.db'}", home) as store:
+            rows = store.trials(job_id)
+            assert len(rows) == len({(r["n_workers"], r["global_batch"]) for r in rows}) == len(prof["configs"])
+            assert len(store.metrics(job_id)) == 1
+    finally:
+        again.stop()
+
+
+def test_a_queued_job_is_cancelled_at_once_and_a_running_one_at_its_next_step(service, tiny_spec_dict):
+    c = service.client()
+    long = dict(tiny_spec_dict, epochs=200)
+    first = c.post("/v1/jobs", json={"spec": long}).json()["id"]
+    second = c.post("/v1/jobs", json={"spec": long}).json()["id"]  # queued behind it (1 job at once)
+    assert c.post(f"/v1/jobs/{second}/cancel").json()["state"] == "cancelled"
+    wait_for(c, first, states=("training",), timeout_s=180)
+    assert c.post(f"/v1/jobs/{first}/cancel").json()["cancel_requested"]
+    job = wait_for(c, first, timeout_s=60)
+    assert job["state"] == "cancelled", job
+    assert c.get(f"/v1/jobs/{second}").json()["attempts"] == 0
+
+
+@pytest.mark.parametrize("body, status, sentence", [
+    ({"spec": {"epochs": 0}}, 422, "spec field 'epochs'"),
+    ({"spec": {"modle": {}}}, 422, "unknown field 'modle'"),
+    ({"spec": {"model": {"name": "evil.module:build"}}}, 422,
+     "spec field 'model.name' imports 'evil.module', which is not on this service's import allow-list"),
+    ({"spec": {"data": {"name": "cifar10", "root": "/etc"}}}, 422, "spec field 'data.root' is '/etc', not under"),
+    ({"spec": {"epochs": 100000}}, 422, "spec field 'epochs' is 100000, above this service's limit of 500"),
+    ({"spec": {}, "search": "most"}, 422, "field 'search' is 'most'"),
+    ({"spec": {}, "colour": "red"}, 422, "unknown field 'colour' in the submission"),
+    ([1, 2], 422, "the spec must be a YAML mapping"),
+])
+def test_bad_submissions_are_422_with_one_sentence_naming_the_field(service, body, status, sentence):
+    r = service.client().post("/v1/jobs", json=body)
+    assert r.status_code == status, r.text
+    detail = r.json()["detail"]
+    assert sentence in detail and "\n" not in detail, detail
+    assert service.client().get("/v1/jobs").json()["total"] == 0
+
+
+def test_a_yaml_spec_is_accepted_and_bad_yaml_is_one_sentence(service, tiny_spec_dict):
+    c = service.client()
+    r = c.post("/v1/jobs?train=false", content=yaml.safe_dump(tiny_spec_dict),
+               headers={"content-type": "application/yaml"})
+    assert r.status_code == 202, r.text
+    assert c.get(r.json()["url"]).json()["train"] is False
+    bad = c.post("/v1/jobs", content="name: [unclosed", headers={"content-type": "application/yaml"})
+    assert bad.status_code == 422 and bad.json()["detail"].startswith("the request body is not valid YAML")
+    big = c.post("/v1/jobs", content="x" * (2 << 20), headers={"content-type": "application/yaml"})
+    assert big.status_code == 413
+
+
+def test_beyond_loopback_without_a_token_the_service_refuses_to_start(home, tula_cmd):
+    r = subprocess.run([*tula_cmd, "serve", "--host", "0.0.0.0", "--port", "0", "--home", str(home)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "refusing to listen on 0.0.0.0, which is not a loopback address, without a token" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_with_a_token_every_request_needs_it(home):
+    svc = Service(home, token="s3cret-token").start()
+    try:
+        import httpx
+
+        bare = httpx.get(f"{svc.url}/v1/jobs", timeout=10)
+        assert bare.status_code == 401 and "Bearer" in bare.json()["detail"]
+        wrong = httpx.get(f"{svc.url}/v1/jobs", headers={"Authorization": "Bearer nope"}, timeout=10)
+        assert wrong.status_code == 401
+        assert httpx.get(f"{svc.url}/", timeout=10).status_code == 401  # the dashboard too
+        assert svc.client().get("/v1/jobs").status_code == 200
+    finally:
+        svc.stop()
+
+
+def test_the_cli_client_submits_lists_and_replans(service, tiny_spec_dict, tmp_path, tula_cmd):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(dict(tiny_spec_dict, epochs=1)))
+    env_args = ["--server", service.url]
+    r = subprocess.run([*tula_cmd, "submit", str(spec), *env_args, "--wait"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.split("submitted job ")[1].split()[0]
+    assert "choice" in r.stdout
+    st = subprocess.run([*tula_cmd, "status", *env_args], capture_output=True, text=True, timeout=60)
+    assert st.returncode == 0 and job_id in st.stdout and "done" in st.stdout
+    one = subprocess.run([*tula_cmd, "status", job_id, *env_args], capture_output=True, text=True, timeout=60)
+    assert one.returncode == 0 and "choice" in one.stdout
+    rp = subprocess.run([*tula_cmd, "replan", job_id, "--objective", "cost", *env_args], capture_output=True,
+                        text=True, timeout=60)
+    assert rp.returncode == 0 and "choice" in rp.stdout, rp.stderr
+    gone = subprocess.run([*tula_cmd, "status", "nosuchjob", *env_args], capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 2 and "the service answered 404: there is no job 'nosuchjob'" in gone.stderr
+    down = subprocess.run([*tula_cmd, "status", "--server", "http://127.0.0.1:9"], capture_output=True, text=True,
+                          timeout=60)
+    assert down.returncode == 2 and "cannot reach the Tula service at http://127.0.0.1:9" in down.stderr
