@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import __version__
 from .errors import Interrupted, RunDirError, TulaError
+from .records import epoch_score
 from .registry import METHOD_NAMES
 from .registry import METHODS as METHOD_TABLE
 from .schedules import SCHEDULES
@@ -178,11 +179,11 @@ class _Console(Observer):
         elif kind == "epoch":
             bar.update(task, completed=ev["epoch"] * ev["steps"],
                        description=f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, "
-                                   f"top-1 {ev['test_top1']:.1%}")
+                                   "{} {}".format(*epoch_score(ev)[::2]))
             if not err_console.is_terminal:  # a log gets a line per epoch
                 self.last_line = time.monotonic()
-                err_console.print(f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test top-1 "
-                                  f"{ev['test_top1']:.2%}, {ev['epoch_time_s']:.2f} s")
+                err_console.print(f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test "
+                                  "{} {}".format(*epoch_score(ev)[::2]) + f", {ev['epoch_time_s']:.2f} s")
         elif kind == "note":
             bar.console.print(f"[yellow]note[/]: {ev['message']}")
         elif kind == "resize":
@@ -196,8 +197,8 @@ class _Console(Observer):
 def _train_summary(run: dict) -> str:
     tr = run.get("traces") or {}
     extra = f", {tr['scaled_fraction']:.0%} of steps scaled" if "scaled_fraction" in tr else ""
-    return (f"{run['method']} at N={run['n_workers']}, B={run['global_batch']}: final test top-1 "
-            f"{run['final'].get('test_top1', float('nan')):.2%} after {run['epochs']} epochs "
+    return (f"{run['method']} at N={run['n_workers']}, B={run['global_batch']}: final test "
+            "{} {}".format(*epoch_score(run['final'])[::2]) + f" after {run['epochs']} epochs "
             f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})")
 
 

@@ -28,7 +28,6 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
 from . import interrupts
 from .data import data_path
@@ -40,7 +39,7 @@ from .memory import (AddressSpace, MemoryModel, cap_address_space, measure_phase
 from .records import PROFILE_KIND, Trial, placement
 from .space import Config, candidate_configs, partial_configs
 from .spec import JobSpec
-from .workloads import build_model, build_optimizer, load_dataset
+from .workloads import build_loss, build_model, build_optimizer, load_dataset
 
 MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
 MAX_ROUNDS = 3
@@ -76,7 +75,7 @@ class _Worker:
         model = build_model(spec.model).to(ctx.device)
         self.ddp = wrap_ddp(model, ctx.device)
         self.optimizer = build_optimizer(self.ddp.module, spec)
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = build_loss(spec.train.loss)
         self.gen = torch.Generator().manual_seed(spec.seed * 1000 + ctx.rank)
         self.batches: Any = None  # random batches of local batch self.batches_b through the data path
         self.batches_b = 0

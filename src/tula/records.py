@@ -271,7 +271,18 @@ class EpochRecord(BaseModel):
     train_loss: float
     epoch_time_s: float
     test_loss: float
-    test_top1: float
+    test_top1: float | None = None  # classification (train.loss cross_entropy); every record before train.loss has it
+    test_r2: float | None = None  # regression (train.loss mse)
+
+
+def epoch_score(h: dict) -> tuple[str, float, str]:
+    """An epoch's test score: ``("top-1", value, "93.10%")`` for classification, ``("R^2",
+    value, "0.8123")`` for regression (``train.loss`` mse)."""
+    if h.get("test_top1") is None and h.get("test_r2") is not None:
+        v = float(h["test_r2"])
+        return "R^2", v, f"{v:.4f}"
+    v = float(h["test_top1"]) if h.get("test_top1") is not None else math.nan
+    return "top-1", v, f"{v:.2%}"
 
 
 class TrainRecord(_Record):

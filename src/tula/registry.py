@@ -91,6 +91,14 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in _TABLE}
 METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
 
 
+#: the training losses (``train.loss``): name -> what it trains and how an epoch is scored
+LOSSES: dict[str, str] = {
+    "cross_entropy": "classification: integer class labels; per epoch test loss, top-1 (and top-5)",
+    "mse": "regression: float targets of shape (n, outputs); per epoch test MSE and R^2",
+}
+LOSS_NAMES: tuple[str, ...] = tuple(LOSSES)
+
+
 def method_info(name: str) -> MethodInfo:
     """The entry of ``name``; an unknown name is a :class:`~tula.errors.SpecError`."""
     try:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from .records import epoch_score
+
 
 def fmt_bytes(n: float | None) -> str:
     if n is None:
@@ -296,13 +298,14 @@ def train_table(run: dict) -> Table:
     grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
     t = Table(title=f"Training: {run['method']} on N={run['n_workers']}, B={run['global_batch']} "
                     f"(b={run['local_batch']}, {run['steps_per_epoch']} steps/epoch)")
-    cols = ["epoch"] + (["B", "N", "updates"] if grows else []) + ["train loss", "test loss", "top-1"] + \
+    score = epoch_score(run["history"][0])[0] if run["history"] else "top-1"
+    cols = ["epoch"] + (["B", "N", "updates"] if grows else []) + ["train loss", "test loss", score] + \
         (["top-5"] if top5 else []) + ["epoch s", "lr"] + (["scaled steps"] if scaled else [])
     for col in cols:
         t.add_column(col, justify="right")
     for h in run["history"]:
         row = [str(h["epoch"])] + ([str(h["global_batch"]), str(h["n_workers"]), str(h["steps_done"])] if grows
-                                   else []) + [f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}", f"{h['test_top1']:.2%}"]
+                                   else []) + [f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}", epoch_score(h)[2]]
         row += [f"{h['test_top5']:.2%}"] if top5 else []
         row += [f"{h['epoch_time_s']:.2f}", f"{h['lr']:.4g}"]
         row += [f"{h.get('scaled_fraction', 0):.0%}"] if scaled else []
@@ -346,9 +349,10 @@ def plot_training(run: dict, path: str | Path) -> Path:
         axw.legend(loc="lower right", fontsize=8)
     ax = axes[0, 0]
     ep = [h["epoch"] for h in run["history"]]
-    ax.plot(ep, [h["test_top1"] for h in run["history"]], "o-", label="test top-1")
+    score = epoch_score(run["history"][0])[0] if run["history"] else "top-1"
+    ax.plot(ep, [epoch_score(h)[1] for h in run["history"]], "o-", label=f"test {score}")
     ax.set_xlabel("epoch")
-    ax.set_ylabel("test top-1 accuracy")
+    ax.set_ylabel("test top-1 accuracy" if score == "top-1" else f"test {score}")
     ax.grid(alpha=0.3)
     ax2 = ax.twinx()
     ax2.plot(ep, [h["train_loss"] for h in run["history"]], "s--", color="tab:red", alpha=0.7, label="train loss")

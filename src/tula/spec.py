@@ -17,7 +17,7 @@ from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, ValidationErro
                       model_validator)
 
 from .errors import SpecError
-from .registry import METHOD_NAMES
+from .registry import LOSS_NAMES, METHOD_NAMES
 from .schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -133,7 +133,9 @@ class _Strict(BaseModel):
 
 class ModelSpec(_Strict):
     """The network: a Tula built-in (``small_cnn``, ``mlp``), a torchvision model name,
-    or an import path ``package.module:factory``; ``kwargs`` go to its constructor."""
+    an import path ``package.module:factory``, or a factory pickled with cloudpickle
+    ``pickle:/path/factory.pkl`` (a file every rank can read; :mod:`tula.sklearn` writes one
+    for a module it cannot import by name); ``kwargs`` go to its constructor."""
 
     name: str = "small_cnn"
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -145,7 +147,11 @@ class DataSpec(_Strict):
     ``digits`` (scikit-learn, 1x8x8), ``mnist1d`` (MNIST-1D, 1x40, regenerated locally by
     the ``mnist1d`` package: ``num_samples`` of them), ``synthetic`` (random tensors of ``sample_shape``),
     torchvision sets read from a local ``root`` (``mnist``, ``fashionmnist``, ``cifar10``,
-    ``cifar100``) and ``imagefolder`` (a local folder of class sub-folders).
+    ``cifar100``), ``imagefolder`` (a local folder of class sub-folders) and ``arrays`` (the
+    user's own arrays: a ``.npz`` file at ``path`` holding ``x`` and ``y``, and optionally
+    ``x_test`` and ``y_test`` -- without them ``test_fraction`` of the samples are held out;
+    integer ``y`` are class labels, float ``y`` regression targets; an optional
+    ``num_classes`` entry gives the number of classes).
 
     Sets read from disk are decoded by ``loader_workers`` DataLoader processes per rank,
     normalised per channel (``normalize``) and, with ``augment``, their training split is
@@ -153,8 +159,10 @@ class DataSpec(_Strict):
     (seed, epoch, sample) so that resume stays exact; in-memory sets ignore these.
     """
 
-    name: Literal["digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"] = "digits"
+    name: Literal["digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder",
+                  "arrays"] = "digits"
     root: str | None = None
+    path: str | None = Field(default=None, description="arrays: the .npz file of x, y (and x_test, y_test)")
     sample_shape: tuple[int, ...] = (3, 32, 32)
     num_samples: int = Field(default=4096, ge=1)
     num_classes: int = Field(default=10, ge=2)
@@ -171,6 +179,8 @@ class DataSpec(_Strict):
     def _root_needed(self) -> "DataSpec":
         if self.name in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder") and not self.root:
             raise ValueError(f"data set {self.name!r} is read from a local folder: set data.root to it")
+        if self.name == "arrays" and not self.path:
+            raise ValueError("data set 'arrays' is read from a .npz file: set data.path to it")
         if self.augment and self.name not in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"):
             raise ValueError(f"data.augment applies to image sets read from disk, not {self.name!r}")
         return self
@@ -365,6 +375,8 @@ class TrainSpec(_Strict):
     """
 
     method: Literal[METHOD_NAMES] = "ags"  # the names of tula.registry.METHODS
+    loss: Literal[LOSS_NAMES] = Field(default="cross_entropy", description="cross_entropy (classification: "
+                                      "test top-1 per epoch) or mse (regression: test MSE and R^2 per epoch)")
     n_workers: int | None = Field(default=None, ge=1, description="default: the plan's choice")
     global_batch: int | None = Field(default=None, ge=1, description="default: the plan's choice")
     lr_milestones: list[int] = Field(default_factory=list, description="epochs after which the LR is "

@@ -53,7 +53,7 @@ from .schedules import caps_from_spec, next_config, state_from_spec, steps_per_e
 from .registry import check_train_config, smallest_batch_for
 from .rundir import check_out_dir, locked
 from .spec import JobSpec
-from .workloads import Dataset, build_model, check_workload, load_dataset
+from .workloads import Dataset, build_loss, build_model, check_workload, load_dataset
 
 METRICS = "metrics.jsonl"
 STEP_TRACES = "step_traces"  # key of an epoch line's per-step method traces (metrics.jsonl only)
@@ -83,9 +83,13 @@ def _local_batch(data: Dataset, perm: torch.Tensor, step: int, global_batch: int
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, rank: int, world: int, eval_batch: int,
-             device: torch.device) -> dict[str, float]:
-    """Top-1 (and top-5 with more than 5 classes) accuracy and mean loss on the test split,
-    each rank taking every ``world``-th sample; the sums are all-reduced."""
+             device: torch.device, loss: str = "cross_entropy") -> dict[str, float]:
+    """The test split's mean loss and score, each rank taking every ``world``-th sample; the
+    sums are all-reduced.  ``cross_entropy``: top-1 (and top-5 with more than 5 classes);
+    ``mse``: R^2 (the mean over outputs, as scikit-learn's ``r2_score``).  An empty test
+    split (no held-out data) gives NaN."""
+    if loss == "mse":
+        return _evaluate_mse(model, data, rank, world, eval_batch, device)
     was_training = model.training
     model.eval()
     k5 = data.num_classes > 5
@@ -103,11 +107,38 @@ def evaluate(model: nn.Module, data: Dataset, rank: int, world: int, eval_batch:
         dev_sums = sums.to(device)
         dist.all_reduce(dev_sums)
         sums = dev_sums.cpu()
-    n = max(float(sums[0]), 1.0)
+    n = float(sums[0]) if sums[0] > 0 else math.nan
     res = {"test_loss": float(sums[1]) / n, "test_top1": float(sums[2]) / n}
     if k5:
         res["test_top5"] = float(sums[3]) / n
     return res
+
+
+def _evaluate_mse(model: nn.Module, data: Dataset, rank: int, world: int, eval_batch: int,
+                  device: torch.device) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    t = data.num_classes  # outputs
+    sums = torch.zeros(1 + 3 * t, dtype=torch.float64)  # samples, then per output: sum y, sum y^2, squared error
+    for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):
+        out, y = model(x).double(), y.double()
+        sums[0] += len(y)
+        sums[1:1 + t] += y.sum(0).cpu()
+        sums[1 + t:1 + 2 * t] += y.square().sum(0).cpu()
+        sums[1 + 2 * t:] += (out - y).square().sum(0).cpu()
+    model.train(was_training)
+    if dist.is_initialized():
+        dev_sums = sums.to(device)
+        dist.all_reduce(dev_sums)
+        sums = dev_sums.cpu()
+    n = float(sums[0])
+    if n == 0:
+        return {"test_loss": math.nan, "test_r2": math.nan}
+    sum_y, sum_y2, sse = sums[1:1 + t], sums[1 + t:1 + 2 * t], sums[1 + 2 * t:]
+    sst = (sum_y2 - sum_y.square() / n).clamp_min(0)
+    # a constant target: 1 when predicted exactly, else 0 (scikit-learn's force_finite)
+    r2 = torch.where(sst > 0, 1 - sse / sst.clamp_min(1e-300), (sse == 0).double())
+    return {"test_loss": float(sse.sum()) / (n * t), "test_r2": float(r2.mean())}
 
 
 def param_digest(model: nn.Module) -> str:
@@ -193,7 +224,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
     local_batch = global_batch // world
     n_steps = steps_per_epoch(data.train_size, global_batch)
     method = build_method(method_name, ddp, spec, global_batch, world, n_steps)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = build_loss(spec.train.loss)
     gns, own_norms = NoiseScale(), None
     params = [p for p in model.parameters() if p.requires_grad]
     if spec.train.noise_scale and world > 1 and not ddp_has_comm_hook(ddp):
@@ -291,7 +322,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
         rec = {"epoch": epoch + 1, "steps": n_steps, "steps_done": steps_done, "global_batch": global_batch,
                "n_workers": world, "lr": method.lr, "train_loss": float(loss_total) / (n_steps * world),
                "epoch_time_s": float(slowest_s),
-               **evaluate(model, data, rank, world, spec.train.eval_batch, device)}
+               **evaluate(model, data, rank, world, spec.train.eval_batch, device, spec.train.loss)}
         gns_feed.flush()
         rec["b_simple"] = gns.b_simple()  # the batch the model could use now (one host sync per epoch)
         step_traces = _drain_step_traces(method)
@@ -494,7 +525,7 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
             "local_batch": global_batch // n_workers, "steps_per_epoch": rank0["steps_per_epoch"],
             "epochs": spec.epochs, "steps_done": rank0["steps_done"], "resumed_from_epoch": resumed_from_epoch,
             "fallbacks": fallbacks, "history": hist, "final": hist[-1] if hist else {},
-            "best_test_top1": max((h["test_top1"] for h in hist), default=math.nan),
+            "best_test_top1": max((h["test_top1"] for h in hist if "test_top1" in h), default=math.nan),
             "replicas_identical": len({r["param_digest"] for r in res}) == 1,
             "traces": {**rank0["traces"], **step_traces(out / METRICS)}, "train_s": time.perf_counter() - t0,
             "device": device, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

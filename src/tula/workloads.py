@@ -63,9 +63,23 @@ def mlp(in_features: int = 64, hidden: int = 256, num_classes: int = 10) -> nn.M
 BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"small_cnn": SmallCNN, "small_cnn1d": SmallCNN1d, "mlp": mlp}
 
 
+#: prefix of a model name that is a pickled factory: ``pickle:/path/to/factory.pkl``
+PICKLED_MODEL = "pickle:"
+
+
 def _resolve_factory(name: str) -> Callable[..., nn.Module]:
     if name in BUILTIN_MODELS:
         return BUILTIN_MODELS[name]
+    if name.startswith(PICKLED_MODEL):  # written by cloudpickle (tula.sklearn), read where the ranks run
+        import pickle
+
+        path = name[len(PICKLED_MODEL):]
+        try:
+            with open(path, "rb") as fh:
+                return pickle.load(fh)
+        except Exception as err:  # noqa: BLE001 - a missing file, a class this process cannot rebuild
+            raise WorkloadError(f"the pickled model factory {path!r} cannot be loaded here ({type(err).__name__}: "
+                                f"{str(err).splitlines()[0] if str(err) else ''})") from None
     if ":" in name:
         mod_name, _, attr = name.partition(":")
         try:
@@ -77,7 +91,8 @@ def _resolve_factory(name: str) -> Callable[..., nn.Module]:
     if name in tvm.list_models():
         return lambda **kw: tvm.get_model(name, weights=None, **kw)
     raise WorkloadError(f"unknown model {name!r}: use a Tula built-in ({', '.join(BUILTIN_MODELS)}), "
-                        "a torchvision model name such as 'resnet18', or an import path 'package.module:factory'")
+                        "a torchvision model name such as 'resnet18', an import path 'package.module:factory', "
+                        "or a pickled factory 'pickle:/path/factory.pkl'")
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
@@ -191,6 +206,49 @@ def _synthetic(spec: DataSpec, seed: int) -> Dataset:
     return Dataset("synthetic", tr, te, tuple(spec.sample_shape), spec.num_classes)
 
 
+def _arrays(spec: DataSpec, seed: int) -> Dataset:
+    """The user's arrays from a ``.npz`` file (``data.path``): ``x``, ``y`` and optionally
+    ``x_test``, ``y_test`` (may be empty: no held-out split) and ``num_classes``.  Integer
+    ``y`` are class labels (``num_classes``: the entry, else the largest label + 1); float
+    ``y`` are regression targets, made 2-D (``num_classes`` is then their number of outputs)."""
+    import numpy as np
+
+    try:
+        with np.load(spec.path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError) as err:
+        raise WorkloadError(f"array file {spec.path!r} cannot be read as a .npz file ({err})") from None
+    missing = [k for k in ("x", "y") if k not in arrays]
+    if missing or ("x_test" in arrays) != ("y_test" in arrays):
+        raise WorkloadError(f"array file {spec.path!r} must hold arrays 'x' and 'y' (and 'x_test' with 'y_test'), "
+                            f"but it holds {sorted(arrays)}")
+    classes = np.issubdtype(arrays["y"].dtype, np.integer)
+
+    def tensors(x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(x) != len(y):
+            raise WorkloadError(f"array file {spec.path!r}: x has {len(x)} samples but y has {len(y)}")
+        xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        if classes:
+            return xt, torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)).reshape(-1)
+        yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float32))
+        return xt, yt.reshape(-1, 1) if yt.ndim == 1 else yt.flatten(1)
+
+    x, y = tensors(arrays["x"], arrays["y"])
+    if len(x) == 0:
+        raise WorkloadError(f"array file {spec.path!r} holds no training samples")
+    if "x_test" in arrays:
+        tr = torch.utils.data.TensorDataset(x, y)
+        te = torch.utils.data.TensorDataset(*tensors(arrays["x_test"], arrays["y_test"]))
+    else:
+        tr, te = _split(x, y, spec.test_fraction, seed)
+    if classes:
+        k = int(arrays["num_classes"]) if "num_classes" in arrays else \
+            int(max(int(t.tensors[1].max()) for t in (tr, te) if len(t)) + 1)
+    else:
+        k = int(y.shape[1])
+    return Dataset("arrays", tr, te, tuple(x.shape[1:]), k, seed=seed)
+
+
 def _views(spec: DataSpec, seed: int, train: torch.utils.data.Dataset, test: torch.utils.data.Dataset):
     """The splits of an image set read from disk as :class:`~tula.data.SampleView` views:
     normalised (``data.normalize``), the training split augmented (``data.augment``; no
@@ -247,6 +305,8 @@ def load_dataset(spec: DataSpec, seed: int = 0) -> Dataset:
         return _synthetic(spec, seed)
     if spec.name == "imagefolder":
         return _imagefolder(spec, seed)
+    if spec.name == "arrays":
+        return _arrays(spec, seed)
     return _torchvision(spec, seed)
 
 
@@ -261,10 +321,30 @@ def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
     except Exception as err:  # noqa: BLE001 - any failure here is a mismatch the user must fix
         raise WorkloadError(f"model {spec.model.name!r} cannot take {data.name} samples of shape "
                             f"{tuple(x.shape[1:])} ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    regression = y.dtype.is_floating_point
+    if spec.train.loss == "mse":
+        if not regression:
+            raise WorkloadError(f"train.loss is 'mse' (regression), but the targets of data set {data.name!r} are "
+                                "class labels; use train.loss 'cross_entropy'")
+        if tuple(out.shape) != tuple(y.shape):
+            raise WorkloadError(f"model {spec.model.name!r} gives outputs of shape {tuple(out.shape)}, but the "
+                                f"regression targets have shape {tuple(y.shape)}; give the model "
+                                f"{y.shape[1]} output(s)")
+        return model, data
+    if regression:
+        raise WorkloadError(f"the targets of data set {data.name!r} are floats (regression), but train.loss is "
+                            "'cross_entropy'; use train.loss 'mse'")
     if out.ndim != 2 or out.shape[1] < data.num_classes:
         raise WorkloadError(f"model {spec.model.name!r} gives outputs of shape {tuple(out.shape)}, but "
                             f"{data.name} has {data.num_classes} classes; set model.kwargs.num_classes")
     return model, data
+
+
+def build_loss(name: str) -> nn.Module:
+    """The training loss ``train.loss`` names (:data:`tula.registry.LOSSES`)."""
+    if name == "mse":
+        return nn.MSELoss()
+    return nn.CrossEntropyLoss()
 
 
 def build_optimizer(model: nn.Module, spec: JobSpec, lr: float | None = None) -> torch.optim.Optimizer:

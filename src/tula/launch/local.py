@@ -13,6 +13,8 @@ import socket
 import time
 from typing import Any, Callable
 
+import torch.distributed as dist
+
 from .. import interrupts
 from ..errors import WorkerError
 from .base import RankFailure, host_facts, pick_device
@@ -70,17 +72,23 @@ class LocalLauncher:
     stop_grace_s : how long the ranks get to stop cleanly after SIGINT/SIGTERM before
         they are killed
     pg_timeout_s : the process group's timeout (a collective waiting longer fails)
+    in_process : run a world of one rank in this process (the same :func:`~.runtime.run_rank`,
+        without starting a process and importing torch again: what makes a one-worker fit of
+        :mod:`tula.sklearn` cheap).  Worlds of more ranks, worlds with a ``timeout_s`` (an
+        in-process rank cannot be killed) and calls from a process that already holds a
+        torch.distributed group still start one process per rank.
     """
 
     name = "local"
 
     def __init__(self, device: str = "auto", threads_per_worker: int | None = None, grace_s: float = 10.0,
-                 stop_grace_s: float = 60.0, pg_timeout_s: float | None = None):
+                 stop_grace_s: float = 60.0, pg_timeout_s: float | None = None, in_process: bool = False):
         self.device = pick_device(device)
         self.threads_per_worker = threads_per_worker
         self.grace_s = grace_s
         self.stop_grace_s = stop_grace_s
         self.pg_timeout_s = pg_timeout_s
+        self.in_process = in_process
 
     def facts(self) -> dict:
         """This machine's hardware: the ranks run here."""
@@ -92,6 +100,8 @@ class LocalLauncher:
 
     def run(self, fn: Callable[..., Any], n_workers: int, *args: Any,
             on_event: Callable[[int, dict], None] | None = None, timeout_s: float | None = None) -> list[Any]:
+        if self.in_process and n_workers == 1 and timeout_s is None and not dist.is_initialized():
+            return self._run_here(fn, args, on_event)
         ctx = mp.get_context("spawn")
         # a SimpleQueue writes each message to the pipe before put() returns, so a rank that
         # dies right after an event (os._exit, SIGKILL) has still delivered it
@@ -187,3 +197,14 @@ class LocalLauncher:
                     p.kill()
                     p.join(timeout=5)
             q.close()
+
+    def _run_here(self, fn: Callable[..., Any], args: tuple,
+                  on_event: Callable[[int, dict], None] | None) -> list[Any]:
+        """A world of one rank in this process."""
+        setup = RankSetup(0, 1, f"tcp://127.0.0.1:{free_port()}", self.device, self.threads_per_worker,
+                          self.pg_timeout_s or 600.0)
+        kind, value = run_rank(setup, fn, args, emit=lambda ev: on_event(0, ev) if on_event else None,
+                               in_process=True)
+        if kind == "failure":
+            raise WorkerError(failure_sentence(value, 1), rank=0, details=value.traceback, cause=value.cause)
+        return [value]

@@ -125,22 +125,36 @@ def classify(err: BaseException) -> str:
 
 
 def run_rank(setup: RankSetup, fn: Callable[..., Any], args: tuple,
-             emit: Callable[[dict], None], die_with_parent: bool = True) -> tuple[str, Any]:
+             emit: Callable[[dict], None], die_with_parent: bool = True, in_process: bool = False) -> tuple[str, Any]:
     """Run ``fn(ctx, *args)`` as one rank; return ``("result", value)`` or
-    ``("failure", RankFailure)``.  Never raises."""
-    if die_with_parent:
+    ``("failure", RankFailure)``.  Never raises.
+
+    ``in_process``: the rank runs in the launching process itself (a world of one,
+    :class:`~tula.launch.local.LocalLauncher` with ``in_process=True``): it installs no signal
+    handlers of its own -- the caller's stop requests reach it through
+    :func:`tula.interrupts.on_stop` -- sets no death signal, and leaves the caller's torch
+    threads and random state as it found them."""
+    if die_with_parent and not in_process:
         _die_with_parent()
     import resource
 
     address_space_limit = resource.getrlimit(resource.RLIMIT_AS)  # a memory cap ends with the rank
     stop = StopFlag()
 
-    def on_signal(signum, frame) -> None:  # noqa: ARG001
+    def on_signal(signum, frame=None) -> None:  # noqa: ARG001
         stop.requested, stop.signum = True, signum
 
-    for s in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ValueError):  # not the main thread (e.g. a Dask worker task)
-            signal.signal(s, on_signal)
+    restore: list[Callable[[], None]] = []
+    if in_process:
+        from .. import interrupts
+
+        restore.append(interrupts.on_stop(on_signal))
+        threads, rng = torch.get_num_threads(), torch.get_rng_state()
+        restore.append(lambda: (torch.set_num_threads(threads), torch.set_rng_state(rng)))
+    else:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread (e.g. a Dask worker task)
+                signal.signal(s, on_signal)
     if setup.host.startswith("127.") or setup.host == "localhost":  # loopback: gloo on lo
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if setup.threads:
@@ -178,3 +192,5 @@ def run_rank(setup: RankSetup, fn: Callable[..., Any], args: tuple,
                 dist.destroy_process_group()
         with contextlib.suppress(ValueError, OSError):  # a worker process runs later ranks too (Dask)
             resource.setrlimit(resource.RLIMIT_AS, address_space_limit)
+        for undo in restore:
+            undo()

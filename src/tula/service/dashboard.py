@@ -17,6 +17,8 @@ from fastapi import FastAPI, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
+from ..records import epoch_score
+
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 RUNNING = ("profiling", "fitting", "planning", "training")
 
@@ -182,13 +184,15 @@ def train_charts(run: dict) -> str:
     share of scaled steps where it has one."""
     h = run["history"]
     ep = [r["epoch"] for r in h]
-    charts = [svg_chart("Accuracy and loss", "epoch", "value", [
-        {"x": ep, "y": [r.get("test_top1", float("nan")) for r in h], "color": COLORS[0], "label": "test top-1"},
+    score = [epoch_score(r) for r in h]  # top-1, or R^2 for a regression run (train.loss mse)
+    label = score[0][0] if score else "top-1"
+    charts = [svg_chart("Accuracy and loss" if label == "top-1" else f"{label} and loss", "epoch", "value", [
+        {"x": ep, "y": [s[1] for s in score], "color": COLORS[0], "label": f"test {label}"},
         {"x": ep, "y": [r.get("train_loss", float("nan")) for r in h], "color": COLORS[1], "label": "train loss"}],
-        [{"x": ep, "y": [r.get("test_top1", float("nan")) for r in h], "color": COLORS[0], "label": "epochs",
-          "legend": False, "title": [f"epoch {r['epoch']}: top-1 {r.get('test_top1', float('nan')):.2%}, loss "
+        [{"x": ep, "y": [s[1] for s in score], "color": COLORS[0], "label": "epochs",
+          "legend": False, "title": [f"epoch {r['epoch']}: {s[0]} {s[2]}, loss "
                                      f"{r.get('train_loss', float('nan')):.4f}, B={r['global_batch']}, "
-                                     f"N={r['n_workers']}" for r in h]}], log_x=False)]
+                                     f"N={r['n_workers']}" for r, s in zip(h, score)]}], log_x=False)]
     b_simple = [r.get("b_simple") if isinstance(r.get("b_simple"), (int, float)) else float("nan") for r in h]
     charts.append(svg_chart("Global batch and B_simple", "epoch", "samples", [
         {"x": ep, "y": [r["global_batch"] for r in h], "color": COLORS[2], "label": "global batch"},
@@ -292,8 +296,8 @@ def mount_dashboard(app: FastAPI, store: Callable[[], Any]) -> None:
                 "<button type='submit'>re-plan</button></form>")
         if run is not None:
             fin = run.get("final", {})
-            parts += [f"<h2>Training: {_e(run['method'])}</h2><p id='train-summary'>final test top-1 "
-                      f"{fin.get('test_top1', float('nan')):.2%} after {run['epochs']} epochs, {run['steps_done']} "
+            parts += [f"<h2>Training: {_e(run['method'])}</h2><p id='train-summary'>final test "
+                      "{} {}".format(*epoch_score(fin)[::2]) + f" after {run['epochs']} epochs, {run['steps_done']} "
                       f"model updates, {run['train_s']:.0f} s</p>", train_charts(run)]
         links = " ".join(f"<a href='/v1/jobs/{_e(job_id)}/{k}'>{k}.json</a>" for k in ("profile", "models", "plan",
                                                                                        "train"))

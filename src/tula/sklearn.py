@@ -1,0 +1,646 @@
+"""Tula training behind scikit-learn's API: :class:`TulaClassifier` and :class:`TulaRegressor`.
+
+An estimator is a thin front of the training runner (:func:`tula.train.train`): ``fit``
+writes the arrays to a ``.npz`` file in a temporary run directory, builds a job spec (data
+set ``arrays``, ``train.loss`` cross_entropy or mse, the method, the batch or its schedule,
+the workers) and trains it as ``tula train`` would -- DDP ranks through a launcher, AGS or a
+baseline, growing batches and worlds, checkpoints, the out-of-memory fallback -- then loads
+the last checkpoint's weights into ``module_`` and removes the directory.
+
+Parameters follow skorch's conventions: ``module__x`` goes to the module's constructor,
+``optimizer__x`` to the optimiser, ``method__x`` to the training method, ``batch_size__x``
+to the batch schedule, ``workers__x`` to the growing worker count; they work with
+``get_params``/``set_params``/``clone`` and therefore in ``GridSearchCV`` and pipelines.
+
+Decisions
+---------
+* **Held-out data.** ``validation_fraction`` (default 0.1) of the samples, drawn with the
+  estimator's seed, are not trained on: they are the run's test split, scored after every
+  epoch (``history_``: ``test_loss`` and ``test_top1``, or ``test_r2`` for regression).
+  ``validation_fraction=0`` trains on everything; the per-epoch test figures are then NaN.
+* **The module in the ranks.** A module name string is a spec model name (a Tula built-in
+  such as ``"mlp"``, a torchvision name, ``"package.module:factory"``).  A class or factory
+  that can be imported by its module and qualified name (not ``__main__``, not a local
+  class), with JSON-serialisable ``module__`` arguments, travels by that import reference;
+  anything else (a class defined in a script or notebook, a module *instance*, arguments
+  that are not JSON) is pickled with cloudpickle into the run directory
+  (``pickle:PATH``) and loaded by every rank.  ``module_`` itself is always built in the
+  caller from the object given, so it pickles as the user's class.
+* **Dimensions of the built-ins.** For ``mlp``, ``small_cnn`` and ``small_cnn1d`` the input
+  size (``in_features`` or ``in_channels``) and the output size (``num_classes``: the
+  number of classes, or of regression outputs) come from the data unless ``module__``
+  arguments give them; a user's module gets exactly its ``module__`` arguments.
+* **Where the ranks run.** ``cluster=None``: processes on this machine; a world of one
+  worker runs in this process (:class:`~tula.launch.local.LocalLauncher` with
+  ``in_process``: the same rank runtime, without a process start).  A
+  ``distributed.Client`` or a scheduler address ``"tcp://HOST:PORT"`` (also ``"dask"``: a
+  LocalCluster for the fit): one rank per Dask worker.  The run directory must be readable
+  by every worker: a LocalCluster shares this machine's file system; a remote cluster needs
+  ``tmp_dir`` on a file system every worker mounts (the run says so in one sentence when a
+  rank cannot read it), and a module given by import reference must be importable there.
+* **Batch sizes** larger than the training set are clipped to it (with a warning), and
+  rounded down to a multiple of the worker count.
+
+Bad parameters are a :class:`ParamError` (both a :class:`~tula.errors.TulaError` and a
+``ValueError``) with one sentence, raised by ``fit``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.preprocessing import LabelEncoder
+from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from .errors import SpecError, WorkloadError
+
+#: parameter prefixes routed by double underscore, and where each goes
+PREFIXES: dict[str, str] = {
+    "module": "the module's constructor",
+    "optimizer": "the optimiser (momentum, nesterov, weight_decay)",
+    "method": "the training method (its spec section, e.g. train.ags, and train's fields it reads)",
+    "batch_size": "the batch schedule (initial, and train.batch_schedule's fields)",
+    "workers": "the growing worker count (min, max, batch_per_worker)",
+}
+_PREFIX_TUPLE = tuple(f"{p}__" for p in PREFIXES)
+_OPTIMIZERS = ("sgd", "adam", "adamw")
+_OPTIMIZER_FIELDS = ("momentum", "nesterov", "weight_decay")
+_WORKER_FIELDS = ("min", "max", "batch_per_worker")
+#: train fields a method__ parameter may not set: the estimator's own parameters set them
+_TRAIN_OWN = ("method", "loss", "n_workers", "global_batch", "batch_schedule", "workers", "ags")
+#: the built-ins whose input and output sizes come from the data: name -> (input kwarg, how)
+_BUILTIN_DIMS = {"mlp": ("in_features", "flat"), "small_cnn": ("in_channels", "channels"),
+                 "small_cnn1d": ("in_channels", "channels")}
+DEFAULT_INITIAL_BATCH = 32  # a schedule's first global batch when batch_size__initial is not given
+
+
+class ParamError(SpecError, ValueError):
+    """A parameter of a Tula estimator is invalid (one sentence); a ``ValueError`` too, as
+    scikit-learn expects of bad parameters."""
+
+
+# --------------------------------------------------------------------------- helpers
+def _import_ref(obj: Any) -> str | None:
+    """``"package.module:Qual.Name"`` when ``obj`` is found again by importing that, else None."""
+    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not mod or not qual or mod == "__main__" or "<locals>" in qual or "<lambda>" in qual:
+        return None
+    try:
+        found: Any = importlib.import_module(mod)
+        for part in qual.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{mod}:{qual}" if found is obj else None
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        return json.loads(json.dumps(value)) == value
+    except (TypeError, ValueError):
+        return False
+
+
+def _to_numpy(a: Any) -> Any:
+    """Dask collections are computed, torch tensors copied to numpy; others pass through."""
+    if a is None:
+        return None
+    if hasattr(a, "dask") and hasattr(a, "compute"):
+        a = a.compute()
+    try:
+        import torch
+
+        if isinstance(a, torch.Tensor):
+            return a.detach().cpu().numpy()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return a
+
+
+def _name_of(value: Any) -> str:
+    return getattr(value, "__name__", None) or repr(value)
+
+
+# --------------------------------------------------------------------------- the estimators
+class _TulaEstimator(BaseEstimator):
+    """What :class:`TulaClassifier` and :class:`TulaRegressor` share (see the module's doc)."""
+
+    _loss = "cross_entropy"
+
+    def __init__(self, module: Any = "mlp", *, criterion: Any = None, optimizer: Any = "sgd", lr: float = 0.01,
+                 max_epochs: int = 10, batch_size: Any = 128, method: str = "lbt", n_workers: int = 1,
+                 cluster: Any = None, device: str = "auto", random_state: Any = None, verbose: int = 0,
+                 validation_fraction: float = 0.1, tmp_dir: str | None = None,
+                 threads_per_worker: int | None = None, **kwargs: Any):
+        self.module = module
+        self.criterion = criterion
+        self.optimizer = optimizer
+        self.lr = lr
+        self.max_epochs = max_epochs
+        self.batch_size = batch_size
+        self.method = method
+        self.n_workers = n_workers
+        self.cluster = cluster
+        self.device = device
+        self.random_state = random_state
+        self.verbose = verbose
+        self.validation_fraction = validation_fraction
+        self.tmp_dir = tmp_dir
+        self.threads_per_worker = threads_per_worker
+        # every keyword is kept as given (scikit-learn validates nothing in __init__); a name
+        # that is not ``prefix__name`` is refused by fit
+        self._unrouted = tuple(k for k in kwargs if not k.startswith(_PREFIX_TUPLE))
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    # ------------------------------------------------------------------ params
+    def _routed(self) -> dict[str, Any]:
+        extra = getattr(self, "_unrouted", ())
+        return {k: v for k, v in vars(self).items() if k.startswith(_PREFIX_TUPLE) or k in extra}
+
+    def _prefixed(self, prefix: str) -> dict[str, Any]:
+        n = len(prefix) + 2
+        return {k[n:]: v for k, v in self._routed().items() if k.startswith(prefix + "__")}
+
+    def __sklearn_clone__(self) -> "_TulaEstimator":
+        """As scikit-learn clones, except that a ``distributed.Client`` in ``cluster`` is shared
+        by the clone (a connection cannot be deep-copied)."""
+        from sklearn.base import clone
+
+        if self.cluster is None or isinstance(self.cluster, str):
+            return super().__sklearn_clone__()
+        params = self.get_params(deep=False)
+        return type(self)(**{k: v if k == "cluster" else clone(v, safe=False) for k, v in params.items()})
+
+    def __getstate__(self) -> dict:
+        """A ``distributed.Client`` in ``cluster`` is pickled as its scheduler's address."""
+        state = super().__getstate__()
+        c = state.get("cluster")
+        if c is not None and not isinstance(c, str) and hasattr(c, "scheduler"):
+            state = {**state, "cluster": c.scheduler.address}
+        return state
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's parameters and every ``prefix__name`` parameter set."""
+        params = super().get_params(deep=deep)
+        params.update(self._routed())
+        return params
+
+    def set_params(self, **params: Any) -> "_TulaEstimator":
+        """Set parameters; ``prefix__name`` ones (module, optimizer, method, batch_size,
+        workers) are stored as given, the others as scikit-learn does."""
+        routed = {k: v for k, v in params.items() if k.startswith(_PREFIX_TUPLE)}
+        for key, value in routed.items():
+            setattr(self, key, value)
+        rest = {k: v for k, v in params.items() if k not in routed}
+        if rest:
+            super().set_params(**rest)
+        return self
+
+    # ------------------------------------------------------------------ checks at fit
+    def _check_params(self) -> None:
+        from .registry import METHOD_NAMES
+        from .schedules import SCHEDULE_NAMES
+
+        unrouted = [k for k in getattr(self, "_unrouted", ()) if k in vars(self)]
+        if unrouted:
+            raise ParamError(f"{unrouted[0]!r} is not a parameter of {type(self).__name__}; routed parameters start "
+                             f"with {', '.join(_PREFIX_TUPLE)}")
+        if self.method not in METHOD_NAMES:
+            raise ParamError(f"method {self.method!r} is not a Tula training method; use one of "
+                             f"{', '.join(METHOD_NAMES)}")
+        n = self.n_workers
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ParamError(f"n_workers must be a positive integer, not {n!r}")
+        e = self.max_epochs
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 1:
+            raise ParamError(f"max_epochs must be a positive integer, not {e!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float, np.floating, np.integer)) or \
+                not (math.isfinite(self.lr) and self.lr > 0):
+            raise ParamError(f"lr must be a positive number, not {self.lr!r}")
+        vf = self.validation_fraction
+        if isinstance(vf, bool) or not isinstance(vf, (int, float, np.floating)) or not 0 <= vf < 1:
+            raise ParamError(f"validation_fraction must be a number in [0, 1), not {vf!r}")
+        t = self.threads_per_worker
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1):
+            raise ParamError(f"threads_per_worker must be None or a positive integer, not {t!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ParamError(f"device must be 'auto', 'cpu' or 'cuda', not {self.device!r}")
+        b = self.batch_size
+        if isinstance(b, str):
+            if b not in SCHEDULE_NAMES:
+                raise ParamError(f"batch_size {b!r} is neither a batch size nor a Tula batch schedule; use a "
+                                 f"positive integer or one of {', '.join(SCHEDULE_NAMES)}")
+        elif isinstance(b, type):
+            if self._schedule_kind() is None:
+                raise ParamError(f"batch_size {_name_of(b)} is not one of Tula's batch schedules "
+                                 f"({', '.join(SCHEDULE_NAMES)})")
+        elif isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+            raise ParamError(f"batch_size must be a positive integer or a batch schedule's name, not {b!r}")
+        elif self._prefixed("batch_size"):
+            first = next(iter(self._prefixed("batch_size")))
+            raise ParamError(f"batch_size__{first} belongs to a batch schedule, but batch_size is the constant {b}; "
+                             "give batch_size a schedule's name (e.g. 'geometric') and batch_size__initial")
+
+    def _schedule_kind(self) -> str | None:
+        """The schedule ``batch_size`` names (a name, or a class of :data:`tula.schedules.SCHEDULES`)."""
+        from .schedules import SCHEDULES
+
+        b = self.batch_size
+        if isinstance(b, str):
+            return b if b in SCHEDULES else None
+        if isinstance(b, type):
+            return next((name for name, info in SCHEDULES.items() if info.cls is b), None)
+        return None
+
+    def _loss_name(self) -> str:
+        import torch.nn as nn
+
+        c = self.criterion
+        own = {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}[self._loss]
+        if c is None or c == self._loss or c is own or (isinstance(c, own) and type(c) is own):
+            return self._loss
+        raise ParamError(f"criterion {_name_of(c)} is not one {type(self).__name__} trains with; leave it None "
+                         f"(or give {self._loss!r} / torch.nn.{own.__name__})")
+
+    def _optimizer_spec(self) -> dict[str, Any]:
+        import torch.optim as optim
+
+        o = self.optimizer
+        classes = {optim.SGD: "sgd", optim.Adam: "adam", optim.AdamW: "adamw"}
+        if isinstance(o, str) and o.lower() in _OPTIMIZERS:
+            name = o.lower()
+        elif isinstance(o, type) and o in classes:
+            name = classes[o]
+        else:
+            raise ParamError(f"optimizer {_name_of(o)} is not one Tula's training methods wrap; use 'sgd', 'adam', "
+                             "'adamw' or torch.optim.SGD / Adam / AdamW")
+        spec = {"name": name, "lr": float(self.lr)}
+        for key, value in self._prefixed("optimizer").items():
+            if key not in _OPTIMIZER_FIELDS:
+                raise ParamError(f"optimizer__{key} is not a setting Tula's optimisers take; use one of "
+                                 f"{', '.join('optimizer__' + f for f in _OPTIMIZER_FIELDS)}")
+            spec[key] = value.item() if isinstance(value, np.generic) else value
+        return spec
+
+    def _train_spec(self, n_train: int) -> tuple[dict[str, Any], int, int]:
+        """``train`` section, first global batch, first worker count."""
+        from .registry import METHODS
+        from .spec import AGSSpec, TrainSpec
+
+        info = METHODS[self.method]
+        train: dict[str, Any] = {"method": self.method, "loss": self._loss_name()}
+        ags_fields = set(AGSSpec.model_fields) if info.spec_section == "train.ags" else set()
+        train_fields = set(TrainSpec.model_fields) - set(_TRAIN_OWN)
+        for key, value in self._prefixed("method").items():
+            value = value.item() if isinstance(value, np.generic) else value
+            if key in ags_fields:
+                train.setdefault("ags", {})[key] = value
+            elif key in train_fields:
+                train[key] = value
+            else:
+                allowed = sorted(ags_fields | train_fields)
+                raise ParamError(f"method__{key} is not a setting of method {self.method!r}; it takes "
+                                 f"{', '.join('method__' + a for a in allowed)}")
+        n_workers = int(self.n_workers)
+        workers = self._prefixed("workers")
+        if workers:
+            unknown = sorted(set(workers) - set(_WORKER_FIELDS))
+            if unknown:
+                raise ParamError(f"workers__{unknown[0]} is not a setting of the growing worker count; use "
+                                 f"{', '.join('workers__' + f for f in _WORKER_FIELDS)}")
+            if "max" not in workers:
+                raise ParamError("workers__max is needed when the worker count may grow (workers__min or "
+                                 "workers__batch_per_worker is set)")
+            train["workers"] = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in workers.items()}
+            n_workers = int(workers.get("min", 1))
+        kind = self._schedule_kind()
+        if kind is None:
+            wanted = int(self.batch_size)
+        else:
+            sched = self._prefixed("batch_size")
+            wanted = int(sched.pop("initial", DEFAULT_INITIAL_BATCH))
+            train["batch_schedule"] = {"kind": kind, **{k: (v.item() if isinstance(v, np.generic) else v)
+                                                      for k, v in sched.items()}}
+        if n_train < n_workers:
+            raise ParamError(f"{n_workers} workers need at least {n_workers} training samples, but there are "
+                             f"{n_train}")
+        batch = min(wanted, n_train)
+        batch -= batch % n_workers
+        if batch < wanted and kind is None:
+            warnings.warn(f"batch_size {wanted} is larger than the {n_train} training samples; it is clipped to "
+                          f"{batch}", UserWarning, stacklevel=3)
+        train["n_workers"], train["global_batch"] = n_workers, batch
+        return train, batch, n_workers
+
+    # ------------------------------------------------------------------ the module
+    def _module_kwargs(self, x_shape: tuple[int, ...], n_out: int) -> dict[str, Any]:
+        kwargs = {k: v.item() if isinstance(v, np.generic) else v for k, v in self._prefixed("module").items()}
+        if isinstance(self.module, str):
+            if self.module in _BUILTIN_DIMS:
+                key, how = _BUILTIN_DIMS[self.module]
+                kwargs.setdefault(key, int(np.prod(x_shape)) if how == "flat" else int(x_shape[0]))
+                kwargs.setdefault("num_classes", n_out)
+            elif ":" not in self.module:  # a torchvision name
+                kwargs.setdefault("num_classes", n_out)
+        return kwargs
+
+    def _model_spec(self, run_dir: Path, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The spec's ``model``: a name and its kwargs, an import reference, or a pickled factory."""
+        import torch.nn as nn
+
+        m = self.module
+        if isinstance(m, str):
+            return {"name": m, "kwargs": kwargs}
+        if isinstance(m, nn.Module):
+            factory: Any = functools.partial(copy.deepcopy, m)
+            if kwargs:
+                raise ParamError("module is a module instance, which takes no module__ arguments; pass its class "
+                                 "instead")
+        elif callable(m):
+            ref = _import_ref(m)
+            if ref is not None and _is_json(kwargs):
+                return {"name": ref, "kwargs": kwargs}
+            factory = functools.partial(m, **kwargs)
+        else:
+            raise ParamError(f"module must be a torch.nn.Module class or factory, a module instance, or a model name "
+                             f"such as 'mlp', not {type(m).__name__}")
+        import cloudpickle
+
+        path = run_dir / "module.pkl"
+        cls = m if isinstance(m, type) or not isinstance(m, nn.Module) else type(m)
+        home = sys.modules.get(getattr(cls, "__module__", ""))
+        # a module loaded from a file path (not importable by its name) goes by value too
+        by_value = home is not None and home.__name__ != "__main__" and _import_ref(cls) is None
+        if by_value:
+            cloudpickle.register_pickle_by_value(home)
+        try:
+            path.write_bytes(cloudpickle.dumps(factory))
+        except Exception as err:  # noqa: BLE001 - what cloudpickle cannot serialise
+            raise ParamError(f"module {_name_of(m)} cannot be pickled for the workers ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        finally:
+            if by_value:
+                cloudpickle.unregister_pickle_by_value(home)
+        from .workloads import PICKLED_MODEL
+
+        return {"name": PICKLED_MODEL + str(path), "kwargs": {}}
+
+    def _build_module_here(self, model_spec: dict, kwargs: dict[str, Any]) -> Any:
+        """``module_``, built in this process from the object the user gave."""
+        import torch.nn as nn
+
+        from .spec import ModelSpec
+        from .workloads import build_model
+
+        m = self.module
+        if isinstance(m, str):
+            return build_model(ModelSpec(**model_spec))
+        if isinstance(m, nn.Module):
+            return copy.deepcopy(m)
+        return m(**kwargs)
+
+    # ------------------------------------------------------------------ fit
+    def _seed(self) -> int:
+        rs = self.random_state
+        if isinstance(rs, (int, np.integer)) and not isinstance(rs, bool):
+            return int(rs)
+        return int(check_random_state(rs).randint(np.iinfo(np.int32).max))
+
+    def _validate_fit_data(self, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray, int]:
+        raise NotImplementedError
+
+    def fit(self, X: Any, y: Any) -> "_TulaEstimator":
+        """Train the module on ``X``, ``y`` (numpy arrays, torch tensors or dask arrays)
+        through Tula's training runner; returns the estimator."""
+        self._check_params()
+        X, y = _to_numpy(X), _to_numpy(y)
+        X, y_enc, n_out = self._validate_fit_data(X, y)
+        seed = self._seed()
+        loss = self._loss_name()
+        n = len(X)
+        vf = float(self.validation_fraction)
+        n_val = int(round(n * vf)) if vf > 0 else 0
+        if n - n_val < 1:
+            n_val = 0
+        perm = np.random.RandomState(seed % (2**32)).permutation(n)
+        val, tr = perm[:n_val], perm[n_val:]
+        # the module's and the schedule's parameters, checked before anything is written
+        train, batch, n_workers = self._train_spec(len(tr))
+        optimizer = self._optimizer_spec()
+        kwargs = self._module_kwargs(X.shape[1:], n_out)
+        largest = max(n_workers, int(train.get("workers", {}).get("max", n_workers)))
+        # local ranks: as tula train's default; a Dask cluster's: its workers' cores (the launcher's default)
+        threads = int(self.threads_per_worker or max(1, (os.cpu_count() or 1) // largest))
+
+        run_dir = Path(tempfile.mkdtemp(prefix="tula-sklearn-", dir=self.tmp_dir))
+        try:
+            arrays = {"x": X[tr], "y": y_enc[tr], "x_test": X[val], "y_test": y_enc[val]}
+            if loss == "cross_entropy":
+                arrays["num_classes"] = np.asarray(n_out)
+            np.savez(run_dir / "arrays.npz", **arrays)
+            model_spec = self._model_spec(run_dir, kwargs)
+            spec_dict = {
+                "name": type(self).__name__, "model": model_spec,
+                "data": {"name": "arrays", "path": str(run_dir / "arrays.npz")},
+                "epochs": int(self.max_epochs), "seed": seed, "optimizer": optimizer, "train": train,
+                "search": {"cluster_sizes": [largest]},
+                "profile": {"device": self.device,
+                            "threads_per_worker": threads if self.cluster is None else self.threads_per_worker},
+            }
+            if isinstance(self.cluster, str):
+                spec_dict["cluster"] = {"where": self.cluster}
+            from .spec import spec_from_dict
+
+            try:
+                spec = spec_from_dict(spec_dict)
+            except SpecError as err:
+                raise ParamError(str(err)) from None
+            try:
+                record = self._run(spec, batch, n_workers, run_dir / "run", threads)
+            except WorkloadError as err:  # name the user's module, not the pickle file it travelled in
+                raise WorkloadError(str(err).replace(f"model {model_spec['name']!r}",
+                                                     f"module {_name_of(self.module)}")) from None
+            except SpecError as err:  # a configuration the runner refuses (e.g. adascale on one worker)
+                raise ParamError(str(err)) from None
+            from .checkpoint import load_checkpoint
+
+            state = load_checkpoint(run_dir / "run", map_location="cpu")
+            module = self._build_module_here(model_spec, kwargs)
+            module.load_state_dict(state["model"])
+            module.eval()
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        self.module_ = module
+        self.history_ = record["history"]
+        self.train_record_ = record
+        return self
+
+    def _run(self, spec: Any, batch: int, n_workers: int, out: Path, threads: int) -> dict:
+        """Train through the runner on the launcher ``cluster`` asks for."""
+        from .train import train
+
+        on_event = self._printer() if self.verbose else None
+        c = self.cluster
+        if c is None:
+            from .launch import LocalLauncher
+
+            launcher = LocalLauncher(device=spec.profile.device, threads_per_worker=threads, in_process=True)
+            return train(spec, self.method, n_workers, batch, out, launcher=launcher, on_event=on_event)
+        if isinstance(c, str):  # an address, 'dask' or a jobqueue file: opened (and closed) for this fit
+            return train(spec, self.method, n_workers, batch, out, on_event=on_event)
+        if hasattr(c, "scheduler_info") and hasattr(c, "submit"):  # a distributed.Client
+            from .launch.dask import DaskLauncher
+
+            cs = spec.cluster
+            launcher = DaskLauncher(c, device=spec.profile.device, pg_timeout_s=cs.pg_timeout_s,
+                                    worker_wait_s=cs.worker_wait_s, backend=cs.backend)
+            # the workers' cores shared by the ranks on each host, as tula train does on Dask
+            launcher.threads_per_worker = self.threads_per_worker or \
+                launcher.default_threads(max(spec.search.cluster_sizes))
+            return train(spec, self.method, n_workers, batch, out, launcher=launcher, on_event=on_event)
+        raise ParamError(f"cluster must be None (local processes), a distributed.Client or a scheduler address "
+                         f"'tcp://HOST:PORT', not {type(c).__name__}")
+
+    def _printer(self):
+        from .records import epoch_score
+
+        def on_event(ev: dict) -> None:
+            if ev.get("type") == "epoch":
+                label, _, text = epoch_score(ev)
+                print(f"epoch {ev['epoch']:>3}  B={ev['global_batch']} N={ev['n_workers']}  train loss "
+                      f"{ev['train_loss']:.4f}  test loss {ev['test_loss']:.4f}  {label} {text}  "
+                      f"{ev['epoch_time_s']:.2f} s", flush=True)
+            elif ev.get("type") in ("note", "resize", "fallback"):
+                print(f"{ev['type']}: " + ", ".join(f"{k}={v}" for k, v in ev.items() if k != "type"), flush=True)
+        return on_event
+
+    # ------------------------------------------------------------------ predict
+    def _forward(self, X: Any) -> np.ndarray:
+        import torch
+
+        check_is_fitted(self, "module_")
+        X = validate_data(self, _to_numpy(X), reset=False, dtype=np.float32, allow_nd=True)
+        module = self.module_
+        module.eval()
+        outs = []
+        with torch.no_grad():
+            for start in range(0, len(X), 4096):
+                outs.append(module(torch.from_numpy(np.ascontiguousarray(X[start:start + 4096]))).double())
+        return torch.cat(outs).numpy()
+
+
+class TulaClassifier(ClassifierMixin, _TulaEstimator):
+    """A PyTorch classifier trained by Tula (cross-entropy; scored by accuracy).
+
+    Parameters
+    ----------
+    module : an ``nn.Module`` class or factory, a module instance, or a model name
+        (``"mlp"``, ``"small_cnn"``, a torchvision name, ``"package.module:factory"``);
+        ``module__x`` go to it
+    criterion : None (cross-entropy), ``"cross_entropy"`` or ``torch.nn.CrossEntropyLoss``
+    optimizer : ``"sgd"``, ``"adam"``, ``"adamw"`` or torch.optim.SGD / Adam / AdamW;
+        ``optimizer__momentum``, ``optimizer__nesterov``, ``optimizer__weight_decay`` (default:
+        the spec's, 0.9, False, 5e-4)
+    lr : the learning rate (at the first global batch)
+    max_epochs : epochs to train
+    batch_size : the global batch (an int), or a batch schedule's name or class from
+        :data:`tula.schedules.SCHEDULES` (``"geometric"``, ``tula.schedules.Geometric``, ...)
+        with ``batch_size__initial`` (the first batch, default 32) and ``batch_size__*`` (the
+        fields of ``train.batch_schedule``: factor, delay, rate, max_batch, lr_rule, ...)
+    method : a training method of :data:`tula.registry.METHODS` (``lbt``: plain SGD at ``lr``;
+        ``ags``, ``lars``, ...); ``method__x`` go to its spec section (``method__delta`` ->
+        ``train.ags.delta``) or to ``train.x`` (``method__warmup_epochs``)
+    n_workers : the worker count (DDP ranks); ``workers__min``, ``workers__max``,
+        ``workers__batch_per_worker`` let it grow with a batch schedule
+    cluster : None (processes on this machine), a ``distributed.Client``, or a scheduler
+        address ``"tcp://HOST:PORT"``
+    device : ``"auto"`` (CUDA where the ranks see it), ``"cpu"`` or ``"cuda"``
+    random_state : seed of the initialisation, the batches and the validation split
+    verbose : print a line per epoch when > 0
+    validation_fraction : share of the samples held out and scored after each epoch (0: none)
+    tmp_dir : where the fit's temporary run directory goes (default: the system's); on a
+        remote Dask cluster, a directory every worker can read
+    threads_per_worker : torch threads in each rank (default: this machine's cores / the
+        largest worker count, as ``tula train``; a Dask cluster's ranks share their workers' cores)
+
+    Attributes
+    ----------
+    module_ : the trained ``nn.Module``, on the CPU, in eval mode
+    history_ : one dict per epoch (``train_loss``, ``test_loss``, ``test_top1``, ``lr``,
+        ``global_batch``, ``n_workers``, ``epoch_time_s``, ...)
+    train_record_ : the runner's training record
+    classes_ : the class labels
+    n_features_in_ : number of features seen in ``fit``
+    """
+
+    _loss = "cross_entropy"
+
+    def _validate_fit_data(self, X, y):
+        X, y = validate_data(self, X, y, dtype=np.float32, allow_nd=True)
+        check_classification_targets(y)
+        enc = LabelEncoder()
+        y_enc = enc.fit_transform(y).astype(np.int64)
+        self.classes_ = enc.classes_
+        return X, y_enc, len(self.classes_)
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities (softmax of the module's first ``len(classes_)`` outputs)."""
+        out = self._forward(X)[:, :len(self.classes_)]
+        out = out - out.max(axis=1, keepdims=True)
+        e = np.exp(out)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The most probable class of each sample."""
+        out = self._forward(X)[:, :len(self.classes_)]
+        return self.classes_[np.argmax(out, axis=1)]
+
+
+class TulaRegressor(RegressorMixin, _TulaEstimator):
+    """A PyTorch regressor trained by Tula (mean squared error; scored by R^2).
+
+    Takes the parameters of :class:`TulaClassifier` (``criterion``: None, ``"mse"`` or
+    ``torch.nn.MSELoss``).  ``y`` may have one or several outputs; the module must give as
+    many.  ``history_`` holds ``test_loss`` (MSE) and ``test_r2`` per epoch.
+
+    Attributes
+    ----------
+    module_, history_, train_record_, n_features_in_ : as :class:`TulaClassifier`
+    n_outputs_ : the number of regression outputs
+    """
+
+    _loss = "mse"
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    def _validate_fit_data(self, X, y):
+        X, y = validate_data(self, X, y, dtype=np.float32, allow_nd=True, multi_output=True, y_numeric=True)
+        y = np.asarray(y, dtype=np.float32)
+        self._y_ndim = y.ndim
+        y2 = y.reshape(len(y), -1)
+        self.n_outputs_ = y2.shape[1]
+        return X, y2, self.n_outputs_
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The module's outputs (1-D when ``y`` was)."""
+        out = self._forward(X)
+        return out.ravel() if getattr(self, "_y_ndim", 2) == 1 and out.ndim == 2 and out.shape[1] == 1 else out
