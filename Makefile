@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/simulate_accuracy.py
 	$(VENV)/bin/python bench/noise_scale_cost.py
 	$(VENV)/bin/python bench/service_load.py
+	$(VENV)/bin/python bench/estimator_overhead.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

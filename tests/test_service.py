@@ -194,6 +194,8 @@ def test_a_queued_job_is_cancelled_at_once_and_a_running_one_at_its_next_step(se
     ({"spec": {"model": {"name": "evil.module:build"}}}, 422,
      "spec field 'model.name' imports 'evil.module', which is not on this service's import allow-list"),
     ({"spec": {"data": {"name": "cifar10", "root": "/etc"}}}, 422, "spec field 'data.root' is '/etc', not under"),
+    ({"spec": {"data": {"name": "arrays", "path": "/tmp/x.npz"}}}, 422, "spec field 'data.path' is '/tmp/x.npz', not"),
+    ({"spec": {"model": {"name": "pickle:/tmp/f.pkl"}}}, 422, "spec field 'model.name' is a pickled factory"),
     ({"spec": {"epochs": 100000}}, 422, "spec field 'epochs' is 100000, above this service's limit of 500"),
     ({"spec": {}, "search": "most"}, 422, "field 'search' is 'most'"),
     ({"spec": {}, "colour": "red"}, 422, "unknown field 'colour' in the submission"),

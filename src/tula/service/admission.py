@@ -51,6 +51,10 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
                         f"cluster sizes x batches {spec.search.min_batch}..{spec.search.max_batch or 'the data set'}), "
                         f"above this service's limit of {settings.max_configs}")
     name = spec.model.name
+    if name.startswith("pickle:"):
+        raise SpecError("spec field 'model.name' is a pickled factory, which runs code when it is loaded; the "
+                        "service accepts Tula's built-in models, torchvision names and import paths on its "
+                        "allow-list")
     if ":" in name:
         module = name.partition(":")[0]
         top = module.split(".")[0]
@@ -58,12 +62,15 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
             allowed = ", ".join(settings.import_allowlist) or "none"
             raise SpecError(f"spec field 'model.name' imports {module!r}, which is not on this service's import "
                             f"allow-list (allowed: {allowed}; set TULA_IMPORT_ALLOWLIST)")
-    if spec.data.root is not None:
-        root = Path(spec.data.root).expanduser()
-        resolved = root.resolve() if root.is_absolute() else None
+    for field in ("root", "path"):  # sets read from disk: only under the allowed directories
+        given = getattr(spec.data, field, None)
+        if given is None:
+            continue
+        p = Path(given).expanduser()
+        resolved = p.resolve() if p.is_absolute() else None
         if resolved is None or not any(resolved.is_relative_to(Path(r).resolve()) for r in settings.data_roots):
             allowed = ", ".join(str(r) for r in settings.data_roots) or "none"
-            raise SpecError(f"spec field 'data.root' is {spec.data.root!r}, not under a data directory this service "
+            raise SpecError(f"spec field 'data.{field}' is {given!r}, not under a data directory this service "
                             f"allows (allowed: {allowed}; set TULA_DATA_ROOTS)")
     if spec.cluster.where not in ("local", "dask"):
         raise SpecError(f"spec field 'cluster.where' is {spec.cluster.where!r}; the service runs jobs on its own "

@@ -100,7 +100,10 @@ def _reusable_models(store: Store, job: dict, spec, launcher) -> dict | None:
     from ..workloads import check_workload
     from .model_key import key_parts_for_new_job, model_key
 
-    parts = key_parts_for_new_job(spec.to_dict(), launcher.facts(), launcher.threads_per_worker)
+    try:
+        parts = key_parts_for_new_job(spec.to_dict(), launcher.facts(), launcher.threads_per_worker)
+    except ValueError:  # a key that cannot be known before profiling (e.g. the shape of a user's arrays)
+        return None
     found = store.find_models(model_key(parts))
     if found is None:
         return None
