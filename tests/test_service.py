@@ -267,3 +267,21 @@ def test_the_cli_client_submits_lists_and_replans(service, tiny_spec_dict, tmp_p
     down = subprocess.run([*tula_cmd, "status", "--server", "http://127.0.0.1:9"], capture_output=True, text=True,
                           timeout=60)
     assert down.returncode == 2 and "cannot reach the Tula service at http://127.0.0.1:9" in down.stderr
+
+    # Ctrl-C while following a job stops following it, not the job
+    import signal
+
+    spec.write_text(yaml.safe_dump(dict(tiny_spec_dict, epochs=200)))
+    proc = subprocess.Popen([*tula_cmd, "submit", str(spec), *env_args, "--wait"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    follow_id = line.split("submitted job ")[1].split()[0]
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"stopped following job {follow_id}, which goes on in the service" in " ".join(err.split())
+    assert f"tula status {follow_id}" in " ".join(err.split())
+    c = service.client()
+    assert c.get(f"/v1/jobs/{follow_id}").json()["state"] not in ("cancelled", "failed")
+    c.post(f"/v1/jobs/{follow_id}/cancel")

@@ -676,21 +676,31 @@ def submit(spec: Path = typer.Argument(..., help="job spec (YAML)"),
                    train=train_after)
     console.print(f"submitted job [bold]{rec['id']}[/] ({job.name}): {c.base}{rec['url']}")
     if wait:
-        _follow(c, rec["id"])
+        try:
+            _follow(c, rec["id"])
+        except Interrupted as err:
+            err.hint = f"tula status {rec['id']}" + (f" --server {_q(server)}" if server else "")
+            raise
 
 
 def _follow(c, job_id: str) -> None:
     from .report import plan_table
 
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), console=err_console) as bar:
-        task = bar.add_task("queued", total=1.0)
-        while True:
-            j = c.job(job_id)
-            bar.update(task, completed=j["progress"] or 0.0, description=f"{j['state']}: {j.get('message') or ''}"[:80])
-            if j["state"] in ("done", "failed", "cancelled"):
-                break
-            time.sleep(1.0)
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                      TimeElapsedColumn(), console=err_console) as bar:
+            task = bar.add_task("queued", total=1.0)
+            while True:
+                j = c.job(job_id)
+                bar.update(task, completed=j["progress"] or 0.0,
+                           description=f"{j['state']}: {j.get('message') or ''}"[:80])
+                if j["state"] in ("done", "failed", "cancelled"):
+                    break
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        import signal
+
+        raise Interrupted(f"stopped following job {job_id}, which goes on in the service", signal.SIGINT) from None
     if j["state"] == "done":
         plan = c.record(job_id, "plan")
         console.print(plan_table(plan))
