@@ -6,8 +6,12 @@ example through it once (profile, fit, plan; no training) so that a fitted model
 then
 
 1. sends ``--requests`` re-plan requests (POST /v1/jobs/{id}/replan, objectives and cluster
-   sizes varying) from ``--clients`` concurrent client processes, and prints the throughput and the
-   p50 / p99 latency (target: p99 < 100 ms);
+   sizes varying) from ``--clients`` concurrent client processes, and prints the throughput, the
+   p50 / p99 latency (target: p99 < 100 ms) and the service process's CPU time per request.
+   The clients share the machine with the service, so they are kept light: each is a process
+   of its own (no GIL shared among clients) holding one keep-alive connection of the standard
+   library's ``http.client`` (``--client httpx`` uses httpx, which costs the clients several
+   times more CPU per request);
 2. times POST /v1/plans for the same spec (answered from the stored model) against profiling
    it again (`tula plan SPEC`: profile, fit, plan), and prints the ratio.
 
@@ -17,6 +21,8 @@ then
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import platform
 import statistics
@@ -26,6 +32,7 @@ import tempfile
 import multiprocessing as mp
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -42,7 +49,7 @@ def _warm(_: int) -> None:
 
 
 def _client(url: str, job_id: str, bodies: list[dict], n: int, k: int) -> tuple[list[float], list[str]]:
-    """One client: ``n`` re-plans, one after another; their latencies and any errors."""
+    """One httpx client: ``n`` re-plans, one after another; their latencies and any errors."""
     latencies, errors = [], []
     with httpx.Client(base_url=url, timeout=60) as h:
         for i in range(n):
@@ -54,10 +61,40 @@ def _client(url: str, job_id: str, bodies: list[dict], n: int, k: int) -> tuple[
     return latencies, errors
 
 
+def _light_client(url: str, job_id: str, bodies: list[dict], n: int, k: int) -> tuple[list[float], list[str]]:
+    """One standard-library client on one keep-alive connection: ``n`` re-plans, each answer
+    read in full; their latencies and any errors."""
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    encoded = [json.dumps(b).encode() for b in bodies]
+    latencies, errors = [], []
+    try:
+        for i in range(n):
+            t = time.perf_counter()
+            conn.request("POST", f"/v1/jobs/{job_id}/replan", body=encoded[(k + i) % len(encoded)],
+                         headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            body = r.read()
+            latencies.append(time.perf_counter() - t)
+            if r.status != 200:
+                errors.append(f"{r.status}: {body[:120]!r}")
+    finally:
+        conn.close()
+    return latencies, errors
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--client", choices=["http.client", "httpx"], default="http.client",
+                    help="the clients' HTTP library (default: the standard library's, the lighter)")
     args = ap.parse_args()
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores), "
           f"{args.requests} re-plans from {args.clients} clients")
@@ -82,16 +119,18 @@ def main() -> None:
             ctx = mp.get_context("spawn")
             with ctx.Pool(args.clients) as pool:
                 pool.map(_warm, range(args.clients))  # the processes are up and have imported httpx
-                t0 = time.perf_counter()
-                results = pool.starmap(_client, [(svc.url, job_id, bodies, n, k) for k, n in enumerate(per_client)])
-                wall = time.perf_counter() - t0
+                client = _light_client if args.client == "http.client" else _client
+                cpu0, t0 = _cpu_s(svc.proc.pid), time.perf_counter()
+                results = pool.starmap(client, [(svc.url, job_id, bodies, n, k) for k, n in enumerate(per_client)])
+                wall, server_cpu_s = time.perf_counter() - t0, _cpu_s(svc.proc.pid) - cpu0
             latencies = [x for lat_, _ in results for x in lat_]
             errors = [e for _, errs in results for e in errs]
             lat = sorted(latencies)
             p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(0.99 * len(lat)))]
             print(f"re-plan: {len(lat)} requests in {wall:.2f} s = {len(lat) / wall:.0f} req/s; latency p50 "
                   f"{p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {lat[-1] * 1e3:.1f} ms "
-                  f"({'meets' if p99 < 0.1 else 'MISSES'} the p99 < 100 ms target); {len(errors)} error(s)")
+                  f"({'meets' if p99 < 0.1 else 'MISSES'} the p99 < 100 ms target); {len(errors)} error(s); "
+                  f"the service's CPU {server_cpu_s / len(lat) * 1e3:.2f} ms per request ({args.client} clients)")
             if errors:
                 print("  first error:", errors[0])
 

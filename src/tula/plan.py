@@ -54,7 +54,7 @@ def _dense_local_batches(lo: int, hi: int, extra: list[int]) -> list[int]:
     pts = {lo, hi, *[b for b in extra if lo <= b <= hi]}
     if hi > lo:
         k = int(math.ceil(math.log2(hi / lo) * DENSE_POINTS_PER_OCTAVE)) + 1
-        pts.update(int(round(v)) for v in np.geomspace(lo, hi, k))
+        pts.update(np.rint(np.geomspace(lo, hi, k)).astype(np.int64).tolist())  # rint: round half to even, as round()
     return sorted(pts)
 
 
@@ -249,11 +249,13 @@ def make_plan(models: dict, objective: str | None = None, constraints: Any = Non
     peak = mem.predict_peak_bytes(b_arr)
     cost = pricing_model.cost(total, n_arr, peak)
     lost = pricing_model.expected_preemptions(free, n_arr, epoch) if spot else None
-    for i, r in enumerate(rows):
-        r.update(t_step_s=float(t_step[i]), epoch_time_s=float(epoch[i]), total_time_s=float(total[i]),
-                 cost=float(cost[i]), peak_mem_bytes=int(peak[i]))
-        if spot:
-            r.update(failure_free_time_s=float(free[i]), expected_preemptions=float(lost[i]))
+    columns = zip(t_step.tolist(), epoch.tolist(), total.tolist(), cost.tolist(), peak.astype(np.int64).tolist())
+    for r, (t_s, e_s, tot_s, c, pk) in zip(rows, columns):
+        r.update(t_step_s=t_s, epoch_time_s=e_s, total_time_s=tot_s, cost=c, peak_mem_bytes=pk)
+    if spot:
+        for r, f_s, n_lost in zip(rows, free.tolist(), lost.tolist()):
+            r.update(failure_free_time_s=f_s, expected_preemptions=n_lost)
+    for r in rows:
         in_time, in_budget = cons.meets(r["total_time_s"], r["cost"])
         r["meets_constraints"] = in_time and in_budget
     feas = [i for i, r in enumerate(rows) if r["feasible"]]
@@ -264,8 +266,11 @@ def make_plan(models: dict, objective: str | None = None, constraints: Any = Non
     if not eligible:
         raise InfeasibleError(_unmet(rows, feas, cons, pricing_model.unit))
     knees: dict[str, dict] = {}
+    feas_by_n: dict[int, list[int]] = {}
+    for i in feas:
+        feas_by_n.setdefault(rows[i]["n_workers"], []).append(i)
     for n in spec.search.cluster_sizes:
-        idx = [i for i in feas if rows[i]["n_workers"] == n]
+        idx = feas_by_n.get(n, [])
         if not idx:
             continue
         gb = np.array([rows[i]["global_batch"] for i in idx], float)
