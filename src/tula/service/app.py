@@ -10,7 +10,6 @@ as ``Authorization: Bearer <token>`` (or, for a browser, the cookie ``/login?tok
 from __future__ import annotations
 
 import contextlib
-import gc
 import hmac
 import importlib
 import json
@@ -163,10 +162,6 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
         store = Store(settings.store_url, settings.home)
         # the planner's imports (numpy, scipy, kneed) now, not in the first re-plan request
         await run_in_threadpool(importlib.import_module, "tula.plan")
-        # what start-up made lives as long as the service: out of the collector's way, so that
-        # a full collection (triggered by the many small objects every plan makes) stays short
-        gc.collect()
-        gc.freeze()
         store_box["store"] = store
         dispatcher = Dispatcher(settings, store) if dispatch and settings.run_jobs else None
         if dispatcher:
