@@ -94,6 +94,12 @@ def test_out_file_checks_name_the_problem(tmp_path):
     (lambda spec, tmp: ["train", spec, "--method", "lbt", "--workers", "0", "--batch", "64", "--out",
                         str(tmp / "o")], "the number of workers must be at least 1, not 0"),
     (lambda spec, tmp: ["run", "--resume", str(tmp)], "holds no Tula run to continue"),
+    (lambda spec, tmp: ["run", "--resume", _with_run(tmp, spec), "--no-train"],
+     "was started with --train; --resume continues it as it was started, so drop --no-train"),
+    (lambda spec, tmp: ["run", "--resume", _with_run(tmp, spec), "--search", "full"],
+     "was started with --search partial; --resume continues it as it was started, so drop --search full"),
+    (lambda spec, tmp: ["run", "--resume", _with_run(tmp, spec), "--objective", "cost"],
+     "was started with the spec's objective; --resume continues it as it was started, so drop --objective cost"),
 ])
 def test_cli_output_problems_are_one_sentence_before_any_work(tiny_spec_dict, tmp_path, tula_cmd, make_args,
                                                               sentence):
@@ -117,6 +123,16 @@ def _file(tmp):
     f = tmp / "taken"
     f.write_text("not a directory")
     return str(f)
+
+
+def _with_run(tmp, spec_path):
+    """A run directory as `tula run SPEC` (partial search, the spec's objective, training) leaves it."""
+    from tula.records import RUN_KIND, save_record
+    from tula.spec import load_spec
+
+    save_record({"kind": RUN_KIND, "version": 1, "spec": load_spec(spec_path).to_dict(), "search": "partial",
+                 "objective": None, "train": True}, tmp / "run.json")
+    return str(tmp)
 
 
 def _with_profile(tmp):

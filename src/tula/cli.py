@@ -509,16 +509,25 @@ def _existing_run_files(out: Path) -> list[str]:
     return [n for n in (*RUN_FILES, "train") if (out / n).exists()]
 
 
+def _as_flag(flag: str, value) -> str:
+    """How a `tula run` option with this value reads on the command line."""
+    if flag == "--train":
+        return "--train" if value else "--no-train"
+    return f"{flag} {value}" if value is not None else f"the spec's {flag.lstrip('-')}"
+
+
 @app.command()
 def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with --resume"),
-        search: Search = typer.Option(Search.partial, help="full or partial search"),
+        search: Search = typer.Option(None, help="full or partial search (default: partial)", show_default=False),
         objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
-        train_after: bool = typer.Option(True, "--train/--no-train", help="after planning, train at the chosen "
-                                         "configuration with the spec's train.method (default ags)"),
+        train_after: bool = typer.Option(None, "--train/--no-train", help="after planning, train at the chosen "
+                                         "configuration with the spec's train.method (default ags); default: "
+                                         "--train", show_default=False),
         out: Path = typer.Option(None, help="directory for profile.json, models.json, plan.json, plan.png and "
                                  "the training records; default runs/<spec name>"),
-        resume: Path = typer.Option(None, help="continue the run in this directory from the stage it stopped in "
-                                    "(finished trials are not run again; training resumes from its checkpoint)"),
+        resume: Path = typer.Option(None, help="continue the run in this directory from the stage it stopped in, "
+                                    "as it was started (finished trials are not run again; training resumes from "
+                                    "its checkpoint)"),
         force: bool = typer.Option(False, help="start over in an --out that holds an earlier run, deleting its "
                                    "records"),
         cluster: str = typer.Option(None, help=_CLUSTER_HELP)) -> None:
@@ -542,12 +551,21 @@ def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with
             raise RunDirError(f"{spec} differs from the spec the run in {out} was started with; resume without "
                               "SPEC, or start a new run with another --out")
         search_v, objective_v, train_v = manifest["search"], manifest["objective"], manifest["train"]
+        asked = {"--search": (search.value if search else None, search_v),
+                 "--objective": (objective.value if objective else None, objective_v),
+                 "--train": (train_after, train_v)}
+        for flag, (given, started) in asked.items():
+            if given is not None and given != started:
+                raise RunDirError(f"the run in {out} was started with {_as_flag(flag, started)}; --resume continues "
+                                  f"it as it was started, so drop {_as_flag(flag, given)} (or start a new run with "
+                                  "another --out)")
     else:
         if spec is None:
             raise TulaError("give a job spec (tula run SPEC), or --resume DIR to continue a run")
         job = _with_cluster(load_spec(spec), cluster)  # fail fast, before any output directory appears
         out = check_out_dir(out or RUNS / job.name)
-        search_v, objective_v, train_v = search.value, objective.value if objective else None, train_after
+        search_v = (search or Search.partial).value
+        objective_v, train_v = objective.value if objective else None, True if train_after is None else train_after
         existing = _existing_run_files(out)
         if existing and not force:
             hint = f"continue it with `tula run --resume {_q(out)}`" if (out / "run.json").exists() else \
