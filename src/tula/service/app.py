@@ -119,6 +119,10 @@ def _sentence_of(err: RequestValidationError) -> str:
     return f"field {where!r}: {msg[0].lower() + msg[1:]}" if msg else f"field {where!r} is not valid"
 
 
+def _too_large(settings: ServiceSettings) -> str:
+    return f"the request body is larger than this service's limit of {settings.max_request_bytes} bytes"
+
+
 class _Guard:
     """Every request: the bearer token (or the dashboard's cookie) when the service has one,
     and the declared body size within the limit.  A plain ASGI middleware: Starlette's
@@ -143,8 +147,7 @@ class _Guard:
         length = request.headers.get("content-length")
         if refusal is None and length is not None and (not length.isdigit()
                                                        or int(length) > settings.max_request_bytes):
-            refusal = JSONResponse({"detail": f"the request body is larger than this service's limit of "
-                                              f"{settings.max_request_bytes} bytes"}, status_code=413)
+            refusal = JSONResponse({"detail": _too_large(settings)}, status_code=413)
         if refusal is not None:
             return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
@@ -220,8 +223,7 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
         async for chunk in request.stream():
             body += chunk
             if len(body) > settings.max_request_bytes:
-                raise Problem(413, f"the request body is larger than this service's limit of "
-                                   f"{settings.max_request_bytes} bytes")
+                raise Problem(413, _too_large(settings))
         return body
 
     async def _submission(request: Request) -> tuple[Any, dict]:
