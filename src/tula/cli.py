@@ -21,6 +21,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from . import __version__
 from .errors import Interrupted, RunDirError, TulaError
@@ -29,6 +30,7 @@ from .registry import METHOD_NAMES
 from .registry import METHODS as METHOD_TABLE
 from .schedules import SCHEDULES
 from .pipeline import Observer, is_partial
+from .say import plain, say
 from .spec import JobSpec, load_spec, spec_from_dict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -98,11 +100,16 @@ def _q(p: Path | str) -> str:
 
 
 def _stale_note(info: dict) -> None:
-    err_console.print(f"note: taking over the lock left by a run that is no longer alive (pid {info.get('pid')}, "
-                      f"`{info.get('command')}`)")
+    say(err_console, f"note: taking over the lock left by a run that is no longer alive (pid {info.get('pid')}, "
+        f"`{info.get('command')}`)")
 
 
 # --------------------------------------------------------------------------- what the user sees
+def _titled(title: str) -> tuple[TextColumn, TextColumn]:
+    """A progress bar's bold title, then its task's description printed as it is (never markup)."""
+    return TextColumn(f"[bold]{title}[/]"), TextColumn("{task.description}", markup=False)
+
+
 class _Console(Observer):
     """The pipeline's observer on a terminal (or a log): a progress bar per stage, a line
     per trial / epoch / few seconds of a long epoch when the output is not a terminal, and
@@ -118,14 +125,14 @@ class _Console(Observer):
     def stage(self, name: str, **info) -> None:
         self.method = info.get("method", self.method)
         if name == "profiling":
-            self.bar = Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+            self.bar = Progress(*_titled("profiling"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=err_console, transient=False)
             self.task = self.bar.add_task("memory probe", total=None)
             self.bar.start()
         elif name == "training":  # the bar appears once the configuration is validated and the workers start
-            self.bar = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+            self.bar = Progress(*_titled("training"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=err_console, transient=False)
-            self.task = self.bar.add_task(str(self.method or ""), total=None)
+            self.task = self.bar.add_task(plain(self.method or ""), total=None)
 
     def done(self, name: str) -> None:
         if self.bar is not None:
@@ -147,13 +154,13 @@ class _Console(Observer):
             console.print(models_table(record))
         elif kind == PLAN_KIND:
             console.print(plan_table(record))
-            console.print(f"[bold green]choice[/]: {record['reason']}")
+            say(console, ("choice", "bold green"), ": ", record["reason"])
         elif kind == TRAIN_KIND:
             console.print(train_table(record))
-            console.print(f"[bold green]trained[/]: {_train_summary(record)}")
+            say(console, ("trained", "bold green"), ": ", _train_summary(record))
 
     def note(self, message: str) -> None:
-        console.print(message)
+        say(console, message)
 
     # progress
     def _profiling(self, ev: dict) -> None:
@@ -161,37 +168,39 @@ class _Console(Observer):
         if ev.get("type") == "plan":
             bar.update(task, total=ev["total"], completed=ev.get("done", 0), description=f"{ev['total']} trials")
         elif ev.get("type") == "trial":
-            bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+            line = plain(f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+            bar.update(task, advance=1, description=line)
             if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
-                err_console.print(f"trial N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+                say(err_console, "trial ", line)
 
     def _training(self, ev: dict) -> None:
         bar, task, method, kind = self.bar, self.task, self.method, ev.get("type")
         if kind == "start":
             bar.start()
             bar.update(task, total=ev["epochs"] * ev["steps_per_epoch"], completed=0,
-                       description=f"{method} N={ev['n_workers']} B={ev['global_batch']}")
+                       description=plain(f"{method} N={ev['n_workers']} B={ev['global_batch']}"))
         elif kind == "step":
             bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
             if not err_console.is_terminal and time.monotonic() - self.last_line >= LOG_STEP_EVERY_S:
                 self.last_line = time.monotonic()  # a log of a long epoch gets a line every few seconds
-                err_console.print(f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
+                say(err_console, f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
         elif kind == "epoch":
             bar.update(task, completed=ev["epoch"] * ev["steps"],
-                       description=f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, "
-                                   "{} {}".format(*epoch_score(ev)[::2]))
+                       description=plain(f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, "
+                                         "{} {}".format(*epoch_score(ev)[::2])))
             if not err_console.is_terminal:  # a log gets a line per epoch
                 self.last_line = time.monotonic()
-                err_console.print(f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test "
-                                  "{} {}".format(*epoch_score(ev)[::2]) + f", {ev['epoch_time_s']:.2f} s")
+                say(err_console, f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test "
+                    "{} {}".format(*epoch_score(ev)[::2]) + f", {ev['epoch_time_s']:.2f} s")
         elif kind == "note":
-            bar.console.print(f"[yellow]note[/]: {ev['message']}")
+            say(bar.console, ("note", "yellow"), ": ", ev.get("message"))
         elif kind == "resize":
-            bar.console.print(f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
-                              f"{ev['global_batch']} on {ev['n_workers']} worker(s) (a new world)")
+            say(bar.console, f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
+                f"{ev['global_batch']} on {ev['n_workers']} worker(s) "
+                + ("(a new world)" if ev.get("new_world", True) else "(in the same world)"))
         elif kind == "fallback":
-            bar.console.print(f"[yellow]out of memory at global batch {ev['from_global_batch']}[/]: resuming "
-                              f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
+            say(bar.console, (f"out of memory at global batch {ev['from_global_batch']}", "yellow"), ": resuming "
+                f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
 
 
 def _train_summary(run: dict) -> str:
@@ -277,7 +286,7 @@ def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
             err.hint = f"tula profile {_q(spec)} --search {search.value} --out {_q(out)} --resume" + \
                 (f" --cluster {_q(cluster)}" if cluster else "")
             raise
-    console.print(f"profile written to [bold]{out}[/]")
+    say(console, "profile written to ", (out, "bold"))
 
 
 @app.command()
@@ -297,7 +306,7 @@ def fit(profile_json: Path = typer.Argument(..., help="a profile record from `tu
         raise TulaError(f"{profile_json} is a partial profile (its trials did not all finish); continue it with "
                         f"`tula profile SPEC --out {_q(profile_json)} --resume` first")
     fit_stage(rec, out, _Console())
-    console.print(f"models written to [bold]{out}[/]")
+    say(console, "models written to ", (out, "bold"))
 
 
 @app.command()
@@ -359,16 +368,17 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
                        constraints=_plan_constraints(models, deadline, budget), pricing=price_over or None,
                        compare_spot=compare_spot)
     if p.get("spot_comparison"):
-        console.print(f"[bold]spot vs on-demand[/]: {p['spot_comparison']['sentence']}")
+        say(console, ("spot vs on-demand", "bold"), ": ", p["spot_comparison"]["sentence"])
     if plot is not None:
-        console.print(f"plot written to [bold]{plot}[/]")
-    console.print(f"plan written to [bold]{out}[/]")
+        say(console, "plot written to ", (plot, "bold"))
+    say(console, "plan written to ", (out, "bold"))
 
 
 @app.command()
 def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
           method: TrainMethod = typer.Option(None, help=f"{_METHOD_HELP}; default: the spec's train.method"),
-          workers: int = typer.Option(None, help="number of workers N (default: train.n_workers, else the plan's)"),
+          workers: int = typer.Option(None, help="number of workers N (default: train.n_workers, else the plan's, "
+                                       "else train.workers' rule for the first batch)"),
           batch: int = typer.Option(None, help="global batch B (default: train.global_batch, else the plan's)"),
           plan: Path = typer.Option(None, help="a plan.json whose choice gives N and B"),
           epochs: int = typer.Option(None, help="override the spec's epochs"),
@@ -387,6 +397,7 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     from .pipeline import train_stage
     from .records import PLAN_KIND, load_record
     from .rundir import check_out_dir
+    from .schedules import first_workers
 
     job = _with_cluster(load_spec(spec), cluster)
     if epochs is not None:
@@ -402,6 +413,8 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
         rec = load_record(plan, expect=(PLAN_KIND,))
         n = rec["choice"]["n_workers"] if n is None else n
         b = rec["choice"]["global_batch"] if b is None else b
+    if n is None and b is not None and job.train.workers is not None:  # the worker rule's N for the first batch
+        n = first_workers(job, b)
     if (n is None or b is None) and resume:
         from .checkpoint import checkpoint_meta
 
@@ -418,7 +431,7 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
                     + (f" --epochs {epochs}" if epochs is not None else "") + f" --out {_q(out)} --resume"
                     + (f" --cluster {_q(cluster)}" if cluster else "") + (f" --schedule {schedule}" if schedule else ""))
         raise
-    console.print(f"records and plot in [bold]{out}[/]: train.json, metrics.jsonl, checkpoint.pt, train.png")
+    say(console, "records and plot in ", (out, "bold"), ": train.json, metrics.jsonl, checkpoint.pt, train.png")
 
 
 @app.command()
@@ -498,11 +511,11 @@ def simulate(models_json: Path = typer.Argument(..., help="a models record from 
     for t in simulation_tables(sim, rows, unit):
         console.print(t)
     console.print(simulation_summary(rows))
-    console.print(title)
+    say(console, title)
     for note in sim.notes:
-        console.print(f"[yellow]note[/]: {note}")
+        say(console, ("note", "yellow"), ": ", note)
     plot_simulation(sim, rows, out, title, measured)
-    console.print(f"plot written to [bold]{out}[/]")
+    say(console, "plot written to ", (out, "bold"))
 
 
 def _existing_run_files(out: Path) -> list[str]:
@@ -599,7 +612,7 @@ def _run_stages(job: JobSpec, out: Path, search: str, objective: str | None, tra
     files = ["profile.json", "models.json", "plan.json", "plan.png"]
     if train_after:
         files += ["train/train.json", "train/train.png", "train/metrics.jsonl"]
-    console.print(f"records and plots in [bold]{out}[/]: {', '.join(files)}")
+    say(console, "records and plots in ", (out, "bold"), f": {', '.join(files)}")
 
 
 # --------------------------------------------------------------------------- the service and its clients
@@ -640,9 +653,8 @@ def serve(host: str = typer.Option(None, help="address to listen on (default 127
     settings.home.mkdir(parents=True, exist_ok=True)
     Store(settings.store_url, settings.home).close()  # a store that cannot be opened: one sentence, before binding
     shown = "localhost" if settings.loopback else settings.host
-    err_console.print(f"Tula service on http://{shown}:{settings.port} (API docs at /docs), store "
-                      f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in "
-                      f"{settings.home}")
+    say(err_console, f"Tula service on http://{shown}:{settings.port} (API docs at /docs), store "
+        f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in {settings.home}")
     stopped_by: list[int] = []
 
     class _Server(uvicorn.Server):
@@ -692,7 +704,7 @@ def submit(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     c = _client(server, token)
     rec = c.submit(job.to_dict(), search=search.value, objective=objective.value if objective else None,
                    train=train_after)
-    console.print(f"submitted job [bold]{rec['id']}[/] ({job.name}): {c.base}{rec['url']}")
+    say(console, "submitted job ", (rec["id"], "bold"), f" ({job.name}): {c.base}{rec['url']}")
     if wait:
         try:
             _follow(c, rec["id"])
@@ -705,13 +717,13 @@ def _follow(c, job_id: str) -> None:
     from .report import plan_table
 
     try:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                      TimeElapsedColumn(), console=err_console) as bar:
+        with Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
+                      TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=err_console) as bar:
             task = bar.add_task("queued", total=1.0)
             while True:
                 j = c.job(job_id)
                 bar.update(task, completed=j["progress"] or 0.0,
-                           description=f"{j['state']}: {j.get('message') or ''}"[:80])
+                           description=plain(f"{j['state']}: {j.get('message') or ''}")[:80])
                 if j["state"] in ("done", "failed", "cancelled"):
                     break
                 time.sleep(1.0)
@@ -722,7 +734,7 @@ def _follow(c, job_id: str) -> None:
     if j["state"] == "done":
         plan = c.record(job_id, "plan")
         console.print(plan_table(plan))
-        console.print(f"[bold green]choice[/]: {plan['reason']}")
+        say(console, ("choice", "bold green"), ": ", plan["reason"])
     elif j["state"] == "failed":
         raise TulaError(f"job {job_id} failed: {j['error']}")
     else:
@@ -746,7 +758,7 @@ def status(job_id: str = typer.Argument(None, help="a job id; without it, the jo
     job = c.job(job_id)
     records = {name: c.record(job_id, name, missing_ok=True) for name in ("plan", "train")}
     for renderable in job_detail(job, records):
-        console.print(renderable)
+        say(console, renderable) if isinstance(renderable, Text) else console.print(renderable)
 
 
 @app.command()
@@ -770,7 +782,7 @@ def replan(job_id: str = typer.Argument(..., help="a job of the service whose mo
             raise TulaError(f"--cluster-sizes must be comma-separated integers, not {cluster_sizes!r}") from None
     p = _client(server, token).replan(job_id, {k: v for k, v in body.items() if v is not None})
     console.print(plan_table(p))
-    console.print(f"[bold green]choice[/]: {p['reason']}")
+    say(console, ("choice", "bold green"), ": ", p["reason"])
 
 
 def main() -> None:
@@ -779,16 +791,16 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except TulaError as err:
-        err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
+        say(err_console, ("error:", "bold red"), " ", err, soft_wrap=True)
         sys.exit(2)
     except Interrupted as err:
         hint = getattr(err, "hint", None)
-        err_console.print(f"[bold yellow]interrupted:[/] {err}" + (f"; continue with: {hint}" if hint else ""),
-                          soft_wrap=True)
+        say(err_console, ("interrupted:", "bold yellow"), " ", err, *(("; continue with: ", hint) if hint else ()),
+            soft_wrap=True)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
-        err_console.print("[bold yellow]interrupted:[/] stopped at once by a second signal; the last finished "
-                          "epoch's checkpoint and the trials saved before it are kept")
+        say(err_console, ("interrupted:", "bold yellow"), " stopped at once by a second signal; the last finished "
+            "epoch's checkpoint and the trials saved before it are kept")
         sys.exit(130)
     except typer.Abort:
         sys.exit(130)
@@ -797,8 +809,8 @@ def main() -> None:
     except typer.TyperException as err:  # usage errors (bad option values) in non-standalone mode
         if not hasattr(err, "format_message"):
             raise
-        message = err.format_message().replace("Value error, ", "")
-        err_console.print(f"[bold red]error:[/] {message} (see --help)", soft_wrap=True)
+        message = plain(err.format_message()).replace("Value error, ", "")
+        say(err_console, ("error:", "bold red"), " ", message, " (see --help)", soft_wrap=True)
         sys.exit(getattr(err, "exit_code", 2))
 
 

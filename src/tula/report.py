@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
+from .say import Table
 
 from .records import epoch_score
 

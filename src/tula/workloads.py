@@ -319,8 +319,10 @@ def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
     try:
         out = model(x)
     except Exception as err:  # noqa: BLE001 - any failure here is a mismatch the user must fix
+        from .say import first_line
+
         raise WorkloadError(f"model {spec.model.name!r} cannot take {data.name} samples of shape "
-                            f"{tuple(x.shape[1:])} ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+                            f"{tuple(x.shape[1:])} ({type(err).__name__}: {first_line(err)})") from None
     regression = y.dtype.is_floating_point
     if spec.train.loss == "mse":
         if not regression:

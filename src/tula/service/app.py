@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import InfeasibleError, RecordError, SpecError, TulaError
+from ..say import plain
 from .admission import admit, check_options, parse_spec_text
 from .settings import ServiceSettings
 from .store import JOB_STATES, Store
@@ -68,6 +69,12 @@ class RecordResponse(JSONResponse):
             except TypeError:  # a type orjson does not know (not in Tula's records): the standard library's
                 pass
         return json.dumps(content, allow_nan=True, separators=(",", ":")).encode("utf-8")
+
+
+def _error(status: int, detail: Any, headers: dict | None = None) -> JSONResponse:
+    """Every error body: ``{"detail": <one sentence>}``, the sentence as plain text (whatever a
+    library or a stored message put in it, :func:`tula.say.plain` never raises and is UTF-8)."""
+    return JSONResponse({"detail": plain(detail)}, status_code=status, headers=headers)
 
 
 class Problem(Exception):
@@ -112,11 +119,32 @@ def _job_view(job: dict, base: str = "") -> dict:
 
 
 def _sentence_of(err: RequestValidationError) -> str:
-    e = err.errors()[0]
+    errors = err.errors()
+    if not errors:
+        return "the request is not valid"
+    e = errors[0]
     loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path")]
     where = ".".join(loc) or "the request"
     msg = str(e.get("msg", "is not valid")).replace("Value error, ", "")
     return f"field {where!r}: {msg[0].lower() + msg[1:]}" if msg else f"field {where!r} is not valid"
+
+
+def _only_text(*values: Any) -> None:
+    """Refuse a submission holding a string that is no text: JSON's (or YAML's) escape of a
+    lone surrogate (``"\\udcff"``) parses, but once stored it could not be sent as UTF-8 in any
+    answer or page that shows the job."""
+    stack, seen = list(values), set()
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                raise SpecError(f"the job holds a string that is not text ({x[:80]!r}: an escaped lone "
+                                "surrogate, U+D800-U+DFFF); send UTF-8 text") from None
+        elif isinstance(x, (dict, list, tuple)) and id(x) not in seen:
+            seen.add(id(x))
+            stack.extend([*x.keys(), *x.values()] if isinstance(x, dict) else x)
 
 
 def _too_large(settings: ServiceSettings) -> str:
@@ -141,13 +169,12 @@ class _Guard:
             given = request.headers.get("authorization", "")
             token = given[7:] if given[:7].lower() == "bearer " else request.cookies.get(TOKEN_COOKIE, "")
             if not hmac.compare_digest(token.encode(), settings.token.encode()):
-                refusal = JSONResponse({"detail": "this service needs 'Authorization: Bearer <token>'; the request "
-                                                  "had no token or a wrong one"}, status_code=401,
-                                       headers={"WWW-Authenticate": "Bearer"})
+                refusal = _error(401, "this service needs 'Authorization: Bearer <token>'; the request had no token "
+                                      "or a wrong one", headers={"WWW-Authenticate": "Bearer"})
         length = request.headers.get("content-length")
         if refusal is None and length is not None and (not length.isdigit()
                                                        or int(length) > settings.max_request_bytes):
-            refusal = JSONResponse({"detail": _too_large(settings)}, status_code=413)
+            refusal = _error(413, _too_large(settings))
         if refusal is not None:
             return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
@@ -186,26 +213,31 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
     # ----------------------------------------------------------------------- errors as one sentence
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem):
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+        return _error(exc.status, exc.detail)
 
     @app.exception_handler(SpecError)
     async def _spec_error(request: Request, exc: SpecError):
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+        return _error(422, exc)
 
     @app.exception_handler(TulaError)
     async def _tula_error(request: Request, exc: TulaError):
         from .store import StoreError
 
-        return JSONResponse({"detail": str(exc)}, status_code=503 if isinstance(exc, StoreError) else 422)
+        return _error(503 if isinstance(exc, StoreError) else 422, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        return JSONResponse({"detail": _sentence_of(exc)}, status_code=422)
+        return _error(422, _sentence_of(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        detail = exc.detail
+        if not isinstance(detail, str):
+            try:
+                detail = json.dumps(detail)
+            except (TypeError, ValueError):
+                detail = plain(detail)
+        return _error(exc.status_code, detail, headers=getattr(exc, "headers", None))
 
     # ----------------------------------------------------------------------- auth and limits
     app.add_middleware(_Guard, settings=settings)
@@ -272,6 +304,7 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
     async def submit(request: Request) -> JSONResponse:
         """Submit a job: 202 with its id and URL; it runs when a runner is free."""
         spec_data, opts = await _submission(request)
+        _only_text(spec_data, opts)
         train = opts.get("train", True)
         if isinstance(train, str):
             train = {"true": True, "false": False, "1": True, "0": False}.get(train.lower(), train)
@@ -388,7 +421,7 @@ def _replan(models: dict, body: Replan) -> dict:
     try:
         return make_plan({**models, "spec": spec.to_dict()}, body.objective)
     except InfeasibleError as err:
-        raise Problem(422, str(err)) from None
+        raise Problem(422, plain(err)) from None
 
 
 _FACTS: dict[str, dict] = {}
@@ -421,10 +454,10 @@ def _plan_from_store(store: Store, spec, objective: str | None) -> dict:
         try:
             size = check_workload(spec)[1].train_size
         except TulaError as err:
-            raise Problem(422, str(err)) from None
+            raise Problem(422, plain(err)) from None
     try:
         plan = make_plan(rebase_models(models, spec.to_dict(), size, from_job), objective)
     except (InfeasibleError, RecordError) as err:
-        raise Problem(422, str(err)) from None
+        raise Problem(422, plain(err)) from None
     plan["reused_models_from"] = from_job
     return plan

@@ -7,9 +7,9 @@ import os
 from typing import Any
 
 import httpx
-from rich.table import Table
 
 from ..errors import TulaError
+from ..say import Table, first_line, plain, text
 
 DEFAULT_SERVER = "http://127.0.0.1:8787"
 
@@ -23,23 +23,32 @@ class Client:
         self.base = (server or os.environ.get("TULA_SERVER") or DEFAULT_SERVER).rstrip("/")
         token = token or os.environ.get("TULA_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.base, headers=headers, timeout=timeout_s)
+        try:
+            self.http = httpx.Client(base_url=self.base, headers=headers, timeout=timeout_s)
+        except (httpx.InvalidURL, ValueError, TypeError) as err:  # a server or token that is no URL / header
+            raise ServiceError(f"cannot use the Tula service at {self.base!r} with this --server/--token "
+                               f"({type(err).__name__}: {plain(err)})") from None
 
     def _call(self, method: str, path: str, missing_ok: bool = False, **kw: Any) -> Any:
         try:
             r = self.http.request(method, path, **kw)
-        except httpx.HTTPError as err:
-            raise ServiceError(f"cannot reach the Tula service at {self.base} ({type(err).__name__}: {err}); start "
-                               "it with `tula serve` or give --server") from None
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
+            raise ServiceError(f"cannot reach the Tula service at {self.base} ({type(err).__name__}: "
+                               f"{plain(err)}); start it with `tula serve` or give --server") from None
         if r.status_code == 404 and missing_ok:
             return None
+        try:
+            body = r.json()
+        except ValueError:  # not JSON (a proxy's page, a cut-off answer)
+            body = None
         if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail")
-            except ValueError:
-                detail = r.text[:200]
-            raise ServiceError(f"the service answered {r.status_code}: {detail}")
-        return r.json()
+            detail = body.get("detail") if isinstance(body, dict) and "detail" in body else \
+                first_line(r.text, 200) or r.reason_phrase
+            raise ServiceError(f"the service answered {r.status_code}: {plain(detail)}")
+        if body is None:
+            raise ServiceError(f"the service at {self.base} answered {method} {path} with {r.status_code} but no "
+                               f"JSON ({first_line(r.text, 200) or 'an empty body'}); is --server a Tula service?")
+        return body
 
     def submit(self, spec: dict, **options: Any) -> dict:
         return self._call("POST", "/v1/jobs", json={"spec": spec, **{k: v for k, v in options.items()
@@ -70,23 +79,23 @@ def jobs_table(jobs: list[dict], total: int) -> Table:
     for col in ("id", "name", "state", "progress", "created", "message"):
         t.add_column(col, justify="right" if col == "progress" else "left")
     for j in jobs:
-        msg = j.get("error") or j.get("message") or ""
-        t.add_row(j["id"], j["spec"].get("name", ""), j["state"], f"{(j.get('progress') or 0):.0%}",
-                  str(j.get("created_at", ""))[:19].replace("T", " "), msg[:70])
+        msg = plain(j.get("error") or j.get("message") or "")
+        t.add_row(plain(j["id"]), plain(j["spec"].get("name", "")), plain(j["state"]),
+                  f"{(j.get('progress') or 0):.0%}", plain(j.get("created_at", ""))[:19].replace("T", " "), msg[:70])
     return t
 
 
 def job_detail(job: dict, records: dict[str, dict | None]) -> list:
     from ..report import plan_table, train_table
 
-    out: list = [f"job [bold]{job['id']}[/] ({job['spec'].get('name', '')}): {job['state']}, "
-                 f"{(job.get('progress') or 0):.0%}" + (f" -- {job['message']}" if job.get("message") else "")]
+    out: list = [text("job ", (job["id"], "bold"), f" ({job['spec'].get('name', '')}): {job['state']}, "
+                      f"{(job.get('progress') or 0):.0%}", *((" -- ", job["message"]) if job.get("message") else ()))]
     if job.get("reused_models_from"):
-        out.append(f"planned from the models of job {job['reused_models_from']} (not profiled again)")
+        out.append(text(f"planned from the models of job {job['reused_models_from']} (not profiled again)"))
     if job.get("error"):
-        out.append(f"[bold red]error[/]: {job['error']}")
+        out.append(text(("error", "bold red"), ": ", job["error"]))
     if records.get("plan"):
-        out += [plan_table(records["plan"]), f"[bold green]choice[/]: {records['plan']['reason']}"]
+        out += [plan_table(records["plan"]), text(("choice", "bold green"), ": ", records["plan"]["reason"])]
     if records.get("train"):
         out.append(train_table(records["train"]))
     return out

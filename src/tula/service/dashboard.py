@@ -18,6 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from ..records import epoch_score
+from ..say import first_line, plain
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 RUNNING = ("profiling", "fitting", "planning", "training")
@@ -35,7 +36,7 @@ form label{margin-right:1rem}input,select{margin-left:.3rem}
 
 
 def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+    return html.escape(plain(x), quote=True)
 
 
 def _page(title: str, body: str, script: str = "") -> str:
@@ -330,7 +331,7 @@ def mount_dashboard(app: FastAPI, store: Callable[[], Any]) -> None:
             plan = await run_in_threadpool(_replan, models, body)
             text, status = await run_in_threadpool(_job_page, job_id, plan, None, form)
         except (ValueError, TulaError, Problem) as err:
-            msg = getattr(err, "detail", None) or str(err).splitlines()[0]
+            msg = getattr(err, "detail", None) or first_line(err) or type(err).__name__
             text, status = await run_in_threadpool(_job_page, job_id, None, f"cannot re-plan: {msg}", form)
             status = 422 if status == 200 else status
         return HTMLResponse(text, status_code=status)

@@ -30,6 +30,7 @@ from typing import Any
 from .. import interrupts
 from ..errors import Interrupted, TulaError
 from ..pipeline import Observer
+from ..say import plain
 from .settings import ServiceSettings
 from .store import Store
 
@@ -156,15 +157,15 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
         return 0
     except Interrupted as err:
         if cancelled.is_set():
-            store.update_job(job_id, state="cancelled", message=f"cancelled: {err}")
+            store.update_job(job_id, state="cancelled", message=f"cancelled: {plain(err)}")
             return 0
         return 143  # stopped from outside (the service is shutting down): the dispatcher re-queues it
     except TulaError as err:
-        store.update_job(job_id, state="failed", error=str(err))
+        store.update_job(job_id, state="failed", error=plain(err))
         return 2
     except Exception as err:  # a bug: the job fails with the error, the traceback goes to the log
         traceback.print_exc()
-        store.update_job(job_id, state="failed", error=f"internal error: {type(err).__name__}: {err}")
+        store.update_job(job_id, state="failed", error=f"internal error: {type(err).__name__}: {plain(err)}")
         return 1
     finally:
         stop.set()
@@ -191,7 +192,7 @@ class Dispatcher:
             try:
                 self.tick()
             except TulaError as err:  # the store is unavailable: say so and try again
-                print(f"tula serve: {err}", file=sys.stderr)
+                print(f"tula serve: {plain(err)}", file=sys.stderr)
 
     def tick(self) -> None:
         for job_id, proc in list(self.children.items()):

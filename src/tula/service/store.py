@@ -37,6 +37,7 @@ from sqlalchemy.types import TypeDecorator
 
 from ..errors import RecordError, TulaError
 from ..records import MODELS_KIND, NAMES, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, _jsonable, validate_record
+from ..say import plain
 from .model_key import model_key
 
 #: a job's states, in pipeline order, then its ends
@@ -522,9 +523,9 @@ class Store:
                 raise ValueError(f"progress must be in [0, 1], not {progress!r}")
             values["progress"] = float(progress)
         if message is not None:
-            values["message"] = str(message)
+            values["message"] = plain(message)
         if error is not None:
-            values["error"] = str(error)
+            values["error"] = plain(error)
         if reused_models_from is not None:
             values["reused_models_from"] = reused_models_from
         with self._write() as conn:
