@@ -130,3 +130,23 @@ def hold_and_time(ctx, seconds):
 
 def where_am_i(ctx):
     return {"rank": ctx.rank, "host": ctx.host, "local_rank": ctx.local_rank}
+
+
+class _OomAbove(torch.nn.Module):
+    """A small model that runs out of memory (``torch.OutOfMemoryError``) when it trains on
+    more than ``local_batch`` samples at once."""
+
+    def __init__(self, local_batch: int = 32):
+        super().__init__()
+        self.local_batch = local_batch
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                                       torch.nn.Linear(32, 10))
+
+    def forward(self, x):
+        if self.training and x.shape[0] > self.local_batch:
+            raise torch.OutOfMemoryError(f"{x.shape[0]} samples do not fit (at most {self.local_batch})")
+        return self.net(x)
+
+
+def oom_above(local_batch: int = 32):
+    return _OomAbove(local_batch)

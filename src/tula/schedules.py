@@ -494,6 +494,21 @@ def caps_from_spec(spec: "JobSpec", first_batch: int, first_workers: int, datase
     return Caps(dataset_size, max_local_batch, w.min, w.max, bpw)
 
 
+def first_workers(spec: "JobSpec", first_batch: int) -> int | None:
+    """The worker count ``spec.train.workers`` gives the first global batch, so that a run
+    with a worker rule needs no worker count of its own: clip(ceil(B / batch_per_worker),
+    min, max), or ``min`` when ``batch_per_worker`` is not given (it then defaults to the
+    first local batch, B / min).  ``None`` without ``train.workers``.  The runner's first
+    decision (:func:`next_config` at epoch 0, with the memory and data-set caps) may still
+    round B down to a multiple of it."""
+    w = spec.train.workers
+    if w is None:
+        return None
+    if w.batch_per_worker is None:
+        return w.min
+    return min(max(math.ceil(first_batch / w.batch_per_worker), w.min), w.max)
+
+
 def _fit(wanted: float, caps: Caps, max_batch: int | None) -> tuple[int, int, str | None, int]:
     """(B, N, what capped B, the cap) for a wanted global batch."""
     limits = [(caps.dataset_size, "dataset")]

@@ -13,6 +13,10 @@ The caller (:func:`train`) launches one N-rank world; every rank runs :func:`tra
   the test split, sharded over the ranks; a checkpoint with a checksum (model, method
   state, RNG, epoch history; :mod:`tula.checkpoint`, the last two kept) written by rank 0;
   the epoch's metrics, with the method's per-step traces, appended to ``metrics.jsonl``;
+* a batch schedule's new batch at the same worker count: the world goes on, the method
+  rebuilt at the new batch from the state just checkpointed (:func:`_restore`, what a new
+  generation does with the checkpoint file), then probed; only a new worker count ends
+  the world (``status: resize``) for the caller to start the next generation;
 * SIGINT/SIGTERM: the ranks agree to stop at the next step boundary (no new epoch
   starts); the last finished epoch's checkpoint is what is kept.
 
@@ -43,7 +47,7 @@ from .data import data_path
 from .ddp import (LocalGradNorms, check_shared_directory, local_norms_allreduce_hook, probe_fits, synced_sq_norm,
                   wrap_ddp)
 from .noise_scale import NoiseScale
-from .errors import InfeasibleError, Interrupted, RunDirError, SpecError, WorkerError
+from .errors import InfeasibleError, Interrupted, RunDirError, SpecError, TulaError, WorkerError
 from .launch import Launcher, WorkerContext
 from .memory import cap_address_space
 from .optim.methods import build_method
@@ -200,17 +204,100 @@ class _NoiseScaleFeed:
             self.gns.update(local[0] / self.world, synced, b, big)
 
 
+def _restore(state: dict | None, model: nn.Module, method: Any, gns: NoiseScale, n_steps: int, spec: JobSpec,
+             global_batch: int, schedule: dict | None) -> tuple[int, int, list, dict | None, float]:
+    """Put this rank where the checkpoint ``state`` left the run (``None``: the start),
+    with ``method`` just built for this world's batch (``n_steps`` steps per epoch): the
+    model, the method's state (its LR rule re-applied at the new batch), the RNG, the
+    batch schedule's state and LR multiplier, the noise scale.  What a new generation does
+    with the checkpoint file, and a batch change inside a world with the state it has just
+    checkpointed: one function, so both give the same numbers.  Returns ``(start_epoch,
+    steps_done, history, schedule_state, lr_multiplier)``."""
+    start_epoch, steps_done, history = 0, 0, []
+    sched_state = schedule["state"] if schedule else None
+    lr_mult = schedule["lr_multiplier"] if schedule else 1.0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        start_epoch, steps_done, history = state["epoch"], state["steps_done"], state["history"]
+        # the LR schedule's position is counted in epochs: a generation at another batch has
+        # another number of steps per epoch
+        method.load_state_dict(state["method_state"], step=start_epoch * n_steps)
+        torch.set_rng_state(state["torch_rng"])
+        if schedule and state.get("schedule_state") is not None:
+            sched_state, lr_mult = state["schedule_state"], state["lr_multiplier"]
+        if state.get("noise_scale"):
+            gns.load_state_dict(state["noise_scale"])
+    if schedule:
+        if sched_state is None:  # a checkpoint written before the run had a schedule
+            sched_state = state_from_spec(spec, global_batch)
+        method.set_schedule_lr(lr_mult, start_epoch * n_steps)
+    return start_epoch, steps_done, history, sched_state, lr_mult
+
+
+def _probe(data: Dataset, spec: JobSpec, epoch: int, global_batch: int, local_batch: int, rank: int,
+           device: torch.device, model: nn.Module, ddp: nn.Module, method: Any,
+           loss_fn: Callable) -> tuple[bool, str]:
+    """Can every rank run a step at this batch?  One forward/backward under ``no_sync()`` on
+    the epoch's first batch (:func:`tula.ddp.probe_fits`); BatchNorm statistics and the
+    gradients are put back as they were."""
+    buffers = [b.detach().clone() for b in model.buffers()]
+
+    def probe_step() -> None:
+        x, y = _local_batch(data, _epoch_indices(spec.seed, epoch, data.train_size), 0, global_batch, rank,
+                            local_batch, device)
+        with ddp.no_sync():
+            loss_fn(ddp(x), y).backward()
+
+    fits, note = probe_fits(probe_step, device, rank)
+    method.optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
+    return fits, note
+
+
+def _fresh_ddp(model: nn.Module, device: torch.device, old: list) -> Any | None:
+    """A new DDP wrapper of ``model`` in the same process group, for a method that registers
+    its own comm hook (a DDP takes one hook, once).  ``old`` holds the wrapper being
+    replaced (a one-element list, emptied here): it must be gone first, or its gradient
+    hooks would still fire.  ``None`` when it cannot be freed: the caller then ends the
+    world instead."""
+    import gc
+    import weakref
+
+    gone = weakref.ref(old.pop())
+    if gone() is not None:
+        gc.collect()
+    if gone() is not None:
+        return None
+    return wrap_ddp(model, device)
+
+
 def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_batch: int, out_dir: str,
                 fallbacks: list[dict], mem_cap_bytes: int | None = None, reach_token: str | None = None,
                 schedule: dict | None = None) -> dict:
     """Run on every rank: train ``spec.epochs`` epochs at ``global_batch`` with ``method_name``,
     resuming from the checkpoint in ``out_dir`` when there is one.  Returns ``{"status":
     "ok", ...}`` with the history and the method's trace summary, ``{"status": "oom", ...}``
-    when the ranks agreed that the first step at this batch does not fit, ``{"status":
+    when the ranks agreed that the first step at a batch does not fit, ``{"status":
     "interrupted", ...}`` when they agreed to stop (SIGINT/SIGTERM), or ``{"status":
     "resize", ...}`` when the batch schedule (``schedule``: its state, LR multiplier and
-    :class:`~tula.schedules.Caps`) chose another (N, B) at an epoch boundary: this world
-    ends there, its checkpoint written, and the caller starts the next generation."""
+    :class:`~tula.schedules.Caps`) chose another worker count at an epoch boundary: this
+    world ends there, its checkpoint written, and the caller starts the next generation.
+
+    A new batch at the same worker count goes on in this world: after the epoch's
+    checkpoint is written, the method is built again at the new batch and takes the state
+    just checkpointed through :func:`_restore`, as a new generation would take it from the
+    file (same process group, same DDP model -- a new DDP wrapper of the same module only
+    for a method with its own comm hook, AdaScale and post-local SGD), then the new batch
+    is probed; an out-of-memory there returns ``status: oom`` as at the start of a world.
+    The parameters then equal a new generation's bit for bit with two workers; with more,
+    the first all-reduce after the change sums in the kept wrapper's (rebuilt) bucket
+    order where a new generation's sums in DDP's first order, which can differ in the last
+    bits -- as a resumed run's first step does from an uninterrupted run's.
+    Every result carries ``segments``: one ``{global_batch, n_workers, from_epoch,
+    wall_s}`` per batch this world trained at (``wall_s`` of an in-world change: from the
+    change to the segment's end; the first segment's is left to the caller)."""
     spec = JobSpec.model_validate(spec_dict)
     out = Path(out_dir)
     metrics_path = out / METRICS
@@ -233,57 +320,33 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
         ddp.register_comm_hook(own_norms, local_norms_allreduce_hook)
     gns_feed = _NoiseScaleFeed(gns, own_norms, world)
 
-    start_epoch, steps_done, history = 0, 0, []
-    sched_state = schedule["state"] if schedule else None
-    lr_mult = schedule["lr_multiplier"] if schedule else 1.0
+    state = None
     if has_checkpoint(out):
         state = load_checkpoint(out, map_location=device)
         if state["method"] != method_name:
             raise SpecError(f"the checkpoint in {out_dir} was trained with method {state['method']!r}, "
                             f"not {method_name!r}; use another --out or the same method")
-        model.load_state_dict(state["model"])
-        start_epoch, steps_done, history = state["epoch"], state["steps_done"], state["history"]
-        # the LR schedule's position is counted in epochs: a resumed generation at another
-        # batch has another number of steps per epoch
-        method.load_state_dict(state["method_state"], step=start_epoch * n_steps)
-        torch.set_rng_state(state["torch_rng"])
-        if schedule and state.get("schedule_state") is not None:
-            sched_state, lr_mult = state["schedule_state"], state["lr_multiplier"]
-        if state.get("noise_scale"):
-            gns.load_state_dict(state["noise_scale"])
-        del state
-        if rank == 0:
-            _rewrite_metrics(metrics_path, start_epoch)
-    if schedule:
-        if sched_state is None:  # a checkpoint written before the run had a schedule
-            sched_state = state_from_spec(spec, global_batch)
-        method.set_schedule_lr(lr_mult, start_epoch * n_steps)
+    start_epoch, steps_done, history, sched_state, lr_mult = _restore(state, model, method, gns, n_steps, spec,
+                                                                      global_batch, schedule)
+    if state is not None and rank == 0:
+        _rewrite_metrics(metrics_path, start_epoch)
+    del state
     if mem_cap_bytes is not None and device.type == "cpu":
         cap_address_space(mem_cap_bytes)
 
     base = {"global_batch": global_batch, "local_batch": local_batch, "n_workers": world,
             "steps_per_epoch": n_steps, "start_epoch": start_epoch}
+    segments: list[dict] = []  # the batches this world trained at
+    segment_t0 = 0.0  # when the current in-world segment began
     if start_epoch >= spec.epochs:
-        return {**base, "status": "ok", "history": history, "steps_done": steps_done,
+        return {**base, "status": "ok", "history": history, "steps_done": steps_done, "segments": segments,
                 "traces": method.traces() if rank == 0 else {}, "param_digest": param_digest(model)}
 
-    # probe: can every rank run a step at this batch?  BatchNorm statistics are restored after
-    buffers = [b.detach().clone() for b in model.buffers()]
-
-    def probe_step() -> None:
-        x, y = _local_batch(data, _epoch_indices(spec.seed, start_epoch, data.train_size), 0, global_batch, rank,
-                            local_batch, device)
-        with ddp.no_sync():
-            loss_fn(ddp(x), y).backward()
-
-    fits, note = probe_fits(probe_step, device, rank)
-    method.optimizer.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for b, saved in zip(model.buffers(), buffers):
-            b.copy_(saved)
-    del buffers
+    fits, note = _probe(data, spec, start_epoch, global_batch, local_batch, rank, device, model, ddp, method, loss_fn)
     if not fits:
-        return {**base, "status": "oom", "note": note}
+        return {**base, "status": "oom", "note": note, "segments": segments}
+    segments.append({"global_batch": global_batch, "n_workers": world, "from_epoch": start_epoch + 1,
+                     "wall_s": None})
 
     report_every = max(1, n_steps // 25)
     stop = ctx.stop
@@ -296,7 +359,7 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
         for i in range(n_steps):
             if stop is not None and stop.poll():  # every rank sees the same answer at the same step
                 return {**base, "status": "interrupted", "epochs_done": epoch, "steps_done": steps_done - i,
-                        "signal": stop.signum}
+                        "signal": stop.signum, "segments": segments}
             step = epoch * n_steps + i
             x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
             method.optimizer.zero_grad(set_to_none=True)
@@ -337,23 +400,72 @@ def train_world(ctx: WorkerContext, spec_dict: dict, method_name: str, global_ba
             if nxt == (global_batch, world) and d.lr_multiplier != lr_mult:
                 method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * n_steps)
             lr_mult = d.lr_multiplier
+        change = nxt != (global_batch, world) and epoch + 1 < spec.epochs
+        in_world = change and nxt[1] == world
+        ckpt = None
+        if rank == 0 or in_world:
+            ckpt = {"epoch": epoch + 1, "steps_done": steps_done, "history": history, "method": method_name,
+                    "global_batch": global_batch, "n_workers": world, "fallbacks": fallbacks,
+                    "model": model.state_dict(), "method_state": method.state_dict(),
+                    "torch_rng": torch.get_rng_state(), "schedule_state": sched_state,
+                    "lr_multiplier": lr_mult, "next_global_batch": nxt[0], "next_n_workers": nxt[1],
+                    "noise_scale": gns.state_dict()}
         if rank == 0:
-            save_checkpoint({"epoch": epoch + 1, "steps_done": steps_done, "history": history, "method": method_name,
-                             "global_batch": global_batch, "n_workers": world, "fallbacks": fallbacks,
-                             "model": model.state_dict(), "method_state": method.state_dict(),
-                             "torch_rng": torch.get_rng_state(), "schedule_state": sched_state,
-                             "lr_multiplier": lr_mult, "next_global_batch": nxt[0], "next_n_workers": nxt[1],
-                             "noise_scale": gns.state_dict()}, out)
+            save_checkpoint(ckpt, out)
             with open(metrics_path, "a") as fh:
                 fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
             ctx.emit({"type": "epoch", **rec})
         if stop is not None and epoch + 1 < spec.epochs and stop.agree():  # no new epoch starts
             return {**base, "status": "interrupted", "epochs_done": epoch + 1, "steps_done": steps_done,
-                    "signal": stop.signum}
-        if nxt != (global_batch, world) and epoch + 1 < spec.epochs:  # the next generation's world
-            return {**base, "status": "resize", "epochs_done": epoch + 1, "steps_done": steps_done,
-                    "next_global_batch": nxt[0], "next_n_workers": nxt[1]}
-    return {**base, "status": "ok", "history": history, "steps_done": steps_done,
+                    "signal": stop.signum, "segments": segments}
+        if not change:
+            continue
+        if len(segments) > 1:  # the wall time of an in-world segment ends here
+            segments[-1]["wall_s"] = time.perf_counter() - segment_t0
+        resize = {**base, "status": "resize", "epochs_done": epoch + 1, "steps_done": steps_done,
+                  "next_global_batch": nxt[0], "next_n_workers": nxt[1], "segments": segments}
+        if not in_world:  # another worker count: the next generation's world
+            return resize
+        try:  # what the caller checks before a new generation (it says why when this fails)
+            check_train_config(spec, method_name, world, nxt[0], data.train_size)
+        except TulaError:
+            return resize
+        # a new batch on the same workers: the method again at the new batch, from the state
+        # just checkpointed, as a new generation would take it from the file
+        t_change = time.perf_counter()
+        method.release()
+        del method
+        if own_norms is None and ddp_has_comm_hook(ddp):  # the method's own hook is on the wrapper
+            held = [ddp]
+            del ddp
+            ddp = _fresh_ddp(model, device, held)
+            if ddp is None:
+                return resize
+        if rank == 0:
+            ctx.emit({"type": "resize", "at_epoch": epoch + 1, "global_batch": nxt[0], "n_workers": world,
+                      "new_world": False})
+        global_batch, local_batch = nxt[0], nxt[0] // world
+        n_steps = steps_per_epoch(data.train_size, global_batch)
+        method = build_method(method_name, ddp, spec, global_batch, world, n_steps)
+        start_epoch, steps_done, history, sched_state, lr_mult = _restore(ckpt, model, method, gns, n_steps, spec,
+                                                                          global_batch, schedule)
+        del ckpt
+        report_every = max(1, n_steps // 25)
+        base = {"global_batch": global_batch, "local_batch": local_batch, "n_workers": world,
+                "steps_per_epoch": n_steps, "start_epoch": start_epoch}
+        if rank == 0:
+            ctx.emit({"type": "start", "global_batch": global_batch, "n_workers": world, "steps_per_epoch": n_steps,
+                      "epochs": spec.epochs})
+        fits, note = _probe(data, spec, start_epoch, global_batch, local_batch, rank, device, model, ddp, method,
+                            loss_fn)
+        if not fits:
+            return {**base, "status": "oom", "note": note, "segments": segments}
+        segment_t0 = t_change
+        segments.append({"global_batch": global_batch, "n_workers": world, "from_epoch": start_epoch + 1,
+                         "wall_s": None})
+    if len(segments) > 1:
+        segments[-1]["wall_s"] = time.perf_counter() - segment_t0
+    return {**base, "status": "ok", "history": history, "steps_done": steps_done, "segments": segments,
             "traces": method.traces() if rank == 0 else {}, "param_digest": param_digest(model)}
 
 
@@ -392,6 +504,19 @@ def _available(launcher: Launcher, global_batch: int, n_workers: int, schedule: 
     return fewer, got
 
 
+def _segments_from_history(epochs: list[dict]) -> list[dict]:
+    """The batches a world that failed had trained at, from its epochs in the checkpoint
+    (``wall_s``: the sum of their epoch times, the world's own time being unknown)."""
+    segments: list[dict] = []
+    for h in epochs:
+        if not segments or (segments[-1]["global_batch"], segments[-1]["n_workers"]) != (h["global_batch"],
+                                                                                       h["n_workers"]):
+            segments.append({"global_batch": h["global_batch"], "n_workers": h["n_workers"],
+                             "from_epoch": h["epoch"], "wall_s": 0.0})
+        segments[-1]["wall_s"] += h.get("epoch_time_s") or 0.0
+    return segments
+
+
 def _interrupted(signum: int | None, epochs_done: int, epochs: int, out: Path) -> Interrupted:
     import signal as _signal
 
@@ -411,7 +536,17 @@ def train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_dir
     global batch, which may be smaller than ``global_batch`` after an out-of-memory
     fallback); without it an existing checkpoint is an error, so nothing trained is
     overwritten.  SIGINT/SIGTERM end the run with :class:`~tula.errors.Interrupted` once the
-    ranks have stopped; the last finished epoch's checkpoint is kept."""
+    ranks have stopped; the last finished epoch's checkpoint is kept.
+
+    With a batch schedule, a change of the worker count starts a new world (a generation)
+    from the checkpoint; a new batch on the same workers goes on in the same world
+    (:func:`train_world`).  The record's ``generations`` has one entry per stretch of
+    epochs at one (N, B) that this call trained: ``n_workers``, ``global_batch``,
+    ``from_epoch`` (its first epoch), ``wall_s``, ``world`` (1, 2, ...: entries with the
+    same number ran in one world, one process group) and ``new_world`` (true where the
+    entry started its world -- the first, after a change of N, or after an out-of-memory
+    fallback --, false for a batch change inside the world).  The record's ``n_workers``,
+    ``global_batch``, ``local_batch`` and ``steps_per_epoch`` are the last entry's."""
     if launcher is None:
         from .launch.clusters import open_launcher
 
@@ -468,6 +603,7 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
         cap = spec.search.memory_budget_bytes if spec.search.enforce_memory_cap else None
         first_batch = global_batch
         t0 = time.perf_counter()
+        at_epoch = resumed_from_epoch or 0  # the last finished epoch when a world starts
         while True:
             if interrupts.requested():
                 raise _interrupted(None, (resumed_from_epoch or 0) if not has_checkpoint(out) else
@@ -480,8 +616,12 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
                                    cap, uuid.uuid4().hex, schedule, on_event=lambda rank, ev: emit(ev),
                                    timeout_s=None)
                 status, note = res[0]["status"], res[0].get("note", "")
+                segments = res[0]["segments"]
+                # the batch the world was at when it ended (a batch change inside it moves it)
+                global_batch = res[0]["global_batch"]
             except WorkerError as err:
-                done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
+                meta = checkpoint_meta(out) if has_checkpoint(out) else None
+                done = meta["epoch"] if meta else 0
                 if err.cause == "interrupted" or interrupts.requested():
                     raise _interrupted(None, done, spec.epochs, out) from None
                 if err.cause != "oom":
@@ -489,19 +629,26 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
                                       if done else str(err), rank=err.rank, details=err.details,
                                       cause=err.cause) from None
                 status, note = "oom", str(err)
-            if status in ("ok", "resize"):
-                generations.append({"n_workers": n_workers, "global_batch": global_batch,
-                                    "from_epoch": res[0]["start_epoch"] + 1, "wall_s": time.perf_counter() - started})
+                segments = _segments_from_history(meta["history"][at_epoch:done] if meta else [])
+                if segments and meta.get("next_n_workers") == n_workers:  # it went on at the next batch
+                    global_batch = meta.get("next_global_batch") or global_batch
+            if segments:
+                world_no = generations[-1]["world"] + 1 if generations else 1
+                if segments[0]["wall_s"] is None:  # the world's start counts to its first batch
+                    later = sum(g["wall_s"] for g in segments[1:])
+                    segments[0] = {**segments[0], "wall_s": time.perf_counter() - started - later}
+                generations.extend({**g, "world": world_no, "new_world": k == 0} for k, g in enumerate(segments))
             if status == "ok":
                 break
             if status == "interrupted":
                 raise _interrupted(res[0].get("signal"), res[0]["epochs_done"], spec.epochs, out)
             if status == "resize":  # the next generation: a new world of its own size, on a fresh port
+                at_epoch = res[0]["epochs_done"]
                 global_batch, n_workers = res[0]["next_global_batch"], res[0]["next_n_workers"]
                 global_batch, n_workers = _available(launcher, global_batch, n_workers, schedule, emit, data.train_size)
                 validate_config(spec, method, n_workers, global_batch, data.train_size)
-                emit({"type": "resize", "at_epoch": res[0]["epochs_done"], "global_batch": global_batch,
-                      "n_workers": n_workers})
+                emit({"type": "resize", "at_epoch": at_epoch, "global_batch": global_batch, "n_workers": n_workers,
+                      "new_world": True})
                 continue
             if schedule:  # the schedule must not grow back into what ran out of memory
                 failed_local = global_batch // n_workers
@@ -510,6 +657,7 @@ def _train(spec: JobSpec, method: str, n_workers: int, global_batch: int, out_di
                                            if failed_local > 1 else lim)
             smaller = next_smaller_batch(global_batch, n_workers)
             done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
+            at_epoch = done
             fallbacks.append({"from_global_batch": global_batch, "to_global_batch": smaller, "at_epoch": done,
                               "reason": note[:300]})
             emit({"type": "fallback", **fallbacks[-1]})

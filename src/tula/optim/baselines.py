@@ -151,6 +151,13 @@ class PostLocalSGD(Method):
                 dist.all_gather(gathered, mine)
                 self._rank_states = [g.cpu() for g in gathered]
 
+    def release(self) -> None:
+        """Also destroy this rank's single-rank subgroup (a new method makes its own)."""
+        super().release()
+        if self.hook_state is not None and self.subgroup is not None:
+            dist.destroy_process_group(self.subgroup)
+            self.subgroup = None
+
     def _local_state_tensors(self) -> list[torch.Tensor]:
         """This rank's optimiser state tensors (e.g. momentum buffers) in parameter order."""
         inner = self.optimizer.optim

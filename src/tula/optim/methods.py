@@ -9,7 +9,8 @@ A method bundles what the training runner needs and nothing else:
   optimiser's base LR; ``get_last_lr()`` is the LR of the next step, also after a resume;
 * hooks: :meth:`after_backward` (after the synchronised backward, before the step: AGS
   measures its factors there, AdaScale its gain), :meth:`before_eval` (post-local SGD
-  averages the replicas there);
+  averages the replicas there), :meth:`release` (before a new method at another batch
+  replaces it in the same world);
 * what it did: :meth:`drain_step_traces` (per-step values since the last call, which the
   runner writes into each epoch's metrics) and :meth:`traces` (a bounded summary).
 
@@ -132,6 +133,13 @@ class Method:
 
     def before_eval(self) -> None:
         """Called on every rank before evaluation and before a checkpoint is written."""
+
+    def release(self) -> None:
+        """The method is done: a new one replaces it in the same world (a batch change at the
+        same worker count).  Free what it holds outside itself (a process group of its own),
+        and let it go without waiting for the garbage collector (its LR schedule refers back
+        to it)."""
+        self.scheduler = None
 
     def drain_step_traces(self) -> dict[str, list]:
         """Per-step values (one list entry per optimiser step) since the last call, moved to
