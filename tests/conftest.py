@@ -48,3 +48,17 @@ def pg_server():
         pytest.fail(f"the PostgreSQL server in {server.root} did not start: {err}\n{log}")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def netns_ok():
+    """Whether emulated hosts (network namespaces, tests/emulated_hosts.py) can be made here;
+    a skip saying why not -- a failure instead when TULA_REQUIRE_NETNS=1 (CI)."""
+    from emulated_hosts import REQUIRE_ENV, why_unavailable
+
+    why = why_unavailable()
+    if why:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"emulated hosts cannot be made: {why}, and {REQUIRE_ENV}=1 requires them")
+        pytest.skip(f"emulated hosts cannot be made: {why}")
+    return True

@@ -241,7 +241,8 @@ def profile_world(ctx: WorkerContext, spec_dict: dict, configs: list[tuple[int, 
             t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps)
             if t.status == "oom":
                 oom_at = cfg.local_batch if oom_at is None else min(oom_at, cfg.local_batch)
-        t.hosts, t.devices = [ctx.host], [_device_name(ctx.device)]  # where this rank ran it
+        t.hosts, t.devices = [ctx.host], [_device_name(ctx.device)]  # where this rank ran it, and how it met the others
+        t.interfaces, t.interface_sources, t.local_ranks = [ctx.interface], [ctx.interface_source], [ctx.local_rank]
         out["trials"].append(asdict(t))
         ctx.emit({"type": "rank_trial", "rank": ctx.rank, "trial": asdict(t)})  # kept if the world dies later
         if ctx.rank == 0:
@@ -267,6 +268,8 @@ def _merge_trials(rank_trials: list[list[dict]]) -> list[dict]:
         t = dict(per_rank[0])
         t["hosts"] = [h for r in per_rank for h in r.get("hosts", [])]  # in rank order
         t["devices"] = [d for r in per_rank for d in r.get("devices", [])]
+        for key in ("interfaces", "interface_sources", "local_ranks"):
+            t[key] = [v for r in per_rank for v in r.get(key, [])]
         t["ranks_per_host"] = max(Counter(t["hosts"]).values()) if t["hosts"] else None
         if t["status"] == "ok":
             steps = [max(xs) for xs in zip(*(r["step_times_s"] for r in per_rank))]

@@ -76,7 +76,10 @@ class Trial:
     note: str = ""
     step_times_s: list[float] = field(default_factory=list)
     compute_times_s: list[float] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)  # each rank's host, in rank order
+    hosts: list[str] = field(default_factory=list)  # each rank's host (its worker's address), in rank order
+    interfaces: list[str] = field(default_factory=list)  # each rank's network interface ("": torch's default)
+    interface_sources: list[str] = field(default_factory=list)  # why each one (tula.launch.netif.choose_interface)
+    local_ranks: list[int] = field(default_factory=list)  # each rank's position among the ranks on its host
     devices: list[str] = field(default_factory=list)  # each rank's device
     ranks_per_host: int | None = None  # the most ranks that shared one host
 

@@ -430,6 +430,13 @@ class ClusterSpec(_Strict):
     pg_timeout_s: float = Field(default=60.0, gt=0, description="torch.distributed timeout: a rank waiting this "
                                 "long in a collective (e.g. for a lost worker) fails the world")
     worker_wait_s: float = Field(default=120.0, gt=0, description="how long to wait for enough Dask workers")
+    connect_timeout_s: float = Field(default=30.0, gt=0, description="how long to wait for a Dask scheduler "
+                                     "(tcp://HOST:PORT) to answer")
+    heartbeat_timeout_s: float = Field(default=20.0, gt=0, description="a Dask worker the scheduler has not heard "
+                                       "from for this long is taken as lost (its host, link or process is down)")
+    interface: str | None = Field(default=None, description="network interface of the ranks' collectives, e.g. "
+                                  "ib0 (default: the one that carries each worker's address; GLOO_SOCKET_IFNAME / "
+                                  "NCCL_SOCKET_IFNAME set on a worker win)")
     backend: Literal["gloo", "nccl"] | None = Field(default=None, description="default: nccl on GPU, gloo on CPU")
 
     @field_validator("where")

@@ -22,6 +22,7 @@ class RankFailure:
     traceback: str = ""
     host: str = ""
     at: float = field(default_factory=time.time)  # wall clock: the earliest failure is the root cause
+    unreachable: list[int] = field(default_factory=list)  # peer ranks whose workers did not answer this rank
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,6 +42,8 @@ class WorkerContext:
     backend: str
     host: str = "127.0.0.1"
     local_rank: int = 0
+    interface: str = ""  # the network interface of its collectives ("": torch's default)
+    interface_source: str = ""  # why that one: see tula.launch.netif.choose_interface
     stop: Any = None  # StopFlag; None outside a launched world
     _emit: Callable[[dict], None] | None = field(default=None, repr=False)
 

@@ -138,20 +138,29 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
                                                        silence_logs=logging.ERROR))
             client = stack.enter_context(Client(cluster))
         elif where.startswith("tcp://"):
-            try:
-                client = stack.enter_context(Client(where, timeout=c.worker_wait_s))
-            except OSError as err:
-                raise TulaError(f"no Dask scheduler answers at {where} ({err})") from None
+            client = stack.enter_context(_connect(where, c.connect_timeout_s))
         else:
             cfg = load_jobqueue_config(where)
             cluster = stack.enter_context(jobqueue_cluster(cfg))
             cluster.scale(jobs=-(-n // cfg.processes))
             client = stack.enter_context(Client(cluster))
+        settings = dict(device=spec.profile.device, pg_timeout_s=c.pg_timeout_s, worker_wait_s=c.worker_wait_s,
+                        backend=c.backend, interface=c.interface, silent_after_s=c.heartbeat_timeout_s)
         threads = spec.profile.threads_per_worker
         if threads is None:  # the workers' cores, shared by the ranks on each host
-            launcher = DaskLauncher(client, device=spec.profile.device, pg_timeout_s=c.pg_timeout_s,
-                                    worker_wait_s=c.worker_wait_s, backend=c.backend)
-            threads = launcher.default_threads(n)
-        yield DaskLauncher(client, device=spec.profile.device, threads_per_worker=threads,
-                           pg_timeout_s=c.pg_timeout_s, worker_wait_s=c.worker_wait_s, backend=c.backend)
+            threads = DaskLauncher(client, **settings).default_threads(n)
+        yield DaskLauncher(client, threads_per_worker=threads, **settings)
+
+
+def _connect(address: str, timeout_s: float) -> Any:
+    """A ``distributed.Client`` of the scheduler at ``address``, or one sentence when none
+    answers within ``timeout_s`` (``cluster.connect_timeout_s``)."""
+    from distributed import Client
+
+    try:
+        return Client(address, timeout=timeout_s)
+    except (OSError, TimeoutError) as err:
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise TulaError(f"no Dask scheduler answers at {address} within {timeout_s:.0f} s "
+                        f"(cluster.connect_timeout_s): {why}") from None
 

@@ -20,9 +20,10 @@ from ..errors import WorkerError
 from .base import RankFailure, host_facts, pick_device
 from .runtime import RankSetup, run_rank
 
-# the root cause first: a rank that died without a word, then a user error, an out-of-memory,
-# a crash (the earliest), and only then what other ranks saw because of it
-_CAUSE_ORDER = {"lost_worker": 0, "user_error": 1, "oom": 2, "crash": 3, "timeout": 4, "interrupted": 5}
+# the root cause first: a rank that died without a word, a peer that stopped answering, then a
+# user error, an out-of-memory, a crash (the earliest), and only then what other ranks saw because of it
+_CAUSE_ORDER = {"lost_worker": 0, "unreachable": 1, "user_error": 2, "oom": 3, "crash": 4, "timeout": 5,
+                "interrupted": 6}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,7 +40,7 @@ def root_failure(failures: list[RankFailure]) -> RankFailure:
 def failure_sentence(f: RankFailure, n_workers: int) -> str:
     """One sentence for a rank's failure."""
     where = f"rank {f.rank} of {n_workers}" + (f" on {f.host}" if f.host and f.host != "127.0.0.1" else "")
-    if f.cause == "user_error":
+    if f.cause in ("user_error", "unreachable"):  # sentences written where they happened
         return f.message
     if f.cause == "oom":
         return f"{where} ran out of memory ({f.message.splitlines()[0][:200]})"

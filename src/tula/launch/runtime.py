@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import signal
 import socket
 import traceback
@@ -28,6 +27,7 @@ import torch.distributed as dist
 
 from ..errors import TulaError
 from .base import RankFailure, WorkerContext
+from .netif import InterfaceChoice, choose_interface, interface_env, unreachable_peers
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,12 @@ class RankSetup:
     threads: int | None = None
     pg_timeout_s: float = 600.0
     local_rank: int = 0
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address the cluster knows this rank's worker by
     backend: str | None = None  # default: nccl on cuda, gloo on cpu
+    interface: str | None = None  # the spec's cluster.interface (None: derived from ``host``)
+    #: each rank's worker as a listening ``host:port`` (Dask's worker addresses), probed when a
+    #: collective fails to name a peer that no longer answers; empty where there is none
+    peers: tuple[str, ...] = ()
 
 
 class StopRequested(Exception):
@@ -155,42 +159,89 @@ def run_rank(setup: RankSetup, fn: Callable[..., Any], args: tuple,
         for s in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError):  # not the main thread (e.g. a Dask worker task)
                 signal.signal(s, on_signal)
-    if setup.host.startswith("127.") or setup.host == "localhost":  # loopback: gloo on lo
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if setup.threads:
         torch.set_num_threads(setup.threads)
-    try:
-        if setup.device_kind == "cuda":
-            device = torch.device("cuda", setup.local_rank % max(torch.cuda.device_count(), 1))
-            torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
-        backend = setup.backend or ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend, init_method=setup.init_method, rank=setup.rank,
-                                world_size=setup.world_size, timeout=timedelta(seconds=setup.pg_timeout_s),
-                                **({"device_id": device} if backend == "nccl" else {}))
-        # the stop flag's all-reduces run on their own CPU group: no device sync, and never
-        # interleaved with the model's collectives
-        stop.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=setup.pg_timeout_s))
-        ctx = WorkerContext(setup.rank, setup.world_size, device, backend, host=setup.host,
-                            local_rank=setup.local_rank, stop=stop, _emit=emit)
-        value = fn(ctx, *args)
-        stop.drain()
-        return "result", value
-    except BaseException as err:  # noqa: BLE001 - every failure goes back to the launcher, classified
-        cause = classify(err)
-        if cause == "interrupted" or stop.requested and cause == "crash":
-            cause, message = "interrupted", f"stopped by {signal.Signals(stop.signum or signal.SIGINT).name}"
-        else:
-            message = str(err) or type(err).__name__
-        return "failure", RankFailure(setup.rank, cause, message, type(err).__name__,
-                                      "" if cause in ("user_error", "interrupted") else traceback.format_exc(),
-                                      host=setup.host or socket.gethostname())
-    finally:
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-        with contextlib.suppress(ValueError, OSError):  # a worker process runs later ranks too (Dask)
-            resource.setrlimit(resource.RLIMIT_AS, address_space_limit)
-        for undo in restore:
-            undo()
+    joined = False
+    choice = InterfaceChoice("", "")
+    with contextlib.ExitStack() as world:
+        try:
+            if setup.device_kind == "cuda":
+                device = torch.device("cuda", setup.local_rank % max(torch.cuda.device_count(), 1))
+                torch.cuda.set_device(device)
+            else:
+                device = torch.device("cpu")
+            backend = setup.backend or ("nccl" if device.type == "cuda" else "gloo")
+            # the interface that carries this worker's address, for this world only (never the
+            # host name's address, which is loopback on many nodes)
+            choice = choose_interface(setup.host, backend, setup.interface)
+            world.enter_context(interface_env(choice, backend))
+            dist.init_process_group(backend, init_method=setup.init_method, rank=setup.rank,
+                                    world_size=setup.world_size, timeout=timedelta(seconds=setup.pg_timeout_s),
+                                    **({"device_id": device} if backend == "nccl" else {}))
+            # the stop flag's all-reduces run on their own CPU group: no device sync, and never
+            # interleaved with the model's collectives
+            stop.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=setup.pg_timeout_s))
+            joined = True
+            ctx = WorkerContext(setup.rank, setup.world_size, device, backend, host=setup.host,
+                                local_rank=setup.local_rank, stop=stop, _emit=emit, interface=choice.interface,
+                                interface_source=choice.source)
+            value = fn(ctx, *args)
+            stop.drain()
+            return "result", value
+        except BaseException as err:  # noqa: BLE001 - every failure goes back to the launcher, classified
+            return "failure", _failure(setup, err, stop, joined, choice)
+        finally:
+            if dist.is_initialized():
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+            with contextlib.suppress(ValueError, OSError):  # a worker process runs later ranks too (Dask)
+                resource.setrlimit(resource.RLIMIT_AS, address_space_limit)
+            for undo in restore:
+                undo()
+
+
+def _failure(setup: RankSetup, err: BaseException, stop: StopFlag, joined: bool,
+             choice: InterfaceChoice) -> RankFailure:
+    """``err`` as a :class:`RankFailure` whose cause is decided here.  A crash is probed:
+    a world that could not form, or a collective that failed while a peer's worker no longer
+    answers, is ``unreachable``, in one sentence naming both addresses."""
+    cause = classify(err)
+    if cause == "interrupted" or stop.requested and cause == "crash":
+        return RankFailure(setup.rank, "interrupted", f"stopped by {signal.Signals(stop.signum or signal.SIGINT).name}",
+                           type(err).__name__, host=setup.host)
+    message = str(err) or type(err).__name__
+    tb = "" if cause == "user_error" else traceback.format_exc()
+    if cause == "crash" and (not joined or setup.peers):
+        peers = {r: a for r, a in enumerate(setup.peers) if r != setup.rank}
+        silent = unreachable_peers(peers)
+        if silent or not joined:
+            return RankFailure(setup.rank, "unreachable", unreachable_sentence(setup, err, joined, choice, silent),
+                               type(err).__name__, tb, host=setup.host, unreachable=silent)
+    return RankFailure(setup.rank, cause, message, type(err).__name__, tb, host=setup.host or socket.gethostname())
+
+
+def _peer_host(setup: RankSetup, rank: int) -> str:
+    if rank < len(setup.peers):
+        return setup.peers[rank].removeprefix("tcp://").rpartition(":")[0]
+    return "?"
+
+
+def unreachable_sentence(setup: RankSetup, err: BaseException, joined: bool, choice: InterfaceChoice,
+                         silent: list[int]) -> str:
+    """One sentence: which rank, on which address and interface, could not reach whom."""
+    how = (f"interface {choice.interface}, from {choice.source}" if choice.interface
+           else "no interface chosen: torch's default, the host name's address")
+    me = f"rank {setup.rank} of {setup.world_size} on {setup.host} ({how})"
+    detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    if silent:
+        who = ", ".join(f"rank {r} on {_peer_host(setup, r)} (worker {setup.peers[r]})" for r in silent)
+        what = "could not form its world" if not joined else "lost its connection"
+        return (f"{me} {what}: {who} does not answer from there, so its host, its link or its worker is down "
+                f"({type(err).__name__}: {detail})")
+    rdzv = setup.init_method.removeprefix("tcp://")
+    others = [f"rank {r} on {_peer_host(setup, r)}" for r in range(len(setup.peers)) if r != setup.rank]
+    named = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+    return (f"{me} could not connect to the other ranks of its world ({named + ', ' if named else ''}"
+            f"rendezvous at {rdzv}) within {setup.pg_timeout_s:.0f} s; their workers answer, so a firewall between "
+            "them or a wrong interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, cluster.interface) is the likely "
+            f"cause ({type(err).__name__}: {detail})")

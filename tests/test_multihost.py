@@ -1,0 +1,218 @@
+"""Worlds across hosts: real network namespaces (tests/emulated_hosts.py), a real Dask
+scheduler and real Dask workers inside them, real gloo across the bridge, and `tula`
+commands run on the head host as a user runs them on a login node.
+
+Inside every namespace the machine's host name resolves to 127.0.0.1, as on many
+Debian-based nodes: a rank that trusted it would tell the others to meet it on loopback.
+No interface is set anywhere unless a test says so.
+
+Skipped with a reason where namespaces cannot be made (not root); CI sets
+TULA_REQUIRE_NETNS=1, which turns that skip into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytestmark = pytest.mark.slow
+
+TULA = str(Path(sys.executable).parent / "tula")
+
+
+def _spec(tmp_path: Path, name: str = "mh", **over) -> Path:
+    d = {"name": name, "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
+         "data": {"name": "digits"}, "epochs": 2, "seed": 0,
+         "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 64},
+         "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1},
+         "train": {"method": "lbt", "warmup_epochs": 0},
+         "cluster": {"pg_timeout_s": 10, "connect_timeout_s": 10, "heartbeat_timeout_s": 6}}
+    for k, v in over.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+@pytest.fixture(scope="module")
+def hosts(netns_ok):
+    """Three emulated hosts with one Dask worker each, and the head that runs the commands."""
+    from emulated_hosts import EmulatedHosts
+
+    with EmulatedHosts(n_hosts=3) as h:
+        yield h
+
+
+def _tula(h, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return h.run([TULA, *args], timeout=timeout)
+
+
+def _params(run_dir: Path) -> dict:
+    from tula.checkpoint import load_checkpoint
+
+    return load_checkpoint(run_dir)["model"]
+
+
+def test_profile_and_train_across_two_hosts_with_no_interface_set(hosts, tmp_path):
+    spec = _spec(tmp_path)
+    r = _tula(hosts, "profile", str(spec), "--search", "full", "--out", str(tmp_path / "p" / "profile.json"),
+              "--cluster", hosts.scheduler_address)
+    assert r.returncode == 0, r.stderr + hosts.log_tail()
+    prof = json.loads((tmp_path / "p" / "profile.json").read_text())
+    addresses = {hosts.address(k) for k in hosts.hosts}
+    two = [t for t in prof["trials"] if t["n_workers"] == 2]
+    assert two and all(t["status"] == "ok" for t in prof["trials"])
+    for t in prof["trials"]:
+        assert set(t["hosts"]) <= addresses and len(set(t["hosts"])) == t["n_workers"], t  # one rank per host
+        assert t["interfaces"] == ["eth0"] * t["n_workers"], t  # the interface of the worker's address, not lo
+        assert t["interface_sources"] == ["worker address"] * t["n_workers"]
+        assert t["local_ranks"] == [0] * t["n_workers"] and t["ranks_per_host"] == 1
+    assert prof["placement"]["n_hosts"] >= 2 and prof["placement"]["max_ranks_per_host"] == 1
+
+    out = tmp_path / "train"
+    r = _tula(hosts, "train", str(spec), "--workers", "2", "--batch", "32", "--out", str(out),
+              "--cluster", hosts.scheduler_address)
+    assert r.returncode == 0, r.stderr + hosts.log_tail()
+    run = json.loads((out / "train.json").read_text())
+    assert run["replicas_identical"] and run["n_workers"] == 2 and run["epochs"] == 2
+
+
+def test_a_world_whose_ranks_cannot_reach_each_other_fails_in_one_sentence_naming_both(hosts, tmp_path):
+    """The spec forces gloo onto loopback (cluster.interface: lo): rank 1 is then told to
+    meet rank 0 at 127.0.0.1 -- what torch's default does on such nodes.  One sentence naming
+    rank 1's address and interface and rank 0's rendezvous, within pg_timeout_s (+ the
+    scheduler's round trips), exit 2."""
+    spec = _spec(tmp_path, cluster={"interface": "lo"})
+    t0 = time.monotonic()
+    r = _tula(hosts, "train", str(spec), "--workers", "2", "--batch", "32", "--out", str(tmp_path / "t"),
+              "--cluster", hosts.scheduler_address)
+    took = time.monotonic() - t0
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip().splitlines()[-1]  # after the progress bar
+    assert "Traceback" not in r.stderr and err.startswith("error: rank "), r.stderr
+    assert "(interface lo, from cluster.interface)" in err and "rendezvous at " in err, err
+    named = [hosts.address(k) for k in hosts.hosts if hosts.address(k) in err]
+    assert len(named) == 2, err  # this rank's host and rank 0's
+    assert took < 10 + 20, took  # pg_timeout_s, plus starting the command and the world
+
+
+def test_no_scheduler_at_the_address_is_one_sentence_within_the_connect_timeout(tmp_path):
+    spec = _spec(tmp_path, cluster={"connect_timeout_s": 3})
+    t0 = time.monotonic()
+    r = subprocess.run([TULA, "train", str(spec), "--workers", "1", "--batch", "32", "--out", str(tmp_path / "t"),
+                        "--cluster", "tcp://127.0.0.1:1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no Dask scheduler answers at tcp://127.0.0.1:1 within 3 s" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 3 + 10
+
+
+def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninterrupted_run(hosts, tmp_path):
+    """1 worker for epoch 1, then 2 workers on two hosts; `tula train` (the command on the
+    head, holding no rank) is killed with SIGKILL during epoch 2; --resume finishes with
+    the same parameters as a run never killed."""
+    spec = _spec(tmp_path, data={"name": "synthetic", "sample_shape": [1, 8, 8], "num_samples": 60000},
+                 train={"method": "lbt", "warmup_epochs": 0,
+                        "batch_schedule": {"kind": "piecewise", "batches": [64, 128]},
+                        "workers": {"min": 1, "max": 2, "batch_per_worker": 64}})
+    cmd = [TULA, "train", str(spec), "--workers", "1", "--batch", "64", "--cluster", hosts.scheduler_address]
+    ref = hosts.run([*cmd, "--out", str(tmp_path / "ref")], timeout=300)
+    assert ref.returncode == 0, ref.stderr + hosts.log_tail()
+
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(["ip", "netns", "exec", hosts.head, *cmd, "--out", str(cut)], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if "the batch schedule moves to global batch 128 on 2 worker(s)" in line:
+                time.sleep(2.0)  # the 2-host world starts and trains (its epoch lasts several seconds)
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    again = hosts.run([*cmd, "--out", str(cut), "--resume"], timeout=300)
+    assert again.returncode == 0, again.stderr + hosts.log_tail()
+    a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
+    assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"]
+    assert [(h["global_batch"], h["n_workers"]) for h in b["history"]] == [(64, 1), (128, 2)]
+    assert [h["train_loss"] for h in b["history"]] == [h["train_loss"] for h in a["history"]]
+    pa, pb = _params(tmp_path / "ref"), _params(cut)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def _train_until_checkpoint(h, spec: Path, out: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(["ip", "netns", "exec", h.head, TULA, "train", str(spec), "--workers", "2",
+                             "--batch", "32", "--out", str(out), "--cluster", h.scheduler_address],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (out / "checkpoint.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.1)
+    time.sleep(0.3)  # into epoch 2
+    return proc
+
+
+@pytest.mark.parametrize("fault", ["link down", "worker killed"])
+def test_a_host_lost_mid_epoch_fails_in_one_sentence_and_resume_finishes_on_the_hosts_left(netns_ok, tmp_path,
+                                                                                         fault):
+    """Three hosts; a 2-worker run loses the host of one rank mid-epoch (its link taken down
+    inside its namespace, or its worker process killed): one sentence naming that worker
+    within pg_timeout_s + 5 s, exit 2, the last finished epoch's checkpoint intact; --resume
+    finishes on the two hosts left."""
+    from emulated_hosts import EmulatedHosts
+
+    from tula.checkpoint import checkpoint_meta
+
+    spec = _spec(tmp_path, epochs=30)
+    out = tmp_path / "run"
+    with EmulatedHosts(n_hosts=3) as h:
+        proc = _train_until_checkpoint(h, spec, out)
+        victim = 2  # hosts 1 and 2 hold the world's ranks (workers are taken in host order)
+        t0 = time.monotonic()
+        if fault == "link down":
+            h.link(victim, up=False)
+        else:
+            for p in h.worker_procs[victim]:
+                os.killpg(p.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+        assert proc.returncode == 2, err
+        assert took < 10 + 5, (took, err)  # pg_timeout_s + 5
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("error: ") and "Traceback" not in err, err
+        assert h.address(victim) in last, last  # names the worker that was lost
+        meta = checkpoint_meta(out)  # intact: loads, and holds a finished epoch
+        assert 1 <= meta["epoch"] < 30
+        again = h.run([TULA, "train", str(spec), "--workers", "2", "--batch", "32", "--out", str(out), "--resume",
+                       "--cluster", h.scheduler_address], timeout=300)
+        assert again.returncode == 0, again.stderr + h.log_tail()
+        run = json.loads((out / "train.json").read_text())
+        assert run["epochs"] == 30 and run["resumed_from_epoch"] == meta["epoch"] and run["replicas_identical"]
+
+
+def test_two_hosts_with_two_workers_each_put_a_hosts_ranks_side_by_side(netns_ok, tmp_path):
+    from emulated_hosts import EmulatedHosts
+
+    spec = _spec(tmp_path, search={"cluster_sizes": [4], "min_batch": 32, "max_batch": 64})
+    with EmulatedHosts(n_hosts=2, workers_per_host=2) as h:
+        r = _tula(h, "profile", str(spec), "--search", "full", "--out", str(tmp_path / "p" / "profile.json"),
+                  "--cluster", h.scheduler_address)
+        assert r.returncode == 0, r.stderr + h.log_tail()
+    prof = json.loads((tmp_path / "p" / "profile.json").read_text())
+    for t in prof["trials"]:
+        assert t["status"] == "ok" and t["n_workers"] == 4
+        assert t["hosts"] == [h.address(1)] * 2 + [h.address(2)] * 2, t["hosts"]  # contiguous
+        assert t["local_ranks"] == [0, 1, 0, 1] and t["ranks_per_host"] == 2
+        assert t["interfaces"] == ["eth0"] * 4
+    assert prof["placement"]["max_ranks_per_host"] == 2 and prof["placement"]["n_hosts"] == 2
