@@ -447,14 +447,22 @@ def simulate(models_json: Path = typer.Argument(..., help="a models record from 
                                                 "clip(ceil(B / batch_per_worker), min, max)"),
              collective: str = typer.Option(None, help="ring, parameter_server, tree, comma-separated "
                                             "(default: all three)"),
-             bandwidth: str = typer.Option(None, help="network bandwidth per link, e.g. 100Gbit/s, 25Gb/s, 10GB/s "
-                                           "(default: the fitted 1/beta)"),
-             latency: str = typer.Option(None, help="latency per message hop, e.g. 5us (default: the fitted alpha)"),
+             bandwidth: str = typer.Option(None, help="the inter-node link's bandwidth, e.g. 100Gbit/s, 25Gb/s, "
+                                           "10GB/s (default: the fitted 1/beta)"),
+             latency: str = typer.Option(None, help="the inter-node link's latency per message hop, e.g. 5us "
+                                         "(default: the fitted alpha)"),
+             intra_bandwidth: str = typer.Option(None, help="the intra-node link's bandwidth, between ranks on one "
+                                                 "node, e.g. 600GB/s (default: the fitted 1/beta_intra, else "
+                                                 "the inter-node bandwidth)"),
+             intra_latency: str = typer.Option(None, help="the intra-node link's latency per message hop, e.g. 1us "
+                                               "(default: the fitted alpha_intra, else the inter-node latency)"),
              compute_speed: float = typer.Option(1.0, help="per-worker compute speed relative to the profiled "
                                                  "worker (2: twice as fast)"),
-             ranks_per_node: int = typer.Option(None, help="workers that share one node, to which the fitted "
-                                                "co-location slowdown applies (default: the largest N profiled, "
-                                                "which reproduces the fit there; 1: a node per worker)"),
+             ranks_per_node: int = typer.Option(None, help="workers that share one node: the fitted co-location "
+                                                "slowdown applies to at most that many, and the sync crosses nodes "
+                                                "(the inter-node link) beyond them (default: the most ranks one host "
+                                                "held when the profile spanned several hosts, else the largest N "
+                                                "profiled, which reproduces the fit there; 1: a node per worker)"),
              epochs: int = typer.Option(None, help="override the spec's epochs"),
              min_workers: int = typer.Option(None, help="--schedule: fewest workers (default: train.workers.min, "
                                              "else 1)"),
@@ -470,7 +478,9 @@ def simulate(models_json: Path = typer.Argument(..., help="a models record from 
     """What if the cluster were larger: predict step, epoch and total time and cost from a
     fitted models record for worker counts far beyond the profiled ones, per collective
     (ring all-reduce, parameter server, tree), for a constant batch or batch schedules,
-    on the fitted network or a given --bandwidth/--latency.  No profiling, no torch."""
+    on the fitted network or a given one: --bandwidth/--latency between nodes,
+    --intra-bandwidth/--intra-latency within a node of --ranks-per-node workers.  No
+    profiling, no torch."""
     from .records import MODELS_KIND, TRAIN_KIND, load_record
     from .report import plot_simulation, simulation_summary, simulation_tables
     from .rundir import check_out_file
@@ -484,7 +494,8 @@ def simulate(models_json: Path = typer.Argument(..., help="a models record from 
     out = out or models_json.parent / "simulate.png"
     check_out_file(out, force, what="--out")
     models = load_record(models_json, expect=(MODELS_KIND,))
-    sim = simulator_from_models(models, bandwidth, latency, compute_speed, ranks_per_node, epochs, price_over)
+    sim = simulator_from_models(models, bandwidth, latency, compute_speed, ranks_per_node, epochs, price_over,
+                                intra_bandwidth=intra_bandwidth, intra_latency=intra_latency)
     job = spec_from_dict(models["spec"])
     unit = sim.pricing.unit
     if scheds:

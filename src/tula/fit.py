@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import RecordError
 from .memory_model import MemoryModel
-from .perfmodel import PerfModel, fit_perf_model, relative_error
+from .perfmodel import PerfModel, fit_perf_model, relative_error, relative_errors
 from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, load_record, placement, save_record  # noqa: F401
 from .spec import JobSpec, spec_from_dict
 
@@ -33,8 +33,7 @@ def fit_models(profile: dict) -> dict:
     ok = [t for t in trials if t["status"] == "ok"]
     probed = MemoryModel.from_dict(profile["memory"])
     mem = probed.refit([t["local_batch"] for t in ok], [t["peak_mem_bytes"] for t in ok])
-    t_err = relative_error(perf.t_step_s([t["local_batch"] for t in ok], [t["n_workers"] for t in ok]),
-                           [t["t_step_s"] for t in ok])
+    t_err = relative_errors(perf, ok)  # each trial where its ranks ran
     m_err = relative_error(mem.predict_peak_bytes(np.array([t["local_batch"] for t in ok])),
                            [t["peak_mem_bytes"] for t in ok])
     return {

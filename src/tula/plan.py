@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from .errors import InfeasibleError, SpecError
 from .fit import models_from
-from .perfmodel import training_time_s
+from .perfmodel import ranks_per_node_of, training_time_s
 from .pricing import SpotPricing, make_pricing
 from .records import PLAN_KIND, VERSIONS
 from .space import candidate_global_batches, max_global_batch
@@ -242,7 +242,8 @@ def make_plan(models: dict, objective: str | None = None, constraints: Any = Non
                               "splits over the cluster sizes")
     n_arr = np.array([r["n_workers"] for r in rows], float)
     b_arr = np.array([r["local_batch"] for r in rows], float)
-    t_step = perf.t_step_s(b_arr, n_arr)
+    # on the hosts it was fitted for: R ranks per host when the profile spanned several, else the flat model
+    t_step = perf.t_step_s(b_arr, n_arr, ranks_per_node_of(models.get("trials") or []))
     epoch = training_time_s(t_step, n_arr * b_arr, d)
     free = epochs * epoch  # Eq. 4a: uninterrupted training
     total = pricing_model.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot

@@ -51,11 +51,18 @@ def models_table(models: dict) -> Table:
               f"other {fmt_bytes(mem['other_static_bytes'])}")
     t.add_row("memory: per sample", f"activations {fmt_bytes(mem['activation_bytes_per_sample'])}, "
               f"data {fmt_bytes(mem['batch_bytes_per_sample'])}")
+    hosts = perf.get("beta_intra") is not None or "beta_intra" in perf["frozen"]  # fitted across hosts
+    m = "m" if hosts else "N"
     t.add_row("compute", f"t = ({perf['c0'] * 1e3:.3f} ms + {perf['c1'] * 1e6:.2f} us * b) * "
-              f"(1 + {perf['kappa']:.3f} (N-1)) + {perf.get('kappa0', 0.0) * 1e3:.3f} ms * (N-1)")
+              f"(1 + {perf['kappa']:.3f} ({m}-1)) + {perf.get('kappa0', 0.0) * 1e3:.3f} ms * ({m}-1)"
+              + (", m the ranks on one host" if hosts else ""))
     t.add_row("sync", f"{perf['collective']}: alpha {perf['alpha'] * 1e6:.2f} us/hop, "
-              f"bandwidth {1 / perf['beta'] / 1e9 if perf['beta'] > 0 else float('inf'):.3g} GB/s, "
-              f"rho {perf['rho']:.3f}, gamma {perf['gamma']:.2f}")
+              f"bandwidth {1 / perf['beta'] / 1e9 if perf['beta'] > 0 else float('inf'):.3g} GB/s"
+              + (" between hosts" if hosts else "") + f", rho {perf['rho']:.3f}, gamma {perf['gamma']:.2f}")
+    if perf.get("beta_intra") is not None:
+        ib = perf["beta_intra"]
+        t.add_row("sync within a host", f"alpha {(perf.get('alpha_intra') or 0.0) * 1e6:.2f} us/hop, "
+                  f"bandwidth {1 / ib / 1e9 if ib > 0 else float('inf'):.3g} GB/s")
     t.add_row("frozen", ", ".join(perf["frozen"]) or "-")
     t.add_row("in-sample error", f"step time median {err['t_step_median_rel']:.1%} (max {err['t_step_max_rel']:.1%}), "
               f"peak memory median {err['peak_mem_median_rel']:.1%} (max {err['peak_mem_max_rel']:.1%})")
@@ -177,8 +184,12 @@ def fmt_bandwidth(bytes_per_s: float) -> str:
 
 
 def _simulated_network(sim) -> str:
-    return (f"bandwidth {fmt_bandwidth(sim.bandwidth_bytes_per_s)}, latency {sim.latency_s * 1e6:.3g} us, "
-            f"compute x{sim.compute_speed:g}, co-location up to {sim.ranks_per_node} per node")
+    link = f"bandwidth {fmt_bandwidth(sim.bandwidth_bytes_per_s)}, latency {sim.latency_s * 1e6:.3g} us"
+    ibw = sim.bandwidth_bytes_per_s if sim.intra_bandwidth_bytes_per_s is None else sim.intra_bandwidth_bytes_per_s
+    ilat = sim.latency_s if sim.intra_latency_s is None else sim.intra_latency_s
+    if sim.ranks_per_node > 1 and (ibw, ilat) != (sim.bandwidth_bytes_per_s, sim.latency_s):
+        link += f" between nodes, {fmt_bandwidth(ibw)} and {ilat * 1e6:.3g} us within"
+    return f"{link}, compute x{sim.compute_speed:g}, {sim.ranks_per_node} rank(s) per node"
 
 
 def _dur(x: float | None) -> str:

@@ -8,39 +8,58 @@ torch, no profiling, no I/O.
 
 The step model (the fitted one, Eq. 2; :class:`~tula.perfmodel.PerfModel`)
 --------------------------------------------------------------------------
-With local batch ``b = B / N``, gradient bytes ``S`` (the model's gradients per step),
-bandwidth ``BW`` (bytes per second) and latency ``a`` (seconds per message hop)::
+With local batch ``b = B / N``, gradient bytes ``S`` (the model's gradients per step), R
+ranks per node on H = ceil(N / R) nodes, the inter-node link's bandwidth ``BW`` (bytes per
+second) and latency ``a`` (seconds per message hop) and the intra-node link's ``BWi`` and
+``ai``::
 
     t_compute(b, N) = ((c0 + c1 b) (1 + kappa (m - 1)) + kappa0 (m - 1)) / speed,  m = min(N, R)
-    t_sync(N)       = a * hops(N) + link_bytes(N) / BW                          (0 when N = 1)
+    t_sync(N)       = the alpha-beta cost of the collective on that topology  (0 when N = 1)
     t_step          = ((t_compute (1 + rho [N > 1]))^gamma + t_sync^gamma)^(1 / gamma)
 
-and the alpha-beta costs of the three collectives (:func:`tula.perfmodel.hops` and
-:func:`~tula.perfmodel.link_bytes`, the same rule the fit uses):
+and the alpha-beta costs of the three collectives (:func:`tula.perfmodel.sync_time_s`, the
+same rule the fit uses)::
 
-    ring all-reduce   t_sync = 2 (N - 1) a + 2 (N - 1) / N * S / BW
-                      (reduce-scatter then all-gather: 2 (N - 1) steps, each moving S / N)
-    parameter server  t_sync = 2 a + 2 N * S / BW
-                      (one server, counted at the server's link: N gradients in, N models
+    ring all-reduce   H = 1:  t_sync = 2 (N - 1) (ai + S / N / BWi)
+                      H > 1:  t_sync = 2 (N - 1) (max(ai, a) + S / N / min(BWi, BW))
+                      (reduce-scatter then all-gather: 2 (N - 1) synchronous steps, each
+                      moving S / N on every edge at once; across nodes the slowest edge binds)
+    parameter server  H = 1:  t_sync = 2 ai + 2 N S / BWi
+                      H > 1:  t_sync = 2 a + 2 S ((N - R) / BW + R / BWi)
+                      (one server, counted at the server's links: N gradients in, N models
                       out; sharding the server over k nodes divides the bytes term by k)
-    tree              t_sync = 2 ceil(log2 N) a + 2 S / BW
-                      (pipelined reduce up and broadcast down a binary tree: each link
-                      carries the bytes twice whatever the depth, the depth shows in the
-                      latency; the unpipelined tree, 2 log2 N (a + S / BW), is slower)
+    tree              t_sync = 2 ceil(log2 R) ai + 2 ceil(log2 H) a + 2 S / (the slower link used)
+                      (hierarchical: reduce inside the node, a binary tree across nodes,
+                      broadcast back, pipelined: each link carries the bytes twice whatever
+                      the depth, the depth shows in the latency; the unpipelined tree,
+                      2 log2 N (a + S / BW), is slower)
+
+With R = 1 (a node per worker) these are the flat formulas: ring ``2 (N - 1) a + 2 (N - 1) /
+N * S / BW``, tree ``2 ceil(log2 N) a + 2 S / BW``, parameter server ``2 a + 2 N S / BW``
+(when the intra-node link is the inter-node one: one worker shares the server's node); with
+the intra-node link the inter-node one they still are for any R, but for the tree's hops
+when R is not a power of two (2 (ceil(log2 R) + ceil(log2 H)), up to two more).
 
 ``speed`` is the per-worker compute factor (``--compute-speed``: 2 is a worker twice as
-fast).  ``R`` is how many workers shared a host in the profile (``ranks_per_node``;
-default: the largest N profiled): the fitted co-location slowdown ``kappa, kappa0`` is
-applied to at most R workers, the others being taken to run on nodes of their own --
-co-location on one host is not extrapolated to N = 1024.  Give ``ranks_per_node=1`` for a
-cluster of one worker per node.
+fast).  ``R`` is how many workers share a node (``ranks_per_node``; default: the most
+ranks one host held when the profile's worlds spanned several hosts, else the largest N
+profiled): the fitted co-location slowdown ``kappa, kappa0`` is applied to at most R
+workers, the others being taken to run on nodes of their own -- co-location on one host is
+not extrapolated to N = 1024 -- and the sync crosses nodes once N > R.  Give
+``ranks_per_node=1`` for a cluster of one worker per node.
 
 The network: where the fit gives a communication term, the effective network is read off
-it -- ``BW = 1 / beta`` and ``a = alpha`` -- so that with no override the simulator gives
-exactly the fitted model's step times at the profiled N (and any N <= R) for the fitted
-collective; the other collectives run on that same network.  A parameter the profile could
-not identify (alpha needs two cluster sizes above 1; beta one) was frozen at 0 by the fit:
-the simulator says so and uses 0 latency / free bandwidth unless given one.
+it -- ``BW = 1 / beta``, ``a = alpha`` and, when the profile had ranks sharing a host alone,
+``BWi = 1 / beta_intra``, ``ai = alpha_intra`` -- so that with no override the simulator
+gives exactly the fitted model's step times at the profiled worlds (and any N <= R) for the
+fitted collective; the other collectives run on that same network.  ``bandwidth`` and
+``latency`` replace the inter-node link, ``intra_bandwidth`` and ``intra_latency`` the
+intra-node one; an intra-node term neither fitted nor given is the inter-node one.  A
+parameter the profile could not identify (alpha needs two cluster sizes above 1, beta one;
+alpha_intra two sizes of world on one host, beta_intra one) was frozen by the fit: the
+simulator says so and uses 0 latency / free bandwidth / the inter-node link unless given
+one.  A profile of one host fits the flat model: its link is that host's loopback (a note
+says so), taken for both links unless given others.
 
 Time and cost: an epoch is ``floor(D / B)`` model updates (the runner's count,
 :func:`tula.schedules.steps_per_epoch`; Eq. 4a's ``D / B`` counts the partial last batch
@@ -65,7 +84,8 @@ import numpy as np
 
 from .errors import TulaError
 from .memory_model import MemoryModel
-from .perfmodel import COLLECTIVES, PerfModel, hops, link_bytes
+from .perfmodel import (COLLECTIVES, NOTE_NO_LONE_HOST, NOTE_NO_SHARED_HOST, PerfModel, ranks_per_node_of,
+                        sync_time_s)
 from .pricing import Pricing, SpotPricing, make_pricing
 from .records import MODELS_KIND, validate_record
 from .schedules import SCHEDULE_NAMES, Caps, initial_state, next_config, schedule_info, steps_per_epoch
@@ -138,7 +158,9 @@ class Simulator:
     """The fitted performance model on a network and compute speed of one's choosing.
 
     Build one with :func:`simulator_from_models`; ``bandwidth_bytes_per_s`` ``inf`` and
-    ``latency_s`` 0 are a network that costs nothing."""
+    ``latency_s`` 0 are a network that costs nothing.  ``bandwidth_bytes_per_s`` and
+    ``latency_s`` are the inter-node link, ``intra_bandwidth_bytes_per_s`` and
+    ``intra_latency_s`` the intra-node one (``None``: the inter-node one)."""
 
     perf: PerfModel
     dataset_size: int
@@ -151,6 +173,8 @@ class Simulator:
     compute_speed: float = 1.0
     ranks_per_node: int = 1
     notes: tuple[str, ...] = field(default_factory=tuple)
+    intra_bandwidth_bytes_per_s: float | None = None
+    intra_latency_s: float | None = None
 
     # ---------------------------------------------------------------- the step
     def t_compute_s(self, local_batch, n_workers):
@@ -160,11 +184,12 @@ class Simulator:
         return self.perf.t_compute_s(local_batch, m) / self.compute_speed
 
     def t_sync_s(self, collective: str, n_workers):
-        """Alpha-beta synchronisation time of ``collective`` on this network (0 when N = 1)."""
-        n = np.asarray(n_workers, float)
-        per_byte = 0.0 if math.isinf(self.bandwidth_bytes_per_s) else 1.0 / self.bandwidth_bytes_per_s
-        t = self.latency_s * hops(collective, n) + per_byte * link_bytes(collective, n, self.perf.grad_bytes)
-        return np.where(n > 1, t, 0.0)
+        """Alpha-beta synchronisation time of ``collective`` for N workers on nodes of
+        ``ranks_per_node`` on this network (0 when N = 1)."""
+        return sync_time_s(collective, n_workers, self.perf.grad_bytes, self.latency_s,
+                           _per_byte(self.bandwidth_bytes_per_s), self.intra_latency_s,
+                           None if self.intra_bandwidth_bytes_per_s is None else
+                           _per_byte(self.intra_bandwidth_bytes_per_s), self.ranks_per_node)
 
     def t_step_s(self, collective: str, local_batch, n_workers):
         n = np.asarray(n_workers, float)
@@ -263,8 +288,14 @@ class Simulator:
         return out
 
 
-def _network_from_fit(perf: PerfModel, placement: dict) -> tuple[float, float, dict[str, str]]:
-    """(bandwidth, latency, notes keyed by what they are about) read off the fitted sync term."""
+def _per_byte(bandwidth_bytes_per_s: float) -> float:
+    return 0.0 if math.isinf(bandwidth_bytes_per_s) else 1.0 / bandwidth_bytes_per_s
+
+
+def _network_from_fit(perf: PerfModel, placement: dict) -> tuple[float, float, float | None, float | None,
+                                                                    dict[str, str]]:
+    """(bandwidth, latency, intra-node bandwidth, intra-node latency, notes keyed by what they
+    are about) read off the fitted sync term; an intra-node term ``None``: the inter-node one."""
     notes = {}
     bw = math.inf if perf.beta <= 0 else 1.0 / perf.beta
     if "beta" in perf.frozen or perf.beta <= 0:
@@ -276,24 +307,50 @@ def _network_from_fit(perf: PerfModel, placement: dict) -> tuple[float, float, d
     if placement.get("n_hosts") == 1 and placement.get("max_workers", 0) > 1:
         notes["loopback"] = (f"the fitted network is {placement['max_workers']} ranks sharing one host "
                              "(loopback), not a network between nodes")
-    return bw, perf.alpha, notes
+    ibw = None if perf.beta_intra is None else (math.inf if perf.beta_intra <= 0 else 1.0 / perf.beta_intra)
+    if "alpha_intra" in perf.frozen and "beta_intra" not in perf.frozen:
+        notes["intra_latency"] = ("the profile cannot tell intra-node latency from bandwidth (fewer than two sizes of "
+                                  "world on one host alone): intra-node latency taken as 0; give an intra-node "
+                                  "latency")
+    return bw, perf.alpha, ibw, perf.alpha_intra, notes
+
+
+def _bandwidth(value: Any, intra: bool) -> float:
+    try:
+        return parse_bandwidth(value)
+    except ValueError as err:
+        raise TulaError(str(err).replace(" is not a bandwidth", " is not an intra-node bandwidth" if intra else
+                                         " is not a bandwidth", 1)) from None
+
+
+def _latency(value: Any, intra: bool) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise TulaError(f"{str(value)[:40]!r} is not {'an intra-node' if intra else 'a'} latency; use seconds or a "
+                        "number with a unit such as '5us', '50us' or '0.1ms'") from None
 
 
 def simulator_from_models(models: dict, bandwidth: Any = None, latency: Any = None, compute_speed: float = 1.0,
                           ranks_per_node: int | None = None, epochs: int | None = None,
-                          pricing: dict | None = None) -> Simulator:
+                          pricing: dict | None = None, intra_bandwidth: Any = None,
+                          intra_latency: Any = None) -> Simulator:
     """A :class:`Simulator` from a models record.
 
     Parameters
     ----------
     models : a models record (validated here: another record kind is a one-sentence error)
-    bandwidth : bytes per second or a string such as ``"100Gbit/s"``/``"10GB/s"`` (default: 1 / beta of the fit)
-    latency : seconds or a string such as ``"5us"`` (default: alpha of the fit)
+    bandwidth : the inter-node link's bytes per second or a string such as ``"100Gbit/s"``/``"10GB/s"``
+        (default: 1 / beta of the fit)
+    latency : the inter-node link's seconds per hop or a string such as ``"5us"`` (default: alpha of the fit)
     compute_speed : per-worker compute speed relative to the profiled worker (> 0)
-    ranks_per_node : workers that share a host, to which the fitted co-location slowdown
-        applies (default: the largest N profiled)
+    ranks_per_node : workers that share a node: the fitted co-location slowdown applies to at
+        most that many, and the sync crosses nodes beyond them (default: the most ranks one
+        host held when the profile's worlds spanned several hosts, else the largest N profiled)
     epochs : default: the spec's
     pricing : fields of the spec's pricing to replace
+    intra_bandwidth, intra_latency : the intra-node link, as ``bandwidth`` and ``latency``
+        (default: the fitted beta_intra / alpha_intra, else the inter-node link)
     """
     rec = validate_record(models, "the models given", expect=(MODELS_KIND,))
     spec: JobSpec = spec_from_dict(rec["spec"])
@@ -304,30 +361,38 @@ def simulator_from_models(models: dict, bandwidth: Any = None, latency: Any = No
     perf = PerfModel.from_dict(rec["perf"])
     mem = MemoryModel.from_dict(rec["memory"])
     placement = rec.get("placement") or {}
-    bw, lat, notes = _network_from_fit(perf, placement)
+    bw, lat, ibw, ilat, notes = _network_from_fit(perf, placement)
     if bandwidth is not None:
-        try:
-            bw = parse_bandwidth(bandwidth)
-        except ValueError as err:
-            raise TulaError(str(err)) from None
+        bw = _bandwidth(bandwidth, intra=False)
         notes.pop("bandwidth", None)
     if latency is not None:
-        try:
-            lat = parse_duration(latency)
-        except ValueError:
-            raise TulaError(f"{str(latency)[:40]!r} is not a latency; use seconds or a number with a unit such as "
-                            "'5us', '50us' or '0.1ms'") from None
+        lat = _latency(latency, intra=False)
         notes.pop("latency", None)
     if bandwidth is not None and latency is not None:
         notes.pop("loopback", None)
+    if intra_bandwidth is not None:
+        ibw = _bandwidth(intra_bandwidth, intra=True)
+    if intra_latency is not None:
+        ilat = _latency(intra_latency, intra=True)
+        notes.pop("intra_latency", None)
     if not (isinstance(compute_speed, (int, float)) and math.isfinite(compute_speed) and compute_speed > 0):
         raise TulaError(f"the compute speed must be a positive factor (2: workers twice as fast), "
                         f"not {compute_speed!r}")
     ok = [t for t in rec["trials"] if t["status"] == "ok"]
-    largest = max((t["n_workers"] for t in ok), default=1)
-    r = largest if ranks_per_node is None else int(ranks_per_node)
+    if ranks_per_node is None:
+        ranks_per_node = ranks_per_node_of(rec["trials"]) or max((t["n_workers"] for t in ok), default=1)
+    r = int(ranks_per_node)
     if r < 1:
         raise TulaError(f"ranks per node must be at least 1, not {r}")
+    assumed = [w for w, v in (("bandwidth", ibw), ("latency", ilat)) if v is None]
+    if assumed and "beta_intra" in perf.frozen:  # fitted across hosts without a world on one host alone
+        why = next((x.split(":")[0] for x in perf.notes if x in (NOTE_NO_SHARED_HOST, NOTE_NO_LONE_HOST)),
+                   "the profile gives no intra-node link")
+        notes["intra"] = (f"{why}: the intra-node {' and '.join(assumed)} taken to be the inter-node "
+                          f"{'ones' if len(assumed) > 1 else 'one'}; give an intra-node {' and '.join(assumed)}")
+    if r == 1:  # no two workers share a node: the intra-node link is never used
+        notes.pop("intra", None)
+        notes.pop("intra_latency", None)
     if epochs is not None and epochs < 1:
         raise TulaError(f"epochs must be at least 1, not {epochs}")
     b_mem = mem.max_local_batch(rec.get("memory_budget_bytes"), spec.search.memory_safety)
@@ -336,7 +401,8 @@ def simulator_from_models(models: dict, bandwidth: Any = None, latency: Any = No
     return Simulator(perf=perf, dataset_size=rec["dataset_size"], epochs=epochs or spec.epochs,
                      pricing=make_pricing(spec.pricing), memory=mem, max_local_batch=min(limits) if limits else None,
                      bandwidth_bytes_per_s=bw, latency_s=float(lat), compute_speed=float(compute_speed),
-                     ranks_per_node=r, notes=tuple(notes.values()))
+                     ranks_per_node=r, notes=tuple(notes.values()), intra_bandwidth_bytes_per_s=ibw,
+                     intra_latency_s=None if ilat is None else float(ilat))
 
 
 def default_batch(models: dict) -> int:
@@ -381,8 +447,9 @@ def schedule_settings(models: dict, kind: str, given: dict[str, Any]) -> dict[st
 
 
 def fitted_step_s(models: dict, local_batch, n_workers):
-    """The fitted model's own step time prediction (the simulator's reference at profiled N)."""
-    return PerfModel.from_dict(models["perf"]).t_step_s(local_batch, n_workers)
+    """The fitted model's own step time prediction (the simulator's reference at profiled N),
+    at the R it was fitted for (:func:`tula.perfmodel.ranks_per_node_of`)."""
+    return PerfModel.from_dict(models["perf"]).t_step_s(local_batch, n_workers, ranks_per_node_of(models["trials"]))
 
 
 def uses_spot(sim: Simulator) -> bool:
