@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import rich.table
+from rich.markup import escape
 from rich.console import Console, RenderableType
 from rich.text import Text
 
@@ -92,7 +93,9 @@ class Table(rich.table.Table):
                          caption=_cell(caption, kw.get("caption_style") or "table.caption"), **kw)
 
     def add_column(self, header: RenderableType = "", footer: RenderableType = "", **kw: Any) -> None:
-        super().add_column(_cell(header), _cell(footer), **kw)
+        # headers stay strings (``column.header == "R^2"`` keeps working), escaped so that
+        # nothing in them is read as markup
+        super().add_column(*(escape(plain(x)) if isinstance(x, str) else x for x in (header, footer)), **kw)
 
     def add_row(self, *renderables: Any, **kw: Any) -> None:
         super().add_row(*(_cell(r) for r in renderables), **kw)
