@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/noise_scale_cost.py
 	$(VENV)/bin/python bench/service_load.py
 	$(VENV)/bin/python bench/estimator_overhead.py
+	$(VENV)/bin/python bench/network_model.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -194,6 +194,11 @@ def run_rank(setup: RankSetup, fn: Callable[..., Any], args: tuple,
             if dist.is_initialized():
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group()
+            else:  # a world that failed to form still advanced torch's group counter, which names the
+                # next world's store keys: a worker whose count differs from its peers' would wait for
+                # keys nobody writes (destroy_process_group resets it; nothing else does)
+                with contextlib.suppress(Exception):
+                    dist.distributed_c10d._world.group_count = 0
             with contextlib.suppress(ValueError, OSError):  # a worker process runs later ranks too (Dask)
                 resource.setrlimit(resource.RLIMIT_AS, address_space_limit)
             for undo in restore:
