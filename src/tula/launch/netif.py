@@ -102,7 +102,7 @@ def interface_env(choice: InterfaceChoice, backend: str) -> Iterator[None]:
     names = {IFNAME_ENV.get(backend, "GLOO_SOCKET_IFNAME"), "GLOO_SOCKET_IFNAME"}
     saved = {n: os.environ.get(n) for n in names}
     try:
-        if choice.interface and choice.source not in IFNAME_ENV.values():
+        if choice.interface:
             for n in names:
                 if not saved[n]:  # a variable the user set stays as they set it
                     os.environ[n] = choice.interface
