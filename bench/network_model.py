@@ -127,7 +127,7 @@ def topology(rate: float, inter: dict, args) -> dict:
     """2 hosts x 2 workers: N = 4 predicted from this cluster's N = 1, 2 (intra-host link) and
     the 4-host fit's inter-host link, against the measured N = 4."""
     base = args.out / f"mlp-{rate:g}mbit-2x2"
-    with EmulatedHosts(n_hosts=2, workers_per_host=2, rate_mbit=rate) as h:
+    with EmulatedHosts(n_hosts=2, workers_per_host=2, rate_mbit=rate, pin_cores=args.pin) as h:
         p12 = profile(h, spec_for("mlp", [1, 2], args.timed_steps), base.with_name(base.name + "-n12.json"))
         p4 = profile(h, spec_for("mlp", [4], args.timed_steps), base.with_name(base.name + "-n4.json"))
     models = fit_models(p12)  # one host: the flat fit's alpha, beta are the intra-host link
@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--timed-steps", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("runs/bench/network_model"))
     ap.add_argument("--no-topology", dest="topology", action="store_false", help="skip the 2 hosts x 2 workers part")
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="let the hosts' workers float over the cores "
+                    "(default: host k's worker pinned to core (k - 1) mod cores)")
     args = ap.parse_args()
     why = why_unavailable()
     if why:
@@ -167,7 +169,8 @@ def main() -> None:
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     console.print(f"date {time.strftime('%Y-%m-%d %H:%M %Z')}; machine {platform.machine()} {os.cpu_count()} cores; "
-                  f"load average {os.getloadavg()[0]:.1f}; 4 emulated hosts, one Dask worker each")
+                  f"load average {os.getloadavg()[0]:.1f}; 4 emulated hosts, one Dask worker each; "
+                  f"workers {'pinned to a core per host' if args.pin else 'not pinned'}")
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": f"{platform.machine()} "
                      f"{os.cpu_count()} cores", "runs": []}
     summary = Table(title="Held-out N = 3, 4 simulated from a fit on N = 1, 2 (ring all-reduce)")
@@ -176,7 +179,7 @@ def main() -> None:
         summary.add_column(col, justify="left" if col in ("model", "search", "frozen") else "right")
     for rate in [float(x) for x in args.rates.split(",")]:
         console.print(f"[bold]links shaped to {rate:g} Mbit/s[/]")
-        with EmulatedHosts(n_hosts=4, rate_mbit=rate) as h:
+        with EmulatedHosts(n_hosts=4, rate_mbit=rate, pin_cores=args.pin) as h:
             for model in args.models.split(","):
                 base = args.out / f"{model}-{rate:g}mbit"
                 fit_prof = profile(h, spec_for(model, [1, 2], args.timed_steps), base.with_name(base.name + "-n12.json"))

@@ -140,16 +140,22 @@ class EmulatedHosts:
     workers_per_host : Dask workers per host (each one rank of a world)
     start_dask : start the scheduler and the workers (False: only the network)
     worker_env : extra environment for the workers
+    pin_cores : pin host k's workers to CPU core (k - 1) mod cores (``taskset``): the hosts
+        still share this machine's cores, but a rank no longer migrates between them
+        mid-collective, which here slowed gloo's ring at N >= 3 beyond the ring's byte count
+        (docs/benchmarks.md, the network model)
     """
 
     def __init__(self, n_hosts: int = 2, rate_mbit: float | None = None, workers_per_host: int = 1,
-                 start_dask: bool = True, worker_env: dict[str, str] | None = None, python: str | None = None):
+                 start_dask: bool = True, worker_env: dict[str, str] | None = None, python: str | None = None,
+                 pin_cores: bool = False):
         self.n_hosts = n_hosts
         self.rate_mbit = rate_mbit
         self.workers_per_host = workers_per_host
         self.start_dask = start_dask
         self.worker_env = dict(worker_env or {})
         self.python = python or sys.executable
+        self.pin_cores = pin_cores
         self.id = f"{os.getpid()}x{random.randrange(100, 1000)}"  # the owner's pid first: see sweep_stale
         self.subnet = f"10.{random.randrange(100, 250)}.{random.randrange(0, 250)}"
         self.bridge = f"tb{self.id}"[:15]
@@ -273,7 +279,8 @@ class EmulatedHosts:
         ``os.killpg`` on the returned process kills the nanny and the worker."""
         k = self._n_started
         self._n_started += 1
-        return self.popen(host, [self.python, "-m", "distributed.cli.dask_worker", self.scheduler_address,
+        pin = ["taskset", "-c", str((host - 1) % (os.cpu_count() or 1))] if self.pin_cores else []
+        return self.popen(host, [*pin, self.python, "-m", "distributed.cli.dask_worker", self.scheduler_address,
                                  "--host", self.address(host), "--nthreads", "1", "--no-dashboard",
                                  "--name", f"h{host}-w{k}"],
                           log=f"worker-h{host}-{k}.log", env={**WORKER_ENV, **self.worker_env})
