@@ -22,7 +22,7 @@ trap a real multi-host world falls into when a rank trusts it.
 
 Tear-down (:meth:`stop`, also on an exception inside the ``with`` block, and from an
 ``atexit`` hook) kills every process inside the namespaces (``ip netns pids``), deletes the
-namespaces, the veths and the bridge, and checks that none is left.  Namespaces left by a
+namespaces, the veths, the bridge and the processes' logs, and checks that none is left.  Namespaces left by a
 killed earlier run (their owner pid is gone) are swept at start.
 """
 
@@ -254,8 +254,12 @@ class EmulatedHosts:
         """Start ``cmd`` inside host ``host``'s namespace (its own session: a signal to it
         reaches only it), logging to ``logs/<log>``."""
         out = open(self.logs / log, "ab") if log else subprocess.DEVNULL
-        p = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *cmd], stdout=out, stderr=subprocess.STDOUT,
-                             env={**os.environ, **(env or {})}, start_new_session=True, **kw)
+        try:
+            p = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *cmd], stdout=out, stderr=subprocess.STDOUT,
+                                 env={**os.environ, **(env or {})}, start_new_session=True, **kw)
+        finally:
+            if log:
+                out.close()  # the child holds its own copy
         self.procs.append(p)
         return p
 
@@ -322,6 +326,7 @@ class EmulatedHosts:
         for h in range(self.n_hosts + 1):
             _ip("link", "del", self.veth(h), check=False)
         _ip("link", "del", self.bridge, check=False)
+        shutil.rmtree(self.logs, ignore_errors=True)  # read (log_tail) before stop, if at all
         left = self.leftovers()
         self.namespaces = []
         if left:

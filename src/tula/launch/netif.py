@@ -63,12 +63,10 @@ def interface_of(address: str) -> str | None:
         ip = ipaddress.ip_address(resolve(address))
     except (OSError, ValueError):
         return None
-    if ip.is_loopback:
-        return "lo" if "lo" in _interfaces() else next((n for n, a in _interfaces().items() if ip in a), None)
-    for name, addrs in _interfaces().items():
-        if ip in addrs:
-            return name
-    return None
+    interfaces = _interfaces()
+    if ip.is_loopback and "lo" in interfaces:  # 127.0.0.2 and the like are lo's too, though not listed
+        return "lo"
+    return next((name for name, addrs in interfaces.items() if ip in addrs), None)
 
 
 def _interfaces() -> dict[str, set]:
