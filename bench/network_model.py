@@ -20,6 +20,13 @@ so at N = 3, 4 the ranks' compute contends for cores in a way no real cluster ha
 of the error is compute contention, not network) and the exposed sync time.  And the fitted
 bandwidth (1 / beta, for the ring all-reduce) against the shaped rate.
 
+The network model is also judged on its own: at each held-out N a bare all-reduce of the
+model's gradients runs on the same hosts and cores, a barrier before each, nothing else
+beside it (``bench/bare_allreduce.measure``), and the simulated sync time is compared with
+it.  DDP's sync time above that bare all-reduce is shown as the "excess" (it appears at
+N = 3, 4, where ranks share this machine's 2 cores, and not at N = 2; see
+docs/benchmarks.md), with the step-time error once more without it.
+
 Topology (``--topology``, on by default): 2 hosts x 2 workers at the same rate, the mlp.
 The world of N = 2 takes both workers of host 1 (the intra-host link: loopback inside the
 host), N = 4 spans both hosts.  The N = 1, 2 profile of this cluster gives the intra-host
@@ -52,7 +59,9 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from bare_allreduce import measure as measure_bare_allreduce  # noqa: E402
 from emulated_hosts import EmulatedHosts, why_unavailable  # noqa: E402
 
 from tula.fit import fit_models  # noqa: E402
@@ -99,7 +108,11 @@ def partial(prof: dict) -> dict:
     return sub
 
 
-def judge(fit_prof: dict, held: dict) -> dict:
+def judge(fit_prof: dict, held: dict, bare_sync_s: dict[int, float]) -> dict:
+    """The held-out trials against the simulator fitted on ``fit_prof``.  ``bare_sync_s``: per
+    N, a bare all-reduce of the model's gradients on the same hosts and cores (a barrier
+    before each, no compute beside it): the network model's own error is against it, and
+    DDP's sync time above it is reported as the excess."""
     models = fit_models(fit_prof)
     sim = simulator_from_models(models, ranks_per_node=1)  # one rank per emulated host
     perf = models["perf"]
@@ -112,13 +125,25 @@ def judge(fit_prof: dict, held: dict) -> dict:
         pred_step = float(sim.t_step_s("ring", b, n))
         pred_comp = float(sim.t_compute_s(b, n))
         pred_sync = float(sim.t_sync_s("ring", n))
-        rows.append({"n_workers": n, "global_batch": big_b, "measured_s": t["t_step_s"], "simulated_s": pred_step,
+        bare = bare_sync_s[n]
+        excess = max(t["t_sync_s"] - bare, 0.0)
+        rows.append({"bare_sync_s": bare, "excess_sync_s": excess,
+                     "excess_share": excess / t["t_step_s"],
+                     "network_rel_error": (pred_sync - bare) / bare,
+                     "rel_error_without_excess": abs(pred_step - (t["t_step_s"] - excess))
+                     / (t["t_step_s"] - excess),
+                     "n_workers": n, "global_batch": big_b, "measured_s": t["t_step_s"], "simulated_s": pred_step,
                      "rel_error": abs(pred_step - t["t_step_s"]) / t["t_step_s"],
                      "measured_compute_s": t["t_compute_s"], "simulated_compute_s": pred_comp,
                      "compute_rel_error": (pred_comp - t["t_compute_s"]) / t["t_compute_s"],
                      "measured_sync_s": t["t_sync_s"], "simulated_sync_s": pred_sync})
     bw = None if perf["beta"] <= 0 else 1.0 / perf["beta"]
-    return {"rows": rows, "median": float(np.median([r["rel_error"] for r in rows])) if rows else None,
+    def median(key: str) -> float | None:
+        return float(np.median([r[key] for r in rows])) if rows else None
+
+    return {"rows": rows, "median": median("rel_error"), "median_excess_share": median("excess_share"),
+            "median_abs_network_rel_error": float(np.median([abs(r["network_rel_error"]) for r in rows]))
+            if rows else None, "median_without_excess": median("rel_error_without_excess"),
             "fitted_bandwidth_bytes_per_s": bw, "alpha_s": perf["alpha"], "frozen": perf["frozen"],
             "fit_rmsle": perf["rmsle"]}
 
@@ -174,8 +199,9 @@ def main() -> None:
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": f"{platform.machine()} "
                      f"{os.cpu_count()} cores", "runs": []}
     summary = Table(title="Held-out N = 3, 4 simulated from a fit on N = 1, 2 (ring all-reduce)")
-    for col in ("link", "model", "search", "median error", "max error", "median compute error (contention)",
-                "fitted bandwidth", "vs shaped rate", "frozen"):
+    for col in ("link", "model", "search", "median error", "max error", "median compute error",
+                "sync excess share", "error w/o excess", "sync vs bare", "fitted bandwidth", "vs shaped rate",
+                "frozen"):
         summary.add_column(col, justify="left" if col in ("model", "search", "frozen") else "right")
     for rate in [float(x) for x in args.rates.split(",")]:
         console.print(f"[bold]links shaped to {rate:g} Mbit/s[/]")
@@ -184,27 +210,33 @@ def main() -> None:
                 base = args.out / f"{model}-{rate:g}mbit"
                 fit_prof = profile(h, spec_for(model, [1, 2], args.timed_steps), base.with_name(base.name + "-n12.json"))
                 held = profile(h, spec_for(model, [3, 4], args.timed_steps), base.with_name(base.name + "-n34.json"))
+                bare = measure_bare_allreduce(h, [3, 4], [held["model"]["param_count"]], args.pin, 10, args.out)
+                console.print("  bare all-reduce of the gradients, no compute: " + ", ".join(
+                    f"N={n} {1e3 * t:.1f} ms" for n, t in bare.items()))
                 shaped = rate * 1e6 / 8
                 for search, prof in (("full", fit_prof), ("partial", partial(fit_prof))):
-                    j = judge(prof, held)
+                    j = judge(prof, held, bare)
                     j.update(rate_mbit=rate, model=model, search=search, shaped_bytes_per_s=shaped)
                     results["runs"].append(j)
                     t = Table(title=f"{model}, {rate:g} Mbit/s, fit on the {search} N=1,2 profile")
                     for col in ("N", "B", "measured ms", "simulated ms", "error", "compute ms meas/sim",
-                                "compute error", "sync ms meas/sim"):
+                                "compute error", "sync ms meas/bare/sim", "excess", "w/o excess"):
                         t.add_column(col, justify="right")
                     for r in j["rows"]:
                         t.add_row(str(r["n_workers"]), str(r["global_batch"]), f"{1e3 * r['measured_s']:.1f}",
                                   f"{1e3 * r['simulated_s']:.1f}", f"{r['rel_error']:.1%}",
                                   f"{1e3 * r['measured_compute_s']:.1f} / {1e3 * r['simulated_compute_s']:.1f}",
                                   f"{r['compute_rel_error']:+.1%}",
-                                  f"{1e3 * r['measured_sync_s']:.1f} / {1e3 * r['simulated_sync_s']:.1f}")
+                                  f"{1e3 * r['measured_sync_s']:.1f} / {1e3 * r['bare_sync_s']:.1f} / "
+                                  f"{1e3 * r['simulated_sync_s']:.1f}",
+                                  f"{r['excess_share']:.1%}", f"{r['rel_error_without_excess']:.1%}")
                     console.print(t)
                     bw = j["fitted_bandwidth_bytes_per_s"]
                     errs = [r["rel_error"] for r in j["rows"]]
                     comp = [r["compute_rel_error"] for r in j["rows"]]
                     summary.add_row(f"{rate:g} Mbit/s", model, search, f"{np.median(errs):.1%}", f"{max(errs):.1%}",
-                                    f"{np.median(comp):+.1%}",
+                                    f"{np.median(comp):+.1%}", f"{j['median_excess_share']:.1%}",
+                                    f"{j['median_without_excess']:.1%}", f"{j['median_abs_network_rel_error']:.1%}",
                                     "-" if bw is None else f"{bw * 8 / 1e6:.1f} Mbit/s",
                                     "-" if bw is None else f"{bw / shaped:.2f}x", ", ".join(j["frozen"]))
                 (args.out / "results.json").write_text(json.dumps(results, indent=1))
