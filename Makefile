@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TULA    := $(VENV)/bin/tula
 OUT     ?= runs/demo
 
-.PHONY: demo test bench clean venv
+.PHONY: demo test lint bench clean venv
 
 venv: $(STAMP)
 
@@ -20,8 +20,16 @@ demo: $(STAMP)
 	rm -rf $(OUT)
 	$(TULA) run examples/digits_cnn.yaml --out $(OUT)
 
-test: $(STAMP)
+test: lint
 	$(VENV)/bin/python -m pytest -q
+
+# The architecture's contracts (import-linter: the layers, no torch in the core), ruff's lint
+# and format check, mypy on the core.  Seconds; part of `make test`, so of CI.
+lint: $(STAMP)
+	cd src && ../$(VENV)/bin/lint-imports ../pyproject.toml
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(VENV)/bin/pip install -q -e '.[test,bench]'

@@ -27,13 +27,13 @@ from pathlib import Path
 import dask
 from distributed import Client, LocalCluster
 
-from tula.errors import WorkerError
-from tula.launch import LocalLauncher
-from tula.launch.clusters import WORKER_CONFIG
-from tula.launch.dask import DaskLauncher
-from tula.profile import profile
-from tula.spec import spec_from_dict
-from tula.train import train
+from tula.core.errors import WorkerError
+from tula.core.spec import spec_from_dict
+from tula.engine.launch import LocalLauncher
+from tula.engine.launch.clusters import WORKER_CONFIG
+from tula.engine.launch.dask import DaskLauncher
+from tula.engine.profile import profile
+from tula.engine.train import train
 
 SPEC = {
     "name": "overhead",
@@ -95,11 +95,14 @@ def main() -> None:
     args = ap.parse_args()
     spec = spec_from_dict({**SPEC, "epochs": args.epochs})
     dask.config.set(WORKER_CONFIG)
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                           silence_logs=logging.ERROR)
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+    )
     client = Client(cluster)
-    launchers = {"local": LocalLauncher(device="cpu", threads_per_worker=1),
-                 "dask": DaskLauncher(client, device="cpu", threads_per_worker=1, pg_timeout_s=args.pg_timeout)}
+    launchers = {
+        "local": LocalLauncher(device="cpu", threads_per_worker=1),
+        "dask": DaskLauncher(client, device="cpu", threads_per_worker=1, pg_timeout_s=args.pg_timeout),
+    }
     startup: dict[str, list[float]] = {k: [] for k in launchers}
     trained: dict[str, list[float]] = {k: [] for k in launchers}
     profiled: dict[str, dict[tuple, list[float]]] = {k: {} for k in launchers}
@@ -115,28 +118,40 @@ def main() -> None:
                         profiled[name].setdefault((t["n_workers"], t["global_batch"]), []).append(t["t_step_s"])
                 run = train(spec, "lbt", 2, 128, Path(tmp) / f"{name}{r}", launcher=launcher)
                 trained[name].append(trained_step_s(run))
-                print(f"round {r + 1} {name:5s}: start-up {startup[name][-1]:.2f} s, trained step "
-                      f"{1e3 * trained[name][-1]:.2f} ms", flush=True)
-        lost_s, sentence = lost_worker_s(client, spec_from_dict({**SPEC, "epochs": 200}), Path(tmp) / "lost",
-                                         args.pg_timeout)
+                print(
+                    f"round {r + 1} {name:5s}: start-up {startup[name][-1]:.2f} s, trained step "
+                    f"{1e3 * trained[name][-1]:.2f} ms",
+                    flush=True,
+                )
+        lost_s, sentence = lost_worker_s(
+            client, spec_from_dict({**SPEC, "epochs": 200}), Path(tmp) / "lost", args.pg_timeout
+        )
     client.close()
     cluster.close()
 
     med = statistics.median
     print(f"\nmachine: {os.cpu_count()} cores; {args.rounds} interleaved rounds; medians")
     print(f"{'':28s} {'local':>10s} {'dask':>10s} {'dask/local':>11s}")
-    print(f"{'world start-up (s)':28s} {med(startup['local']):10.2f} {med(startup['dask']):10.2f} "
-          f"{med(startup['dask']) / med(startup['local']):11.2f}")
+    print(
+        f"{'world start-up (s)':28s} {med(startup['local']):10.2f} {med(startup['dask']):10.2f} "
+        f"{med(startup['dask']) / med(startup['local']):11.2f}"
+    )
     for key in sorted(profiled["local"]):
         loc, dk = med(profiled["local"][key]), med(profiled["dask"].get(key, [float("nan")]))
-        print(f"{f'profiled t_step N={key[0]} B={key[1]} (ms)':28s} {1e3 * loc:10.2f} {1e3 * dk:10.2f} "
-              f"{loc / dk:11.3f}  (step-time ratio as speed: local/dask)")
+        print(
+            f"{f'profiled t_step N={key[0]} B={key[1]} (ms)':28s} {1e3 * loc:10.2f} {1e3 * dk:10.2f} "
+            f"{loc / dk:11.3f}  (step-time ratio as speed: local/dask)"
+        )
     loc, dk = med(trained["local"]), med(trained["dask"])
-    print(f"{'trained step N=2 B=128 (ms)':28s} {1e3 * loc:10.2f} {1e3 * dk:10.2f} {loc / dk:11.3f}  "
-          f"(target >= 0.97: {'met' if loc / dk >= 0.97 else 'MISSED'})")
+    print(
+        f"{'trained step N=2 B=128 (ms)':28s} {1e3 * loc:10.2f} {1e3 * dk:10.2f} {loc / dk:11.3f}  "
+        f"(target >= 0.97: {'met' if loc / dk >= 0.97 else 'MISSED'})"
+    )
     ok = lost_s <= args.pg_timeout + 5
-    print(f"lost worker -> error: {lost_s:.1f} s (timeout {args.pg_timeout:.0f} s; target <= "
-          f"{args.pg_timeout + 5:.0f} s: {'met' if ok else 'MISSED'})\n  {sentence}")
+    print(
+        f"lost worker -> error: {lost_s:.1f} s (timeout {args.pg_timeout:.0f} s; target <= "
+        f"{args.pg_timeout + 5:.0f} s: {'met' if ok else 'MISSED'})\n  {sentence}"
+    )
 
 
 if __name__ == "__main__":

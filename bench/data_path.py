@@ -2,7 +2,7 @@
 
 Generates an ImageFolder of ``--classes`` x ``--per-class`` JPEGs of ``--size`` pixels
 under a temporary directory (smooth random colour fields with noise, quality 90), then
-trains on it with Tula's real runner (:func:`tula.train.train`, gloo DDP, augmentation
+trains on it with Tula's real runner (:func:`tula.engine.train.train`, gloo DDP, augmentation
 on: random crop with padding 4 and horizontal flip, normalisation), side by side:
 
 * ``per-sample``: ``data.loader_workers = 0``, every sample decoded in the rank's own
@@ -13,7 +13,7 @@ on: random crop with padding 4 and horizontal flip, normalisation), side by side
 Each (cluster size, path) is trained ``--repeats`` times, interleaved (the order of the
 paths alternates between repeats); a run's steps per second is the median over its
 epochs after the first (the first includes starting the loader), and the figure is the
-median over runs.  Then :func:`tula.profile.profile` at the same N and B on the same data
+median over runs.  Then :func:`tula.engine.profile.profile` at the same N and B on the same data
 (``--profile-repeats`` times per path, interleaved) gives the profiled ``t_step`` and the
 loader's wait ``t_data``, compared with the trained step time (1 / steps per second).
 
@@ -46,10 +46,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tula.launch import LocalLauncher
-from tula.profile import profile
-from tula.spec import spec_from_dict
-from tula.train import train
+from tula.core.spec import spec_from_dict
+from tula.engine.launch import LocalLauncher
+from tula.engine.profile import profile
+from tula.engine.train import train
 
 
 def make_images(root: Path, classes: int, per_class: int, size: int, seed: int = 0) -> Path:
@@ -59,7 +59,9 @@ def make_images(root: Path, classes: int, per_class: int, size: int, seed: int =
         d = root / f"class{c:02d}"
         d.mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
-            field = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((size, size), Image.BILINEAR)
+            field = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize(
+                (size, size), Image.BILINEAR
+            )
             img = np.asarray(field).astype(np.int16) + rng.integers(-24, 25, (size, size, 3))
             Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(d / f"{i:05d}.jpg", quality=90)
     return root
@@ -73,7 +75,9 @@ def model_for(name: str, classes: int, size: int) -> dict:
 
 def spec_for(root: Path, workers: int, n: int, batch: int, model: dict, epochs: int) -> dict:
     return {
-        "name": f"data-path-w{workers}-n{n}", "seed": 0, "epochs": epochs,
+        "name": f"data-path-w{workers}-n{n}",
+        "seed": 0,
+        "epochs": epochs,
         "model": model,
         "data": {"name": "imagefolder", "root": str(root), "augment": True, "loader_workers": workers},
         "optimizer": {"name": "sgd", "lr": 0.05},
@@ -89,16 +93,26 @@ def train_once(d: dict, n: int, batch: int, out: Path) -> dict:
     hist = run["history"]
     measured = hist[1:] or hist
     sps = [h["steps"] / h["epoch_time_s"] for h in measured]
-    return {"steps_per_s": statistics.median(sps), "epoch_steps_per_s": sps, "first_epoch_s": hist[0]["epoch_time_s"],
-            "steps_per_epoch": run["steps_per_epoch"], "test_top1": run["final"]["test_top1"],
-            "wall_s": time.perf_counter() - t0}
+    return {
+        "steps_per_s": statistics.median(sps),
+        "epoch_steps_per_s": sps,
+        "first_epoch_s": hist[0]["epoch_time_s"],
+        "steps_per_epoch": run["steps_per_epoch"],
+        "test_top1": run["final"]["test_top1"],
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def profile_once(d: dict) -> dict:
     rec = profile(spec_from_dict(d), launcher=LocalLauncher(device="cpu", threads_per_worker=1))
     t = next(t for t in rec["trials"] if t["status"] == "ok")
-    return {"t_step_s": t["t_step_s"], "t_compute_s": t["t_compute_s"], "t_data_s": t.get("t_data_s"),
-            "note": t["note"], "profiling_s": rec["profiling_s"]}
+    return {
+        "t_step_s": t["t_step_s"],
+        "t_compute_s": t["t_compute_s"],
+        "t_data_s": t.get("t_data_s"),
+        "note": t["note"],
+        "profiling_s": rec["profiling_s"],
+    }
 
 
 def _cpu_s(pid: int) -> float:
@@ -106,12 +120,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def decode_rate(root: Path, workers: int, batch: int = 32, n_batches: int = 60, repeats: int = 3) -> tuple[float, float]:
+def decode_rate(
+    root: Path, workers: int, batch: int = 32, n_batches: int = 60, repeats: int = 3
+) -> tuple[float, float]:
     """Batches per second of the data path alone (augmentation on), in this process, and
     the CPU seconds per batch it took (this process and the loader's workers)."""
-    from tula.data import DataPath
-    from tula.train import _epoch_indices
-    from tula.workloads import load_dataset
+    from tula.engine.data import DataPath
+    from tula.engine.train import _epoch_indices
+    from tula.engine.workloads import load_dataset
 
     data = load_dataset(spec_from_dict(spec_for(root, workers, 1, batch, model_for("mlp", 10, 64), 1)).data, 0)
     rates, cpus = [], []
@@ -164,46 +180,68 @@ def main() -> None:
         if "decode" in parts:
             torch.set_num_threads(1)
             for rep in range(2):
-                for w in ([0, 1, args.workers] if rep == 0 else [args.workers, 1, 0]):
+                for w in [0, 1, args.workers] if rep == 0 else [args.workers, 1, 0]:
                     decode.setdefault(f"workers={w}", []).append(decode_rate(root, w))
-            decode = {k: {"batches_per_s": statistics.median(r for r, _ in v),
-                          "cpu_ms_per_batch": 1e3 * statistics.median(c for _, c in v)} for k, v in decode.items()}
-            print(f"data path alone (load {os.getloadavg()[0]:.1f}), batches of 32 per second (CPU ms per batch): "
-                  + ", ".join(f"{k} {v['batches_per_s']:.1f} ({v['cpu_ms_per_batch']:.1f})" for k, v in decode.items()),
-                  flush=True)
+            decode = {
+                k: {
+                    "batches_per_s": statistics.median(r for r, _ in v),
+                    "cpu_ms_per_batch": 1e3 * statistics.median(c for _, c in v),
+                }
+                for k, v in decode.items()
+            }
+            print(
+                f"data path alone (load {os.getloadavg()[0]:.1f}), batches of 32 per second (CPU ms per batch): "
+                + ", ".join(f"{k} {v['batches_per_s']:.1f} ({v['cpu_ms_per_batch']:.1f})" for k, v in decode.items()),
+                flush=True,
+            )
         k = 0
         for rep in range(args.repeats if "train" in parts else 0):
             for m in models:
                 for n in sizes:
                     order = list(paths) if (rep + k) % 2 == 0 else list(reversed(paths))
                     for name in order:
-                        d = spec_for(root, paths[name], n, args.batch, model_for(m, args.classes, args.size), args.epochs)
+                        d = spec_for(
+                            root, paths[name], n, args.batch, model_for(m, args.classes, args.size), args.epochs
+                        )
                         r = train_once(d, n, args.batch, Path(tmp) / f"run{k}")
                         k += 1
                         runs.setdefault((m, n, name), []).append(r)
-                        print(f"train   {m:9s} N={n} {name:10s} rep {rep}: {r['steps_per_s']:.2f} steps/s (epochs "
-                              f"{', '.join(f'{s:.2f}' for s in r['epoch_steps_per_s'])}; first epoch "
-                              f"{r['first_epoch_s']:.1f} s; load {os.getloadavg()[0]:.1f})", flush=True)
+                        print(
+                            f"train   {m:9s} N={n} {name:10s} rep {rep}: {r['steps_per_s']:.2f} steps/s (epochs "
+                            f"{', '.join(f'{s:.2f}' for s in r['epoch_steps_per_s'])}; first epoch "
+                            f"{r['first_epoch_s']:.1f} s; load {os.getloadavg()[0]:.1f})",
+                            flush=True,
+                        )
         for rep in range(args.profile_repeats if "profile" in parts else 0):
             for m in models:
                 order = list(paths) if rep % 2 == 0 else list(reversed(paths))
                 for name in order:
-                    d = spec_for(root, paths[name], n_prof, args.batch, model_for(m, args.classes, args.size), args.epochs)
+                    d = spec_for(
+                        root, paths[name], n_prof, args.batch, model_for(m, args.classes, args.size), args.epochs
+                    )
                     p = profile_once(d)
                     profiles.setdefault((m, name), []).append(p)
-                    print(f"profile {m:9s} N={n_prof} {name:10s} rep {rep}: t_step {1e3 * p['t_step_s']:.1f} ms, "
-                          f"t_data {1e3 * (p['t_data_s'] or 0):.1f} ms  {p['note']}", flush=True)
+                    print(
+                        f"profile {m:9s} N={n_prof} {name:10s} rep {rep}: t_step {1e3 * p['t_step_s']:.1f} ms, "
+                        f"t_data {1e3 * (p['t_data_s'] or 0):.1f} ms  {p['note']}",
+                        flush=True,
+                    )
 
     med = {key: statistics.median(r["steps_per_s"] for r in rs) for key, rs in runs.items()}
-    print(f"\nB = {args.batch}, {args.classes * args.per_class} JPEGs {args.size}x{args.size} (80 % train), "
-          f"augmentation on, {args.repeats} runs each (median), {os.cpu_count()} cores, torch {torch.__version__}")
-    print("| model | N | per-sample steps/s | loader steps/s (%d workers/rank) | speed-up |" % args.workers)
+    print(
+        f"\nB = {args.batch}, {args.classes * args.per_class} JPEGs {args.size}x{args.size} (80 % train), "
+        f"augmentation on, {args.repeats} runs each (median), {os.cpu_count()} cores, torch {torch.__version__}"
+    )
+    print(f"| model | N | per-sample steps/s | loader steps/s ({args.workers} workers/rank) | speed-up |")
     print("|---|---:|---:|---:|---:|")
-    summary: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                     "machine": f"{platform.machine()}, {os.cpu_count()} cores", "torch": torch.__version__,
-                     "runs": {f"{m}-N{n}-{name}": rs for (m, n, name), rs in runs.items()},
-                     "profiles": {f"{m}-{name}": ps for (m, name), ps in profiles.items()},
-                     "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    summary: dict = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "torch": torch.__version__,
+        "runs": {f"{m}-N{n}-{name}": rs for (m, n, name), rs in runs.items()},
+        "profiles": {f"{m}-{name}": ps for (m, name), ps in profiles.items()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     summary["decode_batches_per_s"] = decode
     for m in models:
         for n in sizes:
@@ -226,8 +264,10 @@ def main() -> None:
                 continue
             t_train = 1.0 / med[m, n_prof, name]
             summary[f"profiled_over_trained_{m}_{name}"] = t_prof / t_train
-            print(f"| {m} | {name} | {1e3 * t_prof:.1f} ms | {1e3 * t_data:.1f} ms ({100 * t_data / t_prof:.0f} %) | "
-                  f"{1e3 * t_train:.1f} ms | {t_prof / t_train:.2f} |")
+            print(
+                f"| {m} | {name} | {1e3 * t_prof:.1f} ms | {1e3 * t_data:.1f} ms ({100 * t_data / t_prof:.0f} %) | "
+                f"{1e3 * t_train:.1f} ms | {t_prof / t_train:.2f} |"
+            )
     (args.out / "results.json").write_text(json.dumps(summary, indent=1))
     print(f"\nraw records: {args.out / 'results.json'}")
 

@@ -3,7 +3,7 @@
 For each data set (scikit-learn's digits with tula's SmallCNN, MNIST-1D regenerated locally
 with tula's SmallCNN1d), each seed, the small-batch reference (SB: vanilla SGD at
 ``--sb``) and each large batch of ``--batches``, every method trains the same number of
-epochs with Tula's real training runner (:func:`tula.train.train_world`: 2-rank gloo DDP,
+epochs with Tula's real training runner (:func:`tula.engine.train.train_world`: 2-rank gloo DDP,
 evaluation after every epoch, checkpoints), all cells inside one launched world.  The
 accuracy of a run is the test top-1 after its last epoch.
 
@@ -39,19 +39,23 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tula.launch import LocalLauncher
-from tula.registry import METHODS as METHOD_TABLE
-from tula.spec import spec_from_dict
-from tula.train import METRICS, step_traces, steps_per_epoch, train_world
-from tula.workloads import load_dataset
+from tula.core.registry import METHODS as METHOD_TABLE
+from tula.core.spec import spec_from_dict
+from tula.engine.launch import LocalLauncher
+from tula.engine.train import METRICS, step_traces, steps_per_epoch, train_world
+from tula.engine.workloads import load_dataset
 
 console = Console(width=140)
 
 DATASETS = {
-    "digits": {"model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 32}},
-               "data": {"name": "digits"}},
-    "mnist1d": {"model": {"name": "small_cnn1d", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 32}},
-                "data": {"name": "mnist1d"}},
+    "digits": {
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 32}},
+        "data": {"name": "digits"},
+    },
+    "mnist1d": {
+        "model": {"name": "small_cnn1d", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 32}},
+        "data": {"name": "mnist1d"},
+    },
 }
 # label -> (tula method, spec overrides): every method of tula's registry under its label,
 # the baselines first; "AGS" is the default granularity, "AGS-element" the other one, run
@@ -61,17 +65,23 @@ OVERRIDES = {
     "lars": {"optimizer": {"lr": 1.0}},
     "ags": {"train": {"ags": {"granularity": "tensor"}}},
 }
-METHODS = {m.label: (m.name, OVERRIDES.get(m.name, {}))
-           for m in sorted(METHOD_TABLE.values(), key=lambda m: not m.is_baseline)}
+METHODS = {
+    m.label: (m.name, OVERRIDES.get(m.name, {})) for m in sorted(METHOD_TABLE.values(), key=lambda m: not m.is_baseline)
+}
 METHODS["AGS-element"] = ("ags", {"train": {"ags": {"granularity": "element"}}})
 TABLE_METHODS = ["SB", *METHODS]
 
 
 def job_spec(dataset: str, seed: int, epochs: int, overrides: dict) -> dict:
-    d = {"name": f"large-batch-{dataset}", **DATASETS[dataset], "epochs": epochs, "seed": seed,
-         "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4},
-         "train": {"lr_milestones": [epochs // 2, (3 * epochs) // 4], "lr_gamma": 0.1},
-         "profile": {"threads_per_worker": 1, "device": "cpu"}}
+    d = {
+        "name": f"large-batch-{dataset}",
+        **DATASETS[dataset],
+        "epochs": epochs,
+        "seed": seed,
+        "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4},
+        "train": {"lr_milestones": [epochs // 2, (3 * epochs) // 4], "lr_gamma": 0.1},
+        "profile": {"threads_per_worker": 1, "device": "cpu"},
+    }
     for key, val in overrides.items():
         d[key] = {**d.get(key, {}), **val} if isinstance(val, dict) else val
         if key == "train" and "ags" in val:
@@ -83,21 +93,38 @@ def cell_key(c: dict) -> str:
     return f"{c['dataset']}/seed{c['seed']}/{c['label']}/B{c['global_batch']}"
 
 
-def make_cells(datasets: list[str], seeds: list[int], sb: int, batches: list[int], epochs: int,
-               labels: list[str]) -> list[dict]:
+def make_cells(
+    datasets: list[str], seeds: list[int], sb: int, batches: list[int], epochs: int, labels: list[str]
+) -> list[dict]:
     cells = []
     for seed in seeds:
         for ds in datasets:
             if "SB" in labels:
-                cells.append({"dataset": ds, "seed": seed, "label": "SB", "method": "lbt", "global_batch": sb,
-                              "spec": job_spec(ds, seed, epochs, {})})
+                cells.append(
+                    {
+                        "dataset": ds,
+                        "seed": seed,
+                        "label": "SB",
+                        "method": "lbt",
+                        "global_batch": sb,
+                        "spec": job_spec(ds, seed, epochs, {}),
+                    }
+                )
             for b in batches:
                 for label in labels:
                     if label == "SB":
                         continue
                     method, over = METHODS[label]
-                    cells.append({"dataset": ds, "seed": seed, "label": label, "method": method, "global_batch": b,
-                                  "spec": job_spec(ds, seed, epochs, over)})
+                    cells.append(
+                        {
+                            "dataset": ds,
+                            "seed": seed,
+                            "label": label,
+                            "method": method,
+                            "global_batch": b,
+                            "spec": job_spec(ds, seed, epochs, over),
+                        }
+                    )
     return cells
 
 
@@ -111,17 +138,26 @@ def run_cells(ctx, cells: list[dict], scratch: str) -> int:
         if ctx.rank == 0:
             hist = res["history"]
             tr = {**(res.get("traces") or {}), **step_traces(out / METRICS)}  # per-step values: metrics.jsonl
-            ctx.emit({"type": "cell", "key": cell_key(c), **{k: c[k] for k in ("dataset", "seed", "label", "method",
-                                                                             "global_batch")},
-                      "epochs": len(hist), "steps_per_epoch": res["steps_per_epoch"],
-                      "test_top1": hist[-1]["test_top1"], "best_test_top1": max(h["test_top1"] for h in hist),
-                      "test_loss": hist[-1]["test_loss"], "train_loss": hist[-1]["train_loss"],
-                      "s_per_epoch": statistics.median(h["epoch_time_s"] for h in hist),
-                      "scaled_fraction": tr.get("scaled_fraction"), "factors": tr.get("factors"),
-                      "delta": tr.get("delta") if c["seed"] == 0 else None,
-                      "scaled": tr.get("scaled") if c["seed"] == 0 else None,
-                      "delta_threshold": tr.get("delta_threshold"),
-                      "history": [{k: h[k] for k in ("epoch", "test_top1", "train_loss")} for h in hist]})
+            ctx.emit(
+                {
+                    "type": "cell",
+                    "key": cell_key(c),
+                    **{k: c[k] for k in ("dataset", "seed", "label", "method", "global_batch")},
+                    "epochs": len(hist),
+                    "steps_per_epoch": res["steps_per_epoch"],
+                    "test_top1": hist[-1]["test_top1"],
+                    "best_test_top1": max(h["test_top1"] for h in hist),
+                    "test_loss": hist[-1]["test_loss"],
+                    "train_loss": hist[-1]["train_loss"],
+                    "s_per_epoch": statistics.median(h["epoch_time_s"] for h in hist),
+                    "scaled_fraction": tr.get("scaled_fraction"),
+                    "factors": tr.get("factors"),
+                    "delta": tr.get("delta") if c["seed"] == 0 else None,
+                    "scaled": tr.get("scaled") if c["seed"] == 0 else None,
+                    "delta_threshold": tr.get("delta_threshold"),
+                    "history": [{k: h[k] for k in ("epoch", "test_top1", "train_loss")} for h in hist],
+                }
+            )
     return 0
 
 
@@ -130,8 +166,9 @@ def time_overhead(ctx, spec_lbt: dict, spec_ags: dict, global_batch: int, rounds
     ``rounds`` times in this world; per-step seconds from the runner's epoch times."""
     per_step: dict[str, list[float]] = {"lbt": [], "ags": []}
     for r in range(rounds):
-        for name, spec in (("lbt", spec_lbt), ("ags", spec_ags)) if r % 2 == 0 else (("ags", spec_ags),
-                                                                                      ("lbt", spec_lbt)):
+        for name, spec in (
+            (("lbt", spec_lbt), ("ags", spec_ags)) if r % 2 == 0 else (("ags", spec_ags), ("lbt", spec_lbt))
+        ):
             out = Path(scratch) / f"overhead_{name}_{r}"
             out.mkdir(parents=True, exist_ok=True)
             res = train_world(ctx, spec, name, global_batch, str(out), [], None)
@@ -162,8 +199,13 @@ def summarise(results: dict[str, dict], datasets: list[str], sb: int, batches: l
         accs = [r["test_top1"] for r in rs]
         m, s = mean_std(accs)
         sf = [r["scaled_fraction"] for r in rs if r.get("scaled_fraction") is not None]
-        out[key] = {"n_seeds": len(rs), "mean": m, "std": s, "s_per_epoch": statistics.fmean(r["s_per_epoch"] for r in rs),
-                    "scaled_fraction": statistics.fmean(sf) if sf else None}
+        out[key] = {
+            "n_seeds": len(rs),
+            "mean": m,
+            "std": s,
+            "s_per_epoch": statistics.fmean(r["s_per_epoch"] for r in rs),
+            "scaled_fraction": statistics.fmean(sf) if sf else None,
+        }
     return out
 
 
@@ -173,14 +215,16 @@ def print_table(summary: dict, datasets: list[str], sb: int, batches: list[int],
     for ds in datasets:
         if not any(k[0] == ds for k in summary):
             continue
-        cols = [("SB", sb)] + [(lab, b) for b in batches for lab in labels if lab != "SB"]
         t = Table(title=f"{ds}: final test top-1 (mean ± std over seeds), s/epoch; AGS: % of steps scaled")
         t.add_column("method")
         for b in [sb] + batches:
             t.add_column(f"B={b}", justify="right")
-        md += [f"**{ds}** (test top-1 %, mean ± std over seeds; s/epoch in brackets)", "",
-               "| method | " + " | ".join(f"B={b}" for b in [sb] + batches) + " |",
-               "|---|" + "---:|" * (1 + len(batches))]
+        md += [
+            f"**{ds}** (test top-1 %, mean ± std over seeds; s/epoch in brackets)",
+            "",
+            "| method | " + " | ".join(f"B={b}" for b in [sb] + batches) + " |",
+            "|---|" + "---:|" * (1 + len(batches)),
+        ]
         for lab in labels:
             row = []
             for b in [sb] + batches:
@@ -217,20 +261,25 @@ def gap_report(summary: dict, datasets: list[str], sb: int, batches: list[int]) 
             share = (ags["mean"] - lbt["mean"]) / gap if abs(gap) > 1e-9 else math.nan
             gains.append(ags["mean"] - lbt["mean"])
             gaps.append(gap)
-            lines.append(f"{ds} B={b}: SB {100 * ref['mean']:.1f}, LBT {100 * lbt['mean']:.1f}, AGS "
-                         f"{100 * ags['mean']:.1f}: AGS - LBT = {100 * (ags['mean'] - lbt['mean']):+.1f} points, "
-                         f"gap closed {share:.0%}" if math.isfinite(share) else
-                         f"{ds} B={b}: no gap between SB and LBT")
+            lines.append(
+                f"{ds} B={b}: SB {100 * ref['mean']:.1f}, LBT {100 * lbt['mean']:.1f}, AGS "
+                f"{100 * ags['mean']:.1f}: AGS - LBT = {100 * (ags['mean'] - lbt['mean']):+.1f} points, "
+                f"gap closed {share:.0%}"
+                if math.isfinite(share)
+                else f"{ds} B={b}: no gap between SB and LBT"
+            )
         if gains:
             g = statistics.fmean(gains)
             # pooled over the large batches: a per-cell share is meaningless where the gap is ~0
             gap = statistics.fmean(gaps)
             c = g / gap if gap > 1e-9 else math.nan
             verdict[ds] = {"ags_minus_lbt_points": 100 * g, "gap_closed": c}
-            lines.append(f"{ds}: on average over the large batches AGS - LBT = {100 * g:+.1f} points "
-                         f"(target >= +5: {'met' if 100 * g >= 5 else 'MISSED'}), gap closed {c:.0%} of "
-                         f"{100 * gap:.1f} points (mean AGS - LBT over mean SB - LBT; target >= 50%: "
-                         f"{'met' if c >= 0.5 else 'MISSED'})")
+            lines.append(
+                f"{ds}: on average over the large batches AGS - LBT = {100 * g:+.1f} points "
+                f"(target >= +5: {'met' if 100 * g >= 5 else 'MISSED'}), gap closed {c:.0%} of "
+                f"{100 * gap:.1f} points (mean AGS - LBT over mean SB - LBT; target >= 50%: "
+                f"{'met' if c >= 0.5 else 'MISSED'})"
+            )
     return lines, verdict
 
 
@@ -246,12 +295,15 @@ def granularity_report(summary: dict, datasets: list[str], batches: list[int]) -
     d = statistics.fmean(diffs)
     wins = sum(x > 0 for x in diffs)
     better = "element" if d > 0 else "tensor"
-    return [f"AGS per-element minus per-tensor: {100 * d:+.2f} points on average over {len(diffs)} cells "
-            f"(element better in {wins} of {len(diffs)}): the better granularity here is {better}"]
+    return [
+        f"AGS per-element minus per-tensor: {100 * d:+.2f} points on average over {len(diffs)} cells "
+        f"(element better in {wins} of {len(diffs)}): the better granularity here is {better}"
+    ]
 
 
-def plot_accuracy(summary: dict, datasets: list[str], sb: int, batches: list[int], labels: list[str],
-                  path: Path) -> None:
+def plot_accuracy(
+    summary: dict, datasets: list[str], sb: int, batches: list[int], labels: list[str], path: Path
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -270,8 +322,15 @@ def plot_accuracy(summary: dict, datasets: list[str], sb: int, batches: list[int
             if not pts:
                 continue
             style = {"lw": 2.5} if lab == "AGS" else {"lw": 1.2, "alpha": 0.85}
-            ax.errorbar([b for b, _ in pts], [100 * c["mean"] for _, c in pts], yerr=[100 * c["std"] for _, c in pts],
-                        marker="o", capsize=3, label=lab, **style)
+            ax.errorbar(
+                [b for b, _ in pts],
+                [100 * c["mean"] for _, c in pts],
+                yerr=[100 * c["std"] for _, c in pts],
+                marker="o",
+                capsize=3,
+                label=lab,
+                **style,
+            )
         ax.set_xscale("log", base=2)
         ax.set_xticks(batches)
         ax.set_xticklabels([str(b) for b in batches])
@@ -291,10 +350,20 @@ def plot_ags_trace(results: dict[str, dict], ds: int, batch: int, path: Path) ->
     r = results.get(f"{ds}/seed0/AGS/B{batch}")
     if not r or not r.get("delta"):
         return False
-    run = {"method": "ags", "n_workers": 2, "global_batch": batch, "fallbacks": [],
-           "history": r["history"], "traces": {"delta": r["delta"], "scaled": r["scaled"],
-                                               "scaled_fraction": r["scaled_fraction"],
-                                               "delta_threshold": r["delta_threshold"], "factors": r["factors"]}}
+    run = {
+        "method": "ags",
+        "n_workers": 2,
+        "global_batch": batch,
+        "fallbacks": [],
+        "history": r["history"],
+        "traces": {
+            "delta": r["delta"],
+            "scaled": r["scaled"],
+            "scaled_fraction": r["scaled_fraction"],
+            "delta_threshold": r["delta_threshold"],
+            "factors": r["factors"],
+        },
+    }
     plot_training(run, path)
     return True
 
@@ -312,8 +381,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/large_batch"))
     ap.add_argument("--fresh", action="store_true", help="discard the results already in --out")
     ap.add_argument("--quick", action="store_true", help="1 seed, 4 epochs, 2 overhead rounds: a smoke run")
-    ap.add_argument("--report-only", action="store_true", help="train nothing: report the results in --out "
-                    "(and the overhead measured by the last full invocation)")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: report the results in --out (and the overhead measured by the last full invocation)",
+    )
     a = ap.parse_args()
     if a.quick:
         a.seeds, a.epochs, a.overhead_rounds = 1, 4, 2
@@ -337,14 +409,20 @@ def main() -> None:
     machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU only; torch {torch.__version__}"
     for ds in datasets:
         d = load_dataset(spec_from_dict(DATASETS[ds]).data, 0)
-        console.print(f"{ds}: {d.train_size} training / {d.test_size} test samples; steps per epoch "
-                      + ", ".join(f"B={b}: {steps_per_epoch(d.train_size, b)}" for b in [a.sb] + batches))
+        console.print(
+            f"{ds}: {d.train_size} training / {d.test_size} test samples; steps per epoch "
+            + ", ".join(f"B={b}: {steps_per_epoch(d.train_size, b)}" for b in [a.sb] + batches)
+        )
 
     done = load_results(res_path)
-    cells = [c for c in make_cells(datasets, list(range(a.seeds)), a.sb, batches, a.epochs, labels)
-             if cell_key(c) not in done]
-    console.print(f"{len(done)} cells already in {res_path}; {len(cells)} to run, {a.epochs} epochs each, "
-                  "2-rank gloo DDP")
+    cells = [
+        c
+        for c in make_cells(datasets, list(range(a.seeds)), a.sb, batches, a.epochs, labels)
+        if cell_key(c) not in done
+    ]
+    console.print(
+        f"{len(done)} cells already in {res_path}; {len(cells)} to run, {a.epochs} epochs each, 2-rank gloo DDP"
+    )
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     scratch = tempfile.mkdtemp(prefix="tula-large-batch-")
     t0 = time.perf_counter()
@@ -352,8 +430,13 @@ def main() -> None:
         cells = []
     try:
         if cells:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=console) as bar:
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            ) as bar:
                 task = bar.add_task("cells", total=len(cells))
 
                 def on_event(rank: int, ev: dict) -> None:
@@ -370,8 +453,9 @@ def main() -> None:
             console.print("[bold]AGS step-time overhead[/] (AGS, once-per-epoch factor updates, vs the wrapped SGD)")
             spec_lbt = job_spec(ds0, 0, 6, {})
             spec_ags = job_spec(ds0, 0, 6, METHODS["AGS"][1])
-            per_step = launcher.run(time_overhead, 2, spec_lbt, spec_ags, a.overhead_batch, a.overhead_rounds,
-                                    scratch, timeout_s=None)[0]
+            per_step = launcher.run(
+                time_overhead, 2, spec_lbt, spec_ags, a.overhead_batch, a.overhead_rounds, scratch, timeout_s=None
+            )[0]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     wall = time.perf_counter() - t0
@@ -383,9 +467,11 @@ def main() -> None:
     gran = granularity_report(summary, datasets, batches)
     lbt_s, ags_s = statistics.median(per_step["lbt"]), statistics.median(per_step["ags"])
     ratio = ags_s / lbt_s
-    over = [f"AGS step time / wrapped SGD step time on {ds0}, B={a.overhead_batch}, {a.overhead_rounds} interleaved "
-            f"rounds of 5 timed epochs: {1e3 * ags_s:.2f} ms / {1e3 * lbt_s:.2f} ms = {ratio:.3f} "
-            f"({100 * (ratio - 1):+.1f}%; target <= +3%: {'met' if ratio <= 1.03 else 'MISSED'})"]
+    over = [
+        f"AGS step time / wrapped SGD step time on {ds0}, B={a.overhead_batch}, {a.overhead_rounds} interleaved "
+        f"rounds of 5 timed epochs: {1e3 * ags_s:.2f} ms / {1e3 * lbt_s:.2f} ms = {ratio:.3f} "
+        f"({100 * (ratio - 1):+.1f}%; target <= +3%: {'met' if ratio <= 1.03 else 'MISSED'})"
+    ]
     for line in gap_lines + gran + over:
         console.print(line)
     plot_accuracy(summary, datasets, a.sb, batches, labels, a.out / "accuracy_vs_batch.png")
@@ -397,13 +483,23 @@ def main() -> None:
     if a.report_only:  # the date and length of the invocation that measured
         prev = json.loads((a.out / "summary.json").read_text()).get("run", {})
         started, wall = prev.get("started", started), prev.get("wall_s", wall)
-    header = [f"Run {started} on {machine}; {a.epochs} epochs per run, seeds {seeds_done}, "
-              f"2 workers (gloo), this invocation {wall / 60:.1f} min.", ""]
+    header = [
+        f"Run {started} on {machine}; {a.epochs} epochs per run, seeds {seeds_done}, "
+        f"2 workers (gloo), this invocation {wall / 60:.1f} min.",
+        "",
+    ]
     (a.out / "summary.md").write_text("\n".join(header + md + ["```"] + gap_lines + gran + over + ["```", ""]))
-    json.dump({"run": {"started": started, "wall_s": wall, "machine": machine}, "summary": {"|".join(map(str, k)): v for k, v in summary.items()}, "verdict": verdict,
-               "overhead": {"lbt_s_per_step": lbt_s, "ags_s_per_step": ags_s, "ratio": ratio,
-                            "samples": per_step}, "granularity": gran},
-              open(a.out / "summary.json", "w"), indent=1)
+    json.dump(
+        {
+            "run": {"started": started, "wall_s": wall, "machine": machine},
+            "summary": {"|".join(map(str, k)): v for k, v in summary.items()},
+            "verdict": verdict,
+            "overhead": {"lbt_s_per_step": lbt_s, "ags_s_per_step": ags_s, "ratio": ratio, "samples": per_step},
+            "granularity": gran,
+        },
+        open(a.out / "summary.json", "w"),
+        indent=1,
+    )
     console.print(f"results in {a.out}: results.jsonl, summary.md, summary.json, {', '.join(plots)}")
 
 

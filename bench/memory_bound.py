@@ -11,9 +11,9 @@ process (this script re-run with ``--child``):
   succeeds.  Fresh processes, because a failed allocation under an address-space cap
   leaves address space reserved (allocator arenas, caches): within one process, every step
   after the first out-of-memory error sees a smaller cap.
-* **Tula**: what the profiler does (``tula.profile._Worker.probe_memory``, without the DDP
+* **Tula**: what the profiler does (``tula.engine.profile._Worker.probe_memory``, without the DDP
   wrapper): one untracked training step at the first probe batch (creates the optimiser
-  state), then ``tula.memory.probe_memory_model``: one step at each probe batch with its
+  state), then ``tula.engine.memory.probe_memory_model``: one step at each probe batch with its
   forward/backward and its optimiser update tracked separately (plus the data batch's
   bytes), doubling the batch while the peak does not grow, then
   ``MemoryModel.max_local_batch(budget, safety)`` with the spec's default safety (10 %),
@@ -37,7 +37,7 @@ process (this script re-run with ``--child``):
 The cap is real: each process, after building the model, optimiser and data and running
 one training step at local batch 16 (so that the optimiser state, thread pools and lazily
 loaded libraries exist), calls ``resource.setrlimit(RLIMIT_AS, (VmSize + budget, hard))``
-exactly as ``tula.memory.cap_address_space`` does, so a step that needs more raises the
+exactly as ``tula.engine.memory.cap_address_space`` does, so a step that needs more raises the
 CPU allocator's own error (``RuntimeError: [enforce fail at alloc_cpu.cpp] ...
 DefaultCPUAllocator: can't allocate memory ...``).  For Tula that pre-cap step is its
 untracked probe step and is counted in its steps and seconds; for Lightning it is run through
@@ -50,7 +50,7 @@ Out-of-memory recognition.  Lightning's finder only adapts the batch on errors i
 allocator under an address-space cap, so the comparison needs no translation layer and none
 is applied: the Lightning module's ``training_step`` is a plain forward + loss.  The
 benchmark checks it on the data rather than assuming it: every out-of-memory error raised in
-the ground-truth search is passed to both ``tula.memory.is_out_of_memory`` and Lightning's
+the ground-truth search is passed to both ``tula.engine.memory.is_out_of_memory`` and Lightning's
 ``is_oom_error`` and the counts are printed; an error Lightning does not recognise would end
 its search with an exception, which is recorded in its row.
 
@@ -82,10 +82,12 @@ import time
 from pathlib import Path
 
 WORKLOADS = {
-    "small_cnn": {"model": {"name": "small_cnn", "kwargs": {"in_channels": 3, "num_classes": 10, "width": 32}},
-                  "budget_mib": 768, "num_samples": 10240},
-    "resnet18": {"model": {"name": "resnet18", "kwargs": {"num_classes": 10}},
-                 "budget_mib": 384, "num_samples": 10240},
+    "small_cnn": {
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 3, "num_classes": 10, "width": 32}},
+        "budget_mib": 768,
+        "num_samples": 10240,
+    },
+    "resnet18": {"model": {"name": "resnet18", "kwargs": {"num_classes": 10}}, "budget_mib": 384, "num_samples": 10240},
 }
 WARMUP_BATCH = 16  # = Tula's first probe batch (spec.profile.memory_probe_batches[0])
 
@@ -97,19 +99,25 @@ def _vm_size_bytes() -> int:
 
 
 def _cap(budget: int) -> int:
-    """``tula.memory.cap_address_space``: address space capped at its size now + budget."""
-    from tula.memory import cap_address_space
+    """``tula.engine.memory.cap_address_space``: address space capped at its size now + budget."""
+    from tula.engine.memory import cap_address_space
 
     return cap_address_space(budget)
 
 
 def _spec(name: str, budget: int, num_samples: int):
-    from tula.spec import spec_from_dict
+    from tula.core.spec import spec_from_dict
 
     w = WORKLOADS[name]
-    return spec_from_dict({"name": f"bench-membound-{name}", "model": w["model"],
-                           "data": {"name": "synthetic", "sample_shape": [3, 32, 32], "num_samples": num_samples},
-                           "epochs": 1, "search": {"memory_budget_bytes": budget, "enforce_memory_cap": True}})
+    return spec_from_dict(
+        {
+            "name": f"bench-membound-{name}",
+            "model": w["model"],
+            "data": {"name": "synthetic", "sample_shape": [3, 32, 32], "num_samples": num_samples},
+            "epochs": 1,
+            "search": {"memory_budget_bytes": budget, "enforce_memory_cap": True},
+        }
+    )
 
 
 class _Plain:
@@ -120,7 +128,7 @@ class _Plain:
         import torch
         from torch import nn
 
-        from tula.workloads import build_model, build_optimizer, load_dataset
+        from tula.engine.workloads import build_model, build_optimizer, load_dataset
 
         torch.manual_seed(spec.seed)
         self.torch = torch
@@ -172,11 +180,11 @@ class _Plain:
 
 
 def _is_cap_failure(err: BaseException) -> bool:
-    """An error that means the step did not fit under the cap: what ``tula.memory.is_out_of_memory``
+    """An error that means the step did not fit under the cap: what ``tula.engine.memory.is_out_of_memory``
     recognises, plus oneDNN's ``could not create a primitive`` (raised by a convolution when
     oneDNN's own allocation fails under the address-space cap; neither Tula nor Lightning
     counts it as out of memory)."""
-    from tula.memory import is_out_of_memory
+    from tula.engine.memory import is_out_of_memory
 
     return is_out_of_memory(err) or (isinstance(err, RuntimeError) and "could not create a primitive" in str(err))
 
@@ -184,10 +192,14 @@ def _is_cap_failure(err: BaseException) -> bool:
 def _describe_oom(err: BaseException) -> dict:
     from lightning.pytorch.utilities.memory import is_oom_error
 
-    from tula.memory import is_out_of_memory
+    from tula.engine.memory import is_out_of_memory
 
-    return {"type": type(err).__name__, "message": str(err).splitlines()[0][:240],
-            "tula_recognises": bool(is_out_of_memory(err)), "lightning_recognises": bool(is_oom_error(err))}
+    return {
+        "type": type(err).__name__,
+        "message": str(err).splitlines()[0][:240],
+        "tula_recognises": bool(is_out_of_memory(err)),
+        "lightning_recognises": bool(is_oom_error(err)),
+    }
 
 
 def child_check(spec, budget: int, batch: int) -> dict:
@@ -200,7 +212,7 @@ def child_check(spec, budget: int, batch: int) -> dict:
 
 
 def child_tula(spec, budget: int) -> dict:
-    from tula.memory import measure_phase_peaks, probe_memory_model
+    from tula.engine.memory import measure_phase_peaks, probe_memory_model
 
     w = _Plain(spec)
     b1, b2 = spec.profile.memory_probe_batches
@@ -212,7 +224,7 @@ def child_tula(spec, budget: int) -> dict:
     w.release()
     steps = 1
     cap = _cap(budget)
-    # ... then the profiler's probe steps (tula.memory.probe_memory_model): forward/backward
+    # ... then the profiler's probe steps (tula.engine.memory.probe_memory_model): forward/backward
     # and update tracked separately, more probes only if the peak does not grow
     sb = w.sample_bytes  # the data batch is created outside the tracked step: add it back
     probed = []
@@ -224,8 +236,9 @@ def child_tula(spec, budget: int) -> dict:
         probed.append(b)
         return fb + sb * b, up + sb * b
 
-    mm = probe_memory_model(measure, w.model, w.optimizer, sb, (b1, b2), w.torch.device("cpu"),
-                            max_batch=w.data.train_size)
+    mm = probe_memory_model(
+        measure, w.model, w.optimizer, sb, (b1, b2), w.torch.device("cpu"), max_batch=w.data.train_size
+    )
     steps += len(probed)
     bound = mm.max_local_batch(budget, safety)
     t_model = time.perf_counter() - t0
@@ -235,10 +248,20 @@ def child_tula(spec, budget: int) -> dict:
     confirms = [(bound, w.try_step(bound, errors))] if bound else []
     steps += len(confirms)
     answer = bound if confirms and confirms[0][1] else None
-    return {"max_local_batch": answer, "probe_batches": probed, "model_bound": bound,
-            "model_bound_no_safety": mm.max_local_batch(budget, 0.0), "safety": safety, "steps": steps,
-            "seconds": time.perf_counter() - t0, "seconds_to_bound": t_model, "confirms": confirms,
-            "memory_model": mm.to_dict(), "oom_errors": errors, "address_space_cap_bytes": cap}
+    return {
+        "max_local_batch": answer,
+        "probe_batches": probed,
+        "model_bound": bound,
+        "model_bound_no_safety": mm.max_local_batch(budget, 0.0),
+        "safety": safety,
+        "steps": steps,
+        "seconds": time.perf_counter() - t0,
+        "seconds_to_bound": t_model,
+        "confirms": confirms,
+        "memory_model": mm.to_dict(),
+        "oom_errors": errors,
+        "address_space_cap_bytes": cap,
+    }
 
 
 def child_lightning(spec, budget: int, steps_per_trial: int) -> dict:
@@ -280,15 +303,28 @@ def child_lightning(spec, budget: int, steps_per_trial: int) -> dict:
             return w.optimizer  # the same optimiser object (its state survives the warm-up)
 
         def train_dataloader(self):
-            return torch.utils.data.DataLoader(w.data.train, batch_size=self.batch_size, shuffle=True,
-                                               drop_last=True, generator=torch.Generator().manual_seed(spec.seed))
+            return torch.utils.data.DataLoader(
+                w.data.train,
+                batch_size=self.batch_size,
+                shuffle=True,
+                drop_last=True,
+                generator=torch.Generator().manual_seed(spec.seed),
+            )
 
     lit = Lit()
 
     def trainer(**kw):
-        return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                          default_root_dir=str(root), **kw)
+        return pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=str(root),
+            **kw,
+        )
 
     trainer(max_steps=1).fit(lit)  # the warm-up step at local batch 16, through Lightning's own loop
     # the finder's first trial runs at the module's batch_size, not at init_val (it sets init_val
@@ -302,16 +338,25 @@ def child_lightning(spec, budget: int, steps_per_trial: int) -> dict:
     error = None
     answer = None
     try:
-        answer = Tuner(trainer(max_steps=10_000)).scale_batch_size(lit, mode="binsearch",
-                                                                     steps_per_trial=steps_per_trial)
+        answer = Tuner(trainer(max_steps=10_000)).scale_batch_size(
+            lit, mode="binsearch", steps_per_trial=steps_per_trial
+        )
     except Exception as err:  # noqa: BLE001 - recorded, e.g. an out-of-memory error it did not recognise
         error = f"{type(err).__name__}: {str(err).splitlines()[0][:240]}"
     seconds = time.perf_counter() - t0
     trials = [{"batch": b, "attempted": a, "completed": c} for b, a, c, _ in lit.log_steps]
     ok = [t["batch"] for t in trials if t["completed"] >= steps_per_trial]
-    return {"max_local_batch": answer, "largest_trial_passed": max(ok) if ok else None,
-            "steps": lit.attempted, "steps_completed": lit.completed, "seconds": seconds, "trials": trials,
-            "steps_per_trial": steps_per_trial, "error": error, "address_space_cap_bytes": cap}
+    return {
+        "max_local_batch": answer,
+        "largest_trial_passed": max(ok) if ok else None,
+        "steps": lit.attempted,
+        "steps_completed": lit.completed,
+        "seconds": seconds,
+        "trials": trials,
+        "steps_per_trial": steps_per_trial,
+        "error": error,
+        "address_space_cap_bytes": cap,
+    }
 
 
 def child_main(cfg: dict) -> None:
@@ -320,8 +365,8 @@ def child_main(cfg: dict) -> None:
     import torch
     import torch.distributed._tools.mem_tracker  # noqa: F401 - what measure_step_peak_bytes uses on CPU
 
-    import tula.memory  # noqa: F401
-    import tula.profile  # noqa: F401
+    import tula.engine.memory  # noqa: F401
+    import tula.engine.profile  # noqa: F401
 
     torch.set_num_threads(cfg["threads"])
     spec = _spec(cfg["model"], cfg["budget"], cfg["num_samples"])
@@ -342,8 +387,12 @@ def _run_child(cfg: dict, out: Path, console) -> dict:
     cfg = {**cfg, "result": str(out / f"{label}.json")}
     Path(cfg["result"]).unlink(missing_ok=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
-                          env={**os.environ, "MEMBOUND_OUT": str(out)})
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MEMBOUND_OUT": str(out)},
+    )
     wall = time.perf_counter() - t0
     (out / f"{label}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not Path(cfg["result"]).is_file():
@@ -382,26 +431,45 @@ def fresh_search(base: dict, lo: int, hi: int | None, out: Path, console) -> dic
 
 
 def evaluate(name: str, budget: int, threads: int, steps_per_trial: int, out: Path, console) -> dict:
-    base = {"model": name, "budget": budget, "threads": threads, "num_samples": WORKLOADS[name]["num_samples"],
-            "steps_per_trial": steps_per_trial}
-    console.print(f"[bold]{name}[/]: cap {budget / 2**20:.0f} MiB -- ground truth (one fresh process per "
-                  "candidate) ...")
+    base = {
+        "model": name,
+        "budget": budget,
+        "threads": threads,
+        "num_samples": WORKLOADS[name]["num_samples"],
+        "steps_per_trial": steps_per_trial,
+    }
+    console.print(
+        f"[bold]{name}[/]: cap {budget / 2**20:.0f} MiB -- ground truth (one fresh process per candidate) ..."
+    )
     truth = fresh_search(base, WARMUP_BATCH, None, out, console)
     t = truth["max_local_batch"]
     console.print(f"  true max local batch {t} ({truth['steps']} processes, {truth['seconds']:.0f} s)")
-    checks = sorted(({"batch": b, "fits": ok} for b, ok, _ in truth["tried"] if b in (t, t + 1)), key=lambda c: c["batch"])
+    checks = sorted(
+        ({"batch": b, "fits": ok} for b, ok, _ in truth["tried"] if b in (t, t + 1)), key=lambda c: c["batch"]
+    )
     console.print("  Tula ...")
     tula = _run_child({**base, "method": "tula"}, out, console)
     if not tula.get("crashed") and tula["max_local_batch"] is None and tula.get("model_bound"):
         console.print(f"  Tula's bound {tula['model_bound']} did not fit: bisecting below it in fresh processes ...")
         rest = fresh_search(base, max(tula["probe_batches"]), tula["model_bound"], out, console)
-        tula.update(max_local_batch=rest["max_local_batch"], steps=tula["steps"] + rest["steps"],
-                    seconds=tula["seconds"] + rest["seconds"], fallback_search=rest)
+        tula.update(
+            max_local_batch=rest["max_local_batch"],
+            steps=tula["steps"] + rest["steps"],
+            seconds=tula["seconds"] + rest["seconds"],
+            fallback_search=rest,
+        )
         tula["oom_errors"] = tula.get("oom_errors", []) + rest["oom_errors"]
     console.print("  Lightning BatchSizeFinder (binsearch) ...")
     light = _run_child({**base, "method": "lightning"}, out, console)
-    return {"model": name, "budget_bytes": budget, "threads": threads, "truth": truth, "boundary_checks": checks,
-            "tula": tula, "lightning": light}
+    return {
+        "model": name,
+        "budget_bytes": budget,
+        "threads": threads,
+        "truth": truth,
+        "boundary_checks": checks,
+        "tula": tula,
+        "lightning": light,
+    }
 
 
 def _ratio(ans, truth) -> str:
@@ -431,9 +499,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     import lightning
 
-    console.print(f"date {time.strftime('%Y-%m-%d %H:%M %Z')}; machine {platform.machine()} "
-                  f"{os.cpu_count()} cores, {platform.processor() or 'cpu'}; torch {torch.__version__}; "
-                  f"lightning {lightning.__version__}; torch threads per process {args.threads}")
+    console.print(
+        f"date {time.strftime('%Y-%m-%d %H:%M %Z')}; machine {platform.machine()} "
+        f"{os.cpu_count()} cores, {platform.processor() or 'cpu'}; torch {torch.__version__}; "
+        f"lightning {lightning.__version__}; torch threads per process {args.threads}"
+    )
     t_start = time.perf_counter()
     results = []
     for m in (s.strip() for s in args.models.split(",")):
@@ -442,58 +512,104 @@ def main() -> None:
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
 
     tab = Table(title="Largest local batch within a memory cap: answer (x true max), training steps, seconds")
-    for col in ("model", "cap", "true max", "Tula answer", "Tula steps", "Tula s", "Lightning answer",
-                "Lightning steps", "Lightning s"):
+    for col in (
+        "model",
+        "cap",
+        "true max",
+        "Tula answer",
+        "Tula steps",
+        "Tula s",
+        "Lightning answer",
+        "Lightning steps",
+        "Lightning s",
+    ):
         tab.add_column(col, justify="right")
     for r in results:
         tr, tu, li = r["truth"], r["tula"], r["lightning"]
         t = tr.get("max_local_batch")
-        tab.add_row(r["model"], f"{r['budget_bytes'] / 2**20:.0f} MiB", str(t) if t is not None else "crashed",
-                    f"{tu['max_local_batch']} ({_ratio(tu['max_local_batch'], t)})" if not tu.get("crashed")
-                    else "crashed",
-                    str(tu.get("steps", "-")), f"{tu['seconds']:.1f}" if "seconds" in tu else "-",
-                    (f"{li['max_local_batch']} ({_ratio(li['max_local_batch'], t)})" if li.get("max_local_batch")
-                     else ("error" if li.get("error") else "crashed")),
-                    f"{li['steps']} ({li['steps_completed']} done)" if "steps" in li else "-",
-                    f"{li['seconds']:.1f}" if "seconds" in li else "-")
+        tab.add_row(
+            r["model"],
+            f"{r['budget_bytes'] / 2**20:.0f} MiB",
+            str(t) if t is not None else "crashed",
+            f"{tu['max_local_batch']} ({_ratio(tu['max_local_batch'], t)})" if not tu.get("crashed") else "crashed",
+            str(tu.get("steps", "-")),
+            f"{tu['seconds']:.1f}" if "seconds" in tu else "-",
+            (
+                f"{li['max_local_batch']} ({_ratio(li['max_local_batch'], t)})"
+                if li.get("max_local_batch")
+                else ("error" if li.get("error") else "crashed")
+            ),
+            f"{li['steps']} ({li['steps_completed']} done)" if "steps" in li else "-",
+            f"{li['seconds']:.1f}" if "seconds" in li else "-",
+        )
     console.print(tab)
 
     det = Table(title="Details")
-    for col in ("model", "Tula bound (safety 10% / 0%)", "Tula confirm step", "Tula bytes/sample",
-                "Lightning largest passed trial", "Lightning trials", "truth search steps / s", "boundary re-check",
-                "steps ratio L/T", "seconds ratio L/T"):
+    for col in (
+        "model",
+        "Tula bound (safety 10% / 0%)",
+        "Tula confirm step",
+        "Tula bytes/sample",
+        "Lightning largest passed trial",
+        "Lightning trials",
+        "truth search steps / s",
+        "boundary re-check",
+        "steps ratio L/T",
+        "seconds ratio L/T",
+    ):
         det.add_column(col, justify="right")
     for r in results:
         tr, tu, li = r["truth"], r["tula"], r["lightning"]
         chk = r["boundary_checks"]
-        recheck = "-" if len(chk) < 2 or any(c.get("crashed") for c in chk) else \
-            ("confirmed" if chk[0]["fits"] and not chk[1]["fits"] else
-             f"{chk[0]['batch']}: {'fits' if chk[0]['fits'] else 'OOM'}, {chk[1]['batch']}: "
-             f"{'fits' if chk[1]['fits'] else 'OOM'}")
+        recheck = (
+            "-"
+            if len(chk) < 2 or any(c.get("crashed") for c in chk)
+            else (
+                "confirmed"
+                if chk[0]["fits"] and not chk[1]["fits"]
+                else f"{chk[0]['batch']}: {'fits' if chk[0]['fits'] else 'OOM'}, {chk[1]['batch']}: "
+                f"{'fits' if chk[1]['fits'] else 'OOM'}"
+            )
+        )
         mm = tu.get("memory_model", {})
-        det.add_row(r["model"],
-                    f"{tu.get('model_bound')} / {tu.get('model_bound_no_safety')}",
-                    ", ".join(f"{b}: {'ok' if ok else 'OOM'}" for b, ok in tu.get("confirms", [])),
-                    f"{(mm.get('activation_bytes_per_sample', 0) + mm.get('batch_bytes_per_sample', 0)) / 1024:.0f} KiB",
-                    str(li.get("largest_trial_passed")), str(len(li.get("trials", []))),
-                    f"{tr.get('steps')} / {tr.get('seconds', 0):.0f}", recheck,
-                    f"{li['steps'] / tu['steps']:.1f}x" if "steps" in li and tu.get("steps") else "-",
-                    f"{li['seconds'] / tu['seconds']:.1f}x" if "seconds" in li and tu.get("seconds") else "-")
+        det.add_row(
+            r["model"],
+            f"{tu.get('model_bound')} / {tu.get('model_bound_no_safety')}",
+            ", ".join(f"{b}: {'ok' if ok else 'OOM'}" for b, ok in tu.get("confirms", [])),
+            f"{(mm.get('activation_bytes_per_sample', 0) + mm.get('batch_bytes_per_sample', 0)) / 1024:.0f} KiB",
+            str(li.get("largest_trial_passed")),
+            str(len(li.get("trials", []))),
+            f"{tr.get('steps')} / {tr.get('seconds', 0):.0f}",
+            recheck,
+            f"{li['steps'] / tu['steps']:.1f}x" if "steps" in li and tu.get("steps") else "-",
+            f"{li['seconds'] / tu['seconds']:.1f}x" if "seconds" in li and tu.get("seconds") else "-",
+        )
     console.print(det)
 
-    seen = [e for r in results for e in r["truth"].get("oom_errors", []) + r["tula"].get("oom_errors", [])
-            + [e for c in r["boundary_checks"] for e in c.get("oom_errors", [])]]
+    seen = [
+        e
+        for r in results
+        for e in r["truth"].get("oom_errors", [])
+        + r["tula"].get("oom_errors", [])
+        + [e for c in r["boundary_checks"] for e in c.get("oom_errors", [])]
+    ]
     kinds: dict[str, list[dict]] = {}
     for e in seen:
-        kind = ("DefaultCPUAllocator: can't allocate memory" if "DefaultCPUAllocator" in e["message"] else
-                "oneDNN: could not create a primitive" if "could not create a primitive" in e["message"] else
-                f"{e['type']}: {e['message'][:80]}")
+        kind = (
+            "DefaultCPUAllocator: can't allocate memory"
+            if "DefaultCPUAllocator" in e["message"]
+            else "oneDNN: could not create a primitive"
+            if "could not create a primitive" in e["message"]
+            else f"{e['type']}: {e['message'][:80]}"
+        )
         kinds.setdefault(kind, []).append(e)
     for kind, es in kinds.items():
-        console.print(f"failures under the cap (truth search, re-checks, Tula's confirm): {len(es)} x {kind!r}; "
-                      f"counted as out of memory by tula.memory.is_out_of_memory: "
-                      f"{sum(e['tula_recognises'] for e in es)}, by Lightning's is_oom_error: "
-                      f"{sum(e['lightning_recognises'] for e in es)}")
+        console.print(
+            f"failures under the cap (truth search, re-checks, Tula's confirm): {len(es)} x {kind!r}; "
+            f"counted as out of memory by tula.engine.memory.is_out_of_memory: "
+            f"{sum(e['tula_recognises'] for e in es)}, by Lightning's is_oom_error: "
+            f"{sum(e['lightning_recognises'] for e in es)}"
+        )
     for r in results:
         if r["lightning"].get("error"):
             console.print(f"[yellow]{r['model']}: Lightning's search ended with {r['lightning']['error']}[/]")

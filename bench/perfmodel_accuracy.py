@@ -29,29 +29,42 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tula.fit import fit_models, save_record
-from tula.memory import MemoryModel
-from tula.perfmodel import PerfModel
-from tula.profile import profile
-from tula.spec import spec_from_dict
+from tula.core.fit import fit_models, save_record
+from tula.core.perfmodel import PerfModel
+from tula.core.spec import spec_from_dict
+from tula.engine.memory import MemoryModel
+from tula.engine.profile import profile
 
 WORKLOADS = {
-    "small_cnn": {"model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 32}},
-                  "data": {"name": "digits"}, "search": {"min_batch": 16, "max_batch": 512}},
-    "resnet18": {"model": {"name": "resnet18", "kwargs": {"num_classes": 10}},
-                 "data": {"name": "synthetic", "sample_shape": [3, 32, 32], "num_samples": 2048},
-                 "search": {"min_batch": 8, "max_batch": 256}},
-    "mobilenet_v3_small": {"model": {"name": "mobilenet_v3_small", "kwargs": {"num_classes": 10}},
-                           "data": {"name": "synthetic", "sample_shape": [3, 32, 32], "num_samples": 2048},
-                           "search": {"min_batch": 8, "max_batch": 256}},
+    "small_cnn": {
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 32}},
+        "data": {"name": "digits"},
+        "search": {"min_batch": 16, "max_batch": 512},
+    },
+    "resnet18": {
+        "model": {"name": "resnet18", "kwargs": {"num_classes": 10}},
+        "data": {"name": "synthetic", "sample_shape": [3, 32, 32], "num_samples": 2048},
+        "search": {"min_batch": 8, "max_batch": 256},
+    },
+    "mobilenet_v3_small": {
+        "model": {"name": "mobilenet_v3_small", "kwargs": {"num_classes": 10}},
+        "data": {"name": "synthetic", "sample_shape": [3, 32, 32], "num_samples": 2048},
+        "search": {"min_batch": 8, "max_batch": 256},
+    },
 }
 
 console = Console()
 
 
 def _profile(spec, search: str, label: str) -> dict:
-    with Progress(TextColumn(f"[bold]{label}[/] {{task.description}}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn(f"[bold]{label}[/] {{task.description}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("memory probe", total=None)
 
         def on_event(ev):
@@ -74,9 +87,15 @@ def _rel(pred, meas):
 
 def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
     w = WORKLOADS[name]
-    spec = spec_from_dict({"name": f"bench-{name}", **w, "epochs": 1,
-                           "search": {**w["search"], "cluster_sizes": [1, 2]},
-                           "profile": {"warmup_steps": 3, "timed_steps": timed_steps}})
+    spec = spec_from_dict(
+        {
+            "name": f"bench-{name}",
+            **w,
+            "epochs": 1,
+            "search": {**w["search"], "cluster_sizes": [1, 2]},
+            "profile": {"warmup_steps": 3, "timed_steps": timed_steps},
+        }
+    )
     t0 = time.perf_counter()
     part = _profile(spec, "partial", f"{name} partial")
     t_part = time.perf_counter() - t0
@@ -97,11 +116,17 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
     b = np.array([truth[k]["local_batch"] for k in common], float)
     meas_t = [truth[k]["t_step_s"] for k in common]
     meas_m = [truth[k]["peak_mem_bytes"] for k in common]
-    res = {"model": name, "configs": len(common), "partial_trials": len(part["trials"]),
-           "profiling_s_partial": t_part, "profiling_s_full": t_full,
-           "noise_t_step_median": float(np.median(noise)), "noise_t_step_max": float(noise.max()),
-           "noise_mem_max": float(noise_mem.max()),
-           "per_config": {f"N={k[0]} B={k[1]}": {"measured_s": truth[k]["t_step_s"]} for k in common}}
+    res = {
+        "model": name,
+        "configs": len(common),
+        "partial_trials": len(part["trials"]),
+        "profiling_s_partial": t_part,
+        "profiling_s_full": t_full,
+        "noise_t_step_median": float(np.median(noise)),
+        "noise_t_step_max": float(noise.max()),
+        "noise_mem_max": float(noise_mem.max()),
+        "per_config": {f"N={k[0]} B={k[1]}": {"measured_s": truth[k]["t_step_s"]} for k in common},
+    }
     for label, rec in (("partial", part), ("full", full_a)):
         models = fit_models(rec)
         perf, mem = PerfModel.from_dict(models["perf"]), MemoryModel.from_dict(models["memory"])
@@ -129,36 +154,52 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/perfmodel_accuracy"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    console.print(f"date {time.strftime('%Y-%m-%d %H:%M %Z')}; machine {platform.machine()} "
-                  f"{os.cpu_count()} cores, {platform.processor() or 'cpu'}; torch {torch.__version__}; "
-                  f"timed steps {args.timed_steps}")
+    console.print(
+        f"date {time.strftime('%Y-%m-%d %H:%M %Z')}; machine {platform.machine()} "
+        f"{os.cpu_count()} cores, {platform.processor() or 'cpu'}; torch {torch.__version__}; "
+        f"timed steps {args.timed_steps}"
+    )
     results = [evaluate(m.strip(), args.timed_steps, args.out) for m in args.models.split(",")]
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
 
     tab = Table(title="Prediction error vs a second full profile (median / max relative error)")
-    for col in ("model", "configs", "noise t_step", "partial t_step", "full t_step", "memory (partial)",
-                "memory (probe only)", "profiling s partial / full"):
+    for col in (
+        "model",
+        "configs",
+        "noise t_step",
+        "partial t_step",
+        "full t_step",
+        "memory (partial)",
+        "memory (probe only)",
+        "profiling s partial / full",
+    ):
         tab.add_column(col, justify="right")
     for r in results:
-        tab.add_row(r["model"], str(r["configs"]),
-                    f"{r['noise_t_step_median']:.1%} / {r['noise_t_step_max']:.1%}",
-                    f"{r['t_step_partial_median']:.1%} / {r['t_step_partial_max']:.1%}",
-                    f"{r['t_step_full_median']:.1%} / {r['t_step_full_max']:.1%}",
-                    f"{r['mem_partial_median']:.1%} / {r['mem_partial_max']:.1%}",
-                    f"{r['mem_probe_only_median']:.1%} / {r['mem_probe_only_max']:.1%}",
-                    f"{r['profiling_s_partial']:.0f} / {r['profiling_s_full']:.0f}")
+        tab.add_row(
+            r["model"],
+            str(r["configs"]),
+            f"{r['noise_t_step_median']:.1%} / {r['noise_t_step_max']:.1%}",
+            f"{r['t_step_partial_median']:.1%} / {r['t_step_partial_max']:.1%}",
+            f"{r['t_step_full_median']:.1%} / {r['t_step_full_max']:.1%}",
+            f"{r['mem_partial_median']:.1%} / {r['mem_partial_max']:.1%}",
+            f"{r['mem_probe_only_median']:.1%} / {r['mem_probe_only_max']:.1%}",
+            f"{r['profiling_s_partial']:.0f} / {r['profiling_s_full']:.0f}",
+        )
     console.print(tab)
     for r in results:
         t = Table(title=f"{r['model']}: step time per configuration (ms)")
         for col in ("config", "measured (B)", "partial pred", "full pred"):
             t.add_column(col, justify="right")
         for k, v in r["per_config"].items():
-            t.add_row(k, f"{1e3 * v['measured_s']:.2f}", f"{1e3 * v['partial_pred_s']:.2f}",
-                      f"{1e3 * v['full_pred_s']:.2f}")
+            t.add_row(
+                k, f"{1e3 * v['measured_s']:.2f}", f"{1e3 * v['partial_pred_s']:.2f}", f"{1e3 * v['full_pred_s']:.2f}"
+            )
         console.print(t)
-    targets = [("partial t_step median <= 5%", all(r["t_step_partial_median"] <= 0.05 for r in results)),
-               ("full t_step median <= 3%", all(r["t_step_full_median"] <= 0.03 for r in results)),
-               ("memory median <= 3%", all(r["mem_partial_median"] <= 0.03 for r in results))]
+    targets = [
+        ("partial t_step median <= 5%", all(r["t_step_partial_median"] <= 0.05 for r in results)),
+        ("full t_step median <= 3%", all(r["t_step_full_median"] <= 0.03 for r in results)),
+        ("memory median <= 3%", all(r["mem_partial_median"] <= 0.03 for r in results)),
+    ]
     for what, ok in targets:
         console.print(f"target {what}: {'met' if ok else 'MISSED'}")
     console.print(f"raw profiles and results in {args.out}")

@@ -24,19 +24,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from tula.fit import fit_models
-from tula.launch import LocalLauncher
-from tula.profile import profile
-from tula.spec import spec_from_dict
-from tula.train import train
+from tula.core.fit import fit_models
+from tula.core.spec import spec_from_dict
+from tula.engine.launch import LocalLauncher
+from tula.engine.profile import profile
+from tula.engine.train import train
 
 B_SMALL, B_LARGE, PER_WORKER, MAX_SIM_WORKERS = 32, 512, 128, 64
 
 DATA = {
-    "digits": {"model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 16}},
-               "data": {"name": "digits"}},
-    "mnist1d": {"model": {"name": "small_cnn1d", "kwargs": {"width": 16}},
-                "data": {"name": "mnist1d", "num_samples": 4000}},
+    "digits": {
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 16}},
+        "data": {"name": "digits"},
+    },
+    "mnist1d": {
+        "model": {"name": "small_cnn1d", "kwargs": {"width": 16}},
+        "data": {"name": "mnist1d", "num_samples": 4000},
+    },
 }
 
 
@@ -47,16 +51,30 @@ def schedules(epochs: int) -> dict[str, dict]:
     return {
         "constant small (reference)": {"batch": B_SMALL, "train": {}},
         "constant large": {"batch": B_LARGE, "train": {"workers": {"min": 2, "max": 2}}},
-        "geometric": {"batch": B_SMALL, "train": {
-            "batch_schedule": {"kind": "geometric", "factor": 2, "delay": max(1, epochs // 5)}, **grow}},
-        "increase_instead_of_decay": {"batch": B_SMALL, "train": {
-            "batch_schedule": {"kind": "increase_instead_of_decay"}, "lr_milestones": [third, 2 * third],
-            "lr_gamma": 0.25, **grow}},
-        "loss_ratio": {"batch": B_SMALL, "train": {"batch_schedule": {"kind": "loss_ratio", "max_batch": 1024},
-                                                     **grow}},
-        "adaptive": {"batch": B_SMALL, "train": {"batch_schedule": {"kind": "adaptive", "max_growth": 2.0,
-                                                                    "max_batch": 1024},
-                                                  "workers": {"min": 2, "max": 2}}},
+        "geometric": {
+            "batch": B_SMALL,
+            "train": {"batch_schedule": {"kind": "geometric", "factor": 2, "delay": max(1, epochs // 5)}, **grow},
+        },
+        "increase_instead_of_decay": {
+            "batch": B_SMALL,
+            "train": {
+                "batch_schedule": {"kind": "increase_instead_of_decay"},
+                "lr_milestones": [third, 2 * third],
+                "lr_gamma": 0.25,
+                **grow,
+            },
+        },
+        "loss_ratio": {
+            "batch": B_SMALL,
+            "train": {"batch_schedule": {"kind": "loss_ratio", "max_batch": 1024}, **grow},
+        },
+        "adaptive": {
+            "batch": B_SMALL,
+            "train": {
+                "batch_schedule": {"kind": "adaptive", "max_growth": 2.0, "max_batch": 1024},
+                "workers": {"min": 2, "max": 2},
+            },
+        },
     }
 
 
@@ -92,12 +110,16 @@ def main() -> None:
     args = ap.parse_args()
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     for name in args.datasets:
-        base = {"name": f"sched-{name}", **DATA[name], "epochs": args.epochs,
-                "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
-                "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 1024},
-                "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1}}
+        base = {
+            "name": f"sched-{name}",
+            **DATA[name],
+            "epochs": args.epochs,
+            "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+            "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 1024},
+            "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1},
+        }
         models = fit_models(profile(spec_from_dict(base), "partial", launcher=launcher))
-        from tula.perfmodel import PerfModel
+        from tula.core.perfmodel import PerfModel
 
         perf, size = PerfModel.from_dict(models["perf"]), models["dataset_size"]
         rows: dict[str, list[dict]] = {}
@@ -107,28 +129,41 @@ def main() -> None:
                     t = {"warmup_epochs": 0, **c["train"]}
                     spec = spec_from_dict({**base, "seed": seed, "train": t})
                     n0 = t.get("workers", {}).get("min", 1)
-                    run = train(spec, "lbt", n0, c["batch"], Path(tmp) / f"{label}-{seed}".replace(" ", "_"),
-                                launcher=launcher)
-                    rows.setdefault(label, []).append({
-                        "top1": 100 * run["final"]["test_top1"], "updates": run["steps_done"],
-                        "wall_s": run["train_s"], "pred_s": predicted_s(perf, run["history"], size),
-                        "batches": [h["global_batch"] for h in run["history"]],
-                        "workers": [h["n_workers"] for h in run["history"]]})
-                    print(f"{name} seed {seed} {label:28s} top-1 {rows[label][-1]['top1']:.2f} updates "
-                          f"{run['steps_done']} batches {rows[label][-1]['batches']}", flush=True)
+                    run = train(
+                        spec, "lbt", n0, c["batch"], Path(tmp) / f"{label}-{seed}".replace(" ", "_"), launcher=launcher
+                    )
+                    rows.setdefault(label, []).append(
+                        {
+                            "top1": 100 * run["final"]["test_top1"],
+                            "updates": run["steps_done"],
+                            "wall_s": run["train_s"],
+                            "pred_s": predicted_s(perf, run["history"], size),
+                            "batches": [h["global_batch"] for h in run["history"]],
+                            "workers": [h["n_workers"] for h in run["history"]],
+                        }
+                    )
+                    print(
+                        f"{name} seed {seed} {label:28s} top-1 {rows[label][-1]['top1']:.2f} updates "
+                        f"{run['steps_done']} batches {rows[label][-1]['batches']}",
+                        flush=True,
+                    )
         ref = rows["constant small (reference)"]
         ref_top1, ref_updates = statistics.mean(r["top1"] for r in ref), statistics.mean(r["updates"] for r in ref)
         print(f"\n{name}: {args.epochs} epochs, {args.seeds} seed(s), lbt (SGD lr 0.05, momentum 0.9)")
-        print(f"{'schedule':28s} {'top-1 %':>14s} {'updates':>8s} {'fewer':>6s} {'wall s':>7s} "
-              f"{'pred. s (N<=64)':>15s}  verdict")
+        print(
+            f"{'schedule':28s} {'top-1 %':>14s} {'updates':>8s} {'fewer':>6s} {'wall s':>7s} "
+            f"{'pred. s (N<=64)':>15s}  verdict"
+        )
         for label, rs in rows.items():
             top = [r["top1"] for r in rs]
             mean, std = statistics.mean(top), statistics.stdev(top) if len(top) > 1 else 0.0
             upd = statistics.mean(r["updates"] for r in rs)
             ok = label != "constant small (reference)" and mean >= ref_top1 - 0.5 and ref_updates / upd >= 2
-            print(f"{label:28s} {mean:8.2f} ± {std:4.2f} {upd:8.0f} {ref_updates / upd:5.1f}x "
-                  f"{statistics.mean(r['wall_s'] for r in rs):7.1f} {statistics.mean(r['pred_s'] for r in rs):15.2f}"
-                  f"  {'MEETS the target' if ok else ''}")
+            print(
+                f"{label:28s} {mean:8.2f} ± {std:4.2f} {upd:8.0f} {ref_updates / upd:5.1f}x "
+                f"{statistics.mean(r['wall_s'] for r in rs):7.1f} {statistics.mean(r['pred_s'] for r in rs):15.2f}"
+                f"  {'MEETS the target' if ok else ''}"
+            )
     print(f"\nresize cost (a new 2-rank world): local {resize_cost_s(launcher):.2f} s", flush=True)
     try:
         import logging
@@ -136,12 +171,16 @@ def main() -> None:
         import dask
         from distributed import Client, LocalCluster
 
-        from tula.launch.clusters import WORKER_CONFIG
-        from tula.launch.dask import DaskLauncher
+        from tula.engine.launch.clusters import WORKER_CONFIG
+        from tula.engine.launch.dask import DaskLauncher
 
         dask.config.set(WORKER_CONFIG)
-        with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None,
-                          silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             print(f"resize cost (a new 2-rank world): Dask {resize_cost_s(DaskLauncher(client, device='cpu')):.2f} s")
     except ImportError as err:  # pragma: no cover
         print(f"no Dask: {err}")

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing as mp
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import tempfile
-import multiprocessing as mp
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -71,8 +71,12 @@ def _light_client(url: str, job_id: str, bodies: list[dict], n: int, k: int) -> 
     try:
         for i in range(n):
             t = time.perf_counter()
-            conn.request("POST", f"/v1/jobs/{job_id}/replan", body=encoded[(k + i) % len(encoded)],
-                         headers={"Content-Type": "application/json"})
+            conn.request(
+                "POST",
+                f"/v1/jobs/{job_id}/replan",
+                body=encoded[(k + i) % len(encoded)],
+                headers={"Content-Type": "application/json"},
+            )
             r = conn.getresponse()
             body = r.read()
             latencies.append(time.perf_counter() - t)
@@ -93,11 +97,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--client", choices=["http.client", "httpx"], default="http.client",
-                    help="the clients' HTTP library (default: the standard library's, the lighter)")
+    ap.add_argument(
+        "--client",
+        choices=["http.client", "httpx"],
+        default="http.client",
+        help="the clients' HTTP library (default: the standard library's, the lighter)",
+    )
     args = ap.parse_args()
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores), "
-          f"{args.requests} re-plans from {args.clients} clients")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores), "
+        f"{args.requests} re-plans from {args.clients} clients"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
@@ -111,10 +121,14 @@ def main() -> None:
             assert job["state"] == "done", job
             print(f"stored model: job {job_id} profiled, fitted and planned in {measured_s:.1f} s through the service")
 
-            bodies = [{"objective": o, "cluster_sizes": cs} for o in ("knee", "time", "cost")
-                      for cs in ([1, 2], [1, 2, 4, 8], [1, 2, 4, 8, 16, 32, 64])]
-            per_client = [args.requests // args.clients + (i < args.requests % args.clients)
-                          for i in range(args.clients)]
+            bodies = [
+                {"objective": o, "cluster_sizes": cs}
+                for o in ("knee", "time", "cost")
+                for cs in ([1, 2], [1, 2, 4, 8], [1, 2, 4, 8, 16, 32, 64])
+            ]
+            per_client = [
+                args.requests // args.clients + (i < args.requests % args.clients) for i in range(args.clients)
+            ]
             # each client its own process (its own interpreter: no client shares a GIL with another)
             ctx = mp.get_context("spawn")
             with ctx.Pool(args.clients) as pool:
@@ -127,10 +141,12 @@ def main() -> None:
             errors = [e for _, errs in results for e in errs]
             lat = sorted(latencies)
             p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(0.99 * len(lat)))]
-            print(f"re-plan: {len(lat)} requests in {wall:.2f} s = {len(lat) / wall:.0f} req/s; latency p50 "
-                  f"{p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {lat[-1] * 1e3:.1f} ms "
-                  f"({'meets' if p99 < 0.1 else 'MISSES'} the p99 < 100 ms target); {len(errors)} error(s); "
-                  f"the service's CPU {server_cpu_s / len(lat) * 1e3:.2f} ms per request ({args.client} clients)")
+            print(
+                f"re-plan: {len(lat)} requests in {wall:.2f} s = {len(lat) / wall:.0f} req/s; latency p50 "
+                f"{p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {lat[-1] * 1e3:.1f} ms "
+                f"({'meets' if p99 < 0.1 else 'MISSES'} the p99 < 100 ms target); {len(errors)} error(s); "
+                f"the service's CPU {server_cpu_s / len(lat) * 1e3:.2f} ms per request ({args.client} clients)"
+            )
             if errors:
                 print("  first error:", errors[0])
 
@@ -147,13 +163,24 @@ def main() -> None:
         spec_path = Path(tmp) / "digits.yaml"
         spec_path.write_text(yaml.safe_dump(SPEC))
         t = time.perf_counter()
-        r = subprocess.run([str(Path(sys.executable).parent / "tula"), "plan", str(spec_path), "--out",
-                            str(Path(tmp) / "again" / "plan.json")], capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "tula"),
+                "plan",
+                str(spec_path),
+                "--out",
+                str(Path(tmp) / "again" / "plan.json"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         again_s = time.perf_counter() - t
         assert r.returncode == 0, r.stderr
-        print(f"POST /v1/plans from the stored model: median {from_store * 1e3:.1f} ms (5 calls; the first, which "
-              f"reads the hardware facts once, {times[0] * 1e3:.0f} ms); profiling again "
-              f"(tula plan SPEC: profile, fit, plan): {again_s:.1f} s; ratio {again_s / from_store:.0f}x")
+        print(
+            f"POST /v1/plans from the stored model: median {from_store * 1e3:.1f} ms (5 calls; the first, which "
+            f"reads the hardware facts once, {times[0] * 1e3:.0f} ms); profiling again "
+            f"(tula plan SPEC: profile, fit, plan): {again_s:.1f} s; ratio {again_s / from_store:.0f}x"
+        )
 
 
 if __name__ == "__main__":

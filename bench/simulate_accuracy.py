@@ -3,7 +3,7 @@
 Runs a real ``tula profile`` of the digits example (``examples/digits_cnn.yaml``, search
 full: N in {1, 2} x global batches 128..1024) twice (A and B, minutes apart), or reads
 profiles given with ``--profile``.  From profile A it refits the models without some
-measured configurations and simulates those (:func:`tula.simulate.simulator_from_models`,
+measured configurations and simulates those (:func:`tula.core.simulate.simulator_from_models`,
 no override: the fitted network and compute, the fitted collective), then prints the
 relative error of the simulated step time -- and so of the epoch and total time, which are
 ``E * floor(D / B)`` times it -- per held-out configuration against A's measurement (and
@@ -38,10 +38,10 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from tula.fit import fit_models
-from tula.records import PROFILE_KIND, load_record
-from tula.schedules import steps_per_epoch
-from tula.simulate import simulator_from_models
+from tula.core.fit import fit_models
+from tula.core.records import PROFILE_KIND, load_record
+from tula.core.schedules import steps_per_epoch
+from tula.core.simulate import simulator_from_models
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=140)
@@ -79,11 +79,18 @@ def simulate_held_out(prof: dict, held: set[tuple[int, int]]) -> list[dict]:
             continue
         row = sim.constant(t["global_batch"], [t["n_workers"]], [coll])[0]
         measured_total = epochs * steps_per_epoch(d, t["global_batch"]) * t["t_step_s"]
-        out.append({"n_workers": t["n_workers"], "global_batch": t["global_batch"], "measured_s": t["t_step_s"],
-                    "simulated_s": row["t_step_s"], "measured_total_s": measured_total,
-                    "simulated_total_s": row["total_time_s"],
-                    "rel_error": abs(row["t_step_s"] - t["t_step_s"]) / t["t_step_s"],
-                    "frozen": list(models["perf"]["frozen"])})
+        out.append(
+            {
+                "n_workers": t["n_workers"],
+                "global_batch": t["global_batch"],
+                "measured_s": t["t_step_s"],
+                "simulated_s": row["t_step_s"],
+                "measured_total_s": measured_total,
+                "simulated_total_s": row["total_time_s"],
+                "rel_error": abs(row["t_step_s"] - t["t_step_s"]) / t["t_step_s"],
+                "frozen": list(models["perf"]["frozen"]),
+            }
+        )
     return out
 
 
@@ -95,8 +102,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/simulate_accuracy"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    console.print(f"date {time.strftime('%Y-%m-%d %H:%M %Z')}; machine {platform.machine()} {os.cpu_count()} cores; "
-                  f"load average {os.getloadavg()[0]:.1f}; spec {args.spec.name}")
+    console.print(
+        f"date {time.strftime('%Y-%m-%d %H:%M %Z')}; machine {platform.machine()} {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.1f}; spec {args.spec.name}"
+    )
     if args.profile:
         profs = [load_record(p, expect=(PROFILE_KIND,)) for p in args.profile]
     else:
@@ -104,18 +113,28 @@ def main() -> None:
     a = profs[0]
     ok = sorted(_key(t) for t in a["trials"] if t["status"] == "ok")
     batches = sorted({b for _, b in ok})
-    schemes = {"largest batch": [{k for k in ok if k[1] == batches[-1]}],
-               "smallest batch": [{k for k in ok if k[1] == batches[0]}],
-               "N=2": [{k for k in ok if k[0] == 2}],
-               "leave one out": [{k} for k in ok]}
-    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": f"{platform.machine()} {os.cpu_count()} "
-                     "cores", "spec": str(args.spec), "configs": ok, "schemes": {}}
+    schemes = {
+        "largest batch": [{k for k in ok if k[1] == batches[-1]}],
+        "smallest batch": [{k for k in ok if k[1] == batches[0]}],
+        "N=2": [{k for k in ok if k[0] == 2}],
+        "leave one out": [{k} for k in ok],
+    }
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "spec": str(args.spec),
+        "configs": ok,
+        "schemes": {},
+    }
 
     noise, b_steps = {}, {}
     if len(profs) > 1:
         b_steps = {_key(t): t["t_step_s"] for t in profs[1]["trials"] if t["status"] == "ok"}
-        noise = {k: abs(t["t_step_s"] - b_steps[k]) / b_steps[k]
-                 for k, t in ((_key(t), t) for t in a["trials"] if t["status"] == "ok") if k in b_steps}
+        noise = {
+            k: abs(t["t_step_s"] - b_steps[k]) / b_steps[k]
+            for k, t in ((_key(t), t) for t in a["trials"] if t["status"] == "ok")
+            if k in b_steps
+        }
         results["noise"] = {f"N={k[0]} B={k[1]}": v for k, v in noise.items()}
 
     summary = Table(title="Simulated step time of held-out configurations: relative error (median / max)")
@@ -126,23 +145,54 @@ def main() -> None:
         errs = np.array([r["rel_error"] for r in rows])
         results["schemes"][name] = {"rows": rows, "median": float(np.median(errs)), "max": float(errs.max())}
         t = Table(title=f"held out: {name}")
-        for col in ("N", "B", "measured ms (A)", "simulated ms", "rel. error", "rel. error vs B",
-                    f"total s measured / simulated ({a['spec']['epochs']} epochs)", "noise A-B", "frozen in the fit"):
+        for col in (
+            "N",
+            "B",
+            "measured ms (A)",
+            "simulated ms",
+            "rel. error",
+            "rel. error vs B",
+            f"total s measured / simulated ({a['spec']['epochs']} epochs)",
+            "noise A-B",
+            "frozen in the fit",
+        ):
             t.add_column(col, justify="right")
         for r in rows:
             k = (r["n_workers"], r["global_batch"])
             r["rel_error_vs_b"] = abs(r["simulated_s"] - b_steps[k]) / b_steps[k] if k in b_steps else None
-            t.add_row(str(k[0]), str(k[1]), f"{1e3 * r['measured_s']:.2f}", f"{1e3 * r['simulated_s']:.2f}",
-                      f"{r['rel_error']:.1%}", "-" if r["rel_error_vs_b"] is None else f"{r['rel_error_vs_b']:.1%}",
-                      f"{r['measured_total_s']:.2f} / {r['simulated_total_s']:.2f}",
-                      f"{noise[k]:.1%}" if k in noise else "-", ", ".join(r["frozen"]))
+            t.add_row(
+                str(k[0]),
+                str(k[1]),
+                f"{1e3 * r['measured_s']:.2f}",
+                f"{1e3 * r['simulated_s']:.2f}",
+                f"{r['rel_error']:.1%}",
+                "-" if r["rel_error_vs_b"] is None else f"{r['rel_error_vs_b']:.1%}",
+                f"{r['measured_total_s']:.2f} / {r['simulated_total_s']:.2f}",
+                f"{noise[k]:.1%}" if k in noise else "-",
+                ", ".join(r["frozen"]),
+            )
         console.print(t)
-        nf = np.median([noise[(r["n_workers"], r["global_batch"])] for r in rows
-                        if (r["n_workers"], r["global_batch"]) in noise]) if noise else float("nan")
+        nf = (
+            np.median(
+                [
+                    noise[(r["n_workers"], r["global_batch"])]
+                    for r in rows
+                    if (r["n_workers"], r["global_batch"]) in noise
+                ]
+            )
+            if noise
+            else float("nan")
+        )
         vs_b = [r["rel_error_vs_b"] for r in rows if r["rel_error_vs_b"] is not None]
         results["schemes"][name]["median_vs_b"] = float(np.median(vs_b)) if vs_b else None
-        summary.add_row(name, str(len(rows)), f"{np.median(errs):.1%}", f"{errs.max():.1%}",
-                        f"{np.median(vs_b):.1%}" if vs_b else "-", "-" if np.isnan(nf) else f"{nf:.1%}")
+        summary.add_row(
+            name,
+            str(len(rows)),
+            f"{np.median(errs):.1%}",
+            f"{errs.max():.1%}",
+            f"{np.median(vs_b):.1%}" if vs_b else "-",
+            "-" if np.isnan(nf) else f"{nf:.1%}",
+        )
     console.print(summary)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     console.print(f"profiles and results in {args.out}")

@@ -57,22 +57,36 @@ def main(argv: list[str] | None = None) -> TulaRegressor:
     args = ap.parse_args(argv)
 
     est = TulaRegressor(
-        module=HiddenLayer, module__features=10, module__hidden=32,
-        optimizer=optim.Adam, optimizer__weight_decay=1e-7, lr=0.01,
-        max_epochs=args.epochs, random_state=0, verbose=1, cluster=args.cluster,
+        module=HiddenLayer,
+        module__features=10,
+        module__hidden=32,
+        optimizer=optim.Adam,
+        optimizer__weight_decay=1e-7,
+        lr=0.01,
+        max_epochs=args.epochs,
+        random_state=0,
+        verbose=1,
+        cluster=args.cluster,
     )
     # GeoDamp: the batch x factor every `delay` epochs; the workers follow it
-    est.set_params(batch_size="geometric", batch_size__initial=args.initial_batch,
-                   batch_size__delay=args.delay, batch_size__factor=args.factor,
-                   workers__max=args.max_workers, workers__batch_per_worker=4 * args.initial_batch)
+    est.set_params(
+        batch_size="geometric",
+        batch_size__initial=args.initial_batch,
+        batch_size__delay=args.delay,
+        batch_size__factor=args.factor,
+        workers__max=args.max_workers,
+        workers__batch_per_worker=4 * args.initial_batch,
+    )
 
     X, y = make_regression(n_samples=args.samples, n_features=10, noise=1.0, random_state=0)
     X = torch.from_numpy(X.astype("float32"))
     y = torch.from_numpy((y / y.std()).astype("float32")).reshape(-1, 1)  # unit-variance targets for the MSE
     t0 = time.perf_counter()
     est.fit(X, y)
-    print(f"fit in {time.perf_counter() - t0:.1f} s: {est.train_record_['steps_done']} model updates; "
-          f"R^2 on the training data {est.score(X, y):.4f}, on the held-out 10 % {est.history_[-1]['test_r2']:.4f}")
+    print(
+        f"fit in {time.perf_counter() - t0:.1f} s: {est.train_record_['steps_done']} model updates; "
+        f"R^2 on the training data {est.score(X, y):.4f}, on the held-out 10 % {est.history_[-1]['test_r2']:.4f}"
+    )
     print("global batch per epoch:", [h["global_batch"] for h in est.history_])
     print("workers per epoch:     ", [h["n_workers"] for h in est.history_])
     return est

@@ -38,19 +38,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 PREFIX = "tula-"  # every namespace this helper makes starts with it
 REQUIRE_ENV = "TULA_REQUIRE_NETNS"  # =1: a test that cannot make namespaces fails instead of skipping
 
-#: Dask settings of the workers (what ``tula.launch.clusters.WORKER_CONFIG`` sets for workers
+#: Dask settings of the workers (what ``tula.engine.launch.clusters.WORKER_CONFIG`` sets for workers
 #: Tula starts itself): not daemonic, no stack sampling
-WORKER_ENV = {"DASK_DISTRIBUTED__WORKER__DAEMON": "False",
-              "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
-              "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__GIL__ENABLED": "False",
-              "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
-              "OMP_NUM_THREADS": "1"}
+WORKER_ENV = {
+    "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+    "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__GIL__ENABLED": "False",
+    "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
+    "OMP_NUM_THREADS": "1",
+}
 
 
 class NetnsUnavailable(RuntimeError):
@@ -146,9 +148,16 @@ class EmulatedHosts:
         (docs/benchmarks.md, the network model)
     """
 
-    def __init__(self, n_hosts: int = 2, rate_mbit: float | None = None, workers_per_host: int = 1,
-                 start_dask: bool = True, worker_env: dict[str, str] | None = None, python: str | None = None,
-                 pin_cores: bool = False):
+    def __init__(
+        self,
+        n_hosts: int = 2,
+        rate_mbit: float | None = None,
+        workers_per_host: int = 1,
+        start_dask: bool = True,
+        worker_env: dict[str, str] | None = None,
+        python: str | None = None,
+        pin_cores: bool = False,
+    ):
         self.n_hosts = n_hosts
         self.rate_mbit = rate_mbit
         self.workers_per_host = workers_per_host
@@ -192,14 +201,14 @@ class EmulatedHosts:
         return f"tcp://{self.address(0)}:{self.scheduler_port}"
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "EmulatedHosts":
+    def __enter__(self) -> EmulatedHosts:
         self.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> "EmulatedHosts":
+    def start(self) -> EmulatedHosts:
         why = why_unavailable()
         if why:
             raise NetnsUnavailable(why)
@@ -242,40 +251,85 @@ class EmulatedHosts:
         quantum = "1514"
         for dev, ns in ((self.veth(host), None), ("eth0", self.ns(host))):
             _tc("qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10", ns=ns)
-            _tc("class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
-                "quantum", quantum, ns=ns)
+            _tc(
+                "class",
+                "replace",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "classid",
+                "1:10",
+                "htb",
+                "rate",
+                rate,
+                "ceil",
+                rate,
+                "quantum",
+                quantum,
+                ns=ns,
+            )
 
     def link(self, host: int, up: bool) -> None:
         """Take host ``host``'s link down (inside its namespace, as a broken cable) or up."""
         _ip("link", "set", "eth0", "up" if up else "down", ns=self.ns(host))
 
-    def popen(self, host: int, cmd: Sequence[str], log: str | None = None, env: dict[str, str] | None = None,
-              **kw) -> subprocess.Popen:
+    def popen(
+        self, host: int, cmd: Sequence[str], log: str | None = None, env: dict[str, str] | None = None, **kw
+    ) -> subprocess.Popen:
         """Start ``cmd`` inside host ``host``'s namespace (its own session: a signal to it
         reaches only it), logging to ``logs/<log>``."""
         out = open(self.logs / log, "ab") if log else subprocess.DEVNULL
         try:
-            p = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *cmd], stdout=out, stderr=subprocess.STDOUT,
-                                 env={**os.environ, **(env or {})}, start_new_session=True, **kw)
+            p = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns(host), *cmd],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+                **kw,
+            )
         finally:
             if log:
                 out.close()  # the child holds its own copy
         self.procs.append(p)
         return p
 
-    def run(self, cmd: Sequence[str], host: int = 0, timeout: float = 600, env: dict[str, str] | None = None,
-            **kw) -> subprocess.CompletedProcess:
+    def run(
+        self, cmd: Sequence[str], host: int = 0, timeout: float = 600, env: dict[str, str] | None = None, **kw
+    ) -> subprocess.CompletedProcess:
         """Run ``cmd`` to its end inside host ``host`` (default: the head), capturing its output."""
-        return subprocess.run(["ip", "netns", "exec", self.ns(host), *cmd], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, **(env or {})}, **kw)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.ns(host), *cmd],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            **kw,
+        )
 
     def _start_scheduler(self) -> None:
-        # worker locks are leases (tula.launch.dask): a killed command's workers are free again
+        # worker locks are leases (tula.engine.launch.dask): a killed command's workers are free again
         # after the lease timeout, shortened here from Dask's 30 s to keep the tests short
-        self.popen(0, [self.python, "-m", "distributed.cli.dask_scheduler", "--host", self.address(0),
-                       "--port", str(self.scheduler_port), "--no-dashboard"], log="scheduler.log",
-                   env={"OMP_NUM_THREADS": "1", "DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "6s",
-                        "DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_VALIDATION_INTERVAL": "2s"})
+        self.popen(
+            0,
+            [
+                self.python,
+                "-m",
+                "distributed.cli.dask_scheduler",
+                "--host",
+                self.address(0),
+                "--port",
+                str(self.scheduler_port),
+                "--no-dashboard",
+            ],
+            log="scheduler.log",
+            env={
+                "OMP_NUM_THREADS": "1",
+                "DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "6s",
+                "DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_VALIDATION_INTERVAL": "2s",
+            },
+        )
 
     def start_worker(self, host: int) -> subprocess.Popen:
         """One more Dask worker on host ``host``, under a nanny (as ``dask worker`` starts
@@ -284,20 +338,38 @@ class EmulatedHosts:
         k = self._n_started
         self._n_started += 1
         pin = ["taskset", "-c", str((host - 1) % (os.cpu_count() or 1))] if self.pin_cores else []
-        return self.popen(host, [*pin, self.python, "-m", "distributed.cli.dask_worker", self.scheduler_address,
-                                 "--host", self.address(host), "--nthreads", "1", "--no-dashboard",
-                                 "--name", f"h{host}-w{k}"],
-                          log=f"worker-h{host}-{k}.log", env={**WORKER_ENV, **self.worker_env})
+        return self.popen(
+            host,
+            [
+                *pin,
+                self.python,
+                "-m",
+                "distributed.cli.dask_worker",
+                self.scheduler_address,
+                "--host",
+                self.address(host),
+                "--nthreads",
+                "1",
+                "--no-dashboard",
+                "--name",
+                f"h{host}-w{k}",
+            ],
+            log=f"worker-h{host}-{k}.log",
+            env={**WORKER_ENV, **self.worker_env},
+        )
 
     def wait_for_workers(self, n: int, timeout_s: float = 120) -> None:
         """Wait (from the head) until the scheduler knows ``n`` workers."""
-        code = ("import sys; from distributed import Client\n"
-                f"c = Client({self.scheduler_address!r}, timeout={timeout_s})\n"
-                f"c.wait_for_workers({n}, timeout={timeout_s}); c.close()")
+        code = (
+            "import sys; from distributed import Client\n"
+            f"c = Client({self.scheduler_address!r}, timeout={timeout_s})\n"
+            f"c.wait_for_workers({n}, timeout={timeout_s}); c.close()"
+        )
         r = self.run([self.python, "-c", code], timeout=timeout_s + 30)
         if r.returncode != 0:
-            raise RuntimeError(f"the emulated hosts' {n} Dask workers did not register: {r.stderr[-2000:]}\n"
-                               f"{self.log_tail()}")
+            raise RuntimeError(
+                f"the emulated hosts' {n} Dask workers did not register: {r.stderr[-2000:]}\n{self.log_tail()}"
+            )
 
     def log_tail(self, chars: int = 3000) -> str:
         """The end of every process log (for a failing test's message)."""
@@ -336,7 +408,10 @@ class EmulatedHosts:
         """Namespaces, links and processes of this instance still present (empty after stop)."""
         left = [ns for ns in _namespaces() if ns.startswith(f"{PREFIX}{self.id}-")]
         links = _ip("-o", "link", "show", check=False).stdout
-        left += [name for name in [self.bridge, *(self.veth(h) for h in range(self.n_hosts + 1))]
-                 if re.search(rf"\d+: {re.escape(name)}[:@]", links)]
+        left += [
+            name
+            for name in [self.bridge, *(self.veth(h) for h in range(self.n_hosts + 1))]
+            if re.search(rf"\d+: {re.escape(name)}[:@]", links)
+        ]
         left += [f"pid {p.pid}" for p in self.procs if p.poll() is None]
         return left

@@ -56,8 +56,10 @@ class PostgresServer:
             try:
                 pw = pwd.getpwnam("postgres")
             except KeyError:
-                raise RuntimeError("the tests run as root, and PostgreSQL refuses root, but there is no 'postgres' "
-                                   "OS user to run it as") from None
+                raise RuntimeError(
+                    "the tests run as root, and PostgreSQL refuses root, but there is no 'postgres' "
+                    "OS user to run it as"
+                ) from None
             os.chown(self.root, pw.pw_uid, pw.pw_gid)
             self.as_user = "postgres"
         self.user = "postgres"
@@ -71,13 +73,15 @@ class PostgresServer:
             raise RuntimeError(f"{Path(args[0]).name} failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-800:]}")
         return r
 
-    def start(self) -> "PostgresServer":
-        self._run(self.bin_dir / "initdb", "-D", self.data, "-U", self.user, "--auth=trust", "-E", "UTF8",
-                  "--no-sync")
-        opts = (f"-k {self.root} -p {self.port} -c listen_addresses='' -c fsync=off -c synchronous_commit=off "
-                "-c full_page_writes=off -c max_connections=50")
-        self._run(self.bin_dir / "pg_ctl", "-D", self.data, "-l", self.root / "log", "-o", opts, "-w", "-t", "60",
-                  "start")
+    def start(self) -> PostgresServer:
+        self._run(self.bin_dir / "initdb", "-D", self.data, "-U", self.user, "--auth=trust", "-E", "UTF8", "--no-sync")
+        opts = (
+            f"-k {self.root} -p {self.port} -c listen_addresses='' -c fsync=off -c synchronous_commit=off "
+            "-c full_page_writes=off -c max_connections=50"
+        )
+        self._run(
+            self.bin_dir / "pg_ctl", "-D", self.data, "-l", self.root / "log", "-o", opts, "-w", "-t", "60", "start"
+        )
         return self
 
     def url(self, database: str = "postgres") -> str:
@@ -88,8 +92,9 @@ class PostgresServer:
         import psycopg
 
         name = f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(host=str(self.root), port=self.port, user=self.user, dbname="postgres",
-                             autocommit=True) as conn:
+        with psycopg.connect(
+            host=str(self.root), port=self.port, user=self.user, dbname="postgres", autocommit=True
+        ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 

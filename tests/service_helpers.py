@@ -24,16 +24,22 @@ def free_port() -> int:
 class Service:
     """`tula serve` in its own process group (so a kill -9 takes its runners and ranks too)."""
 
-    def __init__(self, home: Path, *args: str, db_url: str | None = None, token: str | None = None,
-                 env: dict | None = None) -> None:
+    def __init__(
+        self, home: Path, *args: str, db_url: str | None = None, token: str | None = None, env: dict | None = None
+    ) -> None:
         self.home, self.args, self.db_url, self.token = home, args, db_url, token
-        self.env = {**os.environ, "TULA_STALE_AFTER_S": "4", "TULA_HEARTBEAT_S": "0.5", "TULA_POLL_S": "0.2",
-                    **(env or {})}
+        self.env = {
+            **os.environ,
+            "TULA_STALE_AFTER_S": "4",
+            "TULA_HEARTBEAT_S": "0.5",
+            "TULA_POLL_S": "0.2",
+            **(env or {}),
+        }
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 60) -> "Service":
+    def start(self, timeout_s: float = 60) -> Service:
         exe = Path(sys.executable).parent / "tula"
         cmd = [str(exe), "serve", "--port", str(self.port), "--home", str(self.home), *self.args]
         if self.db_url:

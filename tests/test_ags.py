@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tula.optim.ags import AGS, GradientVariability
+from tula.engine.optim.ags import AGS, GradientVariability
 
 
 def _model(seed=0):
@@ -48,9 +48,11 @@ def test_variability_is_eq5():
 
 @pytest.mark.parametrize("base", ["sgd", "nesterov", "adam"])
 def test_delta_zero_is_exactly_the_wrapped_optimiser(base):
-    make = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4),
-            "nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
-            "adam": lambda p: torch.optim.Adam(p, lr=1e-3)}[base]
+    make = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4),
+        "nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+        "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
+    }[base]
     m1, m2 = _model(), _model()
     ags = AGS(make(m1.parameters()), b_large=256, b_small=32, delta=0.0)
     plain = make(m2.parameters())
@@ -68,7 +70,7 @@ def test_delta_zero_is_exactly_the_wrapped_optimiser(base):
         assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
     assert ags.scaled_fraction == 0.0 and ags.steps == 10
     lr0 = 1e-3 if base == "adam" else 0.1
-    assert ags.param_groups[0]["lr"] == plain.param_groups[0]["lr"] == pytest.approx(lr0 * 0.5 ** 3)
+    assert ags.param_groups[0]["lr"] == plain.param_groups[0]["lr"] == pytest.approx(lr0 * 0.5**3)
     assert s1.get_last_lr() == s2.get_last_lr()
 
 
@@ -82,15 +84,20 @@ G_LARGE = ([[1.0, 2.0], [-4.0, 0.5]], [2.0, -1.0])
 G_SMALL = ([[3.0, -0.2], [-4.0, 100.0]], [1.0, 0.5])
 # by hand: per element |g_small / g_large| = [[3, 0.1], [1, 200]] and [0.5, 0.5], clamped to [0.2, 8];
 # per tensor |g_small| / |g_large| = sqrt(10025.04) / sqrt(21.25) = 21.72 -> 8 and sqrt(1.25) / sqrt(5) = 0.5
-EXPECTED = {"element": ([[3.0, 0.2], [1.0, 8.0]], [0.5, 0.5]),
-            "tensor": (8.0, 0.5)}
+EXPECTED = {"element": ([[3.0, 0.2], [1.0, 8.0]], [0.5, 0.5]), "tensor": (8.0, 0.5)}
 
 
 @pytest.mark.parametrize("granularity", ["tensor", "element"])
 def test_factors_are_the_clamped_ratio_and_scale_a_calm_step(granularity):
     layer = _linear_with_grads(*G_LARGE)
-    ags = AGS(torch.optim.SGD(layer.parameters(), lr=1.0), b_large=256, b_small=4, delta=0.5, s_min=0.2,
-              granularity=granularity)
+    ags = AGS(
+        torch.optim.SGD(layer.parameters(), lr=1.0),
+        b_large=256,
+        b_small=4,
+        delta=0.5,
+        s_min=0.2,
+        granularity=granularity,
+    )
     assert ags.s_max == 8.0  # sqrt(256 / 4)
     ags.update_factors([torch.tensor(g) for g in G_SMALL])
     for factor, expected in zip(ags.factors, EXPECTED[granularity]):
@@ -110,8 +117,7 @@ def test_sensitive_steps_pass_gradients_through_bit_identically(mode):
     """The first step (Δ = inf) and a step whose gradient norm jumps are the wrapped
     optimiser's own steps, bit for bit; a step whose gradient barely changes is scaled."""
     m1, m2 = _model(), _model()
-    ags = AGS(torch.optim.SGD(m1.parameters(), lr=0.5, momentum=0.9), 256, 32, delta=0.5, mode=mode,
-              static_scale=2.0)
+    ags = AGS(torch.optim.SGD(m1.parameters(), lr=0.5, momentum=0.9), 256, 32, delta=0.5, mode=mode, static_scale=2.0)
     plain = torch.optim.SGD(m2.parameters(), lr=0.5, momentum=0.9)
     g = torch.Generator().manual_seed(3)
     grads = [torch.randn(p.shape, generator=g) for p in m1.parameters()]
@@ -230,8 +236,9 @@ def test_step_reads_nothing_back_to_the_host(mode, granularity):
         float(torch.ones(()) * 2)
     assert "aten._local_scalar_dense.default" in probe.ops
     m = _model()
-    ags = AGS(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), 256, 32, delta=10.0, mode=mode,
-              granularity=granularity)
+    ags = AGS(
+        torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), 256, 32, delta=10.0, mode=mode, granularity=granularity
+    )
     x, y = _data()
     _backward(m, x, y)
     ags.update_factors(_small_grads(m, x, y, 32))
@@ -248,7 +255,7 @@ def test_per_step_traces_are_bounded_and_drained():
     ags = AGS(torch.optim.SGD(m.parameters(), lr=0.01), 256, 32, delta=10.0, trace_capacity=5)
     x, y = _data()
     deltas = []
-    for i in range(12):
+    for _ in range(12):
         _backward(m, x, y)
         ags.step()
         deltas.append(ags.variability.prev_sq_norm.item())

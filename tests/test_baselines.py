@@ -1,5 +1,5 @@
 """The large-batch baselines (lars, lamb, polo, adascale) and lrs trained by the real
-runner (:func:`tula.train.train`, 2-rank gloo DDP on digits), checked from the run record
+runner (:func:`tula.engine.train.train`, 2-rank gloo DDP on digits), checked from the run record
 and the checkpoint; every method's LR schedule after a resume; single-process contracts."""
 
 import copy
@@ -8,17 +8,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from tula.checkpoint import load_checkpoint
-from tula.errors import SpecError
-from tula.launch import LocalLauncher
-from tula.optim.methods import build_method
-from tula.registry import METHOD_NAMES
-from tula.spec import spec_from_dict
-from tula.train import steps_per_epoch, train
-from tula.workloads import SmallCNN, load_dataset
-
 import workers
+
+from tula.core.errors import SpecError
+from tula.core.registry import METHOD_NAMES
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import load_checkpoint
+from tula.engine.launch import LocalLauncher
+from tula.engine.optim.methods import build_method
+from tula.engine.train import steps_per_epoch, train
+from tula.engine.workloads import SmallCNN, load_dataset
 
 DIGITS_TRAIN = 1438
 GLOBAL_BATCH = 128  # 64 per rank, twice train.base_batch
@@ -51,13 +50,21 @@ RUNS = {  # lbt: trained by the runner in test_train.py
     "lamb": spec_dict("lamb"),
     "polo": spec_dict("polo"),
     # plain SGD; a milestone halves the LR from epoch 1 on
-    "adascale": spec_dict("adascale", optimizer={"lr": ADASCALE_LR, "momentum": 0.0, "weight_decay": 0.0},
-                          train={"lr_milestones": [1], "lr_gamma": 0.5}),
+    "adascale": spec_dict(
+        "adascale",
+        optimizer={"lr": ADASCALE_LR, "momentum": 0.0, "weight_decay": 0.0},
+        train={"lr_milestones": [1], "lr_gamma": 0.5},
+    ),
 }
 # the LR each method's rule gives after warm-up (1 epoch) at B = 2 * base_batch; for
 # adascale the LR without its gain (the gain is checked per epoch)
-LR_AFTER_WARMUP = {"lrs": 0.05 * 2, "lars": 2.0 * 2, "lamb": 0.01 * math.sqrt(2), "polo": 0.05,
-                   "adascale": ADASCALE_LR * 0.5}
+LR_AFTER_WARMUP = {
+    "lrs": 0.05 * 2,
+    "lars": 2.0 * 2,
+    "lamb": 0.01 * math.sqrt(2),
+    "polo": 0.05,
+    "adascale": ADASCALE_LR * 0.5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +73,14 @@ def runs(tmp_path_factory):
     out = {}
     for name, d in RUNS.items():
         out_dir = tmp_path_factory.mktemp(name) / "run"
-        run = train(spec_from_dict(d), name, 2, GLOBAL_BATCH, out_dir,
-                    launcher=LocalLauncher(device="cpu", threads_per_worker=1))
+        run = train(
+            spec_from_dict(d),
+            name,
+            2,
+            GLOBAL_BATCH,
+            out_dir,
+            launcher=LocalLauncher(device="cpu", threads_per_worker=1),
+        )
         out[name] = (run, out_dir)
     return out
 
@@ -120,8 +133,9 @@ def test_every_method_reports_the_lr_of_its_next_step_after_a_resume():
     """``get_last_lr()`` after ``load_state_dict(state, step)`` is the LR the next step
     applies, the same as without the interruption (mid warm-up, and with AdaScale's gain)."""
     runs = [(name, spec_dict(name, train={"ags": {"b_small": 32}})) for name in METHOD_NAMES]
-    res = LocalLauncher(device="cpu", threads_per_worker=1).run(workers.lr_after_resume, 2, runs, GLOBAL_BATCH, 4, 3,
-                                                                timeout_s=300)[0]
+    res = LocalLauncher(device="cpu", threads_per_worker=1).run(
+        workers.lr_after_resume, 2, runs, GLOBAL_BATCH, 4, 3, timeout_s=300
+    )[0]
     for name in METHOD_NAMES:
         r = res[name]
         assert r["restored_reported"] == r["restored_groups"] == r["reported"], name
@@ -134,8 +148,9 @@ def test_every_method_reports_the_lr_of_its_next_step_after_a_resume():
 
 
 def test_adascale_on_one_worker_is_a_spec_error_before_anything_starts(tmp_path):
-    with pytest.raises(SpecError, match="'adascale' estimates the gradient variance across workers and needs at "
-                                        "least 2 workers"):
+    with pytest.raises(
+        SpecError, match="'adascale' estimates the gradient variance across workers and needs at least 2 workers"
+    ):
         train(spec_from_dict(RUNS["adascale"]), "adascale", 1, 64, tmp_path / "out")
     with pytest.raises(SpecError, match="needs at least 2 workers"):
         build_method("adascale", SmallCNN(width=8), spec_from_dict(RUNS["adascale"]), 64, 1, STEPS)

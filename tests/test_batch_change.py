@@ -10,11 +10,11 @@ import shutil
 import pytest
 import torch
 
-from tula.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
-from tula.launch import LocalLauncher
-from tula.schedules import first_workers
-from tula.spec import spec_from_dict
-from tula.train import train
+from tula.core.job_rules import first_workers
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
+from tula.engine.launch import LocalLauncher
+from tula.engine.train import train
 
 
 def _launcher():
@@ -23,15 +23,20 @@ def _launcher():
 
 def _spec(tiny_spec_dict, batches, epochs, **over):
     d = dict(tiny_spec_dict, epochs=epochs, **over)
-    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "piecewise", "batches": batches},
-                  "ags": {"b_small": 32, "update_every": 4, "delta": 10.0}, "polo_switch_epoch": 1,
-                  "polo_averages_per_epoch": 3}
+    d["train"] = {
+        "warmup_epochs": 0,
+        "batch_schedule": {"kind": "piecewise", "batches": batches},
+        "ags": {"b_small": 32, "update_every": 4, "delta": 10.0},
+        "polo_switch_epoch": 1,
+        "polo_averages_per_epoch": 3,
+    }
     return spec_from_dict(d)
 
 
 def _segments(run):
-    return [(g["n_workers"], g["global_batch"], g["from_epoch"], g["world"], g["new_world"])
-            for g in run["generations"]]
+    return [
+        (g["n_workers"], g["global_batch"], g["from_epoch"], g["world"], g["new_world"]) for g in run["generations"]
+    ]
 
 
 def _numbers(run):
@@ -43,19 +48,23 @@ def _numbers(run):
 # post-local SGD: its averaging period from B, and a comm hook and process group of its own (a
 # new DDP wrapper of the same module, as AdaScale gets)
 @pytest.mark.parametrize("method", ["ags", "polo"])
-def test_a_batch_change_at_fixed_workers_stays_in_the_world_and_matches_a_resumed_run(tiny_spec_dict, tmp_path,
-                                                                                       method):
+def test_a_batch_change_at_fixed_workers_stays_in_the_world_and_matches_a_resumed_run(tiny_spec_dict, tmp_path, method):
     spec = _spec(tiny_spec_dict, [64, 128, 96], 3)
     events = []
     ref = train(spec, method, 2, 64, tmp_path / "ref", launcher=_launcher(), on_event=events.append)
     # digits: 1438 training samples -> 22 steps at 64, 11 at 128, 14 at 96
     assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in ref["history"]] == [
-        (64, 2, 22), (128, 2, 11), (96, 2, 14)]
+        (64, 2, 22),
+        (128, 2, 11),
+        (96, 2, 14),
+    ]
     assert ref["steps_done"] == 47 == ref["history"][-1]["steps_done"]
     assert _segments(ref) == [(2, 64, 1, 1, True), (2, 128, 2, 1, False), (2, 96, 3, 1, False)]
     assert all(g["wall_s"] > 0 for g in ref["generations"])
     assert [(e["at_epoch"], e["global_batch"], e["new_world"]) for e in events if e["type"] == "resize"] == [
-        (1, 128, False), (2, 96, False)]
+        (1, 128, False),
+        (2, 96, False),
+    ]
     assert [e["steps_per_epoch"] for e in events if e["type"] == "start"] == [22, 11, 14]
     assert (ref["global_batch"], ref["local_batch"], ref["steps_per_epoch"]) == (96, 48, 14)
     assert ref["replicas_identical"]
@@ -102,13 +111,20 @@ def test_tula_train_takes_the_first_worker_count_from_the_worker_rule(tiny_spec_
     import yaml
 
     d = dict(tiny_spec_dict, epochs=2)
-    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "piecewise", "batches": [64, 96]},
-                  "workers": {"min": 1, "max": 2, "batch_per_worker": 48}}
+    d["train"] = {
+        "warmup_epochs": 0,
+        "batch_schedule": {"kind": "piecewise", "batches": [64, 96]},
+        "workers": {"min": 1, "max": 2, "batch_per_worker": 48},
+    }
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(d))
     out = tmp_path / "out"
-    r = subprocess.run([*tula_cmd, "train", str(spec), "--method", "lbt", "--batch", "64", "--out", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [*tula_cmd, "train", str(spec), "--method", "lbt", "--batch", "64", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     run = json.loads((out / "train.json").read_text())
     assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 2), (96, 2)]

@@ -27,8 +27,19 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
 
     # re-plan from the saved models: no profiling, a different objective
     t0 = time.monotonic()
-    r2 = _run([*tula_cmd, "plan", str(out / "models.json"), "--objective", "time", "--out", str(tmp_path / "p2.json"),
-               "--plot", str(tmp_path / "p2.png")])
+    r2 = _run(
+        [
+            *tula_cmd,
+            "plan",
+            str(out / "models.json"),
+            "--objective",
+            "time",
+            "--out",
+            str(tmp_path / "p2.json"),
+            "--plot",
+            str(tmp_path / "p2.png"),
+        ]
+    )
     assert r2.returncode == 0, r2.stderr
     assert time.monotonic() - t0 < 30
     assert "profiling" not in r2.stderr
@@ -63,9 +74,14 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
 
 def test_run_trains_with_the_batch_schedule_of_the_spec(tmp_path, tiny_spec_dict, tula_cmd):
     """`tula run` starts training at the plan's choice and the spec's schedule moves it from there."""
-    d = dict(tiny_spec_dict, train={"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2,
-                                                                            "delay": 1},
-                                    "workers": {"min": 1, "max": 2}})
+    d = dict(
+        tiny_spec_dict,
+        train={
+            "warmup_epochs": 0,
+            "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+            "workers": {"min": 1, "max": 2},
+        },
+    )
     spec = tmp_path / "sched.yaml"
     spec.write_text(yaml.safe_dump(d))
     out = tmp_path / "run"
@@ -102,7 +118,7 @@ def test_bare_tula_shows_help_and_version_is_the_package_version(tula_cmd):
 
 def test_train_help_lists_every_registered_method(tula_cmd):
     """The CLI reads the one method registry: a method added there shows up here."""
-    from tula.registry import METHODS
+    from tula.core.registry import METHODS
 
     r = _run([*tula_cmd, "train", "--help"], env={**__import__("os").environ, "TERMINAL_WIDTH": "2000"})
     text = " ".join(r.stdout.split())  # one line per option at that width

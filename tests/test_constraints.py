@@ -16,31 +16,54 @@ import sys
 import numpy as np
 import pytest
 
-from tula.errors import InfeasibleError, RecordError, SpecError
-from tula.fit import fit_models
-from tula.memory import MemoryModel
-from tula.perfmodel import PerfModel
-from tula.plan import Constraints, make_plan
-from tula.pricing import FixedPricing, SpotPricing
-from tula.records import PLAN_KIND, VERSIONS, load_record, save_record, validate_record
-from tula.spec import format_duration, parse_duration, spec_from_dict
+from tula.core.errors import InfeasibleError, RecordError, SpecError
+from tula.core.fit import fit_models
+from tula.core.perfmodel import PerfModel
+from tula.core.plan import Constraints, make_plan
+from tula.core.pricing import FixedPricing, SpotPricing
+from tula.core.records import PLAN_KIND, VERSIONS, load_record, save_record, validate_record
+from tula.core.spec import format_duration, parse_duration, spec_from_dict
+from tula.engine.memory import MemoryModel
 
 D = 1000
 PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)
 
 
 def _models(perf=PERF, pricing=None, constraints=None, sizes=(1, 2)) -> dict:
-    spec = {"epochs": 1, "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
-            "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0}}
+    spec = {
+        "epochs": 1,
+        "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
+        "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0},
+    }
     if constraints is not None:
         spec["constraints"] = constraints
-    mem = MemoryModel(param_bytes=1000, grad_bytes=1000, optimizer_state_bytes=0, buffer_bytes=0,
-                      other_static_bytes=0, activation_bytes_per_sample=90, batch_bytes_per_sample=10,
-                      probe_local_batches=(1, 2), probe_peak_bytes=(2100, 2200), device="cpu")
-    return {"kind": "tula.models", "version": 1, "spec": spec_from_dict(spec).to_dict(), "search": "full",
-            "device": "cpu", "dataset_size": D, "memory_budget_bytes": None, "memory": mem.to_dict(),
-            "memory_probed": mem.to_dict(), "perf": perf.to_dict(), "oom_local_batch": None,
-            "fit_error": {"t_step_median_rel": 0.0}, "trials": []}
+    mem = MemoryModel(
+        param_bytes=1000,
+        grad_bytes=1000,
+        optimizer_state_bytes=0,
+        buffer_bytes=0,
+        other_static_bytes=0,
+        activation_bytes_per_sample=90,
+        batch_bytes_per_sample=10,
+        probe_local_batches=(1, 2),
+        probe_peak_bytes=(2100, 2200),
+        device="cpu",
+    )
+    return {
+        "kind": "tula.models",
+        "version": 1,
+        "spec": spec_from_dict(spec).to_dict(),
+        "search": "full",
+        "device": "cpu",
+        "dataset_size": D,
+        "memory_budget_bytes": None,
+        "memory": mem.to_dict(),
+        "memory_probed": mem.to_dict(),
+        "perf": perf.to_dict(),
+        "oom_local_batch": None,
+        "fit_error": {"t_step_median_rel": 0.0},
+        "trials": [],
+    }
 
 
 def _nb(plan):
@@ -48,9 +71,20 @@ def _nb(plan):
 
 
 # --------------------------------------------------------------------------- durations
-@pytest.mark.parametrize("text, seconds", [("8h", 28800), ("90min", 5400), ("1h30m", 5400), ("30 s", 30),
-                                           ("5us", 5e-6), ("2d", 172800), (28800, 28800), ("1.5 hours", 5400),
-                                           ("250ms", 0.25)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("8h", 28800),
+        ("90min", 5400),
+        ("1h30m", 5400),
+        ("30 s", 30),
+        ("5us", 5e-6),
+        ("2d", 172800),
+        (28800, 28800),
+        ("1.5 hours", 5400),
+        ("250ms", 0.25),
+    ],
+)
 def test_durations_parse_to_seconds(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
@@ -62,8 +96,13 @@ def test_a_bad_duration_is_one_sentence(bad):
 
 
 def test_durations_read_back_in_sentences():
-    assert [format_duration(s) for s in (0.52, 42, 5400, 33480, 3 * 86400)] == \
-        ["520 ms", "42.0 s", "90.0 min", "9.3 h", "3.0 d"]
+    assert [format_duration(s) for s in (0.52, 42, 5400, 33480, 3 * 86400)] == [
+        "520 ms",
+        "42.0 s",
+        "90.0 min",
+        "9.3 h",
+        "3.0 d",
+    ]
 
 
 # --------------------------------------------------------------------------- constraints on hand-checked curves
@@ -105,15 +144,17 @@ def test_an_infeasible_deadline_names_the_deadline_and_the_shortfall():
     with pytest.raises(InfeasibleError) as e:
         make_plan(_models(), "time", {"deadline": 0.5})
     msg = str(e.value)
-    assert msg == ("no configuration finishes within the 500 ms deadline: the fastest takes 520 ms "
-                   "(N=2, B=1000), 20 ms too long")
+    assert msg == (
+        "no configuration finishes within the 500 ms deadline: the fastest takes 520 ms (N=2, B=1000), 20 ms too long"
+    )
 
 
 def test_an_infeasible_budget_names_the_budget_and_the_shortfall():
     with pytest.raises(InfeasibleError) as e:
         make_plan(_models(), "cost", {"budget": 1.0})
-    assert str(e.value) == ("no configuration stays within the 1 $ budget: the cheapest costs 1.01 $ "
-                            "(N=1, B=1000), 0.01 $ over it")
+    assert str(e.value) == (
+        "no configuration stays within the 1 $ budget: the cheapest costs 1.01 $ (N=1, B=1000), 0.01 $ over it"
+    )
 
 
 def test_constraints_met_alone_but_not_together():
@@ -168,8 +209,9 @@ def test_plan_records_are_version_2_and_version_1_plans_still_load(tmp_path):
     assert plan["version"] == VERSIONS[PLAN_KIND] == 2
     back = load_record(save_record(plan, tmp_path / "plan.json"))
     assert back["constraints"]["deadline_s"] == pytest.approx(0.6) and back["constraints"]["budget"] == 2
-    assert [r["meets_constraints"] for r in back["configurations"]] == \
-        [r["meets_constraints"] for r in plan["configurations"]]
+    assert [r["meets_constraints"] for r in back["configurations"]] == [
+        r["meets_constraints"] for r in plan["configurations"]
+    ]
     # a plan written before constraints existed
     old = copy.deepcopy(json.loads(json.dumps(make_plan(_models(), "cost"))))
     old["version"] = 1
@@ -209,8 +251,9 @@ def _monte_carlo_wall_s(work_s, rate_per_s, tau_s, restart_s, runs=40000, seed=0
 def test_spot_expected_time_by_hand_and_by_simulating_preemptions():
     # 1 h of work on one node preempted once an hour on average, a checkpoint every 10 min, 60 s to restart:
     # 6 intervals, each (e^(600/3600) - 1)(3600 + 60) s in expectation
-    spot = SpotPricing(price_per_node_hour=1.0, preemption_rate_per_node_hour=1.0, checkpoint_interval_s=600,
-                       restart_s=60)
+    spot = SpotPricing(
+        price_per_node_hour=1.0, preemption_rate_per_node_hour=1.0, checkpoint_interval_s=600, restart_s=60
+    )
     hand = 6 * (math.exp(1 / 6) - 1) * (3600 + 60)
     assert hand == pytest.approx(3982.7, abs=0.1)
     assert float(spot.expected_time_s(3600, 1)) == pytest.approx(hand, rel=1e-12)
@@ -247,9 +290,16 @@ def test_break_even_rate_is_where_spot_and_on_demand_cost_the_same():
 
 
 def _spot_models(rate, price=1.0, on_demand=3.0):
-    return _models(pricing={"kind": "spot", "spot_price_per_node_hour": price * 3600,
-                            "price_per_node_hour": on_demand * 3600, "preemption_rate_per_node_hour": rate,
-                            "checkpoint_interval_s": 0.1, "restart_s": 0.05})
+    return _models(
+        pricing={
+            "kind": "spot",
+            "spot_price_per_node_hour": price * 3600,
+            "price_per_node_hour": on_demand * 3600,
+            "preemption_rate_per_node_hour": rate,
+            "checkpoint_interval_s": 0.1,
+            "restart_s": 0.05,
+        }
+    )
 
 
 def test_a_spot_plan_prices_the_expected_time():
@@ -274,8 +324,16 @@ def test_compare_spot_says_when_spot_is_cheaper_and_when_not():
     od = make_plan(_models(pricing={"kind": "fixed", "price_per_node_hour": 3 * 3600.0}), "cost")
     assert dear["on_demand"]["cost"] == pytest.approx(od["choice"]["cost"])
     # from an on-demand spec the comparison plans spot
-    m = _models(pricing={"kind": "fixed", "price_per_node_hour": 3 * 3600.0, "spot_price_per_node_hour": 3600.0,
-                         "preemption_rate_per_node_hour": 36.0, "checkpoint_interval_s": 0.1, "restart_s": 0.05})
+    m = _models(
+        pricing={
+            "kind": "fixed",
+            "price_per_node_hour": 3 * 3600.0,
+            "spot_price_per_node_hour": 3600.0,
+            "preemption_rate_per_node_hour": 36.0,
+            "checkpoint_interval_s": 0.1,
+            "restart_s": 0.05,
+        }
+    )
     assert make_plan(m, "cost", compare_spot=True)["spot_comparison"]["spot"] == cheap["spot"]
     with pytest.raises(SpecError, match="spot_price_per_node_hour"):
         make_plan(_models(), "cost", compare_spot=True)
@@ -284,9 +342,17 @@ def test_compare_spot_says_when_spot_is_cheaper_and_when_not():
 def test_spot_pricing_needs_its_price_and_rate():
     with pytest.raises(SpecError, match="spot pricing needs spot_price_per_node_hour"):
         spec_from_dict({"pricing": {"kind": "spot", "preemption_rate_per_node_hour": 0.1}})
-    p = spec_from_dict({"pricing": {"kind": "spot", "spot_price_per_node_hour": 0.9,
-                                    "preemption_rate_per_node_hour": 0.1, "checkpoint_interval_s": "10min",
-                                    "restart_s": "2min"}}).pricing
+    p = spec_from_dict(
+        {
+            "pricing": {
+                "kind": "spot",
+                "spot_price_per_node_hour": 0.9,
+                "preemption_rate_per_node_hour": 0.1,
+                "checkpoint_interval_s": "10min",
+                "restart_s": "2min",
+            }
+        }
+    ).pricing
     assert (p.checkpoint_interval_s, p.restart_s) == (600, 120)
 
 
@@ -296,38 +362,57 @@ def models_json(tmp_path_factory):
     """A models record fitted (by Tula's fit) to step times made from PERF."""
     from test_no_torch import _profile_record  # noqa: PLC0415 - a profile record made by hand
 
-    spec = {"name": "tiny", "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
-            "data": {"name": "digits"}, "epochs": 2, "search": {"cluster_sizes": [1, 2], "min_batch": 16,
-                                                                "max_batch": 256}}
+    spec = {
+        "name": "tiny",
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
+        "data": {"name": "digits"},
+        "epochs": 2,
+        "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256},
+    }
     path = tmp_path_factory.mktemp("models") / "models.json"
     save_record(fit_models(validate_record(_profile_record(spec), "test")), path)
     return path
 
 
 def _tula(*args):
-    return subprocess.run([sys.executable, "-m", "tula.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tula.cli", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_plan_under_a_deadline_and_its_bad_inputs(models_json, tmp_path):
-    r = _tula("plan", models_json, "--objective", "cost", "--deadline", "1h", "--budget", "100",
-              "--out", tmp_path / "p.json")
+    r = _tula(
+        "plan", models_json, "--objective", "cost", "--deadline", "1h", "--budget", "100", "--out", tmp_path / "p.json"
+    )
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "p.json").read_text())
     assert plan["constraints"]["deadline_s"] == 3600 and plan["constraints"]["budget"] == 100
-    for args, words in ((("--deadline", "1ms"), "no configuration finishes within the 1 ms deadline"),
-                        (("--budget", "0"), "no configuration stays within the 0 $ budget"),
-                        (("--deadline", "soon"), "--deadline: 'soon' is not a duration"),
-                        (("--budget", "-1"), "--budget must be a non-negative amount"),
-                        (("--compare-spot",), "needs pricing.spot_price_per_node_hour"),
-                        (("--pricing", "kind=spot"), "spot pricing needs"),
-                        (("--pricing", "color=red"), "unknown field 'pricing.color'")):
+    for args, words in (
+        (("--deadline", "1ms"), "no configuration finishes within the 1 ms deadline"),
+        (("--budget", "0"), "no configuration stays within the 0 $ budget"),
+        (("--deadline", "soon"), "--deadline: 'soon' is not a duration"),
+        (("--budget", "-1"), "--budget must be a non-negative amount"),
+        (("--compare-spot",), "needs pricing.spot_price_per_node_hour"),
+        (("--pricing", "kind=spot"), "spot pricing needs"),
+        (("--pricing", "color=red"), "unknown field 'pricing.color'"),
+    ):
         r = _tula("plan", models_json, "--out", tmp_path / "q.json", *args)
         assert r.returncode == 2, (args, r.stderr)
         err = " ".join(r.stderr.split())
         assert words in err and "Traceback" not in err, (args, err)
         assert not (tmp_path / "q.json").exists()
-    r = _tula("plan", models_json, "--objective", "cost", "--out", tmp_path / "s.json", "--compare-spot",
-              "--pricing", "spot_price_per_node_hour=0.8", "--pricing", "preemption_rate_per_node_hour=0.05")
+    r = _tula(
+        "plan",
+        models_json,
+        "--objective",
+        "cost",
+        "--out",
+        tmp_path / "s.json",
+        "--compare-spot",
+        "--pricing",
+        "spot_price_per_node_hour=0.8",
+        "--pricing",
+        "preemption_rate_per_node_hour=0.05",
+    )
     assert r.returncode == 0, r.stderr
     assert "spot vs on-demand" in r.stdout and "spot is cheaper" in " ".join(r.stdout.split())

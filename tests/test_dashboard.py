@@ -10,7 +10,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from service_helpers import Service, wait_for
 
 pytestmark = pytest.mark.slow
@@ -21,8 +20,20 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 def _chromium(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     if CHROMIUM is None:
         pytest.fail("headless Chromium is needed for the dashboard tests: apt-get install chromium")
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                           "--hide-scrollbars", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def dom(url: str, wait_ms: int = 0) -> str:

@@ -11,15 +11,14 @@ import time
 
 import pytest
 import torch
+import workers
 import yaml
 
-from tula.checkpoint import CHECKPOINT, checkpoint_meta, load_checkpoint
-from tula.errors import WorkerError
-from tula.launch import LocalLauncher
-from tula.spec import spec_from_dict
-from tula.train import METRICS, train
-
-import workers
+from tula.core.errors import WorkerError
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, load_checkpoint
+from tula.engine.launch import LocalLauncher
+from tula.engine.train import METRICS, train
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +31,12 @@ def client():
 
     import dask
 
-    from tula.launch.clusters import WORKER_CONFIG
+    from tula.engine.launch.clusters import WORKER_CONFIG
 
     dask.config.set(WORKER_CONFIG)
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                       silence_logs=logging.ERROR)
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+    )
     c = distributed.Client(cluster)
     yield c
     c.close()
@@ -44,7 +44,7 @@ def client():
 
 
 def _dask(client, **kw):
-    from tula.launch.dask import DaskLauncher
+    from tula.engine.launch.dask import DaskLauncher
 
     return DaskLauncher(client, device="cpu", threads_per_worker=1, **{"pg_timeout_s": 30, **kw})
 
@@ -66,7 +66,7 @@ def test_training_on_dask_equals_the_local_launcher_bit_for_bit(client, tiny_spe
 
 
 def test_profile_on_dask_runs_the_same_trials(client, tiny_spec_dict):
-    from tula.profile import profile
+    from tula.engine.profile import profile
 
     spec = _spec(tiny_spec_dict)
     local = profile(spec, "partial", launcher=LocalLauncher(device="cpu", threads_per_worker=1))
@@ -124,16 +124,30 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_a_lost_worker_stops_the_run_naming_it_and_resume_on_a_fresh_cluster_is_exact(tiny_spec_dict, tmp_path,
-                                                                                     tula_cmd):
+def test_a_lost_worker_stops_the_run_naming_it_and_resume_on_a_fresh_cluster_is_exact(
+    tiny_spec_dict, tmp_path, tula_cmd
+):
     d = dict(tiny_spec_dict, epochs=60)
     d["train"] = {"warmup_epochs": 0}
     d["cluster"] = {"pg_timeout_s": 20}
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(d))
     out = tmp_path / "run"
-    cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out),
-           "--cluster", "dask"]
+    cmd = [
+        *tula_cmd,
+        "train",
+        str(spec),
+        "--method",
+        "lbt",
+        "--workers",
+        "2",
+        "--batch",
+        "64",
+        "--out",
+        str(out),
+        "--cluster",
+        "dask",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 240
     while not (out / CHECKPOINT).exists():
@@ -182,28 +196,47 @@ def _children(pid: int) -> list[int]:
 
 def test_jobqueue_config_gives_the_expected_slurm_script(tmp_path):
     """There is no SLURM here: the generated job script is what can be checked."""
-    from tula.launch.clusters import jobqueue_cluster, load_jobqueue_config
+    from tula.engine.launch.clusters import jobqueue_cluster, load_jobqueue_config
 
     cfg_path = tmp_path / "slurm.yaml"
-    cfg_path.write_text(yaml.safe_dump({
-        "scheduler": "slurm", "cores": 8, "memory": "32GiB", "walltime": "02:30:00", "queue": "gpu",
-        "account": "proj42", "processes": 2, "job_extra_directives": ["--gres=gpu:2"],
-        "job_script_prologue": ["source ~/tula/.venv/bin/activate"]}))
+    cfg_path.write_text(
+        yaml.safe_dump(
+            {
+                "scheduler": "slurm",
+                "cores": 8,
+                "memory": "32GiB",
+                "walltime": "02:30:00",
+                "queue": "gpu",
+                "account": "proj42",
+                "processes": 2,
+                "job_extra_directives": ["--gres=gpu:2"],
+                "job_script_prologue": ["source ~/tula/.venv/bin/activate"],
+            }
+        )
+    )
     cluster = jobqueue_cluster(load_jobqueue_config(cfg_path))
     try:
         script = cluster.job_script()
     finally:
         cluster.close()
-    for line in ("#SBATCH -A proj42", "#SBATCH -p gpu", "#SBATCH --cpus-per-task=8", "#SBATCH -t 02:30:00",
-                 "#SBATCH --gres=gpu:2", "source ~/tula/.venv/bin/activate",
-                 "export DASK_DISTRIBUTED__WORKER__DAEMON=False", "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False", "--nworkers 2"):
+    for line in (
+        "#SBATCH -A proj42",
+        "#SBATCH -p gpu",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH -t 02:30:00",
+        "#SBATCH --gres=gpu:2",
+        "source ~/tula/.venv/bin/activate",
+        "export DASK_DISTRIBUTED__WORKER__DAEMON=False",
+        "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False",
+        "--nworkers 2",
+    ):
         assert line in script, (line, script)
     assert "#SBATCH --mem=" in script
 
 
 def test_a_bad_jobqueue_config_is_one_sentence(tmp_path):
-    from tula.errors import SpecError
-    from tula.launch.clusters import load_jobqueue_config
+    from tula.core.errors import SpecError
+    from tula.engine.launch.clusters import load_jobqueue_config
 
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump({"scheduler": "lsf", "cores": 8, "memory": "32GiB"}))
@@ -219,14 +252,19 @@ def test_ranks_are_grouped_by_host_and_the_profile_records_where_they_ran(tiny_s
 
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
-    from tula.fit import fit_models
-    from tula.plan import make_plan
-    from tula.profile import profile
+    from tula.core.fit import fit_models
+    from tula.core.plan import make_plan
+    from tula.engine.profile import profile
 
-    workers_spec = {f"w{i}": {"cls": Nanny, "options": {"host": host, "nthreads": 1}}
-                    for i, host in enumerate(["127.0.0.2", "127.0.0.1", "127.0.0.1"])}
-    cluster = SpecCluster(workers=workers_spec, scheduler={"cls": Scheduler, "options": {
-        "host": "127.0.0.1", "dashboard_address": ":0"}}, silence_logs=logging.ERROR)
+    workers_spec = {
+        f"w{i}": {"cls": Nanny, "options": {"host": host, "nthreads": 1}}
+        for i, host in enumerate(["127.0.0.2", "127.0.0.1", "127.0.0.1"])
+    }
+    cluster = SpecCluster(
+        workers=workers_spec,
+        scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": ":0"}},
+        silence_logs=logging.ERROR,
+    )
     client = Client(cluster)
     try:
         got = _dask(client).run(workers.where_am_i, 3)
@@ -237,8 +275,9 @@ def test_ranks_are_grouped_by_host_and_the_profile_records_where_they_ran(tiny_s
         spec = _spec(tiny_spec_dict, search={"cluster_sizes": [1, 3], "min_batch": 48, "max_batch": 96})
         rec = profile(spec, "partial", launcher=_dask(client))
         three = [t for t in rec["trials"] if t["n_workers"] == 3]
-        assert three and all(t["hosts"] == ["127.0.0.1", "127.0.0.1", "127.0.0.2"] and t["ranks_per_host"] == 2
-                             for t in three)
+        assert three and all(
+            t["hosts"] == ["127.0.0.1", "127.0.0.1", "127.0.0.2"] and t["ranks_per_host"] == 2 for t in three
+        )
         assert rec["placement"]["hosts"] == ["127.0.0.1", "127.0.0.2"] and rec["launcher"] == "dask"
         models = fit_models(rec)
         assert models["placement"]["n_hosts"] == 2
@@ -253,8 +292,11 @@ def test_the_world_grows_and_shrinks_on_dask_with_exact_step_counts(client, tiny
     """1 -> 2 -> 1 workers: each generation takes its workers under the cluster lock and
     gives them back; the steps are those of each epoch at its own batch."""
     d = dict(tiny_spec_dict, epochs=3)
-    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "piecewise", "batches": [64, 128, 64]},
-                  "workers": {"min": 1, "max": 2, "batch_per_worker": 64}}
+    d["train"] = {
+        "warmup_epochs": 0,
+        "batch_schedule": {"kind": "piecewise", "batches": [64, 128, 64]},
+        "workers": {"min": 1, "max": 2, "batch_per_worker": 64},
+    }
     run = train(spec_from_dict(d), "lbt", 1, 64, tmp_path, launcher=_dask(client))
     assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2), (64, 1)]
     assert [g["n_workers"] for g in run["generations"]] == [1, 2, 1]
@@ -264,7 +306,7 @@ def test_the_world_grows_and_shrinks_on_dask_with_exact_step_counts(client, tiny
 def test_an_existing_scheduler_is_used_by_its_address(client, tiny_spec_dict):
     """--cluster tcp://HOST:PORT: Tula connects to a scheduler it did not start (here the
     fixture's) and leaves it running."""
-    from tula.launch.clusters import open_launcher
+    from tula.engine.launch.clusters import open_launcher
 
     address = client.scheduler.address
     spec = _spec(tiny_spec_dict)
@@ -278,12 +320,16 @@ def test_a_world_larger_than_the_cluster_goes_on_with_the_workers_there_are(clie
     """The schedule asks for 3 workers; a cluster Tula cannot scale (a scheduler it only
     connects to) has 2: after the wait the run goes on with 2 and says so."""
     d = dict(tiny_spec_dict, epochs=3)
-    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
-                  "workers": {"min": 1, "max": 3, "batch_per_worker": 64}}
+    d["train"] = {
+        "warmup_epochs": 0,
+        "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+        "workers": {"min": 1, "max": 3, "batch_per_worker": 64},
+    }
     events = []
     with distributed.Client(client.scheduler.address) as other:
-        run = train(spec_from_dict(d), "lbt", 1, 64, tmp_path, launcher=_dask(other, worker_wait_s=2),
-                    on_event=events.append)
+        run = train(
+            spec_from_dict(d), "lbt", 1, 64, tmp_path, launcher=_dask(other, worker_wait_s=2), on_event=events.append
+        )
     assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2), (256, 2)]
     assert run["steps_done"] == 22 + 11 + 5
     notes = [e["message"] for e in events if e["type"] == "note"]

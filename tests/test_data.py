@@ -1,4 +1,4 @@
-"""The data path (tula.data) on a real ImageFolder of JPEGs written here: the DataLoader
+"""The data path (tula.engine.data) on a real ImageFolder of JPEGs written here: the DataLoader
 path gives exactly the per-sample path's batches, augmentation is drawn from (seed,
 epoch, sample) alone, the loader leaves the global RNG and no process behind, and 2-rank
 training on it resumes exactly."""
@@ -13,13 +13,13 @@ import pytest
 import torch
 from PIL import Image
 
-from tula.checkpoint import load_checkpoint
-from tula.data import DataPath, augment_image, data_path, sample_key
-from tula.errors import SpecError
-from tula.launch import LocalLauncher
-from tula.spec import spec_from_dict
-from tula.train import _epoch_indices, steps_per_epoch, train
-from tula.workloads import load_dataset
+from tula.core.errors import SpecError
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import load_checkpoint
+from tula.engine.data import DataPath, augment_image, data_path, sample_key
+from tula.engine.launch import LocalLauncher
+from tula.engine.train import _epoch_indices, steps_per_epoch, train
+from tula.engine.workloads import load_dataset
 
 CLASSES, PER_CLASS, SIZE = 3, 20, 32
 
@@ -33,14 +33,25 @@ def image_root(tmp_path_factory) -> Path:
         (root / f"class{c}").mkdir()
         for i in range(PER_CLASS):
             img = rng.integers(0, 96, (SIZE, SIZE, 3), dtype=np.uint8)
-            img[4 + 8 * c:14 + 8 * c, 4:14, c] = 255
+            img[4 + 8 * c : 14 + 8 * c, 4:14, c] = 255
             Image.fromarray(img).save(root / f"class{c}" / f"{i:03d}.jpg", quality=90)
     return root
 
 
 def _data(root, augment=False, workers=2, seed=0, **extra):
-    spec = spec_from_dict({"seed": seed, "data": {"name": "imagefolder", "root": str(root), "augment": augment,
-                                                  "loader_workers": workers, "image_size": SIZE, **extra}})
+    spec = spec_from_dict(
+        {
+            "seed": seed,
+            "data": {
+                "name": "imagefolder",
+                "root": str(root),
+                "augment": augment,
+                "loader_workers": workers,
+                "image_size": SIZE,
+                **extra,
+            },
+        }
+    )
     return load_dataset(spec.data, seed)
 
 
@@ -52,7 +63,7 @@ def _tree() -> dict[int, list[int]]:
                 stat = Path(f"/proc/{d}/stat").read_text()
             except OSError:
                 continue
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             if fields[0] != "Z":
                 children.setdefault(int(fields[1]), []).append(int(d))
     return children
@@ -81,8 +92,9 @@ def _epochs(path: DataPath, n: int, epochs=(0, 1), global_batch=16, seed=0):
     for e in epochs:
         perm = _epoch_indices(seed, e, n)
         for rank in range(2):
-            for i, b in enumerate(path.epoch_batches(e, perm, global_batch, rank, global_batch // 2,
-                                                     steps_per_epoch(n, global_batch))):
+            for i, b in enumerate(
+                path.epoch_batches(e, perm, global_batch, rank, global_batch // 2, steps_per_epoch(n, global_batch))
+            ):
                 out[e, i, rank] = b
     return out
 
@@ -102,7 +114,7 @@ def test_loader_batches_are_the_per_sample_batches(image_root):
     assert len(got) == 2 * 3 * 2
     for (e, i, rank), (x, y) in got.items():  # the per-sample path: Dataset.take of the rank's slice
         start = i * 16 + rank * 8
-        xr, yr = data.take(_epoch_indices(0, e, n)[start:start + 8])
+        xr, yr = data.take(_epoch_indices(0, e, n)[start : start + 8])
         assert torch.equal(x, xr) and torch.equal(y, yr) and x.dtype == torch.float32 and y.dtype == torch.int64
     assert not torch.equal(got[0, 0, 0][0], got[1, 0, 0][0])  # epochs are different permutations
     xe, ye = data.take(torch.arange(1, data.test_size, 2)[:4], "test")
@@ -151,7 +163,10 @@ def test_augment_image_is_a_padded_crop_and_flip():
     shifted = augment_image(x, 0)  # top = left = 0: 4 rows and columns of zero padding come in
     assert shifted.shape == x.shape and torch.equal(shifted[:, 4:, 4:], x[:, :2, :1])
     assert float(shifted[:, :4].abs().sum()) == 0.0
-    draws = {((k & 0xFFFF) % span, ((k >> 16) & 0xFFFF) % span, (k >> 40) & 1) for k in (sample_key(0, 0, i) for i in range(2000))}
+    draws = {
+        ((k & 0xFFFF) % span, ((k >> 16) & 0xFFFF) % span, (k >> 40) & 1)
+        for k in (sample_key(0, 0, i) for i in range(2000))
+    }
     assert len(draws) == span * span * 2  # every offset and flip occurs
     assert sample_key(0, 1, 2) != sample_key(0, 2, 1) and sample_key(3, 0, 0) == sample_key(3, 0, 0)
 
@@ -196,7 +211,7 @@ def test_in_memory_sets_keep_the_tensor_path():
     batches = list(path.epoch_batches(0, perm, 64, 1, 32, 4))
     x_all, y_all = data.train.tensors
     for i, (x, y) in enumerate(batches):
-        idx = perm[i * 64 + 32:i * 64 + 64]
+        idx = perm[i * 64 + 32 : i * 64 + 64]
         assert torch.equal(x, x_all[idx]) and torch.equal(y, y_all[idx])
     assert path.worker_pids == [] and set(_descendants(os.getpid())) <= before
     with pytest.raises(SpecError, match="augment"):
@@ -211,10 +226,14 @@ def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_pro
     model as 1 epoch and a resumed second; the workers run inside the ranks; none is left."""
     me = os.getpid()
     before = set(_descendants(me))
-    d = {"name": "imgs", "seed": 3, "epochs": 2,
-         "model": {"name": "small_cnn", "kwargs": {"in_channels": 3, "num_classes": CLASSES, "width": 4}},
-         "data": {"name": "imagefolder", "root": str(image_root), "augment": True, "loader_workers": 2},
-         "train": {"warmup_epochs": 0, "eval_batch": 8}}
+    d = {
+        "name": "imgs",
+        "seed": 3,
+        "epochs": 2,
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 3, "num_classes": CLASSES, "width": 4}},
+        "data": {"name": "imagefolder", "root": str(image_root), "augment": True, "loader_workers": 2},
+        "train": {"warmup_epochs": 0, "eval_batch": 8},
+    }
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     seen = {"grandchildren": 0}
     done = threading.Event()
@@ -247,13 +266,17 @@ def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_pro
 
 @pytest.mark.slow
 def test_profile_times_the_step_with_its_batch_through_the_loader(image_root):
-    from tula.profile import profile
+    from tula.engine.profile import profile
 
-    spec = spec_from_dict({
-        "name": "imgs", "model": {"name": "small_cnn", "kwargs": {"in_channels": 3, "num_classes": CLASSES, "width": 4}},
-        "data": {"name": "imagefolder", "root": str(image_root), "augment": True, "loader_workers": 2},
-        "search": {"cluster_sizes": [1], "min_batch": 8, "max_batch": 16},
-        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1}})
+    spec = spec_from_dict(
+        {
+            "name": "imgs",
+            "model": {"name": "small_cnn", "kwargs": {"in_channels": 3, "num_classes": CLASSES, "width": 4}},
+            "data": {"name": "imagefolder", "root": str(image_root), "augment": True, "loader_workers": 2},
+            "search": {"cluster_sizes": [1], "min_batch": 8, "max_batch": 16},
+            "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1},
+        }
+    )
     before = set(_descendants(os.getpid()))
     rec = profile(spec, launcher=LocalLauncher(device="cpu", threads_per_worker=1))
     ok = [t for t in rec["trials"] if t["status"] == "ok"]
@@ -262,16 +285,25 @@ def test_profile_times_the_step_with_its_batch_through_the_loader(image_root):
 
 
 def test_merged_trial_names_the_loader_when_it_is_the_bottleneck():
-    from tula.profile import _merge_trials
+    from tula.engine.profile import _merge_trials
 
     def rank(t_data, steps):
-        return {"n_workers": 2, "local_batch": 8, "global_batch": 16, "status": "ok", "note": "", "t_data_s": t_data,
-                "step_times_s": steps, "compute_times_s": [s / 2 for s in steps], "peak_mem_bytes": 1}
+        return {
+            "n_workers": 2,
+            "local_batch": 8,
+            "global_batch": 16,
+            "status": "ok",
+            "note": "",
+            "t_data_s": t_data,
+            "step_times_s": steps,
+            "compute_times_s": [s / 2 for s in steps],
+            "peak_mem_bytes": 1,
+        }
 
-    slow, = _merge_trials([[rank(0.02, [0.1] * 4)], [rank(0.04, [0.1, 0.1, 0.1, 0.2])]])
+    (slow,) = _merge_trials([[rank(0.02, [0.1] * 4)], [rank(0.04, [0.1, 0.1, 0.1, 0.2])]])
     assert slow["t_data_s"] == 0.04 and slow["note"].startswith("data loading is 40 % of the step")
-    fast, = _merge_trials([[rank(0.001, [0.1] * 4)], [rank(0.002, [0.1] * 4)]])
+    (fast,) = _merge_trials([[rank(0.001, [0.1] * 4)], [rank(0.002, [0.1] * 4)]])
     assert fast["t_data_s"] == 0.002 and fast["note"] == ""
     legacy = {k: v for k, v in rank(0, [0.1] * 4).items() if k != "t_data_s"}  # a record from before the field
-    old, = _merge_trials([[legacy], [dict(legacy)]])
+    (old,) = _merge_trials([[legacy], [dict(legacy)]])
     assert old.get("t_data_s") is None and old["t_step_s"] == 0.1

@@ -9,17 +9,21 @@ import shutil
 import pytest
 import torch
 
-from tula.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
-from tula.errors import SpecError
-from tula.launch import LocalLauncher
-from tula.spec import spec_from_dict
-from tula.train import METRICS, train
+from tula.core.errors import SpecError
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
+from tula.engine.launch import LocalLauncher
+from tula.engine.train import METRICS, train
 
 
 def _spec(tiny_spec_dict, epochs=3, **train_over):
     d = dict(tiny_spec_dict, epochs=epochs)
-    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
-                  "workers": {"min": 1, "max": 2, "batch_per_worker": 64}, **train_over}
+    d["train"] = {
+        "warmup_epochs": 0,
+        "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+        "workers": {"min": 1, "max": 2, "batch_per_worker": 64},
+        **train_over,
+    }
     return spec_from_dict(d)
 
 
@@ -33,10 +37,16 @@ def test_geometric_batch_grows_the_world_from_one_to_two_workers_with_exact_step
     run = train(_spec(tiny_spec_dict), "ags", 1, 64, ref, launcher=_launcher())
     # digits: 1438 training samples; B = 64 * 2^epoch, N = ceil(B / 64) clipped to 2
     assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in run["history"]] == [
-        (64, 1, 22), (128, 2, 11), (256, 2, 5)]
+        (64, 1, 22),
+        (128, 2, 11),
+        (256, 2, 5),
+    ]
     assert run["steps_done"] == 22 + 11 + 5 == run["history"][-1]["steps_done"]
     assert [(g["n_workers"], g["global_batch"], g["from_epoch"]) for g in run["generations"]] == [
-        (1, 64, 1), (2, 128, 2), (2, 256, 3)]
+        (1, 64, 1),
+        (2, 128, 2),
+        (2, 256, 3),
+    ]
     assert run["replicas_identical"] and run["batch_schedule"] == "geometric"
     lines = [json.loads(s) for s in (ref / METRICS).read_text().splitlines()]
     assert [line["epoch"] for line in lines] == [1, 2, 3]
@@ -54,13 +64,17 @@ def test_geometric_batch_grows_the_world_from_one_to_two_workers_with_exact_step
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("method, over, sentence", [
-    ("polo", {}, "keeps state per rank that cannot move to another worker count"),
-    ("lrs", {"batch_schedule": {"kind": "geometric", "lr_rule": "linear"}}, "so that the LR is not scaled twice"),
-    ("adascale", {}, "needs at least 2 workers, but train.workers.min is 1"),
-])
-def test_a_combination_that_cannot_follow_the_schedule_is_refused_before_training(tiny_spec_dict, tmp_path, method,
-                                                                                  over, sentence):
+@pytest.mark.parametrize(
+    "method, over, sentence",
+    [
+        ("polo", {}, "keeps state per rank that cannot move to another worker count"),
+        ("lrs", {"batch_schedule": {"kind": "geometric", "lr_rule": "linear"}}, "so that the LR is not scaled twice"),
+        ("adascale", {}, "needs at least 2 workers, but train.workers.min is 1"),
+    ],
+)
+def test_a_combination_that_cannot_follow_the_schedule_is_refused_before_training(
+    tiny_spec_dict, tmp_path, method, over, sentence
+):
     with pytest.raises(SpecError, match=sentence):
         train(_spec(tiny_spec_dict, **over), method, 2, 64, tmp_path / "out", launcher=_launcher())
     assert not (tmp_path / "out").exists()
@@ -70,8 +84,12 @@ def test_a_combination_that_cannot_follow_the_schedule_is_refused_before_trainin
 def test_the_gradient_noise_scale_is_measured_and_the_adaptive_schedule_follows_it(tiny_spec_dict, tmp_path):
     """B_simple per epoch from the ranks' local and synchronised gradient norms; the adaptive
     schedule moves the batch toward it, within the caps (here 2 workers x the data set)."""
-    spec = _spec(tiny_spec_dict, epochs=3, batch_schedule={"kind": "adaptive", "band": 0.1, "max_growth": 4.0},
-                 workers={"min": 2, "max": 2})
+    spec = _spec(
+        tiny_spec_dict,
+        epochs=3,
+        batch_schedule={"kind": "adaptive", "band": 0.1, "max_growth": 4.0},
+        workers={"min": 2, "max": 2},
+    )
     run = train(spec, "lbt", 2, 32, tmp_path, launcher=_launcher())
     b_simple = [h["b_simple"] for h in run["history"]]
     assert all(b is not None and 1 < b < 1438 for b in b_simple), b_simple
@@ -79,7 +97,9 @@ def test_the_gradient_noise_scale_is_measured_and_the_adaptive_schedule_follows_
         # the next epoch's batch moved from this one toward B_simple, by at most 4x
         want = min(max(h["b_simple"], h["global_batch"] / 4), h["global_batch"] * 4)
         assert abs(nxt["global_batch"] - want) <= max(2, 0.1 * want) or nxt["global_batch"] == h["global_batch"], (
-            h, nxt)
+            h,
+            nxt,
+        )
     assert len({h["global_batch"] for h in run["history"]}) > 1
 
 
@@ -87,29 +107,46 @@ def _piecewise(tiny_spec_dict, batches, epochs, **data):
     d = dict(tiny_spec_dict, epochs=epochs)
     if data:
         d["data"] = data
-    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "piecewise", "batches": batches},
-                  "workers": {"min": 1, "max": 2, "batch_per_worker": 64}}
+    d["train"] = {
+        "warmup_epochs": 0,
+        "batch_schedule": {"kind": "piecewise", "batches": batches},
+        "workers": {"min": 1, "max": 2, "batch_per_worker": 64},
+    }
     return d
 
 
 @pytest.mark.slow
 def test_the_world_grows_from_one_to_two_workers_and_shrinks_back_with_exact_step_counts(tiny_spec_dict, tmp_path):
     events = []
-    run = train(spec_from_dict(_piecewise(tiny_spec_dict, [64, 128, 64], 3)), "ags", 1, 64, tmp_path,
-                launcher=_launcher(), on_event=events.append)
+    run = train(
+        spec_from_dict(_piecewise(tiny_spec_dict, [64, 128, 64], 3)),
+        "ags",
+        1,
+        64,
+        tmp_path,
+        launcher=_launcher(),
+        on_event=events.append,
+    )
     # digits: 1438 training samples -> 22 steps at B=64, 11 at B=128
     assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in run["history"]] == [
-        (64, 1, 22), (128, 2, 11), (64, 1, 22)]
+        (64, 1, 22),
+        (128, 2, 11),
+        (64, 1, 22),
+    ]
     assert run["steps_done"] == 55 == run["history"][-1]["steps_done"]
     assert [(g["n_workers"], g["global_batch"], g["from_epoch"]) for g in run["generations"]] == [
-        (1, 64, 1), (2, 128, 2), (1, 64, 3)]
+        (1, 64, 1),
+        (2, 128, 2),
+        (1, 64, 3),
+    ]
     assert [(e["at_epoch"], e["n_workers"]) for e in events if e["type"] == "resize"] == [(1, 2), (2, 1)]
     assert run["replicas_identical"] and run["batch_schedule"] == "piecewise"
 
 
 @pytest.mark.slow
-def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninterrupted_run(tiny_spec_dict, tmp_path,
-                                                                                          tula_cmd):
+def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninterrupted_run(
+    tiny_spec_dict, tmp_path, tula_cmd
+):
     """A real `tula train` is killed with SIGKILL (process group: the ranks too) while the
     2-worker world that followed a 1-worker epoch is mid-epoch; the same command with
     --resume finishes with the same parameters, step count and losses as a run never killed."""
@@ -119,7 +156,7 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
 
     import yaml
 
-    from tula.checkpoint import checkpoint_meta
+    from tula.engine.checkpoint import checkpoint_meta
 
     # synthetic data large enough that the 2-worker epoch lasts several seconds
     d = _piecewise(tiny_spec_dict, [64, 128], 2, name="synthetic", sample_shape=[1, 8, 8], num_samples=40000)
@@ -130,8 +167,9 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     assert ref.returncode == 0, ref.stderr
 
     cut = tmp_path / "cut"
-    proc = subprocess.Popen([*cmd, "--out", str(cut)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(cut)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True
+    )
     seen = []
     try:
         for line in proc.stderr:

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from service_helpers import Service, wait_for, with_group_gone
 
 HERE = Path(__file__).resolve().parent
@@ -60,9 +59,14 @@ def hostile(mode: str = "always", marker: str = ""):
 
 
 def _spec(tmp_path: Path, **kwargs) -> Path:
-    d = {"name": "hostile", "model": {"name": "test_error_text:hostile", "kwargs": kwargs}, "data": {"name": "digits"},
-         "epochs": 1, "search": {"cluster_sizes": [1], "min_batch": 16, "max_batch": 32},
-         "profile": {"warmup_steps": 1, "timed_steps": 2, "threads_per_worker": 1}}
+    d = {
+        "name": "hostile",
+        "model": {"name": "test_error_text:hostile", "kwargs": kwargs},
+        "data": {"name": "digits"},
+        "epochs": 1,
+        "search": {"cluster_sizes": [1], "min_batch": 16, "max_batch": 32},
+        "profile": {"warmup_steps": 1, "timed_steps": 2, "threads_per_worker": 1},
+    }
     p = tmp_path / "hostile.yaml"
     p.write_text(yaml.safe_dump(d))
     return p
@@ -90,8 +94,9 @@ def test_a_tula_error_quoting_foreign_text_prints_it_as_it_is(tmp_path, tula_cmd
     r = _tula(tula_cmd, "profile", str(_spec(tmp_path)), "--out", str(tmp_path / "p.json"))
     err = _clean(r, 2)
     line = next(ln for ln in err.splitlines() if ln.startswith("error: "))
-    assert line == (f"error: model 'test_error_text:hostile' cannot take digits samples of shape (1, 8, 8) "
-                    f"(RuntimeError: {SHOWN})"), line[:300]
+    assert line == (
+        f"error: model 'test_error_text:hostile' cannot take digits samples of shape (1, 8, 8) (RuntimeError: {SHOWN})"
+    ), line[:300]
     assert "second line" not in err
 
 
@@ -119,8 +124,14 @@ def test_sigint_prints_the_continue_command_with_a_hostile_path(tmp_path, tula_c
     spec = _spec(tmp_path, mode="slow", marker=str(marker))
     out = tmp_path / "runs" / HOSTILE / "p.json"  # its slashes make folders; the path reads as the text
     assert HOSTILE in str(out)
-    proc = subprocess.Popen([*tula_cmd, "profile", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+    proc = subprocess.Popen(
+        [*tula_cmd, "profile", str(spec), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
@@ -143,7 +154,7 @@ DRIVER = r"""
 import sys
 from pathlib import Path
 from tula import cli
-from tula.records import PLAN_KIND, PROFILE_KIND
+from tula.core.records import PLAN_KIND, PROFILE_KIND
 
 h = sys.argv[1] + "\x00"
 c = cli._Console()
@@ -173,8 +184,13 @@ def test_the_observer_prints_notes_events_and_records_as_they_are(tmp_path):
     """The CLI's observer (notes, a stale lock's command, trial and training events, the
     profile and plan tables and the plan's reason) on text holding markup, a byte that is not
     UTF-8 (through argv) and NUL: UTF-8 output with the text in it, on stdout and stderr."""
-    r = subprocess.run([sys.executable, "-c", DRIVER, HOSTILE + " \udcff"], capture_output=True, timeout=120,
-                       env=_env(COLUMNS="1000"), cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", DRIVER, HOSTILE + " \udcff"],
+        capture_output=True,
+        timeout=120,
+        env=_env(COLUMNS="1000"),
+        cwd=tmp_path,
+    )
     out, err = r.stdout.decode("utf-8"), r.stderr.decode("utf-8")  # strict: the output is UTF-8
     _clean((r.returncode, err), 0)
     shown = HOSTILE + " \\xff\\x00"
@@ -209,8 +225,9 @@ def test_the_service_reports_a_failed_job_s_text_as_it_is(tmp_path, tula_cmd):
         err = _clean(sub, 2)
         job_id = sub.stdout.split("submitted job ")[1].split()[0]
         job = wait_for(c, job_id)
-        expected = (f"model 'test_error_text:hostile' cannot take digits samples of shape (1, 8, 8) "
-                    f"(RuntimeError: {SHOWN})")
+        expected = (
+            f"model 'test_error_text:hostile' cannot take digits samples of shape (1, 8, 8) (RuntimeError: {SHOWN})"
+        )
         assert job["state"] == "failed" and job["error"] == expected, job
         assert f"error: job {job_id} failed: {expected}" in err.splitlines()
 
@@ -223,8 +240,10 @@ def test_the_service_reports_a_failed_job_s_text_as_it_is(tmp_path, tula_cmd):
 
         # the API: a record the failed job does not have names its error
         r = c.get(f"/v1/jobs/{job_id}/plan")
-        assert r.status_code == 404 and r.json()["detail"] == f"job {job_id!r} has no plan record (it is failed: " \
-                                                              f"{expected})"
+        assert (
+            r.status_code == 404
+            and r.json()["detail"] == f"job {job_id!r} has no plan record (it is failed: {expected})"
+        )
         r = c.post(f"/v1/jobs/{job_id}/replan", json={"objective": "cost"})
         assert r.status_code == 404 and expected in r.json()["detail"]
         # bad submissions quoting the text

@@ -12,9 +12,9 @@ import time
 import pytest
 import yaml
 
-from tula.checkpoint import CHECKPOINT, checkpoint_meta
-from tula.records import read_jsonl
-from tula.train import METRICS
+from tula.core.records import read_jsonl
+from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta
+from tula.engine.train import METRICS
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +66,9 @@ def _one_line(text: str) -> str:
 
 
 @pytest.mark.parametrize("sig, code, to_group", [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, True)])
-def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(tiny_spec_dict, tmp_path, tula_cmd,
-                                                                          sig, code, to_group):
+def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(
+    tiny_spec_dict, tmp_path, tula_cmd, sig, code, to_group
+):
     d = dict(tiny_spec_dict, epochs=200)
     d["train"] = {"warmup_epochs": 0}
     spec = _write(tmp_path, d)
@@ -107,8 +108,9 @@ def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(tiny_
     assert rec["steps_done"] == (kept + 2) * rec["steps_per_epoch"]
 
 
-def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_rerun_them(tiny_spec_dict, tmp_path,
-                                                                                         tula_cmd):
+def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_rerun_them(
+    tiny_spec_dict, tmp_path, tula_cmd
+):
     d = dict(tiny_spec_dict, name="slowprof")
     d["profile"] = {**d["profile"], "timed_steps": 25}
     spec = _write(tmp_path, d)

@@ -1,17 +1,17 @@
 import time
 
 import pytest
-
-from tula.errors import WorkerError
-from tula.launch import LocalLauncher
-
 import workers
+
+from tula.core.errors import WorkerError
+from tula.engine.launch import LocalLauncher
 
 
 def test_two_rank_gloo_world_returns_results_in_rank_order():
     events = []
     res = LocalLauncher(device="cpu", threads_per_worker=1).run(
-        workers.allreduce_rank, 2, 10.0, on_event=lambda r, ev: events.append((r, ev)), timeout_s=120)
+        workers.allreduce_rank, 2, 10.0, on_event=lambda r, ev: events.append((r, ev)), timeout_s=120
+    )
     assert [r["rank"] for r in res] == [0, 1]
     assert all(r["sum"] == 30.0 and r["world"] == 2 and r["backend"] == "gloo" for r in res)
     assert sorted(r for r, _ in events) == [0, 1]

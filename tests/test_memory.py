@@ -9,13 +9,20 @@ import pytest
 import torch
 from torch import nn
 
-from tula.errors import InfeasibleError
-from tula.launch import LocalLauncher
-from tula.memory import (MemoryModel, failure_cause, fit_memory_model, is_out_of_memory, measure_phase_peaks,
-                         measure_step_peak_bytes, probe_memory_model)
-from tula.profile import _merge_ranks, profile, profile_world
-from tula.spec import spec_from_dict
-from tula.workloads import SmallCNN
+from tula.core.errors import InfeasibleError
+from tula.core.spec import spec_from_dict
+from tula.engine.launch import LocalLauncher
+from tula.engine.memory import (
+    MemoryModel,
+    failure_cause,
+    fit_memory_model,
+    is_out_of_memory,
+    measure_phase_peaks,
+    measure_step_peak_bytes,
+    probe_memory_model,
+)
+from tula.engine.profile import _merge_ranks, profile, profile_world
+from tula.engine.workloads import SmallCNN
 
 MiB = 2**20
 
@@ -74,8 +81,9 @@ def test_probe_separates_the_optimiser_step_from_the_activations():
     up()  # creates the momentum buffers
     probe = (16, 32)
     measured = [measure_phase_peaks(*phases(b), model, opt, cpu) for b in probe]
-    mm = fit_memory_model(model, opt, 0, probe, tuple(m[0] for m in measured), cpu,
-                          update_peak_bytes=max(m[1] for m in measured))
+    mm = fit_memory_model(
+        model, opt, 0, probe, tuple(m[0] for m in measured), cpu, update_peak_bytes=max(m[1] for m in measured)
+    )
     whole = [measure_step_peak_bytes(_chain(*phases(b)), model, opt, cpu) for b in (*probe, 192)]
     assert mm.update_peak_bytes >= 3 * mm.param_bytes  # parameters, gradients, momentum
     assert mm.predict_peak_bytes(16) == max(mm.update_peak_bytes, mm.static_bytes + 16 * mm.bytes_per_sample)
@@ -101,8 +109,9 @@ def test_probing_doubles_the_batch_until_the_activations_show():
     assert [mm.predict_peak_bytes(b) for b in (16, 128, 1000)] == [1000, 1480, 10200]
     # a peak that grows from the start needs no extra probe; max_batch bounds the doubling
     seen.clear()
-    probe_memory_model(lambda b: (seen.append(b) or (200 + 10 * b, 0)), model, opt, 0, (16, 32), torch.device("cpu"),
-                       max_batch=10_000)
+    probe_memory_model(
+        lambda b: seen.append(b) or (200 + 10 * b, 0), model, opt, 0, (16, 32), torch.device("cpu"), max_batch=10_000
+    )
     assert seen == [16, 32]
     seen.clear()
     probe_memory_model(measure, model, opt, 0, (16, 32), torch.device("cpu"), max_batch=64)
@@ -118,9 +127,18 @@ def _chain(first, second):
 
 
 def test_max_local_batch_respects_budget_and_margin():
-    mm = MemoryModel(param_bytes=1000, grad_bytes=1000, optimizer_state_bytes=1000, buffer_bytes=0,
-                     other_static_bytes=0, activation_bytes_per_sample=90, batch_bytes_per_sample=10,
-                     probe_local_batches=(1, 2), probe_peak_bytes=(3100, 3200), device="cpu")
+    mm = MemoryModel(
+        param_bytes=1000,
+        grad_bytes=1000,
+        optimizer_state_bytes=1000,
+        buffer_bytes=0,
+        other_static_bytes=0,
+        activation_bytes_per_sample=90,
+        batch_bytes_per_sample=10,
+        probe_local_batches=(1, 2),
+        probe_peak_bytes=(3100, 3200),
+        device="cpu",
+    )
     assert mm.predict_peak_bytes(10) == 4000
     assert mm.max_local_batch(None) is None
     assert mm.max_local_batch(13000, safety=0.0) == 100
@@ -136,17 +154,30 @@ def test_max_local_batch_respects_budget_and_margin():
 
 
 def test_refit_uses_more_points():
-    mm = MemoryModel(param_bytes=100, grad_bytes=100, optimizer_state_bytes=0, buffer_bytes=0,
-                     other_static_bytes=0, activation_bytes_per_sample=5, batch_bytes_per_sample=5,
-                     probe_local_batches=(1, 2), probe_peak_bytes=(300, 320), device="cpu")
+    mm = MemoryModel(
+        param_bytes=100,
+        grad_bytes=100,
+        optimizer_state_bytes=0,
+        buffer_bytes=0,
+        other_static_bytes=0,
+        activation_bytes_per_sample=5,
+        batch_bytes_per_sample=5,
+        probe_local_batches=(1, 2),
+        probe_peak_bytes=(300, 320),
+        device="cpu",
+    )
     # the true line is 500 + 20 b above the probe's small batches
     r = mm.refit([64, 128, 256], [500 + 20 * 64, 500 + 20 * 128, 500 + 20 * 256])
     assert abs(r.predict_peak_bytes(512) / (500 + 20 * 512) - 1) < 0.05
 
 
 def test_oom_classification():
-    assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: "
-                                         "can't allocate memory: you tried to allocate 123 bytes."))
+    assert is_out_of_memory(
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: "
+            "can't allocate memory: you tried to allocate 123 bytes."
+        )
+    )
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
 
@@ -154,10 +185,19 @@ def test_oom_classification():
 def test_max_local_batch_keeps_room_for_the_address_space_overhead():
     """Under a cap the budget also holds what tensors never show (oneDNN kernels, heap,
     thread stacks): a budget below static + overhead allows no batch, and says why."""
-    mm = MemoryModel(param_bytes=1000, grad_bytes=1000, optimizer_state_bytes=1000, buffer_bytes=0,
-                     other_static_bytes=0, activation_bytes_per_sample=90, batch_bytes_per_sample=10,
-                     probe_local_batches=(1, 2), probe_peak_bytes=(3100, 3200), device="cpu",
-                     address_space_overhead_bytes=5000)
+    mm = MemoryModel(
+        param_bytes=1000,
+        grad_bytes=1000,
+        optimizer_state_bytes=1000,
+        buffer_bytes=0,
+        other_static_bytes=0,
+        activation_bytes_per_sample=90,
+        batch_bytes_per_sample=10,
+        probe_local_batches=(1, 2),
+        probe_peak_bytes=(3100, 3200),
+        device="cpu",
+        address_space_overhead_bytes=5000,
+    )
     assert mm.predict_peak_bytes(10) == 4000  # tensors, as measured: the overhead is not a tensor
     assert mm.predict_budget_bytes(10) == 9000
     assert mm.max_local_batch(18000, safety=0.0) == 100  # floor((18000 - 5000 - 3000) / 100)
@@ -171,9 +211,18 @@ def test_max_local_batch_keeps_room_for_the_address_space_overhead():
 def test_old_memory_model_records_still_load():
     """Records saved before ``update_peak_bytes`` and ``address_space_overhead_bytes``
     existed load with both 0, and predict as they did."""
-    old = {"param_bytes": 1000, "grad_bytes": 1000, "optimizer_state_bytes": 1000, "buffer_bytes": 0,
-           "other_static_bytes": 0, "activation_bytes_per_sample": 90, "batch_bytes_per_sample": 10,
-           "probe_local_batches": [1, 2], "probe_peak_bytes": [3100, 3200], "device": "cpu"}
+    old = {
+        "param_bytes": 1000,
+        "grad_bytes": 1000,
+        "optimizer_state_bytes": 1000,
+        "buffer_bytes": 0,
+        "other_static_bytes": 0,
+        "activation_bytes_per_sample": 90,
+        "batch_bytes_per_sample": 10,
+        "probe_local_batches": [1, 2],
+        "probe_peak_bytes": [3100, 3200],
+        "device": "cpu",
+    }
     mm = MemoryModel.from_dict(old)
     assert mm.update_peak_bytes == 0 and mm.address_space_overhead_bytes == 0
     assert mm.max_local_batch(13000, safety=0.1) == 87
@@ -191,8 +240,13 @@ def test_failure_cause_from_the_exception_type():
 def _in_fresh_process(code: str) -> dict:
     """Run ``code`` in a new interpreter (a cap must never reach the test process); it
     prints a JSON object as its last line."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -205,8 +259,8 @@ def test_onednn_failure_under_a_real_cap_is_out_of_memory_and_a_bug_is_not():
     res = _in_fresh_process("""
         import json, torch
         from torch import nn
-        from tula.memory import cap_address_space, run_probe_step
-        from tula.workloads import SmallCNN
+        from tula.engine.memory import cap_address_space, run_probe_step
+        from tula.engine.workloads import SmallCNN
         torch.set_num_threads(1)
         torch.manual_seed(0)
         model = SmallCNN(1, 10, 8)
@@ -220,7 +274,7 @@ def test_onednn_failure_under_a_real_cap_is_out_of_memory_and_a_bug_is_not():
             bug = str(err)
 
         import resource
-        from tula.memory import AddressSpace
+        from tula.engine.memory import AddressSpace
         cap = resource.getrlimit(resource.RLIMIT_AS)[0]
 
         def quiet():  # fails under the cap and leaves errno alone
@@ -245,7 +299,7 @@ def test_threads_and_malloc_arenas_under_a_real_cap():
     set after the threads exist and with no new arenas."""
     res = _in_fresh_process("""
         import json, threading, torch
-        from tula.memory import AddressSpace, cap_address_space
+        from tula.engine.memory import AddressSpace, cap_address_space
         torch.set_num_threads(2)
         cap_address_space(96 << 20)
         before = AddressSpace.now().total_bytes
@@ -272,8 +326,12 @@ def test_three_mib_budget_under_the_cap_fits_no_batch_and_says_why(capped_spec_d
     measures that overhead and no batch fits, in one sentence."""
     events = []
     with pytest.raises(InfeasibleError, match="address space beyond tensors under the memory cap"):
-        profile(spec_from_dict(capped_spec_dict), "partial",
-                launcher=LocalLauncher(device="cpu", threads_per_worker=1), on_event=events.append)
+        profile(
+            spec_from_dict(capped_spec_dict),
+            "partial",
+            launcher=LocalLauncher(device="cpu", threads_per_worker=1),
+            on_event=events.append,
+        )
     plan = next(e for e in events if e["type"] == "plan")
     mm = MemoryModel.from_dict(plan["memory"])
     assert plan["max_local_batch"] == 0 and plan["configs"] == []
@@ -288,7 +346,8 @@ def test_trials_that_do_not_fit_under_a_tiny_cap_are_oom_not_errors(capped_spec_
     skipped, and the world returns."""
     spec = spec_from_dict(capped_spec_dict)
     res = LocalLauncher(device="cpu", threads_per_worker=1).run(
-        profile_world, 2, spec.to_dict(), [(2, 16), (2, 256)], 3 * MiB, "partial", 3 * MiB, timeout_s=300)
+        profile_world, 2, spec.to_dict(), [(2, 16), (2, 256)], 3 * MiB, "partial", 3 * MiB, timeout_s=300
+    )
     trials = _merge_ranks(res)
     assert [t["status"] for t in trials] == ["oom", "skipped"], trials
     assert trials[0]["note"].startswith("out of memory on rank")

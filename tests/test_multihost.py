@@ -30,12 +30,17 @@ TULA = str(Path(sys.executable).parent / "tula")
 
 
 def _spec(tmp_path: Path, name: str = "mh", **over) -> Path:
-    d = {"name": name, "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
-         "data": {"name": "digits"}, "epochs": 2, "seed": 0,
-         "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 64},
-         "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1},
-         "train": {"method": "lbt", "warmup_epochs": 0},
-         "cluster": {"pg_timeout_s": 10, "connect_timeout_s": 10, "heartbeat_timeout_s": 6}}
+    d = {
+        "name": name,
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
+        "data": {"name": "digits"},
+        "epochs": 2,
+        "seed": 0,
+        "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 64},
+        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1},
+        "train": {"method": "lbt", "warmup_epochs": 0},
+        "cluster": {"pg_timeout_s": 10, "connect_timeout_s": 10, "heartbeat_timeout_s": 6},
+    }
     for k, v in over.items():
         d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
     p = tmp_path / f"{name}.yaml"
@@ -57,15 +62,24 @@ def _tula(h, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def _params(run_dir: Path) -> dict:
-    from tula.checkpoint import load_checkpoint
+    from tula.engine.checkpoint import load_checkpoint
 
     return load_checkpoint(run_dir)["model"]
 
 
 def test_profile_and_train_across_two_hosts_with_no_interface_set(hosts, tmp_path):
     spec = _spec(tmp_path)
-    r = _tula(hosts, "profile", str(spec), "--search", "full", "--out", str(tmp_path / "p" / "profile.json"),
-              "--cluster", hosts.scheduler_address)
+    r = _tula(
+        hosts,
+        "profile",
+        str(spec),
+        "--search",
+        "full",
+        "--out",
+        str(tmp_path / "p" / "profile.json"),
+        "--cluster",
+        hosts.scheduler_address,
+    )
     assert r.returncode == 0, r.stderr + hosts.log_tail()
     prof = json.loads((tmp_path / "p" / "profile.json").read_text())
     addresses = {hosts.address(k) for k in hosts.hosts}
@@ -79,8 +93,19 @@ def test_profile_and_train_across_two_hosts_with_no_interface_set(hosts, tmp_pat
     assert prof["placement"]["n_hosts"] >= 2 and prof["placement"]["max_ranks_per_host"] == 1
 
     out = tmp_path / "train"
-    r = _tula(hosts, "train", str(spec), "--workers", "2", "--batch", "32", "--out", str(out),
-              "--cluster", hosts.scheduler_address)
+    r = _tula(
+        hosts,
+        "train",
+        str(spec),
+        "--workers",
+        "2",
+        "--batch",
+        "32",
+        "--out",
+        str(out),
+        "--cluster",
+        hosts.scheduler_address,
+    )
     assert r.returncode == 0, r.stderr + hosts.log_tail()
     run = json.loads((out / "train.json").read_text())
     assert run["replicas_identical"] and run["n_workers"] == 2 and run["epochs"] == 2
@@ -93,8 +118,19 @@ def test_a_world_whose_ranks_cannot_reach_each_other_fails_in_one_sentence_namin
     scheduler's round trips), exit 2."""
     spec = _spec(tmp_path, cluster={"interface": "lo"})
     t0 = time.monotonic()
-    r = _tula(hosts, "train", str(spec), "--workers", "2", "--batch", "32", "--out", str(tmp_path / "t"),
-              "--cluster", hosts.scheduler_address)
+    r = _tula(
+        hosts,
+        "train",
+        str(spec),
+        "--workers",
+        "2",
+        "--batch",
+        "32",
+        "--out",
+        str(tmp_path / "t"),
+        "--cluster",
+        hosts.scheduler_address,
+    )
     took = time.monotonic() - t0
     assert r.returncode == 2, r.stderr
     err = r.stderr.strip().splitlines()[-1]  # after the progress bar
@@ -108,8 +144,24 @@ def test_a_world_whose_ranks_cannot_reach_each_other_fails_in_one_sentence_namin
 def test_no_scheduler_at_the_address_is_one_sentence_within_the_connect_timeout(tmp_path):
     spec = _spec(tmp_path, cluster={"connect_timeout_s": 3})
     t0 = time.monotonic()
-    r = subprocess.run([TULA, "train", str(spec), "--workers", "1", "--batch", "32", "--out", str(tmp_path / "t"),
-                        "--cluster", "tcp://127.0.0.1:1"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            TULA,
+            "train",
+            str(spec),
+            "--workers",
+            "1",
+            "--batch",
+            "32",
+            "--out",
+            str(tmp_path / "t"),
+            "--cluster",
+            "tcp://127.0.0.1:1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "no Dask scheduler answers at tcp://127.0.0.1:1 within 3 s" in r.stderr, r.stderr
     assert time.monotonic() - t0 < 3 + 10
@@ -119,17 +171,28 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
     """1 worker for epoch 1, then 2 workers on two hosts; `tula train` (the command on the
     head, holding no rank) is killed with SIGKILL during epoch 2; --resume finishes with
     the same parameters as a run never killed."""
-    spec = _spec(tmp_path, data={"name": "synthetic", "sample_shape": [1, 8, 8], "num_samples": 60000},
-                 train={"method": "lbt", "warmup_epochs": 0,
-                        "batch_schedule": {"kind": "piecewise", "batches": [64, 128]},
-                        "workers": {"min": 1, "max": 2, "batch_per_worker": 64}})
+    spec = _spec(
+        tmp_path,
+        data={"name": "synthetic", "sample_shape": [1, 8, 8], "num_samples": 60000},
+        train={
+            "method": "lbt",
+            "warmup_epochs": 0,
+            "batch_schedule": {"kind": "piecewise", "batches": [64, 128]},
+            "workers": {"min": 1, "max": 2, "batch_per_worker": 64},
+        },
+    )
     cmd = [TULA, "train", str(spec), "--workers", "1", "--batch", "64", "--cluster", hosts.scheduler_address]
     ref = hosts.run([*cmd, "--out", str(tmp_path / "ref")], timeout=300)
     assert ref.returncode == 0, ref.stderr + hosts.log_tail()
 
     cut = tmp_path / "cut"
-    proc = subprocess.Popen(["ip", "netns", "exec", hosts.head, *cmd, "--out", str(cut)], stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", hosts.head, *cmd, "--out", str(cut)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     seen = []
     try:
         for line in proc.stderr:
@@ -152,9 +215,29 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
 
 
 def _train_until_checkpoint(h, spec: Path, out: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(["ip", "netns", "exec", h.head, TULA, "train", str(spec), "--workers", "2",
-                             "--batch", "32", "--out", str(out), "--cluster", h.scheduler_address],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            h.head,
+            TULA,
+            "train",
+            str(spec),
+            "--workers",
+            "2",
+            "--batch",
+            "32",
+            "--out",
+            str(out),
+            "--cluster",
+            h.scheduler_address,
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while not (out / "checkpoint.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
@@ -164,15 +247,14 @@ def _train_until_checkpoint(h, spec: Path, out: Path) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("fault", ["link down", "worker killed"])
-def test_a_host_lost_mid_epoch_fails_in_one_sentence_and_resume_finishes_on_the_hosts_left(netns_ok, tmp_path,
-                                                                                         fault):
+def test_a_host_lost_mid_epoch_fails_in_one_sentence_and_resume_finishes_on_the_hosts_left(netns_ok, tmp_path, fault):
     """Three hosts; a 2-worker run loses the host of one rank mid-epoch (its link taken down
     inside its namespace, or its worker process killed): one sentence naming that worker
     within pg_timeout_s + 5 s, exit 2, the last finished epoch's checkpoint intact; --resume
     finishes on the two hosts left."""
     from emulated_hosts import EmulatedHosts
 
-    from tula.checkpoint import checkpoint_meta
+    from tula.engine.checkpoint import checkpoint_meta
 
     spec = _spec(tmp_path, epochs=8)
     out = tmp_path / "run"
@@ -194,8 +276,23 @@ def test_a_host_lost_mid_epoch_fails_in_one_sentence_and_resume_finishes_on_the_
         assert h.address(victim) in last, last  # names the worker that was lost
         meta = checkpoint_meta(out)  # intact: loads, and holds a finished epoch
         assert 1 <= meta["epoch"] < 8
-        again = h.run([TULA, "train", str(spec), "--workers", "2", "--batch", "32", "--out", str(out), "--resume",
-                       "--cluster", h.scheduler_address], timeout=300)
+        again = h.run(
+            [
+                TULA,
+                "train",
+                str(spec),
+                "--workers",
+                "2",
+                "--batch",
+                "32",
+                "--out",
+                str(out),
+                "--resume",
+                "--cluster",
+                h.scheduler_address,
+            ],
+            timeout=300,
+        )
         assert again.returncode == 0, again.stderr + h.log_tail()
         run = json.loads((out / "train.json").read_text())
         assert run["epochs"] == 8 and run["resumed_from_epoch"] == meta["epoch"] and run["replicas_identical"]
@@ -206,8 +303,17 @@ def test_two_hosts_with_two_workers_each_put_a_hosts_ranks_side_by_side(netns_ok
 
     spec = _spec(tmp_path, search={"cluster_sizes": [4], "min_batch": 32, "max_batch": 64})
     with EmulatedHosts(n_hosts=2, workers_per_host=2) as h:
-        r = _tula(h, "profile", str(spec), "--search", "full", "--out", str(tmp_path / "p" / "profile.json"),
-                  "--cluster", h.scheduler_address)
+        r = _tula(
+            h,
+            "profile",
+            str(spec),
+            "--search",
+            "full",
+            "--out",
+            str(tmp_path / "p" / "profile.json"),
+            "--cluster",
+            h.scheduler_address,
+        )
         assert r.returncode == 0, r.stderr + h.log_tail()
     prof = json.loads((tmp_path / "p" / "profile.json").read_text())
     for t in prof["trials"]:

@@ -1,4 +1,4 @@
-"""Which interface a rank's collectives use, and the peer probe (tula.launch.netif), on this
+"""Which interface a rank's collectives use, and the peer probe (tula.engine.launch.netif), on this
 machine's own interfaces; the same rules across real hosts are tested in test_multihost.py."""
 
 import os
@@ -7,8 +7,14 @@ import socket
 import psutil
 import pytest
 
-from tula.launch.netif import (InterfaceChoice, choose_interface, interface_env, interface_of, reachable,
-                               unreachable_peers)
+from tula.engine.launch.netif import (
+    InterfaceChoice,
+    choose_interface,
+    interface_env,
+    interface_of,
+    reachable,
+    unreachable_peers,
+)
 
 
 @pytest.fixture

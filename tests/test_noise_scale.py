@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tula.noise_scale import NoiseScale
+from tula.core.noise_scale import NoiseScale
 
 D, SIGMA = 50, 1.0  # isotropic: tr Sigma = D * SIGMA^2 = 50
 
@@ -85,8 +85,10 @@ def test_torch_tensors_stay_on_their_device_and_match_floats():
 
 def test_state_round_trip_continues_exactly():
     rng = np.random.default_rng(4)
-    seq = [(torch.tensor(float(a), dtype=torch.float64), torch.tensor(float(b), dtype=torch.float64))
-           for a, b in rng.uniform(0.5, 3.0, size=(30, 2))]
+    seq = [
+        (torch.tensor(float(a), dtype=torch.float64), torch.tensor(float(b), dtype=torch.float64))
+        for a, b in rng.uniform(0.5, 3.0, size=(30, 2))
+    ]
     whole = NoiseScale(0.95)
     for a, b in seq:
         whole.update(a, b, 4, 16)

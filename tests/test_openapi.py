@@ -8,7 +8,6 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
-
 from service_helpers import Service
 
 pytestmark = pytest.mark.slow
@@ -26,12 +25,24 @@ def test_no_request_makes_the_service_fail(tmp_path):
         schema = schemathesis.openapi.from_url(f"{svc.url}/openapi.json")
         operations = [op.ok() for op in schema.get_all_operations()]
         assert {f"{o.method.upper()} {o.path}" for o in operations} >= {
-            "POST /v1/jobs", "GET /v1/jobs", "GET /v1/jobs/{job_id}", "POST /v1/jobs/{job_id}/cancel",
-            "GET /v1/jobs/{job_id}/plan", "POST /v1/jobs/{job_id}/replan", "POST /v1/plans", "GET /v1/health"}
+            "POST /v1/jobs",
+            "GET /v1/jobs",
+            "GET /v1/jobs/{job_id}",
+            "POST /v1/jobs/{job_id}/cancel",
+            "GET /v1/jobs/{job_id}/plan",
+            "POST /v1/jobs/{job_id}/replan",
+            "POST /v1/plans",
+            "GET /v1/health",
+        }
         for op in operations:
+
             @given(case=op.as_strategy())
-            @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck),
-                      database=None)
+            @settings(
+                max_examples=EXAMPLES_PER_OPERATION,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+            )
             def no_server_error(case):
                 if case.path_parameters and "job_id" in case.path_parameters and case.path_parameters["job_id"] == "":
                     case.path_parameters["job_id"] = job_id

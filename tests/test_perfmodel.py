@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tula.perfmodel import PerfModel, fit_perf_model, link_bytes, relative_errors
+from tula.core.perfmodel import PerfModel, fit_perf_model, link_bytes, relative_errors
 
 
 def _trials(model: PerfModel, sizes, batches, noise=0.01, seed=0):
@@ -11,8 +11,16 @@ def _trials(model: PerfModel, sizes, batches, noise=0.01, seed=0):
         for b in batches:
             tc = float(model.t_compute_s(b, n)) * (1 + noise * rng.standard_normal())
             ts = float(model.t_step_s(b, n)) * (1 + noise * rng.standard_normal())
-            out.append({"n_workers": n, "local_batch": b, "global_batch": n * b, "status": "ok",
-                        "t_step_s": ts, "t_compute_s": tc})
+            out.append(
+                {
+                    "n_workers": n,
+                    "local_batch": b,
+                    "global_batch": n * b,
+                    "status": "ok",
+                    "t_step_s": ts,
+                    "t_compute_s": tc,
+                }
+            )
     return out
 
 

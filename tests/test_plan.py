@@ -5,23 +5,45 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tula.errors import InfeasibleError
-from tula.memory import MemoryModel
-from tula.perfmodel import PerfModel
-from tula.plan import find_knee, make_plan, pareto_frontier
-from tula.spec import spec_from_dict
+from tula.core.errors import InfeasibleError
+from tula.core.perfmodel import PerfModel
+from tula.core.plan import find_knee, make_plan, pareto_frontier
+from tula.core.spec import spec_from_dict
+from tula.engine.memory import MemoryModel
 
 D = 1000
 
 
 def _models(perf: PerfModel, sizes=(1, 2), budget=None, oom=None, pricing=None, epochs=1):
-    spec = spec_from_dict({"epochs": epochs, "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
-                           "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0}})
-    mem = MemoryModel(param_bytes=1000, grad_bytes=1000, optimizer_state_bytes=0, buffer_bytes=0,
-                      other_static_bytes=0, activation_bytes_per_sample=90, batch_bytes_per_sample=10,
-                      probe_local_batches=(1, 2), probe_peak_bytes=(2100, 2200), device="cpu")
-    return {"kind": "tula.models", "spec": spec.to_dict(), "dataset_size": D, "memory_budget_bytes": budget,
-            "memory": mem.to_dict(), "perf": perf.to_dict(), "oom_local_batch": oom, "trials": []}
+    spec = spec_from_dict(
+        {
+            "epochs": epochs,
+            "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
+            "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0},
+        }
+    )
+    mem = MemoryModel(
+        param_bytes=1000,
+        grad_bytes=1000,
+        optimizer_state_bytes=0,
+        buffer_bytes=0,
+        other_static_bytes=0,
+        activation_bytes_per_sample=90,
+        batch_bytes_per_sample=10,
+        probe_local_batches=(1, 2),
+        probe_peak_bytes=(2100, 2200),
+        device="cpu",
+    )
+    return {
+        "kind": "tula.models",
+        "spec": spec.to_dict(),
+        "dataset_size": D,
+        "memory_budget_bytes": budget,
+        "memory": mem.to_dict(),
+        "perf": perf.to_dict(),
+        "oom_local_batch": oom,
+        "trials": [],
+    }
 
 
 # t_step = 0.01 + 0.001 b (+ 0.01 sync when N = 2), so with D = 1000 and E = 1:
@@ -83,8 +105,17 @@ def test_memory_bound_and_oom_make_configurations_infeasible():
 
 def test_plan_rows_have_the_promised_fields_and_a_frontier():
     plan = make_plan(_models(PERF), "knee")
-    need = {"n_workers", "global_batch", "local_batch", "t_step_s", "epoch_time_s", "total_time_s", "cost",
-            "peak_mem_bytes", "feasible"}
+    need = {
+        "n_workers",
+        "global_batch",
+        "local_batch",
+        "t_step_s",
+        "epoch_time_s",
+        "total_time_s",
+        "cost",
+        "peak_mem_bytes",
+        "feasible",
+    }
     assert all(need <= set(r) for r in plan["configurations"])
     assert sum(r["chosen"] for r in plan["configurations"]) == 1
     feasible = [(r["total_time_s"], r["cost"]) for r in plan["configurations"] if r["feasible"]]
@@ -150,12 +181,20 @@ def _brute_force(perf: PerfModel, sizes, epochs, budget, oom, pricing):
 
 
 @settings(max_examples=40, deadline=None)
-@given(c0=st.floats(0, 0.05), c1=st.floats(1e-6, 1e-2), alpha=st.floats(0, 1e-3), beta=st.floats(0, 2e-8),
-       sizes=st.sampled_from([(1,), (2,), (1, 2), (1, 2, 4), (2, 4)]), epochs=st.integers(1, 3),
-       budget=st.none() | st.integers(3000, 150_000), oom=st.none() | st.integers(2, 600),
-       pricing=st.sampled_from([{"kind": "fixed", "price_per_node_hour": 3600.0},
-                                {"kind": "memory", "price_per_gb_hour": 3600.0 * 1e9}]),
-       objective=st.sampled_from(["time", "cost"]))
+@given(
+    c0=st.floats(0, 0.05),
+    c1=st.floats(1e-6, 1e-2),
+    alpha=st.floats(0, 1e-3),
+    beta=st.floats(0, 2e-8),
+    sizes=st.sampled_from([(1,), (2,), (1, 2), (1, 2, 4), (2, 4)]),
+    epochs=st.integers(1, 3),
+    budget=st.none() | st.integers(3000, 150_000),
+    oom=st.none() | st.integers(2, 600),
+    pricing=st.sampled_from(
+        [{"kind": "fixed", "price_per_node_hour": 3600.0}, {"kind": "memory", "price_per_gb_hour": 3600.0 * 1e9}]
+    ),
+    objective=st.sampled_from(["time", "cost"]),
+)
 def test_the_choice_is_the_brute_force_optimum(c0, c1, alpha, beta, sizes, epochs, budget, oom, pricing, objective):
     perf = PerfModel("ring", grad_bytes=10**6, c0=c0, c1=c1, alpha=alpha, beta=beta)
     rows = _brute_force(perf, sizes, epochs, budget, oom, pricing)

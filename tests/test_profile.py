@@ -2,15 +2,23 @@ import time
 
 import pytest
 
-from tula.fit import fit_models
-from tula.launch import LocalLauncher
-from tula.memory import MemoryModel
-from tula.perfmodel import fit_perf_model
-from tula.profile import _merge_ranks, profile, profile_world
-from tula.spec import spec_from_dict
+from tula.core.fit import fit_models
+from tula.core.perfmodel import fit_perf_model
+from tula.core.spec import spec_from_dict
+from tula.engine.launch import LocalLauncher
+from tula.engine.memory import MemoryModel
+from tula.engine.profile import _merge_ranks, profile, profile_world
 
-TRIAL_FIELDS = {"n_workers", "local_batch", "global_batch", "t_step_s", "t_compute_s", "t_sync_s",
-                "peak_mem_bytes", "status"}
+TRIAL_FIELDS = {
+    "n_workers",
+    "local_batch",
+    "global_batch",
+    "t_step_s",
+    "t_compute_s",
+    "t_sync_s",
+    "peak_mem_bytes",
+    "status",
+}
 
 
 def test_two_rank_ddp_trials(tiny_spec_dict):
@@ -37,8 +45,9 @@ def test_oom_trial_under_a_real_memory_cap_is_recorded_and_the_search_moves_on(t
     spec = spec_from_dict(tiny_spec_dict)
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     t0 = time.monotonic()
-    res = launcher.run(profile_world, 2, spec.to_dict(), [(2, 32), (2, 32768), (2, 65536)], 48 * 2**20, "full",
-                       None, timeout_s=300)
+    res = launcher.run(
+        profile_world, 2, spec.to_dict(), [(2, 32), (2, 32768), (2, 65536)], 48 * 2**20, "full", None, timeout_s=300
+    )
     assert time.monotonic() - t0 < 120
     assert all("address_space_cap_bytes" in r for r in res)
     trials = _merge_ranks(res)
@@ -54,8 +63,7 @@ def test_partial_profile_end_to_end_and_fit(tiny_spec_dict):
     rec = profile(spec, "partial", on_event=events.append)
     assert rec["kind"] == "tula.profile" and rec["search"] == "partial"
     # partial search: extreme cluster sizes x extreme global batches
-    assert sorted((t["n_workers"], t["global_batch"]) for t in rec["trials"]) == \
-        [(1, 16), (1, 256), (2, 16), (2, 256)]
+    assert sorted((t["n_workers"], t["global_batch"]) for t in rec["trials"]) == [(1, 16), (1, 256), (2, 16), (2, 256)]
     assert all(t["status"] == "ok" for t in rec["trials"])
     assert events[0]["type"] == "plan" and sum(e["type"] == "trial" for e in events) == 4
     models = fit_models(rec)
@@ -78,8 +86,9 @@ def test_compute_slope_from_two_batches_predicts_a_third(tiny_spec_dict):
     that lets the slope go) misses by 50 % or more."""
     spec = spec_from_dict({**tiny_spec_dict, "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1}})
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
-    res = launcher.run(profile_world, 1, spec.to_dict(), [(1, 128), (1, 512), (1, 1024)], None, "full", None,
-                       timeout_s=300)
+    res = launcher.run(
+        profile_world, 1, spec.to_dict(), [(1, 128), (1, 512), (1, 1024)], None, "full", None, timeout_s=300
+    )
     small, mid, big = _merge_ranks(res)
     assert [t["local_batch"] for t in (small, mid, big)] == [128, 512, 1024]
     assert all(t["status"] == "ok" for t in (small, mid, big))
@@ -89,7 +98,16 @@ def test_compute_slope_from_two_batches_predicts_a_third(tiny_spec_dict):
     assert predicted == pytest.approx(big["t_compute_s"], rel=0.35), (small, mid, big, perf)
     assert perf.t_step_s(1024, 1) == pytest.approx(predicted)  # one worker: no sync term
     # peak memory is linear in the local batch: the line through two trials predicts the third
-    line = MemoryModel(param_bytes=0, grad_bytes=0, optimizer_state_bytes=0, buffer_bytes=0, other_static_bytes=0,
-                       activation_bytes_per_sample=0, batch_bytes_per_sample=0, probe_local_batches=(128, 512),
-                       probe_peak_bytes=(small["peak_mem_bytes"], mid["peak_mem_bytes"]), device="cpu").refit([], [])
+    line = MemoryModel(
+        param_bytes=0,
+        grad_bytes=0,
+        optimizer_state_bytes=0,
+        buffer_bytes=0,
+        other_static_bytes=0,
+        activation_bytes_per_sample=0,
+        batch_bytes_per_sample=0,
+        probe_local_batches=(128, 512),
+        probe_peak_bytes=(small["peak_mem_bytes"], mid["peak_mem_bytes"]),
+        device="cpu",
+    ).refit([], [])
     assert line.predict_peak_bytes(1024) == pytest.approx(big["peak_mem_bytes"], rel=0.05)

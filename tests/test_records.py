@@ -1,5 +1,5 @@
 """Records and checkpoints on load: every input either loads or is refused with Tula's one
-sentence (:class:`~tula.errors.RecordError`: one line, no traceback, naming the file), never
+sentence (:class:`~tula.core.errors.RecordError`: one line, no traceback, naming the file), never
 another exception -- for each damaged record the issue names, and for random and mutated
 records (hypothesis): keys deleted, values of another type, random values, the file cut
 short, bytes flipped."""
@@ -13,14 +13,25 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tula.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint, save_checkpoint
-from tula.errors import RecordError, TulaError
-from tula.fit import fit_models
-from tula.memory import MemoryModel
-from tula.plan import make_plan
-from tula.records import (MODELS_KIND, PLAN_KIND, PROFILE_KIND, RUN_KIND, TRAIN_KIND, VERSIONS, Trial, load_record,
-                          read_jsonl, save_record, validate_record)
-from tula.spec import spec_from_dict
+from tula.core.errors import RecordError, TulaError
+from tula.core.fit import fit_models
+from tula.core.plan import make_plan
+from tula.core.records import (
+    MODELS_KIND,
+    PLAN_KIND,
+    PROFILE_KIND,
+    RUN_KIND,
+    TRAIN_KIND,
+    VERSIONS,
+    Trial,
+    load_record,
+    read_jsonl,
+    save_record,
+    validate_record,
+)
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint, save_checkpoint
+from tula.engine.memory import MemoryModel
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -30,42 +41,112 @@ def _valid_records(spec_dict: dict) -> dict[str, dict]:
     """One valid record of every kind: a profile made by hand (as `tula profile` writes it),
     the models and plan the real fit and plan make of it, a training run and a run manifest."""
     spec = spec_from_dict(spec_dict).to_dict()
-    mem = MemoryModel(param_bytes=4000, grad_bytes=4000, optimizer_state_bytes=4000, buffer_bytes=0,
-                      other_static_bytes=2000, activation_bytes_per_sample=19000, batch_bytes_per_sample=264,
-                      probe_local_batches=(16, 32), probe_peak_bytes=(322224, 630448), device="cpu")
+    mem = MemoryModel(
+        param_bytes=4000,
+        grad_bytes=4000,
+        optimizer_state_bytes=4000,
+        buffer_bytes=0,
+        other_static_bytes=2000,
+        activation_bytes_per_sample=19000,
+        batch_bytes_per_sample=264,
+        probe_local_batches=(16, 32),
+        probe_peak_bytes=(322224, 630448),
+        device="cpu",
+    )
 
     def trial(n, b, t):
-        return asdict(Trial(n, b, n * b, "ok", t_step_s=1.2 * t, t_compute_s=t, t_sync_s=0.2 * t,
-                            peak_mem_bytes=mem.predict_peak_bytes(b), timed_steps=3, step_times_s=[1.2 * t] * 3,
-                            compute_times_s=[t] * 3))
+        return asdict(
+            Trial(
+                n,
+                b,
+                n * b,
+                "ok",
+                t_step_s=1.2 * t,
+                t_compute_s=t,
+                t_sync_s=0.2 * t,
+                peak_mem_bytes=mem.predict_peak_bytes(b),
+                timed_steps=3,
+                step_times_s=[1.2 * t] * 3,
+                compute_times_s=[t] * 3,
+            )
+        )
 
-    profile = {"kind": PROFILE_KIND, "version": 1, "spec": spec, "search": "partial", "device": "cpu",
-               "backend": "gloo", "threads_per_worker": 1, "memory_budget_bytes": None, "enforce_memory_cap": False,
-               "dataset_size": 1438, "sample_shape": [1, 8, 8],
-               "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 4000}, "memory": mem.to_dict(),
-               "max_local_batch": None, "configs": [[1, 16], [1, 256], [2, 16], [2, 256]],
-               "trials": [trial(1, 16, 0.002), trial(1, 256, 0.024), trial(2, 8, 0.003), trial(2, 128, 0.015)],
-               "profiling_s": 3.5, "created": "2025-01-01T00:00:00+0000"}
+    profile = {
+        "kind": PROFILE_KIND,
+        "version": 1,
+        "spec": spec,
+        "search": "partial",
+        "device": "cpu",
+        "backend": "gloo",
+        "threads_per_worker": 1,
+        "memory_budget_bytes": None,
+        "enforce_memory_cap": False,
+        "dataset_size": 1438,
+        "sample_shape": [1, 8, 8],
+        "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 4000},
+        "memory": mem.to_dict(),
+        "max_local_batch": None,
+        "configs": [[1, 16], [1, 256], [2, 16], [2, 256]],
+        "trials": [trial(1, 16, 0.002), trial(1, 256, 0.024), trial(2, 8, 0.003), trial(2, 128, 0.015)],
+        "profiling_s": 3.5,
+        "created": "2025-01-01T00:00:00+0000",
+    }
     models = fit_models(profile)
     plan = make_plan(models)
-    epoch = {"epoch": 1, "steps": 11, "steps_done": 11, "global_batch": 128, "n_workers": 2, "lr": 0.05,
-             "train_loss": 1.9, "epoch_time_s": 0.5, "test_loss": 1.5, "test_top1": 0.6, "test_top5": 0.9}
+    epoch = {
+        "epoch": 1,
+        "steps": 11,
+        "steps_done": 11,
+        "global_batch": 128,
+        "n_workers": 2,
+        "lr": 0.05,
+        "train_loss": 1.9,
+        "epoch_time_s": 0.5,
+        "test_loss": 1.5,
+        "test_top1": 0.6,
+        "test_top5": 0.9,
+    }
     history = [epoch, {**epoch, "epoch": 2, "steps_done": 22, "train_loss": 1.2}]
-    train = {"kind": TRAIN_KIND, "version": 1, "spec": spec, "method": "ags", "n_workers": 2,
-             "requested_global_batch": 128, "global_batch": 128, "local_batch": 64, "steps_per_epoch": 11,
-             "epochs": 2, "steps_done": 22, "resumed_from_epoch": None, "fallbacks": [], "history": history,
-             "final": history[-1], "traces": {"delta": [None, 0.3], "scaled": [False, True]}}
-    run = {"kind": RUN_KIND, "version": 1, "spec": spec, "search": "partial", "objective": "knee", "train": True,
-           "created": "2025-01-01T00:00:00+0000"}
+    train = {
+        "kind": TRAIN_KIND,
+        "version": 1,
+        "spec": spec,
+        "method": "ags",
+        "n_workers": 2,
+        "requested_global_batch": 128,
+        "global_batch": 128,
+        "local_batch": 64,
+        "steps_per_epoch": 11,
+        "epochs": 2,
+        "steps_done": 22,
+        "resumed_from_epoch": None,
+        "fallbacks": [],
+        "history": history,
+        "final": history[-1],
+        "traces": {"delta": [None, 0.3], "scaled": [False, True]},
+    }
+    run = {
+        "kind": RUN_KIND,
+        "version": 1,
+        "spec": spec,
+        "search": "partial",
+        "objective": "knee",
+        "train": True,
+        "created": "2025-01-01T00:00:00+0000",
+    }
     recs = {PROFILE_KIND: profile, MODELS_KIND: models, PLAN_KIND: plan, TRAIN_KIND: train, RUN_KIND: run}
     return json.loads(json.dumps(recs))  # as a file holds them
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
-    tiny = {"name": "tiny", "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
-            "data": {"name": "digits"}, "epochs": 2,
-            "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256}}
+    tiny = {
+        "name": "tiny",
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
+        "data": {"name": "digits"},
+        "epochs": 2,
+        "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256},
+    }
     recs = _valid_records(tiny)
     for kind, rec in recs.items():  # the base of every mutation is a record Tula reads back as it wrote it
         p = save_record(rec, tmp_path_factory.mktemp("valid") / "rec.json")
@@ -103,8 +184,16 @@ def _write(path, rec) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("kind, key", [(MODELS_KIND, "spec"), (MODELS_KIND, "perf"), (PLAN_KIND, "spec"),
-                                       (PROFILE_KIND, "trials"), (TRAIN_KIND, "history")])
+@pytest.mark.parametrize(
+    "kind, key",
+    [
+        (MODELS_KIND, "spec"),
+        (MODELS_KIND, "perf"),
+        (PLAN_KIND, "spec"),
+        (PROFILE_KIND, "trials"),
+        (TRAIN_KIND, "history"),
+    ],
+)
 def test_a_record_missing_a_key_names_the_file_and_the_key(records, tmp_path, kind, key):
     rec = copy.deepcopy(records[kind])
     del rec[key]
@@ -144,8 +233,16 @@ def test_truncated_json_is_named(records, tmp_path):
     assert "not valid JSON, perhaps truncated" in assert_sentence(e.value, str(path))
 
 
-@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe", b"name: a yaml spec\n", b"",
-                                     b"PK\x03\x04 a zip (torch.save) file"], ids=["png", "yaml", "empty", "zip"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe",
+        b"name: a yaml spec\n",
+        b"",
+        b"PK\x03\x04 a zip (torch.save) file",
+    ],
+    ids=["png", "yaml", "empty", "zip"],
+)
 def test_a_file_that_is_not_json_is_named(tmp_path, content):
     path = tmp_path / "plan.json"
     path.write_bytes(content)
@@ -154,9 +251,19 @@ def test_a_file_that_is_not_json_is_named(tmp_path, content):
     assert "is not" in assert_sentence(e.value, str(path))
 
 
-@pytest.mark.parametrize("foreign", [{"name": "left-pad", "version": "1.3.0"}, [1, 2, 3], "tula.plan", 42, None,
-                                     {"kind": "tula.checkpoint2", "version": 1}, {"kind": 7}],
-                         ids=["package-json", "list", "string", "number", "null", "unknown-kind", "kind-not-text"])
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        {"name": "left-pad", "version": "1.3.0"},
+        [1, 2, 3],
+        "tula.plan",
+        42,
+        None,
+        {"kind": "tula.checkpoint2", "version": 1},
+        {"kind": 7},
+    ],
+    ids=["package-json", "list", "string", "number", "null", "unknown-kind", "kind-not-text"],
+)
 def test_a_foreign_json_file_is_named(tmp_path, foreign):
     path = _write(tmp_path / "models.json", foreign)
     with pytest.raises(RecordError) as e:
@@ -192,8 +299,18 @@ def test_missing_file_and_directory_are_named(tmp_path):
 
 def test_a_damaged_metrics_line_is_named(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    good = {"epoch": 1, "steps": 5, "steps_done": 5, "global_batch": 64, "n_workers": 2, "lr": 0.1,
-            "train_loss": 2.0, "epoch_time_s": 0.1, "test_loss": 1.9, "test_top1": 0.4}
+    good = {
+        "epoch": 1,
+        "steps": 5,
+        "steps_done": 5,
+        "global_batch": 64,
+        "n_workers": 2,
+        "lr": 0.1,
+        "train_loss": 2.0,
+        "epoch_time_s": 0.1,
+        "test_loss": 1.9,
+        "test_top1": 0.4,
+    }
     path.write_text(json.dumps(good) + "\n" + json.dumps(good)[:30] + "\n")
     with pytest.raises(RecordError) as e:
         read_jsonl(path)
@@ -209,8 +326,11 @@ def test_a_key_with_a_line_break_stays_on_one_line(records, tmp_path):
     assert "field 'fit_error.two\\nlines'" in assert_sentence(e.value, path)
 
 
-@pytest.mark.parametrize("raw", [b'{"kind": "tula.plan", "version": ' + b"9" * 5000 + b"}", b"[" * 100000],
-                         ids=["5000-digit-number", "nested-100000-deep"])
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"kind": "tula.plan", "version": ' + b"9" * 5000 + b"}", b"[" * 100000],
+    ids=["5000-digit-number", "nested-100000-deep"],
+)
 def test_json_python_refuses_to_parse_is_named(tmp_path, raw):
     """Python's JSON reader raises ValueError (not JSONDecodeError) for an integer of more than
     4300 digits and RecursionError for deep nesting: each was a traceback."""
@@ -225,8 +345,14 @@ def test_json_python_refuses_to_parse_is_named(tmp_path, raw):
     assert "line 1" in assert_sentence(e.value, str(path))
 
 
-@pytest.mark.parametrize("kind, section, key", [(PROFILE_KIND, "memory", "batch_bytes_per_sample"),
-                                                (MODELS_KIND, "perf", "c0"), (MODELS_KIND, "memory", "param_bytes")])
+@pytest.mark.parametrize(
+    "kind, section, key",
+    [
+        (PROFILE_KIND, "memory", "batch_bytes_per_sample"),
+        (MODELS_KIND, "perf", "c0"),
+        (MODELS_KIND, "memory", "param_bytes"),
+    ],
+)
 def test_a_record_that_loads_can_be_used_by_the_next_stage(records, tmp_path, kind, section, key):
     rec = copy.deepcopy(records[kind])
     rec[section][key] = str(rec[section][key])
@@ -269,14 +395,36 @@ def test_a_record_tula_would_not_read_back_is_not_written(records, tmp_path):
 
 # --------------------------------------------------------------------------- random and mutated records
 _scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
-json_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) |
-                           st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+json_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def _retype(value):
     """Values of another type than ``value`` (a string of a number, a list around it, ...)."""
-    return [v for v in (None, True, 0, -1, 1.5, float("nan"), float("inf"), "", "x", str(value), [], [value], {},
-                        {"v": value}, 10**30) if type(v) is not type(value)]
+    return [
+        v
+        for v in (
+            None,
+            True,
+            0,
+            -1,
+            1.5,
+            float("nan"),
+            float("inf"),
+            "",
+            "x",
+            str(value),
+            [],
+            [value],
+            {},
+            {"v": value},
+            10**30,
+        )
+        if type(v) is not type(value)
+    ]
 
 
 def _mutate(data, rec):
@@ -313,11 +461,21 @@ def test_random_json_is_refused_with_one_sentence(scratch, value):
 
 
 @SETTINGS
-@given(kind=st.sampled_from(sorted(VERSIONS)), version=st.integers(-2, 3) | json_values,
-       extra=st.dictionaries(st.sampled_from(["spec", "trials", "memory", "perf", "choice", "history", "search",
-                                              "objective", "configurations", "model"]), json_values, max_size=4))
+@given(
+    kind=st.sampled_from(sorted(VERSIONS)),
+    version=st.integers(-2, 3) | json_values,
+    extra=st.dictionaries(
+        st.sampled_from(
+            ["spec", "trials", "memory", "perf", "choice", "history", "search", "objective", "configurations", "model"]
+        ),
+        json_values,
+        max_size=4,
+    ),
+)
 def test_random_fields_under_a_tula_kind_load_or_are_refused(scratch, kind, version, extra):
-    assert_loads_or_one_sentence(scratch / "kinded.json", json.dumps({"kind": kind, "version": version, **extra}).encode())
+    assert_loads_or_one_sentence(
+        scratch / "kinded.json", json.dumps({"kind": kind, "version": version, **extra}).encode()
+    )
 
 
 @SETTINGS
@@ -348,10 +506,18 @@ def test_truncated_or_byte_flipped_records_load_or_are_refused(records, scratch,
 # --------------------------------------------------------------------------- checkpoints
 def _state(epoch: int) -> dict:
     torch.manual_seed(epoch)
-    return {"epoch": epoch, "steps_done": 11 * epoch, "method": "lbt", "global_batch": 128, "n_workers": 2,
-            "fallbacks": [], "history": [], "model": {"w": torch.randn(4, 3), "b": torch.zeros(3)},
-            "method_state": {"optimizer": {"state": {}, "param_groups": []}, "extra": {}},
-            "torch_rng": torch.get_rng_state()}
+    return {
+        "epoch": epoch,
+        "steps_done": 11 * epoch,
+        "method": "lbt",
+        "global_batch": 128,
+        "n_workers": 2,
+        "fallbacks": [],
+        "history": [],
+        "model": {"w": torch.randn(4, 3), "b": torch.zeros(3)},
+        "method_state": {"optimizer": {"state": {}, "param_groups": []}, "extra": {}},
+        "torch_rng": torch.get_rng_state(),
+    }
 
 
 def _two_checkpoints(out):
@@ -382,8 +548,9 @@ def _flip(path):
     path.write_bytes(bytes(raw))
 
 
-@pytest.mark.parametrize("damage, why", [(_truncate, "cut short"), (_flip, "checksum does not match")],
-                         ids=["truncated", "byte-flipped"])
+@pytest.mark.parametrize(
+    "damage, why", [(_truncate, "cut short"), (_flip, "checksum does not match")], ids=["truncated", "byte-flipped"]
+)
 def test_a_damaged_checkpoint_points_at_the_previous_one(tmp_path, damage, why):
     current, previous = _two_checkpoints(tmp_path)
     damage(current)
@@ -395,8 +562,9 @@ def test_a_damaged_checkpoint_points_at_the_previous_one(tmp_path, damage, why):
     assert current.exists() and previous.exists()  # nothing deleted: the user decides
 
 
-@pytest.mark.parametrize("damage, why", [(_truncate, "cut short"), (_flip, "checksum does not match")],
-                         ids=["truncated", "byte-flipped"])
+@pytest.mark.parametrize(
+    "damage, why", [(_truncate, "cut short"), (_flip, "checksum does not match")], ids=["truncated", "byte-flipped"]
+)
 def test_a_damaged_checkpoint_without_a_previous_one_cannot_be_resumed(tmp_path, damage, why):
     save_checkpoint(_state(1), tmp_path)
     damage(tmp_path / CHECKPOINT)
@@ -426,9 +594,16 @@ def test_foreign_and_headerless_checkpoints_are_refused(tmp_path):
     assert "there is no checkpoint" in assert_sentence(e.value, str(tmp_path))
 
 
-@pytest.mark.parametrize("change, words", [({"method": None}, "field 'method'"), ({"epoch": -1}, "field 'epoch'"),
-                                           ({"version": 99}, "version 99"), ({"model": None}, None)],
-                         ids=["method", "epoch", "newer", "no-model"])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"method": None}, "field 'method'"),
+        ({"epoch": -1}, "field 'epoch'"),
+        ({"version": 99}, "version 99"),
+        ({"model": None}, None),
+    ],
+    ids=["method", "epoch", "newer", "no-model"],
+)
 def test_a_checkpoint_with_a_bad_header_field_is_named(tmp_path, change, words):
     state = _state(1)
     for k, v in change.items():

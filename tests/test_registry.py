@@ -6,15 +6,15 @@ import sys
 
 import pytest
 
-from tula.errors import SpecError
-from tula.registry import (METHOD_NAMES, METHODS, check_train_config, method_class, method_info,
-                           smallest_batch_for)
-from tula.spec import METHODS as SPEC_METHODS
-from tula.spec import spec_from_dict
+from tula.core.errors import SpecError
+from tula.core.job_rules import check_train_config, smallest_batch_for
+from tula.core.registry import METHOD_NAMES, METHODS, method_class, method_info
+from tula.core.spec import METHODS as SPEC_METHODS
+from tula.core.spec import spec_from_dict
 
 
 def test_registry_and_spec_load_without_torch():
-    code = "import tula.registry, tula.spec, sys; assert 'torch' not in sys.modules, 'torch was imported'"
+    code = "import tula.core.registry, tula.core.spec, sys; assert 'torch' not in sys.modules, 'torch was imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
 
@@ -29,7 +29,7 @@ def test_the_spec_accepts_exactly_the_registered_methods():
 
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_entry_names_its_class(name):
-    from tula.optim.methods import Method
+    from tula.engine.optim.methods import Method
 
     cls = method_class(name)
     assert issubclass(cls, Method) and cls.name == name
@@ -41,16 +41,23 @@ def test_an_unknown_method_is_one_sentence():
         method_class("sgd")
 
 
-@pytest.mark.parametrize("method, n, batch, sentence", [
-    ("lbt", 0, 64, "the number of workers must be at least 1, not 0"),
-    ("lbt", 2, 33, "global batch 33 does not split evenly over 2 workers"),
-    ("lbt", 4, 2, "global batch 2 does not split evenly over 4 workers"),
-    ("lbt", 2, 4096, "global batch 4096 is larger than the training set (1438 samples)"),
-    ("ags", 2, 32, "train.ags.b_small (32) must be smaller than the global batch (32) for method 'ags'"),
-    ("static", 1, 16, "train.ags.b_small (32) must be smaller than the global batch (16) for method 'static'"),
-    ("adascale", 1, 64, "method 'adascale' estimates the gradient variance across workers and needs at least 2 "
-                        "workers, not 1"),
-])
+@pytest.mark.parametrize(
+    "method, n, batch, sentence",
+    [
+        ("lbt", 0, 64, "the number of workers must be at least 1, not 0"),
+        ("lbt", 2, 33, "global batch 33 does not split evenly over 2 workers"),
+        ("lbt", 4, 2, "global batch 2 does not split evenly over 4 workers"),
+        ("lbt", 2, 4096, "global batch 4096 is larger than the training set (1438 samples)"),
+        ("ags", 2, 32, "train.ags.b_small (32) must be smaller than the global batch (32) for method 'ags'"),
+        ("static", 1, 16, "train.ags.b_small (32) must be smaller than the global batch (16) for method 'static'"),
+        (
+            "adascale",
+            1,
+            64,
+            "method 'adascale' estimates the gradient variance across workers and needs at least 2 workers, not 1",
+        ),
+    ],
+)
 def test_check_train_config_gives_one_sentence(method, n, batch, sentence):
     with pytest.raises(SpecError) as err:
         check_train_config(spec_from_dict({}), method, n, batch, 1438)

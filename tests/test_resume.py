@@ -21,11 +21,11 @@ import shutil
 import pytest
 import torch
 
-from tula.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
-from tula.launch import LocalLauncher
-from tula.registry import METHOD_NAMES
-from tula.spec import spec_from_dict
-from tula.train import train
+from tula.core.registry import METHOD_NAMES
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
+from tula.engine.launch import LocalLauncher
+from tula.engine.train import train
 
 N_WORKERS, BATCH = 2, 128  # 1438 digits -> 11 steps per epoch
 LOSS_KEYS = ("train_loss", "test_loss", "test_top1", "lr")
@@ -33,8 +33,13 @@ LOSS_KEYS = ("train_loss", "test_loss", "test_top1", "lr")
 
 def _spec(tiny_spec_dict, epochs):
     d = dict(tiny_spec_dict, epochs=epochs)
-    d["train"] = {"warmup_epochs": 3, "lr_milestones": [2], "polo_switch_epoch": 1, "polo_averages_per_epoch": 3,
-                  "ags": {"b_small": 32, "update_every": 4, "delta": 10.0}}
+    d["train"] = {
+        "warmup_epochs": 3,
+        "lr_milestones": [2],
+        "polo_switch_epoch": 1,
+        "polo_averages_per_epoch": 3,
+        "ags": {"b_small": 32, "update_every": 4, "delta": 10.0},
+    }
     return spec_from_dict(d)
 
 

@@ -10,9 +10,9 @@ import time
 import pytest
 import yaml
 
-from tula.checkpoint import CHECKPOINT
-from tula.errors import RunDirError
-from tula.rundir import LOCK, check_out_file, locked
+from tula.core.errors import RunDirError
+from tula.engine.checkpoint import CHECKPOINT
+from tula.engine.rundir import LOCK, check_out_file, locked
 
 
 def _write(tmp_path, d, name="spec.yaml"):
@@ -35,8 +35,7 @@ def test_second_run_into_a_locked_directory_is_refused_naming_the_first(tiny_spe
     spec = _write(tmp_path, d)
     out = tmp_path / "run"
     cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out)]
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not (out / CHECKPOINT).exists():
@@ -57,15 +56,19 @@ def test_second_run_into_a_locked_directory_is_refused_naming_the_first(tiny_spe
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (tmp_path / LOCK).write_text(json.dumps({"pid": dead.pid, "host": "h", "command": "tula train x",
-                                             "started": "then"}))
+    (tmp_path / LOCK).write_text(
+        json.dumps({"pid": dead.pid, "host": "h", "command": "tula train x", "started": "then"})
+    )
     seen = []
     with locked(tmp_path, on_stale=seen.append):
         info = json.loads((tmp_path / LOCK).read_text())
         assert info["pid"] == os.getpid()
         # another process trying the same directory while this one holds it is refused
-        r = subprocess.run([sys.executable, "-c", f"from tula.rundir import locked\nwith locked({str(tmp_path)!r}): "
-                            "pass"], capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-c", f"from tula.engine.rundir import locked\nwith locked({str(tmp_path)!r}): pass"],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode != 0 and f"in use by another Tula run (pid {os.getpid()}" in r.stderr
     assert seen and seen[0]["pid"] == dead.pid
 
@@ -82,27 +85,80 @@ def test_out_file_checks_name_the_problem(tmp_path):
         check_out_file(f / "x.json", force=True)
 
 
-@pytest.mark.parametrize("make_args, sentence", [
-    (lambda spec, tmp: ["train", spec, "--method", "lbt", "--workers", "2", "--batch", "64", "--out",
-                        _file(tmp)], "is a file, not a directory"),
-    (lambda spec, tmp: ["run", spec, "--out", _file(tmp)], "is a file, not a directory"),
-    (lambda spec, tmp: ["profile", spec, "--out", _file(tmp)], "already exists and was not written by this command"),
-    (lambda spec, tmp: ["plan", spec, "--out", str(_with_profile(tmp) / "plan.json")],
-     "profile.json' already exists and was not written by this command"),
-    (lambda spec, tmp: ["train", spec, "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(tmp),
-                        "--resume"], "there is no checkpoint in"),
-    (lambda spec, tmp: ["train", spec, "--method", "lbt", "--workers", "0", "--batch", "64", "--out",
-                        str(tmp / "o")], "the number of workers must be at least 1, not 0"),
-    (lambda spec, tmp: ["run", "--resume", str(tmp)], "holds no Tula run to continue"),
-    (lambda spec, tmp: ["run", "--resume", _with_run(tmp, spec), "--no-train"],
-     "was started with --train; --resume continues it as it was started, so drop --no-train"),
-    (lambda spec, tmp: ["run", "--resume", _with_run(tmp, spec), "--search", "full"],
-     "was started with --search partial; --resume continues it as it was started, so drop --search full"),
-    (lambda spec, tmp: ["run", "--resume", _with_run(tmp, spec), "--objective", "cost"],
-     "was started with the spec's objective; --resume continues it as it was started, so drop --objective cost"),
-])
-def test_cli_output_problems_are_one_sentence_before_any_work(tiny_spec_dict, tmp_path, tula_cmd, make_args,
-                                                              sentence):
+@pytest.mark.parametrize(
+    "make_args, sentence",
+    [
+        (
+            lambda spec, tmp: [
+                "train",
+                spec,
+                "--method",
+                "lbt",
+                "--workers",
+                "2",
+                "--batch",
+                "64",
+                "--out",
+                _file(tmp),
+            ],
+            "is a file, not a directory",
+        ),
+        (lambda spec, tmp: ["run", spec, "--out", _file(tmp)], "is a file, not a directory"),
+        (
+            lambda spec, tmp: ["profile", spec, "--out", _file(tmp)],
+            "already exists and was not written by this command",
+        ),
+        (
+            lambda spec, tmp: ["plan", spec, "--out", str(_with_profile(tmp) / "plan.json")],
+            "profile.json' already exists and was not written by this command",
+        ),
+        (
+            lambda spec, tmp: [
+                "train",
+                spec,
+                "--method",
+                "lbt",
+                "--workers",
+                "2",
+                "--batch",
+                "64",
+                "--out",
+                str(tmp),
+                "--resume",
+            ],
+            "there is no checkpoint in",
+        ),
+        (
+            lambda spec, tmp: [
+                "train",
+                spec,
+                "--method",
+                "lbt",
+                "--workers",
+                "0",
+                "--batch",
+                "64",
+                "--out",
+                str(tmp / "o"),
+            ],
+            "the number of workers must be at least 1, not 0",
+        ),
+        (lambda spec, tmp: ["run", "--resume", str(tmp)], "holds no Tula run to continue"),
+        (
+            lambda spec, tmp: ["run", "--resume", _with_run(tmp, spec), "--no-train"],
+            "was started with --train; --resume continues it as it was started, so drop --no-train",
+        ),
+        (
+            lambda spec, tmp: ["run", "--resume", _with_run(tmp, spec), "--search", "full"],
+            "was started with --search partial; --resume continues it as it was started, so drop --search full",
+        ),
+        (
+            lambda spec, tmp: ["run", "--resume", _with_run(tmp, spec), "--objective", "cost"],
+            "was started with the spec's objective; --resume continues it as it was started, so drop --objective cost",
+        ),
+    ],
+)
+def test_cli_output_problems_are_one_sentence_before_any_work(tiny_spec_dict, tmp_path, tula_cmd, make_args, sentence):
     spec = _write(tmp_path, tiny_spec_dict)
     work = tmp_path / "work"
     work.mkdir()
@@ -115,7 +171,8 @@ def test_cli_output_problems_are_one_sentence_before_any_work(tiny_spec_dict, tm
     assert r.stderr.strip().startswith("error:") and "━" not in r.stderr  # refused before any work (no bar)
     assert time.monotonic() - t0 < 60
     assert {p: p.read_bytes() for p in work.rglob("*") if p.is_file() and p.name != LOCK} == {
-        p: b for p, b in before.items()}
+        p: b for p, b in before.items()
+    }
     assert not (work / "o" / CHECKPOINT).exists()
 
 
@@ -127,11 +184,20 @@ def _file(tmp):
 
 def _with_run(tmp, spec_path):
     """A run directory as `tula run SPEC` (partial search, the spec's objective, training) leaves it."""
-    from tula.records import RUN_KIND, save_record
-    from tula.spec import load_spec
+    from tula.core.records import RUN_KIND, save_record
+    from tula.core.spec import load_spec
 
-    save_record({"kind": RUN_KIND, "version": 1, "spec": load_spec(spec_path).to_dict(), "search": "partial",
-                 "objective": None, "train": True}, tmp / "run.json")
+    save_record(
+        {
+            "kind": RUN_KIND,
+            "version": 1,
+            "spec": load_spec(spec_path).to_dict(),
+            "search": "partial",
+            "objective": None,
+            "train": True,
+        },
+        tmp / "run.json",
+    )
     return str(tmp)
 
 

@@ -9,10 +9,19 @@ import sys
 
 import pytest
 
-from tula.errors import SpecError
-from tula.schedules import (LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, Caps, Schedule, caps_from_spec,
-                            initial_state, next_config, state_from_spec)
-from tula.spec import BatchScheduleSpec, TrainSpec, spec_from_dict
+from tula.core.errors import SpecError
+from tula.core.job_rules import caps_from_spec, state_from_spec
+from tula.core.schedules import (
+    LR_RULES,
+    PARAM_NAMES,
+    SCHEDULE_NAMES,
+    SCHEDULES,
+    Caps,
+    Schedule,
+    initial_state,
+    next_config,
+)
+from tula.core.spec import BatchScheduleSpec, TrainSpec, spec_from_dict
 
 
 def drive(state, caps, epochs, records=None):
@@ -23,8 +32,13 @@ def drive(state, caps, epochs, records=None):
         d = next_config(state, e, history, caps)
         decisions.append(d)
         state = d.state
-        rec = {"train_loss": 1.0, "steps": caps.dataset_size // d.global_batch, "global_batch": d.global_batch,
-               "n_workers": d.n_workers, **((records or {}).get(e, {}))}
+        rec = {
+            "train_loss": 1.0,
+            "steps": caps.dataset_size // d.global_batch,
+            "global_batch": d.global_batch,
+            "n_workers": d.n_workers,
+            **((records or {}).get(e, {})),
+        }
         history.append(rec)
     return decisions
 
@@ -34,8 +48,10 @@ def col(decisions, name):
 
 
 def test_schedules_load_without_torch():
-    code = ("import tula.schedules, tula.noise_scale, tula.spec, sys; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import tula.core.schedules, tula.core.noise_scale, tula.core.spec, sys; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
 
@@ -56,8 +72,9 @@ def test_the_table_and_the_spec_agree():
 
 def test_piecewise_follows_its_list_grows_and_shrinks_within_the_caps():
     caps = Caps(dataset_size=1000, max_local_batch=100, min_workers=1, max_workers=3, batch_per_worker=64)
-    ds = drive(initial_state("piecewise", 64, {"batches": [64, 128, 500, 32]}, every_epochs=2, lr_rule="linear"),
-               caps, 9)
+    ds = drive(
+        initial_state("piecewise", 64, {"batches": [64, 128, 500, 32]}, every_epochs=2, lr_rule="linear"), caps, 9
+    )
     # periods of 2 epochs: 64, 128, then 500 capped by memory (100 x 3 = 300), then 32 for the rest
     assert col(ds, "global_batch") == [64, 64, 128, 128, 300, 300, 32, 32, 32, 32]
     assert col(ds, "n_workers") == [1, 1, 2, 2, 3, 3, 1, 1, 1, 1]
@@ -91,8 +108,11 @@ def test_geometric_with_workers_growing_and_the_memory_cap():
 
 def test_lr_rules_relative_to_the_first_batch():
     caps = Caps(10_000)
-    for rule, want in [("keep", [1, 1, 1, 1]), ("linear", [1, 2, 4, 8]),
-                       ("sqrt", [1, 1.4142135623730951, 2, 2.8284271247461903])]:
+    for rule, want in [
+        ("keep", [1, 1, 1, 1]),
+        ("linear", [1, 2, 4, 8]),
+        ("sqrt", [1, 1.4142135623730951, 2, 2.8284271247461903]),
+    ]:
         ds = drive(initial_state("geometric", 16, {"factor": 2, "delay": 1}, lr_rule=rule), caps, 3)
         assert col(ds, "global_batch") == [16, 32, 64, 128]
         assert col(ds, "lr_scale") == pytest.approx(want)
@@ -114,8 +134,12 @@ def test_max_batch_never_below_the_workers_and_memory_adds_workers():
     d = next_config(initial_state("constant", 2), 0, [], Caps(100, min_workers=4, max_workers=4))
     assert (d.global_batch, d.n_workers) == (4, 4)
     # 256 per worker would not fit in 100: three workers of 85
-    d = next_config(initial_state("constant", 256),
-                    0, [], Caps(1000, max_local_batch=100, min_workers=1, max_workers=4, batch_per_worker=256))
+    d = next_config(
+        initial_state("constant", 256),
+        0,
+        [],
+        Caps(1000, max_local_batch=100, min_workers=1, max_workers=4, batch_per_worker=256),
+    )
     assert (d.global_batch, d.n_workers, d.local_batch) == (255, 3, 85)
 
 
@@ -149,8 +173,9 @@ def test_increase_instead_of_decay_then_the_lr_decays_at_the_largest_batch():
     assert col(ds, "lr_scale") == [1.0] * 8
     assert "LR decays" in ds[6].reason
     # changes only every 4 epochs: the pending milestones are applied together
-    ds4 = drive(initial_state("increase_instead_of_decay", 32, lr_milestones=[2, 4, 6], lr_gamma=0.1,
-                              every_epochs=4), caps, 8)
+    ds4 = drive(
+        initial_state("increase_instead_of_decay", 32, lr_milestones=[2, 4, 6], lr_gamma=0.1, every_epochs=4), caps, 8
+    )
     assert col(ds4, "global_batch") == [32, 32, 32, 32, 1000, 1000, 1000, 1000, 1000]
     assert col(ds4, "lr_decay") == pytest.approx([1, 1, 1, 1, 0.3125, 0.3125, 0.3125, 0.3125, 0.03125])
 
@@ -166,16 +191,24 @@ def test_loss_ratio_with_f_star():
     ds = drive(initial_state("loss_ratio", 50, {"f_star": 0.5}, f0=4.5), Caps(10_000), 2, recs)
     assert col(ds, "global_batch") == [50, 100, 200]
     # F* = 0 by default; a loss above F(w0) shrinks the batch
-    ds = drive(initial_state("loss_ratio", 60), Caps(10_000), 3, {0: {"train_loss": 2.0}, 1: {"train_loss": 1.0},
-                                                                    2: {"train_loss": 3.0}})
+    ds = drive(
+        initial_state("loss_ratio", 60),
+        Caps(10_000),
+        3,
+        {0: {"train_loss": 2.0}, 1: {"train_loss": 1.0}, 2: {"train_loss": 3.0}},
+    )
     assert col(ds, "global_batch") == [60, 60, 120, 40]
 
 
 def test_adaptive_follows_b_simple_with_hysteresis_and_max_growth():
     caps = Caps(dataset_size=100_000, min_workers=1, max_workers=8, batch_per_worker=64)
     bs = [70, 50, 75, 200, 1000, 1000, 900, 1100, 30]
-    ds = drive(initial_state("adaptive", 64, {"band": 0.25, "max_growth": 2}), caps, 9,
-               {e: {"b_simple": v} for e, v in enumerate(bs)})
+    ds = drive(
+        initial_state("adaptive", 64, {"band": 0.25, "max_growth": 2}),
+        caps,
+        9,
+        {e: {"b_simple": v} for e, v in enumerate(bs)},
+    )
     assert col(ds, "global_batch") == [64, 64, 64, 64, 128, 256, 512, 896, 896, 448]
     assert col(ds, "n_workers") == [1, 1, 1, 1, 2, 4, 8, 8, 8, 7]
     assert "growth limited" in ds[4].reason
@@ -184,33 +217,51 @@ def test_adaptive_follows_b_simple_with_hysteresis_and_max_growth():
 def test_adaptive_does_not_flap_inside_the_band():
     caps = Caps(dataset_size=100_000, min_workers=1, max_workers=8, batch_per_worker=64)
     bs = [128] + [150, 110] * 6  # +-17% around 128 with a band of 20%
-    ds = drive(initial_state("adaptive", 64, {"band": 0.2, "max_growth": 4}), caps, len(bs),
-               {e: {"b_simple": v} for e, v in enumerate(bs)})
+    ds = drive(
+        initial_state("adaptive", 64, {"band": 0.2, "max_growth": 4}),
+        caps,
+        len(bs),
+        {e: {"b_simple": v} for e, v in enumerate(bs)},
+    )
     assert col(ds, "global_batch") == [64, 128] + [128] * 12
     assert sum(col(ds, "resize")) == 1
 
 
 def test_adaptive_without_b_simple_keeps_and_with_an_infinite_one_grows_to_the_cap():
     caps = Caps(dataset_size=1000, max_local_batch=300, min_workers=1, max_workers=2, batch_per_worker=256)
-    ds = drive(initial_state("adaptive", 100, {"min_batch": 10}), caps, 4,
-               {0: {"b_simple": None}, 1: {"b_simple": math.inf}, 2: {"b_simple": math.inf},
-                3: {"b_simple": math.inf}})
+    ds = drive(
+        initial_state("adaptive", 100, {"min_batch": 10}),
+        caps,
+        4,
+        {0: {"b_simple": None}, 1: {"b_simple": math.inf}, 2: {"b_simple": math.inf}, 3: {"b_simple": math.inf}},
+    )
     assert col(ds, "global_batch") == [100, 100, 200, 400, 600]
     assert ds[4].capped_by is None and ds[4].local_batch == 300
 
 
-@pytest.mark.parametrize("kind, params, kw, records", [
-    ("adaptive", {"band": 0.1}, {}, {e: {"b_simple": 64 * 1.5 ** e} for e in range(8)}),
-    ("loss_ratio", {}, {}, {e: {"train_loss": 3.0 / (1 + e)} for e in range(8)}),
-    ("increase_instead_of_decay", {}, {"lr_milestones": [1, 3, 5], "lr_gamma": 0.5}, {}),
-    ("linear", {"rate": 0.7}, {"every_epochs": 2}, {}),
-])
+@pytest.mark.parametrize(
+    "kind, params, kw, records",
+    [
+        ("adaptive", {"band": 0.1}, {}, {e: {"b_simple": 64 * 1.5**e} for e in range(8)}),
+        ("loss_ratio", {}, {}, {e: {"train_loss": 3.0 / (1 + e)} for e in range(8)}),
+        ("increase_instead_of_decay", {}, {"lr_milestones": [1, 3, 5], "lr_gamma": 0.5}, {}),
+        ("linear", {"rate": 0.7}, {"every_epochs": 2}, {}),
+    ],
+)
 def test_a_resumed_schedule_decides_exactly_as_an_uninterrupted_one(kind, params, kw, records):
     caps = Caps(dataset_size=5000, max_local_batch=400, min_workers=1, max_workers=3, batch_per_worker=100)
     full = drive(initial_state(kind, 64, params, **kw), caps, 7, records)
     # stop after epoch 3's decision: its state goes through JSON (the checkpoint) and the run goes on
-    history = [{"train_loss": 1.0, "steps": 5000 // d.global_batch, "global_batch": d.global_batch,
-                "n_workers": d.n_workers, **records.get(e, {})} for e, d in enumerate(full)]
+    history = [
+        {
+            "train_loss": 1.0,
+            "steps": 5000 // d.global_batch,
+            "global_batch": d.global_batch,
+            "n_workers": d.n_workers,
+            **records.get(e, {}),
+        }
+        for e, d in enumerate(full)
+    ]
     state = json.loads(json.dumps(full[3].state))
     again = next_config(json.loads(json.dumps(full[2].state)), 3, history, caps)
     assert again == full[3] and again.state == full[3].state  # pure: deciding twice gives the same
@@ -233,9 +284,20 @@ def test_the_input_state_is_not_changed_and_epochs_come_in_order():
 
 
 def test_state_and_caps_from_the_spec():
-    spec = spec_from_dict({"train": {"batch_schedule": {"kind": "geometric", "factor": 3, "every_epochs": 2,
-                                                        "lr_rule": "sqrt", "max_batch": 512},
-                                     "workers": {"min": 1, "max": 4}}})
+    spec = spec_from_dict(
+        {
+            "train": {
+                "batch_schedule": {
+                    "kind": "geometric",
+                    "factor": 3,
+                    "every_epochs": 2,
+                    "lr_rule": "sqrt",
+                    "max_batch": 512,
+                },
+                "workers": {"min": 1, "max": 4},
+            }
+        }
+    )
     state = state_from_spec(spec, 64)
     assert state["params"] == {"factor": 3.0, "delay": 5}
     assert (state["every_epochs"], state["lr_rule"], state["max_batch"], state["b0"]) == (2, "sqrt", 512, 64)
@@ -245,50 +307,87 @@ def test_state_and_caps_from_the_spec():
     assert state_from_spec(spec_from_dict({}), 64)["kind"] == "constant"
 
 
-@pytest.mark.parametrize("train, sentence", [
-    ({"batch_schedule": {"kind": "geometric", "factor": 1}},
-     "spec field 'train.batch_schedule.factor': must be greater than 1, not 1.0"),
-    ({"batch_schedule": {"kind": "geometric", "delay": 0}},
-     "spec field 'train.batch_schedule.delay': must be at least 1, not 0"),
-    ({"batch_schedule": {"kind": "linear", "rate": 0}},
-     "spec field 'train.batch_schedule.rate': must be greater than 0, not 0.0"),
-    ({"batch_schedule": {"kind": "adaptive", "band": 1}},
-     "spec field 'train.batch_schedule.band': must be between 0 and 1 (exclusive), not 1.0"),
-    ({"batch_schedule": {"kind": "adaptive", "max_growth": 0.5}},
-     "spec field 'train.batch_schedule.max_growth': must be at least 1, not 0.5"),
-    ({"batch_schedule": {"kind": "loss_ratio", "f_star": "nan"}},
-     "spec field 'train.batch_schedule.f_star': must be a finite number, not nan"),
-    ({"batch_schedule": {"kind": "linear", "factor": 2}},
-     "spec field 'train.batch_schedule.factor': it does not apply to schedule 'linear', whose only parameter "
-     "is rate"),
-    ({"batch_schedule": {"factor": 2}},
-     "spec field 'train.batch_schedule.factor': it does not apply to schedule 'constant', which takes no "
-     "parameters"),
-    ({"batch_schedule": {"kind": "adaptive", "delay": 2}},
-     "spec field 'train.batch_schedule.delay': it does not apply to schedule 'adaptive', whose parameters are "
-     "min_batch, band and max_growth"),
-    ({"batch_schedule": {"kind": "geometric", "every_epochs": 0}},
-     "spec field 'train.batch_schedule.every_epochs': input should be greater than or equal to 1"),
-    ({"batch_schedule": {"kind": "increase_instead_of_decay"}},
-     "spec field 'train': batch schedule 'increase_instead_of_decay' grows the batch at train.lr_milestones, "
-     "which is empty"),
-    ({"batch_schedule": {"kind": "increase_instead_of_decay"}, "lr_milestones": [3], "lr_gamma": 1},
-     "spec field 'train': batch schedule 'increase_instead_of_decay' grows the batch by 1 / train.lr_gamma, "
-     "which must be below 1"),
-    ({"batch_schedule": {"kind": "piecewise"}},
-     "spec field 'train.batch_schedule': batch schedule 'piecewise' needs its parameter 'batches' (the global "
-     "batch of each period, e.g. [64, 128, 64])"),
-    ({"batch_schedule": {"kind": "piecewise", "batches": []}},
-     "spec field 'train.batch_schedule.batches': must be a non-empty list of integers, not []"),
-    ({"batch_schedule": {"kind": "piecewise", "batches": [64, 0]}},
-     "spec field 'train.batch_schedule.batches': entry 1 must be at least 1, not 0"),
-    ({"batch_schedule": {"kind": "adaptive"}, "noise_scale": False},
-     "spec field 'train': batch schedule 'adaptive' follows the gradient noise scale, which train.noise_scale "
-     "false turns off"),
-    ({"workers": {"min": 3, "max": 2}}, "spec field 'train.workers': min (3) is above max (2)"),
-    ({"workers": {"max": 2, "per_worker": 2}},
-     "unknown field 'train.workers.per_worker' in the spec; check its spelling against the documented fields"),
-])
+@pytest.mark.parametrize(
+    "train, sentence",
+    [
+        (
+            {"batch_schedule": {"kind": "geometric", "factor": 1}},
+            "spec field 'train.batch_schedule.factor': must be greater than 1, not 1.0",
+        ),
+        (
+            {"batch_schedule": {"kind": "geometric", "delay": 0}},
+            "spec field 'train.batch_schedule.delay': must be at least 1, not 0",
+        ),
+        (
+            {"batch_schedule": {"kind": "linear", "rate": 0}},
+            "spec field 'train.batch_schedule.rate': must be greater than 0, not 0.0",
+        ),
+        (
+            {"batch_schedule": {"kind": "adaptive", "band": 1}},
+            "spec field 'train.batch_schedule.band': must be between 0 and 1 (exclusive), not 1.0",
+        ),
+        (
+            {"batch_schedule": {"kind": "adaptive", "max_growth": 0.5}},
+            "spec field 'train.batch_schedule.max_growth': must be at least 1, not 0.5",
+        ),
+        (
+            {"batch_schedule": {"kind": "loss_ratio", "f_star": "nan"}},
+            "spec field 'train.batch_schedule.f_star': must be a finite number, not nan",
+        ),
+        (
+            {"batch_schedule": {"kind": "linear", "factor": 2}},
+            "spec field 'train.batch_schedule.factor': it does not apply to schedule 'linear', whose only parameter "
+            "is rate",
+        ),
+        (
+            {"batch_schedule": {"factor": 2}},
+            "spec field 'train.batch_schedule.factor': it does not apply to schedule 'constant', which takes no "
+            "parameters",
+        ),
+        (
+            {"batch_schedule": {"kind": "adaptive", "delay": 2}},
+            "spec field 'train.batch_schedule.delay': it does not apply to schedule 'adaptive', whose parameters are "
+            "min_batch, band and max_growth",
+        ),
+        (
+            {"batch_schedule": {"kind": "geometric", "every_epochs": 0}},
+            "spec field 'train.batch_schedule.every_epochs': input should be greater than or equal to 1",
+        ),
+        (
+            {"batch_schedule": {"kind": "increase_instead_of_decay"}},
+            "spec field 'train': batch schedule 'increase_instead_of_decay' grows the batch at train.lr_milestones, "
+            "which is empty",
+        ),
+        (
+            {"batch_schedule": {"kind": "increase_instead_of_decay"}, "lr_milestones": [3], "lr_gamma": 1},
+            "spec field 'train': batch schedule 'increase_instead_of_decay' grows the batch by 1 / train.lr_gamma, "
+            "which must be below 1",
+        ),
+        (
+            {"batch_schedule": {"kind": "piecewise"}},
+            "spec field 'train.batch_schedule': batch schedule 'piecewise' needs its parameter 'batches' (the global "
+            "batch of each period, e.g. [64, 128, 64])",
+        ),
+        (
+            {"batch_schedule": {"kind": "piecewise", "batches": []}},
+            "spec field 'train.batch_schedule.batches': must be a non-empty list of integers, not []",
+        ),
+        (
+            {"batch_schedule": {"kind": "piecewise", "batches": [64, 0]}},
+            "spec field 'train.batch_schedule.batches': entry 1 must be at least 1, not 0",
+        ),
+        (
+            {"batch_schedule": {"kind": "adaptive"}, "noise_scale": False},
+            "spec field 'train': batch schedule 'adaptive' follows the gradient noise scale, which train.noise_scale "
+            "false turns off",
+        ),
+        ({"workers": {"min": 3, "max": 2}}, "spec field 'train.workers': min (3) is above max (2)"),
+        (
+            {"workers": {"max": 2, "per_worker": 2}},
+            "unknown field 'train.workers.per_worker' in the spec; check its spelling against the documented fields",
+        ),
+    ],
+)
 def test_bad_schedule_specs_are_one_sentence(train, sentence):
     with pytest.raises(SpecError) as err:
         spec_from_dict({"train": train})

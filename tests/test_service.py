@@ -10,7 +10,6 @@ import time
 
 import pytest
 import yaml
-
 from service_helpers import Service, wait_for
 
 pytestmark = pytest.mark.slow
@@ -34,8 +33,9 @@ def _records(client, job_id):
     return {name: client.get(f"/v1/jobs/{job_id}/{name}").json() for name in ("profile", "models", "plan", "train")}
 
 
-def test_a_job_over_http_runs_the_pipeline_and_its_records_are_those_tula_run_writes(service, home, tiny_spec_dict,
-                                                                                     tmp_path, tula_cmd):
+def test_a_job_over_http_runs_the_pipeline_and_its_records_are_those_tula_run_writes(
+    service, home, tiny_spec_dict, tmp_path, tula_cmd
+):
     c = service.client()
     r = c.post("/v1/jobs", json={"spec": tiny_spec_dict})
     assert r.status_code == 202, r.text
@@ -49,8 +49,12 @@ def test_a_job_over_http_runs_the_pipeline_and_its_records_are_those_tula_run_wr
     recs = _records(c, job_id)
     # the records are the files the pipeline wrote into the job's directory, as the CLI writes them
     job_dir = home / "jobs" / job_id
-    for name, path in (("profile", "profile.json"), ("models", "models.json"), ("plan", "plan.json"),
-                       ("train", "train/train.json")):
+    for name, path in (
+        ("profile", "profile.json"),
+        ("models", "models.json"),
+        ("plan", "plan.json"),
+        ("train", "train/train.json"),
+    ):
         assert recs[name] == json.loads((job_dir / path).read_text()), name
     from tula.service.store import Store
 
@@ -62,12 +66,19 @@ def test_a_job_over_http_runs_the_pipeline_and_its_records_are_those_tula_run_wr
     # and they have what `tula run` writes for the same spec
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec_dict))
-    run = subprocess.run([*tula_cmd, "run", str(spec), "--out", str(tmp_path / "cli")], capture_output=True,
-                         text=True, timeout=600)
+    run = subprocess.run(
+        [*tula_cmd, "run", str(spec), "--out", str(tmp_path / "cli")], capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stderr
-    cli = {name: json.loads((tmp_path / "cli" / path).read_text()) for name, path in
-           (("profile", "profile.json"), ("models", "models.json"), ("plan", "plan.json"),
-            ("train", "train/train.json"))}
+    cli = {
+        name: json.loads((tmp_path / "cli" / path).read_text())
+        for name, path in (
+            ("profile", "profile.json"),
+            ("models", "models.json"),
+            ("plan", "plan.json"),
+            ("train", "train/train.json"),
+        )
+    }
     for name in cli:
         assert set(recs[name]) == set(cli[name]) | ({"facts"} & set(recs[name])), name
         assert recs[name]["kind"] == cli[name]["kind"] and recs[name]["spec"] == cli[name]["spec"]
@@ -188,19 +199,29 @@ def test_a_queued_job_is_cancelled_at_once_and_a_running_one_at_its_next_step(se
     assert c.get(f"/v1/jobs/{second}").json()["attempts"] == 0
 
 
-@pytest.mark.parametrize("body, status, sentence", [
-    ({"spec": {"epochs": 0}}, 422, "spec field 'epochs'"),
-    ({"spec": {"modle": {}}}, 422, "unknown field 'modle'"),
-    ({"spec": {"model": {"name": "evil.module:build"}}}, 422,
-     "spec field 'model.name' imports 'evil.module', which is not on this service's import allow-list"),
-    ({"spec": {"data": {"name": "cifar10", "root": "/etc"}}}, 422, "spec field 'data.root' is '/etc', not under"),
-    ({"spec": {"data": {"name": "arrays", "path": "/tmp/x.npz"}}}, 422, "spec field 'data.path' is '/tmp/x.npz', not"),
-    ({"spec": {"model": {"name": "pickle:/tmp/f.pkl"}}}, 422, "spec field 'model.name' is a pickled factory"),
-    ({"spec": {"epochs": 100000}}, 422, "spec field 'epochs' is 100000, above this service's limit of 500"),
-    ({"spec": {}, "search": "most"}, 422, "field 'search' is 'most'"),
-    ({"spec": {}, "colour": "red"}, 422, "unknown field 'colour' in the submission"),
-    ([1, 2], 422, "the spec must be a YAML mapping"),
-])
+@pytest.mark.parametrize(
+    "body, status, sentence",
+    [
+        ({"spec": {"epochs": 0}}, 422, "spec field 'epochs'"),
+        ({"spec": {"modle": {}}}, 422, "unknown field 'modle'"),
+        (
+            {"spec": {"model": {"name": "evil.module:build"}}},
+            422,
+            "spec field 'model.name' imports 'evil.module', which is not on this service's import allow-list",
+        ),
+        ({"spec": {"data": {"name": "cifar10", "root": "/etc"}}}, 422, "spec field 'data.root' is '/etc', not under"),
+        (
+            {"spec": {"data": {"name": "arrays", "path": "/tmp/x.npz"}}},
+            422,
+            "spec field 'data.path' is '/tmp/x.npz', not",
+        ),
+        ({"spec": {"model": {"name": "pickle:/tmp/f.pkl"}}}, 422, "spec field 'model.name' is a pickled factory"),
+        ({"spec": {"epochs": 100000}}, 422, "spec field 'epochs' is 100000, above this service's limit of 500"),
+        ({"spec": {}, "search": "most"}, 422, "field 'search' is 'most'"),
+        ({"spec": {}, "colour": "red"}, 422, "unknown field 'colour' in the submission"),
+        ([1, 2], 422, "the spec must be a YAML mapping"),
+    ],
+)
 def test_bad_submissions_are_422_with_one_sentence_naming_the_field(service, body, status, sentence):
     r = service.client().post("/v1/jobs", json=body)
     assert r.status_code == status, r.text
@@ -211,8 +232,9 @@ def test_bad_submissions_are_422_with_one_sentence_naming_the_field(service, bod
 
 def test_a_yaml_spec_is_accepted_and_bad_yaml_is_one_sentence(service, tiny_spec_dict):
     c = service.client()
-    r = c.post("/v1/jobs?train=false", content=yaml.safe_dump(tiny_spec_dict),
-               headers={"content-type": "application/yaml"})
+    r = c.post(
+        "/v1/jobs?train=false", content=yaml.safe_dump(tiny_spec_dict), headers={"content-type": "application/yaml"}
+    )
     assert r.status_code == 202, r.text
     assert c.get(r.json()["url"]).json()["train"] is False
     bad = c.post("/v1/jobs", content="name: [unclosed", headers={"content-type": "application/yaml"})
@@ -222,8 +244,12 @@ def test_a_yaml_spec_is_accepted_and_bad_yaml_is_one_sentence(service, tiny_spec
 
 
 def test_beyond_loopback_without_a_token_the_service_refuses_to_start(home, tula_cmd):
-    r = subprocess.run([*tula_cmd, "serve", "--host", "0.0.0.0", "--port", "0", "--home", str(home)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*tula_cmd, "serve", "--host", "0.0.0.0", "--port", "0", "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "refusing to listen on 0.0.0.0, which is not a loopback address, without a token" in r.stderr
     assert "Traceback" not in r.stderr
@@ -250,8 +276,9 @@ def test_the_cli_client_submits_lists_and_replans(service, tiny_spec_dict, tmp_p
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump(dict(tiny_spec_dict, epochs=1)))
     env_args = ["--server", service.url]
-    r = subprocess.run([*tula_cmd, "submit", str(spec), *env_args, "--wait"], capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [*tula_cmd, "submit", str(spec), *env_args, "--wait"], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.split("submitted job ")[1].split()[0]
     assert "choice" in r.stdout
@@ -259,21 +286,24 @@ def test_the_cli_client_submits_lists_and_replans(service, tiny_spec_dict, tmp_p
     assert st.returncode == 0 and job_id in st.stdout and "done" in st.stdout
     one = subprocess.run([*tula_cmd, "status", job_id, *env_args], capture_output=True, text=True, timeout=60)
     assert one.returncode == 0 and "choice" in one.stdout
-    rp = subprocess.run([*tula_cmd, "replan", job_id, "--objective", "cost", *env_args], capture_output=True,
-                        text=True, timeout=60)
+    rp = subprocess.run(
+        [*tula_cmd, "replan", job_id, "--objective", "cost", *env_args], capture_output=True, text=True, timeout=60
+    )
     assert rp.returncode == 0 and "choice" in rp.stdout, rp.stderr
     gone = subprocess.run([*tula_cmd, "status", "nosuchjob", *env_args], capture_output=True, text=True, timeout=60)
     assert gone.returncode == 2 and "the service answered 404: there is no job 'nosuchjob'" in gone.stderr
-    down = subprocess.run([*tula_cmd, "status", "--server", "http://127.0.0.1:9"], capture_output=True, text=True,
-                          timeout=60)
+    down = subprocess.run(
+        [*tula_cmd, "status", "--server", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60
+    )
     assert down.returncode == 2 and "cannot reach the Tula service at http://127.0.0.1:9" in down.stderr
 
     # Ctrl-C while following a job stops following it, not the job
     import signal
 
     spec.write_text(yaml.safe_dump(dict(tiny_spec_dict, epochs=200)))
-    proc = subprocess.Popen([*tula_cmd, "submit", str(spec), *env_args, "--wait"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*tula_cmd, "submit", str(spec), *env_args, "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     line = proc.stdout.readline()
     follow_id = line.split("submitted job ")[1].split()[0]
     time.sleep(2)

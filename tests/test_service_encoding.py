@@ -7,7 +7,7 @@ import math
 
 from test_constraints import _models
 
-from tula.plan import make_plan
+from tula.core.plan import make_plan
 from tula.service.app import RecordResponse, _all_finite
 
 
@@ -23,8 +23,11 @@ def test_a_plan_reads_back_equal_to_the_record():
 
 
 def test_measurements_that_are_not_finite_stay_what_they_are():
-    record = {"kind": "tula.train", "epochs": [{"b_simple": math.inf, "top1": math.nan, "loss": 0.5}],
-              "pair": (1.0, -math.inf)}
+    record = {
+        "kind": "tula.train",
+        "epochs": [{"b_simple": math.inf, "top1": math.nan, "loss": 0.5}],
+        "pair": (1.0, -math.inf),
+    }
     assert not _all_finite(record)
     body = _render(record)
     assert b"Infinity" in body and b"NaN" in body and b"null" not in body

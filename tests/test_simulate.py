@@ -9,29 +9,55 @@ import sys
 import numpy as np
 import pytest
 
-from tula.errors import TulaError
-from tula.fit import fit_models
-from tula.memory import MemoryModel
-from tula.perfmodel import PerfModel
-from tula.records import save_record, validate_record
-from tula.schedules import Caps
-from tula.simulate import (DEFAULT_WORKERS, parse_collectives, parse_schedule, parse_workers, schedule_caps,
-                           simulator_from_models)
-from tula.spec import parse_bandwidth, spec_from_dict
+from tula.core.errors import TulaError
+from tula.core.fit import fit_models
+from tula.core.perfmodel import PerfModel
+from tula.core.records import save_record, validate_record
+from tula.core.schedules import Caps
+from tula.core.simulate import (
+    DEFAULT_WORKERS,
+    parse_collectives,
+    parse_schedule,
+    parse_workers,
+    schedule_caps,
+    simulator_from_models,
+)
+from tula.core.spec import parse_bandwidth, spec_from_dict
+from tula.engine.memory import MemoryModel
 
-MEM = MemoryModel(param_bytes=1000, grad_bytes=1000, optimizer_state_bytes=0, buffer_bytes=0, other_static_bytes=0,
-                  activation_bytes_per_sample=90, batch_bytes_per_sample=10, probe_local_batches=(1, 2),
-                  probe_peak_bytes=(2100, 2200), device="cpu")
+MEM = MemoryModel(
+    param_bytes=1000,
+    grad_bytes=1000,
+    optimizer_state_bytes=0,
+    buffer_bytes=0,
+    other_static_bytes=0,
+    activation_bytes_per_sample=90,
+    batch_bytes_per_sample=10,
+    probe_local_batches=(1, 2),
+    probe_peak_bytes=(2100, 2200),
+    device="cpu",
+)
 
 
 def _record(perf: PerfModel, dataset_size=8000, epochs=2, trials=(), spec=None, placement=None) -> dict:
     """A models record around a given performance model (priced at 1 $ per node-second)."""
     s = {"name": "hand", "epochs": epochs, "pricing": {"kind": "fixed", "price_per_node_hour": 3600.0}, **(spec or {})}
     job = spec_from_dict(s)
-    rec = {"kind": "tula.models", "version": 1, "spec": job.to_dict(), "search": "full", "device": "cpu",
-           "dataset_size": dataset_size, "memory_budget_bytes": job.search.memory_budget_bytes, "memory": MEM.to_dict(),
-           "memory_probed": MEM.to_dict(), "perf": perf.to_dict(), "oom_local_batch": None,
-           "fit_error": {"t_step_median_rel": 0.0}, "trials": list(trials)}
+    rec = {
+        "kind": "tula.models",
+        "version": 1,
+        "spec": job.to_dict(),
+        "search": "full",
+        "device": "cpu",
+        "dataset_size": dataset_size,
+        "memory_budget_bytes": job.search.memory_budget_bytes,
+        "memory": MEM.to_dict(),
+        "memory_probed": MEM.to_dict(),
+        "perf": perf.to_dict(),
+        "oom_local_batch": None,
+        "fit_error": {"t_step_median_rel": 0.0},
+        "trials": list(trials),
+    }
     if placement is not None:
         rec["placement"] = placement
     return validate_record(rec, "test")
@@ -78,8 +104,9 @@ def test_n_above_the_batch_and_memory_are_marked_not_simulated():
     rows = sim.constant(64, [32, 64, 128], ["tree"])
     assert [r["note"] for r in rows[:2]] == ["", ""]
     assert rows[2]["note"].startswith("N > B") and rows[2]["total_time_s"] is None
-    capped = simulator_from_models(_record(HAND, spec={"search": {"memory_budget_bytes": 4000}}),
-                                   bandwidth="1GB/s", latency="1us")
+    capped = simulator_from_models(
+        _record(HAND, spec={"search": {"memory_budget_bytes": 4000}}), bandwidth="1GB/s", latency="1us"
+    )
     assert capped.max_local_batch == 16  # (0.9 * 4000 - 2000) / 100
     r = {x["n_workers"]: x for x in capped.constant(64, [2, 4], ["ring"])}
     assert not r[2]["fits_memory"] and "exceeds memory" in r[2]["note"] and r[4]["fits_memory"]
@@ -96,21 +123,54 @@ def _profile(truth: PerfModel, sizes=(1, 2, 4), noise=0.05, seed=3) -> dict:
             b = big // n
             tc = float(truth.t_compute_s(b, n)) * (1 + noise * rng.standard_normal())
             ts = float(truth.t_step_s(b, n)) * (1 + noise * rng.standard_normal())
-            trials.append({"n_workers": n, "local_batch": b, "global_batch": big, "status": "ok", "t_step_s": ts,
-                           "t_compute_s": tc, "t_sync_s": max(ts - tc, 0.0), "peak_mem_bytes": 2000 + 100 * b,
-                           "timed_steps": 3, "hosts": ["h0"] * n, "devices": ["cpu"] * n})
-    spec = spec_from_dict({"name": "synth", "epochs": 3, "data": {"name": "digits"},
-                           "search": {"cluster_sizes": list(sizes), "min_batch": 32, "max_batch": 512}}).to_dict()
-    return {"kind": "tula.profile", "version": 1, "spec": spec, "search": "full", "device": "cpu", "backend": "gloo",
-            "threads_per_worker": 1, "memory_budget_bytes": None, "enforce_memory_cap": False, "dataset_size": 1438,
-            "sample_shape": [1, 8, 8], "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000},
-            "memory": MEM.to_dict(), "max_local_batch": None,
-            "configs": [[t["n_workers"], t["global_batch"]] for t in trials], "trials": trials, "profiling_s": 1.0,
-            "created": "now"}
+            trials.append(
+                {
+                    "n_workers": n,
+                    "local_batch": b,
+                    "global_batch": big,
+                    "status": "ok",
+                    "t_step_s": ts,
+                    "t_compute_s": tc,
+                    "t_sync_s": max(ts - tc, 0.0),
+                    "peak_mem_bytes": 2000 + 100 * b,
+                    "timed_steps": 3,
+                    "hosts": ["h0"] * n,
+                    "devices": ["cpu"] * n,
+                }
+            )
+    spec = spec_from_dict(
+        {
+            "name": "synth",
+            "epochs": 3,
+            "data": {"name": "digits"},
+            "search": {"cluster_sizes": list(sizes), "min_batch": 32, "max_batch": 512},
+        }
+    ).to_dict()
+    return {
+        "kind": "tula.profile",
+        "version": 1,
+        "spec": spec,
+        "search": "full",
+        "device": "cpu",
+        "backend": "gloo",
+        "threads_per_worker": 1,
+        "memory_budget_bytes": None,
+        "enforce_memory_cap": False,
+        "dataset_size": 1438,
+        "sample_shape": [1, 8, 8],
+        "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000},
+        "memory": MEM.to_dict(),
+        "max_local_batch": None,
+        "configs": [[t["n_workers"], t["global_batch"]] for t in trials],
+        "trials": trials,
+        "profiling_s": 1.0,
+        "created": "now",
+    }
 
 
-TRUTH = PerfModel("ring", grad_bytes=2_000_000, c0=2e-3, c1=1e-4, kappa=0.08, kappa0=3e-4, alpha=40e-6,
-                  beta=1 / 2e9, rho=0.05)
+TRUTH = PerfModel(
+    "ring", grad_bytes=2_000_000, c0=2e-3, c1=1e-4, kappa=0.08, kappa0=3e-4, alpha=40e-6, beta=1 / 2e9, rho=0.05
+)
 
 
 @pytest.mark.parametrize("collective", ["ring", "parameter_server", "tree"])
@@ -139,11 +199,25 @@ def test_with_no_override_the_simulator_gives_the_fitted_predictions_at_the_prof
 
 
 def test_an_overlapped_model_is_reproduced_too():
-    over = PerfModel("tree", grad_bytes=10**6, c0=1e-3, c1=2e-4, kappa=0.1, kappa0=1e-4, alpha=2e-5, beta=1e-9,
-                     rho=0.2, gamma=2.5)
-    sim = simulator_from_models(_record(over, trials=[{"n_workers": 2, "local_batch": 8, "global_batch": 16,
-                                                       "status": "ok", "t_step_s": 0.01, "t_compute_s": 0.01,
-                                                       "peak_mem_bytes": 2800}]))
+    over = PerfModel(
+        "tree", grad_bytes=10**6, c0=1e-3, c1=2e-4, kappa=0.1, kappa0=1e-4, alpha=2e-5, beta=1e-9, rho=0.2, gamma=2.5
+    )
+    sim = simulator_from_models(
+        _record(
+            over,
+            trials=[
+                {
+                    "n_workers": 2,
+                    "local_batch": 8,
+                    "global_batch": 16,
+                    "status": "ok",
+                    "t_step_s": 0.01,
+                    "t_compute_s": 0.01,
+                    "peak_mem_bytes": 2800,
+                }
+            ],
+        )
+    )
     b, n = np.array([8.0, 64, 3]), np.array([1.0, 2, 2])
     np.testing.assert_allclose(sim.t_step_s("tree", b, n), over.t_step_s(b, n), rtol=1e-12)
 
@@ -169,8 +243,10 @@ def test_a_geometric_schedule_counts_updates_and_grows_the_workers():
     assert [e["n_workers"] for e in ring["epochs"]] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]
     assert [e["steps"] for e in ring["epochs"]] == [44, 44, 22, 22, 11, 11, 5, 5, 2, 2]
     assert ring["updates"] == 168 and ring["max_workers"] == 16 and ring["resizes"] == 4
-    want = sum(e["steps"] * float(sim.t_step_s("ring", e["global_batch"] / e["n_workers"], e["n_workers"]))
-               for e in ring["epochs"])
+    want = sum(
+        e["steps"] * float(sim.t_step_s("ring", e["global_batch"] / e["n_workers"], e["n_workers"]))
+        for e in ring["epochs"]
+    )
     assert ring["total_time_s"] == pytest.approx(want, rel=1e-12)
     assert ring["cost"] == pytest.approx(sum(e["epoch_time_s"] * e["n_workers"] for e in ring["epochs"]))
     assert res[1]["collective"] == "tree" and res[1]["updates"] == 168
@@ -183,8 +259,9 @@ def test_a_geometric_schedule_counts_updates_and_grows_the_workers():
 
 def test_increase_instead_of_decay_follows_the_milestones():
     sim = simulator_from_models(_record(HAND, dataset_size=1000, epochs=6), bandwidth="1GB/s", latency="1us")
-    res = sim.schedule("increase_instead_of_decay", 50, Caps(1000, None, 1, 8, 50), {}, ["ring"],
-                       lr_milestones=[2, 4], lr_gamma=0.5)[0]
+    res = sim.schedule(
+        "increase_instead_of_decay", 50, Caps(1000, None, 1, 8, 50), {}, ["ring"], lr_milestones=[2, 4], lr_gamma=0.5
+    )[0]
     assert [e["global_batch"] for e in res["epochs"]] == [50, 50, 100, 100, 200, 200]
     assert res["updates"] == 2 * (20 + 10 + 5)
 
@@ -217,29 +294,41 @@ def test_schedule_caps_come_from_the_spec_or_the_options():
 
 
 # --------------------------------------------------------------------------- parsing
-@pytest.mark.parametrize("text, bytes_per_s", [("100Gbit/s", 12.5e9), ("100 Gb/s", 12.5e9), ("100Gbps", 12.5e9),
-                                                ("10GB/s", 1e10), ("1 GiB/s", 2**30), ("54Gb/s", 6.75e9),
-                                                (1e9, 1e9)])
+@pytest.mark.parametrize(
+    "text, bytes_per_s",
+    [
+        ("100Gbit/s", 12.5e9),
+        ("100 Gb/s", 12.5e9),
+        ("100Gbps", 12.5e9),
+        ("10GB/s", 1e10),
+        ("1 GiB/s", 2**30),
+        ("54Gb/s", 6.75e9),
+        (1e9, 1e9),
+    ],
+)
 def test_bandwidths(text, bytes_per_s):
     assert parse_bandwidth(text) == pytest.approx(bytes_per_s)
 
 
 def test_bad_simulation_inputs_are_one_sentence():
-    for call, words in ((lambda: parse_collectives("ring,allgather"), "unknown collective 'allgather'"),
-                        (lambda: parse_workers("1,0"), "worker count 0 is below 1"),
-                        (lambda: parse_workers("1,two"), "'two' is not a whole number"),
-                        (lambda: parse_schedule("zigzag"), "unknown batch schedule 'zigzag'"),
-                        (lambda: parse_schedule("geometric:factor"), "is not KEY=VALUE"),
-                        (lambda: simulator_from_models(_record(HAND), bandwidth="fast"), "'fast' is not a bandwidth"),
-                        (lambda: simulator_from_models(_record(HAND), latency="soon"), "'soon' is not a latency"),
-                        (lambda: simulator_from_models(_record(HAND), compute_speed=0), "positive factor"),
-                        (lambda: simulator_from_models({"kind": "tula.plan", "version": 1}),
-                         "a models record is needed")):
+    for call, words in (
+        (lambda: parse_collectives("ring,allgather"), "unknown collective 'allgather'"),
+        (lambda: parse_workers("1,0"), "worker count 0 is below 1"),
+        (lambda: parse_workers("1,two"), "'two' is not a whole number"),
+        (lambda: parse_schedule("zigzag"), "unknown batch schedule 'zigzag'"),
+        (lambda: parse_schedule("geometric:factor"), "is not KEY=VALUE"),
+        (lambda: simulator_from_models(_record(HAND), bandwidth="fast"), "'fast' is not a bandwidth"),
+        (lambda: simulator_from_models(_record(HAND), latency="soon"), "'soon' is not a latency"),
+        (lambda: simulator_from_models(_record(HAND), compute_speed=0), "positive factor"),
+        (lambda: simulator_from_models({"kind": "tula.plan", "version": 1}), "a models record is needed"),
+    ):
         with pytest.raises(TulaError) as e:
             call()
         assert words in str(e.value) and len(str(e.value).splitlines()) == 1
-    assert parse_schedule("geometric:factor=3,delay=2,max_batch=512") == \
-        ("geometric", {"factor": 3.0, "delay": 2, "max_batch": 512})
+    assert parse_schedule("geometric:factor=3,delay=2,max_batch=512") == (
+        "geometric",
+        {"factor": 3.0, "delay": 2, "max_batch": 512},
+    )
     assert parse_workers(None) == tuple(2**k for k in range(11))
 
 
@@ -252,31 +341,69 @@ def models_json(tmp_path_factory):
 
 
 def _tula(*args):
-    return subprocess.run([sys.executable, "-m", "tula.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "tula.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path):
     out = tmp_path / "sim.png"
-    r = _tula("simulate", models_json, "--workers", "1,2,4,64,1024", "--batch", "512", "--bandwidth", "100Gbit/s",
-              "--latency", "5us", "--out", out)
+    r = _tula(
+        "simulate",
+        models_json,
+        "--workers",
+        "1,2,4,64,1024",
+        "--batch",
+        "512",
+        "--bandwidth",
+        "100Gbit/s",
+        "--latency",
+        "5us",
+        "--out",
+        out,
+    )
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for words in ("Simulated ring", "Simulated parameter_server", "Simulated tree", "1024", "N > B",
-                  "Simulated training time per cluster size"):
+    for words in (
+        "Simulated ring",
+        "Simulated parameter_server",
+        "Simulated tree",
+        "1024",
+        "N > B",
+        "Simulated training time per cluster size",
+    ):
         assert words in r.stdout, words
-    r = _tula("simulate", models_json, "--schedule", "geometric:factor=2,delay=1", "--schedule", "constant",
-              "--collective", "ring", "--out", tmp_path / "sched.png")
+    r = _tula(
+        "simulate",
+        models_json,
+        "--schedule",
+        "geometric:factor=2,delay=1",
+        "--schedule",
+        "constant",
+        "--collective",
+        "ring",
+        "--out",
+        tmp_path / "sched.png",
+    )
     assert r.returncode == 0, r.stderr
     assert "geometric:factor=2,delay=1" in r.stdout and "per schedule" in r.stdout
 
 
-@pytest.mark.parametrize("args, words", [(("--collective", "mesh"), "unknown collective 'mesh'"),
-                                         (("--workers", "0,4"), "worker count 0 is below 1"),
-                                         (("--bandwidth", "lots"), "'lots' is not a bandwidth"),
-                                         (("--latency", "5 parsecs"), "is not a latency"),
-                                         (("--schedule", "adaptive"), "follows the b_simple"),
-                                         (("--compute-speed", "-1"), "positive factor")])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--collective", "mesh"), "unknown collective 'mesh'"),
+        (("--workers", "0,4"), "worker count 0 is below 1"),
+        (("--bandwidth", "lots"), "'lots' is not a bandwidth"),
+        (("--latency", "5 parsecs"), "is not a latency"),
+        (("--schedule", "adaptive"), "follows the b_simple"),
+        (("--compute-speed", "-1"), "positive factor"),
+    ],
+)
 def test_cli_simulate_bad_input_exits_2_with_one_sentence(models_json, tmp_path, args, words):
     r = _tula("simulate", models_json, "--out", tmp_path / "x.png", *args)
     assert r.returncode == 2, r.stderr
@@ -287,7 +414,7 @@ def test_cli_simulate_bad_input_exits_2_with_one_sentence(models_json, tmp_path,
 
 def test_cli_simulate_refuses_a_record_that_is_not_a_models_record(models_json, tmp_path):
     plan = tmp_path / "plan.json"
-    from tula.plan import make_plan
+    from tula.core.plan import make_plan
 
     save_record(make_plan(json.loads(models_json.read_text()), "time"), plan)
     r = _tula("simulate", plan, "--out", tmp_path / "x.png")
@@ -299,15 +426,15 @@ def test_cli_simulate_refuses_a_record_that_is_not_a_models_record(models_json, 
 def test_simulating_imports_no_torch(models_json, tmp_path):
     code = f"""
 import sys
-from tula.records import load_record
+from tula.core.records import load_record
 from tula.report import plot_simulation, simulation_tables
-from tula.schedules import Caps
-from tula.simulate import simulator_from_models
+from tula.core.schedules import Caps
+from tula.core.simulate import simulator_from_models
 models = load_record({str(models_json)!r})
 sim = simulator_from_models(models, bandwidth="100Gbit/s", latency="5us")
 rows = sim.constant(512, [1, 64, 1024])
 simulation_tables(sim, rows)
-plot_simulation(sim, rows, {str(tmp_path / 'sim.png')!r})
+plot_simulation(sim, rows, {str(tmp_path / "sim.png")!r})
 sim.schedule("geometric", 32, Caps(1438, None, 1, 64, 32), {{"factor": 2, "delay": 1}})
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
 assert not loaded, loaded[:5]

@@ -21,12 +21,12 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from tula.errors import Interrupted, TulaError
-from tula.launch import LocalLauncher
-from tula.records import TRAIN_KIND, validate_record
+from tula.core.errors import Interrupted, TulaError
+from tula.core.records import TRAIN_KIND, validate_record
+from tula.core.spec import spec_from_dict
+from tula.engine.launch import LocalLauncher
+from tula.engine.train import train
 from tula.sklearn import ParamError, TulaClassifier, TulaRegressor
-from tula.spec import spec_from_dict
-from tula.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,24 +50,36 @@ def digits():
 
 def _small(est_cls, **kw):
     """Few epochs of a small MLP: what the estimator checks fit (dozens of times)."""
-    return est_cls(**{"max_epochs": 2, "batch_size": 32, "lr": 0.05, "optimizer": "adam", "module__hidden": 32,
-                      "random_state": 0, **kw})
+    return est_cls(
+        **{
+            "max_epochs": 2,
+            "batch_size": 32,
+            "lr": 0.05,
+            "optimizer": "adam",
+            "module__hidden": 32,
+            "random_state": 0,
+            **kw,
+        }
+    )
 
 
 # --------------------------------------------------------------------------- scikit-learn's checks
 #: every check of scikit-learn's suite that does not pass, and why (xfail, strict)
 EXPECTED_FAILED = {
     "check_no_attributes_set_in_init": "routed parameters given to __init__ (module__hidden here) are stored as "
-                                       "attributes, skorch's convention, and reported by get_params; the check only "
-                                       "knows the names in the __init__ signature",
+    "attributes, skorch's convention, and reported by get_params; the check only "
+    "knows the names in the __init__ signature",
 }
 # skipped by scikit-learn itself in this environment (reported with -ra):
 #   check_array_api_input -- SCIPY_ARRAY_API is not set (the estimator converts inputs to numpy anyway);
 #   check_classifier_data_not_an_array / check_regressor_data_not_an_array -- pandas is not installed.
 
 
-@parametrize_with_checks([_small(TulaClassifier), _small(TulaRegressor)],
-                         expected_failed_checks=lambda est: EXPECTED_FAILED, xfail_strict=True)
+@parametrize_with_checks(
+    [_small(TulaClassifier), _small(TulaRegressor)],
+    expected_failed_checks=lambda est: EXPECTED_FAILED,
+    xfail_strict=True,
+)
 def test_sklearn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # batch sizes clipped to the checks' small data sets
@@ -93,8 +105,10 @@ def test_grid_search_over_lr_and_batch_size_on_digits(digits):
 def test_cross_val_score_and_a_pipeline_with_a_scaler(digits):
     X, y = digits
     X = X * 16.0  # raw pixel counts 0..16: the scaler's job
-    pipe = make_pipeline(StandardScaler(), TulaClassifier(max_epochs=2, batch_size=64, lr=0.01, optimizer="adam",
-                                                          module__hidden=32, random_state=0))
+    pipe = make_pipeline(
+        StandardScaler(),
+        TulaClassifier(max_epochs=2, batch_size=64, lr=0.01, optimizer="adam", module__hidden=32, random_state=0),
+    )
     scores = cross_val_score(pipe, X, y, cv=3)
     assert scores.shape == (3,) and scores.min() > 0.75
     pipe.fit(X, y)
@@ -117,8 +131,9 @@ def test_clone_and_set_params_route_double_underscore_parameters():
 # --------------------------------------------------------------------------- fitted estimators
 def test_fitted_classifier_pickles_with_equal_predictions_and_keeps_its_history(digits, tmp_path):
     X, y = digits
-    est = TulaClassifier(module=Net, module__hidden=32, max_epochs=3, batch_size=64, lr=0.05, optimizer="adam",
-                         random_state=0).fit(torch.from_numpy(X), torch.from_numpy(y))
+    est = TulaClassifier(
+        module=Net, module__hidden=32, max_epochs=3, batch_size=64, lr=0.05, optimizer="adam", random_state=0
+    ).fit(torch.from_numpy(X), torch.from_numpy(y))
     # an importable module class travels to the ranks by its import reference
     assert est.train_record_["spec"]["model"]["name"] == "test_sklearn:Net"
     assert isinstance(est.module_, Net) and not est.module_.training
@@ -138,8 +153,9 @@ def test_regressor_multi_output_module_instance_and_no_validation_split():
     X, y = make_regression(n_samples=300, n_features=5, n_targets=2, noise=0.1, random_state=0)
     y = y / y.std(axis=0)
     module = nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 2))  # an instance: pickled to the ranks
-    est = TulaRegressor(module=module, max_epochs=15, batch_size=32, lr=0.01, optimizer="adam",
-                        validation_fraction=0, random_state=0).fit(X, y)
+    est = TulaRegressor(
+        module=module, max_epochs=15, batch_size=32, lr=0.01, optimizer="adam", validation_fraction=0, random_state=0
+    ).fit(X, y)
     assert est.train_record_["spec"]["model"]["name"].startswith("pickle:")
     assert est.predict(X).shape == (300, 2) and est.n_outputs_ == 2
     assert est.score(X, y) > 0.9
@@ -153,8 +169,15 @@ def test_regressor_reports_r2_on_the_held_out_split_like_sklearn():
 
     X, y = make_regression(n_samples=400, n_features=8, noise=5.0, random_state=1)
     y = y / y.std()
-    est = TulaRegressor(max_epochs=10, batch_size=32, lr=0.01, optimizer="adam", module__hidden=32,
-                        validation_fraction=0.25, random_state=3).fit(X, y)
+    est = TulaRegressor(
+        max_epochs=10,
+        batch_size=32,
+        lr=0.01,
+        optimizer="adam",
+        module__hidden=32,
+        validation_fraction=0.25,
+        random_state=3,
+    ).fit(X, y)
     # the same held-out samples, drawn as fit draws them
     perm = np.random.RandomState(3).permutation(400)
     val = perm[:100]
@@ -164,17 +187,22 @@ def test_regressor_reports_r2_on_the_held_out_split_like_sklearn():
 
 # --------------------------------------------------------------------------- the runner's regression loss
 def test_the_runner_trains_a_regression_spec_on_an_arrays_file_and_its_record_reads_back(tmp_path):
-    from tula.records import load_record, save_record
+    from tula.core.records import load_record, save_record
     from tula.report import train_table
 
     rng = np.random.RandomState(0)
     x = rng.randn(256, 6).astype(np.float32)
     y = (x @ rng.randn(6, 1)).astype(np.float32)  # float targets: regression
     np.savez(tmp_path / "xy.npz", x=x, y=y)  # no x_test: data.test_fraction (0.25) is held out
-    spec = spec_from_dict({"model": {"name": "mlp", "kwargs": {"in_features": 6, "hidden": 32, "num_classes": 1}},
-                           "data": {"name": "arrays", "path": str(tmp_path / "xy.npz"), "test_fraction": 0.25},
-                           "epochs": 4, "optimizer": {"name": "adam", "lr": 0.01},
-                           "train": {"method": "lbt", "loss": "mse"}})
+    spec = spec_from_dict(
+        {
+            "model": {"name": "mlp", "kwargs": {"in_features": 6, "hidden": 32, "num_classes": 1}},
+            "data": {"name": "arrays", "path": str(tmp_path / "xy.npz"), "test_fraction": 0.25},
+            "epochs": 4,
+            "optimizer": {"name": "adam", "lr": 0.01},
+            "train": {"method": "lbt", "loss": "mse"},
+        }
+    )
     run = train(spec, "lbt", 1, 32, tmp_path / "run", launcher=LocalLauncher(device="cpu", in_process=True))
     assert run["steps_per_epoch"] == 192 // 32
     h = run["history"]
@@ -187,8 +215,9 @@ def test_the_runner_trains_a_regression_spec_on_an_arrays_file_and_its_record_re
     # a class-label spec with train.loss mse is one sentence before anything starts
     np.savez(tmp_path / "labels.npz", x=x, y=(y[:, 0] > 0).astype(np.int64))
     bad = spec_from_dict({**spec.to_dict(), "data": {"name": "arrays", "path": str(tmp_path / "labels.npz")}})
-    with pytest.raises(TulaError, match="train.loss is 'mse' \\(regression\\), but the targets of data set "
-                                        "'arrays' are class labels"):
+    with pytest.raises(
+        TulaError, match="train.loss is 'mse' \\(regression\\), but the targets of data set 'arrays' are class labels"
+    ):
         train(bad, "lbt", 1, 32, tmp_path / "bad", launcher=LocalLauncher(device="cpu", in_process=True))
 
 
@@ -203,8 +232,9 @@ def test_two_workers_on_local_processes_with_a_local_module_class(digits):
             return self.f(x)
 
     X, y = digits
-    est = TulaClassifier(module=Local, max_epochs=2, batch_size=64, lr=0.05, optimizer="adam", n_workers=2,
-                         random_state=0).fit(X, y)
+    est = TulaClassifier(
+        module=Local, max_epochs=2, batch_size=64, lr=0.05, optimizer="adam", n_workers=2, random_state=0
+    ).fit(X, y)
     rec = est.train_record_
     assert rec["spec"]["model"]["name"].startswith("pickle:")
     assert rec["n_workers"] == 2 and rec["local_batch"] == 32 and rec["replicas_identical"]
@@ -228,10 +258,17 @@ def test_an_in_process_rank_leaves_the_caller_s_threads_and_random_state_as_they
 
 def test_an_in_process_world_trains_as_a_spawned_one(tiny_spec_dict, tmp_path):
     spec = spec_from_dict({**tiny_spec_dict, "epochs": 1, "train": {"method": "lbt"}})
-    here = train(spec, "lbt", 1, 128, tmp_path / "here",
-                 launcher=LocalLauncher(device="cpu", threads_per_worker=1, in_process=True))
-    spawned = train(spec, "lbt", 1, 128, tmp_path / "spawned", launcher=LocalLauncher(device="cpu",
-                                                                                        threads_per_worker=1))
+    here = train(
+        spec,
+        "lbt",
+        1,
+        128,
+        tmp_path / "here",
+        launcher=LocalLauncher(device="cpu", threads_per_worker=1, in_process=True),
+    )
+    spawned = train(
+        spec, "lbt", 1, 128, tmp_path / "spawned", launcher=LocalLauncher(device="cpu", threads_per_worker=1)
+    )
     assert here["history"][0]["train_loss"] == spawned["history"][0]["train_loss"]
     assert here["history"][0]["test_top1"] == spawned["history"][0]["test_top1"]
 
@@ -247,8 +284,15 @@ def test_sigint_stops_an_in_process_world_at_a_step_boundary(tiny_spec_dict, tmp
 
     before = signal.getsignal(signal.SIGINT)  # whatever the caller had (an earlier test's library may have set one)
     with pytest.raises(Interrupted) as err:
-        train(spec, "lbt", 1, 32, tmp_path, on_event=on_event,
-              launcher=LocalLauncher(device="cpu", threads_per_worker=1, in_process=True))
+        train(
+            spec,
+            "lbt",
+            1,
+            32,
+            tmp_path,
+            on_event=on_event,
+            launcher=LocalLauncher(device="cpu", threads_per_worker=1, in_process=True),
+        )
     assert err.value.signal_name == "SIGINT" and "no epoch had finished" in str(err.value)
     assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
 
@@ -261,14 +305,27 @@ def test_dask_client_and_dask_arrays(digits):
     import dask.array as da
     import distributed
 
-    from tula.launch.clusters import WORKER_CONFIG
+    from tula.engine.launch.clusters import WORKER_CONFIG
 
     X, y = digits
     dask.config.set(WORKER_CONFIG)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  silence_logs=logging.ERROR) as cluster, distributed.Client(cluster) as client:
-        est = TulaClassifier(module=Net, module__hidden=32, max_epochs=2, batch_size=64, lr=0.05, optimizer="adam",
-                             n_workers=2, cluster=client, random_state=0)
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        est = TulaClassifier(
+            module=Net,
+            module__hidden=32,
+            max_epochs=2,
+            batch_size=64,
+            lr=0.05,
+            optimizer="adam",
+            n_workers=2,
+            cluster=client,
+            random_state=0,
+        )
         c = clone(est)
         assert c.cluster is client  # a connection is shared, not copied
         c.fit(da.from_array(X, chunks=600), da.from_array(y, chunks=600))
@@ -283,9 +340,24 @@ def test_dask_client_and_dask_arrays(digits):
 @pytest.mark.slow
 def test_adadamp_example_grows_the_batch_and_the_workers():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "sklearn_regressor.py"), "--samples", "600",
-                          "--epochs", "4", "--delay", "2", "--initial-batch", "16"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "sklearn_regressor.py"),
+            "--samples",
+            "600",
+            "--epochs",
+            "4",
+            "--delay",
+            "2",
+            "--initial-batch",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert "global batch per epoch: [16, 16, 80, 80]" in lines
@@ -295,21 +367,24 @@ def test_adadamp_example_grows_the_batch_and_the_workers():
 
 
 # --------------------------------------------------------------------------- bad parameters
-@pytest.mark.parametrize("params, words", [
-    ({"method": "sgdx"}, "method 'sgdx' is not a Tula training method"),
-    ({"batch_size": "exponential"}, "batch_size 'exponential' is neither a batch size nor a Tula batch schedule"),
-    ({"n_workers": 0}, "n_workers must be a positive integer"),
-    ({"optimizer": torch.optim.Adadelta}, "optimizer Adadelta is not one Tula's training methods wrap"),
-    ({"optimizer__betas": (0.9, 0.99)}, "optimizer__betas is not a setting"),
-    ({"method__delta": 0.5}, "method__delta is not a setting of method 'lbt'"),
-    ({"batch_size__factor": 2}, "batch_size__factor belongs to a batch schedule"),
-    ({"batch_size": "geometric", "batch_size__factor": 0.5}, "factor"),
-    ({"workers__min": 2}, "workers__max is needed"),
-    ({"criterion": nn.L1Loss}, "criterion L1Loss is not one TulaClassifier trains with"),
-    ({"lrr": 0.1}, "'lrr' is not a parameter of TulaClassifier"),
-    ({"module": 3}, "module must be a torch.nn.Module class or factory"),
-    ({"threads_per_worker": 0}, "threads_per_worker must be None or a positive integer"),
-])
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"method": "sgdx"}, "method 'sgdx' is not a Tula training method"),
+        ({"batch_size": "exponential"}, "batch_size 'exponential' is neither a batch size nor a Tula batch schedule"),
+        ({"n_workers": 0}, "n_workers must be a positive integer"),
+        ({"optimizer": torch.optim.Adadelta}, "optimizer Adadelta is not one Tula's training methods wrap"),
+        ({"optimizer__betas": (0.9, 0.99)}, "optimizer__betas is not a setting"),
+        ({"method__delta": 0.5}, "method__delta is not a setting of method 'lbt'"),
+        ({"batch_size__factor": 2}, "batch_size__factor belongs to a batch schedule"),
+        ({"batch_size": "geometric", "batch_size__factor": 0.5}, "factor"),
+        ({"workers__min": 2}, "workers__max is needed"),
+        ({"criterion": nn.L1Loss}, "criterion L1Loss is not one TulaClassifier trains with"),
+        ({"lrr": 0.1}, "'lrr' is not a parameter of TulaClassifier"),
+        ({"module": 3}, "module must be a torch.nn.Module class or factory"),
+        ({"threads_per_worker": 0}, "threads_per_worker must be None or a positive integer"),
+    ],
+)
 def test_bad_parameters_are_one_sentence_at_fit(params, words):
     X, y = np.random.RandomState(0).rand(40, 4), np.arange(40) % 2
     est = TulaClassifier(**{"max_epochs": 1, "batch_size": 8, **params})  # nothing is checked before fit

@@ -4,13 +4,12 @@ import subprocess
 
 import pytest
 import yaml
+from conftest import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tula.errors import SpecError, TulaError
-from tula.spec import JobSpec, load_spec, parse_bytes, spec_from_dict
-
-from conftest import ROOT
+from tula.core.errors import SpecError, TulaError
+from tula.core.spec import JobSpec, load_spec, parse_bytes, spec_from_dict
 
 
 def test_example_spec_loads():
@@ -22,7 +21,7 @@ def test_example_spec_loads():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_spec_validates_and_builds(path):
-    from tula.workloads import check_workload
+    from tula.engine.workloads import check_workload
 
     spec = load_spec(path)
     model, data = check_workload(spec)
@@ -85,8 +84,9 @@ def test_not_a_mapping(tmp_path):
 def test_cli_bad_spec_exits_2_with_one_sentence(tmp_path, tula_cmd):
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump({"objective": "fastest"}))
-    r = subprocess.run([*tula_cmd, "run", str(p), "--out", str(tmp_path / "o")], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [*tula_cmd, "run", str(p), "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2
     assert "objective" in r.stderr and "'knee'" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
@@ -94,8 +94,7 @@ def test_cli_bad_spec_exits_2_with_one_sentence(tmp_path, tula_cmd):
 
 
 def test_cli_missing_spec_exits_2(tmp_path, tula_cmd):
-    r = subprocess.run([*tula_cmd, "profile", str(tmp_path / "nope.yaml")], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([*tula_cmd, "profile", str(tmp_path / "nope.yaml")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "does not exist" in r.stderr
 
@@ -104,16 +103,38 @@ def test_cli_missing_spec_exits_2(tmp_path, tula_cmd):
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 FULL_SPEC = {  # every section set, so mutations reach every validator
-    "name": "full", "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
-    "data": {"name": "digits", "num_samples": 4096, "test_fraction": 0.2}, "epochs": 3, "seed": 1,
+    "name": "full",
+    "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
+    "data": {"name": "digits", "num_samples": 4096, "test_fraction": 0.2},
+    "epochs": 3,
+    "seed": 1,
     "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0005},
-    "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256, "batch_growth": 2,
-               "memory_budget_bytes": "512MiB", "memory_safety": 0.1, "enforce_memory_cap": True},
-    "collective": "tree", "pricing": {"kind": "memory", "price_per_gb_hour": 0.15}, "objective": "cost",
-    "profile": {"warmup_steps": 1, "timed_steps": 3, "device": "cpu", "threads_per_worker": 1,
-                "memory_probe_batches": [16, 32]},
-    "train": {"method": "ags", "lr_milestones": [1, 2], "warmup_epochs": 1, "polo_switch_epoch": 1,
-              "ags": {"delta": 0.5, "b_small": 32, "s_min": 0.1, "update_every": 4, "granularity": "element"}},
+    "search": {
+        "cluster_sizes": [1, 2],
+        "min_batch": 16,
+        "max_batch": 256,
+        "batch_growth": 2,
+        "memory_budget_bytes": "512MiB",
+        "memory_safety": 0.1,
+        "enforce_memory_cap": True,
+    },
+    "collective": "tree",
+    "pricing": {"kind": "memory", "price_per_gb_hour": 0.15},
+    "objective": "cost",
+    "profile": {
+        "warmup_steps": 1,
+        "timed_steps": 3,
+        "device": "cpu",
+        "threads_per_worker": 1,
+        "memory_probe_batches": [16, 32],
+    },
+    "train": {
+        "method": "ags",
+        "lr_milestones": [1, 2],
+        "warmup_epochs": 1,
+        "polo_switch_epoch": 1,
+        "ags": {"delta": 0.5, "b_small": 32, "s_min": 0.1, "update_every": 4, "granularity": "element"},
+    },
 }
 
 
@@ -126,13 +147,36 @@ def _base_specs():
 
 BASES = _base_specs()
 _scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
-yaml_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) |
-                           st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+yaml_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def _retype(value):
-    return [v for v in (None, True, 0, -1, 0.5, float("nan"), float("inf"), "", "x", str(value), [], [value], {},
-                        {"v": value}, "12 GiB", 10**30) if type(v) is not type(value)]
+    return [
+        v
+        for v in (
+            None,
+            True,
+            0,
+            -1,
+            0.5,
+            float("nan"),
+            float("inf"),
+            "",
+            "x",
+            str(value),
+            [],
+            [value],
+            {},
+            {"v": value},
+            "12 GiB",
+            10**30,
+        )
+        if type(v) is not type(value)
+    ]
 
 
 def _mutate(data, tree):
@@ -198,14 +242,17 @@ def test_mutated_specs_load_or_are_one_sentence(scratch, data):
     tree = copy.deepcopy(data.draw(st.sampled_from(BASES)))
     for _ in range(data.draw(st.integers(1, 3))):
         _mutate(data, tree)
-    assert_loads_or_one_sentence(scratch / "mutated.yaml", yaml.safe_dump(tree, allow_unicode=data.draw(st.booleans())).encode())
+    assert_loads_or_one_sentence(
+        scratch / "mutated.yaml", yaml.safe_dump(tree, allow_unicode=data.draw(st.booleans())).encode()
+    )
 
 
 @SETTINGS
 @given(data=st.data())
 def test_truncated_or_byte_flipped_specs_load_or_are_one_sentence(scratch, data):
-    raw = bytearray((ROOT / "examples" / data.draw(st.sampled_from(["digits_cnn.yaml", "mnist1d_cnn.yaml"])))
-                    .read_bytes())
+    raw = bytearray(
+        (ROOT / "examples" / data.draw(st.sampled_from(["digits_cnn.yaml", "mnist1d_cnn.yaml"]))).read_bytes()
+    )
     if data.draw(st.booleans()):
         raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
     else:
@@ -214,9 +261,16 @@ def test_truncated_or_byte_flipped_specs_load_or_are_one_sentence(scratch, data)
     assert_loads_or_one_sentence(scratch / "bytes.yaml", bytes(raw))
 
 
-@pytest.mark.parametrize("raw", [b"name: caf\xe9\n", b"\xff\xfe\x00n\x00a", b"seed: " + b"9" * 5000 + b"\n",
-                                 b"name: " + b"[" * 5000 + b"]" * 5000 + b"\n"],
-                         ids=["latin-1", "utf-16", "5000-digit-int", "nested-5000-deep"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"name: caf\xe9\n",
+        b"\xff\xfe\x00n\x00a",
+        b"seed: " + b"9" * 5000 + b"\n",
+        b"name: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+    ],
+    ids=["latin-1", "utf-16", "5000-digit-int", "nested-5000-deep"],
+)
 def test_spec_files_yaml_cannot_read_are_one_sentence(tmp_path, raw):
     """Bytes that are not UTF-8, an integer Python refuses to parse, nesting deeper than the
     recursion limit: each was a UnicodeDecodeError, ValueError or RecursionError traceback."""

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tula.errors import RecordError
-from tula.fit import fit_models
-from tula.plan import make_plan
-from tula.records import _jsonable, validate_record
+from tula.core.errors import RecordError
+from tula.core.fit import fit_models
+from tula.core.plan import make_plan
+from tula.core.records import _jsonable, validate_record
 from tula.service.model_key import key_parts_for_new_job, model_key, model_key_parts, sample_shape
 from tula.service.store import VERSION_TABLE, Store, StoreError, UnknownJob, metadata
 
@@ -53,22 +53,57 @@ def _profile_record(spec: dict, n_trials: int | None = None) -> dict:
             b = big_b // n
             t_compute = 1e-3 + 1e-5 * b
             t_step = t_compute + (2e-3 if n > 1 else 0.0)
-            trials.append({"n_workers": n, "local_batch": b, "global_batch": big_b, "status": "ok",
-                           "t_step_s": t_step, "t_compute_s": t_compute, "t_sync_s": t_step - t_compute,
-                           "peak_mem_bytes": 100_000 + 2_000 * b, "step_times_s": [t_step] * 3,
-                           "compute_times_s": [t_compute] * 3, "timed_steps": 3, "hosts": ["h"] * n,
-                           "devices": ["cpu"] * n})
-    memory = {"param_bytes": 40_000, "grad_bytes": 40_000, "optimizer_state_bytes": 10_000, "buffer_bytes": 0,
-              "other_static_bytes": 10_000, "activation_bytes_per_sample": 1_900, "batch_bytes_per_sample": 100,
-              "probe_local_batches": [16, 32], "probe_peak_bytes": [132_000, 164_000], "device": "cpu"}
+            trials.append(
+                {
+                    "n_workers": n,
+                    "local_batch": b,
+                    "global_batch": big_b,
+                    "status": "ok",
+                    "t_step_s": t_step,
+                    "t_compute_s": t_compute,
+                    "t_sync_s": t_step - t_compute,
+                    "peak_mem_bytes": 100_000 + 2_000 * b,
+                    "step_times_s": [t_step] * 3,
+                    "compute_times_s": [t_compute] * 3,
+                    "timed_steps": 3,
+                    "hosts": ["h"] * n,
+                    "devices": ["cpu"] * n,
+                }
+            )
+    memory = {
+        "param_bytes": 40_000,
+        "grad_bytes": 40_000,
+        "optimizer_state_bytes": 10_000,
+        "buffer_bytes": 0,
+        "other_static_bytes": 10_000,
+        "activation_bytes_per_sample": 1_900,
+        "batch_bytes_per_sample": 100,
+        "probe_local_batches": [16, 32],
+        "probe_peak_bytes": [132_000, 164_000],
+        "device": "cpu",
+    }
     configs = [[t["n_workers"], t["global_batch"]] for t in trials]
-    rec = {"kind": "tula.profile", "version": 1, "spec": spec, "search": "full", "device": "cpu",
-           "backend": "gloo", "threads_per_worker": 1, "memory_budget_bytes": None, "enforce_memory_cap": False,
-           "dataset_size": 1438, "sample_shape": [1, 8, 8],
-           "model": {"name": "small_cnn", "param_count": 10_000, "grad_bytes": 40_000}, "memory": memory,
-           "max_local_batch": None, "configs": configs, "trials": trials, "profiling_s": 1.0,
-           "created": "2026-11-23T10:00:00+0000",
-           "facts": {"device": "cpu", "cpu": "Test CPU", "cores": 2, "torch": "2.14.1"}}
+    rec = {
+        "kind": "tula.profile",
+        "version": 1,
+        "spec": spec,
+        "search": "full",
+        "device": "cpu",
+        "backend": "gloo",
+        "threads_per_worker": 1,
+        "memory_budget_bytes": None,
+        "enforce_memory_cap": False,
+        "dataset_size": 1438,
+        "sample_shape": [1, 8, 8],
+        "model": {"name": "small_cnn", "param_count": 10_000, "grad_bytes": 40_000},
+        "memory": memory,
+        "max_local_batch": None,
+        "configs": configs,
+        "trials": trials,
+        "profiling_s": 1.0,
+        "created": "2026-11-23T10:00:00+0000",
+        "facts": {"device": "cpu", "cpu": "Test CPU", "cores": 2, "torch": "2.14.1"},
+    }
     if n_trials is not None:
         rec["trials"] = trials[:n_trials]
         rec["interrupted"] = "SIGTERM"
@@ -76,12 +111,37 @@ def _profile_record(spec: dict, n_trials: int | None = None) -> dict:
 
 
 def _train_record(spec: dict, epochs: int) -> dict:
-    history = [{"epoch": e, "steps": 10, "steps_done": 10 * e, "global_batch": 64, "n_workers": 2, "lr": 0.05,
-                "train_loss": 2.0 / e, "epoch_time_s": 0.5, "test_loss": 2.1 / e, "test_top1": 0.5 + 0.1 * e}
-               for e in range(1, epochs + 1)]
-    return validate_record({"kind": "tula.train", "version": 1, "spec": spec, "method": "ags", "n_workers": 2,
-                            "global_batch": 64, "steps_per_epoch": 10, "epochs": 3, "steps_done": 10 * epochs,
-                            "history": history, "traces": {"scale": [1.0, 1.5, float("inf")]}}, "test")
+    history = [
+        {
+            "epoch": e,
+            "steps": 10,
+            "steps_done": 10 * e,
+            "global_batch": 64,
+            "n_workers": 2,
+            "lr": 0.05,
+            "train_loss": 2.0 / e,
+            "epoch_time_s": 0.5,
+            "test_loss": 2.1 / e,
+            "test_top1": 0.5 + 0.1 * e,
+        }
+        for e in range(1, epochs + 1)
+    ]
+    return validate_record(
+        {
+            "kind": "tula.train",
+            "version": 1,
+            "spec": spec,
+            "method": "ags",
+            "n_workers": 2,
+            "global_batch": 64,
+            "steps_per_epoch": 10,
+            "epochs": 3,
+            "steps_done": 10 * epochs,
+            "history": history,
+            "traces": {"scale": [1.0, 1.5, float("inf")]},
+        },
+        "test",
+    )
 
 
 @pytest.fixture
@@ -90,8 +150,7 @@ def records(tiny_spec_dict):
     models = fit_models(profile)
     plan = make_plan(models, "time")
     plain = lambda rec: json.loads(json.dumps(rec, default=_jsonable))  # noqa: E731
-    return {"profile": profile, "models": plain(models), "plan": plain(plan),
-            "train": _train_record(tiny_spec_dict, 3)}
+    return {"profile": profile, "models": plain(models), "plan": plain(plan), "train": _train_record(tiny_spec_dict, 3)}
 
 
 def _run_together(code: str, args_per_proc: list[list[str]], tmp_path: Path) -> list[str]:
@@ -109,8 +168,16 @@ def _run_together(code: str, args_per_proc: list[list[str]], tmp_path: Path) -> 
                 time.sleep(0.001)
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, "-c", prelude + textwrap.dedent(code), *a], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for a in args_per_proc]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", prelude + textwrap.dedent(code), *a],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for a in args_per_proc
+    ]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -308,18 +375,21 @@ def test_a_damaged_record_in_the_database_is_one_sentence_naming_job_and_kind(st
     store.put_record(job_id, records["plan"])
     damaged = {k: v for k, v in records["plan"].items() if k != "choice"}
     with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE tula_records SET body = :b WHERE job_id = :j"),
-                     {"b": json.dumps(damaged), "j": job_id})
+        conn.execute(
+            sa.text("UPDATE tula_records SET body = :b WHERE job_id = :j"), {"b": json.dumps(damaged), "j": job_id}
+        )
     with pytest.raises(StoreError) as err:
         store.get_record(job_id, "plan")
     msg = str(err.value)
     assert f"plan record of job {job_id!r}" in msg and "field 'choice' is missing" in msg and "\n" not in msg
     if store.dialect == "sqlite":  # SQLite keeps any text in a JSON column
         with store.engine.begin() as conn:
-            conn.execute(sa.text("UPDATE tula_records SET body = '{\"kind\": \"tula.pl' WHERE job_id = :j"),
-                         {"j": job_id})
-        with pytest.raises(StoreError, match=f"plan record of job '{job_id}' in the store is damaged: it is not "
-                                             "valid JSON"):
+            conn.execute(
+                sa.text('UPDATE tula_records SET body = \'{"kind": "tula.pl\' WHERE job_id = :j'), {"j": job_id}
+            )
+        with pytest.raises(
+            StoreError, match=f"plan record of job '{job_id}' in the store is damaged: it is not valid JSON"
+        ):
             store.get_record(job_id, "plan")
 
 
@@ -368,9 +438,9 @@ def test_models_are_found_by_key_newest_first(store, records, tiny_spec_dict):
 # --------------------------------------------------------------------------- opening and migrating
 def test_migrations_build_the_schema_from_empty_and_reopening_is_idempotent(store_url, tiny_spec_dict, tmp_path):
     from alembic.autogenerate import compare_metadata
+    from alembic.config import Config
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
-    from alembic.config import Config
 
     from tula.service.store import MIGRATIONS
 
@@ -458,8 +528,10 @@ def test_bad_postgresql_urls_are_one_sentence_naming_the_url(tmp_path, pg_server
 
 
 def test_store_and_model_key_import_no_torch():
-    code = ("import sys, tula.service.store, tula.service.model_key; "
-            "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]")
+    code = (
+        "import sys, tula.service.store, tula.service.model_key; "
+        "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
 
@@ -468,14 +540,19 @@ def test_store_and_model_key_import_no_torch():
 @pytest.fixture(scope="module")
 def real_profile():
     """A real (tiny) profile: one rank, two trials, threads left to the local launcher's default."""
-    from tula.launch.clusters import open_launcher
-    from tula.profile import profile
-    from tula.spec import spec_from_dict
+    from tula.core.spec import spec_from_dict
+    from tula.engine.launch.clusters import open_launcher
+    from tula.engine.profile import profile
 
-    spec = spec_from_dict({"name": "key", "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "width": 4}},
-                           "data": {"name": "digits"}, "search": {"cluster_sizes": [1], "min_batch": 16,
-                                                                  "max_batch": 32},
-                           "profile": {"warmup_steps": 1, "timed_steps": 2, "memory_probe_batches": [4, 8]}})
+    spec = spec_from_dict(
+        {
+            "name": "key",
+            "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "width": 4}},
+            "data": {"name": "digits"},
+            "search": {"cluster_sizes": [1], "min_batch": 16, "max_batch": 32},
+            "profile": {"warmup_steps": 1, "timed_steps": 2, "memory_probe_batches": [4, 8]},
+        }
+    )
     with open_launcher(spec) as launcher:
         rec = profile(spec, "partial", launcher=launcher)
         facts, threads = launcher.facts(), launcher.threads_per_worker
@@ -504,9 +581,15 @@ def test_a_new_job_gets_the_key_its_profile_gives(real_profile):
     same["train"].update(method="lbt")
     assert model_key(key_parts_for_new_job(same, facts)) == key
     # what does, changes it
-    for path, value in ((("model", "kwargs", "width"), 8), (("optimizer", "name"), "adam"),
-                        (("optimizer", "momentum"), 0.0), (("collective",), "tree"), (("data", "name"), "mnist1d"),
-                        (("profile", "threads_per_worker"), threads + 1), (("cluster", "where"), "tcp://h:8786")):
+    for path, value in (
+        (("model", "kwargs", "width"), 8),
+        (("optimizer", "name"), "adam"),
+        (("optimizer", "momentum"), 0.0),
+        (("collective",), "tree"),
+        (("data", "name"), "mnist1d"),
+        (("profile", "threads_per_worker"), threads + 1),
+        (("cluster", "where"), "tcp://h:8786"),
+    ):
         other = json.loads(json.dumps(spec))
         d = other
         for p in path[:-1]:
@@ -527,16 +610,19 @@ def test_a_profile_without_facts_cannot_be_keyed(tiny_spec_dict):
 def test_sample_shapes_known_without_loading_agree_with_the_loaders(tmp_path):
     from PIL import Image
 
-    from tula.spec import DataSpec
-    from tula.workloads import load_dataset
+    from tula.core.spec import DataSpec
+    from tula.engine.workloads import load_dataset
 
     for cls in ("a", "b"):
         (tmp_path / cls).mkdir()
         for i in range(2):
             Image.new("L", (20, 12), color=40 * i).save(tmp_path / cls / f"{i}.png")
-    for data in ({"name": "digits"}, {"name": "mnist1d", "num_samples": 200},
-                 {"name": "synthetic", "sample_shape": [2, 5], "num_samples": 16},
-                 {"name": "imagefolder", "root": str(tmp_path), "image_size": 16, "loader_workers": 0},
-                 {"name": "imagefolder", "root": str(tmp_path), "loader_workers": 0}):
+    for data in (
+        {"name": "digits"},
+        {"name": "mnist1d", "num_samples": 200},
+        {"name": "synthetic", "sample_shape": [2, 5], "num_samples": 16},
+        {"name": "imagefolder", "root": str(tmp_path), "image_size": 16, "loader_workers": 0},
+        {"name": "imagefolder", "root": str(tmp_path), "loader_workers": 0},
+    ):
         d = DataSpec.model_validate(data)
         assert sample_shape(d.model_dump(mode="json")) == list(load_dataset(d).sample_shape), data

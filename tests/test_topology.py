@@ -12,15 +12,26 @@ import sys
 import numpy as np
 import pytest
 
-from tula.errors import TulaError
-from tula.fit import fit_models
-from tula.memory import MemoryModel
-from tula.perfmodel import (NOTE_INTRA_LATENCY, NOTE_NO_LONE_HOST, NOTE_NO_SHARED_HOST, PerfModel, fit_perf_model,
-                            hops, link_bytes, ranks_per_node_of, relative_errors, sync_time_s, trial_step_s)
-from tula.plan import make_plan
-from tula.records import save_record, validate_record
-from tula.simulate import simulator_from_models
-from tula.spec import spec_from_dict
+from tula.core.errors import TulaError
+from tula.core.fit import fit_models
+from tula.core.perfmodel import (
+    NOTE_INTRA_LATENCY,
+    NOTE_NO_LONE_HOST,
+    NOTE_NO_SHARED_HOST,
+    PerfModel,
+    fit_perf_model,
+    hops,
+    link_bytes,
+    ranks_per_node_of,
+    relative_errors,
+    sync_time_s,
+    trial_step_s,
+)
+from tula.core.plan import make_plan
+from tula.core.records import save_record, validate_record
+from tula.core.simulate import simulator_from_models
+from tula.core.spec import spec_from_dict
+from tula.engine.memory import MemoryModel
 
 S = 10**8  # gradient bytes
 A, B = 1e-5, 1e-9  # inter-node: 10 us per hop, 1 GB/s
@@ -111,8 +122,9 @@ def test_with_the_intra_link_the_inter_one_the_hosts_do_not_matter(r):
 
 # --------------------------------------------------------------------------- recovering known parameters
 GRAD = 50_000_000
-TRUTH = PerfModel("ring", GRAD, c0=0.004, c1=0.0008, kappa=0.1, alpha=1e-3, beta=1e-9, alpha_intra=1e-5,
-                  beta_intra=1e-10)
+TRUTH = PerfModel(
+    "ring", GRAD, c0=0.004, c1=0.0008, kappa=0.1, alpha=1e-3, beta=1e-9, alpha_intra=1e-5, beta_intra=1e-10
+)
 TWO_BY_TWO = ([], ["h0", "h0"], ["h0", "h0", "h1", "h1"])  # N = 1, 2 on one host, 4 across two hosts
 FOUR_BY_ONE = ([], ["h0", "h1"], ["h0", "h1", "h2"], ["h0", "h1", "h2", "h3"])  # N = 1 to 4, one rank per host
 
@@ -126,9 +138,19 @@ def _trials(truth, worlds, batches=(8, 16, 32, 64, 128), noise=0.005, seed=0):
         for b in batches:
             tc = float(truth.t_compute_s(b, min(n, per))) * (1 + noise * rng.standard_normal())
             ts = float(truth.t_step_s(b, n, per, len(set(hosts)))) * (1 + noise * rng.standard_normal())
-            out.append({"n_workers": n, "local_batch": b, "global_batch": n * b, "status": "ok", "t_step_s": ts,
-                        "t_compute_s": tc, "hosts": list(hosts), "ranks_per_host": per,
-                        "local_ranks": [hosts[:i].count(h) for i, h in enumerate(hosts)]})
+            out.append(
+                {
+                    "n_workers": n,
+                    "local_batch": b,
+                    "global_batch": n * b,
+                    "status": "ok",
+                    "t_step_s": ts,
+                    "t_compute_s": tc,
+                    "hosts": list(hosts),
+                    "ranks_per_host": per,
+                    "local_ranks": [hosts[:i].count(h) for i, h in enumerate(hosts)],
+                }
+            )
     return out
 
 
@@ -185,8 +207,9 @@ def test_one_host_keeps_the_flat_fit():
     assert fit.alpha_intra is None and fit.beta_intra is None
     assert not {"alpha_intra", "beta_intra"} & set(fit.frozen) and not any("intra" in n for n in fit.notes)
     assert ranks_per_node_of(trials) is None
-    np.testing.assert_array_equal(trial_step_s(fit, trials), fit.t_step_s([t["local_batch"] for t in trials],
-                                                                          [t["n_workers"] for t in trials]))
+    np.testing.assert_array_equal(
+        trial_step_s(fit, trials), fit.t_step_s([t["local_batch"] for t in trials], [t["n_workers"] for t in trials])
+    )
 
 
 def test_old_records_without_the_intra_link_load():
@@ -199,25 +222,56 @@ def test_old_records_without_the_intra_link_load():
 
 
 # --------------------------------------------------------------------------- plan, simulator, CLI
-MEM = MemoryModel(param_bytes=1000, grad_bytes=1000, optimizer_state_bytes=0, buffer_bytes=0, other_static_bytes=0,
-                  activation_bytes_per_sample=90, batch_bytes_per_sample=10, probe_local_batches=(1, 2),
-                  probe_peak_bytes=(2100, 2200), device="cpu")
+MEM = MemoryModel(
+    param_bytes=1000,
+    grad_bytes=1000,
+    optimizer_state_bytes=0,
+    buffer_bytes=0,
+    other_static_bytes=0,
+    activation_bytes_per_sample=90,
+    batch_bytes_per_sample=10,
+    probe_local_batches=(1, 2),
+    probe_peak_bytes=(2100, 2200),
+    device="cpu",
+)
 
 
 def _profile(worlds, collective="ring") -> dict:
-    truth = PerfModel(**{**TRUTH.to_dict(), "collective": collective, "grad_bytes": 2_000_000, "frozen": (),
-                         "notes": ()})
+    truth = PerfModel(
+        **{**TRUTH.to_dict(), "collective": collective, "grad_bytes": 2_000_000, "frozen": (), "notes": ()}
+    )
     trials = _trials(truth, worlds, batches=(8, 16, 32, 64), noise=0.02, seed=5)
     for t in trials:
         t.update(peak_mem_bytes=2000 + 100 * t["local_batch"], timed_steps=3, devices=["cpu"] * t["n_workers"])
-    spec = spec_from_dict({"name": "hosts", "epochs": 2, "collective": collective, "data": {"name": "digits"},
-                           "search": {"cluster_sizes": [1, 2, 4], "min_batch": 8, "max_batch": 256}}).to_dict()
-    prof = {"kind": "tula.profile", "version": 1, "spec": spec, "search": "full", "device": "cpu", "backend": "gloo",
-            "threads_per_worker": 1, "memory_budget_bytes": None, "enforce_memory_cap": False, "dataset_size": 1438,
-            "sample_shape": [1, 8, 8], "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000},
-            "memory": MEM.to_dict(), "max_local_batch": None,
-            "configs": [[t["n_workers"], t["global_batch"]] for t in trials], "trials": trials, "profiling_s": 1.0,
-            "created": "now"}
+    spec = spec_from_dict(
+        {
+            "name": "hosts",
+            "epochs": 2,
+            "collective": collective,
+            "data": {"name": "digits"},
+            "search": {"cluster_sizes": [1, 2, 4], "min_batch": 8, "max_batch": 256},
+        }
+    ).to_dict()
+    prof = {
+        "kind": "tula.profile",
+        "version": 1,
+        "spec": spec,
+        "search": "full",
+        "device": "cpu",
+        "backend": "gloo",
+        "threads_per_worker": 1,
+        "memory_budget_bytes": None,
+        "enforce_memory_cap": False,
+        "dataset_size": 1438,
+        "sample_shape": [1, 8, 8],
+        "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000},
+        "memory": MEM.to_dict(),
+        "max_local_batch": None,
+        "configs": [[t["n_workers"], t["global_batch"]] for t in trials],
+        "trials": trials,
+        "profiling_s": 1.0,
+        "created": "now",
+    }
     return validate_record(prof, "test")
 
 
@@ -256,19 +310,32 @@ def test_the_plan_predicts_on_the_hosts_it_was_fitted_for(two_by_two):
     assert ranks_per_node_of(flat["trials"]) is None
     perf = PerfModel.from_dict(flat["perf"])
     for row in make_plan(flat, "time")["configurations"]:
-        assert row["t_step_s"] == pytest.approx(float(perf.t_step_s(row["local_batch"], row["n_workers"])),
-                                                rel=1e-12)
+        assert row["t_step_s"] == pytest.approx(float(perf.t_step_s(row["local_batch"], row["n_workers"])), rel=1e-12)
 
 
 def test_the_simulator_on_given_links_by_hand():
     perf = PerfModel("ring", grad_bytes=S, c0=0.01, c1=0.001, alpha=1.0, beta=1.0)
-    rec = validate_record({"kind": "tula.models", "version": 1,
-                           "spec": spec_from_dict({"name": "hand", "epochs": 1}).to_dict(), "search": "full",
-                           "device": "cpu", "dataset_size": 8000, "memory_budget_bytes": None,
-                           "memory": MEM.to_dict(), "memory_probed": MEM.to_dict(), "perf": perf.to_dict(),
-                           "oom_local_batch": None, "fit_error": {"t_step_median_rel": 0.0}, "trials": []}, "test")
-    sim = simulator_from_models(rec, bandwidth="8Gbit/s", latency="10us", ranks_per_node=4,
-                                intra_bandwidth="80Gbit/s", intra_latency="1us")
+    rec = validate_record(
+        {
+            "kind": "tula.models",
+            "version": 1,
+            "spec": spec_from_dict({"name": "hand", "epochs": 1}).to_dict(),
+            "search": "full",
+            "device": "cpu",
+            "dataset_size": 8000,
+            "memory_budget_bytes": None,
+            "memory": MEM.to_dict(),
+            "memory_probed": MEM.to_dict(),
+            "perf": perf.to_dict(),
+            "oom_local_batch": None,
+            "fit_error": {"t_step_median_rel": 0.0},
+            "trials": [],
+        },
+        "test",
+    )
+    sim = simulator_from_models(
+        rec, bandwidth="8Gbit/s", latency="10us", ranks_per_node=4, intra_bandwidth="80Gbit/s", intra_latency="1us"
+    )
     assert sim.intra_bandwidth_bytes_per_s == 1e10 and sim.intra_latency_s == pytest.approx(1e-6)
     rows = {(r["collective"], r["n_workers"]): r["t_sync_s"] for r in sim.constant(800, [4, 8])}
     assert rows[("ring", 4)] == pytest.approx(6 * (1e-6 + 2.5e7 / 1e10), rel=1e-12)
@@ -279,8 +346,10 @@ def test_the_simulator_on_given_links_by_hand():
     flat = simulator_from_models(rec, bandwidth="8Gbit/s", latency="10us", ranks_per_node=4)
     assert flat.intra_bandwidth_bytes_per_s is None and flat.intra_latency_s is None
     assert float(flat.t_sync_s("ring", 8)) == pytest.approx(14e-5 + 2 * 7 / 8 * S / 1e9, rel=1e-12)
-    for kw, words in (({"intra_bandwidth": "lots"}, "'lots' is not an intra-node bandwidth"),
-                      ({"intra_latency": "soon"}, "'soon' is not an intra-node latency")):
+    for kw, words in (
+        ({"intra_bandwidth": "lots"}, "'lots' is not an intra-node bandwidth"),
+        ({"intra_latency": "soon"}, "'soon' is not an intra-node latency"),
+    ):
         with pytest.raises(TulaError) as e:
             simulator_from_models(rec, **kw)
         assert words in str(e.value) and len(str(e.value).splitlines()) == 1
@@ -291,33 +360,60 @@ def test_the_simulator_says_what_the_profile_could_not_give():
     assert simulator_from_models(models).ranks_per_node == 1
     assert not any("intra-node" in x for x in simulator_from_models(models).notes)  # never used at R = 1
     notes = " ".join(simulator_from_models(models, ranks_per_node=8).notes)
-    assert ("no two ranks shared a host: the intra-node bandwidth and latency taken to be the inter-node ones"
-            in notes)
+    assert "no two ranks shared a host: the intra-node bandwidth and latency taken to be the inter-node ones" in notes
     notes = " ".join(simulator_from_models(models, ranks_per_node=8, intra_bandwidth="100GB/s").notes)
     assert "the intra-node latency taken to be the inter-node one; give an intra-node latency" in notes
-    assert not any("intra-node" in x for x in simulator_from_models(models, ranks_per_node=8, intra_bandwidth="100GB/s",
-                                                                    intra_latency="1us").notes)
+    assert not any(
+        "intra-node" in x
+        for x in simulator_from_models(models, ranks_per_node=8, intra_bandwidth="100GB/s", intra_latency="1us").notes
+    )
     # two hosts of two: the intra-node bandwidth is fitted, its latency frozen at 0
     notes = " ".join(simulator_from_models(fit_models(_profile(TWO_BY_TWO))).notes)
     assert "intra-node latency taken as 0" in notes and "loopback" not in notes
 
 
 def _tula(*args):
-    return subprocess.run([sys.executable, "-m", "tula.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "tula.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def test_cli_simulate_takes_the_intra_node_link(two_by_two, tmp_path):
     path = tmp_path / "models.json"
     save_record(two_by_two, path)
-    r = _tula("simulate", path, "--workers", "1,2,8,64", "--batch", "256", "--collective", "ring",
-              "--bandwidth", "25Gbit/s", "--latency", "20us", "--intra-bandwidth", "300GB/s", "--intra-latency", "2us",
-              "--ranks-per-node", "8", "--out", tmp_path / "sim.png")
+    r = _tula(
+        "simulate",
+        path,
+        "--workers",
+        "1,2,8,64",
+        "--batch",
+        "256",
+        "--collective",
+        "ring",
+        "--bandwidth",
+        "25Gbit/s",
+        "--latency",
+        "20us",
+        "--intra-bandwidth",
+        "300GB/s",
+        "--intra-latency",
+        "2us",
+        "--ranks-per-node",
+        "8",
+        "--out",
+        tmp_path / "sim.png",
+    )
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())
     assert "between nodes, 2.4e+03 Gbit/s (300 GB/s) and 2 us within" in out and "8 rank(s) per node" in out
-    for args, words in ((("--intra-bandwidth", "lots"), "'lots' is not an intra-node bandwidth"),
-                        (("--intra-latency", "5 parsecs"), "is not an intra-node latency")):
+    for args, words in (
+        (("--intra-bandwidth", "lots"), "'lots' is not an intra-node bandwidth"),
+        (("--intra-latency", "5 parsecs"), "is not an intra-node latency"),
+    ):
         r = _tula("simulate", path, "--out", tmp_path / "x.png", *args)
         assert r.returncode == 2, r.stderr
         err = " ".join(r.stderr.split())

@@ -6,17 +6,15 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from tula.errors import SpecError, TulaError
-from tula.launch import LocalLauncher
-from tula.spec import spec_from_dict
-from tula.checkpoint import CHECKPOINT, checkpoint_meta
-from tula.train import METRICS, steps_per_epoch, train
+from tula.core.errors import SpecError, TulaError
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta
+from tula.engine.launch import LocalLauncher
+from tula.engine.train import METRICS, steps_per_epoch, train
 
 DIGITS_TRAIN = 1438  # scikit-learn's 1797 digits less the 359 (20 %) held out for testing
 
@@ -134,20 +132,29 @@ def test_finished_run_in_out_dir_is_not_overwritten(tiny_spec_dict, tmp_path):
     assert (tmp_path / CHECKPOINT).read_bytes() == before
 
 
-@pytest.mark.parametrize("args, sentence", [
-    (["--method", "ags", "--workers", "2", "--batch", "32"], "train.ags.b_small (32) must be smaller than the global "
-                                                               "batch (32)"),
-    (["--method", "lbt", "--workers", "2", "--batch", "33"], "global batch 33 does not split evenly over 2 workers"),
-    (["--method", "lbt", "--workers", "2", "--batch", "4096"], "larger than the training set (1438 samples)"),
-    (["--method", "adascale", "--workers", "1", "--batch", "64"], "needs at least 2"),
-    (["--method", "sgd", "--workers", "2", "--batch", "64"], "'sgd' is not one of"),
-    (["--workers", "2"], "no configuration to train at"),
-])
+@pytest.mark.parametrize(
+    "args, sentence",
+    [
+        (
+            ["--method", "ags", "--workers", "2", "--batch", "32"],
+            "train.ags.b_small (32) must be smaller than the global batch (32)",
+        ),
+        (
+            ["--method", "lbt", "--workers", "2", "--batch", "33"],
+            "global batch 33 does not split evenly over 2 workers",
+        ),
+        (["--method", "lbt", "--workers", "2", "--batch", "4096"], "larger than the training set (1438 samples)"),
+        (["--method", "adascale", "--workers", "1", "--batch", "64"], "needs at least 2"),
+        (["--method", "sgd", "--workers", "2", "--batch", "64"], "'sgd' is not one of"),
+        (["--workers", "2"], "no configuration to train at"),
+    ],
+)
 def test_cli_train_bad_input_is_one_sentence_and_exit_2(tiny_spec_dict, tmp_path, tula_cmd, args, sentence):
     spec_path = _write_spec(tmp_path, tiny_spec_dict)
     out = tmp_path / "out"
-    r = subprocess.run([*tula_cmd, "train", str(spec_path), *args, "--out", str(out)], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [*tula_cmd, "train", str(spec_path), *args, "--out", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert sentence in " ".join(r.stderr.split()), r.stderr
     assert "Traceback" not in r.stderr

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from tula.errors import WorkloadError
-from tula.spec import spec_from_dict
-from tula.workloads import build_model, check_workload, load_dataset
+from tula.core.errors import WorkloadError
+from tula.core.spec import spec_from_dict
+from tula.engine.workloads import build_model, check_workload, load_dataset
 
 
 def test_digits_dataset_splits_and_shapes():
@@ -26,7 +26,9 @@ def test_unknown_model_is_one_sentence():
 def test_torchvision_model_and_import_path():
     m = build_model(spec_from_dict({"model": {"name": "resnet18", "kwargs": {"num_classes": 10}}}).model)
     assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)
-    m2 = build_model(spec_from_dict({"model": {"name": "tula.workloads:mlp", "kwargs": {"in_features": 64}}}).model)
+    m2 = build_model(
+        spec_from_dict({"model": {"name": "tula.engine.workloads:mlp", "kwargs": {"in_features": 64}}}).model
+    )
     assert m2(torch.randn(3, 1, 8, 8)).shape == (3, 10)
     with pytest.raises(WorkloadError, match="cannot be loaded"):
         build_model(spec_from_dict({"model": {"name": "nosuchpkg.mod:f"}}).model)
@@ -42,8 +44,9 @@ def test_mismatched_model_and_data_is_caught_before_launch():
 
 
 def test_synthetic_dataset():
-    spec = spec_from_dict({"data": {"name": "synthetic", "sample_shape": [3, 16, 16], "num_samples": 100,
-                                    "num_classes": 5}})
+    spec = spec_from_dict(
+        {"data": {"name": "synthetic", "sample_shape": [3, 16, 16], "num_samples": 100, "num_classes": 5}}
+    )
     data = load_dataset(spec.data, 0)
     assert data.sample_shape == (3, 16, 16) and data.num_classes == 5 and data.train_size == 80
 
@@ -58,7 +61,7 @@ def _write_idx(path, arr):
 def test_mnist_from_disk_is_normalised_and_augmented_without_flips(tmp_path):
     import numpy as np
 
-    from tula.data import DataPath, augment_image, sample_key
+    from tula.engine.data import DataPath, augment_image, sample_key
 
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)

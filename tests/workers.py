@@ -34,8 +34,9 @@ class _DiesOnRankOne(torch.nn.Module):
     def __init__(self, die_at_batch: int = 100):
         super().__init__()
         self.die_at_batch = die_at_batch
-        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
-                                       torch.nn.Linear(32, 10))
+        self.net = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+        )
 
     def forward(self, x):
         if dist.is_initialized() and dist.get_rank() == 1 and x.shape[0] >= self.die_at_batch:
@@ -59,9 +60,9 @@ def lr_after_resume(ctx, runs, global_batch, steps_per_epoch, n_steps):
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from tula.optim.methods import build_method
-    from tula.spec import spec_from_dict
-    from tula.workloads import SmallCNN, load_dataset
+    from tula.core.spec import spec_from_dict
+    from tula.engine.optim.methods import build_method
+    from tula.engine.workloads import SmallCNN, load_dataset
 
     out = {}
     for name, spec_dict in runs:
@@ -70,12 +71,12 @@ def lr_after_resume(ctx, runs, global_batch, steps_per_epoch, n_steps):
         generator = torch.Generator().manual_seed(100 + ctx.rank)
         batches = [data.batch(global_batch // ctx.world_size, generator) for _ in range(n_steps + 1)]
 
-        def build():
+        def build(spec=spec, name=name):  # this iteration's job
             torch.manual_seed(spec.seed)
             ddp = DDP(SmallCNN(width=8))
             return ddp, build_method(name, ddp, spec, global_batch, ctx.world_size, steps_per_epoch)
 
-        def step(ddp, method, i):
+        def step(ddp, method, i, batches=batches):
             x, y = batches[i]
             method.optimizer.zero_grad()
             F.cross_entropy(ddp(x), y).backward()
@@ -96,9 +97,11 @@ def lr_after_resume(ctx, runs, global_batch, steps_per_epoch, n_steps):
         ddp2, restored = build()
         ddp2.module.load_state_dict(saved["model"])
         restored.load_state_dict(saved["method"], n_steps)
-        res = {"reported": list(method.scheduler.get_last_lr()),
-               "restored_reported": list(restored.scheduler.get_last_lr()),
-               "restored_groups": [g["lr"] for g in restored.optimizer.param_groups]}
+        res = {
+            "reported": list(method.scheduler.get_last_lr()),
+            "restored_reported": list(restored.scheduler.get_last_lr()),
+            "restored_groups": [g["lr"] for g in restored.optimizer.param_groups],
+        }
         res["next_applied"], res["next_reported"] = step(ddp, method, n_steps)
         res["restored_next_applied"], res["restored_next_reported"] = step(ddp2, restored, n_steps)
         out[name] = res
@@ -106,7 +109,7 @@ def lr_after_resume(ctx, runs, global_batch, steps_per_epoch, n_steps):
 
 
 def user_error_on_rank_one(ctx):
-    from tula.errors import TulaError
+    from tula.core.errors import TulaError
 
     if ctx.rank == 1:
         raise TulaError("rank 1 says: this input is wrong")
@@ -139,8 +142,9 @@ class _OomAbove(torch.nn.Module):
     def __init__(self, local_batch: int = 32):
         super().__init__()
         self.local_batch = local_batch
-        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
-                                       torch.nn.Linear(32, 10))
+        self.net = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+        )
 
     def forward(self, x):
         if self.training and x.shape[0] > self.local_batch:

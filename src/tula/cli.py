@@ -23,20 +23,26 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from . import __version__
-from .errors import Interrupted, RunDirError, TulaError
-from .records import epoch_score
-from .registry import METHOD_NAMES
-from .registry import METHODS as METHOD_TABLE
-from .schedules import SCHEDULES
-from .pipeline import Observer, is_partial
-from .say import plain, say
-from .spec import JobSpec, load_spec, spec_from_dict
+from tula import __version__
+from tula.core.errors import Interrupted, RunDirError, TulaError
+from tula.core.records import epoch_score
+from tula.core.registry import METHOD_NAMES
+from tula.core.registry import METHODS as METHOD_TABLE
+from tula.core.say import plain, say
+from tula.core.schedules import SCHEDULES
+from tula.core.spec import JobSpec, load_spec, spec_from_dict
+from tula.pipeline import Observer, is_partial
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Tula: profile short DDP runs of your model, fit memory and performance models, "
-                       "plan the global batch and cluster size that minimise time, cost, or sit at the knee, "
-                       "and train there with adaptive gradient scaling.  Start with `tula run SPEC`.")
+SCHEDULE_KINDS = ", ".join(SCHEDULES)  # for --help
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Tula: profile short DDP runs of your model, fit memory and performance models, "
+    "plan the global batch and cluster size that minimise time, cost, or sit at the knee, "
+    "and train there with adaptive gradient scaling.  Start with `tula run SPEC`.",
+)
 # rich falls back to 80 columns when the output is not a terminal (make demo | tee, CI logs),
 # which wraps the plan table; give such output room unless COLUMNS says otherwise
 _WIDTH = None if Console().is_terminal or "COLUMNS" in os.environ else 120
@@ -71,14 +77,19 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="print Tula's version and exit")) -> None:
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print Tula's version and exit"
+    ),
+) -> None:
     """Tula: plan and run distributed large-batch training."""
 
 
-_CLUSTER_HELP = ("where the ranks run: local (processes on this machine), dask (a Dask LocalCluster started for "
-                 "the run), tcp://HOST:PORT (an existing Dask scheduler) or a dask-jobqueue YAML file (SLURM/PBS); "
-                 "default: the spec's cluster.where")
+_CLUSTER_HELP = (
+    "where the ranks run: local (processes on this machine), dask (a Dask LocalCluster started for "
+    "the run), tcp://HOST:PORT (an existing Dask scheduler) or a dask-jobqueue YAML file (SLURM/PBS); "
+    "default: the spec's cluster.where"
+)
 
 
 def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
@@ -100,8 +111,11 @@ def _q(p: Path | str) -> str:
 
 
 def _stale_note(info: dict) -> None:
-    say(err_console, f"note: taking over the lock left by a run that is no longer alive (pid {info.get('pid')}, "
-        f"`{info.get('command')}`)")
+    say(
+        err_console,
+        f"note: taking over the lock left by a run that is no longer alive (pid {info.get('pid')}, "
+        f"`{info.get('command')}`)",
+    )
 
 
 # --------------------------------------------------------------------------- what the user sees
@@ -125,13 +139,25 @@ class _Console(Observer):
     def stage(self, name: str, **info) -> None:
         self.method = info.get("method", self.method)
         if name == "profiling":
-            self.bar = Progress(*_titled("profiling"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=err_console, transient=False)
+            self.bar = Progress(
+                *_titled("profiling"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=False,
+            )
             self.task = self.bar.add_task("memory probe", total=None)
             self.bar.start()
         elif name == "training":  # the bar appears once the configuration is validated and the workers start
-            self.bar = Progress(*_titled("training"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=err_console, transient=False)
+            self.bar = Progress(
+                *_titled("training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=False,
+            )
             self.task = self.bar.add_task(plain(self.method or ""), total=None)
 
     def done(self, name: str) -> None:
@@ -145,8 +171,8 @@ class _Console(Observer):
         (self._profiling if stage == "profiling" else self._training)(ev)
 
     def saved(self, kind: str, record: dict | None, path: Path) -> None:
-        from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND
-        from .report import models_table, plan_table, train_table, trials_table
+        from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND
+        from tula.report import models_table, plan_table, train_table, trials_table
 
         if kind == PROFILE_KIND and not record.get("in_progress") and not is_partial(record):
             console.print(trials_table(record))
@@ -177,43 +203,70 @@ class _Console(Observer):
         bar, task, method, kind = self.bar, self.task, self.method, ev.get("type")
         if kind == "start":
             bar.start()
-            bar.update(task, total=ev["epochs"] * ev["steps_per_epoch"], completed=0,
-                       description=plain(f"{method} N={ev['n_workers']} B={ev['global_batch']}"))
+            bar.update(
+                task,
+                total=ev["epochs"] * ev["steps_per_epoch"],
+                completed=0,
+                description=plain(f"{method} N={ev['n_workers']} B={ev['global_batch']}"),
+            )
         elif kind == "step":
             bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
             if not err_console.is_terminal and time.monotonic() - self.last_line >= LOG_STEP_EVERY_S:
                 self.last_line = time.monotonic()  # a log of a long epoch gets a line every few seconds
                 say(err_console, f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
         elif kind == "epoch":
-            bar.update(task, completed=ev["epoch"] * ev["steps"],
-                       description=plain(f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, "
-                                         "{} {}".format(*epoch_score(ev)[::2])))
+            bar.update(
+                task,
+                completed=ev["epoch"] * ev["steps"],
+                description=plain(
+                    f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, {{}} {{}}".format(
+                        *epoch_score(ev)[::2]
+                    )
+                ),
+            )
             if not err_console.is_terminal:  # a log gets a line per epoch
                 self.last_line = time.monotonic()
-                say(err_console, f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test "
-                    "{} {}".format(*epoch_score(ev)[::2]) + f", {ev['epoch_time_s']:.2f} s")
+                say(
+                    err_console,
+                    f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test {{}} {{}}".format(
+                        *epoch_score(ev)[::2]
+                    )
+                    + f", {ev['epoch_time_s']:.2f} s",
+                )
         elif kind == "note":
             say(bar.console, ("note", "yellow"), ": ", ev.get("message"))
         elif kind == "resize":
-            say(bar.console, f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
+            say(
+                bar.console,
+                f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
                 f"{ev['global_batch']} on {ev['n_workers']} worker(s) "
-                + ("(a new world)" if ev.get("new_world", True) else "(in the same world)"))
+                + ("(a new world)" if ev.get("new_world", True) else "(in the same world)"),
+            )
         elif kind == "fallback":
-            say(bar.console, (f"out of memory at global batch {ev['from_global_batch']}", "yellow"), ": resuming "
-                f"from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}")
+            say(
+                bar.console,
+                (f"out of memory at global batch {ev['from_global_batch']}", "yellow"),
+                f": resuming from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}",
+            )
 
 
 def _train_summary(run: dict) -> str:
     tr = run.get("traces") or {}
     extra = f", {tr['scaled_fraction']:.0%} of steps scaled" if "scaled_fraction" in tr else ""
-    return (f"{run['method']} at N={run['n_workers']}, B={run['global_batch']}: final test "
-            "{} {}".format(*epoch_score(run['final'])[::2]) + f" after {run['epochs']} epochs "
-            f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})")
+    return (
+        f"{run['method']} at N={run['n_workers']}, B={run['global_batch']}: final test {{}} {{}}".format(
+            *epoch_score(run["final"])[::2]
+        )
+        + f" after {run['epochs']} epochs "
+        f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})"
+    )
 
 
-_PRICING_HELP = ("replace a field of the spec's pricing, KEY=VALUE, repeatable: kind (fixed, memory, spot), "
-                 "price_per_node_hour (on-demand), price_per_gb_hour, spot_price_per_node_hour, "
-                 "preemption_rate_per_node_hour, checkpoint_interval_s (e.g. 10min; default every epoch), restart_s")
+_PRICING_HELP = (
+    "replace a field of the spec's pricing, KEY=VALUE, repeatable: kind (fixed, memory, spot), "
+    "price_per_node_hour (on-demand), price_per_gb_hour, spot_price_per_node_hour, "
+    "preemption_rate_per_node_hour, checkpoint_interval_s (e.g. 10min; default every epoch), restart_s"
+)
 
 
 def _pricing_overrides(items: list[str] | None) -> dict:
@@ -225,7 +278,7 @@ def _pricing_overrides(items: list[str] | None) -> dict:
             raise TulaError(f"--pricing {item!r} is not KEY=VALUE (e.g. --pricing kind=spot)")
         out[key.strip()] = value.strip()
     if out:  # one sentence for a bad field or value, before any work
-        from .spec import JobSpec as _Job
+        from tula.core.spec import JobSpec as _Job
 
         try:
             spec_from_dict({"pricing": {**_Job().pricing.model_dump(mode="json"), **out}})
@@ -236,8 +289,8 @@ def _pricing_overrides(items: list[str] | None) -> dict:
 
 def _plan_constraints(models: dict, deadline: str | None, budget: float | None):
     """The spec's constraints with --deadline and --budget in place of its own."""
-    from .plan import Constraints
-    from .spec import parse_duration
+    from tula.core.plan import Constraints
+    from tula.core.spec import parse_duration
 
     base = Constraints.of(spec_from_dict(models["spec"]).constraints)
     d_s = base.deadline_s
@@ -255,19 +308,27 @@ def _plan_constraints(models: dict, deadline: str | None, budget: float | None):
 
 # --------------------------------------------------------------------------- commands
 @app.command()
-def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
-            search: Search = typer.Option(Search.partial, help="full: every candidate (N, B); partial: only the "
-                                          "extreme cluster sizes and batches (paper §III-A2)"),
-            out: Path = typer.Option(None, help="where to write the profile record (JSON); default "
-                                     "runs/<spec name>/profile.json"),
-            resume: bool = typer.Option(False, help="continue the partial profile in --out (an interrupted or failed "
-                                        "one): its finished trials are kept, only the rest run"),
-            force: bool = typer.Option(False, help="overwrite an existing record at --out"),
-            cluster: str = typer.Option(None, help=_CLUSTER_HELP)) -> None:
+def profile(
+    spec: Path = typer.Argument(..., help="job spec (YAML)"),
+    search: Search = typer.Option(
+        Search.partial,
+        help="full: every candidate (N, B); partial: only the extreme cluster sizes and batches (paper §III-A2)",
+    ),
+    out: Path = typer.Option(
+        None, help="where to write the profile record (JSON); default runs/<spec name>/profile.json"
+    ),
+    resume: bool = typer.Option(
+        False,
+        help="continue the partial profile in --out (an interrupted or failed "
+        "one): its finished trials are kept, only the rest run",
+    ),
+    force: bool = typer.Option(False, help="overwrite an existing record at --out"),
+    cluster: str = typer.Option(None, help=_CLUSTER_HELP),
+) -> None:
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
-    from .pipeline import profile_stage
-    from .records import PROFILE_KIND, load_record
-    from .rundir import check_out_file, locked
+    from tula.core.records import PROFILE_KIND, load_record
+    from tula.engine.rundir import check_out_file, locked
+    from tula.pipeline import profile_stage
 
     job = _with_cluster(load_spec(spec), cluster)
     out = out or RUNS / job.name / "profile.json"
@@ -275,59 +336,81 @@ def profile(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     if resume:
         previous = load_record(out, expect=(PROFILE_KIND,))
         if not _same_job(previous["spec"], job.to_dict()):
-            raise RunDirError(f"{out} was profiled from another spec than {spec}; give that spec, or profile into "
-                              "another --out")
+            raise RunDirError(
+                f"{out} was profiled from another spec than {spec}; give that spec, or profile into another --out"
+            )
     else:
         check_out_file(out, force)
     with locked(out.parent, on_stale=_stale_note):
         try:
             profile_stage(job, search.value, out, previous=previous, observer=_Console())
         except Interrupted as err:
-            err.hint = f"tula profile {_q(spec)} --search {search.value} --out {_q(out)} --resume" + \
-                (f" --cluster {_q(cluster)}" if cluster else "")
+            err.hint = f"tula profile {_q(spec)} --search {search.value} --out {_q(out)} --resume" + (
+                f" --cluster {_q(cluster)}" if cluster else ""
+            )
             raise
     say(console, "profile written to ", (out, "bold"))
 
 
 @app.command()
-def fit(profile_json: Path = typer.Argument(..., help="a profile record from `tula profile`"),
-        out: Path = typer.Option(None, help="where to write the fitted models (JSON); default models.json next "
-                                 "to the profile"),
-        force: bool = typer.Option(False, help="overwrite an existing record at --out")) -> None:
+def fit(
+    profile_json: Path = typer.Argument(..., help="a profile record from `tula profile`"),
+    out: Path = typer.Option(
+        None, help="where to write the fitted models (JSON); default models.json next to the profile"
+    ),
+    force: bool = typer.Option(False, help="overwrite an existing record at --out"),
+) -> None:
     """Fit the memory and performance models of a profile; the result re-plans without profiling."""
-    from .pipeline import fit_stage
-    from .records import PROFILE_KIND, load_record
-    from .rundir import check_out_file
+    from tula.core.records import PROFILE_KIND, load_record
+    from tula.engine.rundir import check_out_file
+    from tula.pipeline import fit_stage
 
     out = out or profile_json.parent / "models.json"
     check_out_file(out, force)
     rec = load_record(profile_json, expect=(PROFILE_KIND,))
     if is_partial(rec):
-        raise TulaError(f"{profile_json} is a partial profile (its trials did not all finish); continue it with "
-                        f"`tula profile SPEC --out {_q(profile_json)} --resume` first")
+        raise TulaError(
+            f"{profile_json} is a partial profile (its trials did not all finish); continue it with "
+            f"`tula profile SPEC --out {_q(profile_json)} --resume` first"
+        )
     fit_stage(rec, out, _Console())
     say(console, "models written to ", (out, "bold"))
 
 
 @app.command()
-def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a profile JSON, or a models JSON"),
-         objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
-         search: Search = typer.Option(Search.partial, help="search used when SOURCE is a spec"),
-         out: Path = typer.Option(None, help="where to write the plan (JSON); default plan.json next to SOURCE "
-                                  "(runs/<spec name>/ for a spec); a spec's profile.json and models.json go "
-                                  "beside it"),
-         plot: Path = typer.Option(None, help="also write the time/cost-vs-batch plot to this PNG"),
-         force: bool = typer.Option(False, help="overwrite existing records"),
-         cluster: str = typer.Option(None, help=_CLUSTER_HELP + " (when SOURCE is a spec)"),
-         deadline: str = typer.Option(None, help="choose among configurations expected to finish within this "
-                                      "duration, e.g. 8h, 90min, 1h30m (default: the spec's constraints.deadline)"),
-         budget: float = typer.Option(None, help="choose among configurations expected to cost at most this, in "
-                                      "the pricing's unit (default: the spec's constraints.budget)"),
-         pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
-         compare_spot: bool = typer.Option(False, "--compare-spot", help="also plan on the other of spot and "
-                                           "on-demand pricing and say which is cheaper, and up to which preemption "
-                                           "rate spot stays cheaper (needs pricing.spot_price_per_node_hour and "
-                                           "preemption_rate_per_node_hour, e.g. via --pricing)")) -> None:
+def plan(
+    source: Path = typer.Argument(..., help="a job spec (profiled first), a profile JSON, or a models JSON"),
+    objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+    search: Search = typer.Option(Search.partial, help="search used when SOURCE is a spec"),
+    out: Path = typer.Option(
+        None,
+        help="where to write the plan (JSON); default plan.json next to SOURCE "
+        "(runs/<spec name>/ for a spec); a spec's profile.json and models.json go "
+        "beside it",
+    ),
+    plot: Path = typer.Option(None, help="also write the time/cost-vs-batch plot to this PNG"),
+    force: bool = typer.Option(False, help="overwrite existing records"),
+    cluster: str = typer.Option(None, help=_CLUSTER_HELP + " (when SOURCE is a spec)"),
+    deadline: str = typer.Option(
+        None,
+        help="choose among configurations expected to finish within this "
+        "duration, e.g. 8h, 90min, 1h30m (default: the spec's constraints.deadline)",
+    ),
+    budget: float = typer.Option(
+        None,
+        help="choose among configurations expected to cost at most this, in "
+        "the pricing's unit (default: the spec's constraints.budget)",
+    ),
+    pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
+    compare_spot: bool = typer.Option(
+        False,
+        "--compare-spot",
+        help="also plan on the other of spot and "
+        "on-demand pricing and say which is cheaper, and up to which preemption "
+        "rate spot stays cheaper (needs pricing.spot_price_per_node_hour and "
+        "preemption_rate_per_node_hour, e.g. via --pricing)",
+    ),
+) -> None:
     """Predict time and cost of every configuration and choose one.
 
     With --deadline/--budget (or the spec's constraints) the choice is the best by the
@@ -335,9 +418,9 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
     which constraint and by how much.  With spot pricing (--pricing kind=spot ...) times
     and costs are expected values with preemptions (lost work since the last checkpoint and
     a restart per preemption); --compare-spot sets spot against on-demand."""
-    from .pipeline import fit_stage, plan_stage, profile_stage
-    from .records import MODELS_KIND, PROFILE_KIND, load_record
-    from .rundir import check_out_file, locked
+    from tula.core.records import MODELS_KIND, PROFILE_KIND, load_record
+    from tula.engine.rundir import check_out_file, locked
+    from tula.pipeline import fit_stage, plan_stage, profile_stage
 
     price_over = _pricing_overrides(pricing)
     is_spec = source.suffix.lower() in (".yaml", ".yml")
@@ -359,14 +442,23 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
             models = fit_stage(prof, out.parent / "models.json", shown)
         elif rec["kind"] == PROFILE_KIND:
             if is_partial(rec):
-                raise TulaError(f"{source} is a partial profile (its trials did not all finish); continue it with "
-                                f"`tula profile SPEC --out {_q(source)} --resume` first")
+                raise TulaError(
+                    f"{source} is a partial profile (its trials did not all finish); continue it with "
+                    f"`tula profile SPEC --out {_q(source)} --resume` first"
+                )
             models = fit_stage(rec, out.parent / "models.json", shown)
         else:
             models = rec
-        p = plan_stage(models, objective.value if objective else None, out, plot, shown,
-                       constraints=_plan_constraints(models, deadline, budget), pricing=price_over or None,
-                       compare_spot=compare_spot)
+        p = plan_stage(
+            models,
+            objective.value if objective else None,
+            out,
+            plot,
+            shown,
+            constraints=_plan_constraints(models, deadline, budget),
+            pricing=price_over or None,
+            compare_spot=compare_spot,
+        )
     if p.get("spot_comparison"):
         say(console, ("spot vs on-demand", "bold"), ": ", p["spot_comparison"]["sentence"])
     if plot is not None:
@@ -375,29 +467,38 @@ def plan(source: Path = typer.Argument(..., help="a job spec (profiled first), a
 
 
 @app.command()
-def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
-          method: TrainMethod = typer.Option(None, help=f"{_METHOD_HELP}; default: the spec's train.method"),
-          workers: int = typer.Option(None, help="number of workers N (default: train.n_workers, else the plan's, "
-                                       "else train.workers' rule for the first batch)"),
-          batch: int = typer.Option(None, help="global batch B (default: train.global_batch, else the plan's)"),
-          plan: Path = typer.Option(None, help="a plan.json whose choice gives N and B"),
-          epochs: int = typer.Option(None, help="override the spec's epochs"),
-          out: Path = typer.Option(None, help="directory for checkpoint.pt, metrics.jsonl, train.json, train.png; "
-                                   "default runs/<spec name>/train"),
-          resume: bool = typer.Option(False, help="continue the checkpoint in --out"),
-          cluster: str = typer.Option(None, help=_CLUSTER_HELP),
-          schedule: str = typer.Option(None, help=f"grow the batch during training: {_SCHEDULE_HELP}; its "
-                                       "parameters and train.workers (min, max, batch_per_worker) come from the "
-                                       "spec's train section")) -> None:
+def train(
+    spec: Path = typer.Argument(..., help="job spec (YAML)"),
+    method: TrainMethod = typer.Option(None, help=f"{_METHOD_HELP}; default: the spec's train.method"),
+    workers: int = typer.Option(
+        None,
+        help="number of workers N (default: train.n_workers, else the plan's, "
+        "else train.workers' rule for the first batch)",
+    ),
+    batch: int = typer.Option(None, help="global batch B (default: train.global_batch, else the plan's)"),
+    plan: Path = typer.Option(None, help="a plan.json whose choice gives N and B"),
+    epochs: int = typer.Option(None, help="override the spec's epochs"),
+    out: Path = typer.Option(
+        None, help="directory for checkpoint.pt, metrics.jsonl, train.json, train.png; default runs/<spec name>/train"
+    ),
+    resume: bool = typer.Option(False, help="continue the checkpoint in --out"),
+    cluster: str = typer.Option(None, help=_CLUSTER_HELP),
+    schedule: str = typer.Option(
+        None,
+        help=f"grow the batch during training: {_SCHEDULE_HELP}; its "
+        "parameters and train.workers (min, max, batch_per_worker) come from the "
+        "spec's train section",
+    ),
+) -> None:
     """Train with DDP on N local workers at global batch B, with AGS or a baseline.
 
     Checkpoints after every epoch (the last two are kept, with checksums); on out-of-memory
     the run resumes from the last checkpoint at the next smaller batch.  Ctrl-C stops at
     the next step and keeps the last finished epoch; --resume continues from it."""
-    from .pipeline import train_stage
-    from .records import PLAN_KIND, load_record
-    from .rundir import check_out_dir
-    from .schedules import first_workers
+    from tula.core.job_rules import first_workers
+    from tula.core.records import PLAN_KIND, load_record
+    from tula.engine.rundir import check_out_dir
+    from tula.pipeline import train_stage
 
     job = _with_cluster(load_spec(spec), cluster)
     if epochs is not None:
@@ -416,76 +517,116 @@ def train(spec: Path = typer.Argument(..., help="job spec (YAML)"),
     if n is None and b is not None and job.train.workers is not None:  # the worker rule's N for the first batch
         n = first_workers(job, b)
     if (n is None or b is None) and resume:
-        from .checkpoint import checkpoint_meta
+        from tula.engine.checkpoint import checkpoint_meta
 
         meta = checkpoint_meta(out)
         n, b = (meta["n_workers"] if n is None else n), (meta["global_batch"] if b is None else b)
     if n is None or b is None:
-        raise TulaError("no configuration to train at: give --workers and --batch, set train.n_workers and "
-                        "train.global_batch in the spec, or pass --plan plan.json")
+        raise TulaError(
+            "no configuration to train at: give --workers and --batch, set train.n_workers and "
+            "train.global_batch in the spec, or pass --plan plan.json"
+        )
     name = method.value if method else job.train.method
     try:
         train_stage(job, name, n, b, out, resume=resume, observer=_Console())
     except Interrupted as err:
-        err.hint = (f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
-                    + (f" --epochs {epochs}" if epochs is not None else "") + f" --out {_q(out)} --resume"
-                    + (f" --cluster {_q(cluster)}" if cluster else "") + (f" --schedule {schedule}" if schedule else ""))
+        err.hint = (
+            f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
+            + (f" --epochs {epochs}" if epochs is not None else "")
+            + f" --out {_q(out)} --resume"
+            + (f" --cluster {_q(cluster)}" if cluster else "")
+            + (f" --schedule {schedule}" if schedule else "")
+        )
         raise
     say(console, "records and plot in ", (out, "bold"), ": train.json, metrics.jsonl, checkpoint.pt, train.png")
 
 
 @app.command()
-def simulate(models_json: Path = typer.Argument(..., help="a models record from `tula fit` (a run's models.json)"),
-             workers: str = typer.Option(None, help="worker counts N, comma-separated (default 1,2,4,...,1024); "
-                                         "with --schedule, the largest is the workers' maximum"),
-             batch: int = typer.Option(None, help="the constant global batch B (default: the spec's "
-                                       "train.global_batch, else the largest profiled); with --schedule, the first "
-                                       "batch B0 (default: train.global_batch, else search.min_batch)"),
-             schedule: list[str] = typer.Option(None, help=f"simulate batch schedules instead of a constant batch, "
-                                                "KIND[:KEY=VALUE,...] (e.g. geometric:factor=2,delay=5), repeatable; "
-                                                f"kinds: {', '.join(SCHEDULES)}; workers follow N = "
-                                                "clip(ceil(B / batch_per_worker), min, max)"),
-             collective: str = typer.Option(None, help="ring, parameter_server, tree, comma-separated "
-                                            "(default: all three)"),
-             bandwidth: str = typer.Option(None, help="the inter-node link's bandwidth, e.g. 100Gbit/s, 25Gb/s, "
-                                           "10GB/s (default: the fitted 1/beta)"),
-             latency: str = typer.Option(None, help="the inter-node link's latency per message hop, e.g. 5us "
-                                         "(default: the fitted alpha)"),
-             intra_bandwidth: str = typer.Option(None, help="the intra-node link's bandwidth, between ranks on one "
-                                                 "node, e.g. 600GB/s (default: the fitted 1/beta_intra, else "
-                                                 "the inter-node bandwidth)"),
-             intra_latency: str = typer.Option(None, help="the intra-node link's latency per message hop, e.g. 1us "
-                                               "(default: the fitted alpha_intra, else the inter-node latency)"),
-             compute_speed: float = typer.Option(1.0, help="per-worker compute speed relative to the profiled "
-                                                 "worker (2: twice as fast)"),
-             ranks_per_node: int = typer.Option(None, help="workers that share one node: the fitted co-location "
-                                                "slowdown applies to at most that many, and the sync crosses nodes "
-                                                "(the inter-node link) beyond them (default: the most ranks one host "
-                                                "held when the profile spanned several hosts, else the largest N "
-                                                "profiled, which reproduces the fit there; 1: a node per worker)"),
-             epochs: int = typer.Option(None, help="override the spec's epochs"),
-             min_workers: int = typer.Option(None, help="--schedule: fewest workers (default: train.workers.min, "
-                                             "else 1)"),
-             max_workers: int = typer.Option(None, help="--schedule: most workers (default: train.workers.max, else "
-                                             "the largest of --workers)"),
-             batch_per_worker: int = typer.Option(None, help="--schedule: samples per worker in the workers rule "
-                                                  "(default: train.workers.batch_per_worker, else B0)"),
-             history: Path = typer.Option(None, help="--schedule loss_ratio/adaptive: a training run record "
-                                          "(train.json) whose per-epoch training loss and B_simple they follow"),
-             pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
-             out: Path = typer.Option(None, help="the PNG to write (default: simulate.png next to MODELS_JSON)"),
-             force: bool = typer.Option(False, help="overwrite an existing PNG at --out")) -> None:
+def simulate(
+    models_json: Path = typer.Argument(..., help="a models record from `tula fit` (a run's models.json)"),
+    workers: str = typer.Option(
+        None,
+        help="worker counts N, comma-separated (default 1,2,4,...,1024); "
+        "with --schedule, the largest is the workers' maximum",
+    ),
+    batch: int = typer.Option(
+        None,
+        help="the constant global batch B (default: the spec's "
+        "train.global_batch, else the largest profiled); with --schedule, the first "
+        "batch B0 (default: train.global_batch, else search.min_batch)",
+    ),
+    schedule: list[str] = typer.Option(
+        None,
+        help=f"simulate batch schedules instead of a constant batch, "
+        "KIND[:KEY=VALUE,...] (e.g. geometric:factor=2,delay=5), repeatable; "
+        f"kinds: {SCHEDULE_KINDS}; workers follow N = "
+        "clip(ceil(B / batch_per_worker), min, max)",
+    ),
+    collective: str = typer.Option(None, help="ring, parameter_server, tree, comma-separated (default: all three)"),
+    bandwidth: str = typer.Option(
+        None, help="the inter-node link's bandwidth, e.g. 100Gbit/s, 25Gb/s, 10GB/s (default: the fitted 1/beta)"
+    ),
+    latency: str = typer.Option(
+        None, help="the inter-node link's latency per message hop, e.g. 5us (default: the fitted alpha)"
+    ),
+    intra_bandwidth: str = typer.Option(
+        None,
+        help="the intra-node link's bandwidth, between ranks on one "
+        "node, e.g. 600GB/s (default: the fitted 1/beta_intra, else "
+        "the inter-node bandwidth)",
+    ),
+    intra_latency: str = typer.Option(
+        None,
+        help="the intra-node link's latency per message hop, e.g. 1us "
+        "(default: the fitted alpha_intra, else the inter-node latency)",
+    ),
+    compute_speed: float = typer.Option(
+        1.0, help="per-worker compute speed relative to the profiled worker (2: twice as fast)"
+    ),
+    ranks_per_node: int = typer.Option(
+        None,
+        help="workers that share one node: the fitted co-location "
+        "slowdown applies to at most that many, and the sync crosses nodes "
+        "(the inter-node link) beyond them (default: the most ranks one host "
+        "held when the profile spanned several hosts, else the largest N "
+        "profiled, which reproduces the fit there; 1: a node per worker)",
+    ),
+    epochs: int = typer.Option(None, help="override the spec's epochs"),
+    min_workers: int = typer.Option(None, help="--schedule: fewest workers (default: train.workers.min, else 1)"),
+    max_workers: int = typer.Option(
+        None, help="--schedule: most workers (default: train.workers.max, else the largest of --workers)"
+    ),
+    batch_per_worker: int = typer.Option(
+        None,
+        help="--schedule: samples per worker in the workers rule (default: train.workers.batch_per_worker, else B0)",
+    ),
+    history: Path = typer.Option(
+        None,
+        help="--schedule loss_ratio/adaptive: a training run record "
+        "(train.json) whose per-epoch training loss and B_simple they follow",
+    ),
+    pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
+    out: Path = typer.Option(None, help="the PNG to write (default: simulate.png next to MODELS_JSON)"),
+    force: bool = typer.Option(False, help="overwrite an existing PNG at --out"),
+) -> None:
     """What if the cluster were larger: predict step, epoch and total time and cost from a
     fitted models record for worker counts far beyond the profiled ones, per collective
     (ring all-reduce, parameter server, tree), for a constant batch or batch schedules,
     on the fitted network or a given one: --bandwidth/--latency between nodes,
     --intra-bandwidth/--intra-latency within a node of --ranks-per-node workers.  No
     profiling, no torch."""
-    from .records import MODELS_KIND, TRAIN_KIND, load_record
-    from .report import plot_simulation, simulation_summary, simulation_tables
-    from .rundir import check_out_file
-    from .simulate import (default_batch, parse_collectives, parse_schedule, parse_workers, schedule_caps,
-                           schedule_settings, simulator_from_models)
+    from tula.core.records import MODELS_KIND, TRAIN_KIND, load_record
+    from tula.core.simulate import (
+        default_batch,
+        parse_collectives,
+        parse_schedule,
+        parse_workers,
+        schedule_caps,
+        schedule_settings,
+        simulator_from_models,
+    )
+    from tula.engine.rundir import check_out_file
+    from tula.report import plot_simulation, simulation_summary, simulation_tables
 
     colls = parse_collectives(collective)
     ns = parse_workers(workers)
@@ -494,8 +635,17 @@ def simulate(models_json: Path = typer.Argument(..., help="a models record from 
     out = out or models_json.parent / "simulate.png"
     check_out_file(out, force, what="--out")
     models = load_record(models_json, expect=(MODELS_KIND,))
-    sim = simulator_from_models(models, bandwidth, latency, compute_speed, ranks_per_node, epochs, price_over,
-                                intra_bandwidth=intra_bandwidth, intra_latency=intra_latency)
+    sim = simulator_from_models(
+        models,
+        bandwidth,
+        latency,
+        compute_speed,
+        ranks_per_node,
+        epochs,
+        price_over,
+        intra_bandwidth=intra_bandwidth,
+        intra_latency=intra_latency,
+    )
     job = spec_from_dict(models["spec"])
     unit = sim.pricing.unit
     if scheds:
@@ -504,21 +654,37 @@ def simulate(models_json: Path = typer.Argument(..., help="a models record from 
         caps = schedule_caps(models, sim, b0, ns, min_workers, max_workers, batch_per_worker)
         rows = []
         for text, (kind, given) in zip(schedule, scheds):
-            rows += sim.schedule(kind, b0, caps, schedule_settings(models, kind, given), colls,
-                                 job.train.lr_milestones, job.train.lr_gamma, past, label=text)
-        title = (f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
-                 f"{caps.min_workers}, {caps.max_workers})")
+            rows += sim.schedule(
+                kind,
+                b0,
+                caps,
+                schedule_settings(models, kind, given),
+                colls,
+                job.train.lr_milestones,
+                job.train.lr_gamma,
+                past,
+                label=text,
+            )
+        title = (
+            f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
+            f"{caps.min_workers}, {caps.max_workers})"
+        )
         measured = None
     else:
         big_b = batch or default_batch(models)
         rows = sim.constant(big_b, ns, colls)
         title = f"{job.name}: constant global batch {big_b}"
-        from .schedules import steps_per_epoch
+        from tula.core.schedules import steps_per_epoch
 
         perf_coll = models["perf"]["collective"]
-        measured = [{"n_workers": t["n_workers"], "total_time_s": sim.epochs * steps_per_epoch(sim.dataset_size, big_b)
-                     * t["t_step_s"]} for t in models["trials"]
-                    if t["status"] == "ok" and t["global_batch"] == big_b and perf_coll in colls]
+        measured = [
+            {
+                "n_workers": t["n_workers"],
+                "total_time_s": sim.epochs * steps_per_epoch(sim.dataset_size, big_b) * t["t_step_s"],
+            }
+            for t in models["trials"]
+            if t["status"] == "ok" and t["global_batch"] == big_b and perf_coll in colls
+        ]
     for t in simulation_tables(sim, rows, unit):
         console.print(t)
     console.print(simulation_summary(rows))
@@ -541,48 +707,67 @@ def _as_flag(flag: str, value) -> str:
 
 
 @app.command()
-def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with --resume"),
-        search: Search = typer.Option(None, help="full or partial search (default: partial)", show_default=False),
-        objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
-        train_after: bool = typer.Option(None, "--train/--no-train", help="after planning, train at the chosen "
-                                         "configuration with the spec's train.method (default ags); default: "
-                                         "--train", show_default=False),
-        out: Path = typer.Option(None, help="directory for profile.json, models.json, plan.json, plan.png and "
-                                 "the training records; default runs/<spec name>"),
-        resume: Path = typer.Option(None, help="continue the run in this directory from the stage it stopped in, "
-                                    "as it was started (finished trials are not run again; training resumes from "
-                                    "its checkpoint)"),
-        force: bool = typer.Option(False, help="start over in an --out that holds an earlier run, deleting its "
-                                   "records"),
-        cluster: str = typer.Option(None, help=_CLUSTER_HELP)) -> None:
+def run(
+    spec: Path = typer.Argument(None, help="job spec (YAML); not needed with --resume"),
+    search: Search = typer.Option(None, help="full or partial search (default: partial)", show_default=False),
+    objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+    train_after: bool = typer.Option(
+        None,
+        "--train/--no-train",
+        help="after planning, train at the chosen "
+        "configuration with the spec's train.method (default ags); default: "
+        "--train",
+        show_default=False,
+    ),
+    out: Path = typer.Option(
+        None,
+        help="directory for profile.json, models.json, plan.json, plan.png and "
+        "the training records; default runs/<spec name>",
+    ),
+    resume: Path = typer.Option(
+        None,
+        help="continue the run in this directory from the stage it stopped in, "
+        "as it was started (finished trials are not run again; training resumes from "
+        "its checkpoint)",
+    ),
+    force: bool = typer.Option(False, help="start over in an --out that holds an earlier run, deleting its records"),
+    cluster: str = typer.Option(None, help=_CLUSTER_HELP),
+) -> None:
     """The main job: profile, fit, plan, train at the choice with AGS, and report.
 
     Ctrl-C keeps every finished trial and epoch; `tula run --resume DIR` continues from
     the stage the run stopped in."""
-    from .records import RUN_KIND, load_record, save_record
-    from .rundir import check_out_dir, locked
+    from tula.core.records import RUN_KIND, load_record, save_record
+    from tula.engine.rundir import check_out_dir, locked
 
     if resume is not None:
         if out is not None and out != resume:
             raise TulaError("give the run directory once: --resume DIR continues DIR (drop --out)")
         out = check_out_dir(resume, what="--resume")
         if not (out / "run.json").is_file():
-            raise RunDirError(f"{str(out)!r} holds no Tula run to continue (no run.json); start one with "
-                              "`tula run SPEC --out DIR`")
+            raise RunDirError(
+                f"{str(out)!r} holds no Tula run to continue (no run.json); start one with `tula run SPEC --out DIR`"
+            )
         manifest = load_record(out / "run.json", expect=(RUN_KIND,))
         job = _with_cluster(spec_from_dict(manifest["spec"]), cluster)
         if spec is not None and not _same_job(load_spec(spec).to_dict(), manifest["spec"]):
-            raise RunDirError(f"{spec} differs from the spec the run in {out} was started with; resume without "
-                              "SPEC, or start a new run with another --out")
+            raise RunDirError(
+                f"{spec} differs from the spec the run in {out} was started with; resume without "
+                "SPEC, or start a new run with another --out"
+            )
         search_v, objective_v, train_v = manifest["search"], manifest["objective"], manifest["train"]
-        asked = {"--search": (search.value if search else None, search_v),
-                 "--objective": (objective.value if objective else None, objective_v),
-                 "--train": (train_after, train_v)}
+        asked = {
+            "--search": (search.value if search else None, search_v),
+            "--objective": (objective.value if objective else None, objective_v),
+            "--train": (train_after, train_v),
+        }
         for flag, (given, started) in asked.items():
             if given is not None and given != started:
-                raise RunDirError(f"the run in {out} was started with {_as_flag(flag, started)}; --resume continues "
-                                  f"it as it was started, so drop {_as_flag(flag, given)} (or start a new run with "
-                                  "another --out)")
+                raise RunDirError(
+                    f"the run in {out} was started with {_as_flag(flag, started)}; --resume continues "
+                    f"it as it was started, so drop {_as_flag(flag, given)} (or start a new run with "
+                    "another --out)"
+                )
     else:
         if spec is None:
             raise TulaError("give a job spec (tula run SPEC), or --resume DIR to continue a run")
@@ -592,19 +777,32 @@ def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with
         objective_v, train_v = objective.value if objective else None, True if train_after is None else train_after
         existing = _existing_run_files(out)
         if existing and not force:
-            hint = f"continue it with `tula run --resume {_q(out)}`" if (out / "run.json").exists() else \
-                "choose another --out"
-            raise RunDirError(f"{str(out)!r} already holds a run ({', '.join(existing)}); {hint}, or pass --force "
-                              "to start over")
+            hint = (
+                f"continue it with `tula run --resume {_q(out)}`"
+                if (out / "run.json").exists()
+                else "choose another --out"
+            )
+            raise RunDirError(
+                f"{str(out)!r} already holds a run ({', '.join(existing)}); {hint}, or pass --force to start over"
+            )
     with locked(out, on_stale=_stale_note):
         if resume is None:
             if force:
                 for name in _existing_run_files(out):
                     target = out / name
                     shutil.rmtree(target) if target.is_dir() else target.unlink()
-            save_record({"kind": RUN_KIND, "version": 1, "spec": job.to_dict(), "search": search_v,
-                         "objective": objective_v, "train": train_v}, out / "run.json")
-        from .launch.clusters import open_launcher
+            save_record(
+                {
+                    "kind": RUN_KIND,
+                    "version": 1,
+                    "spec": job.to_dict(),
+                    "search": search_v,
+                    "objective": objective_v,
+                    "train": train_v,
+                },
+                out / "run.json",
+            )
+        from tula.engine.launch.clusters import open_launcher
 
         try:
             with open_launcher(job) as launcher:  # one cluster for every stage
@@ -614,12 +812,21 @@ def run(spec: Path = typer.Argument(None, help="job spec (YAML); not needed with
             raise
 
 
-def _run_stages(job: JobSpec, out: Path, search: str, objective: str | None, train_after: bool,
-                resuming: bool, launcher) -> None:
-    from .pipeline import run_pipeline
+def _run_stages(
+    job: JobSpec, out: Path, search: str, objective: str | None, train_after: bool, resuming: bool, launcher
+) -> None:
+    from tula.pipeline import run_pipeline
 
-    run_pipeline(job, out, search=search, objective=objective, train_after=train_after, resuming=resuming,
-                 launcher=launcher, observer=_Console())
+    run_pipeline(
+        job,
+        out,
+        search=search,
+        objective=objective,
+        train_after=train_after,
+        resuming=resuming,
+        launcher=launcher,
+        observer=_Console(),
+    )
     files = ["profile.json", "models.json", "plan.json", "plan.png"]
     if train_after:
         files += ["train/train.json", "train/train.png", "train/metrics.jsonl"]
@@ -632,15 +839,23 @@ _TOKEN_HELP = "the service's bearer token (default: $TULA_TOKEN)"
 
 
 @app.command()
-def serve(host: str = typer.Option(None, help="address to listen on (default 127.0.0.1; beyond loopback a token "
-                                   "is required)"),
-          port: int = typer.Option(None, help="port (default 8787)"),
-          token: str = typer.Option(None, help="bearer token every request must carry (default: $TULA_TOKEN)"),
-          home: Path = typer.Option(None, help="data directory: job records, checkpoints, plots and the SQLite "
-                                    "store (default: $TULA_HOME, else ~/.tula)"),
-          db_url: str = typer.Option(None, help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db "
-                                     "(default: $TULA_DB_URL, else sqlite:///HOME/tula.db)"),
-          max_concurrent_jobs: int = typer.Option(None, help="jobs running at once (default 1); the rest queue")) -> None:
+def serve(
+    host: str = typer.Option(
+        None, help="address to listen on (default 127.0.0.1; beyond loopback a token is required)"
+    ),
+    port: int = typer.Option(None, help="port (default 8787)"),
+    token: str = typer.Option(None, help="bearer token every request must carry (default: $TULA_TOKEN)"),
+    home: Path = typer.Option(
+        None,
+        help="data directory: job records, checkpoints, plots and the SQLite store (default: $TULA_HOME, else ~/.tula)",
+    ),
+    db_url: str = typer.Option(
+        None,
+        help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db "
+        "(default: $TULA_DB_URL, else sqlite:///HOME/tula.db)",
+    ),
+    max_concurrent_jobs: int = typer.Option(None, help="jobs running at once (default 1); the rest queue"),
+) -> None:
     """Run the Tula service: a REST API (OpenAPI at /docs) and a dashboard at /.
 
     Jobs submitted with `tula submit` or POST /v1/jobs run in runner processes, one per job;
@@ -654,18 +869,22 @@ def serve(host: str = typer.Option(None, help="address to listen on (default 127
 
     import uvicorn
 
-    from .service.app import create_app
-    from .service.settings import settings_from
-    from .service.store import Store
+    from tula.service.app import create_app
+    from tula.service.settings import settings_from
+    from tula.service.store import Store
 
-    settings = settings_from(host=host, port=port, token=token, home=home, db_url=db_url,
-                             max_concurrent_jobs=max_concurrent_jobs)
+    settings = settings_from(
+        host=host, port=port, token=token, home=home, db_url=db_url, max_concurrent_jobs=max_concurrent_jobs
+    )
     settings.check_can_start()
     settings.home.mkdir(parents=True, exist_ok=True)
     Store(settings.store_url, settings.home).close()  # a store that cannot be opened: one sentence, before binding
     shown = "localhost" if settings.loopback else settings.host
-    say(err_console, f"Tula service on http://{shown}:{settings.port} (API docs at /docs), store "
-        f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in {settings.home}")
+    say(
+        err_console,
+        f"Tula service on http://{shown}:{settings.port} (API docs at /docs), store "
+        f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in {settings.home}",
+    )
     stopped_by: list[int] = []
 
     class _Server(uvicorn.Server):
@@ -686,35 +905,40 @@ def serve(host: str = typer.Option(None, help="address to listen on (default 127
                 self.force_exit = True
             self.should_exit = True
 
-    server = _Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                                    log_level="warning"))
+    server = _Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="warning"))
     server.run()
     if stopped_by:
-        raise Interrupted(f"the service stopped on {signal.Signals(stopped_by[0]).name}; running jobs were queued "
-                          "again and resume when it starts", stopped_by[0])
+        raise Interrupted(
+            f"the service stopped on {signal.Signals(stopped_by[0]).name}; running jobs were queued "
+            "again and resume when it starts",
+            stopped_by[0],
+        )
     if not server.started:
         raise TulaError(f"the service could not listen on {settings.host}:{settings.port} (is the port in use?)")
 
 
 def _client(server: str | None, token: str | None):
-    from .service.client import Client
+    from tula.service.client import Client
 
     return Client(server, token)
 
 
 @app.command()
-def submit(spec: Path = typer.Argument(..., help="job spec (YAML)"),
-           server: str = typer.Option(None, help=_SERVER_HELP),
-           token: str = typer.Option(None, help=_TOKEN_HELP),
-           search: Search = typer.Option(Search.partial, help="full or partial search"),
-           objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
-           train_after: bool = typer.Option(True, "--train/--no-train", help="train at the chosen configuration"),
-           wait: bool = typer.Option(False, help="follow the job until it ends, with a progress bar")) -> None:
+def submit(
+    spec: Path = typer.Argument(..., help="job spec (YAML)"),
+    server: str = typer.Option(None, help=_SERVER_HELP),
+    token: str = typer.Option(None, help=_TOKEN_HELP),
+    search: Search = typer.Option(Search.partial, help="full or partial search"),
+    objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+    train_after: bool = typer.Option(True, "--train/--no-train", help="train at the chosen configuration"),
+    wait: bool = typer.Option(False, help="follow the job until it ends, with a progress bar"),
+) -> None:
     """Submit a job spec to a Tula service; prints the job's id (and follows it with --wait)."""
     job = load_spec(spec)  # the same checks as the local commands, before anything is sent
     c = _client(server, token)
-    rec = c.submit(job.to_dict(), search=search.value, objective=objective.value if objective else None,
-                   train=train_after)
+    rec = c.submit(
+        job.to_dict(), search=search.value, objective=objective.value if objective else None, train=train_after
+    )
     say(console, "submitted job ", (rec["id"], "bold"), f" ({job.name}): {c.base}{rec['url']}")
     if wait:
         try:
@@ -725,16 +949,24 @@ def submit(spec: Path = typer.Argument(..., help="job spec (YAML)"),
 
 
 def _follow(c, job_id: str) -> None:
-    from .report import plan_table
+    from tula.report import plan_table
 
     try:
-        with Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
-                      TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=err_console) as bar:
+        with Progress(
+            TextColumn("{task.description}", style="bold", markup=False),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            console=err_console,
+        ) as bar:
             task = bar.add_task("queued", total=1.0)
             while True:
                 j = c.job(job_id)
-                bar.update(task, completed=j["progress"] or 0.0,
-                           description=plain(f"{j['state']}: {j.get('message') or ''}")[:80])
+                bar.update(
+                    task,
+                    completed=j["progress"] or 0.0,
+                    description=plain(f"{j['state']}: {j.get('message') or ''}")[:80],
+                )
                 if j["state"] in ("done", "failed", "cancelled"):
                     break
                 time.sleep(1.0)
@@ -753,13 +985,15 @@ def _follow(c, job_id: str) -> None:
 
 
 @app.command()
-def status(job_id: str = typer.Argument(None, help="a job id; without it, the jobs table"),
-           server: str = typer.Option(None, help=_SERVER_HELP),
-           token: str = typer.Option(None, help=_TOKEN_HELP),
-           state: str = typer.Option(None, help="only jobs in this state (queued, profiling, ..., done, failed)"),
-           limit: int = typer.Option(20, help="at most this many jobs")) -> None:
+def status(
+    job_id: str = typer.Argument(None, help="a job id; without it, the jobs table"),
+    server: str = typer.Option(None, help=_SERVER_HELP),
+    token: str = typer.Option(None, help=_TOKEN_HELP),
+    state: str = typer.Option(None, help="only jobs in this state (queued, profiling, ..., done, failed)"),
+    limit: int = typer.Option(20, help="at most this many jobs"),
+) -> None:
     """The jobs of a Tula service, or one job with its plan and training summary."""
-    from .service.client import job_detail, jobs_table
+    from tula.service.client import job_detail, jobs_table
 
     c = _client(server, token)
     if job_id is None:
@@ -773,15 +1007,17 @@ def status(job_id: str = typer.Argument(None, help="a job id; without it, the jo
 
 
 @app.command()
-def replan(job_id: str = typer.Argument(..., help="a job of the service whose models are fitted"),
-           objective: Objective = typer.Option(None, help="time, cost or knee"),
-           price: float = typer.Option(None, help="fixed price per node-hour"),
-           cluster_sizes: str = typer.Option(None, help="comma-separated cluster sizes to plan over, e.g. 1,2,4,8,16"),
-           epochs: int = typer.Option(None, help="another epoch count"),
-           server: str = typer.Option(None, help=_SERVER_HELP),
-           token: str = typer.Option(None, help=_TOKEN_HELP)) -> None:
+def replan(
+    job_id: str = typer.Argument(..., help="a job of the service whose models are fitted"),
+    objective: Objective = typer.Option(None, help="time, cost or knee"),
+    price: float = typer.Option(None, help="fixed price per node-hour"),
+    cluster_sizes: str = typer.Option(None, help="comma-separated cluster sizes to plan over, e.g. 1,2,4,8,16"),
+    epochs: int = typer.Option(None, help="another epoch count"),
+    server: str = typer.Option(None, help=_SERVER_HELP),
+    token: str = typer.Option(None, help=_TOKEN_HELP),
+) -> None:
     """Plan a service job again from its stored models (no profiling), e.g. --objective cost."""
-    from .report import plan_table
+    from tula.report import plan_table
 
     body: dict = {"objective": objective.value if objective else None, "epochs": epochs}
     if price is not None:
@@ -806,12 +1042,22 @@ def main() -> None:
         sys.exit(2)
     except Interrupted as err:
         hint = getattr(err, "hint", None)
-        say(err_console, ("interrupted:", "bold yellow"), " ", err, *(("; continue with: ", hint) if hint else ()),
-            soft_wrap=True)
+        say(
+            err_console,
+            ("interrupted:", "bold yellow"),
+            " ",
+            err,
+            *(("; continue with: ", hint) if hint else ()),
+            soft_wrap=True,
+        )
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
-        say(err_console, ("interrupted:", "bold yellow"), " stopped at once by a second signal; the last finished "
-            "epoch's checkpoint and the trials saved before it are kept")
+        say(
+            err_console,
+            ("interrupted:", "bold yellow"),
+            " stopped at once by a second signal; the last finished "
+            "epoch's checkpoint and the trials saved before it are kept",
+        )
         sys.exit(130)
     except typer.Abort:
         sys.exit(130)

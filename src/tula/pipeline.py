@@ -20,9 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import Interrupted, TulaError
-from .registry import METHODS
-from .spec import JobSpec
+from tula.core.errors import Interrupted, TulaError
+from tula.core.registry import METHODS
+from tula.core.spec import JobSpec
 
 STAGES = ("profiling", "fitting", "planning", "training")
 PROFILE, MODELS, PLAN, PLAN_PNG = "profile.json", "models.json", "plan.json", "plan.png"
@@ -63,13 +63,20 @@ def is_partial(prof: dict) -> bool:
 
 
 # --------------------------------------------------------------------------- the stages
-def profile_stage(job: JobSpec, search: str, save_to: Path, *, previous: dict | None = None, launcher=None,
-                  observer: Observer | None = None) -> dict:
+def profile_stage(
+    job: JobSpec,
+    search: str,
+    save_to: Path,
+    *,
+    previous: dict | None = None,
+    launcher=None,
+    observer: Observer | None = None,
+) -> dict:
     """Profile ``job`` and write the record to ``save_to``; snapshots are written there as
     trials finish, and if a worker fails or the run is interrupted the trials finished
     before it are written there too, then the error is raised with a sentence saying so."""
-    from .profile import ProfileFailed, ProfileInterrupted, profile
-    from .records import PROFILE_KIND, save_record
+    from tula.core.records import PROFILE_KIND, save_record
+    from tula.engine.profile import ProfileFailed, ProfileInterrupted, profile
 
     obs = observer or Observer()
 
@@ -79,8 +86,14 @@ def profile_stage(job: JobSpec, search: str, save_to: Path, *, previous: dict | 
 
     obs.stage("profiling")
     try:
-        rec = profile(job, search, launcher=launcher, on_event=lambda ev: obs.event("profiling", ev),
-                      previous=previous, on_snapshot=snapshot)
+        rec = profile(
+            job,
+            search,
+            launcher=launcher,
+            on_event=lambda ev: obs.event("profiling", ev),
+            previous=previous,
+            on_snapshot=snapshot,
+        )
     except (ProfileFailed, ProfileInterrupted) as err:
         if err.record is None:
             raise
@@ -97,8 +110,8 @@ def profile_stage(job: JobSpec, search: str, save_to: Path, *, previous: dict | 
 
 def fit_stage(prof: dict, save_to: Path, observer: Observer | None = None) -> dict:
     """Fit the memory and performance models of a profile; write them to ``save_to``."""
-    from .fit import fit_models
-    from .records import MODELS_KIND, save_record
+    from tula.core.fit import fit_models
+    from tula.core.records import MODELS_KIND, save_record
 
     obs = observer or Observer()
     obs.stage("fitting")
@@ -111,13 +124,19 @@ def fit_stage(prof: dict, save_to: Path, observer: Observer | None = None) -> di
     return models
 
 
-def plan_stage(models: dict, objective: str | None, save_to: Path, plot_to: Path | None = None,
-               observer: Observer | None = None, **plan_options: Any) -> dict:
+def plan_stage(
+    models: dict,
+    objective: str | None,
+    save_to: Path,
+    plot_to: Path | None = None,
+    observer: Observer | None = None,
+    **plan_options: Any,
+) -> dict:
     """Choose a configuration from fitted models; write the plan (and its plot) there.
-    ``plan_options`` go to :func:`tula.plan.make_plan`."""
-    from .plan import make_plan
-    from .records import PLAN_KIND, save_record
-    from .report import plot_plan
+    ``plan_options`` go to :func:`tula.core.plan.make_plan`."""
+    from tula.core.plan import make_plan
+    from tula.core.records import PLAN_KIND, save_record
+    from tula.report import plot_plan
 
     obs = observer or Observer()
     obs.stage("planning")
@@ -134,18 +153,35 @@ def plan_stage(models: dict, objective: str | None, save_to: Path, plot_to: Path
     return p
 
 
-def train_stage(job: JobSpec, method: str, n_workers: int, global_batch: int, out: Path, *, resume: bool = False,
-                launcher=None, observer: Observer | None = None) -> dict:
+def train_stage(
+    job: JobSpec,
+    method: str,
+    n_workers: int,
+    global_batch: int,
+    out: Path,
+    *,
+    resume: bool = False,
+    launcher=None,
+    observer: Observer | None = None,
+) -> dict:
     """Train in ``out`` (checkpoints, metrics.jsonl); write train.json and train.png there."""
-    from .records import TRAIN_KIND, save_record
-    from .report import plot_training
-    from .train import train
+    from tula.core.records import TRAIN_KIND, save_record
+    from tula.engine.train import train
+    from tula.report import plot_training
 
     obs = observer or Observer()
     obs.stage("training", method=method, n_workers=n_workers, global_batch=global_batch)
     try:
-        run = train(job, method, n_workers, global_batch, out, resume=resume, launcher=launcher,
-                    on_event=lambda ev: obs.event("training", ev))
+        run = train(
+            job,
+            method,
+            n_workers,
+            global_batch,
+            out,
+            resume=resume,
+            launcher=launcher,
+            on_event=lambda ev: obs.event("training", ev),
+        )
         save_record(run, out / TRAIN)
         plot_training(run, out / TRAIN_PNG)
     finally:
@@ -161,16 +197,27 @@ def training_method(job: JobSpec, global_batch: int, observer: Observer | None =
     method = job.train.method
     if METHODS[method].needs_b_small_below_batch and global_batch <= job.train.ags.b_small:
         if observer is not None:
-            observer.note(f"the chosen batch {global_batch} is not above train.ags.b_small "
-                          f"({job.train.ags.b_small}): nothing to scale, training with lbt")
+            observer.note(
+                f"the chosen batch {global_batch} is not above train.ags.b_small "
+                f"({job.train.ags.b_small}): nothing to scale, training with lbt"
+            )
         return "lbt"
     return method
 
 
 # --------------------------------------------------------------------------- the whole job
-def run_pipeline(job: JobSpec, out: Path, *, search: str = "partial", objective: str | None = None,
-                 train_after: bool = True, resuming: bool = False, launcher=None,
-                 observer: Observer | None = None, models: dict | None = None) -> dict[str, dict]:
+def run_pipeline(
+    job: JobSpec,
+    out: Path,
+    *,
+    search: str = "partial",
+    objective: str | None = None,
+    train_after: bool = True,
+    resuming: bool = False,
+    launcher=None,
+    observer: Observer | None = None,
+    models: dict | None = None,
+) -> dict[str, dict]:
     """Profile, fit, plan and (with ``train_after``) train ``job`` in run directory ``out``.
 
     ``resuming``: continue from the records already in ``out`` (a partial profile goes on
@@ -179,14 +226,17 @@ def run_pipeline(job: JobSpec, out: Path, *, search: str = "partial", objective:
     (the service's reuse of a model measured by another job).  Returns the records by
     kind name (``profile`` -- absent when ``models`` was given --, ``models``, ``plan``,
     ``train``)."""
-    from .checkpoint import has_checkpoint
-    from .records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, load_record, save_record
+    from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, load_record, save_record
+    from tula.engine.checkpoint import has_checkpoint
 
     obs = observer or Observer()
     out.mkdir(parents=True, exist_ok=True)
     prof_path, models_path, plan_path = out / PROFILE, out / MODELS, out / PLAN
     done: dict[str, dict] = {}
-    have = (lambda p: resuming and p.exists())
+
+    def have(p: Path) -> bool:
+        return resuming and p.exists()
+
     if models is None and have(models_path):
         models = load_record(models_path, expect=(MODELS_KIND,))
     prof = load_record(prof_path, expect=(PROFILE_KIND,)) if have(prof_path) else None
@@ -202,8 +252,10 @@ def run_pipeline(job: JobSpec, out: Path, *, search: str = "partial", objective:
     else:
         if prof is None or is_partial(prof):
             if prof is not None:
-                obs.note(f"continuing the profile in {prof_path}: {profiled_trials(prof)} of "
-                         f"{len(prof['configs'])} trial(s) already finished")
+                obs.note(
+                    f"continuing the profile in {prof_path}: {profiled_trials(prof)} of "
+                    f"{len(prof['configs'])} trial(s) already finished"
+                )
             prof = profile_stage(job, search, prof_path, previous=prof, launcher=launcher, observer=obs)
         else:
             obs.note(f"profile: {prof_path} is complete")
@@ -217,7 +269,7 @@ def run_pipeline(job: JobSpec, out: Path, *, search: str = "partial", objective:
     else:
         obs.note(f"plan: {plan_path} is complete")
         if not (out / PLAN_PNG).exists():
-            from .report import plot_plan
+            from tula.report import plot_plan
 
             plot_plan(plan, models["trials"], out / PLAN_PNG)
         obs.saved(PLAN_KIND, plan, plan_path)
@@ -231,7 +283,15 @@ def run_pipeline(job: JobSpec, out: Path, *, search: str = "partial", objective:
             obs.note(f"training: {train_dir / TRAIN} is complete")
             obs.saved(TRAIN_KIND, run, train_dir / TRAIN)
         else:
-            run = train_stage(job, method, c["n_workers"], c["global_batch"], train_dir,
-                              resume=resuming and has_checkpoint(train_dir), launcher=launcher, observer=obs)
+            run = train_stage(
+                job,
+                method,
+                c["n_workers"],
+                c["global_batch"],
+                train_dir,
+                resume=resuming and has_checkpoint(train_dir),
+                launcher=launcher,
+                observer=obs,
+            )
         done["train"] = run
     return done

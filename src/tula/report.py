@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .say import Table
-
-from .records import epoch_score
+from tula.core.records import epoch_score
+from tula.core.say import Table
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -24,19 +23,35 @@ def _ms(x: float | None) -> str:
 
 
 def trials_table(profile: dict) -> Table:
-    t = Table(title=f"Profile ({profile['search']} search, {profile['device']}, "
-                    f"{profile['threads_per_worker']} thread(s)/worker, {profile['profiling_s']:.0f} s)")
+    t = Table(
+        title=f"Profile ({profile['search']} search, {profile['device']}, "
+        f"{profile['threads_per_worker']} thread(s)/worker, {profile['profiling_s']:.0f} s)"
+    )
     data = any(r.get("t_data_s") is not None for r in profile["trials"])
-    cols = ["N", "B", "b", "t_step ms", "t_compute ms", "t_sync ms"] + (["data ms"] if data else []) + \
-        ["spread", "peak mem", "status"]
+    cols = (
+        ["N", "B", "b", "t_step ms", "t_compute ms", "t_sync ms"]
+        + (["data ms"] if data else [])
+        + ["spread", "peak mem", "status"]
+    )
     for col in cols:
         t.add_column(col, justify="right" if col != "status" else "left")
     for r in profile["trials"]:
-        style = {"ok": None, "oom": "red", "skipped": "yellow", "error": "red", "interrupted": "yellow"}.get(r["status"])
+        style = {"ok": None, "oom": "red", "skipped": "yellow", "error": "red", "interrupted": "yellow"}.get(
+            r["status"]
+        )
         spread = "-" if r.get("t_step_spread") is None else f"{r['t_step_spread']:.0%}"
-        row = [str(r["n_workers"]), str(r["global_batch"]), str(r["local_batch"]), _ms(r["t_step_s"]),
-               _ms(r["t_compute_s"]), _ms(r["t_sync_s"])] + ([_ms(r.get("t_data_s"))] if data else []) + \
-            [spread, fmt_bytes(r["peak_mem_bytes"]), r["status"] + (f" ({r['note']})" if r["note"] else "")]
+        row = (
+            [
+                str(r["n_workers"]),
+                str(r["global_batch"]),
+                str(r["local_batch"]),
+                _ms(r["t_step_s"]),
+                _ms(r["t_compute_s"]),
+                _ms(r["t_sync_s"]),
+            ]
+            + ([_ms(r.get("t_data_s"))] if data else [])
+            + [spread, fmt_bytes(r["peak_mem_bytes"]), r["status"] + (f" ({r['note']})" if r["note"] else "")]
+        )
         t.add_row(*row, style=style)
     return t
 
@@ -46,26 +61,44 @@ def models_table(models: dict) -> Table:
     t = Table(title="Fitted models", show_header=False)
     t.add_column("what")
     t.add_column("value")
-    t.add_row("memory: static", f"params {fmt_bytes(mem['param_bytes'])}, grads {fmt_bytes(mem['grad_bytes'])}, "
-              f"optimiser {fmt_bytes(mem['optimizer_state_bytes'])}, buffers {fmt_bytes(mem['buffer_bytes'])}, "
-              f"other {fmt_bytes(mem['other_static_bytes'])}")
-    t.add_row("memory: per sample", f"activations {fmt_bytes(mem['activation_bytes_per_sample'])}, "
-              f"data {fmt_bytes(mem['batch_bytes_per_sample'])}")
+    t.add_row(
+        "memory: static",
+        f"params {fmt_bytes(mem['param_bytes'])}, grads {fmt_bytes(mem['grad_bytes'])}, "
+        f"optimiser {fmt_bytes(mem['optimizer_state_bytes'])}, buffers {fmt_bytes(mem['buffer_bytes'])}, "
+        f"other {fmt_bytes(mem['other_static_bytes'])}",
+    )
+    t.add_row(
+        "memory: per sample",
+        f"activations {fmt_bytes(mem['activation_bytes_per_sample'])}, data {fmt_bytes(mem['batch_bytes_per_sample'])}",
+    )
     hosts = perf.get("beta_intra") is not None or "beta_intra" in perf["frozen"]  # fitted across hosts
     m = "m" if hosts else "N"
-    t.add_row("compute", f"t = ({perf['c0'] * 1e3:.3f} ms + {perf['c1'] * 1e6:.2f} us * b) * "
-              f"(1 + {perf['kappa']:.3f} ({m}-1)) + {perf.get('kappa0', 0.0) * 1e3:.3f} ms * ({m}-1)"
-              + (", m the ranks on one host" if hosts else ""))
-    t.add_row("sync", f"{perf['collective']}: alpha {perf['alpha'] * 1e6:.2f} us/hop, "
-              f"bandwidth {1 / perf['beta'] / 1e9 if perf['beta'] > 0 else float('inf'):.3g} GB/s"
-              + (" between hosts" if hosts else "") + f", rho {perf['rho']:.3f}, gamma {perf['gamma']:.2f}")
+    t.add_row(
+        "compute",
+        f"t = ({perf['c0'] * 1e3:.3f} ms + {perf['c1'] * 1e6:.2f} us * b) * "
+        f"(1 + {perf['kappa']:.3f} ({m}-1)) + {perf.get('kappa0', 0.0) * 1e3:.3f} ms * ({m}-1)"
+        + (", m the ranks on one host" if hosts else ""),
+    )
+    t.add_row(
+        "sync",
+        f"{perf['collective']}: alpha {perf['alpha'] * 1e6:.2f} us/hop, "
+        f"bandwidth {1 / perf['beta'] / 1e9 if perf['beta'] > 0 else float('inf'):.3g} GB/s"
+        + (" between hosts" if hosts else "")
+        + f", rho {perf['rho']:.3f}, gamma {perf['gamma']:.2f}",
+    )
     if perf.get("beta_intra") is not None:
         ib = perf["beta_intra"]
-        t.add_row("sync within a host", f"alpha {(perf.get('alpha_intra') or 0.0) * 1e6:.2f} us/hop, "
-                  f"bandwidth {1 / ib / 1e9 if ib > 0 else float('inf'):.3g} GB/s")
+        t.add_row(
+            "sync within a host",
+            f"alpha {(perf.get('alpha_intra') or 0.0) * 1e6:.2f} us/hop, "
+            f"bandwidth {1 / ib / 1e9 if ib > 0 else float('inf'):.3g} GB/s",
+        )
     t.add_row("frozen", ", ".join(perf["frozen"]) or "-")
-    t.add_row("in-sample error", f"step time median {err['t_step_median_rel']:.1%} (max {err['t_step_max_rel']:.1%}), "
-              f"peak memory median {err['peak_mem_median_rel']:.1%} (max {err['peak_mem_max_rel']:.1%})")
+    t.add_row(
+        "in-sample error",
+        f"step time median {err['t_step_median_rel']:.1%} (max {err['t_step_max_rel']:.1%}), "
+        f"peak memory median {err['peak_mem_median_rel']:.1%} (max {err['peak_mem_max_rel']:.1%})",
+    )
     for note in perf.get("notes", []):
         t.add_row("note", note)
     return t
@@ -77,22 +110,34 @@ def plan_table(plan: dict) -> Table:
     spot = any("failure_free_time_s" in r for r in plan["configurations"])
     title = f"Plan (objective: {plan['objective']}); candidate batches and the choice"
     if constrained:
-        from .spec import format_duration
+        from tula.core.spec import format_duration
 
-        limits = ([f"deadline {format_duration(cons['deadline_s'])}"] if cons.get("deadline_s") is not None else []) + \
-            ([f"budget {cons['budget']:.4g} {cons.get('unit', '$')}"] if cons.get("budget") is not None else [])
+        limits = ([f"deadline {format_duration(cons['deadline_s'])}"] if cons.get("deadline_s") is not None else []) + (
+            [f"budget {cons['budget']:.4g} {cons.get('unit', '$')}"] if cons.get("budget") is not None else []
+        )
         title += f"; {', '.join(limits)}: {cons['n_meeting']} of {cons['n_feasible']} feasible configurations meet it"
     t = Table(title=title)
-    cols = ["", "N", "B", "b", "t_step ms", "epoch s", "total s" + (" (expected)" if spot else "")] + \
-        (["preempt."] if spot else []) + ["cost", "peak mem", "feasible"] + (["meets"] if constrained else [])
+    cols = (
+        ["", "N", "B", "b", "t_step ms", "epoch s", "total s" + (" (expected)" if spot else "")]
+        + (["preempt."] if spot else [])
+        + ["cost", "peak mem", "feasible"]
+        + (["meets"] if constrained else [])
+    )
     for col in cols:
         t.add_column(col, justify="right")
     for r in plan["configurations"]:
         if not (r["candidate"] or r["chosen"]):
             continue
         meets = r.get("meets_constraints", True)
-        row = ["*" if r["chosen"] else "", str(r["n_workers"]), str(r["global_batch"]), str(r["local_batch"]),
-               _ms(r["t_step_s"]), f"{r['epoch_time_s']:.3f}", f"{r['total_time_s']:.2f}"]
+        row = [
+            "*" if r["chosen"] else "",
+            str(r["n_workers"]),
+            str(r["global_batch"]),
+            str(r["local_batch"]),
+            _ms(r["t_step_s"]),
+            f"{r['epoch_time_s']:.3f}",
+            f"{r['total_time_s']:.2f}",
+        ]
         row += [f"{r['expected_preemptions']:.2g}"] if spot else []
         row += [f"{r['cost']:.4g}", fmt_bytes(r["peak_mem_bytes"]), "yes" if r["feasible"] else "no"]
         row += ["yes" if meets else "no"] if constrained else []
@@ -105,9 +150,9 @@ def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
     predicted time and cost vs global batch, the measured points (time: E * D / B * the
     measured step time, with preemptions on spot), the knee; the Pareto frontier, the
     constraints and the choice."""
-    from .perfmodel import training_time_s
-    from .pricing import make_pricing
-    from .spec import spec_from_dict
+    from tula.core.perfmodel import training_time_s
+    from tula.core.pricing import make_pricing
+    from tula.core.spec import spec_from_dict
 
     spec = spec_from_dict(plan["spec"])
     pricing = make_pricing(spec.pricing)
@@ -121,20 +166,40 @@ def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
             ep = training_time_s([t["t_step_s"] for t in meas], gb, d)
             tt = pricing.expected_time_s(e * ep, int(n), ep)
             cc = pricing.cost(tt, int(n), [t["peak_mem_bytes"] for t in meas])
-            measured = {"global_batch": list(gb), "total_time_s": [float(x) for x in tt],
-                        "cost": [float(x) for x in cc]}
+            measured = {
+                "global_batch": list(gb),
+                "total_time_s": [float(x) for x in tt],
+                "cost": [float(x) for x in cc],
+            }
         kn = plan["knees"].get(n)
-        series.append({"n_workers": int(n), "predicted": {"global_batch": list(curve["global_batch"]),
-                                                          "total_time_s": list(curve["total_time_s"]),
-                                                          "cost": list(curve["cost"])},
-                       "measured": measured, "knee_batch": kn["global_batch"] if kn else None})
+        series.append(
+            {
+                "n_workers": int(n),
+                "predicted": {
+                    "global_batch": list(curve["global_batch"]),
+                    "total_time_s": list(curve["total_time_s"]),
+                    "cost": list(curve["cost"]),
+                },
+                "measured": measured,
+                "knee_batch": kn["global_batch"] if kn else None,
+            }
+        )
     cons = plan.get("constraints") or {}
-    return {"name": spec.name, "objective": plan["objective"], "epochs": e, "pricing": spec.pricing.kind,
-            "unit": pricing.unit, "series": series,
-            "frontier": [{k: f[k] for k in ("n_workers", "global_batch", "total_time_s", "cost")}
-                         for f in plan.get("frontier", [])],
-            "deadline_s": cons.get("deadline_s"), "budget": cons.get("budget"), "choice": plan["choice"],
-            "reason": plan["reason"]}
+    return {
+        "name": spec.name,
+        "objective": plan["objective"],
+        "epochs": e,
+        "pricing": spec.pricing.kind,
+        "unit": pricing.unit,
+        "series": series,
+        "frontier": [
+            {k: f[k] for k in ("n_workers", "global_batch", "total_time_s", "cost")} for f in plan.get("frontier", [])
+        ],
+        "deadline_s": cons.get("deadline_s"),
+        "budget": cons.get("budget"),
+        "choice": plan["choice"],
+        "reason": plan["reason"],
+    }
 
 
 def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
@@ -163,8 +228,16 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
         ax_c.axhline(data["budget"], color="red", ls="--", lw=1, label="budget")
     c = data["choice"]
     for ax, y in ((ax_t, c["total_time_s"]), (ax_c, c["cost"])):
-        ax.plot([c["global_batch"]], [y], marker="*", ms=18, color="gold", mec="black", ls="none",
-                label=f"chosen: N={c['n_workers']}, B={c['global_batch']}")
+        ax.plot(
+            [c["global_batch"]],
+            [y],
+            marker="*",
+            ms=18,
+            color="gold",
+            mec="black",
+            ls="none",
+            label=f"chosen: N={c['n_workers']}, B={c['global_batch']}",
+        )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch B")
         ax.grid(alpha=0.3)
@@ -193,7 +266,7 @@ def _simulated_network(sim) -> str:
 
 
 def _dur(x: float | None) -> str:
-    from .spec import format_duration
+    from tula.core.spec import format_duration
 
     return "-" if x is None else format_duration(x)
 
@@ -206,26 +279,64 @@ def simulation_tables(sim, rows: list[dict], unit: str = "$") -> list[Table]:
         mine = [r for r in rows if r["collective"] == c]
         if "schedule" in mine[0]:
             t = Table(title=f"Simulated {c}, {sim.epochs} epochs: {_simulated_network(sim)}")
-            for col in ("schedule", "updates", "max B", "max N", "resizes", "step ms (mean)", "epoch (mean)",
-                        "total", f"cost {unit}"):
+            for col in (
+                "schedule",
+                "updates",
+                "max B",
+                "max N",
+                "resizes",
+                "step ms (mean)",
+                "epoch (mean)",
+                "total",
+                f"cost {unit}",
+            ):
                 t.add_column(col, justify="right" if col != "schedule" else "left")
             for r in mine:
-                t.add_row(r["schedule"], str(r["updates"]), str(r["max_batch"]), str(r["max_workers"]),
-                          str(r["resizes"]), _ms(r["t_step_s"]), _dur(r["epoch_time_s"]), _dur(r["total_time_s"]),
-                          f"{r['cost']:.4g}")
+                t.add_row(
+                    r["schedule"],
+                    str(r["updates"]),
+                    str(r["max_batch"]),
+                    str(r["max_workers"]),
+                    str(r["resizes"]),
+                    _ms(r["t_step_s"]),
+                    _dur(r["epoch_time_s"]),
+                    _dur(r["total_time_s"]),
+                    f"{r['cost']:.4g}",
+                )
         else:
-            t = Table(title=f"Simulated {c}, B={mine[0]['global_batch']} constant, {sim.epochs} epochs: "
-                            f"{_simulated_network(sim)}")
-            for col in ("N", "b", "step ms", "sync ms", "epoch", "total", f"cost {unit}", "updates", "speed-up",
-                        "note"):
+            t = Table(
+                title=f"Simulated {c}, B={mine[0]['global_batch']} constant, {sim.epochs} epochs: "
+                f"{_simulated_network(sim)}"
+            )
+            for col in (
+                "N",
+                "b",
+                "step ms",
+                "sync ms",
+                "epoch",
+                "total",
+                f"cost {unit}",
+                "updates",
+                "speed-up",
+                "note",
+            ):
                 t.add_column(col, justify="right" if col != "note" else "left")
             base = next((r["total_time_s"] for r in mine if r["total_time_s"] is not None), None)
             for r in mine:
                 speed = "-" if r["total_time_s"] is None or base is None else f"{base / r['total_time_s']:.2f}x"
-                t.add_row(str(r["n_workers"]), f"{r['local_batch']:.4g}", _ms(r["t_step_s"]), _ms(r["t_sync_s"]),
-                          _dur(r["epoch_time_s"]), _dur(r["total_time_s"]),
-                          "-" if r["cost"] is None else f"{r['cost']:.4g}", str(r["updates"]), speed, r["note"],
-                          style="dim" if r["note"] else None)
+                t.add_row(
+                    str(r["n_workers"]),
+                    f"{r['local_batch']:.4g}",
+                    _ms(r["t_step_s"]),
+                    _ms(r["t_sync_s"]),
+                    _dur(r["epoch_time_s"]),
+                    _dur(r["total_time_s"]),
+                    "-" if r["cost"] is None else f"{r['cost']:.4g}",
+                    str(r["updates"]),
+                    speed,
+                    r["note"],
+                    style="dim" if r["note"] else None,
+                )
         out.append(t)
     return out
 
@@ -244,8 +355,9 @@ def simulation_summary(rows: list[dict]) -> Table:
     return t
 
 
-def plot_simulation(sim, rows: list[dict], path: str | Path, title: str = "",
-                    measured: list[dict] | None = None) -> Path:
+def plot_simulation(
+    sim, rows: list[dict], path: str | Path, title: str = "", measured: list[dict] | None = None
+) -> Path:
     """Constant batch: total time and cost vs N (log-log), a line per collective, the
     profiled measurements (E * updates * measured t_step) as points.  Schedules: total time
     and cost per schedule, a bar per collective."""
@@ -275,8 +387,13 @@ def plot_simulation(sim, rows: list[dict], path: str | Path, title: str = "",
             ax_t.plot(n, [r["total_time_s"] for r in mine], "o-", ms=3, label=c)
             ax_c.plot(n, [r["cost"] for r in mine], "o-", ms=3, label=c)
         if measured:
-            ax_t.plot([m["n_workers"] for m in measured], [m["total_time_s"] for m in measured], "k*", ms=10,
-                      label="profiled (measured step time)")
+            ax_t.plot(
+                [m["n_workers"] for m in measured],
+                [m["total_time_s"] for m in measured],
+                "k*",
+                ms=10,
+                label="profiled (measured step time)",
+            )
         for ax in (ax_t, ax_c):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -307,16 +424,27 @@ def train_table(run: dict) -> Table:
     top5 = any("test_top5" in h for h in run["history"])
     scaled = any("scaled_fraction" in h for h in run["history"])
     grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
-    t = Table(title=f"Training: {run['method']} on N={run['n_workers']}, B={run['global_batch']} "
-                    f"(b={run['local_batch']}, {run['steps_per_epoch']} steps/epoch)")
+    t = Table(
+        title=f"Training: {run['method']} on N={run['n_workers']}, B={run['global_batch']} "
+        f"(b={run['local_batch']}, {run['steps_per_epoch']} steps/epoch)"
+    )
     score = epoch_score(run["history"][0])[0] if run["history"] else "top-1"
-    cols = ["epoch"] + (["B", "N", "updates"] if grows else []) + ["train loss", "test loss", score] + \
-        (["top-5"] if top5 else []) + ["epoch s", "lr"] + (["scaled steps"] if scaled else [])
+    cols = (
+        ["epoch"]
+        + (["B", "N", "updates"] if grows else [])
+        + ["train loss", "test loss", score]
+        + (["top-5"] if top5 else [])
+        + ["epoch s", "lr"]
+        + (["scaled steps"] if scaled else [])
+    )
     for col in cols:
         t.add_column(col, justify="right")
     for h in run["history"]:
-        row = [str(h["epoch"])] + ([str(h["global_batch"]), str(h["n_workers"]), str(h["steps_done"])] if grows
-                                   else []) + [f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}", epoch_score(h)[2]]
+        row = (
+            [str(h["epoch"])]
+            + ([str(h["global_batch"]), str(h["n_workers"]), str(h["steps_done"])] if grows else [])
+            + [f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}", epoch_score(h)[2]]
+        )
         row += [f"{h['test_top5']:.2%}"] if top5 else []
         row += [f"{h['epoch_time_s']:.2f}", f"{h['lr']:.4g}"]
         row += [f"{h.get('scaled_fraction', 0):.0%}"] if scaled else []
@@ -345,17 +473,25 @@ def plot_training(run: dict, path: str | Path) -> Path:
         ep = [h["epoch"] for h in run["history"]]
         axg.step(ep, [h["global_batch"] for h in run["history"]], where="mid", label="global batch B")
         if any(b is not None for b in noise):
-            axg.plot(ep, [float("nan") if b is None else b for b in noise], "o:", color="tab:green", ms=4,
-                     label="gradient noise scale B_simple")
+            axg.plot(
+                ep,
+                [float("nan") if b is None else b for b in noise],
+                "o:",
+                color="tab:green",
+                ms=4,
+                label="gradient noise scale B_simple",
+            )
         axg.set_yscale("log", base=2)
         axg.set_xlabel("epoch")
         axg.set_ylabel("global batch B")
         axw = axg.twinx()
-        axw.step(ep, [h["n_workers"] for h in run["history"]], where="mid", color="tab:orange", ls="--",
-                 label="workers N")
+        axw.step(
+            ep, [h["n_workers"] for h in run["history"]], where="mid", color="tab:orange", ls="--", label="workers N"
+        )
         axw.set_ylabel("workers N")
-        axg.set_title(f"batch {run.get('batch_schedule') or 'constant'}: {run['steps_done']} model updates",
-                      fontsize=10)
+        axg.set_title(
+            f"batch {run.get('batch_schedule') or 'constant'}: {run['steps_done']} model updates", fontsize=10
+        )
         axg.legend(loc="upper left", fontsize=8)
         axw.legend(loc="lower right", fontsize=8)
     ax = axes[0, 0]

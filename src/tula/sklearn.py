@@ -1,6 +1,6 @@
 """Tula training behind scikit-learn's API: :class:`TulaClassifier` and :class:`TulaRegressor`.
 
-An estimator is a thin front of the training runner (:func:`tula.train.train`): ``fit``
+An estimator is a thin front of the training runner (:func:`tula.engine.train.train`): ``fit``
 writes the arrays to a ``.npz`` file in a temporary run directory, builds a job spec (data
 set ``arrays``, ``train.loss`` cross_entropy or mse, the method, the batch or its schedule,
 the workers) and trains it as ``tula train`` would -- DDP ranks through a launcher, AGS or a
@@ -31,7 +31,7 @@ Decisions
   number of classes, or of regression outputs) come from the data unless ``module__``
   arguments give them; a user's module gets exactly its ``module__`` arguments.
 * **Where the ranks run.** ``cluster=None``: processes on this machine; a world of one
-  worker runs in this process (:class:`~tula.launch.local.LocalLauncher` with
+  worker runs in this process (:class:`~tula.engine.launch.local.LocalLauncher` with
   ``in_process``: the same rank runtime, without a process start).  A
   ``distributed.Client`` or a scheduler address ``"tcp://HOST:PORT"`` (also ``"dask"``: a
   LocalCluster for the fit): one rank per Dask worker.  The run directory must be readable
@@ -41,7 +41,7 @@ Decisions
 * **Batch sizes** larger than the training set are clipped to it (with a warning), and
   rounded down to a multiple of the worker count.
 
-Bad parameters are a :class:`ParamError` (both a :class:`~tula.errors.TulaError` and a
+Bad parameters are a :class:`ParamError` (both a :class:`~tula.core.errors.TulaError` and a
 ``ValueError``) with one sentence, raised by ``fit``.
 """
 
@@ -67,7 +67,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .errors import SpecError, WorkloadError
+from tula.core.errors import SpecError, WorkloadError
 
 #: parameter prefixes routed by double underscore, and where each goes
 PREFIXES: dict[str, str] = {
@@ -84,8 +84,11 @@ _WORKER_FIELDS = ("min", "max", "batch_per_worker")
 #: train fields a method__ parameter may not set: the estimator's own parameters set them
 _TRAIN_OWN = ("method", "loss", "n_workers", "global_batch", "batch_schedule", "workers", "ags")
 #: the built-ins whose input and output sizes come from the data: name -> (input kwarg, how)
-_BUILTIN_DIMS = {"mlp": ("in_features", "flat"), "small_cnn": ("in_channels", "channels"),
-                 "small_cnn1d": ("in_channels", "channels")}
+_BUILTIN_DIMS = {
+    "mlp": ("in_features", "flat"),
+    "small_cnn": ("in_channels", "channels"),
+    "small_cnn1d": ("in_channels", "channels"),
+}
 DEFAULT_INITIAL_BATCH = 32  # a schedule's first global batch when batch_size__initial is not given
 
 
@@ -142,11 +145,26 @@ class _TulaEstimator(BaseEstimator):
 
     _loss = "cross_entropy"
 
-    def __init__(self, module: Any = "mlp", *, criterion: Any = None, optimizer: Any = "sgd", lr: float = 0.01,
-                 max_epochs: int = 10, batch_size: Any = 128, method: str = "lbt", n_workers: int = 1,
-                 cluster: Any = None, device: str = "auto", random_state: Any = None, verbose: int = 0,
-                 validation_fraction: float = 0.1, tmp_dir: str | None = None,
-                 threads_per_worker: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        module: Any = "mlp",
+        *,
+        criterion: Any = None,
+        optimizer: Any = "sgd",
+        lr: float = 0.01,
+        max_epochs: int = 10,
+        batch_size: Any = 128,
+        method: str = "lbt",
+        n_workers: int = 1,
+        cluster: Any = None,
+        device: str = "auto",
+        random_state: Any = None,
+        verbose: int = 0,
+        validation_fraction: float = 0.1,
+        tmp_dir: str | None = None,
+        threads_per_worker: int | None = None,
+        **kwargs: Any,
+    ):
         self.module = module
         self.criterion = criterion
         self.optimizer = optimizer
@@ -177,7 +195,7 @@ class _TulaEstimator(BaseEstimator):
         n = len(prefix) + 2
         return {k[n:]: v for k, v in self._routed().items() if k.startswith(prefix + "__")}
 
-    def __sklearn_clone__(self) -> "_TulaEstimator":
+    def __sklearn_clone__(self) -> _TulaEstimator:
         """As scikit-learn clones, except that a ``distributed.Client`` in ``cluster`` is shared
         by the clone (a connection cannot be deep-copied)."""
         from sklearn.base import clone
@@ -201,7 +219,7 @@ class _TulaEstimator(BaseEstimator):
         params.update(self._routed())
         return params
 
-    def set_params(self, **params: Any) -> "_TulaEstimator":
+    def set_params(self, **params: Any) -> _TulaEstimator:
         """Set parameters; ``prefix__name`` ones (module, optimizer, method, batch_size,
         workers) are stored as given, the others as scikit-learn does."""
         routed = {k: v for k, v in params.items() if k.startswith(_PREFIX_TUPLE)}
@@ -214,24 +232,30 @@ class _TulaEstimator(BaseEstimator):
 
     # ------------------------------------------------------------------ checks at fit
     def _check_params(self) -> None:
-        from .registry import METHOD_NAMES
-        from .schedules import SCHEDULE_NAMES
+        from tula.core.registry import METHOD_NAMES
+        from tula.core.schedules import SCHEDULE_NAMES
 
         unrouted = [k for k in getattr(self, "_unrouted", ()) if k in vars(self)]
         if unrouted:
-            raise ParamError(f"{unrouted[0]!r} is not a parameter of {type(self).__name__}; routed parameters start "
-                             f"with {', '.join(_PREFIX_TUPLE)}")
+            raise ParamError(
+                f"{unrouted[0]!r} is not a parameter of {type(self).__name__}; routed parameters start "
+                f"with {', '.join(_PREFIX_TUPLE)}"
+            )
         if self.method not in METHOD_NAMES:
-            raise ParamError(f"method {self.method!r} is not a Tula training method; use one of "
-                             f"{', '.join(METHOD_NAMES)}")
+            raise ParamError(
+                f"method {self.method!r} is not a Tula training method; use one of {', '.join(METHOD_NAMES)}"
+            )
         n = self.n_workers
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ParamError(f"n_workers must be a positive integer, not {n!r}")
         e = self.max_epochs
         if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 1:
             raise ParamError(f"max_epochs must be a positive integer, not {e!r}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float, np.floating, np.integer)) or \
-                not (math.isfinite(self.lr) and self.lr > 0):
+        if (
+            isinstance(self.lr, bool)
+            or not isinstance(self.lr, (int, float, np.floating, np.integer))
+            or not (math.isfinite(self.lr) and self.lr > 0)
+        ):
             raise ParamError(f"lr must be a positive number, not {self.lr!r}")
         vf = self.validation_fraction
         if isinstance(vf, bool) or not isinstance(vf, (int, float, np.floating)) or not 0 <= vf < 1:
@@ -244,22 +268,27 @@ class _TulaEstimator(BaseEstimator):
         b = self.batch_size
         if isinstance(b, str):
             if b not in SCHEDULE_NAMES:
-                raise ParamError(f"batch_size {b!r} is neither a batch size nor a Tula batch schedule; use a "
-                                 f"positive integer or one of {', '.join(SCHEDULE_NAMES)}")
+                raise ParamError(
+                    f"batch_size {b!r} is neither a batch size nor a Tula batch schedule; use a "
+                    f"positive integer or one of {', '.join(SCHEDULE_NAMES)}"
+                )
         elif isinstance(b, type):
             if self._schedule_kind() is None:
-                raise ParamError(f"batch_size {_name_of(b)} is not one of Tula's batch schedules "
-                                 f"({', '.join(SCHEDULE_NAMES)})")
+                raise ParamError(
+                    f"batch_size {_name_of(b)} is not one of Tula's batch schedules ({', '.join(SCHEDULE_NAMES)})"
+                )
         elif isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
             raise ParamError(f"batch_size must be a positive integer or a batch schedule's name, not {b!r}")
         elif self._prefixed("batch_size"):
             first = next(iter(self._prefixed("batch_size")))
-            raise ParamError(f"batch_size__{first} belongs to a batch schedule, but batch_size is the constant {b}; "
-                             "give batch_size a schedule's name (e.g. 'geometric') and batch_size__initial")
+            raise ParamError(
+                f"batch_size__{first} belongs to a batch schedule, but batch_size is the constant {b}; "
+                "give batch_size a schedule's name (e.g. 'geometric') and batch_size__initial"
+            )
 
     def _schedule_kind(self) -> str | None:
-        """The schedule ``batch_size`` names (a name, or a class of :data:`tula.schedules.SCHEDULES`)."""
-        from .schedules import SCHEDULES
+        """The schedule ``batch_size`` names (a name, or a class of :data:`tula.core.schedules.SCHEDULES`)."""
+        from tula.core.schedules import SCHEDULES
 
         b = self.batch_size
         if isinstance(b, str):
@@ -275,8 +304,10 @@ class _TulaEstimator(BaseEstimator):
         own = {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}[self._loss]
         if c is None or c == self._loss or c is own or (isinstance(c, own) and type(c) is own):
             return self._loss
-        raise ParamError(f"criterion {_name_of(c)} is not one {type(self).__name__} trains with; leave it None "
-                         f"(or give {self._loss!r} / torch.nn.{own.__name__})")
+        raise ParamError(
+            f"criterion {_name_of(c)} is not one {type(self).__name__} trains with; leave it None "
+            f"(or give {self._loss!r} / torch.nn.{own.__name__})"
+        )
 
     def _optimizer_spec(self) -> dict[str, Any]:
         import torch.optim as optim
@@ -288,20 +319,24 @@ class _TulaEstimator(BaseEstimator):
         elif isinstance(o, type) and o in classes:
             name = classes[o]
         else:
-            raise ParamError(f"optimizer {_name_of(o)} is not one Tula's training methods wrap; use 'sgd', 'adam', "
-                             "'adamw' or torch.optim.SGD / Adam / AdamW")
+            raise ParamError(
+                f"optimizer {_name_of(o)} is not one Tula's training methods wrap; use 'sgd', 'adam', "
+                "'adamw' or torch.optim.SGD / Adam / AdamW"
+            )
         spec = {"name": name, "lr": float(self.lr)}
         for key, value in self._prefixed("optimizer").items():
             if key not in _OPTIMIZER_FIELDS:
-                raise ParamError(f"optimizer__{key} is not a setting Tula's optimisers take; use one of "
-                                 f"{', '.join('optimizer__' + f for f in _OPTIMIZER_FIELDS)}")
+                raise ParamError(
+                    f"optimizer__{key} is not a setting Tula's optimisers take; use one of "
+                    f"{', '.join('optimizer__' + f for f in _OPTIMIZER_FIELDS)}"
+                )
             spec[key] = value.item() if isinstance(value, np.generic) else value
         return spec
 
     def _train_spec(self, n_train: int) -> tuple[dict[str, Any], int, int]:
         """``train`` section, first global batch, first worker count."""
-        from .registry import METHODS
-        from .spec import AGSSpec, TrainSpec
+        from tula.core.registry import METHODS
+        from tula.core.spec import AGSSpec, TrainSpec
 
         info = METHODS[self.method]
         train: dict[str, Any] = {"method": self.method, "loss": self._loss_name()}
@@ -315,18 +350,24 @@ class _TulaEstimator(BaseEstimator):
                 train[key] = value
             else:
                 allowed = sorted(ags_fields | train_fields)
-                raise ParamError(f"method__{key} is not a setting of method {self.method!r}; it takes "
-                                 f"{', '.join('method__' + a for a in allowed)}")
+                raise ParamError(
+                    f"method__{key} is not a setting of method {self.method!r}; it takes "
+                    f"{', '.join('method__' + a for a in allowed)}"
+                )
         n_workers = int(self.n_workers)
         workers = self._prefixed("workers")
         if workers:
             unknown = sorted(set(workers) - set(_WORKER_FIELDS))
             if unknown:
-                raise ParamError(f"workers__{unknown[0]} is not a setting of the growing worker count; use "
-                                 f"{', '.join('workers__' + f for f in _WORKER_FIELDS)}")
+                raise ParamError(
+                    f"workers__{unknown[0]} is not a setting of the growing worker count; use "
+                    f"{', '.join('workers__' + f for f in _WORKER_FIELDS)}"
+                )
             if "max" not in workers:
-                raise ParamError("workers__max is needed when the worker count may grow (workers__min or "
-                                 "workers__batch_per_worker is set)")
+                raise ParamError(
+                    "workers__max is needed when the worker count may grow (workers__min or "
+                    "workers__batch_per_worker is set)"
+                )
             train["workers"] = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in workers.items()}
             n_workers = int(workers.get("min", 1))
         kind = self._schedule_kind()
@@ -335,16 +376,20 @@ class _TulaEstimator(BaseEstimator):
         else:
             sched = self._prefixed("batch_size")
             wanted = int(sched.pop("initial", DEFAULT_INITIAL_BATCH))
-            train["batch_schedule"] = {"kind": kind, **{k: (v.item() if isinstance(v, np.generic) else v)
-                                                      for k, v in sched.items()}}
+            train["batch_schedule"] = {
+                "kind": kind,
+                **{k: (v.item() if isinstance(v, np.generic) else v) for k, v in sched.items()},
+            }
         if n_train < n_workers:
-            raise ParamError(f"{n_workers} workers need at least {n_workers} training samples, but there are "
-                             f"{n_train}")
+            raise ParamError(f"{n_workers} workers need at least {n_workers} training samples, but there are {n_train}")
         batch = min(wanted, n_train)
         batch -= batch % n_workers
         if batch < wanted and kind is None:
-            warnings.warn(f"batch_size {wanted} is larger than the {n_train} training samples; it is clipped to "
-                          f"{batch}", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"batch_size {wanted} is larger than the {n_train} training samples; it is clipped to {batch}",
+                UserWarning,
+                stacklevel=3,
+            )
         train["n_workers"], train["global_batch"] = n_workers, batch
         return train, batch, n_workers
 
@@ -370,16 +415,19 @@ class _TulaEstimator(BaseEstimator):
         if isinstance(m, nn.Module):
             factory: Any = functools.partial(copy.deepcopy, m)
             if kwargs:
-                raise ParamError("module is a module instance, which takes no module__ arguments; pass its class "
-                                 "instead")
+                raise ParamError(
+                    "module is a module instance, which takes no module__ arguments; pass its class instead"
+                )
         elif callable(m):
             ref = _import_ref(m)
             if ref is not None and _is_json(kwargs):
                 return {"name": ref, "kwargs": kwargs}
             factory = functools.partial(m, **kwargs)
         else:
-            raise ParamError(f"module must be a torch.nn.Module class or factory, a module instance, or a model name "
-                             f"such as 'mlp', not {type(m).__name__}")
+            raise ParamError(
+                f"module must be a torch.nn.Module class or factory, a module instance, or a model name "
+                f"such as 'mlp', not {type(m).__name__}"
+            )
         import cloudpickle
 
         path = run_dir / "module.pkl"
@@ -392,12 +440,14 @@ class _TulaEstimator(BaseEstimator):
         try:
             path.write_bytes(cloudpickle.dumps(factory))
         except Exception as err:  # noqa: BLE001 - what cloudpickle cannot serialise
-            raise ParamError(f"module {_name_of(m)} cannot be pickled for the workers ({type(err).__name__}: "
-                             f"{str(err).splitlines()[0] if str(err) else ''})") from None
+            raise ParamError(
+                f"module {_name_of(m)} cannot be pickled for the workers ({type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''})"
+            ) from None
         finally:
             if by_value:
                 cloudpickle.unregister_pickle_by_value(home)
-        from .workloads import PICKLED_MODEL
+        from tula.engine.workloads import PICKLED_MODEL
 
         return {"name": PICKLED_MODEL + str(path), "kwargs": {}}
 
@@ -405,8 +455,8 @@ class _TulaEstimator(BaseEstimator):
         """``module_``, built in this process from the object the user gave."""
         import torch.nn as nn
 
-        from .spec import ModelSpec
-        from .workloads import build_model
+        from tula.core.spec import ModelSpec
+        from tula.engine.workloads import build_model
 
         m = self.module
         if isinstance(m, str):
@@ -425,7 +475,7 @@ class _TulaEstimator(BaseEstimator):
     def _validate_fit_data(self, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray, int]:
         raise NotImplementedError
 
-    def fit(self, X: Any, y: Any) -> "_TulaEstimator":
+    def fit(self, X: Any, y: Any) -> _TulaEstimator:
         """Train the module on ``X``, ``y`` (numpy arrays, torch tensors or dask arrays)
         through Tula's training runner; returns the estimator."""
         self._check_params()
@@ -456,16 +506,22 @@ class _TulaEstimator(BaseEstimator):
             np.savez(run_dir / "arrays.npz", **arrays)
             model_spec = self._model_spec(run_dir, kwargs)
             spec_dict = {
-                "name": type(self).__name__, "model": model_spec,
+                "name": type(self).__name__,
+                "model": model_spec,
                 "data": {"name": "arrays", "path": str(run_dir / "arrays.npz")},
-                "epochs": int(self.max_epochs), "seed": seed, "optimizer": optimizer, "train": train,
+                "epochs": int(self.max_epochs),
+                "seed": seed,
+                "optimizer": optimizer,
+                "train": train,
                 "search": {"cluster_sizes": [largest]},
-                "profile": {"device": self.device,
-                            "threads_per_worker": threads if self.cluster is None else self.threads_per_worker},
+                "profile": {
+                    "device": self.device,
+                    "threads_per_worker": threads if self.cluster is None else self.threads_per_worker,
+                },
             }
             if isinstance(self.cluster, str):
                 spec_dict["cluster"] = {"where": self.cluster}
-            from .spec import spec_from_dict
+            from tula.core.spec import spec_from_dict
 
             try:
                 spec = spec_from_dict(spec_dict)
@@ -474,11 +530,12 @@ class _TulaEstimator(BaseEstimator):
             try:
                 record = self._run(spec, batch, n_workers, run_dir / "run", threads)
             except WorkloadError as err:  # name the user's module, not the pickle file it travelled in
-                raise WorkloadError(str(err).replace(f"model {model_spec['name']!r}",
-                                                     f"module {_name_of(self.module)}")) from None
+                raise WorkloadError(
+                    str(err).replace(f"model {model_spec['name']!r}", f"module {_name_of(self.module)}")
+                ) from None
             except SpecError as err:  # a configuration the runner refuses (e.g. adascale on one worker)
                 raise ParamError(str(err)) from None
-            from .checkpoint import load_checkpoint
+            from tula.engine.checkpoint import load_checkpoint
 
             state = load_checkpoint(run_dir / "run", map_location="cpu")
             module = self._build_module_here(model_spec, kwargs)
@@ -493,41 +550,53 @@ class _TulaEstimator(BaseEstimator):
 
     def _run(self, spec: Any, batch: int, n_workers: int, out: Path, threads: int) -> dict:
         """Train through the runner on the launcher ``cluster`` asks for."""
-        from .train import train
+        from tula.engine.train import train
 
         on_event = self._printer() if self.verbose else None
         c = self.cluster
         if c is None:
-            from .launch import LocalLauncher
+            from tula.engine.launch import LocalLauncher
 
             launcher = LocalLauncher(device=spec.profile.device, threads_per_worker=threads, in_process=True)
             return train(spec, self.method, n_workers, batch, out, launcher=launcher, on_event=on_event)
         if isinstance(c, str):  # an address, 'dask' or a jobqueue file: opened (and closed) for this fit
             return train(spec, self.method, n_workers, batch, out, on_event=on_event)
         if hasattr(c, "scheduler_info") and hasattr(c, "submit"):  # a distributed.Client
-            from .launch.dask import DaskLauncher
+            from tula.engine.launch.dask import DaskLauncher
 
             cs = spec.cluster
-            launcher = DaskLauncher(c, device=spec.profile.device, pg_timeout_s=cs.pg_timeout_s,
-                                    worker_wait_s=cs.worker_wait_s, backend=cs.backend)
+            launcher = DaskLauncher(
+                c,
+                device=spec.profile.device,
+                pg_timeout_s=cs.pg_timeout_s,
+                worker_wait_s=cs.worker_wait_s,
+                backend=cs.backend,
+            )
             # the workers' cores shared by the ranks on each host, as tula train does on Dask
-            launcher.threads_per_worker = self.threads_per_worker or \
-                launcher.default_threads(max(spec.search.cluster_sizes))
+            launcher.threads_per_worker = self.threads_per_worker or launcher.default_threads(
+                max(spec.search.cluster_sizes)
+            )
             return train(spec, self.method, n_workers, batch, out, launcher=launcher, on_event=on_event)
-        raise ParamError(f"cluster must be None (local processes), a distributed.Client or a scheduler address "
-                         f"'tcp://HOST:PORT', not {type(c).__name__}")
+        raise ParamError(
+            f"cluster must be None (local processes), a distributed.Client or a scheduler address "
+            f"'tcp://HOST:PORT', not {type(c).__name__}"
+        )
 
     def _printer(self):
-        from .records import epoch_score
+        from tula.core.records import epoch_score
 
         def on_event(ev: dict) -> None:
             if ev.get("type") == "epoch":
                 label, _, text = epoch_score(ev)
-                print(f"epoch {ev['epoch']:>3}  B={ev['global_batch']} N={ev['n_workers']}  train loss "
-                      f"{ev['train_loss']:.4f}  test loss {ev['test_loss']:.4f}  {label} {text}  "
-                      f"{ev['epoch_time_s']:.2f} s", flush=True)
+                print(
+                    f"epoch {ev['epoch']:>3}  B={ev['global_batch']} N={ev['n_workers']}  train loss "
+                    f"{ev['train_loss']:.4f}  test loss {ev['test_loss']:.4f}  {label} {text}  "
+                    f"{ev['epoch_time_s']:.2f} s",
+                    flush=True,
+                )
             elif ev.get("type") in ("note", "resize", "fallback"):
                 print(f"{ev['type']}: " + ", ".join(f"{k}={v}" for k, v in ev.items() if k != "type"), flush=True)
+
         return on_event
 
     # ------------------------------------------------------------------ predict
@@ -541,7 +610,7 @@ class _TulaEstimator(BaseEstimator):
         outs = []
         with torch.no_grad():
             for start in range(0, len(X), 4096):
-                outs.append(module(torch.from_numpy(np.ascontiguousarray(X[start:start + 4096]))).double())
+                outs.append(module(torch.from_numpy(np.ascontiguousarray(X[start : start + 4096]))).double())
         return torch.cat(outs).numpy()
 
 
@@ -560,10 +629,10 @@ class TulaClassifier(ClassifierMixin, _TulaEstimator):
     lr : the learning rate (at the first global batch)
     max_epochs : epochs to train
     batch_size : the global batch (an int), or a batch schedule's name or class from
-        :data:`tula.schedules.SCHEDULES` (``"geometric"``, ``tula.schedules.Geometric``, ...)
+        :data:`tula.core.schedules.SCHEDULES` (``"geometric"``, ``tula.core.schedules.Geometric``, ...)
         with ``batch_size__initial`` (the first batch, default 32) and ``batch_size__*`` (the
         fields of ``train.batch_schedule``: factor, delay, rate, max_batch, lr_rule, ...)
-    method : a training method of :data:`tula.registry.METHODS` (``lbt``: plain SGD at ``lr``;
+    method : a training method of :data:`tula.core.registry.METHODS` (``lbt``: plain SGD at ``lr``;
         ``ags``, ``lars``, ...); ``method__x`` go to its spec section (``method__delta`` ->
         ``train.ags.delta``) or to ``train.x`` (``method__warmup_epochs``)
     n_workers : the worker count (DDP ranks); ``workers__min``, ``workers__max``,
@@ -601,14 +670,14 @@ class TulaClassifier(ClassifierMixin, _TulaEstimator):
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities (softmax of the module's first ``len(classes_)`` outputs)."""
-        out = self._forward(X)[:, :len(self.classes_)]
+        out = self._forward(X)[:, : len(self.classes_)]
         out = out - out.max(axis=1, keepdims=True)
         e = np.exp(out)
         return e / e.sum(axis=1, keepdims=True)
 
     def predict(self, X: Any) -> np.ndarray:
         """The most probable class of each sample."""
-        out = self._forward(X)[:, :len(self.classes_)]
+        out = self._forward(X)[:, : len(self.classes_)]
         return self.classes_[np.argmax(out, axis=1)]
 
 

@@ -1,7 +1,7 @@
 """What the service accepts: a spec valid by the CLI's own rules, within the service's limits,
 importing code and reading data only where the settings allow.  No torch here.
 
-Each refusal is a :class:`~tula.errors.SpecError` whose one sentence names the field; the
+Each refusal is a :class:`~tula.core.errors.SpecError` whose one sentence names the field; the
 web layer answers it with 422.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from ..errors import SpecError
-from ..spec import JobSpec, spec_from_dict
-from .settings import ServiceSettings
+from tula.core.errors import SpecError
+from tula.core.spec import JobSpec, spec_from_dict
+from tula.service.settings import ServiceSettings
 
 SEARCHES = ("full", "partial")
 OBJECTIVES = ("time", "cost", "knee")
@@ -47,21 +47,27 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
         raise SpecError(f"spec field 'epochs' is {spec.epochs}, above this service's limit of {settings.max_epochs}")
     n = search_space_size(spec)
     if n > settings.max_configs:
-        raise SpecError(f"spec field 'search' allows up to {n} configurations ({len(spec.search.cluster_sizes)} "
-                        f"cluster sizes x batches {spec.search.min_batch}..{spec.search.max_batch or 'the data set'}), "
-                        f"above this service's limit of {settings.max_configs}")
+        raise SpecError(
+            f"spec field 'search' allows up to {n} configurations ({len(spec.search.cluster_sizes)} "
+            f"cluster sizes x batches {spec.search.min_batch}..{spec.search.max_batch or 'the data set'}), "
+            f"above this service's limit of {settings.max_configs}"
+        )
     name = spec.model.name
     if name.startswith("pickle:"):
-        raise SpecError("spec field 'model.name' is a pickled factory, which runs code when it is loaded; the "
-                        "service accepts Tula's built-in models, torchvision names and import paths on its "
-                        "allow-list")
+        raise SpecError(
+            "spec field 'model.name' is a pickled factory, which runs code when it is loaded; the "
+            "service accepts Tula's built-in models, torchvision names and import paths on its "
+            "allow-list"
+        )
     if ":" in name:
         module = name.partition(":")[0]
         top = module.split(".")[0]
         if top not in settings.import_allowlist and module not in settings.import_allowlist:
             allowed = ", ".join(settings.import_allowlist) or "none"
-            raise SpecError(f"spec field 'model.name' imports {module!r}, which is not on this service's import "
-                            f"allow-list (allowed: {allowed}; set TULA_IMPORT_ALLOWLIST)")
+            raise SpecError(
+                f"spec field 'model.name' imports {module!r}, which is not on this service's import "
+                f"allow-list (allowed: {allowed}; set TULA_IMPORT_ALLOWLIST)"
+            )
     for field in ("root", "path"):  # sets read from disk: only under the allowed directories
         given = getattr(spec.data, field, None)
         if given is None:
@@ -70,11 +76,15 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
         resolved = p.resolve() if p.is_absolute() else None
         if resolved is None or not any(resolved.is_relative_to(Path(r).resolve()) for r in settings.data_roots):
             allowed = ", ".join(str(r) for r in settings.data_roots) or "none"
-            raise SpecError(f"spec field 'data.{field}' is {given!r}, not under a data directory this service "
-                            f"allows (allowed: {allowed}; set TULA_DATA_ROOTS)")
+            raise SpecError(
+                f"spec field 'data.{field}' is {given!r}, not under a data directory this service "
+                f"allows (allowed: {allowed}; set TULA_DATA_ROOTS)"
+            )
     if spec.cluster.where not in ("local", "dask"):
-        raise SpecError(f"spec field 'cluster.where' is {spec.cluster.where!r}; the service runs jobs on its own "
-                        "launcher (local or dask), not on a cluster a submission names")
+        raise SpecError(
+            f"spec field 'cluster.where' is {spec.cluster.where!r}; the service runs jobs on its own "
+            "launcher (local or dask), not on a cluster a submission names"
+        )
     return spec
 
 
@@ -87,4 +97,3 @@ def check_options(search: Any, objective: Any, train: Any) -> tuple[str, str | N
     if not isinstance(train, bool):
         raise SpecError(f"field 'train' is {train!r}, but it must be true or false")
     return search, objective, train
-

@@ -26,12 +26,13 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
-from ..errors import InfeasibleError, RecordError, SpecError, TulaError
-from ..say import plain
-from .admission import admit, check_options, parse_spec_text
-from .settings import ServiceSettings
-from .store import JOB_STATES, Store
+from tula import __version__
+from tula.core.errors import InfeasibleError, RecordError, SpecError, TulaError
+from tula.core.say import plain
+from tula.service.admission import admit, check_options, parse_spec_text
+from tula.service.replan import Problem, Replan, replan_from_models
+from tula.service.settings import ServiceSettings
+from tula.service.store import JOB_STATES, Store
 
 RECORD_KINDS = {"profile": "tula.profile", "models": "tula.models", "plan": "tula.plan", "train": "tula.train"}
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
@@ -73,16 +74,8 @@ class RecordResponse(JSONResponse):
 
 def _error(status: int, detail: Any, headers: dict | None = None) -> JSONResponse:
     """Every error body: ``{"detail": <one sentence>}``, the sentence as plain text (whatever a
-    library or a stored message put in it, :func:`tula.say.plain` never raises and is UTF-8)."""
+    library or a stored message put in it, :func:`tula.core.say.plain` never raises and is UTF-8)."""
     return JSONResponse({"detail": plain(detail)}, status_code=status, headers=headers)
-
-
-class Problem(Exception):
-    """An error answered with ``status`` and one sentence."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status, self.detail = status, detail
 
 
 # --------------------------------------------------------------------------- request bodies (for OpenAPI)
@@ -93,18 +86,6 @@ class Submission(BaseModel):
     search: Literal["full", "partial"] = "partial"
     objective: Literal["time", "cost", "knee"] | None = Field(default=None, description="default: the spec's")
     train: bool = Field(default=True, description="train at the chosen configuration after planning")
-
-
-class Replan(BaseModel):
-    """Another question for a job's fitted models; whatever is left out stays as the job had it."""
-
-    objective: Literal["time", "cost", "knee"] | None = None
-    pricing: dict[str, Any] | None = Field(default=None, description="e.g. {kind: fixed, price_per_node_hour: 3.2}")
-    cluster_sizes: list[int] | None = Field(default=None, description="the cluster sizes to plan over")
-    epochs: int | None = Field(default=None, ge=1)
-    deadline: str | float | None = Field(default=None, description="finish within this duration (e.g. 8h) or "
-                                         "seconds")
-    budget: float | None = Field(default=None, ge=0, description="cost at most this, in the pricing's unit")
 
 
 class PlanRequest(BaseModel):
@@ -140,8 +121,10 @@ def _only_text(*values: Any) -> None:
             try:
                 x.encode("utf-8")
             except UnicodeEncodeError:
-                raise SpecError(f"the job holds a string that is not text ({x[:80]!r}: an escaped lone "
-                                "surrogate, U+D800-U+DFFF); send UTF-8 text") from None
+                raise SpecError(
+                    f"the job holds a string that is not text ({x[:80]!r}: an escaped lone "
+                    "surrogate, U+D800-U+DFFF); send UTF-8 text"
+                ) from None
         elif isinstance(x, (dict, list, tuple)) and id(x) not in seen:
             seen.add(id(x))
             stack.extend([*x.keys(), *x.values()] if isinstance(x, dict) else x)
@@ -169,11 +152,17 @@ class _Guard:
             given = request.headers.get("authorization", "")
             token = given[7:] if given[:7].lower() == "bearer " else request.cookies.get(TOKEN_COOKIE, "")
             if not hmac.compare_digest(token.encode(), settings.token.encode()):
-                refusal = _error(401, "this service needs 'Authorization: Bearer <token>'; the request had no token "
-                                      "or a wrong one", headers={"WWW-Authenticate": "Bearer"})
+                refusal = _error(
+                    401,
+                    "this service needs 'Authorization: Bearer <token>'; the request had no token or a wrong one",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         length = request.headers.get("content-length")
-        if refusal is None and length is not None and (not length.isdigit()
-                                                       or int(length) > settings.max_request_bytes):
+        if (
+            refusal is None
+            and length is not None
+            and (not length.isdigit() or int(length) > settings.max_request_bytes)
+        ):
             refusal = _error(413, _too_large(settings))
         if refusal is not None:
             return await refusal(scope, receive, send)
@@ -186,7 +175,7 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        from .runner import Dispatcher
+        from tula.service.runner import Dispatcher
 
         settings.home.mkdir(parents=True, exist_ok=True)
         store = Store(settings.store_url, settings.home)
@@ -203,9 +192,13 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
                 await run_in_threadpool(dispatcher.stop)
             store.close()
 
-    app = FastAPI(title="Tula", version=__version__, lifespan=lifespan,
-                  description="Profile, fit, plan and train distributed large-batch jobs; re-plan from stored "
-                              "models without profiling again.")
+    app = FastAPI(
+        title="Tula",
+        version=__version__,
+        lifespan=lifespan,
+        description="Profile, fit, plan and train distributed large-batch jobs; re-plan from stored "
+        "models without profiling again.",
+    )
 
     def store() -> Store:
         return store_box["store"]
@@ -221,7 +214,7 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
 
     @app.exception_handler(TulaError)
     async def _tula_error(request: Request, exc: TulaError):
-        from .store import StoreError
+        from tula.service.store import StoreError
 
         return _error(503 if isinstance(exc, StoreError) else 422, exc)
 
@@ -269,8 +262,9 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
         if ctype in YAML_TYPES:
             return parse_spec_text(text), dict(request.query_params)
         if ctype != "application/json":
-            raise Problem(415, f"send the job as application/json (a submission) or application/yaml (a spec), "
-                               f"not {ctype}")
+            raise Problem(
+                415, f"send the job as application/json (a submission) or application/yaml (a spec), not {ctype}"
+            )
         try:
             data = json.loads(text)
         except ValueError as err:
@@ -279,8 +273,9 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
             opts = {k: v for k, v in data.items() if k != "spec"}
             unknown = sorted(set(opts) - {"search", "objective", "train"})
             if unknown:
-                raise SpecError(f"unknown field {unknown[0]!r} in the submission; it has spec, search, objective "
-                                "and train")
+                raise SpecError(
+                    f"unknown field {unknown[0]!r} in the submission; it has spec, search, objective and train"
+                )
             return data["spec"], opts
         return data, dict(request.query_params)
 
@@ -297,10 +292,24 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
         running = await run_in_threadpool(store().count_running)
         return {"status": "ok", "version": __version__, "store": store().dialect, "running_jobs": running}
 
-    @app.post("/v1/jobs", status_code=202, openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": Submission.model_json_schema()},
-        "application/yaml": {"schema": {"type": "string", "description": "a job spec as YAML (options in the "
-                                                                           "query: search, objective, train)"}}}}})
+    @app.post(
+        "/v1/jobs",
+        status_code=202,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": Submission.model_json_schema()},
+                    "application/yaml": {
+                        "schema": {
+                            "type": "string",
+                            "description": "a job spec as YAML (options in the query: search, objective, train)",
+                        }
+                    },
+                },
+            }
+        },
+    )
     async def submit(request: Request) -> JSONResponse:
         """Submit a job: 202 with its id and URL; it runs when a runner is free."""
         spec_data, opts = await _submission(request)
@@ -310,15 +319,18 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
             train = {"true": True, "false": False, "1": True, "0": False}.get(train.lower(), train)
         search, objective, train = check_options(opts.get("search", "partial"), opts.get("objective"), train)
         spec = admit(spec_data, settings)
-        job_id = await run_in_threadpool(store().create_job, spec.to_dict(), search=search, objective=objective,
-                                         train=train)
+        job_id = await run_in_threadpool(
+            store().create_job, spec.to_dict(), search=search, objective=objective, train=train
+        )
         url = f"/v1/jobs/{job_id}"
-        return JSONResponse({"id": job_id, "url": url, "state": "queued"}, status_code=202,
-                            headers={"Location": url})
+        return JSONResponse({"id": job_id, "url": url, "state": "queued"}, status_code=202, headers={"Location": url})
 
     @app.get("/v1/jobs")
-    async def list_jobs(state: Literal[JOB_STATES] | None = None,  # type: ignore[valid-type]
-                        limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=2**31 - 1)) -> dict:
+    async def list_jobs(
+        state: Literal[JOB_STATES] | None = None,  # type: ignore[valid-type]
+        limit: int = Query(50, ge=1, le=500),
+        offset: int = Query(0, ge=0, le=2**31 - 1),
+    ) -> dict:
         """Jobs, newest first, optionally in one state."""
         rows, total = await run_in_threadpool(store().list_jobs, state, limit, offset)
         return {"jobs": [_job_view(j) for j in rows], "total": total, "limit": limit, "offset": offset}
@@ -338,16 +350,23 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
         job = _need_job(job_id)
         rec = store().get_record(job_id, RECORD_KINDS[name])
         if rec is None:
-            raise Problem(404, f"job {job_id!r} has no {name} record (it is {job['state']}"
-                               + (f": {job['error']}" if job.get("error") else "") + ")")
+            raise Problem(
+                404,
+                f"job {job_id!r} has no {name} record (it is {job['state']}"
+                + (f": {job['error']}" if job.get("error") else "")
+                + ")",
+            )
         return rec
 
     for _name in RECORD_KINDS:
+
         def _make(name: str):
             async def get_record(job_id: str) -> RecordResponse:
                 return RecordResponse(await run_in_threadpool(_record, job_id, name))
+
             get_record.__doc__ = f"The job's {name} record: the same JSON `tula` writes to {name}.json."
             return get_record
+
         app.get(f"/v1/jobs/{{job_id}}/{_name}", name=f"get_{_name}")(_make(_name))
 
     @app.get("/v1/jobs/{job_id}/plots/{name}", response_class=FileResponse)
@@ -383,7 +402,7 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
             models = await run_in_threadpool(_models_of, job_id)
         # the planner is a few milliseconds of pure Python and numpy under the GIL: run in the
         # event loop it costs the same CPU without handing the GIL between two threads
-        return RecordResponse(_replan(models, body))
+        return RecordResponse(replan_from_models(models, body))
 
     @app.post("/v1/plans")
     async def plans(body: PlanRequest) -> RecordResponse:
@@ -392,64 +411,43 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
         spec = admit(body.spec, settings)
         return RecordResponse(await run_in_threadpool(_plan_from_store, store(), spec, body.objective))
 
-    from .dashboard import mount_dashboard
+    from tula.service.dashboard import mount_dashboard
 
     mount_dashboard(app, store)
     return app
-
-
-def _replan(models: dict, body: Replan) -> dict:
-    from ..plan import make_plan
-    from ..spec import spec_from_dict
-
-    d = dict(models["spec"])
-    if body.pricing is not None:
-        d["pricing"] = body.pricing
-    if body.cluster_sizes is not None:
-        d["search"] = {**d["search"], "cluster_sizes": body.cluster_sizes}
-    if body.epochs is not None:
-        d["epochs"] = body.epochs
-    if body.deadline is not None or body.budget is not None:
-        cons = dict(d.get("constraints") or {})
-        if body.deadline is not None:
-            cons.pop("deadline_s", None)
-            cons["deadline"] = body.deadline
-        if body.budget is not None:
-            cons["budget"] = body.budget
-        d["constraints"] = cons
-    spec = spec_from_dict(d)  # a bad pricing or size list is a SpecError: 422
-    try:
-        return make_plan({**models, "spec": spec.to_dict()}, body.objective)
-    except InfeasibleError as err:
-        raise Problem(422, plain(err)) from None
 
 
 _FACTS: dict[str, dict] = {}
 
 
 def _plan_from_store(store: Store, spec, objective: str | None) -> dict:
-    from ..fit import rebase_models
-    from ..plan import make_plan
-    from .model_key import key_parts_for_new_job, model_key
+    from tula.core.fit import rebase_models
+    from tula.core.plan import make_plan
+    from tula.service.model_key import key_parts_for_new_job, model_key
 
     if "facts" not in _FACTS:
-        from ..launch.base import host_facts
+        from tula.engine.launch.base import host_facts
 
         _FACTS["facts"] = host_facts("auto")
     try:
         parts = key_parts_for_new_job(spec.to_dict(), _FACTS["facts"])
     except ValueError as err:
-        raise Problem(404, f"no stored model can be matched for this spec ({err}); submit it as a job "
-                           "(POST /v1/jobs) to profile it") from None
+        raise Problem(
+            404,
+            f"no stored model can be matched for this spec ({err}); submit it as a job (POST /v1/jobs) to profile it",
+        ) from None
     found = store.find_models(model_key(parts))
     if found is None:
-        raise Problem(404, f"no stored model for {spec.model.name} on {spec.data.name} with this optimiser, "
-                           f"collective and hardware; submit the spec as a job (POST /v1/jobs) to profile it once")
+        raise Problem(
+            404,
+            f"no stored model for {spec.model.name} on {spec.data.name} with this optimiser, "
+            f"collective and hardware; submit the spec as a job (POST /v1/jobs) to profile it once",
+        )
     models, from_job = found
     if models["spec"]["data"] == spec.to_dict()["data"]:
         size = models["dataset_size"]
     else:
-        from ..workloads import check_workload
+        from tula.engine.workloads import check_workload
 
         try:
             size = check_workload(spec)[1].train_size

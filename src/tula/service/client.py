@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from ..errors import TulaError
-from ..say import Table, first_line, plain, text
+from tula.core.errors import TulaError
+from tula.core.say import Table, first_line, plain, text
 
 DEFAULT_SERVER = "http://127.0.0.1:8787"
 
@@ -26,15 +26,19 @@ class Client:
         try:
             self.http = httpx.Client(base_url=self.base, headers=headers, timeout=timeout_s)
         except (httpx.InvalidURL, ValueError, TypeError) as err:  # a server or token that is no URL / header
-            raise ServiceError(f"cannot use the Tula service at {self.base!r} with this --server/--token "
-                               f"({type(err).__name__}: {plain(err)})") from None
+            raise ServiceError(
+                f"cannot use the Tula service at {self.base!r} with this --server/--token "
+                f"({type(err).__name__}: {plain(err)})"
+            ) from None
 
     def _call(self, method: str, path: str, missing_ok: bool = False, **kw: Any) -> Any:
         try:
             r = self.http.request(method, path, **kw)
         except (httpx.HTTPError, httpx.InvalidURL) as err:
-            raise ServiceError(f"cannot reach the Tula service at {self.base} ({type(err).__name__}: "
-                               f"{plain(err)}); start it with `tula serve` or give --server") from None
+            raise ServiceError(
+                f"cannot reach the Tula service at {self.base} ({type(err).__name__}: "
+                f"{plain(err)}); start it with `tula serve` or give --server"
+            ) from None
         if r.status_code == 404 and missing_ok:
             return None
         try:
@@ -42,17 +46,23 @@ class Client:
         except ValueError:  # not JSON (a proxy's page, a cut-off answer)
             body = None
         if r.status_code >= 400:
-            detail = body.get("detail") if isinstance(body, dict) and "detail" in body else \
-                first_line(r.text, 200) or r.reason_phrase
+            detail = (
+                body.get("detail")
+                if isinstance(body, dict) and "detail" in body
+                else first_line(r.text, 200) or r.reason_phrase
+            )
             raise ServiceError(f"the service answered {r.status_code}: {plain(detail)}")
         if body is None:
-            raise ServiceError(f"the service at {self.base} answered {method} {path} with {r.status_code} but no "
-                               f"JSON ({first_line(r.text, 200) or 'an empty body'}); is --server a Tula service?")
+            raise ServiceError(
+                f"the service at {self.base} answered {method} {path} with {r.status_code} but no "
+                f"JSON ({first_line(r.text, 200) or 'an empty body'}); is --server a Tula service?"
+            )
         return body
 
     def submit(self, spec: dict, **options: Any) -> dict:
-        return self._call("POST", "/v1/jobs", json={"spec": spec, **{k: v for k, v in options.items()
-                                                                       if v is not None}})
+        return self._call(
+            "POST", "/v1/jobs", json={"spec": spec, **{k: v for k, v in options.items() if v is not None}}
+        )
 
     def jobs(self, state: str | None = None, limit: int = 50, offset: int = 0) -> dict:
         params = {"limit": limit, "offset": offset, **({"state": state} if state else {})}
@@ -80,16 +90,28 @@ def jobs_table(jobs: list[dict], total: int) -> Table:
         t.add_column(col, justify="right" if col == "progress" else "left")
     for j in jobs:
         msg = plain(j.get("error") or j.get("message") or "")
-        t.add_row(plain(j["id"]), plain(j["spec"].get("name", "")), plain(j["state"]),
-                  f"{(j.get('progress') or 0):.0%}", plain(j.get("created_at", ""))[:19].replace("T", " "), msg[:70])
+        t.add_row(
+            plain(j["id"]),
+            plain(j["spec"].get("name", "")),
+            plain(j["state"]),
+            f"{(j.get('progress') or 0):.0%}",
+            plain(j.get("created_at", ""))[:19].replace("T", " "),
+            msg[:70],
+        )
     return t
 
 
 def job_detail(job: dict, records: dict[str, dict | None]) -> list:
-    from ..report import plan_table, train_table
+    from tula.report import plan_table, train_table
 
-    out: list = [text("job ", (job["id"], "bold"), f" ({job['spec'].get('name', '')}): {job['state']}, "
-                      f"{(job.get('progress') or 0):.0%}", *((" -- ", job["message"]) if job.get("message") else ()))]
+    out: list = [
+        text(
+            "job ",
+            (job["id"], "bold"),
+            f" ({job['spec'].get('name', '')}): {job['state']}, {(job.get('progress') or 0):.0%}",
+            *((" -- ", job["message"]) if job.get("message") else ()),
+        )
+    ]
     if job.get("reused_models_from"):
         out.append(text(f"planned from the models of job {job['reused_models_from']} (not profiled again)"))
     if job.get("error"):

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from ..records import epoch_score
-from ..say import first_line, plain
+from tula.core.records import epoch_score
+from tula.core.say import first_line, plain
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 RUNNING = ("profiling", "fitting", "planning", "training")
@@ -40,8 +41,10 @@ def _e(x: Any) -> str:
 
 
 def _page(title: str, body: str, script: str = "") -> str:
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>"
-            f"<style>{CSS}</style></head><body>{body}<script>{script}</script></body></html>")
+    return (
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>"
+        f"<style>{CSS}</style></head><body>{body}<script>{script}</script></body></html>"
+    )
 
 
 def _progress(p: float | None) -> str:
@@ -51,10 +54,12 @@ def _progress(p: float | None) -> str:
 
 def _job_row(j: dict) -> str:
     msg = j.get("error") or j.get("message") or ""
-    return (f"<tr data-id='{_e(j['id'])}'><td><a href='/jobs/{_e(j['id'])}'>{_e(j['id'])}</a></td>"
-            f"<td>{_e(j['spec'].get('name', ''))}</td><td class='state-{_e(j['state'])}'>{_e(j['state'])}</td>"
-            f"<td>{_progress(j.get('progress'))}</td><td>{_e(str(j.get('created_at', ''))[:19].replace('T', ' '))}</td>"
-            f"<td>{_e(msg[:100])}</td></tr>")
+    return (
+        f"<tr data-id='{_e(j['id'])}'><td><a href='/jobs/{_e(j['id'])}'>{_e(j['id'])}</a></td>"
+        f"<td>{_e(j['spec'].get('name', ''))}</td><td class='state-{_e(j['state'])}'>{_e(j['state'])}</td>"
+        f"<td>{_progress(j.get('progress'))}</td><td>{_e(str(j.get('created_at', ''))[:19].replace('T', ' '))}</td>"
+        f"<td>{_e(msg[:100])}</td></tr>"
+    )
 
 
 # --------------------------------------------------------------------------- SVG charts
@@ -62,9 +67,18 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def svg_chart(title: str, x_label: str, y_label: str, lines: list[dict], points: list[dict],
-              hlines: list[dict] = (), vlines: list[dict] = (), log_x: bool = True, width: int = 560,
-              height: int = 360) -> str:
+def svg_chart(
+    title: str,
+    x_label: str,
+    y_label: str,
+    lines: list[dict],
+    points: list[dict],
+    hlines: list[dict] = (),
+    vlines: list[dict] = (),
+    log_x: bool = True,
+    width: int = 560,
+    height: int = 360,
+) -> str:
     """An SVG line/point chart.  ``lines``: ``{"x", "y", "color", "label"}``; ``points``:
     ``{"x", "y", "color", "label", "title", "marker"}`` (marker ``o``, ``*`` or ``d``) whose
     ``title`` shows on hover; ``hlines``/``vlines``: ``{"at", "color", "label"}``."""
@@ -84,57 +98,78 @@ def svg_chart(title: str, x_label: str, y_label: str, lines: list[dict], points:
     def py(v: float) -> float:
         return top + ph - (v - y0) / (y1 - y0) * ph
 
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' "
-           f"aria-label='{_e(title)}'><text x='{left}' y='18' font-size='13' font-weight='bold'>{_e(title)}</text>"]
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' "
+        f"aria-label='{_e(title)}'><text x='{left}' y='18' font-size='13' font-weight='bold'>{_e(title)}</text>"
+    ]
     for k in range(5):  # y grid and ticks
         v = y0 + (y1 - y0) * k / 4
-        out.append(f"<line x1='{left}' x2='{left + pw}' y1='{py(v):.1f}' y2='{py(v):.1f}' stroke='#eee'/>"
-                   f"<text x='{left - 6}' y='{py(v) + 4:.1f}' font-size='10' text-anchor='end'>{_fmt(v)}</text>")
+        out.append(
+            f"<line x1='{left}' x2='{left + pw}' y1='{py(v):.1f}' y2='{py(v):.1f}' stroke='#eee'/>"
+            f"<text x='{left - 6}' y='{py(v) + 4:.1f}' font-size='10' text-anchor='end'>{_fmt(v)}</text>"
+        )
     if not log_x:  # a few round ticks
         step = max(1, math.ceil((x1 - x0) / 6))
         for v in range(math.ceil(x0), math.floor(x1) + 1, step):
             out.append(f"<text x='{px(v):.1f}' y='{top + ph + 14}' font-size='10' text-anchor='middle'>{v}</text>")
     if log_x:
         for e in range(math.floor(x0), math.ceil(x1) + 1):
-            v = 2.0 ** e
+            v = 2.0**e
             if x0 - 1e-9 <= e <= x1 + 1e-9:
-                out.append(f"<text x='{px(v):.1f}' y='{top + ph + 14}' font-size='10' text-anchor='middle'>"
-                           f"{int(v)}</text>")
-    out.append(f"<text x='{left + pw / 2}' y='{height - 8}' font-size='11' text-anchor='middle'>{_e(x_label)}</text>"
-               f"<text x='14' y='{top + ph / 2}' font-size='11' text-anchor='middle' "
-               f"transform='rotate(-90 14 {top + ph / 2})'>{_e(y_label)}</text>"
-               f"<rect x='{left}' y='{top}' width='{pw}' height='{ph}' fill='none' stroke='#999'/>")
+                out.append(
+                    f"<text x='{px(v):.1f}' y='{top + ph + 14}' font-size='10' text-anchor='middle'>{int(v)}</text>"
+                )
+    out.append(
+        f"<text x='{left + pw / 2}' y='{height - 8}' font-size='11' text-anchor='middle'>{_e(x_label)}</text>"
+        f"<text x='14' y='{top + ph / 2}' font-size='11' text-anchor='middle' "
+        f"transform='rotate(-90 14 {top + ph / 2})'>{_e(y_label)}</text>"
+        f"<rect x='{left}' y='{top}' width='{pw}' height='{ph}' fill='none' stroke='#999'/>"
+    )
     for h in hlines:
-        out.append(f"<line x1='{left}' x2='{left + pw}' y1='{py(h['at']):.1f}' y2='{py(h['at']):.1f}' "
-                   f"stroke='{h['color']}' stroke-dasharray='6 3'><title>{_e(h['label'])}</title></line>")
+        out.append(
+            f"<line x1='{left}' x2='{left + pw}' y1='{py(h['at']):.1f}' y2='{py(h['at']):.1f}' "
+            f"stroke='{h['color']}' stroke-dasharray='6 3'><title>{_e(h['label'])}</title></line>"
+        )
     for v in vlines:
-        out.append(f"<line x1='{px(v['at']):.1f}' x2='{px(v['at']):.1f}' y1='{top}' y2='{top + ph}' "
-                   f"stroke='{v['color']}' stroke-dasharray='2 3'><title>{_e(v['label'])}</title></line>")
+        out.append(
+            f"<line x1='{px(v['at']):.1f}' x2='{px(v['at']):.1f}' y1='{top}' y2='{top + ph}' "
+            f"stroke='{v['color']}' stroke-dasharray='2 3'><title>{_e(v['label'])}</title></line>"
+        )
     for s in lines:
         pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(s["x"], s["y"]) if x > 0 and math.isfinite(y))
-        out.append(f"<polyline class='series' data-label='{_e(s['label'])}' points='{pts}' fill='none' "
-                   f"stroke='{s['color']}' stroke-width='1.6'><title>{_e(s['label'])}</title></polyline>")
+        out.append(
+            f"<polyline class='series' data-label='{_e(s['label'])}' points='{pts}' fill='none' "
+            f"stroke='{s['color']}' stroke-width='1.6'><title>{_e(s['label'])}</title></polyline>"
+        )
     for s in points:
         for x, y, t in zip(s["x"], s["y"], s["title"]):
             if not (x > 0 and math.isfinite(y)):
                 continue
             cx, cy = px(x), py(y)
             if s.get("marker") == "*":
-                corners = " ".join(f"{cx + r * math.sin(i * math.pi / 5):.1f},{cy - r * math.cos(i * math.pi / 5):.1f}"
-                                   for i, r in enumerate([9, 4] * 5))
+                corners = " ".join(
+                    f"{cx + r * math.sin(i * math.pi / 5):.1f},{cy - r * math.cos(i * math.pi / 5):.1f}"
+                    for i, r in enumerate([9, 4] * 5)
+                )
                 shape = f"<polygon points='{corners}' fill='gold' stroke='black'"
             elif s.get("marker") == "d":
-                shape = (f"<rect x='{cx - 4:.1f}' y='{cy - 4:.1f}' width='8' height='8' fill='none' "
-                         f"stroke='{s['color']}' transform='rotate(45 {cx:.1f} {cy:.1f})'")
+                shape = (
+                    f"<rect x='{cx - 4:.1f}' y='{cy - 4:.1f}' width='8' height='8' fill='none' "
+                    f"stroke='{s['color']}' transform='rotate(45 {cx:.1f} {cy:.1f})'"
+                )
             else:
                 shape = f"<circle cx='{cx:.1f}' cy='{cy:.1f}' r='4' fill='{s['color']}'"
-            out.append(f"{shape} class='point' data-label='{_e(s['label'])}'><title>{_e(t)}</title>"
-                       f"{'</polygon>' if s.get('marker') == '*' else '</rect>' if s.get('marker') == 'd' else '</circle>'}")
+            out.append(
+                f"{shape} class='point' data-label='{_e(s['label'])}'><title>{_e(t)}</title>"
+                f"{'</polygon>' if s.get('marker') == '*' else '</rect>' if s.get('marker') == 'd' else '</circle>'}"
+            )
     # legend
     ly = top + 8
     for s in [*lines, *[p for p in points if p.get("legend", True)]]:
-        out.append(f"<rect x='{left + pw - 150}' y='{ly - 8}' width='10' height='10' fill='{s['color']}'/>"
-                   f"<text x='{left + pw - 135}' y='{ly + 1}' font-size='10'>{_e(s['label'])}</text>")
+        out.append(
+            f"<rect x='{left + pw - 150}' y='{ly - 8}' width='10' height='10' fill='{s['color']}'/>"
+            f"<text x='{left + pw - 135}' y='{ly + 1}' font-size='10'>{_e(s['label'])}</text>"
+        )
         ly += 13
     out.append("</svg>")
     return "".join(out)
@@ -145,38 +180,83 @@ def plan_charts(chart: dict) -> str:
     the knees, the Pareto frontier, the constraints and the choice (a star)."""
     unit = chart["unit"]
     html_parts = []
-    for metric, label in (("total_time_s", f"training time for {chart['epochs']} epochs (s)"),
-                          ("cost", f"cost ({chart['pricing']} pricing, {unit})")):
+    for metric, label in (
+        ("total_time_s", f"training time for {chart['epochs']} epochs (s)"),
+        ("cost", f"cost ({chart['pricing']} pricing, {unit})"),
+    ):
         lines, points, vlines = [], [], []
         for k, s in enumerate(chart["series"]):
             col, n = COLORS[k % len(COLORS)], s["n_workers"]
-            lines.append({"x": s["predicted"]["global_batch"], "y": s["predicted"][metric], "color": col,
-                          "label": f"N={n} predicted"})
+            lines.append(
+                {
+                    "x": s["predicted"]["global_batch"],
+                    "y": s["predicted"][metric],
+                    "color": col,
+                    "label": f"N={n} predicted",
+                }
+            )
             m = s["measured"]
             if m["global_batch"]:
-                points.append({"x": m["global_batch"], "y": m[metric], "color": col, "label": f"N={n} measured",
-                               "title": [f"measured N={n}, B={b}: {t:.4g} s, {c:.4g} {unit}" for b, t, c in
-                                         zip(m["global_batch"], m["total_time_s"], m["cost"])]})
+                points.append(
+                    {
+                        "x": m["global_batch"],
+                        "y": m[metric],
+                        "color": col,
+                        "label": f"N={n} measured",
+                        "title": [
+                            f"measured N={n}, B={b}: {t:.4g} s, {c:.4g} {unit}"
+                            for b, t, c in zip(m["global_batch"], m["total_time_s"], m["cost"])
+                        ],
+                    }
+                )
             if s["knee_batch"] and metric == "total_time_s":
                 vlines.append({"at": s["knee_batch"], "color": col, "label": f"knee of N={n}: B={s['knee_batch']}"})
         fr = chart["frontier"]
         if fr:
-            points.append({"x": [f["global_batch"] for f in fr], "y": [f[metric] for f in fr], "color": "#444",
-                           "label": "Pareto frontier", "marker": "d",
-                           "title": [f"Pareto: N={f['n_workers']}, B={f['global_batch']}: {f['total_time_s']:.4g} s, "
-                                     f"{f['cost']:.4g} {unit}" for f in fr]})
+            points.append(
+                {
+                    "x": [f["global_batch"] for f in fr],
+                    "y": [f[metric] for f in fr],
+                    "color": "#444",
+                    "label": "Pareto frontier",
+                    "marker": "d",
+                    "title": [
+                        f"Pareto: N={f['n_workers']}, B={f['global_batch']}: {f['total_time_s']:.4g} s, "
+                        f"{f['cost']:.4g} {unit}"
+                        for f in fr
+                    ],
+                }
+            )
         c = chart["choice"]
-        points.append({"x": [c["global_batch"]], "y": [c[metric]], "color": "gold", "marker": "*",
-                       "label": f"chosen: N={c['n_workers']}, B={c['global_batch']}",
-                       "title": [f"chosen: N={c['n_workers']}, B={c['global_batch']}: {c['total_time_s']:.4g} s, "
-                                 f"{c['cost']:.4g} {unit}"]})
+        points.append(
+            {
+                "x": [c["global_batch"]],
+                "y": [c[metric]],
+                "color": "gold",
+                "marker": "*",
+                "label": f"chosen: N={c['n_workers']}, B={c['global_batch']}",
+                "title": [
+                    f"chosen: N={c['n_workers']}, B={c['global_batch']}: {c['total_time_s']:.4g} s, "
+                    f"{c['cost']:.4g} {unit}"
+                ],
+            }
+        )
         hl = []
         if metric == "total_time_s" and chart.get("deadline_s") is not None:
             hl.append({"at": chart["deadline_s"], "color": "red", "label": f"deadline {chart['deadline_s']:.4g} s"})
         if metric == "cost" and chart.get("budget") is not None:
             hl.append({"at": chart["budget"], "color": "red", "label": f"budget {chart['budget']:.4g} {unit}"})
-        html_parts.append(svg_chart(label.split(" (")[0].split(" for")[0].capitalize() + " vs global batch",
-                                    "global batch B (log2)", label, lines, points, hl, vlines))
+        html_parts.append(
+            svg_chart(
+                label.split(" (")[0].split(" for")[0].capitalize() + " vs global batch",
+                "global batch B (log2)",
+                label,
+                lines,
+                points,
+                hl,
+                vlines,
+            )
+        )
     return f"<div class='charts' id='plan-charts'>{''.join(html_parts)}</div>"
 
 
@@ -187,38 +267,100 @@ def train_charts(run: dict) -> str:
     ep = [r["epoch"] for r in h]
     score = [epoch_score(r) for r in h]  # top-1, or R^2 for a regression run (train.loss mse)
     label = score[0][0] if score else "top-1"
-    charts = [svg_chart("Accuracy and loss" if label == "top-1" else f"{label} and loss", "epoch", "value", [
-        {"x": ep, "y": [s[1] for s in score], "color": COLORS[0], "label": f"test {label}"},
-        {"x": ep, "y": [r.get("train_loss", float("nan")) for r in h], "color": COLORS[1], "label": "train loss"}],
-        [{"x": ep, "y": [s[1] for s in score], "color": COLORS[0], "label": "epochs",
-          "legend": False, "title": [f"epoch {r['epoch']}: {s[0]} {s[2]}, loss "
-                                     f"{r.get('train_loss', float('nan')):.4f}, B={r['global_batch']}, "
-                                     f"N={r['n_workers']}" for r, s in zip(h, score)]}], log_x=False)]
+    charts = [
+        svg_chart(
+            "Accuracy and loss" if label == "top-1" else f"{label} and loss",
+            "epoch",
+            "value",
+            [
+                {"x": ep, "y": [s[1] for s in score], "color": COLORS[0], "label": f"test {label}"},
+                {
+                    "x": ep,
+                    "y": [r.get("train_loss", float("nan")) for r in h],
+                    "color": COLORS[1],
+                    "label": "train loss",
+                },
+            ],
+            [
+                {
+                    "x": ep,
+                    "y": [s[1] for s in score],
+                    "color": COLORS[0],
+                    "label": "epochs",
+                    "legend": False,
+                    "title": [
+                        f"epoch {r['epoch']}: {s[0]} {s[2]}, loss "
+                        f"{r.get('train_loss', float('nan')):.4f}, B={r['global_batch']}, "
+                        f"N={r['n_workers']}"
+                        for r, s in zip(h, score)
+                    ],
+                }
+            ],
+            log_x=False,
+        )
+    ]
     b_simple = [r.get("b_simple") if isinstance(r.get("b_simple"), (int, float)) else float("nan") for r in h]
-    charts.append(svg_chart("Global batch and B_simple", "epoch", "samples", [
-        {"x": ep, "y": [r["global_batch"] for r in h], "color": COLORS[2], "label": "global batch"},
-        {"x": ep, "y": b_simple, "color": COLORS[3], "label": "B_simple (noise scale)"}],
-        [{"x": ep, "y": [r["global_batch"] for r in h], "color": COLORS[2], "label": "epochs", "legend": False,
-          "title": [f"epoch {r['epoch']}: B={r['global_batch']} on N={r['n_workers']}, B_simple "
-                    f"{_fmt(b) if math.isfinite(b) else 'n/a'}, updates so far {r.get('steps_done')}"
-                    for r, b in zip(h, b_simple)]}], log_x=False))
+    charts.append(
+        svg_chart(
+            "Global batch and B_simple",
+            "epoch",
+            "samples",
+            [
+                {"x": ep, "y": [r["global_batch"] for r in h], "color": COLORS[2], "label": "global batch"},
+                {"x": ep, "y": b_simple, "color": COLORS[3], "label": "B_simple (noise scale)"},
+            ],
+            [
+                {
+                    "x": ep,
+                    "y": [r["global_batch"] for r in h],
+                    "color": COLORS[2],
+                    "label": "epochs",
+                    "legend": False,
+                    "title": [
+                        f"epoch {r['epoch']}: B={r['global_batch']} on N={r['n_workers']}, B_simple "
+                        f"{_fmt(b) if math.isfinite(b) else 'n/a'}, updates so far {r.get('steps_done')}"
+                        for r, b in zip(h, b_simple)
+                    ],
+                }
+            ],
+            log_x=False,
+        )
+    )
     if any("scaled_fraction" in r for r in h):
-        charts.append(svg_chart("AGS: steps scaled", "epoch", "fraction", [
-            {"x": ep, "y": [r.get("scaled_fraction", float("nan")) for r in h], "color": COLORS[4],
-             "label": "share of steps scaled"}], [], log_x=False))
+        charts.append(
+            svg_chart(
+                "AGS: steps scaled",
+                "epoch",
+                "fraction",
+                [
+                    {
+                        "x": ep,
+                        "y": [r.get("scaled_fraction", float("nan")) for r in h],
+                        "color": COLORS[4],
+                        "label": "share of steps scaled",
+                    }
+                ],
+                [],
+                log_x=False,
+            )
+        )
     return f"<div class='charts' id='train-charts'>{''.join(charts)}</div>"
 
 
 def _plan_table(plan: dict) -> str:
     rows = sorted(plan["configurations"], key=lambda c: (not c.get("chosen"), c["total_time_s"]))[:12]
-    out = ["<table id='plan-table'><tr><th>N</th><th>B</th><th>b</th><th class='num'>step (s)</th>"
-           "<th class='num'>total (s)</th><th class='num'>cost</th><th>feasible</th></tr>"]
+    out = [
+        "<table id='plan-table'><tr><th>N</th><th>B</th><th>b</th><th class='num'>step (s)</th>"
+        "<th class='num'>total (s)</th><th class='num'>cost</th><th>feasible</th></tr>"
+    ]
     for c in rows:
         bold = " class='chosen' style='font-weight:bold'" if c.get("chosen") else ""
-        out.append(f"<tr{bold}><td>{c['n_workers']}</td>"
-                   f"<td>{c['global_batch']}</td><td>{c['local_batch']}</td><td class='num'>{c['t_step_s']:.4g}</td>"
-                   f"<td class='num'>{c['total_time_s']:.4g}</td><td class='num'>{c['cost']:.4g}</td>"
-                   f"<td>{'yes' if c['feasible'] else _e(c.get('reason') or 'no')}</td></tr>")
+        out.append(
+            f"<tr{bold}><td>{c['n_workers']}</td>"
+            f"<td>{c['global_batch']}</td><td>{c['local_batch']}</td><td class='num'>{c['t_step_s']:.4g}</td>"
+            f"<td class='num'>{c['total_time_s']:.4g}</td><td class='num'>{c['cost']:.4g}</td>"
+            f"<td>{'yes' if c['feasible'] else _e(c.get('reason') or 'no')}</td></tr>"
+        )
     out.append("</table>")
     return "".join(out)
 
@@ -244,40 +386,51 @@ setInterval(refresh, 2000);
 
 
 def mount_dashboard(app: FastAPI, store: Callable[[], Any]) -> None:
-    from ..report import plan_chart_data
+    from tula.report import plan_chart_data
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def jobs_page() -> str:
         rows, total = await run_in_threadpool(store().list_jobs, None, 100, 0)
-        body = (f"<h1>Tula jobs</h1><p class='note'><span id='jobs-total'>{total}</span> job(s); this table "
-                "updates every 2 s. Submit with <code>tula submit SPEC</code> or <code>POST /v1/jobs</code>; "
-                "the API is at <a href='/docs'>/docs</a>.</p>"
-                "<table id='jobs'><thead><tr><th>id</th><th>name</th><th>state</th><th>progress</th><th>created</th>"
-                f"<th>message</th></tr></thead><tbody id='jobs-body'>{''.join(_job_row(j) for j in rows)}</tbody></table>")
+        body = (
+            f"<h1>Tula jobs</h1><p class='note'><span id='jobs-total'>{total}</span> job(s); this table "
+            "updates every 2 s. Submit with <code>tula submit SPEC</code> or <code>POST /v1/jobs</code>; "
+            "the API is at <a href='/docs'>/docs</a>.</p>"
+            "<table id='jobs'><thead><tr><th>id</th><th>name</th><th>state</th><th>progress</th><th>created</th>"
+            f"<th>message</th></tr></thead><tbody id='jobs-body'>{''.join(_job_row(j) for j in rows)}</tbody></table>"
+        )
         return _page("Tula jobs", body, REFRESH_JOBS_JS)
 
-    def _job_page(job_id: str, replanned: dict | None = None, replan_error: str | None = None,
-                  form: dict | None = None) -> tuple[str, int]:
+    def _job_page(
+        job_id: str, replanned: dict | None = None, replan_error: str | None = None, form: dict | None = None
+    ) -> tuple[str, int]:
         s = store()
         job = s.get_job(job_id)
         if job is None:
             return _page("Tula: no such job", f"<h1>No job {_e(job_id)}</h1><p><a href='/'>all jobs</a></p>"), 404
         plan, models, run = (s.get_record(job_id, k) for k in ("tula.plan", "tula.models", "tula.train"))
-        parts = [f"<p><a href='/'>&larr; all jobs</a></p><h1>Job {_e(job_id)}: {_e(job['spec'].get('name', ''))}</h1>",
-                 f"<p id='job-state'>state <b class='state-{_e(job['state'])}'>{_e(job['state'])}</b> "
-                 f"{_progress(job.get('progress'))} <span class='note'>{_e(job.get('message') or '')}</span></p>"]
+        parts = [
+            f"<p><a href='/'>&larr; all jobs</a></p><h1>Job {_e(job_id)}: {_e(job['spec'].get('name', ''))}</h1>",
+            f"<p id='job-state'>state <b class='state-{_e(job['state'])}'>{_e(job['state'])}</b> "
+            f"{_progress(job.get('progress'))} <span class='note'>{_e(job.get('message') or '')}</span></p>",
+        ]
         if job.get("error"):
             parts.append(f"<p class='err' id='job-error'>{_e(job['error'])}</p>")
         if job.get("reused_models_from"):
             rf = job["reused_models_from"]
-            parts.append(f"<p class='note'>planned from the models of job <a href='/jobs/{_e(rf)}'>{_e(rf)}</a> "
-                         "(not profiled again)</p>")
+            parts.append(
+                f"<p class='note'>planned from the models of job <a href='/jobs/{_e(rf)}'>{_e(rf)}</a> "
+                "(not profiled again)</p>"
+            )
         shown = replanned or plan
         if shown is not None and models is not None:
             chart = plan_chart_data(shown, models["trials"])
             head = "Re-planned (not saved)" if replanned else "Plan"
-            parts += [f"<h2>{head}: objective {_e(shown['objective'])}</h2>",
-                      f"<p id='choice'><b>choice</b>: {_e(shown['reason'])}</p>", plan_charts(chart), _plan_table(shown)]
+            parts += [
+                f"<h2>{head}: objective {_e(shown['objective'])}</h2>",
+                f"<p id='choice'><b>choice</b>: {_e(shown['reason'])}</p>",
+                plan_charts(chart),
+                _plan_table(shown),
+            ]
         elif plan is None:
             parts.append("<h2>Plan</h2><p class='note'>not planned yet</p>")
         if replan_error:
@@ -294,14 +447,21 @@ def mount_dashboard(app: FastAPI, store: Callable[[], Any]) -> None:
                 f"value='{_e(f.get('cluster_sizes', ''))}'></label>"
                 f"<label>deadline<input name='deadline' size='6' placeholder='8h' value='{_e(f.get('deadline', ''))}'>"
                 f"</label><label>budget<input name='budget' size='6' value='{_e(f.get('budget', ''))}'></label>"
-                "<button type='submit'>re-plan</button></form>")
+                "<button type='submit'>re-plan</button></form>"
+            )
         if run is not None:
             fin = run.get("final", {})
-            parts += [f"<h2>Training: {_e(run['method'])}</h2><p id='train-summary'>final test "
-                      "{} {}".format(*epoch_score(fin)[::2]) + f" after {run['epochs']} epochs, {run['steps_done']} "
-                      f"model updates, {run['train_s']:.0f} s</p>", train_charts(run)]
-        links = " ".join(f"<a href='/v1/jobs/{_e(job_id)}/{k}'>{k}.json</a>" for k in ("profile", "models", "plan",
-                                                                                       "train"))
+            parts += [
+                f"<h2>Training: {_e(run['method'])}</h2><p id='train-summary'>final test {{}} {{}}".format(
+                    *epoch_score(fin)[::2]
+                )
+                + f" after {run['epochs']} epochs, {run['steps_done']} "
+                f"model updates, {run['train_s']:.0f} s</p>",
+                train_charts(run),
+            ]
+        links = " ".join(
+            f"<a href='/v1/jobs/{_e(job_id)}/{k}'>{k}.json</a>" for k in ("profile", "models", "plan", "train")
+        )
         parts.append(f"<h2>Records</h2><p>{links}</p>")
         script = "setTimeout(() => location.reload(), 3000);" if job["state"] in RUNNING + ("queued",) else ""
         return _page(f"Tula job {job_id}", "".join(parts), script), 200
@@ -312,27 +472,41 @@ def mount_dashboard(app: FastAPI, store: Callable[[], Any]) -> None:
         return HTMLResponse(text, status_code=status)
 
     @app.post("/jobs/{job_id}/replan", response_class=HTMLResponse, include_in_schema=False)
-    async def job_replan(job_id: str, request: Request, objective: str = Form("knee"), price: str = Form(""),
-                         cluster_sizes: str = Form(""), deadline: str = Form(""), budget: str = Form("")):
-        from ..errors import TulaError
-        from .app import Problem, Replan, _replan
+    async def job_replan(
+        job_id: str,
+        request: Request,
+        objective: str = Form("knee"),
+        price: str = Form(""),
+        cluster_sizes: str = Form(""),
+        deadline: str = Form(""),
+        budget: str = Form(""),
+    ):
+        from tula.core.errors import TulaError
+        from tula.service.replan import Problem, Replan, replan_from_models
 
-        form = {"objective": objective, "price": price, "cluster_sizes": cluster_sizes, "deadline": deadline,
-                "budget": budget}
+        form = {
+            "objective": objective,
+            "price": price,
+            "cluster_sizes": cluster_sizes,
+            "deadline": deadline,
+            "budget": budget,
+        }
         models = store().get_record(job_id, "tula.models")
         if models is None:
             text, status = await run_in_threadpool(_job_page, job_id, None, "this job has no fitted models yet", form)
             return HTMLResponse(text, status_code=409 if status == 200 else status)
         try:
-            body = Replan(objective=objective or None,
-                          pricing={**models["spec"]["pricing"], "price_per_node_hour": float(price)} if price else None,
-                          cluster_sizes=[int(x) for x in cluster_sizes.split(",") if x.strip()] or None,
-                          deadline=deadline or None, budget=float(budget) if budget else None)
-            plan = await run_in_threadpool(_replan, models, body)
+            body = Replan(
+                objective=objective or None,
+                pricing={**models["spec"]["pricing"], "price_per_node_hour": float(price)} if price else None,
+                cluster_sizes=[int(x) for x in cluster_sizes.split(",") if x.strip()] or None,
+                deadline=deadline or None,
+                budget=float(budget) if budget else None,
+            )
+            plan = await run_in_threadpool(replan_from_models, models, body)
             text, status = await run_in_threadpool(_job_page, job_id, plan, None, form)
         except (ValueError, TulaError, Problem) as err:
             msg = getattr(err, "detail", None) or first_line(err) or type(err).__name__
             text, status = await run_in_threadpool(_job_page, job_id, None, f"cannot re-plan: {msg}", form)
             status = 422 if status == 200 else status
         return HTMLResponse(text, status_code=status)
-

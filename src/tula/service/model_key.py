@@ -19,7 +19,7 @@ What is in the key, and why:
   is part of the memory model); the LR and weight decay change neither time nor memory.
 - ``collective``: the sync term's form is fitted per collective.
 - ``device`` and ``hardware``: the device kind, the CPU model or GPU name, and the core count,
-  read where the ranks run (``tula.launch.base.host_facts``).
+  read where the ranks run (``tula.engine.launch.base.host_facts``).
 - ``torch``: its version (kernels and DDP change between releases).
 - ``cluster``: ``single-host`` for the local launcher and a Dask LocalCluster (ranks meet on
   this machine's loopback); otherwise the scheduler address or jobqueue file, since ranks on
@@ -48,8 +48,8 @@ import hashlib
 import json
 from typing import Any
 
-from ..errors import RecordError
-from ..spec import spec_from_dict
+from tula.core.errors import RecordError
+from tula.core.spec import spec_from_dict
 
 #: bump when the parts change meaning, so old keys never match new ones
 KEY_VERSION = 1
@@ -57,10 +57,16 @@ KEY_VERSION = 1
 #: data sets read from disk (their loader settings change the time a step waits for data)
 DISK_SETS = ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder")
 
-#: the sample shape of each data set whose shape the spec does not give (tula.workloads
+#: the sample shape of each data set whose shape the spec does not give (tula.engine.workloads
 #: builds them so: checked against load_dataset by tests/test_store.py)
-_FIXED_SHAPES = {"digits": (1, 8, 8), "mnist1d": (1, 40), "mnist": (1, 28, 28), "fashionmnist": (1, 28, 28),
-                 "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+_FIXED_SHAPES = {
+    "digits": (1, 8, 8),
+    "mnist1d": (1, 40),
+    "mnist": (1, 28, 28),
+    "fashionmnist": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+    "cifar100": (3, 32, 32),
+}
 
 
 def sample_shape(data: dict) -> list[int]:
@@ -79,7 +85,7 @@ def sample_shape(data: dict) -> list[int]:
 
 
 def _cluster(where: str) -> str:
-    # tula.launch.clusters.kind_of: 'local' and 'dask' (a LocalCluster) run on this host
+    # tula.engine.launch.clusters.kind_of: 'local' and 'dask' (a LocalCluster) run on this host
     return "single-host" if where in ("local", "dask") else where
 
 
@@ -118,14 +124,21 @@ def model_key_parts(spec: dict, profile: dict) -> dict:
     """The key parts of the models fitted from ``profile`` (a profile record) of the job
     ``spec`` (a spec as a dict): hardware, threads and sample shape as the profile MEASURED them.
 
-    Raises :class:`~tula.errors.RecordError` for a profile that does not say which hardware
+    Raises :class:`~tula.core.errors.RecordError` for a profile that does not say which hardware
     it ran on (written before profile records carried ``facts``)."""
     facts = profile.get("facts")
     if not isinstance(facts, dict) or not facts.get("torch"):
-        raise RecordError("the profile record does not say which hardware it was measured on (it has no 'facts'; "
-                          "an older Tula wrote it), so its fitted models cannot be stored for reuse")
-    return _parts(spec, device=profile["device"], facts=facts, shape=profile["sample_shape"],
-                  threads=profile.get("threads_per_worker"))
+        raise RecordError(
+            "the profile record does not say which hardware it was measured on (it has no 'facts'; "
+            "an older Tula wrote it), so its fitted models cannot be stored for reuse"
+        )
+    return _parts(
+        spec,
+        device=profile["device"],
+        facts=facts,
+        shape=profile["sample_shape"],
+        threads=profile.get("threads_per_worker"),
+    )
 
 
 def key_parts_for_new_job(spec: dict, facts: dict, threads_per_worker: int | None = None) -> dict:
@@ -140,11 +153,13 @@ def key_parts_for_new_job(spec: dict, facts: dict, threads_per_worker: int | Non
     if threads is None and device != "cuda":
         threads = job["profile"]["threads_per_worker"]
         where = job["cluster"]["where"]
-        if threads is None and where == "local":  # as tula.profile.default_threads
+        if threads is None and where == "local":  # as tula.engine.profile.default_threads
             threads = max(1, (facts.get("cores") or 1) // max(job["search"]["cluster_sizes"]))
         if threads is None:
-            raise ValueError(f"the threads per worker of a job on cluster {where!r} depend on its workers: pass the "
-                             "launcher's threads_per_worker")
+            raise ValueError(
+                f"the threads per worker of a job on cluster {where!r} depend on its workers: pass the "
+                "launcher's threads_per_worker"
+            )
     return _parts(job, device=device, facts=facts, shape=sample_shape(job["data"]), threads=threads)
 
 

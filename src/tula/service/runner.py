@@ -27,12 +27,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .. import interrupts
-from ..errors import Interrupted, TulaError
-from ..pipeline import Observer
-from ..say import plain
-from .settings import ServiceSettings
-from .store import Store
+from tula.core.errors import Interrupted, TulaError
+from tula.core.say import plain
+from tula.engine import interrupts
+from tula.pipeline import Observer
+from tula.service.settings import ServiceSettings
+from tula.service.store import Store
 
 PROGRESS_EVERY_S = 1.0  # progress is written at most this often (the heartbeat carries it too)
 
@@ -48,9 +48,12 @@ class StoreObserver(Observer):
         self.last_write = 0.0
 
     def stage(self, name: str, **info: Any) -> None:
-        message = {"profiling": "profiling", "fitting": "fitting the models", "planning": "planning",
-                   "training": f"training {info.get('method')} at N={info.get('n_workers')}, "
-                               f"B={info.get('global_batch')}"}[name]
+        message = {
+            "profiling": "profiling",
+            "fitting": "fitting the models",
+            "planning": "planning",
+            "training": f"training {info.get('method')} at N={info.get('n_workers')}, B={info.get('global_batch')}",
+        }[name]
         self.total, self.done_count = 0, 0
         self.store.update_job(self.job_id, state=name, progress=0.0, message=message)
 
@@ -74,8 +77,8 @@ class StoreObserver(Observer):
             self.store.update_job(self.job_id, progress=min(1.0, self.done_count / self.total))
 
     def saved(self, kind: str, record: dict | None, path: Path) -> None:
-        from ..records import MODELS_KIND, PROFILE_KIND, TRAIN_KIND
-        from .model_key import model_key, model_key_parts
+        from tula.core.records import MODELS_KIND, PROFILE_KIND, TRAIN_KIND
+        from tula.service.model_key import model_key, model_key_parts
 
         if record is None:  # a plot
             self.store.add_artifact(self.job_id, path.name, path)
@@ -97,9 +100,9 @@ class StoreObserver(Observer):
 
 def _reusable_models(store: Store, job: dict, spec, launcher) -> dict | None:
     """Models fitted by an earlier job with the same key, rebased onto this job's spec, or None."""
-    from ..fit import rebase_models
-    from ..workloads import check_workload
-    from .model_key import key_parts_for_new_job, model_key
+    from tula.core.fit import rebase_models
+    from tula.engine.workloads import check_workload
+    from tula.service.model_key import key_parts_for_new_job, model_key
 
     try:
         parts = key_parts_for_new_job(spec.to_dict(), launcher.facts(), launcher.threads_per_worker)
@@ -115,9 +118,9 @@ def _reusable_models(store: Store, job: dict, spec, launcher) -> dict | None:
 
 def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
     """Run (or resume) one claimed job to its end; the exit code of the runner process."""
-    from ..launch.clusters import open_launcher
-    from ..pipeline import run_pipeline
-    from ..spec import spec_from_dict
+    from tula.core.spec import spec_from_dict
+    from tula.engine.launch.clusters import open_launcher
+    from tula.pipeline import run_pipeline
 
     store = Store(settings.store_url, settings.home)
     job = store.get_job(job_id)
@@ -149,10 +152,22 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
             if not (out / "profile.json").exists() and not (out / "models.json").exists():
                 models = _reusable_models(store, job, spec, launcher)
                 if models is not None:
-                    store.update_job(job_id, reused_models_from=models["reused_models_from"],
-                                     message=f"planned from the models of job {models['reused_models_from']}")
-            run_pipeline(spec, out, search=job["search"], objective=job["objective"], train_after=job["train"],
-                         resuming=True, launcher=launcher, observer=observer, models=models)
+                    store.update_job(
+                        job_id,
+                        reused_models_from=models["reused_models_from"],
+                        message=f"planned from the models of job {models['reused_models_from']}",
+                    )
+            run_pipeline(
+                spec,
+                out,
+                search=job["search"],
+                objective=job["objective"],
+                train_after=job["train"],
+                resuming=True,
+                launcher=launcher,
+                observer=observer,
+                models=models,
+            )
         store.update_job(job_id, state="done", progress=1.0, message="done")
         return 0
     except Interrupted as err:
@@ -199,11 +214,18 @@ class Dispatcher:
             if proc.poll() is not None:
                 del self.children[job_id]
                 job = self.store.get_job(job_id)
-                if job and job["state"] in ("profiling", "fitting", "planning", "training") \
-                        and job["runner"] and job["runner"].startswith(self.name):
+                if (
+                    job
+                    and job["state"] in ("profiling", "fitting", "planning", "training")
+                    and job["runner"]
+                    and job["runner"].startswith(self.name)
+                ):
                     # the runner ended without finishing the job (killed, stopped): queue it again
-                    self.store.update_job(job_id, state="queued", message=f"runner exited with code "
-                                          f"{proc.returncode}; queued again to resume")
+                    self.store.update_job(
+                        job_id,
+                        state="queued",
+                        message=f"runner exited with code {proc.returncode}; queued again to resume",
+                    )
         self.store.requeue_stale(self.settings.stale_after_s)
         while not self.stopping.is_set() and self.store.count_running() < self.settings.max_concurrent_jobs:
             runner = f"{self.name}/{time.monotonic_ns()}"
@@ -217,10 +239,27 @@ class Dispatcher:
         env = {**os.environ, "TULA_HOME": str(s.home)}
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
-            return subprocess.Popen([sys.executable, "-m", "tula.service.runner", "--db", s.store_url,
-                                     "--home", str(s.home), "--job", job_id, "--runner", runner,
-                                     "--heartbeat-s", str(s.heartbeat_s)],
-                                    stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+            return subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tula.service.runner",
+                    "--db",
+                    s.store_url,
+                    "--home",
+                    str(s.home),
+                    "--job",
+                    job_id,
+                    "--runner",
+                    runner,
+                    "--heartbeat-s",
+                    str(s.heartbeat_s),
+                ],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop dispatching; ask running runners to stop at their next step (they are

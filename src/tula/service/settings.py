@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..errors import TulaError
+from tula.core.errors import TulaError
 
 
 class SettingsError(TulaError):
@@ -32,26 +32,41 @@ class ServiceSettings(BaseModel):
     host: str = Field(default="127.0.0.1", description="address to bind; beyond loopback a token is required")
     port: int = Field(default=8787, ge=0, le=65535, description="port to bind (0: a free one)")
     token: str | None = Field(default=None, description="the bearer token every request must carry")
-    home: Path = Field(default_factory=default_home, description="the service's data directory (job records, "
-                       "checkpoints, plots; and the SQLite store unless db_url says otherwise)")
-    db_url: str | None = Field(default=None, description="SQLAlchemy URL of the store (default: an SQLite file "
-                               "tula.db in home)")
+    home: Path = Field(
+        default_factory=default_home,
+        description="the service's data directory (job records, "
+        "checkpoints, plots; and the SQLite store unless db_url says otherwise)",
+    )
+    db_url: str | None = Field(
+        default=None, description="SQLAlchemy URL of the store (default: an SQLite file tula.db in home)"
+    )
     max_concurrent_jobs: int = Field(default=1, ge=1, description="jobs running at once; the rest wait queued")
     max_request_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body")
-    max_configs: int = Field(default=256, ge=1, description="most (cluster size, batch) configurations in a job's "
-                             "search space")
+    max_configs: int = Field(
+        default=256, ge=1, description="most (cluster size, batch) configurations in a job's search space"
+    )
     max_epochs: int = Field(default=500, ge=1, description="most training epochs of a job")
-    import_allowlist: tuple[str, ...] = Field(default=(), description="top-level modules a spec's "
-                                              "'package.module:factory' model may be imported from (importing "
-                                              "runs code: empty by default)")
-    data_roots: tuple[Path, ...] = Field(default=(), description="directories a spec's data.root may be under "
-                                         "(none by default: only built-in data sets)")
+    import_allowlist: tuple[str, ...] = Field(
+        default=(),
+        description="top-level modules a spec's "
+        "'package.module:factory' model may be imported from (importing "
+        "runs code: empty by default)",
+    )
+    data_roots: tuple[Path, ...] = Field(
+        default=(), description="directories a spec's data.root may be under (none by default: only built-in data sets)"
+    )
     heartbeat_s: float = Field(default=2.0, gt=0, description="how often a running job writes its heartbeat")
-    stale_after_s: float = Field(default=30.0, gt=0, description="a running job whose heartbeat is older is "
-                                 "taken to be dead and queued again to resume")
+    stale_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a running job whose heartbeat is older is taken to be dead and queued again to resume",
+    )
     poll_s: float = Field(default=0.5, gt=0, description="how often the dispatcher looks for queued jobs")
-    run_jobs: bool = Field(default=True, description="start runners for queued jobs; false: this service only "
-                           "answers the API and queues jobs for another service sharing its store")
+    run_jobs: bool = Field(
+        default=True,
+        description="start runners for queued jobs; false: this service only "
+        "answers the API and queues jobs for another service sharing its store",
+    )
 
     @field_validator("home", mode="after")
     @classmethod
@@ -74,9 +89,11 @@ class ServiceSettings(BaseModel):
     def check_can_start(self) -> None:
         """Bound beyond loopback, the service needs a token."""
         if not self.loopback and not self.token:
-            raise SettingsError(f"refusing to listen on {self.host}, which is not a loopback address, without a "
-                                "token: set --token or TULA_TOKEN (every request must then carry "
-                                "'Authorization: Bearer <token>')")
+            raise SettingsError(
+                f"refusing to listen on {self.host}, which is not a loopback address, without a "
+                "token: set --token or TULA_TOKEN (every request must then carry "
+                "'Authorization: Bearer <token>')"
+            )
 
 
 _LISTS = ("import_allowlist", "data_roots")
@@ -97,5 +114,6 @@ def settings_from(env: dict[str, str] | None = None, **overrides: Any) -> Servic
     except ValidationError as err:
         e = err.errors()[0]
         field = ".".join(str(p) for p in e["loc"]) or "settings"
-        raise SettingsError(f"service setting {field!r} (TULA_{field.split('.')[0].upper()}): "
-                            f"{e['msg'][0].lower() + e['msg'][1:]}") from None
+        raise SettingsError(
+            f"service setting {field!r} (TULA_{field.split('.')[0].upper()}): {e['msg'][0].lower() + e['msg'][1:]}"
+        ) from None

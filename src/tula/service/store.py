@@ -9,7 +9,7 @@ wait up to the busy timeout for it, so concurrent writers queue instead of faili
 The schema is created and migrated by Alembic (:mod:`tula.service.migrations`), run on open
 under a lock, so two processes opening a fresh database at once both succeed.
 
-Records are the same JSON records the CLI writes (:mod:`tula.records`), checked when they are
+Records are the same JSON records the CLI writes (:mod:`tula.core.records`), checked when they are
 put and again when they are read (a damaged row is one sentence naming the job and kind).  A
 profile record's trials and a training record's epochs are also rows of their own, keyed by
 (job, N, B) and (job, epoch), so a partial record put again as it grows never duplicates one.
@@ -25,20 +25,22 @@ import math
 import re
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event, exc as sa_exc
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.types import TypeDecorator
 
-from ..errors import RecordError, TulaError
-from ..records import MODELS_KIND, NAMES, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, _jsonable, validate_record
-from ..say import plain
-from .model_key import model_key
+from tula.core.errors import RecordError, TulaError
+from tula.core.records import MODELS_KIND, NAMES, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, _jsonable, validate_record
+from tula.core.say import plain
+from tula.service.model_key import model_key
 
 #: a job's states, in pipeline order, then its ends
 JOB_STATES = ("queued", "profiling", "fitting", "planning", "training", "done", "failed", "cancelled")
@@ -137,7 +139,8 @@ def _job_fk() -> sa.Column:
 
 
 jobs = sa.Table(
-    "tula_jobs", metadata,
+    "tula_jobs",
+    metadata,
     sa.Column("id", sa.String(32), primary_key=True),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("spec", JSONDoc(), nullable=False),
@@ -160,14 +163,18 @@ jobs = sa.Table(
     sa.Index("ix_tula_jobs_created", "created_at"),
 )
 records = sa.Table(
-    "tula_records", metadata, _job_fk(),
+    "tula_records",
+    metadata,
+    _job_fk(),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("body", JSONDoc(), nullable=False),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
     sa.PrimaryKeyConstraint("job_id", "kind"),
 )
 trials_t = sa.Table(
-    "tula_trials", metadata, _job_fk(),
+    "tula_trials",
+    metadata,
+    _job_fk(),
     sa.Column("n_workers", sa.Integer(), nullable=False),
     sa.Column("global_batch", sa.Integer(), nullable=False),
     sa.Column("local_batch", sa.Integer(), nullable=False),
@@ -180,7 +187,9 @@ trials_t = sa.Table(
     sa.PrimaryKeyConstraint("job_id", "n_workers", "global_batch"),
 )
 metrics_t = sa.Table(
-    "tula_metrics", metadata, _job_fk(),
+    "tula_metrics",
+    metadata,
+    _job_fk(),
     sa.Column("epoch", sa.Integer(), nullable=False),
     sa.Column("global_batch", sa.Integer(), nullable=False),
     sa.Column("n_workers", sa.Integer(), nullable=False),
@@ -192,7 +201,8 @@ metrics_t = sa.Table(
     sa.PrimaryKeyConstraint("job_id", "epoch"),
 )
 models_t = sa.Table(
-    "tula_models", metadata,
+    "tula_models",
+    metadata,
     sa.Column("key", sa.String(64), nullable=False),
     _job_fk(),
     sa.Column("key_parts", JSONDoc(), nullable=False),
@@ -202,7 +212,9 @@ models_t = sa.Table(
     sa.Index("ix_tula_models_key_created", "key", "created_at"),
 )
 artifacts_t = sa.Table(
-    "tula_artifacts", metadata, _job_fk(),
+    "tula_artifacts",
+    metadata,
+    _job_fk(),
     sa.Column("name", sa.String(200), nullable=False),
     sa.Column("path", sa.Text(), nullable=False),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
@@ -303,8 +315,10 @@ class Store:
         try:
             u = make_url(self.url)
         except (sa_exc.ArgumentError, ValueError):
-            raise StoreError(f"cannot open the store at {self.safe_url!r}: it is not a database URL "
-                             "(e.g. sqlite:////abs/path/tula.db or postgresql+psycopg://user@host/db)") from None
+            raise StoreError(
+                f"cannot open the store at {self.safe_url!r}: it is not a database URL "
+                "(e.g. sqlite:////abs/path/tula.db or postgresql+psycopg://user@host/db)"
+            ) from None
         kwargs: dict[str, Any] = {}
         backend = u.get_backend_name()
         if backend == "sqlite":
@@ -312,13 +326,15 @@ class Store:
             if db and db != ":memory:" and not db.startswith("file:"):
                 path = Path(db).expanduser()
                 if path.is_dir():
-                    raise StoreError(f"cannot open the store at {self.safe_url}: {str(path)!r} is a directory, "
-                                     "not a database file")
+                    raise StoreError(
+                        f"cannot open the store at {self.safe_url}: {str(path)!r} is a directory, not a database file"
+                    )
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                 except OSError as err:
-                    raise StoreError(f"cannot open the store at {self.safe_url}: its directory cannot be created "
-                                     f"({err.strerror})") from None
+                    raise StoreError(
+                        f"cannot open the store at {self.safe_url}: its directory cannot be created ({err.strerror})"
+                    ) from None
             else:
                 kwargs["poolclass"] = sa.StaticPool  # one in-memory database, shared by the threads
             kwargs["connect_args"] = {"timeout": busy_timeout_s, "check_same_thread": False}
@@ -329,11 +345,14 @@ class Store:
         try:
             engine = sa.create_engine(u, **kwargs)
         except sa_exc.NoSuchModuleError:
-            raise StoreError(f"cannot open the store at {self.safe_url}: {u.drivername!r} is not a database "
-                             "SQLAlchemy knows (use sqlite:/// or postgresql+psycopg://)") from None
+            raise StoreError(
+                f"cannot open the store at {self.safe_url}: {u.drivername!r} is not a database "
+                "SQLAlchemy knows (use sqlite:/// or postgresql+psycopg://)"
+            ) from None
         except ImportError as err:
-            raise StoreError(f"cannot open the store at {self.safe_url}: the driver {u.drivername!r} needs is not "
-                             f"installed ({err})") from None
+            raise StoreError(
+                f"cannot open the store at {self.safe_url}: the driver {u.drivername!r} needs is not installed ({err})"
+            ) from None
         except (sa_exc.ArgumentError, TypeError, ValueError) as err:
             raise StoreError(f"cannot open the store at {self.safe_url}: {_cause(err)}") from None
         if engine.dialect.name == "sqlite":
@@ -354,8 +373,8 @@ class Store:
             @event.listens_for(engine, "begin")
             def _sqlite_begin(conn: Connection) -> None:
                 # writers take the lock first, so a read-then-write never dead-ends in SQLITE_BUSY
-                conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("tula_write")
-                                     else "BEGIN")
+                conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("tula_write") else "BEGIN")
+
         return engine
 
     @property
@@ -379,8 +398,10 @@ class Store:
             return
         unknown = [r for r in current if r not in {s.revision for s in script.walk_revisions()}]
         if unknown:
-            raise StoreError(f"cannot open the store at {self.safe_url}: its schema (revision {unknown[0]}) is newer "
-                             "than this Tula's; upgrade Tula")
+            raise StoreError(
+                f"cannot open the store at {self.safe_url}: its schema (revision {unknown[0]}) is newer "
+                "than this Tula's; upgrade Tula"
+            )
         with self._write() as conn:
             if self.dialect == "postgresql":  # SQLite: BEGIN IMMEDIATE already serialises the upgrade
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATE_LOCK})
@@ -388,8 +409,9 @@ class Store:
             try:
                 command.upgrade(cfg, "head")
             except CommandError as err:
-                raise StoreError(f"cannot open the store at {self.safe_url}: its schema cannot be migrated "
-                                 f"({_cause(err)})") from None
+                raise StoreError(
+                    f"cannot open the store at {self.safe_url}: its schema cannot be migrated ({_cause(err)})"
+                ) from None
 
     @contextmanager
     def _unavailable_as_store_error(self) -> Iterator[None]:
@@ -414,7 +436,7 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -444,8 +466,9 @@ class Store:
             raise UnknownJob(f"there is no job {job_id!r} in the store")
         return job
 
-    def create_job(self, spec: dict, *, search: str = "partial", objective: str | None = None,
-                   train: bool = True) -> str:
+    def create_job(
+        self, spec: dict, *, search: str = "partial", objective: str | None = None, train: bool = True
+    ) -> str:
         """A new queued job; returns its id.  ``spec`` is a checked job spec as a dict."""
         if search not in ("full", "partial"):
             raise ValueError(f"search must be 'full' or 'partial', not {search!r}")
@@ -456,19 +479,37 @@ class Store:
         now = now_utc()
         job_id = new_id()
         with self._write() as conn:
-            conn.execute(sa.insert(jobs).values(
-                id=job_id, state="queued", spec=_plain(spec), search=search, objective=objective, train=bool(train),
-                progress=0.0, message=None, error=None, created_at=now, started_at=None, updated_at=now,
-                finished_at=None, heartbeat_at=None, runner=None, attempts=0, reused_models_from=None,
-                cancel_requested=False))
+            conn.execute(
+                sa.insert(jobs).values(
+                    id=job_id,
+                    state="queued",
+                    spec=_plain(spec),
+                    search=search,
+                    objective=objective,
+                    train=bool(train),
+                    progress=0.0,
+                    message=None,
+                    error=None,
+                    created_at=now,
+                    started_at=None,
+                    updated_at=now,
+                    finished_at=None,
+                    heartbeat_at=None,
+                    runner=None,
+                    attempts=0,
+                    reused_models_from=None,
+                    cancel_requested=False,
+                )
+            )
         return job_id
 
     def get_job(self, job_id: str) -> dict | None:
         with self._read() as conn:
             return self._get_job(conn, job_id)
 
-    def list_jobs(self, state: str | Iterable[str] | None = None, limit: int = 50,
-                  offset: int = 0) -> tuple[list[dict], int]:
+    def list_jobs(
+        self, state: str | Iterable[str] | None = None, limit: int = 50, offset: int = 0
+    ) -> tuple[list[dict], int]:
         """Jobs newest first (optionally in ``state``, a state or several), and how many match."""
         where = []
         if state is not None:
@@ -479,8 +520,13 @@ class Store:
             where.append(jobs.c.state.in_(states))
         with self._read() as conn:
             total = conn.execute(sa.select(sa.func.count()).select_from(jobs).where(*where)).scalar_one()
-            rows = conn.execute(sa.select(jobs).where(*where).order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
-                                .limit(max(0, int(limit))).offset(max(0, int(offset)))).all()
+            rows = conn.execute(
+                sa.select(jobs)
+                .where(*where)
+                .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
+                .limit(max(0, int(limit)))
+                .offset(max(0, int(offset)))
+            ).all()
         return [self._job(r) for r in rows], int(total)
 
     def claim_job(self, runner: str) -> dict | None:
@@ -491,21 +537,41 @@ class Store:
         for _ in range(20):
             now = now_utc()
             with self._write() as conn:
-                row = conn.execute(sa.select(jobs.c.id).where(jobs.c.state == "queued")
-                                   .order_by(jobs.c.created_at, jobs.c.id).limit(1)
-                                   .with_for_update(skip_locked=True)).first()
+                row = conn.execute(
+                    sa.select(jobs.c.id)
+                    .where(jobs.c.state == "queued")
+                    .order_by(jobs.c.created_at, jobs.c.id)
+                    .limit(1)
+                    .with_for_update(skip_locked=True)
+                ).first()
                 if row is None:
                     return None
-                res = conn.execute(sa.update(jobs).where(jobs.c.id == row.id, jobs.c.state == "queued").values(
-                    state="profiling", runner=runner, heartbeat_at=now, updated_at=now,
-                    started_at=sa.func.coalesce(jobs.c.started_at, now), attempts=jobs.c.attempts + 1))
+                res = conn.execute(
+                    sa.update(jobs)
+                    .where(jobs.c.id == row.id, jobs.c.state == "queued")
+                    .values(
+                        state="profiling",
+                        runner=runner,
+                        heartbeat_at=now,
+                        updated_at=now,
+                        started_at=sa.func.coalesce(jobs.c.started_at, now),
+                        attempts=jobs.c.attempts + 1,
+                    )
+                )
                 if res.rowcount == 1:
                     return self._get_job(conn, row.id)
         return None  # pragma: no cover - only under a storm of competing claimers
 
-    def update_job(self, job_id: str, *, state: str | None = None, progress: float | None = None,
-                   message: str | None = None, error: str | None = None,
-                   reused_models_from: str | None = None) -> None:
+    def update_job(
+        self,
+        job_id: str,
+        *,
+        state: str | None = None,
+        progress: float | None = None,
+        message: str | None = None,
+        error: str | None = None,
+        reused_models_from: str | None = None,
+    ) -> None:
         """Set the fields given (None: unchanged).  Entering an end state sets ``finished_at``;
         going back to ``queued`` clears the runner."""
         now = now_utc()
@@ -538,9 +604,11 @@ class Store:
         cancellation was requested: the runner should stop."""
         now = now_utc()
         with self._write() as conn:
-            res = conn.execute(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.runner == runner,
-                                                     jobs.c.state.in_(RUNNING_STATES))
-                               .values(heartbeat_at=now))
+            res = conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.runner == runner, jobs.c.state.in_(RUNNING_STATES))
+                .values(heartbeat_at=now)
+            )
             if res.rowcount != 1:
                 return False
             return not conn.execute(sa.select(jobs.c.cancel_requested).where(jobs.c.id == job_id)).scalar_one()
@@ -556,21 +624,52 @@ class Store:
         stale = sa.and_(jobs.c.state.in_(RUNNING_STATES), beat < cutoff)
         requeued: list[str] = []
         with self._write() as conn:
-            rows = conn.execute(sa.select(jobs.c.id, jobs.c.cancel_requested, jobs.c.attempts).where(stale)
-                                .order_by(jobs.c.created_at).with_for_update(skip_locked=True)).all()
+            rows = conn.execute(
+                sa.select(jobs.c.id, jobs.c.cancel_requested, jobs.c.attempts)
+                .where(stale)
+                .order_by(jobs.c.created_at)
+                .with_for_update(skip_locked=True)
+            ).all()
             for r in rows:
                 cond = sa.and_(jobs.c.id == r.id, stale)
                 if r.cancel_requested:
-                    conn.execute(sa.update(jobs).where(cond).values(
-                        state="cancelled", runner=None, finished_at=now, updated_at=now,
-                        message="cancelled (its runner stopped before it could finish cancelling)"))
+                    conn.execute(
+                        sa.update(jobs)
+                        .where(cond)
+                        .values(
+                            state="cancelled",
+                            runner=None,
+                            finished_at=now,
+                            updated_at=now,
+                            message="cancelled (its runner stopped before it could finish cancelling)",
+                        )
+                    )
                 elif max_attempts is not None and r.attempts >= max_attempts:
-                    conn.execute(sa.update(jobs).where(cond).values(
-                        state="failed", runner=None, finished_at=now, updated_at=now,
-                        error=f"the job's runner stopped without a word {r.attempts} time(s); it is not retried again"))
-                elif conn.execute(sa.update(jobs).where(cond).values(
-                        state="queued", runner=None, heartbeat_at=None, updated_at=now,
-                        message="re-queued: its runner stopped heartbeating")).rowcount == 1:
+                    conn.execute(
+                        sa.update(jobs)
+                        .where(cond)
+                        .values(
+                            state="failed",
+                            runner=None,
+                            finished_at=now,
+                            updated_at=now,
+                            error=f"the job's runner stopped without a word {r.attempts} time(s); it is not retried again",
+                        )
+                    )
+                elif (
+                    conn.execute(
+                        sa.update(jobs)
+                        .where(cond)
+                        .values(
+                            state="queued",
+                            runner=None,
+                            heartbeat_at=None,
+                            updated_at=now,
+                            message="re-queued: its runner stopped heartbeating",
+                        )
+                    ).rowcount
+                    == 1
+                ):
                     requeued.append(r.id)
         return requeued
 
@@ -582,16 +681,22 @@ class Store:
         with self._write() as conn:
             job = self._need_job(conn, job_id, lock=True)
             if job["state"] == "queued":
-                conn.execute(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state == "queued").values(
-                    state="cancelled", cancel_requested=True, finished_at=now, updated_at=now))
+                conn.execute(
+                    sa.update(jobs)
+                    .where(jobs.c.id == job_id, jobs.c.state == "queued")
+                    .values(state="cancelled", cancel_requested=True, finished_at=now, updated_at=now)
+                )
             elif job["state"] in RUNNING_STATES and not job["cancel_requested"]:
                 conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(cancel_requested=True, updated_at=now))
             return self._need_job(conn, job_id)
 
     def count_running(self) -> int:
         with self._read() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(jobs)
-                                    .where(jobs.c.state.in_(RUNNING_STATES))).scalar_one())
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count()).select_from(jobs).where(jobs.c.state.in_(RUNNING_STATES))
+                ).scalar_one()
+            )
 
     # ----------------------------------------------------------------------- records
     def put_record(self, job_id: str, record: dict) -> None:
@@ -602,8 +707,9 @@ class Store:
         duplicates one."""
         kind = record.get("kind") if isinstance(record, dict) else None
         if kind not in _SHORT:
-            raise RecordError(f"the record given for job {job_id!r} is not a profile, models, plan or training "
-                              f"record (kind {kind!r})")
+            raise RecordError(
+                f"the record given for job {job_id!r} is not a profile, models, plan or training record (kind {kind!r})"
+            )
         short = _short_kind(kind)
         body = _plain(record)
         validate_record(body, f"the {NAMES[kind]} record given for job {job_id!r}")
@@ -612,11 +718,17 @@ class Store:
             self._need_job(conn, job_id)
             self._upsert(conn, records, {"job_id": job_id, "kind": short}, {"body": body, "updated_at": now})
             if short == "profile":
-                self._sync_rows(conn, trials_t, job_id, ("n_workers", "global_batch"),
-                                {(t["n_workers"], t["global_batch"]): _trial_row(t) for t in body["trials"]})
+                self._sync_rows(
+                    conn,
+                    trials_t,
+                    job_id,
+                    ("n_workers", "global_batch"),
+                    {(t["n_workers"], t["global_batch"]): _trial_row(t) for t in body["trials"]},
+                )
             elif short == "train":
-                self._sync_rows(conn, metrics_t, job_id, ("epoch",),
-                                {(e["epoch"],): _metric_row(e) for e in body["history"]})
+                self._sync_rows(
+                    conn, metrics_t, job_id, ("epoch",), {(e["epoch"],): _metric_row(e) for e in body["history"]}
+                )
 
     def get_record(self, job_id: str, kind: str) -> dict | None:
         """``job_id``'s record of ``kind`` (``profile``, ``models``, ``plan``, ``train``, or the
@@ -626,11 +738,14 @@ class Store:
         name = NAMES[RECORD_KINDS[short]]
         try:
             with self._read() as conn:
-                body = conn.execute(sa.select(records.c.body).where(records.c.job_id == job_id,
-                                                                    records.c.kind == short)).scalar_one_or_none()
+                body = conn.execute(
+                    sa.select(records.c.body).where(records.c.job_id == job_id, records.c.kind == short)
+                ).scalar_one_or_none()
         except (ValueError, TypeError) as err:  # JSON that does not parse
-            raise StoreError(f"the {name} record of job {job_id!r} in the store is damaged: it is not valid JSON "
-                             f"({str(err).splitlines()[0][:120]})") from None
+            raise StoreError(
+                f"the {name} record of job {job_id!r} in the store is damaged: it is not valid JSON "
+                f"({str(err).splitlines()[0][:120]})"
+            ) from None
         if body is None:
             return None
         try:
@@ -642,15 +757,27 @@ class Store:
     def trials(self, job_id: str) -> list[dict]:
         """The trials of ``job_id``'s profile, as in its record, ordered by (N, B)."""
         with self._read() as conn:
-            rows = conn.execute(sa.select(trials_t.c.body).where(trials_t.c.job_id == job_id)
-                                .order_by(trials_t.c.n_workers, trials_t.c.global_batch)).scalars().all()
+            rows = (
+                conn.execute(
+                    sa.select(trials_t.c.body)
+                    .where(trials_t.c.job_id == job_id)
+                    .order_by(trials_t.c.n_workers, trials_t.c.global_batch)
+                )
+                .scalars()
+                .all()
+            )
         return list(rows)
 
     def metrics(self, job_id: str) -> list[dict]:
         """The epochs of ``job_id``'s training record (its history lines), ordered by epoch."""
         with self._read() as conn:
-            rows = conn.execute(sa.select(metrics_t.c.body).where(metrics_t.c.job_id == job_id)
-                                .order_by(metrics_t.c.epoch)).scalars().all()
+            rows = (
+                conn.execute(
+                    sa.select(metrics_t.c.body).where(metrics_t.c.job_id == job_id).order_by(metrics_t.c.epoch)
+                )
+                .scalars()
+                .all()
+            )
         return list(rows)
 
     # ----------------------------------------------------------------------- artefacts
@@ -672,20 +799,24 @@ class Store:
         try:
             rel = p.relative_to(self.data_dir)
         except ValueError:
-            raise StoreError(f"artefact {name!r} of job {job_id!r} is {str(p)!r}, outside the store's data directory "
-                             f"{str(self.data_dir)!r}") from None
+            raise StoreError(
+                f"artefact {name!r} of job {job_id!r} is {str(p)!r}, outside the store's data directory "
+                f"{str(self.data_dir)!r}"
+            ) from None
         if not p.is_file():
             raise StoreError(f"artefact {name!r} of job {job_id!r} is {str(p)!r}, which is not a file")
         with self._write() as conn:
             self._need_job(conn, job_id)
-            self._upsert(conn, artifacts_t, {"job_id": job_id, "name": name},
-                         {"path": rel.as_posix(), "updated_at": now_utc()})
+            self._upsert(
+                conn, artifacts_t, {"job_id": job_id, "name": name}, {"path": rel.as_posix(), "updated_at": now_utc()}
+            )
 
     def artifact_path(self, job_id: str, name: str) -> Path | None:
         """The file of ``job_id``'s artefact ``name``; None when there is none (or it is gone)."""
         with self._read() as conn:
-            rel = conn.execute(sa.select(artifacts_t.c.path).where(artifacts_t.c.job_id == job_id,
-                                                                   artifacts_t.c.name == name)).scalar_one_or_none()
+            rel = conn.execute(
+                sa.select(artifacts_t.c.path).where(artifacts_t.c.job_id == job_id, artifacts_t.c.name == name)
+            ).scalar_one_or_none()
         if rel is None:
             return None
         p = self.data_dir / rel
@@ -694,8 +825,11 @@ class Store:
     def artifacts(self, job_id: str) -> dict[str, Path]:
         """Every artefact of ``job_id`` whose file is there: name -> path."""
         with self._read() as conn:
-            rows = conn.execute(sa.select(artifacts_t.c.name, artifacts_t.c.path)
-                                .where(artifacts_t.c.job_id == job_id).order_by(artifacts_t.c.name)).all()
+            rows = conn.execute(
+                sa.select(artifacts_t.c.name, artifacts_t.c.path)
+                .where(artifacts_t.c.job_id == job_id)
+                .order_by(artifacts_t.c.name)
+            ).all()
         return {r.name: self.data_dir / r.path for r in rows if (self.data_dir / r.path).is_file()}
 
     # ----------------------------------------------------------------------- model reuse
@@ -707,14 +841,22 @@ class Store:
         validate_record(body, f"the models record given for job {job_id!r}", (MODELS_KIND,))
         with self._write() as conn:
             self._need_job(conn, job_id)
-            self._upsert(conn, models_t, {"key": key, "job_id": job_id},
-                         {"key_parts": _plain(key_parts), "models": body, "created_at": now_utc()})
+            self._upsert(
+                conn,
+                models_t,
+                {"key": key, "job_id": job_id},
+                {"key_parts": _plain(key_parts), "models": body, "created_at": now_utc()},
+            )
 
     def find_models(self, key: str) -> tuple[dict, str] | None:
         """The newest models record stored under ``key`` and the job that fitted it, or None."""
         with self._read() as conn:
-            row = conn.execute(sa.select(models_t.c.models, models_t.c.job_id).where(models_t.c.key == key)
-                               .order_by(models_t.c.created_at.desc(), models_t.c.job_id).limit(1)).first()
+            row = conn.execute(
+                sa.select(models_t.c.models, models_t.c.job_id)
+                .where(models_t.c.key == key)
+                .order_by(models_t.c.created_at.desc(), models_t.c.job_id)
+                .limit(1)
+            ).first()
         if row is None:
             return None
         try:
@@ -737,21 +879,27 @@ class Store:
         if conn.execute(sa.update(table).where(*cond).values(**values)).rowcount == 0:
             conn.execute(sa.insert(table).values(**key, **values))
 
-    def _sync_rows(self, conn: Connection, table: sa.Table, job_id: str, key_cols: tuple[str, ...],
-                   want: dict[tuple, dict]) -> None:
+    def _sync_rows(
+        self, conn: Connection, table: sa.Table, job_id: str, key_cols: tuple[str, ...], want: dict[tuple, dict]
+    ) -> None:
         """Make ``job_id``'s rows of ``table`` exactly ``want`` (key tuple -> row values):
         changed rows updated, new ones inserted, ones no longer there deleted."""
         cols = [table.c[c] for c in key_cols]
-        have = {tuple(r[:-1]): r[-1] for r in conn.execute(sa.select(*cols, table.c.body)
-                                                            .where(table.c.job_id == job_id)).all()}
+        have = {
+            tuple(r[:-1]): r[-1]
+            for r in conn.execute(sa.select(*cols, table.c.body).where(table.c.job_id == job_id)).all()
+        }
         for k in have.keys() - want.keys():
             conn.execute(sa.delete(table).where(table.c.job_id == job_id, *[c == v for c, v in zip(cols, k)]))
         for k, row in want.items():
             if k not in have:
                 conn.execute(sa.insert(table).values(job_id=job_id, **row))
             elif have[k] != row["body"]:
-                conn.execute(sa.update(table).where(table.c.job_id == job_id, *[c == v for c, v in zip(cols, k)])
-                             .values(**{c: v for c, v in row.items() if c not in key_cols}))
+                conn.execute(
+                    sa.update(table)
+                    .where(table.c.job_id == job_id, *[c == v for c, v in zip(cols, k)])
+                    .values(**{c: v for c, v in row.items() if c not in key_cols})
+                )
 
 
 def _finite(v: Any) -> float | None:
@@ -759,12 +907,27 @@ def _finite(v: Any) -> float | None:
 
 
 def _trial_row(t: dict) -> dict:
-    return {"n_workers": t["n_workers"], "global_batch": t["global_batch"], "local_batch": t["local_batch"],
-            "status": t["status"], "t_step_s": _finite(t.get("t_step_s")), "t_compute_s": _finite(t.get("t_compute_s")),
-            "t_sync_s": _finite(t.get("t_sync_s")), "peak_mem_bytes": t.get("peak_mem_bytes"), "body": t}
+    return {
+        "n_workers": t["n_workers"],
+        "global_batch": t["global_batch"],
+        "local_batch": t["local_batch"],
+        "status": t["status"],
+        "t_step_s": _finite(t.get("t_step_s")),
+        "t_compute_s": _finite(t.get("t_compute_s")),
+        "t_sync_s": _finite(t.get("t_sync_s")),
+        "peak_mem_bytes": t.get("peak_mem_bytes"),
+        "body": t,
+    }
 
 
 def _metric_row(e: dict) -> dict:
-    return {"epoch": e["epoch"], "global_batch": e["global_batch"], "n_workers": e["n_workers"],
-            "train_loss": _finite(e.get("train_loss")), "test_loss": _finite(e.get("test_loss")),
-            "test_top1": _finite(e.get("test_top1")), "epoch_time_s": _finite(e.get("epoch_time_s")), "body": e}
+    return {
+        "epoch": e["epoch"],
+        "global_batch": e["global_batch"],
+        "n_workers": e["n_workers"],
+        "train_loss": _finite(e.get("train_loss")),
+        "test_loss": _finite(e.get("test_loss")),
+        "test_top1": _finite(e.get("test_top1")),
+        "epoch_time_s": _finite(e.get("epoch_time_s")),
+        "body": e,
+    }

@@ -20,8 +20,7 @@ connection = config.attributes.get("connection")
 
 
 def _run(conn) -> None:
-    context.configure(connection=conn, version_table=VERSION_TABLE, render_as_batch=True,
-                      transactional_ddl=True)
+    context.configure(connection=conn, version_table=VERSION_TABLE, render_as_batch=True, transactional_ddl=True)
     with context.begin_transaction():
         context.run_migrations()
 

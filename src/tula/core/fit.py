@@ -1,0 +1,78 @@
+"""Fit stage: a profile record in, a fitted-models record out.
+
+The models record is small and self-contained (spec, memory model, performance model,
+data-set size, the measured trials for plots), so it is saved once and re-planned from
+without profiling again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tula.core.errors import RecordError
+from tula.core.memory_model import MemoryModel
+from tula.core.perfmodel import PerfModel, fit_perf_model, relative_error, relative_errors
+from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, load_record, placement, save_record  # noqa: F401
+from tula.core.spec import JobSpec, spec_from_dict
+
+
+def oom_local_batch(trials: list[dict]) -> int | None:
+    """Smallest local batch that ran out of memory (or was skipped after one did)."""
+    bad = [t["local_batch"] for t in trials if t["status"] in ("oom", "skipped")]
+    return min(bad) if bad else None
+
+
+def fit_models(profile: dict) -> dict:
+    """Fit the memory and performance models of a profile record."""
+    spec = spec_from_dict(profile["spec"])
+    trials = profile["trials"]
+    if not any(t["status"] == "ok" for t in trials):
+        raise RecordError(
+            "the profile has no successful trial to fit a performance model to "
+            "(every trial ran out of memory or failed)"
+        )
+    perf = fit_perf_model(trials, spec.collective, profile["model"]["grad_bytes"])
+    ok = [t for t in trials if t["status"] == "ok"]
+    probed = MemoryModel.from_dict(profile["memory"])
+    mem = probed.refit([t["local_batch"] for t in ok], [t["peak_mem_bytes"] for t in ok])
+    t_err = relative_errors(perf, ok)  # each trial where its ranks ran
+    m_err = relative_error(
+        mem.predict_peak_bytes(np.array([t["local_batch"] for t in ok])), [t["peak_mem_bytes"] for t in ok]
+    )
+    return {
+        "kind": MODELS_KIND,
+        "version": 1,
+        "spec": spec.to_dict(),
+        "search": profile["search"],
+        "device": profile["device"],
+        "dataset_size": profile["dataset_size"],
+        "memory_budget_bytes": profile["memory_budget_bytes"],
+        "memory": mem.to_dict(),
+        "memory_probed": probed.to_dict(),
+        "perf": perf.to_dict(),
+        "oom_local_batch": oom_local_batch(trials),
+        "fit_error": {
+            "t_step_median_rel": float(np.median(t_err)),
+            "t_step_max_rel": float(t_err.max()),
+            "peak_mem_median_rel": float(np.median(m_err)),
+            "peak_mem_max_rel": float(m_err.max()),
+        },
+        "trials": trials,
+        "profiling_s": profile.get("profiling_s"),
+        "placement": placement(trials),
+    }
+
+
+def models_from(rec: dict) -> tuple[JobSpec, MemoryModel, PerfModel]:
+    return spec_from_dict(rec["spec"]), MemoryModel.from_dict(rec["memory"]), PerfModel.from_dict(rec["perf"])
+
+
+def rebase_models(models: dict, spec: dict, dataset_size: int, from_job: str | None = None) -> dict:
+    """Fitted models reused for another job with the same model key: the fitted memory and
+    performance models (and the trials they were fitted on) are kept; the job's own spec
+    (epochs, search space, pricing, objective) and training-set size replace the measured
+    job's, so the plan is this job's.  ``from_job`` names the job that measured them."""
+    out = {**models, "spec": spec_from_dict(spec).to_dict(), "dataset_size": int(dataset_size)}
+    if from_job is not None:
+        out["reused_models_from"] = from_job
+    return out

@@ -1,0 +1,137 @@
+"""What a job spec allows and where its batch schedule starts.
+
+The tables of training methods (:mod:`tula.core.registry`) and batch schedules
+(:mod:`tula.core.schedules`) know nothing of the spec; the spec (:mod:`tula.core.spec`)
+reads their names.  The rules that read a :class:`~tula.core.spec.JobSpec` against those
+tables live here, above all three, so that none of them imports another in a circle.
+
+:func:`check_train_config` is the one place where every rule a training configuration must
+satisfy is checked, before any process starts; the method classes call :func:`check_method`
+with the same sentences.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tula.core.errors import SpecError
+from tula.core.registry import method_info
+from tula.core.schedules import Caps, initial_state
+from tula.core.spec import BatchScheduleSpec, JobSpec
+
+
+def method_problem(method: str, spec: JobSpec, n_workers: int, global_batch: int) -> str | None:
+    """The sentence saying why ``method`` cannot train at (``n_workers``, ``global_batch``)
+    under ``spec``, from its constraints in the table; ``None`` when it can."""
+    info = method_info(method)
+    if n_workers < info.min_workers:
+        why = f" {info.min_workers_reason}" if info.min_workers_reason else ""
+        return f"method {method!r}{why} and needs at least {info.min_workers} workers, not {n_workers}"
+    if info.needs_b_small_below_batch and spec.train.ags.b_small >= global_batch:
+        return (
+            f"train.ags.b_small ({spec.train.ags.b_small}) must be smaller than the global batch "
+            f"({global_batch}) for method {method!r}"
+        )
+    return None
+
+
+def check_method(method: str, spec: JobSpec, n_workers: int, global_batch: int) -> None:
+    """Raise :func:`method_problem`'s sentence as a :class:`~tula.core.errors.SpecError`."""
+    problem = method_problem(method, spec, n_workers, global_batch)
+    if problem:
+        raise SpecError(problem)
+
+
+def check_train_config(spec: JobSpec, method: str, n_workers: int, global_batch: int, dataset_size: int) -> None:
+    """Every rule a training configuration must satisfy, checked before any process starts:
+    one :class:`~tula.core.errors.SpecError` sentence for the first one broken."""
+    if n_workers < 1:
+        raise SpecError(f"the number of workers must be at least 1, not {n_workers}")
+    if global_batch < n_workers or global_batch % n_workers:
+        raise SpecError(f"global batch {global_batch} does not split evenly over {n_workers} workers")
+    if global_batch > dataset_size:
+        raise SpecError(f"global batch {global_batch} is larger than the training set ({dataset_size} samples)")
+    check_method(method, spec, n_workers, global_batch)
+
+
+def smallest_batch_for(method: str, spec: JobSpec, n_workers: int) -> int:
+    """The smallest global batch ``method`` can train at on ``n_workers``: one sample per
+    worker, or the first multiple of ``n_workers`` above ``train.ags.b_small`` for the
+    methods that measure on that sub-batch."""
+    smallest = n_workers
+    if method_info(method).needs_b_small_below_batch:
+        smallest = max(smallest, (spec.train.ags.b_small // n_workers + 1) * n_workers)
+    return smallest
+
+
+def schedule_problem(method: str, spec: JobSpec) -> str | None:
+    """Why ``method`` cannot follow the spec's batch schedule / growing workers, or None."""
+    info = method_info(method)
+    sched, workers = spec.train.batch_schedule, spec.train.workers
+    if sched is None and workers is None:
+        return None
+    if workers is not None and workers.min != workers.max and not info.resizable:
+        return (
+            f"method {method!r} keeps state per rank that cannot move to another worker count; train it with "
+            "train.workers.min equal to train.workers.max, or choose another method"
+        )
+    if workers is not None and workers.min < info.min_workers:
+        return f"method {method!r} needs at least {info.min_workers} workers, but train.workers.min is {workers.min}"
+    if sched is not None and sched.lr_rule != "keep" and info.scales_lr_with_batch:
+        return (
+            f"method {method!r} already scales its LR with the global batch; set train.batch_schedule.lr_rule "
+            "to 'keep' so that the LR is not scaled twice"
+        )
+    if sched is not None and sched.kind == "adaptive" and not info.resizable:
+        return (
+            f"batch schedule 'adaptive' follows the gradient noise scale, which method {method!r} does not "
+            "give (its workers do not synchronise their gradients); use another schedule"
+        )
+    return None
+
+
+def state_from_spec(spec: JobSpec, first_batch: int, f0: float | None = None) -> dict[str, Any]:
+    """:func:`initial_state` from ``spec.train.batch_schedule`` (``constant`` when it has none)."""
+    t = spec.train
+    s: BatchScheduleSpec | None = t.batch_schedule
+    if s is None:
+        return initial_state("constant", first_batch, lr_milestones=t.lr_milestones, lr_gamma=t.lr_gamma)
+    return initial_state(
+        s.kind,
+        first_batch,
+        s.params(),
+        every_epochs=s.every_epochs,
+        lr_rule=s.lr_rule,
+        max_batch=s.max_batch,
+        lr_milestones=t.lr_milestones,
+        lr_gamma=t.lr_gamma,
+        f0=f0,
+    )
+
+
+def caps_from_spec(
+    spec: JobSpec, first_batch: int, first_workers: int, dataset_size: int, max_local_batch: int | None
+) -> Caps:
+    """:class:`Caps` from ``spec.train.workers``: without it the worker count stays
+    ``first_workers``; its ``batch_per_worker`` defaults to the first local batch."""
+    w = spec.train.workers
+    if w is None:
+        return Caps(dataset_size, max_local_batch, first_workers, first_workers, None)
+    bpw = w.batch_per_worker or max(1, first_batch // max(first_workers, 1))
+    return Caps(dataset_size, max_local_batch, w.min, w.max, bpw)
+
+
+def first_workers(spec: JobSpec, first_batch: int) -> int | None:
+    """The worker count ``spec.train.workers`` gives the first global batch, so that a run
+    with a worker rule needs no worker count of its own: clip(ceil(B / batch_per_worker),
+    min, max), or ``min`` when ``batch_per_worker`` is not given (it then defaults to the
+    first local batch, B / min).  ``None`` without ``train.workers``.  The runner's first
+    decision (:func:`next_config` at epoch 0, with the memory and data-set caps) may still
+    round B down to a multiple of it."""
+    w = spec.train.workers
+    if w is None:
+        return None
+    if w.batch_per_worker is None:
+        return w.min
+    return min(max(math.ceil(first_batch / w.batch_per_worker), w.min), w.max)

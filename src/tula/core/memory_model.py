@@ -1,0 +1,130 @@
+"""The memory model (Eq. 3, §III-A1) as a small parameter record: peak memory of one training
+step as a function of the local batch, and the largest local batch that fits a budget.
+
+    M_total(b) = M_param + M_grad + M_opt + M_buffers + M_other  +  b * (m_act + m_batch)
+
+It is measured in :mod:`tula.engine.memory` (which needs torch); this module is numpy only, so
+fitting and planning from saved records never import torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Fitted memory model of one (model, data, optimiser, device).  All sizes in bytes."""
+
+    param_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+    buffer_bytes: int
+    other_static_bytes: int  # measured intercept minus the static parts above (workspaces, DDP, rounding)
+    activation_bytes_per_sample: int  # measured slope minus the data batch
+    batch_bytes_per_sample: int
+    probe_local_batches: tuple[int, int]
+    probe_peak_bytes: tuple[int, int]
+    device: str
+    update_peak_bytes: int = 0  # peak during the optimiser step: a floor under every batch's peak
+    # address space a worker maps beyond its tensors (oneDNN kernels and primitives, the
+    # allocator's heap, thread stacks), measured by the probe when a cap is enforced; 0 otherwise
+    address_space_overhead_bytes: int = 0
+
+    @property
+    def static_bytes(self) -> int:
+        return (
+            self.param_bytes
+            + self.grad_bytes
+            + self.optimizer_state_bytes
+            + self.buffer_bytes
+            + self.other_static_bytes
+        )
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return self.activation_bytes_per_sample + self.batch_bytes_per_sample
+
+    def predict_peak_bytes(self, local_batch):
+        """Predicted peak bytes for a local batch (scalar or numpy array): the forward/backward
+        line, or the optimiser step's peak where that is higher."""
+        line = self.static_bytes + self.bytes_per_sample * np.asarray(local_batch)
+        peak = np.maximum(line, self.update_peak_bytes)
+        return int(peak) if peak.ndim == 0 else peak
+
+    def predict_budget_bytes(self, local_batch):
+        """What a local batch charges to the memory budget: the predicted peak of tensors plus,
+        under an address-space cap, the worker's address-space overhead."""
+        return self.predict_peak_bytes(local_batch) + self.address_space_overhead_bytes
+
+    def max_local_batch(self, budget_bytes: int | None, safety: float = 0.1) -> int | None:
+        """Largest local batch whose predicted peak (plus the address-space overhead, see
+        :meth:`predict_budget_bytes`) stays within ``(1 - safety) * budget``; ``None`` when
+        there is no budget, 0 when not even one sample fits (:meth:`shortfall` says why)."""
+        if budget_bytes is None:
+            return None
+        usable = budget_bytes * (1.0 - safety) - self.address_space_overhead_bytes
+        room = usable - self.static_bytes
+        if room < self.bytes_per_sample or self.update_peak_bytes > usable:
+            return 0
+        return int(math.floor(room / max(self.bytes_per_sample, 1)))
+
+    def shortfall(self, budget_bytes: int, safety: float = 0.1) -> str:
+        """Why not one sample fits ``budget_bytes`` (a clause for an error message)."""
+        usable = budget_bytes * (1.0 - safety)
+        need = (
+            max(self.static_bytes + self.bytes_per_sample, self.update_peak_bytes) + self.address_space_overhead_bytes
+        )
+        parts = [
+            f"{_mib(max(self.static_bytes, self.update_peak_bytes))} of parameters, gradients, optimiser "
+            f"state and workspaces"
+        ]
+        if self.address_space_overhead_bytes:
+            parts.append(
+                f"{_mib(self.address_space_overhead_bytes)} of address space beyond tensors under the "
+                "memory cap (oneDNN kernels, allocator heap, thread stacks)"
+            )
+        return (
+            f"a step needs at least {_mib(need)} per worker ({', '.join(parts)}, then "
+            f"{self.bytes_per_sample} bytes per sample), more than the {_mib(usable)} left of the "
+            f"{_mib(budget_bytes)} budget after the {safety:.0%} safety margin"
+        )
+
+    def refit(self, local_batches, peak_bytes) -> MemoryModel:
+        """The same static decomposition with intercept and slope refitted to more measured
+        peaks (e.g. the profiled trials), by least squares on relative error over the
+        larger half of the batches."""
+        b = np.concatenate([np.asarray(self.probe_local_batches, float), np.asarray(local_batches, float)])
+        p = np.concatenate([np.asarray(self.probe_peak_bytes, float), np.asarray(peak_bytes, float)])
+        # at small batches the peak can sit in another phase of the step (optimiser update
+        # rather than backward), so the line is fitted to the larger half of the batches
+        keep = b >= np.median(b)
+        if len(np.unique(b[keep])) < 2:
+            keep = np.ones_like(b, dtype=bool)
+        if len(np.unique(b[keep])) < 2:
+            return self
+        slope, intercept = np.polyfit(b[keep], p[keep], 1, w=1.0 / p[keep])
+        slope = max(float(slope), 0.0)
+        known = self.param_bytes + self.grad_bytes + self.optimizer_state_bytes + self.buffer_bytes
+        return replace(
+            self,
+            other_static_bytes=int(round(intercept)) - known,
+            activation_bytes_per_sample=int(math.ceil(slope)) - self.batch_bytes_per_sample,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MemoryModel:
+        d = dict(d)
+        d["probe_local_batches"] = tuple(d["probe_local_batches"])
+        d["probe_peak_bytes"] = tuple(d["probe_peak_bytes"])
+        return cls(**d)

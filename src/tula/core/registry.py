@@ -1,0 +1,154 @@
+"""The training methods Tula knows: one table that the spec, the runner, the CLI, the
+service and the benchmarks read.
+
+Each entry says where the method's class lives (imported only when a method is built, so
+this module and :mod:`tula.core.spec` load without torch), what the CLI's help says about it,
+which part of the spec configures it, and its constraints *as data*:
+
+* ``min_workers`` -- the fewest ranks it can train on (AdaScale estimates the gradient
+  variance from the spread of the workers' local gradients);
+* ``needs_b_small_below_batch`` -- it measures on a sub-batch of ``train.ags.b_small``
+  samples, which must be smaller than the global batch.
+
+The table knows no spec: the rules that read a :class:`~tula.core.spec.JobSpec` against it
+are :mod:`tula.core.job_rules`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from tula.core.errors import SpecError
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """A training method: its name, its class and its constraints.
+
+    Attributes
+    ----------
+    name : what ``train.method`` and ``--method`` accept
+    target : ``"package.module:Class"`` of its :class:`tula.engine.optim.methods.Method` subclass
+    summary : one line for the CLI's help
+    label : its name in tables and plots (the paper's Table I)
+    spec_section : the spec section that configures it (``"train.ags"``), if any
+    spec_fields : other spec fields it reads
+    min_workers : the fewest workers it can train on
+    min_workers_reason : why (completes "method 'x' ... and needs at least N workers")
+    needs_b_small_below_batch : ``train.ags.b_small`` must be smaller than the global batch
+    is_baseline : a method Tula is compared with (not one of Tula's own)
+    scales_lr_with_batch : its own LR rule already follows the global batch (a batch schedule's
+        ``lr_rule`` must then be ``keep``, or the LR would be scaled twice)
+    resizable : its state can move to another worker count (post-local SGD keeps one momentum
+        per rank, which has no meaning on another count)
+    """
+
+    name: str
+    target: str
+    summary: str
+    label: str
+    spec_section: str | None = None
+    spec_fields: tuple[str, ...] = ()
+    min_workers: int = 1
+    min_workers_reason: str = ""
+    needs_b_small_below_batch: bool = False
+    is_baseline: bool = True
+    scales_lr_with_batch: bool = False
+    resizable: bool = True
+
+
+_TABLE = (
+    MethodInfo(
+        "ags",
+        "tula.engine.optim.methods:AdaptiveScaling",
+        "Tula's adaptive gradient scaling (Algorithm 1)",
+        "AGS",
+        spec_section="train.ags",
+        needs_b_small_below_batch=True,
+        is_baseline=False,
+    ),
+    MethodInfo(
+        "static",
+        "tula.engine.optim.methods:StaticScaling",
+        "static gradient scaling U(s) (Eq. 8) outside sensitive phases",
+        "static",
+        spec_section="train.ags",
+        needs_b_small_below_batch=True,
+        is_baseline=False,
+    ),
+    MethodInfo(
+        "lbt",
+        "tula.engine.optim.methods:Method",
+        "vanilla large-batch training at the spec's LR",
+        "LBT",
+        spec_fields=("optimizer",),
+    ),
+    MethodInfo(
+        "lrs",
+        "tula.engine.optim.methods:LRS",
+        "linear LR scaling from train.base_batch with warm-up",
+        "LRS",
+        spec_fields=("train.base_batch", "train.warmup_epochs"),
+        scales_lr_with_batch=True,
+    ),
+    MethodInfo(
+        "lars",
+        "tula.engine.optim.baselines:LARS",
+        "LARS (timm) with linear LR scaling and warm-up",
+        "LARS",
+        spec_fields=("train.base_batch", "train.warmup_epochs"),
+        scales_lr_with_batch=True,
+    ),
+    MethodInfo(
+        "polo",
+        "tula.engine.optim.baselines:PostLocalSGD",
+        "post-local SGD",
+        "PoLo",
+        spec_fields=("train.polo_switch_epoch", "train.polo_averages_per_epoch", "train.warmup_epochs"),
+        resizable=False,
+    ),
+    MethodInfo(
+        "adascale",
+        "tula.engine.optim.baselines:AdaScale",
+        "AdaScale SGD, the LR times the gain ratio",
+        "AdaScale",
+        spec_fields=("train.base_batch",),
+        min_workers=2,
+        min_workers_reason="estimates the gradient variance across workers",
+    ),
+    MethodInfo(
+        "lamb",
+        "tula.engine.optim.baselines:LAMB",
+        "LAMB (timm) at train.lamb_lr with square-root LR scaling",
+        "LAMB",
+        spec_fields=("train.lamb_lr", "train.base_batch", "train.warmup_epochs"),
+        scales_lr_with_batch=True,
+    ),
+)
+
+METHODS: dict[str, MethodInfo] = {m.name: m for m in _TABLE}
+METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
+
+
+#: the training losses (``train.loss``): name -> what it trains and how an epoch is scored
+LOSSES: dict[str, str] = {
+    "cross_entropy": "classification: integer class labels; per epoch test loss, top-1 (and top-5)",
+    "mse": "regression: float targets of shape (n, outputs); per epoch test MSE and R^2",
+}
+LOSS_NAMES: tuple[str, ...] = tuple(LOSSES)
+
+
+def method_info(name: str) -> MethodInfo:
+    """The entry of ``name``; an unknown name is a :class:`~tula.core.errors.SpecError`."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise SpecError(f"unknown training method {name!r}; use one of {', '.join(METHOD_NAMES)}") from None
+
+
+def method_class(name: str) -> Any:
+    """The method class of ``name``, imported on first use (it imports torch)."""
+    module, _, attr = method_info(name).target.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,637 @@
+"""Batch-size schedules: how the global batch (and the worker count with it) moves during a run.
+
+One table, :data:`SCHEDULES`, that the spec, the runner, the CLI and the benchmarks read
+(like :data:`tula.core.registry.METHODS`); its parameters and their constraints are data.  No
+torch here: the decision is pure arithmetic on the epochs' records.
+
+=============================  =================================================================
+``constant``                   B0 for the whole run
+``geometric``                  AdaDamp's GeoDamp: B0 * factor ** floor(epoch / delay)
+``linear``                     PadaDamp: B0 + ceil(rate * k) after k model updates
+``increase_instead_of_decay``  Smith et al.: at each of ``train.lr_milestones`` the batch is
+                               multiplied by 1 / ``train.lr_gamma`` instead of decaying the LR;
+                               at the largest batch the LR decays instead
+``loss_ratio``                 AdaDamp: B0 * (F(w0) - F*) / (F(wk) - F*), F from the epochs'
+                               training loss
+``adaptive``                   follows the gradient noise scale B_simple
+                               (:mod:`tula.core.noise_scale`), clipped, with hysteresis and a
+                               maximum growth per boundary
+``piecewise``                  a hand-written list: ``batches[i]`` for the i-th period of
+                               ``every_epochs`` epochs, the last for the rest of the run
+                               (the batch may also shrink)
+=============================  =================================================================
+
+The runner calls :func:`next_config` once before the first epoch (``epoch_done=0``, empty
+history) and at every epoch boundary after; it is a pure function of the schedule state
+(a plain, JSON-serialisable dict kept in the checkpoint), the finished epochs' records and
+the :class:`Caps`, and returns a :class:`Decision` that carries the next state.  Every
+schedule is capped by the memory model's largest local batch times the largest worker
+count, by ``max_batch`` and by the training-set size; the global batch is rounded down to
+a multiple of the worker count N = clip(ceil(B / batch_per_worker), min, max).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tula.core.errors import SpecError
+
+STATE_VERSION = 1
+#: how the LR follows the batch, relative to the first batch B0: keep it, times B/B0, times sqrt(B/B0)
+LR_RULES: tuple[str, ...] = ("keep", "linear", "sqrt")
+
+_EPS = 1e-9  # floor/ceil tolerance: 32 / 0.1 is 319.99999999999997, 0.1 * 30 is 3.0000000000000004
+
+
+def _floor(x: float) -> int:
+    return math.floor(x + _EPS * max(1.0, abs(x)))
+
+
+def _ceil(x: float) -> int:
+    return math.ceil(x - _EPS * max(1.0, abs(x)))
+
+
+def steps_per_epoch(dataset_size: int, global_batch: int) -> int:
+    """Optimiser steps per epoch: every full global batch (at least one).  The runner trains
+    this many; the simulator counts them."""
+    return max(1, dataset_size // global_batch)
+
+
+# ---------------------------------------------------------------------------- parameters as data
+@dataclass(frozen=True)
+class Param:
+    """A schedule's own parameter: its type, default and bounds.
+
+    ``default`` ``None`` means "the first global batch" (``adaptive``'s ``min_batch``).
+    ``low``/``high`` bound it, exclusive where ``low_open``/``high_open``."""
+
+    name: str
+    type: type
+    default: float | int | None
+    help: str
+    low: float | None = None
+    low_open: bool = False
+    high: float | None = None
+    high_open: bool = False
+    required: bool = False
+
+    def bounds(self) -> str:
+        """The allowed range in words ("greater than 1", "between 0 and 1, exclusive")."""
+        if self.low is not None and self.high is not None:
+            return (
+                f"between {self.low:g} and {self.high:g} (exclusive)"
+                if self.low_open and self.high_open
+                else f"between {self.low:g} and {self.high:g}"
+            )
+        if self.low is not None:
+            return f"greater than {self.low:g}" if self.low_open else f"at least {self.low:g}"
+        if self.high is not None:
+            return f"less than {self.high:g}" if self.high_open else f"at most {self.high:g}"
+        return "a finite number"
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not allowed (a sentence without its subject), or ``None``."""
+        if self.type is list:  # a non-empty list of integers, each within the bounds
+            if not isinstance(value, (list, tuple)) or not value:
+                return f"must be a non-empty list of integers, not {value!r}"
+            item = Param(self.name, int, None, self.help, self.low, self.low_open, self.high, self.high_open)
+            for i, v in enumerate(value):
+                problem = item.problem(v)
+                if problem:
+                    return f"entry {i} {problem}"
+            return None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (self.type is int and not float(value).is_integer())
+        ):
+            return f"must be {'an integer' if self.type is int else 'a number'}, not {value!r}"
+        v = float(value)
+        bad = not math.isfinite(v)
+        if self.low is not None:
+            bad = bad or (v <= self.low if self.low_open else v < self.low)
+        if self.high is not None:
+            bad = bad or (v >= self.high if self.high_open else v > self.high)
+        return f"must be {self.bounds()}, not {value!r}" if bad else None
+
+
+# ---------------------------------------------------------------------------- the schedules
+@dataclass
+class _Ctx:
+    """What a schedule sees at a boundary (``state`` is its own copy, to update)."""
+
+    state: dict[str, Any]
+    epoch_done: int
+    history: Sequence[dict[str, Any]]
+    cap: int  # the largest global batch allowed (memory x workers, max_batch, data set)
+
+
+class Schedule:
+    """A batch-size schedule: :meth:`want` says which global batch it wants after
+    ``ctx.epoch_done`` epochs (before caps and rounding), and a one-line reason."""
+
+    name = ""
+
+    def want(self, ctx: _Ctx) -> tuple[float, str]:
+        raise NotImplementedError
+
+    def settle(self, ctx: _Ctx, wanted: float, batch: int) -> tuple[str, bool]:
+        """After the caps: update ``ctx.state`` knowing the batch actually chosen.  Returns a
+        reason to append ('' for none) and whether the LR decays instead of the batch growing."""
+        return "", False
+
+
+class Constant(Schedule):
+    name = "constant"
+
+    def want(self, ctx):
+        return ctx.state["b0"], f"constant batch {ctx.state['b0']}"
+
+
+class Geometric(Schedule):
+    name = "geometric"
+
+    def want(self, ctx):
+        p, b0 = ctx.state["params"], ctx.state["b0"]
+        j = ctx.epoch_done // p["delay"]
+        return b0 * p["factor"] ** j, f"geometric: {b0} x {p['factor']:g}^{j} after epoch {ctx.epoch_done}"
+
+
+class Linear(Schedule):
+    name = "linear"
+
+    def want(self, ctx):
+        b0, rate = ctx.state["b0"], ctx.state["params"]["rate"]
+        k = sum(int(h["steps"]) for h in ctx.history)
+        return b0 + _ceil(rate * k), f"linear: {b0} + ceil({rate:g} x {k} updates)"
+
+
+class IncreaseInsteadOfDecay(Schedule):
+    """The batch times 1/gamma at each milestone not yet applied; where the cap stops the
+    batch short, the LR takes the rest of the factor: LR x gamma * B_new / B_old."""
+
+    name = "increase_instead_of_decay"
+
+    def _pending(self, ctx) -> int:
+        s = ctx.state
+        return sum(m <= ctx.epoch_done for m in s["lr_milestones"]) - s["milestones_applied"]
+
+    def want(self, ctx):
+        s, p = ctx.state, self._pending(ctx)
+        if p <= 0:
+            return s["batch"], f"no LR milestone reached: batch stays {s['batch']}"
+        g = s["lr_gamma"] ** p
+        return s["batch"] / g, f"LR milestone: the batch x{1 / g:g} instead of the LR decay"
+
+    def settle(self, ctx, wanted, batch):
+        s, p = ctx.state, self._pending(ctx)
+        if p <= 0:
+            return "", False
+        old = s["batch"]
+        s["milestones_applied"] += p
+        g = s["lr_gamma"] ** p
+        if _floor(wanted) <= ctx.cap:
+            return "", False
+        decay = min(1.0, g * batch / old)
+        s["lr_decay"] *= decay
+        return f", but the largest batch is {ctx.cap}: the LR decays x{decay:.4g} instead", True
+
+
+class LossRatio(Schedule):
+    """F(w0) is ``state['f0']``: the loss the runner measured before training if it gave
+    one, else the first epoch's training loss (so the first boundary keeps B0)."""
+
+    name = "loss_ratio"
+
+    def want(self, ctx):
+        s = ctx.state
+        if not ctx.history:
+            return s["b0"], f"loss ratio: no epoch finished, batch {s['b0']}"
+        if s.get("f0") is None:
+            s["f0"] = float(ctx.history[0]["train_loss"])
+        f_star, f0, fk = s["params"]["f_star"], s["f0"], float(ctx.history[-1]["train_loss"])
+        if not (math.isfinite(fk) and f0 - f_star > 0):
+            return s["batch"], f"loss ratio undefined (F(w0)={f0:.4g}, F(wk)={fk:.4g}, F*={f_star:g}): batch stays"
+        if fk - f_star <= 0:
+            return math.inf, f"loss ratio: F(wk)={fk:.4g} is at or below F*={f_star:g}, so the largest batch"
+        ratio = (f0 - f_star) / (fk - f_star)
+        return s["b0"] * ratio, f"loss ratio: {s['b0']} x ({f0:.4g} - {f_star:g}) / ({fk:.4g} - {f_star:g})"
+
+
+class Adaptive(Schedule):
+    """Target = clip(B_simple of the last epoch, min_batch, cap).  The batch changes only
+    when the target differs from the current batch by more than ``band`` of it, and then by
+    at most ``max_growth`` (up or down) per boundary.  No B_simple (None, NaN): no change;
+    an infinite one (no measurable gradient signal above the noise): towards the cap."""
+
+    name = "adaptive"
+
+    def want(self, ctx):
+        s, p = ctx.state, ctx.state["params"]
+        cur = s["batch"]
+        if not ctx.history:
+            return s["b0"], f"adaptive: starting at {s['b0']}"
+        bs = ctx.history[-1].get("b_simple")
+        if bs is None or (isinstance(bs, float) and math.isnan(bs)):
+            return cur, f"adaptive: no B_simple measured, batch stays {cur}"
+        lo = p["min_batch"] if p.get("min_batch") is not None else s["b0"]
+        target = min(max(float(bs), lo), ctx.cap)
+        if abs(target - cur) <= p["band"] * cur:
+            return cur, f"adaptive: B_simple {float(bs):.4g} is within {p['band']:g} of batch {cur}, no change"
+        new = min(max(target, cur / p["max_growth"]), cur * p["max_growth"])
+        limited = " (growth limited)" if new != target else ""
+        return new, f"adaptive: B_simple {float(bs):.4g} -> batch {_floor(new)}{limited}"
+
+
+class Piecewise(Schedule):
+    """``batches[i]`` during the i-th period of ``every_epochs`` epochs; after the list, its last."""
+
+    name = "piecewise"
+
+    def want(self, ctx):
+        batches, every = ctx.state["params"]["batches"], ctx.state["every_epochs"]
+        i = min(ctx.epoch_done // every, len(batches) - 1)
+        return batches[i], f"piecewise: entry {i} of {list(batches)}"
+
+
+# ---------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """A batch-size schedule: its name, class, parameters and what else it reads.
+
+    Attributes
+    ----------
+    name : what ``train.batch_schedule.kind`` and ``--schedule`` accept
+    cls : its :class:`Schedule` subclass
+    summary : one line for the CLI's help
+    params : its own parameters (fields of ``train.batch_schedule``), with defaults and bounds
+    spec_fields : other spec fields it reads
+    owns_lr_milestones : it decides what ``train.lr_milestones`` do (the runner must not
+        apply the milestone decay itself; the decision's ``lr_decay`` holds the decays taken)
+    needs_b_simple : it reads ``b_simple`` from the epochs' records (the runner must
+        estimate the gradient noise scale)
+    needs_train_loss : it reads ``train_loss`` from the epochs' records (a simulation needs
+        a training run's losses to follow it)
+    """
+
+    name: str
+    cls: type[Schedule]
+    summary: str
+    params: tuple[Param, ...] = ()
+    spec_fields: tuple[str, ...] = ()
+    owns_lr_milestones: bool = False
+    needs_b_simple: bool = False
+    needs_train_loss: bool = False
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+
+_TABLE = (
+    ScheduleInfo("constant", Constant, "the first global batch for the whole run"),
+    ScheduleInfo(
+        "geometric",
+        Geometric,
+        "AdaDamp's GeoDamp: B0 x factor^floor(epoch / delay)",
+        (
+            Param("factor", float, 2.0, "the batch is multiplied by this every `delay` epochs", low=1.0, low_open=True),
+            Param("delay", int, 5, "epochs between two growths", low=1),
+        ),
+    ),
+    ScheduleInfo(
+        "linear",
+        Linear,
+        "PadaDamp: B0 + ceil(rate x model updates so far), at epoch boundaries",
+        (Param("rate", float, 1.0, "samples added to the batch per model update", low=0.0, low_open=True),),
+    ),
+    ScheduleInfo(
+        "increase_instead_of_decay",
+        IncreaseInsteadOfDecay,
+        "Smith et al.: at each LR milestone the batch x 1/lr_gamma instead of the LR decay, "
+        "the LR decays at the largest batch",
+        spec_fields=("train.lr_milestones", "train.lr_gamma"),
+        owns_lr_milestones=True,
+    ),
+    ScheduleInfo(
+        "loss_ratio",
+        LossRatio,
+        "AdaDamp: B0 x (F(w0) - F*) / (F(wk) - F*) from the training loss",
+        (Param("f_star", float, 0.0, "the smallest loss the model can reach (F*)"),),
+        needs_train_loss=True,
+    ),
+    ScheduleInfo(
+        "adaptive",
+        Adaptive,
+        "follows the gradient noise scale B_simple, with hysteresis and a maximum growth per boundary",
+        (
+            Param("min_batch", int, None, "the smallest batch it goes to (default: the first batch)", low=1),
+            Param(
+                "band",
+                float,
+                0.2,
+                "relative difference between B_simple and the batch that is ignored",
+                low=0.0,
+                low_open=True,
+                high=1.0,
+                high_open=True,
+            ),
+            Param("max_growth", float, 2.0, "largest factor the batch may grow or shrink by at one boundary", low=1.0),
+        ),
+        needs_b_simple=True,
+    ),
+    ScheduleInfo(
+        "piecewise",
+        Piecewise,
+        "a hand-written list of global batches, one per period of every_epochs "
+        "epochs (the last holds); the batch may shrink too",
+        (Param("batches", list, None, "the global batch of each period, e.g. [64, 128, 64]", low=1, required=True),),
+    ),
+)
+
+SCHEDULES: dict[str, ScheduleInfo] = {s.name: s for s in _TABLE}
+SCHEDULE_NAMES: tuple[str, ...] = tuple(SCHEDULES)
+#: every schedule parameter name (the fields of ``train.batch_schedule`` besides the common ones)
+PARAM_NAMES: tuple[str, ...] = tuple(dict.fromkeys(p.name for s in _TABLE for p in s.params))
+
+
+def schedule_info(name: str) -> ScheduleInfo:
+    """The entry of ``name``; an unknown name is a :class:`~tula.core.errors.SpecError`."""
+    try:
+        return SCHEDULES[name]
+    except KeyError:
+        raise SpecError(f"unknown batch schedule {name!r}; use one of {', '.join(SCHEDULE_NAMES)}") from None
+
+
+def param_problem(kind: str, name: str, value: Any) -> str | None:
+    """Why ``value`` is not allowed for parameter ``name`` of schedule ``kind`` (a sentence
+    fragment the spec prefixes with the field), or ``None``."""
+    info = schedule_info(kind)
+    p = info.param(name)
+    if p is None:
+        names = [q.name for q in info.params]
+        if not names:
+            return f"it does not apply to schedule {kind!r}, which takes no parameters"
+        if len(names) == 1:
+            return f"it does not apply to schedule {kind!r}, whose only parameter is {names[0]}"
+        return f"it does not apply to schedule {kind!r}, whose parameters are {', '.join(names[:-1])} and {names[-1]}"
+    return p.problem(value)
+
+
+def missing_param(kind: str, given: dict[str, Any]) -> str | None:
+    """A sentence naming the first required parameter of ``kind`` not in ``given`` (set, not
+    ``None``), or ``None``."""
+    for p in schedule_info(kind).params:
+        if p.required and given.get(p.name) is None:
+            return f"batch schedule {kind!r} needs its parameter {p.name!r} ({p.help})"
+    return None
+
+
+# ---------------------------------------------------------------------------- caps and decisions
+@dataclass(frozen=True)
+class Caps:
+    """What bounds the configuration at a boundary.
+
+    Attributes
+    ----------
+    dataset_size : training samples; the global batch never exceeds it
+    max_local_batch : the memory model's largest local batch (``None``: no memory bound)
+    min_workers, max_workers : the allowed worker counts (equal when workers do not change)
+    batch_per_worker : N = ceil(B / batch_per_worker), clipped to the range (``None``:
+        ``min_workers``); N grows further when the local batch would not fit in memory
+    """
+
+    dataset_size: int
+    max_local_batch: int | None = None
+    min_workers: int = 1
+    max_workers: int = 1
+    batch_per_worker: int | None = None
+
+    def __post_init__(self):
+        if self.dataset_size < 1:
+            raise SpecError(f"the training set must hold at least 1 sample, not {self.dataset_size}")
+        if self.max_local_batch is not None and self.max_local_batch < 1:
+            raise SpecError(f"the largest local batch must be at least 1, not {self.max_local_batch}")
+        if not 1 <= self.min_workers <= self.max_workers:
+            raise SpecError(f"the worker range {self.min_workers}..{self.max_workers} is empty or below 1")
+        if self.batch_per_worker is not None and self.batch_per_worker < 1:
+            raise SpecError(f"batch_per_worker must be at least 1, not {self.batch_per_worker}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The configuration of the epochs from ``epoch`` on, decided after ``epoch`` epochs.
+
+    Attributes
+    ----------
+    epoch : finished epochs when it was decided (0: before training)
+    global_batch : B, a multiple of ``n_workers``
+    n_workers : N
+    local_batch : B / N
+    wanted_batch : what the schedule asked for before the caps and rounding (``None``: unbounded)
+    capped_by : ``"memory"``, ``"max_batch"``, ``"dataset"`` or ``None``
+    lr_scale : the LR rule's multiplier relative to the first batch B0 (keep 1, linear
+        B/B0, sqrt sqrt(B/B0))
+    lr_decay : product of the LR decays taken instead of growing the batch
+        (``increase_instead_of_decay``; 1.0 otherwise)
+    decayed_instead : at this boundary the LR decayed because the batch was at its cap
+    changed : B or N differ from the previous decision's
+    resize : N differs from the previous decision's (a new world is needed)
+    reason : one line
+    state : the schedule state after this decision, to keep with the checkpoint
+    """
+
+    epoch: int
+    global_batch: int
+    n_workers: int
+    local_batch: int
+    wanted_batch: float | None
+    capped_by: str | None
+    lr_scale: float
+    lr_decay: float
+    decayed_instead: bool
+    changed: bool
+    resize: bool
+    reason: str
+    state: dict[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def lr_multiplier(self) -> float:
+        """What the spec's LR (and the method's own rule) is multiplied by: ``lr_scale * lr_decay``."""
+        return self.lr_scale * self.lr_decay
+
+    def record(self) -> dict[str, Any]:
+        """The JSON-serialisable fields for train.json (without the state)."""
+        d = {k: v for k, v in asdict(self).items() if k != "state"}
+        if d["wanted_batch"] is not None and not math.isfinite(d["wanted_batch"]):
+            d["wanted_batch"] = None
+        d["lr_multiplier"] = self.lr_multiplier
+        return d
+
+
+def initial_state(
+    kind: str,
+    first_batch: int,
+    params: dict[str, Any] | None = None,
+    *,
+    every_epochs: int = 1,
+    lr_rule: str = "keep",
+    max_batch: int | None = None,
+    lr_milestones: Sequence[int] = (),
+    lr_gamma: float = 0.1,
+    f0: float | None = None,
+) -> dict[str, Any]:
+    """The state of schedule ``kind`` before training, starting at global batch ``first_batch``.
+
+    ``params`` are the schedule's own parameters (missing ones take the table's defaults;
+    others are a :class:`~tula.core.errors.SpecError`); ``f0`` is F(w0) for ``loss_ratio`` if
+    the runner measured it (default: the first epoch's training loss)."""
+    info = schedule_info(kind)
+    given = dict(params or {})
+    missing = missing_param(kind, given)
+    if missing:
+        raise SpecError(missing)
+    for name, value in given.items():
+        problem = param_problem(kind, name, value)
+        if problem:
+            raise SpecError(f"batch schedule parameter {name!r}: {problem}")
+    if first_batch < 1:
+        raise SpecError(f"the first global batch must be at least 1, not {first_batch}")
+    if lr_rule not in LR_RULES:
+        raise SpecError(f"unknown LR rule {lr_rule!r}; use one of {', '.join(LR_RULES)}")
+    if every_epochs < 1:
+        raise SpecError(f"every_epochs must be at least 1, not {every_epochs}")
+    return {
+        "version": STATE_VERSION,
+        "kind": kind,
+        "b0": int(first_batch),
+        "params": {**info.defaults(), **given},
+        "every_epochs": int(every_epochs),
+        "lr_rule": lr_rule,
+        "max_batch": None if max_batch is None else int(max_batch),
+        "lr_milestones": sorted(int(m) for m in lr_milestones),
+        "lr_gamma": float(lr_gamma),
+        "f0": None if f0 is None else float(f0),
+        # what the decisions so far left behind
+        "epoch": None,
+        "batch": int(first_batch),
+        "workers": None,
+        "lr_decay": 1.0,
+        "milestones_applied": 0,
+    }
+
+
+def _fit(wanted: float, caps: Caps, max_batch: int | None) -> tuple[int, int, str | None, int]:
+    """(B, N, what capped B, the cap) for a wanted global batch."""
+    limits = [(caps.dataset_size, "dataset")]
+    if max_batch is not None:
+        limits.append((max_batch, "max_batch"))
+    if caps.max_local_batch is not None:
+        limits.append((caps.max_local_batch * caps.max_workers, "memory"))
+    cap, cap_why = min(limits, key=lambda t: t[0])  # first listed wins a tie: the data set, then max_batch
+    capped_by = None
+    if wanted >= cap + 1 or math.isinf(wanted):
+        b, capped_by = cap, cap_why
+    else:
+        b = max(1, _floor(wanted))
+    n = math.ceil(b / caps.batch_per_worker) if caps.batch_per_worker else caps.min_workers
+    if caps.max_local_batch is not None:
+        n = max(n, math.ceil(b / caps.max_local_batch))  # the local batch must fit in memory
+    n = min(max(n, caps.min_workers), caps.max_workers)
+    b = max(n, b // n * n)
+    return b, n, capped_by, cap
+
+
+def _still_fits(b: int, n: int | None, caps: Caps, max_batch: int | None) -> bool:
+    """Whether the current (B, N) still satisfies ``caps`` (then it is kept as it is:
+    rounding B down to a multiple of N can make ceil(B / batch_per_worker) smaller than N)."""
+    cap = _fit(math.inf, caps, max_batch)[3]
+    return (
+        n is not None
+        and caps.min_workers <= n <= caps.max_workers
+        and n <= b <= cap
+        and b % n == 0
+        and (caps.max_local_batch is None or b // n <= caps.max_local_batch)
+    )
+
+
+_CAP_WORDS = {
+    "memory": "the memory model (largest local batch x most workers)",
+    "max_batch": "max_batch",
+    "dataset": "the training-set size",
+}
+
+
+def _lr_scale(rule: str, batch: int, b0: int) -> float:
+    return {"keep": 1.0, "linear": batch / b0, "sqrt": math.sqrt(batch / b0)}[rule]
+
+
+def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[str, Any]], caps: Caps) -> Decision:
+    """The configuration after ``epoch_done`` finished epochs.
+
+    Pure: ``state`` is not changed; the decision carries the next state (``decision.state``),
+    so deciding twice from the same inputs (a resume) gives the same decision.
+
+    Parameters
+    ----------
+    state : from :func:`initial_state` / :func:`state_from_spec`, or the previous decision's
+    epoch_done : epochs finished (0: before training); decisions come in increasing order
+    history : the finished epochs' records, oldest first, each with ``train_loss``, ``steps``
+        (model updates in that epoch), ``global_batch``, ``n_workers`` and, for
+        ``adaptive``, ``b_simple``; only the first ``epoch_done`` are read
+    caps : the bounds at this boundary
+    """
+    if state.get("version") != STATE_VERSION:
+        raise SpecError(f"batch schedule state version {state.get('version')!r} is not {STATE_VERSION}")
+    if len(history) < epoch_done:
+        raise ValueError(f"history holds {len(history)} epochs, fewer than the {epoch_done} finished")
+    if state["epoch"] is not None and epoch_done <= state["epoch"]:
+        raise ValueError(f"epoch {epoch_done} was already decided (the state is from epoch {state['epoch']})")
+    s = copy.deepcopy(state)
+    info = schedule_info(s["kind"])
+    first = s["workers"] is None
+    ctx = _Ctx(s, epoch_done, list(history[:epoch_done]), _fit(math.inf, caps, s["max_batch"])[3])
+    keep = not first and _still_fits(s["batch"], s["workers"], caps, s["max_batch"])
+    if first or epoch_done % s["every_epochs"] == 0:
+        schedule = info.cls()
+        wanted, reason = schedule.want(ctx)
+        if keep and math.isfinite(wanted) and _floor(wanted) == s["batch"]:
+            b, n, capped_by = s["batch"], s["workers"], None
+        else:
+            b, n, capped_by, _ = _fit(wanted, caps, s["max_batch"])
+        more, decayed = schedule.settle(ctx, wanted, b)
+        reason += more
+        if capped_by and not decayed:
+            reason += f"; capped at {b} by {_CAP_WORDS[capped_by]}"
+    elif keep:
+        wanted, capped_by, decayed = None, None, False
+        b, n = s["batch"], s["workers"]
+        reason = f"no change: the batch changes every {s['every_epochs']} epochs"
+    else:  # the caps moved below the current configuration (e.g. fewer workers available)
+        wanted, decayed = s["batch"], False
+        b, n, capped_by, _ = _fit(wanted, caps, s["max_batch"])
+        reason = f"the batch {s['batch']} on {s['workers']} workers no longer fits the caps"
+    reason += f" -> global batch {b} on {n} worker{'s' if n > 1 else ''}"
+    prev_b, prev_n = (None, None) if first else (state["batch"], state["workers"])
+    s.update(epoch=epoch_done, batch=b, workers=n)
+    return Decision(
+        epoch=epoch_done,
+        global_batch=b,
+        n_workers=n,
+        local_batch=b // n,
+        wanted_batch=None if wanted is None else float(wanted),
+        capped_by=capped_by,
+        lr_scale=_lr_scale(s["lr_rule"], b, s["b0"]),
+        lr_decay=s["lr_decay"],
+        decayed_instead=decayed,
+        changed=first or (b, n) != (prev_b, prev_n),
+        resize=not first and n != prev_n,
+        reason=reason,
+        state=s,
+    )

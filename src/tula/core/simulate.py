@@ -1,0 +1,607 @@
+"""What-if simulation: training time and cost on clusters far larger than the one profiled.
+
+From a fitted models record (what ``tula fit`` writes) the simulator predicts step time,
+epoch time, total time and cost for worker counts N far beyond the profiled ones, for
+three collectives, a constant global batch or a batch schedule of :mod:`tula.core.schedules`
+(workers growing with the batch), on the fitted network or a given one.  Pure numpy: no
+torch, no profiling, no I/O.
+
+The step model (the fitted one, Eq. 2; :class:`~tula.core.perfmodel.PerfModel`)
+--------------------------------------------------------------------------
+With local batch ``b = B / N``, gradient bytes ``S`` (the model's gradients per step), R
+ranks per node on H = ceil(N / R) nodes, the inter-node link's bandwidth ``BW`` (bytes per
+second) and latency ``a`` (seconds per message hop) and the intra-node link's ``BWi`` and
+``ai``::
+
+    t_compute(b, N) = ((c0 + c1 b) (1 + kappa (m - 1)) + kappa0 (m - 1)) / speed,  m = min(N, R)
+    t_sync(N)       = the alpha-beta cost of the collective on that topology  (0 when N = 1)
+    t_step          = ((t_compute (1 + rho [N > 1]))^gamma + t_sync^gamma)^(1 / gamma)
+
+and the alpha-beta costs of the three collectives (:func:`tula.core.perfmodel.sync_time_s`, the
+same rule the fit uses)::
+
+    ring all-reduce   H = 1:  t_sync = 2 (N - 1) (ai + S / N / BWi)
+                      H > 1:  t_sync = 2 (N - 1) (max(ai, a) + S / N / min(BWi, BW))
+                      (reduce-scatter then all-gather: 2 (N - 1) synchronous steps, each
+                      moving S / N on every edge at once; across nodes the slowest edge binds)
+    parameter server  H = 1:  t_sync = 2 ai + 2 N S / BWi
+                      H > 1:  t_sync = 2 a + 2 S ((N - R) / BW + R / BWi)
+                      (one server, counted at the server's links: N gradients in, N models
+                      out; sharding the server over k nodes divides the bytes term by k)
+    tree              t_sync = 2 ceil(log2 R) ai + 2 ceil(log2 H) a + 2 S / (the slower link used)
+                      (hierarchical: reduce inside the node, a binary tree across nodes,
+                      broadcast back, pipelined: each link carries the bytes twice whatever
+                      the depth, the depth shows in the latency; the unpipelined tree,
+                      2 log2 N (a + S / BW), is slower)
+
+With R = 1 (a node per worker) these are the flat formulas: ring ``2 (N - 1) a + 2 (N - 1) /
+N * S / BW``, tree ``2 ceil(log2 N) a + 2 S / BW``, parameter server ``2 a + 2 N S / BW``
+(when the intra-node link is the inter-node one: one worker shares the server's node); with
+the intra-node link the inter-node one they still are for any R, but for the tree's hops
+when R is not a power of two (2 (ceil(log2 R) + ceil(log2 H)), up to two more).
+
+``speed`` is the per-worker compute factor (``--compute-speed``: 2 is a worker twice as
+fast).  ``R`` is how many workers share a node (``ranks_per_node``; default: the most
+ranks one host held when the profile's worlds spanned several hosts, else the largest N
+profiled): the fitted co-location slowdown ``kappa, kappa0`` is applied to at most R
+workers, the others being taken to run on nodes of their own -- co-location on one host is
+not extrapolated to N = 1024 -- and the sync crosses nodes once N > R.  Give
+``ranks_per_node=1`` for a cluster of one worker per node.
+
+The network: where the fit gives a communication term, the effective network is read off
+it -- ``BW = 1 / beta``, ``a = alpha`` and, when the profile had ranks sharing a host alone,
+``BWi = 1 / beta_intra``, ``ai = alpha_intra`` -- so that with no override the simulator
+gives exactly the fitted model's step times at the profiled worlds (and any N <= R) for the
+fitted collective; the other collectives run on that same network.  ``bandwidth`` and
+``latency`` replace the inter-node link, ``intra_bandwidth`` and ``intra_latency`` the
+intra-node one; an intra-node term neither fitted nor given is the inter-node one.  A
+parameter the profile could not identify (alpha needs two cluster sizes above 1, beta one;
+alpha_intra two sizes of world on one host, beta_intra one) was frozen by the fit: the
+simulator says so and uses 0 latency / free bandwidth / the inter-node link unless given
+one.  A profile of one host fits the flat model: its link is that host's loopback (a note
+says so), taken for both links unless given others.
+
+Time and cost: an epoch is ``floor(D / B)`` model updates (the runner's count,
+:func:`tula.core.schedules.steps_per_epoch`; Eq. 4a's ``D / B`` counts the partial last batch
+too), the total E epochs; the expected wall time and the cost come from the spec's pricing
+(:mod:`tula.core.pricing`; spot pricing adds the expected preemption losses per epoch, each epoch
+ending in a checkpoint).  A schedule is simulated epoch by epoch through
+:func:`tula.core.schedules.next_config`, with the workers rule N = clip(ceil(B /
+batch_per_worker), min, max); the schedules that follow the training loss or the gradient
+noise scale (``loss_ratio``, ``adaptive``) replay a training run's measured per-epoch values.
+Not modelled: the seconds a resize takes (a new world when N changes: 1.7 s with the local
+launcher here, see docs/benchmarks.md; a new batch on the same workers stays in its world,
+milliseconds), stragglers, and network contention beyond the alpha-beta model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tula.core.errors import TulaError
+from tula.core.memory_model import MemoryModel
+from tula.core.perfmodel import (
+    COLLECTIVES,
+    NOTE_NO_LONE_HOST,
+    NOTE_NO_SHARED_HOST,
+    PerfModel,
+    ranks_per_node_of,
+    sync_time_s,
+)
+from tula.core.pricing import Pricing, SpotPricing, make_pricing
+from tula.core.records import MODELS_KIND, validate_record
+from tula.core.schedules import SCHEDULE_NAMES, Caps, initial_state, next_config, schedule_info, steps_per_epoch
+from tula.core.spec import JobSpec, parse_bandwidth, parse_duration, spec_from_dict
+
+#: the default worker counts: 1, 2, 4, ..., 1024
+DEFAULT_WORKERS: tuple[int, ...] = tuple(2**k for k in range(11))
+
+
+def parse_collectives(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"ring,tree"`` or a list into collective names (``None``: all three)."""
+    if value is None:
+        return COLLECTIVES
+    names = [v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip()]
+    aliases = {"ps": "parameter_server", "parameter-server": "parameter_server", "allreduce": "ring"}
+    names = [aliases.get(n, n) for n in names]
+    bad = [n for n in names if n not in COLLECTIVES]
+    if bad or not names:
+        raise TulaError(
+            f"unknown collective {bad[0] if bad else value!r}; use one or more of "
+            f"{', '.join(COLLECTIVES)} (comma-separated)"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def parse_workers(value: str | Sequence[int] | None) -> tuple[int, ...]:
+    """``"1,2,4,64"`` or a list into worker counts (``None``: 1, 2, 4, ..., 1024)."""
+    if value is None:
+        return DEFAULT_WORKERS
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for v in items:
+        try:
+            n = int(str(v).strip())
+        except ValueError:
+            raise TulaError(
+                f"worker count {str(v).strip()!r} is not a whole number; give counts such as 1,2,4,64"
+            ) from None
+        if n < 1:
+            raise TulaError(f"worker count {n} is below 1; every cluster has at least one worker")
+        out.append(n)
+    if not out:
+        raise TulaError("no worker count given; give counts such as 1,2,4,64")
+    return tuple(sorted(set(out)))
+
+
+def parse_schedule(text: str) -> tuple[str, dict[str, Any]]:
+    """``"geometric:factor=2,delay=5"`` into (kind, settings).  Settings are the schedule's
+    parameters and ``every_epochs``, ``max_batch``, ``lr_rule``."""
+    kind, _, rest = text.partition(":")
+    kind = kind.strip()
+    if kind not in SCHEDULE_NAMES:
+        raise TulaError(f"unknown batch schedule {kind!r}; use one of {', '.join(SCHEDULE_NAMES)}")
+    settings: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, val = item.partition("=")
+        if not eq:
+            raise TulaError(f"schedule setting {item!r} is not KEY=VALUE (e.g. geometric:factor=2,delay=5)")
+        key, val = key.strip(), val.strip()
+        if key == "lr_rule":
+            settings[key] = val
+            continue
+        try:
+            num = float(val)
+        except ValueError:
+            raise TulaError(f"schedule setting {key}={val!r} is not a number") from None
+        settings[key] = int(num) if num.is_integer() and key != "factor" else num
+    return kind, settings
+
+
+@dataclass(frozen=True)
+class Simulator:
+    """The fitted performance model on a network and compute speed of one's choosing.
+
+    Build one with :func:`simulator_from_models`; ``bandwidth_bytes_per_s`` ``inf`` and
+    ``latency_s`` 0 are a network that costs nothing.  ``bandwidth_bytes_per_s`` and
+    ``latency_s`` are the inter-node link, ``intra_bandwidth_bytes_per_s`` and
+    ``intra_latency_s`` the intra-node one (``None``: the inter-node one)."""
+
+    perf: PerfModel
+    dataset_size: int
+    epochs: int
+    pricing: Pricing
+    memory: MemoryModel
+    max_local_batch: int | None
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    compute_speed: float = 1.0
+    ranks_per_node: int = 1
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    intra_bandwidth_bytes_per_s: float | None = None
+    intra_latency_s: float | None = None
+
+    # ---------------------------------------------------------------- the step
+    def t_compute_s(self, local_batch, n_workers):
+        """Per-worker compute: the fitted compute with co-location counted up to R workers,
+        divided by the compute speed."""
+        m = np.minimum(np.asarray(n_workers, float), self.ranks_per_node)
+        return self.perf.t_compute_s(local_batch, m) / self.compute_speed
+
+    def t_sync_s(self, collective: str, n_workers):
+        """Alpha-beta synchronisation time of ``collective`` for N workers on nodes of
+        ``ranks_per_node`` on this network (0 when N = 1)."""
+        return sync_time_s(
+            collective,
+            n_workers,
+            self.perf.grad_bytes,
+            self.latency_s,
+            _per_byte(self.bandwidth_bytes_per_s),
+            self.intra_latency_s,
+            None if self.intra_bandwidth_bytes_per_s is None else _per_byte(self.intra_bandwidth_bytes_per_s),
+            self.ranks_per_node,
+        )
+
+    def t_step_s(self, collective: str, local_batch, n_workers):
+        n = np.asarray(n_workers, float)
+        return self.perf.combine_s(self.t_compute_s(local_batch, n), self.t_sync_s(collective, n), n)
+
+    def _epoch_money(self, epoch_free_s, n_workers, local_batch):
+        """(expected wall time, cost) of epochs that take ``epoch_free_s`` uninterrupted."""
+        wall = self.pricing.expected_time_s(epoch_free_s, n_workers, epoch_free_s)
+        return wall, self.pricing.cost(wall, n_workers, self.memory.predict_peak_bytes(np.asarray(local_batch)))
+
+    # ---------------------------------------------------------------- a constant batch
+    def constant(
+        self, global_batch: int, workers: Sequence[int] = DEFAULT_WORKERS, collectives: Sequence[str] = COLLECTIVES
+    ) -> list[dict]:
+        """One row per (collective, N) for a constant global batch; N above the batch (a
+        local batch below one sample) gets a row with ``note`` and no times."""
+        if global_batch < 1:
+            raise TulaError(f"the global batch must be at least 1, not {global_batch}")
+        workers = parse_workers(list(workers))
+        collectives = parse_collectives(list(collectives))
+        per_epoch = steps_per_epoch(self.dataset_size, global_batch)
+        rows = []
+        for c in collectives:
+            for n in workers:
+                row = {
+                    "collective": c,
+                    "n_workers": n,
+                    "global_batch": int(global_batch),
+                    "local_batch": global_batch / n,
+                    "updates": per_epoch * self.epochs,
+                    "note": "",
+                }
+                if n > global_batch:
+                    row.update(
+                        note="N > B: fewer than one sample per worker",
+                        t_step_s=None,
+                        t_compute_s=None,
+                        t_sync_s=None,
+                        epoch_time_s=None,
+                        total_time_s=None,
+                        cost=None,
+                        fits_memory=None,
+                    )
+                    rows.append(row)
+                    continue
+                b = global_batch / n
+                ts = float(self.t_step_s(c, b, n))
+                epoch_free = per_epoch * ts
+                wall, cost = self._epoch_money(epoch_free, n, b)
+                fits = self.max_local_batch is None or b <= self.max_local_batch
+                row.update(
+                    t_step_s=ts,
+                    t_compute_s=float(self.t_compute_s(b, n)),
+                    t_sync_s=float(self.t_sync_s(c, n)),
+                    epoch_time_s=epoch_free,
+                    total_time_s=float(wall) * self.epochs,
+                    failure_free_time_s=epoch_free * self.epochs,
+                    cost=float(cost) * self.epochs,
+                    fits_memory=fits,
+                    note="" if fits else f"local batch {b:g} exceeds memory (at most {self.max_local_batch})",
+                )
+                rows.append(row)
+        return rows
+
+    # ---------------------------------------------------------------- a batch schedule
+    def schedule(
+        self,
+        kind: str,
+        first_batch: int,
+        caps: Caps,
+        settings: dict[str, Any] | None = None,
+        collectives: Sequence[str] = COLLECTIVES,
+        lr_milestones: Sequence[int] = (),
+        lr_gamma: float = 0.1,
+        history: Sequence[dict] | None = None,
+        label: str | None = None,
+    ) -> list[dict]:
+        """One result per collective for batch schedule ``kind`` starting at ``first_batch``.
+
+        ``settings``: the schedule's parameters and ``every_epochs``, ``max_batch``,
+        ``lr_rule``; ``caps``: the data set, memory and workers rule; ``history``: a training
+        run's epoch records whose ``train_loss`` and ``b_simple`` the schedule reads (needed
+        by ``loss_ratio`` and ``adaptive``)."""
+        info = schedule_info(kind)
+        settings = dict(settings or {})
+        common = {k: settings.pop(k) for k in ("every_epochs", "max_batch", "lr_rule") if k in settings}
+        reads = [f for f, need in (("train_loss", info.needs_train_loss), ("b_simple", info.needs_b_simple)) if need]
+        if reads:
+            if not history:
+                raise TulaError(
+                    f"batch schedule {kind!r} follows the {' and '.join(reads)} measured while training, "
+                    "which a performance model cannot predict; give a training run's record to replay "
+                    "(tula simulate --history train.json)"
+                )
+            if len(history) < self.epochs - 1:
+                raise TulaError(
+                    f"the training run to replay has {len(history)} epochs, but {kind!r} needs the "
+                    f"first {self.epochs - 1} to simulate {self.epochs}"
+                )
+        state = initial_state(
+            kind,
+            int(first_batch),
+            settings,
+            every_epochs=int(common.get("every_epochs", 1)),
+            lr_rule=common.get("lr_rule", "keep"),
+            max_batch=common.get("max_batch"),
+            lr_milestones=lr_milestones,
+            lr_gamma=lr_gamma,
+        )
+        epochs: list[dict] = []
+        done: list[dict] = []
+        for e in range(self.epochs):
+            d = next_config(state, e, done, caps)
+            state = d.state
+            steps = steps_per_epoch(self.dataset_size, d.global_batch)
+            epochs.append(
+                {
+                    "epoch": e + 1,
+                    "global_batch": d.global_batch,
+                    "n_workers": d.n_workers,
+                    "local_batch": d.local_batch,
+                    "steps": steps,
+                    "reason": d.reason,
+                }
+            )
+            past = dict(history[e]) if history and e < len(history) else {}
+            done.append(
+                {
+                    "epoch": e + 1,
+                    "steps": steps,
+                    "global_batch": d.global_batch,
+                    "n_workers": d.n_workers,
+                    "train_loss": past.get("train_loss"),
+                    "b_simple": past.get("b_simple"),
+                }
+            )
+        n = np.array([x["n_workers"] for x in epochs], float)
+        b = np.array([x["local_batch"] for x in epochs], float)
+        updates = np.array([x["steps"] for x in epochs], float)
+        out = []
+        for c in parse_collectives(list(collectives)):
+            t_step = self.t_step_s(c, b, n)
+            free = updates * t_step
+            wall, cost = self._epoch_money(free, n, b)
+            per_epoch = [
+                {
+                    **x,
+                    "t_step_s": float(t_step[i]),
+                    "epoch_time_s": float(free[i]),
+                    "expected_time_s": float(wall[i]),
+                    "cost": float(cost[i]),
+                }
+                for i, x in enumerate(epochs)
+            ]
+            out.append(
+                {
+                    "schedule": label or kind,
+                    "collective": c,
+                    "updates": int(updates.sum()),
+                    "max_batch": int(max(x["global_batch"] for x in epochs)),
+                    "max_workers": int(n.max()),
+                    "resizes": int(np.sum(n[1:] != n[:-1])),
+                    "t_step_s": float(np.sum(free) / updates.sum()),
+                    "epoch_time_s": float(np.mean(free)),
+                    "failure_free_time_s": float(np.sum(free)),
+                    "total_time_s": float(np.sum(wall)),
+                    "cost": float(np.sum(cost)),
+                    "epochs": per_epoch,
+                }
+            )
+        return out
+
+
+def _per_byte(bandwidth_bytes_per_s: float) -> float:
+    return 0.0 if math.isinf(bandwidth_bytes_per_s) else 1.0 / bandwidth_bytes_per_s
+
+
+def _network_from_fit(
+    perf: PerfModel, placement: dict
+) -> tuple[float, float, float | None, float | None, dict[str, str]]:
+    """(bandwidth, latency, intra-node bandwidth, intra-node latency, notes keyed by what they
+    are about) read off the fitted sync term; an intra-node term ``None``: the inter-node one."""
+    notes = {}
+    bw = math.inf if perf.beta <= 0 else 1.0 / perf.beta
+    if "beta" in perf.frozen or perf.beta <= 0:
+        notes["bandwidth"] = (
+            "the profile gives no bandwidth (no trial with more than one worker, or no sync time "
+            "measured): sync bytes are taken as free; give a bandwidth"
+        )
+    if "alpha" in perf.frozen:
+        notes["latency"] = (
+            "the profile cannot tell latency from bandwidth (fewer than two cluster sizes above "
+            "one): latency taken as 0; give a latency"
+        )
+    if placement.get("n_hosts") == 1 and placement.get("max_workers", 0) > 1:
+        notes["loopback"] = (
+            f"the fitted network is {placement['max_workers']} ranks sharing one host "
+            "(loopback), not a network between nodes"
+        )
+    ibw = None if perf.beta_intra is None else (math.inf if perf.beta_intra <= 0 else 1.0 / perf.beta_intra)
+    if "alpha_intra" in perf.frozen and "beta_intra" not in perf.frozen:
+        notes["intra_latency"] = (
+            "the profile cannot tell intra-node latency from bandwidth (fewer than two sizes of "
+            "world on one host alone): intra-node latency taken as 0; give an intra-node "
+            "latency"
+        )
+    return bw, perf.alpha, ibw, perf.alpha_intra, notes
+
+
+def _bandwidth(value: Any, intra: bool) -> float:
+    try:
+        return parse_bandwidth(value)
+    except ValueError as err:
+        raise TulaError(
+            str(err).replace(
+                " is not a bandwidth", " is not an intra-node bandwidth" if intra else " is not a bandwidth", 1
+            )
+        ) from None
+
+
+def _latency(value: Any, intra: bool) -> float:
+    try:
+        seconds = parse_duration(value)
+        if seconds is None:
+            raise ValueError("no latency")
+        return seconds
+    except ValueError:
+        raise TulaError(
+            f"{str(value)[:40]!r} is not {'an intra-node' if intra else 'a'} latency; use seconds or a "
+            "number with a unit such as '5us', '50us' or '0.1ms'"
+        ) from None
+
+
+def simulator_from_models(
+    models: dict,
+    bandwidth: Any = None,
+    latency: Any = None,
+    compute_speed: float = 1.0,
+    ranks_per_node: int | None = None,
+    epochs: int | None = None,
+    pricing: dict | None = None,
+    intra_bandwidth: Any = None,
+    intra_latency: Any = None,
+) -> Simulator:
+    """A :class:`Simulator` from a models record.
+
+    Parameters
+    ----------
+    models : a models record (validated here: another record kind is a one-sentence error)
+    bandwidth : the inter-node link's bytes per second or a string such as ``"100Gbit/s"``/``"10GB/s"``
+        (default: 1 / beta of the fit)
+    latency : the inter-node link's seconds per hop or a string such as ``"5us"`` (default: alpha of the fit)
+    compute_speed : per-worker compute speed relative to the profiled worker (> 0)
+    ranks_per_node : workers that share a node: the fitted co-location slowdown applies to at
+        most that many, and the sync crosses nodes beyond them (default: the most ranks one
+        host held when the profile's worlds spanned several hosts, else the largest N profiled)
+    epochs : default: the spec's
+    pricing : fields of the spec's pricing to replace
+    intra_bandwidth, intra_latency : the intra-node link, as ``bandwidth`` and ``latency``
+        (default: the fitted beta_intra / alpha_intra, else the inter-node link)
+    """
+    rec = validate_record(models, "the models given", expect=(MODELS_KIND,))
+    spec: JobSpec = spec_from_dict(rec["spec"])
+    if pricing:
+        d = spec.to_dict()
+        d["pricing"] = {**d["pricing"], **pricing}
+        spec = spec_from_dict(d)
+    perf = PerfModel.from_dict(rec["perf"])
+    mem = MemoryModel.from_dict(rec["memory"])
+    placement = rec.get("placement") or {}
+    bw, lat, ibw, ilat, notes = _network_from_fit(perf, placement)
+    if bandwidth is not None:
+        bw = _bandwidth(bandwidth, intra=False)
+        notes.pop("bandwidth", None)
+    if latency is not None:
+        lat = _latency(latency, intra=False)
+        notes.pop("latency", None)
+    if bandwidth is not None and latency is not None:
+        notes.pop("loopback", None)
+    if intra_bandwidth is not None:
+        ibw = _bandwidth(intra_bandwidth, intra=True)
+    if intra_latency is not None:
+        ilat = _latency(intra_latency, intra=True)
+        notes.pop("intra_latency", None)
+    if not (isinstance(compute_speed, (int, float)) and math.isfinite(compute_speed) and compute_speed > 0):
+        raise TulaError(
+            f"the compute speed must be a positive factor (2: workers twice as fast), not {compute_speed!r}"
+        )
+    ok = [t for t in rec["trials"] if t["status"] == "ok"]
+    if ranks_per_node is None:
+        ranks_per_node = ranks_per_node_of(rec["trials"]) or max((t["n_workers"] for t in ok), default=1)
+    r = int(ranks_per_node)
+    if r < 1:
+        raise TulaError(f"ranks per node must be at least 1, not {r}")
+    assumed = [w for w, v in (("bandwidth", ibw), ("latency", ilat)) if v is None]
+    if assumed and "beta_intra" in perf.frozen:  # fitted across hosts without a world on one host alone
+        why = next(
+            (x.split(":")[0] for x in perf.notes if x in (NOTE_NO_SHARED_HOST, NOTE_NO_LONE_HOST)),
+            "the profile gives no intra-node link",
+        )
+        notes["intra"] = (
+            f"{why}: the intra-node {' and '.join(assumed)} taken to be the inter-node "
+            f"{'ones' if len(assumed) > 1 else 'one'}; give an intra-node {' and '.join(assumed)}"
+        )
+    if r == 1:  # no two workers share a node: the intra-node link is never used
+        notes.pop("intra", None)
+        notes.pop("intra_latency", None)
+    if epochs is not None and epochs < 1:
+        raise TulaError(f"epochs must be at least 1, not {epochs}")
+    b_mem = mem.max_local_batch(rec.get("memory_budget_bytes"), spec.search.memory_safety)
+    b_oom = rec.get("oom_local_batch")
+    limits = [x for x in (b_mem, None if b_oom is None else b_oom - 1) if x is not None]
+    return Simulator(
+        perf=perf,
+        dataset_size=rec["dataset_size"],
+        epochs=epochs or spec.epochs,
+        pricing=make_pricing(spec.pricing),
+        memory=mem,
+        max_local_batch=min(limits) if limits else None,
+        bandwidth_bytes_per_s=bw,
+        latency_s=float(lat),
+        compute_speed=float(compute_speed),
+        ranks_per_node=r,
+        notes=tuple(notes.values()),
+        intra_bandwidth_bytes_per_s=ibw,
+        intra_latency_s=None if ilat is None else float(ilat),
+    )
+
+
+def default_batch(models: dict) -> int:
+    """The constant batch simulated by default: the spec's ``train.global_batch``, else the
+    largest global batch profiled."""
+    spec = spec_from_dict(models["spec"])
+    if spec.train.global_batch:
+        return spec.train.global_batch
+    ok = [t["global_batch"] for t in models["trials"] if t["status"] == "ok"]
+    return max(ok) if ok else spec.search.min_batch
+
+
+def schedule_caps(
+    models: dict,
+    sim: Simulator,
+    first_batch: int,
+    workers: Sequence[int],
+    min_workers: int | None = None,
+    max_workers: int | None = None,
+    batch_per_worker: int | None = None,
+) -> Caps:
+    """The workers rule of a simulated schedule: the spec's ``train.workers`` where it has one,
+    else 1 to the largest of ``workers`` with ``batch_per_worker`` the first batch; each
+    option given replaces its part."""
+    spec = spec_from_dict(models["spec"])
+    w = spec.train.workers
+    lo = min_workers if min_workers is not None else (w.min if w else 1)
+    hi = max_workers if max_workers is not None else (w.max if w else max(workers))
+    bpw = batch_per_worker if batch_per_worker is not None else ((w.batch_per_worker if w else None) or first_batch)
+    for name, v in (("min workers", lo), ("max workers", hi), ("batch per worker", bpw)):
+        if v < 1:
+            raise TulaError(f"{name} must be at least 1, not {v}")
+    if lo > hi:
+        raise TulaError(f"min workers ({lo}) is above max workers ({hi})")
+    return Caps(sim.dataset_size, sim.max_local_batch, lo, hi, bpw)
+
+
+def schedule_settings(models: dict, kind: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The spec's ``train.batch_schedule`` settings when it is of ``kind``, updated with ``given``."""
+    spec = spec_from_dict(models["spec"])
+    s = spec.train.batch_schedule
+    base: dict[str, Any] = {}
+    if s is not None and s.kind == kind:
+        base = {**s.params(), "every_epochs": s.every_epochs, "lr_rule": s.lr_rule}
+        if s.max_batch is not None:
+            base["max_batch"] = s.max_batch
+    return {**base, **given}
+
+
+def fitted_step_s(models: dict, local_batch, n_workers):
+    """The fitted model's own step time prediction (the simulator's reference at profiled N),
+    at the R it was fitted for (:func:`tula.core.perfmodel.ranks_per_node_of`)."""
+    return PerfModel.from_dict(models["perf"]).t_step_s(local_batch, n_workers, ranks_per_node_of(models["trials"]))
+
+
+def uses_spot(sim: Simulator) -> bool:
+    return isinstance(sim.pricing, SpotPricing)
+
+
+__all__ = [
+    "DEFAULT_WORKERS",
+    "Simulator",
+    "simulator_from_models",
+    "parse_collectives",
+    "parse_workers",
+    "parse_schedule",
+    "default_batch",
+    "schedule_caps",
+    "schedule_settings",
+    "fitted_step_s",
+    "uses_spot",
+]

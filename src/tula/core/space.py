@@ -1,0 +1,64 @@
+"""The search space: which (cluster size N, global batch B) configurations exist.
+
+Global batches grow geometrically from ``min_batch`` (x ``batch_growth``) up to
+``max_batch`` or the training-set size, and must split evenly over N workers; the local
+batch ``b = B / N`` is bounded above by the memory model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tula.core.spec import SearchSpec
+
+
+@dataclass(frozen=True)
+class Config:
+    n_workers: int
+    global_batch: int
+
+    @property
+    def local_batch(self) -> int:
+        return self.global_batch // self.n_workers
+
+
+def max_global_batch(search: SearchSpec, dataset_size: int) -> int:
+    return min(search.max_batch or dataset_size, dataset_size) if dataset_size >= search.min_batch else search.min_batch
+
+
+def candidate_global_batches(search: SearchSpec, dataset_size: int) -> list[int]:
+    """``min_batch * growth**k`` up to the largest allowed global batch."""
+    hi = max_global_batch(search, dataset_size)
+    out, b = [], search.min_batch
+    while b <= hi:
+        out.append(b)
+        b *= search.batch_growth
+    return out
+
+
+def candidate_configs(
+    search: SearchSpec, dataset_size: int, max_local_batch: int | None, cluster_sizes: list[int] | None = None
+) -> list[Config]:
+    """Every candidate (N, B) whose local batch is a positive integer within the memory bound."""
+    out = []
+    for n in cluster_sizes or search.cluster_sizes:
+        for big_b in candidate_global_batches(search, dataset_size):
+            if big_b % n or big_b < n:
+                continue
+            if max_local_batch is not None and big_b // n > max_local_batch:
+                continue
+            out.append(Config(n, big_b))
+    return out
+
+
+def partial_configs(search: SearchSpec, dataset_size: int, max_local_batch: int | None) -> list[Config]:
+    """Partial search (§III-A2): only the extreme cluster sizes, each at its smallest and
+    largest feasible global batch."""
+    sizes = search.cluster_sizes
+    extremes = sorted({sizes[0], sizes[-1]})
+    out: list[Config] = []
+    for n in extremes:
+        cands = candidate_configs(search, dataset_size, max_local_batch, [n])
+        if cands:
+            out.extend({cands[0], cands[-1]})
+    return sorted(out, key=lambda c: (c.n_workers, c.global_batch))

@@ -1,0 +1,637 @@
+"""The job spec: what the user wants trained, on which resources, to which objective.
+
+A spec is a YAML file validated once, here, at the edge; inner code trusts it.  Every
+bad field becomes a :class:`~tula.core.errors.SpecError` with one sentence naming the field
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from tula.core.errors import SpecError
+from tula.core.registry import LOSS_NAMES, METHOD_NAMES
+from tula.core.schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "tb": 10**12,
+}
+
+
+def parse_bytes(value: Any) -> int | None:
+    """Parse ``123``, ``"512MiB"``, ``"2 GB"`` into a byte count (``None`` stays ``None``)."""
+    if value is None or isinstance(value, int):
+        return value
+    bad = f"{str(value)[:40]!r} is not a size; use bytes or a number with a unit such as '512MiB' or '2GB'"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(bad)
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(bad)
+    number = float(m.group(1))
+    if not math.isfinite(number):
+        raise ValueError(bad)
+    return int(number * _UNITS[m.group(2).lower()])
+
+
+_DURATION_UNITS = {
+    "": 1.0,
+    "s": 1.0,
+    "sec": 1.0,
+    "secs": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "m": 60.0,
+    "min": 60.0,
+    "mins": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "hrs": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
+}
+_NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?"
+
+
+def parse_duration(value: Any) -> float | None:
+    """Parse a duration into seconds: ``28800``, ``"8h"``, ``"90 min"``, ``"1h30m"``, ``"5us"``
+    (``None`` stays ``None``).  The one parser of durations: deadlines, latencies, checkpoint
+    intervals and restart times all go through it."""
+    if value is None:
+        return None
+    bad = (
+        f"{str(value)[:40]!r} is not a duration; use seconds or a number with a unit such as "
+        "'8h', '90min', '1h30m', '30s' or '5us'"
+    )
+    if isinstance(value, bool):
+        raise ValueError(bad)
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(bad)
+        return float(value)
+    text = str(value).strip()
+    parts = re.findall(rf"\s*({_NUMBER})\s*([a-zA-Zµ]*)", text)
+    if not text or not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", text):
+        raise ValueError(bad)
+    if len(parts) > 1 and any(u == "" for _, u in parts):  # "1h 30" is ambiguous
+        raise ValueError(bad)
+    total = 0.0
+    for number, unit in parts:
+        if unit.lower() not in _DURATION_UNITS and unit not in _DURATION_UNITS:
+            raise ValueError(bad)
+        total += float(number) * _DURATION_UNITS.get(unit, _DURATION_UNITS.get(unit.lower(), 0.0))
+    if not math.isfinite(total):
+        raise ValueError(bad)
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for a sentence: ``"850 ms"``, ``"42.0 s"``, ``"12.5 min"``, ``"9.3 h"``, ``"2.1 d"``."""
+    s = float(seconds)
+    if not math.isfinite(s):
+        return "forever"
+    if s < 1.0:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120.0:
+        return f"{s:.1f} s"
+    if s < 2 * 3600.0:
+        return f"{s / 60:.1f} min"
+    if s < 2 * 86400.0:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+_RATE_PREFIX = {
+    "": 1.0,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+}
+
+
+def parse_bandwidth(value: Any) -> float:
+    """Parse a network bandwidth into bytes per second: ``"100Gbit/s"``, ``"100 Gb/s"``,
+    ``"100Gbps"`` (bits), ``"10GB/s"``, ``"10 GiB/s"`` (bytes), or a plain number (bytes per
+    second).  ``b``/``bit`` are bits, ``B``/``byte`` bytes."""
+    bad = (
+        f"{str(value)[:40]!r} is not a bandwidth; use a number with a unit such as '100Gbit/s', '25Gb/s', "
+        "'100Gbps' or '10GB/s'"
+    )
+    if isinstance(value, bool):
+        raise ValueError(bad)
+    if isinstance(value, (int, float)):
+        rate = float(value)
+    else:
+        m = re.fullmatch(
+            rf"\s*({_NUMBER})\s*(Ki|Mi|Gi|Ti|k|K|M|G|T)?(bits?|b|B|bytes?|Bytes?)\s*(/\s*s|ps)\s*", str(value)
+        )
+        if m is None:
+            try:
+                rate = float(str(value).strip())
+            except ValueError:
+                raise ValueError(bad) from None
+        else:
+            number, prefix, unit = float(m.group(1)), m.group(2) or "", m.group(3)
+            bits = unit in ("b", "bit", "bits")
+            rate = number * _RATE_PREFIX[prefix] / (8.0 if bits else 1.0)
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(bad)
+    return rate
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """The network: a Tula built-in (``small_cnn``, ``mlp``), a torchvision model name,
+    an import path ``package.module:factory``, or a factory pickled with cloudpickle
+    ``pickle:/path/factory.pkl`` (a file every rank can read; :mod:`tula.sklearn` writes one
+    for a module it cannot import by name); ``kwargs`` go to its constructor."""
+
+    name: str = "small_cnn"
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataSpec(_Strict):
+    """The training data.
+
+    ``digits`` (scikit-learn, 1x8x8), ``mnist1d`` (MNIST-1D, 1x40, regenerated locally by
+    the ``mnist1d`` package: ``num_samples`` of them), ``synthetic`` (random tensors of ``sample_shape``),
+    torchvision sets read from a local ``root`` (``mnist``, ``fashionmnist``, ``cifar10``,
+    ``cifar100``), ``imagefolder`` (a local folder of class sub-folders) and ``arrays`` (the
+    user's own arrays: a ``.npz`` file at ``path`` holding ``x`` and ``y``, and optionally
+    ``x_test`` and ``y_test`` -- without them ``test_fraction`` of the samples are held out;
+    integer ``y`` are class labels, float ``y`` regression targets; an optional
+    ``num_classes`` entry gives the number of classes).
+
+    Sets read from disk are decoded by ``loader_workers`` DataLoader processes per rank,
+    normalised per channel (``normalize``) and, with ``augment``, their training split is
+    randomly cropped (4 pixels of padding) and flipped (not MNIST's digits), drawn from
+    (seed, epoch, sample) so that resume stays exact; in-memory sets ignore these.
+    """
+
+    name: Literal[
+        "digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder", "arrays"
+    ] = "digits"
+    root: str | None = None
+    path: str | None = Field(default=None, description="arrays: the .npz file of x, y (and x_test, y_test)")
+    sample_shape: tuple[int, ...] = (3, 32, 32)
+    num_samples: int = Field(default=4096, ge=1)
+    num_classes: int = Field(default=10, ge=2)
+    image_size: int | None = Field(default=None, ge=1, description="resize imagefolder images to this square size")
+    test_fraction: float = Field(default=0.2, gt=0, lt=1)
+    augment: bool = Field(
+        default=False,
+        description="sets read from disk: random crop (padding 4) and horizontal flip of the training split",
+    )
+    normalize: bool = Field(
+        default=True,
+        description="sets read from disk: per-channel mean and standard deviation "
+        "(the set's published values; ImageNet's for imagefolder)",
+    )
+    loader_workers: int = Field(
+        default=2,
+        ge=0,
+        description="sets read from disk: DataLoader worker processes per "
+        "rank (0: read in the training process, sample by sample)",
+    )
+
+    @model_validator(mode="after")
+    def _root_needed(self) -> DataSpec:
+        if self.name in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder") and not self.root:
+            raise ValueError(f"data set {self.name!r} is read from a local folder: set data.root to it")
+        if self.name == "arrays" and not self.path:
+            raise ValueError("data set 'arrays' is read from a .npz file: set data.path to it")
+        if self.augment and self.name not in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"):
+            raise ValueError(f"data.augment applies to image sets read from disk, not {self.name!r}")
+        return self
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: float = Field(default=0.05, gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    nesterov: bool = False
+    weight_decay: float = Field(default=5e-4, ge=0)
+
+
+class SearchSpec(_Strict):
+    """The space the planner may choose from.
+
+    Global batches grow geometrically from ``min_batch`` by ``batch_growth`` up to
+    ``max_batch`` (default: the data set size), cut by the memory bound per worker.
+    """
+
+    cluster_sizes: list[int] = Field(default_factory=lambda: [1, 2])
+    min_batch: int = Field(default=32, ge=1)
+    max_batch: int | None = Field(default=None, ge=1)
+    batch_growth: int = Field(default=2, ge=2)
+    memory_budget_bytes: int | None = Field(default=None, gt=0, description="memory each worker may use")
+    memory_safety: float = Field(default=0.1, ge=0, lt=1, description="fraction of the budget kept free")
+    enforce_memory_cap: bool = Field(
+        default=False,
+        description="on CPU, cap each worker's address space "
+        "at its size after set-up plus the budget, so exceeding it is a real OOM",
+    )
+
+    _mem = field_validator("memory_budget_bytes", mode="before")(classmethod(lambda cls, v: parse_bytes(v)))
+
+    @field_validator("cluster_sizes")
+    @classmethod
+    def _sizes(cls, v: list[int]) -> list[int]:
+        if not v or any(n < 1 for n in v):
+            raise ValueError("cluster_sizes must be a non-empty list of positive worker counts")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _bounds(self) -> SearchSpec:
+        if self.max_batch is not None and self.max_batch < self.min_batch:
+            raise ValueError(f"max_batch ({self.max_batch}) is below min_batch ({self.min_batch})")
+        if self.enforce_memory_cap and self.memory_budget_bytes is None:
+            raise ValueError("enforce_memory_cap needs memory_budget_bytes")
+        return self
+
+
+class ProfileSpec(_Strict):
+    """How each profiling trial runs."""
+
+    warmup_steps: int = Field(default=3, ge=1)
+    timed_steps: int = Field(default=8, ge=2)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads_per_worker: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch threads per rank; default: "
+        "cores // largest cluster size, so compute is the same for every N",
+    )
+    trial_timeout_s: float = Field(default=300, gt=0)
+    memory_probe_batches: tuple[int, int] = Field(
+        default=(16, 32), description="two small local batches the memory model is measured at"
+    )
+
+
+class PricingSpec(_Strict):
+    """``fixed``: C = T * N * price_per_node_hour (Eq. 4b).  ``memory``: C = T * N *
+    peak_GB * price_per_gb_hour (§IV-C2).  ``spot``: C = E[T] * N * spot_price_per_node_hour,
+    where E[T] is the expected wall time when each node is preempted at
+    ``preemption_rate_per_node_hour`` and every preemption loses the work since the last
+    checkpoint plus ``restart_s`` (:class:`tula.core.pricing.SpotPricing` derives it);
+    ``price_per_node_hour`` stays the on-demand price spot is compared with."""
+
+    kind: Literal["fixed", "memory", "spot"] = "fixed"
+    price_per_node_hour: float = Field(default=2.48, ge=0, description="on-demand price per node-hour")
+    price_per_gb_hour: float = Field(default=0.15, ge=0)
+    spot_price_per_node_hour: float | None = Field(default=None, ge=0, description="spot: price per node-hour")
+    preemption_rate_per_node_hour: float | None = Field(
+        default=None, ge=0, description="spot: expected preemptions of one node per hour"
+    )
+    checkpoint_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="spot: seconds between "
+        "checkpoints (a duration such as '10min'); default: every "
+        "epoch, as `tula train` checkpoints",
+    )
+    restart_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="spot: seconds from a preemption until training "
+        "runs again (a replacement node, the world, the checkpoint loaded)",
+    )
+
+    _durations = field_validator("checkpoint_interval_s", "restart_s", mode="before")(
+        classmethod(lambda cls, v: parse_duration(v))
+    )
+
+    @model_validator(mode="after")
+    def _spot_needs(self) -> PricingSpec:
+        if self.kind == "spot":
+            missing = [
+                f for f in ("spot_price_per_node_hour", "preemption_rate_per_node_hour") if getattr(self, f) is None
+            ]
+            if missing:
+                raise ValueError(f"spot pricing needs {' and '.join(missing)}")
+        return self
+
+
+class ConstraintsSpec(_Strict):
+    """What the plan's choice must meet: finish within ``deadline`` (a duration such as
+    ``8h``, or seconds) and cost at most ``budget`` (in the pricing's unit, $).  ``None``:
+    no such constraint."""
+
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        validation_alias=AliasChoices("deadline_s", "deadline"),
+        description="training must finish within this many seconds",
+    )
+    budget: float | None = Field(default=None, ge=0, description="training may cost at most this much")
+
+    _deadline = field_validator("deadline_s", mode="before")(classmethod(lambda cls, v: parse_duration(v)))
+
+
+class AGSSpec(_Strict):
+    """Adaptive gradient scaling (§III-C, Algorithm 1) and static scaling U(s) (Eq. 8)."""
+
+    delta: float = Field(default=0.5, ge=0, description="scale only while the gradient variability is below this")
+    b_small: int = Field(default=32, ge=1, description="global size of the sub-batch the factors are measured on")
+    s_min: float = Field(default=0.1, gt=0, description="lower bound of every factor (Lemma 1 needs it > 0)")
+    update_every: int | None = Field(
+        default=None, ge=1, description="steps between factor updates (default: once per epoch)"
+    )
+    granularity: Literal["tensor", "element"] = "tensor"
+    static_scale: float = Field(default=2.0, gt=0, description="the factor s of static scaling (method 'static')")
+
+
+class BatchScheduleSpec(_Strict):
+    """How the global batch moves during training (the table is :data:`tula.core.schedules.SCHEDULES`).
+
+    ``constant``; ``geometric``: B0 x factor^floor(epoch / delay) (AdaDamp's GeoDamp);
+    ``linear``: B0 + ceil(rate x model updates) (PadaDamp); ``increase_instead_of_decay``:
+    at each ``train.lr_milestones`` the batch x 1/``train.lr_gamma`` instead of the LR decay,
+    the LR decays once the batch is at its largest (Smith et al.); ``loss_ratio``:
+    B0 x (F(w0) - F*) / (F(wk) - F*) (AdaDamp); ``adaptive``: follows the gradient noise
+    scale B_simple; ``piecewise``: the list ``batches``, one per period of ``every_epochs``.  B0 is the first global batch (``train.global_batch`` or the plan's).
+    Each parameter belongs to one kind; unset ones take that kind's default."""
+
+    kind: Literal[SCHEDULE_NAMES] = "constant"  # type: ignore[valid-type]  # the names of tula.core.schedules.SCHEDULES
+    every_epochs: int = Field(default=1, ge=1, description="the batch may change every this many epochs")
+    lr_rule: Literal[LR_RULES] = Field(  # type: ignore[valid-type]  # a runtime table
+        default="keep",
+        description="the LR when the batch changes, relative to "
+        "the first batch: keep, linear (x B/B0), sqrt (x sqrt(B/B0))",
+    )
+    max_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="largest global batch (also capped by memory x the largest worker count and by the training set)",
+    )
+    factor: float | None = Field(default=None, description="geometric: growth factor (> 1, default 2)")
+    delay: int | None = Field(default=None, description="geometric: epochs between growths (>= 1, default 5)")
+    rate: float | None = Field(default=None, description="linear: samples added per model update (> 0, default 1)")
+    f_star: float | None = Field(default=None, description="loss_ratio: the lowest reachable loss F* (default 0)")
+    min_batch: int | None = Field(default=None, description="adaptive: smallest batch (default: the first batch)")
+    band: float | None = Field(
+        default=None,
+        description="adaptive: relative difference between B_simple and the "
+        "batch that is ignored (in (0, 1), default 0.2)",
+    )
+    max_growth: float | None = Field(
+        default=None, description="adaptive: largest factor per boundary (>= 1, default 2)"
+    )
+    batches: list[int] | None = Field(
+        default=None,
+        description="piecewise: the global batch of each period of "
+        "every_epochs epochs, the last for the rest of the run (required)",
+    )
+
+    @field_validator(*PARAM_NAMES, mode="after")
+    @classmethod
+    def _belongs_to_kind(cls, v: Any, info: ValidationInfo) -> Any:
+        kind = info.data.get("kind")
+        if v is None or kind is None:  # an invalid kind has its own error
+            return v
+        problem = param_problem(kind, str(info.field_name), v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @model_validator(mode="after")
+    def _required_given(self) -> BatchScheduleSpec:
+        missing = missing_param(self.kind, self.params())
+        if missing:
+            raise ValueError(missing)
+        return self
+
+    def params(self) -> dict[str, Any]:
+        """The parameters set for this kind (the others are ``None``)."""
+        return {name: getattr(self, name) for name in PARAM_NAMES if getattr(self, name) is not None}
+
+
+class WorkersSpec(_Strict):
+    """Workers that grow with the batch: N = clip(ceil(B / batch_per_worker), min, max) at
+    every boundary of the batch schedule (a new world when N changes)."""
+
+    min: int = Field(default=1, ge=1)
+    max: int = Field(ge=1)
+    batch_per_worker: int | None = Field(default=None, ge=1, description="default: the first local batch")
+
+    @model_validator(mode="after")
+    def _range(self) -> WorkersSpec:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
+class TrainSpec(_Strict):
+    """How ``tula train`` trains: the method, the configuration, the LR schedule.
+
+    ``ags``: Tula's adaptive gradient scaling; ``static``: static scaling U(s);
+    ``lbt``: vanilla large-batch SGD; ``lrs``: linear LR scaling from ``base_batch`` with
+    warm-up; ``lars``/``lamb``: layer-wise adaptive optimisers (timm); ``polo``:
+    post-local SGD; ``adascale``: AdaScale's gain-ratio LR scaling.
+    """
+
+    method: Literal[METHOD_NAMES] = "ags"  # type: ignore[valid-type]  # the names of tula.core.registry.METHODS
+    loss: Literal[LOSS_NAMES] = Field(  # type: ignore[valid-type]  # a runtime table
+        default="cross_entropy",
+        description="cross_entropy (classification: "
+        "test top-1 per epoch) or mse (regression: test MSE and R^2 per epoch)",
+    )
+    n_workers: int | None = Field(default=None, ge=1, description="default: the plan's choice")
+    global_batch: int | None = Field(default=None, ge=1, description="default: the plan's choice")
+    lr_milestones: list[int] = Field(
+        default_factory=list, description="epochs after which the LR is multiplied by lr_gamma"
+    )
+    lr_gamma: float = Field(default=0.1, gt=0, le=1)
+    base_batch: int = Field(
+        default=128, ge=1, description="reference batch of LR scaling (lrs, lars, lamb) and of AdaScale's gain"
+    )
+    warmup_epochs: int = Field(default=5, ge=0, description="LR warm-up of lrs, lars, lamb and polo")
+    polo_switch_epoch: int = Field(default=5, ge=0, description="post-local SGD: epochs of synchronous SGD first")
+    polo_averages_per_epoch: int = Field(default=4, ge=1)
+    lamb_lr: float = Field(default=0.01, gt=0, description="LAMB's LR at base_batch (Adam-like scale)")
+    ags: AGSSpec = Field(default_factory=AGSSpec)
+    eval_batch: int = Field(default=1024, ge=1, description="samples per evaluation forward pass")
+    batch_schedule: BatchScheduleSpec | None = Field(default=None, description="default: a constant batch")
+    workers: WorkersSpec | None = Field(default=None, description="default: the worker count stays")
+    noise_scale: bool = Field(
+        default=True,
+        description="measure the gradient noise scale B_simple every step (a "
+        "DDP comm hook for the local gradient norms and one one-element all-reduce); false "
+        "saves that work, and train.json has no B_simple",
+    )
+
+    @model_validator(mode="after")
+    def _schedule_needs(self) -> TrainSpec:
+        kind = self.batch_schedule.kind if self.batch_schedule is not None else None
+        if kind is not None and SCHEDULES[kind].needs_b_simple and not self.noise_scale:
+            raise ValueError(
+                f"batch schedule {kind!r} follows the gradient noise scale, which train.noise_scale false turns off"
+            )
+        if self.batch_schedule is not None and self.batch_schedule.kind == "increase_instead_of_decay":
+            if not self.lr_milestones:
+                raise ValueError(
+                    "batch schedule 'increase_instead_of_decay' grows the batch at train.lr_milestones, which is empty"
+                )
+            if self.lr_gamma >= 1:
+                raise ValueError(
+                    "batch schedule 'increase_instead_of_decay' grows the batch by 1 / train.lr_gamma, "
+                    "which must be below 1"
+                )
+        return self
+
+
+METHODS: tuple[str, ...] = METHOD_NAMES  # kept for callers; the table is tula.core.registry.METHODS
+
+
+class ClusterSpec(_Strict):
+    """Where the ranks run (``--cluster`` overrides ``where``).
+
+    ``where``: ``local`` (one process per rank on this machine), ``dask`` (a Dask
+    LocalCluster started for the run, one worker process per rank), ``tcp://HOST:PORT`` (an
+    existing Dask scheduler), or the path of a dask-jobqueue YAML file (SLURM or PBS; see the
+    README).  Every launcher runs the same profiling and training; it only decides where the
+    ranks run and how they meet."""
+
+    where: str = "local"
+    dask_workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="workers of a LocalCluster started for the "
+        "run (default: the largest cluster size in search or train)",
+    )
+    dask_threads_per_worker: int = Field(default=1, ge=1, description="Dask threads per worker process")
+    pg_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="torch.distributed timeout: a rank waiting this "
+        "long in a collective (e.g. for a lost worker) fails the world",
+    )
+    worker_wait_s: float = Field(default=120.0, gt=0, description="how long to wait for enough Dask workers")
+    connect_timeout_s: float = Field(
+        default=30.0, gt=0, description="how long to wait for a Dask scheduler (tcp://HOST:PORT) to answer"
+    )
+    heartbeat_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="a Dask worker the scheduler has not heard "
+        "from for this long is taken as lost (its host, link or process is down)",
+    )
+    interface: str | None = Field(
+        default=None,
+        description="network interface of the ranks' collectives, e.g. "
+        "ib0 (default: the one that carries each worker's address; GLOO_SOCKET_IFNAME / "
+        "NCCL_SOCKET_IFNAME set on a worker win)",
+    )
+    backend: Literal["gloo", "nccl"] | None = Field(default=None, description="default: nccl on GPU, gloo on CPU")
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, v: str) -> str:
+        if v in ("local", "dask") or v.startswith("tcp://") or v.endswith((".yaml", ".yml")):
+            return v
+        raise ValueError(
+            f"{v!r} is not a cluster: use 'local', 'dask', a scheduler address 'tcp://HOST:PORT', or "
+            "a dask-jobqueue YAML file"
+        )
+
+
+class JobSpec(_Strict):
+    name: str = "job"
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    epochs: int = Field(default=10, ge=1)
+    seed: int = 0
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    collective: Literal["ring", "parameter_server", "tree"] = "ring"
+    pricing: PricingSpec = Field(default_factory=PricingSpec)
+    constraints: ConstraintsSpec = Field(default_factory=ConstraintsSpec)
+    objective: Literal["time", "cost", "knee"] = "knee"
+    profile: ProfileSpec = Field(default_factory=ProfileSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _sentence(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(repr(p)[1:-1] if isinstance(p, str) else str(p) for p in e["loc"])  # a key may hold a line break
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        return f"unknown field '{loc}' in the spec; check its spelling against the documented fields"
+    if e["type"] == "literal_error":
+        return f"spec field '{loc}' is {e.get('input')!r}, but it must be {msg.removeprefix('Input should be ')}"
+    where = f"spec field '{loc}'" if loc else "the spec"
+    return f"{where}: {msg[0].lower() + msg[1:]}" if msg else f"{where} is invalid"
+
+
+def spec_from_dict(data: Any) -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError("the spec must be a YAML mapping of fields (name, model, data, search, ...)")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_sentence(err)) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read and validate a YAML job spec."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"spec file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError, RecursionError) as err:  # not text, 4300+ digits, too deep
+        raise SpecError(f"spec file {str(p)!r} is not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"spec file {str(p)!r} is not a YAML mapping of fields (name, model, data, search, ...)")
+    return spec_from_dict(data)

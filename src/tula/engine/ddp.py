@@ -1,0 +1,139 @@
+"""What profiling and training share inside a rank: building the DDP model, and the
+out-of-memory probe whose verdict every rank agrees on.
+
+The probe runs a forward/backward (and whatever ``step`` does) with no collective inside,
+so a rank that runs out of memory cannot leave another waiting in one; the ranks then
+agree through one all-reduce.  An out-of-memory is a result, not a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tula.engine.memory import run_probe_step
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> DDP:
+    """The one DDP construction: gradients as bucket views (no extra copy)."""
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+
+
+def _collective_device(device: torch.device) -> torch.device:
+    return device if device.type == "cuda" else torch.device("cpu")
+
+
+def agree_any(flag: bool, device: torch.device) -> bool:
+    """True on every rank if ``flag`` is True on any rank (one all-reduce)."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=_collective_device(device))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def agree_max(value: float, device: torch.device) -> float:
+    """The largest ``value`` over the ranks (one all-reduce)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=_collective_device(device))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def probe_fits(step: Callable[[], None], device: torch.device, rank: int) -> tuple[bool, str]:
+    """Run ``step`` (no collective inside) and agree whether it fit on every rank.
+
+    Returns ``(fits, note)``; the note names the rank that ran out of memory and the
+    allocator's words.  Any failure that is not out of memory is raised."""
+    fits_here, why = run_probe_step(step)  # raises what is not out of memory
+    failed, note = not fits_here, f"out of memory on rank {rank}: {why}" if not fits_here else ""
+    if agree_any(failed, device):
+        return False, note or "out of memory on another rank"
+    return True, ""
+
+
+def check_shared_directory(directory: str, token: str, rank: int, device: torch.device) -> None:
+    """Every rank must see the run directory (a shared file system on a cluster): rank 0
+    writes ``token`` there, every rank reads it back; a rank that cannot is one sentence."""
+    import os
+
+    from tula.core.errors import TulaError
+
+    path = os.path.join(directory, f".tula-reach-{token}")
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(token)
+    agree_any(False, device)  # a barrier: the token is written before anyone looks
+    try:
+        with open(path) as fh:
+            missing = fh.read() != token
+    except OSError:
+        missing = True
+    first_missing = int(agree_max(-rank if missing else -float(10**9), device) * -1)
+    if first_missing < 10**9:
+        if rank == 0:
+            os.remove(path)
+        raise TulaError(
+            f"the run directory {directory} is not reachable from rank {first_missing} (each rank "
+            f"reads it on its own host); put it on a file system every worker shares (e.g. the "
+            "cluster's home or scratch file system)"
+        )
+    agree_any(False, device)  # everyone has read it
+    if rank == 0:
+        os.remove(path)
+
+
+class LocalGradNorms:
+    """State of :func:`local_norms_allreduce_hook`: this rank's squared gradient norm per
+    parameter, taken from the buckets of the current backward pass.
+
+    The norms are kept per parameter and summed in the model's parameter order, so the
+    total does not depend on how DDP grouped the parameters into buckets: DDP rebuilds its
+    buckets after the first step of every new process, so a resumed run's first step uses
+    other buckets than an uninterrupted run's, and a per-bucket sum would differ in the
+    last digits (and so would the gain and the parameters)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], device: torch.device) -> None:
+        self.device = device
+        self.order = {id(p): i for i, p in enumerate(params)}
+        self.per_param: dict[int, torch.Tensor] = {}
+
+    def add(self, params, grads) -> None:
+        # one fused kernel for the bucket's norms, in the gradients' precision (a float64
+        # copy of every gradient cost more than the all-reduce on CPU); squared and summed
+        # in float64 by take()
+        for p, n in zip(params, torch._foreach_norm(list(grads))):
+            self.per_param[self.order[id(p)]] = n
+
+    def take(self) -> torch.Tensor:
+        if not self.per_param:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        norms = torch.stack([self.per_param[i] for i in sorted(self.per_param)])
+        self.per_param = {}
+        return norms.double().square().sum()
+
+
+def local_norms_allreduce_hook(state: LocalGradNorms, bucket):
+    """DDP comm hook: keep the squared norm of each local gradient in the bucket in
+    ``state``, then average the bucket over the ranks as DDP does without a hook.
+
+    ``bucket`` is a ``dist.GradBucket`` and the result a ``torch.futures.Future`` of the
+    averaged bucket; they are not annotated because DDP compares the annotations with
+    those types, and this module's annotations are strings."""
+    state.add(bucket.parameters(), bucket.gradients())
+    return allreduce_hook(None, bucket)
+
+
+def synced_sq_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """|G_B|^2 of the (synchronised) gradients, on their device, in float64: no host sync."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack(torch._foreach_norm(grads)).double().square().sum()

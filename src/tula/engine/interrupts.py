@@ -1,0 +1,69 @@
+"""SIGINT and SIGTERM in the launching process: a request to stop, not an exception.
+
+Inside :func:`graceful_signals` the first SIGINT or SIGTERM is recorded and handed to the
+registered callbacks (a launcher forwards it to its ranks, which stop at the next step
+boundary, save what they finished and return); the command then ends with
+:class:`~tula.core.errors.Interrupted` (exit 130 or 143).  A second signal stops at once
+(``KeyboardInterrupt``); the launcher's cleanup still ends every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_state: dict = {"signum": None, "callbacks": [], "depth": 0}
+
+
+def requested() -> int | None:
+    """The signal that asked this process to stop, or None."""
+    return _state["signum"]
+
+
+def on_stop(callback: Callable[[int], None]) -> Callable[[], None]:
+    """Call ``callback(signum)`` on the first stop signal (at once if one already came);
+    returns a function that unregisters it."""
+    _state["callbacks"].append(callback)
+    if _state["signum"] is not None:
+        callback(_state["signum"])
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            _state["callbacks"].remove(callback)
+
+    return remove
+
+
+def _handler(signum, frame) -> None:  # noqa: ARG001
+    if _state["signum"] is not None:
+        raise KeyboardInterrupt  # second signal: stop now
+    _state["signum"] = signum
+    for cb in list(_state["callbacks"]):
+        with contextlib.suppress(Exception):
+            cb(signum)
+
+
+@contextlib.contextmanager
+def graceful_signals() -> Iterator[None]:
+    """Handle SIGINT/SIGTERM as stop requests inside the block (main thread only; nested
+    uses share one state)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outer = _state["depth"] == 0
+    previous = {s: signal.getsignal(s) for s in _SIGNALS} if outer else {}
+    if outer:
+        _state["signum"] = None
+        for s in _SIGNALS:
+            signal.signal(s, _handler)
+    _state["depth"] += 1
+    try:
+        yield
+    finally:
+        _state["depth"] -= 1
+        if outer:
+            for s, h in previous.items():
+                signal.signal(s, h)

@@ -1,0 +1,422 @@
+"""Run a function as an N-rank torch.distributed world on N Dask workers.
+
+Rendezvous only; what a rank does is :func:`~.runtime.run_rank`, as on the local launcher.
+
+* the world takes N distinct workers, ordered by host so that ranks on one host are
+  contiguous (``local_rank`` = position on its host), under a lock per worker (a lease: a
+  caller killed with kill -9 frees its workers after the scheduler's lease timeout): two
+  worlds never share a worker at once;
+* rank 0's host is the rendezvous address, on a port found free *on that worker* for every
+  world (a reused port can hang the next world's start);
+* each rank is one task, ``pure=False``, no retries, pinned to its worker, and checks when
+  it starts that it runs where it was sent (a task moved to another worker fails at once
+  instead of joining the wrong world);
+* events (progress, finished trials) come back through a :class:`distributed.Queue`;
+* each rank's collectives use the network interface that carries its worker's address
+  (:mod:`.netif`), and the rendezvous is rank 0's worker address, never a host name (which
+  resolves to loopback on many nodes);
+* a worker that leaves the cluster, or that the scheduler has not heard from for
+  ``silent_after_s`` (its host or link is down), fails the world with one sentence naming it,
+  as does a rank whose peer's worker stops answering it; the other ranks' tasks are cancelled
+  and, if still running (stuck in a collective), their workers restarted -- all but the silent
+  ones, which cannot be reached -- so no world hangs and no worker keeps a stale rank; a new
+  world leaves silent workers out;
+* SIGINT/SIGTERM in the caller set a :class:`distributed.Event` that every rank polls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue as queue_module
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from tula.core.errors import TulaError, WorkerError
+from tula.engine import interrupts
+from tula.engine.launch.base import RankFailure, host_facts
+from tula.engine.launch.local import failure_sentence, root_failure
+from tula.engine.launch.netif import is_loopback, resolve
+from tula.engine.launch.runtime import RankSetup, run_rank
+
+
+def _free_port_here() -> int:
+    """A TCP port free on this worker's host (run on rank 0's worker)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _url_host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def _dask_rank(
+    setup: RankSetup, fn: Callable[..., Any], args: tuple, queue_name: str, stop_name: str, expected_worker: str
+) -> tuple[str, Any]:
+    """One rank as a Dask task."""
+    from distributed import Event, Queue, get_worker
+
+    worker = get_worker()
+    here = worker.address
+    key = worker.get_current_task()
+    if here != expected_worker:
+        return "failure", RankFailure(
+            setup.rank,
+            "crash",
+            f"its task was moved to worker {here} instead of {expected_worker}; the world is abandoned",
+            "WrongWorker",
+            host=setup.host,
+        )
+    q = Queue(queue_name)
+    stop_event = Event(stop_name)
+    done = threading.Event()
+    holder: dict = {}
+    outbox: queue_module.SimpleQueue = queue_module.SimpleQueue()
+
+    def send() -> None:  # events go to the caller off the training thread: a put is a round trip
+        while (item := outbox.get()) is not None:
+            with contextlib.suppress(Exception):
+                q.put(item)
+
+    def abandoned() -> bool:
+        """The caller no longer wants this rank: its task was cancelled, e.g. because the
+        launching process died (kill -9) and the scheduler released its futures."""
+        ts = worker.state.tasks.get(key)
+        return ts is None or ts.state in ("cancelled", "released", "forgotten")
+
+    def watch_stop() -> None:  # the caller's SIGINT/SIGTERM (seen through the scheduler), or the caller gone
+        while not done.wait(0.5):
+            with contextlib.suppress(Exception):
+                stop = holder.get("stop")
+                if stop is not None and not stop.requested:
+                    if stop_event.is_set():
+                        stop.requested, stop.signum = True, stop.signum or signal.SIGINT
+                    elif abandoned():
+                        stop.requested, stop.signum = True, signal.SIGTERM
+
+    def emit(ev: dict) -> None:
+        outbox.put(("event", setup.rank, ev))
+
+    def fn_with_stop(ctx, *a):
+        holder["stop"] = ctx.stop
+        return fn(ctx, *a)
+
+    threads = [threading.Thread(target=send, daemon=True), threading.Thread(target=watch_stop, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        return run_rank(setup, fn_with_stop, args, emit=emit, die_with_parent=False)
+    finally:
+        done.set()
+        outbox.put(None)
+        threads[0].join(timeout=60)  # every event is delivered before the result
+
+
+class DaskLauncher:
+    """One rank per Dask worker (gloo on CPU, NCCL on GPU, chosen from the workers' hardware).
+
+    Parameters
+    ----------
+    client : a ``distributed.Client``
+    device : ``auto`` (the workers' kind) | ``cpu`` | ``cuda``
+    threads_per_worker : torch threads in each rank (None: torch's default)
+    pg_timeout_s : the process group's timeout; also bounds how long a world waits for a
+        lost worker's peers
+    lock_timeout_s : how long a world waits for its workers to be free
+    worker_wait_s : how long a world waits for the cluster to have enough workers
+    backend : override the collective backend (``gloo`` | ``nccl``)
+    interface : the network interface of the ranks' collectives (None: the one that carries
+        each worker's address; ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` set on a worker win)
+    silent_after_s : a worker the scheduler has not heard from for this long is taken as lost
+    """
+
+    name = "dask"
+
+    def __init__(
+        self,
+        client: Any,
+        device: str = "auto",
+        threads_per_worker: int | None = None,
+        pg_timeout_s: float = 60.0,
+        lock_timeout_s: float = 3600.0,
+        worker_wait_s: float = 60.0,
+        backend: str | None = None,
+        interface: str | None = None,
+        silent_after_s: float = 20.0,
+    ):
+        self.client = client
+        self.device = device
+        self.threads_per_worker = threads_per_worker
+        self.pg_timeout_s = pg_timeout_s
+        self.lock_timeout_s = lock_timeout_s
+        self.worker_wait_s = worker_wait_s
+        self.backend = backend
+        self.interface = interface
+        self.silent_after_s = silent_after_s
+        self._clock_offset_s: float | None = None  # the scheduler's clock minus this one
+
+    # ---------------------------------------------------------------- the cluster
+    def workers(self) -> dict[str, dict]:
+        """Address -> scheduler info of every worker now in the cluster."""
+        info = self.client.scheduler_info(n_workers=-1)
+        return dict(info["workers"])
+
+    def silent(self, workers: dict[str, dict]) -> dict[str, float]:
+        """The workers among ``workers`` that the scheduler has not heard from for more than
+        ``silent_after_s`` (address -> seconds since), judged on the scheduler's clock."""
+        if self._clock_offset_s is None:
+            try:
+                self._clock_offset_s = self.client.run_on_scheduler(time.time) - time.time()
+            except Exception:  # noqa: BLE001 - no clock, no judgement
+                return {}
+        now = time.time() + self._clock_offset_s
+        ages = {a: now - w["last_seen"] for a, w in workers.items() if w.get("last_seen")}
+        return {a: age for a, age in ages.items() if age > self.silent_after_s}
+
+    def live_workers(self) -> dict[str, dict]:
+        """The workers now in the cluster that the scheduler hears from."""
+        workers = self.workers()
+        silent = self.silent(workers)
+        return {a: w for a, w in workers.items() if a not in silent}
+
+    def worker_facts(self) -> dict[str, dict]:
+        """Each worker's hardware, read on the worker."""
+        return self.client.run(host_facts, self.device)
+
+    def facts(self) -> dict:
+        """The hardware of the worker rank 0 would run on (read there)."""
+        ((_, addr),) = self._choose(1)
+        return self.client.run(host_facts, self.device, workers=[addr])[addr]
+
+    def default_threads(self, n_ranks: int) -> int:
+        """Torch threads per rank: a host's cores shared by the Dask workers on it (the
+        workers' own count, as the local launcher does with this machine's)."""
+        workers = self.workers()
+        facts = self.worker_facts()
+        per_host: dict[str, int] = {}
+        for w in workers.values():
+            per_host[w["host"]] = per_host.get(w["host"], 0) + 1
+        cores = [max(1, (facts[a].get("cores") or 1) // per_host[w["host"]]) for a, w in workers.items() if a in facts]
+        return min(cores) if cores else 1
+
+    def provide(self, n_workers: int) -> int:
+        """Ask for ``n_workers`` workers (scaling the cluster where Tula can) and wait up to
+        ``worker_wait_s`` for them; returns how many there are (the caller goes on with that
+        many when it is fewer, and says so)."""
+        have = len(self.workers())
+        if have >= n_workers:
+            return n_workers
+        cluster = getattr(self.client, "cluster", None)
+        if cluster is not None and hasattr(cluster, "scale"):
+            with contextlib.suppress(Exception):
+                cluster.scale(n_workers)
+        with contextlib.suppress(Exception):
+            self.client.wait_for_workers(n_workers, timeout=self.worker_wait_s)
+        return min(n_workers, len(self.workers()))
+
+    def _choose(self, n_workers: int) -> list[tuple[str, str]]:
+        workers = self.live_workers()
+        if len(workers) < n_workers:  # e.g. a lost worker's nanny is still restarting it
+            with contextlib.suppress(Exception):
+                self.client.wait_for_workers(n_workers, timeout=self.worker_wait_s)
+            workers = self.live_workers()
+        if len(workers) < n_workers:
+            silent = self.silent(self.workers())
+            raise TulaError(
+                f"the Dask cluster has {len(workers)} worker(s) that answer, but a world of {n_workers} "
+                "rank(s) needs one worker per rank; add workers or plan for fewer"
+                + (f" (not heard from: {', '.join(sorted(silent))})" if silent else "")
+            )
+        by_host = sorted((w["host"], addr) for addr, w in workers.items())
+        return by_host[:n_workers]
+
+    # ---------------------------------------------------------------- a world
+    def run(
+        self,
+        fn: Callable[..., Any],
+        n_workers: int,
+        *args: Any,
+        on_event: Callable[[int, dict], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Any]:
+        from distributed import Event, Queue, wait
+
+        chosen = self._choose(n_workers)
+        addrs = [addr for _, addr in chosen]
+        locks = self._lock_workers(addrs)
+        world_id = uuid.uuid4().hex[:12]
+        queue = Queue(f"tula-events-{world_id}", client=self.client)
+        stop_event = Event(f"tula-stop-{world_id}", client=self.client)
+        futures: list[Any] = []
+        unregister = interrupts.on_stop(lambda signum: stop_event.set())
+        try:
+            device = self.client.run(host_facts, self.device, workers=[addrs[0]])[addrs[0]]["device"]
+            rank0_host = self._rendezvous_host(chosen)
+            port = self.client.run(_free_port_here, workers=[addrs[0]])[addrs[0]]
+            hosts = [h for h, _ in chosen]
+            setups = [
+                RankSetup(
+                    r,
+                    n_workers,
+                    f"tcp://{_url_host(rank0_host)}:{port}",
+                    device,
+                    self.threads_per_worker,
+                    self.pg_timeout_s,
+                    local_rank=hosts[:r].count(hosts[r]),
+                    host=hosts[r],
+                    backend=self.backend,
+                    interface=self.interface,
+                    peers=tuple(addrs),
+                )
+                for r in range(n_workers)
+            ]
+            futures = [
+                self.client.submit(
+                    _dask_rank,
+                    s,
+                    fn,
+                    args,
+                    queue.name,
+                    stop_event.name,
+                    addrs[s.rank],
+                    key=f"tula-rank-{world_id}-{s.rank}",
+                    workers=[addrs[s.rank]],
+                    allow_other_workers=False,
+                    pure=False,
+                    retries=0,
+                )
+                for s in setups
+            ]
+            return self._gather(futures, addrs, queue, on_event, timeout_s, wait)
+        finally:
+            unregister()
+            self._clean_up(futures, addrs)
+            with contextlib.suppress(Exception):
+                queue.close()
+            for lock in locks:
+                with contextlib.suppress(Exception):
+                    lock.release()
+
+    def _lock_workers(self, addrs: list[str]) -> list[Any]:
+        """One lock per worker, taken in address order (two worlds never wait on each other in
+        a circle); a lock is a lease the holding process keeps alive, so the workers of a
+        process that died (kill -9) are free again after the scheduler's lease timeout
+        (``distributed.scheduler.locks.lease-timeout``, 30 s by default)."""
+        from distributed import Lock
+
+        deadline = time.monotonic() + self.lock_timeout_s
+        held: list[Any] = []
+        for addr in sorted(addrs):
+            lock = Lock(f"tula-worker-{addr}", scheduler_rpc=self.client.scheduler, loop=self.client.loop)
+            if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                for h in held:
+                    with contextlib.suppress(Exception):
+                        h.release()
+                raise WorkerError(
+                    f"the Dask worker {addr} stayed busy with another world for {self.lock_timeout_s:.0f} s",
+                    cause="timeout",
+                )
+            held.append(lock)
+        return held
+
+    def _rendezvous_host(self, chosen: list[tuple[str, str]]) -> str:
+        """Rank 0's worker address as an IP: a name is resolved on rank 0's worker, and a world
+        across hosts never meets on loopback."""
+        host, addr = chosen[0]
+        try:
+            ip = self.client.run(resolve, host, workers=[addr])[addr]
+        except Exception:  # noqa: BLE001 - keep the scheduler's word for it
+            ip = host
+        if is_loopback(ip) and not all(is_loopback(h) for h, _ in chosen):  # ranks elsewhere cannot reach it
+            raise TulaError(
+                f"rank 0's worker {addr} is known by a loopback address ({host} -> {ip}), which ranks on "
+                "other hosts cannot reach; start the workers with --host or --interface set to an "
+                "address the other hosts reach"
+            )
+        return ip
+
+    def _gather(self, futures, addrs, queue, on_event, timeout_s, wait) -> list[Any]:
+        n = len(futures)
+        results: dict[int, Any] = {}
+        failures: dict[int, RankFailure] = {}
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        first_failure_at: float | None = None
+        lost_since: dict[str, float] = {}
+
+        def drain() -> None:
+            with contextlib.suppress(Exception):
+                for kind, rank, ev in queue.get(batch=True):
+                    if kind == "event" and on_event is not None:
+                        on_event(rank, ev)
+
+        cut_off: set[int] = set()  # ranks that another rank reported unreachable: nothing will come from them
+
+        while len(set(results) | set(failures) | cut_off) < n:
+            pending = [f for f in futures if not f.done()]
+            if pending:
+                with contextlib.suppress(TimeoutError):
+                    wait(pending, timeout=0.2, return_when="FIRST_COMPLETED")
+            drain()
+            for r, f in enumerate(futures):
+                if r in results or r in failures or not f.done():
+                    continue
+                if f.status == "finished":
+                    kind, value = f.result()
+                    if kind == "result":
+                        results[r] = value
+                    else:
+                        failures[r] = value
+                        cut_off.update(value.unreachable)
+                else:  # cancelled, or an error outside run_rank (the worker process died)
+                    exc = f.exception() if f.status == "error" else None
+                    why = type(exc).__name__ if exc is not None else f.status
+                    failures[r] = RankFailure(r, "lost_worker", f"was lost ({why})", host=addrs[r])
+                first_failure_at = first_failure_at or time.monotonic()
+            now = time.monotonic()
+            workers = self.workers() if len(results) + len(failures) < n else {a: {} for a in addrs}
+            silent = self.silent({a: w for a, w in workers.items() if a in addrs})
+            for r, addr in enumerate(addrs):
+                if r in results or r in failures:
+                    continue
+                if addr not in workers:
+                    lost_since.setdefault(addr, now)
+                    if now - lost_since[addr] > 1.0:  # not a blip in the scheduler's view
+                        failures[r] = RankFailure(r, "lost_worker", "left the Dask cluster", host=addr)
+                        first_failure_at = first_failure_at or now
+                elif addr in silent:
+                    failures[r] = RankFailure(
+                        r,
+                        "lost_worker",
+                        f"has not been heard from by the scheduler for "
+                        f"{silent[addr]:.0f} s: its host, its link or its process is down",
+                        host=addr,
+                    )
+                    first_failure_at = first_failure_at or now
+            if failures and now - first_failure_at > self.pg_timeout_s + 5:
+                break
+            if deadline is not None and now > deadline:
+                raise WorkerError(f"the {n}-worker run did not finish within {timeout_s:.0f} s", cause="timeout")
+        drain()
+        if failures:
+            root = root_failure(list(failures.values()))
+            message = failure_sentence(root, n)
+            raise WorkerError(message, rank=root.rank, details=root.traceback, cause=root.cause)
+        return [results[r] for r in range(n)]
+
+    def _clean_up(self, futures, addrs) -> None:
+        """Cancel what is left of the world; restart any worker still running one of its ranks."""
+        running = [addrs[r] for r, f in enumerate(futures) if not f.done()]
+        if futures:
+            with contextlib.suppress(Exception):
+                self.client.cancel(futures, force=True)
+        if running:
+            present = self.live_workers()  # a silent worker cannot be restarted: it would hang the restart
+            stuck = [a for a in running if a in present]
+            if stuck:
+                with contextlib.suppress(Exception):
+                    self.client.restart_workers(stuck, timeout=120)

@@ -1,0 +1,249 @@
+"""Run a function as an N-rank torch.distributed world of local processes.
+
+Rendezvous only: one process per rank on this machine, meeting at 127.0.0.1 on a free
+port (a fresh one for every world).  What a rank does is :func:`~.runtime.run_rank`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from tula.core.errors import WorkerError
+from tula.engine import interrupts
+from tula.engine.launch.base import RankFailure, host_facts, pick_device
+from tula.engine.launch.runtime import RankSetup, run_rank
+
+# the root cause first: a rank that died without a word, a peer that stopped answering, then a
+# user error, an out-of-memory, a crash (the earliest), and only then what other ranks saw because of it
+_CAUSE_ORDER = {
+    "lost_worker": 0,
+    "unreachable": 1,
+    "user_error": 2,
+    "oom": 3,
+    "crash": 4,
+    "timeout": 5,
+    "interrupted": 6,
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def root_failure(failures: list[RankFailure]) -> RankFailure:
+    """The failure that explains the others."""
+    return min(failures, key=lambda f: (_CAUSE_ORDER.get(f.cause, 9), f.at, f.rank))
+
+
+def failure_sentence(f: RankFailure, n_workers: int) -> str:
+    """One sentence for a rank's failure."""
+    where = f"rank {f.rank} of {n_workers}" + (f" on {f.host}" if f.host and f.host != "127.0.0.1" else "")
+    if f.cause in ("user_error", "unreachable"):  # sentences written where they happened
+        return f.message
+    if f.cause == "oom":
+        return f"{where} ran out of memory ({f.message.splitlines()[0][:200]})"
+    if f.cause == "lost_worker":
+        return f"worker {where} {f.message}"
+    if f.cause == "interrupted":
+        return f"{where} was {f.message}"
+    return f"worker {where} failed: {f.exc_type}: {f.message.splitlines()[0][:300] if f.message else ''}"
+
+
+def _rank_main(setup: RankSetup, fn: Callable[..., Any], args: tuple, q: Any) -> None:
+    kind, value = run_rank(setup, fn, args, emit=lambda ev: q.put(("event", setup.rank, ev)))
+    q.put((kind, setup.rank, value))
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class LocalLauncher:
+    """One process per rank on this machine (gloo on CPU, NCCL on GPU).
+
+    Parameters
+    ----------
+    device : ``auto`` | ``cpu`` | ``cuda``
+    threads_per_worker : torch threads in each rank (None: torch's default)
+    grace_s : how long the other ranks get to finish after one rank failed
+    stop_grace_s : how long the ranks get to stop cleanly after SIGINT/SIGTERM before
+        they are killed
+    pg_timeout_s : the process group's timeout (a collective waiting longer fails)
+    in_process : run a world of one rank in this process (the same :func:`~.runtime.run_rank`,
+        without starting a process and importing torch again: what makes a one-worker fit of
+        :mod:`tula.sklearn` cheap).  Worlds of more ranks, worlds with a ``timeout_s`` (an
+        in-process rank cannot be killed) and calls from a process that already holds a
+        torch.distributed group still start one process per rank.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        device: str = "auto",
+        threads_per_worker: int | None = None,
+        grace_s: float = 10.0,
+        stop_grace_s: float = 60.0,
+        pg_timeout_s: float | None = None,
+        in_process: bool = False,
+    ):
+        self.device = pick_device(device)
+        self.threads_per_worker = threads_per_worker
+        self.grace_s = grace_s
+        self.stop_grace_s = stop_grace_s
+        self.pg_timeout_s = pg_timeout_s
+        self.in_process = in_process
+
+    def facts(self) -> dict:
+        """This machine's hardware: the ranks run here."""
+        return host_facts(self.device)
+
+    def provide(self, n_workers: int) -> int:
+        """Local processes are started per world: any count is available."""
+        return n_workers
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        n_workers: int,
+        *args: Any,
+        on_event: Callable[[int, dict], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Any]:
+        if self.in_process and n_workers == 1 and timeout_s is None and not dist.is_initialized():
+            return self._run_here(fn, args, on_event)
+        ctx = mp.get_context("spawn")
+        # a SimpleQueue writes each message to the pipe before put() returns, so a rank that
+        # dies right after an event (os._exit, SIGKILL) has still delivered it
+        q = ctx.SimpleQueue()
+        port = free_port()
+        pg_timeout = self.pg_timeout_s or max(30.0, timeout_s or 600.0)
+        setups = [
+            RankSetup(
+                r, n_workers, f"tcp://127.0.0.1:{port}", self.device, self.threads_per_worker, pg_timeout, local_rank=r
+            )
+            for r in range(n_workers)
+        ]
+        # not daemonic: a rank may start DataLoader worker processes; ranks end with this
+        # process anyway (PR_SET_PDEATHSIG) and are joined or killed below
+        procs = [
+            ctx.Process(target=_rank_main, args=(s, fn, args, q), daemon=False, name=f"tula-rank-{s.rank}")
+            for s in setups
+        ]
+        results: dict[int, Any] = {}
+        failures: dict[int, RankFailure] = {}
+        killed: set[int] = set()
+        first_failure_at: float | None = None
+        stop_at: list[float] = []
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+
+        def forward(signum: int) -> None:
+            stop_at.append(time.monotonic())
+            for p in procs:
+                if p.pid is not None and p.is_alive():
+                    try:
+                        os.kill(p.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+
+        def take(msg: tuple) -> None:
+            nonlocal first_failure_at
+            kind, rank = msg[0], msg[1]
+            if kind == "event":
+                if on_event is not None:
+                    on_event(rank, msg[2])
+            elif kind == "result":
+                results[rank] = msg[2]
+            else:
+                failures[rank] = msg[2]
+                first_failure_at = first_failure_at or time.monotonic()
+
+        def silent_dead() -> list[int]:
+            return [
+                r
+                for r, p in enumerate(procs)
+                if p.exitcode is not None and r not in results and r not in failures and r not in killed
+            ]
+
+        def drain() -> None:
+            while not q.empty():
+                take(q.get())
+
+        for p in procs:
+            p.start()
+        unregister = interrupts.on_stop(forward)
+        try:
+            while len(results) + len(failures) < n_workers:
+                if not q.empty():
+                    take(q.get())
+                    continue
+                time.sleep(0.02)
+                now = time.monotonic()
+                if failures and now - first_failure_at > self.grace_s:
+                    break
+                if silent_dead():
+                    time.sleep(0.5)  # the other ranks' last words may still be coming
+                    drain()
+                    if silent_dead():
+                        break
+                if stop_at and now - stop_at[0] > self.stop_grace_s:
+                    break
+                if deadline is not None and now > deadline:
+                    for r, p in enumerate(procs):
+                        if r not in results and r not in failures:
+                            killed.add(r)
+                            p.kill()
+                    raise WorkerError(
+                        f"the {n_workers}-worker run did not finish within {timeout_s:.0f} s", cause="timeout"
+                    )
+            drain()
+            lost = [
+                RankFailure(r, "lost_worker", f"died ({_exit_text(procs[r].exitcode)}) before returning a result")
+                for r in silent_dead()
+            ]
+            if stop_at and len(results) + len(failures) < n_workers and not lost:
+                lost = [
+                    RankFailure(
+                        r, "interrupted", f"killed: it did not stop within {self.stop_grace_s:.0f} s of the signal"
+                    )
+                    for r in range(n_workers)
+                    if r not in results and r not in failures
+                ]
+            all_failures = list(failures.values()) + lost
+            if all_failures:
+                root = root_failure(all_failures)
+                raise WorkerError(
+                    failure_sentence(root, n_workers), rank=root.rank, details=root.traceback, cause=root.cause
+                )
+            return [results[r] for r in range(n_workers)]
+        finally:
+            unregister()
+            for p in procs:
+                p.join(timeout=5 if not failures else 0.5)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+            q.close()
+
+    def _run_here(self, fn: Callable[..., Any], args: tuple, on_event: Callable[[int, dict], None] | None) -> list[Any]:
+        """A world of one rank in this process."""
+        setup = RankSetup(
+            0, 1, f"tcp://127.0.0.1:{free_port()}", self.device, self.threads_per_worker, self.pg_timeout_s or 600.0
+        )
+        kind, value = run_rank(setup, fn, args, emit=lambda ev: on_event(0, ev) if on_event else None, in_process=True)
+        if kind == "failure":
+            raise WorkerError(failure_sentence(value, 1), rank=0, details=value.traceback, cause=value.cause)
+        return [value]

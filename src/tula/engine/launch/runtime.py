@@ -1,0 +1,294 @@
+"""What a rank does, written once for every launcher.
+
+A launcher decides where ranks run and how they meet (an ``init_method`` URL); then each
+rank calls :func:`run_rank`, which sets its threads and device, joins the process group
+with a timeout, runs the function, and reports a result or a :class:`RankFailure` whose
+cause is decided here, where the exception happened -- and always destroys the group.
+
+Stopping: SIGINT/SIGTERM in a rank (forwarded by the launcher, or from the terminal)
+only sets a flag.  The rank's function asks :class:`StopFlag` at its boundaries; the
+ranks agree through a small all-reduce on a separate gloo group, so they all stop at the
+same step and none is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import socket
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tula.core.errors import TulaError
+from tula.engine.launch.base import RankFailure, WorkerContext
+from tula.engine.launch.netif import InterfaceChoice, choose_interface, interface_env, unreachable_peers
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """How one rank joins its world."""
+
+    rank: int
+    world_size: int
+    init_method: str  # tcp://HOST:PORT of rank 0's rendezvous
+    device_kind: str  # cpu | cuda
+    threads: int | None = None
+    pg_timeout_s: float = 600.0
+    local_rank: int = 0
+    host: str = "127.0.0.1"  # the address the cluster knows this rank's worker by
+    backend: str | None = None  # default: nccl on cuda, gloo on cpu
+    interface: str | None = None  # the spec's cluster.interface (None: derived from ``host``)
+    #: each rank's worker as a listening ``host:port`` (Dask's worker addresses), probed when a
+    #: collective fails to name a peer that no longer answers; empty where there is none
+    peers: tuple[str, ...] = ()
+
+
+class StopRequested(Exception):
+    """Raised inside a rank's function when the world agreed to stop (SIGINT/SIGTERM)."""
+
+
+class StopFlag:
+    """Whether this world should stop, agreed by every rank.
+
+    ``requested`` is this rank's own view (set by its signal handler).  :meth:`poll` is
+    called by every rank at every step boundary: it starts a one-element all-reduce (MAX)
+    of the flag on a CPU gloo group and returns the *previous* step's agreed answer, so
+    the check costs no wait and no device sync; all ranks see the same answer at the same
+    step.  :meth:`agree` is the blocking form for rarer boundaries (a trial, an epoch)."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.requested = False
+        self.signum: int | None = None
+        self.group = group
+        self._pending: tuple[Any, torch.Tensor] | None = None
+        self.agreed = False
+
+    def _flag(self) -> torch.Tensor:
+        return torch.tensor([1.0 if self.requested else 0.0])
+
+    def poll(self) -> bool:
+        if self.agreed:
+            return True
+        if not dist.is_initialized():
+            self.agreed = self.requested
+            return self.agreed
+        self.drain()
+        if self.agreed:
+            return True
+        t = self._flag()
+        self._pending = (dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True), t)
+        return False
+
+    def agree(self) -> bool:
+        """Blocking: True on every rank if any rank was asked to stop."""
+        self.drain()
+        if self.agreed:
+            return True
+        if not dist.is_initialized():
+            self.agreed = self.requested
+            return self.agreed
+        t = self._flag()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        self.agreed = t.item() > 0
+        return self.agreed
+
+    def drain(self) -> None:
+        """Finish a pending poll (before the world ends, or a blocking collective)."""
+        if self._pending is not None:
+            work, t = self._pending
+            work.wait()
+            self._pending = None
+            if t.item() > 0:
+                self.agreed = True
+
+
+def _die_with_parent() -> None:
+    """Linux: end this rank when the launching process dies (a killed ``tula train`` must
+    leave no orphaned ranks training on).  Elsewhere a no-op."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def classify(err: BaseException) -> str:
+    """The cause of an exception raised in a rank (see :data:`tula.core.errors.FAILURE_CAUSES`)."""
+    from tula.engine.memory import address_space_capped, failure_cause
+
+    if isinstance(err, (StopRequested, KeyboardInterrupt)):
+        return "interrupted"
+    if isinstance(err, TulaError):
+        return "user_error"
+    if failure_cause(err, memory_capped=address_space_capped()) == "oom":
+        return "oom"
+    return "crash"
+
+
+def run_rank(
+    setup: RankSetup,
+    fn: Callable[..., Any],
+    args: tuple,
+    emit: Callable[[dict], None],
+    die_with_parent: bool = True,
+    in_process: bool = False,
+) -> tuple[str, Any]:
+    """Run ``fn(ctx, *args)`` as one rank; return ``("result", value)`` or
+    ``("failure", RankFailure)``.  Never raises.
+
+    ``in_process``: the rank runs in the launching process itself (a world of one,
+    :class:`~tula.engine.launch.local.LocalLauncher` with ``in_process=True``): it installs no signal
+    handlers of its own -- the caller's stop requests reach it through
+    :func:`tula.engine.interrupts.on_stop` -- sets no death signal, and leaves the caller's torch
+    threads and random state as it found them."""
+    if die_with_parent and not in_process:
+        _die_with_parent()
+    import resource
+
+    address_space_limit = resource.getrlimit(resource.RLIMIT_AS)  # a memory cap ends with the rank
+    stop = StopFlag()
+
+    def on_signal(signum, frame=None) -> None:  # noqa: ARG001
+        stop.requested, stop.signum = True, signum
+
+    restore: list[Callable[[], None]] = []
+    if in_process:
+        from tula.engine import interrupts
+
+        restore.append(interrupts.on_stop(on_signal))
+        threads, rng = torch.get_num_threads(), torch.get_rng_state()
+        restore.append(lambda: (torch.set_num_threads(threads), torch.set_rng_state(rng)))
+    else:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread (e.g. a Dask worker task)
+                signal.signal(s, on_signal)
+    if setup.threads:
+        torch.set_num_threads(setup.threads)
+    joined = False
+    choice = InterfaceChoice("", "")
+    with contextlib.ExitStack() as world:
+        try:
+            if setup.device_kind == "cuda":
+                device = torch.device("cuda", setup.local_rank % max(torch.cuda.device_count(), 1))
+                torch.cuda.set_device(device)
+            else:
+                device = torch.device("cpu")
+            backend = setup.backend or ("nccl" if device.type == "cuda" else "gloo")
+            # the interface that carries this worker's address, for this world only (never the
+            # host name's address, which is loopback on many nodes)
+            choice = choose_interface(setup.host, backend, setup.interface)
+            world.enter_context(interface_env(choice, backend))
+            dist.init_process_group(
+                backend,
+                init_method=setup.init_method,
+                rank=setup.rank,
+                world_size=setup.world_size,
+                timeout=timedelta(seconds=setup.pg_timeout_s),
+                **({"device_id": device} if backend == "nccl" else {}),
+            )
+            # the stop flag's all-reduces run on their own CPU group: no device sync, and never
+            # interleaved with the model's collectives
+            stop.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=setup.pg_timeout_s))
+            joined = True
+            ctx = WorkerContext(
+                setup.rank,
+                setup.world_size,
+                device,
+                backend,
+                host=setup.host,
+                local_rank=setup.local_rank,
+                stop=stop,
+                _emit=emit,
+                interface=choice.interface,
+                interface_source=choice.source,
+            )
+            value = fn(ctx, *args)
+            stop.drain()
+            return "result", value
+        except BaseException as err:  # noqa: BLE001 - every failure goes back to the launcher, classified
+            return "failure", _failure(setup, err, stop, joined, choice)
+        finally:
+            if dist.is_initialized():
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+            else:  # a world that failed to form still advanced torch's group counter, which names the
+                # next world's store keys: a worker whose count differs from its peers' would wait for
+                # keys nobody writes (destroy_process_group resets it; nothing else does)
+                with contextlib.suppress(Exception):
+                    dist.distributed_c10d._world.group_count = 0
+            with contextlib.suppress(ValueError, OSError):  # a worker process runs later ranks too (Dask)
+                resource.setrlimit(resource.RLIMIT_AS, address_space_limit)
+            for undo in restore:
+                undo()
+
+
+def _failure(
+    setup: RankSetup, err: BaseException, stop: StopFlag, joined: bool, choice: InterfaceChoice
+) -> RankFailure:
+    """``err`` as a :class:`RankFailure` whose cause is decided here.  A crash is probed:
+    a world that could not form, or a collective that failed while a peer's worker no longer
+    answers, is ``unreachable``, in one sentence naming both addresses."""
+    cause = classify(err)
+    if cause == "interrupted" or stop.requested and cause == "crash":
+        return RankFailure(
+            setup.rank,
+            "interrupted",
+            f"stopped by {signal.Signals(stop.signum or signal.SIGINT).name}",
+            type(err).__name__,
+            host=setup.host,
+        )
+    message = str(err) or type(err).__name__
+    tb = "" if cause == "user_error" else traceback.format_exc()
+    if cause == "crash" and (not joined or setup.peers):
+        peers = {r: a for r, a in enumerate(setup.peers) if r != setup.rank}
+        silent = unreachable_peers(peers)
+        if silent or not joined:
+            return RankFailure(
+                setup.rank,
+                "unreachable",
+                unreachable_sentence(setup, err, joined, choice, silent),
+                type(err).__name__,
+                tb,
+                host=setup.host,
+                unreachable=silent,
+            )
+    return RankFailure(setup.rank, cause, message, type(err).__name__, tb, host=setup.host or socket.gethostname())
+
+
+def _peer_host(setup: RankSetup, rank: int) -> str:
+    if rank < len(setup.peers):
+        return setup.peers[rank].removeprefix("tcp://").rpartition(":")[0]
+    return "?"
+
+
+def unreachable_sentence(
+    setup: RankSetup, err: BaseException, joined: bool, choice: InterfaceChoice, silent: list[int]
+) -> str:
+    """One sentence: which rank, on which address and interface, could not reach whom."""
+    how = (
+        f"interface {choice.interface}, from {choice.source}"
+        if choice.interface
+        else "no interface chosen: torch's default, the host name's address"
+    )
+    me = f"rank {setup.rank} of {setup.world_size} on {setup.host} ({how})"
+    detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    if silent:
+        who = ", ".join(f"rank {r} on {_peer_host(setup, r)} (worker {setup.peers[r]})" for r in silent)
+        what = "could not form its world" if not joined else "lost its connection"
+        return (
+            f"{me} {what}: {who} does not answer from there, so its host, its link or its worker is down "
+            f"({type(err).__name__}: {detail})"
+        )
+    rdzv = setup.init_method.removeprefix("tcp://")
+    others = [f"rank {r} on {_peer_host(setup, r)}" for r in range(len(setup.peers)) if r != setup.rank]
+    named = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+    return (
+        f"{me} could not connect to the other ranks of its world ({named + ', ' if named else ''}"
+        f"rendezvous at {rdzv}) within {setup.pg_timeout_s:.0f} s; their workers answer, so a firewall between "
+        "them or a wrong interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, cluster.interface) is the likely "
+        f"cause ({type(err).__name__}: {detail})"
+    )

@@ -1,0 +1,568 @@
+"""Profiler: short real DDP trials at chosen (N, b) configurations.
+
+Each cluster size is one launched world that runs all its trials in turn.  A trial:
+
+1. a *probe* step under ``no_sync()`` (no collective), after which every rank says
+   whether it ran out of memory; the ranks agree through one all-reduce, so an OOM is a
+   result (``status: oom``) and no rank is left waiting in a collective;
+2. one synchronised step under the memory tracker: ``peak_mem_bytes``;
+3. warm-up steps, then timed steps alternating synchronised (``t_step``) and
+   ``no_sync`` (``t_compute``) steps, so both see the same machine noise; the exposed
+   sync time is ``t_step - t_compute``.  Times are the per-step maximum over ranks, then
+   the median over steps; another round runs while the spread is wide.
+
+The first world also probes the memory model (two small local batches) before its trials,
+which bounds the batches to profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import signal
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from tula.core.errors import InfeasibleError, Interrupted, WorkerError
+from tula.core.records import PROFILE_KIND, Trial, placement
+from tula.core.space import Config, candidate_configs, partial_configs
+from tula.core.spec import JobSpec
+from tula.engine import interrupts
+from tula.engine.data import data_path
+from tula.engine.ddp import agree_max, probe_fits, wrap_ddp
+from tula.engine.launch import Launcher, WorkerContext
+from tula.engine.launch.clusters import default_threads
+from tula.engine.memory import (
+    AddressSpace,
+    MemoryModel,
+    cap_address_space,
+    measure_phase_peaks,
+    measure_step_peak_bytes,
+    probe_memory_model,
+    with_address_space_overhead,
+)
+from tula.engine.workloads import build_loss, build_model, build_optimizer, load_dataset
+
+MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
+MAX_ROUNDS = 3
+DATA_SHARE_NOTE = 0.1  # a trial whose wait for data is at least this share of its step says so
+FINISHED = ("ok", "oom", "skipped")  # trial statuses a resumed profile does not run again
+
+
+class ProfileFailed(WorkerError):
+    """A worker failed mid-profile; ``record`` holds every trial finished before it."""
+
+    def __init__(
+        self, message: str, rank: int | None = None, details: str = "", record: dict | None = None, cause: str = "crash"
+    ):
+        super().__init__(message, rank=rank, details=details, cause=cause)
+        self.record = record
+
+
+class ProfileInterrupted(Interrupted):
+    """SIGINT/SIGTERM stopped profiling; ``record`` holds every trial finished before it."""
+
+    def __init__(self, message: str, signum: int, record: dict | None):
+        super().__init__(message, signum)
+        self.record = record
+
+
+# --------------------------------------------------------------------------- inside a rank
+class _Worker:
+    """One rank's model, optimiser and data for a world of trials."""
+
+    def __init__(self, ctx: WorkerContext, spec: JobSpec):
+        self.ctx, self.spec = ctx, spec
+        torch.manual_seed(spec.seed)
+        self.data = load_dataset(spec.data, spec.seed)
+        model = build_model(spec.model).to(ctx.device)
+        self.ddp = wrap_ddp(model, ctx.device)
+        self.optimizer = build_optimizer(self.ddp.module, spec)
+        self.loss_fn = build_loss(spec.train.loss)
+        self.gen = torch.Generator().manual_seed(spec.seed * 1000 + ctx.rank)
+        self.batches: Any = None  # random batches of local batch self.batches_b through the data path
+        self.batches_b = 0
+        self.data_waits: list[float] = []
+        self.x: torch.Tensor | None = None
+        self.y: torch.Tensor | None = None
+
+    @property
+    def sample_bytes(self) -> int:
+        x, y = self.data.batch(1, torch.Generator().manual_seed(0))
+        return x.numel() * x.element_size() + y.numel() * y.element_size()
+
+    def load_batch(self, local_batch: int) -> None:
+        """The next random batch through the data path training uses (DataLoader workers
+        prefetching for sets read from disk)."""
+        if self.batches is None or self.batches_b != local_batch:
+            self.batches = data_path(self.data, self.ctx.device).random_batches(local_batch, self.gen)
+            self.batches_b = local_batch
+        self.x, self.y = next(self.batches)
+
+    def forward_backward(self, sync: bool = True) -> None:
+        with contextlib.nullcontext() if sync else self.ddp.no_sync():
+            loss = self.loss_fn(self.ddp(self.x), self.y)
+            loss.backward()
+
+    def update(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+
+    def step(self, sync: bool = True) -> None:
+        self.forward_backward(sync)
+        self.update()
+
+    def timed(self, sync: bool) -> float:
+        """One step with the wait for its batch included, as training runs it."""
+        t0 = time.perf_counter()
+        self.load_batch(self.batches_b)
+        t1 = time.perf_counter()
+        self.step(sync)
+        self.data_waits.append(t1 - t0)
+        return time.perf_counter() - t0
+
+    def agree_max(self, value: float) -> float:
+        return agree_max(value, self.ctx.device)
+
+    def release(self) -> None:
+        self.x = self.y = None
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def measure_peak(self) -> int:
+        return measure_step_peak_bytes(lambda: self.step(True), self.ddp.module, self.optimizer, self.ctx.device)
+
+    def probe_memory(self, local_batches: tuple[int, int]) -> MemoryModel:
+        """One untracked step (creates the optimiser state), then probe steps with their
+        forward/backward and their optimiser update tracked separately
+        (:func:`tula.engine.memory.probe_memory_model`).  Every rank runs the same probes (the
+        steps are synchronised; the decision to probe further uses rank 0's peaks)."""
+        self.load_batch(local_batches[0])
+        self.step(True)
+        sb = self.sample_bytes
+
+        def measure(b: int) -> tuple[int, int]:
+            self.load_batch(b)
+            fb, up = measure_phase_peaks(
+                self.forward_backward, self.update, self.ddp.module, self.optimizer, self.ctx.device
+            )
+            self.release()
+            # the data batch is created outside the tracked steps: add its bytes back; the
+            # ranks agree on the peaks so that every rank takes the same probing decisions
+            return int(self.agree_max(fb + sb * b)), int(self.agree_max(up + sb * b))
+
+        return probe_memory_model(
+            measure, self.ddp.module, self.optimizer, sb, local_batches, self.ctx.device, max_batch=self.data.train_size
+        )
+
+    def trial(self, cfg: Config, warmup: int, timed: int) -> Trial:
+        b = cfg.local_batch
+        base = dict(n_workers=cfg.n_workers, local_batch=b, global_batch=cfg.global_batch)
+
+        def probe() -> None:
+            self.load_batch(b)
+            self.step(sync=False)
+
+        fits, note = probe_fits(probe, self.ctx.device, self.ctx.rank)
+        if not fits:
+            self.release()
+            return Trial(**base, status="oom", note=note)
+        peak = self.measure_peak()
+        for _ in range(warmup):
+            self.step(True)
+        steps: list[float] = []
+        comps: list[float] = []
+        self.data_waits = []
+        for _ in range(MAX_ROUNDS):
+            for _ in range(timed):
+                steps.append(self.timed(True))
+                comps.append(self.timed(False))
+            spread = self.agree_max(_spread(steps[-timed:]))
+            if spread <= MAX_SPREAD:
+                break
+        self.release()
+        return Trial(
+            **base,
+            status="ok",
+            peak_mem_bytes=peak,
+            step_times_s=steps,
+            compute_times_s=comps,
+            timed_steps=len(steps),
+            t_data_s=statistics.median(self.data_waits),
+        )
+
+
+def _spread(xs: list[float]) -> float:
+    if len(xs) < 4:
+        return 0.0
+    q = statistics.quantiles(xs, n=4)
+    return (q[2] - q[0]) / max(statistics.median(xs), 1e-12)
+
+
+def select_configs(
+    spec: JobSpec, search: str, dataset_size: int, mm: MemoryModel, budget_bytes: int | None
+) -> tuple[int | None, list[Config]]:
+    """The memory bound on the local batch and the configurations a search profiles."""
+    b_max = mm.max_local_batch(budget_bytes, spec.search.memory_safety)
+    pick = partial_configs if search == "partial" else candidate_configs
+    return b_max, pick(spec.search, dataset_size, b_max)
+
+
+def profile_world(
+    ctx: WorkerContext,
+    spec_dict: dict,
+    configs: list[tuple[int, int]] | None,
+    mem_cap_bytes: int | None,
+    search: str,
+    budget_bytes: int | None,
+    oom_local_batch: int | None = None,
+) -> dict:
+    """Run in every rank of one world: the trials of ``configs`` ((n_workers, global_batch)
+    pairs of this world's size) in order of batch.
+
+    With ``configs=None`` (the first world) the memory model is probed first, the search
+    space is bounded with it, and this world runs the configurations of its own size.
+    Local batches at or above ``oom_local_batch`` (one already ran out of memory) are
+    skipped.  After each trial the ranks agree whether to stop (SIGINT/SIGTERM); then
+    ``interrupted`` holds the signal number and the trials not run are left out."""
+    spec = JobSpec.model_validate(spec_dict)
+    w = _Worker(ctx, spec)
+    set_up = AddressSpace.now() if mem_cap_bytes is not None and ctx.device.type == "cpu" else None
+    out: dict[str, Any] = {"rank": ctx.rank, "trials": []}
+    stop = ctx.stop
+    if configs is None:
+        mm = w.probe_memory(tuple(spec.profile.memory_probe_batches))
+        if set_up is not None:  # under the cap, the budget also holds what tensors do not show
+            mm = with_address_space_overhead(mm, set_up)
+        b_max, chosen = select_configs(spec, search, w.data.train_size, mm, budget_bytes)
+        out.update(memory=mm.to_dict(), max_local_batch=b_max, configs=[(c.n_workers, c.global_batch) for c in chosen])
+        if ctx.rank == 0:
+            ctx.emit(
+                {
+                    "type": "plan",
+                    "total": len(chosen),
+                    "memory": out["memory"],
+                    "max_local_batch": b_max,
+                    "configs": out["configs"],
+                }
+            )
+        configs = [(c.n_workers, c.global_batch) for c in chosen if c.n_workers == ctx.world_size]
+    if mem_cap_bytes is not None and ctx.device.type == "cpu":
+        out["address_space_cap_bytes"] = cap_address_space(mem_cap_bytes, since=set_up)
+    oom_at = oom_local_batch
+    for i, (n, big_b) in enumerate(sorted(configs, key=lambda c: c[1])):
+        if stop is not None and stop.agree():
+            out["interrupted"] = stop.signum or signal.SIGINT
+            break
+        cfg = Config(n, big_b)
+        if oom_at is not None and cfg.local_batch >= oom_at:
+            t = Trial(
+                n, cfg.local_batch, big_b, "skipped", note=f"not run: local batch {oom_at} already ran out of memory"
+            )
+        else:
+            t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps)
+            if t.status == "oom":
+                oom_at = cfg.local_batch if oom_at is None else min(oom_at, cfg.local_batch)
+        t.hosts, t.devices = [ctx.host], [_device_name(ctx.device)]  # where this rank ran it, and how it met the others
+        t.interfaces, t.interface_sources, t.local_ranks = [ctx.interface], [ctx.interface_source], [ctx.local_rank]
+        out["trials"].append(asdict(t))
+        ctx.emit({"type": "rank_trial", "rank": ctx.rank, "trial": asdict(t)})  # kept if the world dies later
+        if ctx.rank == 0:
+            ctx.emit({"type": "trial", "n_workers": n, "global_batch": big_b, "status": t.status, "index": i})
+    return out
+
+
+# --------------------------------------------------------------------------- in the caller
+def _merge_ranks(rank_results: list[dict]) -> list[dict]:
+    """Per step, the slowest rank sets the pace; then the median over steps."""
+    return _merge_trials([r["trials"] for r in rank_results])
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return "cpu"
+
+
+def _merge_trials(rank_trials: list[list[dict]]) -> list[dict]:
+    merged = []
+    for per_rank in zip(*rank_trials):
+        t = dict(per_rank[0])
+        t["hosts"] = [h for r in per_rank for h in r.get("hosts", [])]  # in rank order
+        t["devices"] = [d for r in per_rank for d in r.get("devices", [])]
+        for key in ("interfaces", "interface_sources", "local_ranks"):
+            t[key] = [v for r in per_rank for v in r.get(key, [])]
+        t["ranks_per_host"] = max(Counter(t["hosts"]).values()) if t["hosts"] else None
+        if t["status"] == "ok":
+            steps = [max(xs) for xs in zip(*(r["step_times_s"] for r in per_rank))]
+            comps = [max(xs) for xs in zip(*(r["compute_times_s"] for r in per_rank))]
+            t["step_times_s"], t["compute_times_s"] = steps, comps
+            t["t_step_s"] = statistics.median(steps)
+            t["t_compute_s"] = statistics.median(comps)
+            t["t_sync_s"] = max(t["t_step_s"] - t["t_compute_s"], 0.0)
+            t["t_step_spread"] = _spread(steps)
+            t["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in per_rank)
+            if per_rank[0].get("t_data_s") is not None:  # the slowest rank's median wait for its batch
+                t["t_data_s"] = max(r["t_data_s"] for r in per_rank)
+                share = t["t_data_s"] / max(t["t_step_s"], 1e-12)
+                if share >= DATA_SHARE_NOTE:
+                    t["note"] = (
+                        f"data loading is {100 * share:.0f} % of the step: the loader is a bottleneck "
+                        "(more data.loader_workers, or faster storage, would help)"
+                    )
+        elif t["status"] == "oom":
+            t["note"] = next((r["note"] for r in per_rank if r["note"].startswith("out of memory on rank")), t["note"])
+        merged.append(t)
+    return merged
+
+
+def _oom_threshold(trials: list[dict]) -> int | None:
+    bad = [t["local_batch"] for t in trials if t["status"] == "oom"]
+    return min(bad) if bad else None
+
+
+def profile(
+    spec: JobSpec,
+    search: str = "partial",
+    launcher: Launcher | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    previous: dict | None = None,
+    on_snapshot: Callable[[dict], None] | None = None,
+) -> dict:
+    """Profile ``spec`` (``search`` = ``full`` | ``partial``); return the profile record.
+
+    ``previous`` is a partial profile record of the same spec (interrupted or failed):
+    its memory model and configuration list are reused and its finished trials are kept,
+    so only the rest run.  ``on_event`` receives ``{"type": "plan", "total": k}`` once the
+    trials are known and ``{"type": "trial", ...}`` after each trial; ``on_snapshot`` the
+    record so far (``in_progress``) each time a trial has finished on every rank, so that a
+    process killed mid-profile loses no finished trial when its caller saved the snapshot.
+
+    A failed world raises :class:`ProfileFailed`, SIGINT/SIGTERM :class:`ProfileInterrupted`;
+    both carry the record of every trial finished before it."""
+    if launcher is None:
+        from tula.engine.launch.clusters import open_launcher
+
+        with open_launcher(spec) as opened:
+            return _profile(spec, search, opened, on_event, previous, on_snapshot)
+    return _profile(spec, search, launcher, on_event, previous, on_snapshot)
+
+
+def _profile(
+    spec: JobSpec,
+    search: str,
+    launcher: Launcher,
+    on_event: Callable[[dict], None] | None,
+    previous: dict | None,
+    on_snapshot: Callable[[dict], None] | None = None,
+) -> dict:
+    from tula.engine.workloads import check_workload
+
+    if search not in ("full", "partial"):
+        raise ValueError(f"search must be 'full' or 'partial', not {search!r}")
+    t_start = time.perf_counter()
+    model, data = check_workload(spec)
+    facts = launcher.facts()  # the workers' hardware, read on a worker
+    device = facts["device"]
+    threads = launcher.threads_per_worker or default_threads(spec)
+    budget = spec.search.memory_budget_bytes
+    if budget is None and device == "cuda":
+        budget = facts["gpu_memory_bytes"]
+    cap = budget if spec.search.enforce_memory_cap else None
+    sizes = spec.search.cluster_sizes
+    emit = on_event or (lambda ev: None)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    param_count = sum(p.numel() for p in model.parameters())
+    del model
+
+    streamed: dict[int, list[dict]] = {}  # rank -> trials of the world now running
+    probe: dict = {}
+    trials: list[dict] = []
+    spent_before = 0.0
+    if previous is not None:
+        probe = {
+            "memory": previous["memory"],
+            "max_local_batch": previous["max_local_batch"],
+            "configs": [tuple(c) for c in previous["configs"]],
+        }
+        trials = [t for t in previous["trials"] if t["status"] in FINISHED]
+        spent_before = previous.get("profiling_s") or 0.0
+        emit({"type": "plan", "total": len(probe["configs"]), "done": len(trials)})
+
+    world = {"n": 0, "snapped": 0}  # the running world's size; its trials already in a snapshot
+
+    def forward(rank: int, ev: dict) -> None:
+        if ev["type"] == "rank_trial":
+            streamed.setdefault(rank, []).append(ev["trial"])
+            k = min((len(streamed.get(r, [])) for r in range(world["n"])), default=0)
+            if on_snapshot is not None and k > world["snapped"] and probe.get("configs") is not None:
+                world["snapped"] = k  # every rank finished trial k: a snapshot with it
+                done = _merge_trials([streamed[r][:k] for r in range(world["n"])])
+                on_snapshot(record(extra=done, in_progress=True))
+            return
+        if ev["type"] == "plan":
+            probe.update(ev)
+        emit(ev)
+
+    n_max_trials = len(candidate_configs(spec.search, data.train_size, None))
+    timeout = spec.profile.trial_timeout_s * (n_max_trials + 1)
+
+    def record(
+        failed: str | None = None, interrupted: str | None = None, extra: list[dict] = (), in_progress: bool = False
+    ) -> dict:
+        ordered = sorted([*trials, *extra], key=lambda t: (t["n_workers"], t["global_batch"]))
+        return {
+            "kind": PROFILE_KIND,
+            "version": 1,
+            "spec": spec.to_dict(),
+            "search": search,
+            "device": device,
+            "backend": "nccl" if device == "cuda" else "gloo",
+            "threads_per_worker": threads,
+            "memory_budget_bytes": budget,
+            "enforce_memory_cap": spec.search.enforce_memory_cap,
+            "dataset_size": data.train_size,
+            "sample_shape": list(data.sample_shape),
+            "model": {"name": spec.model.name, "param_count": param_count, "grad_bytes": grad_bytes},
+            "memory": probe["memory"],
+            "max_local_batch": probe["max_local_batch"],
+            "configs": [list(c) for c in probe["configs"]],
+            "trials": ordered,
+            "placement": placement(ordered),
+            "launcher": getattr(launcher, "name", type(launcher).__name__),
+            "facts": facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
+            "profiling_s": spent_before + time.perf_counter() - t_start,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"failed": failed} if failed else {}),
+            **({"interrupted": interrupted} if interrupted else {}),
+            **({"in_progress": True} if in_progress else {}),
+        }
+
+    def stopped(signum: int) -> ProfileInterrupted:
+        name = signal.Signals(signum).name
+        if not probe:
+            return ProfileInterrupted(
+                f"profiling stopped by {name} during the memory probe; nothing was measured yet", signum, None
+            )
+        n_done = sum(t["status"] in FINISHED for t in trials)
+        return ProfileInterrupted(
+            f"profiling stopped by {name}: {n_done} of {len(probe['configs'])} trial(s) finished",
+            signum,
+            record(interrupted=name),
+        )
+
+    def run_world(n: int, configs: list[tuple[int, int]] | None) -> None:
+        streamed.clear()
+        world.update(n=n, snapped=0)
+        if interrupts.requested():
+            raise stopped(interrupts.requested())
+        oom_at = _oom_threshold([t for t in trials if t["n_workers"] == n])
+        try:
+            res = launcher.run(
+                profile_world,
+                n,
+                spec.to_dict(),
+                configs,
+                cap,
+                search,
+                budget,
+                oom_at,
+                on_event=forward,
+                timeout_s=timeout,
+            )
+        except WorkerError as err:
+            # keep every trial all ranks finished; the one in flight and the rest are not
+            done = _merge_trials([streamed.get(r, []) for r in range(n)]) if len(streamed) == n else []
+            trials.extend(done)
+            if err.cause == "interrupted" or interrupts.requested():
+                raise stopped(interrupts.requested() or signal.SIGINT) from None
+            if not probe:
+                raise  # nothing measured yet
+            todo = sorted(
+                (
+                    tuple(c)
+                    for c in (configs or [c for c in probe["configs"] if c[0] == n])
+                    if (c[0], c[1]) not in {(t["n_workers"], t["global_batch"]) for t in done}
+                ),
+                key=lambda c: c[1],
+            )
+            if err.cause == "oom" and todo:
+                # a rank ran out of memory after the probe step (a synchronised or timed step):
+                # that trial is an out-of-memory result, larger local batches are skipped, and
+                # a fresh world runs the smaller ones still to do
+                (n_oom, b_oom), rest = todo[0], todo[1:]
+                b_local = b_oom // n_oom
+                trials.append(asdict(Trial(n_oom, b_local, b_oom, "oom", note=str(err)[:300])))
+                trials.extend(
+                    asdict(
+                        Trial(
+                            n_,
+                            b_ // n_,
+                            b_,
+                            "skipped",
+                            note=f"not run: local batch {b_local} already ran out of memory",
+                        )
+                    )
+                    for n_, b_ in rest
+                    if b_ // n_ >= b_local
+                )
+                smaller = [c for c in rest if c[1] // c[0] < b_local]
+                if smaller:
+                    run_world(n, smaller)
+                return
+            for i, (nn_, big_b) in enumerate(todo):
+                trials.append(
+                    asdict(
+                        Trial(
+                            nn_,
+                            big_b // nn_,
+                            big_b,
+                            "error",
+                            note=str(err) if i == 0 else "not run: the world failed earlier",
+                        )
+                    )
+                )
+            raise ProfileFailed(
+                str(err), rank=err.rank, details=err.details, cause=err.cause, record=record(failed=str(err))
+            ) from None
+        trials.extend(_merge_ranks(res))
+        if any("interrupted" in r for r in res):
+            raise stopped(res[0].get("interrupted") or signal.SIGINT)
+
+    with interrupts.graceful_signals():
+        if not probe:
+            # first world: memory probe, search space, then its own trials
+            run_world(sizes[0], None)
+            probe["configs"] = [tuple(c) for c in probe["configs"]]
+        configs = [Config(n, b) for n, b in probe["configs"]]
+        if not configs:
+            raise InfeasibleError(
+                f"no configuration fits: the memory model allows a local batch of at most {probe['max_local_batch']} "
+                f"within the budget of {budget} bytes, below every candidate (min_batch {spec.search.min_batch} "
+                f"over up to {max(sizes)} workers)"
+                + (
+                    f": {MemoryModel.from_dict(probe['memory']).shortfall(budget, spec.search.memory_safety)}"
+                    if probe["max_local_batch"] == 0
+                    else ""
+                )
+            )
+        done = {(t["n_workers"], t["global_batch"]) for t in trials}
+        for n in sorted({c.n_workers for c in configs}):
+            todo = [
+                (c.n_workers, c.global_batch)
+                for c in configs
+                if c.n_workers == n and (c.n_workers, c.global_batch) not in done
+            ]
+            if todo:
+                run_world(n, todo)
+    return record()

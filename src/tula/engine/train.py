@@ -1,0 +1,906 @@
+"""Training runner: DDP training at a chosen (N, B) with a training method (AGS or a baseline).
+
+The caller (:func:`train`) launches one N-rank world; every rank runs :func:`train_world`:
+
+* data: each epoch is a permutation of the training set seeded by (seed, epoch); step
+  ``i`` takes global batch ``i`` of it and rank ``r`` its ``r``-th slice, so a resumed
+  run sees exactly the batches an uninterrupted one would;
+* before the first step at a batch size, a *probe* forward/backward under ``no_sync()``
+  whose out-of-memory verdict all ranks agree on (:func:`tula.engine.ddp.probe_fits`): the world
+  then returns ``status: oom`` instead of hanging in a collective; BatchNorm statistics
+  are restored after the probe;
+* after each epoch: evaluation (top-1, and top-5 where there are more than 5 classes) on
+  the test split, sharded over the ranks; a checkpoint with a checksum (model, method
+  state, RNG, epoch history; :mod:`tula.engine.checkpoint`, the last two kept) written by rank 0;
+  the epoch's metrics, with the method's per-step traces, appended to ``metrics.jsonl``;
+* a batch schedule's new batch at the same worker count: the world goes on, the method
+  rebuilt at the new batch from the state just checkpointed (:func:`_restore`, what a new
+  generation does with the checkpoint file), then probed; only a new worker count ends
+  the world (``status: resize``) for the caller to start the next generation;
+* SIGINT/SIGTERM: the ranks agree to stop at the next step boundary (no new epoch
+  starts); the last finished epoch's checkpoint is what is kept.
+
+Out of memory -- the probe's agreed verdict, or a rank failing with cause ``oom`` mid-epoch --
+makes the caller relaunch from the last checkpoint at the next smaller global batch (half,
+split evenly over the workers): completed epochs are kept, the interrupted epoch is re-run
+whole, none is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tula.core.errors import InfeasibleError, Interrupted, RunDirError, SpecError, TulaError, WorkerError
+from tula.core.job_rules import (
+    caps_from_spec,
+    check_train_config,
+    schedule_problem,
+    smallest_batch_for,
+    state_from_spec,
+)
+from tula.core.noise_scale import NoiseScale
+from tula.core.records import TRAIN_KIND, read_jsonl, write_atomic
+from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-exported)
+from tula.core.spec import JobSpec
+from tula.engine import interrupts
+from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, has_checkpoint, load_checkpoint, save_checkpoint
+from tula.engine.data import data_path
+from tula.engine.ddp import (
+    LocalGradNorms,
+    check_shared_directory,
+    local_norms_allreduce_hook,
+    probe_fits,
+    synced_sq_norm,
+    wrap_ddp,
+)
+from tula.engine.launch import Launcher, WorkerContext
+from tula.engine.memory import cap_address_space
+from tula.engine.optim.methods import build_method
+from tula.engine.rundir import check_out_dir, locked
+from tula.engine.workloads import Dataset, build_loss, build_model, check_workload, load_dataset
+
+METRICS = "metrics.jsonl"
+STEP_TRACES = "step_traces"  # key of an epoch line's per-step method traces (metrics.jsonl only)
+
+
+class TrainFailed(WorkerError):
+    """A worker failed mid-training; the epochs finished before it are in the checkpoint."""
+
+
+def next_smaller_batch(global_batch: int, n_workers: int) -> int:
+    """Half the global batch, rounded down to a multiple of the worker count (0: none left)."""
+    b_local = (global_batch // 2) // n_workers
+    return b_local * n_workers
+
+
+# --------------------------------------------------------------------------- inside a rank
+def _epoch_indices(seed: int, epoch: int, dataset_size: int) -> torch.Tensor:
+    return torch.randperm(dataset_size, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def _local_batch(
+    data: Dataset, perm: torch.Tensor, step: int, global_batch: int, rank: int, local_batch: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    start = step * global_batch + rank * local_batch
+    x, y = data.take(perm[start : start + local_batch])
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    data: Dataset,
+    rank: int,
+    world: int,
+    eval_batch: int,
+    device: torch.device,
+    loss: str = "cross_entropy",
+) -> dict[str, float]:
+    """The test split's mean loss and score, each rank taking every ``world``-th sample; the
+    sums are all-reduced.  ``cross_entropy``: top-1 (and top-5 with more than 5 classes);
+    ``mse``: R^2 (the mean over outputs, as scikit-learn's ``r2_score``).  An empty test
+    split (no held-out data) gives NaN."""
+    if loss == "mse":
+        return _evaluate_mse(model, data, rank, world, eval_batch, device)
+    was_training = model.training
+    model.eval()
+    k5 = data.num_classes > 5
+    sums = torch.zeros(4, dtype=torch.float64)  # samples, loss, top1, top5
+    for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):  # samples rank, rank + world, ...
+        out = model(x)
+        sums[0] += len(y)
+        sums[1] += float(nn.functional.cross_entropy(out, y, reduction="sum"))
+        top = out.topk(5 if k5 else 1, dim=1).indices
+        sums[2] += float((top[:, 0] == y).sum())
+        if k5:
+            sums[3] += float((top == y[:, None]).any(dim=1).sum())
+    model.train(was_training)
+    if dist.is_initialized():
+        dev_sums = sums.to(device)
+        dist.all_reduce(dev_sums)
+        sums = dev_sums.cpu()
+    n = float(sums[0]) if sums[0] > 0 else math.nan
+    res = {"test_loss": float(sums[1]) / n, "test_top1": float(sums[2]) / n}
+    if k5:
+        res["test_top5"] = float(sums[3]) / n
+    return res
+
+
+def _evaluate_mse(
+    model: nn.Module, data: Dataset, rank: int, world: int, eval_batch: int, device: torch.device
+) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    t = data.num_classes  # outputs
+    sums = torch.zeros(1 + 3 * t, dtype=torch.float64)  # samples, then per output: sum y, sum y^2, squared error
+    for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):
+        out, y = model(x).double(), y.double()
+        sums[0] += len(y)
+        sums[1 : 1 + t] += y.sum(0).cpu()
+        sums[1 + t : 1 + 2 * t] += y.square().sum(0).cpu()
+        sums[1 + 2 * t :] += (out - y).square().sum(0).cpu()
+    model.train(was_training)
+    if dist.is_initialized():
+        dev_sums = sums.to(device)
+        dist.all_reduce(dev_sums)
+        sums = dev_sums.cpu()
+    n = float(sums[0])
+    if n == 0:
+        return {"test_loss": math.nan, "test_r2": math.nan}
+    sum_y, sum_y2, sse = sums[1 : 1 + t], sums[1 + t : 1 + 2 * t], sums[1 + 2 * t :]
+    sst = (sum_y2 - sum_y.square() / n).clamp_min(0)
+    # a constant target: 1 when predicted exactly, else 0 (scikit-learn's force_finite)
+    r2 = torch.where(sst > 0, 1 - sse / sst.clamp_min(1e-300), (sse == 0).double())
+    return {"test_loss": float(sse.sum()) / (n * t), "test_r2": float(r2.mean())}
+
+
+def param_digest(model: nn.Module) -> str:
+    """SHA-1 of every parameter's bytes: equal on two ranks iff their replicas are identical."""
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _rewrite_metrics(path: Path, upto_epoch: int) -> None:
+    """Keep the metrics lines of epochs up to ``upto_epoch`` (drop lines written after the
+    checkpoint, if any), so every epoch appears exactly once after a resume."""
+    lines = [r for r in read_jsonl(path) if r["epoch"] <= upto_epoch]
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in lines))
+
+
+def _drain_step_traces(method: Any) -> dict[str, list]:
+    drain = getattr(method, "drain_step_traces", None)
+    return drain() if drain is not None else {}
+
+
+def ddp_has_comm_hook(ddp) -> bool:
+    """Whether a method registered its own DDP comm hook (DDP takes one)."""
+    return bool(getattr(ddp, "_comm_hooks", []))
+
+
+class _NoiseScaleFeed:
+    """Feeds the gradient noise scale (McCandlish et al., App. A) one step's pair of squared
+    gradient norms: each rank's local gradient (batch b) averaged over the ranks, and the
+    synchronised gradient (batch B).  The ranks' local norms meet in one one-element
+    all-reduce that runs in the background while the next step computes (it is waited for
+    at the next step or by :meth:`flush`); no host sync.  A method that measures the pair
+    anyway (AdaScale every step; AGS, whose sub-batch is the small batch when there is one
+    worker) gives its own."""
+
+    def __init__(self, gns: NoiseScale, own_norms: LocalGradNorms | None, world: int) -> None:
+        self.gns, self.own_norms, self.world = gns, own_norms, world
+        self.pending: tuple | None = None
+
+    def step(self, method: Any, params: list, local_batch: int, global_batch: int) -> None:
+        if self.own_norms is not None:
+            local = self.own_norms.take().reshape(1)
+            work = dist.all_reduce(local, async_op=True)
+            synced = synced_sq_norm(params)
+            self.flush()
+            self.pending = (work, local, synced, local_batch, global_batch)
+        elif method.step_norms is not None and (self.world > 1 or method.step_norms_batches is not None):
+            small, big = method.step_norms_batches or (local_batch, global_batch)
+            self.gns.update(method.step_norms[0], method.step_norms[1], small, big)
+            method.step_norms = None
+
+    def flush(self) -> None:
+        """Complete the last step's measurement (before reading or saving the estimate)."""
+        if self.pending is not None:
+            work, local, synced, b, big = self.pending
+            self.pending = None
+            work.wait()
+            self.gns.update(local[0] / self.world, synced, b, big)
+
+
+def _restore(
+    state: dict | None,
+    model: nn.Module,
+    method: Any,
+    gns: NoiseScale,
+    n_steps: int,
+    spec: JobSpec,
+    global_batch: int,
+    schedule: dict | None,
+) -> tuple[int, int, list, dict | None, float]:
+    """Put this rank where the checkpoint ``state`` left the run (``None``: the start),
+    with ``method`` just built for this world's batch (``n_steps`` steps per epoch): the
+    model, the method's state (its LR rule re-applied at the new batch), the RNG, the
+    batch schedule's state and LR multiplier, the noise scale.  What a new generation does
+    with the checkpoint file, and a batch change inside a world with the state it has just
+    checkpointed: one function, so both give the same numbers.  Returns ``(start_epoch,
+    steps_done, history, schedule_state, lr_multiplier)``."""
+    start_epoch, steps_done, history = 0, 0, []
+    sched_state = schedule["state"] if schedule else None
+    lr_mult = schedule["lr_multiplier"] if schedule else 1.0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        start_epoch, steps_done, history = state["epoch"], state["steps_done"], state["history"]
+        # the LR schedule's position is counted in epochs: a generation at another batch has
+        # another number of steps per epoch
+        method.load_state_dict(state["method_state"], step=start_epoch * n_steps)
+        torch.set_rng_state(state["torch_rng"])
+        if schedule and state.get("schedule_state") is not None:
+            sched_state, lr_mult = state["schedule_state"], state["lr_multiplier"]
+        if state.get("noise_scale"):
+            gns.load_state_dict(state["noise_scale"])
+    if schedule:
+        if sched_state is None:  # a checkpoint written before the run had a schedule
+            sched_state = state_from_spec(spec, global_batch)
+        method.set_schedule_lr(lr_mult, start_epoch * n_steps)
+    return start_epoch, steps_done, history, sched_state, lr_mult
+
+
+def _probe(
+    data: Dataset,
+    spec: JobSpec,
+    epoch: int,
+    global_batch: int,
+    local_batch: int,
+    rank: int,
+    device: torch.device,
+    model: nn.Module,
+    ddp: nn.Module,
+    method: Any,
+    loss_fn: Callable,
+) -> tuple[bool, str]:
+    """Can every rank run a step at this batch?  One forward/backward under ``no_sync()`` on
+    the epoch's first batch (:func:`tula.engine.ddp.probe_fits`); BatchNorm statistics and the
+    gradients are put back as they were."""
+    buffers = [b.detach().clone() for b in model.buffers()]
+
+    def probe_step() -> None:
+        x, y = _local_batch(
+            data, _epoch_indices(spec.seed, epoch, data.train_size), 0, global_batch, rank, local_batch, device
+        )
+        with ddp.no_sync():
+            loss_fn(ddp(x), y).backward()
+
+    fits, note = probe_fits(probe_step, device, rank)
+    method.optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
+    return fits, note
+
+
+def _fresh_ddp(model: nn.Module, device: torch.device, old: list) -> Any | None:
+    """A new DDP wrapper of ``model`` in the same process group, for a method that registers
+    its own comm hook (a DDP takes one hook, once).  ``old`` holds the wrapper being
+    replaced (a one-element list, emptied here): it must be gone first, or its gradient
+    hooks would still fire.  ``None`` when it cannot be freed: the caller then ends the
+    world instead."""
+    import gc
+    import weakref
+
+    gone = weakref.ref(old.pop())
+    if gone() is not None:
+        gc.collect()
+    if gone() is not None:
+        return None
+    return wrap_ddp(model, device)
+
+
+def train_world(
+    ctx: WorkerContext,
+    spec_dict: dict,
+    method_name: str,
+    global_batch: int,
+    out_dir: str,
+    fallbacks: list[dict],
+    mem_cap_bytes: int | None = None,
+    reach_token: str | None = None,
+    schedule: dict | None = None,
+) -> dict:
+    """Run on every rank: train ``spec.epochs`` epochs at ``global_batch`` with ``method_name``,
+    resuming from the checkpoint in ``out_dir`` when there is one.  Returns ``{"status":
+    "ok", ...}`` with the history and the method's trace summary, ``{"status": "oom", ...}``
+    when the ranks agreed that the first step at a batch does not fit, ``{"status":
+    "interrupted", ...}`` when they agreed to stop (SIGINT/SIGTERM), or ``{"status":
+    "resize", ...}`` when the batch schedule (``schedule``: its state, LR multiplier and
+    :class:`~tula.core.schedules.Caps`) chose another worker count at an epoch boundary: this
+    world ends there, its checkpoint written, and the caller starts the next generation.
+
+    A new batch at the same worker count goes on in this world: after the epoch's
+    checkpoint is written, the method is built again at the new batch and takes the state
+    just checkpointed through :func:`_restore`, as a new generation would take it from the
+    file (same process group, same DDP model -- a new DDP wrapper of the same module only
+    for a method with its own comm hook, AdaScale and post-local SGD), then the new batch
+    is probed; an out-of-memory there returns ``status: oom`` as at the start of a world.
+    The parameters then equal a new generation's bit for bit with two workers; with more,
+    the first all-reduce after the change sums in the kept wrapper's (rebuilt) bucket
+    order where a new generation's sums in DDP's first order, which can differ in the last
+    bits -- as a resumed run's first step does from an uninterrupted run's.
+    Every result carries ``segments``: one ``{global_batch, n_workers, from_epoch,
+    wall_s}`` per batch this world trained at (``wall_s`` of an in-world change: from the
+    change to the segment's end; the first segment's is left to the caller)."""
+    spec = JobSpec.model_validate(spec_dict)
+    out = Path(out_dir)
+    metrics_path = out / METRICS
+    device, rank, world = ctx.device, ctx.rank, ctx.world_size
+    if reach_token is not None:
+        check_shared_directory(out_dir, reach_token, rank, device)
+    torch.manual_seed(spec.seed)
+    data = load_dataset(spec.data, spec.seed)
+    model = build_model(spec.model).to(device)
+    ddp = wrap_ddp(model, device)
+    local_batch = global_batch // world
+    n_steps = steps_per_epoch(data.train_size, global_batch)
+    method = build_method(method_name, ddp, spec, global_batch, world, n_steps)
+    loss_fn = build_loss(spec.train.loss)
+    gns, own_norms = NoiseScale(), None
+    params = [p for p in model.parameters() if p.requires_grad]
+    if spec.train.noise_scale and world > 1 and not ddp_has_comm_hook(ddp):
+        # each rank's gradient norm before the all-reduce, from a comm hook (AdaScale has its own)
+        own_norms = LocalGradNorms(params, device)
+        ddp.register_comm_hook(own_norms, local_norms_allreduce_hook)
+    gns_feed = _NoiseScaleFeed(gns, own_norms, world)
+
+    state = None
+    if has_checkpoint(out):
+        state = load_checkpoint(out, map_location=device)
+        if state["method"] != method_name:
+            raise SpecError(
+                f"the checkpoint in {out_dir} was trained with method {state['method']!r}, "
+                f"not {method_name!r}; use another --out or the same method"
+            )
+    start_epoch, steps_done, history, sched_state, lr_mult = _restore(
+        state, model, method, gns, n_steps, spec, global_batch, schedule
+    )
+    if state is not None and rank == 0:
+        _rewrite_metrics(metrics_path, start_epoch)
+    del state
+    if mem_cap_bytes is not None and device.type == "cpu":
+        cap_address_space(mem_cap_bytes)
+
+    base = {
+        "global_batch": global_batch,
+        "local_batch": local_batch,
+        "n_workers": world,
+        "steps_per_epoch": n_steps,
+        "start_epoch": start_epoch,
+    }
+    segments: list[dict] = []  # the batches this world trained at
+    segment_t0 = 0.0  # when the current in-world segment began
+    if start_epoch >= spec.epochs:
+        return {
+            **base,
+            "status": "ok",
+            "history": history,
+            "steps_done": steps_done,
+            "segments": segments,
+            "traces": method.traces() if rank == 0 else {},
+            "param_digest": param_digest(model),
+        }
+
+    fits, note = _probe(data, spec, start_epoch, global_batch, local_batch, rank, device, model, ddp, method, loss_fn)
+    if not fits:
+        return {**base, "status": "oom", "note": note, "segments": segments}
+    segments.append({"global_batch": global_batch, "n_workers": world, "from_epoch": start_epoch + 1, "wall_s": None})
+
+    report_every = max(1, n_steps // 25)
+    stop = ctx.stop
+    for epoch in range(start_epoch, spec.epochs):
+        perm = _epoch_indices(spec.seed, epoch, data.train_size)
+        batches = data_path(data, device).epoch_batches(epoch, perm, global_batch, rank, local_batch, n_steps)
+        model.train()
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # on device: no host sync per step
+        for i in range(n_steps):
+            if stop is not None and stop.poll():  # every rank sees the same answer at the same step
+                return {
+                    **base,
+                    "status": "interrupted",
+                    "epochs_done": epoch,
+                    "steps_done": steps_done - i,
+                    "signal": stop.signum,
+                    "segments": segments,
+                }
+            step = epoch * n_steps + i
+            x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
+            method.optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(ddp(x), y)
+            loss.backward()
+            method.after_backward(step, x, y, loss_fn)
+            if spec.train.noise_scale:
+                gns_feed.step(method, params, local_batch, global_batch)
+            method.optimizer.step()
+            method.scheduler.step()
+            loss_sum += loss.detach().double()
+            steps_done += 1
+            if rank == 0 and (i + 1) % report_every == 0:
+                ctx.emit({"type": "step", "epoch": epoch, "step": i + 1, "steps_per_epoch": n_steps})
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        epoch_s = time.perf_counter() - t0
+        method.before_eval()
+        loss_total = loss_sum.reshape(1)
+        slowest_s = torch.tensor([epoch_s], dtype=torch.float64, device=device)
+        dist.all_reduce(loss_total)
+        dist.all_reduce(slowest_s, op=dist.ReduceOp.MAX)
+        rec = {
+            "epoch": epoch + 1,
+            "steps": n_steps,
+            "steps_done": steps_done,
+            "global_batch": global_batch,
+            "n_workers": world,
+            "lr": method.lr,
+            "train_loss": float(loss_total) / (n_steps * world),
+            "epoch_time_s": float(slowest_s),
+            **evaluate(model, data, rank, world, spec.train.eval_batch, device, spec.train.loss),
+        }
+        gns_feed.flush()
+        rec["b_simple"] = gns.b_simple()  # the batch the model could use now (one host sync per epoch)
+        step_traces = _drain_step_traces(method)
+        if "scaled" in step_traces and step_traces["scaled"]:
+            rec["scaled_fraction"] = sum(map(bool, step_traces["scaled"])) / len(step_traces["scaled"])
+        history.append(rec)
+        nxt = (global_batch, world)
+        if schedule:  # the same decision on every rank: the history is all-reduced
+            d = next_config(sched_state, epoch + 1, history, schedule["caps"])
+            sched_state, nxt = d.state, (d.global_batch, d.n_workers)
+            rec["schedule"] = d.record()
+            if nxt == (global_batch, world) and d.lr_multiplier != lr_mult:
+                method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * n_steps)
+            lr_mult = d.lr_multiplier
+        change = nxt != (global_batch, world) and epoch + 1 < spec.epochs
+        in_world = change and nxt[1] == world
+        ckpt = None
+        if rank == 0 or in_world:
+            ckpt = {
+                "epoch": epoch + 1,
+                "steps_done": steps_done,
+                "history": history,
+                "method": method_name,
+                "global_batch": global_batch,
+                "n_workers": world,
+                "fallbacks": fallbacks,
+                "model": model.state_dict(),
+                "method_state": method.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "schedule_state": sched_state,
+                "lr_multiplier": lr_mult,
+                "next_global_batch": nxt[0],
+                "next_n_workers": nxt[1],
+                "noise_scale": gns.state_dict(),
+            }
+        if rank == 0:
+            save_checkpoint(ckpt, out)
+            with open(metrics_path, "a") as fh:
+                fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
+            ctx.emit({"type": "epoch", **rec})
+        if stop is not None and epoch + 1 < spec.epochs and stop.agree():  # no new epoch starts
+            return {
+                **base,
+                "status": "interrupted",
+                "epochs_done": epoch + 1,
+                "steps_done": steps_done,
+                "signal": stop.signum,
+                "segments": segments,
+            }
+        if not change:
+            continue
+        if len(segments) > 1:  # the wall time of an in-world segment ends here
+            segments[-1]["wall_s"] = time.perf_counter() - segment_t0
+        resize = {
+            **base,
+            "status": "resize",
+            "epochs_done": epoch + 1,
+            "steps_done": steps_done,
+            "next_global_batch": nxt[0],
+            "next_n_workers": nxt[1],
+            "segments": segments,
+        }
+        if not in_world:  # another worker count: the next generation's world
+            return resize
+        try:  # what the caller checks before a new generation (it says why when this fails)
+            check_train_config(spec, method_name, world, nxt[0], data.train_size)
+        except TulaError:
+            return resize
+        # a new batch on the same workers: the method again at the new batch, from the state
+        # just checkpointed, as a new generation would take it from the file
+        t_change = time.perf_counter()
+        method.release()
+        del method
+        if own_norms is None and ddp_has_comm_hook(ddp):  # the method's own hook is on the wrapper
+            held = [ddp]
+            del ddp
+            ddp = _fresh_ddp(model, device, held)
+            if ddp is None:
+                return resize
+        if rank == 0:
+            ctx.emit(
+                {
+                    "type": "resize",
+                    "at_epoch": epoch + 1,
+                    "global_batch": nxt[0],
+                    "n_workers": world,
+                    "new_world": False,
+                }
+            )
+        global_batch, local_batch = nxt[0], nxt[0] // world
+        n_steps = steps_per_epoch(data.train_size, global_batch)
+        method = build_method(method_name, ddp, spec, global_batch, world, n_steps)
+        start_epoch, steps_done, history, sched_state, lr_mult = _restore(
+            ckpt, model, method, gns, n_steps, spec, global_batch, schedule
+        )
+        del ckpt
+        report_every = max(1, n_steps // 25)
+        base = {
+            "global_batch": global_batch,
+            "local_batch": local_batch,
+            "n_workers": world,
+            "steps_per_epoch": n_steps,
+            "start_epoch": start_epoch,
+        }
+        if rank == 0:
+            ctx.emit(
+                {
+                    "type": "start",
+                    "global_batch": global_batch,
+                    "n_workers": world,
+                    "steps_per_epoch": n_steps,
+                    "epochs": spec.epochs,
+                }
+            )
+        fits, note = _probe(
+            data, spec, start_epoch, global_batch, local_batch, rank, device, model, ddp, method, loss_fn
+        )
+        if not fits:
+            return {**base, "status": "oom", "note": note, "segments": segments}
+        segment_t0 = t_change
+        segments.append(
+            {"global_batch": global_batch, "n_workers": world, "from_epoch": start_epoch + 1, "wall_s": None}
+        )
+    if len(segments) > 1:
+        segments[-1]["wall_s"] = time.perf_counter() - segment_t0
+    return {
+        **base,
+        "status": "ok",
+        "history": history,
+        "steps_done": steps_done,
+        "segments": segments,
+        "traces": method.traces() if rank == 0 else {},
+        "param_digest": param_digest(model),
+    }
+
+
+# --------------------------------------------------------------------------- in the caller
+def validate_config(spec: JobSpec, method: str, n_workers: int, global_batch: int, dataset_size: int) -> None:
+    """One sentence for a configuration that cannot train, before any process starts
+    (the rules are :func:`tula.core.registry.check_train_config`'s)."""
+    check_train_config(spec, method, n_workers, global_batch, dataset_size)
+
+
+def step_traces(metrics_path: Path) -> dict[str, list]:
+    """The method's per-step traces of a run, joined from its metrics lines."""
+    out: dict[str, list] = {}
+    for line in read_jsonl(metrics_path):
+        for key, values in (line.get(STEP_TRACES) or {}).items():
+            out.setdefault(key, []).extend(values)
+    return out
+
+
+def _available(
+    launcher: Launcher,
+    global_batch: int,
+    n_workers: int,
+    schedule: dict | None,
+    emit: Callable[[dict], None],
+    dataset_size: int,
+) -> tuple[int, int]:
+    """The generation's (B, N) with the workers the launcher can provide: when the cluster gives
+    fewer within its wait, the run goes on with as many as there are (the schedule's worker
+    cap is lowered to that) and says so."""
+    got = launcher.provide(n_workers) if hasattr(launcher, "provide") else n_workers
+    if got >= n_workers:
+        return global_batch, n_workers
+    fewer = max(got, round(global_batch / got) * got)  # the nearest batch that splits over them
+    if fewer > dataset_size:
+        fewer = dataset_size // got * got
+    emit(
+        {
+            "type": "note",
+            "message": f"the cluster gave {got} of the {n_workers} workers asked for; going on with "
+            f"{got} worker(s) at global batch {fewer}",
+        }
+    )
+    if schedule is not None:
+        caps = schedule["caps"]
+        schedule["caps"] = replace(caps, max_workers=got, min_workers=min(caps.min_workers, got))
+    return fewer, got
+
+
+def _segments_from_history(epochs: list[dict]) -> list[dict]:
+    """The batches a world that failed had trained at, from its epochs in the checkpoint
+    (``wall_s``: the sum of their epoch times, the world's own time being unknown)."""
+    segments: list[dict] = []
+    for h in epochs:
+        if not segments or (segments[-1]["global_batch"], segments[-1]["n_workers"]) != (
+            h["global_batch"],
+            h["n_workers"],
+        ):
+            segments.append(
+                {
+                    "global_batch": h["global_batch"],
+                    "n_workers": h["n_workers"],
+                    "from_epoch": h["epoch"],
+                    "wall_s": 0.0,
+                }
+            )
+        segments[-1]["wall_s"] += h.get("epoch_time_s") or 0.0
+    return segments
+
+
+def _interrupted(signum: int | None, epochs_done: int, epochs: int, out: Path) -> Interrupted:
+    import signal as _signal
+
+    signum = signum or interrupts.requested() or _signal.SIGINT
+    kept = (
+        f"epochs 1-{epochs_done} of {epochs} are kept in {out / CHECKPOINT}"
+        if epochs_done
+        else "no epoch had finished, so there is no checkpoint yet"
+    )
+    return Interrupted(f"training stopped by {_signal.Signals(signum).name}: {kept}", signum)
+
+
+def train(
+    spec: JobSpec,
+    method: str,
+    n_workers: int,
+    global_batch: int,
+    out_dir: str | Path,
+    resume: bool = False,
+    launcher: Launcher | None = None,
+    on_event: Callable[[dict], None] | None = None,
+) -> dict:
+    """Train ``spec`` with ``method`` on ``n_workers`` at ``global_batch``; return the run record.
+
+    Writes ``checkpoint.pt`` and ``metrics.jsonl`` into ``out_dir`` as it goes, holding the
+    directory's lock.  With ``resume`` an existing checkpoint is continued (at its own
+    global batch, which may be smaller than ``global_batch`` after an out-of-memory
+    fallback); without it an existing checkpoint is an error, so nothing trained is
+    overwritten.  SIGINT/SIGTERM end the run with :class:`~tula.core.errors.Interrupted` once the
+    ranks have stopped; the last finished epoch's checkpoint is kept.
+
+    With a batch schedule, a change of the worker count starts a new world (a generation)
+    from the checkpoint; a new batch on the same workers goes on in the same world
+    (:func:`train_world`).  The record's ``generations`` has one entry per stretch of
+    epochs at one (N, B) that this call trained: ``n_workers``, ``global_batch``,
+    ``from_epoch`` (its first epoch), ``wall_s``, ``world`` (1, 2, ...: entries with the
+    same number ran in one world, one process group) and ``new_world`` (true where the
+    entry started its world -- the first, after a change of N, or after an out-of-memory
+    fallback --, false for a batch change inside the world).  The record's ``n_workers``,
+    ``global_batch``, ``local_batch`` and ``steps_per_epoch`` are the last entry's."""
+    if launcher is None:
+        from tula.engine.launch.clusters import open_launcher
+
+        with open_launcher(spec, n_workers=n_workers) as opened:
+            return _train(spec, method, n_workers, global_batch, out_dir, resume, opened, on_event)
+    return _train(spec, method, n_workers, global_batch, out_dir, resume, launcher, on_event)
+
+
+def _train(
+    spec: JobSpec,
+    method: str,
+    n_workers: int,
+    global_batch: int,
+    out_dir: str | Path,
+    resume: bool,
+    launcher: Launcher,
+    on_event: Callable[[dict], None] | None,
+) -> dict:
+    out = check_out_dir(Path(out_dir))
+    scheduled = spec.train.batch_schedule is not None or spec.train.workers is not None
+    if scheduled:
+        problem = schedule_problem(method, spec)
+        if problem:
+            raise SpecError(problem)
+    _, data = check_workload(spec)
+    with interrupts.graceful_signals(), locked(out):
+        fallbacks: list[dict] = []
+        resumed_from_epoch: int | None = None
+        if has_checkpoint(out):
+            if not resume:
+                raise RunDirError(
+                    f"{out} already holds a training run; pass --resume to continue it, or choose "
+                    "another output directory"
+                )
+            meta = checkpoint_meta(out)
+            if meta["method"] != method or (not scheduled and meta["n_workers"] != n_workers):
+                raise SpecError(
+                    f"the checkpoint in {out} was trained with method {meta['method']!r} on "
+                    f"{meta['n_workers']} worker(s), not {method!r} on {n_workers}; resume it with those"
+                )
+            global_batch, fallbacks = meta["global_batch"], list(meta.get("fallbacks", []))
+            if scheduled:  # the generation the schedule chose after the last finished epoch
+                global_batch = meta.get("next_global_batch") or global_batch
+                n_workers = meta.get("next_n_workers") or meta["n_workers"]
+            resumed_from_epoch = meta["epoch"]
+        elif resume:
+            raise RunDirError(f"there is no checkpoint in {out} to resume; run without --resume to start training")
+        emit = on_event or (lambda ev: None)
+        schedule = None
+        if scheduled:
+            # the caps' defaults (batch_per_worker) come from the run's first configuration
+            first = (
+                meta["history"][0]
+                if resumed_from_epoch and meta["history"]
+                else {"global_batch": global_batch, "n_workers": n_workers}
+            )
+            caps = caps_from_spec(
+                spec, first["global_batch"], first["n_workers"], data.train_size, max_local_batch=None
+            )
+            if resumed_from_epoch is None:  # epoch 0's configuration, within the caps
+                d = next_config(state_from_spec(spec, global_batch), 0, [], caps)
+                global_batch, n_workers = d.global_batch, d.n_workers
+                schedule = {"state": d.state, "lr_multiplier": d.lr_multiplier, "caps": caps}
+            else:  # the state and LR multiplier come from the checkpoint
+                schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
+            global_batch, n_workers = _available(launcher, global_batch, n_workers, schedule, emit, data.train_size)
+        validate_config(spec, method, n_workers, global_batch, data.train_size)
+        device = launcher.facts()["device"]
+        generations: list[dict] = []
+        cap = spec.search.memory_budget_bytes if spec.search.enforce_memory_cap else None
+        first_batch = global_batch
+        t0 = time.perf_counter()
+        at_epoch = resumed_from_epoch or 0  # the last finished epoch when a world starts
+        while True:
+            if interrupts.requested():
+                raise _interrupted(
+                    None,
+                    (resumed_from_epoch or 0) if not has_checkpoint(out) else checkpoint_meta(out)["epoch"],
+                    spec.epochs,
+                    out,
+                )
+            emit(
+                {
+                    "type": "start",
+                    "global_batch": global_batch,
+                    "n_workers": n_workers,
+                    "steps_per_epoch": steps_per_epoch(data.train_size, global_batch),
+                    "epochs": spec.epochs,
+                }
+            )
+            started = time.perf_counter()
+            try:
+                res = launcher.run(
+                    train_world,
+                    n_workers,
+                    spec.to_dict(),
+                    method,
+                    global_batch,
+                    str(out),
+                    fallbacks,
+                    cap,
+                    uuid.uuid4().hex,
+                    schedule,
+                    on_event=lambda rank, ev: emit(ev),
+                    timeout_s=None,
+                )
+                status, note = res[0]["status"], res[0].get("note", "")
+                segments = res[0]["segments"]
+                # the batch the world was at when it ended (a batch change inside it moves it)
+                global_batch = res[0]["global_batch"]
+            except WorkerError as err:
+                meta = checkpoint_meta(out) if has_checkpoint(out) else None
+                done = meta["epoch"] if meta else 0
+                if err.cause == "interrupted" or interrupts.requested():
+                    raise _interrupted(None, done, spec.epochs, out) from None
+                if err.cause != "oom":
+                    raise TrainFailed(
+                        f"{err}; the {done} epoch(s) finished before it are kept in {out / CHECKPOINT}"
+                        if done
+                        else str(err),
+                        rank=err.rank,
+                        details=err.details,
+                        cause=err.cause,
+                    ) from None
+                status, note = "oom", str(err)
+                segments = _segments_from_history(meta["history"][at_epoch:done] if meta else [])
+                if segments and meta.get("next_n_workers") == n_workers:  # it went on at the next batch
+                    global_batch = meta.get("next_global_batch") or global_batch
+            if segments:
+                world_no = generations[-1]["world"] + 1 if generations else 1
+                if segments[0]["wall_s"] is None:  # the world's start counts to its first batch
+                    later = sum(g["wall_s"] for g in segments[1:])
+                    segments[0] = {**segments[0], "wall_s": time.perf_counter() - started - later}
+                generations.extend({**g, "world": world_no, "new_world": k == 0} for k, g in enumerate(segments))
+            if status == "ok":
+                break
+            if status == "interrupted":
+                raise _interrupted(res[0].get("signal"), res[0]["epochs_done"], spec.epochs, out)
+            if status == "resize":  # the next generation: a new world of its own size, on a fresh port
+                at_epoch = res[0]["epochs_done"]
+                global_batch, n_workers = res[0]["next_global_batch"], res[0]["next_n_workers"]
+                global_batch, n_workers = _available(launcher, global_batch, n_workers, schedule, emit, data.train_size)
+                validate_config(spec, method, n_workers, global_batch, data.train_size)
+                emit(
+                    {
+                        "type": "resize",
+                        "at_epoch": at_epoch,
+                        "global_batch": global_batch,
+                        "n_workers": n_workers,
+                        "new_world": True,
+                    }
+                )
+                continue
+            if schedule:  # the schedule must not grow back into what ran out of memory
+                failed_local = global_batch // n_workers
+                lim = schedule["caps"].max_local_batch
+                schedule["caps"] = replace(
+                    schedule["caps"],
+                    max_local_batch=min(lim or failed_local, failed_local - 1) if failed_local > 1 else lim,
+                )
+            smaller = next_smaller_batch(global_batch, n_workers)
+            done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
+            at_epoch = done
+            fallbacks.append(
+                {"from_global_batch": global_batch, "to_global_batch": smaller, "at_epoch": done, "reason": note[:300]}
+            )
+            emit({"type": "fallback", **fallbacks[-1]})
+            if smaller < smallest_batch_for(method, spec, n_workers):
+                raise InfeasibleError(
+                    f"global batch {global_batch} ran out of memory on {n_workers} worker(s) and "
+                    "no smaller batch is left to fall back to"
+                )
+            global_batch = smaller
+        rank0 = res[0]
+        hist = rank0["history"]
+        return {
+            "kind": TRAIN_KIND,
+            "version": 1,
+            "spec": spec.to_dict(),
+            "method": method,
+            "n_workers": n_workers,
+            "requested_global_batch": first_batch,
+            "global_batch": global_batch,
+            "local_batch": global_batch // n_workers,
+            "steps_per_epoch": rank0["steps_per_epoch"],
+            "epochs": spec.epochs,
+            "steps_done": rank0["steps_done"],
+            "resumed_from_epoch": resumed_from_epoch,
+            "fallbacks": fallbacks,
+            "history": hist,
+            "final": hist[-1] if hist else {},
+            "best_test_top1": max((h["test_top1"] for h in hist if "test_top1" in h), default=math.nan),
+            "replicas_identical": len({r["param_digest"] for r in res}) == 1,
+            "traces": {**rank0["traces"], **step_traces(out / METRICS)},
+            "train_s": time.perf_counter() - t0,
+            "device": device,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "batch_schedule": None if spec.train.batch_schedule is None else spec.train.batch_schedule.kind,
+            "generations": generations,
+        }

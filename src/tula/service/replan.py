@@ -1,0 +1,57 @@
+"""The re-plan question that the API (``POST /v1/jobs/{id}/replan``) and the dashboard's form
+both answer from a job's fitted models: the question's body, its answer, and the error either
+front turns into its own response."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from tula.core.errors import InfeasibleError
+from tula.core.say import plain
+
+
+class Problem(Exception):
+    """An error answered with ``status`` and one sentence."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+class Replan(BaseModel):
+    """Another question for a job's fitted models; whatever is left out stays as the job had it."""
+
+    objective: Literal["time", "cost", "knee"] | None = None
+    pricing: dict[str, Any] | None = Field(default=None, description="e.g. {kind: fixed, price_per_node_hour: 3.2}")
+    cluster_sizes: list[int] | None = Field(default=None, description="the cluster sizes to plan over")
+    epochs: int | None = Field(default=None, ge=1)
+    deadline: str | float | None = Field(default=None, description="finish within this duration (e.g. 8h) or seconds")
+    budget: float | None = Field(default=None, ge=0, description="cost at most this, in the pricing's unit")
+
+
+def replan_from_models(models: dict, body: Replan) -> dict:
+    from tula.core.plan import make_plan
+    from tula.core.spec import spec_from_dict
+
+    d = dict(models["spec"])
+    if body.pricing is not None:
+        d["pricing"] = body.pricing
+    if body.cluster_sizes is not None:
+        d["search"] = {**d["search"], "cluster_sizes": body.cluster_sizes}
+    if body.epochs is not None:
+        d["epochs"] = body.epochs
+    if body.deadline is not None or body.budget is not None:
+        cons = dict(d.get("constraints") or {})
+        if body.deadline is not None:
+            cons.pop("deadline_s", None)
+            cons["deadline"] = body.deadline
+        if body.budget is not None:
+            cons["budget"] = body.budget
+        d["constraints"] = cons
+    spec = spec_from_dict(d)  # a bad pricing or size list is a SpecError: 422
+    try:
+        return make_plan({**models, "spec": spec.to_dict()}, body.objective)
+    except InfeasibleError as err:
+        raise Problem(422, plain(err)) from None
