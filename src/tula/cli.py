@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import sys
 import time
 from enum import Enum
@@ -51,7 +50,6 @@ err_console = Console(stderr=True, width=_WIDTH)
 
 RUNS = Path("runs")
 LOG_STEP_EVERY_S = 2.0  # output that is not a terminal gets a step line at most this often within an epoch
-RUN_FILES = ("run.json", "profile.json", "models.json", "plan.json", "plan.png")
 
 
 class Search(str, Enum):
@@ -99,11 +97,6 @@ def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
     d = job.to_dict()
     d["cluster"] = {**d["cluster"], "where": cluster}
     return spec_from_dict(d)
-
-
-def _same_job(a: dict, b: dict) -> bool:
-    """Two specs describe the same job wherever it runs (the cluster may change on resume)."""
-    return {k: v for k, v in a.items() if k != "cluster"} == {k: v for k, v in b.items() if k != "cluster"}
 
 
 def _q(p: Path | str) -> str:
@@ -328,14 +321,14 @@ def profile(
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
     from tula.core.records import PROFILE_KIND, load_record
     from tula.engine.rundir import check_out_file, locked
-    from tula.pipeline import profile_stage
+    from tula.pipeline import profile_stage, same_job
 
     job = _with_cluster(load_spec(spec), cluster)
     out = out or RUNS / job.name / "profile.json"
     previous = None
     if resume:
         previous = load_record(out, expect=(PROFILE_KIND,))
-        if not _same_job(previous["spec"], job.to_dict()):
+        if not same_job(previous["spec"], job.to_dict()):
             raise RunDirError(
                 f"{out} was profiled from another spec than {spec}; give that spec, or profile into another --out"
             )
@@ -616,21 +609,13 @@ def simulate(
     --intra-bandwidth/--intra-latency within a node of --ranks-per-node workers.  No
     profiling, no torch."""
     from tula.core.records import MODELS_KIND, TRAIN_KIND, load_record
-    from tula.core.simulate import (
-        default_batch,
-        parse_collectives,
-        parse_schedule,
-        parse_workers,
-        schedule_caps,
-        schedule_settings,
-        simulator_from_models,
-    )
+    from tula.core.simulate import parse_collectives, parse_schedule, parse_workers, simulator_from_models, what_if
     from tula.engine.rundir import check_out_file
     from tula.report import plot_simulation, simulation_summary, simulation_tables
 
     colls = parse_collectives(collective)
     ns = parse_workers(workers)
-    scheds = [parse_schedule(s) for s in schedule or []]
+    scheds = [(text, *parse_schedule(text)) for text in schedule or []]
     price_over = _pricing_overrides(pricing)
     out = out or models_json.parent / "simulate.png"
     check_out_file(out, force, what="--out")
@@ -646,64 +631,16 @@ def simulate(
         intra_bandwidth=intra_bandwidth,
         intra_latency=intra_latency,
     )
-    job = spec_from_dict(models["spec"])
-    unit = sim.pricing.unit
-    if scheds:
-        past = load_record(history, expect=(TRAIN_KIND,))["history"] if history is not None else None
-        b0 = batch or job.train.global_batch or job.search.min_batch
-        caps = schedule_caps(models, sim, b0, ns, min_workers, max_workers, batch_per_worker)
-        rows = []
-        for text, (kind, given) in zip(schedule, scheds):
-            rows += sim.schedule(
-                kind,
-                b0,
-                caps,
-                schedule_settings(models, kind, given),
-                colls,
-                job.train.lr_milestones,
-                job.train.lr_gamma,
-                past,
-                label=text,
-            )
-        title = (
-            f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
-            f"{caps.min_workers}, {caps.max_workers})"
-        )
-        measured = None
-    else:
-        big_b = batch or default_batch(models)
-        rows = sim.constant(big_b, ns, colls)
-        title = f"{job.name}: constant global batch {big_b}"
-        from tula.core.schedules import steps_per_epoch
-
-        perf_coll = models["perf"]["collective"]
-        measured = [
-            {
-                "n_workers": t["n_workers"],
-                "total_time_s": sim.epochs * steps_per_epoch(sim.dataset_size, big_b) * t["t_step_s"],
-            }
-            for t in models["trials"]
-            if t["status"] == "ok" and t["global_batch"] == big_b and perf_coll in colls
-        ]
-    for t in simulation_tables(sim, rows, unit):
+    past = load_record(history, expect=(TRAIN_KIND,))["history"] if scheds and history is not None else None
+    w = what_if(models, sim, ns, colls, batch, scheds, past, min_workers, max_workers, batch_per_worker)
+    for t in simulation_tables(sim, w.rows, sim.pricing.unit):
         console.print(t)
-    console.print(simulation_summary(rows))
-    say(console, title)
+    console.print(simulation_summary(w.rows))
+    say(console, w.title)
     for note in sim.notes:
         say(console, ("note", "yellow"), ": ", note)
-    plot_simulation(sim, rows, out, title, measured)
+    plot_simulation(sim, w.rows, out, w.title, w.measured)
     say(console, "plot written to ", (out, "bold"))
-
-
-def _existing_run_files(out: Path) -> list[str]:
-    return [n for n in (*RUN_FILES, "train") if (out / n).exists()]
-
-
-def _as_flag(flag: str, value) -> str:
-    """How a `tula run` option with this value reads on the command line."""
-    if flag == "--train":
-        return "--train" if value else "--no-train"
-    return f"{flag} {value}" if value is not None else f"the spec's {flag.lstrip('-')}"
 
 
 @app.command()
@@ -737,76 +674,34 @@ def run(
 
     Ctrl-C keeps every finished trial and epoch; `tula run --resume DIR` continues from
     the stage the run stopped in."""
-    from tula.core.records import RUN_KIND, load_record, save_record
     from tula.engine.rundir import check_out_dir, locked
+    from tula.pipeline import RunSettings, continue_run, refuse_existing_run, start_run
 
+    asked = RunSettings(
+        search.value if search else None, objective.value if objective else None, train_after
+    )  # what this command line gives; None: not given
     if resume is not None:
         if out is not None and out != resume:
             raise TulaError("give the run directory once: --resume DIR continues DIR (drop --out)")
         out = check_out_dir(resume, what="--resume")
-        if not (out / "run.json").is_file():
-            raise RunDirError(
-                f"{str(out)!r} holds no Tula run to continue (no run.json); start one with `tula run SPEC --out DIR`"
-            )
-        manifest = load_record(out / "run.json", expect=(RUN_KIND,))
-        job = _with_cluster(spec_from_dict(manifest["spec"]), cluster)
-        if spec is not None and not _same_job(load_spec(spec).to_dict(), manifest["spec"]):
-            raise RunDirError(
-                f"{spec} differs from the spec the run in {out} was started with; resume without "
-                "SPEC, or start a new run with another --out"
-            )
-        search_v, objective_v, train_v = manifest["search"], manifest["objective"], manifest["train"]
-        asked = {
-            "--search": (search.value if search else None, search_v),
-            "--objective": (objective.value if objective else None, objective_v),
-            "--train": (train_after, train_v),
-        }
-        for flag, (given, started) in asked.items():
-            if given is not None and given != started:
-                raise RunDirError(
-                    f"the run in {out} was started with {_as_flag(flag, started)}; --resume continues "
-                    f"it as it was started, so drop {_as_flag(flag, given)} (or start a new run with "
-                    "another --out)"
-                )
+        started, settings = continue_run(out, spec, asked)
+        job = _with_cluster(spec_from_dict(started), cluster)
     else:
         if spec is None:
             raise TulaError("give a job spec (tula run SPEC), or --resume DIR to continue a run")
         job = _with_cluster(load_spec(spec), cluster)  # fail fast, before any output directory appears
         out = check_out_dir(out or RUNS / job.name)
-        search_v = (search or Search.partial).value
-        objective_v, train_v = objective.value if objective else None, True if train_after is None else train_after
-        existing = _existing_run_files(out)
-        if existing and not force:
-            hint = (
-                f"continue it with `tula run --resume {_q(out)}`"
-                if (out / "run.json").exists()
-                else "choose another --out"
-            )
-            raise RunDirError(
-                f"{str(out)!r} already holds a run ({', '.join(existing)}); {hint}, or pass --force to start over"
-            )
+        settings = RunSettings(asked.search or Search.partial.value, asked.objective, asked.train is not False)
+        if not force:
+            refuse_existing_run(out)
     with locked(out, on_stale=_stale_note):
         if resume is None:
-            if force:
-                for name in _existing_run_files(out):
-                    target = out / name
-                    shutil.rmtree(target) if target.is_dir() else target.unlink()
-            save_record(
-                {
-                    "kind": RUN_KIND,
-                    "version": 1,
-                    "spec": job.to_dict(),
-                    "search": search_v,
-                    "objective": objective_v,
-                    "train": train_v,
-                },
-                out / "run.json",
-            )
+            start_run(out, job, settings, clear=force)
         from tula.engine.launch.clusters import open_launcher
 
         try:
             with open_launcher(job) as launcher:  # one cluster for every stage
-                _run_stages(job, out, search_v, objective_v, train_v, resume is not None, launcher)
+                _run_stages(job, out, settings.search, settings.objective, settings.train, resume is not None, launcher)
         except Interrupted as err:
             err.hint = f"tula run --resume {_q(out)}" + (f" --cluster {_q(cluster)}" if cluster else "")
             raise

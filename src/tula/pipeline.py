@@ -17,10 +17,13 @@ resumes from its checkpoint.
 
 from __future__ import annotations
 
+import shlex
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tula.core.errors import Interrupted, TulaError
+from tula.core.errors import Interrupted, RunDirError, TulaError
 from tula.core.registry import METHODS
 from tula.core.spec import JobSpec
 
@@ -295,3 +298,97 @@ def run_pipeline(
             )
         done["train"] = run
     return done
+
+
+# --------------------------------------------------------------------------- a run directory
+RUN_FILES = ("run.json", "profile.json", "models.json", "plan.json", "plan.png")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How a run was started (its ``run.json``), or what a command line asks again (``None``:
+    not given): the search, the objective (``None``: the spec's), training after planning."""
+
+    search: str | None
+    objective: str | None
+    train: bool | None
+
+
+def same_job(a: dict, b: dict) -> bool:
+    """Two specs describe the same job wherever it runs (the cluster may change on resume)."""
+    return {k: v for k, v in a.items() if k != "cluster"} == {k: v for k, v in b.items() if k != "cluster"}
+
+
+def _as_flag(setting: str, value: Any) -> str:
+    """How a run setting with this value reads on ``tula run``'s command line."""
+    if setting == "train":
+        return "--train" if value else "--no-train"
+    return f"--{setting} {value}" if value is not None else f"the spec's {setting}"
+
+
+def continue_run(out: Path, spec_path: Path | None, asked: RunSettings) -> tuple[dict, RunSettings]:
+    """The run in ``out`` to continue: its spec and settings, from its ``run.json``.  The spec
+    at ``spec_path``, when given again, must be the same job, and what ``asked`` gives must
+    be what the run was started with: a run continues as it was started."""
+    from tula.core.records import RUN_KIND, load_record
+    from tula.core.spec import load_spec
+
+    if not (out / "run.json").is_file():
+        raise RunDirError(
+            f"{str(out)!r} holds no Tula run to continue (no run.json); start one with `tula run SPEC --out DIR`"
+        )
+    manifest = load_record(out / "run.json", expect=(RUN_KIND,))
+    if spec_path is not None and not same_job(load_spec(spec_path).to_dict(), manifest["spec"]):
+        raise RunDirError(
+            f"{spec_path} differs from the spec the run in {out} was started with; resume without "
+            "SPEC, or start a new run with another --out"
+        )
+    started = RunSettings(manifest["search"], manifest["objective"], manifest["train"])
+    for setting in ("search", "objective", "train"):
+        given, was = getattr(asked, setting), getattr(started, setting)
+        if given is not None and given != was:
+            raise RunDirError(
+                f"the run in {out} was started with {_as_flag(setting, was)}; --resume continues "
+                f"it as it was started, so drop {_as_flag(setting, given)} (or start a new run with "
+                "another --out)"
+            )
+    return manifest["spec"], started
+
+
+def existing_run_files(out: Path) -> list[str]:
+    return [n for n in (*RUN_FILES, "train") if (out / n).exists()]
+
+
+def refuse_existing_run(out: Path) -> None:
+    """A new run never writes over another one: one sentence naming what is there."""
+    existing = existing_run_files(out)
+    if existing:
+        hint = (
+            f"continue it with `tula run --resume {shlex.quote(str(out))}`"
+            if (out / "run.json").exists()
+            else "choose another --out"
+        )
+        raise RunDirError(
+            f"{str(out)!r} already holds a run ({', '.join(existing)}); {hint}, or pass --force to start over"
+        )
+
+
+def start_run(out: Path, job: JobSpec, settings: RunSettings, clear: bool = False) -> None:
+    """Write a new run's ``run.json`` (``clear``: remove an earlier run's files first)."""
+    from tula.core.records import RUN_KIND, save_record
+
+    if clear:
+        for name in existing_run_files(out):
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+    save_record(
+        {
+            "kind": RUN_KIND,
+            "version": 1,
+            "spec": job.to_dict(),
+            "search": settings.search,
+            "objective": settings.objective,
+            "train": settings.train,
+        },
+        out / "run.json",
+    )

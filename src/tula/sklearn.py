@@ -481,72 +481,105 @@ class _TulaEstimator(BaseEstimator):
         self._check_params()
         X, y = _to_numpy(X), _to_numpy(y)
         X, y_enc, n_out = self._validate_fit_data(X, y)
-        seed = self._seed()
-        loss = self._loss_name()
-        n = len(X)
-        vf = float(self.validation_fraction)
-        n_val = int(round(n * vf)) if vf > 0 else 0
-        if n - n_val < 1:
-            n_val = 0
-        perm = np.random.RandomState(seed % (2**32)).permutation(n)
-        val, tr = perm[:n_val], perm[n_val:]
+        classify = self._loss_name() == "cross_entropy"
+        train_idx, val_idx = self._validation_split(len(X))
         # the module's and the schedule's parameters, checked before anything is written
-        train, batch, n_workers = self._train_spec(len(tr))
+        train, batch, n_workers = self._train_spec(len(train_idx))
         optimizer = self._optimizer_spec()
         kwargs = self._module_kwargs(X.shape[1:], n_out)
-        largest = max(n_workers, int(train.get("workers", {}).get("max", n_workers)))
-        # local ranks: as tula train's default; a Dask cluster's: its workers' cores (the launcher's default)
-        threads = int(self.threads_per_worker or max(1, (os.cpu_count() or 1) // largest))
-
         run_dir = Path(tempfile.mkdtemp(prefix="tula-sklearn-", dir=self.tmp_dir))
         try:
-            arrays = {"x": X[tr], "y": y_enc[tr], "x_test": X[val], "y_test": y_enc[val]}
-            if loss == "cross_entropy":
-                arrays["num_classes"] = np.asarray(n_out)
-            np.savez(run_dir / "arrays.npz", **arrays)
+            arrays = self._write_arrays(run_dir, X, y_enc, train_idx, val_idx, n_out if classify else None)
             model_spec = self._model_spec(run_dir, kwargs)
-            spec_dict = {
-                "name": type(self).__name__,
-                "model": model_spec,
-                "data": {"name": "arrays", "path": str(run_dir / "arrays.npz")},
-                "epochs": int(self.max_epochs),
-                "seed": seed,
-                "optimizer": optimizer,
-                "train": train,
-                "search": {"cluster_sizes": [largest]},
-                "profile": {
-                    "device": self.device,
-                    "threads_per_worker": threads if self.cluster is None else self.threads_per_worker,
-                },
-            }
-            if isinstance(self.cluster, str):
-                spec_dict["cluster"] = {"where": self.cluster}
-            from tula.core.spec import spec_from_dict
-
-            try:
-                spec = spec_from_dict(spec_dict)
-            except SpecError as err:
-                raise ParamError(str(err)) from None
-            try:
-                record = self._run(spec, batch, n_workers, run_dir / "run", threads)
-            except WorkloadError as err:  # name the user's module, not the pickle file it travelled in
-                raise WorkloadError(
-                    str(err).replace(f"model {model_spec['name']!r}", f"module {_name_of(self.module)}")
-                ) from None
-            except SpecError as err:  # a configuration the runner refuses (e.g. adascale on one worker)
-                raise ParamError(str(err)) from None
-            from tula.engine.checkpoint import load_checkpoint
-
-            state = load_checkpoint(run_dir / "run", map_location="cpu")
-            module = self._build_module_here(model_spec, kwargs)
-            module.load_state_dict(state["model"])
-            module.eval()
+            spec, threads = self._job_spec(model_spec, arrays, optimizer, train, n_workers)
+            record = self._train_named(spec, batch, n_workers, run_dir / "run", threads, model_spec)
+            module = self._trained_module(run_dir / "run", model_spec, kwargs)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
         self.module_ = module
         self.history_ = record["history"]
         self.train_record_ = record
         return self
+
+    def _validation_split(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The training and validation rows: ``validation_fraction`` of ``n`` held out, drawn
+        with the estimator's seed (none when that would leave no training row)."""
+        vf = float(self.validation_fraction)
+        n_val = int(round(n * vf)) if vf > 0 else 0
+        if n - n_val < 1:
+            n_val = 0
+        perm = np.random.RandomState(self._seed() % (2**32)).permutation(n)
+        return perm[n_val:], perm[:n_val]
+
+    def _write_arrays(
+        self,
+        run_dir: Path,
+        X: np.ndarray,
+        y_enc: np.ndarray,
+        train_idx: np.ndarray,
+        val_idx: np.ndarray,
+        num_classes: int | None,
+    ) -> Path:
+        """The data as the spec's ``arrays`` data set reads it: one ``.npz`` in ``run_dir``
+        (``num_classes`` for a classifier)."""
+        arrays = {"x": X[train_idx], "y": y_enc[train_idx], "x_test": X[val_idx], "y_test": y_enc[val_idx]}
+        if num_classes is not None:
+            arrays["num_classes"] = np.asarray(num_classes)
+        path = run_dir / "arrays.npz"
+        np.savez(path, **arrays)
+        return path
+
+    def _job_spec(
+        self, model_spec: dict, arrays: Path, optimizer: dict, train: dict, n_workers: int
+    ) -> tuple[Any, int]:
+        """The job spec of this fit and the torch threads of each local rank."""
+        from tula.core.spec import spec_from_dict
+
+        largest = max(n_workers, int(train.get("workers", {}).get("max", n_workers)))
+        # local ranks: as tula train's default; a Dask cluster's: its workers' cores (the launcher's default)
+        threads = int(self.threads_per_worker or max(1, (os.cpu_count() or 1) // largest))
+        spec_dict = {
+            "name": type(self).__name__,
+            "model": model_spec,
+            "data": {"name": "arrays", "path": str(arrays)},
+            "epochs": int(self.max_epochs),
+            "seed": self._seed(),
+            "optimizer": optimizer,
+            "train": train,
+            "search": {"cluster_sizes": [largest]},
+            "profile": {
+                "device": self.device,
+                "threads_per_worker": threads if self.cluster is None else self.threads_per_worker,
+            },
+        }
+        if isinstance(self.cluster, str):
+            spec_dict["cluster"] = {"where": self.cluster}
+        try:
+            return spec_from_dict(spec_dict), threads
+        except SpecError as err:
+            raise ParamError(str(err)) from None
+
+    def _train_named(self, spec: Any, batch: int, n_workers: int, out: Path, threads: int, model_spec: dict) -> dict:
+        """:meth:`_run`, its errors in the estimator's words: the user's module named instead of
+        the pickle file it travelled in; a configuration the runner refuses as a parameter error."""
+        try:
+            return self._run(spec, batch, n_workers, out, threads)
+        except WorkloadError as err:
+            raise WorkloadError(
+                str(err).replace(f"model {model_spec['name']!r}", f"module {_name_of(self.module)}")
+            ) from None
+        except SpecError as err:  # e.g. adascale on one worker
+            raise ParamError(str(err)) from None
+
+    def _trained_module(self, out: Path, model_spec: dict, kwargs: dict) -> Any:
+        """The module built in this process with the run's last checkpointed parameters."""
+        from tula.engine.checkpoint import load_checkpoint
+
+        state = load_checkpoint(out, map_location="cpu")
+        module = self._build_module_here(model_spec, kwargs)
+        module.load_state_dict(state["model"])
+        module.eval()
+        return module
 
     def _run(self, spec: Any, batch: int, n_workers: int, out: Path, threads: int) -> dict:
         """Train through the runner on the launcher ``cluster`` asks for."""

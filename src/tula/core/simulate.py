@@ -582,6 +582,62 @@ def schedule_settings(models: dict, kind: str, given: dict[str, Any]) -> dict[st
     return {**base, **given}
 
 
+@dataclass
+class WhatIf:
+    """What ``tula simulate`` shows: the simulated rows (one per configuration and
+    collective, or per schedule, collective and epoch), the plot's title, and the profiled
+    points at the same batch (``None`` for schedules)."""
+
+    rows: list[dict]
+    title: str
+    measured: list[dict] | None
+
+
+def what_if(
+    models: dict,
+    sim: Simulator,
+    workers: Sequence[int],
+    collectives: Sequence[str],
+    batch: int | None = None,
+    schedules: Sequence[tuple[str, str, dict[str, Any]]] = (),
+    history: list[dict] | None = None,
+    min_workers: int | None = None,
+    max_workers: int | None = None,
+    batch_per_worker: int | None = None,
+) -> WhatIf:
+    """The what-if of ``tula simulate``: a constant global ``batch`` (default
+    :func:`default_batch`) on each of ``workers``, or each of ``schedules`` (``(label, kind,
+    given parameters)``) from the first batch ``batch`` (default ``train.global_batch``, else
+    ``search.min_batch``) with the workers rule (:func:`schedule_caps`); ``history``: a
+    training run's epochs that loss_ratio and adaptive follow."""
+    job = spec_from_dict(models["spec"])
+    if schedules:
+        b0 = batch or job.train.global_batch or job.search.min_batch
+        caps = schedule_caps(models, sim, b0, workers, min_workers, max_workers, batch_per_worker)
+        rows: list[dict] = []
+        for label, kind, given in schedules:
+            settings = schedule_settings(models, kind, given)
+            rows += sim.schedule(
+                kind, b0, caps, settings, collectives, job.train.lr_milestones, job.train.lr_gamma, history, label=label
+            )
+        title = (
+            f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
+            f"{caps.min_workers}, {caps.max_workers})"
+        )
+        return WhatIf(rows, title, None)
+    big_b = batch or default_batch(models)
+    fitted_collective = models["perf"]["collective"]
+    measured = [
+        {
+            "n_workers": t["n_workers"],
+            "total_time_s": sim.epochs * steps_per_epoch(sim.dataset_size, big_b) * t["t_step_s"],
+        }
+        for t in models["trials"]
+        if t["status"] == "ok" and t["global_batch"] == big_b and fitted_collective in collectives
+    ]
+    return WhatIf(sim.constant(big_b, workers, collectives), f"{job.name}: constant global batch {big_b}", measured)
+
+
 def fitted_step_s(models: dict, local_batch, n_workers):
     """The fitted model's own step time prediction (the simulator's reference at profiled N),
     at the R it was fitted for (:func:`tula.core.perfmodel.ranks_per_node_of`)."""

@@ -313,6 +313,274 @@ def _fresh_ddp(model: nn.Module, device: torch.device, old: list) -> Any | None:
     return wrap_ddp(model, device)
 
 
+class _RankTrainer:
+    """One rank's part of one world (:func:`train_world`): the job's pieces built once, the
+    batch it trains at now, and the steps, records, checkpoints and decisions of its epochs.
+    A batch change at the same worker count rebuilds only the method (:meth:`change_batch`)."""
+
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        spec: JobSpec,
+        method_name: str,
+        out_dir: str,
+        fallbacks: list[dict],
+        schedule: dict | None,
+    ) -> None:
+        self.ctx, self.spec, self.method_name, self.fallbacks, self.schedule = (
+            ctx,
+            spec,
+            method_name,
+            fallbacks,
+            schedule,
+        )
+        self.out = Path(out_dir)
+        self.metrics_path = self.out / METRICS
+        self.device, self.rank, self.world = ctx.device, ctx.rank, ctx.world_size
+        torch.manual_seed(spec.seed)
+        self.data = load_dataset(spec.data, spec.seed)
+        self.model = build_model(spec.model).to(self.device)
+        self.ddp: Any = wrap_ddp(self.model, self.device)
+        self.loss_fn = build_loss(spec.train.loss)
+        self.gns, self.own_norms = NoiseScale(), None
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.method: Any = None
+        self.segments: list[dict] = []  # the batches this world trained at
+        self.segment_t0 = 0.0  # when the current in-world segment began
+
+    # ------------------------------------------------------------------ the batch it trains at
+    def start_at(self, global_batch: int, state: dict | None) -> None:
+        """Build the method at ``global_batch`` and put this rank where ``state`` (a
+        checkpoint, or ``None``: the start) left the run (:func:`_restore`)."""
+        self.global_batch, self.local_batch = global_batch, global_batch // self.world
+        self.n_steps = steps_per_epoch(self.data.train_size, global_batch)
+        self.method = build_method(self.method_name, self.ddp, self.spec, global_batch, self.world, self.n_steps)
+        if (
+            self.own_norms is None
+            and self.spec.train.noise_scale
+            and self.world > 1
+            and not ddp_has_comm_hook(self.ddp)
+        ):
+            # each rank's gradient norm before the all-reduce, from a comm hook (AdaScale has its own)
+            self.own_norms = LocalGradNorms(self.params, self.device)
+            self.ddp.register_comm_hook(self.own_norms, local_norms_allreduce_hook)
+        self.gns_feed = _NoiseScaleFeed(self.gns, self.own_norms, self.world)
+        self.start_epoch, self.steps_done, self.history, self.sched_state, self.lr_mult = _restore(
+            state, self.model, self.method, self.gns, self.n_steps, self.spec, global_batch, self.schedule
+        )
+        self.report_every = max(1, self.n_steps // 25)
+
+    def result(self, status: str, **extra: Any) -> dict:
+        """What the world returns: this batch's figures, the segments so far, and ``extra``."""
+        return {
+            "global_batch": self.global_batch,
+            "local_batch": self.local_batch,
+            "n_workers": self.world,
+            "steps_per_epoch": self.n_steps,
+            "start_epoch": self.start_epoch,
+            "status": status,
+            **extra,
+            "segments": self.segments,
+        }
+
+    def resized(self, epoch: int, nxt: tuple[int, int]) -> dict:
+        """The world ends after ``epoch`` for the next generation at ``nxt`` = (B, N)."""
+        return self.result(
+            "resize", epochs_done=epoch + 1, steps_done=self.steps_done, next_global_batch=nxt[0], next_n_workers=nxt[1]
+        )
+
+    def finished(self) -> dict:
+        if len(self.segments) > 1:
+            self.segments[-1]["wall_s"] = time.perf_counter() - self.segment_t0
+        return self.result(
+            "ok",
+            history=self.history,
+            steps_done=self.steps_done,
+            traces=self.method.traces() if self.rank == 0 else {},
+            param_digest=param_digest(self.model),
+        )
+
+    def probe(self) -> dict | None:
+        """The agreed out-of-memory probe at this batch: ``status: oom`` when it does not fit,
+        else ``None`` and a new segment begins."""
+        fits, note = _probe(
+            self.data,
+            self.spec,
+            self.start_epoch,
+            self.global_batch,
+            self.local_batch,
+            self.rank,
+            self.device,
+            self.model,
+            self.ddp,
+            self.method,
+            self.loss_fn,
+        )
+        if not fits:
+            return self.result("oom", note=note)
+        self.segments.append(
+            {
+                "global_batch": self.global_batch,
+                "n_workers": self.world,
+                "from_epoch": self.start_epoch + 1,
+                "wall_s": None,
+            }
+        )
+        return None
+
+    # ------------------------------------------------------------------ one epoch
+    def run_epoch(self, epoch: int) -> tuple[torch.Tensor, float] | dict:
+        """The epoch's steps: ``(loss sum on the device, seconds)``, or the interrupted
+        result when the ranks agreed to stop at a step."""
+        spec, ctx, method = self.spec, self.ctx, self.method
+        perm = _epoch_indices(spec.seed, epoch, self.data.train_size)
+        batches = data_path(self.data, self.device).epoch_batches(
+            epoch, perm, self.global_batch, self.rank, self.local_batch, self.n_steps
+        )
+        self.model.train()
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # on device: no host sync per step
+        stop = ctx.stop
+        for i in range(self.n_steps):
+            if stop is not None and stop.poll():  # every rank sees the same answer at the same step
+                return self.result("interrupted", epochs_done=epoch, steps_done=self.steps_done - i, signal=stop.signum)
+            x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
+            method.optimizer.zero_grad(set_to_none=True)
+            loss = self.loss_fn(self.ddp(x), y)
+            loss.backward()
+            method.after_backward(epoch * self.n_steps + i, x, y, self.loss_fn)
+            if spec.train.noise_scale:
+                self.gns_feed.step(method, self.params, self.local_batch, self.global_batch)
+            method.optimizer.step()
+            method.scheduler.step()
+            loss_sum += loss.detach().double()
+            self.steps_done += 1
+            if self.rank == 0 and (i + 1) % self.report_every == 0:
+                ctx.emit({"type": "step", "epoch": epoch, "step": i + 1, "steps_per_epoch": self.n_steps})
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return loss_sum, time.perf_counter() - t0
+
+    def epoch_record(self, epoch: int, loss_sum: torch.Tensor, epoch_s: float) -> tuple[dict, dict]:
+        """The epoch's line of ``metrics.jsonl`` (loss and time agreed over the ranks, the
+        evaluation, the noise scale) and the method's per-step traces."""
+        self.method.before_eval()
+        loss_total = loss_sum.reshape(1)
+        slowest_s = torch.tensor([epoch_s], dtype=torch.float64, device=self.device)
+        dist.all_reduce(loss_total)
+        dist.all_reduce(slowest_s, op=dist.ReduceOp.MAX)
+        rec = {
+            "epoch": epoch + 1,
+            "steps": self.n_steps,
+            "steps_done": self.steps_done,
+            "global_batch": self.global_batch,
+            "n_workers": self.world,
+            "lr": self.method.lr,
+            "train_loss": float(loss_total) / (self.n_steps * self.world),
+            "epoch_time_s": float(slowest_s),
+            **evaluate(
+                self.model,
+                self.data,
+                self.rank,
+                self.world,
+                self.spec.train.eval_batch,
+                self.device,
+                self.spec.train.loss,
+            ),
+        }
+        self.gns_feed.flush()
+        rec["b_simple"] = self.gns.b_simple()  # the batch the model could use now (one host sync per epoch)
+        step_traces = _drain_step_traces(self.method)
+        if step_traces.get("scaled"):
+            rec["scaled_fraction"] = sum(map(bool, step_traces["scaled"])) / len(step_traces["scaled"])
+        self.history.append(rec)
+        return rec, step_traces
+
+    def decide(self, epoch: int, rec: dict) -> tuple[int, int]:
+        """The batch schedule's (B, N) for the next epoch (the same on every rank: the
+        history is all-reduced); an LR change at the same batch is applied here."""
+        if not self.schedule:
+            return self.global_batch, self.world
+        d = next_config(self.sched_state, epoch + 1, self.history, self.schedule["caps"])
+        self.sched_state, nxt = d.state, (d.global_batch, d.n_workers)
+        rec["schedule"] = d.record()
+        if nxt == (self.global_batch, self.world) and d.lr_multiplier != self.lr_mult:
+            self.method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * self.n_steps)
+        self.lr_mult = d.lr_multiplier
+        return nxt
+
+    def checkpoint_state(self, epoch: int, nxt: tuple[int, int]) -> dict:
+        return {
+            "epoch": epoch + 1,
+            "steps_done": self.steps_done,
+            "history": self.history,
+            "method": self.method_name,
+            "global_batch": self.global_batch,
+            "n_workers": self.world,
+            "fallbacks": self.fallbacks,
+            "model": self.model.state_dict(),
+            "method_state": self.method.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "schedule_state": self.sched_state,
+            "lr_multiplier": self.lr_mult,
+            "next_global_batch": nxt[0],
+            "next_n_workers": nxt[1],
+            "noise_scale": self.gns.state_dict(),
+        }
+
+    def write_epoch(self, ckpt: dict | None, rec: dict, step_traces: dict) -> None:
+        """Rank 0: the checkpoint, the metrics line, the progress event."""
+        if self.rank != 0:
+            return
+        save_checkpoint(ckpt, self.out)
+        with open(self.metrics_path, "a") as fh:
+            fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
+        self.ctx.emit({"type": "epoch", **rec})
+
+    # ------------------------------------------------------------------ a new batch, same workers
+    def change_batch(self, epoch: int, new_batch: int, ckpt: dict) -> dict | None:
+        """Go on in this world at ``new_batch``: the method again at the new batch, from the
+        state just checkpointed (``ckpt``), as a new generation would take it from the file;
+        then the probe.  ``None`` when training goes on; else the result that ends the world
+        (``oom`` at the new batch, or ``resize`` when the wrapper cannot be renewed)."""
+        t_change = time.perf_counter()
+        resize = self.resized(epoch, (new_batch, self.world))
+        self.method.release()
+        self.method = None
+        if self.own_norms is None and ddp_has_comm_hook(self.ddp):  # the method's own hook is on the wrapper
+            held = [self.ddp]
+            self.ddp = None
+            self.ddp = _fresh_ddp(self.model, self.device, held)
+            if self.ddp is None:
+                return resize
+        if self.rank == 0:
+            self.ctx.emit(
+                {
+                    "type": "resize",
+                    "at_epoch": epoch + 1,
+                    "global_batch": new_batch,
+                    "n_workers": self.world,
+                    "new_world": False,
+                }
+            )
+        self.start_at(new_batch, ckpt)
+        if self.rank == 0:
+            self.ctx.emit(
+                {
+                    "type": "start",
+                    "global_batch": self.global_batch,
+                    "n_workers": self.world,
+                    "steps_per_epoch": self.n_steps,
+                    "epochs": self.spec.epochs,
+                }
+            )
+        oom = self.probe()
+        if oom is not None:
+            return oom
+        self.segment_t0 = t_change
+        return None
+
+
 def train_world(
     ctx: WorkerContext,
     spec_dict: dict,
@@ -347,254 +615,58 @@ def train_world(
     wall_s}`` per batch this world trained at (``wall_s`` of an in-world change: from the
     change to the segment's end; the first segment's is left to the caller)."""
     spec = JobSpec.model_validate(spec_dict)
-    out = Path(out_dir)
-    metrics_path = out / METRICS
-    device, rank, world = ctx.device, ctx.rank, ctx.world_size
     if reach_token is not None:
-        check_shared_directory(out_dir, reach_token, rank, device)
-    torch.manual_seed(spec.seed)
-    data = load_dataset(spec.data, spec.seed)
-    model = build_model(spec.model).to(device)
-    ddp = wrap_ddp(model, device)
-    local_batch = global_batch // world
-    n_steps = steps_per_epoch(data.train_size, global_batch)
-    method = build_method(method_name, ddp, spec, global_batch, world, n_steps)
-    loss_fn = build_loss(spec.train.loss)
-    gns, own_norms = NoiseScale(), None
-    params = [p for p in model.parameters() if p.requires_grad]
-    if spec.train.noise_scale and world > 1 and not ddp_has_comm_hook(ddp):
-        # each rank's gradient norm before the all-reduce, from a comm hook (AdaScale has its own)
-        own_norms = LocalGradNorms(params, device)
-        ddp.register_comm_hook(own_norms, local_norms_allreduce_hook)
-    gns_feed = _NoiseScaleFeed(gns, own_norms, world)
-
+        check_shared_directory(out_dir, reach_token, ctx.rank, ctx.device)
+    rt = _RankTrainer(ctx, spec, method_name, out_dir, fallbacks, schedule)
     state = None
-    if has_checkpoint(out):
-        state = load_checkpoint(out, map_location=device)
+    if has_checkpoint(rt.out):
+        state = load_checkpoint(rt.out, map_location=ctx.device)
         if state["method"] != method_name:
             raise SpecError(
                 f"the checkpoint in {out_dir} was trained with method {state['method']!r}, "
                 f"not {method_name!r}; use another --out or the same method"
             )
-    start_epoch, steps_done, history, sched_state, lr_mult = _restore(
-        state, model, method, gns, n_steps, spec, global_batch, schedule
-    )
-    if state is not None and rank == 0:
-        _rewrite_metrics(metrics_path, start_epoch)
+    rt.start_at(global_batch, state)
+    if state is not None and rt.rank == 0:
+        _rewrite_metrics(rt.metrics_path, rt.start_epoch)
     del state
-    if mem_cap_bytes is not None and device.type == "cpu":
+    if mem_cap_bytes is not None and ctx.device.type == "cpu":
         cap_address_space(mem_cap_bytes)
+    if rt.start_epoch >= spec.epochs:
+        return rt.finished()
+    oom = rt.probe()
+    if oom is not None:
+        return oom
 
-    base = {
-        "global_batch": global_batch,
-        "local_batch": local_batch,
-        "n_workers": world,
-        "steps_per_epoch": n_steps,
-        "start_epoch": start_epoch,
-    }
-    segments: list[dict] = []  # the batches this world trained at
-    segment_t0 = 0.0  # when the current in-world segment began
-    if start_epoch >= spec.epochs:
-        return {
-            **base,
-            "status": "ok",
-            "history": history,
-            "steps_done": steps_done,
-            "segments": segments,
-            "traces": method.traces() if rank == 0 else {},
-            "param_digest": param_digest(model),
-        }
-
-    fits, note = _probe(data, spec, start_epoch, global_batch, local_batch, rank, device, model, ddp, method, loss_fn)
-    if not fits:
-        return {**base, "status": "oom", "note": note, "segments": segments}
-    segments.append({"global_batch": global_batch, "n_workers": world, "from_epoch": start_epoch + 1, "wall_s": None})
-
-    report_every = max(1, n_steps // 25)
     stop = ctx.stop
-    for epoch in range(start_epoch, spec.epochs):
-        perm = _epoch_indices(spec.seed, epoch, data.train_size)
-        batches = data_path(data, device).epoch_batches(epoch, perm, global_batch, rank, local_batch, n_steps)
-        model.train()
-        t0 = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # on device: no host sync per step
-        for i in range(n_steps):
-            if stop is not None and stop.poll():  # every rank sees the same answer at the same step
-                return {
-                    **base,
-                    "status": "interrupted",
-                    "epochs_done": epoch,
-                    "steps_done": steps_done - i,
-                    "signal": stop.signum,
-                    "segments": segments,
-                }
-            step = epoch * n_steps + i
-            x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
-            method.optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(x), y)
-            loss.backward()
-            method.after_backward(step, x, y, loss_fn)
-            if spec.train.noise_scale:
-                gns_feed.step(method, params, local_batch, global_batch)
-            method.optimizer.step()
-            method.scheduler.step()
-            loss_sum += loss.detach().double()
-            steps_done += 1
-            if rank == 0 and (i + 1) % report_every == 0:
-                ctx.emit({"type": "step", "epoch": epoch, "step": i + 1, "steps_per_epoch": n_steps})
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        epoch_s = time.perf_counter() - t0
-        method.before_eval()
-        loss_total = loss_sum.reshape(1)
-        slowest_s = torch.tensor([epoch_s], dtype=torch.float64, device=device)
-        dist.all_reduce(loss_total)
-        dist.all_reduce(slowest_s, op=dist.ReduceOp.MAX)
-        rec = {
-            "epoch": epoch + 1,
-            "steps": n_steps,
-            "steps_done": steps_done,
-            "global_batch": global_batch,
-            "n_workers": world,
-            "lr": method.lr,
-            "train_loss": float(loss_total) / (n_steps * world),
-            "epoch_time_s": float(slowest_s),
-            **evaluate(model, data, rank, world, spec.train.eval_batch, device, spec.train.loss),
-        }
-        gns_feed.flush()
-        rec["b_simple"] = gns.b_simple()  # the batch the model could use now (one host sync per epoch)
-        step_traces = _drain_step_traces(method)
-        if "scaled" in step_traces and step_traces["scaled"]:
-            rec["scaled_fraction"] = sum(map(bool, step_traces["scaled"])) / len(step_traces["scaled"])
-        history.append(rec)
-        nxt = (global_batch, world)
-        if schedule:  # the same decision on every rank: the history is all-reduced
-            d = next_config(sched_state, epoch + 1, history, schedule["caps"])
-            sched_state, nxt = d.state, (d.global_batch, d.n_workers)
-            rec["schedule"] = d.record()
-            if nxt == (global_batch, world) and d.lr_multiplier != lr_mult:
-                method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * n_steps)
-            lr_mult = d.lr_multiplier
-        change = nxt != (global_batch, world) and epoch + 1 < spec.epochs
-        in_world = change and nxt[1] == world
-        ckpt = None
-        if rank == 0 or in_world:
-            ckpt = {
-                "epoch": epoch + 1,
-                "steps_done": steps_done,
-                "history": history,
-                "method": method_name,
-                "global_batch": global_batch,
-                "n_workers": world,
-                "fallbacks": fallbacks,
-                "model": model.state_dict(),
-                "method_state": method.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "schedule_state": sched_state,
-                "lr_multiplier": lr_mult,
-                "next_global_batch": nxt[0],
-                "next_n_workers": nxt[1],
-                "noise_scale": gns.state_dict(),
-            }
-        if rank == 0:
-            save_checkpoint(ckpt, out)
-            with open(metrics_path, "a") as fh:
-                fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
-            ctx.emit({"type": "epoch", **rec})
+    for epoch in range(rt.start_epoch, spec.epochs):
+        ran = rt.run_epoch(epoch)
+        if isinstance(ran, dict):  # interrupted at a step
+            return ran
+        rec, step_traces = rt.epoch_record(epoch, *ran)
+        nxt = rt.decide(epoch, rec)
+        change = nxt != (rt.global_batch, rt.world) and epoch + 1 < spec.epochs
+        in_world = change and nxt[1] == rt.world
+        ckpt = rt.checkpoint_state(epoch, nxt) if rt.rank == 0 or in_world else None
+        rt.write_epoch(ckpt, rec, step_traces)
         if stop is not None and epoch + 1 < spec.epochs and stop.agree():  # no new epoch starts
-            return {
-                **base,
-                "status": "interrupted",
-                "epochs_done": epoch + 1,
-                "steps_done": steps_done,
-                "signal": stop.signum,
-                "segments": segments,
-            }
+            return rt.result("interrupted", epochs_done=epoch + 1, steps_done=rt.steps_done, signal=stop.signum)
         if not change:
             continue
-        if len(segments) > 1:  # the wall time of an in-world segment ends here
-            segments[-1]["wall_s"] = time.perf_counter() - segment_t0
-        resize = {
-            **base,
-            "status": "resize",
-            "epochs_done": epoch + 1,
-            "steps_done": steps_done,
-            "next_global_batch": nxt[0],
-            "next_n_workers": nxt[1],
-            "segments": segments,
-        }
+        if len(rt.segments) > 1:  # the wall time of an in-world segment ends here
+            rt.segments[-1]["wall_s"] = time.perf_counter() - rt.segment_t0
         if not in_world:  # another worker count: the next generation's world
-            return resize
+            return rt.resized(epoch, nxt)
         try:  # what the caller checks before a new generation (it says why when this fails)
-            check_train_config(spec, method_name, world, nxt[0], data.train_size)
+            check_train_config(spec, method_name, rt.world, nxt[0], rt.data.train_size)
         except TulaError:
-            return resize
-        # a new batch on the same workers: the method again at the new batch, from the state
-        # just checkpointed, as a new generation would take it from the file
-        t_change = time.perf_counter()
-        method.release()
-        del method
-        if own_norms is None and ddp_has_comm_hook(ddp):  # the method's own hook is on the wrapper
-            held = [ddp]
-            del ddp
-            ddp = _fresh_ddp(model, device, held)
-            if ddp is None:
-                return resize
-        if rank == 0:
-            ctx.emit(
-                {
-                    "type": "resize",
-                    "at_epoch": epoch + 1,
-                    "global_batch": nxt[0],
-                    "n_workers": world,
-                    "new_world": False,
-                }
-            )
-        global_batch, local_batch = nxt[0], nxt[0] // world
-        n_steps = steps_per_epoch(data.train_size, global_batch)
-        method = build_method(method_name, ddp, spec, global_batch, world, n_steps)
-        start_epoch, steps_done, history, sched_state, lr_mult = _restore(
-            ckpt, model, method, gns, n_steps, spec, global_batch, schedule
-        )
+            return rt.resized(epoch, nxt)
+        assert ckpt is not None  # every rank keeps it for an in-world change
+        ended = rt.change_batch(epoch, nxt[0], ckpt)
         del ckpt
-        report_every = max(1, n_steps // 25)
-        base = {
-            "global_batch": global_batch,
-            "local_batch": local_batch,
-            "n_workers": world,
-            "steps_per_epoch": n_steps,
-            "start_epoch": start_epoch,
-        }
-        if rank == 0:
-            ctx.emit(
-                {
-                    "type": "start",
-                    "global_batch": global_batch,
-                    "n_workers": world,
-                    "steps_per_epoch": n_steps,
-                    "epochs": spec.epochs,
-                }
-            )
-        fits, note = _probe(
-            data, spec, start_epoch, global_batch, local_batch, rank, device, model, ddp, method, loss_fn
-        )
-        if not fits:
-            return {**base, "status": "oom", "note": note, "segments": segments}
-        segment_t0 = t_change
-        segments.append(
-            {"global_batch": global_batch, "n_workers": world, "from_epoch": start_epoch + 1, "wall_s": None}
-        )
-    if len(segments) > 1:
-        segments[-1]["wall_s"] = time.perf_counter() - segment_t0
-    return {
-        **base,
-        "status": "ok",
-        "history": history,
-        "steps_done": steps_done,
-        "segments": segments,
-        "traces": method.traces() if rank == 0 else {},
-        "param_digest": param_digest(model),
-    }
+        if ended is not None:
+            return ended
+    return rt.finished()
 
 
 # --------------------------------------------------------------------------- in the caller

@@ -180,7 +180,7 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
         settings.home.mkdir(parents=True, exist_ok=True)
         store = Store(settings.store_url, settings.home)
         # the planner's imports (numpy, scipy, kneed) now, not in the first re-plan request
-        await run_in_threadpool(importlib.import_module, "tula.plan")
+        await run_in_threadpool(importlib.import_module, "tula.core.plan")
         store_box["store"] = store
         dispatcher = Dispatcher(settings, store) if dispatch and settings.run_jobs else None
         if dispatcher:
