@@ -336,6 +336,110 @@ def test_dask_client_and_dask_arrays(digits):
         np.testing.assert_array_equal(again.predict(X), c.predict(X))
 
 
+#: run in a new process: load each pickled estimator (pickle or joblib), predict, save the predictions
+_PREDICT_ELSEWHERE = """
+import pickle, sys
+import joblib, numpy as np
+X = np.load(sys.argv[1])
+out = {}
+for path in sys.argv[3:]:
+    est = joblib.load(path) if path.endswith(".joblib") else pickle.load(open(path, "rb"))
+    out[path.rsplit("/", 1)[-1]] = est.predict(X)
+    out[path.rsplit("/", 1)[-1] + ".cluster"] = np.array(str(est.cluster))
+np.savez(sys.argv[2], **out)
+print("distributed imported" if "distributed" in sys.modules else "no distributed")
+"""
+
+
+@pytest.mark.slow
+def test_a_fitted_estimator_pickles_after_its_cluster_closed_and_predicts_in_a_new_process(digits, tmp_path):
+    """Issue #18: fitted with a Client of a LocalCluster, pickled after both were closed, loaded
+    and predicting in another Python process; a Client pickles as its scheduler's address,
+    also once closed, and a string address as it is."""
+    import logging
+
+    import dask
+    import distributed
+    import joblib
+
+    from tula.engine.launch.clusters import WORKER_CONFIG
+
+    X, y = digits
+    dask.config.set(WORKER_CONFIG)
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        address = client.scheduler.address
+        # the report's run: a geometric schedule, the batch 32 -> 64 -> 128 and the workers 1 -> 1 -> 2
+        est = TulaClassifier(
+            module__hidden=32,
+            max_epochs=3,
+            batch_size="geometric",
+            batch_size__initial=32,
+            batch_size__factor=2,
+            batch_size__delay=1,
+            workers__max=2,
+            workers__batch_per_worker=64,
+            lr=0.05,
+            optimizer="adam",
+            cluster=client,
+            random_state=0,
+        ).fit(X, y)
+        assert [(h["global_batch"], h["n_workers"]) for h in est.history_] == [(32, 1), (64, 1), (128, 2)]
+        # a string address: the fit opens its own Client to it and closes it
+        by_address = TulaClassifier(
+            module__hidden=32,
+            max_epochs=1,
+            batch_size=64,
+            n_workers=2,
+            optimizer="adam",
+            cluster=address,
+            random_state=0,
+        ).fit(X, y)
+        # an unfitted estimator given a Client by address (no LocalCluster object behind it), closed below
+        other = distributed.Client(address)
+        unfitted = TulaClassifier(cluster=other, module__hidden=8)
+        other.close()
+        never_seen = distributed.Client(address)  # closed before any estimator saw it
+        never_seen.close()
+    assert client.status == "closed" and other.status == "closed"
+    with pytest.raises(ParamError) as err:  # a refit on the closed Client: one sentence
+        clone(est).fit(X, y)
+    assert str(err.value).startswith("cluster is a distributed.Client that is closed;") and "\n" not in str(err.value)
+    with pytest.warns(UserWarning, match="pickled estimator's cluster is None"):
+        assert pickle.loads(pickle.dumps(TulaClassifier(cluster=never_seen))).cluster is None
+    expected = est.predict(X)
+    paths = {"est.pkl": est, "by_address.pkl": by_address, "unfitted.pkl": unfitted}
+    for name, obj in paths.items():
+        (tmp_path / name).write_bytes(pickle.dumps(obj))
+    joblib.dump(est, tmp_path / "est.joblib")
+    # the live estimators keep what they were given
+    assert est.cluster is client and unfitted.cluster is other and by_address.cluster == address
+    assert pickle.loads((tmp_path / "unfitted.pkl").read_bytes()).get_params()["cluster"] == address
+    np.save(tmp_path / "X.npy", X)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    files = [str(tmp_path / n) for n in ("est.pkl", "est.joblib", "by_address.pkl")]
+    out = subprocess.run(
+        [sys.executable, "-c", _PREDICT_ELSEWHERE, str(tmp_path / "X.npy"), str(tmp_path / "pred.npz"), *files],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "no distributed"  # predicting needs no Dask
+    pred = np.load(tmp_path / "pred.npz")
+    np.testing.assert_array_equal(pred["est.pkl"], expected)
+    np.testing.assert_array_equal(pred["est.joblib"], expected)
+    np.testing.assert_array_equal(pred["by_address.pkl"], by_address.predict(X))
+    assert str(pred["est.pkl.cluster"]) == str(pred["est.joblib.cluster"]) == address
+    assert str(pred["by_address.pkl.cluster"]) == address
+    assert est.score(X, y) > 0.85
+
+
 # --------------------------------------------------------------------------- the AdaDamp example
 @pytest.mark.slow
 def test_adadamp_example_grows_the_batch_and_the_workers():

@@ -38,6 +38,18 @@ Decisions
   by every worker: a LocalCluster shares this machine's file system; a remote cluster needs
   ``tmp_dir`` on a file system every worker mounts (the run says so in one sentence when a
   rank cannot read it), and a module given by import reference must be importable there.
+* **Pickling and the cluster.** A fitted estimator pickles (``pickle``, ``joblib``) and predicts
+  in any process, whatever became of its cluster: predicting needs only ``module_`` and the
+  fitted attributes.  A ``distributed.Client`` cannot travel, so the pickle holds its
+  scheduler's address ``"tcp://HOST:PORT"`` in its place: the address it has while connected,
+  or once closed the one the estimator saw while it was (when the Client was given -- to the
+  constructor, ``set_params`` or by assignment -- or at ``fit``).  The estimator pickled keeps
+  the Client; the unpickled one's ``get_params()["cluster"]`` is that address, so ``clone`` and
+  ``fit`` of it train on the same scheduler, or say in one sentence that none answers there
+  (``set_params(cluster=...)`` points it elsewhere).  An address rather than None: a refit
+  must not move silently from the cluster to this machine.  The one exception, a Client
+  already closed when given and never seen connected, pickles as None (local processes) with
+  a warning.  A string address pickles as it is.
 * **Batch sizes** larger than the training set are clipped to it (with a warning), and
   rounded down to a multiple of the worker count.
 
@@ -57,6 +69,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +152,32 @@ def _name_of(value: Any) -> str:
     return getattr(value, "__name__", None) or repr(value)
 
 
+#: the scheduler address of every ``distributed.Client`` an estimator saw connected, kept for
+#: as long as the Client lives: a closed Client no longer tells it
+_CLIENT_ADDRESSES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _is_client(c: Any) -> bool:
+    """``c`` looks like a ``distributed.Client`` (not None, an address string or another value)."""
+    return c is not None and not isinstance(c, str) and hasattr(c, "scheduler") and hasattr(c, "submit")
+
+
+def _client_address(c: Any) -> str | None:
+    """The scheduler address of the Client ``c``: as it is while connected (and then remembered),
+    the one remembered once closed, None when it was never seen connected."""
+    address = getattr(getattr(c, "scheduler", None), "address", None)
+    if isinstance(address, str) and address:
+        try:
+            _CLIENT_ADDRESSES[c] = address
+        except TypeError:  # not weakly referenceable: known only while connected
+            pass
+        return address
+    try:
+        return _CLIENT_ADDRESSES.get(c)
+    except TypeError:
+        return None
+
+
 # --------------------------------------------------------------------------- the estimators
 class _TulaEstimator(BaseEstimator):
     """What :class:`TulaClassifier` and :class:`TulaRegressor` share (see the module's doc)."""
@@ -205,12 +244,28 @@ class _TulaEstimator(BaseEstimator):
         params = self.get_params(deep=False)
         return type(self)(**{k: v if k == "cluster" else clone(v, safe=False) for k, v in params.items()})
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a Client's address is remembered whenever one is given (constructor, set_params,
+        # assignment), so that the estimator still pickles once the Client is closed
+        if name == "cluster" and _is_client(value):
+            _client_address(value)
+        super().__setattr__(name, value)
+
     def __getstate__(self) -> dict:
-        """A ``distributed.Client`` in ``cluster`` is pickled as its scheduler's address."""
+        """A ``distributed.Client`` in ``cluster`` is pickled as its scheduler's address, also
+        once closed (the address it had); None, with a warning, when that was never known."""
         state = super().__getstate__()
         c = state.get("cluster")
-        if c is not None and not isinstance(c, str) and hasattr(c, "scheduler"):
-            state = {**state, "cluster": c.scheduler.address}
+        if _is_client(c):
+            address = _client_address(c)
+            if address is None:
+                warnings.warn(
+                    f"cluster is a closed distributed.Client whose scheduler address {type(self).__name__} "
+                    "never saw, so the pickled estimator's cluster is None (a refit runs on local processes)",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            state = {**state, "cluster": address}
         return state
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -263,6 +318,14 @@ class _TulaEstimator(BaseEstimator):
         t = self.threads_per_worker
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1):
             raise ParamError(f"threads_per_worker must be None or a positive integer, not {t!r}")
+        c = self.cluster
+        if _is_client(c) and (
+            getattr(c, "scheduler", None) is None or getattr(c, "status", "") in ("closing", "closed")
+        ):
+            raise ParamError(
+                "cluster is a distributed.Client that is closed; give an open Client or its scheduler's "
+                "address 'tcp://HOST:PORT'"
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ParamError(f"device must be 'auto', 'cpu' or 'cuda', not {self.device!r}")
         b = self.batch_size
@@ -597,6 +660,8 @@ class _TulaEstimator(BaseEstimator):
         if hasattr(c, "scheduler_info") and hasattr(c, "submit"):  # a distributed.Client
             from tula.engine.launch.dask import DaskLauncher
 
+            _client_address(c)  # remembered while connected: the estimator pickles once it is closed
+
             cs = spec.cluster
             launcher = DaskLauncher(
                 c,
@@ -671,7 +736,9 @@ class TulaClassifier(ClassifierMixin, _TulaEstimator):
     n_workers : the worker count (DDP ranks); ``workers__min``, ``workers__max``,
         ``workers__batch_per_worker`` let it grow with a batch schedule
     cluster : None (processes on this machine), a ``distributed.Client``, or a scheduler
-        address ``"tcp://HOST:PORT"``
+        address ``"tcp://HOST:PORT"``.  A Client is pickled as its scheduler's address, the
+        one it had while connected if it is closed by then (see the module's "Pickling and the
+        cluster"): an unpickled estimator's ``cluster`` is that string
     device : ``"auto"`` (CUDA where the ranks see it), ``"cpu"`` or ``"cuda"``
     random_state : seed of the initialisation, the batches and the validation split
     verbose : print a line per epoch when > 0
