@@ -85,18 +85,25 @@ def _main(
 
 _CLUSTER_HELP = (
     "where the ranks run: local (processes on this machine), dask (a Dask LocalCluster started for "
-    "the run), tcp://HOST:PORT (an existing Dask scheduler) or a dask-jobqueue YAML file (SLURM/PBS); "
+    "the run), tcp://HOST:PORT (an existing Dask scheduler), a dask-jobqueue YAML file (SLURM/PBS), or "
+    "env (inside a world started by torchrun, srun or mpirun: run the same command on every rank); "
     "default: the spec's cluster.where"
 )
 
 
 def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
-    """The spec with ``--cluster`` in its ``cluster.where`` (records say where they ran)."""
-    if cluster is None:
-        return job
-    d = job.to_dict()
-    d["cluster"] = {**d["cluster"], "where": cluster}
-    return spec_from_dict(d)
+    """The spec with ``--cluster`` in its ``cluster.where`` (records say where they ran).
+    Under ``env`` every rank of the launched world joins it here; a rank other than 0 then
+    serves rank 0's worlds and exits with its exit code (it does not return)."""
+    if cluster is not None:
+        d = job.to_dict()
+        d["cluster"] = {**d["cluster"], "where": cluster}
+        job = spec_from_dict(d)
+    if job.cluster.where == "env":
+        from tula.engine.launch.clusters import serve_if_env_worker
+
+        serve_if_env_worker(job)
+    return job
 
 
 def _q(p: Path | str) -> str:
@@ -191,6 +198,8 @@ class _Console(Observer):
             bar.update(task, advance=1, description=line)
             if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
                 say(err_console, "trial ", line)
+        elif ev.get("type") == "note":
+            say(bar.console if bar is not None else err_console, ("note", "yellow"), ": ", ev.get("message"))
 
     def _training(self, ev: dict) -> None:
         bar, task, method, kind = self.bar, self.task, self.method, ev.get("type")
@@ -507,6 +516,10 @@ def train(
         rec = load_record(plan, expect=(PLAN_KIND,))
         n = rec["choice"]["n_workers"] if n is None else n
         b = rec["choice"]["global_batch"] if b is None else b
+    if n is None and job.cluster.where == "env":  # a launched world trains on all of its ranks
+        from tula.engine.launch.env import joined_world_size
+
+        n = joined_world_size()
     if n is None and b is not None and job.train.workers is not None:  # the worker rule's N for the first batch
         n = first_workers(job, b)
     if (n is None or b is None) and resume:
@@ -928,15 +941,31 @@ def replan(
 
 
 def main() -> None:
+    try:
+        code = _run_command()
+    except SystemExit as ex:  # a command that ended itself
+        code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+    env = sys.modules.get("tula.engine.launch.env")  # a launched world (--cluster env) was joined
+    if env is not None:
+        env.finish(code)  # its other ranks end with this command's exit code
+    sys.exit(code)
+
+
+def _run_command() -> int:
+    """The command line's command; its exit code (2: the user's input, 130/143: a signal)."""
     if len(sys.argv) == 1:  # bare `tula`: the help, not an error
         sys.argv.append("--help")
     try:
         app(standalone_mode=False)
+        return 0
     except TulaError as err:
         say(err_console, ("error:", "bold red"), " ", err, soft_wrap=True)
-        sys.exit(2)
+        return 2
     except Interrupted as err:
         hint = getattr(err, "hint", None)
+        env = sys.modules.get("tula.engine.launch.env")
+        if hint and env is not None and env.started_by():  # the same command, on every rank of a new world
+            hint += f" (on every rank, started by {env.started_by()} as before)"
         say(
             err_console,
             ("interrupted:", "bold yellow"),
@@ -945,7 +974,7 @@ def main() -> None:
             *(("; continue with: ", hint) if hint else ()),
             soft_wrap=True,
         )
-        sys.exit(err.exit_code)
+        return err.exit_code
     except KeyboardInterrupt:
         say(
             err_console,
@@ -953,17 +982,17 @@ def main() -> None:
             " stopped at once by a second signal; the last finished "
             "epoch's checkpoint and the trials saved before it are kept",
         )
-        sys.exit(130)
+        return 130
     except typer.Abort:
-        sys.exit(130)
+        return 130
     except typer.Exit as ex:
-        sys.exit(ex.exit_code)
+        return ex.exit_code or 0
     except typer.TyperException as err:  # usage errors (bad option values) in non-standalone mode
         if not hasattr(err, "format_message"):
             raise
         message = plain(err.format_message()).replace("Value error, ", "")
         say(err_console, ("error:", "bold red"), " ", message, " (see --help)", soft_wrap=True)
-        sys.exit(getattr(err, "exit_code", 2))
+        return getattr(err, "exit_code", 2)
 
 
 if __name__ == "__main__":

@@ -209,6 +209,17 @@ def training_method(job: JobSpec, global_batch: int, observer: Observer | None =
 
 
 # --------------------------------------------------------------------------- the whole job
+def _in_world(models: dict, launcher: Any, obs: Observer) -> dict:
+    """The models as planned for ``launcher``: a launched world (``--cluster env``) trains on
+    all of its ranks, so its plan chooses among configurations of that one worker count."""
+    size = getattr(launcher, "world_size", None)
+    if size is None or models["spec"]["search"]["cluster_sizes"] == [size]:
+        return models
+    obs.note(f"planning for N = {size} only: the world this run is in has {size} ranks and trains on all of them")
+    spec = {**models["spec"], "search": {**models["spec"]["search"], "cluster_sizes": [size]}}
+    return {**models, "spec": spec}
+
+
 def run_pipeline(
     job: JobSpec,
     out: Path,
@@ -268,7 +279,7 @@ def run_pipeline(
         plan = None
     done["models"] = models
     if plan is None:
-        plan = plan_stage(models, objective, plan_path, out / PLAN_PNG, obs)
+        plan = plan_stage(_in_world(models, launcher, obs), objective, plan_path, out / PLAN_PNG, obs)
     else:
         obs.note(f"plan: {plan_path} is complete")
         if not (out / PLAN_PNG).exists():

@@ -535,8 +535,9 @@ class ClusterSpec(_Strict):
 
     ``where``: ``local`` (one process per rank on this machine), ``dask`` (a Dask
     LocalCluster started for the run, one worker process per rank), ``tcp://HOST:PORT`` (an
-    existing Dask scheduler), or the path of a dask-jobqueue YAML file (SLURM or PBS; see the
-    README).  Every launcher runs the same profiling and training; it only decides where the
+    existing Dask scheduler), the path of a dask-jobqueue YAML file (SLURM or PBS; see the
+    README), or ``env`` (the ranks of a world someone else started: every process of
+    ``torchrun``, ``srun`` or ``mpirun`` runs the same command).  Every launcher runs the same profiling and training; it only decides where the
     ranks run and how they meet."""
 
     where: str = "local"
@@ -574,11 +575,11 @@ class ClusterSpec(_Strict):
     @field_validator("where")
     @classmethod
     def _where(cls, v: str) -> str:
-        if v in ("local", "dask") or v.startswith("tcp://") or v.endswith((".yaml", ".yml")):
+        if v in ("local", "dask", "env") or v.startswith("tcp://") or v.endswith((".yaml", ".yml")):
             return v
         raise ValueError(
-            f"{v!r} is not a cluster: use 'local', 'dask', a scheduler address 'tcp://HOST:PORT', or "
-            "a dask-jobqueue YAML file"
+            f"{v!r} is not a cluster: use 'local', 'dask', 'env' (a world started by torchrun or srun), a "
+            "scheduler address 'tcp://HOST:PORT', or a dask-jobqueue YAML file"
         )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from tula.core.errors import InfeasibleError, Interrupted, WorkerError
+from tula.core.errors import InfeasibleError, Interrupted, SpecError, WorkerError
 from tula.core.records import PROFILE_KIND, Trial, placement
 from tula.core.space import Config, candidate_configs, partial_configs
 from tula.core.spec import JobSpec
@@ -381,6 +381,24 @@ def _profile(
     cap = budget if spec.search.enforce_memory_cap else None
     sizes = spec.search.cluster_sizes
     emit = on_event or (lambda ev: None)
+    fixed = getattr(launcher, "world_size", None)  # a launched world (--cluster env) has one size
+    if fixed is not None:
+        started_by = getattr(getattr(launcher, "world", None), "source", "its launcher")
+        if fixed not in sizes:
+            raise SpecError(
+                f"this world (started by {started_by}) has {fixed} ranks, and search.cluster_sizes "
+                f"{list(sizes)} has no {fixed}: profiling here runs only the trials of N = {fixed}; add it"
+            )
+        cannot = [n for n in sizes if n != fixed]
+        if cannot:
+            emit(
+                {
+                    "type": "note",
+                    "message": f"N = {', '.join(map(str, cannot))} not profiled: this world (started "
+                    f"by {started_by}) has {fixed} ranks, and every trial here uses all of them",
+                }
+            )
+        sizes = [fixed]
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     param_count = sum(p.numel() for p in model.parameters())
     del model
@@ -556,6 +574,16 @@ def _profile(
                     else ""
                 )
             )
+        if fixed is not None:  # the configurations this world cannot run, said so in the record
+            done_now = {(t["n_workers"], t["global_batch"]) for t in trials}
+            for c in configs:
+                if c.n_workers != fixed and (c.n_workers, c.global_batch) not in done_now:
+                    note = f"not run: this world (started by {started_by}) has {fixed} ranks"
+                    trials.append(asdict(Trial(c.n_workers, c.local_batch, c.global_batch, "skipped", note=note)))
+                    emit(
+                        {"type": "trial", "n_workers": c.n_workers, "global_batch": c.global_batch, "status": "skipped"}
+                    )
+            configs = [c for c in configs if c.n_workers == fixed]
         done = {(t["n_workers"], t["global_batch"]) for t in trials}
         for n in sorted({c.n_workers for c in configs}):
             todo = [

@@ -784,6 +784,26 @@ def train(
     return _train(spec, method, n_workers, global_batch, out_dir, resume, launcher, on_event)
 
 
+def _check_fixed_world(launcher: Launcher, n_workers: int, spec: JobSpec) -> None:
+    """A launched world (``--cluster env``) has one size: training uses all of its ranks, and
+    a worker count cannot grow or shrink in it."""
+    size = getattr(launcher, "world_size", None)
+    if size is None:
+        return
+    started_by = getattr(getattr(launcher, "world", None), "source", "its launcher")
+    if n_workers != size:
+        raise SpecError(
+            f"this world (started by {started_by}) has {size} ranks; train on {size} workers "
+            f"(--workers {size}, or leave --workers out), not {n_workers}"
+        )
+    w = spec.train.workers
+    if w is not None and (w.min != size or w.max != size):
+        raise SpecError(
+            f"train.workers grows or shrinks the worker count ({w.min} to {w.max}), but a world started by "
+            f"{started_by} keeps its {size} ranks; set train.workers.min and max to {size}, or use another --cluster"
+        )
+
+
 def _train(
     spec: JobSpec,
     method: str,
@@ -800,6 +820,7 @@ def _train(
         problem = schedule_problem(method, spec)
         if problem:
             raise SpecError(problem)
+    _check_fixed_world(launcher, n_workers, spec)
     _, data = check_workload(spec)
     with interrupts.graceful_signals(), locked(out):
         fallbacks: list[dict] = []

@@ -8,6 +8,8 @@ spec's ``cluster`` section (or ``--cluster``).
 ``dask``                      :class:`~tula.engine.launch.dask.DaskLauncher` on a LocalCluster started here
 ``tcp://HOST:PORT``           :class:`~tula.engine.launch.dask.DaskLauncher` on an existing scheduler
 ``path/to/jobqueue.yaml``     :class:`~tula.engine.launch.dask.DaskLauncher` on a dask-jobqueue cluster
+``env``                       :class:`~tula.engine.launch.env.EnvLauncher`: the ranks of a world
+                              started by torchrun, srun or mpirun, each running the same command
 ============================  ===============================================================
 """
 
@@ -31,6 +33,7 @@ from tula.engine.launch.base import Launcher, pick_device
 LAUNCHERS = {
     "local": "one process per rank on this machine",
     "dask": "one rank per Dask worker (LocalCluster, an existing scheduler, or dask-jobqueue)",
+    "env": "the ranks of a world started by torchrun, srun or mpirun (every rank runs the command)",
 }
 
 
@@ -55,7 +58,32 @@ def worker_config_env() -> list[str]:
 
 
 def kind_of(where: str) -> str:
-    return "local" if where == "local" else "dask"
+    return where if where in ("local", "env") else "dask"
+
+
+def env_settings(spec: JobSpec) -> dict[str, Any]:
+    """How every rank of a launched world (``--cluster env``) joins it: the same on each."""
+    c = spec.cluster
+    return dict(
+        device=spec.profile.device,
+        threads_per_worker=spec.profile.threads_per_worker,
+        pg_timeout_s=c.pg_timeout_s,
+        backend=c.backend,
+        interface=c.interface,
+    )
+
+
+def serve_if_env_worker(spec: JobSpec) -> None:
+    """Under ``cluster.where: env``, join the launched world; a rank other than 0 then serves
+    rank 0's worlds and exits with its exit code (it never returns).  Rank 0 returns and
+    runs the command (:mod:`tula.engine.launch.env`)."""
+    if spec.cluster.where != "env":
+        return
+    from tula.engine.launch.env import join, serve_and_exit
+
+    launcher = join(**env_settings(spec))
+    if launcher.world.rank != 0:
+        serve_and_exit(launcher)
 
 
 class JobqueueConfig(BaseModel):
@@ -142,6 +170,14 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
         from tula.engine.launch.local import LocalLauncher
 
         yield LocalLauncher(device=device, threads_per_worker=default_threads(spec), pg_timeout_s=None)
+        return
+    if kind_of(where) == "env":  # joined once per process; left when the command ends (env.finish)
+        from tula.engine.launch.env import join
+
+        launcher = join(**env_settings(spec))
+        if launcher.world.rank != 0:
+            raise TulaError("under --cluster env only rank 0 runs the command; the other ranks serve it")
+        yield launcher
         return
     try:
         import dask

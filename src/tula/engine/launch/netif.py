@@ -115,6 +115,18 @@ def interface_env(choice: InterfaceChoice, backend: str) -> Iterator[None]:
                 os.environ[n] = v
 
 
+def local_address_towards(host: str, port: int) -> str:
+    """This machine's address on its route to ``host`` (the address a peer there sees this
+    one by): a UDP socket's local end after ``connect``, which sends nothing.  ``127.0.0.1``
+    when there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((resolve(host), port))
+            return s.getsockname()[0]
+    except (OSError, ValueError):
+        return "127.0.0.1"
+
+
 def reachable(address: str, timeout_s: float = 2.0) -> bool:
     """Whether a TCP connection to ``address`` (``host:port`` or ``tcp://host:port``) opens
     within ``timeout_s``.  A refused connection (the host answers, nothing listens) is

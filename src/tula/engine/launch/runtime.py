@@ -226,6 +226,11 @@ def run_rank(
                 undo()
 
 
+def failure_of(setup: RankSetup, err: BaseException, stop: StopFlag) -> RankFailure:
+    """``err``, raised in a rank of a world that had formed, as a :class:`RankFailure`."""
+    return _failure(setup, err, stop, True, InterfaceChoice("", ""))
+
+
 def _failure(
     setup: RankSetup, err: BaseException, stop: StopFlag, joined: bool, choice: InterfaceChoice
 ) -> RankFailure:
