@@ -125,8 +125,7 @@ def decode_rate(
 ) -> tuple[float, float]:
     """Batches per second of the data path alone (augmentation on), in this process, and
     the CPU seconds per batch it took (this process and the loader's workers)."""
-    from tula.engine.data import DataPath
-    from tula.engine.train import _epoch_indices
+    from tula.engine.data import DataPath, epoch_order
     from tula.engine.workloads import load_dataset
 
     data = load_dataset(spec_from_dict(spec_for(root, workers, 1, batch, model_for("mlp", 10, 64), 1)).data, 0)
@@ -134,7 +133,7 @@ def decode_rate(
     n_batches = min(n_batches, data.train_size // batch - 1)
     with DataPath(data, "cpu", workers=workers) as path:
         for e in range(repeats):
-            it = path.epoch_batches(e, _epoch_indices(0, e, data.train_size), batch, 0, batch, n_batches + 1)
+            it = path.epoch_batches(e, epoch_order(0, e, data.train_size), batch, 0, batch, n_batches + 1)
             next(it)  # the stream is running (workers started, prefetching)
             pids = path.worker_pids
             c0 = time.process_time() + sum(_cpu_s(p) for p in pids)

@@ -16,9 +16,9 @@ from PIL import Image
 from tula.core.errors import SpecError
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import load_checkpoint
-from tula.engine.data import DataPath, augment_image, data_path, sample_key
+from tula.engine.data import DataPath, augment_image, data_path, epoch_order, sample_key
 from tula.engine.launch import LocalLauncher
-from tula.engine.train import _epoch_indices, steps_per_epoch, train
+from tula.engine.train import steps_per_epoch, train
 from tula.engine.workloads import load_dataset
 
 CLASSES, PER_CLASS, SIZE = 3, 20, 32
@@ -90,7 +90,7 @@ def _epochs(path: DataPath, n: int, epochs=(0, 1), global_batch=16, seed=0):
     """Every (epoch, step, rank) batch of a 2-rank run, as one rank after the other takes it."""
     out = {}
     for e in epochs:
-        perm = _epoch_indices(seed, e, n)
+        perm = epoch_order(seed, e, n)
         for rank in range(2):
             for i, b in enumerate(
                 path.epoch_batches(e, perm, global_batch, rank, global_batch // 2, steps_per_epoch(n, global_batch))
@@ -114,7 +114,7 @@ def test_loader_batches_are_the_per_sample_batches(image_root):
     assert len(got) == 2 * 3 * 2
     for (e, i, rank), (x, y) in got.items():  # the per-sample path: Dataset.take of the rank's slice
         start = i * 16 + rank * 8
-        xr, yr = data.take(_epoch_indices(0, e, n)[start : start + 8])
+        xr, yr = data.take(epoch_order(0, e, n)[start : start + 8])
         assert torch.equal(x, xr) and torch.equal(y, yr) and x.dtype == torch.float32 and y.dtype == torch.int64
     assert not torch.equal(got[0, 0, 0][0], got[1, 0, 0][0])  # epochs are different permutations
     xe, ye = data.take(torch.arange(1, data.test_size, 2)[:4], "test")
@@ -179,14 +179,14 @@ def test_loader_keeps_the_global_rng_and_ends_its_workers(image_root):
     state = torch.get_rng_state()
     path = data_path(data, "cpu")
     assert path is data_path(data, "cpu")  # one path per data set and device
-    list(path.epoch_batches(0, _epoch_indices(0, 0, 48), 16, 0, 8, 3))
+    list(path.epoch_batches(0, epoch_order(0, 0, 48), 16, 0, 8, 3))
     pids = path.worker_pids
     assert len(pids) == 2 and set(pids) <= set(_descendants(me))
     list(path.eval_batches(0, 1, 5))  # the same workers serve evaluation ...
     stream = path.random_batches(8, torch.Generator().manual_seed(0))
     assert [len(next(stream)[1]) for _ in range(10)] == [8] * 10  # ... and profiling's endless stream
     assert path.worker_pids == pids
-    list(path.epoch_batches(1, _epoch_indices(0, 1, 48), 16, 0, 8, 3))  # a new stream replaces that one
+    list(path.epoch_batches(1, epoch_order(0, 1, 48), 16, 0, 8, 3))  # a new stream replaces that one
     with pytest.raises(RuntimeError, match="replaced"):
         next(stream)
     assert torch.equal(torch.get_rng_state(), state)
@@ -207,7 +207,7 @@ def test_in_memory_sets_keep_the_tensor_path():
     assert data.in_memory and data.loader_workers == 0
     path = DataPath(data, "cpu", workers=3)
     assert path.workers == 0
-    perm = _epoch_indices(0, 0, data.train_size)
+    perm = epoch_order(0, 0, data.train_size)
     batches = list(path.epoch_batches(0, perm, 64, 1, 32, 4))
     x_all, y_all = data.train.tensors
     for i, (x, y) in enumerate(batches):

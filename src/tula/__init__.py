@@ -20,3 +20,12 @@ try:
     __version__ = version("tula")  # one source: pyproject.toml
 except PackageNotFoundError:  # pragma: no cover - running from a source tree that is not installed
     __version__ = "0+unknown"
+
+
+def __getattr__(name: str):
+    """``tula.AGS``: imported on first use (it imports torch; ``import tula`` alone does not)."""
+    if name == "AGS":
+        from tula.optim import AGS
+
+        return AGS
+    raise AttributeError(f"module 'tula' has no attribute {name!r}")

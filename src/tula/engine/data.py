@@ -142,6 +142,14 @@ class Dataset:
         return torch.stack([it[0] for it in items]), torch.as_tensor([int(it[1]) for it in items])
 
 
+def epoch_order(seed: int, epoch: int, dataset_size: int) -> torch.Tensor:
+    """The order of the training samples in ``epoch``: a permutation drawn from (``seed``,
+    ``epoch``) alone, so that a resumed run, another launcher or a hand-written loop
+    (``examples/own_loop.py``) sees exactly the batches of an uninterrupted run.  Step ``i``
+    takes global batch ``i`` of it (``B`` samples from ``i * B``), rank ``r`` its ``r``-th slice."""
+    return torch.randperm(dataset_size, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
 class SampleView(torch.utils.data.Dataset):
     """One split of an image set read from disk, as normalised tensors.
 

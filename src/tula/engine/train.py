@@ -56,7 +56,7 @@ from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-e
 from tula.core.spec import JobSpec
 from tula.engine import interrupts
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, has_checkpoint, load_checkpoint, save_checkpoint
-from tula.engine.data import data_path
+from tula.engine.data import data_path, epoch_order
 from tula.engine.ddp import (
     LocalGradNorms,
     check_shared_directory,
@@ -86,10 +86,6 @@ def next_smaller_batch(global_batch: int, n_workers: int) -> int:
 
 
 # --------------------------------------------------------------------------- inside a rank
-def _epoch_indices(seed: int, epoch: int, dataset_size: int) -> torch.Tensor:
-    return torch.randperm(dataset_size, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-
-
 def _local_batch(
     data: Dataset, perm: torch.Tensor, step: int, global_batch: int, rank: int, local_batch: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,7 +279,7 @@ def _probe(
 
     def probe_step() -> None:
         x, y = _local_batch(
-            data, _epoch_indices(spec.seed, epoch, data.train_size), 0, global_batch, rank, local_batch, device
+            data, epoch_order(spec.seed, epoch, data.train_size), 0, global_batch, rank, local_batch, device
         )
         with ddp.no_sync():
             loss_fn(ddp(x), y).backward()
@@ -433,7 +429,7 @@ class _RankTrainer:
         """The epoch's steps: ``(loss sum on the device, seconds)``, or the interrupted
         result when the ranks agreed to stop at a step."""
         spec, ctx, method = self.spec, self.ctx, self.method
-        perm = _epoch_indices(spec.seed, epoch, self.data.train_size)
+        perm = epoch_order(spec.seed, epoch, self.data.train_size)
         batches = data_path(self.data, self.device).epoch_batches(
             epoch, perm, self.global_batch, self.rank, self.local_batch, self.n_steps
         )

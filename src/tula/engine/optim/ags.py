@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -157,6 +158,22 @@ class AGS(torch.optim.Optimizer):
     mode : ``adaptive`` (Algorithm 1) or ``static`` (U(s), Eq. 8, factor ``static_scale``)
     eps : stability term ε of Algorithm 1
     trace_capacity : per-step values kept between two :meth:`drain_trace` calls
+
+    In your own training loop (``examples/own_loop.py``, also ``tula.AGS``)::
+
+        optimizer = AGS(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), b_large=B, b_small=32)
+        for step, (x, y) in enumerate(batches):          # x, y: this rank's slice of a global batch
+            optimizer.zero_grad()
+            loss_fn(ddp(x), y).backward()                  # synchronised by DDP
+            if step % steps_per_epoch == 0:               # the factors, from a small batch
+                k = 32 // world_size                       # this rank's share of b_small
+                optimizer.measure_factors(lambda: loss_fn(model(x[:k]), y[:k]), model)
+            optimizer.step()                               # gate and scale on the device, then step
+
+    ``measure_factors`` goes between the backward and ``step()``; its closure runs the bare
+    model (not the DDP wrapper).  Without it (or with ``mode="static"``) the gradients are
+    scaled by the last factors measured (1 before the first).  ``state_dict`` /
+    ``load_state_dict`` carry the AGS state for exact resume.
 
     Attributes
     ----------
@@ -283,6 +300,43 @@ class AGS(torch.optim.Optimizer):
         return loss
 
     @torch.no_grad()
+    def measure_factors(
+        self, small_batch_loss: Callable[[], torch.Tensor], module: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Measure the factors from a small batch: what a training loop calls at a factor
+        update, after the (synchronised) backward of the large batch and before :meth:`step`.
+
+        ``small_batch_loss()`` is the loss of this rank's share of the small batch through
+        the *bare* module (not the DDP wrapper, so that DDP does not synchronise it), e.g.
+        ``lambda: loss_fn(model(x[:k]), y[:k])`` with ``k = b_small / world size``.  Its
+        gradient is taken with ``torch.autograd.grad`` (the large batch's ``.grad`` stay as
+        they are), averaged over the ranks with one all-reduce when a process group is up,
+        and compared with the large-batch gradient (:meth:`update_factors`); ``module``'s
+        buffers (BatchNorm statistics) are put back as they were, so the measurement leaves
+        no trace on the model.  Returns the squared norms (|g_small|^2 averaged over the
+        ranks, |g_large|^2) as float64 0-d tensors: a gradient noise scale's pair."""
+        import torch.distributed as dist
+
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        buffers = [b.detach().clone() for b in module.buffers()] if module is not None else []
+        with torch.enable_grad():
+            loss = small_batch_loss()
+            small = list(torch.autograd.grad(loss, params, allow_unused=True))
+        small = [torch.zeros_like(p) if g is None else g for g, p in zip(small, params)]
+        if module is not None:
+            with torch.no_grad():
+                for b, saved in zip(module.buffers(), buffers):
+                    b.copy_(saved)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            flat = torch.cat([g.reshape(-1) for g in small])
+            dist.all_reduce(flat)
+            flat /= dist.get_world_size()
+            small = [t.view_as(g) for t, g in zip(torch.split(flat, [g.numel() for g in small]), small)]
+        self.update_factors(small, params)
+        small_sq = sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in small)
+        large_sq = sum(torch.linalg.vector_norm(p.grad, dtype=torch.float64).square() for p in params)
+        return small_sq, large_sq  # type: ignore[return-value]
+
     def update_factors(self, small_grads: list[torch.Tensor], params: list[torch.Tensor] | None = None) -> None:
         """UPDATEGRADSCALE: compare ``small_grads`` (the gradient of a ``b_small`` sub-batch,
         one tensor per parameter of ``params``) with the parameters' current gradient (the

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -244,25 +243,9 @@ class AdaptiveScaling(ScaledGradients):
     def after_backward(self, step, x, y, loss_fn):
         if step % self.update_every:
             return
-        module = self.module
-        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        buffers = [b.detach().clone() for b in module.buffers()]
-        loss = loss_fn(module(x[: self.local_small]), y[: self.local_small])
-        small = list(torch.autograd.grad(loss, params, allow_unused=True))
-        small = [torch.zeros_like(p) if g is None else g for g, p in zip(small, params)]
-        for b, saved in zip(module.buffers(), buffers):
-            b.copy_(saved)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            flat = torch.cat([g.reshape(-1) for g in small])
-            dist.all_reduce(flat)
-            flat /= dist.get_world_size()
-            small = [t.view_as(g) for t, g in zip(torch.split(flat, [g.numel() for g in small]), small)]
-        self.optimizer.update_factors(small, params)
+        module, k = self.module, self.local_small
         # the sub-batch and the batch gradient: with one worker, the gradient noise scale's pair
-        self.step_norms = (
-            sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in small),
-            sum(torch.linalg.vector_norm(p.grad, dtype=torch.float64).square() for p in params),
-        )
+        self.step_norms = self.optimizer.measure_factors(lambda: loss_fn(module(x[:k]), y[:k]), module)
         self.step_norms_batches = (self.local_small * self.n_workers, self.global_batch)
 
 
