@@ -432,7 +432,8 @@ def train_table(run: dict) -> Table:
     cols = (
         ["epoch"]
         + (["B", "N", "updates"] if grows else [])
-        + ["train loss", "test loss", score]
+        + ["train loss", "test loss"]
+        + ([score] if score != "loss" else [])  # a user's loss without labels: the test loss is the score
         + (["top-5"] if top5 else [])
         + ["epoch s", "lr"]
         + (["scaled steps"] if scaled else [])
@@ -443,7 +444,8 @@ def train_table(run: dict) -> Table:
         row = (
             [str(h["epoch"])]
             + ([str(h["global_batch"]), str(h["n_workers"]), str(h["steps_done"])] if grows else [])
-            + [f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}", epoch_score(h)[2]]
+            + [f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}"]
+            + ([epoch_score(h)[2]] if score != "loss" else [])
         )
         row += [f"{h['test_top5']:.2%}"] if top5 else []
         row += [f"{h['epoch_time_s']:.2f}", f"{h['lr']:.4g}"]

@@ -292,16 +292,20 @@ class EpochRecord(BaseModel):
     train_loss: float
     epoch_time_s: float
     test_loss: float
-    test_top1: float | None = None  # classification (train.loss cross_entropy); every record before train.loss has it
+    test_top1: float | None = None  # classification (train.loss cross_entropy, or a user's loss on integer labels)
     test_r2: float | None = None  # regression (train.loss mse)
 
 
 def epoch_score(h: dict) -> tuple[str, float, str]:
     """An epoch's test score: ``("top-1", value, "93.10%")`` for classification, ``("R^2",
-    value, "0.8123")`` for regression (``train.loss`` mse)."""
+    value, "0.8123")`` for regression (``train.loss`` mse), ``("loss", value, "0.4321")`` --
+    the test loss -- for a user's loss whose targets are no class labels."""
     if h.get("test_top1") is None and h.get("test_r2") is not None:
         v = float(h["test_r2"])
         return "R^2", v, f"{v:.4f}"
+    if h.get("test_top1") is None and h.get("test_r2") is None and h.get("test_loss") is not None:
+        v = float(h["test_loss"])
+        return "loss", v, f"{v:.4f}"
     v = float(h["test_top1"]) if h.get("test_top1") is not None else math.nan
     return "top-1", v, f"{v:.2%}"
 

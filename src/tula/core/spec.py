@@ -187,6 +187,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: an import path ``package.module:attribute`` (the attribute may be dotted: ``module:Class.method``)
+IMPORT_PATH = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+)
+
+
+def is_import_path(value: str) -> bool:
+    """Whether ``value`` reads as ``package.module:attribute`` (it is resolved in the engine)."""
+    return IMPORT_PATH.fullmatch(value) is not None
+
+
 class ModelSpec(_Strict):
     """The network: a Tula built-in (``small_cnn``, ``mlp``), a torchvision model name,
     an import path ``package.module:factory``, or a factory pickled with cloudpickle
@@ -213,11 +224,33 @@ class DataSpec(_Strict):
     normalised per channel (``normalize``) and, with ``augment``, their training split is
     randomly cropped (4 pixels of padding) and flipped (not MNIST's digits), drawn from
     (seed, epoch, sample) so that resume stays exact; in-memory sets ignore these.
+
+    ``factory`` (``package.module:make_datasets``, called with ``kwargs``; ``name`` is then
+    ``factory``): the user's own training and test sets, map-style ``torch.utils.data.Dataset``s
+    returned as ``(train, test)`` or as a mapping (or an object with these attributes) with
+    ``train``, ``test`` and optionally ``num_classes`` and ``collate_fn``
+    (:func:`tula.engine.workloads.load_dataset` reads the contract).  They are read by
+    ``loader_workers`` DataLoader processes per rank, as sets read from disk are.  Only the
+    path is stored here; it is imported in the engine.
     """
 
     name: Literal[
-        "digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder", "arrays"
+        "digits",
+        "mnist1d",
+        "synthetic",
+        "mnist",
+        "fashionmnist",
+        "cifar10",
+        "cifar100",
+        "imagefolder",
+        "arrays",
+        "factory",
     ] = "digits"
+    factory: str | None = Field(
+        default=None,
+        description="the user's data sets: an import path 'package.module:make_datasets' returning (train, test)",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="factory: the arguments it is called with")
     root: str | None = None
     path: str | None = Field(default=None, description="arrays: the .npz file of x, y (and x_test, y_test)")
     sample_shape: tuple[int, ...] = (3, 32, 32)
@@ -241,12 +274,43 @@ class DataSpec(_Strict):
         "rank (0: read in the training process, sample by sample)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _factory_names_the_set(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("factory") is not None and "name" not in data:
+            return {**data, "name": "factory"}
+        return data
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_path(cls, v: str | None) -> str | None:
+        if v is not None and not is_import_path(v):
+            raise ValueError(f"{v[:80]!r} is not an import path; use 'package.module:make_datasets'")
+        return v
+
     @model_validator(mode="after")
     def _root_needed(self) -> DataSpec:
+        if self.name == "factory" and self.factory is None:
+            raise ValueError(
+                "data set 'factory' is made by your own code: set data.factory to 'package.module:function'"
+            )
+        if self.factory is not None and self.name != "factory":
+            raise ValueError(
+                f"data.factory makes the data set, so data.name cannot also be {self.name!r}; give one of them"
+            )
+        if self.kwargs and self.factory is None:
+            raise ValueError("data.kwargs are the arguments of data.factory, which is not set")
+        if self.factory is not None and (self.root is not None or self.path is not None):
+            field = "root" if self.root is not None else "path"
+            raise ValueError(f"data.{field} is not read for a data factory; pass it to the factory in data.kwargs")
         if self.name in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder") and not self.root:
             raise ValueError(f"data set {self.name!r} is read from a local folder: set data.root to it")
         if self.name == "arrays" and not self.path:
             raise ValueError("data set 'arrays' is read from a .npz file: set data.path to it")
+        if self.augment and self.factory is not None:
+            raise ValueError(
+                "data.augment applies to image sets read from disk; a data factory's sets augment themselves"
+            )
         if self.augment and self.name not in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"):
             raise ValueError(f"data.augment applies to image sets read from disk, not {self.name!r}")
         return self
@@ -478,10 +542,13 @@ class TrainSpec(_Strict):
     """
 
     method: Literal[METHOD_NAMES] = "ags"  # type: ignore[valid-type]  # the names of tula.core.registry.METHODS
-    loss: Literal[LOSS_NAMES] = Field(  # type: ignore[valid-type]  # a runtime table
+    loss: str = Field(
         default="cross_entropy",
         description="cross_entropy (classification: "
-        "test top-1 per epoch) or mse (regression: test MSE and R^2 per epoch)",
+        "test top-1 per epoch), mse (regression: test MSE and R^2 per epoch), or your own loss as an "
+        "import path 'package.module:loss' (an nn.Module class made with no arguments, a function of "
+        "(output, target), or a factory of no arguments returning one; test loss per epoch, and top-1 "
+        "when the targets are integer labels of the output's dimension 1)",
     )
     n_workers: int | None = Field(default=None, ge=1, description="default: the plan's choice")
     global_batch: int | None = Field(default=None, ge=1, description="default: the plan's choice")
@@ -506,6 +573,15 @@ class TrainSpec(_Strict):
         "DDP comm hook for the local gradient norms and one one-element all-reduce); false "
         "saves that work, and train.json has no B_simple",
     )
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_name(cls, v: str) -> str:
+        if v in LOSS_NAMES or is_import_path(v):
+            return v
+        raise ValueError(
+            f"{v[:80]!r} is not a loss; use {' or '.join(LOSS_NAMES)}, or an import path 'package.module:loss'"
+        )
 
     @model_validator(mode="after")
     def _schedule_needs(self) -> TrainSpec:

@@ -5,10 +5,13 @@ Two paths, chosen by the data set:
 * **in memory** (``digits``, ``mnist1d``, ``synthetic``: a ``TensorDataset``): a batch is
   one indexing of the stacked tensors -- no loader, no worker processes;
 * **read from disk** (``mnist``, ``fashionmnist``, ``cifar10``, ``cifar100``,
-  ``imagefolder``): samples are decoded by a ``torch.utils.data.DataLoader`` with
-  ``loader_workers`` worker processes per rank (kept alive across epochs), batches pinned
-  on CUDA, prefetched while the step computes.  ``loader_workers = 0`` reads every sample
-  in the training process, one after the other (the per-sample path Tula had before).
+  ``imagefolder``) **and the user's own sets** (``data.factory``): samples are decoded by a
+  ``torch.utils.data.DataLoader`` with ``loader_workers`` worker processes per rank (kept
+  alive across epochs), batches pinned on CUDA, prefetched while the step computes.
+  ``loader_workers = 0`` reads every sample in the training process, one after the other
+  (the per-sample path Tula had before).  Both kinds are :class:`SampleView` splits; a
+  user's set is viewed ``raw`` (its samples as it gives them, batched by its own
+  ``collate_fn`` when it has one).
 
 Either way the batches are the same: training step ``i`` of epoch ``e`` takes global batch
 ``i`` of the epoch's permutation and rank ``r`` its ``r``-th slice of ``local_batch``
@@ -31,7 +34,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,11 +90,13 @@ def augment_image(x: torch.Tensor, key: int, padding: int = CROP_PADDING, flip: 
 class Dataset:
     """Training and test data of one job.
 
-    In-memory sets hold ``TensorDataset`` splits; sets read from disk hold
-    :class:`tula.engine.data.SampleView` splits (normalised tensors; ``train[(epoch, i)]`` is
-    augmented when the spec asks).  ``take`` and ``batch`` read samples one by one in this
-    process (no augmentation): for a look at the data, not for training --
-    :func:`tula.engine.data.data_path` gives a rank its batches.
+    In-memory sets hold ``TensorDataset`` splits; sets read from disk and the user's own
+    sets hold :class:`tula.engine.data.SampleView` splits (normalised tensors;
+    ``train[(epoch, i)]`` is augmented when the spec asks; a user's samples as they come).
+    ``collate_fn`` batches a list of samples into ``(inputs, targets)`` (default: torch's
+    ``default_collate``).  ``num_classes`` is 0 when a user's set does not say it.  ``take``
+    and ``batch`` read samples one by one in this process (no augmentation): for a look at
+    the data, not for training -- :func:`tula.engine.data.data_path` gives a rank its batches.
     """
 
     name: str
@@ -100,7 +105,8 @@ class Dataset:
     sample_shape: tuple[int, ...]
     num_classes: int
     seed: int = 0
-    loader_workers: int = 0  # DataLoader worker processes per rank (sets read from disk)
+    loader_workers: int = 0  # DataLoader worker processes per rank (sets read from disk, a user's sets)
+    collate_fn: Callable[[list], Any] | None = None  # a user's set's own batching (None: default_collate)
     _path: Any = field(default=None, repr=False, compare=False)  # tula.engine.data.DataPath, made on first use
 
     @property
@@ -113,6 +119,10 @@ class Dataset:
         if self._path is not None:
             self._path.close()
             self._path = None
+
+    def collate(self, samples: list) -> Any:
+        """``samples`` as one batch: the set's ``collate_fn``, else torch's ``default_collate``."""
+        return (self.collate_fn or torch.utils.data.default_collate)(samples)
 
     @property
     def train_size(self) -> int:
@@ -138,8 +148,7 @@ class Dataset:
         if isinstance(ds, torch.utils.data.TensorDataset):
             x, y = ds.tensors
             return x[indices], y[indices]
-        items = [ds[int(i)] for i in indices]
-        return torch.stack([it[0] for it in items]), torch.as_tensor([int(it[1]) for it in items])
+        return self.collate([ds[int(i)] for i in indices])
 
 
 def epoch_order(seed: int, epoch: int, dataset_size: int) -> torch.Tensor:
@@ -157,6 +166,10 @@ class SampleView(torch.utils.data.Dataset):
     ``view[(epoch, i)]`` is sample ``i`` as training epoch ``epoch`` sees it (augmented when
     ``augment``, from (seed, epoch, i) alone).  ``base[i]`` must give ``(C x H x W tensor in
     [0, 1], label)``; normalisation comes after augmentation, so the padding is black.
+
+    ``raw``: a user's set (``data.factory``), whose samples are given as ``base[i]`` returns
+    them, for training and evaluation alike (its own transforms, any kind of target); only
+    the key is read the same way, so it goes through the same loader path.
     """
 
     def __init__(
@@ -167,16 +180,21 @@ class SampleView(torch.utils.data.Dataset):
         augment: bool = False,
         flip: bool = True,
         seed: int = 0,
+        raw: bool = False,
     ):
-        self.base, self.augment, self.flip, self.seed = base, augment, flip, seed
+        if raw and (augment or mean is not None):
+            raise ValueError("a raw view neither augments nor normalises its samples")
+        self.base, self.augment, self.flip, self.seed, self.raw = base, augment, flip, seed, raw
         self.mean = None if mean is None else torch.tensor(mean, dtype=torch.float32).reshape(-1, 1, 1)
         self.std = None if std is None else torch.tensor(std, dtype=torch.float32).reshape(-1, 1, 1)
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> Any:
         epoch, index = key if isinstance(key, tuple) else (None, key)
+        if self.raw:
+            return self.base[int(index)]
         x, y = self.base[int(index)]
         if self.augment and epoch is not None:
             x = augment_image(x, sample_key(self.seed, int(epoch), int(index)), flip=self.flip)
@@ -195,7 +213,7 @@ class _Splits(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.splits[0])  # type: ignore[arg-type]
 
-    def __getitem__(self, key: tuple[int, Any]) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: tuple[int, Any]) -> Any:
         return self.splits[key[0]][key[1]]
 
 
@@ -253,6 +271,7 @@ class DataPath:
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.prefetch_factor = prefetch_factor
         self._splits = _Splits(self._train, self._test)
+        self._collate = data.collate_fn or torch.utils.data.default_collate
         self._plan = _Plan()
         self._loader: torch.utils.data.DataLoader | None = None
         self._stream = 0  # number of the current stream; an older one stops
@@ -322,7 +341,7 @@ class DataPath:
     def _in_process(self, stream: int, keys: Iterator[list]) -> Iterator[Batch]:
         for ks in keys:
             self._check(stream)
-            x, y = torch.utils.data.default_collate([self._splits[k] for k in ks])
+            x, y = self._collate([self._splits[k] for k in ks])
             yield self._to_device(x, y)
 
     def _from_loader(self, stream: int, keys: Iterator[list]) -> Iterator[Batch]:
@@ -342,6 +361,7 @@ class DataPath:
             self._loader = torch.utils.data.DataLoader(
                 self._splits,
                 batch_sampler=self._plan,
+                collate_fn=self._collate,
                 num_workers=self.workers,
                 pin_memory=self.pin_memory,
                 persistent_workers=True,

@@ -84,7 +84,7 @@ class _Worker:
         model = build_model(spec.model).to(ctx.device)
         self.ddp = wrap_ddp(model, ctx.device)
         self.optimizer = build_optimizer(self.ddp.module, spec)
-        self.loss_fn = build_loss(spec.train.loss)
+        self.loss_fn = build_loss(spec.train.loss, ctx.device)
         self.gen = torch.Generator().manual_seed(spec.seed * 1000 + ctx.rank)
         self.batches: Any = None  # random batches of local batch self.batches_b through the data path
         self.batches_b = 0

@@ -52,6 +52,7 @@ from tula.core.job_rules import (
 )
 from tula.core.noise_scale import NoiseScale
 from tula.core.records import TRAIN_KIND, read_jsonl, write_atomic
+from tula.core.registry import LOSS_NAMES
 from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-exported)
 from tula.core.spec import JobSpec
 from tula.engine import interrupts
@@ -103,13 +104,18 @@ def evaluate(
     eval_batch: int,
     device: torch.device,
     loss: str = "cross_entropy",
+    loss_fn: Callable | None = None,
 ) -> dict[str, float]:
     """The test split's mean loss and score, each rank taking every ``world``-th sample; the
     sums are all-reduced.  ``cross_entropy``: top-1 (and top-5 with more than 5 classes);
-    ``mse``: R^2 (the mean over outputs, as scikit-learn's ``r2_score``).  An empty test
-    split (no held-out data) gives NaN."""
+    ``mse``: R^2 (the mean over outputs, as scikit-learn's ``r2_score``); the user's own loss
+    (``loss_fn``): :func:`_evaluate_own_loss`.  An empty test split (no held-out data) gives NaN."""
     if loss == "mse":
         return _evaluate_mse(model, data, rank, world, eval_batch, device)
+    if loss not in LOSS_NAMES:
+        if loss_fn is None:
+            raise ValueError(f"evaluating with the loss {loss!r} needs the loss function")
+        return _evaluate_own_loss(model, data, rank, world, eval_batch, device, loss_fn)
     was_training = model.training
     model.eval()
     k5 = data.num_classes > 5
@@ -131,6 +137,54 @@ def evaluate(
     res = {"test_loss": float(sums[1]) / n, "test_top1": float(sums[2]) / n}
     if k5:
         res["test_top5"] = float(sums[3]) / n
+    return res
+
+
+def _integer_labels(out: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether ``y`` are class labels of ``out``'s dimension 1: integer targets of ``out``'s
+    shape without that dimension (``(n,)`` for ``(n, C)``, ``(n, H, W)`` for ``(n, C, H, W)``)."""
+    return (
+        isinstance(out, torch.Tensor)
+        and not y.is_floating_point()
+        and not y.is_complex()
+        and y.dtype != torch.bool
+        and out.ndim == y.ndim + 1
+        and out.shape[1] >= 2
+        and out.shape[0] == y.shape[0]
+        and out.shape[2:] == y.shape[1:]
+    )
+
+
+def _evaluate_own_loss(
+    model: nn.Module, data: Dataset, rank: int, world: int, eval_batch: int, device: torch.device, loss_fn: Callable
+) -> dict[str, float]:
+    """The user's loss on the test split: ``test_loss`` is the loss of each evaluation batch
+    weighted by its number of samples (the mean over samples for a loss that averages over
+    its batch), and ``test_top1`` -- only when the targets are integer labels of the output's
+    dimension 1 (:func:`_integer_labels`) -- the fraction of labels, per sample or per
+    element (pixel), that are the output's largest score there; negative labels (e.g.
+    ``CrossEntropyLoss``'s ignore_index -100) are not counted."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64)  # samples, loss x samples, correct labels, labels counted
+    for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):
+        out = model(x)
+        n = len(x)
+        sums[0] += n
+        sums[1] += float(loss_fn(out, y)) * n
+        if _integer_labels(out, y):
+            counted = y >= 0
+            sums[2] += float(((out.argmax(1) == y) & counted).sum())
+            sums[3] += float(counted.sum())
+    model.train(was_training)
+    if dist.is_initialized():
+        dev_sums = sums.to(device)
+        dist.all_reduce(dev_sums)
+        sums = dev_sums.cpu()
+    n = float(sums[0]) if sums[0] > 0 else math.nan
+    res = {"test_loss": float(sums[1]) / n}
+    if sums[3] > 0:
+        res["test_top1"] = float(sums[2]) / float(sums[3])
     return res
 
 
@@ -337,7 +391,7 @@ class _RankTrainer:
         self.data = load_dataset(spec.data, spec.seed)
         self.model = build_model(spec.model).to(self.device)
         self.ddp: Any = wrap_ddp(self.model, self.device)
-        self.loss_fn = build_loss(spec.train.loss)
+        self.loss_fn = build_loss(spec.train.loss, self.device)
         self.gns, self.own_norms = NoiseScale(), None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.method: Any = None
@@ -482,6 +536,7 @@ class _RankTrainer:
                 self.spec.train.eval_batch,
                 self.device,
                 self.spec.train.loss,
+                self.loss_fn,
             ),
         }
         self.gns_feed.flush()

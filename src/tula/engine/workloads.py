@@ -1,20 +1,26 @@
 """Model and data-set registry: turn a ModelSpec/DataSpec into a torch module and data.
 
 Nothing here downloads: data sets come from packages (scikit-learn's digits), are
-generated (synthetic), or are read from a local folder the user names.  How a rank gets
-its batches of a data set (the tensor path or a DataLoader) is :mod:`tula.engine.data`.
+generated (synthetic), are read from a local folder the user names, or are made by the
+user's own code (``data.factory``, :func:`load_dataset` says what it must return).  How a
+rank gets its batches of a data set (the tensor path or a DataLoader) is
+:mod:`tula.engine.data`.  The loss is a built-in name or the user's own (:func:`build_loss`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from tula.core.errors import WorkloadError
+from tula.core.registry import LOSS_NAMES
+from tula.core.say import first_line
 from tula.core.spec import DataSpec, JobSpec, ModelSpec
 from tula.engine.data import MEAN_STD, Dataset, SampleView
 
@@ -278,7 +284,149 @@ def _imagefolder(spec: DataSpec, seed: int) -> Dataset:
     return Dataset("imagefolder", tr, te, shape, len(full.classes), seed=seed, loader_workers=spec.loader_workers)
 
 
+# --------------------------------------------------------------------------- the user's own code
+def _why(err: BaseException) -> str:
+    """An exception as plain text for the end of a sentence: its type and first line."""
+    line = first_line(err)
+    return f"{type(err).__name__}: {line}" if line else type(err).__name__
+
+
+def import_path(path: str, field: str) -> Any:
+    """The object at ``package.module:attribute`` (the attribute may be dotted); ``field`` is
+    the spec field that names it, for the sentence when it cannot be imported."""
+    mod_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as err:  # noqa: BLE001 - importing runs the module's code: any failure is the user's to fix
+        raise WorkloadError(f"{field} {path!r} cannot be imported ({_why(err)})") from None
+    try:
+        return functools.reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        raise WorkloadError(
+            f"{field} {path!r} cannot be imported: module {mod_name!r} has no attribute {attr!r}"
+        ) from None
+
+
+#: what a data factory's mapping (or object) may hold; train and test are required
+FACTORY_KEYS = ("train", "test", "num_classes", "collate_fn")
+_TWO_SETS = "two map-style data sets, as (train, test) or a mapping with keys train and test"
+
+
+def _factory_parts(path: str, result: Any) -> dict[str, Any]:
+    """The parts of what the data factory at ``path`` returned (see :func:`_from_factory`)."""
+    what = f"data factory {path!r}"
+    if isinstance(result, torch.utils.data.Dataset):
+        raise WorkloadError(f"{what} returned one data set ({type(result).__name__}); it must return {_TWO_SETS}")
+    if isinstance(result, (tuple, list)):
+        if len(result) != 2:
+            raise WorkloadError(f"{what} returned {len(result)} values; it must return {_TWO_SETS}")
+        parts = {"train": result[0], "test": result[1]}
+    elif isinstance(result, Mapping):
+        keys = [str(k) for k in result]
+        if "train" not in keys or "test" not in keys or any(k not in FACTORY_KEYS for k in keys):
+            raise WorkloadError(
+                f"{what} returned a mapping with keys {', '.join(keys) or '(none)'}; it must have train and "
+                "test, and may have num_classes and collate_fn"
+            )
+        parts = dict(result)
+    elif hasattr(result, "train") and hasattr(result, "test"):
+        parts = {k: getattr(result, k) for k in FACTORY_KEYS if hasattr(result, k)}
+    else:
+        raise WorkloadError(f"{what} returned {type(result).__name__}; it must return {_TWO_SETS}")
+    for split in ("train", "test"):
+        ds = parts[split]
+        if (
+            not isinstance(ds, torch.utils.data.Dataset)
+            or isinstance(ds, torch.utils.data.IterableDataset)
+            or not hasattr(ds, "__len__")
+        ):
+            raise WorkloadError(
+                f"{what} returned {type(ds).__name__} as its {'training' if split == 'train' else 'test'} set, not a map-style "
+                "torch.utils.data.Dataset (one with __len__ and __getitem__)"
+            )
+        try:
+            parts[f"{split}_size"] = len(ds)
+        except Exception as err:  # noqa: BLE001 - the user's __len__
+            raise WorkloadError(f"the {split} set of {what} cannot give its length ({_why(err)})") from None
+    k = parts.get("num_classes")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise WorkloadError(f"{what} gave num_classes {k!r}; it must be a positive integer (or left out)")
+    if parts.get("collate_fn") is not None and not callable(parts["collate_fn"]):
+        raise WorkloadError(
+            f"{what} gave a collate_fn that is not callable (an object of type {type(parts['collate_fn']).__name__})"
+        )
+    if parts["train_size"] == 0:
+        raise WorkloadError(f"the training set of {what} is empty")
+    return parts
+
+
+def _from_factory(spec: DataSpec, seed: int) -> Dataset:
+    """The user's own data sets: ``data.factory`` called with ``data.kwargs``.
+
+    The factory returns the training and test sets as map-style
+    ``torch.utils.data.Dataset`` objects (``__len__`` and ``__getitem__``; the test set may be
+    empty), either
+
+    * as a tuple (or list) ``(train, test)``, or
+    * as a mapping -- or an object with these attributes -- with keys ``train``, ``test``
+      and optionally ``num_classes`` (a positive integer: the model's outputs are checked
+      against it, and top-5 is reported above 5 classes) and ``collate_fn`` (a function
+      making one batch ``(inputs, targets)`` of tensors from a list of samples; default:
+      torch's ``default_collate``, which stacks ``(input, target)`` pairs of tensors,
+      numbers or arrays).
+
+    It is called in the command's process and in every rank, so it must return the same
+    sets every time (seed any randomness).  The sample shape is the first training
+    sample's.  Both sets are viewed raw by :class:`~tula.engine.data.SampleView` and read
+    through the same DataLoader path, per-rank slices, (seed, epoch) order and exact resume
+    as the sets read from disk (``data.loader_workers`` processes per rank)."""
+    path = str(spec.factory)
+    make = import_path(path, "data.factory")
+    if not callable(make):
+        raise WorkloadError(f"data.factory {path!r} is not callable (an object of type {type(make).__name__})")
+    try:
+        result = make(**spec.kwargs)
+    except Exception as err:  # noqa: BLE001 - the user's code: its error, as one sentence
+        raise WorkloadError(f"data factory {path!r} raised {_why(err)}") from None
+    parts = _factory_parts(path, result)
+    collate = parts.get("collate_fn") or torch.utils.data.default_collate
+    try:
+        first = parts["train"][0]
+    except Exception as err:  # noqa: BLE001 - the user's __getitem__
+        raise WorkloadError(
+            f"the training set of data factory {path!r} cannot give its first sample ({_why(err)})"
+        ) from None
+    try:
+        batch = collate([first])
+    except Exception as err:  # noqa: BLE001 - the user's samples or collate_fn
+        raise WorkloadError(
+            f"the first training sample of data factory {path!r} cannot be batched ({_why(err)}); a sample must "
+            "be an (input, target) pair of tensors, numbers or arrays, or the factory must give a collate_fn"
+        ) from None
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
+        got = f"{len(batch)} values" if isinstance(batch, (tuple, list)) else type(batch).__name__
+        raise WorkloadError(
+            f"a batch of data factory {path!r}'s samples is {got}, not an (inputs, targets) pair of tensors"
+        )
+    x, y = batch
+    k = parts.get("num_classes")
+    if k is None:  # not given: the outputs of a regression's targets (mse), else unknown (0)
+        k = (int(y.shape[1]) if y.ndim == 2 else 1) if y.is_floating_point() else 0
+    return Dataset(
+        path,
+        SampleView(parts["train"], seed=seed, raw=True),
+        SampleView(parts["test"], seed=seed, raw=True),
+        tuple(int(d) for d in x.shape[1:]),
+        int(k),
+        seed=seed,
+        loader_workers=spec.loader_workers,
+        collate_fn=parts.get("collate_fn"),
+    )
+
+
 def load_dataset(spec: DataSpec, seed: int = 0) -> Dataset:
+    if spec.name == "factory":
+        return _from_factory(spec, seed)
     if spec.name == "digits":
         return _digits(spec, seed)
     if spec.name == "mnist1d":
@@ -293,20 +441,32 @@ def load_dataset(spec: DataSpec, seed: int = 0) -> Dataset:
 
 
 def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
-    """Build the model and data once and run a forward pass on two samples, so that a
-    mismatch is one clear sentence here rather than a traceback in every worker."""
+    """Build the model, data and loss once and run a forward pass of two training samples and
+    the loss on it, so that a mismatch is one clear sentence here rather than a traceback in
+    every worker."""
     data = load_dataset(spec.data, spec.seed)
     model = build_model(spec.model)
-    x, y = data.batch(2, torch.Generator().manual_seed(0))
+    loss_fn = build_loss(spec.train.loss)
+    try:
+        x, y = data.batch(2, torch.Generator().manual_seed(0))
+    except WorkloadError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a sample the set cannot give, or cannot batch
+        raise WorkloadError(f"two training samples of data set {data.name!r} cannot be read ({_why(err)})") from None
     try:
         out = model(x)
     except Exception as err:  # noqa: BLE001 - any failure here is a mismatch the user must fix
-        from tula.core.say import first_line
-
         raise WorkloadError(
-            f"model {spec.model.name!r} cannot take {data.name} samples of shape "
-            f"{tuple(x.shape[1:])} ({type(err).__name__}: {first_line(err)})"
+            f"model {spec.model.name!r} cannot take {data.name} samples of shape {tuple(x.shape[1:])} ({_why(err)})"
         ) from None
+    if spec.train.loss in LOSS_NAMES:
+        _check_builtin_loss(spec, data, out, y)
+    _check_loss_value(spec.train.loss, loss_fn, out, y)
+    return model, data
+
+
+def _check_builtin_loss(spec: JobSpec, data: Dataset, out: Any, y: torch.Tensor) -> None:
+    """Targets and outputs fit ``cross_entropy`` (class labels, one score per class) or ``mse``."""
     regression = y.dtype.is_floating_point
     if spec.train.loss == "mse":
         if not regression:
@@ -314,31 +474,106 @@ def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
                 f"train.loss is 'mse' (regression), but the targets of data set {data.name!r} are "
                 "class labels; use train.loss 'cross_entropy'"
             )
-        if tuple(out.shape) != tuple(y.shape):
+        if y.ndim > 2:
             raise WorkloadError(
-                f"model {spec.model.name!r} gives outputs of shape {tuple(out.shape)}, but the "
-                f"regression targets have shape {tuple(y.shape)}; give the model "
-                f"{y.shape[1]} output(s)"
+                f"train.loss 'mse' scores targets of shape (samples, outputs), but data set {data.name!r} has "
+                f"targets of shape {tuple(y.shape)}; give train.loss as 'torch.nn:MSELoss' for them"
             )
-        return model, data
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(y.shape):
+            raise WorkloadError(
+                f"model {spec.model.name!r} gives outputs of shape {_shape(out)}, but the "
+                f"regression targets have shape {tuple(y.shape)}; give the model "
+                f"{y.shape[1] if y.ndim == 2 else 1} output(s)"
+            )
+        return
     if regression:
         raise WorkloadError(
             f"the targets of data set {data.name!r} are floats (regression), but train.loss is "
             "'cross_entropy'; use train.loss 'mse'"
         )
-    if out.ndim != 2 or out.shape[1] < data.num_classes:
+    if isinstance(out, torch.Tensor) and out.ndim > 2 and y.ndim == out.ndim - 1:
         raise WorkloadError(
-            f"model {spec.model.name!r} gives outputs of shape {tuple(out.shape)}, but "
-            f"{data.name} has {data.num_classes} classes; set model.kwargs.num_classes"
+            f"model {spec.model.name!r} gives class scores per element (outputs of shape {tuple(out.shape)}), "
+            "which train.loss 'cross_entropy' does not score; give train.loss as 'torch.nn:CrossEntropyLoss' "
+            "(test loss and per-element top-1)"
         )
-    return model, data
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] < data.num_classes:
+        raise WorkloadError(
+            f"model {spec.model.name!r} gives outputs of shape {_shape(out)}, but "
+            f"{data.name} has {data.num_classes or 'integer-labelled'} classes; set model.kwargs.num_classes"
+        )
 
 
-def build_loss(name: str) -> nn.Module:
-    """The training loss ``train.loss`` names (:data:`tula.core.registry.LOSSES`)."""
+def _shape(out: Any) -> str:
+    return str(tuple(out.shape)) if isinstance(out, torch.Tensor) else f"({type(out).__name__}, not a tensor)"
+
+
+def _check_loss_value(name: str, loss_fn: Callable, out: Any, y: torch.Tensor) -> None:
+    """The loss of one batch is a single number that depends on the model's outputs."""
+    try:
+        value = loss_fn(out, y)
+    except Exception as err:  # noqa: BLE001 - the user's loss, or targets the loss cannot score
+        raise WorkloadError(
+            f"train.loss {name!r} cannot score the model's outputs of shape {_shape(out)} against targets "
+            f"of shape {tuple(y.shape)} ({_why(err)})"
+        ) from None
+    if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.is_floating_point():
+        got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise WorkloadError(
+            f"train.loss {name!r} returned {got}, not a single floating-point tensor (reduce it over the batch, "
+            "e.g. with its mean)"
+        )
+    if not value.requires_grad:
+        raise WorkloadError(f"train.loss {name!r} does not depend on the model's outputs (no gradient flows back)")
+
+
+def _loss_itself(fn: Callable) -> bool:
+    """Whether ``fn`` is a loss function (two or more required positional parameters: output
+    and target) rather than a factory of one (called with no arguments)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: take it as the loss
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in positional and p.default is inspect.Parameter.empty]
+    return len(required) >= 2 or any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+
+
+def build_loss(name: str, device: torch.device | str | None = None) -> Callable:
+    """The training loss ``train.loss`` names: a built-in (:data:`tula.core.registry.LOSSES`)
+    or the user's ``package.module:loss`` -- an ``nn.Module`` class (any class) made with no
+    arguments, a function of ``(output, target)`` used as it is, or a factory of no arguments
+    returning such a callable.  A loss that is an ``nn.Module`` is moved to ``device`` (its
+    parameters, if any, are not trained)."""
     if name == "mse":
         return nn.MSELoss()
-    return nn.CrossEntropyLoss()
+    if name == "cross_entropy":
+        return nn.CrossEntropyLoss()
+    obj = import_path(name, "train.loss")
+    if isinstance(obj, type):
+        try:
+            loss = obj()
+        except Exception as err:  # noqa: BLE001 - the user's constructor
+            raise WorkloadError(f"loss class {name!r} cannot be made with no arguments ({_why(err)})") from None
+    elif callable(obj) and _loss_itself(obj):
+        loss = obj
+    elif callable(obj):
+        try:
+            loss = obj()
+        except Exception as err:  # noqa: BLE001 - the user's factory
+            raise WorkloadError(f"loss factory {name!r} raised {_why(err)}") from None
+    else:
+        raise WorkloadError(
+            f"train.loss {name!r} is not callable (an object of type {type(obj).__name__}); give an nn.Module "
+            "class, a function of (output, target), or a factory returning one"
+        )
+    if not callable(loss):
+        raise WorkloadError(
+            f"loss factory {name!r} returned an object of type {type(loss).__name__}, which is not callable"
+        )
+    if isinstance(loss, nn.Module) and device is not None:
+        loss = loss.to(device)
+    return loss
 
 
 def build_optimizer(model: nn.Module, spec: JobSpec, lr: float | None = None) -> torch.optim.Optimizer:

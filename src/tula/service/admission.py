@@ -59,15 +59,11 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
             "service accepts Tula's built-in models, torchvision names and import paths on its "
             "allow-list"
         )
-    if ":" in name:
-        module = name.partition(":")[0]
-        top = module.split(".")[0]
-        if top not in settings.import_allowlist and module not in settings.import_allowlist:
-            allowed = ", ".join(settings.import_allowlist) or "none"
-            raise SpecError(
-                f"spec field 'model.name' imports {module!r}, which is not on this service's import "
-                f"allow-list (allowed: {allowed}; set TULA_IMPORT_ALLOWLIST)"
-            )
+    # the user's code: a model factory, a data factory, a loss -- imported only from allowed modules
+    imports = {"model.name": name, "data.factory": spec.data.factory, "train.loss": spec.train.loss}
+    for field, path in imports.items():
+        if path is not None and ":" in path:
+            _check_import(field, path, settings)
     for field in ("root", "path"):  # sets read from disk: only under the allowed directories
         given = getattr(spec.data, field, None)
         if given is None:
@@ -86,6 +82,19 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
             "launcher (local or dask), not on a cluster a submission names"
         )
     return spec
+
+
+def _check_import(field: str, path: str, settings: ServiceSettings) -> None:
+    """``path`` (``package.module:attribute``, named by spec field ``field``) may be imported
+    only when its module or its top-level package is on the allow-list."""
+    module = path.partition(":")[0]
+    top = module.split(".")[0]
+    if top not in settings.import_allowlist and module not in settings.import_allowlist:
+        allowed = ", ".join(settings.import_allowlist) or "none"
+        raise SpecError(
+            f"spec field '{field}' imports {module!r}, which is not on this service's import "
+            f"allow-list (allowed: {allowed}; set TULA_IMPORT_ALLOWLIST)"
+        )
 
 
 def check_options(search: Any, objective: Any, train: Any) -> tuple[str, str | None, bool]:

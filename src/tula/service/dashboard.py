@@ -269,7 +269,11 @@ def train_charts(run: dict) -> str:
     label = score[0][0] if score else "top-1"
     charts = [
         svg_chart(
-            "Accuracy and loss" if label == "top-1" else f"{label} and loss",
+            "Accuracy and loss"
+            if label == "top-1"
+            else "Test and train loss"
+            if label == "loss"
+            else f"{label} and loss",
             "epoch",
             "value",
             [

@@ -95,6 +95,8 @@ def _parts(spec: dict, *, device: str, facts: dict, shape: list[int], threads: i
     data_part: dict[str, Any] = {"name": data["name"], "sample_shape": [int(d) for d in shape]}
     if data["name"] in DISK_SETS:
         data_part.update(loader_workers=data["loader_workers"], augment=data["augment"])
+    if data["name"] == "factory":  # the user's sets: which ones, and how many loader workers read them
+        data_part.update(factory=data["factory"], kwargs=data["kwargs"], loader_workers=data["loader_workers"])
     opt_part: dict[str, Any] = {"name": opt["name"]}
     if opt["name"] == "sgd":
         opt_part["momentum_buffer"] = opt["momentum"] > 0  # torch's SGD keeps no state without momentum

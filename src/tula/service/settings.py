@@ -48,8 +48,8 @@ class ServiceSettings(BaseModel):
     max_epochs: int = Field(default=500, ge=1, description="most training epochs of a job")
     import_allowlist: tuple[str, ...] = Field(
         default=(),
-        description="top-level modules a spec's "
-        "'package.module:factory' model may be imported from (importing "
+        description="top-level modules (or full module names) a spec's "
+        "'package.module:attribute' model, data.factory and train.loss may be imported from (importing "
         "runs code: empty by default)",
     )
     data_roots: tuple[Path, ...] = Field(

@@ -1,0 +1,86 @@
+"""A user's own code for tests/test_user_factories.py: a segmentation-like data factory, a
+per-pixel loss and a tiny fully-convolutional model, each referred to by an import path
+(``factories:make_segmentation``) as a user's spec would; and factories that go wrong in
+each way Tula must say in one sentence."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Segmentation(torch.utils.data.Dataset):
+    """Samples ``(1 x S x S image, S x S mask)``: the mask marks where a smooth blob is
+    positive, the image is the blob plus noise."""
+
+    def __init__(self, images: torch.Tensor, masks: torch.Tensor):
+        self.images, self.masks = images, masks
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[i], self.masks[i]
+
+
+def _blobs(n: int, size: int, seed: int, labels: bool) -> Segmentation:
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(n, 1, size // 4, size // 4, generator=g)
+    signal = nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    images = signal + 0.3 * torch.randn(n, 1, size, size, generator=g)
+    masks = (signal[:, 0] > 0).long() if labels else (signal[:, 0] > 0).float()
+    return Segmentation(images, masks)
+
+
+def make_segmentation(n: int = 200, size: int = 8, seed: int = 0, labels: bool = False, as_mapping: bool = False):
+    """``n`` training and ``n // 4`` test samples from a seeded generator (the same sets on every
+    call); ``labels``: integer masks (for a per-pixel cross-entropy), else float masks (BCE)."""
+    train = _blobs(n, size, seed, labels)
+    test = _blobs(n // 4, size, seed + 1, labels)
+    if as_mapping:
+        return {"train": train, "test": test, "num_classes": 2, "collate_fn": stack_pairs}
+    return train, test
+
+
+def stack_pairs(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """A collate function of the user's own: stacks (image, mask) pairs."""
+    return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+
+
+class PixelBCE(nn.Module):
+    """Per-pixel binary cross-entropy of (n x 1 x H x W) logits against (n x H x W) float masks."""
+
+    def forward(self, out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), mask)
+
+
+def tiny_fcn(in_channels: int = 1, out_channels: int = 1, width: int = 8) -> nn.Module:
+    """A fully-convolutional net: one score map per output channel, the input's size."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, width, 3, padding=1),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+        nn.Conv2d(width, out_channels, 3, padding=1),
+    )
+
+
+# --------------------------------------------------------------------------- what goes wrong
+def one_set(**kwargs):
+    return _blobs(20, 8, 0, False)
+
+
+def not_datasets(**kwargs):
+    return [1, 2, 3], [4]
+
+
+def raises(**kwargs):
+    raise ValueError("the bucket s3://[bold]seg[/bold] is not reachable")
+
+
+def three_channel(**kwargs):
+    """Samples of 3 x 8 x 8 images: a 1-channel model cannot take them."""
+    train, test = make_segmentation(20)
+    return Segmentation(train.images.repeat(1, 3, 1, 1), train.masks), test
+
+
+NOT_A_LOSS = 42

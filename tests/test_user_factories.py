@@ -1,0 +1,208 @@
+"""Data sets and losses from the user's own code (``data.factory``, ``train.loss:
+package.module:loss``), through the CLI on real 2-rank DDP: they profile, plan and train,
+read by the same DataLoader path with exact resume; the service imports them only from its
+allow-list; and every way they can go wrong is one sentence and exit code 2 before any worker
+starts.  The user's code is tests/factories.py."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tula.core.errors import SpecError
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import load_checkpoint
+from tula.engine.workloads import check_workload, load_dataset
+
+HERE = Path(__file__).resolve().parent
+
+
+def _spec(**changes) -> dict:
+    """A segmentation job: 200 samples of a 1x8x8 image and an 8x8 mask, a per-pixel BCE, a
+    tiny fully-convolutional net; one DataLoader worker per rank."""
+    d = {
+        "name": "seg",
+        "model": {"name": "factories:tiny_fcn", "kwargs": {"width": 8}},
+        "data": {"factory": "factories:make_segmentation", "kwargs": {"n": 200}, "loader_workers": 1},
+        "epochs": 2,
+        "optimizer": {"name": "sgd", "lr": 0.2},
+        "train": {"loss": "factories:PixelBCE", "ags": {"b_small": 8}},
+        "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 64},
+        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1},
+    }
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            d[section] = {**d[section], field: value}
+        else:
+            d[section] = value
+    return d
+
+
+def _env() -> dict:
+    """The tests' folder on the import path of the command and of every rank it starts."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+
+
+def _tula(tula_cmd, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*tula_cmd, *args], capture_output=True, text=True, timeout=600, env=_env())
+
+
+def _write(tmp_path: Path, spec: dict, name: str = "seg.yaml") -> str:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(spec))
+    return str(p)
+
+
+@pytest.fixture
+def on_path(monkeypatch):
+    """tests/ importable in this process (for the in-process checks)."""
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+def test_a_data_factory_and_a_custom_loss_profile_plan_and_train(tmp_path, tula_cmd):
+    spec = _write(tmp_path, _spec(epochs=1))
+    out = tmp_path / "run"
+    r = _tula(tula_cmd, "run", spec, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    prof = json.loads((out / "profile.json").read_text())
+    assert {t["status"] for t in prof["trials"]} == {"ok"}
+    assert prof["sample_shape"] == [1, 8, 8] and prof["dataset_size"] == 200
+    assert {t["n_workers"] for t in prof["trials"]} == {1, 2}
+    tr = json.loads((out / "train" / "train.json").read_text())
+    (h,) = tr["history"]
+    assert h["test_loss"] > 0 and "test_top1" not in h  # float masks: the test loss is the score
+    assert tr["replicas_identical"]
+    assert "final test loss" in r.stdout
+
+
+def test_two_epochs_equal_one_epoch_and_a_resume_to_two(tmp_path, tula_cmd):
+    spec = _write(tmp_path, _spec())
+    train = ["train", spec, "--workers", "2", "--batch", "40"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = _tula(tula_cmd, *train, "--epochs", "2", "--out", str(a))
+    assert r.returncode == 0, r.stderr
+    r = _tula(tula_cmd, *train, "--epochs", "1", "--out", str(b))
+    assert r.returncode == 0, r.stderr
+    r = _tula(tula_cmd, *train, "--epochs", "2", "--out", str(b), "--resume")
+    assert r.returncode == 0, r.stderr
+
+    ref, resumed = (json.loads((d / "train.json").read_text()) for d in (a, b))
+    assert resumed["resumed_from_epoch"] == 1 and [h["epoch"] for h in resumed["history"]] == [1, 2]
+    assert ref["steps_done"] == resumed["steps_done"] == 2 * 5  # 200 samples / 40
+    assert ref["replicas_identical"] and resumed["replicas_identical"]
+    loss = [h["train_loss"] for h in ref["history"]]
+    assert loss[1] < loss[0], loss  # it learns the masks
+    keys = ("train_loss", "test_loss", "lr")
+    assert [{k: h[k] for k in keys} for h in resumed["history"]] == [{k: h[k] for k in keys} for h in ref["history"]]
+    model_a, model_b = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    assert model_a.keys() == model_b.keys()
+    assert all(torch.equal(model_a[k], model_b[k]) for k in model_a), "resumed weights differ"
+
+
+def test_the_factory_return_contract_and_the_data_path(on_path):
+    from tula.engine.data import DataPath, SampleView
+
+    tuple_spec = spec_from_dict(_spec()).data
+    data = load_dataset(tuple_spec, 3)
+    assert data.sample_shape == (1, 8, 8) and data.train_size == 200 and data.test_size == 50
+    assert isinstance(data.train, SampleView) and not data.in_memory and data.loader_workers == 1
+    assert data.num_classes == 1  # float masks: one output per pixel (not a class count)
+
+    mapping = spec_from_dict(
+        _spec(data={"factory": "factories:make_segmentation", "kwargs": {"labels": True, "as_mapping": True}})
+    )
+    d2 = load_dataset(mapping.data, 0)
+    assert d2.num_classes == 2 and d2.collate_fn.__name__ == "stack_pairs"
+    # the same (seed, epoch) batches for a rank whether read in the rank or by loader workers
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(1))
+    got = []
+    for workers in (0, 2):
+        with DataPath(d2, "cpu", workers=workers) as path:
+            got.append(list(path.epoch_batches(0, perm, 40, 1, 20, 5)))
+    assert all(torch.equal(x0, x2) and torch.equal(y0, y2) for (x0, y0), (x2, y2) in zip(*got))
+    x, y = got[0][0]
+    assert x.shape == (20, 1, 8, 8) and y.shape == (20, 8, 8) and y.dtype == torch.long
+    assert torch.equal(x, torch.stack([d2.train[int(i)][0] for i in perm[20:40]]))
+
+
+def test_per_pixel_cross_entropy_reports_top1_over_pixels(on_path):
+    """A user's loss on integer masks: test loss and per-pixel top-1 (evaluation in one process)."""
+    from tula.engine.train import evaluate
+    from tula.engine.workloads import build_loss
+
+    spec = spec_from_dict(
+        _spec(
+            model={"name": "factories:tiny_fcn", "kwargs": {"out_channels": 2}},
+            data={"factory": "factories:make_segmentation", "kwargs": {"labels": True}, "loader_workers": 0},
+            train={"loss": "torch.nn:CrossEntropyLoss"},
+        )
+    )
+    model, data = check_workload(spec)
+    res = evaluate(model, data, 0, 1, 16, torch.device("cpu"), spec.train.loss, build_loss(spec.train.loss))
+    assert set(res) == {"test_loss", "test_top1"} and 0 <= res["test_top1"] <= 1
+    model.eval()
+    x, y = data.take(torch.arange(50), "test")
+    with torch.no_grad():
+        out = model(x)
+    assert res["test_top1"] == pytest.approx(float((out.argmax(1) == y).double().mean()))
+    assert res["test_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(out, y)), rel=1e-5)
+
+
+BAD = [
+    ({"data__factory": "nosuchpkg.datasets:make"}, "data.factory 'nosuchpkg.datasets:make' cannot be imported"),
+    ({"data__factory": "factories:no_such_factory"}, "module 'factories' has no attribute 'no_such_factory'"),
+    ({"data__factory": "factories:one_set"}, "data factory 'factories:one_set' returned one data set"),
+    ({"data__factory": "factories:not_datasets"}, "returned list as its training set, not a map-style"),
+    (
+        {"data__factory": "factories:raises"},
+        "data factory 'factories:raises' raised ValueError: the bucket s3://[bold]seg[/bold] is not reachable",
+    ),
+    ({"data__factory": "factories:three_channel"}, "cannot take factories:three_channel samples of shape (3, 8, 8)"),
+    ({"train__loss": "nosuchpkg.losses:Dice"}, "train.loss 'nosuchpkg.losses:Dice' cannot be imported"),
+    ({"train__loss": "factories:NOT_A_LOSS"}, "train.loss 'factories:NOT_A_LOSS' is not callable"),
+    ({"train__loss": "dice"}, "spec field 'train.loss': 'dice' is not a loss"),
+    ({"data__kwargs": {"n": 200, "colour": 1}}, "raised TypeError: make_segmentation() got an unexpected keyword"),
+]
+
+
+@pytest.mark.parametrize("change, sentence", BAD, ids=[s[:40] for _, s in BAD])
+def test_bad_factories_and_losses_are_one_sentence_and_exit_2_before_any_worker(tmp_path, tula_cmd, change, sentence):
+    spec = _write(tmp_path, _spec(**change))
+    r = _tula(tula_cmd, "profile", spec, "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    err = " ".join(r.stderr.split())  # rich wraps long lines
+    assert sentence in err, err
+    assert "Traceback" not in r.stderr and err.count("error:") == 1
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_the_service_imports_a_data_factory_or_a_loss_only_from_its_allow_list(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from tula.service.admission import admit
+    from tula.service.app import create_app
+    from tula.service.settings import ServiceSettings
+
+    closed = ServiceSettings(home=tmp_path / "closed", import_allowlist=("torch",))
+    spec = _spec(model={"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 2, "width": 4}})
+    with pytest.raises(SpecError, match="spec field 'data.factory' imports 'factories', which is not on"):
+        admit(spec, closed)
+    only_data = _spec(model={"name": "small_cnn"}, train={"loss": "tests_losses.dice:Dice"})
+    with pytest.raises(SpecError, match="spec field 'train.loss' imports 'tests_losses.dice', which is not on"):
+        admit(only_data, ServiceSettings(home=tmp_path / "d", import_allowlist=("factories",)))
+    opened = ServiceSettings(home=tmp_path / "open", import_allowlist=("factories",))
+    assert admit(_spec(), opened).data.factory == "factories:make_segmentation"
+
+    # through the web layer: 422 naming the field; 202 once the module is allowed
+    for settings, status in ((closed, 422), (opened, 202)):
+        with TestClient(create_app(settings, dispatch=False)) as client:
+            r = client.post("/v1/jobs", json={"spec": spec if status == 422 else _spec()})
+            assert r.status_code == status, r.text
+            if status == 422:
+                detail = r.json()["detail"]
+                assert detail.startswith("spec field 'data.factory' imports 'factories'") and "\n" not in detail
