@@ -37,6 +37,7 @@ class MemoryModel:
     # address space a worker maps beyond its tensors (oneDNN kernels and primitives, the
     # allocator's heap, thread stacks), measured by the probe when a cap is enforced; 0 otherwise
     address_space_overhead_bytes: int = 0
+    precision: str = "fp32"  # train.precision of the steps it was measured on (a plan never mixes them)
 
     @property
     def static_bytes(self) -> int:

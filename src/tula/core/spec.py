@@ -567,6 +567,12 @@ class TrainSpec(_Strict):
     eval_batch: int = Field(default=1024, ge=1, description="samples per evaluation forward pass")
     batch_schedule: BatchScheduleSpec | None = Field(default=None, description="default: a constant batch")
     workers: WorkersSpec | None = Field(default=None, description="default: the worker count stays")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32",
+        description="the arithmetic of the forward and backward passes: fp32, bf16 (torch autocast; "
+        "CPU and CUDA) or fp16 (autocast with a gradient scaler; CUDA only).  Profiled as trained: the step "
+        "times and the memory model's bytes per sample are those of this precision",
+    )
     noise_scale: bool = Field(
         default=True,
         description="measure the gradient noise scale B_simple every step (a "

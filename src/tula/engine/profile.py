@@ -24,7 +24,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -47,6 +47,7 @@ from tula.engine.memory import (
     probe_memory_model,
     with_address_space_overhead,
 )
+from tula.engine.precision import Precision, check_precision
 from tula.engine.workloads import build_loss, build_model, build_optimizer, load_dataset
 
 MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
@@ -85,6 +86,7 @@ class _Worker:
         self.ddp = wrap_ddp(model, ctx.device)
         self.optimizer = build_optimizer(self.ddp.module, spec)
         self.loss_fn = build_loss(spec.train.loss, ctx.device)
+        self.prec = Precision(spec.train.precision, ctx.device)  # profiled as trained
         self.gen = torch.Generator().manual_seed(spec.seed * 1000 + ctx.rank)
         self.batches: Any = None  # random batches of local batch self.batches_b through the data path
         self.batches_b = 0
@@ -107,11 +109,12 @@ class _Worker:
 
     def forward_backward(self, sync: bool = True) -> None:
         with contextlib.nullcontext() if sync else self.ddp.no_sync():
-            loss = self.loss_fn(self.ddp(self.x), self.y)
-            loss.backward()
+            with self.prec.autocast():
+                loss = self.loss_fn(self.ddp(self.x), self.y)
+            self.prec.backward(loss)
 
     def update(self) -> None:
-        self.optimizer.step()
+        self.prec.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
@@ -161,9 +164,10 @@ class _Worker:
             # ranks agree on the peaks so that every rank takes the same probing decisions
             return int(self.agree_max(fb + sb * b)), int(self.agree_max(up + sb * b))
 
-        return probe_memory_model(
+        mm = probe_memory_model(
             measure, self.ddp.module, self.optimizer, sb, local_batches, self.ctx.device, max_batch=self.data.train_size
         )
+        return replace(mm, precision=self.spec.train.precision)
 
     def trial(self, cfg: Config, warmup: int, timed: int) -> Trial:
         b = cfg.local_batch
@@ -374,6 +378,7 @@ def _profile(
     model, data = check_workload(spec)
     facts = launcher.facts()  # the workers' hardware, read on a worker
     device = facts["device"]
+    check_precision(spec.train.precision, device)  # fp16 on a CPU: one sentence before any world
     threads = launcher.threads_per_worker or default_threads(spec)
     budget = spec.search.memory_budget_bytes
     if budget is None and device == "cuda":
@@ -447,6 +452,7 @@ def _profile(
             "device": device,
             "backend": "nccl" if device == "cuda" else "gloo",
             "threads_per_worker": threads,
+            "precision": spec.train.precision,
             "memory_budget_bytes": budget,
             "enforce_memory_cap": spec.search.enforce_memory_cap,
             "dataset_size": data.train_size,

@@ -28,6 +28,7 @@ whole, none is lost or repeated.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -69,6 +70,7 @@ from tula.engine.ddp import (
 from tula.engine.launch import Launcher, WorkerContext
 from tula.engine.memory import cap_address_space
 from tula.engine.optim.methods import build_method
+from tula.engine.precision import Precision, check_precision
 from tula.engine.rundir import check_out_dir, locked
 from tula.engine.workloads import Dataset, build_loss, build_model, check_workload, load_dataset
 
@@ -325,6 +327,7 @@ def _probe(
     ddp: nn.Module,
     method: Any,
     loss_fn: Callable,
+    prec: Precision | None = None,
 ) -> tuple[bool, str]:
     """Can every rank run a step at this batch?  One forward/backward under ``no_sync()`` on
     the epoch's first batch (:func:`tula.engine.ddp.probe_fits`); BatchNorm statistics and the
@@ -336,7 +339,9 @@ def _probe(
             data, epoch_order(spec.seed, epoch, data.train_size), 0, global_batch, rank, local_batch, device
         )
         with ddp.no_sync():
-            loss_fn(ddp(x), y).backward()
+            with prec.autocast() if prec is not None else contextlib.nullcontext():
+                loss = loss_fn(ddp(x), y)
+            loss.backward()
 
     fits, note = probe_fits(probe_step, device, rank)
     method.optimizer.zero_grad(set_to_none=True)
@@ -392,6 +397,7 @@ class _RankTrainer:
         self.model = build_model(spec.model).to(self.device)
         self.ddp: Any = wrap_ddp(self.model, self.device)
         self.loss_fn = build_loss(spec.train.loss, self.device)
+        self.prec = Precision(spec.train.precision, self.device)
         self.gns, self.own_norms = NoiseScale(), None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.method: Any = None
@@ -418,6 +424,8 @@ class _RankTrainer:
         self.start_epoch, self.steps_done, self.history, self.sched_state, self.lr_mult = _restore(
             state, self.model, self.method, self.gns, self.n_steps, self.spec, global_batch, self.schedule
         )
+        if state is not None:
+            self.prec.load_state_dict(state.get("precision"))  # fp16: the scaler's scale and counters
         self.report_every = max(1, self.n_steps // 25)
 
     def result(self, status: str, **extra: Any) -> dict:
@@ -465,6 +473,7 @@ class _RankTrainer:
             self.ddp,
             self.method,
             self.loss_fn,
+            self.prec,
         )
         if not fits:
             return self.result("oom", note=note)
@@ -496,12 +505,15 @@ class _RankTrainer:
                 return self.result("interrupted", epochs_done=epoch, steps_done=self.steps_done - i, signal=stop.signum)
             x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
             method.optimizer.zero_grad(set_to_none=True)
-            loss = self.loss_fn(self.ddp(x), y)
-            loss.backward()
-            method.after_backward(epoch * self.n_steps + i, x, y, self.loss_fn)
+            with self.prec.autocast():
+                loss = self.loss_fn(self.ddp(x), y)
+            self.prec.backward(loss)
+            self.prec.unscale(method.optimizer)  # fp16: every reader of the gradients sees them unscaled
+            with self.prec.autocast():  # AGS's small batch in the same arithmetic as the large one
+                method.after_backward(epoch * self.n_steps + i, x, y, self.loss_fn)
             if spec.train.noise_scale:
                 self.gns_feed.step(method, self.params, self.local_batch, self.global_batch)
-            method.optimizer.step()
+            self.prec.step(method.optimizer)
             method.scheduler.step()
             loss_sum += loss.detach().double()
             self.steps_done += 1
@@ -519,6 +531,17 @@ class _RankTrainer:
         slowest_s = torch.tensor([epoch_s], dtype=torch.float64, device=self.device)
         dist.all_reduce(loss_total)
         dist.all_reduce(slowest_s, op=dist.ReduceOp.MAX)
+        with self.prec.autocast():  # the test split in the training arithmetic
+            scores = evaluate(
+                self.model,
+                self.data,
+                self.rank,
+                self.world,
+                self.spec.train.eval_batch,
+                self.device,
+                self.spec.train.loss,
+                self.loss_fn,
+            )
         rec = {
             "epoch": epoch + 1,
             "steps": self.n_steps,
@@ -528,16 +551,7 @@ class _RankTrainer:
             "lr": self.method.lr,
             "train_loss": float(loss_total) / (self.n_steps * self.world),
             "epoch_time_s": float(slowest_s),
-            **evaluate(
-                self.model,
-                self.data,
-                self.rank,
-                self.world,
-                self.spec.train.eval_batch,
-                self.device,
-                self.spec.train.loss,
-                self.loss_fn,
-            ),
+            **scores,
         }
         self.gns_feed.flush()
         rec["b_simple"] = self.gns.b_simple()  # the batch the model could use now (one host sync per epoch)
@@ -577,6 +591,7 @@ class _RankTrainer:
             "next_global_batch": nxt[0],
             "next_n_workers": nxt[1],
             "noise_scale": self.gns.state_dict(),
+            "precision": self.prec.state_dict(),
         }
 
     def write_epoch(self, ckpt: dict | None, rec: dict, step_traces: dict) -> None:
@@ -672,6 +687,12 @@ def train_world(
     state = None
     if has_checkpoint(rt.out):
         state = load_checkpoint(rt.out, map_location=ctx.device)
+        trained_in = (state.get("precision") or {}).get("name", "fp32")
+        if trained_in != spec.train.precision:
+            raise SpecError(
+                f"the checkpoint in {out_dir} was trained in {trained_in}, not train.precision "
+                f"{spec.train.precision}; resume it in {trained_in}, or train into another --out"
+            )
         if state["method"] != method_name:
             raise SpecError(
                 f"the checkpoint in {out_dir} was trained with method {state['method']!r}, "
@@ -872,6 +893,9 @@ def _train(
         if problem:
             raise SpecError(problem)
     _check_fixed_world(launcher, n_workers, spec)
+    if spec.train.precision == "fp16":  # fp16 on a CPU: one sentence before any world
+        device = getattr(launcher, "device", "auto")
+        check_precision("fp16", launcher.facts()["device"] if device == "auto" else device)
     _, data = check_workload(spec)
     with interrupts.graceful_signals(), locked(out):
         fallbacks: list[dict] = []

@@ -116,6 +116,8 @@ def _parts(spec: dict, *, device: str, facts: dict, shape: list[int], threads: i
         "cluster": _cluster(cluster["where"]),
         "backend": cluster["backend"] or ("nccl" if device == "cuda" else "gloo"),
     }
+    if job["train"]["precision"] != "fp32":  # measured in another arithmetic: another model (fp32 keys unchanged)
+        parts["precision"] = job["train"]["precision"]
     if device != "cuda":
         parts["threads_per_worker"] = threads
         parts["enforce_memory_cap"] = job["search"]["enforce_memory_cap"]
