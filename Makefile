@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/estimator_overhead.py
 	$(VENV)/bin/python bench/network_model.py
 	$(VENV)/bin/python bench/env_launcher.py
+	$(VENV)/bin/python bench/precision.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
