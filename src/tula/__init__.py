@@ -23,9 +23,13 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree th
 
 
 def __getattr__(name: str):
-    """``tula.AGS``: imported on first use (it imports torch; ``import tula`` alone does not)."""
+    """``tula.AGS`` and ``tula.Job``: imported on first use (``import tula`` alone loads no torch)."""
     if name == "AGS":
         from tula.optim import AGS
 
         return AGS
+    if name == "Job":
+        from tula.job import Job
+
+        return Job
     raise AttributeError(f"module 'tula' has no attribute {name!r}")

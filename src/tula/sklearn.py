@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import json
 import math
 import os
@@ -81,6 +80,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from tula.core.errors import SpecError, WorkloadError
+from tula.core.spec import import_ref
 
 #: parameter prefixes routed by double underscore, and where each goes
 PREFIXES: dict[str, str] = {
@@ -111,20 +111,6 @@ class ParamError(SpecError, ValueError):
 
 
 # --------------------------------------------------------------------------- helpers
-def _import_ref(obj: Any) -> str | None:
-    """``"package.module:Qual.Name"`` when ``obj`` is found again by importing that, else None."""
-    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not mod or not qual or mod == "__main__" or "<locals>" in qual or "<lambda>" in qual:
-        return None
-    try:
-        found: Any = importlib.import_module(mod)
-        for part in qual.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError):
-        return None
-    return f"{mod}:{qual}" if found is obj else None
-
-
 def _is_json(value: Any) -> bool:
     try:
         return json.loads(json.dumps(value)) == value
@@ -482,7 +468,7 @@ class _TulaEstimator(BaseEstimator):
                     "module is a module instance, which takes no module__ arguments; pass its class instead"
                 )
         elif callable(m):
-            ref = _import_ref(m)
+            ref = import_ref(m)
             if ref is not None and _is_json(kwargs):
                 return {"name": ref, "kwargs": kwargs}
             factory = functools.partial(m, **kwargs)
@@ -497,7 +483,7 @@ class _TulaEstimator(BaseEstimator):
         cls = m if isinstance(m, type) or not isinstance(m, nn.Module) else type(m)
         home = sys.modules.get(getattr(cls, "__module__", ""))
         # a module loaded from a file path (not importable by its name) goes by value too
-        by_value = home is not None and home.__name__ != "__main__" and _import_ref(cls) is None
+        by_value = home is not None and home.__name__ != "__main__" and import_ref(cls) is None
         if by_value:
             cloudpickle.register_pickle_by_value(home)
         try:

@@ -7,6 +7,7 @@ and what is allowed.
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from pathlib import Path
@@ -194,8 +195,23 @@ IMPORT_PATH = re.compile(
 
 
 def is_import_path(value: str) -> bool:
-    """Whether ``value`` reads as ``package.module:attribute`` (it is resolved in the engine)."""
-    return IMPORT_PATH.fullmatch(value) is not None
+    """Whether ``value`` names the user's code: ``package.module:attribute``, or ``pickle:PATH``
+    (a cloudpickle file :class:`tula.Job` writes for a Python object); resolved in the engine."""
+    return IMPORT_PATH.fullmatch(value) is not None or (value.startswith("pickle:") and len(value) > 7)
+
+
+def import_ref(obj: Any) -> str | None:
+    """``"package.module:Qual.Name"`` when ``obj`` is found again by importing that, else None."""
+    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not mod or not qual or mod == "__main__" or "<locals>" in qual or "<lambda>" in qual:
+        return None
+    try:
+        found: Any = importlib.import_module(mod)
+        for part in qual.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{mod}:{qual}" if found is obj else None
 
 
 class ModelSpec(_Strict):

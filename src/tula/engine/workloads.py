@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +23,7 @@ from torch import nn
 from tula.core.errors import WorkloadError
 from tula.core.registry import LOSS_NAMES
 from tula.core.say import first_line
-from tula.core.spec import DataSpec, JobSpec, ModelSpec
+from tula.core.spec import DataSpec, JobSpec, ModelSpec, import_ref
 from tula.engine.data import MEAN_STD, Dataset, SampleView
 
 
@@ -92,21 +94,25 @@ BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"small_cnn": SmallCNN, "s
 PICKLED_MODEL = "pickle:"
 
 
+def _unpickle(path: str, what: str) -> Any:
+    """The object in the cloudpickle file at ``path``; one sentence when it cannot be loaded."""
+    import pickle
+
+    try:
+        with open(path, "rb") as fh:
+            return pickle.load(fh)
+    except Exception as err:  # noqa: BLE001 - a missing file, a class this process cannot rebuild
+        raise WorkloadError(
+            f"{what} {path!r} cannot be loaded here ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''})"
+        ) from None
+
+
 def _resolve_factory(name: str) -> Callable[..., nn.Module]:
     if name in BUILTIN_MODELS:
         return BUILTIN_MODELS[name]
-    if name.startswith(PICKLED_MODEL):  # written by cloudpickle (tula.sklearn), read where the ranks run
-        import pickle
-
-        path = name[len(PICKLED_MODEL) :]
-        try:
-            with open(path, "rb") as fh:
-                return pickle.load(fh)
-        except Exception as err:  # noqa: BLE001 - a missing file, a class this process cannot rebuild
-            raise WorkloadError(
-                f"the pickled model factory {path!r} cannot be loaded here ({type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''})"
-            ) from None
+    if name.startswith(PICKLED_MODEL):  # written by cloudpickle (tula.sklearn, tula.Job), read where the ranks run
+        return _unpickle(name[len(PICKLED_MODEL) :], "the pickled model factory")
     if ":" in name:
         mod_name, _, attr = name.partition(":")
         try:
@@ -292,8 +298,11 @@ def _why(err: BaseException) -> str:
 
 
 def import_path(path: str, field: str) -> Any:
-    """The object at ``package.module:attribute`` (the attribute may be dotted); ``field`` is
-    the spec field that names it, for the sentence when it cannot be imported."""
+    """The object at ``package.module:attribute`` (the attribute may be dotted), or in the
+    cloudpickle file of ``pickle:PATH`` (what :class:`tula.Job` writes for a Python object);
+    ``field`` is the spec field that names it, for the sentence when it cannot be loaded."""
+    if path.startswith(PICKLED_MODEL):
+        return _unpickle(path[len(PICKLED_MODEL) :], field)
     mod_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(mod_name)
@@ -305,6 +314,32 @@ def import_path(path: str, field: str) -> Any:
         raise WorkloadError(
             f"{field} {path!r} cannot be imported: module {mod_name!r} has no attribute {attr!r}"
         ) from None
+
+
+def send_to_ranks(obj: Any, path: Path) -> str:
+    """How the user's Python object ``obj`` (a model, data or loss factory) reaches the ranks:
+    its import path when importing that finds it again (robust across hosts), else a
+    cloudpickle file at ``path`` (``pickle:PATH``), by value when its module cannot be
+    imported by name (a script, a notebook)."""
+    ref = import_ref(obj)
+    if ref is not None:
+        return ref
+    import cloudpickle
+
+    home = sys.modules.get(getattr(obj, "__module__", "") or "")
+    by_value = home is not None and home.__name__ != "__main__"
+    if by_value:
+        cloudpickle.register_pickle_by_value(home)
+    try:
+        path.write_bytes(cloudpickle.dumps(obj))
+    except Exception as err:  # noqa: BLE001 - what cloudpickle cannot serialise
+        raise WorkloadError(
+            f"{getattr(obj, '__name__', type(obj).__name__)} cannot be sent to the ranks ({_why(err)})"
+        ) from None
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(home)
+    return PICKLED_MODEL + str(path)
 
 
 #: what a data factory's mapping (or object) may hold; train and test are required

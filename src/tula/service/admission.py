@@ -53,14 +53,15 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
             f"above this service's limit of {settings.max_configs}"
         )
     name = spec.model.name
-    if name.startswith("pickle:"):
-        raise SpecError(
-            "spec field 'model.name' is a pickled factory, which runs code when it is loaded; the "
-            "service accepts Tula's built-in models, torchvision names and import paths on its "
-            "allow-list"
-        )
     # the user's code: a model factory, a data factory, a loss -- imported only from allowed modules
     imports = {"model.name": name, "data.factory": spec.data.factory, "train.loss": spec.train.loss}
+    for field, path in imports.items():
+        if path is not None and path.startswith("pickle:"):
+            what = "object" if field == "train.loss" else "factory"
+            raise SpecError(
+                f"spec field {field!r} is a pickled {what}, which runs code when it is loaded; the "
+                "service accepts Tula's built-ins, torchvision names and import paths on its allow-list"
+            )
     for field, path in imports.items():
         if path is not None and ":" in path:
             _check_import(field, path, settings)

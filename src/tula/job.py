@@ -1,0 +1,193 @@
+"""``tula.Job``: the pipeline from Python -- profile, fit, plan and train a job, and get the
+records the CLI writes.
+
+A job is a spec -- a dict, a YAML path or a :class:`~tula.core.spec.JobSpec` -- and,
+optionally, Python objects in place of some of its fields:
+
+* ``model``: a function of no arguments returning a ``torch.nn.Module`` (``model.name``);
+* ``data``: a function returning the training and test sets (``data.factory``; its return
+  contract is :func:`tula.engine.workloads.load_dataset`'s), called with ``data.kwargs``;
+* ``loss``: an ``nn.Module`` class, a function of ``(output, target)`` or a factory of no
+  arguments (``train.loss``).
+
+Objects travel to the ranks by their import path when importing it finds them again, else as
+cloudpickle files in the job's directory (``pickle:PATH`` in the spec), as :mod:`tula.sklearn`
+sends its modules: the directory must then be readable by every rank (a shared file system
+on a cluster).  Each stage writes its record into ``out`` as the
+CLI does -- ``profile.json``, ``models.json``, ``plan.json`` (with ``plan.png``) and
+``train/`` -- and returns it (the validated record, a dict).  ``cluster`` is any value of
+``--cluster``.  Progress goes to ``on_event(stage, event)`` instead of the terminal; the CLI
+and the service run the same stage functions (:mod:`tula.pipeline`).
+
+Example::
+
+    job = tula.Job("examples/digits_cnn.yaml", out="runs/py", on_event=print)
+    job.profile()                 # the profile record
+    job.fit()                     # the fitted models
+    plan = job.plan("time")       # a plan at the fastest configuration
+    run = job.train()             # trains at the plan's choice, with AGS
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tula.core.errors import TulaError
+from tula.core.spec import JobSpec, load_spec, spec_from_dict
+from tula.pipeline import MODELS, PLAN, PLAN_PNG, PROFILE, TRAIN_DIR, Observer
+
+EventCallback = Callable[[str, dict], None]
+
+
+class _Forward(Observer):
+    """The pipeline's events to a callback: ``(stage, event)``; records and notes as events too."""
+
+    def __init__(self, callback: EventCallback | None) -> None:
+        self.callback = callback
+
+    def _send(self, stage: str, ev: dict) -> None:
+        if self.callback is not None:
+            self.callback(stage, ev)
+
+    def stage(self, name: str, **info: Any) -> None:
+        self._send(name, {"type": "stage", **info})
+
+    def done(self, name: str) -> None:
+        self._send(name, {"type": "done"})
+
+    def event(self, stage: str, ev: dict) -> None:
+        self._send(stage, ev)
+
+    def saved(self, kind: str, record: dict | None, path: Path) -> None:
+        self._send("records", {"type": "saved", "kind": kind, "path": str(path)})
+
+    def note(self, message: str) -> None:
+        self._send("notes", {"type": "note", "message": message})
+
+
+class Job:
+    """One training job, driven from Python (see the module's docstring)."""
+
+    def __init__(
+        self,
+        spec: dict | str | Path | JobSpec | None = None,
+        *,
+        model: Callable[[], Any] | None = None,
+        data: Callable[..., Any] | None = None,
+        loss: Any = None,
+        out: str | Path | None = None,
+        cluster: str | None = None,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        if spec is None:
+            d: dict = {}
+        elif isinstance(spec, JobSpec):
+            d = spec.to_dict()
+        elif isinstance(spec, dict):
+            d = dict(spec)
+        elif isinstance(spec, (str, Path)):
+            d = load_spec(spec).to_dict()
+        else:
+            raise TulaError(f"a job's spec is a dict, a YAML path or a JobSpec, not {type(spec).__name__}")
+        self.out = Path(out) if out is not None else Path("runs") / str(d.get("name", "job"))
+        self.out.mkdir(parents=True, exist_ok=True)
+        d = self._with_objects(d, model=model, data=data, loss=loss)
+        if cluster is not None:
+            d["cluster"] = {**(d.get("cluster") or {}), "where": cluster}
+        self.spec = spec_from_dict(d)  # every field checked here: one sentence for the first wrong one
+        self.observer = _Forward(on_event)
+        self.profile_record: dict | None = None
+        self.models: dict | None = None
+        self.plan_record: dict | None = None
+
+    def _with_objects(self, d: dict, **objects: Any) -> dict:
+        """The spec with each Python object given in place of its field: its import path, or a
+        cloudpickle file in ``out`` (:func:`tula.engine.workloads.send_to_ranks`)."""
+        from tula.engine.workloads import send_to_ranks
+
+        d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
+        for what, obj in objects.items():
+            if obj is None:
+                continue
+            if isinstance(obj, str):  # a name or an import path, as in a spec
+                ref = obj
+            elif callable(obj):
+                ref = send_to_ranks(obj, (self.out / f"{what}.pkl").resolve())
+            else:
+                raise TulaError(f"{what} must be a function or a class (or an import path), not {type(obj).__name__}")
+            if what == "model":
+                d["model"] = {"name": ref, "kwargs": dict((d.get("model") or {}).get("kwargs") or {})}
+            elif what == "data":
+                kept = {k: v for k, v in (d.get("data") or {}).items() if k in ("kwargs", "loader_workers")}
+                d["data"] = {**kept, "name": "factory", "factory": ref}
+            else:
+                d["train"] = {**(d.get("train") or {}), "loss": ref}
+        return d
+
+    # ------------------------------------------------------------------ the stages
+    def profile(self, search: str = "partial", resume: bool = False) -> dict:
+        """Run the profile (``partial`` or ``full``); the profile record.  ``resume``: go on
+        from the trials an interrupted profile in ``out`` finished."""
+        from tula.core.records import PROFILE_KIND, load_record
+        from tula.pipeline import profile_stage
+
+        if search not in ("partial", "full"):
+            raise TulaError(f"search is 'partial' or 'full', not {search!r}")
+        previous = load_record(self.out / PROFILE, expect=(PROFILE_KIND,)) if resume else None
+        self.profile_record = profile_stage(self.spec, search, self.out / PROFILE, previous=previous,
+                                            observer=self.observer)  # fmt: skip
+        return self.profile_record
+
+    def fit(self) -> dict:
+        """Fit the memory and performance models to the profile; the models record."""
+        from tula.pipeline import fit_stage
+
+        if self.profile_record is None:
+            raise TulaError("fit needs a profile: call profile() first")
+        self.models = fit_stage(self.profile_record, self.out / MODELS, self.observer)
+        return self.models
+
+    def plan(self, objective: str | None = None, **options: Any) -> dict:
+        """Choose a configuration (``time``, ``cost`` or ``knee``; default: the spec's); the
+        plan record.  ``options`` go to :func:`tula.core.plan.make_plan` (``constraints``,
+        ``pricing``, ``compare_spot``)."""
+        from tula.pipeline import plan_stage
+
+        if self.models is None:
+            self.fit()
+        assert self.models is not None
+        self.plan_record = plan_stage(self.models, objective, self.out / PLAN, self.out / PLAN_PNG, self.observer,
+                                      **options)  # fmt: skip
+        return self.plan_record
+
+    def train(
+        self,
+        method: str | None = None,
+        n_workers: int | None = None,
+        global_batch: int | None = None,
+        resume: bool = False,
+    ) -> dict:
+        """Train (default: the plan's choice, with the spec's method -- ``lbt`` where AGS has
+        nothing to scale); the training run record."""
+        from tula.pipeline import train_stage, training_method
+
+        t = self.spec.train
+        if self.plan_record is not None:
+            choice = self.plan_record["choice"]
+            n_workers = n_workers or choice["n_workers"]
+            global_batch = global_batch or choice["global_batch"]
+        n_workers, global_batch = n_workers or t.n_workers, global_batch or t.global_batch
+        if n_workers is None or global_batch is None:
+            raise TulaError("train needs a configuration: call plan() first, or give n_workers and global_batch")
+        method = method or training_method(self.spec, global_batch, self.observer)
+        return train_stage(self.spec, method, n_workers, global_batch, self.out / TRAIN_DIR, resume=resume,
+                           observer=self.observer)  # fmt: skip
+
+    def run(self, search: str = "partial", objective: str | None = None) -> dict[str, dict]:
+        """Profile, fit, plan and train: the records by kind (``profile``, ``models``,
+        ``plan``, ``train``), as ``tula run`` writes them."""
+        records = {"profile": self.profile(search), "models": self.fit(), "plan": self.plan(objective)}
+        records["train"] = self.train()
+        return records
