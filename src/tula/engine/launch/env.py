@@ -31,6 +31,7 @@ step boundary as on the other launchers, and every rank exits with 130 or 143.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import sys
@@ -116,15 +117,6 @@ def env_world(environ: dict[str, str] | None = None) -> EnvWorld:
     )
 
 
-def is_env_worker() -> bool:
-    """Whether this process is a rank other than 0 of a launched world (it then serves the
-    driver instead of running the command itself)."""
-    try:
-        return env_world().rank != 0
-    except TulaError:
-        return False
-
-
 class EnvLauncher:
     """The launcher of ``--cluster env`` (see the module's docstring).  Opened on every rank:
     rank 0 uses it as any launcher; the other ranks call :meth:`serve`."""
@@ -203,6 +195,12 @@ class EnvLauncher:
             if self.world.rank == 0:
                 with contextlib.suppress(Exception):
                     self._broadcast(("exit", exit_code))
+            # what the worlds left in reference cycles (DDP's reducer holds the group) goes while
+            # the group is alive: freed after it, at exit, gloo's threads can abort the process
+            gc.collect()
+            with contextlib.suppress(Exception):
+                # no rank tears its side down while another still talks (bounded: a peer may be gone)
+                dist.monitored_barrier(group=self._control, timeout=timedelta(seconds=60))
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         if self._env is not None:
@@ -298,6 +296,7 @@ class EnvLauncher:
         try:
             value = fn(ctx, *args)
             stop.drain()
+            gc.collect()  # the world's DDP models go now, not after the group is destroyed
             return "result", value
         except BaseException as err:  # noqa: BLE001 - every failure goes back to the driver, classified
             with contextlib.suppress(Exception):
