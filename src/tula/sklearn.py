@@ -65,7 +65,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import warnings
 import weakref
@@ -477,28 +476,14 @@ class _TulaEstimator(BaseEstimator):
                 f"module must be a torch.nn.Module class or factory, a module instance, or a model name "
                 f"such as 'mlp', not {type(m).__name__}"
             )
-        import cloudpickle
+        from tula.engine.workloads import pickle_for_ranks
 
-        path = run_dir / "module.pkl"
         cls = m if isinstance(m, type) or not isinstance(m, nn.Module) else type(m)
-        home = sys.modules.get(getattr(cls, "__module__", ""))
-        # a module loaded from a file path (not importable by its name) goes by value too
-        by_value = home is not None and home.__name__ != "__main__" and import_ref(cls) is None
-        if by_value:
-            cloudpickle.register_pickle_by_value(home)
-        try:
-            path.write_bytes(cloudpickle.dumps(factory))
-        except Exception as err:  # noqa: BLE001 - what cloudpickle cannot serialise
-            raise ParamError(
-                f"module {_name_of(m)} cannot be pickled for the workers ({type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''})"
-            ) from None
-        finally:
-            if by_value:
-                cloudpickle.unregister_pickle_by_value(home)
-        from tula.engine.workloads import PICKLED_MODEL
-
-        return {"name": PICKLED_MODEL + str(path), "kwargs": {}}
+        try:  # the class's module by value when it is not importable by name (a file loaded by path)
+            ref = pickle_for_ranks(factory, run_dir / "module.pkl", like=cls, what=f"module {_name_of(m)}")
+        except WorkloadError as err:
+            raise ParamError(str(err)) from None
+        return {"name": ref, "kwargs": {}}
 
     def _build_module_here(self, model_spec: dict, kwargs: dict[str, Any]) -> Any:
         """``module_``, built in this process from the object the user gave."""

@@ -319,23 +319,28 @@ def import_path(path: str, field: str) -> Any:
 def send_to_ranks(obj: Any, path: Path) -> str:
     """How the user's Python object ``obj`` (a model, data or loss factory) reaches the ranks:
     its import path when importing that finds it again (robust across hosts), else a
-    cloudpickle file at ``path`` (``pickle:PATH``), by value when its module cannot be
-    imported by name (a script, a notebook)."""
+    cloudpickle file at ``path`` (:func:`pickle_for_ranks`)."""
     ref = import_ref(obj)
-    if ref is not None:
-        return ref
+    return ref if ref is not None else pickle_for_ranks(obj, path)
+
+
+def pickle_for_ranks(obj: Any, path: Path, like: Any = None, what: str | None = None) -> str:
+    """``obj`` as a cloudpickle file at ``path`` that every rank loads (``pickle:PATH``).  The
+    module of ``like`` (default: ``obj``) goes by value when it cannot be imported by its name
+    (a script, a notebook, a file loaded by path), so the ranks need not import it.  One
+    sentence naming ``what`` when cloudpickle cannot serialise it."""
     import cloudpickle
 
-    home = sys.modules.get(getattr(obj, "__module__", "") or "")
-    by_value = home is not None and home.__name__ != "__main__"
+    cls = obj if like is None else like
+    home = sys.modules.get(getattr(cls, "__module__", "") or "")
+    by_value = home is not None and home.__name__ != "__main__" and import_ref(cls) is None
     if by_value:
         cloudpickle.register_pickle_by_value(home)
     try:
         path.write_bytes(cloudpickle.dumps(obj))
     except Exception as err:  # noqa: BLE001 - what cloudpickle cannot serialise
-        raise WorkloadError(
-            f"{getattr(obj, '__name__', type(obj).__name__)} cannot be sent to the ranks ({_why(err)})"
-        ) from None
+        name = what or getattr(obj, "__name__", type(obj).__name__)
+        raise WorkloadError(f"{name} cannot be pickled for the workers ({_why(err)})") from None
     finally:
         if by_value:
             cloudpickle.unregister_pickle_by_value(home)
