@@ -1,4 +1,4 @@
-"""Tula from Python: your model, your data and your loss as Python objects, through the whole
+"""Tula from Python: your model, data, loss and optimiser as Python objects, through the whole
 pipeline (profile, fit, plan, train) with progress through a callback.
 
     .venv/bin/python examples/python_api.py
@@ -6,6 +6,8 @@ pipeline (profile, fit, plan, train) with progress through a callback.
 The functions below could live in a notebook: they travel to the ranks as cloudpickle files
 (or by their import path where they have one).
 """
+
+import functools
 
 import torch
 from torch import nn
@@ -45,6 +47,7 @@ if __name__ == "__main__":
         model=make_model,
         data=make_data,
         loss=SmoothedCrossEntropy,
+        optimizer=functools.partial(torch.optim.SGD, momentum=0.9, nesterov=True),  # Tula sets its lr
         out="runs/python-api",
         on_event=show,
     )

@@ -9,9 +9,9 @@ section "Example usage") reads::
     est.set_params(batch_size=GeoDamp, batch_size__delay=60, batch_size__factor=5)
     est.fit(X, y)
 
-Here it is for :class:`tula.sklearn.TulaRegressor`.  Two differences: Tula's training
-methods wrap SGD, Adam and AdamW (not Adadelta), so this uses Adam; and the batch grows
-every ``--delay`` epochs (the paper's 60 is for 200-epoch runs) from ``--initial-batch``.
+Here it is for :class:`tula.sklearn.TulaRegressor`, with the paper's Adadelta (at its
+torch default ``lr=1.0``; any ``torch.optim`` class is an optimiser factory to Tula).  One
+difference: the batch grows every ``--delay`` epochs (the paper's 60 is for 200-epoch runs) from ``--initial-batch``.
 With ``--max-workers 2`` the worker count follows the batch (N = ceil(B / batch per worker),
 at most 2), each change a new DDP world started from the last checkpoint.
 
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> TulaRegressor:
         module=HiddenLayer,
         module__features=10,
         module__hidden=32,
-        optimizer=optim.Adam,
+        optimizer=optim.Adadelta,
         optimizer__weight_decay=1e-7,
-        lr=0.01,
+        lr=1.0,
         max_epochs=args.epochs,
         random_state=0,
         verbose=1,

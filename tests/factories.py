@@ -84,3 +84,12 @@ def three_channel(**kwargs):
 
 
 NOT_A_LOSS = 42
+
+
+def not_an_optimizer(params, lr):
+    return [p for p in params]
+
+
+def own_parameters(params, lr):
+    """An optimiser over parameters of its own, not the ones it was given."""
+    return torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=lr)

@@ -83,6 +83,45 @@ def test_a_job_from_a_yaml_spec_trains_as_tula_train_does(tiny_spec_dict, tmp_pa
     assert [h["train_loss"] for h in run["history"]] == [h["train_loss"] for h in cli["history"]]
 
 
+def test_an_optimiser_factory_on_a_dask_client_trains_as_the_built_in_does_locally(tiny_spec_dict, tmp_path):
+    """The factory (a closure, so it travels pickled) builds the SGD of ``optimizer: {name:
+    sgd, momentum: 0.5}`` (not the default 0.9, so an ignored factory shows); on the caller's
+    Client (a LocalCluster of 2 worker processes) AGS steps it to the same losses as the
+    built-in on local processes, and the Client is left open."""
+    import logging
+
+    distributed = pytest.importorskip("distributed")
+    spec = dict(tiny_spec_dict, epochs=1, train={"ags": {"update_every": 3}})
+
+    def sgd(params, lr):
+        return torch.optim.SGD(params, lr=lr, momentum=0.5, weight_decay=5e-4)
+
+    local = tula.Job({**spec, "optimizer": {"momentum": 0.5}}, out=tmp_path / "builtin").train("ags", 2, 64)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=logging.ERROR) as cluster, distributed.Client(cluster) as client:  # fmt: skip
+        job = tula.Job(spec, optimizer=sgd, cluster=client, out=tmp_path / "factory")
+        assert job.spec.optimizer.name.startswith("pickle:")
+        run = job.train("ags", 2, 64)
+        assert client.status == "running"  # the caller's to close
+    assert [h["train_loss"] for h in run["history"]] == [h["train_loss"] for h in local["history"]]
+    with pytest.raises(TulaError, match="cluster is a distributed.Client that is closed"):
+        tula.Job(spec, cluster=client, out=tmp_path / "closed")
+
+
+def test_a_partial_optimiser_travels_pickled_and_builds_over_the_model(tmp_path):
+    """``functools.partial(torch.optim.SGD, ...)``, the usual idiom, has no import path of its
+    own: it is pickled (functools and torch by reference) and makes the SGD it says."""
+    import functools
+
+    from tula.engine.workloads import build_model, build_optimizer
+
+    job = tula.Job({}, optimizer=functools.partial(torch.optim.SGD, momentum=0.5, nesterov=True), out=tmp_path)
+    assert job.spec.optimizer.name.startswith("pickle:")
+    opt = build_optimizer(build_model(job.spec.model), job.spec, lr=0.2)
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.5 and opt.defaults["nesterov"]
+    assert opt.defaults["lr"] == 0.2
+
+
 def test_bad_input_to_a_job_is_one_sentence(tmp_path):
     with pytest.raises(TulaError, match="a job's spec is a dict, a YAML path or a JobSpec, not int"):
         tula.Job(42, out=tmp_path / "a")
@@ -94,3 +133,5 @@ def test_bad_input_to_a_job_is_one_sentence(tmp_path):
         tula.Job({}, out=tmp_path / "d").fit()
     with pytest.raises(TulaError, match="train needs a configuration"):
         tula.Job({}, out=tmp_path / "e").train()
+    with pytest.raises(TulaError, match="cluster is a --cluster value .* or an open distributed.Client, not int"):
+        tula.Job({}, cluster=3, out=tmp_path / "f")

@@ -477,7 +477,7 @@ def test_adadamp_example_grows_the_batch_and_the_workers():
         ({"method": "sgdx"}, "method 'sgdx' is not a Tula training method"),
         ({"batch_size": "exponential"}, "batch_size 'exponential' is neither a batch size nor a Tula batch schedule"),
         ({"n_workers": 0}, "n_workers must be a positive integer"),
-        ({"optimizer": torch.optim.Adadelta}, "optimizer Adadelta is not one Tula's training methods wrap"),
+        ({"optimizer": nn.Linear}, "optimizer Linear is not one Tula's training methods wrap"),
         ({"optimizer__betas": (0.9, 0.99)}, "optimizer__betas is not a setting"),
         ({"method__delta": 0.5}, "method__delta is not a setting of method 'lbt'"),
         ({"batch_size__factor": 2}, "batch_size__factor belongs to a batch schedule"),
@@ -497,6 +497,18 @@ def test_bad_parameters_are_one_sentence_at_fit(params, words):
     assert isinstance(err.value, ValueError) and isinstance(err.value, TulaError)
     msg = str(err.value)
     assert words in msg and "\n" not in msg and "Traceback" not in msg
+
+
+def test_any_optimiser_class_trains_with_its_own_settings():
+    """An optimiser class beyond SGD/Adam/AdamW is Tula's optimiser factory, ``optimizer__*``
+    its settings; a setting it does not take is one sentence before any rank starts."""
+    X, y = np.random.RandomState(0).rand(60, 4), np.arange(60) % 2
+    est = TulaClassifier(optimizer=torch.optim.RMSprop, optimizer__alpha=0.9, lr=0.01, max_epochs=1, batch_size=16)
+    assert est._optimizer_spec() == {"name": "torch.optim.rmsprop:RMSprop", "lr": 0.01, "kwargs": {"alpha": 0.9}}
+    assert est.fit(X, y).predict(X).shape == (60,)
+    with pytest.raises(TulaError) as err:
+        TulaClassifier(optimizer=torch.optim.RMSprop, optimizer__colour=1, max_epochs=1, batch_size=16).fit(X, y)
+    assert "optimiser factory 'torch.optim.rmsprop:RMSprop' raised TypeError" in str(err.value)
 
 
 def test_nan_targets_and_a_module_that_does_not_fit_the_data_are_one_sentence():

@@ -167,6 +167,11 @@ BAD = [
     ({"train__loss": "factories:NOT_A_LOSS"}, "train.loss 'factories:NOT_A_LOSS' is not callable"),
     ({"train__loss": "dice"}, "spec field 'train.loss': 'dice' is not a loss"),
     ({"data__kwargs": {"n": 200, "colour": 1}}, "raised TypeError: make_segmentation() got an unexpected keyword"),
+    (
+        {"optimizer": {"name": "torch.optim:RMSprop", "kwargs": {"colour": 1}}},
+        "optimiser factory 'torch.optim:RMSprop' raised TypeError:",
+    ),
+    ({"optimizer": {"name": "rmsprop"}}, "spec field 'optimizer.name': 'rmsprop' is not an optimiser"),
 ]
 
 
@@ -179,6 +184,32 @@ def test_bad_factories_and_losses_are_one_sentence_and_exit_2_before_any_worker(
     assert sentence in err, err
     assert "Traceback" not in r.stderr and err.count("error:") == 1
     assert not (tmp_path / "p.json").exists()
+
+
+def test_an_optimiser_factory_builds_over_the_model_and_bad_ones_are_one_sentence(on_path):
+    from tula.core.errors import WorkloadError
+    from tula.engine.workloads import build_model, build_optimizer
+
+    def spec(**optimizer):
+        return spec_from_dict(_spec(optimizer={"lr": 0.3, **optimizer}))
+
+    model = build_model(spec().model)
+    opt = build_optimizer(model, spec(name="torch.optim:RMSprop", kwargs={"alpha": 0.5}), lr=0.7)
+    assert isinstance(opt, torch.optim.RMSprop) and opt.defaults["alpha"] == 0.5 and opt.defaults["lr"] == 0.7
+    assert [id(p) for p in opt.param_groups[0]["params"]] == [id(p) for p in model.parameters()]
+    for name, sentence in (
+        ("factories:not_an_optimizer", "returned an object of type list, not a torch.optim.Optimizer"),
+        ("factories:own_parameters", "returned an optimiser over parameters that are not the model's"),
+        ("factories:NOT_A_LOSS", "is an object of type int, not a factory called as factory(params, lr=LR"),
+    ):
+        with pytest.raises(WorkloadError, match=sentence.replace("(", r"\(")):
+            build_optimizer(model, spec(name=name))
+    for optimizer, sentence in (
+        ({"name": "adam", "kwargs": {"amsgrad": True}}, "'adam' is a built-in, set with optimizer.momentum"),
+        ({"name": "torch.optim:Adam", "kwargs": {"lr": 1.0}}, "must not hold 'lr' or 'params'"),
+    ):
+        with pytest.raises(SpecError, match=sentence):
+            spec(**optimizer)
 
 
 def test_the_service_imports_a_data_factory_or_a_loss_only_from_its_allow_list(tmp_path):
@@ -197,6 +228,10 @@ def test_the_service_imports_a_data_factory_or_a_loss_only_from_its_allow_list(t
         admit(only_data, ServiceSettings(home=tmp_path / "d", import_allowlist=("factories",)))
     opened = ServiceSettings(home=tmp_path / "open", import_allowlist=("factories",))
     assert admit(_spec(), opened).data.factory == "factories:make_segmentation"
+    own_optimizer = _spec(optimizer={"name": "torch.optim:RMSprop"})
+    with pytest.raises(SpecError, match="spec field 'optimizer.name' imports 'torch.optim', which is not on"):
+        admit(own_optimizer, opened)
+    assert admit(own_optimizer, ServiceSettings(home=tmp_path / "t", import_allowlist=("factories", "torch")))
 
     # through the web layer: 422 naming the field; 202 once the module is allowed
     for settings, status in ((closed, 422), (opened, 202)):

@@ -8,7 +8,11 @@ optionally, Python objects in place of some of its fields:
 * ``data``: a function returning the training and test sets (``data.factory``; its return
   contract is :func:`tula.engine.workloads.load_dataset`'s), called with ``data.kwargs``;
 * ``loss``: an ``nn.Module`` class, a function of ``(output, target)`` or a factory of no
-  arguments (``train.loss``).
+  arguments (``train.loss``);
+* ``optimizer``: a factory called as ``optimizer(params, lr=LR, **optimizer.kwargs)``
+  returning a ``torch.optim.Optimizer`` -- an optimiser class such as ``torch.optim.RMSprop``,
+  or ``functools.partial(torch.optim.SGD, momentum=0.5)`` (``optimizer.name``).  Tula sets
+  the learning rate: ``optimizer.lr`` with the method's scaling, warm-up and milestones.
 
 Objects travel to the ranks by their import path when importing it finds them again, else as
 cloudpickle files in the job's directory (``pickle:PATH`` in the spec), as :mod:`tula.sklearn`
@@ -16,7 +20,8 @@ sends its modules: the directory must then be readable by every rank (a shared f
 on a cluster).  Each stage writes its record into ``out`` as the
 CLI does -- ``profile.json``, ``models.json``, ``plan.json`` (with ``plan.png``) and
 ``train/`` -- and returns it (the validated record, a dict).  ``cluster`` is any value of
-``--cluster``.  Progress goes to ``on_event(stage, event)`` instead of the terminal; the CLI
+``--cluster``, or an open ``distributed.Client`` (its workers run the ranks; the Client stays
+yours to close).  Progress goes to ``on_event(stage, event)`` instead of the terminal; the CLI
 and the service run the same stage functions (:mod:`tula.pipeline`).
 
 Example::
@@ -67,6 +72,18 @@ class _Forward(Observer):
         self._send("notes", {"type": "note", "message": message})
 
 
+def _open_client(cluster: Any) -> Any:
+    """``cluster`` when it is an open ``distributed.Client``; one sentence otherwise."""
+    if isinstance(cluster, (str, bytes)) or not (hasattr(cluster, "scheduler") and hasattr(cluster, "submit")):
+        raise TulaError(
+            "cluster is a --cluster value (local, dask, tcp://HOST:PORT, a jobqueue YAML file, env) or an open "
+            f"distributed.Client, not {type(cluster).__name__}"
+        )
+    if getattr(cluster, "scheduler", None) is None or getattr(cluster, "status", "") in ("closing", "closed"):
+        raise TulaError("cluster is a distributed.Client that is closed; give an open Client or its address")
+    return cluster
+
+
 class Job:
     """One training job, driven from Python (see the module's docstring)."""
 
@@ -77,8 +94,9 @@ class Job:
         model: Callable[[], Any] | None = None,
         data: Callable[..., Any] | None = None,
         loss: Any = None,
+        optimizer: Callable[..., Any] | None = None,
         out: str | Path | None = None,
-        cluster: str | None = None,
+        cluster: Any = None,
         on_event: EventCallback | None = None,
     ) -> None:
         if spec is None:
@@ -93,9 +111,12 @@ class Job:
             raise TulaError(f"a job's spec is a dict, a YAML path or a JobSpec, not {type(spec).__name__}")
         self.out = Path(out) if out is not None else Path("runs") / str(d.get("name", "job"))
         self.out.mkdir(parents=True, exist_ok=True)
-        d = self._with_objects(d, model=model, data=data, loss=loss)
-        if cluster is not None:
+        d = self._with_objects(d, model=model, data=data, loss=loss, optimizer=optimizer)
+        self.client = None  # a distributed.Client the ranks run on (the caller's)
+        if isinstance(cluster, str):
             d["cluster"] = {**(d.get("cluster") or {}), "where": cluster}
+        elif cluster is not None:
+            self.client = _open_client(cluster)
         self.spec = spec_from_dict(d)  # every field checked here: one sentence for the first wrong one
         self.observer = _Forward(on_event)
         self.profile_record: dict | None = None
@@ -122,6 +143,8 @@ class Job:
             elif what == "data":
                 kept = {k: v for k, v in (d.get("data") or {}).items() if k in ("kwargs", "loader_workers")}
                 d["data"] = {**kept, "name": "factory", "factory": ref}
+            elif what == "optimizer":
+                d["optimizer"] = {**(d.get("optimizer") or {}), "name": ref}
             else:
                 d["train"] = {**(d.get("train") or {}), "loss": ref}
         return d
@@ -137,7 +160,7 @@ class Job:
             raise TulaError(f"search is 'partial' or 'full', not {search!r}")
         previous = load_record(self.out / PROFILE, expect=(PROFILE_KIND,)) if resume else None
         self.profile_record = profile_stage(self.spec, search, self.out / PROFILE, previous=previous,
-                                            observer=self.observer)  # fmt: skip
+                                            launcher=self._launcher(), observer=self.observer)  # fmt: skip
         return self.profile_record
 
     def fit(self) -> dict:
@@ -183,7 +206,16 @@ class Job:
             raise TulaError("train needs a configuration: call plan() first, or give n_workers and global_batch")
         method = method or training_method(self.spec, global_batch, self.observer)
         return train_stage(self.spec, method, n_workers, global_batch, self.out / TRAIN_DIR, resume=resume,
-                           observer=self.observer)  # fmt: skip
+                           launcher=self._launcher(), observer=self.observer)  # fmt: skip
+
+    def _launcher(self) -> Any:
+        """The launcher on the caller's Client, or None: the stages open the spec's ``cluster``."""
+        if self.client is None:
+            return None
+        from tula.engine.launch.clusters import launcher_for_client
+
+        _open_client(self.client)  # still open
+        return launcher_for_client(self.client, self.spec)
 
     def run(self, search: str = "partial", objective: str | None = None) -> dict[str, dict]:
         """Profile, fit, plan and train: the records by kind (``profile``, ``models``,

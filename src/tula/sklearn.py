@@ -90,7 +90,6 @@ PREFIXES: dict[str, str] = {
     "workers": "the growing worker count (min, max, batch_per_worker)",
 }
 _PREFIX_TUPLE = tuple(f"{p}__" for p in PREFIXES)
-_OPTIMIZERS = ("sgd", "adam", "adamw")
 _OPTIMIZER_FIELDS = ("momentum", "nesterov", "weight_decay")
 _WORKER_FIELDS = ("min", "max", "batch_per_worker")
 #: train fields a method__ parameter may not set: the estimator's own parameters set them
@@ -360,25 +359,33 @@ class _TulaEstimator(BaseEstimator):
     def _optimizer_spec(self) -> dict[str, Any]:
         import torch.optim as optim
 
+        from tula.core.registry import OPTIMIZER_NAMES
+        from tula.core.spec import import_ref
+
         o = self.optimizer
         classes = {optim.SGD: "sgd", optim.Adam: "adam", optim.AdamW: "adamw"}
-        if isinstance(o, str) and o.lower() in _OPTIMIZERS:
+        prefixed = {k: v.item() if isinstance(v, np.generic) else v for k, v in self._prefixed("optimizer").items()}
+        if isinstance(o, str) and o.lower() in OPTIMIZER_NAMES:
             name = o.lower()
         elif isinstance(o, type) and o in classes:
             name = classes[o]
+        elif isinstance(o, type) and issubclass(o, optim.Optimizer) and import_ref(o) is not None:
+            # any other optimiser class: Tula's optimiser factory, made as cls(params, lr=lr, **optimizer__*)
+            return {"name": import_ref(o), "lr": float(self.lr), "kwargs": prefixed}
         else:
             raise ParamError(
                 f"optimizer {_name_of(o)} is not one Tula's training methods wrap; use 'sgd', 'adam', "
-                "'adamw' or torch.optim.SGD / Adam / AdamW"
+                "'adamw' or a torch.optim.Optimizer class importable by its name (torch.optim.RMSprop, say)"
             )
         spec = {"name": name, "lr": float(self.lr)}
-        for key, value in self._prefixed("optimizer").items():
+        for key, value in prefixed.items():
             if key not in _OPTIMIZER_FIELDS:
                 raise ParamError(
-                    f"optimizer__{key} is not a setting Tula's optimisers take; use one of "
-                    f"{', '.join('optimizer__' + f for f in _OPTIMIZER_FIELDS)}"
+                    f"optimizer__{key} is not a setting of {name!r}; use one of "
+                    f"{', '.join('optimizer__' + f for f in _OPTIMIZER_FIELDS)}, or an optimiser class whose "
+                    "own settings these are"
                 )
-            spec[key] = value.item() if isinstance(value, np.generic) else value
+            spec[key] = value
         return spec
 
     def _train_spec(self, n_train: int) -> tuple[dict[str, Any], int, int]:
@@ -628,23 +635,12 @@ class _TulaEstimator(BaseEstimator):
             return train(spec, self.method, n_workers, batch, out, launcher=launcher, on_event=on_event)
         if isinstance(c, str):  # an address, 'dask' or a jobqueue file: opened (and closed) for this fit
             return train(spec, self.method, n_workers, batch, out, on_event=on_event)
-        if hasattr(c, "scheduler_info") and hasattr(c, "submit"):  # a distributed.Client
-            from tula.engine.launch.dask import DaskLauncher
+        if _is_client(c):
+            from tula.engine.launch.clusters import launcher_for_client
 
             _client_address(c)  # remembered while connected: the estimator pickles once it is closed
-
-            cs = spec.cluster
-            launcher = DaskLauncher(
-                c,
-                device=spec.profile.device,
-                pg_timeout_s=cs.pg_timeout_s,
-                worker_wait_s=cs.worker_wait_s,
-                backend=cs.backend,
-            )
             # the workers' cores shared by the ranks on each host, as tula train does on Dask
-            launcher.threads_per_worker = self.threads_per_worker or launcher.default_threads(
-                max(spec.search.cluster_sizes)
-            )
+            launcher = launcher_for_client(c, spec, max(spec.search.cluster_sizes), threads=self.threads_per_worker)
             return train(spec, self.method, n_workers, batch, out, launcher=launcher, on_event=on_event)
         raise ParamError(
             f"cluster must be None (local processes), a distributed.Client or a scheduler address "
@@ -694,7 +690,8 @@ class TulaClassifier(ClassifierMixin, _TulaEstimator):
     criterion : None (cross-entropy), ``"cross_entropy"`` or ``torch.nn.CrossEntropyLoss``
     optimizer : ``"sgd"``, ``"adam"``, ``"adamw"`` or torch.optim.SGD / Adam / AdamW;
         ``optimizer__momentum``, ``optimizer__nesterov``, ``optimizer__weight_decay`` (default:
-        the spec's, 0.9, False, 5e-4)
+        the spec's, 0.9, False, 5e-4).  Or any other ``torch.optim.Optimizer`` class importable
+        by its name (``torch.optim.RMSprop``), made as ``cls(params, lr=lr, **optimizer__*)``
     lr : the learning rate (at the first global batch)
     max_epochs : epochs to train
     batch_size : the global batch (an int), or a batch schedule's name or class from

@@ -139,6 +139,9 @@ LOSSES: dict[str, str] = {
 }
 LOSS_NAMES: tuple[str, ...] = tuple(LOSSES)
 
+#: the built-in optimisers (``optimizer.name``); an import path names the user's own factory
+OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam", "adamw")
+
 
 def method_info(name: str) -> MethodInfo:
     """The entry of ``name``; an unknown name is a :class:`~tula.core.errors.SpecError`."""

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from tula.core.errors import SpecError
-from tula.core.registry import LOSS_NAMES, METHOD_NAMES
+from tula.core.registry import LOSS_NAMES, METHOD_NAMES, OPTIMIZER_NAMES
 from tula.core.schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
 
 _UNITS = {
@@ -333,11 +333,45 @@ class DataSpec(_Strict):
 
 
 class OptimizerSpec(_Strict):
-    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    """The optimiser the methods step (AGS wraps it; ``lars`` and ``lamb`` use their own).
+
+    ``name``: ``sgd``, ``adam``, ``adamw`` (with ``momentum``, ``nesterov``, ``weight_decay``
+    as they apply), or your own factory as an import path ``package.module:make_optimizer``
+    (or ``pickle:PATH``, what :class:`tula.Job` writes for a function it cannot import by
+    name), called as ``factory(params, lr=LR, **kwargs)`` and returning a
+    ``torch.optim.Optimizer`` -- ``torch.optim:RMSprop`` itself is such a factory.  Tula owns
+    the learning rate (``lr``, the methods' scaling rules, warm-up and milestones set it on
+    the optimiser's parameter groups); a factory's other settings are ``kwargs``."""
+
+    name: str = "sgd"
     lr: float = Field(default=0.05, gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
     nesterov: bool = False
     weight_decay: float = Field(default=5e-4, ge=0)
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of an optimiser factory (not of the built-ins)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _optimizer_name(cls, v: str) -> str:
+        if v in OPTIMIZER_NAMES or is_import_path(v):
+            return v
+        raise ValueError(
+            f"{v[:80]!r} is not an optimiser; use {', '.join(OPTIMIZER_NAMES)}, or an import path "
+            "'package.module:make_optimizer' of a factory called as factory(params, lr=LR, **kwargs)"
+        )
+
+    @model_validator(mode="after")
+    def _kwargs_for_factories(self) -> OptimizerSpec:
+        if self.kwargs and self.name in OPTIMIZER_NAMES:
+            raise ValueError(
+                f"optimizer.kwargs are passed to an optimiser factory; {self.name!r} is a built-in, set with "
+                "optimizer.momentum, nesterov and weight_decay"
+            )
+        if "lr" in self.kwargs or "params" in self.kwargs:
+            raise ValueError("optimizer.kwargs must not hold 'lr' or 'params': Tula passes them (set optimizer.lr)")
+        return self
 
 
 class SearchSpec(_Strict):

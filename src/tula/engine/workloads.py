@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from tula.core.errors import WorkloadError
-from tula.core.registry import LOSS_NAMES
+from tula.core.registry import LOSS_NAMES, OPTIMIZER_NAMES
 from tula.core.say import first_line
 from tula.core.spec import DataSpec, JobSpec, ModelSpec, import_ref
 from tula.engine.data import MEAN_STD, Dataset, SampleView
@@ -332,6 +332,10 @@ def pickle_for_ranks(obj: Any, path: Path, like: Any = None, what: str | None = 
     import cloudpickle
 
     cls = obj if like is None else like
+    while isinstance(cls, functools.partial):  # its function's module is the one that matters
+        cls = cls.func
+    if not hasattr(cls, "__qualname__"):  # a callable object: its class's module
+        cls = type(cls)
     home = sys.modules.get(getattr(cls, "__module__", "") or "")
     by_value = home is not None and home.__name__ != "__main__" and import_ref(cls) is None
     if by_value:
@@ -481,8 +485,8 @@ def load_dataset(spec: DataSpec, seed: int = 0) -> Dataset:
 
 
 def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
-    """Build the model, data and loss once and run a forward pass of two training samples and
-    the loss on it, so that a mismatch is one clear sentence here rather than a traceback in
+    """Build the model, data, loss (and the user's optimiser) once and run a forward pass of two
+    training samples and the loss on it, so that a mismatch is one clear sentence here rather than a traceback in
     every worker."""
     data = load_dataset(spec.data, spec.seed)
     model = build_model(spec.model)
@@ -502,6 +506,8 @@ def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
     if spec.train.loss in LOSS_NAMES:
         _check_builtin_loss(spec, data, out, y)
     _check_loss_value(spec.train.loss, loss_fn, out, y)
+    if spec.optimizer.name not in OPTIMIZER_NAMES:
+        build_optimizer(model, spec)  # the user's factory: one sentence here if it fails
     return model, data
 
 
@@ -617,7 +623,8 @@ def build_loss(name: str, device: torch.device | str | None = None) -> Callable:
 
 
 def build_optimizer(model: nn.Module, spec: JobSpec, lr: float | None = None) -> torch.optim.Optimizer:
-    """The spec's optimiser over ``model``'s parameters (``lr`` overrides the spec's LR)."""
+    """The spec's optimiser over ``model``'s parameters (``lr`` overrides the spec's LR): a
+    built-in, or the user's factory called as ``factory(params, lr=lr, **optimizer.kwargs)``."""
     o = spec.optimizer
     lr = o.lr if lr is None else lr
     if o.name == "sgd":
@@ -630,4 +637,32 @@ def build_optimizer(model: nn.Module, spec: JobSpec, lr: float | None = None) ->
         )
     if o.name == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=o.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=o.weight_decay)
+    if o.name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=o.weight_decay)
+    factory = import_path(o.name, "optimizer.name")
+    if not callable(factory):
+        raise WorkloadError(
+            f"optimizer.name {o.name!r} is an object of type {type(factory).__name__}, not a factory "
+            "called as factory(params, lr=LR, **kwargs)"
+        )
+    try:
+        opt = factory(model.parameters(), lr=lr, **o.kwargs)
+    except Exception as err:  # noqa: BLE001 - the user's factory
+        raise WorkloadError(
+            f"optimiser factory {o.name!r} raised {_why(err)} when called as factory(params, lr={lr:g}"
+            + "".join(f", {k}={v!r}" for k, v in o.kwargs.items())
+            + ")"
+        ) from None
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise WorkloadError(
+            f"optimiser factory {o.name!r} returned an object of type {type(opt).__name__}, not a torch.optim.Optimizer"
+        )
+    own = {id(p) for p in model.parameters()}
+    stepped = [p for g in opt.param_groups for p in g["params"]]
+    if not stepped or any(id(p) not in own for p in stepped):
+        raise WorkloadError(
+            f"optimiser factory {o.name!r} returned an optimiser over "
+            + ("no parameters" if not stepped else "parameters that are not the model's")
+            + "; build it over the params it is given"
+        )
+    return opt

@@ -54,7 +54,12 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
         )
     name = spec.model.name
     # the user's code: a model factory, a data factory, a loss -- imported only from allowed modules
-    imports = {"model.name": name, "data.factory": spec.data.factory, "train.loss": spec.train.loss}
+    imports = {
+        "model.name": name,
+        "data.factory": spec.data.factory,
+        "train.loss": spec.train.loss,
+        "optimizer.name": spec.optimizer.name,
+    }
     for field, path in imports.items():
         if path is not None and path.startswith("pickle:"):
             what = "object" if field == "train.loss" else "factory"

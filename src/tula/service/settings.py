@@ -49,8 +49,8 @@ class ServiceSettings(BaseModel):
     import_allowlist: tuple[str, ...] = Field(
         default=(),
         description="top-level modules (or full module names) a spec's "
-        "'package.module:attribute' model, data.factory and train.loss may be imported from (importing "
-        "runs code: empty by default)",
+        "'package.module:attribute' model, data.factory, train.loss and optimizer.name may be imported "
+        "from (importing runs code: empty by default)",
     )
     data_roots: tuple[Path, ...] = Field(
         default=(), description="directories a spec's data.root may be under (none by default: only built-in data sets)"

@@ -184,7 +184,6 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
         from distributed import Client, LocalCluster
     except ImportError as err:  # pragma: no cover - distributed is a dependency
         raise TulaError(f"cluster {where!r} needs the 'distributed' package ({err})") from None
-    from tula.engine.launch.dask import DaskLauncher
 
     dask.config.set(WORKER_CONFIG)
     n = n_workers or c.dask_workers or _largest_world(spec)
@@ -207,18 +206,29 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
             cluster = stack.enter_context(jobqueue_cluster(cfg))
             cluster.scale(jobs=-(-n // cfg.processes))
             client = stack.enter_context(Client(cluster))
-        settings = dict(
-            device=spec.profile.device,
-            pg_timeout_s=c.pg_timeout_s,
-            worker_wait_s=c.worker_wait_s,
-            backend=c.backend,
-            interface=c.interface,
-            silent_after_s=c.heartbeat_timeout_s,
-        )
-        threads = spec.profile.threads_per_worker
-        if threads is None:  # the workers' cores, shared by the ranks on each host
-            threads = DaskLauncher(client, **settings).default_threads(n)
-        yield DaskLauncher(client, threads_per_worker=threads, **settings)
+        yield launcher_for_client(client, spec, n)
+
+
+def launcher_for_client(client: Any, spec: JobSpec, n_workers: int | None = None, threads: int | None = None) -> Any:
+    """A :class:`~tula.engine.launch.dask.DaskLauncher` on the open ``distributed.Client``
+    ``client`` with the spec's cluster settings; the client stays the caller's to close.
+    ``threads`` per rank (default: ``profile.threads_per_worker``, else the workers' cores
+    shared by the ranks of a world of ``n_workers`` on each host, as ``--cluster tcp://``)."""
+    from tula.engine.launch.dask import DaskLauncher
+
+    c = spec.cluster
+    settings = dict(
+        device=spec.profile.device,
+        pg_timeout_s=c.pg_timeout_s,
+        worker_wait_s=c.worker_wait_s,
+        backend=c.backend,
+        interface=c.interface,
+        silent_after_s=c.heartbeat_timeout_s,
+    )
+    threads = threads or spec.profile.threads_per_worker
+    if threads is None:
+        threads = DaskLauncher(client, **settings).default_threads(n_workers or _largest_world(spec))
+    return DaskLauncher(client, threads_per_worker=threads, **settings)
 
 
 def _connect(address: str, timeout_s: float) -> Any:
