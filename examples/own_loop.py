@@ -23,6 +23,7 @@ and ``tula train --method ags`` train the same job: same seed, same data order
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
@@ -92,6 +93,12 @@ def main() -> None:
             )
     if rank == 0 and args.out:
         torch.save(model.state_dict(), args.out)
+    # tear down in order: DDP's reducer holds the group, so it goes while the group is alive
+    # (freed at exit after it, gloo's threads can abort the process: "terminate called without
+    # an active exception"), and no rank leaves while another still talks
+    del ddp, optimizer
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

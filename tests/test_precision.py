@@ -2,8 +2,10 @@
 profile records its precision, predicts the bf16 trials' peaks (median within 5 %) and differs
 from fp32's --, a
 bf16 AGS run resumed from its checkpoint ends with the uninterrupted run's parameters, and a
-precision that cannot be used is one sentence with exit 2.  (fp16 needs CUDA: checked where a
-GPU is lent, refused here.)"""
+precision that cannot be used is one sentence with exit 2.  fp16 is refused on a CPU; its
+path (autocast float16, torch's GradScaler, skipped overflow steps, the scale in what reads
+gradients, the scaler in the checkpoint) runs here on torch's CPU kernels under the test
+switch TULA_FP16_ON_CPU=1."""
 
 from __future__ import annotations
 
@@ -77,6 +79,43 @@ def test_a_bf16_ags_run_resumed_ends_with_the_uninterrupted_runs_parameters(tiny
     fp32 = train(spec_from_dict({**d, "train": {**d["train"], "precision": "fp32"}}), "ags", 2, 128,
                  tmp_path / "c", launcher=launcher)  # fmt: skip
     assert fp32["history"][0]["train_loss"] != ref["history"][0]["train_loss"]
+
+
+def test_fp16_skips_overflowed_steps_measures_unscaled_and_resumes_exactly(tiny_spec_dict, tmp_path, monkeypatch):
+    """A loss 10^4 times cross-entropy overflows float16 at the scaler's first scales (2^16
+    and down): those steps are skipped and the scale backs off.  What reads gradients sees
+    them unscaled -- the noise scale (B_simple is invariant to the loss's size) comes out
+    near the fp32 run's, not inf as with the DDP hook's scaled local norms -- AGS measures
+    its factors, and a run resumed from its checkpoint (the scaler's state in it) ends with
+    the uninterrupted run's parameters."""
+    import tula
+
+    monkeypatch.setenv("TULA_FP16_ON_CPU", "1")  # the ranks inherit it
+
+    def loud(out, target):
+        return 1e4 * torch.nn.functional.cross_entropy(out, target)
+
+    def job(precision: str, out: str):
+        d = dict(tiny_spec_dict, epochs=3, optimizer={"lr": 5e-6})
+        d["train"] = {"precision": precision, "ags": {"b_small": 32, "update_every": 4, "delta": 10.0}}
+        return tula.Job(d, loss=loud, out=tmp_path / out)
+
+    ref = job("fp16", "a").train("ags", 2, 128)
+    state = load_checkpoint(tmp_path / "a" / "train")
+    assert state["precision"]["name"] == "fp16" and state["precision"]["scaler"]["scale"] < 2.0**16
+    skipped = [h["skipped_steps"] for h in ref["history"]]
+    assert skipped[0] > 0 and skipped[1] < ref["history"][1]["steps"] // 2, skipped  # the scale settled
+    assert all(h["b_simple"] is not None for h in ref["history"][1:]), [h["b_simple"] for h in ref["history"]]
+    fp32 = job("fp32", "c").train("ags", 2, 128)
+    assert ref["history"][-1]["b_simple"] == pytest.approx(fp32["history"][-1]["b_simple"], rel=0.3)
+    assert ref["history"][-1]["train_loss"] < ref["history"][0]["train_loss"]
+    (tmp_path / "b" / "train").mkdir(parents=True)
+    shutil.copyfile(tmp_path / "a" / "train" / PREVIOUS, tmp_path / "b" / "train" / CHECKPOINT)
+    resumed = job("fp16", "b").train("ags", 2, 128, resume=True)
+    assert resumed["resumed_from_epoch"] == 2
+    assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in ref["history"]]
+    a, b = load_checkpoint(tmp_path / "a" / "train")["model"], load_checkpoint(tmp_path / "b" / "train")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_precision_that_cannot_be_used_is_one_sentence_and_exit_2(tiny_spec_dict, tmp_path, tula_cmd):

@@ -256,9 +256,27 @@ class _NoiseScaleFeed:
         self.gns, self.own_norms, self.world = gns, own_norms, world
         self.pending: tuple | None = None
 
-    def step(self, method: Any, params: list, local_batch: int, global_batch: int) -> None:
+    def step(
+        self,
+        method: Any,
+        params: list,
+        local_batch: int,
+        global_batch: int,
+        loss_scale: float | None = None,
+        skip: bool = False,
+    ) -> None:
+        """One step's pair; ``loss_scale``: fp16's factor, in the local norms the DDP hook took
+        before the gradients were unscaled; ``skip``: the step overflowed (fp16), its norms are
+        dropped."""
+        if skip:
+            if self.own_norms is not None:
+                self.own_norms.take()
+            method.step_norms = None
+            return
         if self.own_norms is not None:
             local = self.own_norms.take().reshape(1)
+            if loss_scale is not None:
+                local /= loss_scale**2
             work = dist.all_reduce(local, async_op=True)
             synced = synced_sq_norm(params)
             self.flush()
@@ -398,6 +416,7 @@ class _RankTrainer:
         self.ddp: Any = wrap_ddp(self.model, self.device)
         self.loss_fn = build_loss(spec.train.loss, self.device)
         self.prec = Precision(spec.train.precision, self.device)
+        self.skipped_steps = 0  # fp16: this epoch's steps whose gradients overflowed
         self.gns, self.own_norms = NoiseScale(), None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.method: Any = None
@@ -509,10 +528,15 @@ class _RankTrainer:
                 loss = self.loss_fn(self.ddp(x), y)
             self.prec.backward(loss)
             self.prec.unscale(method.optimizer)  # fp16: every reader of the gradients sees them unscaled
-            with self.prec.autocast():  # AGS's small batch in the same arithmetic as the large one
-                method.after_backward(epoch * self.n_steps + i, x, y, self.loss_fn)
+            finite = self.prec.grads_finite(method.optimizer)  # fp16: a step that overflowed is skipped
+            self.skipped_steps += not finite
+            if finite:
+                method.loss_scale = self.prec.loss_scale()
+                with self.prec.autocast():  # AGS's small batch in the same arithmetic as the large one
+                    method.after_backward(epoch * self.n_steps + i, x, y, self.loss_fn)
             if spec.train.noise_scale:
-                self.gns_feed.step(method, self.params, self.local_batch, self.global_batch)
+                self.gns_feed.step(method, self.params, self.local_batch, self.global_batch,
+                                   loss_scale=self.prec.loss_scale(), skip=not finite)  # fmt: skip
             self.prec.step(method.optimizer)
             method.scheduler.step()
             loss_sum += loss.detach().double()
@@ -553,6 +577,8 @@ class _RankTrainer:
             "epoch_time_s": float(slowest_s),
             **scores,
         }
+        if self.prec.scaler is not None:  # fp16: the steps the scaler skipped (gradients overflowed)
+            rec["skipped_steps"], self.skipped_steps = self.skipped_steps, 0
         self.gns_feed.flush()
         rec["b_simple"] = self.gns.b_simple()  # the batch the model could use now (one host sync per epoch)
         step_traces = _drain_step_traces(self.method)

@@ -301,7 +301,10 @@ class AGS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def measure_factors(
-        self, small_batch_loss: Callable[[], torch.Tensor], module: torch.nn.Module | None = None
+        self,
+        small_batch_loss: Callable[[], torch.Tensor],
+        module: torch.nn.Module | None = None,
+        loss_scale: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Measure the factors from a small batch: what a training loop calls at a factor
         update, after the (synchronised) backward of the large batch and before :meth:`step`.
@@ -313,16 +316,19 @@ class AGS(torch.optim.Optimizer):
         they are), averaged over the ranks with one all-reduce when a process group is up,
         and compared with the large-batch gradient (:meth:`update_factors`); ``module``'s
         buffers (BatchNorm statistics) are put back as they were, so the measurement leaves
-        no trace on the model.  Returns the squared norms (|g_small|^2 averaged over the
-        ranks, |g_large|^2) as float64 0-d tensors: a gradient noise scale's pair."""
+        no trace on the model.  Under fp16 give ``loss_scale`` (the gradient scaler's
+        ``get_scale()``; the large batch's gradients already unscaled): the small loss is
+        scaled by it before its backward, as the large one was, so its float16 gradients do
+        not underflow, and divided out after.  Returns the squared norms (|g_small|^2
+        averaged over the ranks, |g_large|^2) as float64 0-d tensors: a gradient noise
+        scale's pair."""
         import torch.distributed as dist
 
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         buffers = [b.detach().clone() for b in module.buffers()] if module is not None else []
-        with torch.enable_grad():
-            loss = small_batch_loss()
-            small = list(torch.autograd.grad(loss, params, allow_unused=True))
-        small = [torch.zeros_like(p) if g is None else g for g, p in zip(small, params)]
+        small = self._small_grads(small_batch_loss, params, loss_scale)
+        if loss_scale is not None and not all(bool(torch.isfinite(g).all()) for g in small):
+            small = self._small_grads(small_batch_loss, params, None)  # the scale overflowed the small batch
         if module is not None:
             with torch.no_grad():
                 for b, saved in zip(module.buffers(), buffers):
@@ -336,6 +342,18 @@ class AGS(torch.optim.Optimizer):
         small_sq = sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in small)
         large_sq = sum(torch.linalg.vector_norm(p.grad, dtype=torch.float64).square() for p in params)
         return small_sq, large_sq  # type: ignore[return-value]
+
+    @staticmethod
+    def _small_grads(
+        small_batch_loss: Callable[[], torch.Tensor], params: list[torch.Tensor], loss_scale: float | None
+    ) -> list[torch.Tensor]:
+        """The gradient of ``small_batch_loss()`` for ``params`` (zeros where unused), its
+        backward taken at ``loss_scale`` times the loss and divided back."""
+        with torch.enable_grad():
+            loss = small_batch_loss()
+            grads = torch.autograd.grad(loss * loss_scale if loss_scale else loss, params, allow_unused=True)
+        small = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        return [g / loss_scale for g in small] if loss_scale else small
 
     def update_factors(self, small_grads: list[torch.Tensor], params: list[torch.Tensor] | None = None) -> None:
         """UPDATEGRADSCALE: compare ``small_grads`` (the gradient of a ``b_small`` sub-batch,

@@ -264,7 +264,7 @@ class AdaScale(Method):
     def after_backward(self, step, x, y, loss_fn):
         local_sq = self.sq_norm_state.take().reshape(1)
         dist.all_reduce(local_sq)
-        mean_local_sq = float(local_sq) / self.n_workers
+        mean_local_sq = float(local_sq) / self.n_workers / (self.loss_scale or 1.0) ** 2  # fp16: taken scaled
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         global_sq = float(
             torch.linalg.vector_norm(

@@ -90,6 +90,10 @@ class Method:
         # noise scale takes them instead of measuring again; None when there are none
         self.step_norms: tuple | None = None
         self.step_norms_batches: tuple[int, int] | None = None
+        # fp16's loss scale of the current step (set by the runner before after_backward; None
+        # otherwise): what a method reading gradients from a DDP hook, before they were unscaled,
+        # divides by
+        self.loss_scale: float | None = None
         sched = spec.train.batch_schedule
         self.milestones_owned = sched is not None and _schedule_owns_milestones(sched.kind)
         self.optimizer = self.build_optimizer()
@@ -199,6 +203,7 @@ class ScaledGradients(Method):
         a = spec.train.ags  # b_small < global batch: checked by Method.__init__ (tula.core.registry)
         self.local_small = max(1, a.b_small // n_workers)
         self.update_every = a.update_every or steps_per_epoch
+        self._measured_at: int | None = None  # the step of the last factor measurement in this process
         super().__init__(ddp, spec, global_batch, n_workers, steps_per_epoch)
 
     def build_optimizer(self) -> torch.optim.Optimizer:
@@ -241,11 +246,20 @@ class AdaptiveScaling(ScaledGradients):
     name = "ags"
 
     def after_backward(self, step, x, y, loss_fn):
-        if step % self.update_every:
-            return
+        # every update_every steps; when the runner skipped the step it was due at (an fp16
+        # overflow: it does not call this), at the next step it calls this at
+        due_at = step - step % self.update_every
+        if step != due_at:
+            if self._measured_at is None:  # started or resumed after due_at: measured there before
+                self._measured_at = due_at
+            if self._measured_at >= due_at:
+                return
+        self._measured_at = step
         module, k = self.module, self.local_small
         # the sub-batch and the batch gradient: with one worker, the gradient noise scale's pair
-        self.step_norms = self.optimizer.measure_factors(lambda: loss_fn(module(x[:k]), y[:k]), module)
+        self.step_norms = self.optimizer.measure_factors(
+            lambda: loss_fn(module(x[:k]), y[:k]), module, loss_scale=self.loss_scale
+        )
         self.step_norms_batches = (self.local_small * self.n_workers, self.global_batch)
 
 
