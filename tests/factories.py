@@ -93,3 +93,25 @@ def not_an_optimizer(params, lr):
 def own_parameters(params, lr):
     """An optimiser over parameters of its own, not the ones it was given."""
     return torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=lr)
+
+
+# --------------------------------------------------------------------------- a known noise scale
+def linear_regression(n: int = 4000, d: int = 16, sigma: float = 1.0, seed: int = 0):
+    """y = w* . x + e with x ~ N(0, I_d), |w*| = 1, e ~ N(0, sigma^2): at w = 0 the MSE's
+    per-sample gradient -2 (w* . x + e) x has mean G = -2 w* and tr(Sigma) = 4 ((1 + sigma^2) d
+    + 1), so the noise scale is B_simple = d (1 + sigma^2) + 1 (Gaussian fourth moments)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(d, generator=g)
+    w /= w.norm()
+    x = torch.randn(n, d, generator=g)
+    y = (x @ w + sigma * torch.randn(n, generator=g)).unsqueeze(1)
+    full = torch.utils.data.TensorDataset(x, y)
+    cut = n * 9 // 10
+    return torch.utils.data.Subset(full, range(cut)), torch.utils.data.Subset(full, range(cut, n))
+
+
+def linear_at_zero(d: int = 16) -> nn.Module:
+    """w = 0, no bias: where linear_regression's noise scale is known."""
+    m = nn.Linear(d, 1, bias=False)
+    nn.init.zeros_(m.weight)
+    return m

@@ -100,6 +100,13 @@ def test_a_job_over_http_runs_the_pipeline_and_its_records_are_those_tula_run_wr
     plan = p.json()
     assert plan["objective"] == "cost" and {c_["n_workers"] for c_ in plan["configurations"]} >= {4, 8}
     assert c.get(f"/v1/jobs/{job_id}/plan").json() == recs["plan"]  # the job's own plan is unchanged
+    # to accuracy, with the profile's noise scale or a what-if's; a noise scale <= 0 is a 422
+    acc = c.post(f"/v1/jobs/{job_id}/replan", json={"objective": "time_to_accuracy"})
+    assert acc.status_code == 200, acc.text
+    assert acc.json()["noise_scale"]["source"] == "profile" and "to accuracy" in acc.json()["reason"]
+    what_if = c.post(f"/v1/jobs/{job_id}/replan", json={"objective": "cost_to_accuracy", "noise_scale": 5.0})
+    assert what_if.status_code == 200 and what_if.json()["noise_scale"]["b_noise"] == 5.0
+    assert c.post(f"/v1/jobs/{job_id}/replan", json={"noise_scale": 0}).status_code == 422
 
     # a second job with the same model key is planned from the store: no trial runs
     d2 = dict(tiny_spec_dict, name="tiny-again", epochs=1, objective="time")
@@ -118,6 +125,8 @@ def test_a_job_over_http_runs_the_pipeline_and_its_records_are_those_tula_run_wr
     # POST /v1/plans answers from the store too, and says what to do when it cannot
     hit = c.post("/v1/plans", json={"spec": d2, "objective": "knee"})
     assert hit.status_code == 200 and hit.json()["reused_models_from"] == job_id
+    acc = c.post("/v1/plans", json={"spec": d2, "objective": "knee_to_accuracy", "noise_scale": 50})
+    assert acc.status_code == 200 and acc.json()["objective"] == "knee_to_accuracy", acc.text
     other = dict(tiny_spec_dict, model={"name": "mlp"})
     miss = c.post("/v1/plans", json={"spec": other})
     assert miss.status_code == 404 and "submit the spec as a job" in miss.json()["detail"]

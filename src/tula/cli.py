@@ -25,7 +25,7 @@ from rich.text import Text
 from tula import __version__
 from tula.core.errors import Interrupted, RunDirError, TulaError
 from tula.core.records import epoch_score
-from tula.core.registry import METHOD_NAMES
+from tula.core.registry import METHOD_NAMES, OBJECTIVE_NAMES, OBJECTIVES
 from tula.core.registry import METHODS as METHOD_TABLE
 from tula.core.say import plain, say
 from tula.core.schedules import SCHEDULES
@@ -57,10 +57,8 @@ class Search(str, Enum):
     partial = "partial"
 
 
-class Objective(str, Enum):
-    time = "time"
-    cost = "cost"
-    knee = "knee"
+Objective = Enum("Objective", {o: o for o in OBJECTIVE_NAMES}, type=str)  # type: ignore[misc]
+_OBJECTIVE_HELP = "; ".join(f"{name}: {what}" for name, what in OBJECTIVES.items())
 
 
 TrainMethod = Enum("TrainMethod", {m: m for m in METHOD_NAMES}, type=str)  # type: ignore[misc]
@@ -382,7 +380,7 @@ def fit(
 @app.command()
 def plan(
     source: Path = typer.Argument(..., help="a job spec (profiled first), a profile JSON, or a models JSON"),
-    objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+    objective: Objective = typer.Option(None, help=_OBJECTIVE_HELP + " (default: the spec's objective)"),
     search: Search = typer.Option(Search.partial, help="search used when SOURCE is a spec"),
     out: Path = typer.Option(
         None,
@@ -411,6 +409,12 @@ def plan(
         "on-demand pricing and say which is cheaper, and up to which preemption "
         "rate spot stays cheaper (needs pricing.spot_price_per_node_hour and "
         "preemption_rate_per_node_hour, e.g. via --pricing)",
+    ),
+    noise_scale: float = typer.Option(
+        None,
+        "--noise-scale",
+        help="the gradient noise scale B_noise to assume, in samples (a what-if; default: the one the "
+        "profile measured); the *_to_accuracy objectives scale the epochs by (B_noise + B) / (B_noise + B0)",
     ),
 ) -> None:
     """Predict time and cost of every configuration and choose one.
@@ -460,6 +464,7 @@ def plan(
             constraints=_plan_constraints(models, deadline, budget),
             pricing=price_over or None,
             compare_spot=compare_spot,
+            noise_scale=noise_scale,
         )
     if p.get("spot_comparison"):
         say(console, ("spot vs on-demand", "bold"), ": ", p["spot_comparison"]["sentence"])
@@ -614,6 +619,12 @@ def simulate(
     pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
     out: Path = typer.Option(None, help="the PNG to write (default: simulate.png next to MODELS_JSON)"),
     force: bool = typer.Option(False, help="overwrite an existing PNG at --out"),
+    noise_scale: float = typer.Option(
+        None,
+        "--noise-scale",
+        help="the gradient noise scale B_noise, in samples (default: the one the profile measured): "
+        "a constant batch's rows also show the time to the accuracy the spec's epochs reach at train.base_batch",
+    ),
 ) -> None:
     """What if the cluster were larger: predict step, epoch and total time and cost from a
     fitted models record for worker counts far beyond the profiled ones, per collective
@@ -645,7 +656,7 @@ def simulate(
         intra_latency=intra_latency,
     )
     past = load_record(history, expect=(TRAIN_KIND,))["history"] if scheds and history is not None else None
-    w = what_if(models, sim, ns, colls, batch, scheds, past, min_workers, max_workers, batch_per_worker)
+    w = what_if(models, sim, ns, colls, batch, scheds, past, min_workers, max_workers, batch_per_worker, noise_scale)
     for t in simulation_tables(sim, w.rows, sim.pricing.unit):
         console.print(t)
     console.print(simulation_summary(w.rows))
@@ -660,7 +671,7 @@ def simulate(
 def run(
     spec: Path = typer.Argument(None, help="job spec (YAML); not needed with --resume"),
     search: Search = typer.Option(None, help="full or partial search (default: partial)", show_default=False),
-    objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+    objective: Objective = typer.Option(None, help=_OBJECTIVE_HELP + " (default: the spec's objective)"),
     train_after: bool = typer.Option(
         None,
         "--train/--no-train",
@@ -837,7 +848,7 @@ def submit(
     server: str = typer.Option(None, help=_SERVER_HELP),
     token: str = typer.Option(None, help=_TOKEN_HELP),
     search: Search = typer.Option(Search.partial, help="full or partial search"),
-    objective: Objective = typer.Option(None, help="time, cost or knee (default: the spec's objective)"),
+    objective: Objective = typer.Option(None, help=_OBJECTIVE_HELP + " (default: the spec's objective)"),
     train_after: bool = typer.Option(True, "--train/--no-train", help="train at the chosen configuration"),
     wait: bool = typer.Option(False, help="follow the job until it ends, with a progress bar"),
 ) -> None:
@@ -917,17 +928,20 @@ def status(
 @app.command()
 def replan(
     job_id: str = typer.Argument(..., help="a job of the service whose models are fitted"),
-    objective: Objective = typer.Option(None, help="time, cost or knee"),
+    objective: Objective = typer.Option(None, help=_OBJECTIVE_HELP),
     price: float = typer.Option(None, help="fixed price per node-hour"),
     cluster_sizes: str = typer.Option(None, help="comma-separated cluster sizes to plan over, e.g. 1,2,4,8,16"),
     epochs: int = typer.Option(None, help="another epoch count"),
+    noise_scale: float = typer.Option(
+        None, "--noise-scale", help="the gradient noise scale to assume (default: the profiled one)"
+    ),
     server: str = typer.Option(None, help=_SERVER_HELP),
     token: str = typer.Option(None, help=_TOKEN_HELP),
 ) -> None:
     """Plan a service job again from its stored models (no profiling), e.g. --objective cost."""
     from tula.report import plan_table
 
-    body: dict = {"objective": objective.value if objective else None, "epochs": epochs}
+    body: dict = {"objective": objective.value if objective else None, "epochs": epochs, "noise_scale": noise_scale}
     if price is not None:
         body["pricing"] = {"kind": "fixed", "price_per_node_hour": price}
     if cluster_sizes is not None:

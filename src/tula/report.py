@@ -99,16 +99,37 @@ def models_table(models: dict) -> Table:
         f"step time median {err['t_step_median_rel']:.1%} (max {err['t_step_max_rel']:.1%}), "
         f"peak memory median {err['peak_mem_median_rel']:.1%} (max {err['peak_mem_max_rel']:.1%})",
     )
+    noise = models.get("noise_scale")
+    if noise is not None:
+        t.add_row("noise scale", noise_scale_text(noise))
     for note in perf.get("notes", []):
         t.add_row("note", note)
     return t
+
+
+def noise_scale_text(noise: dict) -> str:
+    """The models' gradient noise scale in words: the value, its error, where it was measured."""
+    if not noise.get("b_noise"):
+        return f"B_noise {noise.get('note') or 'not measured'}"
+    err = ""
+    if noise.get("low") is not None and noise.get("high") is not None:
+        err = f" ({noise['low']:.3g}-{noise['high']:.3g}, one jackknife error)"
+    worlds = ", ".join(f"N={w['n_workers']} b={w['b_small']} vs {w['b_big']}" for w in noise.get("worlds") or [])
+    return f"B_noise {noise['b_noise']:.3g} samples{err} at the start of training, over {noise['steps']} batches ({worlds})"
 
 
 def plan_table(plan: dict) -> Table:
     cons = plan.get("constraints") or {}
     constrained = cons.get("deadline_s") is not None or cons.get("budget") is not None
     spot = any("failure_free_time_s" in r for r in plan["configurations"])
+    acc = any("epochs_to_accuracy" in r for r in plan["configurations"])
     title = f"Plan (objective: {plan['objective']}); candidate batches and the choice"
+    noise = plan.get("noise_scale") or {}
+    if acc:
+        title += (
+            f"; to accuracy: the spec's {plan['spec']['epochs']} epochs at B0={noise['reference_batch']} scaled by "
+            f"B_noise {noise['b_noise']:.3g} ({'what-if' if noise.get('source') == 'what-if' else 'profiled'})"
+        )
     if constrained:
         from tula.core.spec import format_duration
 
@@ -120,7 +141,9 @@ def plan_table(plan: dict) -> Table:
     cols = (
         ["", "N", "B", "b", "t_step ms", "epoch s", "total s" + (" (expected)" if spot else "")]
         + (["preempt."] if spot else [])
-        + ["cost", "peak mem", "feasible"]
+        + ["cost"]
+        + (["epochs to acc.", "to acc. s", "to acc. cost"] if acc else [])
+        + ["peak mem", "feasible"]
         + (["meets"] if constrained else [])
     )
     for col in cols:
@@ -139,7 +162,10 @@ def plan_table(plan: dict) -> Table:
             f"{r['total_time_s']:.2f}",
         ]
         row += [f"{r['expected_preemptions']:.2g}"] if spot else []
-        row += [f"{r['cost']:.4g}", fmt_bytes(r["peak_mem_bytes"]), "yes" if r["feasible"] else "no"]
+        row += [f"{r['cost']:.4g}"]
+        if acc:
+            row += [f"{r['epochs_to_accuracy']:.3g}", f"{r['time_to_accuracy_s']:.2f}", f"{r['cost_to_accuracy']:.4g}"]
+        row += [fmt_bytes(r["peak_mem_bytes"]), "yes" if r["feasible"] else "no"]
         row += ["yes" if meets else "no"] if constrained else []
         t.add_row(*row, style="bold green" if r["chosen"] else (None if r["feasible"] and meets else "dim"))
     return t
@@ -176,9 +202,9 @@ def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
             {
                 "n_workers": int(n),
                 "predicted": {
-                    "global_batch": list(curve["global_batch"]),
-                    "total_time_s": list(curve["total_time_s"]),
-                    "cost": list(curve["cost"]),
+                    k: list(curve[k])
+                    for k in ("global_batch", "total_time_s", "cost", "time_to_accuracy_s", "cost_to_accuracy")
+                    if k in curve
                 },
                 "measured": measured,
                 "knee_batch": kn["global_batch"] if kn else None,
@@ -217,6 +243,9 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
         col, n, pred, meas = colors[k % len(colors)], s["n_workers"], s["predicted"], s["measured"]
         ax_t.plot(pred["global_batch"], pred["total_time_s"], "-", color=col, label=f"N={n} predicted")
         ax_c.plot(pred["global_batch"], pred["cost"], "-", color=col, label=f"N={n} predicted")
+        if "time_to_accuracy_s" in pred:  # the epochs scaled by the noise scale: dashed
+            ax_t.plot(pred["global_batch"], pred["time_to_accuracy_s"], "--", color=col, label=f"N={n} to accuracy")
+            ax_c.plot(pred["global_batch"], pred["cost_to_accuracy"], "--", color=col)
         if meas["global_batch"]:
             ax_t.plot(meas["global_batch"], meas["total_time_s"], "o", color=col, label=f"N={n} measured")
             ax_c.plot(meas["global_batch"], meas["cost"], "o", color=col)
@@ -227,7 +256,9 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     if data["budget"] is not None:
         ax_c.axhline(data["budget"], color="red", ls="--", lw=1, label="budget")
     c = data["choice"]
-    for ax, y in ((ax_t, c["total_time_s"]), (ax_c, c["cost"])):
+    to_acc = data["objective"].endswith("_to_accuracy")
+    tk, ck = ("time_to_accuracy_s", "cost_to_accuracy") if to_acc else ("total_time_s", "cost")
+    for ax, y in ((ax_t, c[tk]), (ax_c, c[ck])):
         ax.plot(
             [c["global_batch"]],
             [y],
@@ -241,7 +272,14 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch B")
         ax.grid(alpha=0.3)
-    ax_t.set_ylabel(f"training time for {data['epochs']} epochs (s)")
+    ax_t.set_ylabel(
+        f"training time for {data['epochs']} epochs (s)"
+        + (
+            "; dashed: to their accuracy at B0"
+            if any("time_to_accuracy_s" in s["predicted"] for s in data["series"])
+            else ""
+        )
+    )
     ax_c.set_ylabel(f"cost ({data['pricing']} pricing, {data['unit']})")
     ax_t.legend(fontsize=8)
     ax_c.legend(fontsize=8)
@@ -308,6 +346,7 @@ def simulation_tables(sim, rows: list[dict], unit: str = "$") -> list[Table]:
                 title=f"Simulated {c}, B={mine[0]['global_batch']} constant, {sim.epochs} epochs: "
                 f"{_simulated_network(sim)}"
             )
+            acc = any("time_to_accuracy_s" in r for r in mine)
             for col in (
                 "N",
                 "b",
@@ -316,6 +355,7 @@ def simulation_tables(sim, rows: list[dict], unit: str = "$") -> list[Table]:
                 "epoch",
                 "total",
                 f"cost {unit}",
+                *(("to accuracy",) if acc else ()),
                 "updates",
                 "speed-up",
                 "note",
@@ -332,6 +372,7 @@ def simulation_tables(sim, rows: list[dict], unit: str = "$") -> list[Table]:
                     _dur(r["epoch_time_s"]),
                     _dur(r["total_time_s"]),
                     "-" if r["cost"] is None else f"{r['cost']:.4g}",
+                    *((_dur(r["time_to_accuracy_s"]) if "time_to_accuracy_s" in r else "-",) if acc else ()),
                     str(r["updates"]),
                     speed,
                     r["note"],

@@ -22,6 +22,42 @@ def oom_local_batch(trials: list[dict]) -> int | None:
     return min(bad) if bad else None
 
 
+def fit_noise_scale(trials: list[dict]) -> dict:
+    """The gradient noise scale B_noise at the start of training, from the trials' ``noise``
+    measurements (the first trial of each world): the ratio of the mean tr(Sigma) to the
+    mean |G|^2 over every measured batch of every world (each batch's pair is unbiased at
+    its own batch sizes, so they pool), with a jackknife standard error over the batches
+    (``low``, ``high``: one error either side).  ``b_noise`` is None, with a ``note``
+    saying why, when nothing was measured or no gradient signal stood above the noise."""
+    measured = [t for t in trials if t.get("noise") and t["noise"].get("steps")]
+    worlds = [
+        {k: t["noise"][k] for k in ("b_small", "b_big", "steps", "b_simple")} | {"n_workers": t["n_workers"]}
+        for t in measured
+    ]
+    out: dict = {"b_noise": None, "low": None, "high": None, "steps": 0, "worlds": worlds, "note": ""}
+    if not measured:
+        out["note"] = "not measured: the profile has no noise measurement (profile.noise_steps 0, or an older profile)"
+        return out
+    g2 = np.array([v for t in measured for v in t["noise"]["g2"]], float)
+    tr = np.array([v for t in measured for v in t["noise"]["trace_sigma"]], float)
+    out["steps"] = int(g2.size)
+    if g2.sum() <= 0:
+        out["note"] = (
+            f"not measurable: over {g2.size} batches the mean |G|^2 is not above 0 -- the gradient noise "
+            "swamps the signal at these batches (B_noise is far above them)"
+        )
+        return out
+    b = float(max(tr.sum(), 0.0) / g2.sum())
+    out["b_noise"] = b
+    if g2.size >= 2:
+        rest_g2, rest_tr = g2.sum() - g2, tr.sum() - tr
+        ok = rest_g2 > 0
+        loo = np.maximum(rest_tr[ok], 0.0) / rest_g2[ok]
+        se = float(np.sqrt((loo.size - 1) / loo.size * np.sum((loo - loo.mean()) ** 2))) if loo.size >= 2 else 0.0
+        out["low"], out["high"] = max(b - se, 0.0), b + se
+    return out
+
+
 def fit_models(profile: dict) -> dict:
     """Fit the memory and performance models of a profile record."""
     spec = spec_from_dict(profile["spec"])
@@ -60,6 +96,7 @@ def fit_models(profile: dict) -> dict:
         "trials": trials,
         "profiling_s": profile.get("profiling_s"),
         "placement": placement(trials),
+        "noise_scale": fit_noise_scale(trials),
     }
 
 

@@ -7,6 +7,18 @@
   is within ``KNEE_FALLBACK_TOL`` of that cluster size's fastest.  Across cluster sizes,
   the knee point with the least time.
 
+The ``*_to_accuracy`` objectives (``time_to_accuracy``, ``cost_to_accuracy``,
+``knee_to_accuracy``) plan for the time to an accuracy rather than for a number of epochs
+(McCandlish et al. 2018; Pollux's goodput): a larger batch needs more epochs to reach the
+same loss, so the spec's epochs, which it reaches at the reference batch B0
+(``train.base_batch``), become ``epochs * (B_noise + B) / (B_noise + B0)`` at a global
+batch B, where B_noise is the gradient noise scale the profile measured at the start of
+training (:func:`tula.core.fit.fit_noise_scale`) or a what-if's.  Every row then also holds
+``epochs_to_accuracy``, ``time_to_accuracy_s`` and ``cost_to_accuracy``; the choice, the
+constraints and the knee use those, and the plan says the noise scale it assumed.  The
+noise scale grows as training goes (the mean gradient shrinks), so the early estimate makes
+the scaling conservative for late training: large batches pay more epochs early than late.
+
 Under **constraints** (a deadline on the expected training time, a budget on its cost) the
 choice is the best by the objective among the configurations that meet both; where none
 does, a :class:`~tula.core.errors.InfeasibleError` says which constraint no configuration meets
@@ -40,6 +52,7 @@ from tula.core.fit import models_from
 from tula.core.perfmodel import ranks_per_node_of, training_time_s
 from tula.core.pricing import SpotPricing, make_pricing
 from tula.core.records import PLAN_KIND, VERSIONS
+from tula.core.registry import ACCURACY_OBJECTIVES, OBJECTIVE_NAMES
 from tula.core.space import candidate_global_batches, max_global_batch
 from tula.core.spec import ConstraintsSpec, JobSpec, PricingSpec, format_duration, spec_from_dict
 
@@ -144,8 +157,10 @@ def _money(x: float, unit: str) -> str:
     return f"{x:.4g} {unit}"
 
 
-def _unmet(rows: list[dict], feas: list[int], cons: Constraints, unit: str) -> str:
-    """The sentence saying which constraint no feasible configuration meets, and by how much."""
+def _unmet(rows: list[dict], feas: list[int], cons: Constraints, unit: str, tk: str, ck: str) -> str:
+    """The sentence saying which constraint no feasible configuration meets, and by how much
+    (times in column ``tk``, costs in ``ck``)."""
+    rows = [{**r, "total_time_s": r[tk], "cost": r[ck]} for r in rows]
     fastest = rows[min(feas, key=lambda i: (rows[i]["total_time_s"], rows[i]["cost"]))]
     cheapest = rows[min(feas, key=lambda i: (rows[i]["cost"], rows[i]["total_time_s"]))]
     late = cons.deadline_s is not None and fastest["total_time_s"] > cons.deadline_s
@@ -191,6 +206,35 @@ def _with_pricing(spec: JobSpec, pricing: Any) -> JobSpec:
     return spec_from_dict(d)
 
 
+# --------------------------------------------------------------------------- statistical efficiency
+def noise_assumed(models: dict, noise_scale: float | None, reference_batch: int) -> dict:
+    """The gradient noise scale a plan assumes: ``noise_scale`` (a what-if) when given, else
+    the models' (``noise_scale.b_noise``, measured by the profile); ``b_noise`` None with a
+    ``note`` when there is none."""
+    if noise_scale is not None:
+        if isinstance(noise_scale, bool) or not isinstance(noise_scale, (int, float)):
+            raise SpecError(f"the noise scale is a number of samples, not {noise_scale!r}")
+        if not (math.isfinite(noise_scale) and noise_scale > 0):
+            raise SpecError(f"the noise scale must be a positive number of samples, not {noise_scale:g}")
+        return {"b_noise": float(noise_scale), "source": "what-if", "reference_batch": reference_batch}
+    measured = models.get("noise_scale") or {}
+    out = {k: measured.get(k) for k in ("b_noise", "low", "high", "steps")}
+    note = measured.get("note") or "not measured: these models were fitted before Tula measured it"
+    return {
+        **out,
+        "source": "profile",
+        "reference_batch": reference_batch,
+        **({} if out["b_noise"] else {"note": note}),
+    }
+
+
+def epochs_to_accuracy(epochs: float, global_batch: Any, b_noise: float, reference_batch: int) -> Any:
+    """The epochs a global batch needs to reach what ``epochs`` reach at ``reference_batch``:
+    ``epochs * (B_noise + B) / (B_noise + B0)`` (McCandlish et al., Eq. 2.11's steps-samples
+    trade-off, in epochs)."""
+    return epochs * (b_noise + np.asarray(global_batch, float)) / (b_noise + reference_batch)
+
+
 # --------------------------------------------------------------------------- the plan
 def make_plan(
     models: dict,
@@ -199,6 +243,7 @@ def make_plan(
     *,
     pricing: Any = None,
     compare_spot: bool = False,
+    noise_scale: float | None = None,
 ) -> dict:
     """Evaluate the search space with fitted models and choose a configuration.
 
@@ -211,6 +256,8 @@ def make_plan(
     pricing : fields of the spec's ``pricing`` to replace (a mapping or a PricingSpec)
     compare_spot : also plan on the other of spot and on-demand pricing and say which is
         cheaper (``spot_comparison`` in the plan); needs the spot price and preemption rate
+    noise_scale : the gradient noise scale B_noise to assume (a what-if); default: the one the
+        profile measured.  With either, every row also holds the time to accuracy
 
     Raises :class:`~tula.core.errors.InfeasibleError` (one sentence) when no configuration fits in
     memory or none meets the constraints.
@@ -222,8 +269,15 @@ def make_plan(
     if constraints is not None:  # the plan's spec says what it was planned under
         spec = spec_from_dict({**spec.to_dict(), "constraints": {"deadline_s": cons.deadline_s, "budget": cons.budget}})
     objective = objective or spec.objective
-    if objective not in ("time", "cost", "knee"):
-        raise ValueError(f"objective must be time, cost or knee, not {objective!r}")
+    if objective not in OBJECTIVE_NAMES:
+        raise SpecError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)}, not {objective!r}")
+    to_accuracy = objective in ACCURACY_OBJECTIVES
+    noise = noise_assumed(models, noise_scale, spec.train.base_batch)
+    if to_accuracy and not noise["b_noise"]:
+        raise SpecError(
+            f"objective {objective} needs the gradient noise scale, and the profile has none ({noise['note']}); "
+            "give one as a what-if (--noise-scale)"
+        )
     d, epochs = models["dataset_size"], spec.epochs
     pricing_model = make_pricing(spec.pricing)
     spot = isinstance(pricing_model, SpotPricing)
@@ -272,11 +326,19 @@ def make_plan(
     columns = zip(t_step.tolist(), epoch.tolist(), total.tolist(), cost.tolist(), peak.astype(np.int64).tolist())
     for r, (t_s, e_s, tot_s, c, pk) in zip(rows, columns):
         r.update(t_step_s=t_s, epoch_time_s=e_s, total_time_s=tot_s, cost=c, peak_mem_bytes=pk)
+    if noise["b_noise"]:  # the time and cost to the accuracy the spec's epochs reach at B0
+        e_acc = epochs_to_accuracy(epochs, n_arr * b_arr, noise["b_noise"], noise["reference_batch"])
+        t_acc = pricing_model.expected_time_s(e_acc * epoch, n_arr, epoch)
+        c_acc = pricing_model.cost(t_acc, n_arr, peak)
+        for r, e_a, t_a, c_a in zip(rows, e_acc.tolist(), t_acc.tolist(), c_acc.tolist()):
+            r.update(epochs_to_accuracy=e_a, time_to_accuracy_s=t_a, cost_to_accuracy=c_a)
+    # the columns the choice, the constraints and the knees read
+    tk, ck = ("time_to_accuracy_s", "cost_to_accuracy") if to_accuracy else ("total_time_s", "cost")
     if lost is not None:
         for r, f_s, n_lost in zip(rows, free.tolist(), lost.tolist()):
             r.update(failure_free_time_s=f_s, expected_preemptions=n_lost)
     for r in rows:
-        in_time, in_budget = cons.meets(r["total_time_s"], r["cost"])
+        in_time, in_budget = cons.meets(r[tk], r[ck])
         r["meets_constraints"] = in_time and in_budget
     feas = [i for i, r in enumerate(rows) if r["feasible"]]
     if not feas:
@@ -286,7 +348,7 @@ def make_plan(
         )
     eligible = [i for i in feas if rows[i]["meets_constraints"]]
     if not eligible:
-        raise InfeasibleError(_unmet(rows, feas, cons, pricing_model.unit))
+        raise InfeasibleError(_unmet(rows, feas, cons, pricing_model.unit, tk, ck))
     knees: dict[str, dict] = {}
     feas_by_n: dict[int, list[int]] = {}
     for i in feas:
@@ -296,29 +358,30 @@ def make_plan(
         if not idx:
             continue
         gb = np.array([rows[i]["global_batch"] for i in idx], float)
-        tt = np.array([rows[i]["total_time_s"] for i in idx])
-        curves[str(n)] = {
-            "global_batch": gb.astype(int).tolist(),
-            "total_time_s": tt.tolist(),
-            "cost": [rows[i]["cost"] for i in idx],
-        }
-        k, how = find_knee(gb, tt)
+        curves[str(n)] = {"global_batch": gb.astype(int).tolist()}
+        for key in ("total_time_s", "cost", "time_to_accuracy_s", "cost_to_accuracy"):
+            if key in rows[idx[0]]:
+                curves[str(n)][key] = [rows[i][key] for i in idx]
+        tt = np.array([rows[i][tk] for i in idx])
+        last = int(np.argmin(tt)) + 1 if to_accuracy else len(idx)  # to accuracy: the falling part
+        k, how = find_knee(gb[:last], tt[:last])
         knees[str(n)] = {"row": idx[k], "global_batch": int(gb[k]), "method": how}
 
     within = f" within {cons.describe(pricing_model.unit)}" if cons.active else ""
-    if objective == "time":
-        chosen = min(eligible, key=lambda i: (rows[i]["total_time_s"], rows[i]["cost"]))
-        why = ("least expected training time" if spot else "least predicted training time") + within
-    elif objective == "cost":
-        chosen = min(eligible, key=lambda i: (rows[i]["cost"], rows[i]["total_time_s"]))
-        why = ("least expected cost" if spot else "least predicted cost") + within
+    to_acc = " to accuracy" if to_accuracy else ""
+    if objective in ("time", "time_to_accuracy"):
+        chosen = min(eligible, key=lambda i: (rows[i][tk], rows[i][ck]))
+        why = ("least expected training time" if spot else "least predicted training time") + to_acc + within
+    elif objective in ("cost", "cost_to_accuracy"):
+        chosen = min(eligible, key=lambda i: (rows[i][ck], rows[i][tk]))
+        why = ("least expected cost" if spot else "least predicted cost") + to_acc + within
     else:
         ok_knees = [k["row"] for k in knees.values() if rows[k["row"]]["meets_constraints"]]
         if ok_knees:
-            chosen = min(ok_knees, key=lambda i: (rows[i]["total_time_s"], rows[i]["cost"]))
+            chosen = min(ok_knees, key=lambda i: (rows[i][tk], rows[i][ck]))
             kn = knees[str(rows[chosen]["n_workers"])]
             why = (
-                "knee of the predicted time-vs-batch curve"
+                f"knee of the predicted time{to_acc}-vs-batch curve"
                 if kn["method"] == "kneedle"
                 else f"no knee found; smallest batch within {KNEE_FALLBACK_TOL:.0%} of the fastest"
             ) + within
@@ -327,19 +390,26 @@ def make_plan(
             def off_knee(i: int) -> float:
                 return abs(math.log(rows[i]["global_batch"] / knees[str(rows[i]["n_workers"])]["global_batch"]))
 
-            chosen = min(eligible, key=lambda i: (off_knee(i), rows[i]["total_time_s"], rows[i]["cost"]))
+            chosen = min(eligible, key=lambda i: (off_knee(i), rows[i][tk], rows[i][ck]))
             why = (
                 f"every knee misses {cons.describe(pricing_model.unit)}; the configuration meeting them "
                 "nearest to its cluster size's knee"
             )
     c = rows[chosen]
-    fastest = min(rows[i]["total_time_s"] for i in feas)
-    cheapest = min(rows[i]["cost"] for i in feas)
-    took = f"{c['total_time_s']:.1f} s" + (f" expected ({c['expected_preemptions']:.2g} preemptions)" if spot else "")
+    fastest = min(rows[i][tk] for i in feas)
+    cheapest = min(rows[i][ck] for i in feas)
+    took = f"{c[tk]:.1f} s" + (f" expected ({c['expected_preemptions']:.2g} preemptions)" if spot else "")
+    if to_accuracy:
+        trains = (
+            f"needs {c['epochs_to_accuracy']:.3g} epochs to reach what {epochs} reach at B0={noise['reference_batch']} "
+            f"(B_noise {noise['b_noise']:.3g}, {'a what-if' if noise['source'] == 'what-if' else 'from the profile'})"
+        )
+    else:
+        trains = f"trains {epochs} epochs"
     reason = (
-        f"{why}: N={c['n_workers']}, B={c['global_batch']} (b={c['local_batch']}) trains {epochs} epochs in "
-        f"{took} for {c['cost']:.4g} {pricing_model.unit} "
-        f"({c['total_time_s'] / fastest:.2f}x the fastest, {c['cost'] / cheapest:.2f}x the cheapest)"
+        f"{why}: N={c['n_workers']}, B={c['global_batch']} (b={c['local_batch']}) {trains} in "
+        f"{took} for {c[ck]:.4g} {pricing_model.unit} "
+        f"({c[tk] / fastest:.2f}x the fastest, {c[ck] / cheapest:.2f}x the cheapest)"
     )
     fitted_on = models.get("placement") or {}
     if fitted_on.get("n_hosts"):
@@ -352,9 +422,7 @@ def make_plan(
         reason += f" [{where}]"
     for i, r in enumerate(rows):
         r["chosen"] = i == chosen
-    front = pareto_frontier(
-        np.array([rows[i]["total_time_s"] for i in feas]), np.array([rows[i]["cost"] for i in feas])
-    )
+    front = pareto_frontier(np.array([rows[i][tk] for i in feas]), np.array([rows[i][ck] for i in feas]))
     plan = {
         "kind": PLAN_KIND,
         "version": VERSIONS[PLAN_KIND],
@@ -379,9 +447,10 @@ def make_plan(
             "n_meeting": len(eligible),
         },
         "spot_comparison": None,
+        "noise_scale": noise,
     }
     if compare_spot:
-        plan["spot_comparison"] = _compare_spot(plan, models, objective, cons, spec.pricing)
+        plan["spot_comparison"] = _compare_spot(plan, models, objective, cons, spec.pricing, noise_scale)
     return plan
 
 
@@ -408,7 +477,9 @@ def _lower_first(sentence: str) -> str:
     return sentence[:1].lower() + sentence[1:]
 
 
-def _compare_spot(plan: dict, models: dict, objective: str, cons: Constraints, ps: PricingSpec) -> dict:
+def _compare_spot(
+    plan: dict, models: dict, objective: str, cons: Constraints, ps: PricingSpec, noise_scale: float | None = None
+) -> dict:
     """Plan the job on the other of spot and on-demand pricing and compare the two choices."""
     if ps.kind == "memory":
         raise SpecError(
@@ -419,7 +490,9 @@ def _compare_spot(plan: dict, models: dict, objective: str, cons: Constraints, p
         raise SpecError(f"comparing spot with on-demand needs pricing.{' and pricing.'.join(missing)}")
     other = {"kind": "fixed" if ps.kind == "spot" else "spot"}
     try:
-        alt = make_plan(models, objective, cons, pricing={**ps.model_dump(mode="json"), **other})
+        alt = make_plan(
+            models, objective, cons, pricing={**ps.model_dump(mode="json"), **other}, noise_scale=noise_scale
+        )
         alt_error = None
     except InfeasibleError as err:
         alt, alt_error = None, str(err)

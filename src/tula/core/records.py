@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from tula.core.errors import RecordError
+from tula.core.registry import OBJECTIVE_NAMES
 
 PROFILE_KIND = "tula.profile"
 MODELS_KIND = "tula.models"
@@ -94,6 +95,9 @@ class Trial:
     local_ranks: list[int] = field(default_factory=list)  # each rank's position among the ranks on its host
     devices: list[str] = field(default_factory=list)  # each rank's device
     ranks_per_host: int | None = None  # the most ranks that shared one host
+    # the gradient noise scale measured at this trial's local batch from the world's fresh
+    # model (the first trial of each world): tula.engine.profile.measure_noise's dict
+    noise: dict | None = None
 
 
 def placement(trials: list[dict]) -> dict:
@@ -257,7 +261,7 @@ class PlanRecord(_Record):
     ``spot_comparison`` ``None`` and every row's ``meets_constraints`` true."""
 
     kind: Literal["tula.plan"]
-    objective: Literal["time", "cost", "knee"]
+    objective: Literal[OBJECTIVE_NAMES]  # type: ignore[valid-type]
     choice: PlanRow
     reason: str
     spec: dict
@@ -333,7 +337,7 @@ class RunManifest(_Record):
     kind: Literal["tula.run"]
     spec: dict
     search: Literal["full", "partial"]
-    objective: Literal["time", "cost", "knee"] | None = None
+    objective: Literal[OBJECTIVE_NAMES] | None = None  # type: ignore[valid-type]
     train: bool = True
     created: str = ""
 

@@ -139,6 +139,20 @@ LOSSES: dict[str, str] = {
 }
 LOSS_NAMES: tuple[str, ...] = tuple(LOSSES)
 
+#: the planner's objectives (``objective``, ``--objective``): name -> what it chooses
+OBJECTIVES: dict[str, str] = {
+    "time": "the least predicted time of the spec's epochs",
+    "cost": "the least predicted cost of the spec's epochs",
+    "knee": "the knee of the predicted time-vs-batch curve of the spec's epochs",
+    "time_to_accuracy": "the least predicted time to the accuracy the spec's epochs reach at train.base_batch "
+    "(epochs scaled by the gradient noise scale: (B_noise + B) / (B_noise + B0))",
+    "cost_to_accuracy": "the least predicted cost to that accuracy",
+    "knee_to_accuracy": "the knee of the time-to-accuracy curve, before its minimum",
+}
+OBJECTIVE_NAMES: tuple[str, ...] = tuple(OBJECTIVES)
+#: the objectives that scale the epochs by statistical efficiency (they need a noise scale)
+ACCURACY_OBJECTIVES: tuple[str, ...] = ("time_to_accuracy", "cost_to_accuracy", "knee_to_accuracy")
+
 #: the built-in optimisers (``optimizer.name``); an import path names the user's own factory
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam", "adamw")
 

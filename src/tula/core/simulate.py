@@ -93,6 +93,7 @@ from tula.core.perfmodel import (
     ranks_per_node_of,
     sync_time_s,
 )
+from tula.core.plan import epochs_to_accuracy, noise_assumed
 from tula.core.pricing import Pricing, SpotPricing, make_pricing
 from tula.core.records import MODELS_KIND, validate_record
 from tula.core.schedules import SCHEDULE_NAMES, Caps, initial_state, next_config, schedule_info, steps_per_epoch
@@ -604,12 +605,16 @@ def what_if(
     min_workers: int | None = None,
     max_workers: int | None = None,
     batch_per_worker: int | None = None,
+    noise_scale: float | None = None,
 ) -> WhatIf:
     """The what-if of ``tula simulate``: a constant global ``batch`` (default
     :func:`default_batch`) on each of ``workers``, or each of ``schedules`` (``(label, kind,
     given parameters)``) from the first batch ``batch`` (default ``train.global_batch``, else
     ``search.min_batch``) with the workers rule (:func:`schedule_caps`); ``history``: a
-    training run's epochs that loss_ratio and adaptive follow."""
+    training run's epochs that loss_ratio and adaptive follow.  With a gradient noise scale
+    (``noise_scale``, a what-if, else the one the profile measured) each constant-batch row
+    also holds the epochs, time and cost to the accuracy the spec's epochs reach at
+    ``train.base_batch`` (:func:`tula.core.plan.epochs_to_accuracy`)."""
     job = spec_from_dict(models["spec"])
     if schedules:
         b0 = batch or job.train.global_batch or job.search.min_batch
@@ -635,7 +640,23 @@ def what_if(
         for t in models["trials"]
         if t["status"] == "ok" and t["global_batch"] == big_b and fitted_collective in collectives
     ]
-    return WhatIf(sim.constant(big_b, workers, collectives), f"{job.name}: constant global batch {big_b}", measured)
+    rows = sim.constant(big_b, workers, collectives)
+    title = f"{job.name}: constant global batch {big_b}"
+    noise = noise_assumed(models, noise_scale, job.train.base_batch)
+    if noise["b_noise"]:
+        e_acc = float(epochs_to_accuracy(sim.epochs, big_b, noise["b_noise"], noise["reference_batch"]))
+        for r in rows:
+            if r["total_time_s"] is None:
+                continue
+            t_acc = float(sim.pricing.expected_time_s(e_acc * r["epoch_time_s"], r["n_workers"], r["epoch_time_s"]))
+            r.update(epochs_to_accuracy=e_acc, time_to_accuracy_s=t_acc)
+            if r["cost"] is not None:
+                r["cost_to_accuracy"] = r["cost"] * t_acc / r["total_time_s"]
+        title += (
+            f"; to accuracy: {e_acc:.3g} epochs reach what {sim.epochs} reach at B0={noise['reference_batch']} "
+            f"(B_noise {noise['b_noise']:.3g}, {'a what-if' if noise['source'] == 'what-if' else 'profiled'})"
+        )
+    return WhatIf(rows, title, measured)
 
 
 def fitted_step_s(models: dict, local_batch, n_workers):

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from tula.core.errors import SpecError
-from tula.core.registry import LOSS_NAMES, METHOD_NAMES, OPTIMIZER_NAMES
+from tula.core.registry import LOSS_NAMES, METHOD_NAMES, OBJECTIVE_NAMES, OPTIMIZER_NAMES
 from tula.core.schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
 
 _UNITS = {
@@ -427,6 +427,12 @@ class ProfileSpec(_Strict):
     memory_probe_batches: tuple[int, int] = Field(
         default=(16, 32), description="two small local batches the memory model is measured at"
     )
+    noise_steps: int = Field(
+        default=10,
+        ge=0,
+        description="gradient noise scale: batches measured (no update) at the first trial of every world, "
+        "from its fresh model (0: not measured; the *_to_accuracy objectives then need a --noise-scale)",
+    )
 
 
 class PricingSpec(_Strict):
@@ -726,7 +732,7 @@ class JobSpec(_Strict):
     collective: Literal["ring", "parameter_server", "tree"] = "ring"
     pricing: PricingSpec = Field(default_factory=PricingSpec)
     constraints: ConstraintsSpec = Field(default_factory=ConstraintsSpec)
-    objective: Literal["time", "cost", "knee"] = "knee"
+    objective: Literal[OBJECTIVE_NAMES] = "knee"  # type: ignore[valid-type]  # tula.core.registry.OBJECTIVES
     profile: ProfileSpec = Field(default_factory=ProfileSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)

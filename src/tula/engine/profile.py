@@ -5,6 +5,10 @@ Each cluster size is one launched world that runs all its trials in turn.  A tri
 1. a *probe* step under ``no_sync()`` (no collective), after which every rank says
    whether it ran out of memory; the ranks agree through one all-reduce, so an OOM is a
    result (``status: oom``) and no rank is left waiting in a collective;
+   the first trial of each world that fits then measures the gradient noise scale over
+   ``profile.noise_steps`` batches with no update (``noise``: the world's model as made,
+   after the probe steps -- the start of training, which the planner's
+   ``*_to_accuracy`` objectives need);
 2. one synchronised step under the memory tracker: ``peak_mem_bytes``;
 3. warm-up steps, then timed steps alternating synchronised (``t_step``) and
    ``no_sync`` (``t_compute``) steps, so both see the same machine noise; the exposed
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import signal
 import statistics
 import time
@@ -28,8 +33,10 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from tula.core.errors import InfeasibleError, Interrupted, SpecError, WorkerError
+from tula.core.noise_scale import NoiseScale
 from tula.core.records import PROFILE_KIND, Trial, placement
 from tula.core.space import Config, candidate_configs, partial_configs
 from tula.core.spec import JobSpec
@@ -145,6 +152,65 @@ class _Worker:
     def measure_peak(self) -> int:
         return measure_step_peak_bytes(lambda: self.step(True), self.ddp.module, self.optimizer, self.ctx.device)
 
+    def measure_noise(self, local_batch: int, steps: int) -> dict | None:
+        """The gradient noise scale's pair over ``steps`` fresh batches, with no update
+        (:class:`tula.core.noise_scale.NoiseScale`): with N >= 2 ranks each rank's local gradient
+        (``local_batch`` samples; squared norms averaged over the ranks) against their mean
+        (``N * local_batch``); with one rank the first half of the batch against all of it.
+        Per batch the unbiased estimates of |G|^2 and tr(Sigma); under fp16 a batch whose
+        gradients overflowed is left out.  ``None`` when one rank has a batch of one."""
+        n, b = self.ctx.world_size, local_batch
+        if n == 1 and b < 2:
+            return None
+        module = self.ddp.module
+        params = [p for p in module.parameters() if p.requires_grad]
+        scale = self.prec.loss_scale()
+        t0 = time.perf_counter()
+
+        def grads(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+            with self.prec.autocast():
+                loss = self.loss_fn(module(x), y)
+            gs = torch.autograd.grad(loss * scale if scale else loss, params, allow_unused=True)
+            return [torch.zeros_like(p) if g is None else (g / scale if scale else g) for g, p in zip(gs, params)]
+
+        def sq(gs: list[torch.Tensor]) -> torch.Tensor:
+            return sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in gs)  # type: ignore[return-value]
+
+        g2s: list[float] = []
+        traces: list[float] = []
+        b_small, b_big = (b, n * b) if n > 1 else (b // 2, b)
+        for _ in range(steps):
+            self.load_batch(b)
+            assert self.x is not None and self.y is not None
+            if n > 1:
+                local = grads(self.x, self.y)
+                flat = torch.cat([g.reshape(-1) for g in local])
+                pair = torch.stack([sq(local), torch.zeros((), dtype=torch.float64, device=flat.device)])
+                dist.all_reduce(flat)
+                flat /= n
+                pair[1] = torch.linalg.vector_norm(flat, dtype=torch.float64).square()
+                dist.all_reduce(pair[:1])
+                small_sq, big_sq = float(pair[0]) / n, float(pair[1])
+            else:
+                small_sq = float(sq(grads(self.x[: b // 2], self.y[: b // 2])))
+                big_sq = float(sq(grads(self.x, self.y)))
+            if not (math.isfinite(small_sq) and math.isfinite(big_sq)):
+                continue
+            g2, tr = NoiseScale.estimates(small_sq, big_sq, b_small, b_big)
+            g2s.append(float(g2))
+            traces.append(float(tr))
+        mean_g2 = sum(g2s) / len(g2s) if g2s else math.nan
+        mean_tr = sum(traces) / len(traces) if traces else math.nan
+        return {
+            "b_small": b_small,
+            "b_big": b_big,
+            "steps": len(g2s),
+            "g2": g2s,
+            "trace_sigma": traces,
+            "b_simple": mean_tr / mean_g2 if g2s and mean_g2 > 0 else None,
+            "seconds": time.perf_counter() - t0,
+        }
+
     def probe_memory(self, local_batches: tuple[int, int]) -> MemoryModel:
         """One untracked step (creates the optimiser state), then probe steps with their
         forward/backward and their optimiser update tracked separately
@@ -169,7 +235,9 @@ class _Worker:
         )
         return replace(mm, precision=self.spec.train.precision)
 
-    def trial(self, cfg: Config, warmup: int, timed: int) -> Trial:
+    def trial(self, cfg: Config, warmup: int, timed: int, noise_steps: int = 0) -> Trial:
+        """Time one configuration; ``noise_steps`` > 0: first measure the gradient noise
+        scale there (:meth:`measure_noise`)."""
         b = cfg.local_batch
         base = dict(n_workers=cfg.n_workers, local_batch=b, global_batch=cfg.global_batch)
 
@@ -181,6 +249,7 @@ class _Worker:
         if not fits:
             self.release()
             return Trial(**base, status="oom", note=note)
+        noise = self.measure_noise(b, noise_steps) if noise_steps > 0 else None
         peak = self.measure_peak()
         for _ in range(warmup):
             self.step(True)
@@ -203,6 +272,7 @@ class _Worker:
             compute_times_s=comps,
             timed_steps=len(steps),
             t_data_s=statistics.median(self.data_waits),
+            noise=noise,
         )
 
 
@@ -264,6 +334,7 @@ def profile_world(
     if mem_cap_bytes is not None and ctx.device.type == "cpu":
         out["address_space_cap_bytes"] = cap_address_space(mem_cap_bytes, since=set_up)
     oom_at = oom_local_batch
+    noise_steps = spec.profile.noise_steps  # at the first trial that runs: the model is as the world made it
     for i, (n, big_b) in enumerate(sorted(configs, key=lambda c: c[1])):
         if stop is not None and stop.agree():
             out["interrupted"] = stop.signum or signal.SIGINT
@@ -274,7 +345,9 @@ def profile_world(
                 n, cfg.local_batch, big_b, "skipped", note=f"not run: local batch {oom_at} already ran out of memory"
             )
         else:
-            t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps)
+            t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps, noise_steps)
+            if t.status == "ok":
+                noise_steps = 0
             if t.status == "oom":
                 oom_at = cfg.local_batch if oom_at is None else min(oom_at, cfg.local_batch)
         t.hosts, t.devices = [ctx.host], [_device_name(ctx.device)]  # where this rank ran it, and how it met the others

@@ -14,11 +14,12 @@ from typing import Any
 import yaml
 
 from tula.core.errors import SpecError
+from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.spec import JobSpec, spec_from_dict
 from tula.service.settings import ServiceSettings
 
 SEARCHES = ("full", "partial")
-OBJECTIVES = ("time", "cost", "knee")
+OBJECTIVES = OBJECTIVE_NAMES
 
 
 def parse_spec_text(text: str) -> Any:

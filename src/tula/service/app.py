@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tula import __version__
 from tula.core.errors import InfeasibleError, RecordError, SpecError, TulaError
+from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
 from tula.service.admission import admit, check_options, parse_spec_text
 from tula.service.replan import Problem, Replan, replan_from_models
@@ -84,13 +85,16 @@ class Submission(BaseModel):
 
     spec: dict[str, Any] = Field(description="the job spec (name, model, data, search, pricing, train, ...)")
     search: Literal["full", "partial"] = "partial"
-    objective: Literal["time", "cost", "knee"] | None = Field(default=None, description="default: the spec's")
+    objective: Literal[OBJECTIVE_NAMES] | None = Field(default=None, description="default: the spec's")  # type: ignore[valid-type]
     train: bool = Field(default=True, description="train at the chosen configuration after planning")
 
 
 class PlanRequest(BaseModel):
     spec: dict[str, Any]
-    objective: Literal["time", "cost", "knee"] | None = None
+    objective: Literal[OBJECTIVE_NAMES] | None = None  # type: ignore[valid-type]
+    noise_scale: float | None = Field(
+        default=None, gt=0, description="the gradient noise scale to assume (default: the stored models' own)"
+    )
 
 
 def _job_view(job: dict, base: str = "") -> dict:
@@ -409,7 +413,9 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
         """A plan for a spec from a stored model of the same key (no profiling); 404 with what to
         submit when there is none."""
         spec = admit(body.spec, settings)
-        return RecordResponse(await run_in_threadpool(_plan_from_store, store(), spec, body.objective))
+        return RecordResponse(
+            await run_in_threadpool(_plan_from_store, store(), spec, body.objective, body.noise_scale)
+        )
 
     from tula.service.dashboard import mount_dashboard
 
@@ -420,7 +426,7 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
 _FACTS: dict[str, dict] = {}
 
 
-def _plan_from_store(store: Store, spec, objective: str | None) -> dict:
+def _plan_from_store(store: Store, spec, objective: str | None, noise_scale: float | None = None) -> dict:
     from tula.core.fit import rebase_models
     from tula.core.plan import make_plan
     from tula.service.model_key import key_parts_for_new_job, model_key
@@ -454,7 +460,7 @@ def _plan_from_store(store: Store, spec, objective: str | None) -> dict:
         except TulaError as err:
             raise Problem(422, plain(err)) from None
     try:
-        plan = make_plan(rebase_models(models, spec.to_dict(), size, from_job), objective)
+        plan = make_plan(rebase_models(models, spec.to_dict(), size, from_job), objective, noise_scale=noise_scale)
     except (InfeasibleError, RecordError) as err:
         raise Problem(422, plain(err)) from None
     plan["reused_models_from"] = from_job

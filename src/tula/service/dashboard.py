@@ -19,6 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from tula.core.records import epoch_score
+from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import first_line, plain
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -442,7 +443,7 @@ def mount_dashboard(app: FastAPI, store: Callable[[], Any]) -> None:
         if models is not None:
             f = form or {}
             sel = f.get("objective") or (shown or {}).get("objective", "knee")
-            opts = "".join(f"<option{' selected' if o == sel else ''}>{o}</option>" for o in ("knee", "time", "cost"))
+            opts = "".join(f"<option{' selected' if o == sel else ''}>{o}</option>" for o in OBJECTIVE_NAMES)
             parts.append(
                 f"<h2>Re-plan from the stored models</h2><form method='post' action='/jobs/{_e(job_id)}/replan' "
                 f"id='replan'><label>objective<select name='objective'>{opts}</select></label>"

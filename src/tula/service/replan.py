@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tula.core.errors import InfeasibleError
+from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
 
 
@@ -23,12 +24,18 @@ class Problem(Exception):
 class Replan(BaseModel):
     """Another question for a job's fitted models; whatever is left out stays as the job had it."""
 
-    objective: Literal["time", "cost", "knee"] | None = None
+    objective: Literal[OBJECTIVE_NAMES] | None = None  # type: ignore[valid-type]
     pricing: dict[str, Any] | None = Field(default=None, description="e.g. {kind: fixed, price_per_node_hour: 3.2}")
     cluster_sizes: list[int] | None = Field(default=None, description="the cluster sizes to plan over")
     epochs: int | None = Field(default=None, ge=1)
     deadline: str | float | None = Field(default=None, description="finish within this duration (e.g. 8h) or seconds")
     budget: float | None = Field(default=None, ge=0, description="cost at most this, in the pricing's unit")
+    noise_scale: float | None = Field(
+        default=None,
+        gt=0,
+        description="the gradient noise scale B_noise to assume (a what-if; default: the profiled one), for the "
+        "*_to_accuracy objectives",
+    )
 
 
 def replan_from_models(models: dict, body: Replan) -> dict:
@@ -52,6 +59,6 @@ def replan_from_models(models: dict, body: Replan) -> dict:
         d["constraints"] = cons
     spec = spec_from_dict(d)  # a bad pricing or size list is a SpecError: 422
     try:
-        return make_plan({**models, "spec": spec.to_dict()}, body.objective)
+        return make_plan({**models, "spec": spec.to_dict()}, body.objective, noise_scale=body.noise_scale)
     except InfeasibleError as err:
         raise Problem(422, plain(err)) from None

@@ -39,6 +39,7 @@ from sqlalchemy.types import TypeDecorator
 
 from tula.core.errors import RecordError, TulaError
 from tula.core.records import MODELS_KIND, NAMES, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, _jsonable, validate_record
+from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
 from tula.service.model_key import model_key
 
@@ -472,7 +473,7 @@ class Store:
         """A new queued job; returns its id.  ``spec`` is a checked job spec as a dict."""
         if search not in ("full", "partial"):
             raise ValueError(f"search must be 'full' or 'partial', not {search!r}")
-        if objective not in (None, "time", "cost", "knee"):
+        if objective is not None and objective not in OBJECTIVE_NAMES:
             raise ValueError(f"objective must be time, cost, knee or None, not {objective!r}")
         if not isinstance(spec, dict):
             raise ValueError("spec must be a dict")

@@ -1,0 +1,132 @@
+"""Planning for time to accuracy (issue #17): the gradient noise scale measured by a real
+2-rank profile of a problem whose noise scale is known, the planner's epochs scaled by
+(B_noise + B) / (B_noise + B0) against a hand calculation, and bad input as one sentence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_plan import _models
+
+from tula.core.errors import SpecError
+from tula.core.fit import fit_noise_scale
+from tula.core.perfmodel import PerfModel
+from tula.core.plan import make_plan
+
+HERE = Path(__file__).resolve().parent
+PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)  # test_plan's hand-checked curves
+
+
+def _nb(plan: dict) -> tuple[int, int]:
+    return plan["choice"]["n_workers"], plan["choice"]["global_batch"]
+
+
+def test_epochs_to_accuracy_match_a_hand_calculation_and_a_small_noise_scale_prefers_small_batches():
+    # per epoch N = 1: T = 10 / B + 1 and N = 2: T = 20 / B + 0.5 (test_plan); B0 = train.base_batch = 128
+    plan = make_plan(_models(PERF), "time_to_accuracy", noise_scale=10.0)
+    row = next(r for r in plan["configurations"] if (r["n_workers"], r["global_batch"]) == (1, 160))
+    assert row["epochs_to_accuracy"] == pytest.approx((10 + 160) / (10 + 128))
+    assert row["time_to_accuracy_s"] == pytest.approx((10 / 160 + 1) * (10 + 160) / 138)
+    assert row["cost_to_accuracy"] == pytest.approx(row["time_to_accuracy_s"])  # 1 $ per node-second, N = 1
+    # N = 1: (10 + B)^2 / (138 B), least at B = 10 (0.290); N = 2: (200 / B + 25 + B / 2) / 138, least at B = 20 (0.326)
+    assert _nb(plan) == (1, 10) and plan["choice"]["time_to_accuracy_s"] == pytest.approx(400 / 1380)
+    assert _nb(make_plan(_models(PERF), "time")) == (2, 1000)  # the fixed-epoch view: the largest batch
+    assert plan["noise_scale"] == {"b_noise": 10.0, "source": "what-if", "reference_batch": 128}
+    assert "needs 0.145 epochs to reach what 1 reach at B0=128 (B_noise 10, a what-if)" in plan["reason"]
+    # a large noise scale: every batch is efficient, so the choice is time's
+    assert _nb(make_plan(_models(PERF), "time_to_accuracy", noise_scale=1e6)) == (2, 1000)
+    # cost to accuracy: N = 1 at 1 $/node-s: the same curve as its time; N = 2 costs twice its time
+    assert _nb(make_plan(_models(PERF), "cost_to_accuracy", noise_scale=10.0)) == (1, 10)
+    # the knee of the time-to-accuracy curve lies on its falling part, at or below its least time
+    knee = make_plan(_models(PERF), "knee_to_accuracy", noise_scale=1000.0)
+    for n, k in knee["knees"].items():
+        curve = knee["curves"][n]
+        least = curve["global_batch"][
+            min(range(len(curve["global_batch"])), key=curve["time_to_accuracy_s"].__getitem__)
+        ]
+        assert k["global_batch"] <= least
+
+
+def test_the_noise_scale_is_one_sentence_when_missing_or_not_positive():
+    with pytest.raises(SpecError, match="objective time_to_accuracy needs the gradient noise scale, and the profile"):
+        make_plan(_models(PERF), "time_to_accuracy")
+    for bad in (0, -3.0, float("nan")):
+        with pytest.raises(SpecError, match="the noise scale must be a positive number of samples"):
+            make_plan(_models(PERF), "time", noise_scale=bad)
+    with pytest.raises(SpecError, match="objective must be one of time, cost, knee, time_to_accuracy"):
+        make_plan(_models(PERF), "fastest")
+
+
+def test_the_pooled_noise_scale_and_its_error():
+    trials = [
+        {
+            "n_workers": 1,
+            "noise": {
+                "b_small": 8,
+                "b_big": 16,
+                "steps": 2,
+                "b_simple": 1.0,
+                "g2": [1.0, 3.0],
+                "trace_sigma": [30.0, 50.0],
+            },
+        },  # fmt: skip
+        {
+            "n_workers": 2,
+            "noise": {"b_small": 8, "b_big": 16, "steps": 1, "b_simple": 1.0, "g2": [2.0], "trace_sigma": [40.0]},
+        },  # fmt: skip
+        {"n_workers": 2, "status": "ok"},
+    ]
+    ns = fit_noise_scale(trials)
+    assert ns["b_noise"] == pytest.approx(120 / 6) and ns["steps"] == 3
+    loo = [90 / 5, 70 / 3, 80 / 4]  # leave one batch out
+    mean = sum(loo) / 3
+    se = (2 / 3 * sum((x - mean) ** 2 for x in loo)) ** 0.5
+    assert (ns["low"], ns["high"]) == (pytest.approx(20 - se), pytest.approx(20 + se))
+    assert [w["n_workers"] for w in ns["worlds"]] == [1, 2]
+    none = fit_noise_scale([{"n_workers": 1, "status": "ok"}])
+    assert none["b_noise"] is None and none["note"].startswith("not measured")
+    flat = fit_noise_scale([{"n_workers": 1, "noise": {"b_small": 8, "b_big": 16, "steps": 2, "b_simple": None,
+                                                       "g2": [1.0, -2.0], "trace_sigma": [5.0, 5.0]}}])  # fmt: skip
+    assert flat["b_noise"] is None and "swamps the signal" in flat["note"]
+
+
+@pytest.mark.slow
+def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path, tula_cmd):
+    """Linear regression y = w* . x + e with d = 16 and unit noise, from w = 0: B_simple is
+    d (1 + sigma^2) + 1 = 33 (tests/factories.py).  A real profile on 1 and 2 ranks measures
+    it within 30 %; tula plan uses it, and refuses a noise scale that is not positive."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    spec = {
+        "name": "lin",
+        "model": {"name": "factories:linear_at_zero"},
+        "data": {"factory": "factories:linear_regression", "loader_workers": 0},
+        "epochs": 10,
+        "optimizer": {"name": "sgd", "lr": 1e-4, "momentum": 0.0},  # the few profile steps barely move w
+        "train": {"loss": "mse"},
+        "search": {"cluster_sizes": [1, 2], "min_batch": 32, "max_batch": 256},
+        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "noise_steps": 20},
+    }
+    (tmp_path / "lin.yaml").write_text(json.dumps(spec))
+
+    def tula(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*tula_cmd, *args], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+
+    r = tula("plan", "lin.yaml", "--objective", "time_to_accuracy", "--out", "plan.json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    prof = json.loads((tmp_path / "profile.json").read_text())
+    measured = [t for t in prof["trials"] if t.get("noise")]
+    assert sorted(t["n_workers"] for t in measured) == [1, 2]  # the first trial of each world
+    assert all(t["noise"]["steps"] == 20 and t["noise"]["seconds"] > 0 for t in measured)
+    models = json.loads((tmp_path / "models.json").read_text())
+    assert models["noise_scale"]["b_noise"] == pytest.approx(33, rel=0.3)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["objective"] == "time_to_accuracy" and plan["noise_scale"]["source"] == "profile"
+    assert "B_noise" in " ".join(r.stdout.split()) and "to accuracy" in plan["reason"]
+    r = tula("plan", "models.json", "--noise-scale", "-5", "--out", "p2.json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "the noise scale must be a positive number of samples, not -5" in " ".join(r.stderr.split())
+    assert not (tmp_path / "p2.json").exists()
