@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from tula.core.noise_scale import NoiseScale
+from tula.core.noise_scale import (
+    EarlyNoiseScale,
+    NoiseScale,
+    early_epochs,
+    early_noise_scale,
+    noise_scale_value,
+    smooth_noise_scale,
+)
 
 D, SIGMA = 50, 1.0  # isotropic: tr Sigma = D * SIGMA^2 = 50
 
@@ -115,3 +122,36 @@ def test_undefined_cases():
         est.update(1.0, 1.0, 8, 8)
     with pytest.raises(ValueError, match="decay"):
         NoiseScale(1.0)
+
+
+# ---------------------------------------------------------------------- the per-epoch values' rules (plots)
+def test_a_usable_value_is_a_finite_number_above_zero():
+    for bad in (None, math.nan, math.inf, -math.inf, 0, 0.0, -3.0, True, "50", [50]):
+        assert noise_scale_value(bad) is None, bad
+    assert noise_scale_value(50) == 50.0 and isinstance(noise_scale_value(50), float)
+    assert noise_scale_value(2.5e6) == 2.5e6
+
+
+def test_the_running_median_by_hand():
+    # centred windows of 3, shorter at the ends: [1,100] [1,100,2] [100,2,3] [2,3,4] [3,4]
+    assert smooth_noise_scale([1, 100, 2, 3, 4], window=3) == [50.5, 2.0, 3.0, 3.0, 3.5]
+    # unusable values are left out of each window, and an epoch with none of its own gets None
+    assert smooth_noise_scale([None, 10, math.inf, 30, 0, 50], window=3) == [None, 10.0, None, 30.0, None, 50.0]
+    assert smooth_noise_scale([20, None, 10, 40], window=3) == [20.0, None, 25.0, 25.0]
+    assert smooth_noise_scale([None, math.nan, -1.0]) == [None, None, None]
+    assert smooth_noise_scale([]) == []
+    # one epoch's spike neither lifts its neighbours nor shows in the line (default window 5)
+    assert smooth_noise_scale([50.0] * 5 + [1e6] + [50.0] * 5) == [50.0] * 11
+    with pytest.raises(ValueError):
+        smooth_noise_scale([1.0], window=0)
+
+
+def test_the_early_estimate_reads_the_first_three_epochs_or_ten_percent():
+    assert [early_epochs(n) for n in (0, 2, 3, 10, 40, 100)] == [0, 2, 3, 3, 4, 10]
+    # the late jump (1e6) is not in it; median and p25-p75 interpolate linearly
+    assert early_noise_scale([40, 50, 60, 1e6, 1e6]) == EarlyNoiseScale(50.0, 45.0, 55.0, 3)
+    assert tuple(early_noise_scale([60.0, 40.0, 50.0, 70.0] + [1e6] * 36)) == (55.0, 47.5, 62.5, 4)
+    # unusable values are skipped, never taken from later epochs instead
+    assert early_noise_scale([None, 50, math.nan, 1e6]) == (50.0, 50.0, 50.0, 1)
+    assert early_noise_scale([None, math.inf, 0.0, 50.0]) is None
+    assert early_noise_scale([]) is None

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tula.core.noise_scale import (
+    SMOOTH_EPOCHS,
+    early_epochs,
+    early_noise_scale,
+    noise_scale_value,
+    smooth_noise_scale,
+)
 from tula.core.records import epoch_score
 from tula.core.say import Table
 
@@ -496,8 +503,16 @@ def train_table(run: dict) -> Table:
 
 
 def plot_training(run: dict, path: str | Path) -> Path:
+    """Write :func:`training_figure` as a PNG at ``path``."""
+    return _save_figure(training_figure(run), path)
+
+
+def training_figure(run: dict):
     """Test accuracy and training loss per epoch; for AGS and static scaling also the
-    gradient variability Δ(G) per step with scaled and unscaled steps marked."""
+    gradient variability Δ(G) per step with scaled and unscaled steps marked; where the batch
+    changes or B_simple was measured, the global batch, workers and B_simple per epoch on a
+    log axis (B_simple's raw points, its running median and the early estimate the planner
+    assumes, by :mod:`tula.core.noise_scale`'s rules).  An open matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -507,36 +522,33 @@ def plot_training(run: dict, path: str | Path) -> Path:
     tr = run.get("traces") or {}
     has_delta = bool(tr.get("delta"))
     grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
-    noise = [h.get("b_simple") for h in run["history"]]
-    grows = grows or any(b is not None for b in noise)  # the batch panel also shows B_simple
+    noise = [noise_scale_value(h.get("b_simple")) for h in run["history"]]  # None: not on a log axis
+    measured = any(b is not None for b in noise)
+    grows = grows or measured  # the batch panel also shows B_simple
     cols = 1 + has_delta + grows
     fig, axes = plt.subplots(1, cols, figsize=(6 * cols, 4.4), squeeze=False)
     if grows:  # the batch schedule: global batch and workers per epoch
         axg = axes[0, cols - 1]
         ep = [h["epoch"] for h in run["history"]]
         axg.step(ep, [h["global_batch"] for h in run["history"]], where="mid", label="global batch B")
-        if any(b is not None for b in noise):
-            axg.plot(
-                ep,
-                [float("nan") if b is None else b for b in noise],
-                "o:",
-                color="tab:green",
-                ms=4,
-                label="gradient noise scale B_simple",
-            )
-        axg.set_yscale("log", base=2)
+        if measured:
+            _noise_scale_lines(axg, ep, noise)
+        axg.set_yscale("log", base=10 if measured else 2)
         axg.set_xlabel("epoch")
-        axg.set_ylabel("global batch B")
+        axg.set_ylabel("samples (global batch B, B_simple)" if measured else "global batch B")
+        axg.grid(alpha=0.3, which="major")
         axw = axg.twinx()
         axw.step(
             ep, [h["n_workers"] for h in run["history"]], where="mid", color="tab:orange", ls="--", label="workers N"
         )
         axw.set_ylabel("workers N")
         axg.set_title(
-            f"batch {run.get('batch_schedule') or 'constant'}: {run['steps_done']} model updates", fontsize=10
+            f"batch {run.get('batch_schedule') or 'constant'}: {run['steps_done']} model updates"
+            + ("" if measured else "; B_simple not measured"),
+            fontsize=10,
         )
-        axg.legend(loc="upper left", fontsize=8)
-        axw.legend(loc="lower right", fontsize=8)
+        axg.legend(loc="upper left", fontsize=7)
+        axw.legend(loc="lower right", fontsize=7)
     ax = axes[0, 0]
     ep = [h["epoch"] for h in run["history"]]
     score = epoch_score(run["history"][0])[0] if run["history"] else "top-1"
@@ -567,4 +579,48 @@ def plot_training(run: dict, path: str | Path) -> Path:
         axd.set_title(f"{tr['scaled_fraction']:.0%} of steps scaled{extra}", fontsize=10)
         axd.legend(fontsize=8)
         axd.grid(alpha=0.3)
-    return _save_figure(fig, path)
+    return fig
+
+
+def _noise_scale_lines(ax, epochs: list, noise: list[float | None]) -> None:
+    """B_simple per epoch on ``ax`` (a log axis): the raw points, their running median, and
+    the early estimate (median, p25-p75 band) marked as the scale the planner assumes.
+    ``noise``: one usable value or ``None`` per epoch."""
+    ax.plot(
+        [e for e, b in zip(epochs, noise) if b is not None],
+        [b for b in noise if b is not None],
+        "o",
+        color="tab:green",
+        ms=3.5,
+        alpha=0.6,
+        label="B_simple per epoch",
+    )
+    smooth = [(e, v) for e, v in zip(epochs, smooth_noise_scale(noise)) if v is not None]
+    ax.plot(
+        [e for e, _ in smooth],
+        [v for _, v in smooth],
+        "-",
+        color="tab:green",
+        lw=1.8,
+        label=f"B_simple, running median of {SMOOTH_EPOCHS} epochs",
+    )
+    early = early_noise_scale(noise)
+    if early is None:
+        return
+    k = early_epochs(len(noise))
+    ax.axhspan(early.p25, early.p75, color="tab:purple", alpha=0.15, lw=0, label="early B_simple p25-p75")
+    ax.axhline(
+        early.median,
+        color="tab:purple",
+        ls="--",
+        lw=1.2,
+        label=f"early B_simple {early.median:.3g} (median of epochs {epochs[0]}-{epochs[k - 1]}): the planner's",
+    )
+    ax.annotate(
+        f"early B_simple {early.median:.3g}",
+        (epochs[k - 1], early.median),
+        xytext=(4, -11),
+        textcoords="offset points",
+        fontsize=7,
+        color="tab:purple",
+    )

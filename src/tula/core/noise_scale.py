@@ -17,12 +17,21 @@ exponential moving average, and B_simple is the ratio of the averages, not an av
 ratios.  :class:`NoiseScale` communicates nothing itself and never imports torch; given
 torch tensors it keeps its averages as float64 tensors on their device, so :meth:`update`
 never waits for the device (:meth:`b_simple` and :meth:`state_dict` do).
+
+Reading the per-epoch values (one rule for train.png and the dashboard): B_simple grows by
+orders of magnitude late in training, as the mean gradient vanishes, so it is drawn on a log
+axis, only where it is a finite positive number (:func:`noise_scale_value`), with a running
+median over epochs (:func:`smooth_noise_scale`) beside the raw points, and the early-training
+estimate (:func:`early_noise_scale`: the median, with its p25-p75, of the first
+``max(3, 10 %)`` epochs) marked: the start-of-training scale, the one the planner assumes
+(the profile measures it at the start of training; late values are not the planner's).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 STATE_VERSION = 1
 
@@ -148,3 +157,70 @@ class NoiseScale:
 
     def __repr__(self) -> str:
         return f"NoiseScale(decay={self.decay}, steps_={self.steps_})"
+
+
+# ---------------------------------------------------------------------- reading the per-epoch values
+SMOOTH_EPOCHS = 5  # the running median's window (centred; shorter at the ends)
+EARLY_EPOCHS = 3  # the early estimate reads the first max(EARLY_EPOCHS, EARLY_SHARE of the epochs)
+EARLY_SHARE = 0.10
+
+
+def noise_scale_value(x: Any) -> float | None:
+    """``x`` as a float when it is a finite number above 0, else ``None`` (``None``, NaN,
+    infinity, 0 or below, a bool, a string: nothing a log axis or a median can use)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    v = float(x)
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile by linear interpolation between order statistics (numpy's default)."""
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def smooth_noise_scale(values: Iterable[Any], window: int = SMOOTH_EPOCHS) -> list[float | None]:
+    """The running median of the per-epoch B_simple over ``window`` epochs centred on each
+    (fewer at the ends), of the usable values only (:func:`noise_scale_value`), one entry
+    per epoch: ``None`` at an epoch whose own value is not usable (the line is not drawn
+    where nothing was measured).  A median, not a mean, so that one epoch's spike neither
+    lifts its neighbours nor shows in the line."""
+    if window < 1:
+        raise ValueError(f"the window must be at least 1 epoch, not {window!r}")
+    vals = [noise_scale_value(v) for v in values]
+    half = window // 2
+    out: list[float | None] = []
+    for i, own in enumerate(vals):
+        near = sorted(v for v in vals[max(0, i - half) : i + window - half] if v is not None)
+        out.append(_quantile(near, 0.5) if own is not None else None)
+    return out
+
+
+def early_epochs(n_epochs: int) -> int:
+    """How many of ``n_epochs`` epochs the early estimate reads: ``max(3, ceil(10 %))``,
+    no more than there are."""
+    return min(n_epochs, max(EARLY_EPOCHS, math.ceil(EARLY_SHARE * n_epochs)))
+
+
+class EarlyNoiseScale(NamedTuple):
+    """The early-training B_simple: ``median`` with ``p25`` and ``p75`` of the ``n`` usable
+    values among the first :func:`early_epochs` epochs."""
+
+    median: float
+    p25: float
+    p75: float
+    n: int
+
+
+def early_noise_scale(values: Sequence[Any]) -> EarlyNoiseScale | None:
+    """The early-training estimate of B_simple from its per-epoch values (epoch order): the
+    median and p25-p75 of the usable ones (:func:`noise_scale_value`) among the first
+    :func:`early_epochs` epochs.  ``None`` when none of those is usable: an estimate read
+    from later epochs would not be an early one."""
+    first = sorted(v for v in map(noise_scale_value, values[: early_epochs(len(values))]) if v is not None)
+    if not first:
+        return None
+    return EarlyNoiseScale(_quantile(first, 0.5), _quantile(first, 0.25), _quantile(first, 0.75), len(first))

@@ -18,6 +18,13 @@ from fastapi import FastAPI, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
+from tula.core.noise_scale import (
+    SMOOTH_EPOCHS,
+    early_epochs,
+    early_noise_scale,
+    noise_scale_value,
+    smooth_noise_scale,
+)
 from tula.core.records import epoch_score
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import first_line, plain
@@ -68,6 +75,22 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
+def _fmt_tick(v: float) -> str:
+    """A log axis's tick: ``50``, ``2000``, ``1e4``, ``2e6``, ``0.01``."""
+    if 1e-3 <= v < 1e4:
+        return f"{v:g}"
+    m, e = f"{v:.0e}".split("e")
+    return f"{m}e{int(e)}"
+
+
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks between 10**lo and 10**hi: the decades, and 2 and 5 times them when fewer than
+    three decades fit."""
+    decades = range(math.floor(lo), math.ceil(hi) + 1)
+    mults = (1,) if sum(lo <= e <= hi for e in decades) >= 3 else (1, 2, 5)
+    return [m * 10.0**e for e in decades for m in mults if lo - 1e-9 <= math.log10(m * 10.0**e) <= hi + 1e-9]
+
+
 def svg_chart(
     title: str,
     x_label: str,
@@ -79,16 +102,34 @@ def svg_chart(
     log_x: bool = True,
     width: int = 560,
     height: int = 360,
+    log_y: bool = False,
+    bands: list[dict] = (),
+    legend_at: str = "right",
 ) -> str:
     """An SVG line/point chart.  ``lines``: ``{"x", "y", "color", "label"}``; ``points``:
     ``{"x", "y", "color", "label", "title", "marker"}`` (marker ``o``, ``*`` or ``d``) whose
-    ``title`` shows on hover; ``hlines``/``vlines``: ``{"at", "color", "label"}``."""
+    ``title`` shows on hover; ``hlines``/``vlines``: ``{"at", "color", "label"}``; ``bands``:
+    ``{"lo", "hi", "color", "label"}``, a shaded horizontal band across the chart.  A line,
+    point or band with ``"legend": True`` (hlines, bands) or not ``False`` (lines, points) is
+    in the legend, at the top ``right`` or ``left``.  ``log_y``: a base-10 y axis on which
+    the values that are not finite and above 0 are left out (``None`` and NaN always are)."""
+
+    def ok(y: Any) -> bool:
+        return isinstance(y, (int, float)) and math.isfinite(y) and (y > 0 or not log_y)
+
     xs = [x for s in [*lines, *points] for x in s["x"] if x and x > 0] or [1]
-    ys = [y for s in [*lines, *points] for y in s["y"] if y is not None and math.isfinite(y)] or [1]
-    ys += [h["at"] for h in hlines]
+    ys = [y for s in [*lines, *points] for y in s["y"] if ok(y)]
+    ys += [h["at"] for h in hlines if ok(h["at"])] + [v for b in bands for v in (b["lo"], b["hi"]) if ok(v)]
+    ys = ys or [1]
     tx = (lambda v: math.log2(v)) if log_x else (lambda v: v)
+    ty = (lambda v: math.log10(v)) if log_y else (lambda v: v)
     x0, x1 = tx(min(xs)), tx(max(xs))
-    y0, y1 = min(0.0, min(ys)), max(ys) * 1.08 or 1.0
+    if log_y:
+        lo, hi = math.log10(min(ys)), math.log10(max(ys))
+        pad = max(0.04 * (hi - lo), (1.0 - (hi - lo)) / 2)  # at least a decade shown
+        y0, y1 = lo - pad, hi + pad
+    else:
+        y0, y1 = min(0.0, min(ys)), max(ys) * 1.08 or 1.0
     x1 = x1 if x1 > x0 else x0 + 1
     left, right, top, bottom = 64, 16, 28, 44
     pw, ph = width - left - right, height - top - bottom
@@ -97,17 +138,20 @@ def svg_chart(
         return left + (tx(v) - x0) / (x1 - x0) * pw
 
     def py(v: float) -> float:
-        return top + ph - (v - y0) / (y1 - y0) * ph
+        return top + ph - (ty(v) - y0) / (y1 - y0) * ph
 
     out = [
         f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' "
-        f"aria-label='{_e(title)}'><text x='{left}' y='18' font-size='13' font-weight='bold'>{_e(title)}</text>"
+        f"data-y-scale='{'log' if log_y else 'linear'}' aria-label='{_e(title)}'>"
+        f"<text x='{left}' y='18' font-size='13' font-weight='bold'>{_e(title)}</text>"
     ]
-    for k in range(5):  # y grid and ticks
-        v = y0 + (y1 - y0) * k / 4
+    y_ticks = [(v, _fmt_tick(v)) for v in _log_ticks(y0, y1)] if log_y else []
+    if not log_y:
+        y_ticks = [(v, _fmt(v)) for v in (y0 + (y1 - y0) * k / 4 for k in range(5))]
+    for v, text in y_ticks:  # y grid and ticks
         out.append(
             f"<line x1='{left}' x2='{left + pw}' y1='{py(v):.1f}' y2='{py(v):.1f}' stroke='#eee'/>"
-            f"<text x='{left - 6}' y='{py(v) + 4:.1f}' font-size='10' text-anchor='end'>{_fmt(v)}</text>"
+            f"<text x='{left - 6}' y='{py(v) + 4:.1f}' font-size='10' text-anchor='end'>{text}</text>"
         )
     if not log_x:  # a few round ticks
         step = max(1, math.ceil((x1 - x0) / 6))
@@ -126,25 +170,34 @@ def svg_chart(
         f"transform='rotate(-90 14 {top + ph / 2})'>{_e(y_label)}</text>"
         f"<rect x='{left}' y='{top}' width='{pw}' height='{ph}' fill='none' stroke='#999'/>"
     )
+    for b in bands:
+        if ok(b["lo"]) and ok(b["hi"]):
+            y_top, y_bot = py(max(b["lo"], b["hi"])), py(min(b["lo"], b["hi"]))
+            out.append(
+                f"<rect class='band' data-label='{_e(b['label'])}' x='{left}' y='{y_top:.1f}' width='{pw}' "
+                f"height='{max(y_bot - y_top, 1.0):.1f}' fill='{b['color']}' fill-opacity='0.15'>"
+                f"<title>{_e(b.get('title', b['label']))}</title></rect>"
+            )
     for h in hlines:
-        out.append(
-            f"<line x1='{left}' x2='{left + pw}' y1='{py(h['at']):.1f}' y2='{py(h['at']):.1f}' "
-            f"stroke='{h['color']}' stroke-dasharray='6 3'><title>{_e(h['label'])}</title></line>"
-        )
+        if ok(h["at"]):
+            out.append(
+                f"<line x1='{left}' x2='{left + pw}' y1='{py(h['at']):.1f}' y2='{py(h['at']):.1f}' "
+                f"stroke='{h['color']}' stroke-dasharray='6 3'><title>{_e(h.get('title', h['label']))}</title></line>"
+            )
     for v in vlines:
         out.append(
             f"<line x1='{px(v['at']):.1f}' x2='{px(v['at']):.1f}' y1='{top}' y2='{top + ph}' "
             f"stroke='{v['color']}' stroke-dasharray='2 3'><title>{_e(v['label'])}</title></line>"
         )
     for s in lines:
-        pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(s["x"], s["y"]) if x > 0 and math.isfinite(y))
+        pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(s["x"], s["y"]) if x > 0 and ok(y))
         out.append(
             f"<polyline class='series' data-label='{_e(s['label'])}' points='{pts}' fill='none' "
             f"stroke='{s['color']}' stroke-width='1.6'><title>{_e(s['label'])}</title></polyline>"
         )
     for s in points:
         for x, y, t in zip(s["x"], s["y"], s["title"]):
-            if not (x > 0 and math.isfinite(y)):
+            if not (x > 0 and ok(y)):
                 continue
             cx, cy = px(x), py(y)
             if s.get("marker") == "*":
@@ -159,17 +212,25 @@ def svg_chart(
                     f"stroke='{s['color']}' transform='rotate(45 {cx:.1f} {cy:.1f})'"
                 )
             else:
-                shape = f"<circle cx='{cx:.1f}' cy='{cy:.1f}' r='4' fill='{s['color']}'"
+                shape = f"<circle cx='{cx:.1f}' cy='{cy:.1f}' r='{s.get('r', 4)}' fill='{s['color']}'"
             out.append(
                 f"{shape} class='point' data-label='{_e(s['label'])}'><title>{_e(t)}</title>"
                 f"{'</polygon>' if s.get('marker') == '*' else '</rect>' if s.get('marker') == 'd' else '</circle>'}"
             )
     # legend
-    ly = top + 8
-    for s in [*lines, *[p for p in points if p.get("legend", True)]]:
+    ly, lx = top + 8, (left + 8 if legend_at == "left" else left + pw - 150)
+    keyed = [*lines, *[p for p in points if p.get("legend", True)]]
+    keyed += [h for h in [*hlines, *bands] if h.get("legend", False)]
+    if keyed:  # a light backing, so that the labels stay readable over the lines
+        wide = 22 + 5.6 * max(len(plain(s["label"])) for s in keyed)
         out.append(
-            f"<rect x='{left + pw - 150}' y='{ly - 8}' width='10' height='10' fill='{s['color']}'/>"
-            f"<text x='{left + pw - 135}' y='{ly + 1}' font-size='10'>{_e(s['label'])}</text>"
+            f"<rect x='{lx - 3}' y='{ly - 11}' width='{wide:.0f}' height='{13 * len(keyed) + 3}' "
+            "fill='#fff' fill-opacity='0.8'/>"
+        )
+    for s in keyed:
+        out.append(
+            f"<rect x='{lx}' y='{ly - 8}' width='10' height='10' fill='{s['color']}'/>"
+            f"<text x='{lx + 15}' y='{ly + 1}' font-size='10'>{_e(s['label'])}</text>"
         )
         ly += 13
     out.append("</svg>")
@@ -261,6 +322,92 @@ def plan_charts(chart: dict) -> str:
     return f"<div class='charts' id='plan-charts'>{''.join(html_parts)}</div>"
 
 
+def noise_chart(h: list[dict]) -> str:
+    """Per epoch, on a log axis: the global batch, B_simple's raw points and its running
+    median, and the early-training estimate (the median and p25-p75 of the first epochs')
+    marked as the scale the planner assumes (rules: :mod:`tula.core.noise_scale`).  Values
+    that are not finite and above 0 are left out; without any, the title says not measured."""
+    ep = [r["epoch"] for r in h]
+    raw = [noise_scale_value(r.get("b_simple")) for r in h]
+    batch = [r["global_batch"] for r in h]
+    lines = [{"x": ep, "y": batch, "color": COLORS[2], "label": "global batch B"}]
+    points = [
+        {
+            "x": ep,
+            "y": batch,
+            "color": COLORS[2],
+            "label": "epochs",
+            "legend": False,
+            "r": 3,
+            "title": [
+                f"epoch {r['epoch']}: B={r['global_batch']} on N={r['n_workers']}, B_simple "
+                f"{'n/a' if b is None else _fmt(b)}, updates so far {r.get('steps_done')}"
+                for r, b in zip(h, raw)
+            ],
+        }
+    ]
+    hlines, bands = [], []
+    measured = any(b is not None for b in raw)
+    if measured:
+        lines.append(
+            {
+                "x": ep,
+                "y": smooth_noise_scale(raw),
+                "color": COLORS[3],
+                "label": f"B_simple, running median of {SMOOTH_EPOCHS} epochs",
+            }
+        )
+        points.append(
+            {
+                "x": [x for x, b in zip(ep, raw) if b is not None],
+                "y": [b for b in raw if b is not None],
+                "color": COLORS[3],
+                "label": "B_simple per epoch",
+                "r": 2.5,
+                "title": [f"epoch {x}: B_simple {_fmt(b)}" for x, b in zip(ep, raw) if b is not None],
+            }
+        )
+        early = early_noise_scale(raw)
+        if early is not None:
+            k = early_epochs(len(raw))
+            say = (
+                f"early B_simple {_fmt(early.median)}: the median of epochs {ep[0]}-{ep[k - 1]} "
+                f"({early.n} measured; p25-p75 {_fmt(early.p25)}-{_fmt(early.p75)}), the start-of-training "
+                "scale the planner assumes"
+            )
+            hlines.append(
+                {
+                    "at": early.median,
+                    "color": COLORS[4],
+                    "label": f"early B_simple (planner's) {_fmt(early.median)}",
+                    "title": say,
+                    "legend": True,
+                }
+            )
+            bands.append(
+                {
+                    "lo": early.p25,
+                    "hi": early.p75,
+                    "color": COLORS[4],
+                    "label": f"early p25-p75 {_fmt(early.p25)}-{_fmt(early.p75)}",
+                    "title": say,
+                    "legend": True,
+                }
+            )
+    return svg_chart(
+        "Global batch and B_simple" if measured else "Global batch (B_simple not measured)",
+        "epoch",
+        "samples (log scale)",
+        lines,
+        points,
+        hlines,
+        log_x=False,
+        log_y=True,
+        bands=bands,
+        legend_at="left",
+    )
+
+
 def train_charts(run: dict) -> str:
     """Per epoch: test top-1 and training loss; global batch, workers and B_simple; AGS's
     share of scaled steps where it has one."""
@@ -304,33 +451,7 @@ def train_charts(run: dict) -> str:
             log_x=False,
         )
     ]
-    b_simple = [r.get("b_simple") if isinstance(r.get("b_simple"), (int, float)) else float("nan") for r in h]
-    charts.append(
-        svg_chart(
-            "Global batch and B_simple",
-            "epoch",
-            "samples",
-            [
-                {"x": ep, "y": [r["global_batch"] for r in h], "color": COLORS[2], "label": "global batch"},
-                {"x": ep, "y": b_simple, "color": COLORS[3], "label": "B_simple (noise scale)"},
-            ],
-            [
-                {
-                    "x": ep,
-                    "y": [r["global_batch"] for r in h],
-                    "color": COLORS[2],
-                    "label": "epochs",
-                    "legend": False,
-                    "title": [
-                        f"epoch {r['epoch']}: B={r['global_batch']} on N={r['n_workers']}, B_simple "
-                        f"{_fmt(b) if math.isfinite(b) else 'n/a'}, updates so far {r.get('steps_done')}"
-                        for r, b in zip(h, b_simple)
-                    ],
-                }
-            ],
-            log_x=False,
-        )
-    )
+    charts.append(noise_chart(h))
     if any("scaled_fraction" in r for r in h):
         charts.append(
             svg_chart(
