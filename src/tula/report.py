@@ -511,8 +511,8 @@ def training_figure(run: dict):
     """Test accuracy and training loss per epoch; for AGS and static scaling also the
     gradient variability Δ(G) per step with scaled and unscaled steps marked; where the batch
     changes or B_simple was measured, the global batch, workers and B_simple per epoch on a
-    log axis (B_simple's raw points, its running median and the early estimate the planner
-    assumes, by :mod:`tula.core.noise_scale`'s rules).  An open matplotlib figure."""
+    log axis (B_simple's raw points, its running median and the early estimate -- the
+    training-time counterpart of the profile's B_noise that the planner uses --, by :mod:`tula.core.noise_scale`'s rules).  An open matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -584,7 +584,7 @@ def training_figure(run: dict):
 
 def _noise_scale_lines(ax, epochs: list, noise: list[float | None]) -> None:
     """B_simple per epoch on ``ax`` (a log axis): the raw points, their running median, and
-    the early estimate (median, p25-p75 band) marked as the scale the planner assumes.
+    the early estimate (median, p25-p75 band) marked.
     ``noise``: one usable value or ``None`` per epoch."""
     ax.plot(
         [e for e, b in zip(epochs, noise) if b is not None],
@@ -614,7 +614,7 @@ def _noise_scale_lines(ax, epochs: list, noise: list[float | None]) -> None:
         color="tab:purple",
         ls="--",
         lw=1.2,
-        label=f"early B_simple {early.median:.3g} (median of epochs {epochs[0]}-{epochs[k - 1]}): the planner's",
+        label=f"early B_simple {early.median:.3g} (median of epochs {epochs[0]}-{epochs[k - 1]})",
     )
     ax.annotate(
         f"early B_simple {early.median:.3g}",

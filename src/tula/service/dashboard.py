@@ -325,7 +325,7 @@ def plan_charts(chart: dict) -> str:
 def noise_chart(h: list[dict]) -> str:
     """Per epoch, on a log axis: the global batch, B_simple's raw points and its running
     median, and the early-training estimate (the median and p25-p75 of the first epochs')
-    marked as the scale the planner assumes (rules: :mod:`tula.core.noise_scale`).  Values
+    marked as the start-of-training scale (rules: :mod:`tula.core.noise_scale`).  Values
     that are not finite and above 0 are left out; without any, the title says not measured."""
     ep = [r["epoch"] for r in h]
     raw = [noise_scale_value(r.get("b_simple")) for r in h]
@@ -373,13 +373,13 @@ def noise_chart(h: list[dict]) -> str:
             say = (
                 f"early B_simple {_fmt(early.median)}: the median of epochs {ep[0]}-{ep[k - 1]} "
                 f"({early.n} measured; p25-p75 {_fmt(early.p25)}-{_fmt(early.p75)}), the start-of-training "
-                "scale the planner assumes"
+                "scale (the planner's B_noise is the profile's measurement of it)"
             )
             hlines.append(
                 {
                     "at": early.median,
                     "color": COLORS[4],
-                    "label": f"early B_simple (planner's) {_fmt(early.median)}",
+                    "label": f"early B_simple {_fmt(early.median)}",
                     "title": say,
                     "legend": True,
                 }
