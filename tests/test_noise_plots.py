@@ -101,7 +101,7 @@ def test_the_dashboard_draws_b_simple_on_a_log_axis():
     assert {"100", "1000", "1e4", "1e5", "1e6"} <= set(ticks), ticks
     assert "data-label='B_simple, running median of 5 epochs'" in svg
     assert svg.count("data-label='B_simple per epoch'") == len(JUMP) - 4  # None, inf, 0, NaN left out
-    assert "early B_simple (planner&#x27;s) 52" in svg
+    assert "early B_simple 52" in svg
     assert "class='band' data-label='early p25-p75 50-53.5'" in svg
     assert "the median of epochs 1-3 (3 measured; p25-p75 50-53.5)" in svg  # epoch 4 (None) is not in it
     # the first chart keeps its linear axis
