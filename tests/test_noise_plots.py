@@ -1,5 +1,5 @@
 """B_simple as it behaves: train.png and the dashboard draw it on a log axis, with its running
-median and the early estimate the planner assumes, from a synthetic run whose B_simple jumps
+median and the early estimate, from a synthetic run whose B_simple jumps
 from ~50 to 1e6 late in training (no training: seconds)."""
 
 from __future__ import annotations
