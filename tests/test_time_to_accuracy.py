@@ -130,3 +130,29 @@ def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path, 
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "the noise scale must be a positive number of samples, not -5" in " ".join(r.stderr.split())
     assert not (tmp_path / "p2.json").exists()
+
+
+def test_accumulation_carries_a_batch_the_memory_caps_and_its_step_time_is_k_computes_plus_a_sync():
+    # memory: 2000 B static + 100 B per sample (test_plan's model); 12 kB with no safety margin: b <= 100
+    def models(k_max: int) -> dict:
+        m = _models(PERF, budget=12_000)
+        m["spec"]["search"] |= {"memory_safety": 0.0, "max_accumulation_steps": k_max}
+        return m
+
+    plain = make_plan(models(1), "time")
+    assert plain["max_local_batch"] == 100 and _nb(plain) == (2, 200)  # N = 2 at b = 100: T = 20 / 200 + 0.5
+    m = models(8)
+    acc = make_plan(m, "time")
+    row = next(r for r in acc["configurations"] if (r["n_workers"], r["global_batch"]) == (1, 640))
+    assert (row["accumulation_steps"], row["micro_batch"], row["feasible"]) == (8, 80, True)
+    # N = 1: no sync, so k computes of 0.01 + 0.001 * 80 s; per epoch D / B = 1000 / 640 steps
+    assert row["t_step_s"] == pytest.approx(8 * (0.01 + 0.001 * 80))
+    assert row["peak_mem_bytes"] == 2000 + 100 * 80 + 10 * (640 - 80)  # the share's data is loaded whole
+    # N = 2 at B = 1000: shares of 500 as 5 micro-batches of 100; the sync overlaps only the last
+    big = next(r for r in acc["configurations"] if (r["n_workers"], r["global_batch"]) == (2, 1000))
+    assert (big["accumulation_steps"], big["micro_batch"]) == (5, 100)
+    assert big["t_step_s"] == pytest.approx(5 * (0.01 + 0.001 * 100) + 0.01)
+    # a share no k <= 8 splits into micro-batches of at most 100 (e.g. 997, prime) stays infeasible, saying so
+    odd = [r for r in acc["configurations"] if not r["feasible"]]
+    assert odd and all("no accumulation of up to 8 steps" in r["reason"] for r in odd)
+    assert "accumulated" in acc["reason"] or acc["choice"]["accumulation_steps"] == 1

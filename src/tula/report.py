@@ -163,7 +163,7 @@ def plan_table(plan: dict) -> Table:
             "*" if r["chosen"] else "",
             str(r["n_workers"]),
             str(r["global_batch"]),
-            str(r["local_batch"]),
+            str(r["local_batch"]) if r.get("accumulation_steps", 1) == 1 else f"{r['accumulation_steps']}x{r['micro_batch']}",
             _ms(r["t_step_s"]),
             f"{r['epoch_time_s']:.3f}",
             f"{r['total_time_s']:.2f}",

@@ -3,6 +3,11 @@
     t_compute(b, N) = (c0 + c1 * b) * (1 + kappa * (m - 1)) + kappa0 * (m - 1)     (Eq. 2b)
     t_sync(N)       = alpha-beta cost of the collective on the topology         (Eq. 2c), 0 when N = 1
     t_step(b, N)    = ((t_compute * (1 + rho * [N > 1]))**gamma + t_sync**gamma) ** (1 / gamma)
+    t_step(b, N, k) = (k - 1) * t_compute(b, N) + t_step(b, N)      (k accumulation steps)
+
+With gradient accumulation a step is k micro-batches of b samples: the first k - 1 backward
+passes run under DDP's ``no_sync`` (compute only, no communication threads beside them), the
+last is an ordinary step whose sync overlaps its backward.
 
 ``m`` is the number of ranks that share one host: N for the flat model (one host, or no
 topology given: ``ranks_per_node=None``), min(N, R) on hosts of R ranks each.
@@ -223,13 +228,16 @@ class PerfModel:
             n_hosts,
         )
 
-    def t_step_s(self, local_batch, n_workers, ranks_per_node=None, n_hosts=None):
+    def t_step_s(self, local_batch, n_workers, ranks_per_node=None, n_hosts=None, accumulation=1):
         """Step time of N ranks.  ``ranks_per_node`` ``None`` (default): the flat model, as
         fitted on one host (co-location over all N, flat sync); R: hosts of R ranks each
-        (co-location over min(N, R), the topology's sync)."""
+        (co-location over min(N, R), the topology's sync).  ``accumulation``: k micro-batches
+        of ``local_batch`` per step, the first k - 1 without sync."""
         n = np.asarray(n_workers, float)
         m = n if ranks_per_node is None else np.minimum(n, np.asarray(ranks_per_node, float))
-        return self.combine_s(self.t_compute_s(local_batch, m), self.t_sync_s(n, ranks_per_node, n_hosts), n)
+        compute = self.t_compute_s(local_batch, m)
+        last = self.combine_s(compute, self.t_sync_s(n, ranks_per_node, n_hosts), n)
+        return (np.asarray(accumulation, float) - 1.0) * compute + last
 
     def combine_s(self, t_compute_s, t_sync_s, n_workers):
         """The step time from its parts (Eq. 2): compute slowed by ``rho`` when N > 1, then

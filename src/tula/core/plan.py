@@ -53,7 +53,7 @@ from tula.core.perfmodel import ranks_per_node_of, training_time_s
 from tula.core.pricing import SpotPricing, make_pricing
 from tula.core.records import PLAN_KIND, VERSIONS
 from tula.core.registry import ACCURACY_OBJECTIVES, OBJECTIVE_NAMES
-from tula.core.space import candidate_global_batches, max_global_batch
+from tula.core.space import accumulation_for, candidate_global_batches, max_global_batch
 from tula.core.spec import ConstraintsSpec, JobSpec, PricingSpec, format_duration, spec_from_dict
 
 KNEE_FALLBACK_TOL = 0.05
@@ -285,6 +285,7 @@ def make_plan(
     b_mem = mem.max_local_batch(budget, spec.search.memory_safety)
     b_oom = models.get("oom_local_batch")
     grid = candidate_global_batches(spec.search, d)
+    k_max = spec.search.max_accumulation_steps
     big_lo, big_hi = spec.search.min_batch, max_global_batch(spec.search, d)
 
     rows: list[dict] = []
@@ -294,16 +295,22 @@ def make_plan(
         cand_local = [g // n for g in grid if g % n == 0 and g >= n]
         limits = [b for b in (b_mem, None if b_oom is None else b_oom - 1) if b is not None]
         for b in _dense_local_batches(lo, hi, cand_local + limits):
-            reason = ""
-            if b_mem is not None and b > b_mem:
+            # where memory caps the local batch, k micro-batches of b / k may carry it
+            k = accumulation_for(b, min(limits) if limits else None, k_max) or 1
+            micro, reason = b // k, ""
+            if b_mem is not None and micro > b_mem:
                 reason = f"predicted peak exceeds the memory budget (local batch > {b_mem})"
-            elif b_oom is not None and b >= b_oom:
+            elif b_oom is not None and micro >= b_oom:
                 reason = f"a local batch of {b_oom} ran out of memory while profiling"
+            if reason and k_max > 1:
+                reason += f", and no accumulation of up to {k_max} steps splits {b} into micro-batches that fit"
             rows.append(
                 {
                     "n_workers": n,
                     "global_batch": n * b,
                     "local_batch": b,
+                    "micro_batch": micro,
+                    "accumulation_steps": k,
                     "candidate": n * b in grid,
                     "feasible": not reason,
                     "reason": reason,
@@ -315,12 +322,15 @@ def make_plan(
         )
     n_arr = np.array([r["n_workers"] for r in rows], float)
     b_arr = np.array([r["local_batch"] for r in rows], float)
+    micro_arr = np.array([r["micro_batch"] for r in rows], float)
+    k_arr = np.array([r["accumulation_steps"] for r in rows], float)
     # on the hosts it was fitted for: R ranks per host when the profile spanned several, else the flat model
-    t_step = perf.t_step_s(b_arr, n_arr, ranks_per_node_of(models.get("trials") or []))
+    t_step = perf.t_step_s(micro_arr, n_arr, ranks_per_node_of(models.get("trials") or []), None, k_arr)
     epoch = training_time_s(t_step, n_arr * b_arr, d)
     free = epochs * epoch  # Eq. 4a: uninterrupted training
     total = pricing_model.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
-    peak = mem.predict_peak_bytes(b_arr)
+    # the micro-batch's activations; the share's data is loaded whole, then sliced
+    peak = mem.predict_peak_bytes(micro_arr) + mem.batch_bytes_per_sample * (b_arr - micro_arr)
     cost = pricing_model.cost(total, n_arr, peak)
     lost = pricing_model.expected_preemptions(free, n_arr, epoch) if isinstance(pricing_model, SpotPricing) else None
     columns = zip(t_step.tolist(), epoch.tolist(), total.tolist(), cost.tolist(), peak.astype(np.int64).tolist())
@@ -406,8 +416,9 @@ def make_plan(
         )
     else:
         trains = f"trains {epochs} epochs"
+    acc = f" as {c['accumulation_steps']} x {c['micro_batch']} accumulated" if c["accumulation_steps"] > 1 else ""
     reason = (
-        f"{why}: N={c['n_workers']}, B={c['global_batch']} (b={c['local_batch']}) {trains} in "
+        f"{why}: N={c['n_workers']}, B={c['global_batch']} (b={c['local_batch']}{acc}) {trains} in "
         f"{took} for {c[ck]:.4g} {pricing_model.unit} "
         f"({c[tk] / fastest:.2f}x the fastest, {c[ck] / cheapest:.2f}x the cheapest)"
     )

@@ -387,6 +387,12 @@ class SearchSpec(_Strict):
     batch_growth: int = Field(default=2, ge=2)
     memory_budget_bytes: int | None = Field(default=None, gt=0, description="memory each worker may use")
     memory_safety: float = Field(default=0.1, ge=0, lt=1, description="fraction of the budget kept free")
+    max_accumulation_steps: int = Field(
+        default=1,
+        ge=1,
+        description="gradient accumulation the planner may use where the memory model caps the local "
+        "batch: each rank's share B / N as k <= this many micro-batches (1: none)",
+    )
     enforce_memory_cap: bool = Field(
         default=False,
         description="on CPU, cap each worker's address space "
