@@ -107,7 +107,7 @@ def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path, 
         "epochs": 10,
         "optimizer": {"name": "sgd", "lr": 1e-4, "momentum": 0.0},  # the few profile steps barely move w
         "train": {"loss": "mse"},
-        "search": {"cluster_sizes": [1, 2], "min_batch": 32, "max_batch": 256},
+        "search": {"cluster_sizes": [1, 2], "min_batch": 32, "max_batch": 256, "max_accumulation_steps": 2},
         "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "noise_steps": 20},
     }
     (tmp_path / "lin.yaml").write_text(json.dumps(spec))
@@ -123,6 +123,12 @@ def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path, 
     assert all(t["noise"]["steps"] == 20 and t["noise"]["seconds"] > 0 for t in measured)
     models = json.loads((tmp_path / "models.json").read_text())
     assert models["noise_scale"]["b_noise"] == pytest.approx(33, rel=0.3)
+    # accumulation allowed: each world also timed its largest batch as 2 micro-batches, and the
+    # fit says how far its step model is from that (judged on real workloads by the benchmark)
+    checks = models["accumulation_check"]
+    assert sorted(a["n_workers"] for a in checks) == [1, 2]
+    assert all(a["accumulation_steps"] == 2 and a["t_step_s"] > 0 and a["predicted_t_step_s"] > 0 for a in checks)
+    assert models["fit_error"]["accumulated_step_max_rel"] == max(a["rel_error"] for a in checks)
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["objective"] == "time_to_accuracy" and plan["noise_scale"]["source"] == "profile"
     assert "B_noise" in " ".join(r.stdout.split()) and "to accuracy" in plan["reason"]

@@ -106,6 +106,12 @@ def models_table(models: dict) -> Table:
         f"step time median {err['t_step_median_rel']:.1%} (max {err['t_step_max_rel']:.1%}), "
         f"peak memory median {err['peak_mem_median_rel']:.1%} (max {err['peak_mem_max_rel']:.1%})",
     )
+    for a in models.get("accumulation_check") or []:
+        t.add_row(
+            "accumulated step",
+            f"N={a['n_workers']} b={a['local_batch']} as {a['accumulation_steps']} x {a['micro_batch']}: measured "
+            f"{a['t_step_s'] * 1e3:.2f} ms, predicted {a['predicted_t_step_s'] * 1e3:.2f} ms ({a['rel_error']:.1%} off)",
+        )
     noise = models.get("noise_scale")
     if noise is not None:
         t.add_row("noise scale", noise_scale_text(noise))
@@ -163,7 +169,9 @@ def plan_table(plan: dict) -> Table:
             "*" if r["chosen"] else "",
             str(r["n_workers"]),
             str(r["global_batch"]),
-            str(r["local_batch"]) if r.get("accumulation_steps", 1) == 1 else f"{r['accumulation_steps']}x{r['micro_batch']}",
+            str(r["local_batch"])
+            if r.get("accumulation_steps", 1) == 1
+            else f"{r['accumulation_steps']}x{r['micro_batch']}",
             _ms(r["t_step_s"]),
             f"{r['epoch_time_s']:.3f}",
             f"{r['total_time_s']:.2f}",

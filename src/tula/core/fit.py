@@ -11,7 +11,14 @@ import numpy as np
 
 from tula.core.errors import RecordError
 from tula.core.memory_model import MemoryModel
-from tula.core.perfmodel import PerfModel, fit_perf_model, relative_error, relative_errors
+from tula.core.perfmodel import (
+    PerfModel,
+    fit_perf_model,
+    relative_error,
+    relative_errors,
+    trial_topology,
+    world_shape,
+)
 from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, load_record, placement, save_record  # noqa: F401
 from tula.core.spec import JobSpec, spec_from_dict
 
@@ -58,6 +65,21 @@ def fit_noise_scale(trials: list[dict]) -> dict:
     return out
 
 
+def accumulation_check(perf: PerfModel, trials: list[dict], checks: list[dict]) -> list[dict]:
+    """Each accumulated-step measurement of the profile (``accumulation_trials``) against the
+    model's ``t_step(micro, N, k)``, on the hosts of the ordinary trial of the same batch."""
+    out = []
+    for a in checks:
+        same = next(
+            (t for t in trials if t["n_workers"] == a["n_workers"] and t["local_batch"] == a["local_batch"]), {}
+        )
+        r, h = world_shape(same) if trial_topology(trials) is not None and same else (None, None)
+        predicted = float(perf.t_step_s(a["micro_batch"], a["n_workers"], r, h, a["accumulation_steps"]))
+        out.append({**{k: a[k] for k in ("n_workers", "local_batch", "micro_batch", "accumulation_steps", "t_step_s")},
+                    "predicted_t_step_s": predicted, "rel_error": abs(predicted - a["t_step_s"]) / a["t_step_s"]})  # fmt: skip
+    return out
+
+
 def fit_models(profile: dict) -> dict:
     """Fit the memory and performance models of a profile record."""
     spec = spec_from_dict(profile["spec"])
@@ -75,6 +97,7 @@ def fit_models(profile: dict) -> dict:
     m_err = relative_error(
         mem.predict_peak_bytes(np.array([t["local_batch"] for t in ok])), [t["peak_mem_bytes"] for t in ok]
     )
+    acc = accumulation_check(perf, ok, profile.get("accumulation_trials") or [])
     return {
         "kind": MODELS_KIND,
         "version": 1,
@@ -92,7 +115,9 @@ def fit_models(profile: dict) -> dict:
             "t_step_max_rel": float(t_err.max()),
             "peak_mem_median_rel": float(np.median(m_err)),
             "peak_mem_max_rel": float(m_err.max()),
+            **({"accumulated_step_max_rel": max(a["rel_error"] for a in acc)} if acc else {}),
         },
+        "accumulation_check": acc,
         "trials": trials,
         "profiling_s": profile.get("profiling_s"),
         "placement": placement(trials),

@@ -130,6 +130,35 @@ class _Worker:
         self.forward_backward(sync)
         self.update()
 
+    def accumulated_step(self, k: int) -> None:
+        """One step of the loaded batch as ``k`` micro-batches, as training accumulates: the
+        first k - 1 backward passes under ``no_sync``, each loss divided by k."""
+        assert self.x is not None and self.y is not None
+        micro = len(self.x) // k
+        for j in range(k):
+            part = slice(j * micro, (j + 1) * micro)
+            with self.ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
+                with self.prec.autocast():
+                    loss = self.loss_fn(self.ddp(self.x[part]), self.y[part]) / k
+                self.prec.backward(loss)
+        self.update()
+
+    def accumulation_trial(self, local_batch: int, k: int, timed: int) -> dict:
+        """Step times of ``local_batch`` per rank as ``k`` accumulated micro-batches (a
+        batch an ordinary trial already ran, so it fits): what the planner's accumulation
+        model is checked against."""
+        self.load_batch(local_batch)
+        self.accumulated_step(k)  # warm-up
+        times = []
+        for _ in range(timed):
+            t0 = time.perf_counter()
+            self.load_batch(local_batch)
+            self.accumulated_step(k)
+            times.append(time.perf_counter() - t0)
+        self.release()
+        return {"local_batch": local_batch, "micro_batch": local_batch // k, "accumulation_steps": k,
+                "step_times_s": times}  # fmt: skip
+
     def timed(self, sync: bool) -> float:
         """One step with the wait for its batch included, as training runs it."""
         t0 = time.perf_counter()
@@ -356,6 +385,10 @@ def profile_world(
         ctx.emit({"type": "rank_trial", "rank": ctx.rank, "trial": asdict(t)})  # kept if the world dies later
         if ctx.rank == 0:
             ctx.emit({"type": "trial", "n_workers": n, "global_batch": big_b, "status": t.status, "index": i})
+    ok = [t["local_batch"] for t in out["trials"] if t["status"] == "ok" and t["local_batch"] % 2 == 0]
+    if spec.search.max_accumulation_steps > 1 and ok and "interrupted" not in out:
+        # the planner may accumulate: one check of its step model, at k = 2 on the largest batch run
+        out["accumulation"] = w.accumulation_trial(max(ok), 2, spec.profile.timed_steps)
     return out
 
 
@@ -482,6 +515,7 @@ def _profile(
     del model
 
     streamed: dict[int, list[dict]] = {}  # rank -> trials of the world now running
+    accumulation: list[dict] = []  # each world's accumulated-step check (search.max_accumulation_steps > 1)
     probe: dict = {}
     trials: list[dict] = []
     spent_before = 0.0
@@ -492,6 +526,7 @@ def _profile(
             "configs": [tuple(c) for c in previous["configs"]],
         }
         trials = [t for t in previous["trials"] if t["status"] in FINISHED]
+        accumulation = list(previous.get("accumulation_trials") or [])
         spent_before = previous.get("profiling_s") or 0.0
         emit({"type": "plan", "total": len(probe["configs"]), "done": len(trials)})
 
@@ -535,6 +570,7 @@ def _profile(
             "max_local_batch": probe["max_local_batch"],
             "configs": [list(c) for c in probe["configs"]],
             "trials": ordered,
+            "accumulation_trials": accumulation,
             "placement": placement(ordered),
             "launcher": getattr(launcher, "name", type(launcher).__name__),
             "facts": facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
@@ -633,6 +669,11 @@ def _profile(
                 str(err), rank=err.rank, details=err.details, cause=err.cause, record=record(failed=str(err))
             ) from None
         trials.extend(_merge_ranks(res))
+        if all("accumulation" in r for r in res):  # per step the slowest rank, then the median
+            a = dict(res[0]["accumulation"], n_workers=n)
+            a["step_times_s"] = [max(xs) for xs in zip(*(r["accumulation"]["step_times_s"] for r in res))]
+            a["t_step_s"] = statistics.median(a["step_times_s"])
+            accumulation.append(a)
         if any("interrupted" in r for r in res):
             raise stopped(res[0].get("interrupted") or signal.SIGINT)
 
