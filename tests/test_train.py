@@ -53,10 +53,11 @@ def test_ags_on_two_ranks_keeps_replicas_identical_and_learns(tiny_spec_dict, tm
 
 
 @pytest.mark.slow
-def test_oom_during_training_falls_back_to_a_smaller_batch_under_a_real_cap(tiny_spec_dict, tmp_path):
+def test_oom_during_training_falls_back_to_a_smaller_micro_batch_under_a_real_cap(tiny_spec_dict, tmp_path):
     """Each rank's address space is capped at its size + 28 MiB: a local batch of 512 digits
     through a width-32 CNN needs more, so the ranks agree on OOM and the run restarts at
-    half the batch until it fits; every epoch then runs exactly once."""
+    half the micro-batch until it fits -- the global batch kept, in twice the gradient
+    accumulation steps (tula.engine.train.next_fallback); every epoch then runs exactly once."""
     d = dict(tiny_spec_dict, epochs=2, model={"name": "small_cnn", "kwargs": {"width": 32}})
     d["search"] = {**d["search"], "memory_budget_bytes": 28 * 2**20, "enforce_memory_cap": True}
     d["train"] = {"warmup_epochs": 0}
@@ -65,9 +66,11 @@ def test_oom_during_training_falls_back_to_a_smaller_batch_under_a_real_cap(tiny
     assert run["fallbacks"], "the capped run never ran out of memory"
     assert run["requested_global_batch"] == 1024
     assert run["fallbacks"][0]["from_global_batch"] == 1024
-    chain = [1024] + [f["to_global_batch"] for f in run["fallbacks"]]
-    assert chain == [1024 // 2**i for i in range(len(chain))]
-    assert run["global_batch"] == chain[-1] < 1024
+    assert all(f["to_global_batch"] == 1024 for f in run["fallbacks"])
+    chain = [1] + [f["to_accumulation_steps"] for f in run["fallbacks"]]
+    assert chain == [2**i for i in range(len(chain))]
+    assert run["global_batch"] == 1024 and run["accumulation_steps"] == chain[-1] > 1
+    assert run["micro_batch"] == 512 // chain[-1] and run["local_batch"] == 512
     assert [h["epoch"] for h in run["history"]] == [1, 2]
     assert all(h["global_batch"] == run["global_batch"] for h in run["history"])
     assert run["steps_done"] == 2 * steps_per_epoch(DIGITS_TRAIN, run["global_batch"])

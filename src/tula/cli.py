@@ -243,10 +243,13 @@ class _Console(Observer):
                 + ("(a new world)" if ev.get("new_world", True) else "(in the same world)"),
             )
         elif kind == "fallback":
+            k0, k1 = ev.get("from_accumulation_steps", 1), ev.get("to_accumulation_steps", 1)
             say(
                 bar.console,
                 (f"out of memory at global batch {ev['from_global_batch']}", "yellow"),
+                (f" in {k0} accumulation steps" if k0 > 1 else ""),
                 f": resuming from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}",
+                (f" in {k1} accumulation steps" if k1 != k0 or k1 > 1 else ""),
             )
 
 
@@ -483,6 +486,11 @@ def train(
         "else train.workers' rule for the first batch)",
     ),
     batch: int = typer.Option(None, help="global batch B (default: train.global_batch, else the plan's)"),
+    accumulation: int = typer.Option(
+        None,
+        help="gradient accumulation steps k: each worker's B / N samples a step run as k micro-batches of "
+        "B / (N k), synchronised once (overrides train.accumulation_steps; default 1)",
+    ),
     plan: Path = typer.Option(None, help="a plan.json whose choice gives N and B"),
     epochs: int = typer.Option(None, help="override the spec's epochs"),
     out: Path = typer.Option(
@@ -514,6 +522,10 @@ def train(
         d = job.to_dict()
         d["train"]["batch_schedule"] = {**(d["train"].get("batch_schedule") or {}), "kind": schedule}
         job = spec_from_dict(d)
+    if accumulation is not None:
+        d = job.to_dict()
+        d["train"]["accumulation_steps"] = accumulation
+        job = spec_from_dict(d)
     out = check_out_dir(out or RUNS / job.name / "train")
     n = workers if workers is not None else job.train.n_workers
     b = batch if batch is not None else job.train.global_batch
@@ -543,6 +555,7 @@ def train(
     except Interrupted as err:
         err.hint = (
             f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
+            + (f" --accumulation {accumulation}" if accumulation is not None else "")
             + (f" --epochs {epochs}" if epochs is not None else "")
             + f" --out {_q(out)} --resume"
             + (f" --cluster {_q(cluster)}" if cluster else "")

@@ -191,12 +191,18 @@ class Job:
         n_workers: int | None = None,
         global_batch: int | None = None,
         resume: bool = False,
+        accumulation_steps: int | None = None,
     ) -> dict:
         """Train (default: the plan's choice, with the spec's method -- ``lbt`` where AGS has
-        nothing to scale); the training run record."""
+        nothing to scale); the training run record.  ``accumulation_steps``: k micro-batches
+        per step (overrides ``train.accumulation_steps``)."""
         from tula.pipeline import train_stage, training_method
 
-        t = self.spec.train
+        spec = self.spec
+        if accumulation_steps is not None:
+            d = spec.to_dict()
+            spec = spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": accumulation_steps}})
+        t = spec.train
         if self.plan_record is not None:
             choice = self.plan_record["choice"]
             n_workers = n_workers or choice["n_workers"]
@@ -204,8 +210,8 @@ class Job:
         n_workers, global_batch = n_workers or t.n_workers, global_batch or t.global_batch
         if n_workers is None or global_batch is None:
             raise TulaError("train needs a configuration: call plan() first, or give n_workers and global_batch")
-        method = method or training_method(self.spec, global_batch, self.observer)
-        return train_stage(self.spec, method, n_workers, global_batch, self.out / TRAIN_DIR, resume=resume,
+        method = method or training_method(spec, global_batch, self.observer)
+        return train_stage(spec, method, n_workers, global_batch, self.out / TRAIN_DIR, resume=resume,
                            launcher=self._launcher(), observer=self.observer)  # fmt: skip
 
     def _launcher(self) -> Any:

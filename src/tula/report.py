@@ -482,7 +482,13 @@ def train_table(run: dict) -> Table:
     grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
     t = Table(
         title=f"Training: {run['method']} on N={run['n_workers']}, B={run['global_batch']} "
-        f"(b={run['local_batch']}, {run['steps_per_epoch']} steps/epoch)"
+        f"(b={run['local_batch']}"
+        + (
+            f" in {run['accumulation_steps']} micro-batches of {run['micro_batch']}"
+            if run.get("accumulation_steps", 1) > 1
+            else ""
+        )
+        + f", {run['steps_per_epoch']} steps/epoch)"
     )
     score = epoch_score(run["history"][0])[0] if run["history"] else "top-1"
     cols = (

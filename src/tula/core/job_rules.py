@@ -43,13 +43,32 @@ def check_method(method: str, spec: JobSpec, n_workers: int, global_batch: int) 
         raise SpecError(problem)
 
 
-def check_train_config(spec: JobSpec, method: str, n_workers: int, global_batch: int, dataset_size: int) -> None:
+def check_train_config(
+    spec: JobSpec,
+    method: str,
+    n_workers: int,
+    global_batch: int,
+    dataset_size: int,
+    accumulation_steps: int | None = None,
+) -> None:
     """Every rule a training configuration must satisfy, checked before any process starts:
-    one :class:`~tula.core.errors.SpecError` sentence for the first one broken."""
+    one :class:`~tula.core.errors.SpecError` sentence for the first one broken.
+    ``accumulation_steps``: the k it trains at (default: the spec's
+    ``train.accumulation_steps``; an out-of-memory fallback may have raised it)."""
+    k = spec.train.accumulation_steps if accumulation_steps is None else accumulation_steps
     if n_workers < 1:
         raise SpecError(f"the number of workers must be at least 1, not {n_workers}")
     if global_batch < n_workers or global_batch % n_workers:
         raise SpecError(f"global batch {global_batch} does not split evenly over {n_workers} workers")
+    share = global_batch // n_workers
+    if k < 1:
+        raise SpecError(f"the number of accumulation steps must be at least 1, not {k}")
+    if share % k:
+        raise SpecError(
+            f"global batch {global_batch} on {n_workers} worker(s) gives each worker {share} samples a step, "
+            f"which do not split into {k} equal micro-batches (train.accumulation_steps, --accumulation); "
+            "choose accumulation steps that divide the share, or another batch"
+        )
     if global_batch > dataset_size:
         raise SpecError(f"global batch {global_batch} is larger than the training set ({dataset_size} samples)")
     check_method(method, spec, n_workers, global_batch)
@@ -71,6 +90,12 @@ def schedule_problem(method: str, spec: JobSpec) -> str | None:
     sched, workers = spec.train.batch_schedule, spec.train.workers
     if sched is None and workers is None:
         return None
+    if spec.train.accumulation_steps > 1:
+        return (
+            f"train.accumulation_steps ({spec.train.accumulation_steps}) cannot be combined with a batch schedule "
+            "or train.workers yet (the schedule's batches need not divide by it); set it to 1, or train at a "
+            "constant batch"
+        )
     if workers is not None and workers.min != workers.max and not info.resizable:
         return (
             f"method {method!r} keeps state per rank that cannot move to another worker count; train it with "

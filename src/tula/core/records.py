@@ -298,6 +298,8 @@ class EpochRecord(BaseModel):
     test_loss: float
     test_top1: float | None = None  # classification (train.loss cross_entropy, or a user's loss on integer labels)
     test_r2: float | None = None  # regression (train.loss mse)
+    accumulation_steps: int = Field(default=1, ge=1)  # k micro-batches per step (lines before it had 1)
+    micro_batch: int | None = Field(default=None, ge=1)  # b = global_batch / (n_workers x k)
 
 
 def epoch_score(h: dict) -> tuple[str, float, str]:
@@ -323,6 +325,8 @@ class TrainRecord(_Record):
     steps_per_epoch: int = Field(ge=1)
     epochs: int = Field(ge=1)
     steps_done: int = Field(ge=0)
+    accumulation_steps: int = Field(default=1, ge=1)  # the last configuration's k (records before it: 1)
+    micro_batch: int | None = Field(default=None, ge=1)  # its b = local_batch / k; local_batch is B / N
     history: list[EpochRecord]
     fallbacks: list[dict] = Field(default_factory=list)
     traces: dict = Field(default_factory=dict)
@@ -353,6 +357,7 @@ class CheckpointMeta(_Record):
     method: str
     global_batch: int = Field(ge=1)
     n_workers: int = Field(ge=1)
+    accumulation_steps: int = Field(default=1, ge=1)  # checkpoints before gradient accumulation: 1
     fallbacks: list[dict] = Field(default_factory=list)
     history: list[EpochRecord] = Field(default_factory=list)
 

@@ -635,6 +635,17 @@ class TrainSpec(_Strict):
         "CPU and CUDA) or fp16 (autocast with a gradient scaler; CUDA only).  Profiled as trained: the step "
         "times and the memory model's bytes per sample are those of this precision",
     )
+    accumulation_steps: int = Field(
+        default=1,
+        ge=1,
+        description="gradient accumulation: each rank's share of a global step (B / N samples) "
+        "runs as this many micro-batches of b = B / (N x k) samples, one after the other, the gradients "
+        "summed locally (DDP no_sync) and synchronised once, on the last; the update is the same as at "
+        "k = 1 (up to the summation order), so B = N x b x k and a batch above N x the memory's largest b is "
+        "reachable.  The memory a rank needs is that of b (activations) plus its share's data batch; "
+        "BatchNorm statistics are then over b samples, not B / N.  B / N must divide by it.  An out-of-memory "
+        "fallback doubles it (halving b) before it halves B",
+    )
     noise_scale: bool = Field(
         default=True,
         description="measure the gradient noise scale B_simple every step (a "

@@ -21,9 +21,10 @@ The caller (:func:`train`) launches one N-rank world; every rank runs :func:`tra
   starts); the last finished epoch's checkpoint is what is kept.
 
 Out of memory -- the probe's agreed verdict, or a rank failing with cause ``oom`` mid-epoch --
-makes the caller relaunch from the last checkpoint at the next smaller global batch (half,
-split evenly over the workers): completed epochs are kept, the interrupted epoch is re-run
-whole, none is lost or repeated.
+makes the caller relaunch from the last checkpoint at half the micro-batch: the same global
+batch in twice the accumulation steps while the micro-batch is even, else the next smaller
+global batch (split evenly over the workers; :func:`next_fallback`): completed epochs are
+kept, the interrupted epoch is re-run whole, none is lost or repeated.
 """
 
 from __future__ import annotations
@@ -86,6 +87,19 @@ def next_smaller_batch(global_batch: int, n_workers: int) -> int:
     """Half the global batch, rounded down to a multiple of the worker count (0: none left)."""
     b_local = (global_batch // 2) // n_workers
     return b_local * n_workers
+
+
+def next_fallback(global_batch: int, n_workers: int, accumulation_steps: int) -> tuple[int, int]:
+    """The ``(global batch, accumulation steps)`` to go on at after an out-of-memory at
+    (B, k) on ``n_workers``: what runs out is the micro-batch b = B / (N k), so it is halved.
+    While b is even (so >= 2) the global batch is kept and k doubled -- the same updates,
+    only more, smaller passes; an odd b halves (rounded down) at the same k, a smaller
+    global batch B = N k floor(b / 2) -- at k = 1 exactly :func:`next_smaller_batch`.
+    A global batch of 0 means nothing smaller is left (b was 1)."""
+    micro = global_batch // n_workers // accumulation_steps
+    if micro >= 2 and micro % 2 == 0:
+        return global_batch, 2 * accumulation_steps
+    return n_workers * accumulation_steps * (micro // 2), accumulation_steps
 
 
 # --------------------------------------------------------------------------- inside a rank
@@ -346,16 +360,21 @@ def _probe(
     method: Any,
     loss_fn: Callable,
     prec: Precision | None = None,
+    micro_batch: int | None = None,
 ) -> tuple[bool, str]:
     """Can every rank run a step at this batch?  One forward/backward under ``no_sync()`` on
-    the epoch's first batch (:func:`tula.engine.ddp.probe_fits`); BatchNorm statistics and the
-    gradients are put back as they were."""
+    the epoch's first batch -- its first micro-batch (``micro_batch`` samples of the rank's
+    share) when the step accumulates, whose activations are what a step holds at once
+    (:func:`tula.engine.ddp.probe_fits`); BatchNorm statistics and the gradients are put back
+    as they were."""
     buffers = [b.detach().clone() for b in model.buffers()]
 
     def probe_step() -> None:
         x, y = _local_batch(
             data, epoch_order(spec.seed, epoch, data.train_size), 0, global_batch, rank, local_batch, device
         )
+        if micro_batch is not None:
+            x, y = x[:micro_batch], y[:micro_batch]
         with ddp.no_sync():
             with prec.autocast() if prec is not None else contextlib.nullcontext():
                 loss = loss_fn(ddp(x), y)
@@ -399,6 +418,7 @@ class _RankTrainer:
         out_dir: str,
         fallbacks: list[dict],
         schedule: dict | None,
+        accumulation_steps: int = 1,
     ) -> None:
         self.ctx, self.spec, self.method_name, self.fallbacks, self.schedule = (
             ctx,
@@ -407,6 +427,7 @@ class _RankTrainer:
             fallbacks,
             schedule,
         )
+        self.accum = accumulation_steps  # k: micro-batches per step (a world keeps it; no schedule changes it)
         self.out = Path(out_dir)
         self.metrics_path = self.out / METRICS
         self.device, self.rank, self.world = ctx.device, ctx.rank, ctx.world_size
@@ -428,6 +449,7 @@ class _RankTrainer:
         """Build the method at ``global_batch`` and put this rank where ``state`` (a
         checkpoint, or ``None``: the start) left the run (:func:`_restore`)."""
         self.global_batch, self.local_batch = global_batch, global_batch // self.world
+        self.micro_batch = self.local_batch // self.accum  # b: the samples of one forward/backward
         self.n_steps = steps_per_epoch(self.data.train_size, global_batch)
         self.method = build_method(self.method_name, self.ddp, self.spec, global_batch, self.world, self.n_steps)
         if (
@@ -452,6 +474,8 @@ class _RankTrainer:
         return {
             "global_batch": self.global_batch,
             "local_batch": self.local_batch,
+            "accumulation_steps": self.accum,
+            "micro_batch": self.micro_batch,
             "n_workers": self.world,
             "steps_per_epoch": self.n_steps,
             "start_epoch": self.start_epoch,
@@ -493,6 +517,7 @@ class _RankTrainer:
             self.method,
             self.loss_fn,
             self.prec,
+            self.micro_batch if self.accum > 1 else None,
         )
         if not fits:
             return self.result("oom", note=note)
@@ -500,6 +525,7 @@ class _RankTrainer:
             {
                 "global_batch": self.global_batch,
                 "n_workers": self.world,
+                "accumulation_steps": self.accum,
                 "from_epoch": self.start_epoch + 1,
                 "wall_s": None,
             }
@@ -509,7 +535,16 @@ class _RankTrainer:
     # ------------------------------------------------------------------ one epoch
     def run_epoch(self, epoch: int) -> tuple[torch.Tensor, float] | dict:
         """The epoch's steps: ``(loss sum on the device, seconds)``, or the interrupted
-        result when the ranks agreed to stop at a step."""
+        result when the ranks agreed to stop at a step.
+
+        A step takes this rank's share of the global batch (B / N samples) whole; with k
+        accumulation steps it runs as k micro-batches of b = B / (N k) samples in order, the
+        first k - 1 backward passes under DDP ``no_sync()`` (gradients summed locally) and the
+        last one synchronised, each micro-batch's loss divided by k: the gradient is the
+        mean over the share, as at k = 1.  What follows the backward -- unscaling, the
+        method's ``after_backward`` (on the whole share: AGS's small batch is its first
+        samples), the noise scale (the comm hook sees the accumulated gradient of the share,
+        so its local batch is B / N), the update -- is the same for every k."""
         spec, ctx, method = self.spec, self.ctx, self.method
         perm = epoch_order(spec.seed, epoch, self.data.train_size)
         batches = data_path(self.data, self.device).epoch_batches(
@@ -524,9 +559,7 @@ class _RankTrainer:
                 return self.result("interrupted", epochs_done=epoch, steps_done=self.steps_done - i, signal=stop.signum)
             x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
             method.optimizer.zero_grad(set_to_none=True)
-            with self.prec.autocast():
-                loss = self.loss_fn(self.ddp(x), y)
-            self.prec.backward(loss)
+            loss = self._forward_backward(x, y)
             self.prec.unscale(method.optimizer)  # fp16: every reader of the gradients sees them unscaled
             finite = self.prec.grads_finite(method.optimizer)  # fp16: a step that overflowed is skipped
             self.skipped_steps += not finite
@@ -546,6 +579,25 @@ class _RankTrainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return loss_sum, time.perf_counter() - t0
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The step's backward pass(es) over the share ``x``, ``y`` (:meth:`run_epoch`); the
+        step's loss (the mean of its micro-batches' losses), detached."""
+        k, b = self.accum, self.micro_batch
+        if k == 1:
+            with self.prec.autocast():
+                loss = self.loss_fn(self.ddp(x), y)
+            self.prec.backward(loss)
+            return loss.detach()
+        total = torch.zeros((), device=self.device)
+        for j in range(k):
+            # the forward too under no_sync: DDP decides at the forward whether the backward syncs
+            with self.ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
+                with self.prec.autocast():
+                    loss = self.loss_fn(self.ddp(x[j * b : (j + 1) * b]), y[j * b : (j + 1) * b]) / k
+                self.prec.backward(loss)
+            total += loss.detach().float()
+        return total
 
     def epoch_record(self, epoch: int, loss_sum: torch.Tensor, epoch_s: float) -> tuple[dict, dict]:
         """The epoch's line of ``metrics.jsonl`` (loss and time agreed over the ranks, the
@@ -572,6 +624,8 @@ class _RankTrainer:
             "steps_done": self.steps_done,
             "global_batch": self.global_batch,
             "n_workers": self.world,
+            "accumulation_steps": self.accum,
+            "micro_batch": self.micro_batch,
             "lr": self.method.lr,
             "train_loss": float(loss_total) / (self.n_steps * self.world),
             "epoch_time_s": float(slowest_s),
@@ -608,6 +662,7 @@ class _RankTrainer:
             "method": self.method_name,
             "global_batch": self.global_batch,
             "n_workers": self.world,
+            "accumulation_steps": self.accum,
             "fallbacks": self.fallbacks,
             "model": self.model.state_dict(),
             "method_state": self.method.state_dict(),
@@ -683,6 +738,7 @@ def train_world(
     mem_cap_bytes: int | None = None,
     reach_token: str | None = None,
     schedule: dict | None = None,
+    accumulation_steps: int | None = None,
 ) -> dict:
     """Run on every rank: train ``spec.epochs`` epochs at ``global_batch`` with ``method_name``,
     resuming from the checkpoint in ``out_dir`` when there is one.  Returns ``{"status":
@@ -705,11 +761,15 @@ def train_world(
     bits -- as a resumed run's first step does from an uninterrupted run's.
     Every result carries ``segments``: one ``{global_batch, n_workers, from_epoch,
     wall_s}`` per batch this world trained at (``wall_s`` of an in-world change: from the
-    change to the segment's end; the first segment's is left to the caller)."""
+    change to the segment's end; the first segment's is left to the caller).
+    ``accumulation_steps``: the k each step runs with (:meth:`_RankTrainer.run_epoch`;
+    default the spec's ``train.accumulation_steps``), which the caller may have raised
+    after an out-of-memory."""
     spec = JobSpec.model_validate(spec_dict)
     if reach_token is not None:
         check_shared_directory(out_dir, reach_token, ctx.rank, ctx.device)
-    rt = _RankTrainer(ctx, spec, method_name, out_dir, fallbacks, schedule)
+    k = spec.train.accumulation_steps if accumulation_steps is None else accumulation_steps
+    rt = _RankTrainer(ctx, spec, method_name, out_dir, fallbacks, schedule, k)
     state = None
     if has_checkpoint(rt.out):
         state = load_checkpoint(rt.out, map_location=ctx.device)
@@ -756,7 +816,7 @@ def train_world(
         if not in_world:  # another worker count: the next generation's world
             return rt.resized(epoch, nxt)
         try:  # what the caller checks before a new generation (it says why when this fails)
-            check_train_config(spec, method_name, rt.world, nxt[0], rt.data.train_size)
+            check_train_config(spec, method_name, rt.world, nxt[0], rt.data.train_size, rt.accum)
         except TulaError:
             return rt.resized(epoch, nxt)
         assert ckpt is not None  # every rank keeps it for an in-world change
@@ -768,10 +828,17 @@ def train_world(
 
 
 # --------------------------------------------------------------------------- in the caller
-def validate_config(spec: JobSpec, method: str, n_workers: int, global_batch: int, dataset_size: int) -> None:
+def validate_config(
+    spec: JobSpec,
+    method: str,
+    n_workers: int,
+    global_batch: int,
+    dataset_size: int,
+    accumulation_steps: int | None = None,
+) -> None:
     """One sentence for a configuration that cannot train, before any process starts
-    (the rules are :func:`tula.core.registry.check_train_config`'s)."""
-    check_train_config(spec, method, n_workers, global_batch, dataset_size)
+    (the rules are :func:`tula.core.job_rules.check_train_config`'s)."""
+    check_train_config(spec, method, n_workers, global_batch, dataset_size, accumulation_steps)
 
 
 def step_traces(metrics_path: Path) -> dict[str, list]:
@@ -826,6 +893,7 @@ def _segments_from_history(epochs: list[dict]) -> list[dict]:
                 {
                     "global_batch": h["global_batch"],
                     "n_workers": h["n_workers"],
+                    "accumulation_steps": h.get("accumulation_steps", 1),
                     "from_epoch": h["epoch"],
                     "wall_s": 0.0,
                 }
@@ -862,7 +930,20 @@ def train(
     directory's lock.  With ``resume`` an existing checkpoint is continued (at its own
     global batch, which may be smaller than ``global_batch`` after an out-of-memory
     fallback); without it an existing checkpoint is an error, so nothing trained is
-    overwritten.  SIGINT/SIGTERM end the run with :class:`~tula.core.errors.Interrupted` once the
+    overwritten.
+
+    Gradient accumulation (``spec.train.accumulation_steps``, k): every step's share of a
+    rank, B / N samples, runs as k micro-batches of b = B / (N k)
+    (:meth:`_RankTrainer.run_epoch`).  The record's ``local_batch`` is the share B / N (the
+    samples a rank's gradient averages, and what the noise scale counts as the local
+    batch), ``micro_batch`` is b (what one forward/backward holds in memory) and
+    ``accumulation_steps`` is k; each epoch line carries the last two.  A resume goes on at
+    the checkpoint's k, as at its global batch (an out-of-memory fallback may have raised
+    it; a note says so when the spec asks for another k): the steps and their samples are
+    the same at any k, only the summation order of the gradient differs.  Out of memory
+    halves the micro-batch: at the same global batch with k doubled while b is even, else
+    a smaller global batch (:func:`next_fallback`); each ``fallbacks`` entry says
+    ``from_``/``to_global_batch`` and ``from_``/``to_accumulation_steps``.  SIGINT/SIGTERM end the run with :class:`~tula.core.errors.Interrupted` once the
     ranks have stopped; the last finished epoch's checkpoint is kept.
 
     With a batch schedule, a change of the worker count starts a new world (a generation)
@@ -926,6 +1007,8 @@ def _train(
     with interrupts.graceful_signals(), locked(out):
         fallbacks: list[dict] = []
         resumed_from_epoch: int | None = None
+        accum = spec.train.accumulation_steps
+        notes: list[str] = []
         if has_checkpoint(out):
             if not resume:
                 raise RunDirError(
@@ -939,6 +1022,14 @@ def _train(
                     f"{meta['n_workers']} worker(s), not {method!r} on {n_workers}; resume it with those"
                 )
             global_batch, fallbacks = meta["global_batch"], list(meta.get("fallbacks", []))
+            # the checkpoint's k, as its global batch: an out-of-memory fallback may have raised it
+            trained_k = meta.get("accumulation_steps", 1)
+            if trained_k != accum:
+                notes.append(
+                    f"resuming at the checkpoint's {trained_k} accumulation step(s), not train.accumulation_steps "
+                    f"{accum} (the same samples and updates; only the micro-batch differs)"
+                )
+            accum = trained_k
             if scheduled:  # the generation the schedule chose after the last finished epoch
                 global_batch = meta.get("next_global_batch") or global_batch
                 n_workers = meta.get("next_n_workers") or meta["n_workers"]
@@ -946,6 +1037,8 @@ def _train(
         elif resume:
             raise RunDirError(f"there is no checkpoint in {out} to resume; run without --resume to start training")
         emit = on_event or (lambda ev: None)
+        for message in notes:
+            emit({"type": "note", "message": message})
         schedule = None
         if scheduled:
             # the caps' defaults (batch_per_worker) come from the run's first configuration
@@ -964,7 +1057,7 @@ def _train(
             else:  # the state and LR multiplier come from the checkpoint
                 schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
             global_batch, n_workers = _available(launcher, global_batch, n_workers, schedule, emit, data.train_size)
-        validate_config(spec, method, n_workers, global_batch, data.train_size)
+        validate_config(spec, method, n_workers, global_batch, data.train_size, accum)
         device = launcher.facts()["device"]
         generations: list[dict] = []
         cap = spec.search.memory_budget_bytes if spec.search.enforce_memory_cap else None
@@ -984,6 +1077,8 @@ def _train(
                     "type": "start",
                     "global_batch": global_batch,
                     "n_workers": n_workers,
+                    "accumulation_steps": accum,
+                    "micro_batch": global_batch // n_workers // accum,
                     "steps_per_epoch": steps_per_epoch(data.train_size, global_batch),
                     "epochs": spec.epochs,
                 }
@@ -1001,6 +1096,7 @@ def _train(
                     cap,
                     uuid.uuid4().hex,
                     schedule,
+                    accum,
                     on_event=lambda rank, ev: emit(ev),
                     timeout_s=None,
                 )
@@ -1058,19 +1154,34 @@ def _train(
                     schedule["caps"],
                     max_local_batch=min(lim or failed_local, failed_local - 1) if failed_local > 1 else lim,
                 )
-            smaller = next_smaller_batch(global_batch, n_workers)
+            # the micro-batch halves: k doubles at the same global batch while it can, then B halves
+            # (a schedule's run keeps k = 1 and halves B, as its caps expect)
+            smaller, new_k = (
+                (next_smaller_batch(global_batch, n_workers), accum)
+                if schedule
+                else next_fallback(global_batch, n_workers, accum)
+            )
             done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
             at_epoch = done
             fallbacks.append(
-                {"from_global_batch": global_batch, "to_global_batch": smaller, "at_epoch": done, "reason": note[:300]}
+                {
+                    "from_global_batch": global_batch,
+                    "to_global_batch": smaller,
+                    "from_accumulation_steps": accum,
+                    "to_accumulation_steps": new_k,
+                    "at_epoch": done,
+                    "reason": note[:300],
+                }
             )
             emit({"type": "fallback", **fallbacks[-1]})
             if smaller < smallest_batch_for(method, spec, n_workers):
+                micro = global_batch // n_workers // accum
                 raise InfeasibleError(
-                    f"global batch {global_batch} ran out of memory on {n_workers} worker(s) and "
-                    "no smaller batch is left to fall back to"
+                    f"global batch {global_batch} ran out of memory on {n_workers} worker(s)"
+                    + (f" at a micro-batch of {micro} ({accum} accumulation steps)" if accum > 1 else "")
+                    + " and no smaller batch is left to fall back to"
                 )
-            global_batch = smaller
+            global_batch, accum = smaller, new_k
         rank0 = res[0]
         hist = rank0["history"]
         return {
@@ -1082,6 +1193,8 @@ def _train(
             "requested_global_batch": first_batch,
             "global_batch": global_batch,
             "local_batch": global_batch // n_workers,
+            "accumulation_steps": accum,
+            "micro_batch": global_batch // n_workers // accum,
             "steps_per_epoch": rank0["steps_per_epoch"],
             "epochs": spec.epochs,
             "steps_done": rank0["steps_done"],
