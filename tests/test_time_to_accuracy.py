@@ -162,3 +162,23 @@ def test_accumulation_carries_a_batch_the_memory_caps_and_its_step_time_is_k_com
     odd = [r for r in acc["configurations"] if not r["feasible"]]
     assert odd and all("no accumulation of up to 8 steps" in r["reason"] for r in odd)
     assert "accumulated" in acc["reason"] or acc["choice"]["accumulation_steps"] == 1
+
+
+@pytest.mark.slow
+def test_tula_train_at_a_plan_that_accumulates_trains_with_its_k(tiny_spec_dict, tmp_path, tula_cmd):
+    from tula.core.records import save_record
+    from tula.core.spec import spec_from_dict
+    from tula.pipeline import at_choice
+
+    m = _models(PERF, budget=12_000)
+    m["spec"]["search"] |= {"memory_safety": 0.0, "max_accumulation_steps": 8}
+    plan = make_plan(m, "time")
+    assert _nb(plan) == (2, 1000) and plan["choice"]["accumulation_steps"] == 5  # shares of 500 as 5 x 100
+    save_record(plan, tmp_path / "plan.json")
+    assert at_choice(spec_from_dict(tiny_spec_dict), plan["choice"]).train.accumulation_steps == 5
+    (tmp_path / "spec.json").write_text(json.dumps(dict(tiny_spec_dict, epochs=1)))
+    r = subprocess.run([*tula_cmd, "train", str(tmp_path / "spec.json"), "--plan", str(tmp_path / "plan.json"),
+                        "--method", "lbt", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = json.loads((tmp_path / "run" / "train.json").read_text())
+    assert (run["n_workers"], run["global_batch"], run["accumulation_steps"], run["micro_batch"]) == (2, 1000, 5, 100)

@@ -531,6 +531,10 @@ def train(
     b = batch if batch is not None else job.train.global_batch
     if plan is not None:
         rec = load_record(plan, expect=(PLAN_KIND,))
+        if n is None and b is None and accumulation is None:  # the plan's configuration, as it planned it
+            from tula.pipeline import at_choice
+
+            job = at_choice(job, rec["choice"])
         n = rec["choice"]["n_workers"] if n is None else n
         b = rec["choice"]["global_batch"] if b is None else b
     if n is None and job.cluster.where == "env":  # a launched world trains on all of its ranks

@@ -205,6 +205,10 @@ class Job:
         t = spec.train
         if self.plan_record is not None:
             choice = self.plan_record["choice"]
+            if n_workers is None and global_batch is None and accumulation_steps is None:
+                from tula.pipeline import at_choice
+
+                spec = at_choice(spec, choice)  # the plan's configuration, as it planned it
             n_workers = n_workers or choice["n_workers"]
             global_batch = global_batch or choice["global_batch"]
         n_workers, global_batch = n_workers or t.n_workers, global_batch or t.global_batch

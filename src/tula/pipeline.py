@@ -25,7 +25,7 @@ from typing import Any
 
 from tula.core.errors import Interrupted, RunDirError, TulaError
 from tula.core.registry import METHODS
-from tula.core.spec import JobSpec
+from tula.core.spec import JobSpec, spec_from_dict
 
 STAGES = ("profiling", "fitting", "planning", "training")
 PROFILE, MODELS, PLAN, PLAN_PNG = "profile.json", "models.json", "plan.json", "plan.png"
@@ -194,6 +194,16 @@ def train_stage(
     return run
 
 
+def at_choice(job: JobSpec, choice: dict) -> JobSpec:
+    """``job`` as it trains at a plan's ``choice``: with the choice's gradient accumulation
+    (``accumulation_steps``) when the plan accumulates and the spec does not say otherwise."""
+    k = int(choice.get("accumulation_steps") or 1)
+    if k == 1 or job.train.accumulation_steps != 1 or job.train.batch_schedule or job.train.workers:
+        return job  # (a schedule's batches need not split by k: schedules train without accumulation)
+    d = job.to_dict()
+    return spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": k}})
+
+
 def training_method(job: JobSpec, global_batch: int, observer: Observer | None = None) -> str:
     """The spec's method, or ``lbt`` where AGS has nothing to scale (the batch is not above
     ``train.ags.b_small``)."""
@@ -290,6 +300,7 @@ def run_pipeline(
     done["plan"] = plan
     if train_after:
         c = plan["choice"]
+        job = at_choice(job, c)
         method = training_method(job, c["global_batch"], obs)
         train_dir = out / TRAIN_DIR
         if resuming and (train_dir / TRAIN).exists():  # written only when training finished
