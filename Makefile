@@ -46,6 +46,8 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/network_model.py
 	$(VENV)/bin/python bench/env_launcher.py
 	$(VENV)/bin/python bench/precision.py
+	$(VENV)/bin/python bench/time_to_accuracy.py
+	$(VENV)/bin/python bench/accumulation.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
