@@ -24,7 +24,7 @@ from tula.core.job_rules import check_train_config, schedule_problem
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, checkpoint_meta, load_checkpoint
 from tula.engine.launch import LocalLauncher
-from tula.engine.train import next_fallback, next_smaller_batch, steps_per_epoch, train
+from tula.engine.train import next_fallback, steps_per_epoch, train
 
 DIGITS_TRAIN = 1438
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -118,14 +118,50 @@ def test_out_of_memory_doubles_the_accumulation_steps_before_it_halves_the_batch
     assert checkpoint_meta(tmp_path)["accumulation_steps"] == 4
 
 
+@pytest.mark.slow
+def test_a_schedule_grows_through_accumulation_once_memory_caps_the_micro_batch(tmp_path):
+    """A geometric schedule (32, 64, 128) on one worker with search.max_accumulation_steps 4
+    and tests/workers.py's model that runs out of memory above 32 samples: epoch 2's 64
+    fails the probe and goes on as 2 x 32 (the fallback raises k within the schedule's cap);
+    from then the schedule knows the micro-batch that failed and reaches 128 as 4 x 32 in
+    the same world.  The metrics say k per epoch; a resume from epoch 2's checkpoint goes on
+    at the k the schedule chose and ends bit for bit as the uninterrupted run."""
+    d = _dict(3)
+    d["model"] = {"name": "workers:oom_above", "kwargs": {"local_batch": 32}}
+    d["search"] = {"max_accumulation_steps": 4}
+    d["train"]["batch_schedule"] = {"kind": "geometric", "factor": 2, "delay": 1}
+    run = train(spec_from_dict(d), "lbt", 1, 32, tmp_path / "a", launcher=_launcher())
+    got = [(h["global_batch"], h["accumulation_steps"], h["micro_batch"]) for h in run["history"]]
+    assert got == [(32, 1, 32), (64, 2, 32), (128, 4, 32)]
+    assert [(f["from_global_batch"], f["to_global_batch"], f["to_accumulation_steps"]) for f in run["fallbacks"]] == [
+        (64, 64, 2)
+    ]
+    assert (run["global_batch"], run["accumulation_steps"]) == (128, 4)
+    assert [(g["global_batch"], g["accumulation_steps"], g["new_world"]) for g in run["generations"]] == [
+        (32, 1, True),
+        (64, 2, True),
+        (128, 4, False),
+    ]
+    assert "as 4 accumulated micro-batches of 32" in run["history"][1]["schedule"]["reason"]
+    # a resume after epoch 2 goes on at (128, 4)
+    (tmp_path / "b").mkdir()
+    shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)
+    meta = checkpoint_meta(tmp_path / "b")
+    assert (meta["epoch"], meta["next_global_batch"], meta["next_accumulation_steps"]) == (2, 128, 4)
+    resumed = train(spec_from_dict(d), "lbt", 1, 32, tmp_path / "b", resume=True, launcher=_launcher())
+    assert (resumed["global_batch"], resumed["accumulation_steps"]) == (128, 4)
+    a, b = _params(tmp_path / "a"), _params(tmp_path / "b")
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
 def test_the_fallback_halves_the_micro_batch():
     """Pure: (B, k) on N after an out-of-memory.  An even micro-batch doubles k at the same
     B; an odd one halves (rounded down) at the same k, a smaller B; k = 1 with an odd share
-    is today's next_smaller_batch; a micro-batch of 1 leaves nothing (B 0)."""
+    halves B to a multiple of N; a micro-batch of 1 leaves nothing (B 0)."""
     assert next_fallback(256, 2, 1) == (256, 2)
     assert next_fallback(256, 2, 2) == (256, 4)
     assert next_fallback(96, 2, 16) == (32, 16)  # b 3 -> 1
-    assert next_fallback(6, 2, 1) == (2, 1) == (next_smaller_batch(6, 2), 1)  # b 3 -> 1
+    assert next_fallback(6, 2, 1) == (2, 1)  # b 3 -> 1
     assert next_fallback(32, 2, 16) == (0, 16)  # b 1: nothing smaller
     for b, n, k in [(2 * 7 * 5, 2, 5), (3 * 9, 3, 9), (4 * 2 * 3, 4, 3)]:
         smaller, k2 = next_fallback(b, n, k)

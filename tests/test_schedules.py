@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -417,3 +418,40 @@ def test_a_configuration_that_still_fits_is_kept_and_one_that_no_longer_does_is_
     d2 = next_config(d1.state, 2, [{"train_loss": 1.0, "steps": 66}] * 2, Caps(1000, None, 1, 2, 8))
     assert (d2.global_batch, d2.n_workers, d2.resize) == (14, 2, True)
     assert "no longer fits" in d2.reason
+
+
+def test_the_batch_grows_through_accumulation_once_the_workers_are_at_their_most():
+    """Issue #17, item 3: memory caps the local batch at 100 and the workers at 2; with up to
+    4 accumulation steps the batch goes on doubling past 2 x 100 as k micro-batches of a
+    share (the fewest k that split it, the planner's rule), to the cap 2 x 100 x 4 = 800."""
+    caps = Caps(10_000, max_local_batch=100, min_workers=1, max_workers=2, batch_per_worker=64,
+                max_accumulation_steps=4)  # fmt: skip
+    ds = drive(initial_state("geometric", 64, {"factor": 2, "delay": 1}), caps, 5)
+    assert col(ds, "global_batch") == [64, 128, 256, 512, 800, 800]
+    assert col(ds, "n_workers") == [1, 2, 2, 2, 2, 2]
+    assert col(ds, "accumulation_steps") == [1, 1, 2, 4, 4, 4]
+    assert col(ds, "micro_batch") == [64, 64, 64, 64, 100, 100]
+    assert col(ds, "capped_by") == [None, None, None, None, "memory", "memory"]
+    assert col(ds, "changed") == [True, True, True, True, True, False]
+    assert col(ds, "resize") == [False, True, False, False, False, False]
+    assert "as 2 accumulated micro-batches of 64" in ds[2].reason
+    assert ds[3].record()["accumulation_steps"] == 4 and ds[3].record()["micro_batch"] == 64
+    # a share that no k up to the cap splits into fitting micro-batches is rounded down: 2 x 150 -> k 2 of 75
+    odd = drive(initial_state("constant", 300), Caps(10_000, 80, 2, 2, None, 3), 0)[0]
+    assert (odd.global_batch, odd.n_workers, odd.accumulation_steps, odd.micro_batch) == (300, 2, 2, 75)
+    prime = drive(initial_state("constant", 2 * 151), Caps(10_000, 80, 2, 2, None, 3), 0)[0]
+    assert (prime.global_batch, prime.accumulation_steps, prime.micro_batch) == (300, 2, 75)
+    # without accumulation the same schedule stops at the memory's 2 x 100
+    flat = drive(initial_state("geometric", 64, {"factor": 2, "delay": 1}), replace(caps, max_accumulation_steps=1), 3)
+    assert col(flat, "global_batch") == [64, 128, 200, 200]
+    assert col(flat, "accumulation_steps") == [1, 1, 1, 1]
+    with pytest.raises(SpecError, match="max_accumulation_steps must be at least 1"):
+        Caps(100, max_accumulation_steps=0)
+
+
+def test_a_state_from_before_accumulation_decides_as_k_one():
+    caps = Caps(10_000, 100, 1, 2, 64, 4)
+    state = drive(initial_state("geometric", 64, {"factor": 2, "delay": 1}), caps, 1)[-1].state
+    old = {k: v for k, v in state.items() if k != "accumulation_steps"}
+    d = next_config(old, 2, [{"train_loss": 1.0, "steps": 1, "global_batch": 128, "n_workers": 2}] * 2, caps)
+    assert (d.global_batch, d.accumulation_steps, d.changed) == (256, 2, True)

@@ -442,3 +442,30 @@ assert not loaded, loaded[:5]
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "sim.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_schedule_grows_through_accumulation_where_the_memory_caps_the_workers_batch():
+    """Issue #17, item 3 in the simulator: memory caps the local batch at 64 (the memory
+    model's), the workers at 2; with up to 4 accumulation steps (search.max_accumulation_steps,
+    or the what-if) a geometric schedule reaches 512 as 4 micro-batches of 64 on 2 workers,
+    each such step k - 1 computes of the micro-batch plus one ordinary step."""
+    # MEM: 2000 static bytes + 100 per sample; 90 % of 9334 bytes holds 64 samples
+    search = {"max_accumulation_steps": 4, "memory_budget_bytes": 9334}
+    rec = _record(HAND, dataset_size=4096, epochs=4, spec={"search": search})
+    sim = simulator_from_models(rec, bandwidth="10Gbit/s", latency="5us")
+    assert sim.max_local_batch == 64
+    caps = schedule_caps(rec, sim, 64, [1, 2], max_workers=2, batch_per_worker=64)
+    assert caps.max_accumulation_steps == 4
+    ring = sim.schedule("geometric", 64, caps, {"factor": 2, "delay": 1}, ["ring"])[0]
+    got = [(e["global_batch"], e["n_workers"], e["accumulation_steps"], e["micro_batch"]) for e in ring["epochs"]]
+    assert got == [(64, 1, 1, 64), (128, 2, 1, 64), (256, 2, 2, 64), (512, 2, 4, 64)]
+    assert ring["max_accumulation_steps"] == 4
+    last = ring["epochs"][-1]
+    compute, sync = float(sim.t_compute_s(64, 2)), float(sim.t_sync_s("ring", 2))
+    assert last["t_step_s"] == pytest.approx(3 * compute + float(HAND.combine_s(compute, sync, 2)), rel=1e-12)
+    # the what-if option replaces the spec's: without accumulation the batch stops at 2 x 64
+    flat = sim.schedule("geometric", 64, schedule_caps(rec, sim, 64, [1, 2], max_workers=2, max_accumulation_steps=1),
+                        {"factor": 2, "delay": 1}, ["ring"])[0]  # fmt: skip
+    assert [e["global_batch"] for e in flat["epochs"]] == [64, 128, 128, 128]
+    with pytest.raises(TulaError, match="max accumulation must be at least 1"):
+        schedule_caps(rec, sim, 64, [1, 2], max_accumulation_steps=0)

@@ -628,6 +628,12 @@ def simulate(
         None,
         help="--schedule: samples per worker in the workers rule (default: train.workers.batch_per_worker, else B0)",
     ),
+    max_accumulation: int = typer.Option(
+        None,
+        help="--schedule: the most accumulation steps a schedule may grow the batch through once the "
+        "workers are at their most and the memory model caps the local batch (default: "
+        "search.max_accumulation_steps)",
+    ),
     history: Path = typer.Option(
         None,
         help="--schedule loss_ratio/adaptive: a training run record "
@@ -673,7 +679,20 @@ def simulate(
         intra_latency=intra_latency,
     )
     past = load_record(history, expect=(TRAIN_KIND,))["history"] if scheds and history is not None else None
-    w = what_if(models, sim, ns, colls, batch, scheds, past, min_workers, max_workers, batch_per_worker, noise_scale)
+    w = what_if(
+        models,
+        sim,
+        ns,
+        colls,
+        batch,
+        scheds,
+        past,
+        min_workers,
+        max_workers,
+        batch_per_worker,
+        noise_scale,
+        max_accumulation,
+    )
     for t in simulation_tables(sim, w.rows, sim.pricing.unit):
         console.print(t)
     console.print(simulation_summary(w.rows))

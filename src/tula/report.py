@@ -332,11 +332,13 @@ def simulation_tables(sim, rows: list[dict], unit: str = "$") -> list[Table]:
         mine = [r for r in rows if r["collective"] == c]
         if "schedule" in mine[0]:
             t = Table(title=f"Simulated {c}, {sim.epochs} epochs: {_simulated_network(sim)}")
+            acc = any(r.get("max_accumulation_steps", 1) > 1 for r in mine)
             for col in (
                 "schedule",
                 "updates",
                 "max B",
                 "max N",
+                *(("max k",) if acc else ()),
                 "resizes",
                 "step ms (mean)",
                 "epoch (mean)",
@@ -350,6 +352,7 @@ def simulation_tables(sim, rows: list[dict], unit: str = "$") -> list[Table]:
                     str(r["updates"]),
                     str(r["max_batch"]),
                     str(r["max_workers"]),
+                    *((str(r.get("max_accumulation_steps", 1)),) if acc else ()),
                     str(r["resizes"]),
                     _ms(r["t_step_s"]),
                     _dur(r["epoch_time_s"]),

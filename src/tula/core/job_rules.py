@@ -93,8 +93,8 @@ def schedule_problem(method: str, spec: JobSpec) -> str | None:
     if spec.train.accumulation_steps > 1:
         return (
             f"train.accumulation_steps ({spec.train.accumulation_steps}) cannot be combined with a batch schedule "
-            "or train.workers yet (the schedule's batches need not divide by it); set it to 1, or train at a "
-            "constant batch"
+            "or train.workers: a schedule chooses its own accumulation where the memory caps the local batch "
+            "(up to search.max_accumulation_steps); set train.accumulation_steps to 1, or train at a constant batch"
         )
     if workers is not None and workers.min != workers.max and not info.resizable:
         return (
@@ -139,12 +139,14 @@ def caps_from_spec(
     spec: JobSpec, first_batch: int, first_workers: int, dataset_size: int, max_local_batch: int | None
 ) -> Caps:
     """:class:`Caps` from ``spec.train.workers``: without it the worker count stays
-    ``first_workers``; its ``batch_per_worker`` defaults to the first local batch."""
+    ``first_workers``; its ``batch_per_worker`` defaults to the first local batch.  The
+    accumulation a schedule may grow through is ``search.max_accumulation_steps``."""
     w = spec.train.workers
+    k_max = spec.search.max_accumulation_steps
     if w is None:
-        return Caps(dataset_size, max_local_batch, first_workers, first_workers, None)
+        return Caps(dataset_size, max_local_batch, first_workers, first_workers, None, k_max)
     bpw = w.batch_per_worker or max(1, first_batch // max(first_workers, 1))
-    return Caps(dataset_size, max_local_batch, w.min, w.max, bpw)
+    return Caps(dataset_size, max_local_batch, w.min, w.max, bpw, k_max)
 
 
 def first_workers(spec: JobSpec, first_batch: int) -> int | None:

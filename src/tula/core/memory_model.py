@@ -60,6 +60,15 @@ class MemoryModel:
         peak = np.maximum(line, self.update_peak_bytes)
         return int(peak) if peak.ndim == 0 else peak
 
+    def predict_accumulated_peak_bytes(self, local_batch, micro_batch):
+        """Predicted peak bytes when a rank's share ``local_batch`` runs as micro-batches of
+        ``micro_batch`` (gradient accumulation): the micro-batch's forward/backward, plus the
+        rest of the share's data, which is loaded whole and then sliced.  Equal to
+        :meth:`predict_peak_bytes` when ``micro_batch`` is the share."""
+        extra = self.batch_bytes_per_sample * (np.asarray(local_batch) - np.asarray(micro_batch))
+        peak = self.predict_peak_bytes(micro_batch) + extra
+        return int(peak) if np.ndim(peak) == 0 else peak
+
     def predict_budget_bytes(self, local_batch):
         """What a local batch charges to the memory budget: the predicted peak of tensors plus,
         under an address-space cap, the worker's address-space overhead."""

@@ -47,13 +47,14 @@ import numpy as np
 from kneed import KneeLocator
 from pydantic import ValidationError
 
+from tula.core.accumulation import accumulation_for
 from tula.core.errors import InfeasibleError, SpecError
 from tula.core.fit import models_from
 from tula.core.perfmodel import ranks_per_node_of, training_time_s
 from tula.core.pricing import SpotPricing, make_pricing
 from tula.core.records import PLAN_KIND, VERSIONS
 from tula.core.registry import ACCURACY_OBJECTIVES, OBJECTIVE_NAMES
-from tula.core.space import accumulation_for, candidate_global_batches, max_global_batch
+from tula.core.space import candidate_global_batches, max_global_batch
 from tula.core.spec import ConstraintsSpec, JobSpec, PricingSpec, format_duration, spec_from_dict
 
 KNEE_FALLBACK_TOL = 0.05
@@ -329,8 +330,7 @@ def make_plan(
     epoch = training_time_s(t_step, n_arr * b_arr, d)
     free = epochs * epoch  # Eq. 4a: uninterrupted training
     total = pricing_model.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
-    # the micro-batch's activations; the share's data is loaded whole, then sliced
-    peak = mem.predict_peak_bytes(micro_arr) + mem.batch_bytes_per_sample * (b_arr - micro_arr)
+    peak = mem.predict_accumulated_peak_bytes(b_arr, micro_arr)
     cost = pricing_model.cost(total, n_arr, peak)
     lost = pricing_model.expected_preemptions(free, n_arr, epoch) if isinstance(pricing_model, SpotPricing) else None
     columns = zip(t_step.tolist(), epoch.tolist(), total.tolist(), cost.tolist(), peak.astype(np.int64).tolist())

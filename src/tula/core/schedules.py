@@ -26,8 +26,15 @@ history) and at every epoch boundary after; it is a pure function of the schedul
 (a plain, JSON-serialisable dict kept in the checkpoint), the finished epochs' records and
 the :class:`Caps`, and returns a :class:`Decision` that carries the next state.  Every
 schedule is capped by the memory model's largest local batch times the largest worker
-count, by ``max_batch`` and by the training-set size; the global batch is rounded down to
-a multiple of the worker count N = clip(ceil(B / batch_per_worker), min, max).
+count (times ``Caps.max_accumulation_steps``), by ``max_batch`` and by the training-set
+size; the global batch is rounded down to a multiple of the worker count
+N = clip(ceil(B / batch_per_worker), min, max).
+
+Growing through accumulation: when the memory caps the local batch and N cannot grow
+further, a batch above N x the largest local batch is reached with k accumulation steps
+(each rank's share B / N as k micro-batches that fit), k <= ``Caps.max_accumulation_steps``;
+the fewest k that split the share evenly (:func:`tula.core.accumulation.accumulation_for`, the
+planner's rule), the share rounded down where no k up to the cap splits it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tula.core.accumulation import accumulation_for
 from tula.core.errors import SpecError
 
 STATE_VERSION = 1
@@ -241,6 +249,8 @@ class Adaptive(Schedule):
         lo = p["min_batch"] if p.get("min_batch") is not None else s["b0"]
         target = min(max(float(bs), lo), ctx.cap)
         if abs(target - cur) <= p["band"] * cur:
+            if float(bs) < lo:
+                return cur, f"adaptive: B_simple {float(bs):.4g} is below the smallest batch {lo}, batch stays {cur}"
             return cur, f"adaptive: B_simple {float(bs):.4g} is within {p['band']:g} of batch {cur}, no change"
         new = min(max(target, cur / p["max_growth"]), cur * p["max_growth"])
         limited = " (growth limited)" if new != target else ""
@@ -405,6 +415,8 @@ class Caps:
     min_workers, max_workers : the allowed worker counts (equal when workers do not change)
     batch_per_worker : N = ceil(B / batch_per_worker), clipped to the range (``None``:
         ``min_workers``); N grows further when the local batch would not fit in memory
+    max_accumulation_steps : the most micro-batches a rank's share may run as (1: none);
+        above ``max_local_batch`` x ``max_workers`` the batch grows through them
     """
 
     dataset_size: int
@@ -412,6 +424,7 @@ class Caps:
     min_workers: int = 1
     max_workers: int = 1
     batch_per_worker: int | None = None
+    max_accumulation_steps: int = 1
 
     def __post_init__(self):
         if self.dataset_size < 1:
@@ -422,6 +435,8 @@ class Caps:
             raise SpecError(f"the worker range {self.min_workers}..{self.max_workers} is empty or below 1")
         if self.batch_per_worker is not None and self.batch_per_worker < 1:
             raise SpecError(f"batch_per_worker must be at least 1, not {self.batch_per_worker}")
+        if self.max_accumulation_steps < 1:
+            raise SpecError(f"max_accumulation_steps must be at least 1, not {self.max_accumulation_steps}")
 
 
 @dataclass(frozen=True)
@@ -431,9 +446,9 @@ class Decision:
     Attributes
     ----------
     epoch : finished epochs when it was decided (0: before training)
-    global_batch : B, a multiple of ``n_workers``
+    global_batch : B, a multiple of ``n_workers`` x ``accumulation_steps``
     n_workers : N
-    local_batch : B / N
+    local_batch : B / N, a rank's share of a step
     wanted_batch : what the schedule asked for before the caps and rounding (``None``: unbounded)
     capped_by : ``"memory"``, ``"max_batch"``, ``"dataset"`` or ``None``
     lr_scale : the LR rule's multiplier relative to the first batch B0 (keep 1, linear
@@ -441,10 +456,12 @@ class Decision:
     lr_decay : product of the LR decays taken instead of growing the batch
         (``increase_instead_of_decay``; 1.0 otherwise)
     decayed_instead : at this boundary the LR decayed because the batch was at its cap
-    changed : B or N differ from the previous decision's
+    changed : B, N or k differ from the previous decision's
     resize : N differs from the previous decision's (a new world is needed)
     reason : one line
     state : the schedule state after this decision, to keep with the checkpoint
+    accumulation_steps : k, the micro-batches of a rank's share (1 unless the memory caps
+        the local batch on the most workers and ``Caps.max_accumulation_steps`` allows more)
     """
 
     epoch: int
@@ -460,6 +477,12 @@ class Decision:
     resize: bool
     reason: str
     state: dict[str, Any] = field(repr=False, compare=False)
+    accumulation_steps: int = 1
+
+    @property
+    def micro_batch(self) -> int:
+        """What one forward/backward of a rank holds: B / (N k)."""
+        return self.local_batch // self.accumulation_steps
 
     @property
     def lr_multiplier(self) -> float:
@@ -472,6 +495,7 @@ class Decision:
         if d["wanted_batch"] is not None and not math.isfinite(d["wanted_batch"]):
             d["wanted_batch"] = None
         d["lr_multiplier"] = self.lr_multiplier
+        d["micro_batch"] = self.micro_batch
         return d
 
 
@@ -522,18 +546,19 @@ def initial_state(
         "epoch": None,
         "batch": int(first_batch),
         "workers": None,
+        "accumulation_steps": 1,
         "lr_decay": 1.0,
         "milestones_applied": 0,
     }
 
 
-def _fit(wanted: float, caps: Caps, max_batch: int | None) -> tuple[int, int, str | None, int]:
-    """(B, N, what capped B, the cap) for a wanted global batch."""
+def _fit(wanted: float, caps: Caps, max_batch: int | None) -> tuple[int, int, str | None, int, int]:
+    """(B, N, what capped B, the cap, k) for a wanted global batch."""
     limits = [(caps.dataset_size, "dataset")]
     if max_batch is not None:
         limits.append((max_batch, "max_batch"))
     if caps.max_local_batch is not None:
-        limits.append((caps.max_local_batch * caps.max_workers, "memory"))
+        limits.append((caps.max_local_batch * caps.max_workers * caps.max_accumulation_steps, "memory"))
     cap, cap_why = min(limits, key=lambda t: t[0])  # first listed wins a tie: the data set, then max_batch
     capped_by = None
     if wanted >= cap + 1 or math.isinf(wanted):
@@ -544,25 +569,30 @@ def _fit(wanted: float, caps: Caps, max_batch: int | None) -> tuple[int, int, st
     if caps.max_local_batch is not None:
         n = max(n, math.ceil(b / caps.max_local_batch))  # the local batch must fit in memory
     n = min(max(n, caps.min_workers), caps.max_workers)
-    b = max(n, b // n * n)
-    return b, n, capped_by, cap
+    share = max(1, b // n)
+    k = accumulation_for(share, caps.max_local_batch, caps.max_accumulation_steps)
+    if k is None:  # no k up to the cap splits the share evenly: the share rounded down to one that splits
+        k = math.ceil(share / caps.max_local_batch) if caps.max_local_batch else 1
+        share = max(k, share // k * k)
+    return n * share, n, capped_by, cap, k
 
 
-def _still_fits(b: int, n: int | None, caps: Caps, max_batch: int | None) -> bool:
-    """Whether the current (B, N) still satisfies ``caps`` (then it is kept as it is:
+def _still_fits(b: int, n: int | None, k: int, caps: Caps, max_batch: int | None) -> bool:
+    """Whether the current (B, N, k) still satisfies ``caps`` (then it is kept as it is:
     rounding B down to a multiple of N can make ceil(B / batch_per_worker) smaller than N)."""
     cap = _fit(math.inf, caps, max_batch)[3]
     return (
         n is not None
         and caps.min_workers <= n <= caps.max_workers
         and n <= b <= cap
-        and b % n == 0
-        and (caps.max_local_batch is None or b // n <= caps.max_local_batch)
+        and b % (n * k) == 0
+        and k <= caps.max_accumulation_steps
+        and (caps.max_local_batch is None or b // n // k <= caps.max_local_batch)
     )
 
 
 _CAP_WORDS = {
-    "memory": "the memory model (largest local batch x most workers)",
+    "memory": "the memory model (largest local batch x most workers x most accumulation steps)",
     "max_batch": "max_batch",
     "dataset": "the training-set size",
 }
@@ -597,29 +627,32 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
     info = schedule_info(s["kind"])
     first = s["workers"] is None
     ctx = _Ctx(s, epoch_done, list(history[:epoch_done]), _fit(math.inf, caps, s["max_batch"])[3])
-    keep = not first and _still_fits(s["batch"], s["workers"], caps, s["max_batch"])
+    k_now = s.get("accumulation_steps", 1)  # a state written before accumulation: k = 1
+    keep = not first and _still_fits(s["batch"], s["workers"], k_now, caps, s["max_batch"])
     if first or epoch_done % s["every_epochs"] == 0:
         schedule = info.cls()
         wanted, reason = schedule.want(ctx)
         if keep and math.isfinite(wanted) and _floor(wanted) == s["batch"]:
-            b, n, capped_by = s["batch"], s["workers"], None
+            b, n, capped_by, k = s["batch"], s["workers"], None, k_now
         else:
-            b, n, capped_by, _ = _fit(wanted, caps, s["max_batch"])
+            b, n, capped_by, _, k = _fit(wanted, caps, s["max_batch"])
         more, decayed = schedule.settle(ctx, wanted, b)
         reason += more
         if capped_by and not decayed:
             reason += f"; capped at {b} by {_CAP_WORDS[capped_by]}"
     elif keep:
         wanted, capped_by, decayed = None, None, False
-        b, n = s["batch"], s["workers"]
+        b, n, k = s["batch"], s["workers"], k_now
         reason = f"no change: the batch changes every {s['every_epochs']} epochs"
     else:  # the caps moved below the current configuration (e.g. fewer workers available)
         wanted, decayed = s["batch"], False
-        b, n, capped_by, _ = _fit(wanted, caps, s["max_batch"])
+        b, n, capped_by, _, k = _fit(wanted, caps, s["max_batch"])
         reason = f"the batch {s['batch']} on {s['workers']} workers no longer fits the caps"
     reason += f" -> global batch {b} on {n} worker{'s' if n > 1 else ''}"
-    prev_b, prev_n = (None, None) if first else (state["batch"], state["workers"])
-    s.update(epoch=epoch_done, batch=b, workers=n)
+    if k > 1:
+        reason += f" as {k} accumulated micro-batches of {b // n // k} (the memory caps the local batch)"
+    prev = None if first else (state["batch"], state["workers"], k_now)
+    s.update(epoch=epoch_done, batch=b, workers=n, accumulation_steps=k)
     return Decision(
         epoch=epoch_done,
         global_batch=b,
@@ -630,8 +663,9 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
         lr_scale=_lr_scale(s["lr_rule"], b, s["b0"]),
         lr_decay=s["lr_decay"],
         decayed_instead=decayed,
-        changed=first or (b, n) != (prev_b, prev_n),
-        resize=not first and n != prev_n,
+        changed=first or (b, n, k) != prev,
+        resize=prev is not None and n != prev[1],
         reason=reason,
         state=s,
+        accumulation_steps=k,
     )

@@ -208,14 +208,20 @@ class Simulator:
             self.ranks_per_node,
         )
 
-    def t_step_s(self, collective: str, local_batch, n_workers):
-        n = np.asarray(n_workers, float)
-        return self.perf.combine_s(self.t_compute_s(local_batch, n), self.t_sync_s(collective, n), n)
+    def t_step_s(self, collective: str, local_batch, n_workers, accumulation_steps=1):
+        """A step whose share ``local_batch`` runs as ``accumulation_steps`` micro-batches: k - 1
+        computes of the micro-batch, then one whose sync it overlaps as fitted (the
+        planner's t_step(b, N, k), :meth:`tula.core.perfmodel.PerfModel.t_step_s`)."""
+        n, k = np.asarray(n_workers, float), np.asarray(accumulation_steps, float)
+        compute = self.t_compute_s(np.asarray(local_batch, float) / k, n)
+        return (k - 1.0) * compute + self.perf.combine_s(compute, self.t_sync_s(collective, n), n)
 
-    def _epoch_money(self, epoch_free_s, n_workers, local_batch):
+    def _epoch_money(self, epoch_free_s, n_workers, local_batch, accumulation_steps=1):
         """(expected wall time, cost) of epochs that take ``epoch_free_s`` uninterrupted."""
         wall = self.pricing.expected_time_s(epoch_free_s, n_workers, epoch_free_s)
-        return wall, self.pricing.cost(wall, n_workers, self.memory.predict_peak_bytes(np.asarray(local_batch)))
+        share = np.asarray(local_batch, float)
+        peak = self.memory.predict_accumulated_peak_bytes(share, share / np.asarray(accumulation_steps, float))
+        return wall, self.pricing.cost(wall, n_workers, peak)
 
     # ---------------------------------------------------------------- a constant batch
     def constant(
@@ -328,6 +334,8 @@ class Simulator:
                     "global_batch": d.global_batch,
                     "n_workers": d.n_workers,
                     "local_batch": d.local_batch,
+                    "accumulation_steps": d.accumulation_steps,
+                    "micro_batch": d.micro_batch,
                     "steps": steps,
                     "reason": d.reason,
                 }
@@ -345,12 +353,13 @@ class Simulator:
             )
         n = np.array([x["n_workers"] for x in epochs], float)
         b = np.array([x["local_batch"] for x in epochs], float)
+        k = np.array([x["accumulation_steps"] for x in epochs], float)
         updates = np.array([x["steps"] for x in epochs], float)
         out = []
         for c in parse_collectives(list(collectives)):
-            t_step = self.t_step_s(c, b, n)
+            t_step = self.t_step_s(c, b, n, k)
             free = updates * t_step
-            wall, cost = self._epoch_money(free, n, b)
+            wall, cost = self._epoch_money(free, n, b, k)
             per_epoch = [
                 {
                     **x,
@@ -368,6 +377,7 @@ class Simulator:
                     "updates": int(updates.sum()),
                     "max_batch": int(max(x["global_batch"] for x in epochs)),
                     "max_workers": int(n.max()),
+                    "max_accumulation_steps": int(k.max()),
                     "resizes": int(np.sum(n[1:] != n[:-1])),
                     "t_step_s": float(np.sum(free) / updates.sum()),
                     "epoch_time_s": float(np.mean(free)),
@@ -554,21 +564,24 @@ def schedule_caps(
     min_workers: int | None = None,
     max_workers: int | None = None,
     batch_per_worker: int | None = None,
+    max_accumulation_steps: int | None = None,
 ) -> Caps:
     """The workers rule of a simulated schedule: the spec's ``train.workers`` where it has one,
-    else 1 to the largest of ``workers`` with ``batch_per_worker`` the first batch; each
-    option given replaces its part."""
+    else 1 to the largest of ``workers`` with ``batch_per_worker`` the first batch; the
+    accumulation it may grow through, ``search.max_accumulation_steps``; each option given
+    replaces its part."""
     spec = spec_from_dict(models["spec"])
     w = spec.train.workers
     lo = min_workers if min_workers is not None else (w.min if w else 1)
     hi = max_workers if max_workers is not None else (w.max if w else max(workers))
     bpw = batch_per_worker if batch_per_worker is not None else ((w.batch_per_worker if w else None) or first_batch)
-    for name, v in (("min workers", lo), ("max workers", hi), ("batch per worker", bpw)):
+    k_max = max_accumulation_steps if max_accumulation_steps is not None else spec.search.max_accumulation_steps
+    for name, v in (("min workers", lo), ("max workers", hi), ("batch per worker", bpw), ("max accumulation", k_max)):
         if v < 1:
             raise TulaError(f"{name} must be at least 1, not {v}")
     if lo > hi:
         raise TulaError(f"min workers ({lo}) is above max workers ({hi})")
-    return Caps(sim.dataset_size, sim.max_local_batch, lo, hi, bpw)
+    return Caps(sim.dataset_size, sim.max_local_batch, lo, hi, bpw, k_max)
 
 
 def schedule_settings(models: dict, kind: str, given: dict[str, Any]) -> dict[str, Any]:
@@ -606,19 +619,24 @@ def what_if(
     max_workers: int | None = None,
     batch_per_worker: int | None = None,
     noise_scale: float | None = None,
+    max_accumulation_steps: int | None = None,
 ) -> WhatIf:
     """The what-if of ``tula simulate``: a constant global ``batch`` (default
     :func:`default_batch`) on each of ``workers``, or each of ``schedules`` (``(label, kind,
     given parameters)``) from the first batch ``batch`` (default ``train.global_batch``, else
     ``search.min_batch``) with the workers rule (:func:`schedule_caps`); ``history``: a
-    training run's epochs that loss_ratio and adaptive follow.  With a gradient noise scale
+    training run's epochs that loss_ratio and adaptive follow; ``max_accumulation_steps``: the
+    accumulation a schedule may grow through where the memory model caps the local batch
+    (default ``search.max_accumulation_steps``).  With a gradient noise scale
     (``noise_scale``, a what-if, else the one the profile measured) each constant-batch row
     also holds the epochs, time and cost to the accuracy the spec's epochs reach at
     ``train.base_batch`` (:func:`tula.core.plan.epochs_to_accuracy`)."""
     job = spec_from_dict(models["spec"])
     if schedules:
         b0 = batch or job.train.global_batch or job.search.min_batch
-        caps = schedule_caps(models, sim, b0, workers, min_workers, max_workers, batch_per_worker)
+        caps = schedule_caps(
+            models, sim, b0, workers, min_workers, max_workers, batch_per_worker, max_accumulation_steps
+        )
         rows: list[dict] = []
         for label, kind, given in schedules:
             settings = schedule_settings(models, kind, given)
@@ -628,6 +646,7 @@ def what_if(
         title = (
             f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
             f"{caps.min_workers}, {caps.max_workers})"
+            + (f", up to {caps.max_accumulation_steps} accumulation steps" if caps.max_accumulation_steps > 1 else "")
         )
         return WhatIf(rows, title, None)
     big_b = batch or default_batch(models)

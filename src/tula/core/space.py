@@ -4,7 +4,7 @@ Global batches grow geometrically from ``min_batch`` (x ``batch_growth``) up to
 ``max_batch`` or the training-set size, and must split evenly over N workers; the local
 batch ``b = B / N`` is bounded above by the memory model -- or, with gradient accumulation
 (``search.max_accumulation_steps`` > 1), each rank's share ``B / N`` is k micro-batches of
-``B / (N k)`` samples and only the micro-batch is bounded (:func:`accumulation_for`).
+``B / (N k)`` samples and only the micro-batch is bounded (:func:`tula.core.accumulation.accumulation_for`).
 """
 
 from __future__ import annotations
@@ -22,18 +22,6 @@ class Config:
     @property
     def local_batch(self) -> int:
         return self.global_batch // self.n_workers
-
-
-def accumulation_for(share: int, max_micro_batch: int | None, max_steps: int) -> int | None:
-    """The fewest accumulation steps k <= ``max_steps`` that split a rank's ``share`` of the
-    global batch into k equal micro-batches of at most ``max_micro_batch`` samples (1 when
-    the share fits or there is no bound); None when no such k exists."""
-    if max_micro_batch is None or share <= max_micro_batch:
-        return 1
-    for k in range(2, max_steps + 1):
-        if share % k == 0 and share // k <= max_micro_batch:
-            return k
-    return None
 
 
 def max_global_batch(search: SearchSpec, dataset_size: int) -> int:

@@ -390,8 +390,10 @@ class SearchSpec(_Strict):
     max_accumulation_steps: int = Field(
         default=1,
         ge=1,
-        description="gradient accumulation the planner may use where the memory model caps the local "
-        "batch: each rank's share B / N as k <= this many micro-batches (1: none)",
+        description="gradient accumulation the planner, and a batch schedule, may use where the memory caps "
+        "the local batch: each rank's share B / N as k <= this many micro-batches (1: none).  A schedule "
+        "grows B through k once N is at its largest (the memory cap of a training run: the micro-batch "
+        "that ran out of memory; of tula simulate: the memory model's)",
     )
     enforce_memory_cap: bool = Field(
         default=False,

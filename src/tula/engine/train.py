@@ -83,21 +83,18 @@ class TrainFailed(WorkerError):
     """A worker failed mid-training; the epochs finished before it are in the checkpoint."""
 
 
-def next_smaller_batch(global_batch: int, n_workers: int) -> int:
-    """Half the global batch, rounded down to a multiple of the worker count (0: none left)."""
-    b_local = (global_batch // 2) // n_workers
-    return b_local * n_workers
-
-
-def next_fallback(global_batch: int, n_workers: int, accumulation_steps: int) -> tuple[int, int]:
+def next_fallback(
+    global_batch: int, n_workers: int, accumulation_steps: int, max_steps: int | None = None
+) -> tuple[int, int]:
     """The ``(global batch, accumulation steps)`` to go on at after an out-of-memory at
     (B, k) on ``n_workers``: what runs out is the micro-batch b = B / (N k), so it is halved.
-    While b is even (so >= 2) the global batch is kept and k doubled -- the same updates,
-    only more, smaller passes; an odd b halves (rounded down) at the same k, a smaller
-    global batch B = N k floor(b / 2) -- at k = 1 exactly :func:`next_smaller_batch`.
-    A global batch of 0 means nothing smaller is left (b was 1)."""
+    While b is even (so >= 2) and 2k is within ``max_steps`` (``None``: no bound) the global
+    batch is kept and k doubled -- the same updates, only more, smaller passes; else b
+    halves (rounded down) at the same k, a smaller global batch B = N k floor(b / 2) -- at
+    k = 1 half the global batch, rounded down to a multiple of N.  A global batch of 0 means nothing smaller is
+    left (b was 1)."""
     micro = global_batch // n_workers // accumulation_steps
-    if micro >= 2 and micro % 2 == 0:
+    if micro >= 2 and micro % 2 == 0 and (max_steps is None or 2 * accumulation_steps <= max_steps):
         return global_batch, 2 * accumulation_steps
     return n_workers * accumulation_steps * (micro // 2), accumulation_steps
 
@@ -427,7 +424,7 @@ class _RankTrainer:
             fallbacks,
             schedule,
         )
-        self.accum = accumulation_steps  # k: micro-batches per step (a world keeps it; no schedule changes it)
+        self.accum = accumulation_steps  # k: micro-batches per step (a schedule may change it: change_batch)
         self.out = Path(out_dir)
         self.metrics_path = self.out / METRICS
         self.device, self.rank, self.world = ctx.device, ctx.rank, ctx.world_size
@@ -484,10 +481,15 @@ class _RankTrainer:
             "segments": self.segments,
         }
 
-    def resized(self, epoch: int, nxt: tuple[int, int]) -> dict:
-        """The world ends after ``epoch`` for the next generation at ``nxt`` = (B, N)."""
+    def resized(self, epoch: int, nxt: tuple[int, int, int]) -> dict:
+        """The world ends after ``epoch`` for the next generation at ``nxt`` = (B, N, k)."""
         return self.result(
-            "resize", epochs_done=epoch + 1, steps_done=self.steps_done, next_global_batch=nxt[0], next_n_workers=nxt[1]
+            "resize",
+            epochs_done=epoch + 1,
+            steps_done=self.steps_done,
+            next_global_batch=nxt[0],
+            next_n_workers=nxt[1],
+            next_accumulation_steps=nxt[2],
         )
 
     def finished(self) -> dict:
@@ -641,20 +643,24 @@ class _RankTrainer:
         self.history.append(rec)
         return rec, step_traces
 
-    def decide(self, epoch: int, rec: dict) -> tuple[int, int]:
-        """The batch schedule's (B, N) for the next epoch (the same on every rank: the
+    def now(self) -> tuple[int, int, int]:
+        """The configuration it trains at: (B, N, k)."""
+        return self.global_batch, self.world, self.accum
+
+    def decide(self, epoch: int, rec: dict) -> tuple[int, int, int]:
+        """The batch schedule's (B, N, k) for the next epoch (the same on every rank: the
         history is all-reduced); an LR change at the same batch is applied here."""
         if not self.schedule:
-            return self.global_batch, self.world
+            return self.now()
         d = next_config(self.sched_state, epoch + 1, self.history, self.schedule["caps"])
-        self.sched_state, nxt = d.state, (d.global_batch, d.n_workers)
+        self.sched_state, nxt = d.state, (d.global_batch, d.n_workers, d.accumulation_steps)
         rec["schedule"] = d.record()
-        if nxt == (self.global_batch, self.world) and d.lr_multiplier != self.lr_mult:
+        if nxt == self.now() and d.lr_multiplier != self.lr_mult:
             self.method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * self.n_steps)
         self.lr_mult = d.lr_multiplier
         return nxt
 
-    def checkpoint_state(self, epoch: int, nxt: tuple[int, int]) -> dict:
+    def checkpoint_state(self, epoch: int, nxt: tuple[int, int, int]) -> dict:
         return {
             "epoch": epoch + 1,
             "steps_done": self.steps_done,
@@ -671,6 +677,7 @@ class _RankTrainer:
             "lr_multiplier": self.lr_mult,
             "next_global_batch": nxt[0],
             "next_n_workers": nxt[1],
+            "next_accumulation_steps": nxt[2],
             "noise_scale": self.gns.state_dict(),
             "precision": self.prec.state_dict(),
         }
@@ -685,13 +692,14 @@ class _RankTrainer:
         self.ctx.emit({"type": "epoch", **rec})
 
     # ------------------------------------------------------------------ a new batch, same workers
-    def change_batch(self, epoch: int, new_batch: int, ckpt: dict) -> dict | None:
-        """Go on in this world at ``new_batch``: the method again at the new batch, from the
-        state just checkpointed (``ckpt``), as a new generation would take it from the file;
-        then the probe.  ``None`` when training goes on; else the result that ends the world
-        (``oom`` at the new batch, or ``resize`` when the wrapper cannot be renewed)."""
+    def change_batch(self, epoch: int, new_batch: int, new_k: int, ckpt: dict) -> dict | None:
+        """Go on in this world at ``new_batch`` with ``new_k`` accumulation steps: the method
+        again at the new batch, from the state just checkpointed (``ckpt``), as a new
+        generation would take it from the file; then the probe.  ``None`` when training goes
+        on; else the result that ends the world (``oom`` at the new batch, or ``resize`` when
+        the wrapper cannot be renewed)."""
         t_change = time.perf_counter()
-        resize = self.resized(epoch, (new_batch, self.world))
+        resize = self.resized(epoch, (new_batch, self.world, new_k))
         self.method.release()
         self.method = None
         if self.own_norms is None and ddp_has_comm_hook(self.ddp):  # the method's own hook is on the wrapper
@@ -707,9 +715,11 @@ class _RankTrainer:
                     "at_epoch": epoch + 1,
                     "global_batch": new_batch,
                     "n_workers": self.world,
+                    "accumulation_steps": new_k,
                     "new_world": False,
                 }
             )
+        self.accum = new_k
         self.start_at(new_batch, ckpt)
         if self.rank == 0:
             self.ctx.emit(
@@ -717,6 +727,8 @@ class _RankTrainer:
                     "type": "start",
                     "global_batch": self.global_batch,
                     "n_workers": self.world,
+                    "accumulation_steps": self.accum,
+                    "micro_batch": self.micro_batch,
                     "steps_per_epoch": self.n_steps,
                     "epochs": self.spec.epochs,
                 }
@@ -803,7 +815,7 @@ def train_world(
             return ran
         rec, step_traces = rt.epoch_record(epoch, *ran)
         nxt = rt.decide(epoch, rec)
-        change = nxt != (rt.global_batch, rt.world) and epoch + 1 < spec.epochs
+        change = nxt != rt.now() and epoch + 1 < spec.epochs
         in_world = change and nxt[1] == rt.world
         ckpt = rt.checkpoint_state(epoch, nxt) if rt.rank == 0 or in_world else None
         rt.write_epoch(ckpt, rec, step_traces)
@@ -816,11 +828,11 @@ def train_world(
         if not in_world:  # another worker count: the next generation's world
             return rt.resized(epoch, nxt)
         try:  # what the caller checks before a new generation (it says why when this fails)
-            check_train_config(spec, method_name, rt.world, nxt[0], rt.data.train_size, rt.accum)
+            check_train_config(spec, method_name, rt.world, nxt[0], rt.data.train_size, nxt[2])
         except TulaError:
             return rt.resized(epoch, nxt)
         assert ckpt is not None  # every rank keeps it for an in-world change
-        ended = rt.change_batch(epoch, nxt[0], ckpt)
+        ended = rt.change_batch(epoch, nxt[0], nxt[2], ckpt)
         del ckpt
         if ended is not None:
             return ended
@@ -885,9 +897,11 @@ def _segments_from_history(epochs: list[dict]) -> list[dict]:
     (``wall_s``: the sum of their epoch times, the world's own time being unknown)."""
     segments: list[dict] = []
     for h in epochs:
-        if not segments or (segments[-1]["global_batch"], segments[-1]["n_workers"]) != (
+        last = segments[-1] if segments else {}
+        if not segments or (last["global_batch"], last["n_workers"], last["accumulation_steps"]) != (
             h["global_batch"],
             h["n_workers"],
+            h.get("accumulation_steps", 1),
         ):
             segments.append(
                 {
@@ -1024,7 +1038,7 @@ def _train(
             global_batch, fallbacks = meta["global_batch"], list(meta.get("fallbacks", []))
             # the checkpoint's k, as its global batch: an out-of-memory fallback may have raised it
             trained_k = meta.get("accumulation_steps", 1)
-            if trained_k != accum:
+            if trained_k != accum and not scheduled:  # a schedule chooses its own k
                 notes.append(
                     f"resuming at the checkpoint's {trained_k} accumulation step(s), not train.accumulation_steps "
                     f"{accum} (the same samples and updates; only the micro-batch differs)"
@@ -1033,6 +1047,7 @@ def _train(
             if scheduled:  # the generation the schedule chose after the last finished epoch
                 global_batch = meta.get("next_global_batch") or global_batch
                 n_workers = meta.get("next_n_workers") or meta["n_workers"]
+                accum = meta.get("next_accumulation_steps") or accum
             resumed_from_epoch = meta["epoch"]
         elif resume:
             raise RunDirError(f"there is no checkpoint in {out} to resume; run without --resume to start training")
@@ -1052,7 +1067,7 @@ def _train(
             )
             if resumed_from_epoch is None:  # epoch 0's configuration, within the caps
                 d = next_config(state_from_spec(spec, global_batch), 0, [], caps)
-                global_batch, n_workers = d.global_batch, d.n_workers
+                global_batch, n_workers, accum = d.global_batch, d.n_workers, d.accumulation_steps
                 schedule = {"state": d.state, "lr_multiplier": d.lr_multiplier, "caps": caps}
             else:  # the state and LR multiplier come from the checkpoint
                 schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
@@ -1103,7 +1118,7 @@ def _train(
                 status, note = res[0]["status"], res[0].get("note", "")
                 segments = res[0]["segments"]
                 # the batch the world was at when it ended (a batch change inside it moves it)
-                global_batch = res[0]["global_batch"]
+                global_batch, accum = res[0]["global_batch"], res[0]["accumulation_steps"]
             except WorkerError as err:
                 meta = checkpoint_meta(out) if has_checkpoint(out) else None
                 done = meta["epoch"] if meta else 0
@@ -1122,6 +1137,7 @@ def _train(
                 segments = _segments_from_history(meta["history"][at_epoch:done] if meta else [])
                 if segments and meta.get("next_n_workers") == n_workers:  # it went on at the next batch
                     global_batch = meta.get("next_global_batch") or global_batch
+                    accum = meta.get("next_accumulation_steps") or accum
             if segments:
                 world_no = generations[-1]["world"] + 1 if generations else 1
                 if segments[0]["wall_s"] is None:  # the world's start counts to its first batch
@@ -1135,32 +1151,31 @@ def _train(
             if status == "resize":  # the next generation: a new world of its own size, on a fresh port
                 at_epoch = res[0]["epochs_done"]
                 global_batch, n_workers = res[0]["next_global_batch"], res[0]["next_n_workers"]
+                accum = res[0].get("next_accumulation_steps", accum)
                 global_batch, n_workers = _available(launcher, global_batch, n_workers, schedule, emit, data.train_size)
-                validate_config(spec, method, n_workers, global_batch, data.train_size)
+                validate_config(spec, method, n_workers, global_batch, data.train_size, accum)
                 emit(
                     {
                         "type": "resize",
                         "at_epoch": at_epoch,
                         "global_batch": global_batch,
                         "n_workers": n_workers,
+                        "accumulation_steps": accum,
                         "new_world": True,
                     }
                 )
                 continue
-            if schedule:  # the schedule must not grow back into what ran out of memory
-                failed_local = global_batch // n_workers
-                lim = schedule["caps"].max_local_batch
+            max_k = None
+            if schedule:  # the schedule must not grow back into the micro-batch that ran out of memory
+                failed_micro = global_batch // n_workers // accum
+                caps = schedule["caps"]
+                lim = caps.max_local_batch
                 schedule["caps"] = replace(
-                    schedule["caps"],
-                    max_local_batch=min(lim or failed_local, failed_local - 1) if failed_local > 1 else lim,
+                    caps, max_local_batch=min(lim or failed_micro, failed_micro - 1) if failed_micro > 1 else lim
                 )
+                max_k = caps.max_accumulation_steps  # a schedule's k stays within its caps
             # the micro-batch halves: k doubles at the same global batch while it can, then B halves
-            # (a schedule's run keeps k = 1 and halves B, as its caps expect)
-            smaller, new_k = (
-                (next_smaller_batch(global_batch, n_workers), accum)
-                if schedule
-                else next_fallback(global_batch, n_workers, accum)
-            )
+            smaller, new_k = next_fallback(global_batch, n_workers, accum, max_k)
             done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
             at_epoch = done
             fallbacks.append(
