@@ -183,6 +183,7 @@ def test_bad_factories_and_losses_are_one_sentence_and_exit_2_before_any_worker(
     err = " ".join(r.stderr.split())  # rich wraps long lines
     assert sentence in err, err
     assert "Traceback" not in r.stderr and err.count("error:") == 1
+    assert "0/?" not in r.stdout + r.stderr and "profiling" not in r.stderr  # no bar of a profile that never began
     assert not (tmp_path / "p.json").exists()
 
 
