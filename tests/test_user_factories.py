@@ -174,6 +174,10 @@ BAD = [
         "optimiser factory 'torch.optim:RMSprop' raised TypeError:",
     ),
     ({"optimizer": {"name": "rmsprop"}}, "spec field 'optimizer.name': 'rmsprop' is not an optimiser"),
+    (
+        {"data__normalize": True},
+        "data.normalize applies to image sets read from disk; a data factory's sets are used as they are given",
+    ),
 ]
 
 
@@ -227,6 +231,16 @@ def test_a_model_factory_that_raises_or_is_not_callable_is_one_sentence(on_path)
         with pytest.raises(WorkloadError, match=re.escape(sentence)):
             build_model(spec_from_dict(_spec(model={"name": name})).model)
 
+
+def test_normalize_is_off_for_a_data_factory_and_an_explicit_true_is_refused():
+    """A factory's sets are used as they give their samples: the spec says so (normalize false,
+    kept through the record's round trip), false may be written, true is one sentence."""
+    spec = spec_from_dict(_spec())
+    assert spec.data.normalize is False and spec_from_dict(spec.to_dict()).data.normalize is False
+    assert spec_from_dict(_spec(data__normalize=False)).data.normalize is False
+    assert spec_from_dict({"data": {"name": "cifar10", "root": "/data"}}).data.normalize is True  # built-in sets: on
+    with pytest.raises(SpecError, match="spec field 'data': data.normalize applies to image sets read from disk"):
+        spec_from_dict(_spec(data__normalize=True))
 
 
 def test_an_optimiser_factory_builds_over_the_model_and_bad_ones_are_one_sentence(on_path):
