@@ -6,6 +6,7 @@ starts.  The user's code is tests/factories.py."""
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -43,13 +44,14 @@ def _spec(**changes) -> dict:
     return d
 
 
-def _env() -> dict:
-    """The tests' folder on the import path of the command and of every rank it starts."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+def _env(*folders: Path) -> dict:
+    """The tests' folder (and ``folders``) on the import path of the command and of every rank it starts."""
+    path = [str(HERE), *map(str, folders), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
-def _tula(tula_cmd, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*tula_cmd, *args], capture_output=True, text=True, timeout=600, env=_env())
+def _tula(tula_cmd, *args: str, folders: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([*tula_cmd, *args], capture_output=True, text=True, timeout=600, env=_env(*folders))
 
 
 def _write(tmp_path: Path, spec: dict, name: str = "seg.yaml") -> str:
@@ -172,6 +174,10 @@ BAD = [
         "optimiser factory 'torch.optim:RMSprop' raised TypeError:",
     ),
     ({"optimizer": {"name": "rmsprop"}}, "spec field 'optimizer.name': 'rmsprop' is not an optimiser"),
+    (
+        {"data__normalize": True},
+        "data.normalize applies to image sets read from disk; a data factory's sets are used as they are given",
+    ),
 ]
 
 
@@ -183,7 +189,58 @@ def test_bad_factories_and_losses_are_one_sentence_and_exit_2_before_any_worker(
     err = " ".join(r.stderr.split())  # rich wraps long lines
     assert sentence in err, err
     assert "Traceback" not in r.stderr and err.count("error:") == 1
+    assert "0/?" not in r.stdout + r.stderr and "profiling" not in r.stderr  # no bar of a profile that never began
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(
+    "command, source, why",
+    [
+        ("profile", 'raise RuntimeError("no [bold]GPU[/bold] here")\n', "(RuntimeError: no [bold]GPU[/bold] here)"),
+        ("run", "def make(:\n", "(SyntaxError: "),
+    ],
+    ids=["raises-profile", "syntax-error-run"],
+)
+def test_a_model_module_failing_at_import_is_one_sentence_and_exit_2(tmp_path, tula_cmd, command, source, why):
+    """The module of a model factory raises when imported: one sentence naming the factory and
+    the exception (its message as plain text: rich markup shown, not applied), exit code 2,
+    no progress line, no profile written."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "broken_model.py").write_text(source)
+    spec = _write(tmp_path, _spec(model={"name": "broken_model:make"}))
+    out = tmp_path / "out"
+    target = out / "profile.json" if command == "profile" else out  # tula run writes its profile.json there
+    r = _tula(tula_cmd, command, spec, "--out", str(target), folders=(code,))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    err = " ".join(r.stderr.split())
+    assert f"model.name 'broken_model:make' cannot be imported {why}" in err, err
+    assert "Traceback" not in r.stdout + r.stderr and err.count("error:") == 1
+    assert "0/?" not in r.stdout + r.stderr and "profiling" not in r.stderr
+    assert not (out / "profile.json").exists()  # tula run keeps its run.json, for --resume
+
+
+def test_a_model_factory_that_raises_or_is_not_callable_is_one_sentence(on_path):
+    from tula.core.errors import WorkloadError
+    from tula.engine.workloads import build_model
+
+    for name, sentence in (
+        ("factories:raises", "model factory 'factories:raises' raised ValueError: the bucket s3://[bold]seg[/bold]"),
+        ("factories:NOT_A_LOSS", "model.name 'factories:NOT_A_LOSS' is not callable (an object of type int)"),
+    ):
+        with pytest.raises(WorkloadError, match=re.escape(sentence)):
+            build_model(spec_from_dict(_spec(model={"name": name})).model)
+
+
+def test_normalize_is_off_for_a_data_factory_and_an_explicit_true_is_refused():
+    """A factory's sets are used as they give their samples: the spec says so (normalize false,
+    kept through the record's round trip), false may be written, true is one sentence."""
+    spec = spec_from_dict(_spec())
+    assert spec.data.normalize is False and spec_from_dict(spec.to_dict()).data.normalize is False
+    assert spec_from_dict(_spec(data__normalize=False)).data.normalize is False
+    assert spec_from_dict({"data": {"name": "cifar10", "root": "/data"}}).data.normalize is True  # built-in sets: on
+    with pytest.raises(SpecError, match="spec field 'data': data.normalize applies to image sets read from disk"):
+        spec_from_dict(_spec(data__normalize=True))
 
 
 def test_an_optimiser_factory_builds_over_the_model_and_bad_ones_are_one_sentence(on_path):

@@ -30,7 +30,7 @@ def test_torchvision_model_and_import_path():
         spec_from_dict({"model": {"name": "tula.engine.workloads:mlp", "kwargs": {"in_features": 64}}}).model
     )
     assert m2(torch.randn(3, 1, 8, 8)).shape == (3, 10)
-    with pytest.raises(WorkloadError, match="cannot be loaded"):
+    with pytest.raises(WorkloadError, match="model.name 'nosuchpkg.mod:f' cannot be imported"):
         build_model(spec_from_dict({"model": {"name": "nosuchpkg.mod:f"}}).model)
 
 

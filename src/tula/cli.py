@@ -145,8 +145,8 @@ class _Console(Observer):
                 console=err_console,
                 transient=False,
             )
+            # the bar appears once the workload passed its checks: a failing one prints only its sentence
             self.task = self.bar.add_task("memory probe", total=None)
-            self.bar.start()
         elif name == "training":  # the bar appears once the configuration is validated and the workers start
             self.bar = Progress(
                 *_titled("training"),
@@ -189,7 +189,9 @@ class _Console(Observer):
     # progress
     def _profiling(self, ev: dict) -> None:
         bar, task = self.bar, self.task
-        if ev.get("type") == "plan":
+        if ev.get("type") == "checked":
+            bar.start()
+        elif ev.get("type") == "plan":
             bar.update(task, total=ev["total"], completed=ev.get("done", 0), description=f"{ev['total']} trials")
         elif ev.get("type") == "trial":
             line = plain(f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")

@@ -246,8 +246,9 @@ class DataSpec(_Strict):
     returned as ``(train, test)`` or as a mapping (or an object with these attributes) with
     ``train``, ``test`` and optionally ``num_classes`` and ``collate_fn``
     (:func:`tula.engine.workloads.load_dataset` reads the contract).  They are read by
-    ``loader_workers`` DataLoader processes per rank, as sets read from disk are.  Only the
-    path is stored here; it is imported in the engine.
+    ``loader_workers`` DataLoader processes per rank, as sets read from disk are, but used as
+    they give their samples: ``normalize`` is false for them and ``augment`` cannot be set
+    (transform in your set).  Only the path is stored here; it is imported in the engine.
     """
 
     name: Literal[
@@ -281,7 +282,8 @@ class DataSpec(_Strict):
     normalize: bool = Field(
         default=True,
         description="sets read from disk: per-channel mean and standard deviation "
-        "(the set's published values; ImageNet's for imagefolder)",
+        "(the set's published values; ImageNet's for imagefolder); off for a data factory's sets, "
+        "which normalise themselves",
     )
     loader_workers: int = Field(
         default=2,
@@ -293,8 +295,10 @@ class DataSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _factory_names_the_set(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("factory") is not None and "name" not in data:
-            return {**data, "name": "factory"}
+        if isinstance(data, dict) and data.get("factory") is not None:
+            # a factory's samples are used as its sets give them: not normalised unless the user
+            # asks for it, which _root_needed refuses (the record then says what applies)
+            data = {"name": "factory", "normalize": False, **data}
         return data
 
     @field_validator("factory")
@@ -326,6 +330,11 @@ class DataSpec(_Strict):
         if self.augment and self.factory is not None:
             raise ValueError(
                 "data.augment applies to image sets read from disk; a data factory's sets augment themselves"
+            )
+        if self.normalize and self.factory is not None:
+            raise ValueError(
+                "data.normalize applies to image sets read from disk; a data factory's sets are used as they are "
+                "given, so normalise in your set (or leave data.normalize out)"
             )
         if self.augment and self.name not in ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder"):
             raise ValueError(f"data.augment applies to image sets read from disk, not {self.name!r}")

@@ -453,10 +453,12 @@ def profile(
 
     ``previous`` is a partial profile record of the same spec (interrupted or failed):
     its memory model and configuration list are reused and its finished trials are kept,
-    so only the rest run.  ``on_event`` receives ``{"type": "plan", "total": k}`` once the
-    trials are known and ``{"type": "trial", ...}`` after each trial; ``on_snapshot`` the
-    record so far (``in_progress``) each time a trial has finished on every rank, so that a
-    process killed mid-profile loses no finished trial when its caller saved the snapshot.
+    so only the rest run.  ``on_event`` receives ``{"type": "checked"}`` once the model, data,
+    loss and workers passed the checks made before any world starts (a failing check raises
+    before it), ``{"type": "plan", "total": k}`` once the trials are known and
+    ``{"type": "trial", ...}`` after each trial; ``on_snapshot`` the record so far
+    (``in_progress``) each time a trial has finished on every rank, so that a process killed
+    mid-profile loses no finished trial when its caller saved the snapshot.
 
     A failed world raises :class:`ProfileFailed`, SIGINT/SIGTERM :class:`ProfileInterrupted`;
     both carry the record of every trial finished before it."""
@@ -510,6 +512,7 @@ def _profile(
                 }
             )
         sizes = [fixed]
+    emit({"type": "checked"})  # the workload and the workers passed every check before a trial
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     param_count = sum(p.numel() for p in model.parameters())
     del model

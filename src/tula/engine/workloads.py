@@ -113,12 +113,11 @@ def _resolve_factory(name: str) -> Callable[..., nn.Module]:
         return BUILTIN_MODELS[name]
     if name.startswith(PICKLED_MODEL):  # written by cloudpickle (tula.sklearn, tula.Job), read where the ranks run
         return _unpickle(name[len(PICKLED_MODEL) :], "the pickled model factory")
-    if ":" in name:
-        mod_name, _, attr = name.partition(":")
-        try:
-            return getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as err:
-            raise WorkloadError(f"model import path {name!r} cannot be loaded ({err})") from None
+    if ":" in name:  # the user's code: any failure to import it is one sentence, as for data.factory
+        factory = import_path(name, "model.name")
+        if not callable(factory):
+            raise WorkloadError(f"model.name {name!r} is not callable (an object of type {type(factory).__name__})")
+        return factory
     import torchvision.models as tvm
 
     if name in tvm.list_models():
@@ -136,6 +135,8 @@ def build_model(spec: ModelSpec) -> nn.Module:
         model = factory(**spec.kwargs)
     except TypeError as err:
         raise WorkloadError(f"model {spec.name!r} does not accept the arguments {spec.kwargs} ({err})") from None
+    except Exception as err:  # noqa: BLE001 - the user's factory
+        raise WorkloadError(f"model factory {spec.name!r} raised {_why(err)}") from None
     if not isinstance(model, nn.Module):
         raise WorkloadError(f"model factory {spec.name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
