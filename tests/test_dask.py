@@ -111,7 +111,10 @@ def test_out_of_memory_under_a_cap_on_a_dask_worker_falls_back(client, tiny_spec
     d["train"] = {"warmup_epochs": 0}
     run = train(spec_from_dict(d), "lbt", 2, 1024, tmp_path, launcher=_dask(client))
     assert run["fallbacks"] and run["fallbacks"][0]["from_global_batch"] == 1024
-    assert run["global_batch"] < 1024 and [h["epoch"] for h in run["history"]] == [1]
+    # the micro-batch that ran out of memory is halved: k doubles at the same global batch first
+    assert run["micro_batch"] < 512 and [h["epoch"] for h in run["history"]] == [1]
+    assert run["micro_batch"] == run["global_batch"] // 2 // run["accumulation_steps"]
+    assert run["fallbacks"][0]["to_accumulation_steps"] == 2
     # the cap ended with the world: the workers run the next world without it
     assert _dask(client).run(workers.allreduce_rank, 2, 1.0)[0]["sum"] == 3.0
 
