@@ -24,7 +24,7 @@ from tula.core.job_rules import check_train_config, schedule_problem
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, checkpoint_meta, load_checkpoint
 from tula.engine.launch import LocalLauncher
-from tula.engine.train import next_fallback, steps_per_epoch, train
+from tula.engine.train import _available, next_fallback, steps_per_epoch, train
 
 DIGITS_TRAIN = 1438
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -166,6 +166,29 @@ def test_the_fallback_halves_the_micro_batch():
     for b, n, k in [(2 * 7 * 5, 2, 5), (3 * 9, 3, 9), (4 * 2 * 3, 4, 3)]:
         smaller, k2 = next_fallback(b, n, k)
         assert smaller // n % k2 == 0 and smaller // n // k2 <= (b // n // k) // 2
+
+
+class _Gives:
+    """A cluster that provides ``n`` workers, whatever was asked (what _available reads of a
+    launcher; the real Dask path is tests/test_dask.py's short-cluster test)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def provide(self, asked: int) -> int:
+        return min(asked, self.n)
+
+
+def test_fewer_workers_than_asked_keep_the_batch_splittable_into_k_micro_batches():
+    """Pure: the nearest B to the asked one that is a multiple of N x k (k = 3: 3 x 2 = 6
+    divides 252, not the 256 N alone would round to), never above the data set."""
+    notes: list[dict] = []
+    assert _available(_Gives(2), 256, 3, None, notes.append, 10_000, 3) == (258, 2)
+    assert _available(_Gives(2), 256, 3, None, notes.append, 10_000, 1) == (256, 2)
+    assert _available(_Gives(3), 256, 4, None, notes.append, 10_000, 2) == (258, 3)
+    assert _available(_Gives(2), 1000, 4, None, notes.append, 999, 4) == (992, 2)
+    assert _available(_Gives(4), 256, 4, None, notes.append, 10_000, 3) == (256, 4)  # all there: unchanged
+    assert notes[0]["message"].endswith("going on with 2 worker(s) at global batch 258")
 
 
 def test_bad_accumulation_is_one_sentence(tmp_path):

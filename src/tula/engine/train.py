@@ -869,16 +869,19 @@ def _available(
     schedule: dict | None,
     emit: Callable[[dict], None],
     dataset_size: int,
+    accumulation_steps: int = 1,
 ) -> tuple[int, int]:
     """The generation's (B, N) with the workers the launcher can provide: when the cluster gives
     fewer within its wait, the run goes on with as many as there are (the schedule's worker
-    cap is lowered to that) and says so."""
+    cap is lowered to that) and says so.  The new B is the nearest to the old one that
+    splits into ``accumulation_steps`` equal micro-batches on each of them."""
     got = launcher.provide(n_workers) if hasattr(launcher, "provide") else n_workers
     if got >= n_workers:
         return global_batch, n_workers
-    fewer = max(got, round(global_batch / got) * got)  # the nearest batch that splits over them
+    unit = got * accumulation_steps  # B = N x k x b
+    fewer = max(unit, round(global_batch / unit) * unit)  # the nearest batch that splits over them
     if fewer > dataset_size:
-        fewer = dataset_size // got * got
+        fewer = dataset_size // unit * unit
     emit(
         {
             "type": "note",
@@ -1071,7 +1074,9 @@ def _train(
                 schedule = {"state": d.state, "lr_multiplier": d.lr_multiplier, "caps": caps}
             else:  # the state and LR multiplier come from the checkpoint
                 schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
-            global_batch, n_workers = _available(launcher, global_batch, n_workers, schedule, emit, data.train_size)
+            global_batch, n_workers = _available(
+                launcher, global_batch, n_workers, schedule, emit, data.train_size, accum
+            )
         validate_config(spec, method, n_workers, global_batch, data.train_size, accum)
         device = launcher.facts()["device"]
         generations: list[dict] = []
@@ -1152,7 +1157,9 @@ def _train(
                 at_epoch = res[0]["epochs_done"]
                 global_batch, n_workers = res[0]["next_global_batch"], res[0]["next_n_workers"]
                 accum = res[0].get("next_accumulation_steps", accum)
-                global_batch, n_workers = _available(launcher, global_batch, n_workers, schedule, emit, data.train_size)
+                global_batch, n_workers = _available(
+                    launcher, global_batch, n_workers, schedule, emit, data.train_size, accum
+                )
                 validate_config(spec, method, n_workers, global_batch, data.train_size, accum)
                 emit(
                     {
