@@ -17,7 +17,7 @@ def tiny_spec_dict():
         "data": {"name": "digits"},
         "epochs": 2,
         "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256},
-        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1},
+        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "min_timed_s": 0},
     }
 
 

@@ -65,7 +65,7 @@ def _spec(tmp_path: Path, **kwargs) -> Path:
         "data": {"name": "digits"},
         "epochs": 1,
         "search": {"cluster_sizes": [1], "min_batch": 16, "max_batch": 32},
-        "profile": {"warmup_steps": 1, "timed_steps": 2, "threads_per_worker": 1},
+        "profile": {"warmup_steps": 1, "timed_steps": 2, "threads_per_worker": 1, "min_timed_s": 0},
     }
     p = tmp_path / "hostile.yaml"
     p.write_text(yaml.safe_dump(d))

@@ -46,7 +46,7 @@ def test_a_job_of_python_objects_profiles_fits_plans_and_trains(tmp_path):
     make_model, make_data, loss = _job_objects()
     events: list[tuple[str, dict]] = []
     spec = {"name": "py", "epochs": 2, "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 64},
-            "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1}}  # fmt: skip
+            "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "min_timed_s": 0}}  # fmt: skip
     job = tula.Job(spec, model=make_model, data=make_data, loss=loss, out=tmp_path / "job",
                    on_event=lambda stage, ev: events.append((stage, ev)))  # fmt: skip
     assert job.spec.model.name.startswith("pickle:") and job.spec.data.factory.startswith("pickle:")

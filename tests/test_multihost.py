@@ -37,7 +37,7 @@ def _spec(tmp_path: Path, name: str = "mh", **over) -> Path:
         "epochs": 2,
         "seed": 0,
         "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 64},
-        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1},
+        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "min_timed_s": 0},
         "train": {"method": "lbt", "warmup_epochs": 0},
         "cluster": {"pg_timeout_s": 10, "connect_timeout_s": 10, "heartbeat_timeout_s": 6},
     }

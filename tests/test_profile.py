@@ -7,7 +7,7 @@ from tula.core.perfmodel import fit_perf_model
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
 from tula.engine.memory import MemoryModel
-from tula.engine.profile import _merge_ranks, profile, profile_world
+from tula.engine.profile import _merge_ranks, profile, profile_world, timed_pairs
 
 TRIAL_FIELDS = {
     "n_workers",
@@ -22,7 +22,9 @@ TRIAL_FIELDS = {
 
 
 def test_two_rank_ddp_trials(tiny_spec_dict):
-    spec = spec_from_dict(tiny_spec_dict)
+    """Two ranks, two batches; the trials time at least 0.3 s a round: the short steps of the
+    small batch many more than the 3 timed_steps pairs, and every rank the same number."""
+    spec = spec_from_dict({**tiny_spec_dict, "profile": {**tiny_spec_dict["profile"], "min_timed_s": 0.3}})
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     res = launcher.run(profile_world, 2, spec.to_dict(), [(2, 16), (2, 512)], None, "full", None, timeout_s=300)
     trials = _merge_ranks(res)
@@ -33,6 +35,8 @@ def test_two_rank_ddp_trials(tiny_spec_dict):
         assert t["t_sync_s"] == pytest.approx(max(t["t_step_s"] - t["t_compute_s"], 0.0))
         assert t["timed_steps"] >= 3
     small, big = trials
+    assert small["timed_steps"] >= 10 and small["timed_steps"] >= big["timed_steps"], (small, big)
+    assert small["timed_steps"] * small["t_step_s"] >= 0.1  # a round lasted about 0.3 s of its pairs
     assert (small["local_batch"], big["local_batch"]) == (8, 256)
     assert big["peak_mem_bytes"] > small["peak_mem_bytes"]
     assert big["t_compute_s"] > small["t_compute_s"]
@@ -84,7 +88,9 @@ def test_compute_slope_from_two_batches_predicts_a_third(tiny_spec_dict):
     within 3-17 %; a compute time that does not grow with the batch (the profiler timing or
     tracking the wrong batch, a no_sync step that skips the work, c0 and c1 swapped, a fit
     that lets the slope go) misses by 50 % or more."""
-    spec = spec_from_dict({**tiny_spec_dict, "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1}})
+    spec = spec_from_dict(
+        {**tiny_spec_dict, "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1, "min_timed_s": 0}}
+    )
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     res = launcher.run(
         profile_world, 1, spec.to_dict(), [(1, 128), (1, 512), (1, 1024)], None, "full", None, timeout_s=300
@@ -111,3 +117,11 @@ def test_compute_slope_from_two_batches_predicts_a_third(tiny_spec_dict):
         device="cpu",
     ).refit([], [])
     assert line.predict_peak_bytes(1024) == pytest.approx(big["peak_mem_bytes"], rel=0.05)
+
+
+def test_a_round_times_enough_pairs_of_short_steps():
+    """Pure: ``timed_steps`` pairs, or as many as fill ``min_timed_s`` (at most 100)."""
+    assert timed_pairs(8, 0.5, 0.010) == 25  # 25 pairs of 10 ms steps: 0.5 s
+    assert timed_pairs(8, 0.5, 0.200) == 8  # long steps: timed_steps as given
+    assert timed_pairs(8, 0.5, 0.0001) == 100  # the cap
+    assert timed_pairs(8, 0.0, 0.010) == 8  # 0: exactly timed_steps

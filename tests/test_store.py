@@ -550,7 +550,7 @@ def real_profile():
             "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "width": 4}},
             "data": {"name": "digits"},
             "search": {"cluster_sizes": [1], "min_batch": 16, "max_batch": 32},
-            "profile": {"warmup_steps": 1, "timed_steps": 2, "memory_probe_batches": [4, 8]},
+            "profile": {"warmup_steps": 1, "timed_steps": 2, "memory_probe_batches": [4, 8], "min_timed_s": 0},
         }
     )
     with open_launcher(spec) as launcher:

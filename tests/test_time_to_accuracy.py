@@ -108,7 +108,7 @@ def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path, 
         "optimizer": {"name": "sgd", "lr": 1e-4, "momentum": 0.0},  # the few profile steps barely move w
         "train": {"loss": "mse"},
         "search": {"cluster_sizes": [1, 2], "min_batch": 32, "max_batch": 256, "max_accumulation_steps": 2},
-        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "noise_steps": 20},
+        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "noise_steps": 20, "min_timed_s": 0},
     }
     (tmp_path / "lin.yaml").write_text(json.dumps(spec))
 

@@ -33,7 +33,7 @@ def _spec(**changes) -> dict:
         "optimizer": {"name": "sgd", "lr": 0.2},
         "train": {"loss": "factories:PixelBCE", "ags": {"b_small": 8}},
         "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 64},
-        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1},
+        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "min_timed_s": 0},
     }
     for key, value in changes.items():
         section, _, field = key.partition("__")

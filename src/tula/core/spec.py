@@ -433,6 +433,13 @@ class ProfileSpec(_Strict):
 
     warmup_steps: int = Field(default=3, ge=1)
     timed_steps: int = Field(default=8, ge=2)
+    min_timed_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="seconds each timed round of a trial lasts at least: where steps are short, more than "
+        "timed_steps pairs of steps are timed (at most 100), so that a small batch's step is not a sample "
+        "of a few tens of milliseconds of a shared host's noise (0: exactly timed_steps)",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads_per_worker: int | None = Field(
         default=None,

@@ -264,9 +264,11 @@ class _Worker:
         )
         return replace(mm, precision=self.spec.train.precision)
 
-    def trial(self, cfg: Config, warmup: int, timed: int, noise_steps: int = 0) -> Trial:
+    def trial(self, cfg: Config, warmup: int, timed: int, noise_steps: int = 0, min_timed_s: float = 0.0) -> Trial:
         """Time one configuration; ``noise_steps`` > 0: first measure the gradient noise
-        scale there (:meth:`measure_noise`)."""
+        scale there (:meth:`measure_noise`).  A round times ``timed`` pairs of steps (with
+        and without sync), or more where steps are short, so that a round lasts about
+        ``min_timed_s`` (:func:`timed_pairs`)."""
         b = cfg.local_batch
         base = dict(n_workers=cfg.n_workers, local_batch=b, global_batch=cfg.global_batch)
 
@@ -281,7 +283,10 @@ class _Worker:
         noise = self.measure_noise(b, noise_steps) if noise_steps > 0 else None
         peak = self.measure_peak()
         for _ in range(warmup):
+            t0 = time.perf_counter()
             self.step(True)
+            t_warm = time.perf_counter() - t0
+        timed = timed_pairs(timed, min_timed_s, self.agree_max(t_warm))  # the same count on every rank
         steps: list[float] = []
         comps: list[float] = []
         self.data_waits = []
@@ -303,6 +308,16 @@ class _Worker:
             t_data_s=statistics.median(self.data_waits),
             noise=noise,
         )
+
+
+def timed_pairs(timed: int, min_timed_s: float, step_s: float) -> int:
+    """Pairs of steps a timed round runs: ``timed``, or as many as take about ``min_timed_s``
+    at ``step_s`` a step (the last warm-up step, the slowest rank's), at most 100.  On a shared
+    host the short steps of a small batch vary most; a handful of them is a few tens of
+    milliseconds, a sample of the host's noise rather than of the step."""
+    if step_s <= 0.0:
+        return timed
+    return max(timed, min(100, math.ceil(min_timed_s / (2.0 * step_s))))
 
 
 def _spread(xs: list[float]) -> float:
@@ -374,7 +389,7 @@ def profile_world(
                 n, cfg.local_batch, big_b, "skipped", note=f"not run: local batch {oom_at} already ran out of memory"
             )
         else:
-            t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps, noise_steps)
+            t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps, noise_steps, spec.profile.min_timed_s)
             if t.status == "ok":
                 noise_steps = 0
             if t.status == "oom":
