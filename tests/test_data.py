@@ -69,18 +69,29 @@ def _tree() -> dict[int, list[int]]:
     return children
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (from /proc), but multiprocessing's resource tracker
-    (one per process that used a spawn context, kept for its lifetime by design)."""
+    and the local launcher's fork server (one each per process that started ranks, kept for
+    its lifetime by design; the ranks forked from the server are named tula-rank-R)."""
     children = _tree()
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):
             todo.append(c)
             try:
-                if b"resource_tracker" in Path(f"/proc/{c}/cmdline").read_bytes():
-                    continue
+                cmdline = Path(f"/proc/{c}/cmdline").read_bytes()
             except OSError:
+                continue
+            if b"resource_tracker" in cmdline:
+                continue
+            if b"multiprocessing.forkserver" in cmdline and not _comm(c).startswith("tula-rank-"):
                 continue
             out.append(c)
     return out
@@ -235,13 +246,16 @@ def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_pro
         "train": {"warmup_epochs": 0, "eval_batch": 8},
     }
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
-    seen = {"grandchildren": 0}
+    seen = {"loader_workers": 0}
     done = threading.Event()
 
     def watch() -> None:  # the ranks' own children: their loader workers
         while not done.is_set():
             tree = _tree()
-            seen["grandchildren"] = max(seen["grandchildren"], sum(len(tree.get(c, [])) for c in tree.get(me, [])))
+            below = _descendants(me)
+            named = [p for p in below if _comm(p).startswith("tula-rank-")]  # ranks and their forks
+            ranks = [r for r in named if not any(r in tree.get(q, []) for q in named)]
+            seen["loader_workers"] = max(seen["loader_workers"], sum(len(tree.get(r, [])) for r in ranks))
             time.sleep(0.05)
 
     t = threading.Thread(target=watch)
@@ -251,7 +265,7 @@ def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_pro
     finally:
         done.set()
         t.join()
-    assert seen["grandchildren"] >= 4, "the ranks did not start their DataLoader workers"
+    assert seen["loader_workers"] >= 4, "the ranks did not start their DataLoader workers"
     assert whole["replicas_identical"] and [h["epoch"] for h in whole["history"]] == [1, 2]
     train(spec_from_dict({**d, "epochs": 1}), "lbt", 2, 16, tmp_path / "split", launcher=launcher)
     resumed = train(spec_from_dict(d), "lbt", 2, 16, tmp_path / "split", resume=True, launcher=launcher)

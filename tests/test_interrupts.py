@@ -33,6 +33,22 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _ranks(pid: int) -> list[int]:
+    """The rank processes below ``pid`` (children of the launcher's fork server)."""
+    found, todo = [], _children(pid)
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/comm") as fh:
+                name = fh.read().strip()
+        except OSError:
+            continue
+        if name.startswith("tula-rank-"):
+            found.append(p)
+        todo.extend(_children(p))
+    return found
+
+
 def _group_alive(pgid: int, wait_s: float = 5.0) -> list[str]:
     """Command lines of processes still in the group after ``wait_s`` (helpers such as
     multiprocessing's resource tracker exit a moment after their parent)."""
@@ -76,7 +92,7 @@ def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(
     cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _wait_for(lambda: (out / CHECKPOINT).exists(), proc=proc)
-    ranks = _children(proc.pid)
+    ranks = _ranks(proc.pid)
     assert ranks, "no rank processes found"
     t_signal = time.monotonic()
     os.killpg(proc.pid, sig) if to_group else os.kill(proc.pid, sig)  # Ctrl-C in a terminal reaches the group

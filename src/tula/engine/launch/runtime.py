@@ -109,11 +109,14 @@ class StopFlag:
                 self.agreed = True
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(rank: int) -> None:
     """Linux: end this rank when the launching process dies (a killed ``tula train`` must
-    leave no orphaned ranks training on).  Elsewhere a no-op."""
+    leave no orphaned ranks training on), and name it ``tula-rank-R`` in ``ps`` and ``top``.
+    Elsewhere a no-op."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL("libc.so.6")
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(15, f"tula-rank-{rank}".encode()[:15])  # PR_SET_NAME
 
 
 def classify(err: BaseException) -> str:
@@ -146,7 +149,7 @@ def run_rank(
     :func:`tula.engine.interrupts.on_stop` -- sets no death signal, and leaves the caller's torch
     threads and random state as it found them."""
     if die_with_parent and not in_process:
-        _die_with_parent()
+        _die_with_parent(setup.rank)
     import resource
 
     address_space_limit = resource.getrlimit(resource.RLIMIT_AS)  # a memory cap ends with the rank
