@@ -680,7 +680,7 @@ def simulate(
         intra_bandwidth=intra_bandwidth,
         intra_latency=intra_latency,
     )
-    past = load_record(history, expect=(TRAIN_KIND,))["history"] if scheds and history is not None else None
+    past = load_record(history, expect=(TRAIN_KIND,))["history"] if history is not None else None
     w = what_if(
         models,
         sim,

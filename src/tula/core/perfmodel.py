@@ -236,8 +236,14 @@ class PerfModel:
         n = np.asarray(n_workers, float)
         m = n if ranks_per_node is None else np.minimum(n, np.asarray(ranks_per_node, float))
         compute = self.t_compute_s(local_batch, m)
-        last = self.combine_s(compute, self.t_sync_s(n, ranks_per_node, n_hosts), n)
-        return (np.asarray(accumulation, float) - 1.0) * compute + last
+        return self.step_from_parts_s(compute, self.t_sync_s(n, ranks_per_node, n_hosts), n, accumulation)
+
+    def step_from_parts_s(self, t_compute_s, t_sync_s, n_workers, accumulation=1):
+        """A step of k = ``accumulation`` micro-batches from the compute of one of them and
+        the sync (the one place the rule is written): k - 1 computes without sync, then
+        one whose sync it overlaps as fitted (:meth:`combine_s`)."""
+        last = self.combine_s(t_compute_s, t_sync_s, n_workers)
+        return (np.asarray(accumulation, float) - 1.0) * np.asarray(t_compute_s, float) + last
 
     def combine_s(self, t_compute_s, t_sync_s, n_workers):
         """The step time from its parts (Eq. 2): compute slowed by ``rho`` when N > 1, then

@@ -209,12 +209,11 @@ class Simulator:
         )
 
     def t_step_s(self, collective: str, local_batch, n_workers, accumulation_steps=1):
-        """A step whose share ``local_batch`` runs as ``accumulation_steps`` micro-batches: k - 1
-        computes of the micro-batch, then one whose sync it overlaps as fitted (the
-        planner's t_step(b, N, k), :meth:`tula.core.perfmodel.PerfModel.t_step_s`)."""
+        """A step whose share ``local_batch`` runs as ``accumulation_steps`` micro-batches
+        (:meth:`tula.core.perfmodel.PerfModel.step_from_parts_s`) on this network."""
         n, k = np.asarray(n_workers, float), np.asarray(accumulation_steps, float)
         compute = self.t_compute_s(np.asarray(local_batch, float) / k, n)
-        return (k - 1.0) * compute + self.perf.combine_s(compute, self.t_sync_s(collective, n), n)
+        return self.perf.step_from_parts_s(compute, self.t_sync_s(collective, n), n, k)
 
     def _epoch_money(self, epoch_free_s, n_workers, local_batch, accumulation_steps=1):
         """(expected wall time, cost) of epochs that take ``epoch_free_s`` uninterrupted."""
@@ -632,6 +631,19 @@ def what_if(
     also holds the epochs, time and cost to the accuracy the spec's epochs reach at
     ``train.base_batch`` (:func:`tula.core.plan.epochs_to_accuracy`)."""
     job = spec_from_dict(models["spec"])
+    schedule_only = {
+        "--min-workers": min_workers,
+        "--max-workers": max_workers,
+        "--batch-per-worker": batch_per_worker,
+        "--max-accumulation": max_accumulation_steps,
+        "--history": history,
+    }
+    given = [flag for flag, value in schedule_only.items() if value is not None]
+    if given and not schedules:
+        raise TulaError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to batch schedules only; "
+            "add a --schedule, or leave it out for a constant batch"
+        )
     if schedules:
         b0 = batch or job.train.global_batch or job.search.min_batch
         caps = schedule_caps(
