@@ -55,9 +55,9 @@ MEAN_STD: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 """Per-channel mean and standard deviation used by ``data.normalize``."""
 
 CROP_PADDING = 4
-# Loader workers are forked where the platform can: a rank is itself spawned, so the default
-# would be to spawn them too, and each would import torch again (seconds per worker).  The
-# workers only decode samples; they never touch CUDA or the process group.
+# Loader workers are forked where the platform can, whatever the platform's default start
+# method: a spawned worker would import torch again (seconds per worker).  The workers only
+# decode samples; they never touch CUDA or the process group.
 _WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 _MASK64 = (1 << 64) - 1
 

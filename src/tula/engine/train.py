@@ -91,8 +91,8 @@ def next_fallback(
     While b is even (so >= 2) and 2k is within ``max_steps`` (``None``: no bound) the global
     batch is kept and k doubled -- the same updates, only more, smaller passes; else b
     halves (rounded down) at the same k, a smaller global batch B = N k floor(b / 2) -- at
-    k = 1 half the global batch, rounded down to a multiple of N.  A global batch of 0 means nothing smaller is
-    left (b was 1)."""
+    k = 1 half the global batch, rounded down to a multiple of N.  A global batch of 0 means
+    nothing smaller is left (b was 1)."""
     micro = global_batch // n_workers // accumulation_steps
     if micro >= 2 and micro % 2 == 0 and (max_steps is None or 2 * accumulation_steps <= max_steps):
         return global_batch, 2 * accumulation_steps
@@ -960,8 +960,9 @@ def train(
     the same at any k, only the summation order of the gradient differs.  Out of memory
     halves the micro-batch: at the same global batch with k doubled while b is even, else
     a smaller global batch (:func:`next_fallback`); each ``fallbacks`` entry says
-    ``from_``/``to_global_batch`` and ``from_``/``to_accumulation_steps``.  SIGINT/SIGTERM end the run with :class:`~tula.core.errors.Interrupted` once the
-    ranks have stopped; the last finished epoch's checkpoint is kept.
+    ``from_``/``to_global_batch`` and ``from_``/``to_accumulation_steps``.  SIGINT/SIGTERM
+    end the run with :class:`~tula.core.errors.Interrupted` once the ranks have stopped; the
+    last finished epoch's checkpoint is kept.
 
     With a batch schedule, a change of the worker count starts a new world (a generation)
     from the checkpoint; a new batch on the same workers goes on in the same world
