@@ -97,6 +97,10 @@ def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
         d = job.to_dict()
         d["cluster"] = {**d["cluster"], "where": cluster}
         job = spec_from_dict(d)
+    if job.cluster.where == "local":  # the ranks' fork server imports torch beside this process
+        from tula.engine.forkserver import start_fork_server
+
+        start_fork_server()
     if job.cluster.where == "env":
         from tula.engine.launch.clusters import serve_if_env_worker
 

@@ -6,7 +6,6 @@ port (a fresh one for every world).  What a rank does is :func:`~.runtime.run_ra
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ import torch.distributed as dist
 
 from tula.core.errors import WorkerError
 from tula.engine import interrupts
+from tula.engine.forkserver import rank_context
 from tula.engine.launch.base import RankFailure, host_facts, pick_device
 from tula.engine.launch.runtime import RankSetup, run_rank
 
@@ -57,28 +57,6 @@ def failure_sentence(f: RankFailure, n_workers: int) -> str:
     if f.cause == "interrupted":
         return f"{where} was {f.message}"
     return f"worker {where} failed: {f.exc_type}: {f.message.splitlines()[0][:300] if f.message else ''}"
-
-
-# What the fork server imports once, so that a rank forked from it starts in a fraction of a
-# second instead of importing torch again (about 3 s of CPU per rank on a small machine).
-# The server itself ignores SIGTERM (forkserver_signals says why).
-_PRELOAD = [
-    "tula.engine.launch.forkserver_signals",
-    "torch",
-    "torch.distributed",
-    "tula.engine.launch.runtime",
-    "tula.engine.profile",
-    "tula.engine.train",
-]
-
-
-def _rank_context() -> Any:
-    """Ranks are forked from a fork server that has imported torch and Tula's engine (never
-    from this process, whose threads and CUDA state a fork would copy).  It starts with the
-    first world and serves every later one; it ends with this process."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
 
 
 def _rank_main(setup: RankSetup, fn: Callable[..., Any], args: tuple, q: Any, environ: dict[str, str]) -> None:
@@ -151,7 +129,7 @@ class LocalLauncher:
     ) -> list[Any]:
         if self.in_process and n_workers == 1 and timeout_s is None and not dist.is_initialized():
             return self._run_here(fn, args, on_event)
-        ctx = _rank_context()
+        ctx = rank_context()  # ranks fork from a server that has imported torch (tula.engine.forkserver)
         # a SimpleQueue writes each message to the pipe before put() returns, so a rank that
         # dies right after an event (os._exit, SIGKILL) has still delivered it
         q = ctx.SimpleQueue()
