@@ -638,10 +638,10 @@ def what_if(
         "--max-accumulation": max_accumulation_steps,
         "--history": history,
     }
-    given = [flag for flag, value in schedule_only.items() if value is not None]
-    if given and not schedules:
+    flags = [flag for flag, value in schedule_only.items() if value is not None]
+    if flags and not schedules:
         raise TulaError(
-            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to batch schedules only; "
+            f"{', '.join(flags)} {'applies' if len(flags) == 1 else 'apply'} to batch schedules only; "
             "add a --schedule, or leave it out for a constant batch"
         )
     if schedules:

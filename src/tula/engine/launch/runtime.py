@@ -110,9 +110,9 @@ class StopFlag:
 
 
 def _die_with_parent(rank: int) -> None:
-    """Linux: end this rank when the launching process dies (a killed ``tula train`` must
-    leave no orphaned ranks training on), and name it ``tula-rank-R`` in ``ps`` and ``top``.
-    Elsewhere a no-op."""
+    """Linux: end this rank when its parent dies -- the local launcher's fork server, which
+    ends with the launching process (a killed ``tula train`` must leave no orphaned ranks
+    training on) -- and name it ``tula-rank-R`` in ``ps`` and ``top``.  Elsewhere a no-op."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6")
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
