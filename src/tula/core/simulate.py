@@ -69,9 +69,9 @@ ending in a checkpoint).  A schedule is simulated epoch by epoch through
 :func:`tula.core.schedules.next_config`, with the workers rule N = clip(ceil(B /
 batch_per_worker), min, max); the schedules that follow the training loss or the gradient
 noise scale (``loss_ratio``, ``adaptive``) replay a training run's measured per-epoch values.
-Not modelled: the seconds a resize takes (a new world when N changes: 1.7 s with the local
-launcher here, see docs/benchmarks.md; a new batch on the same workers stays in its world,
-milliseconds), stragglers, and network contention beyond the alpha-beta model.
+Not modelled: the seconds a resize takes (a new world when N changes: 0.1 s with the local
+launcher here, 2 s before its ranks forked from a fork server, see docs/benchmarks.md; a new
+batch on the same workers stays in its world, milliseconds), stragglers, and network contention beyond the alpha-beta model.
 """
 
 from __future__ import annotations
