@@ -89,7 +89,10 @@ def test_compute_slope_from_two_batches_predicts_a_third(tiny_spec_dict):
     tracking the wrong batch, a no_sync step that skips the work, c0 and c1 swapped, a fit
     that lets the slope go) misses by 50 % or more."""
     spec = spec_from_dict(
-        {**tiny_spec_dict, "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1, "min_timed_s": 0}}
+        {
+            **tiny_spec_dict,
+            "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1, "min_timed_s": 0.5},
+        }
     )
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     res = launcher.run(
