@@ -115,3 +115,30 @@ def linear_at_zero(d: int = 16) -> nn.Module:
     m = nn.Linear(d, 1, bias=False)
     nn.init.zeros_(m.weight)
     return m
+
+
+# --------------------------------------------------------------------------- failing and slow samples
+class BreaksAfter(torch.utils.data.Dataset):
+    """``base``'s samples, but reading sample ``bad`` raises, as a corrupt file would; every
+    read first sleeps ``delay_s`` (a slow disk)."""
+
+    def __init__(self, base: torch.utils.data.Dataset, bad: int | None, delay_s: float = 0.0):
+        self.base, self.bad, self.delay_s = base, bad, delay_s
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int):
+        if self.delay_s:
+            import time
+
+            time.sleep(self.delay_s)
+        if i == self.bad:
+            raise OSError(f"sample {i} is corrupt: [bold]bad[/bold] header")
+        return self.base[i]
+
+
+def corrupt_sample(n: int = 200, bad: int | None = 37, delay_s: float = 0.0, **kwargs):
+    """make_segmentation's sets, whose training sample ``bad`` cannot be read."""
+    train, test = make_segmentation(n)
+    return BreaksAfter(train, bad, delay_s), test

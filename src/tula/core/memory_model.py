@@ -1,7 +1,9 @@
 """The memory model (Eq. 3, §III-A1) as a small parameter record: peak memory of one training
 step as a function of the local batch, and the largest local batch that fits a budget.
 
-    M_total(b) = M_param + M_grad + M_opt + M_buffers + M_other  +  b * (m_act + m_batch)
+    M_total(b) = M_param + M_grad + M_opt + M_buffers + M_other + M_data  +  b * (m_act + m_batch)
+
+(M_data: an in-memory data set resident on the device, ``resident_data_bytes``; 0 otherwise.)
 
 It is measured in :mod:`tula.engine.memory` (which needs torch); this module is numpy only, so
 fitting and planning from saved records never import torch.
@@ -38,6 +40,8 @@ class MemoryModel:
     # allocator's heap, thread stacks), measured by the probe when a cap is enforced; 0 otherwise
     address_space_overhead_bytes: int = 0
     precision: str = "fp32"  # train.precision of the steps it was measured on (a plan never mixes them)
+    # an in-memory data set kept on the device (CUDA, data.device_resident_share): both splits, per worker
+    resident_data_bytes: int = 0
 
     @property
     def static_bytes(self) -> int:
@@ -47,6 +51,7 @@ class MemoryModel:
             + self.optimizer_state_bytes
             + self.buffer_bytes
             + self.other_static_bytes
+            + self.resident_data_bytes
         )
 
     @property
@@ -95,7 +100,9 @@ class MemoryModel:
         parts = [
             f"{_mib(max(self.static_bytes, self.update_peak_bytes))} of parameters, gradients, optimiser "
             f"state and workspaces"
-        ]
+            + (f" (of which {_mib(self.resident_data_bytes)} the data set kept on the device)"
+               if self.resident_data_bytes else "")
+        ]  # fmt: skip
         if self.address_space_overhead_bytes:
             parts.append(
                 f"{_mib(self.address_space_overhead_bytes)} of address space beyond tensors under the "
@@ -122,7 +129,10 @@ class MemoryModel:
             return self
         slope, intercept = np.polyfit(b[keep], p[keep], 1, w=1.0 / p[keep])
         slope = max(float(slope), 0.0)
-        known = self.param_bytes + self.grad_bytes + self.optimizer_state_bytes + self.buffer_bytes
+        known = (
+            self.param_bytes + self.grad_bytes + self.optimizer_state_bytes + self.buffer_bytes
+            + self.resident_data_bytes
+        )  # fmt: skip
         return replace(
             self,
             other_static_bytes=int(round(intercept)) - known,

@@ -291,6 +291,20 @@ class DataSpec(_Strict):
         description="sets read from disk: DataLoader worker processes per "
         "rank (0: read in the training process, sample by sample)",
     )
+    prefetch: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="prepare the next batch while the step computes, in a thread of the rank: on CUDA it is "
+        "gathered or collated into pinned memory and copied on a side stream; 'auto' is on for CUDA and off on a "
+        "CPU (where the thread would take cores from the step), 'on' also on a CPU, 'off' never",
+    )
+    device_resident_share: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=0.9,
+        description="in-memory sets (digits, mnist1d, synthetic, arrays) on CUDA stay on the device when both "
+        "splits take at most this share of the memory budget (search.memory_budget_bytes, else the GPU's "
+        "memory); batches are then indexed there, and the memory model counts the bytes; 0: never",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -13,6 +13,23 @@ Two paths, chosen by the data set:
   user's set is viewed ``raw`` (its samples as it gives them, batched by its own
   ``collate_fn`` when it has one).
 
+**On CUDA** the batch never makes the GPU wait (``data.prefetch``, ``data.device_resident_share``):
+
+* an in-memory set whose two splits fit within ``device_resident_share`` of the memory
+  budget is copied to the device once and stays there (:func:`resident_fits`); a batch is
+  then one indexing on the device (the indices are copied from pinned memory), and the
+  memory model counts the resident bytes (``MemoryModel.resident_data_bytes``);
+* any other set is prefetched: a thread of the rank (:class:`_Prefetch`) prepares the next
+  batch while the step computes -- gathered from the tensors straight into pinned memory, or
+  taken from the loader (which pins) -- and copies it on a side CUDA stream; the step's
+  stream waits for the copy's event and the tensors record that stream, so the copy
+  overlaps the previous step's compute and no memory is reused early.
+
+On a CPU nothing changes unless ``data.prefetch`` is ``on`` (the thread then prepares the
+next batch on the host).  The profile reads its batches through the same path, so it times
+exactly what training runs.  An exception in the thread (a data factory's ``__getitem__``)
+is raised again by the rank's ``next()``, as the same exception.
+
 Either way the batches are the same: training step ``i`` of epoch ``e`` takes global batch
 ``i`` of the epoch's permutation and rank ``r`` its ``r``-th slice of ``local_batch``
 samples, so a resumed run sees exactly the batches an uninterrupted one would.
@@ -31,8 +48,12 @@ workers; so does garbage collection of the path, and the exit of the rank.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import queue
 import signal
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -107,6 +128,9 @@ class Dataset:
     seed: int = 0
     loader_workers: int = 0  # DataLoader worker processes per rank (sets read from disk, a user's sets)
     collate_fn: Callable[[list], Any] | None = None  # a user's set's own batching (None: default_collate)
+    prefetch: str = "auto"  # data.prefetch: auto (on for CUDA) | on | off
+    resident_share: float = 0.25  # data.device_resident_share
+    memory_budget_bytes: int | None = None  # search.memory_budget_bytes (None: the GPU's memory)
     _path: Any = field(default=None, repr=False, compare=False)  # tula.engine.data.DataPath, made on first use
 
     @property
@@ -123,6 +147,17 @@ class Dataset:
     def collate(self, samples: list) -> Any:
         """``samples`` as one batch: the set's ``collate_fn``, else torch's ``default_collate``."""
         return (self.collate_fn or torch.utils.data.default_collate)(samples)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of both splits' tensors (in-memory sets; 0 for the others)."""
+        if not self.in_memory:
+            return 0
+        return sum(
+            t.numel() * t.element_size()
+            for split in (self.train, self.test)
+            for t in split.tensors  # type: ignore[attr-defined]
+        )
 
     @property
     def train_size(self) -> int:
@@ -230,17 +265,29 @@ class _Plan(torch.utils.data.Sampler):
 
 
 # --------------------------------------------------------------------------- the path
+def resident_fits(data_bytes: int, budget_bytes: int | None, share: float) -> bool:
+    """Whether an in-memory set of ``data_bytes`` (both splits) stays on the device: at most
+    ``share`` of the memory budget.  The one rule profiling, training and the memory model
+    read.  No budget (a CPU without ``search.memory_budget_bytes``): no."""
+    return budget_bytes is not None and data_bytes > 0 and data_bytes <= share * budget_bytes
+
+
 class DataPath:
     """One rank's batches of ``data`` on ``device``.
 
     Parameters
     ----------
     data : the job's :class:`Dataset`
-    device : where batches go (``non_blocking`` copies from pinned memory on CUDA)
+    device : where batches go
     workers : loader worker processes (default ``data.loader_workers``); ignored, as 0, for
         in-memory sets
     pin_memory : pin batches before the copy (default: on CUDA)
-    prefetch_factor : batches each worker prepares ahead
+    prefetch_factor : batches each loader worker prepares ahead
+    prefetch : prepare the next batch in a thread (default ``data.prefetch``: ``auto`` is on
+        for CUDA, off on a CPU); not used for a set resident on the device
+    resident : keep an in-memory set on the device (default: :func:`resident_fits` with
+        ``data.resident_share`` of ``data.memory_budget_bytes``, else of the GPU's memory;
+        never on a CPU)
     """
 
     def __init__(
@@ -250,8 +297,12 @@ class DataPath:
         workers: int | None = None,
         pin_memory: bool | None = None,
         prefetch_factor: int = 2,
+        prefetch: bool | None = None,
+        resident: bool | None = None,
     ):
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.in_memory = data.in_memory
         # the splits, not the data set: the data set keeps its path, and no cycle delays the
         # workers' end until a garbage collection
@@ -268,13 +319,31 @@ class DataPath:
             )
             workers = 0
         self.workers = workers
-        self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
+        on_cuda = self.device.type == "cuda"
+        self.pin_memory = on_cuda if pin_memory is None else pin_memory
         self.prefetch_factor = prefetch_factor
+        if resident is None:
+            budget = data.memory_budget_bytes
+            if budget is None and on_cuda:
+                budget = int(torch.cuda.get_device_properties(self.device).total_memory)
+            resident = on_cuda and self.in_memory and resident_fits(data.tensor_bytes, budget, data.resident_share)
+        self.resident_bytes = data.tensor_bytes if resident else 0
+        self._resident: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None
+        if resident:
+            self._resident = tuple(  # type: ignore[assignment]
+                tuple(t.to(self.device) for t in split.tensors)  # type: ignore[attr-defined]
+                for split in (self._train, self._test)
+            )
+        if prefetch is None:
+            prefetch = data.prefetch == "on" or (data.prefetch == "auto" and on_cuda)
+        self.prefetch = bool(prefetch) and not resident
         self._splits = _Splits(self._train, self._test)
         self._collate = data.collate_fn or torch.utils.data.default_collate
         self._plan = _Plan()
         self._loader: torch.utils.data.DataLoader | None = None
         self._stream = 0  # number of the current stream; an older one stops
+        self._ahead: _Prefetch | None = None  # the current stream's prefetching thread
+        self._copy_stream = torch.cuda.Stream(self.device) if on_cuda and self.prefetch else None
 
     # ------------------------------------------------------------------ streams
     def epoch_batches(
@@ -324,25 +393,45 @@ class DataPath:
     # ------------------------------------------------------------------ machinery
     def _batches(self, split: int, chunks: Iterator[tuple[int | None, torch.Tensor]]) -> Iterator[Batch]:
         """Batches of ``split`` for chunks of (epoch or None, sample indices)."""
+        self._end_prefetch()
         self._stream += 1
+        if self._resident is not None:
+            return self._resident_batches(self._stream, split, chunks)
         if self.in_memory:
-            return self._tensor_batches(self._stream, split, chunks)
-        keys = ([(split, i if e is None else (e, i)) for i in c.tolist()] for e, c in chunks)
-        if self.workers == 0:
-            return self._in_process(self._stream, keys)
-        return self._from_loader(self._stream, keys)
+            host = self._tensor_batches(self._stream, split, chunks)
+        else:
+            keys = ([(split, i if e is None else (e, i)) for i in c.tolist()] for e, c in chunks)
+            host = self._in_process(self._stream, keys) if self.workers == 0 else self._from_loader(self._stream, keys)
+        if not self.prefetch:
+            return (self._to_device(x, y) for x, y in host)
+        self._ahead = _Prefetch(host, self.device, self._copy_stream, self._stream)
+        return self._ahead
+
+    def _resident_batches(self, stream: int, split: int, chunks: Iterator) -> Iterator[Batch]:
+        assert self._resident is not None
+        x_all, y_all = self._resident[split]
+        for _, idx in chunks:
+            self._check(stream)
+            if self.device.type == "cuda":  # from pinned memory: a copy from pageable memory may wait for the stream
+                idx = idx.pin_memory().to(self.device, non_blocking=True)
+            yield x_all[idx], y_all[idx]
 
     def _tensor_batches(self, stream: int, split: int, chunks: Iterator) -> Iterator[Batch]:
         x_all, y_all = (self._train if split == 0 else self._test).tensors  # type: ignore[attr-defined]
+        pin = self.pin_memory and self.prefetch  # gathered straight into pinned memory, for the side stream
         for _, idx in chunks:
             self._check(stream)
-            yield self._to_device(x_all[idx], y_all[idx])
+            if pin:
+                x = torch.empty((len(idx), *x_all.shape[1:]), dtype=x_all.dtype, pin_memory=True)
+                y = torch.empty((len(idx), *y_all.shape[1:]), dtype=y_all.dtype, pin_memory=True)
+                yield torch.index_select(x_all, 0, idx, out=x), torch.index_select(y_all, 0, idx, out=y)
+            else:
+                yield x_all[idx], y_all[idx]
 
     def _in_process(self, stream: int, keys: Iterator[list]) -> Iterator[Batch]:
         for ks in keys:
             self._check(stream)
-            x, y = self._collate([self._splits[k] for k in ks])
-            yield self._to_device(x, y)
+            yield self._collate([self._splits[k] for k in ks])
 
     def _from_loader(self, stream: int, keys: Iterator[list]) -> Iterator[Batch]:
         self._check(stream)
@@ -354,7 +443,7 @@ class DataPath:
                 x, y = next(it)
             except StopIteration:
                 return
-            yield self._to_device(x, y)
+            yield x, y
 
     def _ensure_loader(self) -> torch.utils.data.DataLoader:
         if self._loader is None:
@@ -375,12 +464,22 @@ class DataPath:
 
     def _check(self, stream: int) -> None:
         if stream != self._stream:
-            raise RuntimeError("this batch stream was replaced by a newer one on the same DataPath")
+            raise RuntimeError(REPLACED)
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         if self.device.type == "cpu":
             return x, y
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _end_prefetch(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.close()
+
+    @property
+    def prefetch_thread(self) -> threading.Thread | None:
+        """The current stream's prefetching thread (None when batches are made on demand)."""
+        return None if self._ahead is None else self._ahead.thread
 
     @property
     def worker_pids(self) -> list[int]:
@@ -389,7 +488,9 @@ class DataPath:
         return [w.pid for w in getattr(it, "_workers", []) if w.is_alive()]
 
     def close(self) -> None:
-        """End the loader's worker processes (a later stream starts new ones)."""
+        """End the prefetching thread and the loader's worker processes (a later stream
+        starts new ones)."""
+        self._end_prefetch()
         self._stream += 1
         loader, self._loader = self._loader, None
         it = getattr(loader, "_iterator", None)
@@ -402,6 +503,104 @@ class DataPath:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+REPLACED = "this batch stream was replaced by a newer one on the same DataPath"
+_END = object()
+
+
+class _Failure:
+    """An exception raised in the prefetching thread, carried to the rank's ``next()``."""
+
+    def __init__(self, err: BaseException):
+        self.err = err
+
+
+class _Prefetch:
+    """The batches of ``host`` (an iterator of host batches), one ahead: a thread takes the
+    next host batch while the rank's step computes and, on CUDA, copies it to ``device`` on
+    ``copy_stream``, recording an event; :meth:`__next__` makes the current stream wait for
+    that event and has the tensors record the current stream (the allocator then keeps their
+    memory until the step that reads them has run).  At most one batch waits in the queue
+    (plus the one being prepared)."""
+
+    JOIN_S = 10.0  # how long close() waits for the thread to leave a slow ``__getitem__``
+
+    def __init__(
+        self,
+        host: Iterator[Batch],
+        device: torch.device,
+        copy_stream: Any,
+        stream_id: int,
+    ):
+        self.device, self.copy_stream, self.stream_id = device, copy_stream, stream_id
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._closed = False
+        self.thread = threading.Thread(target=self._run, args=(host,), name=f"tula-prefetch-{stream_id}", daemon=True)
+        self.thread.start()
+
+    def _run(self, host: Iterator[Batch]) -> None:
+        try:
+            if self.copy_stream is not None:
+                torch.cuda.set_device(self.device)
+            for x, y in host:
+                if self._stop.is_set():
+                    return
+                event = None
+                if self.copy_stream is not None:
+                    with torch.cuda.stream(self.copy_stream):
+                        x = x.to(self.device, non_blocking=True)
+                        y = y.to(self.device, non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record(self.copy_stream)
+                if not self._put((x, y, event)):
+                    return
+            self._put(_END)
+        except BaseException as err:  # noqa: BLE001 - raised again by the rank's next()
+            self._put(_Failure(err))
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> _Prefetch:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._closed:
+            raise RuntimeError(REPLACED)
+        item = self._queue.get()
+        if item is _END:
+            self._closed = True
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self._closed = True
+            raise item.err
+        x, y, event = item
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            x.record_stream(current)
+            y.record_stream(current)
+        return x, y
+
+    def close(self) -> None:
+        """Stop the thread (after the batch it is preparing) and drop what it prepared."""
+        self._closed = True
+        self._stop.set()
+        deadline = time.monotonic() + self.JOIN_S
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                self._queue.get_nowait()
+            self.thread.join(timeout=0.02)
+        with contextlib.suppress(queue.Empty):
+            self._queue.get_nowait()
 
 
 def _worker_init(worker_id: int) -> None:  # noqa: ARG001

@@ -300,9 +300,11 @@ def fit_memory_model(
     peaks: tuple[int, int],
     device: torch.device,
     update_peak_bytes: int = 0,
+    resident_data_bytes: int = 0,
 ) -> MemoryModel:
     """Build the model from two measured forward/backward peaks (after the optimiser state
-    exists) and the optimiser step's peak."""
+    exists) and the optimiser step's peak; ``resident_data_bytes``: a data set kept on the
+    device, inside the measured peaks, counted apart from the workspaces."""
     (b1, b2), (p1, p2) = local_batches, peaks
     if b2 <= b1:
         raise ValueError("memory probe batches must be increasing")
@@ -313,7 +315,7 @@ def fit_memory_model(
     grad_bytes = tensor_bytes(p for p in params if p.requires_grad)
     opt_bytes = optimizer_state_bytes(optimizer)
     buffer_bytes = tensor_bytes(model.buffers())
-    static_known = param_bytes + grad_bytes + opt_bytes + buffer_bytes
+    static_known = param_bytes + grad_bytes + opt_bytes + buffer_bytes + resident_data_bytes
     per_sample = int(math.ceil(slope))
     return MemoryModel(
         param_bytes=param_bytes,
@@ -327,6 +329,7 @@ def fit_memory_model(
         probe_peak_bytes=(int(p1), int(p2)),
         device=device.type,
         update_peak_bytes=int(update_peak_bytes),
+        resident_data_bytes=int(resident_data_bytes),
     )
 
 
@@ -340,6 +343,7 @@ def probe_memory_model(
     max_batch: int,
     max_extra_probes: int = 4,
     min_growth: float = 0.02,
+    resident_data_bytes: int = 0,
 ) -> MemoryModel:
     """Fit the memory model from probe steps.  ``measure(b)`` runs one step at local batch
     ``b`` and returns its (forward/backward peak, optimiser-update peak), both including the
@@ -370,7 +374,14 @@ def probe_memory_model(
     b1, b2 = batches[-2], batches[-1]
     floor = max([up for _, up in peaks.values()] + [peaks[b][0] for b in batches[:-2]])
     return fit_memory_model(
-        model, optimizer, sample_bytes, (b1, b2), (peaks[b1][0], peaks[b2][0]), device, update_peak_bytes=floor
+        model,
+        optimizer,
+        sample_bytes,
+        (b1, b2),
+        (peaks[b1][0], peaks[b2][0]),
+        device,
+        update_peak_bytes=floor,
+        resident_data_bytes=resident_data_bytes,
     )
 
 

@@ -88,7 +88,7 @@ class _Worker:
     def __init__(self, ctx: WorkerContext, spec: JobSpec):
         self.ctx, self.spec = ctx, spec
         torch.manual_seed(spec.seed)
-        self.data = load_dataset(spec.data, spec.seed)
+        self.data = load_dataset(spec.data, spec.seed, spec.search.memory_budget_bytes)
         model = build_model(spec.model).to(ctx.device)
         self.ddp = wrap_ddp(model, ctx.device)
         self.optimizer = build_optimizer(self.ddp.module, spec)
@@ -260,7 +260,14 @@ class _Worker:
             return int(self.agree_max(fb + sb * b)), int(self.agree_max(up + sb * b))
 
         mm = probe_memory_model(
-            measure, self.ddp.module, self.optimizer, sb, local_batches, self.ctx.device, max_batch=self.data.train_size
+            measure,
+            self.ddp.module,
+            self.optimizer,
+            sb,
+            local_batches,
+            self.ctx.device,
+            max_batch=self.data.train_size,
+            resident_data_bytes=data_path(self.data, self.ctx.device).resident_bytes,
         )
         return replace(mm, precision=self.spec.train.precision)
 
@@ -404,6 +411,7 @@ def profile_world(
     if spec.search.max_accumulation_steps > 1 and ok and "interrupted" not in out:
         # the planner may accumulate: one check of its step model, at k = 2 on the largest batch run
         out["accumulation"] = w.accumulation_trial(max(ok), 2, spec.profile.timed_steps)
+    w.data.close()  # the prefetching thread and the loader's workers
     return out
 
 

@@ -429,7 +429,7 @@ class _RankTrainer:
         self.metrics_path = self.out / METRICS
         self.device, self.rank, self.world = ctx.device, ctx.rank, ctx.world_size
         torch.manual_seed(spec.seed)
-        self.data = load_dataset(spec.data, spec.seed)
+        self.data = load_dataset(spec.data, spec.seed, spec.search.memory_budget_bytes)
         self.model = build_model(spec.model).to(self.device)
         self.ddp: Any = wrap_ddp(self.model, self.device)
         self.loss_fn = build_loss(spec.train.loss, self.device)
@@ -782,6 +782,22 @@ def train_world(
         check_shared_directory(out_dir, reach_token, ctx.rank, ctx.device)
     k = spec.train.accumulation_steps if accumulation_steps is None else accumulation_steps
     rt = _RankTrainer(ctx, spec, method_name, out_dir, fallbacks, schedule, k)
+    try:
+        return _train_in_world(rt, ctx, spec, method_name, global_batch, out_dir, mem_cap_bytes)
+    finally:
+        rt.data.close()  # the prefetching thread and the loader's workers, whichever way the world ends
+
+
+def _train_in_world(
+    rt: _RankTrainer,
+    ctx: WorkerContext,
+    spec: JobSpec,
+    method_name: str,
+    global_batch: int,
+    out_dir: str,
+    mem_cap_bytes: int | None,
+) -> dict:
+    """:func:`train_world`'s epochs, on this rank's trainer ``rt``."""
     state = None
     if has_checkpoint(rt.out):
         state = load_checkpoint(rt.out, map_location=ctx.device)

@@ -469,20 +469,28 @@ def _from_factory(spec: DataSpec, seed: int) -> Dataset:
     )
 
 
-def load_dataset(spec: DataSpec, seed: int = 0) -> Dataset:
+def load_dataset(spec: DataSpec, seed: int = 0, memory_budget_bytes: int | None = None) -> Dataset:
+    """The data set of ``spec`` with its data path's settings (``prefetch``,
+    ``device_resident_share`` of ``memory_budget_bytes``: the job's ``search.memory_budget_bytes``,
+    None for the GPU's memory)."""
     if spec.name == "factory":
-        return _from_factory(spec, seed)
-    if spec.name == "digits":
-        return _digits(spec, seed)
-    if spec.name == "mnist1d":
-        return _mnist1d(spec, seed)
-    if spec.name == "synthetic":
-        return _synthetic(spec, seed)
-    if spec.name == "imagefolder":
-        return _imagefolder(spec, seed)
-    if spec.name == "arrays":
-        return _arrays(spec, seed)
-    return _torchvision(spec, seed)
+        data = _from_factory(spec, seed)
+    elif spec.name == "digits":
+        data = _digits(spec, seed)
+    elif spec.name == "mnist1d":
+        data = _mnist1d(spec, seed)
+    elif spec.name == "synthetic":
+        data = _synthetic(spec, seed)
+    elif spec.name == "imagefolder":
+        data = _imagefolder(spec, seed)
+    elif spec.name == "arrays":
+        data = _arrays(spec, seed)
+    else:
+        data = _torchvision(spec, seed)
+    data.prefetch, data.resident_share, data.memory_budget_bytes = (
+        spec.prefetch, spec.device_resident_share, memory_budget_bytes
+    )  # fmt: skip
+    return data
 
 
 def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:

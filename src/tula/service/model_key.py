@@ -15,6 +15,10 @@ What is in the key, and why:
   disk also ``loader_workers`` and ``augment``, which change the time a step waits for data.
   The set's size, root and seed are not: they change how many steps an epoch has, which the
   planner computes, not the time or memory of one step.
+- ``data.prefetch`` (when not ``auto``) and, on CUDA for in-memory sets, ``data.device_resident_share``
+  (when not 0.25): they decide the path a step's batch takes.  Whether a set is resident also
+  depends on the memory budget, which is not in the key; the stored memory model carries the
+  resident bytes it was measured with (``resident_data_bytes``).
 - ``optimizer``: its name and, for SGD, whether it keeps a momentum buffer (optimiser state
   is part of the memory model); the LR and weight decay change neither time nor memory.
 - ``collective``: the sync term's form is fitted per collective.
@@ -97,6 +101,10 @@ def _parts(spec: dict, *, device: str, facts: dict, shape: list[int], threads: i
         data_part.update(loader_workers=data["loader_workers"], augment=data["augment"])
     if data["name"] == "factory":  # the user's sets: which ones, and how many loader workers read them
         data_part.update(factory=data["factory"], kwargs=data["kwargs"], loader_workers=data["loader_workers"])
+    if data["prefetch"] != "auto":  # the input path a step waits for (default keys unchanged)
+        data_part["prefetch"] = data["prefetch"]
+    if device == "cuda" and data["device_resident_share"] != 0.25 and data["name"] not in DISK_SETS + ("factory",):
+        data_part["device_resident_share"] = data["device_resident_share"]  # resident or not: memory and time
     opt_part: dict[str, Any] = {"name": opt["name"]}
     if opt["name"] == "sgd":
         opt_part["momentum_buffer"] = opt["momentum"] > 0  # torch's SGD keeps no state without momentum
