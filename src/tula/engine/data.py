@@ -429,14 +429,20 @@ class DataPath:
                 yield x_all[idx], y_all[idx]
 
     def _in_process(self, stream: int, keys: Iterator[list]) -> Iterator[Batch]:
+        pin = self.pin_memory and self.prefetch  # pinned in the thread, for the side stream's copy
         for ks in keys:
             self._check(stream)
-            yield self._collate([self._splits[k] for k in ks])
+            x, y = self._collate([self._splits[k] for k in ks])
+            yield (x.pin_memory(), y.pin_memory()) if pin else (x, y)
 
     def _from_loader(self, stream: int, keys: Iterator[list]) -> Iterator[Batch]:
-        self._check(stream)
+        """The loader's batches of ``keys``.  Its iteration starts here, in the calling thread
+        (a first one forks the worker processes: never from the prefetching thread)."""
         self._plan.batches = keys
         it = iter(self._ensure_loader())  # a new iteration: the loader's previous one ends here
+        return self._loader_batches(stream, it)
+
+    def _loader_batches(self, stream: int, it: Iterator) -> Iterator[Batch]:
         while True:
             self._check(stream)
             try:
