@@ -33,6 +33,10 @@ class InfeasibleError(TulaError):
     """No configuration satisfies the constraints (e.g. no batch fits in the memory budget)."""
 
 
+class PlacementError(InfeasibleError):
+    """A world cannot be placed: more ranks on a host than that host has GPUs (one rank per GPU)."""
+
+
 class RunDirError(TulaError):
     """An output directory cannot be used: in use by another run, a file, or holding records."""
 

@@ -24,8 +24,10 @@ from tula.core.spec import JobSpec, spec_from_dict
 
 
 def oom_local_batch(trials: list[dict]) -> int | None:
-    """Smallest local batch that ran out of memory (or was skipped after one did)."""
-    bad = [t["local_batch"] for t in trials if t["status"] in ("oom", "skipped")]
+    """Smallest local batch that ran out of memory.  (The trials skipped after one did have
+    larger local batches; a trial skipped for another reason -- a cluster size the launcher
+    could not place or run -- says nothing about memory.)"""
+    bad = [t["local_batch"] for t in trials if t["status"] == "oom"]
     return min(bad) if bad else None
 
 
@@ -122,6 +124,8 @@ def fit_models(profile: dict) -> dict:
         "profiling_s": profile.get("profiling_s"),
         "placement": placement(trials),
         "noise_scale": fit_noise_scale(trials),
+        # cluster sizes the profile could not place (one rank per GPU): N -> why; the plan does not rank them
+        **({"not_measured": profile["not_measured"]} if profile.get("not_measured") else {}),
     }
 
 

@@ -291,6 +291,9 @@ def make_plan(
 
     rows: list[dict] = []
     curves: dict[str, dict] = {}
+    # cluster sizes the profile could not place (one rank per GPU): no step was measured there,
+    # and the fitted sync term says nothing about them, so they are listed but not ranked
+    not_measured: dict[str, str] = dict(models.get("not_measured") or {})
     for n in spec.search.cluster_sizes:
         lo, hi = max(1, math.ceil(big_lo / n)), big_hi // n
         cand_local = [g // n for g in grid if g % n == 0 and g >= n]
@@ -305,6 +308,8 @@ def make_plan(
                 reason = f"a local batch of {b_oom} ran out of memory while profiling"
             if reason and k_max > 1:
                 reason += f", and no accumulation of up to {k_max} steps splits {b} into micro-batches that fit"
+            if str(n) in not_measured:
+                reason = not_measured[str(n)]
             rows.append(
                 {
                     "n_workers": n,
@@ -431,6 +436,8 @@ def make_plan(
         if fitted_on["n_hosts"] == 1 and c["n_workers"] > 1:
             where += "; the choice's sync time is from ranks sharing one host, not a network"
         reason += f" [{where}]"
+    if not_measured:
+        reason += "".join(f" [{why}]" for why in dict.fromkeys(not_measured.values()))
     for i, r in enumerate(rows):
         r["chosen"] = i == chosen
     front = pareto_frontier(np.array([rows[i][tk] for i in feas]), np.array([rows[i][ck] for i in feas]))
@@ -459,6 +466,7 @@ def make_plan(
         },
         "spot_comparison": None,
         "noise_scale": noise,
+        "not_measured": not_measured,
     }
     if compare_spot:
         plan["spot_comparison"] = _compare_spot(plan, models, objective, cons, spec.pricing, noise_scale)

@@ -35,7 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tula.core.errors import InfeasibleError, Interrupted, SpecError, WorkerError
+from tula.core.errors import InfeasibleError, Interrupted, PlacementError, SpecError, WorkerError
+from tula.core.gpus import too_many_ranks_sentence, unplaceable_sizes, unplaced_note
 from tula.core.noise_scale import NoiseScale
 from tula.core.records import PROFILE_KIND, Trial, placement
 from tula.core.space import Config, candidate_configs, partial_configs
@@ -535,6 +536,23 @@ def _profile(
                 }
             )
         sizes = [fixed]
+    # one rank per GPU: the sizes a launcher placing every rank on one host cannot run
+    gpus_per_host = getattr(launcher, "gpus_per_host", None)  # None: no GPU limit (CPU, or not one host)
+    unplaced = unplaceable_sizes(sizes, gpus_per_host)
+    not_measured: dict[str, str] = {}
+    if unplaced:
+        assert gpus_per_host is not None
+        placeable = [n for n in sizes if n not in unplaced]
+        if not placeable:
+            raise PlacementError(
+                too_many_ranks_sentence(
+                    min(sizes), gpus_per_host, "this machine (the local launcher runs every rank here)"
+                )
+            )
+        unplaced_why = unplaced_note(unplaced, gpus_per_host)
+        not_measured = {str(n): unplaced_why for n in unplaced}
+        emit({"type": "note", "message": f"{unplaced_why}: their trials are skipped, and the plan does not rank them"})
+        sizes = placeable
     emit({"type": "checked"})  # the workload and the workers passed every check before a trial
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     param_count = sum(p.numel() for p in model.parameters())
@@ -600,6 +618,8 @@ def _profile(
             "placement": placement(ordered),
             "launcher": getattr(launcher, "name", type(launcher).__name__),
             "facts": facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
+            # cluster sizes the launcher could not place (one rank per GPU): N -> why
+            **({"not_measured": not_measured} if not_measured else {}),
             "profiling_s": spent_before + time.perf_counter() - t_start,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **({"failed": failed} if failed else {}),
@@ -730,6 +750,16 @@ def _profile(
                         {"type": "trial", "n_workers": c.n_workers, "global_batch": c.global_batch, "status": "skipped"}
                     )
             configs = [c for c in configs if c.n_workers == fixed]
+        if not_measured:  # the sizes this host cannot place (one rank per GPU), said so in the record
+            done_now = {(t["n_workers"], t["global_batch"]) for t in trials}
+            for c in configs:
+                if str(c.n_workers) in not_measured and (c.n_workers, c.global_batch) not in done_now:
+                    note = not_measured[str(c.n_workers)]
+                    trials.append(asdict(Trial(c.n_workers, c.local_batch, c.global_batch, "skipped", note=note)))
+                    emit(
+                        {"type": "trial", "n_workers": c.n_workers, "global_batch": c.global_batch, "status": "skipped"}
+                    )
+            configs = [c for c in configs if str(c.n_workers) not in not_measured]
         done = {(t["n_workers"], t["global_batch"]) for t in trials}
         for n in sorted({c.n_workers for c in configs}):
             todo = [

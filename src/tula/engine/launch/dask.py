@@ -36,7 +36,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from tula.core.errors import TulaError, WorkerError
+from tula.core.errors import PlacementError, TulaError, WorkerError
+from tula.core.gpus import crowded_hosts
 from tula.engine import interrupts
 from tula.engine.launch.base import RankFailure, host_facts
 from tula.engine.launch.local import failure_sentence, root_failure
@@ -256,9 +257,18 @@ class DaskLauncher:
         unregister = interrupts.on_stop(lambda signum: stop_event.set())
         try:
             device = self.client.run(host_facts, self.device, workers=[addrs[0]])[addrs[0]]["device"]
+            hosts = [h for h, _ in chosen]
+            if device == "cuda":  # one GPU per rank: a host with more ranks than GPUs, before any starts
+                seen = self.client.run(host_facts, self.device, workers=addrs)
+                gpus: dict[str, int | None] = {}
+                for h, a in chosen:  # a rank's local rank indexes its own worker's visible GPUs
+                    g = int(seen.get(a, {}).get("gpus") or 0)
+                    gpus[h] = g if h not in gpus else min(g, gpus[h] or 0)
+                crowded = crowded_hosts({h: hosts.count(h) for h in hosts}, gpus)
+                if crowded:
+                    raise PlacementError(crowded[0])
             rank0_host = self._rendezvous_host(chosen)
             port = self.client.run(_free_port_here, workers=[addrs[0]])[addrs[0]]
-            hosts = [h for h, _ in chosen]
             setups = [
                 RankSetup(
                     r,
@@ -268,6 +278,7 @@ class DaskLauncher:
                     self.threads_per_worker,
                     self.pg_timeout_s,
                     local_rank=hosts[:r].count(hosts[r]),
+                    local_world_size=hosts.count(hosts[r]),
                     host=hosts[r],
                     backend=self.backend,
                     interface=self.interface,

@@ -44,11 +44,12 @@ import torch
 import torch.distributed as dist
 
 from tula.core.errors import TulaError, WorkerError
+from tula.core.gpus import check_ranks_fit
 from tula.engine import interrupts
 from tula.engine.launch.base import RankFailure, WorkerContext, host_facts, pick_device
 from tula.engine.launch.local import failure_sentence, root_failure
 from tula.engine.launch.netif import InterfaceChoice, choose_interface, interface_env, local_address_towards
-from tula.engine.launch.runtime import RankSetup, StopFlag, failure_of
+from tula.engine.launch.runtime import RankSetup, StopFlag, failure_of, rank_device
 
 #: how long a worker waits for the driver's next world (the driver may fit, plan and write
 #: records between worlds); a driver that died ends the workers through the launcher
@@ -156,11 +157,12 @@ class EnvLauncher:
         w = self.world
         if dist.is_initialized():
             raise TulaError("--cluster env: this process already holds a torch.distributed group")
-        if self.device == "cuda":
-            self._torch_device = torch.device("cuda", w.local_rank % max(torch.cuda.device_count(), 1))
+        if self.device == "cuda":  # one GPU per rank, refused before this rank joins the world
+            ranks_here = max(w.local_world_size, w.local_rank + 1)
+            check_ranks_fit(ranks_here, torch.cuda.device_count(), f"rank {w.rank}'s host ({w.source} started it)")
+        self._torch_device = rank_device(self.device, w.local_rank, w.local_world_size)
+        if self._torch_device.type == "cuda":
             torch.cuda.set_device(self._torch_device)
-        else:
-            self._torch_device = torch.device("cpu")
         backend = self.backend or ("nccl" if self._torch_device.type == "cuda" else "gloo")
         self.backend = backend
         self._here = local_address_towards(w.master_addr, w.master_port)
@@ -279,7 +281,7 @@ class EnvLauncher:
             torch.set_num_threads(self.threads_per_worker)
         setup = RankSetup(
             w.rank, w.world_size, f"tcp://{w.master_addr}:{w.master_port}", self._torch_device.type,
-            local_rank=w.local_rank, host=self._here, backend=self.backend,
+            local_rank=w.local_rank, host=self._here, backend=self.backend, local_world_size=w.local_world_size,
         )  # fmt: skip
         ctx = WorkerContext(
             w.rank,

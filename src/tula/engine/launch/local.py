@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from tula.core.errors import WorkerError
+from tula.core.gpus import check_ranks_fit
 from tula.engine import interrupts
 from tula.engine.forkserver import rank_context
 from tula.engine.launch.base import RankFailure, host_facts, pick_device
@@ -115,6 +116,16 @@ class LocalLauncher:
         """This machine's hardware: the ranks run here."""
         return host_facts(self.device)
 
+    @property
+    def gpus_per_host(self) -> int | None:
+        """The GPUs its ranks can use (``CUDA_VISIBLE_DEVICES`` respected): every rank runs on
+        this host and needs one of its own (:mod:`tula.core.gpus`).  None on CPU: no limit."""
+        if self.device != "cuda":
+            return None
+        import torch
+
+        return torch.cuda.device_count()
+
     def provide(self, n_workers: int) -> int:
         """Local processes are started per world: any count is available."""
         return n_workers
@@ -127,6 +138,8 @@ class LocalLauncher:
         on_event: Callable[[int, dict], None] | None = None,
         timeout_s: float | None = None,
     ) -> list[Any]:
+        # one GPU per rank: a world this host cannot place is refused before any rank starts
+        check_ranks_fit(n_workers, self.gpus_per_host, "this machine (the local launcher runs every rank here)")
         if self.in_process and n_workers == 1 and timeout_s is None and not dist.is_initialized():
             return self._run_here(fn, args, on_event)
         ctx = rank_context()  # ranks fork from a server that has imported torch (tula.engine.forkserver)
@@ -137,7 +150,14 @@ class LocalLauncher:
         pg_timeout = self.pg_timeout_s or max(30.0, timeout_s or 600.0)
         setups = [
             RankSetup(
-                r, n_workers, f"tcp://127.0.0.1:{port}", self.device, self.threads_per_worker, pg_timeout, local_rank=r
+                r,
+                n_workers,
+                f"tcp://127.0.0.1:{port}",
+                self.device,
+                self.threads_per_worker,
+                pg_timeout,
+                local_rank=r,  # rank r: GPU r of the visible ones
+                local_world_size=n_workers,
             )
             for r in range(n_workers)
         ]

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import signal
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from tula.core.errors import TulaError
+from tula.core.gpus import gpu_for_rank
 from tula.engine.launch.base import RankFailure, WorkerContext
 from tula.engine.launch.netif import InterfaceChoice, choose_interface, interface_env, unreachable_peers
 
@@ -48,6 +50,59 @@ class RankSetup:
     #: each rank's worker as a listening ``host:port`` (Dask's worker addresses), probed when a
     #: collective fails to name a peer that no longer answers; empty where there is none
     peers: tuple[str, ...] = ()
+    #: the ranks of this world on this rank's host (0: unknown, taken as ``local_rank + 1``);
+    #: on CUDA each of them needs a GPU of its own (:mod:`tula.core.gpus`)
+    local_world_size: int = 0
+
+
+def rank_device(device_kind: str, local_rank: int, local_world_size: int = 0) -> torch.device:
+    """The device of the rank at ``local_rank`` among ``local_world_size`` ranks on its host:
+    on CUDA the GPU at index ``local_rank`` of the visible ones (one rank per GPU,
+    :func:`tula.core.gpus.gpu_for_rank`: a :class:`~tula.core.errors.PlacementError` when the
+    host's ranks outnumber its GPUs), else the CPU."""
+    if device_kind != "cuda":
+        return torch.device("cpu")
+    ranks = max(local_world_size, local_rank + 1)
+    return torch.device("cuda", gpu_for_rank(local_rank, ranks, torch.cuda.device_count()))
+
+
+#: exception types torch raises when a rendezvous or a connection gave up waiting: the store's
+#: wait (DistStoreError), a client that could not connect to the store (DistNetworkError)
+_TIMEOUT_TYPES: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    ConnectionError,
+    *(getattr(dist, n) for n in ("DistStoreError", "DistNetworkError") if hasattr(dist, n)),
+)
+#: what a backend's own error (gloo's or NCCL's connect, which have no exception type of their
+#: own) says when it gave up waiting
+_TIMEOUT_WORDS = ("timed out", "timeout", "connection refused", "connection reset")
+
+
+def _is_device_error(err: BaseException) -> bool:
+    """A CUDA error (torch.AcceleratorError, or a RuntimeError saying so): "launch timed out"
+    there is the GPU's watchdog, not the network."""
+    accel = getattr(torch, "AcceleratorError", None)
+    return (accel is not None and isinstance(err, accel)) or "cuda error" in str(err).lower()
+
+
+def is_timeout(err: BaseException) -> bool:
+    """Whether ``err`` (or an exception it was raised from) is a wait that gave up: a timeout
+    or a connection that could not be made -- what the network sentence explains.  Types first;
+    only a torch.distributed or runtime error is read for the words a backend uses (gloo and
+    NCCL raise one type for every failure).  An NCCL "invalid usage", a CUDA error or any
+    other failure is not."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, _TIMEOUT_TYPES):
+            return True
+        if isinstance(e, RuntimeError) and not _is_device_error(e):  # DistError is a RuntimeError
+            text = str(e).lower()
+            if any(w in text for w in _TIMEOUT_WORDS):
+                return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 class StopRequested(Exception):
@@ -173,13 +228,12 @@ def run_rank(
         torch.set_num_threads(setup.threads)
     joined = False
     choice = InterfaceChoice("", "")
+    t_join = time.monotonic()
     with contextlib.ExitStack() as world:
         try:
-            if setup.device_kind == "cuda":
-                device = torch.device("cuda", setup.local_rank % max(torch.cuda.device_count(), 1))
+            device = rank_device(setup.device_kind, setup.local_rank, setup.local_world_size)
+            if device.type == "cuda":
                 torch.cuda.set_device(device)
-            else:
-                device = torch.device("cpu")
             backend = setup.backend or ("nccl" if device.type == "cuda" else "gloo")
             # the interface that carries this worker's address, for this world only (never the
             # host name's address, which is loopback on many nodes)
@@ -213,7 +267,7 @@ def run_rank(
             stop.drain()
             return "result", value
         except BaseException as err:  # noqa: BLE001 - every failure goes back to the launcher, classified
-            return "failure", _failure(setup, err, stop, joined, choice)
+            return "failure", _failure(setup, err, stop, joined, choice, time.monotonic() - t_join)
         finally:
             if dist.is_initialized():
                 with contextlib.suppress(Exception):
@@ -235,11 +289,19 @@ def failure_of(setup: RankSetup, err: BaseException, stop: StopFlag) -> RankFail
 
 
 def _failure(
-    setup: RankSetup, err: BaseException, stop: StopFlag, joined: bool, choice: InterfaceChoice
+    setup: RankSetup,
+    err: BaseException,
+    stop: StopFlag,
+    joined: bool,
+    choice: InterfaceChoice,
+    waited_s: float | None = None,
 ) -> RankFailure:
     """``err`` as a :class:`RankFailure` whose cause is decided here.  A crash is probed:
-    a world that could not form, or a collective that failed while a peer's worker no longer
-    answers, is ``unreachable``, in one sentence naming both addresses."""
+    a collective that failed while a peer's worker no longer answers is ``unreachable``, in one
+    sentence naming both addresses; so is a world that could not form because its rendezvous
+    or connections timed out (:func:`is_timeout`), saying how long it waited (``waited_s``)
+    and the timeout in force.  A world that could not form for any other reason (NCCL's
+    "invalid usage", a CUDA error) is a ``crash`` reported as that reason."""
     cause = classify(err)
     if cause == "interrupted" or stop.requested and cause == "crash":
         return RankFailure(
@@ -254,16 +316,19 @@ def _failure(
     if cause == "crash" and (not joined or setup.peers):
         peers = {r: a for r, a in enumerate(setup.peers) if r != setup.rank}
         silent = unreachable_peers(peers)
-        if silent or not joined:
+        if silent or (not joined and is_timeout(err)):
             return RankFailure(
                 setup.rank,
                 "unreachable",
-                unreachable_sentence(setup, err, joined, choice, silent),
+                unreachable_sentence(setup, err, joined, choice, silent, waited_s),
                 type(err).__name__,
                 tb,
                 host=setup.host,
                 unreachable=silent,
             )
+    if cause == "crash" and not joined:  # the reason itself, said as the world's failure to form
+        detail = (message.strip().splitlines() or [type(err).__name__])[0][:300]
+        message = f"could not join its world of {setup.world_size}: {detail}"
     return RankFailure(setup.rank, cause, message, type(err).__name__, tb, host=setup.host or socket.gethostname())
 
 
@@ -274,9 +339,15 @@ def _peer_host(setup: RankSetup, rank: int) -> str:
 
 
 def unreachable_sentence(
-    setup: RankSetup, err: BaseException, joined: bool, choice: InterfaceChoice, silent: list[int]
+    setup: RankSetup,
+    err: BaseException,
+    joined: bool,
+    choice: InterfaceChoice,
+    silent: list[int],
+    waited_s: float | None = None,
 ) -> str:
-    """One sentence: which rank, on which address and interface, could not reach whom."""
+    """One sentence: which rank, on which address and interface, could not reach whom (a
+    world that timed out: after how long, and the process group's timeout in force)."""
     how = (
         f"interface {choice.interface}, from {choice.source}"
         if choice.interface
@@ -294,9 +365,11 @@ def unreachable_sentence(
     rdzv = setup.init_method.removeprefix("tcp://")
     others = [f"rank {r} on {_peer_host(setup, r)}" for r in range(len(setup.peers)) if r != setup.rank]
     named = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+    waited = f"gave up after {waited_s:.0f} s" if waited_s is not None else "gave up"
     return (
         f"{me} could not connect to the other ranks of its world ({named + ', ' if named else ''}"
-        f"rendezvous at {rdzv}) within {setup.pg_timeout_s:.0f} s; their workers answer, so a firewall between "
+        f"rendezvous at {rdzv}): it {waited}, its process group's timeout being {setup.pg_timeout_s:.0f} s; "
+        "their workers answer, so a firewall between "
         "them or a wrong interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, cluster.interface) is the likely "
         f"cause ({type(err).__name__}: {detail})"
     )
