@@ -183,6 +183,8 @@ class _Console(Observer):
         elif kind == PLAN_KIND:
             console.print(plan_table(record))
             say(console, ("choice", "bold green"), ": ", record["reason"])
+            if record.get("run_costs_note"):
+                say(console, ("epochs", "bold"), ": ", record["run_costs_note"])
         elif kind == TRAIN_KIND:
             console.print(train_table(record))
             say(console, ("trained", "bold green"), ": ", _train_summary(record))
@@ -268,6 +270,11 @@ def _train_summary(run: dict) -> str:
         )
         + f" after {run['epochs']} epochs "
         f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})"
+        + (
+            f"; epochs took {pred['median_ratio']:.2f}x the plan's prediction (median of {pred['epochs_compared']})"
+            if (pred := run.get("prediction") or {}).get("median_ratio")
+            else ""
+        )
     )
 
 
@@ -425,6 +432,12 @@ def plan(
         help="the gradient noise scale B_noise to assume, in samples (a what-if; default: the one the "
         "profile measured); the *_to_accuracy objectives scale the epochs by (B_noise + B) / (B_noise + B0)",
     ),
+    method: TrainMethod = typer.Option(
+        None,
+        help="the training method whose epochs are predicted (default: the spec's train.method); the profile's "
+        "run trial measured the spec's method, so another one's step is predicted as a plain step, and the "
+        "plan says so",
+    ),
 ) -> None:
     """Predict time and cost of every configuration and choose one.
 
@@ -474,6 +487,7 @@ def plan(
             pricing=price_over or None,
             compare_spot=compare_spot,
             noise_scale=noise_scale,
+            method=method.value if method else None,
         )
     if p.get("spot_comparison"):
         say(console, ("spot vs on-demand", "bold"), ": ", p["spot_comparison"]["sentence"])

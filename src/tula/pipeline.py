@@ -166,8 +166,12 @@ def train_stage(
     resume: bool = False,
     launcher=None,
     observer: Observer | None = None,
+    models: dict | None = None,
 ) -> dict:
-    """Train in ``out`` (checkpoints, metrics.jsonl); write train.json and train.png there."""
+    """Train in ``out`` (checkpoints, metrics.jsonl); write train.json and train.png there.
+    ``models``: the fitted models the run was planned with; each epoch's record then carries
+    the plan's prediction for it and the ratio measured / predicted
+    (:func:`tula.core.run_costs.compare_with_plan`)."""
     from tula.core.records import TRAIN_KIND, save_record
     from tula.engine.train import train
     from tula.report import plot_training
@@ -185,6 +189,10 @@ def train_stage(
             launcher=launcher,
             on_event=lambda ev: obs.event("training", ev),
         )
+        if models is not None:
+            from tula.core.run_costs import compare_with_plan
+
+            run = compare_with_plan(run, models)
         save_record(run, out / TRAIN)
         plot_training(run, out / TRAIN_PNG)
     finally:
@@ -317,6 +325,7 @@ def run_pipeline(
                 resume=resuming and has_checkpoint(train_dir),
                 launcher=launcher,
                 observer=obs,
+                models=models,
             )
         done["train"] = run
     return done

@@ -136,6 +136,7 @@ def plan_table(plan: dict) -> Table:
     constrained = cons.get("deadline_s") is not None or cons.get("budget") is not None
     spot = any("failure_free_time_s" in r for r in plan["configurations"])
     acc = any("epochs_to_accuracy" in r for r in plan["configurations"])
+    parts = bool(plan.get("run_costs"))  # an epoch = its steps + its end (evaluation, checkpoint, the method's)
     title = f"Plan (objective: {plan['objective']}); candidate batches and the choice"
     noise = plan.get("noise_scale") or {}
     if acc:
@@ -150,9 +151,12 @@ def plan_table(plan: dict) -> Table:
             [f"budget {cons['budget']:.4g} {cons.get('unit', '$')}"] if cons.get("budget") is not None else []
         )
         title += f"; {', '.join(limits)}: {cons['n_meeting']} of {cons['n_feasible']} feasible configurations meet it"
-    t = Table(title=title)
+    # what the epochs include: the method's step and each epoch's end, or that they were not measured
+    t = Table(title=title, caption=plan.get("run_costs_note"))
     cols = (
-        ["", "N", "B", "b", "t_step ms", "epoch s", "total s" + (" (expected)" if spot else "")]
+        ["", "N", "B", "b", "t_step ms", "epoch s"]
+        + (["of which end s"] if parts else [])
+        + ["total s" + (" (expected)" if spot else "")]
         + (["preempt."] if spot else [])
         + ["cost"]
         + (["epochs to acc.", "to acc. s", "to acc. cost"] if acc else [])
@@ -174,6 +178,7 @@ def plan_table(plan: dict) -> Table:
             else f"{r['accumulation_steps']}x{r['micro_batch']}",
             _ms(r["t_step_s"]),
             f"{r['epoch_time_s']:.3f}",
+            *([f"{r.get('epoch_fixed_s', 0.0):.3f}"] if parts else []),
             f"{r['total_time_s']:.2f}",
         ]
         row += [f"{r['expected_preemptions']:.2g}"] if spot else []
@@ -188,11 +193,11 @@ def plan_table(plan: dict) -> Table:
 
 def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
     """What a plan chart shows, for the PNG and the dashboard alike: per cluster size the
-    predicted time and cost vs global batch, the measured points (time: E * D / B * the
-    measured step time, with preemptions on spot), the knee; the Pareto frontier, the
+    predicted time and cost vs global batch, the measured points (time: E epochs of S(B)
+    measured steps and the epoch's end, with preemptions on spot), the knee; the Pareto frontier, the
     constraints and the choice."""
-    from tula.core.perfmodel import training_time_s
     from tula.core.pricing import make_pricing
+    from tula.core.run_costs import RunCosts, epoch_time_s
     from tula.core.spec import spec_from_dict
 
     spec = spec_from_dict(plan["spec"])
@@ -204,7 +209,8 @@ def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
         measured = {"global_batch": [], "total_time_s": [], "cost": []}
         if meas:
             gb = [t["global_batch"] for t in meas]
-            ep = training_time_s([t["t_step_s"] for t in meas], gb, d)
+            costs = RunCosts.from_dict(plan["run_costs"]) if plan.get("run_costs") else None
+            ep = epoch_time_s([t["t_step_s"] for t in meas], gb, int(n), d, costs, whole_steps=False)
             tt = pricing.expected_time_s(e * ep, int(n), ep)
             cc = pricing.cost(tt, int(n), [t["peak_mem_bytes"] for t in meas])
             measured = {
@@ -245,7 +251,7 @@ def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
 
 def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     """Time and cost vs global batch per cluster size: predicted lines, measured points
-    (time: E * D / B * measured t_step), the chosen configuration starred."""
+    (time: E epochs of S(B) measured steps and the epoch's end), the chosen configuration starred."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -482,6 +488,7 @@ def train_table(run: dict) -> Table:
     """One row per epoch: loss, accuracy, time, LR and (AGS) the share of scaled steps."""
     top5 = any("test_top5" in h for h in run["history"])
     scaled = any("scaled_fraction" in h for h in run["history"])
+    predicted = any(h.get("predicted_epoch_s") for h in run["history"])
     grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
     t = Table(
         title=f"Training: {run['method']} on N={run['n_workers']}, B={run['global_batch']} "
@@ -500,7 +507,9 @@ def train_table(run: dict) -> Table:
         + ["train loss", "test loss"]
         + ([score] if score != "loss" else [])  # a user's loss without labels: the test loss is the score
         + (["top-5"] if top5 else [])
-        + ["epoch s", "lr"]
+        + ["epoch s"]
+        + (["wall s", "planned s", "x plan"] if predicted else [])
+        + ["lr"]
         + (["scaled steps"] if scaled else [])
     )
     for col in cols:
@@ -513,7 +522,17 @@ def train_table(run: dict) -> Table:
             + ([epoch_score(h)[2]] if score != "loss" else [])
         )
         row += [f"{h['test_top5']:.2%}"] if top5 else []
-        row += [f"{h['epoch_time_s']:.2f}", f"{h['lr']:.4g}"]
+        row += [f"{h['epoch_time_s']:.2f}"]
+        if predicted:  # the epoch as the plan predicted it: steps, evaluation, checkpoint
+            from tula.core.run_costs import measured_epoch_s
+
+            ratio = h.get("measured_to_predicted")
+            row += [
+                f"{measured_epoch_s(h):.3f}",
+                f"{h['predicted_epoch_s']:.3f}" if h.get("predicted_epoch_s") else "-",
+                f"{ratio:.2f}x" if ratio else "-",
+            ]
+        row += [f"{h['lr']:.4g}"]
         row += [f"{h.get('scaled_fraction', 0):.0%}"] if scaled else []
         t.add_row(*row)
     return t

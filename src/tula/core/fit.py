@@ -20,6 +20,7 @@ from tula.core.perfmodel import (
     world_shape,
 )
 from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, load_record, placement, save_record  # noqa: F401
+from tula.core.run_costs import fit_run_costs
 from tula.core.spec import JobSpec, spec_from_dict
 
 
@@ -100,6 +101,7 @@ def fit_models(profile: dict) -> dict:
         mem.predict_peak_bytes(np.array([t["local_batch"] for t in ok])), [t["peak_mem_bytes"] for t in ok]
     )
     acc = accumulation_check(perf, ok, profile.get("accumulation_trials") or [])
+    run_costs = fit_run_costs(profile.get("run_trials") or [], spec.train.method)
     return {
         "kind": MODELS_KIND,
         "version": 1,
@@ -124,6 +126,9 @@ def fit_models(profile: dict) -> dict:
         "profiling_s": profile.get("profiling_s"),
         "placement": placement(trials),
         "noise_scale": fit_noise_scale(trials),
+        # the method's own step and each epoch's end, from the run trials (None: the profile had none)
+        "run_costs": None if run_costs is None else run_costs.to_dict(),
+        "run_trials": profile.get("run_trials") or [],
         # cluster sizes the profile could not place (one rank per GPU): N -> why; the plan does not rank them
         **({"not_measured": profile["not_measured"]} if profile.get("not_measured") else {}),
     }

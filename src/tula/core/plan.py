@@ -50,10 +50,11 @@ from pydantic import ValidationError
 from tula.core.accumulation import accumulation_for
 from tula.core.errors import InfeasibleError, SpecError
 from tula.core.fit import models_from
-from tula.core.perfmodel import ranks_per_node_of, training_time_s
+from tula.core.perfmodel import ranks_per_node_of
 from tula.core.pricing import SpotPricing, make_pricing
 from tula.core.records import PLAN_KIND, VERSIONS
 from tula.core.registry import ACCURACY_OBJECTIVES, OBJECTIVE_NAMES
+from tula.core.run_costs import epoch_time_s, run_costs_for
 from tula.core.space import candidate_global_batches, max_global_batch
 from tula.core.spec import ConstraintsSpec, JobSpec, PricingSpec, format_duration, spec_from_dict
 
@@ -245,6 +246,7 @@ def make_plan(
     pricing: Any = None,
     compare_spot: bool = False,
     noise_scale: float | None = None,
+    method: str | None = None,
 ) -> dict:
     """Evaluate the search space with fitted models and choose a configuration.
 
@@ -259,6 +261,9 @@ def make_plan(
         cheaper (``spot_comparison`` in the plan); needs the spot price and preemption rate
     noise_scale : the gradient noise scale B_noise to assume (a what-if); default: the one the
         profile measured.  With either, every row also holds the time to accuracy
+    method : the training method the epochs are predicted for (default: the spec's
+        ``train.method``): its step and each epoch's end as the profile's run trials measured
+        them (:mod:`tula.core.run_costs`); a method they did not run is said so in ``run_costs_note``
 
     Raises :class:`~tula.core.errors.InfeasibleError` (one sentence) when no configuration fits in
     memory or none meets the constraints.
@@ -332,15 +337,22 @@ def make_plan(
     k_arr = np.array([r["accumulation_steps"] for r in rows], float)
     # on the hosts it was fitted for: R ranks per host when the profile spanned several, else the flat model
     t_step = perf.t_step_s(micro_arr, n_arr, ranks_per_node_of(models.get("trials") or []), None, k_arr)
-    epoch = training_time_s(t_step, n_arr * b_arr, d)
+    method = method or spec.train.method
+    costs, costs_note = run_costs_for(models, method)
+    # Eq. 4a with the run's own terms: D / B steps of the method's step, and each epoch's end
+    epoch = epoch_time_s(t_step, n_arr * b_arr, n_arr, d, costs, whole_steps=False)
+    fixed = costs.epoch_fixed_s(n_arr, d / (n_arr * b_arr)) if costs else np.zeros_like(epoch)
     free = epochs * epoch  # Eq. 4a: uninterrupted training
     total = pricing_model.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
     peak = mem.predict_accumulated_peak_bytes(b_arr, micro_arr)
     cost = pricing_model.cost(total, n_arr, peak)
     lost = pricing_model.expected_preemptions(free, n_arr, epoch) if isinstance(pricing_model, SpotPricing) else None
-    columns = zip(t_step.tolist(), epoch.tolist(), total.tolist(), cost.tolist(), peak.astype(np.int64).tolist())
-    for r, (t_s, e_s, tot_s, c, pk) in zip(rows, columns):
-        r.update(t_step_s=t_s, epoch_time_s=e_s, total_time_s=tot_s, cost=c, peak_mem_bytes=pk)
+    columns = zip(
+        t_step.tolist(), epoch.tolist(), fixed.tolist(), total.tolist(), cost.tolist(), peak.astype(np.int64).tolist()
+    )
+    for r, (t_s, e_s, f_s, tot_s, c, pk) in zip(rows, columns):
+        r.update(t_step_s=t_s, epoch_time_s=e_s, epoch_steps_s=e_s - f_s, epoch_fixed_s=f_s, total_time_s=tot_s,
+                 cost=c, peak_mem_bytes=pk)  # fmt: skip
     if noise["b_noise"]:  # the time and cost to the accuracy the spec's epochs reach at B0
         e_acc = epochs_to_accuracy(epochs, n_arr * b_arr, noise["b_noise"], noise["reference_batch"])
         t_acc = pricing_model.expected_time_s(e_acc * epoch, n_arr, epoch)
@@ -467,6 +479,10 @@ def make_plan(
         "spot_comparison": None,
         "noise_scale": noise,
         "not_measured": not_measured,
+        # the method the epochs were predicted for, the terms used, and what they include
+        "method": method,
+        "run_costs": None if costs is None else costs.to_dict(),
+        "run_costs_note": costs_note,
     }
     if compare_spot:
         plan["spot_comparison"] = _compare_spot(plan, models, objective, cons, spec.pricing, noise_scale)

@@ -96,6 +96,7 @@ from tula.core.perfmodel import (
 from tula.core.plan import epochs_to_accuracy, noise_assumed
 from tula.core.pricing import Pricing, SpotPricing, make_pricing
 from tula.core.records import MODELS_KIND, validate_record
+from tula.core.run_costs import RunCosts, epoch_time_s, run_costs_for
 from tula.core.schedules import SCHEDULE_NAMES, Caps, initial_state, next_config, schedule_info, steps_per_epoch
 from tula.core.spec import JobSpec, parse_bandwidth, parse_duration, spec_from_dict
 
@@ -186,6 +187,7 @@ class Simulator:
     notes: tuple[str, ...] = field(default_factory=tuple)
     intra_bandwidth_bytes_per_s: float | None = None
     intra_latency_s: float | None = None
+    run_costs: RunCosts | None = None  # the method's step and each epoch's end (tula.core.run_costs)
 
     # ---------------------------------------------------------------- the step
     def t_compute_s(self, local_batch, n_workers):
@@ -259,7 +261,7 @@ class Simulator:
                     continue
                 b = global_batch / n
                 ts = float(self.t_step_s(c, b, n))
-                epoch_free = per_epoch * ts
+                epoch_free = float(epoch_time_s(ts, global_batch, n, self.dataset_size, self.run_costs))
                 wall, cost = self._epoch_money(epoch_free, n, b)
                 fits = self.max_local_batch is None or b <= self.max_local_batch
                 row.update(
@@ -357,7 +359,7 @@ class Simulator:
         out = []
         for c in parse_collectives(list(collectives)):
             t_step = self.t_step_s(c, b, n, k)
-            free = updates * t_step
+            free = epoch_time_s(t_step, n * b, n, self.dataset_size, self.run_costs)
             wall, cost = self._epoch_money(free, n, b, k)
             per_epoch = [
                 {
@@ -542,6 +544,7 @@ def simulator_from_models(
         notes=tuple(notes.values()),
         intra_bandwidth_bytes_per_s=ibw,
         intra_latency_s=None if ilat is None else float(ilat),
+        run_costs=run_costs_for(rec, spec.train.method)[0],
     )
 
 
@@ -666,7 +669,8 @@ def what_if(
     measured = [
         {
             "n_workers": t["n_workers"],
-            "total_time_s": sim.epochs * steps_per_epoch(sim.dataset_size, big_b) * t["t_step_s"],
+            "total_time_s": sim.epochs
+            * float(epoch_time_s(t["t_step_s"], big_b, t["n_workers"], sim.dataset_size, sim.run_costs)),
         }
         for t in models["trials"]
         if t["status"] == "ok" and t["global_batch"] == big_b and fitted_collective in collectives

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tula.core.errors import InfeasibleError, Interrupted, PlacementError, SpecError, WorkerError
+from tula.core.errors import InfeasibleError, Interrupted, PlacementError, SpecError, TulaError, WorkerError
 from tula.core.gpus import too_many_ranks_sentence, unplaceable_sizes, unplaced_note
 from tula.core.noise_scale import NoiseScale
 from tula.core.records import PROFILE_KIND, Trial, placement
@@ -56,6 +56,7 @@ from tula.engine.memory import (
     with_address_space_overhead,
 )
 from tula.engine.precision import Precision, check_precision
+from tula.engine.run_trial import merge_run_trials
 from tula.engine.workloads import build_loss, build_model, build_optimizer, load_dataset
 
 MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
@@ -412,8 +413,43 @@ def profile_world(
     if spec.search.max_accumulation_steps > 1 and ok and "interrupted" not in out:
         # the planner may accumulate: one check of its step model, at k = 2 on the largest batch run
         out["accumulation"] = w.accumulation_trial(max(ok), 2, spec.profile.timed_steps)
+    if "interrupted" not in out and stop is not None and stop.agree():
+        out["interrupted"] = stop.signum or signal.SIGINT
+    if "interrupted" not in out:  # the trainer's own step and epoch end (tula.engine.run_trial)
+        out["run_trial"] = _run_trial(ctx, spec, [t for t in out["trials"] if t["status"] == "ok"], w)
     w.data.close()  # the prefetching thread and the loader's workers
     return out
+
+
+def _run_trial(ctx: WorkerContext, spec: JobSpec, done: list[dict], w: _Worker) -> dict | None:
+    """The run trial of this world (:mod:`tula.engine.run_trial`), beside ``w``'s plain steps,
+    at the smallest global batch the method can train at on this world that is at least the
+    smallest one profiled here and at most the largest (so it fits in memory); ``None`` when
+    no trial ran here, a ``skipped`` record saying why when the method cannot train within them."""
+    from tula.core.job_rules import check_method, smallest_batch_for
+    from tula.engine.run_trial import run_trial
+
+    if not done:
+        return None
+    n, method = ctx.world_size, spec.train.method
+    lo, hi = min(t["global_batch"] for t in done), max(t["global_batch"] for t in done)
+    big_b = max(lo, smallest_batch_for(method, spec, n))
+    big_b = -(-big_b // n) * n  # a whole local batch per rank
+    try:
+        if big_b > hi:
+            raise SpecError(
+                f"method {method!r} trains at a global batch of at least {big_b} on {n} worker(s), above the "
+                f"largest profiled here ({hi})"
+            )
+        check_method(method, spec, n, big_b)
+    except TulaError as err:
+        return {"n_workers": n, "method": method, "status": "skipped", "note": str(err)}
+
+    def plain(b: int = big_b // n) -> None:
+        w.load_batch(b)
+        w.step(True)
+
+    return run_trial(ctx, spec, big_b, spec.profile.timed_steps, spec.profile.min_timed_s, plain)
 
 
 # --------------------------------------------------------------------------- in the caller
@@ -560,6 +596,7 @@ def _profile(
 
     streamed: dict[int, list[dict]] = {}  # rank -> trials of the world now running
     accumulation: list[dict] = []  # each world's accumulated-step check (search.max_accumulation_steps > 1)
+    run_trials: list[dict] = []  # each world's run trial (tula.engine.run_trial)
     probe: dict = {}
     trials: list[dict] = []
     spent_before = 0.0
@@ -571,6 +608,7 @@ def _profile(
         }
         trials = [t for t in previous["trials"] if t["status"] in FINISHED]
         accumulation = list(previous.get("accumulation_trials") or [])
+        run_trials = list(previous.get("run_trials") or [])
         spent_before = previous.get("profiling_s") or 0.0
         emit({"type": "plan", "total": len(probe["configs"]), "done": len(trials)})
 
@@ -615,6 +653,7 @@ def _profile(
             "configs": [list(c) for c in probe["configs"]],
             "trials": ordered,
             "accumulation_trials": accumulation,
+            "run_trials": run_trials,
             "placement": placement(ordered),
             "launcher": getattr(launcher, "name", type(launcher).__name__),
             "facts": facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
@@ -714,7 +753,10 @@ def _profile(
             raise ProfileFailed(
                 str(err), rank=err.rank, details=err.details, cause=err.cause, record=record(failed=str(err))
             ) from None
-        trials.extend(_merge_ranks(res))
+        merged = _merge_ranks(res)
+        trials.extend(merged)
+        if all(r.get("run_trial") for r in res):  # the trainer's own step and epoch end, slowest rank
+            run_trials.append(merge_run_trials([r["run_trial"] for r in res]))
         if all("accumulation" in r for r in res):  # per step the slowest rank, then the median
             a = dict(res[0]["accumulation"], n_workers=n)
             a["step_times_s"] = [max(xs) for xs in zip(*(r["accumulation"]["step_times_s"] for r in res))]

@@ -547,7 +547,7 @@ class _RankTrainer:
         method's ``after_backward`` (on the whole share: AGS's small batch is its first
         samples), the noise scale (the comm hook sees the accumulated gradient of the share,
         so its local batch is B / N), the update -- is the same for every k."""
-        spec, ctx, method = self.spec, self.ctx, self.method
+        spec, ctx = self.spec, self.ctx
         perm = epoch_order(spec.seed, epoch, self.data.train_size)
         batches = data_path(self.data, self.device).epoch_batches(
             epoch, perm, self.global_batch, self.rank, self.local_batch, self.n_steps
@@ -560,27 +560,35 @@ class _RankTrainer:
             if stop is not None and stop.poll():  # every rank sees the same answer at the same step
                 return self.result("interrupted", epochs_done=epoch, steps_done=self.steps_done - i, signal=stop.signum)
             x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
-            method.optimizer.zero_grad(set_to_none=True)
-            loss = self._forward_backward(x, y)
-            self.prec.unscale(method.optimizer)  # fp16: every reader of the gradients sees them unscaled
-            finite = self.prec.grads_finite(method.optimizer)  # fp16: a step that overflowed is skipped
-            self.skipped_steps += not finite
-            if finite:
-                method.loss_scale = self.prec.loss_scale()
-                with self.prec.autocast():  # AGS's small batch in the same arithmetic as the large one
-                    method.after_backward(epoch * self.n_steps + i, x, y, self.loss_fn)
-            if spec.train.noise_scale:
-                self.gns_feed.step(method, self.params, self.local_batch, self.global_batch,
-                                   loss_scale=self.prec.loss_scale(), skip=not finite)  # fmt: skip
-            self.prec.step(method.optimizer)
-            method.scheduler.step()
-            loss_sum += loss.detach().double()
-            self.steps_done += 1
+            loss_sum += self.train_step(epoch * self.n_steps + i, x, y).double()
             if self.rank == 0 and (i + 1) % self.report_every == 0:
                 ctx.emit({"type": "step", "epoch": epoch, "step": i + 1, "steps_per_epoch": self.n_steps})
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return loss_sum, time.perf_counter() - t0
+
+    def train_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimiser step of the method on this rank's share ``x``, ``y``, as the
+        ``step``-th of the run (the method's periodic work, AGS's factor measurement, is due
+        by it): the step training runs and the profile's run trial times
+        (:func:`tula.engine.profile.run_trial`).  The step's loss, detached, on the device."""
+        method = self.method
+        method.optimizer.zero_grad(set_to_none=True)
+        loss = self._forward_backward(x, y)
+        self.prec.unscale(method.optimizer)  # fp16: every reader of the gradients sees them unscaled
+        finite = self.prec.grads_finite(method.optimizer)  # fp16: a step that overflowed is skipped
+        self.skipped_steps += not finite
+        if finite:
+            method.loss_scale = self.prec.loss_scale()
+            with self.prec.autocast():  # AGS's small batch in the same arithmetic as the large one
+                method.after_backward(step, x, y, self.loss_fn)
+        if self.spec.train.noise_scale:
+            self.gns_feed.step(method, self.params, self.local_batch, self.global_batch,
+                               loss_scale=self.prec.loss_scale(), skip=not finite)  # fmt: skip
+        self.prec.step(method.optimizer)
+        method.scheduler.step()
+        self.steps_done += 1
+        return loss
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The step's backward pass(es) over the share ``x``, ``y`` (:meth:`run_epoch`); the
@@ -604,11 +612,13 @@ class _RankTrainer:
     def epoch_record(self, epoch: int, loss_sum: torch.Tensor, epoch_s: float) -> tuple[dict, dict]:
         """The epoch's line of ``metrics.jsonl`` (loss and time agreed over the ranks, the
         evaluation, the noise scale) and the method's per-step traces."""
+        t_end = time.perf_counter()
         self.method.before_eval()
         loss_total = loss_sum.reshape(1)
         slowest_s = torch.tensor([epoch_s], dtype=torch.float64, device=self.device)
         dist.all_reduce(loss_total)
         dist.all_reduce(slowest_s, op=dist.ReduceOp.MAX)
+        t_eval = time.perf_counter()
         with self.prec.autocast():  # the test split in the training arithmetic
             scores = evaluate(
                 self.model,
@@ -620,6 +630,7 @@ class _RankTrainer:
                 self.spec.train.loss,
                 self.loss_fn,
             )
+        eval_s = time.perf_counter() - t_eval
         rec = {
             "epoch": epoch + 1,
             "steps": self.n_steps,
@@ -640,6 +651,8 @@ class _RankTrainer:
         step_traces = _drain_step_traces(self.method)
         if step_traces.get("scaled"):
             rec["scaled_fraction"] = sum(map(bool, step_traces["scaled"])) / len(step_traces["scaled"])
+        # the epoch's work after its steps (this rank's): evaluation, and with it the reductions and the noise scale
+        rec["eval_s"], rec["epoch_end_s"] = eval_s, time.perf_counter() - t_end
         self.history.append(rec)
         return rec, step_traces
 
@@ -686,7 +699,11 @@ class _RankTrainer:
         """Rank 0: the checkpoint, the metrics line, the progress event."""
         if self.rank != 0:
             return
+        t0 = time.perf_counter()
         save_checkpoint(ckpt, self.out)
+        rec["checkpoint_s"] = time.perf_counter() - t0
+        # the epoch as the plan predicts it: its steps, its end (evaluation), its checkpoint
+        rec["epoch_wall_s"] = rec["epoch_time_s"] + rec.get("epoch_end_s", 0.0) + rec["checkpoint_s"]
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
         self.ctx.emit({"type": "epoch", **rec})

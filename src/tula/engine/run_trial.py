@@ -1,0 +1,158 @@
+"""The run trial: what a training run spends beyond the profile's plain step (#26), measured
+by the trainer itself in a profiled world.
+
+The profile times plain DDP steps.  ``tula train`` runs the method's step (AGS's gate and its
+periodic factor measurement, LARS's trust ratios, AdaScale's gain, ...) and, after every
+epoch, evaluates, reduces the epoch's figures, flushes the noise scale and writes a
+checkpoint and a metrics line.  A run trial, at the end of each profiled world, builds the
+real trainer (:class:`tula.engine.train._RankTrainer`, the job's ``train.method``) at one
+configuration the world already ran, and times:
+
+* its steps (:meth:`~tula.engine.train._RankTrainer.train_step`, the step training runs),
+  one by one after warm-up, each beside one of the profile's plain steps, so the method's
+  extra per step is a difference of two medians measured side by side; the steps at which
+  the method's periodic work falls due (``update_every``) are told apart from the others;
+  it runs at the smallest global batch the method can train at within the ones the world
+  profiled (the extra is the method's work on gradients and parameters, not on samples; a
+  small batch keeps the two models within memory);
+* one epoch's end: evaluation (``eval_s``), the rest of
+  :meth:`~tula.engine.train._RankTrainer.epoch_record` (``epoch_end_s``, evaluation included)
+  and the checkpoint's write (``checkpoint_s``, rank 0; into a temporary folder, removed).
+
+:func:`tula.core.run_costs.fit_run_costs` turns the trials into the plan's per-step and
+per-epoch terms.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+
+from tula.core.spec import JobSpec
+from tula.engine.checkpoint import save_checkpoint
+from tula.engine.data import data_path
+from tula.engine.launch import WorkerContext
+
+MAX_STEPS = 60  # timed pairs of steps of a run trial at most
+MIN_STEPS = 8  # and at least: the extra is a difference of two medians
+
+
+def run_trial(
+    ctx: WorkerContext,
+    spec: JobSpec,
+    global_batch: int,
+    timed: int,
+    min_timed_s: float,
+    plain_step: Callable[[], None],
+) -> dict:
+    """Time the trainer of ``spec.train.method`` at ``global_batch`` on this world (see the
+    module's docstring), each of its steps beside a ``plain_step()`` (the profile's own
+    synchronised step with its batch, on the profile's model), so that the method's extra per
+    step is a difference measured side by side; this rank's figures (the caller takes the
+    slowest rank per step).  ``{"status": "oom", ...}`` when the trainer's own probe step
+    does not fit."""
+    from tula.engine.train import _RankTrainer, evaluate
+
+    method = spec.train.method
+    out = tempfile.mkdtemp(prefix="tula-run-trial-")
+    rt = _RankTrainer(ctx, spec, method, out, [], None, 1)
+    base = {"n_workers": ctx.world_size, "global_batch": global_batch, "method": method}
+    try:
+        rt.start_at(global_batch, None)
+        if rt.probe() is not None:
+            return {**base, "status": "oom"}
+        every = getattr(rt.method, "update_every", None)  # the method's periodic work: every so many steps
+        batches = data_path(rt.data, ctx.device).random_batches(rt.local_batch, torch.Generator().manual_seed(7))
+        rt.model.train()
+
+        def step(index: int) -> float:
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            rt.train_step(index, x, y)
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            return time.perf_counter() - t0
+
+        def plain() -> float:
+            t0 = time.perf_counter()
+            plain_step()
+            return time.perf_counter() - t0
+
+        step(0)  # warm-up, and the first periodic measurement (step 0 is due)
+        plain()
+        t_warm = step(1) + plain()
+        n = max(timed, MIN_STEPS, min(MAX_STEPS, math.ceil(min_timed_s / max(_agree_max(t_warm, ctx), 1e-9))))
+        indices = list(range(2, 2 + n))
+        if every and not any(i % every == 0 for i in indices):
+            indices.append(every * math.ceil(indices[-1] / every))  # one due step: the periodic work's cost
+        times, plains = [], []
+        for i in indices:  # side by side: both see the same machine noise
+            times.append(step(i))
+            plains.append(plain())
+        due = [bool(every) and i % every == 0 for i in indices]
+        # one epoch's end, as training runs it (evaluation once first: its shapes' first run)
+        with rt.prec.autocast():
+            evaluate(
+                rt.model, rt.data, rt.rank, rt.world, spec.train.eval_batch, ctx.device, spec.train.loss, rt.loss_fn
+            )
+        t0 = time.perf_counter()
+        loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        rec, _ = rt.epoch_record(0, loss, sum(times))
+        epoch_end_s = time.perf_counter() - t0
+        checkpoint_s = 0.0
+        if ctx.rank == 0:  # the second write, as every epoch after the first writes it
+            save_checkpoint(rt.checkpoint_state(0, rt.now()), out)
+            t0 = time.perf_counter()
+            save_checkpoint(rt.checkpoint_state(0, rt.now()), out)
+            checkpoint_s = time.perf_counter() - t0
+        return {
+            **base,
+            "status": "ok",
+            "local_batch": rt.local_batch,
+            "steps_per_epoch": rt.n_steps,
+            "update_every": every,
+            "step_times_s": times,
+            "plain_step_times_s": plains,
+            "due": due,
+            "eval_s": rec["eval_s"],
+            "epoch_end_s": epoch_end_s,
+            "checkpoint_s": checkpoint_s,
+        }
+    finally:
+        rt.data.close()
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _agree_max(value: float, ctx: WorkerContext) -> float:
+    from tula.engine.ddp import agree_max
+
+    return agree_max(value, ctx.device)
+
+
+def merge_run_trials(per_rank: list[dict]) -> dict:
+    """One run trial from every rank's: per step the slowest rank (the method's and the plain
+    one's), then medians; the epoch's end the slowest rank's."""
+    first = dict(per_rank[0])
+    if first.get("status") != "ok":
+        return first
+    steps = [max(xs) for xs in zip(*(r["step_times_s"] for r in per_rank))]
+    plains = [max(xs) for xs in zip(*(r["plain_step_times_s"] for r in per_rank))]
+    regular = [t for t, d in zip(steps, first["due"]) if not d] or steps
+    due = [t for t, d in zip(steps, first["due"]) if d]
+    first.update(
+        step_times_s=steps,
+        plain_step_times_s=plains,
+        t_run_step_s=statistics.median(regular),
+        t_due_step_s=statistics.median(due) if due else None,
+        t_step_plain_s=statistics.median(plains),
+        eval_s=max(r["eval_s"] for r in per_rank),
+        epoch_end_s=max(r["epoch_end_s"] for r in per_rank),
+        checkpoint_s=max(r["checkpoint_s"] for r in per_rank),
+    )
+    return first

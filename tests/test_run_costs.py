@@ -1,0 +1,169 @@
+"""Predicting the run that trains (#26): the epoch-time formula and the run costs' fit, by hand;
+a plan for a method the profile did not run says so; and a real 2-rank profile and training
+of digits whose epochs, for AGS and LBT, are predicted within the spread measured beside them."""
+
+import statistics
+
+import numpy as np
+import pytest
+
+from tula.core.perfmodel import PerfModel
+from tula.core.plan import make_plan
+from tula.core.run_costs import (
+    RunCosts,
+    compare_with_plan,
+    epoch_steps,
+    epoch_time_s,
+    fit_run_costs,
+    measured_epoch_s,
+    run_costs_for,
+)
+from tula.core.spec import spec_from_dict
+from tula.engine.memory import MemoryModel
+
+COSTS = RunCosts(
+    method="ags",
+    n_workers=(1, 4),
+    step_extra_s=(0.01, 0.03),
+    periodic_s=0.03,
+    periodic_every=None,
+    eval_fixed_s=0.1,
+    eval_sharded_s=0.2,
+    epoch_end_s=0.05,
+)
+
+
+def test_the_epoch_is_its_whole_steps_with_the_method_and_its_end():
+    assert epoch_steps(1000, 300) == 3 and list(epoch_steps(1000, np.array([300, 1000, 2000]))) == [3, 1, 1]
+    # N = 2: 3 steps of 0.1 + 0.01 (the nearest measured N is 1), then 0.1 + 0.2 / 2 + 0.05 + 0.03 once
+    assert epoch_time_s(0.1, 300, 2, 1000, COSTS) == pytest.approx(3 * 0.11 + 0.28)
+    assert epoch_time_s(0.1, 300, 2, 1000) == pytest.approx(0.3)  # no run costs: whole steps only
+    # the planner's Eq. 4a: D / B steps, every sample once
+    assert epoch_time_s(0.1, 300, 2, 1000, COSTS, whole_steps=False) == pytest.approx(1000 / 300 * 0.11 + 0.28)
+    arr = epoch_time_s(np.array([0.1, 0.1]), np.array([300, 300]), np.array([3, 8]), 1000, COSTS)
+    assert arr == pytest.approx([3 * 0.13 + 0.1 + 0.2 / 3 + 0.08, 3 * 0.13 + 0.1 + 0.2 / 8 + 0.08])
+    every = RunCosts(method="ags", periodic_s=0.02, periodic_every=2)
+    assert every.epoch_fixed_s(1, 5) == pytest.approx(3 * 0.02)  # steps 0, 2, 4
+    # a negative extra measured in noise never makes a step shorter than 5 % of the plain one
+    neg = RunCosts(method="ags", n_workers=(1,), step_extra_s=(-1.0,))
+    assert epoch_time_s(0.1, 300, 1, 1000, neg) == pytest.approx(3 * 0.005)
+
+
+def test_the_nearest_measured_cluster_size_gives_the_extra():
+    c = RunCosts(method="ags", n_workers=(1, 3), step_extra_s=(0.01, 0.03))
+    assert [c.step_extra_at(n) for n in (1, 2, 3, 8)] == [0.01, 0.01, 0.03, 0.03]  # a tie goes to the smaller
+    assert RunCosts(method="ags").step_extra_at(4) == 0.0
+
+
+def _run_trial(n, run, plain, due, eval_s, end, ckpt, method="ags"):
+    return {
+        "n_workers": n, "method": method, "status": "ok", "global_batch": 64, "steps_per_epoch": 20,
+        "update_every": 20, "t_run_step_s": run, "t_step_plain_s": plain, "t_due_step_s": due,
+        "eval_s": eval_s, "epoch_end_s": end, "checkpoint_s": ckpt,
+    }  # fmt: skip
+
+
+def test_the_run_costs_fit_a_hand_made_record():
+    trials = [
+        _run_trial(1, 0.012, 0.010, 0.020, 0.3, 0.35, 0.05),
+        _run_trial(2, 0.016, 0.013, 0.020, 0.2, 0.26, 0.04),
+        _run_trial(2, 0.5, 0.1, None, 9.0, 9.0, 9.0, method="lars"),  # another method: not read
+        {"n_workers": 4, "method": "ags", "status": "skipped", "note": "x"},
+    ]
+    c = fit_run_costs(trials, "ags")
+    assert c.n_workers == (1, 2) and c.step_extra_s == pytest.approx((0.002, 0.003))
+    assert c.periodic_s == pytest.approx(statistics.median([0.008, 0.004])) and c.periodic_every is None
+    # evaluation a + c / N through (1, 0.3) and (2, 0.2): a = 0.1, c = 0.2
+    assert (c.eval_fixed_s, c.eval_sharded_s) == pytest.approx((0.1, 0.2))
+    assert c.epoch_end_s == pytest.approx(0.1)  # (0.35 - 0.3 + 0.05), (0.26 - 0.2 + 0.04)
+    assert RunCosts.from_dict(c.to_dict()) == c
+    one = fit_run_costs(trials[:1], "ags")  # one cluster size: evaluation sharded alone
+    assert (one.eval_fixed_s, one.eval_sharded_s) == pytest.approx((0.0, 0.3))
+    assert fit_run_costs(trials, "adascale") is None
+
+
+def _models(run_costs=None):
+    spec = spec_from_dict({"search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256}})
+    mem = MemoryModel(1000, 1000, 0, 0, 0, 90, 10, (1, 2), (2100, 2200), "cpu")
+    perf = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)
+    return {
+        "kind": "tula.models", "spec": spec.to_dict(), "dataset_size": 1000, "memory_budget_bytes": None,
+        "memory": mem.to_dict(), "perf": perf.to_dict(), "oom_local_batch": None, "trials": [],
+        "run_costs": None if run_costs is None else run_costs.to_dict(),
+    }  # fmt: skip
+
+
+def test_a_plan_says_what_its_epochs_include_and_which_method_was_not_measured():
+    from rich.console import Console
+
+    from tula.report import plan_table
+
+    plan = make_plan(_models(COSTS), "time")
+    assert plan["method"] == "ags" and plan["run_costs"]["method"] == "ags"
+    c = plan["choice"]
+    assert c["epoch_time_s"] == pytest.approx(c["epoch_steps_s"] + c["epoch_fixed_s"])
+    assert c["epoch_fixed_s"] > 0.1 and "method 'ags''s step" in plan["run_costs_note"]
+    other = make_plan(_models(COSTS), "time", method="lars")
+    assert other["method"] == "lars" and "'lars''s step was not measured" in other["run_costs_note"]
+    assert other["run_costs"]["step_extra_s"] == [] and other["run_costs"]["eval_sharded_s"] == 0.2
+    console = Console(width=200, record=True)
+    console.print(plan_table(other))
+    text = " ".join(console.export_text().split())
+    assert "of which end s" in text and "'lars''s step was not measured" in text
+    bare = make_plan(_models(), "time")
+    assert bare["run_costs"] is None and "has no run trial" in bare["run_costs_note"]
+    costs, note = run_costs_for(_models(), "ags")
+    assert costs is None and "plain DDP steps" in note
+
+
+def test_a_training_record_is_compared_with_the_plan_epoch_by_epoch():
+    models = _models(COSTS)
+    history = [
+        {"epoch": e, "global_batch": 200, "n_workers": 2, "epoch_time_s": 1.0, "epoch_end_s": 0.2,
+         "checkpoint_s": 0.1, "epoch_wall_s": w}
+        for e, w in ((1, 9.0), (2, 1.3), (3, 1.2), (4, 1.4))
+    ]  # fmt: skip
+    run = compare_with_plan({"method": "ags", "history": history}, models)
+    # predicted: 5 steps of t_step(100, 2) = 0.01 + 0.1 + 0.01 sync, + 0.01 extra, then the epoch's end
+    p = 5 * (0.12 + 0.01) + 0.1 + 0.1 + 0.05 + 0.03
+    assert run["history"][0]["predicted_epoch_s"] == pytest.approx(p)
+    assert run["prediction"]["median_ratio"] == pytest.approx(1.3 / p)  # the first epoch left out
+    assert run["prediction"]["epochs_compared"] == 3
+    assert measured_epoch_s({"epoch_time_s": 1.0, "epoch_end_s": 0.5}) == 1.5  # a record without the wall time
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ags", "lbt"])
+def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_spec_dict, method):
+    """2 ranks on digits: the profile's run trial measures the method's step and the epoch's end;
+    the epochs trained afterwards (after the first) take the predicted time, within the
+    spread measured beside them: the epochs' own (max - min) / median, plus the profile's
+    step spread at the trained batch, plus 10 %."""
+    from tula.core.fit import fit_models
+    from tula.engine.launch import LocalLauncher
+    from tula.engine.profile import profile
+    from tula.engine.train import train
+
+    d = dict(tiny_spec_dict, epochs=6)
+    d["train"] = {"method": method, "warmup_epochs": 0}
+    d["search"] = {"cluster_sizes": [2], "min_batch": 64, "max_batch": 128}
+    d["profile"] = {**d["profile"], "min_timed_s": 0.3}
+    spec = spec_from_dict(d)
+    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    rec = profile(spec, launcher=launcher)
+    (rt,) = rec["run_trials"]
+    assert rt["status"] == "ok" and rt["method"] == method and rt["n_workers"] == 2
+    assert len(rt["step_times_s"]) == len(rt["plain_step_times_s"]) >= 8
+    models = fit_models(rec)
+    assert models["run_costs"]["method"] == method
+    run = compare_with_plan(train(spec, method, 2, 128, tmp_path / "run", launcher=launcher), models)
+    later = run["history"][1:]
+    walls = [measured_epoch_s(h) for h in later]
+    assert all(h["epoch_wall_s"] >= h["epoch_time_s"] + h["checkpoint_s"] for h in later)
+    trial = next(t for t in rec["trials"] if t["global_batch"] == 128)
+    tolerance = 0.10 + (max(walls) - min(walls)) / statistics.median(walls) + trial["t_step_spread"]
+    ratio = run["prediction"]["median_ratio"]
+    assert abs(ratio - 1.0) <= tolerance, (
+        f"{method}: epochs took {ratio:.2f}x the prediction (tolerance {tolerance:.0%}); "
+        f"measured {walls}, predicted {later[0]['predicted_epoch_s']:.3f} s"
+    )
