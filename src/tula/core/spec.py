@@ -653,6 +653,26 @@ class TrainSpec(_Strict):
         "CPU and CUDA) or fp16 (autocast with a gradient scaler; CUDA only).  Profiled as trained: the step "
         "times and the memory model's bytes per sample are those of this precision",
     )
+    tf32: bool = Field(
+        default=False,
+        description="TF32 matrix products and convolutions on CUDA (torch.backends.cuda.matmul.allow_tf32 and "
+        "torch.backends.cudnn.allow_tf32; off by default, as in torch): faster float32 steps on Ampere and "
+        "newer GPUs, with a 10-bit mantissa in the products.  No effect on a CPU.  Profiled as trained, and "
+        "part of the stored-model key",
+    )
+    channels_last: bool = Field(
+        default=False,
+        description="the model's weights and its input batches in torch.channels_last memory format (NHWC), "
+        "which tensor-core convolutions prefer; the inputs are converted where the model consumes them.  Only "
+        "for image samples (channels, height, width): a job whose samples have another shape is refused.  "
+        "Works on a CPU too.  Profiled as trained, and part of the stored-model key",
+    )
+    cudnn_benchmark: bool = Field(
+        default=False,
+        description="cuDNN's autotuner (torch.backends.cudnn.benchmark): each new input shape is timed over "
+        "several convolution algorithms once, and the fastest kept.  No effect on a CPU.  Profiled as "
+        "trained, and part of the stored-model key",
+    )
     accumulation_steps: int = Field(
         default=1,
         ge=1,
