@@ -50,9 +50,10 @@ def _with(**train) -> dict:
 
 
 # --------------------------------------------------------------------------- the spec
-def test_the_knobs_are_off_by_default_and_take_booleans():
+def test_the_knobs_are_torchs_defaults_unless_given_and_take_booleans():
     train = spec_from_dict(_BASE).train
-    assert (train.tf32, train.channels_last, train.cudnn_benchmark) == (False, False, False)
+    assert (train.tf32, train.channels_last, train.cudnn_benchmark) == (None, False, False)
+    assert spec_from_dict(_with(tf32=False)).train.tf32 is False
     on = spec_from_dict(_with(tf32=True, channels_last=True, cudnn_benchmark=True)).train
     assert (on.tf32, on.channels_last, on.cudnn_benchmark) == (True, True, True)
     for knob in KNOBS:
@@ -88,23 +89,39 @@ def test_each_knob_that_changes_the_step_changes_the_key_and_a_profile_gives_the
             assert (knob in parts) == changes
             seen.add(model_key(parts))
         assert len(seen) == (4 if device == "cuda" else 2)
+        # strict float32 (tf32 false) is another kernel choice than torch's defaults, and than TF32 on
+        strict = model_key(key_parts_for_new_job(_with(tf32=False), facts, 2))
+        assert (strict not in seen) == (device == "cuda") and (strict == base) == (device == "cpu")
         every = model_key(key_parts_for_new_job(_with(**dict.fromkeys(KNOBS, True)), facts, 2))
         only_layout = model_key(key_parts_for_new_job(_with(channels_last=True), facts, 2))
         assert (every not in seen) if device == "cuda" else (every == only_layout)
 
 
 # --------------------------------------------------------------------------- in a rank
-def test_the_backend_switches_follow_the_spec_both_ways():
+def _switches() -> tuple[bool, bool, bool]:
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+
+
+def test_the_backend_switches_follow_the_spec_every_way():
+    import subprocess
+    import sys
+
     from tula.engine.gpu_knobs import set_backend_knobs
 
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    # torch's own defaults, read in a fresh interpreter: what a job that sets nothing must get
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import torch; b = torch.backends; "
+         "print(b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    saved = _switches()
     try:
         set_backend_knobs(spec_from_dict(_with(tf32=True, cudnn_benchmark=True)).train)
-        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
-        assert torch.backends.cudnn.benchmark
+        assert _switches() == (True, True, True)
+        set_backend_knobs(spec_from_dict(_with(tf32=False)).train)
+        assert _switches() == (False, False, False)
         set_backend_knobs(spec_from_dict(_BASE).train)  # a later job without them gets torch's defaults back
-        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.benchmark
-        assert not torch.backends.cudnn.allow_tf32
+        assert [str(v) for v in _switches()] == fresh
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 

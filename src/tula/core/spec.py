@@ -653,12 +653,13 @@ class TrainSpec(_Strict):
         "CPU and CUDA) or fp16 (autocast with a gradient scaler; CUDA only).  Profiled as trained: the step "
         "times and the memory model's bytes per sample are those of this precision",
     )
-    tf32: bool = Field(
-        default=False,
-        description="TF32 matrix products and convolutions on CUDA (torch.backends.cuda.matmul.allow_tf32 and "
-        "torch.backends.cudnn.allow_tf32; off by default, as in torch): faster float32 steps on Ampere and "
-        "newer GPUs, with a 10-bit mantissa in the products.  No effect on a CPU.  Profiled as trained, and "
-        "part of the stored-model key",
+    tf32: bool | None = Field(
+        default=None,
+        description="TF32 on CUDA, for float32 matrix products (torch.backends.cuda.matmul.allow_tf32) and cuDNN "
+        "convolutions (torch.backends.cudnn.allow_tf32): true turns both on (faster float32 steps on Ampere and "
+        "newer GPUs, a 10-bit mantissa in the products), false both off (strict float32); left out, torch's "
+        "defaults: off for matrix products, on for convolutions.  No effect on a CPU.  Profiled as trained, and "
+        "part of the stored-model key when set",
     )
     channels_last: bool = Field(
         default=False,

@@ -7,9 +7,13 @@ profile times are those training runs:
 
 * :func:`set_backend_knobs` sets torch's process-wide switches: TF32 matrix products and
   convolutions (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``)
-  and cuDNN's autotuner (``torch.backends.cudnn.benchmark``).  They are set to the spec's
-  value, on or off, so a rank never inherits what an earlier job in the same process left.
-  They change CUDA kernels only: on a CPU they have no effect.
+  and cuDNN's autotuner (``torch.backends.cudnn.benchmark``).  ``train.tf32`` true turns both
+  TF32 switches on, false both off, and left out (``None``) gives torch's defaults -- off for
+  matrix products but ON for convolutions, so a job that does not ask keeps what torch does
+  (a strict-float32 default would make every fp32 convolution several times slower on an
+  Ampere or newer GPU).  Every switch is set each time, so a rank never inherits what an
+  earlier job in the same process left.  They change CUDA kernels only: on a CPU they have
+  no effect.
 * :func:`to_memory_format` puts the model's parameters and buffers in
   ``torch.channels_last`` and registers a forward pre-hook that converts every 4-D input
   tensor the model is called with to it -- where the model consumes its input, so DDP's
@@ -31,12 +35,22 @@ from torch import nn
 
 from tula.core.spec import TrainSpec
 
+#: torch's own TF32 switches, what ``train.tf32`` left out means: off for float32 matrix
+#: products, on for cuDNN convolutions (torch's documented defaults since 1.12)
+TORCH_TF32_DEFAULTS = {"matmul": False, "cudnn": True}
+
+
+def tf32_switches(tf32: bool | None) -> dict[str, bool]:
+    """The TF32 switches ``train.tf32`` asks for: both on, both off, or torch's defaults (``None``)."""
+    return dict(TORCH_TF32_DEFAULTS) if tf32 is None else {"matmul": tf32, "cudnn": tf32}
+
 
 def set_backend_knobs(train: TrainSpec) -> None:
-    """Set torch's TF32 and cuDNN-autotuner switches to ``train.tf32`` and
-    ``train.cudnn_benchmark`` (no effect on CPU kernels)."""
-    torch.backends.cuda.matmul.allow_tf32 = bool(train.tf32)
-    torch.backends.cudnn.allow_tf32 = bool(train.tf32)
+    """Set torch's TF32 and cuDNN-autotuner switches as ``train.tf32`` and
+    ``train.cudnn_benchmark`` ask (no effect on CPU kernels)."""
+    tf32 = tf32_switches(train.tf32)
+    torch.backends.cuda.matmul.allow_tf32 = tf32["matmul"]
+    torch.backends.cudnn.allow_tf32 = tf32["cudnn"]
     torch.backends.cudnn.benchmark = bool(train.cudnn_benchmark)
 
 
