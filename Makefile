@@ -10,10 +10,11 @@ OUT     ?= runs/demo
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# pyproject.toml declares ranges; constraints.txt holds the exact versions CI installs
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -32,7 +33,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
-	$(VENV)/bin/pip install -q -e '.[test,bench]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test,bench]'
 	$(VENV)/bin/python bench/perfmodel_accuracy.py
 	$(VENV)/bin/python bench/memory_bound.py
 	$(VENV)/bin/python bench/large_batch.py

@@ -142,3 +142,23 @@ def corrupt_sample(n: int = 200, bad: int | None = 37, delay_s: float = 0.0, **k
     """make_segmentation's sets, whose training sample ``bad`` cannot be read."""
     train, test = make_segmentation(n)
     return BreaksAfter(train, bad, delay_s), test
+
+
+class ChannelsLastOnly(nn.Module):
+    """A tiny CNN that refuses, in its forward, weights or an input batch not laid out in
+    ``torch.channels_last``: a rank that profiles or trains it without ``train.channels_last``
+    applied (to the model and to every batch it consumes) fails (tests/test_gpu_knobs.py)."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, width: int = 8):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, width, 3, padding=1)
+        self.bn = nn.BatchNorm2d(width)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_contiguous(memory_format=torch.channels_last):
+            raise RuntimeError(f"an input batch of strides {x.stride()} is not channels_last")
+        if not self.conv.weight.is_contiguous(memory_format=torch.channels_last):
+            raise RuntimeError("the convolution's weight is not channels_last")
+        h = torch.relu(self.bn(self.conv(x)))
+        return self.head(h.mean(dim=(2, 3)))

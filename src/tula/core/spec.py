@@ -667,6 +667,27 @@ class TrainSpec(_Strict):
         "CPU and CUDA) or fp16 (autocast with a gradient scaler; CUDA only).  Profiled as trained: the step "
         "times and the memory model's bytes per sample are those of this precision",
     )
+    tf32: bool | None = Field(
+        default=None,
+        description="TF32 on CUDA, for float32 matrix products (torch.backends.cuda.matmul.allow_tf32) and cuDNN "
+        "convolutions (torch.backends.cudnn.allow_tf32): true turns both on (faster float32 steps on Ampere and "
+        "newer GPUs, a 10-bit mantissa in the products), false both off (strict float32); left out, torch's "
+        "defaults: off for matrix products, on for convolutions.  No effect on a CPU.  Profiled as trained, and "
+        "part of the stored-model key when set",
+    )
+    channels_last: bool = Field(
+        default=False,
+        description="the model's weights and its input batches in torch.channels_last memory format (NHWC), "
+        "which tensor-core convolutions prefer; the inputs are converted where the model consumes them.  Only "
+        "for image samples (channels, height, width): a job whose samples have another shape is refused.  "
+        "Works on a CPU too.  Profiled as trained, and part of the stored-model key",
+    )
+    cudnn_benchmark: bool = Field(
+        default=False,
+        description="cuDNN's autotuner (torch.backends.cudnn.benchmark): each new input shape is timed over "
+        "several convolution algorithms once, and the fastest kept.  No effect on a CPU.  Profiled as "
+        "trained, and part of the stored-model key",
+    )
     accumulation_steps: int = Field(
         default=1,
         ge=1,

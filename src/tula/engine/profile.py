@@ -44,6 +44,7 @@ from tula.core.spec import JobSpec
 from tula.engine import interrupts
 from tula.engine.data import data_path
 from tula.engine.ddp import agree_max, probe_fits, wrap_ddp
+from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
 from tula.engine.launch import Launcher, WorkerContext
 from tula.engine.launch.clusters import default_threads
 from tula.engine.memory import (
@@ -91,7 +92,8 @@ class _Worker:
         self.ctx, self.spec = ctx, spec
         torch.manual_seed(spec.seed)
         self.data = load_dataset(spec.data, spec.seed, spec.search.memory_budget_bytes)
-        model = build_model(spec.model).to(ctx.device)
+        set_backend_knobs(spec.train)  # TF32, cuDNN's autotuner: profiled as trained
+        model = to_memory_format(build_model(spec.model).to(ctx.device), spec.train)
         self.ddp = wrap_ddp(model, ctx.device)
         self.optimizer = build_optimizer(self.ddp.module, spec)
         self.loss_fn = build_loss(spec.train.loss, ctx.device)

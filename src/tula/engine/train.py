@@ -68,6 +68,7 @@ from tula.engine.ddp import (
     synced_sq_norm,
     wrap_ddp,
 )
+from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
 from tula.engine.launch import Launcher, WorkerContext
 from tula.engine.memory import cap_address_space
 from tula.engine.optim.methods import build_method
@@ -430,7 +431,8 @@ class _RankTrainer:
         self.device, self.rank, self.world = ctx.device, ctx.rank, ctx.world_size
         torch.manual_seed(spec.seed)
         self.data = load_dataset(spec.data, spec.seed, spec.search.memory_budget_bytes)
-        self.model = build_model(spec.model).to(self.device)
+        set_backend_knobs(spec.train)  # TF32, cuDNN's autotuner: as profiled
+        self.model = to_memory_format(build_model(spec.model).to(self.device), spec.train)
         self.ddp: Any = wrap_ddp(self.model, self.device)
         self.loss_fn = build_loss(spec.train.loss, self.device)
         self.prec = Precision(spec.train.precision, self.device)

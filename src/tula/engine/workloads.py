@@ -25,6 +25,7 @@ from tula.core.registry import LOSS_NAMES, OPTIMIZER_NAMES
 from tula.core.say import first_line
 from tula.core.spec import DataSpec, JobSpec, ModelSpec, import_ref
 from tula.engine.data import MEAN_STD, Dataset, SampleView
+from tula.engine.gpu_knobs import channels_last_problem, to_memory_format
 
 
 # --------------------------------------------------------------------------- models
@@ -506,6 +507,11 @@ def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
         raise
     except Exception as err:  # noqa: BLE001 - a sample the set cannot give, or cannot batch
         raise WorkloadError(f"two training samples of data set {data.name!r} cannot be read ({_why(err)})") from None
+    if spec.train.channels_last:  # the rule of which inputs it lays out: tula.engine.gpu_knobs
+        problem = channels_last_problem(tuple(x.shape[1:]))
+        if problem:
+            raise WorkloadError(problem)
+    model = to_memory_format(model, spec.train)  # checked as the ranks run it
     try:
         out = model(x)
     except Exception as err:  # noqa: BLE001 - any failure here is a mismatch the user must fix

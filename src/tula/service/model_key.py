@@ -31,6 +31,12 @@ What is in the key, and why:
 - ``backend``: the process group's back end (gloo on CPU, nccl on GPU, unless the spec says).
 - ``threads_per_worker`` (CPU only): the torch threads each rank computed with; a step's
   compute time scales with it.  On a GPU it hardly matters and is left out.
+- ``precision``, only when not fp32: the arithmetic of the steps measured.
+- ``channels_last``, only when set: the memory format of the model and its inputs (any device).
+- ``tf32`` (when given, true or false: left out it is torch's defaults) and ``cudnn_benchmark``
+  (when true), only on CUDA: they choose other CUDA kernels; on a CPU they change nothing, so
+  they stay out of a CPU key.  Left out when off, these knobs
+  keep every key written before they existed as it was (so ``KEY_VERSION`` stays).
 - ``enforce_memory_cap`` (CPU only): with the address-space cap the memory model includes
   what tensors do not show, so the fitted memory model differs.
 
@@ -126,6 +132,14 @@ def _parts(spec: dict, *, device: str, facts: dict, shape: list[int], threads: i
     }
     if job["train"]["precision"] != "fp32":  # measured in another arithmetic: another model (fp32 keys unchanged)
         parts["precision"] = job["train"]["precision"]
+    knobs = job["train"]  # each changes the step; only when set, so the keys of jobs without them stay as they were
+    if knobs["channels_last"]:
+        parts["channels_last"] = True
+    if device == "cuda":  # CUDA kernels only: on a CPU they change nothing, and leave the key alone
+        if knobs["tf32"] is not None:  # left out: torch's defaults, as every job before the knob
+            parts["tf32"] = knobs["tf32"]
+        if knobs["cudnn_benchmark"]:
+            parts["cudnn_benchmark"] = True
     if device != "cuda":
         parts["threads_per_worker"] = threads
         parts["enforce_memory_cap"] = job["search"]["enforce_memory_cap"]

@@ -1,0 +1,545 @@
+"""The GPU check (issue #25 item 5): what Tula measures, predicts and trains on one GPU, against
+a plain PyTorch loop, in at most 5 minutes.
+
+On a torchvision ResNet-50 at 224x224 (ResNet-18 when the card has under 16 GiB), 1000
+classes, Tula's default optimiser (SGD, momentum 0.9, weight decay 5e-4), for each precision
+(fp32, bf16, fp16) and local batch b in ``--batches`` (32, 64, 128, 256):
+
+* **plain**: the plain PyTorch loop with the batch already on the device (random tensors made
+  there once): ``--warmup`` steps, then ``--timed`` steps, each timed to a
+  ``torch.cuda.synchronize``; the median, and ``torch.cuda.max_memory_allocated`` over the
+  timed steps (the peak stats reset after the warm-up);
+* **tula**: Tula's own profile (``tula.engine.profile.profile``, ``--search full``) of a
+  synthetic data set spec at the same batches, one worker on the GPU: the trial's median
+  step time (its data path included, as training runs it);
+* **predicted**: the models fitted (``tula.core.fit.fit_models``) on the partial subset of that
+  profile -- its smallest and largest batch, what ``--search partial`` measures -- predict
+  every b: the step time (``PerfModel.t_step_s``) and the peak memory
+  (``MemoryModel.predict_peak_bytes``), against the plain loop's.
+
+Then, from the fp32 memory model: the predicted largest local batch on the card
+(``MemoryModel.max_local_batch`` with the card's total memory as the budget and no safety
+margin) and one plain step at 0.95x and one at 1.05x of it (expected: fits, out of memory).
+And 2 epochs of AGS in fp16 (``tula.engine.train.train``, one worker, GradScaler on CUDA) on a
+small synthetic set: its losses, the steps the scaler skipped, the share of AGS-scaled steps.
+
+The knobs of #25 item 3 (``--tf32``, ``--channels-last``, ``--cudnn-benchmark``) apply to
+both loops when given (default: torch's defaults, off).
+
+Every part checks a wall-clock budget (``--budget-s``, 240 s) before it starts, and a part
+left out for lack of time says so.  The results print as a table and, on a GPU, replace the
+"GPU check" section of docs/benchmarks.md (``--doc``), with the card, torch's version and the
+date.
+
+``--dry-run``: the same code on the CPU with a tiny model (ResNet-18 at 32x32, 10 classes,
+b in 4, 8; fp16 on torch's CPU kernels under ``TULA_FP16_ON_CPU=1``), a few steps -- every
+path but the CUDA-only ones (the peak-memory counter, the out-of-memory step); under two
+minutes.  It writes no doc unless ``--doc`` is given.
+
+Run on a GPU machine: ``bench/gpu_prepare.sh`` here (wheels), then ``bench/gpu_run.sh`` there.
+Run here:             ``.venv/bin/python bench/gpu.py --dry-run``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "src") not in sys.path:  # a copy of the project with Tula not installed (PYTHONPATH=src also works)
+    sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from tula.core.fit import fit_models  # noqa: E402
+from tula.core.memory_model import MemoryModel  # noqa: E402
+from tula.core.perfmodel import PerfModel, ranks_per_node_of  # noqa: E402
+from tula.core.spec import JobSpec, ModelSpec, spec_from_dict  # noqa: E402
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+SECTION = "## GPU check (`bench/gpu.py`, issue #25)"
+GIB = 2**30
+
+
+@dataclass
+class Setup:
+    """What one run measures: the model, the sample, the batches, the step counts."""
+
+    device: torch.device
+    model: str
+    num_classes: int
+    shape: tuple[int, int, int]
+    batches: list[int]
+    precisions: list[str]
+    warmup: int
+    timed: int
+    knobs: dict = field(default_factory=dict)
+    ags_samples: int = 1280
+    ags_batch: int = 128
+    ags_shape: tuple[int, int, int] = (3, 64, 64)
+    ags_model: str = "resnet18"
+    threads: int | None = None
+    ratio_from_b: int = 64  # Tula / plain is summarised over b >= this (the issue's target: b >= 64)
+
+
+@dataclass
+class Budget:
+    """The wall-clock budget every part checks before it starts."""
+
+    total_s: float
+    t0: float = field(default_factory=time.perf_counter)
+
+    def left_s(self) -> float:
+        return self.total_s - (time.perf_counter() - self.t0)
+
+    def allows(self, need_s: float) -> bool:
+        return self.left_s() >= need_s
+
+
+# --------------------------------------------------------------------------- the plain loop
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _apply_knobs(s: Setup) -> JobSpec:
+    """The knobs as a spec's ``train`` section would set them, applied to this process too."""
+    from tula.engine.gpu_knobs import set_backend_knobs
+
+    spec = spec_from_dict({"train": dict(s.knobs)})
+    set_backend_knobs(spec.train)
+    return spec
+
+
+def _plain_model(s: Setup) -> torch.nn.Module:
+    from tula.engine.gpu_knobs import to_memory_format
+    from tula.engine.workloads import build_model
+
+    spec = _apply_knobs(s)
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(name=s.model, kwargs={"num_classes": s.num_classes})).to(s.device)
+    return to_memory_format(model, spec.train)
+
+
+def plain_steps(s: Setup, precision: str, b: int, warmup: int, timed: int) -> dict:
+    """The plain loop at local batch ``b``: median step seconds and the peak bytes allocated
+    over the timed steps (CUDA; ``None`` on a CPU)."""
+    model = _plain_model(s)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)  # Tula's default
+    dtype = _DTYPES.get(precision)
+    scaler = torch.amp.GradScaler(s.device.type) if precision == "fp16" else None
+    x = torch.randn(b, *s.shape, device=s.device)
+    y = torch.randint(0, s.num_classes, (b,), device=s.device)
+    model.train()
+
+    def step() -> None:
+        ctx = torch.autocast(s.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        with ctx:
+            loss = F.cross_entropy(model(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        opt.zero_grad(set_to_none=True)  # as Tula's step: the gradients are gone before the next forward
+
+    try:
+        for _ in range(warmup):
+            step()
+        _sync(s.device)
+        if s.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(s.device)
+        times = []
+        for _ in range(timed):
+            t0 = time.perf_counter()
+            step()
+            _sync(s.device)
+            times.append(time.perf_counter() - t0)
+        peak = int(torch.cuda.max_memory_allocated(s.device)) if s.device.type == "cuda" else None
+        return {"t_step_s": statistics.median(times), "peak_bytes": peak}
+    finally:  # the model, batch and optimiser go with this frame (after an out of memory: with its traceback)
+        _free(s.device)
+
+
+def fits_one_step(s: Setup, b: int) -> dict:
+    """One plain fp32 step at local batch ``b``: whether it ran, and its peak bytes."""
+    try:
+        r = plain_steps(s, "fp32", b, warmup=0, timed=1)
+        return {"fits": True, "peak_bytes": r["peak_bytes"]}
+    except torch.OutOfMemoryError as err:
+        return {"fits": False, "peak_bytes": None, "note": str(err).splitlines()[0][:120]}
+    finally:
+        _free(s.device)
+
+
+# --------------------------------------------------------------------------- Tula
+def tula_spec(s: Setup, precision: str) -> JobSpec:
+    """The synthetic job Tula profiles at ``s.batches`` (one worker)."""
+    lo, hi = min(s.batches), max(s.batches)
+    return spec_from_dict(
+        {
+            "name": f"gpu-check-{precision}",
+            "model": {"name": s.model, "kwargs": {"num_classes": s.num_classes}},
+            "data": {
+                "name": "synthetic",
+                "sample_shape": list(s.shape),
+                "num_classes": s.num_classes,
+                "num_samples": math.ceil(hi / 0.8) + 8,  # the training split holds the largest batch
+            },
+            "search": {"cluster_sizes": [1], "min_batch": lo, "max_batch": hi},
+            "profile": {
+                "device": s.device.type,
+                "warmup_steps": max(1, s.warmup // 2),
+                "timed_steps": max(2, s.timed // 3),
+                "min_timed_s": 0,
+                "noise_steps": 0,
+                "memory_probe_batches": [max(2, lo // 2), max(4, lo)],  # BatchNorm needs 2 samples
+                **({"threads_per_worker": s.threads} if s.threads else {}),
+            },
+            "train": {"precision": precision, **s.knobs},
+        }
+    )
+
+
+def partial_subset(prof: dict) -> dict:
+    """The profile as ``--search partial`` would have measured it: each N at its smallest and
+    largest batch that ran."""
+    sub = copy.deepcopy(prof)
+    ok = [t for t in prof["trials"] if t["status"] == "ok"]
+    keep = set()
+    for n in {t["n_workers"] for t in ok}:
+        bs = sorted(t["global_batch"] for t in ok if t["n_workers"] == n)
+        keep |= {(n, bs[0]), (n, bs[-1])}
+    sub["trials"] = [t for t in prof["trials"] if (t["n_workers"], t["global_batch"]) in keep]
+    return sub
+
+
+def tula_profile(s: Setup, precision: str, launcher) -> tuple[dict, MemoryModel, PerfModel, int | None]:
+    from tula.engine.profile import profile
+
+    prof = profile(tula_spec(s, precision), "full", launcher=launcher)
+    models = fit_models(partial_subset(prof))
+    return (
+        prof,
+        MemoryModel.from_dict(models["memory"]),
+        PerfModel.from_dict(models["perf"]),
+        ranks_per_node_of(models["trials"]),
+    )
+
+
+def ags_fp16(s: Setup, launcher, out: Path) -> dict:
+    """2 epochs of AGS in fp16 on a small synthetic set, one worker."""
+    from tula.engine.train import train
+
+    spec = spec_from_dict(
+        {
+            "name": "gpu-check-ags",
+            "model": {"name": s.ags_model, "kwargs": {"num_classes": 10}},
+            "data": {"name": "synthetic", "sample_shape": list(s.ags_shape), "num_samples": s.ags_samples},
+            "epochs": 2,
+            "train": {"precision": "fp16", "ags": {"b_small": max(2, s.ags_batch // 4)}, **s.knobs},
+            "profile": {"device": s.device.type},
+        }
+    )
+    t0 = time.perf_counter()
+    rec = train(spec, "ags", 1, s.ags_batch, out, launcher=launcher)
+    return {"record": rec, "wall_s": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------- the doc
+def replace_section(doc: str, section: str) -> str:
+    """``doc`` with its GPU-check section (from its heading to the next ``## `` heading) replaced
+    by ``section``, or ``section`` appended when it has none."""
+    body = section.rstrip("\n") + "\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(doc):
+        return pattern.sub(lambda m: body + ("\n" if m.end() < len(doc) else ""), doc, count=1)
+    return doc.rstrip("\n") + "\n\n" + body
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or b == 0 else f"{100 * (a - b) / b:+.1f} %"
+
+
+def _ms(t: float | None) -> str:
+    return "-" if t is None else f"{1e3 * t:.1f}"
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / GIB:.2f}"
+
+
+def render(results: dict) -> str:
+    """The markdown section of one run."""
+    h = results["header"]
+    lines = [
+        SECTION,
+        "",
+        f"{h['date']}; {h['card']}; torch {h['torch']}; {h['model']} at {h['shape']}, local batches "
+        f"{h['batches']}; knobs {h['knobs'] or 'none (torch defaults)'}; {h['mode']}; wall {h['wall_s']:.0f} s.",
+        "",
+        "Step time (ms): the plain PyTorch loop with the batch on the device, Tula's training step (its "
+        "profile's median, data path included), and the step predicted by the models fitted on the "
+        "profile's smallest and largest batch (partial search). Peak memory (GiB): the plain loop's "
+        "`max_memory_allocated`, Tula's trial's measured peak, and the memory model's prediction "
+        "(its error is against the plain loop).",
+        "",
+        "| precision | b | plain | tula | tula / plain | predicted | predicted vs plain | peak plain | "
+        "peak tula | peak predicted | peak error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["rows"]:
+        ratio = "-" if r.get("tula") is None or r.get("plain") is None else f"{r['tula'] / r['plain']:.2f}x"
+        lines.append(
+            f"| {r['precision']} | {r['b']} | {_ms(r.get('plain'))} | {_ms(r.get('tula'))} | {ratio} | "
+            f"{_ms(r.get('predicted'))} | {_pct(r.get('predicted'), r.get('plain'))} | "
+            f"{_gib(r.get('peak_plain'))} | {_gib(r.get('peak_tula'))} | {_gib(r.get('peak_predicted'))} | "
+            f"{_pct(r.get('peak_predicted'), r.get('peak_plain'))} |"
+        )
+    for p, s in results.get("summary", {}).items():
+        lines.append("")
+        lines.append(
+            f"{p}: Tula's step / plain loop, median over b >= {s['from_b']}: {s['tula_over_plain']}; predicted vs plain, "
+            f"median |error|: {s['pred_err']}; peak memory, median |error|: {s['mem_err']}."
+        )
+    mb = results.get("max_batch")
+    if mb:
+        lines += [
+            "",
+            f"Largest local batch predicted on the card (fp32, budget {_gib(mb['budget_bytes'])} GiB, no safety "
+            f"margin): **{mb['b_max']}**. One plain step at 0.95x (b = {mb['lo']['b']}): "
+            f"{'fits' if mb['lo']['fits'] else 'out of memory'} (peak {_gib(mb['lo'].get('peak_bytes'))} GiB, "
+            f"predicted {_gib(mb['lo']['predicted_bytes'])} GiB); at 1.05x (b = {mb['hi']['b']}): "
+            f"{'fits' if mb['hi']['fits'] else 'out of memory'}.",
+        ]
+    ags = results.get("ags")
+    if ags:
+        eps = ags["epochs"]
+        lines += [
+            "",
+            f"AGS in fp16, 2 epochs ({ags['model']} at {ags['shape']}, {ags['samples']} samples, B = {ags['batch']}, "
+            f"{ags['wall_s']:.0f} s): train loss "
+            + ", ".join(f"{e['train_loss']:.3f}" for e in eps)
+            + "; steps the scaler skipped "
+            + ", ".join(str(e.get("skipped_steps", "-")) for e in eps)
+            + "; AGS-scaled share "
+            + ", ".join(f"{e['scaled_fraction']:.2f}" if "scaled_fraction" in e else "-" for e in eps)
+            + ".",
+        ]
+    for note in results.get("notes", []):
+        lines += ["", note]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the run
+def _median_abs(xs: list[float]) -> str:
+    return f"{100 * statistics.median(abs(x) for x in xs):.1f} %" if xs else "-"
+
+
+def run(s: Setup, budget: Budget, mode: str) -> dict:
+    from tula.engine.launch import LocalLauncher
+
+    rows: list[dict] = []
+    notes: list[str] = []
+    summary: dict = {}
+    results: dict = {"rows": rows, "notes": notes, "summary": summary}
+    launcher = LocalLauncher(device=s.device.type, threads_per_worker=s.threads)
+    mm32: MemoryModel | None = None
+    for precision in s.precisions:
+        if not budget.allows(40 if s.device.type == "cuda" else 5):
+            notes.append(f"{precision}: not run, the {budget.total_s:.0f} s budget ran out.")
+            continue
+        prec_rows = []
+        for b in s.batches:
+            r = plain_steps(s, precision, b, s.warmup, s.timed)
+            prec_rows.append({"precision": precision, "b": b, "plain": r["t_step_s"], "peak_plain": r["peak_bytes"]})
+            print(f"{precision} b={b}: plain {_ms(r['t_step_s'])} ms, peak {_gib(r['peak_bytes'])} GiB", flush=True)
+        _free(s.device)
+        prof, mm, perf, rpn = tula_profile(s, precision, launcher)
+        if precision == "fp32":
+            mm32 = mm
+        by_b = {t["local_batch"]: t for t in prof["trials"] if t["n_workers"] == 1}
+        for row in prec_rows:
+            t = by_b.get(row["b"])
+            row["tula"] = t["t_step_s"] if t and t["status"] == "ok" else None
+            row["tula_status"] = t["status"] if t else "not profiled"
+            row["predicted"] = float(perf.t_step_s(row["b"], 1, rpn))
+            row["peak_predicted"] = int(mm.predict_peak_bytes(row["b"]))
+            row["peak_tula"] = t.get("peak_mem_bytes") if t else None
+            print(f"{precision} b={row['b']}: tula {_ms(row['tula'])} ms ({row['tula_status']}), predicted "
+                  f"{_ms(row['predicted'])} ms, peak predicted {_gib(row['peak_predicted'])} GiB", flush=True)  # fmt: skip
+        rows.extend(prec_rows)
+        big = [r for r in prec_rows if r["b"] >= s.ratio_from_b and r["tula"] is not None]
+        summary[precision] = {
+            "tula_over_plain": f"{statistics.median(r['tula'] / r['plain'] for r in big):.2f}x" if big else "-",
+            "from_b": s.ratio_from_b,
+            "pred_err": _median_abs([(r["predicted"] - r["plain"]) / r["plain"] for r in prec_rows]),
+            "mem_err": _median_abs(
+                [(r["peak_predicted"] - r["peak_plain"]) / r["peak_plain"] for r in prec_rows if r["peak_plain"]]
+            ),
+        }
+        if precision == "fp32" and mm32 is not None:
+            results["max_batch"] = max_batch_check(s, mm32, budget, notes)
+    if budget.allows(60 if s.device.type == "cuda" else 10):
+        with tempfile.TemporaryDirectory() as tmp:
+            ags = ags_fp16(s, launcher, Path(tmp) / "ags")
+        rec = ags["record"]
+        results["ags"] = {
+            "model": s.ags_model,
+            "shape": "x".join(map(str, s.ags_shape)),
+            "samples": s.ags_samples,
+            "batch": s.ags_batch,
+            "wall_s": ags["wall_s"],
+            "epochs": rec["history"],
+        }
+        print(f"AGS fp16: {len(rec['history'])} epochs, losses {[round(e['train_loss'], 3) for e in rec['history']]}")
+    else:
+        notes.append(f"AGS in fp16: not run, the {budget.total_s:.0f} s budget ran out.")
+    if mode == "dry-run":
+        notes.append(
+            "A dry run on the CPU: no peak-memory counter, and the steps around the largest batch cannot run out "
+            "of memory; no figure here is a GPU's."
+        )
+    return results
+
+
+def max_batch_check(s: Setup, mm: MemoryModel, budget: Budget, notes: list[str]) -> dict | None:
+    if s.device.type == "cuda":
+        total = torch.cuda.get_device_properties(s.device).total_memory
+    else:  # a dry run: a budget the tiny model's batches reach, so the code runs
+        total = int(mm.predict_peak_bytes(max(s.batches) * 2))
+    b_max = mm.max_local_batch(total, safety=0.0)
+    if not b_max:
+        notes.append("largest batch: the memory model allows no batch on this card.")
+        return None
+    need = 30 if s.device.type == "cuda" else 2
+    if not budget.allows(need):
+        notes.append(f"largest batch {b_max}: the steps at 0.95x and 1.05x were not run (budget).")
+        return None
+    lo, hi = max(1, math.floor(0.95 * b_max)), math.ceil(1.05 * b_max)
+    res = {"budget_bytes": total, "b_max": b_max}
+    for key, b in (("lo", lo), ("hi", hi)):
+        r = fits_one_step(s, b)
+        res[key] = {"b": b, **r, "predicted_bytes": int(mm.predict_peak_bytes(b))}
+        print(f"largest batch {b_max}: b={b} {'fits' if r['fits'] else 'out of memory'}", flush=True)
+    return res
+
+
+def setup_for(args: argparse.Namespace) -> tuple[Setup, str]:
+    knobs = {k: True for k, on in (("tf32", args.tf32), ("channels_last", args.channels_last),
+                                    ("cudnn_benchmark", args.cudnn_benchmark)) if on}  # fmt: skip
+    if args.dry_run:
+        os.environ["TULA_FP16_ON_CPU"] = "1"  # fp16's path on torch's CPU kernels: a test switch
+        return (
+            Setup(
+                device=torch.device("cpu"),
+                model="resnet18",
+                num_classes=10,
+                shape=(3, 16, 16),
+                batches=[4, 8],
+                precisions=list(args.precisions),
+                warmup=1,
+                timed=2,
+                knobs=knobs,
+                ags_samples=48,
+                ags_batch=16,
+                ags_shape=(3, 16, 16),
+                threads=1,
+                ratio_from_b=4,
+            ),  # fmt: skip
+            "dry-run",
+        )
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/gpu.py: no CUDA device is visible here; run it with --dry-run on a CPU")
+    device = torch.device("cuda", 0)
+    small = torch.cuda.get_device_properties(device).total_memory < 16 * GIB
+    return (
+        Setup(
+            device=device,
+            model="resnet18" if small else "resnet50",
+            num_classes=1000,
+            shape=(3, 224, 224),
+            batches=list(args.batches),
+            precisions=list(args.precisions),
+            warmup=args.warmup,
+            timed=args.timed,
+            knobs=knobs,
+        ),  # fmt: skip
+        "cuda",
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="the CPU path: a tiny model, a few steps")
+    ap.add_argument("--batches", type=int, nargs="+", default=[32, 64, 128, 256])
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--timed", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--cudnn-benchmark", action="store_true")
+    ap.add_argument("--doc", type=Path, default=None, help="default: docs/benchmarks.md on a GPU, none in a dry run")
+    args = ap.parse_args(argv)
+    budget = Budget(args.budget_s)
+    s, mode = setup_for(args)
+    if s.threads:
+        torch.set_num_threads(s.threads)  # the plain loop with the threads a rank gets
+    card = (
+        torch.cuda.get_device_name(s.device)
+        if s.device.type == "cuda"
+        else f"CPU ({platform.processor() or platform.machine()})"
+    )
+    print(f"{mode}: {card}, torch {torch.__version__}, {s.model} at {'x'.join(map(str, s.shape))}", flush=True)
+    results = run(s, budget, mode)
+    results["header"] = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "card": card
+        + (
+            f" ({torch.cuda.get_device_properties(s.device).total_memory / GIB:.1f} GiB)"
+            if s.device.type == "cuda"
+            else ""
+        ),
+        "torch": torch.__version__,
+        "model": s.model,
+        "shape": "x".join(map(str, s.shape)),
+        "batches": ", ".join(map(str, s.batches)),
+        "knobs": ", ".join(f"train.{k}" for k in s.knobs),
+        "mode": "one GPU" if mode == "cuda" else "dry run on the CPU",
+        "wall_s": time.perf_counter() - budget.t0,
+    }
+    text = render(results)
+    print()
+    print(text)
+    doc = args.doc if args.doc is not None else (ROOT / "docs" / "benchmarks.md" if mode == "cuda" else None)
+    if doc is not None:
+        doc.write_text(replace_section(doc.read_text() if doc.exists() else "", text))
+        print(f"wrote the section into {doc}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
