@@ -167,3 +167,32 @@ def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_
         f"{method}: epochs took {ratio:.2f}x the prediction (tolerance {tolerance:.0%}); "
         f"measured {walls}, predicted {later[0]['predicted_epoch_s']:.3f} s"
     )
+
+
+def test_the_dashboard_and_the_table_show_each_epoch_beside_its_prediction():
+    from rich.console import Console
+
+    from tula.report import train_table
+    from tula.service.dashboard import train_charts
+
+    history = [
+        {"epoch": e, "global_batch": 200, "n_workers": 2, "epoch_time_s": 1.0, "epoch_end_s": 0.2,
+         "checkpoint_s": 0.1, "epoch_wall_s": w, "train_loss": 1.0, "test_loss": 1.0, "test_top1": 0.5,
+         "steps_done": 5 * e, "lr": 0.1}
+        for e, w in ((1, 2.0), (2, 1.3))
+    ]  # fmt: skip
+    run = compare_with_plan(
+        {"method": "ags", "history": history, "n_workers": 2, "global_batch": 200, "local_batch": 100,
+         "steps_per_epoch": 5},
+        _models(COSTS),
+    )  # fmt: skip
+    html = train_charts(run)
+    assert "Epoch time: measured and planned" in html
+    ratio = 1.3 / run["history"][1]["predicted_epoch_s"]
+    assert f"epoch 2: 1.300 s measured, {run['history'][1]['predicted_epoch_s']:.3f} s planned ({ratio:.2f}x)" in html
+    console = Console(width=200, record=True)
+    console.print(train_table(run))
+    text = console.export_text()
+    assert "planned s" in text and f"{ratio:.2f}x" in text
+    plain = {**run, "history": [{k: v for k, v in h.items() if "predicted" not in k} for h in run["history"]]}
+    assert "Epoch time" not in train_charts(plain)  # not planned by Tula: no such chart

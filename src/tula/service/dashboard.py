@@ -470,6 +470,43 @@ def train_charts(run: dict) -> str:
                 log_x=False,
             )
         )
+    if any(r.get("predicted_epoch_s") for r in h):  # planned by Tula: each epoch beside its prediction
+        from tula.core.run_costs import measured_epoch_s
+
+        measured = [measured_epoch_s(r) for r in h]
+        charts.append(
+            svg_chart(
+                "Epoch time: measured and planned",
+                "epoch",
+                "seconds",
+                [
+                    {"x": ep, "y": measured, "color": COLORS[0], "label": "measured (steps, evaluation, checkpoint)"},
+                    {
+                        "x": ep,
+                        "y": [r.get("predicted_epoch_s", float("nan")) for r in h],
+                        "color": COLORS[2],
+                        "label": "the plan's prediction",
+                    },
+                ],
+                [
+                    {
+                        "x": ep,
+                        "y": measured,
+                        "color": COLORS[0],
+                        "label": "epochs",
+                        "legend": False,
+                        "title": [
+                            f"epoch {r['epoch']}: {m:.3f} s measured, {r['predicted_epoch_s']:.3f} s planned "
+                            f"({r['measured_to_predicted']:.2f}x)"
+                            if r.get("predicted_epoch_s") and r.get("measured_to_predicted")
+                            else f"epoch {r['epoch']}: {m:.3f} s measured"
+                            for r, m in zip(h, measured)
+                        ],
+                    }
+                ],
+                log_x=False,
+            )
+        )
     return f"<div class='charts' id='train-charts'>{''.join(charts)}</div>"
 
 
