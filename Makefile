@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/precision.py
 	$(VENV)/bin/python bench/time_to_accuracy.py
 	$(VENV)/bin/python bench/accumulation.py
+	$(VENV)/bin/python bench/run_prediction.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,142 @@
+"""Predicted against measured `tula train` epoch time, per training method (issue #26).
+
+For each data set (digits with SmallCNN, MNIST-1D with SmallCNN1D) and each method, a real
+profile (N = 1, 2, partial search) with ``train.method`` set to that method -- so its run
+trial measures the method's own step and each epoch's end -- is fitted and planned; then
+Tula's training runner trains at the plan's choice and at two other (N, B), and each
+configuration's measured epoch (steps, evaluation, checkpoint: ``epoch_wall_s``, the median
+over the epochs after the first) is set against the plan's prediction for it
+(:func:`tula.core.run_costs.compare_with_plan`).  Targets: median error <= 5 %, max <= 10 %,
+in each of ``--repeats`` repeats.  Methods that need two workers (AdaScale) or that cannot
+train a configuration are skipped there, and said so.
+
+    .venv/bin/python bench/run_prediction.py                          # ~30 min on 2 cores
+    .venv/bin/python bench/run_prediction.py --datasets digits --methods ags,lbt --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from tula.core.errors import TulaError
+from tula.core.fit import fit_models
+from tula.core.job_rules import check_train_config
+from tula.core.plan import make_plan
+from tula.core.registry import METHOD_NAMES
+from tula.core.run_costs import compare_with_plan, measured_epoch_s
+from tula.core.spec import spec_from_dict
+from tula.engine.launch import LocalLauncher
+from tula.engine.profile import profile
+from tula.engine.train import train
+
+console = Console(width=150)
+DATASETS = {
+    "digits": {
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 16}},
+        "data": {"name": "digits"},
+    },
+    "mnist1d": {
+        "model": {"name": "small_cnn1d", "kwargs": {"num_classes": 10}},
+        "data": {"name": "mnist1d", "num_samples": 4000},
+    },
+}
+OTHERS = [(1, 128), (2, 512)]  # the two other (N, B) besides the plan's choice
+
+
+def spec(dataset: str, method: str, epochs: int) -> dict:
+    return {
+        "name": f"pred-{dataset}-{method}",
+        **DATASETS[dataset],
+        "epochs": epochs,
+        "search": {"cluster_sizes": [1, 2], "min_batch": 64, "max_batch": 1024},
+        "train": {"method": method, "warmup_epochs": 1},
+        "profile": {"warmup_steps": 2, "timed_steps": 5},
+    }
+
+
+def one(dataset: str, method: str, epochs: int, launcher: LocalLauncher) -> list[dict]:
+    job = spec_from_dict(spec(dataset, method, epochs))
+    t0 = time.perf_counter()
+    models = fit_models(profile(job, "partial", launcher))
+    plan = make_plan(models, "knee")
+    choice = (plan["choice"]["n_workers"], plan["choice"]["global_batch"])
+    rows = []
+    for n, big_b in dict.fromkeys([choice, *OTHERS]):
+        row = {"dataset": dataset, "method": method, "n_workers": n, "global_batch": big_b,
+               "chosen": (n, big_b) == choice}  # fmt: skip
+        try:
+            check_train_config(job, method, n, big_b, models["dataset_size"])
+        except TulaError as err:
+            rows.append({**row, "skipped": str(err)})
+            continue
+        with tempfile.TemporaryDirectory() as out:
+            run = compare_with_plan(train(job, method, n, big_b, Path(out), launcher=launcher), models)
+        later = run["history"][1:]
+        measured = statistics.median(measured_epoch_s(h) for h in later)
+        predicted = later[0]["predicted_epoch_s"]
+        rows.append(
+            {
+                **row,
+                "measured_epoch_s": measured,
+                "predicted_epoch_s": predicted,
+                "error": measured / predicted - 1.0,
+                "steps_s": statistics.median(h["epoch_time_s"] for h in later),
+                "end_s": statistics.median(h["epoch_end_s"] + h["checkpoint_s"] for h in later),
+            }
+        )
+    console.print(f"{dataset} {method}: {time.perf_counter() - t0:.0f} s")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--datasets", default="digits,mnist1d")
+    ap.add_argument("--methods", default=",".join(METHOD_NAMES))
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default="runs/bench-run-prediction.json")
+    a = ap.parse_args()
+    launcher = LocalLauncher(device="cpu")
+    results = []
+    for r in range(a.repeats):
+        for dataset in a.datasets.split(","):
+            for method in a.methods.split(","):
+                results += [{**x, "repeat": r + 1} for x in one(dataset, method, a.epochs, launcher)]
+    t = Table(title=f"Predicted vs measured epoch time ({platform.node()}, torch {torch.__version__})")
+    for col in ("repeat", "data", "method", "N", "B", "chosen", "predicted s", "measured s", "error", "of which end s"):
+        t.add_column(col, justify="right")
+    for x in results:
+        if "skipped" in x:
+            t.add_row(str(x["repeat"]), x["dataset"], x["method"], str(x["n_workers"]), str(x["global_batch"]),
+                      "", "-", "-", "skipped", x["skipped"][:40])  # fmt: skip
+            continue
+        t.add_row(
+            str(x["repeat"]), x["dataset"], x["method"], str(x["n_workers"]), str(x["global_batch"]),
+            "*" if x["chosen"] else "", f"{x['predicted_epoch_s']:.3f}", f"{x['measured_epoch_s']:.3f}",
+            f"{x['error']:+.1%}", f"{x['end_s']:.3f}",
+        )  # fmt: skip
+    console.print(t)
+    for r in range(1, a.repeats + 1):
+        errs = [abs(x["error"]) for x in results if x["repeat"] == r and "error" in x]
+        if errs:
+            console.print(
+                f"repeat {r}: median |error| {statistics.median(errs):.1%} (target 5 %), "
+                f"max {max(errs):.1%} (target 10 %) over {len(errs)} configurations"
+            )
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(results, indent=1))
+    console.print(f"results written to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
