@@ -437,15 +437,19 @@ def _run_trial(ctx: WorkerContext, spec: JobSpec, done: list[dict], w: _Worker) 
     lo, hi = min(t["global_batch"] for t in done), max(t["global_batch"] for t in done)
     big_b = max(lo, smallest_batch_for(method, spec, n))
     big_b = -(-big_b // n) * n  # a whole local batch per rank
-    try:
-        if big_b > hi:
-            raise SpecError(
-                f"method {method!r} trains at a global batch of at least {big_b} on {n} worker(s), above the "
-                f"largest profiled here ({hi})"
-            )
-        check_method(method, spec, n, big_b)
-    except TulaError as err:
-        return {"n_workers": n, "method": method, "status": "skipped", "note": str(err)}
+    why = (
+        f"method {method!r} trains at a global batch of at least {big_b} on {n} worker(s), above the largest "
+        f"profiled here ({hi})"
+        if big_b > hi
+        else ""
+    )
+    if not why:
+        try:
+            check_method(method, spec, n, big_b)
+        except TulaError as err:
+            why = str(err)
+    if why:
+        return {"n_workers": n, "method": method, "status": "skipped", "note": why}
 
     def plain(b: int = big_b // n) -> None:
         w.load_batch(b)

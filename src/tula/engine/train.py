@@ -573,7 +573,7 @@ class _RankTrainer:
         """One optimiser step of the method on this rank's share ``x``, ``y``, as the
         ``step``-th of the run (the method's periodic work, AGS's factor measurement, is due
         by it): the step training runs and the profile's run trial times
-        (:func:`tula.engine.profile.run_trial`).  The step's loss, detached, on the device."""
+        (:func:`tula.engine.run_trial.run_trial`).  The step's loss, detached, on the device."""
         method = self.method
         method.optimizer.zero_grad(set_to_none=True)
         loss = self._forward_backward(x, y)
