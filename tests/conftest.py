@@ -1,16 +1,21 @@
+import json
 import os
+import shutil
+import stat
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-@pytest.fixture
-def tiny_spec_dict():
-    """A job small enough for 2-rank trials in a few seconds."""
+def _tiny_spec() -> dict:
+    """A job small enough for 2-rank trials in a few seconds (a new dict at each call)."""
     return {
         "name": "tiny",
         "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
@@ -21,10 +26,138 @@ def tiny_spec_dict():
     }
 
 
-@pytest.fixture
-def tula_cmd():
+def _tula_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "tula"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "tula.cli"]
+
+
+@pytest.fixture
+def tiny_spec_dict():
+    """A job small enough for 2-rank trials in a few seconds."""
+    return _tiny_spec()
+
+
+@pytest.fixture
+def tula_cmd():
+    return _tula_cmd()
+
+
+# --------------------------------------------------------------------------- shared finished runs
+@dataclass(frozen=True)
+class FinishedRun:
+    """A finished ``tula`` run made once per session, shared by the tests that only read it.
+
+    Its files are read-only (a test that writes into it fails at once): a test that writes
+    copies it first with :meth:`copy_to`.
+
+    Attributes
+    ----------
+    dir : the run's output directory (``--out``)
+    spec : the job spec it ran, as a dict (a copy is returned by :meth:`spec_dict`)
+    spec_path : that spec as a YAML file
+    """
+
+    dir: Path
+    spec: dict
+    spec_path: Path
+
+    def spec_dict(self, **over) -> dict:
+        """A fresh copy of the spec, with top-level fields replaced by ``over``."""
+        return {**json.loads(json.dumps(self.spec)), **over}
+
+    def record(self, rel: str) -> dict:
+        """The JSON record at ``rel`` under the run's directory, e.g. ``"train/train.json"``."""
+        return json.loads((self.dir / rel).read_text())
+
+    def copy_to(self, dest: Path) -> Path:
+        """A writable copy of the run's directory at ``dest`` (returned)."""
+        shutil.copytree(self.dir, dest, copy_function=shutil.copyfile)
+        return dest
+
+
+def _finish(out: Path, spec: dict, spec_path: Path, cmd: list[str], timeout_s: float = 900) -> FinishedRun:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if r.returncode != 0:
+        pytest.fail(f"the shared run {' '.join(cmd)} failed with exit {r.returncode}:\n{r.stderr[-4000:]}")
+    for p in out.rglob("*"):
+        if p.is_file():
+            p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    return FinishedRun(out, spec, spec_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory) -> FinishedRun:
+    """``tula run`` of the tiny spec (``tiny_spec_dict``) once per session: profile, models,
+    plan and a 2-epoch training run with its checkpoint and plots, as the CLI writes them.
+    For the tests that need a finished pipeline's records, not the profiling itself."""
+    root = tmp_path_factory.mktemp("tiny-pipeline")
+    spec = _tiny_spec()
+    spec_path = root / "tiny.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    out = root / "run"
+    return _finish(out, spec, spec_path, [*_tula_cmd(), "run", str(spec_path), "--out", str(out)])
+
+
+#: the reference run's job: the tiny spec for 3 epochs with AGS measuring its factors twice per
+#: epoch (several updates and scaled steps to compare) and SGD's momentum at 0.5, not the default
+#: 0.9 (so that an optimiser factory that is ignored shows)
+REFERENCE_B = 64
+REFERENCE_N = 2
+
+
+def _reference_spec() -> dict:
+    return {
+        **_tiny_spec(),
+        "epochs": 3,
+        "optimizer": {"momentum": 0.5},
+        "train": {"ags": {"b_small": 16, "update_every": 11}, "noise_scale": False},
+    }
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory) -> FinishedRun:
+    """``tula train --method ags --workers 2 --batch 64`` of the reference spec on the local
+    launcher, once per session: what the other ways of training the same job (torchrun, Dask,
+    ``tula.Job``, a hand-written loop) must reach bit for bit.  Its ``train.json`` and
+    ``checkpoint.pt`` are in ``dir``."""
+    root = tmp_path_factory.mktemp("reference")
+    spec = _reference_spec()
+    spec_path = root / "reference.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    out = root / "run"
+    cmd = [*_tula_cmd(), "train", str(spec_path), "--method", "ags", "--workers", str(REFERENCE_N)]
+    return _finish(out, spec, spec_path, [*cmd, "--batch", str(REFERENCE_B), "--out", str(out)])
+
+
+# --------------------------------------------------------------------------- one Dask cluster
+@pytest.fixture(scope="session")
+def dask_cluster():
+    """One Dask LocalCluster of 2 worker processes (1 thread each, Tula's worker settings) for
+    the session.  Tests connect a Client of their own to it or use ``dask_client``; a test that
+    kills or scales workers starts its own cluster instead."""
+    import logging
+
+    import dask
+    import distributed  # a hard dependency: a failure here is a failure, never a skip
+
+    from tula.engine.launch.clusters import WORKER_CONFIG
+
+    dask.config.set(WORKER_CONFIG)
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+    )
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="session")
+def dask_client(dask_cluster):
+    """A Client of the session's LocalCluster (left open: tests never close it)."""
+    import distributed
+
+    client = distributed.Client(dask_cluster)
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,9 +30,11 @@ class Service:
         self, home: Path, *args: str, db_url: str | None = None, token: str | None = None, env: dict | None = None
     ) -> None:
         self.home, self.args, self.db_url, self.token = home, args, db_url, token
+        # a runner starved while it starts (importing torch on busy cores) must not be taken for
+        # dead: 30 s, the service's default, not a few seconds
         self.env = {
             **os.environ,
-            "TULA_STALE_AFTER_S": "4",
+            "TULA_STALE_AFTER_S": "30",
             "TULA_HEARTBEAT_S": "0.5",
             "TULA_POLL_S": "0.2",
             **(env or {}),
@@ -58,6 +62,7 @@ class Service:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
+        self.kill9()  # never left running behind a failed start
         raise RuntimeError(f"tula serve did not answer within {timeout_s} s: {self.read_log()}")
 
     def read_log(self) -> str:
@@ -104,3 +109,62 @@ def wait_for(client: httpx.Client, job_id: str, states=TERMINAL, timeout_s: floa
             return job
         time.sleep(0.3)
     raise AssertionError(f"job {job_id} did not reach {states} within {timeout_s} s: {job}")
+
+
+def cancel_unfinished(client: httpx.Client, timeout_s: float = 120) -> None:
+    """Cancel every job of the service that has not ended and wait until each has: what a
+    shared service's tests leave behind, so that the next test finds the runner idle."""
+    jobs = client.get("/v1/jobs", params={"limit": 500}).json()["jobs"]
+    for job in jobs:
+        if job["state"] not in TERMINAL:
+            client.post(f"/v1/jobs/{job['id']}/cancel")
+    for job in jobs:
+        if job["state"] not in TERMINAL:
+            wait_for(client, job["id"], timeout_s=timeout_s)
+
+
+def seed_finished_job(home: Path, run_dir: Path, db_url: str | None = None) -> str:
+    """Put a finished ``tula run`` (``run_dir``: profile, models, plan, train with its
+    checkpoint and plots) into the store of a service on ``home`` as a done job, as the
+    service's runner stores a job it ran (the same observer writes the rows), so that a
+    job with the same model key plans from its models instead of profiling.  Returns the
+    job's id.  The store (SQLite under ``home`` unless ``db_url``) is made if there is none."""
+    from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND
+    from tula.service.runner import StoreObserver
+    from tula.service.store import Store
+
+    with Store(db_url or f"sqlite:///{home / 'tula.db'}", home) as store:
+        profile = json.loads((run_dir / "profile.json").read_text())
+        job_id = store.create_job(profile["spec"], search=profile["search"])
+        assert store.claim_job("seed")["id"] == job_id, "the seeded store had another queued job"
+        out = store.job_dir(job_id)
+        shutil.copytree(run_dir, out, dirs_exist_ok=True, copy_function=shutil.copyfile)
+        observer = StoreObserver(store, job_id, home)
+        for kind, rel in (
+            (PROFILE_KIND, "profile.json"),
+            (MODELS_KIND, "models.json"),
+            (PLAN_KIND, "plan.json"),
+            (TRAIN_KIND, "train/train.json"),
+        ):
+            observer.saved(kind, json.loads((out / rel).read_text()), out / rel)
+        for png in sorted(out.rglob("*.png")):
+            observer.saved("plot", None, png)
+        store.update_job(job_id, state="done", progress=1.0, message="done")
+    return job_id
+
+
+def runner_pids(job_id: str) -> list[int]:
+    """The live runner processes (``python -m tula.service.runner``) of ``job_id``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+                with open(f"/proc/{entry}/stat") as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if b"tula.service.runner" in argv and job_id.encode() in argv and state != "Z":
+                found.append(int(entry))
+    return found

@@ -1,7 +1,9 @@
 """The dashboard in a real headless Chromium (Debian's `chromium`) against a real `tula serve`:
 the jobs table lists the job (and its script keeps it current), the job page draws the plan
 chart with the choice marked and the training curves, and the re-plan form answers.  The
-screenshots are kept in the test's directory."""
+screenshots are kept in the test's directory.  The job is the session's finished run of the
+tiny spec (``tiny_pipeline``), stored as the service's runner stores a job it ran: the
+dashboard reads a finished job, not how it was run (test_service runs jobs)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-from service_helpers import Service, wait_for
+from service_helpers import Service, seed_finished_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -49,13 +51,13 @@ def screenshot(url: str, path, height: int = 2400) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_dashboard_lists_the_job_and_draws_its_plan_and_training(tmp_path, tiny_spec_dict):
+def test_the_dashboard_lists_the_job_and_draws_its_plan_and_training(tmp_path, tiny_pipeline):
     home = tmp_path / "home"
     home.mkdir()
+    job_id = seed_finished_job(home, tiny_pipeline.dir)
     svc = Service(home).start()
     try:
         c = svc.client()
-        job_id = c.post("/v1/jobs", json={"spec": dict(tiny_spec_dict, name="dash-job")}).json()["id"]
         job = wait_for(c, job_id, timeout_s=400)
         assert job["state"] == "done", job
         plan = c.get(f"/v1/jobs/{job_id}/plan").json()
@@ -64,7 +66,7 @@ def test_the_dashboard_lists_the_job_and_draws_its_plan_and_training(tmp_path, t
         page = dom(f"{svc.url}/", wait_ms=5000)
         row = re.search(rf"<tr data-id=\"{job_id}\">(.*?)</tr>", page, re.S)
         assert row, page[:3000]
-        assert "dash-job" in row.group(1) and ">done<" in row.group(1) and "100%" in row.group(1)
+        assert tiny_pipeline.spec["name"] in row.group(1) and ">done<" in row.group(1) and "100%" in row.group(1)
         assert re.search(r'id="jobs-total">1<', page)
         screenshot(f"{svc.url}/", tmp_path / "jobs.png", height=600)
 

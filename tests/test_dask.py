@@ -1,6 +1,9 @@
 """The Dask launcher on a real LocalCluster of 2 worker processes with real gloo: the same
 results as the local launcher, failures named by their cause, worlds that never share a
-worker, and a lost worker that fails the world within the timeout."""
+worker, and a lost worker that fails the world within the timeout.
+
+The tests share the session's cluster (``dask_client``, tests/conftest.py) and none kills or
+scales its workers; the test that kills a worker runs its own cluster (``--cluster dask``)."""
 
 import json
 import os
@@ -9,6 +12,7 @@ import subprocess
 import threading
 import time
 
+import distributed  # a hard dependency of Tula: not importing it is a failure, never a skip
 import pytest
 import torch
 import workers
@@ -22,25 +26,12 @@ from tula.engine.train import METRICS, train
 
 pytestmark = pytest.mark.slow
 
-distributed = pytest.importorskip("distributed")
 
-
-@pytest.fixture(scope="module")
-def client():
-    import logging
-
-    import dask
-
-    from tula.engine.launch.clusters import WORKER_CONFIG
-
-    dask.config.set(WORKER_CONFIG)
-    cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
-    )
-    c = distributed.Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
+@pytest.fixture
+def client(dask_client):
+    """The session's Client of its 2-worker LocalCluster, which every test finds with its 2 workers."""
+    assert len(dask_client.scheduler_info(n_workers=-1)["workers"]) == 2
+    return dask_client
 
 
 def _dask(client, **kw):
@@ -55,14 +46,15 @@ def _spec(tiny_spec_dict, **over):
     return spec_from_dict(d)
 
 
-def test_training_on_dask_equals_the_local_launcher_bit_for_bit(client, tiny_spec_dict, tmp_path):
-    spec = _spec(tiny_spec_dict)
-    local = train(spec, "ags", 2, 128, tmp_path / "local", launcher=LocalLauncher(device="cpu", threads_per_worker=1))
-    on_dask = train(spec, "ags", 2, 128, tmp_path / "dask", launcher=_dask(client))
+def test_training_on_dask_equals_the_local_launcher_bit_for_bit(client, reference_run, tmp_path):
+    """The session's reference run (AGS, 2 ranks of the local launcher, B = 64) is the local side."""
+    spec = spec_from_dict(reference_run.spec_dict())
+    local = reference_run.record("train.json")
+    on_dask = train(spec, "ags", 2, 64, tmp_path / "dask", launcher=_dask(client))
     assert on_dask["replicas_identical"] and local["replicas_identical"]
     assert [h["train_loss"] for h in on_dask["history"]] == [h["train_loss"] for h in local["history"]]
-    a, b = load_checkpoint(tmp_path / "local")["model"], load_checkpoint(tmp_path / "dask")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    a, b = load_checkpoint(reference_run.dir)["model"], load_checkpoint(tmp_path / "dask")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_profile_on_dask_runs_the_same_trials(client, tiny_spec_dict):

@@ -64,23 +64,26 @@ def _history(out: Path) -> list[dict]:
     return json.loads((out / "train.json").read_text())["history"]
 
 
-def test_torchrun_trains_as_the_local_launcher_does(tiny_spec_dict, tmp_path, tula_cmd):
-    spec = _spec(tmp_path, dict(tiny_spec_dict, epochs=2))
+def test_torchrun_trains_as_the_local_launcher_does(reference_run, tmp_path):
+    """The local side is the session's reference run: ``tula train --method ags --workers 2
+    --batch 64`` of the same spec (AGS, the spec's default method, is what torchrun trains here)."""
+    spec = _spec(tmp_path, reference_run.spec_dict())
+    epochs = reference_run.spec["epochs"]
     r = _torchrun(["train", str(spec), "--cluster", "env", "--batch", "64", "--out", "env"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
-    local = subprocess.run(
-        [*tula_cmd, "train", str(spec), "--workers", "2", "--batch", "64", "--out", str(tmp_path / "local")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert local.returncode == 0, local.stderr
-    env_h, local_h = _history(tmp_path / "env"), _history(tmp_path / "local")
-    assert [h["n_workers"] for h in env_h] == [2, 2]
+    env_h, local_h = _history(tmp_path / "env"), _history(reference_run.dir)
+    assert (
+        reference_run.record("train.json")["method"]
+        == json.loads((tmp_path / "env" / "train.json").read_text())["method"]
+        == "ags"
+    )
+    assert [h["n_workers"] for h in env_h] == [2] * epochs
     # the same job on the same 2 ranks: the same losses, bit for bit
     assert [h["train_loss"] for h in env_h] == [h["train_loss"] for h in local_h]
     assert [h["test_loss"] for h in env_h] == [h["test_loss"] for h in local_h]
     # rank 0 wrote the records once; the checkpoint is there to resume from
-    assert checkpoint_meta(tmp_path / "env")["epoch"] == 2
+    assert checkpoint_meta(tmp_path / "env")["epoch"] == epochs
 
 
 def test_torchrun_profile_runs_the_trials_of_its_size_and_says_which_it_cannot(tiny_spec_dict, tmp_path):

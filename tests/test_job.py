@@ -7,8 +7,8 @@ numbers as ``tula train``; bad input is one sentence."""
 from __future__ import annotations
 
 import json
-import subprocess
 
+import distributed  # a hard dependency of Tula: not importing it is a failure, never a skip
 import pytest
 import torch
 import yaml
@@ -69,36 +69,31 @@ def test_a_job_of_python_objects_profiles_fits_plans_and_trains(tmp_path):
     assert any(s == "profiling" and ev["type"] == "trial" for s, ev in events)
 
 
-def test_a_job_from_a_yaml_spec_trains_as_tula_train_does(tiny_spec_dict, tmp_path, tula_cmd):
+def test_a_job_from_a_yaml_spec_trains_as_tula_train_does(reference_run, tmp_path):
+    """The session's reference run is ``tula train --method ags --workers 2 --batch 64`` of its spec."""
     path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(dict(tiny_spec_dict, epochs=1)))
+    path.write_text(yaml.safe_dump(reference_run.spec_dict()))
     run = tula.Job(path, out=tmp_path / "py").train("ags", 2, 64)
-    r = subprocess.run(
-        [*tula_cmd, "train", str(path), "--method", "ags", "--workers", "2", "--batch", "64",
-         "--out", str(tmp_path / "cli")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    cli = json.loads((tmp_path / "cli" / "train.json").read_text())
+    cli = reference_run.record("train.json")
     assert [h["train_loss"] for h in run["history"]] == [h["train_loss"] for h in cli["history"]]
 
 
-def test_an_optimiser_factory_on_a_dask_client_trains_as_the_built_in_does_locally(tiny_spec_dict, tmp_path):
+def test_an_optimiser_factory_on_a_dask_client_trains_as_the_built_in_does_locally(
+    reference_run, tmp_path, dask_cluster
+):
     """The factory (a closure, so it travels pickled) builds the SGD of ``optimizer: {name:
     sgd, momentum: 0.5}`` (not the default 0.9, so an ignored factory shows); on the caller's
-    Client (a LocalCluster of 2 worker processes) AGS steps it to the same losses as the
-    built-in on local processes, and the Client is left open."""
-    import logging
-
-    distributed = pytest.importorskip("distributed")
-    spec = dict(tiny_spec_dict, epochs=1, train={"ags": {"update_every": 3}})
+    Client (of the session's LocalCluster of 2 worker processes) AGS steps it to the same
+    losses as the built-in on local processes (the session's reference run, whose spec says
+    that optimizer), and the Client is left open."""
+    local = reference_run.record("train.json")
+    assert reference_run.spec["optimizer"] == {"momentum": 0.5}
+    spec = {k: v for k, v in reference_run.spec_dict().items() if k != "optimizer"}  # the default: momentum 0.9
 
     def sgd(params, lr):
         return torch.optim.SGD(params, lr=lr, momentum=0.5, weight_decay=5e-4)
 
-    local = tula.Job({**spec, "optimizer": {"momentum": 0.5}}, out=tmp_path / "builtin").train("ags", 2, 64)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  silence_logs=logging.ERROR) as cluster, distributed.Client(cluster) as client:  # fmt: skip
+    with distributed.Client(dask_cluster) as client:
         job = tula.Job(spec, optimizer=sgd, cluster=client, out=tmp_path / "factory")
         assert job.spec.optimizer.name.startswith("pickle:")
         run = job.train("ags", 2, 64)

@@ -27,10 +27,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_own_loop_under_torchrun_ends_with_the_parameters_of_tula_train(tiny_spec_dict, tmp_path, tula_cmd):
-    d = dict(tiny_spec_dict, epochs=3)
-    # factors measured twice per epoch, so that several updates and scaled steps are compared
-    d["train"] = {"ags": {"b_small": 16, "update_every": 11}, "noise_scale": False}
+def test_own_loop_under_torchrun_ends_with_the_parameters_of_tula_train(reference_run, tmp_path):
+    """``tula train --method ags --workers 2 --batch 64`` of the job is the session's reference
+    run: 3 epochs, the factors measured twice per epoch (update_every 11 of 22 steps), so that
+    several updates and scaled steps are compared."""
+    d = reference_run.spec_dict()
+    assert d["epochs"] == 3 and d["train"]["ags"] == {"b_small": 16, "update_every": 11}
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(d))
     r = subprocess.run(
@@ -40,14 +42,10 @@ def test_own_loop_under_torchrun_ends_with_the_parameters_of_tula_train(tiny_spe
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "epoch 3: train loss" in r.stdout
-    t = subprocess.run(
-        [*tula_cmd, "train", str(spec), "--method", "ags", "--workers", "2", "--batch", "64",
-         "--out", str(tmp_path / "tula")],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert t.returncode == 0, t.stderr
+    t = reference_run.record("train.json")
+    assert (t["method"], t["n_workers"], t["global_batch"], len(t["history"])) == ("ags", 2, 64, 3)
     own = torch.load(tmp_path / "own.pt", weights_only=True)
-    theirs = load_checkpoint(tmp_path / "tula", map_location="cpu")["model"]
+    theirs = load_checkpoint(reference_run.dir, map_location="cpu")["model"]
     assert own.keys() == theirs.keys()
     for k in own:
         assert torch.equal(own[k], theirs[k]), f"{k} differs"

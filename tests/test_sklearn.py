@@ -222,6 +222,7 @@ def test_the_runner_trains_a_regression_spec_on_an_arrays_file_and_its_record_re
 
 
 # --------------------------------------------------------------------------- where the ranks run
+@pytest.mark.slow  # a world of spawned ranks
 def test_two_workers_on_local_processes_with_a_local_module_class(digits):
     class Local(nn.Module):  # defined here: not importable, so pickled by value (cloudpickle) into the ranks
         def __init__(self, hidden=32):
@@ -256,6 +257,7 @@ def test_an_in_process_rank_leaves_the_caller_s_threads_and_random_state_as_they
     assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), rng)
 
 
+@pytest.mark.slow  # a world of spawned ranks
 def test_an_in_process_world_trains_as_a_spawned_one(tiny_spec_dict, tmp_path):
     spec = spec_from_dict({**tiny_spec_dict, "epochs": 1, "train": {"method": "lbt"}})
     here = train(
@@ -298,23 +300,13 @@ def test_sigint_stops_an_in_process_world_at_a_step_boundary(tiny_spec_dict, tmp
 
 
 @pytest.mark.slow
-def test_dask_client_and_dask_arrays(digits):
-    import logging
-
-    import dask
+def test_dask_client_and_dask_arrays(digits, dask_cluster):
+    """On a Client of the session's LocalCluster of 2 worker processes."""
     import dask.array as da
     import distributed
 
-    from tula.engine.launch.clusters import WORKER_CONFIG
-
     X, y = digits
-    dask.config.set(WORKER_CONFIG)
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
+    with distributed.Client(dask_cluster) as client:
         est = TulaClassifier(
             module=Net,
             module__hidden=32,

@@ -559,6 +559,7 @@ def real_profile():
     return spec.to_dict(), rec, facts, threads
 
 
+@pytest.mark.slow  # a real profile: a world of a spawned rank
 def test_a_new_job_gets_the_key_its_profile_gives(real_profile):
     spec, rec, facts, threads = real_profile
     assert [t["status"] for t in rec["trials"]] == ["ok", "ok"]

@@ -232,6 +232,12 @@ class Dispatcher:
             job = self.store.claim_job(runner)
             if job is None:
                 return
+            stale = self.children.pop(job["id"], None)
+            if stale is not None and stale.poll() is None:
+                # its runner is still alive but was silent past stale_after_s (e.g. starved
+                # while starting): it is replaced, never left running beside the new one
+                stale.kill()
+                stale.wait()
             self.children[job["id"]] = self._spawn(job["id"], runner)
 
     def _spawn(self, job_id: str, runner: str) -> subprocess.Popen:
