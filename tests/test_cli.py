@@ -4,6 +4,7 @@ import time
 from pathlib import Path
 
 import yaml
+from helpers import assert_refused
 
 
 def _run(cmd, **kw):
@@ -104,6 +105,7 @@ def test_unknown_model_exits_2(tmp_path, tiny_spec_dict, tula_cmd):
     r = _run([*tula_cmd, "profile", str(spec), "--out", str(tmp_path / "p.json")])
     assert r.returncode == 2
     assert "unknown model 'alexnetz'" in r.stderr and "Traceback" not in r.stderr
+    assert_refused(r, "unknown model 'alexnetz'")  # the real command: only the sentence
     assert not (tmp_path / "p.json").exists()
 
 

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import MODELS_D, models_record, profile_record
+from helpers import MODELS_D, assert_refused, models_record, profile_record, tula_in_process
 
 from tula.core.errors import InfeasibleError, RecordError, SpecError
 from tula.core.fit import fit_models
@@ -361,11 +361,15 @@ def test_cli_plan_under_a_deadline_and_its_bad_inputs(models_json, tmp_path):
         (("--pricing", "kind=spot"), "spot pricing needs"),
         (("--pricing", "color=red"), "unknown field 'pricing.color'"),
     ):
-        r = _tula("plan", models_json, "--out", tmp_path / "q.json", *args)
+        r = tula_in_process("plan", models_json, "--out", tmp_path / "q.json", *args)  # through tula.cli.main
         assert r.returncode == 2, (args, r.stderr)
         err = " ".join(r.stderr.split())
         assert words in err and "Traceback" not in err, (args, err)
+        assert_refused(r, words)
         assert not (tmp_path / "q.json").exists()
+    r = _tula("plan", models_json, "--out", tmp_path / "q.json", "--budget", "-1")  # the real command
+    assert_refused(r, "--budget must be a non-negative amount")
+    assert not (tmp_path / "q.json").exists()
     r = _tula(
         "plan",
         models_json,

@@ -154,3 +154,14 @@ class _OomAbove(torch.nn.Module):
 
 def oom_above(local_batch: int = 32):
     return _OomAbove(local_batch)
+
+
+def marks_when_built(marker: str, **kwargs):
+    """tula's small CNN, built only after a file ``MARKER.PID`` is written: what built the model
+    (a workload check in the command's own process, or a rank in another) leaves its pid behind."""
+    from pathlib import Path
+
+    from tula.engine.workloads import SmallCNN
+
+    Path(f"{marker}.{os.getpid()}").write_text("built\n")
+    return SmallCNN(**kwargs)
