@@ -206,9 +206,19 @@ def test_loader_keeps_the_global_rng_and_ends_its_workers(image_root):
 
 
 def test_random_batches_draw_with_replacement_past_the_set(image_root):
-    path = DataPath(_data(image_root), "cpu", workers=0)
+    data = _data(image_root)
+    path = DataPath(data, "cpu", workers=0)
     x, y = next(path.random_batches(100, torch.Generator().manual_seed(0)))
     assert x.shape == (100, 3, SIZE, SIZE) and y.shape == (100,)
+    # every drawn sample is one of the set's, with its own label; 100 draws from a set of 48
+    # repeat some samples (with replacement) and still see many different ones (random draws)
+    samples = [data.train[i] for i in range(data.train_size)]
+    rows = {tuple(s[0].flatten().tolist()): s[1] for s in samples}
+    assert len(rows) == data.train_size == 48  # the set's samples are distinct images
+    drawn = [tuple(r.tolist()) for r in x.flatten(1)]
+    assert all(r in rows for r in drawn), "a drawn sample is not one of the set's"
+    assert [rows[r] for r in drawn] == y.tolist()
+    assert 20 < len(set(drawn)) < 100  # repeats: drawn with replacement, not a fixed subset
 
 
 def test_in_memory_sets_keep_the_tensor_path():

@@ -165,3 +165,26 @@ def marks_when_built(marker: str, **kwargs):
 
     Path(f"{marker}.{os.getpid()}").write_text("built\n")
     return SmallCNN(**kwargs)
+
+
+class _Sleepy(torch.nn.Module):
+    """A small MLP whose every training step takes at least ``sleep_s`` (a sleep, no CPU):
+    an epoch of a few steps stays in flight long enough to be interrupted."""
+
+    def __init__(self, sleep_s: float):
+        super().__init__()
+        self.sleep_s = sleep_s
+        self.net = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+        )
+
+    def forward(self, x):
+        if self.training:
+            import time
+
+            time.sleep(self.sleep_s)
+        return self.net(x)
+
+
+def sleepy_mlp(sleep_s: float = 0.1):
+    return _Sleepy(sleep_s)
