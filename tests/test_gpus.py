@@ -94,6 +94,7 @@ def test_the_local_launcher_refuses_a_world_it_cannot_place_before_any_rank_star
     assert _OneGpuHost(device="cpu", threads_per_worker=1).run(_marks, 1, str(tmp_path), timeout_s=120) == [0]
 
 
+@pytest.mark.slow  # a real DDP world
 def test_a_profile_skips_the_sizes_it_cannot_place_and_the_plan_does_not_rank_them(tiny_spec_dict):
     spec = spec_from_dict(tiny_spec_dict)  # cluster sizes 1 and 2, as make demo's
     events: list[dict] = []

@@ -319,6 +319,7 @@ def capped_spec_dict(tiny_spec_dict):
     return d
 
 
+@pytest.mark.slow  # a real DDP world
 def test_three_mib_budget_under_the_cap_fits_no_batch_and_says_why(capped_spec_dict):
     """Issue 7: the tensors of a local batch of 128 take 2.8 MiB, within 90 % of 3 MiB, but
     a worker maps far more than its tensors (oneDNN kernels for each batch shape, heap,
@@ -339,6 +340,7 @@ def test_three_mib_budget_under_the_cap_fits_no_batch_and_says_why(capped_spec_d
     assert replace(mm, address_space_overhead_bytes=0).max_local_batch(3 * MiB) >= 128  # the old prediction
 
 
+@pytest.mark.slow  # a real DDP world
 def test_trials_that_do_not_fit_under_a_tiny_cap_are_oom_not_errors(capped_spec_dict):
     """The trials the old model chose, run anyway in a fresh 2-rank world capped at 3 MiB:
     the first step's oneDNN kernels cannot be mapped.  That is an out-of-memory result
@@ -353,6 +355,7 @@ def test_trials_that_do_not_fit_under_a_tiny_cap_are_oom_not_errors(capped_spec_
     assert trials[0]["note"].startswith("out of memory on rank")
 
 
+@pytest.mark.slow  # a real DDP world
 def test_max_local_batch_under_a_cap_is_what_runs(capped_spec_dict):
     """End to end at a budget where batches fit: every trial at or below the model's bound
     runs (none is an error), and the bound is below what tensors alone would allow."""

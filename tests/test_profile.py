@@ -22,6 +22,7 @@ TRIAL_FIELDS = {
 }
 
 
+@pytest.mark.slow  # a real DDP world
 def test_two_rank_ddp_trials(tiny_spec_dict):
     """Two ranks, two batches; the trials time at least 0.3 s a round: the short steps of the
     small batch many more than the 3 timed_steps pairs, and every rank the same number."""
@@ -43,6 +44,7 @@ def test_two_rank_ddp_trials(tiny_spec_dict):
     assert big["t_compute_s"] > small["t_compute_s"]
 
 
+@pytest.mark.slow  # a real DDP world
 def test_oom_trial_under_a_real_memory_cap_is_recorded_and_the_search_moves_on(tiny_spec_dict):
     """Each rank's address space is capped (RLIMIT_AS): a local batch of 16384 digits samples
     cannot fit in 48 MiB, so the CPU allocator fails for real; every rank must agree and
@@ -62,6 +64,7 @@ def test_oom_trial_under_a_real_memory_cap_is_recorded_and_the_search_moves_on(t
     assert trials[0]["t_step_s"] > 0  # what was measured before the OOM is kept
 
 
+@pytest.mark.slow  # a real DDP world
 def test_partial_profile_end_to_end_and_fit(tiny_spec_dict):
     spec = spec_from_dict(tiny_spec_dict)
     events = []
@@ -109,6 +112,7 @@ def _slope_round(spec):
     return small, mid, big, perf, predicted, tol
 
 
+@pytest.mark.slow  # a real DDP world
 def test_compute_slope_from_two_batches_predicts_a_third(tiny_spec_dict):
     """One rank, three local batches: the performance model fitted to the trials at 128 and
     512 predicts t_compute at 1024, which it never saw, and the memory line through their

@@ -67,6 +67,7 @@ def on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
 
 
+@pytest.mark.slow  # a real DDP world
 def test_a_data_factory_and_a_custom_loss_profile_plan_and_train(tmp_path, tula_cmd):
     spec = _write(tmp_path, _spec(epochs=1))
     out = tmp_path / "run"
@@ -83,6 +84,7 @@ def test_a_data_factory_and_a_custom_loss_profile_plan_and_train(tmp_path, tula_
     assert "final test loss" in r.stdout
 
 
+@pytest.mark.slow  # a real DDP world
 def test_two_epochs_equal_one_epoch_and_a_resume_to_two(tmp_path, tula_cmd):
     spec = _write(tmp_path, _spec())
     train = ["train", spec, "--workers", "2", "--batch", "40"]
