@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import local_launcher
 
 from tula.core.errors import SpecError
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
-from tula.engine.launch import LocalLauncher
 from tula.engine.train import METRICS, train
 
 HERE = Path(__file__).resolve().parent
@@ -30,14 +30,10 @@ def _spec(tiny_spec_dict, epochs=3, **train_over):
     return spec_from_dict(d)
 
 
-def _launcher():
-    return LocalLauncher(device="cpu", threads_per_worker=1)
-
-
 @pytest.mark.slow
 def test_geometric_batch_grows_the_world_from_one_to_two_workers_with_exact_step_counts(tiny_spec_dict, tmp_path):
     ref = tmp_path / "ref"
-    run = train(_spec(tiny_spec_dict), "ags", 1, 64, ref, launcher=_launcher())
+    run = train(_spec(tiny_spec_dict), "ags", 1, 64, ref, launcher=local_launcher())
     # digits: 1438 training samples; B = 64 * 2^epoch, N = ceil(B / 64) clipped to 2
     assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in run["history"]] == [
         (64, 1, 22),
@@ -60,7 +56,7 @@ def test_geometric_batch_grows_the_world_from_one_to_two_workers_with_exact_step
     cut = tmp_path / "cut"
     cut.mkdir()
     shutil.copy(ref / PREVIOUS, cut / CHECKPOINT)
-    resumed = train(_spec(tiny_spec_dict), "ags", 1, 64, cut, resume=True, launcher=_launcher())
+    resumed = train(_spec(tiny_spec_dict), "ags", 1, 64, cut, resume=True, launcher=local_launcher())
     assert resumed["resumed_from_epoch"] == 2 and resumed["steps_done"] == run["steps_done"]
     assert resumed["history"][-1]["train_loss"] == run["history"][-1]["train_loss"]
     a, b = load_checkpoint(ref)["model"], load_checkpoint(cut)["model"]
@@ -79,7 +75,7 @@ def test_a_combination_that_cannot_follow_the_schedule_is_refused_before_trainin
     tiny_spec_dict, tmp_path, method, over, sentence
 ):
     with pytest.raises(SpecError, match=sentence):
-        train(_spec(tiny_spec_dict, **over), method, 2, 64, tmp_path / "out", launcher=_launcher())
+        train(_spec(tiny_spec_dict, **over), method, 2, 64, tmp_path / "out", launcher=local_launcher())
     assert not (tmp_path / "out").exists()
 
 
@@ -95,7 +91,7 @@ def test_the_gradient_noise_scale_is_measured_and_the_adaptive_schedule_follows_
         batch_schedule={"kind": "adaptive", "band": 0.1, "max_growth": 4.0},
         workers={"min": 2, "max": 2},
     )
-    run = train(spec, "lbt", 2, 16, tmp_path, launcher=_launcher())
+    run = train(spec, "lbt", 2, 16, tmp_path, launcher=local_launcher())
     b_simple = [h["b_simple"] for h in run["history"]]
     assert all(b is not None and 1 < b < 1438 for b in b_simple), b_simple
     # measured about 25-35 after the first epoch: more than the band above the start of 16, so the batch grows
@@ -134,7 +130,7 @@ def test_the_world_grows_from_one_to_two_workers_and_shrinks_back_with_exact_ste
         1,
         64,
         tmp_path,
-        launcher=_launcher(),
+        launcher=local_launcher(),
         on_event=events.append,
     )
     # digits: 1438 training samples -> 22 steps at B=64, 11 at B=128

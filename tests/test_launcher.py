@@ -2,6 +2,7 @@ import time
 
 import pytest
 import workers
+from helpers import local_launcher
 
 from tula.core.errors import WorkerError
 from tula.engine.launch import LocalLauncher
@@ -10,7 +11,7 @@ from tula.engine.launch import LocalLauncher
 @pytest.mark.slow  # a real DDP world
 def test_two_rank_gloo_world_returns_results_in_rank_order():
     events = []
-    res = LocalLauncher(device="cpu", threads_per_worker=1).run(
+    res = local_launcher().run(
         workers.allreduce_rank, 2, 10.0, on_event=lambda r, ev: events.append((r, ev)), timeout_s=120
     )
     assert [r["rank"] for r in res] == [0, 1]
@@ -31,5 +32,5 @@ def test_failing_rank_is_named_and_nothing_hangs():
 def test_dead_rank_is_reported():
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match="rank 1 of 2 died"):
-        LocalLauncher(device="cpu", threads_per_worker=1).run(workers.die_on_rank_one, 2, timeout_s=120)
+        local_launcher().run(workers.die_on_rank_one, 2, timeout_s=120)
     assert time.monotonic() - t0 < 60

@@ -2,11 +2,11 @@ import statistics
 import time
 
 import pytest
+from helpers import local_launcher
 
 from tula.core.fit import fit_models
 from tula.core.perfmodel import fit_perf_model
 from tula.core.spec import spec_from_dict
-from tula.engine.launch import LocalLauncher
 from tula.engine.memory import MemoryModel
 from tula.engine.profile import _merge_ranks, profile, profile_world, timed_pairs
 
@@ -27,7 +27,7 @@ def test_two_rank_ddp_trials(tiny_spec_dict):
     """Two ranks, two batches; the trials time at least 0.3 s a round: the short steps of the
     small batch many more than the 3 timed_steps pairs, and every rank the same number."""
     spec = spec_from_dict({**tiny_spec_dict, "profile": {**tiny_spec_dict["profile"], "min_timed_s": 0.3}})
-    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    launcher = local_launcher()
     res = launcher.run(profile_world, 2, spec.to_dict(), [(2, 16), (2, 512)], None, "full", None, timeout_s=300)
     trials = _merge_ranks(res)
     assert [t["status"] for t in trials] == ["ok", "ok"]
@@ -50,7 +50,7 @@ def test_oom_trial_under_a_real_memory_cap_is_recorded_and_the_search_moves_on(t
     cannot fit in 48 MiB, so the CPU allocator fails for real; every rank must agree and
     return, none may hang, and larger batches are skipped."""
     spec = spec_from_dict(tiny_spec_dict)
-    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    launcher = local_launcher()
     t0 = time.monotonic()
     res = launcher.run(
         profile_world, 2, spec.to_dict(), [(2, 32), (2, 32768), (2, 65536)], 48 * 2**20, "full", None, timeout_s=300
@@ -92,7 +92,7 @@ def _half_iqr(xs: list[float]) -> float:
 
 
 def _slope_round(spec):
-    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    launcher = local_launcher()
     res = launcher.run(
         profile_world, 1, spec.to_dict(), [(1, 128), (1, 512), (1, 1024)], None, "full", None, timeout_s=300
     )
