@@ -10,12 +10,10 @@ when N = 2), D = 1000, E = 1, 1 $ per node-second, so
 import copy
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import MODELS_D, assert_refused, models_record, profile_record, tula_in_process
+from helpers import MODELS_D, assert_refused, models_record, profile_record, run_tula, tula_in_process
 
 from tula.core.errors import InfeasibleError, RecordError, SpecError
 from tula.core.fit import fit_models
@@ -340,9 +338,7 @@ def models_json(tmp_path_factory):
 
 
 def _tula(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "tula.cli", *map(str, args)], capture_output=True, text=True, timeout=120
-    )
+    return run_tula(*args, timeout=120)
 
 
 def test_cli_plan_under_a_deadline_and_its_bad_inputs(models_json, tmp_path):
