@@ -165,7 +165,7 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     from tula.engine.checkpoint import checkpoint_meta
 
     # small synthetic data (3200 training samples: 50 steps at B=64, 25 at B=128) through a model
-    # whose training steps take 0.15 s each (a sleep): the 2-worker epoch lasts about 4 s, longer
+    # whose training steps on 2 workers take 0.15 s each (a sleep): the 2-worker epoch lasts about 4 s, longer
     # than the 2 s after which a log gets its first step line of an epoch
     d = _piecewise(tiny_spec_dict, [64, 128], 2, name="synthetic", sample_shape=[1, 8, 8], num_samples=4000)
     d["model"] = {"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.15}}

@@ -175,7 +175,7 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
     head, holding no rank) is killed with SIGKILL during epoch 2; --resume finishes with
     the same parameters as a run never killed."""
     # small synthetic data (3200 training samples: 50 steps at B=64, 25 at B=128) through a model
-    # whose training steps take 0.15 s each (a sleep): the 2-host epoch lasts about 4 s, longer
+    # whose training steps on 2 workers take 0.15 s each (a sleep): the 2-host epoch lasts about 4 s, longer
     # than the 2 s after which a log gets its first step line of an epoch
     spec = _spec(
         tmp_path,
