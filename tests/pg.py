@@ -13,11 +13,12 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+
+from helpers import free_port
 
 #: the environment variable that turns "PostgreSQL is not installed" from a skip into a failure (CI sets it)
 REQUIRE_ENV = "TULA_REQUIRE_POSTGRES"
@@ -37,12 +38,6 @@ def find_pg_bin() -> Path | None:
     return max(found)[1] if found else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PostgresServer:
     """Start with :meth:`start`, make a fresh database with :meth:`new_database`, end with :meth:`stop`."""
 
@@ -50,7 +45,7 @@ class PostgresServer:
         self.bin_dir = Path(bin_dir)
         self.root = Path(tempfile.mkdtemp(prefix="tula-pg-"))  # under /tmp: the postgres user can reach it
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.as_user: str | None = None
         if os.geteuid() == 0:
             try:

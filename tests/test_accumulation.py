@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import local_launcher
 
 import tula
 from tula.core.errors import SpecError
 from tula.core.job_rules import check_train_config, schedule_problem
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, checkpoint_meta, load_checkpoint
-from tula.engine.launch import LocalLauncher
 from tula.engine.train import _available, next_fallback, steps_per_epoch, train
 
 DIGITS_TRAIN = 1438
@@ -40,10 +40,6 @@ def _dict(epochs: int = 2, k: int = 1, **train_kw) -> dict:
     }
 
 
-def _launcher() -> LocalLauncher:
-    return LocalLauncher(device="cpu", threads_per_worker=1)
-
-
 def _params(out: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(out)["model"]
 
@@ -57,8 +53,8 @@ def test_two_accumulation_steps_end_with_the_parameters_of_one(tmp_path, method)
     summation order).  For ags the small batch (b_small 32 of the global 128: the first 16
     of each share) is measured on the whole share as at k = 1."""
     kw = {"ags": {"b_small": 32, "update_every": 2, "delta": 10.0}} if method == "ags" else {}
-    one = train(spec_from_dict(_dict(2, 1, **kw)), method, 2, 128, tmp_path / "k1", launcher=_launcher())
-    two = train(spec_from_dict(_dict(2, 2, **kw)), method, 2, 128, tmp_path / "k2", launcher=_launcher())
+    one = train(spec_from_dict(_dict(2, 1, **kw)), method, 2, 128, tmp_path / "k1", launcher=local_launcher())
+    two = train(spec_from_dict(_dict(2, 2, **kw)), method, 2, 128, tmp_path / "k2", launcher=local_launcher())
     assert (two["accumulation_steps"], two["micro_batch"], two["local_batch"]) == (2, 32, 64)
     assert (one["accumulation_steps"], one["micro_batch"], one["local_batch"]) == (1, 64, 64)
     assert [(h["accumulation_steps"], h["micro_batch"]) for h in two["history"]] == [(2, 32)] * 2
@@ -81,7 +77,7 @@ def test_a_stopped_accumulated_run_resumes_to_the_uninterrupted_runs_parameters(
     spec asks for another k: the resume goes on at the checkpoint's k (a note says so), as it
     goes on at the checkpoint's global batch."""
     d = _dict(2, 4, ags={"b_small": 32, "update_every": 2, "delta": 10.0})
-    ref = train(spec_from_dict(d), "ags", 2, 128, tmp_path / "a", launcher=_launcher())
+    ref = train(spec_from_dict(d), "ags", 2, 128, tmp_path / "a", launcher=local_launcher())
     assert load_checkpoint(tmp_path / "a")["accumulation_steps"] == 4
     for name, spec_k in (("b", 4), ("c", 1)):
         (tmp_path / name).mkdir()
@@ -89,7 +85,9 @@ def test_a_stopped_accumulated_run_resumes_to_the_uninterrupted_runs_parameters(
         assert checkpoint_meta(tmp_path / name)["epoch"] == 1
         events: list[dict] = []
         spec = spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": spec_k}})
-        resumed = train(spec, "ags", 2, 128, tmp_path / name, resume=True, launcher=_launcher(), on_event=events.append)
+        resumed = train(
+            spec, "ags", 2, 128, tmp_path / name, resume=True, launcher=local_launcher(), on_event=events.append
+        )
         notes = [e["message"] for e in events if e["type"] == "note"]
         assert bool(notes) == (spec_k != 4) and all("4 accumulation step(s)" in n for n in notes), notes
         assert resumed["resumed_from_epoch"] == 1 and resumed["accumulation_steps"] == 4
@@ -105,7 +103,7 @@ def test_out_of_memory_doubles_the_accumulation_steps_before_it_halves_the_batch
     b 32 with k 4 -- the global batch kept, so the steps per epoch too."""
     d = _dict(1)
     d["model"] = {"name": "workers:oom_above", "kwargs": {"local_batch": 32}}
-    run = train(spec_from_dict(d), "lbt", 2, 256, tmp_path, launcher=_launcher())
+    run = train(spec_from_dict(d), "lbt", 2, 256, tmp_path, launcher=local_launcher())
     got = [
         (f["from_global_batch"], f["to_global_batch"], f["from_accumulation_steps"], f["to_accumulation_steps"])
         for f in run["fallbacks"]
@@ -130,7 +128,7 @@ def test_a_schedule_grows_through_accumulation_once_memory_caps_the_micro_batch(
     d["model"] = {"name": "workers:oom_above", "kwargs": {"local_batch": 32}}
     d["search"] = {"max_accumulation_steps": 4}
     d["train"]["batch_schedule"] = {"kind": "geometric", "factor": 2, "delay": 1}
-    run = train(spec_from_dict(d), "lbt", 1, 32, tmp_path / "a", launcher=_launcher())
+    run = train(spec_from_dict(d), "lbt", 1, 32, tmp_path / "a", launcher=local_launcher())
     got = [(h["global_batch"], h["accumulation_steps"], h["micro_batch"]) for h in run["history"]]
     assert got == [(32, 1, 32), (64, 2, 32), (128, 4, 32)]
     assert [(f["from_global_batch"], f["to_global_batch"], f["to_accumulation_steps"]) for f in run["fallbacks"]] == [
@@ -148,7 +146,7 @@ def test_a_schedule_grows_through_accumulation_once_memory_caps_the_micro_batch(
     shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)
     meta = checkpoint_meta(tmp_path / "b")
     assert (meta["epoch"], meta["next_global_batch"], meta["next_accumulation_steps"]) == (2, 128, 4)
-    resumed = train(spec_from_dict(d), "lbt", 1, 32, tmp_path / "b", resume=True, launcher=_launcher())
+    resumed = train(spec_from_dict(d), "lbt", 1, 32, tmp_path / "b", resume=True, launcher=local_launcher())
     assert (resumed["global_batch"], resumed["accumulation_steps"]) == (128, 4)
     a, b = _params(tmp_path / "a"), _params(tmp_path / "b")
     assert all(torch.equal(a[n], b[n]) for n in a)
@@ -198,7 +196,7 @@ def test_bad_accumulation_is_one_sentence(tmp_path):
         check_train_config(spec, "lbt", 2, 64, DIGITS_TRAIN)
     check_train_config(spec, "lbt", 2, 96, DIGITS_TRAIN)  # 48 = 3 x 16
     with pytest.raises(SpecError, match="micro-batches"):
-        train(spec, "lbt", 2, 64, tmp_path / "x", launcher=_launcher())
+        train(spec, "lbt", 2, 64, tmp_path / "x", launcher=local_launcher())
     assert not (tmp_path / "x" / CHECKPOINT).exists()
     with pytest.raises(SpecError, match="micro-batches"):  # tula.Job's override reaches the same rule
         tula.Job(_dict(1), out=tmp_path / "job").train("lbt", 2, 64, accumulation_steps=3)

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 import workers
+from helpers import local_launcher
 
 from tula.core.errors import SpecError
 from tula.core.registry import METHOD_NAMES
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import load_checkpoint
-from tula.engine.launch import LocalLauncher
 from tula.engine.optim.methods import build_method
 from tula.engine.train import steps_per_epoch, train
 from tula.engine.workloads import SmallCNN, load_dataset
@@ -79,7 +79,7 @@ def runs(tmp_path_factory):
             2,
             GLOBAL_BATCH,
             out_dir,
-            launcher=LocalLauncher(device="cpu", threads_per_worker=1),
+            launcher=local_launcher(),
         )
         out[name] = (run, out_dir)
     return out
@@ -133,9 +133,7 @@ def test_every_method_reports_the_lr_of_its_next_step_after_a_resume():
     """``get_last_lr()`` after ``load_state_dict(state, step)`` is the LR the next step
     applies, the same as without the interruption (mid warm-up, and with AdaScale's gain)."""
     runs = [(name, spec_dict(name, train={"ags": {"b_small": 32}})) for name in METHOD_NAMES]
-    res = LocalLauncher(device="cpu", threads_per_worker=1).run(
-        workers.lr_after_resume, 2, runs, GLOBAL_BATCH, 4, 3, timeout_s=300
-    )[0]
+    res = local_launcher().run(workers.lr_after_resume, 2, runs, GLOBAL_BATCH, 4, 3, timeout_s=300)[0]
     for name in METHOD_NAMES:
         r = res[name]
         assert r["restored_reported"] == r["restored_groups"] == r["reported"], name

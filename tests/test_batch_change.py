@@ -9,16 +9,12 @@ import shutil
 
 import pytest
 import torch
+from helpers import local_launcher
 
 from tula.core.job_rules import first_workers
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
-from tula.engine.launch import LocalLauncher
 from tula.engine.train import train
-
-
-def _launcher():
-    return LocalLauncher(device="cpu", threads_per_worker=1)
 
 
 def _spec(tiny_spec_dict, batches, epochs, **over):
@@ -51,7 +47,7 @@ def _numbers(run):
 def test_a_batch_change_at_fixed_workers_stays_in_the_world_and_matches_a_resumed_run(tiny_spec_dict, tmp_path, method):
     spec = _spec(tiny_spec_dict, [64, 128, 96], 3)
     events = []
-    ref = train(spec, method, 2, 64, tmp_path / "ref", launcher=_launcher(), on_event=events.append)
+    ref = train(spec, method, 2, 64, tmp_path / "ref", launcher=local_launcher(), on_event=events.append)
     # digits: 1438 training samples -> 22 steps at 64, 11 at 128, 14 at 96
     assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in ref["history"]] == [
         (64, 2, 22),
@@ -76,7 +72,7 @@ def test_a_batch_change_at_fixed_workers_stays_in_the_world_and_matches_a_resume
     cut = tmp_path / "cut"
     cut.mkdir()
     shutil.copy(tmp_path / "ref" / PREVIOUS, cut / CHECKPOINT)
-    resumed = train(spec, method, 2, 64, cut, resume=True, launcher=_launcher())
+    resumed = train(spec, method, 2, 64, cut, resume=True, launcher=local_launcher())
     assert resumed["resumed_from_epoch"] == 2 and _segments(resumed) == [(2, 96, 3, 1, True)]
     assert resumed["steps_done"] == ref["steps_done"]
     assert _numbers(resumed) == _numbers(ref)  # losses, scores, LR, B_simple, the schedule's decisions
@@ -92,7 +88,7 @@ def test_out_of_memory_at_a_new_batch_inside_the_world_falls_back(tiny_spec_dict
     checkpoint at half the batch in a new world."""
     spec = _spec(tiny_spec_dict, [32, 128], 2, model={"name": "workers:oom_above", "kwargs": {"local_batch": 32}})
     events = []
-    run = train(spec, "lbt", 2, 32, tmp_path, launcher=_launcher(), on_event=events.append)
+    run = train(spec, "lbt", 2, 32, tmp_path, launcher=local_launcher(), on_event=events.append)
     assert [(f["from_global_batch"], f["to_global_batch"], f["at_epoch"]) for f in run["fallbacks"]] == [(128, 64, 1)]
     assert "OutOfMemoryError" in run["fallbacks"][0]["reason"]
     assert [(h["global_batch"], h["steps"]) for h in run["history"]] == [(32, 44), (64, 22)]

@@ -3,13 +3,16 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import yaml
+from helpers import assert_refused
 
 
 def _run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
 
 
+@pytest.mark.slow  # a real DDP world
 def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec_dict))
@@ -72,6 +75,7 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
     assert [h["epoch"] for h in json.loads((out / "train" / "train.json").read_text())["history"]] == [1, 2]
 
 
+@pytest.mark.slow  # a real DDP world
 def test_run_trains_with_the_batch_schedule_of_the_spec(tmp_path, tiny_spec_dict, tula_cmd):
     """`tula run` starts training at the plan's choice and the spec's schedule moves it from there."""
     d = dict(
@@ -104,6 +108,7 @@ def test_unknown_model_exits_2(tmp_path, tiny_spec_dict, tula_cmd):
     r = _run([*tula_cmd, "profile", str(spec), "--out", str(tmp_path / "p.json")])
     assert r.returncode == 2
     assert "unknown model 'alexnetz'" in r.stderr and "Traceback" not in r.stderr
+    assert_refused(r, "unknown model 'alexnetz'")  # the real command: only the sentence
     assert not (tmp_path / "p.json").exists()
 
 
@@ -126,6 +131,7 @@ def test_train_help_lists_every_registered_method(tula_cmd):
         assert f"{name}: {' '.join(info.summary.split())}" in text, name
 
 
+@pytest.mark.slow  # a real DDP world
 def test_dead_worker_mid_profile_keeps_finished_trials(tmp_path, tiny_spec_dict, tula_cmd):
     """Rank 1 dies on the largest N=2 trial: exit 2 with one sentence naming the rank, and
     the trials finished before it are in the profile record."""

@@ -10,11 +10,10 @@ when N = 2), D = 1000, E = 1, 1 $ per node-second, so
 import copy
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from helpers import MODELS_D, assert_refused, models_record, profile_record, run_tula, tula_in_process
 
 from tula.core.errors import InfeasibleError, RecordError, SpecError
 from tula.core.fit import fit_models
@@ -23,47 +22,13 @@ from tula.core.plan import Constraints, make_plan
 from tula.core.pricing import FixedPricing, SpotPricing
 from tula.core.records import PLAN_KIND, VERSIONS, load_record, save_record, validate_record
 from tula.core.spec import format_duration, parse_duration, spec_from_dict
-from tula.engine.memory import MemoryModel
 
-D = 1000
+D = MODELS_D
 PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)
 
 
 def _models(perf=PERF, pricing=None, constraints=None, sizes=(1, 2)) -> dict:
-    spec = {
-        "epochs": 1,
-        "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
-        "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0},
-    }
-    if constraints is not None:
-        spec["constraints"] = constraints
-    mem = MemoryModel(
-        param_bytes=1000,
-        grad_bytes=1000,
-        optimizer_state_bytes=0,
-        buffer_bytes=0,
-        other_static_bytes=0,
-        activation_bytes_per_sample=90,
-        batch_bytes_per_sample=10,
-        probe_local_batches=(1, 2),
-        probe_peak_bytes=(2100, 2200),
-        device="cpu",
-    )
-    return {
-        "kind": "tula.models",
-        "version": 1,
-        "spec": spec_from_dict(spec).to_dict(),
-        "search": "full",
-        "device": "cpu",
-        "dataset_size": D,
-        "memory_budget_bytes": None,
-        "memory": mem.to_dict(),
-        "memory_probed": mem.to_dict(),
-        "perf": perf.to_dict(),
-        "oom_local_batch": None,
-        "fit_error": {"t_step_median_rel": 0.0},
-        "trials": [],
-    }
+    return models_record(perf, sizes=sizes, pricing=pricing, constraints=constraints, full=True)
 
 
 def _nb(plan):
@@ -360,8 +325,6 @@ def test_spot_pricing_needs_its_price_and_rate():
 @pytest.fixture(scope="module")
 def models_json(tmp_path_factory):
     """A models record fitted (by Tula's fit) to step times made from PERF."""
-    from test_no_torch import _profile_record  # noqa: PLC0415 - a profile record made by hand
-
     spec = {
         "name": "tiny",
         "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
@@ -370,14 +333,12 @@ def models_json(tmp_path_factory):
         "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256},
     }
     path = tmp_path_factory.mktemp("models") / "models.json"
-    save_record(fit_models(validate_record(_profile_record(spec), "test")), path)
+    save_record(fit_models(validate_record(profile_record(spec), "test")), path)
     return path
 
 
 def _tula(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "tula.cli", *map(str, args)], capture_output=True, text=True, timeout=120
-    )
+    return run_tula(*args, timeout=120)
 
 
 def test_cli_plan_under_a_deadline_and_its_bad_inputs(models_json, tmp_path):
@@ -396,11 +357,15 @@ def test_cli_plan_under_a_deadline_and_its_bad_inputs(models_json, tmp_path):
         (("--pricing", "kind=spot"), "spot pricing needs"),
         (("--pricing", "color=red"), "unknown field 'pricing.color'"),
     ):
-        r = _tula("plan", models_json, "--out", tmp_path / "q.json", *args)
+        r = tula_in_process("plan", models_json, "--out", tmp_path / "q.json", *args)  # through tula.cli.main
         assert r.returncode == 2, (args, r.stderr)
         err = " ".join(r.stderr.split())
         assert words in err and "Traceback" not in err, (args, err)
+        assert_refused(r, words)
         assert not (tmp_path / "q.json").exists()
+    r = _tula("plan", models_json, "--out", tmp_path / "q.json", "--budget", "-1")  # the real command
+    assert_refused(r, "--budget must be a non-negative amount")
+    assert not (tmp_path / "q.json").exists()
     r = _tula(
         "plan",
         models_json,

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import comm, descendants, local_launcher, process_tree
 from PIL import Image
 
 from tula.core.errors import SpecError
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import load_checkpoint
 from tula.engine.data import DataPath, augment_image, data_path, epoch_order, sample_key
-from tula.engine.launch import LocalLauncher
 from tula.engine.train import steps_per_epoch, train
 from tula.engine.workloads import load_dataset
 
@@ -53,48 +53,6 @@ def _data(root, augment=False, workers=2, seed=0, **extra):
         }
     )
     return load_dataset(spec.data, seed)
-
-
-def _tree() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(d))
-    return children
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (from /proc), but multiprocessing's resource tracker
-    and the local launcher's fork server (one each per process that started ranks, kept for
-    its lifetime by design; the ranks forked from the server are named tula-rank-R)."""
-    children = _tree()
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            todo.append(c)
-            try:
-                cmdline = Path(f"/proc/{c}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"resource_tracker" in cmdline:
-                continue
-            if b"multiprocessing.forkserver" in cmdline and not _comm(c).startswith("tula-rank-"):
-                continue
-            out.append(c)
-    return out
 
 
 def _epochs(path: DataPath, n: int, epochs=(0, 1), global_batch=16, seed=0):
@@ -184,7 +142,7 @@ def test_augment_image_is_a_padded_crop_and_flip():
 
 def test_loader_keeps_the_global_rng_and_ends_its_workers(image_root):
     me = os.getpid()
-    before = set(_descendants(me))
+    before = set(descendants(me))
     data = _data(image_root, augment=True)
     torch.manual_seed(123)
     state = torch.get_rng_state()
@@ -192,7 +150,7 @@ def test_loader_keeps_the_global_rng_and_ends_its_workers(image_root):
     assert path is data_path(data, "cpu")  # one path per data set and device
     list(path.epoch_batches(0, epoch_order(0, 0, 48), 16, 0, 8, 3))
     pids = path.worker_pids
-    assert len(pids) == 2 and set(pids) <= set(_descendants(me))
+    assert len(pids) == 2 and set(pids) <= set(descendants(me))
     list(path.eval_batches(0, 1, 5))  # the same workers serve evaluation ...
     stream = path.random_batches(8, torch.Generator().manual_seed(0))
     assert [len(next(stream)[1]) for _ in range(10)] == [8] * 10  # ... and profiling's endless stream
@@ -202,17 +160,27 @@ def test_loader_keeps_the_global_rng_and_ends_its_workers(image_root):
         next(stream)
     assert torch.equal(torch.get_rng_state(), state)
     data.close()
-    assert set(_descendants(me)) <= before
+    assert set(descendants(me)) <= before
 
 
 def test_random_batches_draw_with_replacement_past_the_set(image_root):
-    path = DataPath(_data(image_root), "cpu", workers=0)
+    data = _data(image_root)
+    path = DataPath(data, "cpu", workers=0)
     x, y = next(path.random_batches(100, torch.Generator().manual_seed(0)))
     assert x.shape == (100, 3, SIZE, SIZE) and y.shape == (100,)
+    # every drawn sample is one of the set's, with its own label; 100 draws from a set of 48
+    # repeat some samples (with replacement) and still see many different ones (random draws)
+    samples = [data.train[i] for i in range(data.train_size)]
+    rows = {tuple(s[0].flatten().tolist()): s[1] for s in samples}
+    assert len(rows) == data.train_size == 48  # the set's samples are distinct images
+    drawn = [tuple(r.tolist()) for r in x.flatten(1)]
+    assert all(r in rows for r in drawn), "a drawn sample is not one of the set's"
+    assert [rows[r] for r in drawn] == y.tolist()
+    assert 20 < len(set(drawn)) < 100  # repeats: drawn with replacement, not a fixed subset
 
 
 def test_in_memory_sets_keep_the_tensor_path():
-    before = set(_descendants(os.getpid()))
+    before = set(descendants(os.getpid()))
     spec = spec_from_dict({"data": {"name": "digits", "loader_workers": 2}})
     data = load_dataset(spec.data, 0)
     assert data.in_memory and data.loader_workers == 0
@@ -224,7 +192,7 @@ def test_in_memory_sets_keep_the_tensor_path():
     for i, (x, y) in enumerate(batches):
         idx = perm[i * 64 + 32 : i * 64 + 64]
         assert torch.equal(x, x_all[idx]) and torch.equal(y, y_all[idx])
-    assert path.worker_pids == [] and set(_descendants(os.getpid())) <= before
+    assert path.worker_pids == [] and set(descendants(os.getpid())) <= before
     with pytest.raises(SpecError, match="augment"):
         spec_from_dict({"data": {"name": "digits", "augment": True}})
     with pytest.raises(SpecError, match="loader_workers"):
@@ -236,7 +204,7 @@ def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_pro
     """2 ranks x 2 loader workers, augmentation on: 2 epochs in one run end with the same
     model as 1 epoch and a resumed second; the workers run inside the ranks; none is left."""
     me = os.getpid()
-    before = set(_descendants(me))
+    before = set(descendants(me))
     d = {
         "name": "imgs",
         "seed": 3,
@@ -245,15 +213,15 @@ def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_pro
         "data": {"name": "imagefolder", "root": str(image_root), "augment": True, "loader_workers": 2},
         "train": {"warmup_epochs": 0, "eval_batch": 8},
     }
-    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    launcher = local_launcher()
     seen = {"loader_workers": 0}
     done = threading.Event()
 
     def watch() -> None:  # the ranks' own children: their loader workers
         while not done.is_set():
-            tree = _tree()
-            below = _descendants(me)
-            named = [p for p in below if _comm(p).startswith("tula-rank-")]  # ranks and their forks
+            tree = process_tree()
+            below = descendants(me)
+            named = [p for p in below if comm(p).startswith("tula-rank-")]  # ranks and their forks
             ranks = [r for r in named if not any(r in tree.get(q, []) for q in named)]
             seen["loader_workers"] = max(seen["loader_workers"], sum(len(tree.get(r, [])) for r in ranks))
             time.sleep(0.05)
@@ -275,7 +243,7 @@ def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_pro
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert whole["history"][-1]["test_top1"] == resumed["history"][-1]["test_top1"]
     time.sleep(0.5)
-    assert set(_descendants(me)) <= before, "processes were left behind"
+    assert set(descendants(me)) <= before, "processes were left behind"
 
 
 @pytest.mark.slow
@@ -291,11 +259,11 @@ def test_profile_times_the_step_with_its_batch_through_the_loader(image_root):
             "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "min_timed_s": 0},
         }
     )
-    before = set(_descendants(os.getpid()))
-    rec = profile(spec, launcher=LocalLauncher(device="cpu", threads_per_worker=1))
+    before = set(descendants(os.getpid()))
+    rec = profile(spec, launcher=local_launcher())
     ok = [t for t in rec["trials"] if t["status"] == "ok"]
     assert ok and all(0 <= t["t_data_s"] < t["t_step_s"] for t in ok)
-    assert set(_descendants(os.getpid())) <= before
+    assert set(descendants(os.getpid())) <= before
 
 
 def test_merged_trial_names_the_loader_when_it_is_the_bottleneck():

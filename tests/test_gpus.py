@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from helpers import free_port
 
 from tula.core.errors import InfeasibleError, PlacementError
 from tula.core.fit import fit_models, oom_local_batch
@@ -94,6 +95,7 @@ def test_the_local_launcher_refuses_a_world_it_cannot_place_before_any_rank_star
     assert _OneGpuHost(device="cpu", threads_per_worker=1).run(_marks, 1, str(tmp_path), timeout_s=120) == [0]
 
 
+@pytest.mark.slow  # a real DDP world
 def test_a_profile_skips_the_sizes_it_cannot_place_and_the_plan_does_not_rank_them(tiny_spec_dict):
     spec = spec_from_dict(tiny_spec_dict)  # cluster sizes 1 and 2, as make demo's
     events: list[dict] = []
@@ -183,7 +185,7 @@ def test_timeouts_by_type_get_the_network_sentence_with_the_time_waited_and_the_
 def test_a_real_rendezvous_that_times_out_names_the_timeout_in_force():
     """Rank 0 of a world of 2 whose rank 1 never comes: torch's own store times out after the
     process group's 3 s, and the sentence says so (not any other number)."""
-    setup = RankSetup(0, 2, f"tcp://127.0.0.1:{_free_port()}", "cpu", threads=1, pg_timeout_s=3.0)
+    setup = RankSetup(0, 2, f"tcp://127.0.0.1:{free_port()}", "cpu", threads=1, pg_timeout_s=3.0)
     t0 = time.monotonic()
     kind, f = run_rank(setup, _marks, ("/nonexistent",), emit=lambda ev: None, in_process=True)
     took = time.monotonic() - t0
@@ -192,9 +194,3 @@ def test_a_real_rendezvous_that_times_out_names_the_timeout_in_force():
     assert "could not connect" in f.message and "timeout being 3 s" in f.message, f.message
     waited = re.search(r"gave up after (\d+) s", f.message)
     assert waited and 3 <= int(waited.group(1)) <= took + 1, f.message
-
-
-def _free_port() -> int:
-    from tula.engine.launch.local import free_port
-
-    return free_port()

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import yaml
+from helpers import group_alive, ranks_below
 
 from tula.core.records import read_jsonl
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta
@@ -23,50 +24,6 @@ def _write(tmp_path, d, name="spec.yaml"):
     p = tmp_path / name
     p.write_text(yaml.safe_dump(d))
     return p
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(x) for x in fh.read().split()]
-    except OSError:
-        return []
-
-
-def _ranks(pid: int) -> list[int]:
-    """The rank processes below ``pid`` (children of the launcher's fork server)."""
-    found, todo = [], _children(pid)
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/comm") as fh:
-                name = fh.read().strip()
-        except OSError:
-            continue
-        if name.startswith("tula-rank-"):
-            found.append(p)
-        todo.extend(_children(p))
-    return found
-
-
-def _group_alive(pgid: int, wait_s: float = 5.0) -> list[str]:
-    """Command lines of processes still in the group after ``wait_s`` (helpers such as
-    multiprocessing's resource tracker exit a moment after their parent)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        alive = []
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                if os.getpgid(int(pid)) == pgid:
-                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                        alive.append(fh.read().replace(b"\0", b" ").decode()[:120])
-            except (ProcessLookupError, OSError):
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.1)
 
 
 def _wait_for(cond, timeout=240.0, proc=None):
@@ -92,7 +49,7 @@ def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(
     cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _wait_for(lambda: (out / CHECKPOINT).exists(), proc=proc)
-    ranks = _ranks(proc.pid)
+    ranks = ranks_below(proc.pid)
     assert ranks, "no rank processes found"
     t_signal = time.monotonic()
     os.killpg(proc.pid, sig) if to_group else os.kill(proc.pid, sig)  # Ctrl-C in a terminal reaches the group
@@ -108,7 +65,7 @@ def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(
     assert f"epochs 1-{kept} of 200 are kept in {out / CHECKPOINT}" in text
     assert [r["epoch"] for r in read_jsonl(out / METRICS)] == list(range(1, kept + 1))
     assert not (out / "train.json").exists()
-    assert not _group_alive(proc.pid), f"processes of the run survived: {_group_alive(proc.pid, 0)}"
+    assert not group_alive(proc.pid), f"processes of the run survived: {group_alive(proc.pid, 0)}"
     assert all(not os.path.exists(f"/proc/{r}") for r in ranks)
 
     # the suggested command continues: here with fewer epochs, so it finishes quickly
@@ -144,7 +101,7 @@ def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_re
     text = _one_line(err)
     assert "profiling stopped by SIGINT" in text and "Traceback" not in err
     assert f"continue with: tula run --resume {out}" in text
-    assert not _group_alive(proc.pid)
+    assert not group_alive(proc.pid)
     partial = json.loads((out / "profile.json").read_text())
     assert partial["interrupted"] == "SIGINT"
     finished = {(t["n_workers"], t["global_batch"]): t for t in partial["trials"]}

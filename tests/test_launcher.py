@@ -2,14 +2,16 @@ import time
 
 import pytest
 import workers
+from helpers import local_launcher
 
 from tula.core.errors import WorkerError
 from tula.engine.launch import LocalLauncher
 
 
+@pytest.mark.slow  # a real DDP world
 def test_two_rank_gloo_world_returns_results_in_rank_order():
     events = []
-    res = LocalLauncher(device="cpu", threads_per_worker=1).run(
+    res = local_launcher().run(
         workers.allreduce_rank, 2, 10.0, on_event=lambda r, ev: events.append((r, ev)), timeout_s=120
     )
     assert [r["rank"] for r in res] == [0, 1]
@@ -17,6 +19,7 @@ def test_two_rank_gloo_world_returns_results_in_rank_order():
     assert sorted(r for r, _ in events) == [0, 1]
 
 
+@pytest.mark.slow  # a real DDP world
 def test_failing_rank_is_named_and_nothing_hangs():
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match="rank 1 of 2 failed: ValueError: boom on purpose") as e:
@@ -25,8 +28,9 @@ def test_failing_rank_is_named_and_nothing_hangs():
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.slow  # a real DDP world
 def test_dead_rank_is_reported():
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match="rank 1 of 2 died"):
-        LocalLauncher(device="cpu", threads_per_worker=1).run(workers.die_on_rank_one, 2, timeout_s=120)
+        local_launcher().run(workers.die_on_rank_one, 2, timeout_s=120)
     assert time.monotonic() - t0 < 60

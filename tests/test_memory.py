@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import local_launcher
 from torch import nn
 
 from tula.core.errors import InfeasibleError
 from tula.core.spec import spec_from_dict
-from tula.engine.launch import LocalLauncher
 from tula.engine.memory import (
     MemoryModel,
     failure_cause,
@@ -319,6 +319,7 @@ def capped_spec_dict(tiny_spec_dict):
     return d
 
 
+@pytest.mark.slow  # a real DDP world
 def test_three_mib_budget_under_the_cap_fits_no_batch_and_says_why(capped_spec_dict):
     """Issue 7: the tensors of a local batch of 128 take 2.8 MiB, within 90 % of 3 MiB, but
     a worker maps far more than its tensors (oneDNN kernels for each batch shape, heap,
@@ -329,7 +330,7 @@ def test_three_mib_budget_under_the_cap_fits_no_batch_and_says_why(capped_spec_d
         profile(
             spec_from_dict(capped_spec_dict),
             "partial",
-            launcher=LocalLauncher(device="cpu", threads_per_worker=1),
+            launcher=local_launcher(),
             on_event=events.append,
         )
     plan = next(e for e in events if e["type"] == "plan")
@@ -339,13 +340,14 @@ def test_three_mib_budget_under_the_cap_fits_no_batch_and_says_why(capped_spec_d
     assert replace(mm, address_space_overhead_bytes=0).max_local_batch(3 * MiB) >= 128  # the old prediction
 
 
+@pytest.mark.slow  # a real DDP world
 def test_trials_that_do_not_fit_under_a_tiny_cap_are_oom_not_errors(capped_spec_dict):
     """The trials the old model chose, run anyway in a fresh 2-rank world capped at 3 MiB:
     the first step's oneDNN kernels cannot be mapped.  That is an out-of-memory result
     (it used to be an error that abandoned the world's other trials); larger batches are
     skipped, and the world returns."""
     spec = spec_from_dict(capped_spec_dict)
-    res = LocalLauncher(device="cpu", threads_per_worker=1).run(
+    res = local_launcher().run(
         profile_world, 2, spec.to_dict(), [(2, 16), (2, 256)], 3 * MiB, "partial", 3 * MiB, timeout_s=300
     )
     trials = _merge_ranks(res)
@@ -353,12 +355,13 @@ def test_trials_that_do_not_fit_under_a_tiny_cap_are_oom_not_errors(capped_spec_
     assert trials[0]["note"].startswith("out of memory on rank")
 
 
+@pytest.mark.slow  # a real DDP world
 def test_max_local_batch_under_a_cap_is_what_runs(capped_spec_dict):
     """End to end at a budget where batches fit: every trial at or below the model's bound
     runs (none is an error), and the bound is below what tensors alone would allow."""
     d = dict(capped_spec_dict)
     d["search"] = {**d["search"], "cluster_sizes": [1], "memory_budget_bytes": "64MiB"}
-    rec = profile(spec_from_dict(d), "partial", launcher=LocalLauncher(device="cpu", threads_per_worker=1))
+    rec = profile(spec_from_dict(d), "partial", launcher=local_launcher())
     mm = MemoryModel.from_dict(rec["memory"])
     assert mm.address_space_overhead_bytes > 0
     assert rec["max_local_batch"] < replace(mm, address_space_overhead_bytes=0).max_local_batch(64 * MiB)

@@ -27,6 +27,9 @@ import yaml
 pytestmark = pytest.mark.slow
 
 TULA = str(Path(sys.executable).parent / "tula")
+HERE = Path(__file__).resolve().parent
+#: the tests' folder on the import path of the commands and of the Dask workers (tests/workers.py's models)
+TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def _spec(tmp_path: Path, name: str = "mh", **over) -> Path:
@@ -53,7 +56,7 @@ def hosts(netns_ok):
     """Three emulated hosts with one Dask worker each, and the head that runs the commands."""
     from emulated_hosts import EmulatedHosts
 
-    with EmulatedHosts(n_hosts=3) as h:
+    with EmulatedHosts(n_hosts=3, worker_env=TESTS_ON_PATH) as h:
         yield h
 
 
@@ -171,9 +174,16 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
     """1 worker for epoch 1, then 2 workers on two hosts; `tula train` (the command on the
     head, holding no rank) is killed with SIGKILL during epoch 2; --resume finishes with
     the same parameters as a run never killed."""
+    # small synthetic data (3200 training samples: 50 steps at B=64, 25 at B=128) through a model
+    # whose training steps on 2 workers take 0.15 s each (a sleep): the 2-host epoch lasts about 4 s, longer
+    # than the 2 s after which a log gets its first step line of an epoch
     spec = _spec(
         tmp_path,
-        data={"name": "synthetic", "sample_shape": [1, 8, 8], "num_samples": 60000},
+        model={"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.15}},
+        # this test is about the kill and the resume, not about losing a host: a worker unheard
+        # for the 6 s the host-loss tests use, on 2 loaded cores, failed its uninterrupted run
+        cluster={"heartbeat_timeout_s": 30},
+        data={"name": "synthetic", "sample_shape": [1, 8, 8], "num_samples": 4000},
         train={
             "method": "lbt",
             "warmup_epochs": 0,
@@ -182,7 +192,7 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
         },
     )
     cmd = [TULA, "train", str(spec), "--workers", "1", "--batch", "64", "--cluster", hosts.scheduler_address]
-    ref = hosts.run([*cmd, "--out", str(tmp_path / "ref")], timeout=300)
+    ref = hosts.run([*cmd, "--out", str(tmp_path / "ref")], timeout=300, env=TESTS_ON_PATH)
     assert ref.returncode == 0, ref.stderr + hosts.log_tail()
 
     cut = tmp_path / "cut"
@@ -192,19 +202,22 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
         stdout=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
+        env={**os.environ, **TESTS_ON_PATH},
     )
     seen = []
     try:
         for line in proc.stderr:
             seen.append(line)
-            if "the batch schedule moves to global batch 128 on 2 worker(s)" in line:
-                time.sleep(2.0)  # the 2-host world starts and trains (its epoch lasts several seconds)
+            if line.startswith("epoch 2: step"):  # the 2-host world is training: kill on its first step line
                 os.kill(proc.pid, signal.SIGKILL)
                 break
     finally:
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "".join(seen)
-    again = hosts.run([*cmd, "--out", str(cut), "--resume"], timeout=300)
+    step, steps = map(int, seen[-1].split("step ")[1].split("/"))
+    assert 1 <= step < steps == 25, seen[-1]  # mid-epoch
+    assert any("moves to global batch 128 on 2 worker(s)" in s for s in seen), "".join(seen)
+    again = hosts.run([*cmd, "--out", str(cut), "--resume"], timeout=300, env=TESTS_ON_PATH)
     assert again.returncode == 0, again.stderr + hosts.log_tail()
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
     assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"]

@@ -4,69 +4,14 @@ import json
 import subprocess
 import sys
 
+from helpers import profile_record
+
 from tula.core.records import validate_record
-
-
-def _profile_record(tiny_spec_dict) -> dict:
-    """A profile record built from known step times and peaks (no torch involved)."""
-    trials = []
-    for n in (1, 2):
-        for big_b in (16, 32, 128, 256):
-            b = big_b // n
-            t_compute = 1e-3 + 1e-5 * b
-            t_step = t_compute + (2e-3 if n > 1 else 0.0)
-            trials.append(
-                {
-                    "n_workers": n,
-                    "local_batch": b,
-                    "global_batch": big_b,
-                    "status": "ok",
-                    "t_step_s": t_step,
-                    "t_compute_s": t_compute,
-                    "t_sync_s": t_step - t_compute,
-                    "peak_mem_bytes": 100_000 + 2_000 * b,
-                    "step_times_s": [t_step] * 3,
-                    "compute_times_s": [t_compute] * 3,
-                    "timed_steps": 3,
-                }
-            )
-    memory = {
-        "param_bytes": 40_000,
-        "grad_bytes": 40_000,
-        "optimizer_state_bytes": 10_000,
-        "buffer_bytes": 0,
-        "other_static_bytes": 10_000,
-        "activation_bytes_per_sample": 1_900,
-        "batch_bytes_per_sample": 100,
-        "probe_local_batches": [16, 32],
-        "probe_peak_bytes": [132_000, 164_000],
-        "device": "cpu",
-    }
-    return {
-        "kind": "tula.profile",
-        "version": 1,
-        "spec": tiny_spec_dict,
-        "search": "full",
-        "device": "cpu",
-        "backend": "gloo",
-        "threads_per_worker": 1,
-        "memory_budget_bytes": None,
-        "enforce_memory_cap": False,
-        "dataset_size": 1438,
-        "sample_shape": [1, 8, 8],
-        "model": {"name": "small_cnn", "param_count": 10_000, "grad_bytes": 40_000},
-        "memory": memory,
-        "max_local_batch": None,
-        "configs": [[t["n_workers"], t["global_batch"]] for t in trials],
-        "trials": trials,
-        "profiling_s": 1.0,
-        "created": "now",
-    }
 
 
 def test_fit_plan_and_report_run_without_torch(tiny_spec_dict, tmp_path):
     prof = tmp_path / "profile.json"
-    prof.write_text(json.dumps(validate_record(_profile_record(tiny_spec_dict), "test")))
+    prof.write_text(json.dumps(validate_record(profile_record(tiny_spec_dict), "test")))
     code = f"""
 import sys
 from tula.core.records import load_record, PROFILE_KIND

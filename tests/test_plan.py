@@ -2,48 +2,19 @@ import math
 
 import numpy as np
 import pytest
+from helpers import MODELS_D, models_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tula.core.errors import InfeasibleError
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import find_knee, make_plan, pareto_frontier
-from tula.core.spec import spec_from_dict
-from tula.engine.memory import MemoryModel
 
-D = 1000
+D = MODELS_D
 
 
 def _models(perf: PerfModel, sizes=(1, 2), budget=None, oom=None, pricing=None, epochs=1):
-    spec = spec_from_dict(
-        {
-            "epochs": epochs,
-            "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
-            "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0},
-        }
-    )
-    mem = MemoryModel(
-        param_bytes=1000,
-        grad_bytes=1000,
-        optimizer_state_bytes=0,
-        buffer_bytes=0,
-        other_static_bytes=0,
-        activation_bytes_per_sample=90,
-        batch_bytes_per_sample=10,
-        probe_local_batches=(1, 2),
-        probe_peak_bytes=(2100, 2200),
-        device="cpu",
-    )
-    return {
-        "kind": "tula.models",
-        "spec": spec.to_dict(),
-        "dataset_size": D,
-        "memory_budget_bytes": budget,
-        "memory": mem.to_dict(),
-        "perf": perf.to_dict(),
-        "oom_local_batch": oom,
-        "trials": [],
-    }
+    return models_record(perf, sizes=sizes, budget=budget, oom=oom, pricing=pricing, epochs=epochs)
 
 
 # t_step = 0.01 + 0.001 b (+ 0.01 sync when N = 2), so with D = 1000 and E = 1:

@@ -16,12 +16,12 @@ import subprocess
 import pytest
 import torch
 import yaml
+from helpers import local_launcher
 
 from tula.core.fit import fit_models
 from tula.core.memory_model import MemoryModel
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
-from tula.engine.launch import LocalLauncher
 from tula.engine.train import train
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def test_a_bf16_ags_run_resumed_ends_with_the_uninterrupted_runs_parameters(tiny
     d = dict(tiny_spec_dict, epochs=3)
     d["train"] = {"precision": "bf16", "ags": {"b_small": 32, "update_every": 4, "delta": 10.0}}
     spec = spec_from_dict(d)
-    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    launcher = local_launcher()
     ref = train(spec, "ags", 2, 128, tmp_path / "a", launcher=launcher)
     (tmp_path / "b").mkdir()
     shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import local_launcher
 from PIL import Image
 
 from tula.core.memory_model import MemoryModel
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, load_checkpoint
 from tula.engine.data import DataPath, epoch_order, resident_fits
-from tula.engine.launch import LocalLauncher
 from tula.engine.train import steps_per_epoch, train
 from tula.engine.workloads import load_dataset
 
@@ -180,7 +180,7 @@ def test_training_with_prefetching_resumes_to_the_synchronous_model_bit_for_bit(
     (a loader-backed set, one loader worker per rank, read by the prefetching thread)."""
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    launcher = local_launcher()
     sync = _factory_spec(prefetch="off")
     whole = train(spec_from_dict(sync), "lbt", 2, 16, tmp_path / "whole", launcher=launcher)
     ahead = _factory_spec(prefetch="on")

@@ -20,11 +20,11 @@ import shutil
 
 import pytest
 import torch
+from helpers import local_launcher
 
 from tula.core.registry import METHOD_NAMES
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
-from tula.engine.launch import LocalLauncher
 from tula.engine.train import train
 
 N_WORKERS, BATCH = 2, 128  # 1438 digits -> 11 steps per epoch
@@ -43,10 +43,6 @@ def _spec(tiny_spec_dict, epochs):
     return spec_from_dict(d)
 
 
-def _launcher():
-    return LocalLauncher(device="cpu", threads_per_worker=1)
-
-
 def _losses(run):
     return [{k: h[k] for k in LOSS_KEYS if k in h} for h in run["history"]]
 
@@ -55,11 +51,11 @@ def _losses(run):
 @pytest.mark.parametrize("method", METHOD_NAMES)
 def test_resumed_run_ends_with_the_same_model_as_an_uninterrupted_one(tiny_spec_dict, tmp_path, method):
     spec = _spec(tiny_spec_dict, 3)
-    ref = train(spec, method, N_WORKERS, BATCH, tmp_path / "a", launcher=_launcher())
+    ref = train(spec, method, N_WORKERS, BATCH, tmp_path / "a", launcher=local_launcher())
     (tmp_path / "b").mkdir()
     shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)
     assert load_checkpoint(tmp_path / "b")["epoch"] == 2
-    resumed = train(spec, method, N_WORKERS, BATCH, tmp_path / "b", resume=True, launcher=_launcher())
+    resumed = train(spec, method, N_WORKERS, BATCH, tmp_path / "b", resume=True, launcher=local_launcher())
 
     assert resumed["resumed_from_epoch"] == 2
     assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3]

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import yaml
+from helpers import assert_refused, run_tula, tula_in_process
 
 from tula.core.errors import RunDirError
 from tula.engine.checkpoint import CHECKPOINT
@@ -158,22 +159,36 @@ def test_out_file_checks_name_the_problem(tmp_path):
         ),
     ],
 )
-def test_cli_output_problems_are_one_sentence_before_any_work(tiny_spec_dict, tmp_path, tula_cmd, make_args, sentence):
-    spec = _write(tmp_path, tiny_spec_dict)
+def test_cli_output_problems_are_one_sentence_before_any_work(tiny_spec_dict, tmp_path, make_args, sentence):
+    """Checked in this process through the command's entry point (tula.cli.main).  "Before
+    any work": no rank started -- the spec's model leaves a file named with the pid of each
+    process that built it, and none but this one (a workload check) did -- no progress bar,
+    no changed file."""
+    marker = tmp_path / "model-built"
+    d = dict(tiny_spec_dict, model={"name": "workers:marks_when_built", "kwargs": {"marker": str(marker)}})
+    spec = _write(tmp_path, d)
     work = tmp_path / "work"
     work.mkdir()
     args = make_args(str(spec), work)
     before = {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
-    t0 = time.monotonic()
-    r = _run([*tula_cmd, *args])
+    r = tula_in_process(*args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert sentence in _sentence(r) and "Traceback" not in r.stderr
     assert r.stderr.strip().startswith("error:") and "━" not in r.stderr  # refused before any work (no bar)
-    assert time.monotonic() - t0 < 60
+    assert_refused(r, sentence)
+    built_by = {int(p.suffix[1:]) for p in tmp_path.glob("model-built.*")}
+    assert built_by <= {os.getpid()}, f"a rank (pid {built_by - {os.getpid()}}) built the model before the refusal"
     assert {p: p.read_bytes() for p in work.rglob("*") if p.is_file() and p.name != LOCK} == {
         p: b for p, b in before.items()
     }
     assert not (work / "o" / CHECKPOINT).exists()
+
+
+def test_cli_output_problem_as_a_command_prints_only_its_sentence_with_exit_2(tiny_spec_dict, tmp_path):
+    """One refusal of `tula run` from the real command: exit code 2, the sentence, nothing else."""
+    spec = _write(tmp_path, tiny_spec_dict)
+    r = run_tula("run", spec, "--out", _file(tmp_path), timeout=300)
+    assert_refused(r, "is a file, not a directory")
 
 
 def _file(tmp):

@@ -5,10 +5,13 @@ Either way a client reads back exactly the record the pipeline made."""
 import json
 import math
 
-from test_constraints import _models
+from helpers import models_record
 
+from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
 from tula.service.app import RecordResponse, _all_finite
+
+PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)  # test_plan's curves
 
 
 def _render(record) -> bytes:
@@ -16,7 +19,7 @@ def _render(record) -> bytes:
 
 
 def test_a_plan_reads_back_equal_to_the_record():
-    plan = make_plan(_models(sizes=(1, 2, 4)), "knee", {"deadline": "30s"})
+    plan = make_plan(models_record(PERF, sizes=(1, 2, 4), full=True), "knee", {"deadline": "30s"})
     body = _render(plan)
     assert json.loads(body) == plan
     assert b"Infinity" not in body and b"NaN" not in body

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import run_tula
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -341,13 +342,7 @@ def models_json(tmp_path_factory):
 
 
 def _tula(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "tula.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    return run_tula(*args, timeout=120, env={**os.environ, "COLUMNS": "200"})
 
 
 def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path):

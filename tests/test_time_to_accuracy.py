@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_plan import _models
+from helpers import models_record
 
 from tula.core.errors import SpecError
 from tula.core.fit import fit_noise_scale
@@ -27,22 +27,22 @@ def _nb(plan: dict) -> tuple[int, int]:
 
 def test_epochs_to_accuracy_match_a_hand_calculation_and_a_small_noise_scale_prefers_small_batches():
     # per epoch N = 1: T = 10 / B + 1 and N = 2: T = 20 / B + 0.5 (test_plan); B0 = train.base_batch = 128
-    plan = make_plan(_models(PERF), "time_to_accuracy", noise_scale=10.0)
+    plan = make_plan(models_record(PERF), "time_to_accuracy", noise_scale=10.0)
     row = next(r for r in plan["configurations"] if (r["n_workers"], r["global_batch"]) == (1, 160))
     assert row["epochs_to_accuracy"] == pytest.approx((10 + 160) / (10 + 128))
     assert row["time_to_accuracy_s"] == pytest.approx((10 / 160 + 1) * (10 + 160) / 138)
     assert row["cost_to_accuracy"] == pytest.approx(row["time_to_accuracy_s"])  # 1 $ per node-second, N = 1
     # N = 1: (10 + B)^2 / (138 B), least at B = 10 (0.290); N = 2: (200 / B + 25 + B / 2) / 138, least at B = 20 (0.326)
     assert _nb(plan) == (1, 10) and plan["choice"]["time_to_accuracy_s"] == pytest.approx(400 / 1380)
-    assert _nb(make_plan(_models(PERF), "time")) == (2, 1000)  # the fixed-epoch view: the largest batch
+    assert _nb(make_plan(models_record(PERF), "time")) == (2, 1000)  # the fixed-epoch view: the largest batch
     assert plan["noise_scale"] == {"b_noise": 10.0, "source": "what-if", "reference_batch": 128}
     assert "needs 0.145 epochs to reach what 1 reach at B0=128 (B_noise 10, a what-if)" in plan["reason"]
     # a large noise scale: every batch is efficient, so the choice is time's
-    assert _nb(make_plan(_models(PERF), "time_to_accuracy", noise_scale=1e6)) == (2, 1000)
+    assert _nb(make_plan(models_record(PERF), "time_to_accuracy", noise_scale=1e6)) == (2, 1000)
     # cost to accuracy: N = 1 at 1 $/node-s: the same curve as its time; N = 2 costs twice its time
-    assert _nb(make_plan(_models(PERF), "cost_to_accuracy", noise_scale=10.0)) == (1, 10)
+    assert _nb(make_plan(models_record(PERF), "cost_to_accuracy", noise_scale=10.0)) == (1, 10)
     # the knee of the time-to-accuracy curve lies on its falling part, at or below its least time
-    knee = make_plan(_models(PERF), "knee_to_accuracy", noise_scale=1000.0)
+    knee = make_plan(models_record(PERF), "knee_to_accuracy", noise_scale=1000.0)
     for n, k in knee["knees"].items():
         curve = knee["curves"][n]
         least = curve["global_batch"][
@@ -53,12 +53,12 @@ def test_epochs_to_accuracy_match_a_hand_calculation_and_a_small_noise_scale_pre
 
 def test_the_noise_scale_is_one_sentence_when_missing_or_not_positive():
     with pytest.raises(SpecError, match="objective time_to_accuracy needs the gradient noise scale, and the profile"):
-        make_plan(_models(PERF), "time_to_accuracy")
+        make_plan(models_record(PERF), "time_to_accuracy")
     for bad in (0, -3.0, float("nan")):
         with pytest.raises(SpecError, match="the noise scale must be a positive number of samples"):
-            make_plan(_models(PERF), "time", noise_scale=bad)
+            make_plan(models_record(PERF), "time", noise_scale=bad)
     with pytest.raises(SpecError, match="objective must be one of time, cost, knee, time_to_accuracy"):
-        make_plan(_models(PERF), "fastest")
+        make_plan(models_record(PERF), "fastest")
 
 
 def test_the_pooled_noise_scale_and_its_error():
@@ -141,7 +141,7 @@ def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path, 
 def test_accumulation_carries_a_batch_the_memory_caps_and_its_step_time_is_k_computes_plus_a_sync():
     # memory: 2000 B static + 100 B per sample (test_plan's model); 12 kB with no safety margin: b <= 100
     def models(k_max: int) -> dict:
-        m = _models(PERF, budget=12_000)
+        m = models_record(PERF, budget=12_000)
         m["spec"]["search"] |= {"memory_safety": 0.0, "max_accumulation_steps": k_max}
         return m
 
@@ -170,7 +170,7 @@ def test_tula_train_at_a_plan_that_accumulates_trains_with_its_k(tiny_spec_dict,
     from tula.core.spec import spec_from_dict
     from tula.pipeline import at_choice
 
-    m = _models(PERF, budget=12_000)
+    m = models_record(PERF, budget=12_000)
     m["spec"]["search"] |= {"memory_safety": 0.0, "max_accumulation_steps": 8}
     plan = make_plan(m, "time")
     assert _nb(plan) == (2, 1000) and plan["choice"]["accumulation_steps"] == 5  # shares of 500 as 5 x 100

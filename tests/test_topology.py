@@ -6,11 +6,10 @@ cannot identify, and the plan, the simulator and ``tula simulate`` on such a fit
 
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from helpers import run_tula
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -373,13 +372,7 @@ def test_the_simulator_says_what_the_profile_could_not_give():
 
 
 def _tula(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "tula.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    return run_tula(*args, timeout=120, env={**os.environ, "COLUMNS": "200"})
 
 
 def test_cli_simulate_takes_the_intra_node_link(two_by_two, tmp_path):

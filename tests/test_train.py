@@ -9,11 +9,11 @@ import time
 
 import pytest
 import yaml
+from helpers import assert_refused, local_launcher, run_tula, tula_in_process
 
 from tula.core.errors import SpecError, TulaError
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta
-from tula.engine.launch import LocalLauncher
 from tula.engine.train import METRICS, steps_per_epoch, train
 
 DIGITS_TRAIN = 1438  # scikit-learn's 1797 digits less the 359 (20 %) held out for testing
@@ -25,17 +25,13 @@ def _spec(tiny_spec_dict, **train):
     return spec_from_dict(d)
 
 
-def _launcher():
-    return LocalLauncher(device="cpu", threads_per_worker=1)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("granularity", ["tensor", "element"])
 def test_ags_on_two_ranks_keeps_replicas_identical_and_learns(tiny_spec_dict, tmp_path, granularity):
     # factors every 3 steps; delta 10 so that most steps are scaled and the test exercises scaling
     spec = _spec(tiny_spec_dict, ags={"granularity": granularity, "update_every": 3, "delta": 10.0, "b_small": 32})
     events = []
-    run = train(spec, "ags", 2, 256, tmp_path, launcher=_launcher(), on_event=events.append)
+    run = train(spec, "ags", 2, 256, tmp_path, launcher=local_launcher(), on_event=events.append)
     spe = steps_per_epoch(DIGITS_TRAIN, 256)
     assert run["replicas_identical"]
     assert [h["epoch"] for h in run["history"]] == [1, 2]
@@ -62,7 +58,7 @@ def test_oom_during_training_falls_back_to_a_smaller_micro_batch_under_a_real_ca
     d["search"] = {**d["search"], "memory_budget_bytes": 28 * 2**20, "enforce_memory_cap": True}
     d["train"] = {"warmup_epochs": 0}
     spec = spec_from_dict(d)
-    run = train(spec, "lbt", 2, 1024, tmp_path, launcher=_launcher())
+    run = train(spec, "lbt", 2, 1024, tmp_path, launcher=local_launcher())
     assert run["fallbacks"], "the capped run never ran out of memory"
     assert run["requested_global_batch"] == 1024
     assert run["fallbacks"][0]["from_global_batch"] == 1024
@@ -118,7 +114,7 @@ def test_killed_training_resumes_with_exact_epoch_and_step_counts(tiny_spec_dict
     assert lines == [1, 2, 3, 4, 5, 6]
 
     # the same run, uninterrupted
-    ref = train(spec_from_dict(d), "ags", 2, 64, tmp_path / "ref", launcher=_launcher())
+    ref = train(spec_from_dict(d), "ags", 2, 64, tmp_path / "ref", launcher=local_launcher())
     assert ref["final"]["test_loss"] == pytest.approx(rec["final"]["test_loss"], rel=1e-6)
     assert ref["history"][-1]["train_loss"] == pytest.approx(rec["history"][-1]["train_loss"], rel=1e-6)
 
@@ -126,12 +122,12 @@ def test_killed_training_resumes_with_exact_epoch_and_step_counts(tiny_spec_dict
 @pytest.mark.slow
 def test_finished_run_in_out_dir_is_not_overwritten(tiny_spec_dict, tmp_path):
     spec = _spec(tiny_spec_dict, epochs=1)
-    train(spec, "lbt", 2, 256, tmp_path, launcher=_launcher())
+    train(spec, "lbt", 2, 256, tmp_path, launcher=local_launcher())
     before = (tmp_path / CHECKPOINT).read_bytes()
     with pytest.raises(TulaError, match="already holds a training run; pass --resume"):
-        train(spec, "lbt", 2, 256, tmp_path, launcher=_launcher())
+        train(spec, "lbt", 2, 256, tmp_path, launcher=local_launcher())
     with pytest.raises(SpecError, match="trained with method 'lbt' on 2 worker"):
-        train(spec, "ags", 2, 256, tmp_path, resume=True, launcher=_launcher())
+        train(spec, "ags", 2, 256, tmp_path, resume=True, launcher=local_launcher())
     assert (tmp_path / CHECKPOINT).read_bytes() == before
 
 
@@ -152,13 +148,22 @@ def test_finished_run_in_out_dir_is_not_overwritten(tiny_spec_dict, tmp_path):
         (["--workers", "2"], "no configuration to train at"),
     ],
 )
-def test_cli_train_bad_input_is_one_sentence_and_exit_2(tiny_spec_dict, tmp_path, tula_cmd, args, sentence):
+def test_cli_train_bad_input_is_one_sentence_and_exit_2(tiny_spec_dict, tmp_path, args, sentence):
+    """Checked in this process, through the command's own entry point (tula.cli.main)."""
     spec_path = _write_spec(tmp_path, tiny_spec_dict)
     out = tmp_path / "out"
-    r = subprocess.run(
-        [*tula_cmd, "train", str(spec_path), *args, "--out", str(out)], capture_output=True, text=True, timeout=120
-    )
+    r = tula_in_process("train", spec_path, *args, "--out", out)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert sentence in " ".join(r.stderr.split()), r.stderr
     assert "Traceback" not in r.stderr
+    assert_refused(r, sentence)
+    assert not (out / CHECKPOINT).exists()
+
+
+def test_cli_train_bad_input_as_a_command_prints_only_its_sentence_with_exit_2(tiny_spec_dict, tmp_path):
+    """The same refusal from the real command: exit code 2, the one sentence on stderr, nothing else."""
+    spec_path = _write_spec(tmp_path, tiny_spec_dict)
+    out = tmp_path / "out"
+    r = run_tula("train", spec_path, "--method", "lbt", "--workers", "2", "--batch", "33", "--out", out, timeout=120)
+    assert_refused(r, "global batch 33 does not split evenly over 2 workers")
     assert not (out / CHECKPOINT).exists()

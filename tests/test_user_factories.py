@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import assert_refused, tula_in_process
 
 from tula.core.errors import SpecError
 from tula.core.spec import spec_from_dict
@@ -66,6 +67,7 @@ def on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
 
 
+@pytest.mark.slow  # a real DDP world
 def test_a_data_factory_and_a_custom_loss_profile_plan_and_train(tmp_path, tula_cmd):
     spec = _write(tmp_path, _spec(epochs=1))
     out = tmp_path / "run"
@@ -82,6 +84,7 @@ def test_a_data_factory_and_a_custom_loss_profile_plan_and_train(tmp_path, tula_
     assert "final test loss" in r.stdout
 
 
+@pytest.mark.slow  # a real DDP world
 def test_two_epochs_equal_one_epoch_and_a_resume_to_two(tmp_path, tula_cmd):
     spec = _write(tmp_path, _spec())
     train = ["train", spec, "--workers", "2", "--batch", "40"]
@@ -182,14 +185,16 @@ BAD = [
 
 
 @pytest.mark.parametrize("change, sentence", BAD, ids=[s[:40] for _, s in BAD])
-def test_bad_factories_and_losses_are_one_sentence_and_exit_2_before_any_worker(tmp_path, tula_cmd, change, sentence):
+def test_bad_factories_and_losses_are_one_sentence_and_exit_2_before_any_worker(tmp_path, change, sentence):
+    """Checked in this process through the command's entry point (tula.cli.main)."""
     spec = _write(tmp_path, _spec(**change))
-    r = _tula(tula_cmd, "profile", spec, "--out", str(tmp_path / "p.json"))
+    r = tula_in_process("profile", spec, "--out", str(tmp_path / "p.json"), path=(HERE,))
     assert r.returncode == 2, (r.stdout, r.stderr)
     err = " ".join(r.stderr.split())  # rich wraps long lines
     assert sentence in err, err
     assert "Traceback" not in r.stderr and err.count("error:") == 1
     assert "0/?" not in r.stdout + r.stderr and "profiling" not in r.stderr  # no bar of a profile that never began
+    assert_refused(r, sentence)
     assert not (tmp_path / "p.json").exists()
 
 
@@ -204,19 +209,24 @@ def test_bad_factories_and_losses_are_one_sentence_and_exit_2_before_any_worker(
 def test_a_model_module_failing_at_import_is_one_sentence_and_exit_2(tmp_path, tula_cmd, command, source, why):
     """The module of a model factory raises when imported: one sentence naming the factory and
     the exception (its message as plain text: rich markup shown, not applied), exit code 2,
-    no progress line, no profile written."""
+    no progress line, no profile written.  `profile` is checked in this process (through
+    tula.cli.main), `run` as the real command."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "broken_model.py").write_text(source)
     spec = _write(tmp_path, _spec(model={"name": "broken_model:make"}))
     out = tmp_path / "out"
     target = out / "profile.json" if command == "profile" else out  # tula run writes its profile.json there
-    r = _tula(tula_cmd, command, spec, "--out", str(target), folders=(code,))
+    if command == "profile":
+        r = tula_in_process(command, spec, "--out", str(target), path=(HERE, code))
+    else:
+        r = _tula(tula_cmd, command, spec, "--out", str(target), folders=(code,))
     assert r.returncode == 2, (r.stdout, r.stderr)
     err = " ".join(r.stderr.split())
     assert f"model.name 'broken_model:make' cannot be imported {why}" in err, err
     assert "Traceback" not in r.stdout + r.stderr and err.count("error:") == 1
     assert "0/?" not in r.stdout + r.stderr and "profiling" not in r.stderr
+    assert_refused(r, f"model.name 'broken_model:make' cannot be imported {why}")
     assert not (out / "profile.json").exists()  # tula run keeps its run.json, for --resume
 
 

@@ -13,8 +13,17 @@ def test_digits_dataset_splits_and_shapes():
     assert data.train_size + len(data.test) == 1797
     x, y = data.batch(32, torch.Generator().manual_seed(0))
     assert x.shape == (32, 1, 8, 8) and y.shape == (32,)
-    x2, _ = data.batch(5000, torch.Generator().manual_seed(0))  # larger than the set: with replacement
+    x2, y2 = data.batch(5000, torch.Generator().manual_seed(0))  # larger than the set: with replacement
     assert x2.shape[0] == 5000
+    # every row is a training sample with its label, and 5000 draws from 1438 repeat samples
+    x_all, y_all = data.train.tensors
+    labels_of: dict[tuple, set[int]] = {}
+    for r, c in zip(x_all.flatten(1), y_all):
+        labels_of.setdefault(tuple(r.tolist()), set()).add(int(c))
+    drawn = [tuple(r.tolist()) for r in x2.flatten(1)]
+    assert all(r in labels_of for r in drawn), "a drawn sample is not one of the training set's"
+    assert all(int(c) in labels_of[r] for r, c in zip(drawn, y2))
+    assert len(set(drawn)) < 5000 and len(set(drawn)) > len(labels_of) // 2  # repeats, across the set
 
 
 def test_unknown_model_is_one_sentence():

@@ -154,3 +154,38 @@ class _OomAbove(torch.nn.Module):
 
 def oom_above(local_batch: int = 32):
     return _OomAbove(local_batch)
+
+
+def marks_when_built(marker: str, **kwargs):
+    """tula's small CNN, built only after a file ``MARKER.PID`` is written: what built the model
+    (a workload check in the command's own process, or a rank in another) leaves its pid behind."""
+    from pathlib import Path
+
+    from tula.engine.workloads import SmallCNN
+
+    Path(f"{marker}.{os.getpid()}").write_text("built\n")
+    return SmallCNN(**kwargs)
+
+
+class _Sleepy(torch.nn.Module):
+    """A small MLP whose every training step in a world of more than one rank takes at least
+    ``sleep_s`` (a sleep, no CPU): such an epoch of a few steps stays in flight long enough to
+    be interrupted, while a 1-rank epoch runs at full speed."""
+
+    def __init__(self, sleep_s: float):
+        super().__init__()
+        self.sleep_s = sleep_s
+        self.net = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+        )
+
+    def forward(self, x):
+        if self.training and dist.is_initialized() and dist.get_world_size() > 1:
+            import time
+
+            time.sleep(self.sleep_s)
+        return self.net(x)
+
+
+def sleepy_mlp(sleep_s: float = 0.1):
+    return _Sleepy(sleep_s)

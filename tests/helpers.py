@@ -1,0 +1,310 @@
+"""Test scaffolding shared by the test modules: plain functions, no fixtures (those are in
+conftest.py).
+
+- running ``tula``: as the installed command (:func:`run_tula`, :func:`popen_tula`) or in this
+  process through the same entry point (:func:`tula_in_process`), and the check that a refusal
+  is exit 2 with one sentence and no traceback (:func:`assert_refused`);
+- :func:`free_port`;
+- /proc walkers: :func:`process_tree`, :func:`descendants`, :func:`ranks_below`,
+  :func:`group_alive`, :func:`cmdline`;
+- the local launcher of a test (:func:`local_launcher`);
+- records made by hand: :func:`profile_record` (known step times and peaks),
+  :func:`models_record` (a models record of a known performance model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+# --------------------------------------------------------------------------- running tula
+def tula_cmd() -> list[str]:
+    """The installed ``tula`` command (or ``python -m tula.cli`` where none is installed)."""
+    exe = Path(sys.executable).parent / "tula"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "tula.cli"]
+
+
+def run_tula(*args: Any, timeout: float = 600, **kw: Any) -> subprocess.CompletedProcess:
+    """``tula ARGS`` as a user runs it: a process of its own, output captured as text."""
+    return subprocess.run([*tula_cmd(), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def popen_tula(*args: Any, **kw: Any) -> subprocess.Popen:
+    """``tula ARGS`` started and left running: stdout discarded, stderr a text pipe, its own
+    process group (so that a signal to the group reaches its ranks too) unless ``kw`` says otherwise."""
+    kw = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True, "start_new_session": True, **kw}
+    return subprocess.Popen([*tula_cmd(), *map(str, args)], **kw)
+
+
+@dataclass
+class Result:
+    """What a command left: its exit code and its output, as :class:`subprocess.CompletedProcess` names them."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def tula_in_process(*args: Any, path: tuple[Path, ...] = ()) -> Result:
+    """``tula ARGS`` run in this process through the command's own entry point
+    (``tula.cli.main``: the same parsing, the same handling of errors into one sentence and an
+    exit code), its stdout and stderr captured.  ``path``: folders put first on the import path
+    for the command (user code), and the modules imported from them forgotten afterwards.
+    For refusals: a command that starts ranks belongs in a process of its own."""
+    from tula import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys_path, modules = sys.argv, list(sys.path), set(sys.modules)
+    sys.argv = ["tula", *map(str, args)]
+    sys.path[:0] = [str(p) for p in path]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.main()
+                code = 0
+            except SystemExit as ex:
+                code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = argv, sys_path
+        if path:
+            for name in set(sys.modules) - modules:
+                origin = getattr(sys.modules[name], "__file__", None) or ""
+                if any(origin.startswith(str(p)) for p in path):
+                    del sys.modules[name]
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def one_line(text: str) -> str:
+    """``text`` with its whitespace runs made single spaces (rich wraps long lines)."""
+    return " ".join(text.split())
+
+
+def assert_refused(r: Any, sentence: str, code: int = 2) -> str:
+    """``r`` (a :class:`Result` or a CompletedProcess) is a refusal: exit ``code``, stderr is one
+    ``error:`` sentence holding ``sentence`` and nothing else -- no traceback, no progress bar,
+    nothing on stdout.  Returns that sentence on one line."""
+    err = one_line(r.stderr)
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert sentence in err, err
+    assert err.startswith("error: ") and err.count("error:") == 1, r.stderr
+    assert "Traceback" not in r.stdout + r.stderr and 'File "' not in r.stderr, r.stderr
+    assert "━" not in r.stderr and r.stdout.strip() == "", (r.stdout, r.stderr)
+    return err
+
+
+# --------------------------------------------------------------------------- ports and processes
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def comm(pid: int) -> str:
+    """The process name of ``pid`` ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Every live (not zombie) process by its parent, whichever of the parent's threads started it."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(d))
+    return children
+
+
+def descendants(pid: int, keep_helpers: bool = False) -> list[int]:
+    """Every live process below ``pid``; without ``keep_helpers``, not multiprocessing's
+    resource tracker nor the local launcher's fork server (one each per process that started
+    ranks, kept for its lifetime by design; the ranks forked from the server are named tula-rank-R)."""
+    children = process_tree()
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            todo.append(c)
+            line = cmdline(c)
+            if not keep_helpers and "resource_tracker" in line:
+                continue
+            if not keep_helpers and "multiprocessing.forkserver" in line and not comm(c).startswith("tula-rank-"):
+                continue
+            out.append(c)
+    return out
+
+
+def ranks_below(pid: int) -> list[int]:
+    """The rank processes (named tula-rank-R) below ``pid``."""
+    return [p for p in descendants(pid, keep_helpers=True) if comm(p).startswith("tula-rank-")]
+
+
+def group_alive(pgid: int, wait_s: float = 5.0) -> list[str]:
+    """Command lines of processes still in group ``pgid`` after up to ``wait_s`` (helpers such
+    as multiprocessing's resource tracker exit a moment after their parent)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    if os.getpgid(int(pid)) == pgid:
+                        alive.append(cmdline(int(pid))[:120])
+                except (ProcessLookupError, OSError):
+                    pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- launching
+def local_launcher(**kw: Any):
+    """The local launcher the tests train with: CPU, one thread per rank."""
+    from tula.engine.launch import LocalLauncher
+
+    return LocalLauncher(**{"device": "cpu", "threads_per_worker": 1, **kw})
+
+
+# --------------------------------------------------------------------------- records made by hand
+def profile_record(spec: dict) -> dict:
+    """A profile record built from known step times and peaks (no torch involved): N in (1, 2),
+    B in (16, 32, 128, 256), t_compute = 1 ms + 10 us * b, 2 ms of sync on 2 workers."""
+    trials = []
+    for n in (1, 2):
+        for big_b in (16, 32, 128, 256):
+            b = big_b // n
+            t_compute = 1e-3 + 1e-5 * b
+            t_step = t_compute + (2e-3 if n > 1 else 0.0)
+            trials.append(
+                {
+                    "n_workers": n,
+                    "local_batch": b,
+                    "global_batch": big_b,
+                    "status": "ok",
+                    "t_step_s": t_step,
+                    "t_compute_s": t_compute,
+                    "t_sync_s": t_step - t_compute,
+                    "peak_mem_bytes": 100_000 + 2_000 * b,
+                    "step_times_s": [t_step] * 3,
+                    "compute_times_s": [t_compute] * 3,
+                    "timed_steps": 3,
+                }
+            )
+    memory = {
+        "param_bytes": 40_000,
+        "grad_bytes": 40_000,
+        "optimizer_state_bytes": 10_000,
+        "buffer_bytes": 0,
+        "other_static_bytes": 10_000,
+        "activation_bytes_per_sample": 1_900,
+        "batch_bytes_per_sample": 100,
+        "probe_local_batches": [16, 32],
+        "probe_peak_bytes": [132_000, 164_000],
+        "device": "cpu",
+    }
+    return {
+        "kind": "tula.profile",
+        "version": 1,
+        "spec": spec,
+        "search": "full",
+        "device": "cpu",
+        "backend": "gloo",
+        "threads_per_worker": 1,
+        "memory_budget_bytes": None,
+        "enforce_memory_cap": False,
+        "dataset_size": 1438,
+        "sample_shape": [1, 8, 8],
+        "model": {"name": "small_cnn", "param_count": 10_000, "grad_bytes": 40_000},
+        "memory": memory,
+        "max_local_batch": None,
+        "configs": [[t["n_workers"], t["global_batch"]] for t in trials],
+        "trials": trials,
+        "profiling_s": 1.0,
+        "created": "now",
+    }
+
+
+#: the data set size of :func:`models_record`
+MODELS_D = 1000
+
+
+def models_record(
+    perf: Any,
+    sizes=(1, 2),
+    budget=None,
+    oom=None,
+    pricing=None,
+    epochs=1,
+    constraints=None,
+    full: bool = False,
+) -> dict:
+    """A models record of the performance model ``perf`` (a PerfModel): D = 1000 samples, B from
+    10 to 1000, 1 $ per node-second unless ``pricing`` says otherwise, a memory model of 2000
+    static bytes and 100 per sample.  ``full``: with the fields a saved record has (version,
+    search, device, memory_probed, fit_error) so that it validates."""
+    from tula.core.spec import spec_from_dict
+    from tula.engine.memory import MemoryModel
+
+    spec = {
+        "epochs": epochs,
+        "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
+        "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0},
+    }
+    if constraints is not None:
+        spec["constraints"] = constraints
+    mem = MemoryModel(
+        param_bytes=1000,
+        grad_bytes=1000,
+        optimizer_state_bytes=0,
+        buffer_bytes=0,
+        other_static_bytes=0,
+        activation_bytes_per_sample=90,
+        batch_bytes_per_sample=10,
+        probe_local_batches=(1, 2),
+        probe_peak_bytes=(2100, 2200),
+        device="cpu",
+    )
+    rec = {"kind": "tula.models"}
+    if full:
+        rec.update({"version": 1, "search": "full", "device": "cpu"})
+    rec.update(
+        {
+            "spec": spec_from_dict(spec).to_dict(),
+            "dataset_size": MODELS_D,
+            "memory_budget_bytes": budget,
+            "memory": mem.to_dict(),
+            "perf": perf.to_dict(),
+            "oom_local_batch": oom,
+            "trials": [],
+        }
+    )
+    if full:
+        rec.update({"memory_probed": mem.to_dict(), "fit_error": {"t_step_median_rel": 0.0}})
+    return rec
