@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import local_launcher
 
 from tula.core.errors import SpecError, WorkloadError
 from tula.core.spec import spec_from_dict
@@ -186,7 +187,6 @@ def _channels_last_job(channels_last: bool) -> dict:
 
 def test_channels_last_profiles_and_trains_a_cnn_on_cpu(tests_importable, tmp_path):
     from tula.engine.checkpoint import load_checkpoint
-    from tula.engine.launch import LocalLauncher
     from tula.engine.profile import profile
     from tula.engine.train import train
     from tula.engine.workloads import check_workload
@@ -194,7 +194,7 @@ def test_channels_last_profiles_and_trains_a_cnn_on_cpu(tests_importable, tmp_pa
     with pytest.raises(WorkloadError, match="not channels_last"):  # the model does refuse the default layout
         check_workload(spec_from_dict(_channels_last_job(False)))
     spec = spec_from_dict(_channels_last_job(True))
-    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    launcher = local_launcher()
     rec = profile(spec, "partial", launcher=launcher)
     assert rec["trials"] and {t["status"] for t in rec["trials"]} == {"ok"}, rec["trials"]
     # AGS (its small batch goes through the model too), evaluation, a checkpoint: all in channels_last

@@ -6,6 +6,7 @@ import statistics
 
 import numpy as np
 import pytest
+from helpers import local_launcher
 
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
@@ -140,7 +141,6 @@ def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_
     spread measured beside them: the epochs' own (max - min) / median, plus the profile's
     step spread at the trained batch, plus 10 %."""
     from tula.core.fit import fit_models
-    from tula.engine.launch import LocalLauncher
     from tula.engine.profile import profile
     from tula.engine.train import train
 
@@ -149,7 +149,7 @@ def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_
     d["search"] = {"cluster_sizes": [2], "min_batch": 64, "max_batch": 128}
     d["profile"] = {**d["profile"], "min_timed_s": 0.3}
     spec = spec_from_dict(d)
-    launcher = LocalLauncher(device="cpu", threads_per_worker=1)
+    launcher = local_launcher()
     rec = profile(spec, launcher=launcher)
     (rt,) = rec["run_trials"]
     assert rt["status"] == "ok" and rt["method"] == method and rt["n_workers"] == 2
