@@ -12,6 +12,7 @@ import torch
 from helpers import local_launcher
 
 from tula.core.job_rules import first_workers
+from tula.core.run_costs import EPOCH_TIMES
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
 from tula.engine.train import train
@@ -36,7 +37,7 @@ def _segments(run):
 
 
 def _numbers(run):
-    return [{k: v for k, v in h.items() if k != "epoch_time_s"} for h in run["history"]]
+    return [{k: v for k, v in h.items() if k not in EPOCH_TIMES} for h in run["history"]]
 
 
 @pytest.mark.slow

@@ -24,6 +24,10 @@ import numpy as np
 
 from tula.core.schedules import steps_per_epoch
 
+#: the measured seconds in an epoch's record (tula.engine.train): they differ between two runs
+#: that are otherwise equal bit for bit
+EPOCH_TIMES = ("epoch_time_s", "eval_s", "epoch_end_s", "checkpoint_s", "epoch_wall_s")
+
 
 def epoch_steps(dataset_size: int, global_batch):
     """``S(B)``: :func:`tula.core.schedules.steps_per_epoch` for a scalar or an array of B."""
