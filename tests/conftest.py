@@ -195,3 +195,12 @@ def netns_ok():
             pytest.fail(f"emulated hosts cannot be made: {why}, and {REQUIRE_ENV}=1 requires them")
         pytest.skip(f"emulated hosts cannot be made: {why}")
     return True
+
+
+@pytest.fixture
+def tests_on_path(monkeypatch):
+    """tests/ importable in this process and in every rank it starts (``factories:...``)."""
+    from helpers import env_with_tests
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    monkeypatch.setenv("PYTHONPATH", env_with_tests()["PYTHONPATH"])

@@ -29,6 +29,13 @@ HERE = Path(__file__).resolve().parent
 
 
 # --------------------------------------------------------------------------- running tula
+def env_with_tests(*folders: Path) -> dict:
+    """This process's environment with tests/ (and ``folders``) on the import path of a command
+    and of every rank it starts (a spec that names ``factories:...`` or ``workers:...``)."""
+    path = [str(HERE), *map(str, folders), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def tula_cmd() -> list[str]:
     """The installed ``tula`` command (or ``python -m tula.cli`` where none is installed)."""
     exe = Path(sys.executable).parent / "tula"

@@ -8,7 +8,6 @@ any tensor not in that layout (tests/factories.py ``ChannelsLastOnly``)."""
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -166,13 +165,6 @@ def test_channels_last_on_samples_that_are_not_images_is_one_sentence():
     check_workload(spec_from_dict(d))  # the same job without it is fine
 
 
-@pytest.fixture
-def tests_importable(monkeypatch):
-    """tests/ on the import path of this process and of every rank it starts (factories:...)."""
-    monkeypatch.syspath_prepend(str(HERE))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-
-
 def _channels_last_job(channels_last: bool) -> dict:
     return {
         "name": "nhwc",
@@ -185,7 +177,7 @@ def _channels_last_job(channels_last: bool) -> dict:
     }
 
 
-def test_channels_last_profiles_and_trains_a_cnn_on_cpu(tests_importable, tmp_path):
+def test_channels_last_profiles_and_trains_a_cnn_on_cpu(tests_on_path, tmp_path):
     from tula.engine.checkpoint import load_checkpoint
     from tula.engine.profile import profile
     from tula.engine.train import train

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import local_launcher
+from helpers import env_with_tests, local_launcher
 from PIL import Image
 
 from tula.core.memory_model import MemoryModel
@@ -117,22 +117,18 @@ def test_a_new_stream_ends_the_old_thread_and_the_spec_decides_the_path():
     assert not _prefetch_threads()
 
 
-def test_an_error_in_the_prefetching_thread_is_the_same_exception_at_next():
-    sys.path.insert(0, str(HERE))
-    try:
-        spec = spec_from_dict(
-            {
-                "data": {
-                    "factory": "factories:corrupt_sample",
-                    "kwargs": {"n": 40, "bad": 5},
-                    "loader_workers": 0,
-                    "prefetch": "on",
-                }
-            }  # fmt: skip
-        )
-        data = load_dataset(spec.data, 0)
-    finally:
-        sys.path.remove(str(HERE))
+def test_an_error_in_the_prefetching_thread_is_the_same_exception_at_next(tests_on_path):
+    spec = spec_from_dict(
+        {
+            "data": {
+                "factory": "factories:corrupt_sample",
+                "kwargs": {"n": 40, "bad": 5},
+                "loader_workers": 0,
+                "prefetch": "on",
+            }
+        }  # fmt: skip
+    )
+    data = load_dataset(spec.data, 0)
     perm = torch.arange(40)
     batches = DataPath(data, "cpu").epoch_batches(0, perm, 4, 0, 4, 10)
     next(batches)  # samples 0-3
@@ -175,11 +171,9 @@ def _factory_spec(**data) -> dict:
 
 
 @pytest.mark.slow
-def test_training_with_prefetching_resumes_to_the_synchronous_model_bit_for_bit(tmp_path, monkeypatch):
+def test_training_with_prefetching_resumes_to_the_synchronous_model_bit_for_bit(tmp_path, tests_on_path):
     """2 ranks: 2 epochs without prefetching, against 1 epoch with it and a resumed second
     (a loader-backed set, one loader worker per rank, read by the prefetching thread)."""
-    monkeypatch.syspath_prepend(str(HERE))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     launcher = local_launcher()
     sync = _factory_spec(prefetch="off")
     whole = train(spec_from_dict(sync), "lbt", 2, 16, tmp_path / "whole", launcher=launcher)
@@ -193,10 +187,6 @@ def test_training_with_prefetching_resumes_to_the_synchronous_model_bit_for_bit(
     assert whole["history"][-1]["test_loss"] == resumed["history"][-1]["test_loss"]
 
 
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-
-
 @pytest.mark.slow
 def test_a_corrupt_sample_read_by_the_prefetching_thread_is_one_sentence_and_exit_2(tmp_path, tula_cmd):
     d = _factory_spec(prefetch="on", loader_workers=0)
@@ -207,7 +197,7 @@ def test_a_corrupt_sample_read_by_the_prefetching_thread_is_one_sentence_and_exi
     r = subprocess.run(
         [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "16",
          "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=240, env=_env(),
+        capture_output=True, text=True, timeout=240, env=env_with_tests(),
     )  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert time.monotonic() - t0 < 120
@@ -228,7 +218,7 @@ def test_sigint_with_a_prefetch_in_flight_stops_at_a_step_with_130(tmp_path, tul
     out = tmp_path / "run"
     cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "16", "--out", str(out)]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=_env()
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env_with_tests()
     )
     deadline = time.monotonic() + 180
     while not (out / CHECKPOINT).exists():

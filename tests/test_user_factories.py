@@ -5,7 +5,6 @@ allow-list; and every way they can go wrong is one sentence and exit code 2 befo
 starts.  The user's code is tests/factories.py."""
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import assert_refused, tula_in_process
+from helpers import assert_refused, env_with_tests, tula_in_process
 
 from tula.core.errors import SpecError
 from tula.core.spec import spec_from_dict
@@ -45,26 +44,14 @@ def _spec(**changes) -> dict:
     return d
 
 
-def _env(*folders: Path) -> dict:
-    """The tests' folder (and ``folders``) on the import path of the command and of every rank it starts."""
-    path = [str(HERE), *map(str, folders), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-
-
 def _tula(tula_cmd, *args: str, folders: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*tula_cmd, *args], capture_output=True, text=True, timeout=600, env=_env(*folders))
+    return subprocess.run([*tula_cmd, *args], capture_output=True, text=True, timeout=600, env=env_with_tests(*folders))
 
 
 def _write(tmp_path: Path, spec: dict, name: str = "seg.yaml") -> str:
     p = tmp_path / name
     p.write_text(yaml.safe_dump(spec))
     return str(p)
-
-
-@pytest.fixture
-def on_path(monkeypatch):
-    """tests/ importable in this process (for the in-process checks)."""
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 @pytest.mark.slow  # a real DDP world
@@ -109,7 +96,7 @@ def test_two_epochs_equal_one_epoch_and_a_resume_to_two(tmp_path, tula_cmd):
     assert all(torch.equal(model_a[k], model_b[k]) for k in model_a), "resumed weights differ"
 
 
-def test_the_factory_return_contract_and_the_data_path(on_path):
+def test_the_factory_return_contract_and_the_data_path(tests_on_path):
     from tula.engine.data import DataPath, SampleView
 
     tuple_spec = spec_from_dict(_spec()).data
@@ -135,7 +122,7 @@ def test_the_factory_return_contract_and_the_data_path(on_path):
     assert torch.equal(x, torch.stack([d2.train[int(i)][0] for i in perm[20:40]]))
 
 
-def test_per_pixel_cross_entropy_reports_top1_over_pixels(on_path):
+def test_per_pixel_cross_entropy_reports_top1_over_pixels(tests_on_path):
     """A user's loss on integer masks: test loss and per-pixel top-1 (evaluation in one process)."""
     from tula.engine.train import evaluate
     from tula.engine.workloads import build_loss
@@ -230,7 +217,7 @@ def test_a_model_module_failing_at_import_is_one_sentence_and_exit_2(tmp_path, t
     assert not (out / "profile.json").exists()  # tula run keeps its run.json, for --resume
 
 
-def test_a_model_factory_that_raises_or_is_not_callable_is_one_sentence(on_path):
+def test_a_model_factory_that_raises_or_is_not_callable_is_one_sentence(tests_on_path):
     from tula.core.errors import WorkloadError
     from tula.engine.workloads import build_model
 
@@ -253,7 +240,7 @@ def test_normalize_is_off_for_a_data_factory_and_an_explicit_true_is_refused():
         spec_from_dict(_spec(data__normalize=True))
 
 
-def test_an_optimiser_factory_builds_over_the_model_and_bad_ones_are_one_sentence(on_path):
+def test_an_optimiser_factory_builds_over_the_model_and_bad_ones_are_one_sentence(tests_on_path):
     from tula.core.errors import WorkloadError
     from tula.engine.workloads import build_model, build_optimizer
 

@@ -489,6 +489,8 @@ def train_table(run: dict) -> Table:
     top5 = any("test_top5" in h for h in run["history"])
     scaled = any("scaled_fraction" in h for h in run["history"])
     predicted = any(h.get("predicted_epoch_s") for h in run["history"])
+    from tula.core.run_costs import measured_epoch_s
+
     grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
     t = Table(
         title=f"Training: {run['method']} on N={run['n_workers']}, B={run['global_batch']} "
@@ -524,8 +526,6 @@ def train_table(run: dict) -> Table:
         row += [f"{h['test_top5']:.2%}"] if top5 else []
         row += [f"{h['epoch_time_s']:.2f}"]
         if predicted:  # the epoch as the plan predicted it: steps, evaluation, checkpoint
-            from tula.core.run_costs import measured_epoch_s
-
             ratio = h.get("measured_to_predicted")
             row += [
                 f"{measured_epoch_s(h):.3f}",

@@ -37,6 +37,7 @@ import torch
 from tula.core.spec import JobSpec
 from tula.engine.checkpoint import save_checkpoint
 from tula.engine.data import data_path
+from tula.engine.ddp import agree_max
 from tula.engine.launch import WorkerContext
 
 MAX_STEPS = 60  # timed pairs of steps of a run trial at most
@@ -87,7 +88,7 @@ def run_trial(
         step(0)  # warm-up, and the first periodic measurement (step 0 is due)
         plain()
         t_warm = step(1) + plain()
-        n = max(timed, MIN_STEPS, min(MAX_STEPS, math.ceil(min_timed_s / max(_agree_max(t_warm, ctx), 1e-9))))
+        n = max(timed, MIN_STEPS, min(MAX_STEPS, math.ceil(min_timed_s / max(agree_max(t_warm, ctx.device), 1e-9))))
         indices = list(range(2, 2 + n))
         if every and not any(i % every == 0 for i in indices):
             indices.append(every * math.ceil(indices[-1] / every))  # one due step: the periodic work's cost
@@ -127,12 +128,6 @@ def run_trial(
     finally:
         rt.data.close()
         shutil.rmtree(out, ignore_errors=True)
-
-
-def _agree_max(value: float, ctx: WorkerContext) -> float:
-    from tula.engine.ddp import agree_max
-
-    return agree_max(value, ctx.device)
 
 
 def merge_run_trials(per_rank: list[dict]) -> dict:
