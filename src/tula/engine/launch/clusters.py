@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tula.core.errors import SpecError, TulaError
 from tula.core.spec import JobSpec, parse_bytes
 from tula.engine.launch.base import Launcher, pick_device
+from tula.engine.launch.main_module import without_main_module
 
 #: launcher name -> what it is (the CLI's help and the docs read this)
 LAUNCHERS = {
@@ -189,6 +190,8 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
     n = n_workers or c.dask_workers or _largest_world(spec)
     with contextlib.ExitStack() as stack:
         if where == "dask":
+            # its workers start (and restart) while it is open: none runs a script's main module again
+            stack.enter_context(without_main_module())
             cluster = stack.enter_context(
                 LocalCluster(
                     n_workers=n,

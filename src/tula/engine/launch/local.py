@@ -20,6 +20,7 @@ from tula.core.gpus import check_ranks_fit
 from tula.engine import interrupts
 from tula.engine.forkserver import rank_context
 from tula.engine.launch.base import RankFailure, host_facts, pick_device
+from tula.engine.launch.main_module import without_main_module
 from tula.engine.launch.runtime import RankSetup, run_rank
 
 # the root cause first: a rank that died without a word, a peer that stopped answering, then a
@@ -208,8 +209,9 @@ class LocalLauncher:
             while not q.empty():
                 take(q.get())
 
-        for p in procs:
-            p.start()
+        with without_main_module():  # a script without the main guard is not run again in each rank
+            for p in procs:
+                p.start()
         unregister = interrupts.on_stop(forward)
         try:
             while len(results) + len(failures) < n_workers:
