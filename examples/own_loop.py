@@ -1,6 +1,7 @@
 """AGS in your own DDP training loop.
 
     torchrun --nproc-per-node 2 examples/own_loop.py examples/digits_cnn.yaml --batch 256 --epochs 3
+    python examples/own_loop.py examples/digits_cnn.yaml --batch 256 --epochs 3   # one process
 
 ``tula.AGS`` wraps any ``torch.optim.Optimizer``.  What it needs from the loop:
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 
 import torch
 import torch.distributed as dist
@@ -44,7 +46,10 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="save the trained parameters here (rank 0)")
     args = ap.parse_args()
 
-    dist.init_process_group("gloo")  # torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    if "RANK" in os.environ:  # torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+        dist.init_process_group("gloo")
+    else:  # plain `python examples/own_loop.py ...`: a world of this one process
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = load_spec(args.spec)
     epochs = args.epochs or spec.epochs

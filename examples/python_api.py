@@ -1,13 +1,16 @@
 """Tula from Python: your model, data, loss and optimiser as Python objects, through the whole
 pipeline (profile, fit, plan, train) with progress through a callback.
 
-    .venv/bin/python examples/python_api.py
+    .venv/bin/python examples/python_api.py           # 5 epochs, on 1 or 2 workers
+    .venv/bin/python examples/python_api.py --quick   # a quick try: 1 epoch, on 1 worker
 
 The functions below could live in a notebook: they travel to the ranks as cloudpickle files
-(or by their import path where they have one).
+(or by their import path where they have one).  Each run writes a new directory under runs/.
 """
 
 import functools
+import sys
+import time
 
 import torch
 from torch import nn
@@ -42,13 +45,18 @@ def show(stage: str, event: dict) -> None:
 
 
 if __name__ == "__main__":
+    quick = "--quick" in sys.argv
     job = tula.Job(
-        {"name": "python-api", "epochs": 5, "search": {"cluster_sizes": [1, 2], "min_batch": 32, "max_batch": 256}},
+        {
+            "name": "python-api",
+            "epochs": 1 if quick else 5,
+            "search": {"cluster_sizes": [1] if quick else [1, 2], "min_batch": 32, "max_batch": 256},
+        },
         model=make_model,
         data=make_data,
         loss=SmoothedCrossEntropy,
         optimizer=functools.partial(torch.optim.SGD, momentum=0.9, nesterov=True),  # Tula sets its lr
-        out="runs/python-api",
+        out=time.strftime("runs/python-api-%Y%m%d-%H%M%S"),  # a run directory holds one training run
         on_event=show,
     )
     job.profile()
