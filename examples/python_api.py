@@ -2,7 +2,7 @@
 pipeline (profile, fit, plan, train) with progress through a callback.
 
     .venv/bin/python examples/python_api.py           # 5 epochs, on 1 or 2 workers
-    .venv/bin/python examples/python_api.py --quick   # a quick try: 1 epoch, on 1 worker
+    .venv/bin/python examples/python_api.py --quick   # a quick try: 1 epoch, on 1 worker, short trials
 
 The functions below could live in a notebook: they travel to the ranks as cloudpickle files
 (or by their import path where they have one).  Each run writes a new directory under runs/.
@@ -51,6 +51,7 @@ if __name__ == "__main__":
             "name": "python-api",
             "epochs": 1 if quick else 5,
             "search": {"cluster_sizes": [1] if quick else [1, 2], "min_batch": 32, "max_batch": 256},
+            "profile": {"min_timed_s": 0, "noise_steps": 0} if quick else {},  # quick: shorter, rougher trials
         },
         model=make_model,
         data=make_data,

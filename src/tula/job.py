@@ -219,8 +219,13 @@ class Job:
                            launcher=self._launcher(), observer=self.observer)  # fmt: skip
 
     def _launcher(self) -> Any:
-        """The launcher on the caller's Client, or None: the stages open the spec's ``cluster``."""
+        """The launcher on the caller's Client, or None: the stages open the spec's ``cluster``
+        (local ranks: their fork server starts now, importing torch beside this process, as the CLI's)."""
         if self.client is None:
+            if self.spec.cluster.where == "local":
+                from tula.engine.forkserver import start_fork_server
+
+                start_fork_server()
             return None
         from tula.engine.launch.clusters import launcher_for_client
 
