@@ -36,6 +36,7 @@ from tula.core.registry import METHOD_NAMES
 from tula.core.run_costs import compare_with_plan, measured_epoch_s
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
+from tula.engine.launch.clusters import default_threads
 from tula.engine.profile import profile
 from tula.engine.train import train
 
@@ -60,12 +61,15 @@ def spec(dataset: str, method: str, epochs: int) -> dict:
         "epochs": epochs,
         "search": {"cluster_sizes": [1, 2], "min_batch": 64, "max_batch": 1024},
         "train": {"method": method, "warmup_epochs": 1},
-        "profile": {"warmup_steps": 2, "timed_steps": 5},
     }
 
 
-def one(dataset: str, method: str, epochs: int, launcher: LocalLauncher) -> list[dict]:
+def one(dataset: str, method: str, epochs: int) -> list[dict]:
     job = spec_from_dict(spec(dataset, method, epochs))
+    # torch threads per rank as `tula run` sets them (the cores over the largest world): torch's own
+    # default (every core in every rank) oversubscribes the cores at N = 2, whose epochs then took
+    # 2-10x their time at random (measured 2026-11-26 on the 2-core machine)
+    launcher = LocalLauncher(device="cpu", threads_per_worker=default_threads(job))
     t0 = time.perf_counter()
     models = fit_models(profile(job, "partial", launcher))
     plan = make_plan(models, "knee")
@@ -106,12 +110,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default="runs/bench-run-prediction.json")
     a = ap.parse_args()
-    launcher = LocalLauncher(device="cpu")
     results = []
     for r in range(a.repeats):
         for dataset in a.datasets.split(","):
             for method in a.methods.split(","):
-                results += [{**x, "repeat": r + 1} for x in one(dataset, method, a.epochs, launcher)]
+                results += [{**x, "repeat": r + 1} for x in one(dataset, method, a.epochs)]
     t = Table(title=f"Predicted vs measured epoch time ({platform.node()}, torch {torch.__version__})")
     for col in ("repeat", "data", "method", "N", "B", "chosen", "predicted s", "measured s", "error", "of which end s"):
         t.add_column(col, justify="right")

@@ -81,6 +81,12 @@ def test_the_run_costs_fit_a_hand_made_record():
     one = fit_run_costs(trials[:1], "ags")  # one cluster size: evaluation sharded alone
     assert (one.eval_fixed_s, one.eval_sharded_s) == pytest.approx((0.0, 0.3))
     assert fit_run_costs(trials, "adascale") is None
+    assert c.notes == ()
+    # a method step measured below the plain step is the machine's noise: 0 there, and a note says so
+    noisy = fit_run_costs([_run_trial(1, 0.012, 0.010, 0.020, 0.3, 0.35, 0.05),
+                           _run_trial(2, 0.010, 0.013, 0.020, 0.2, 0.26, 0.04)], "ags")  # fmt: skip
+    assert noisy.step_extra_s == pytest.approx((0.002, 0.0))
+    assert any("below the plain step at N = 2" in n for n in noisy.notes)
 
 
 def _models(run_costs=None):

@@ -109,7 +109,9 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
     Per cluster size the method's extra per step is its regular steps' median minus the plain
     trial's ``t_step_s`` at the same (N, B); its periodic work is the due steps' median minus
     the regular steps'; evaluation is fitted as ``a + c / N`` over the cluster sizes (``c / N``
-    alone from one size); the rest of the epoch's end is the median over the trials."""
+    alone from one size); the rest of the epoch's end is the median over the trials.  An extra
+    measured below 0 (the method's step cannot do less than the plain step's work) is taken as
+    0, and a note says where."""
     ok = [t for t in run_trials if t.get("status") == "ok" and t.get("method") == method]
     if not ok:
         return None
@@ -122,6 +124,13 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
         if t.get("t_due_step_s") is not None:
             periodic.append(max(t["t_due_step_s"] - t["t_run_step_s"], 0.0))
     ns = sorted(by_n)
+    extras = [float(statistics.median(by_n[n])) for n in ns]
+    below = [n for n, x in zip(ns, extras) if x < 0]
+    if below:  # the method's step does the plain step's work and more: a lower median is the machine's noise
+        notes.append(
+            f"the method's step measured below the plain step at N = {', '.join(map(str, below))} "
+            "(the machine's noise): its extra is taken as 0 there"
+        )
     every = ok[0].get("update_every")
     steps = ok[0].get("steps_per_epoch")
     # the method's cadence, as a count of steps, unless it is once per epoch at the measured batch
@@ -144,7 +153,7 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
     return RunCosts(
         method=method,
         n_workers=tuple(ns),
-        step_extra_s=tuple(float(statistics.median(by_n[n])) for n in ns),
+        step_extra_s=tuple(max(x, 0.0) for x in extras),
         periodic_s=float(statistics.median(periodic)) if periodic else 0.0,
         periodic_every=periodic_every,
         eval_fixed_s=float(a),

@@ -46,6 +46,13 @@ def agree_max(value: float, device: torch.device) -> float:
     return float(t.item())
 
 
+def start_together(device: torch.device) -> None:
+    """Hold every rank here until all have arrived (one tiny all-reduce; nothing when not
+    distributed), so that clocks started after it start together: the ranks that wait here
+    for rank 0's checkpoint write wait outside the timed span, not in its first step."""
+    agree_max(0.0, device)
+
+
 def probe_fits(step: Callable[[], None], device: torch.device, rank: int) -> tuple[bool, str]:
     """Run ``step`` (no collective inside) and agree whether it fit on every rank.
 

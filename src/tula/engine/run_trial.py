@@ -71,11 +71,18 @@ def run_trial(
         every = getattr(rt.method, "update_every", None)  # the method's periodic work: every so many steps
         batches = data_path(rt.data, ctx.device).random_batches(rt.local_batch, torch.Generator().manual_seed(7))
         rt.model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
 
         def step(index: int) -> float:
+            """One step as the training loop runs it (_RankTrainer.run_epoch): the ranks' stop
+            check (its answer is the profile's to act on, at its next trial boundary), the
+            batch, the method's step, the loss summed on the device."""
+            nonlocal loss_sum
             t0 = time.perf_counter()
+            if ctx.stop is not None:
+                ctx.stop.poll()
             x, y = next(batches)
-            rt.train_step(index, x, y)
+            loss_sum += rt.train_step(index, x, y).double()
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize(ctx.device)
             return time.perf_counter() - t0
@@ -102,9 +109,10 @@ def run_trial(
             evaluate(
                 rt.model, rt.data, rt.rank, rt.world, spec.train.eval_batch, ctx.device, spec.train.loss, rt.loss_fn
             )
+        if ctx.stop is not None:
+            ctx.stop.drain()  # the last step's stop check, before the epoch end's collectives
         t0 = time.perf_counter()
-        loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        rec, _ = rt.epoch_record(0, loss, sum(times))
+        rec, _ = rt.epoch_record(0, loss_sum, sum(times))
         epoch_end_s = time.perf_counter() - t0
         checkpoint_s = 0.0
         if ctx.rank == 0:  # the second write, as every epoch after the first writes it

@@ -65,6 +65,7 @@ from tula.engine.ddp import (
     check_shared_directory,
     local_norms_allreduce_hook,
     probe_fits,
+    start_together,
     synced_sq_norm,
     wrap_ddp,
 )
@@ -442,6 +443,7 @@ class _RankTrainer:
         self.method: Any = None
         self.segments: list[dict] = []  # the batches this world trained at
         self.segment_t0 = 0.0  # when the current in-world segment began
+        self.epoch_t0 = 0.0  # when the current epoch's steps began (every rank at once: run_epoch)
 
     # ------------------------------------------------------------------ the batch it trains at
     def start_at(self, global_batch: int, state: dict | None) -> None:
@@ -555,7 +557,10 @@ class _RankTrainer:
             epoch, perm, self.global_batch, self.rank, self.local_batch, self.n_steps
         )
         self.model.train()
-        t0 = time.perf_counter()
+        # the epoch's clock starts on every rank at once: at N > 1 the others would otherwise count
+        # rank 0's write of the previous epoch's checkpoint (its checkpoint_s) into this epoch's first step
+        start_together(self.device)
+        t0 = self.epoch_t0 = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # on device: no host sync per step
         stop = ctx.stop
         for i in range(self.n_steps):
@@ -704,8 +709,9 @@ class _RankTrainer:
         t0 = time.perf_counter()
         save_checkpoint(ckpt, self.out)
         rec["checkpoint_s"] = time.perf_counter() - t0
-        # the epoch as the plan predicts it: its steps, its end (evaluation), its checkpoint
-        rec["epoch_wall_s"] = rec["epoch_time_s"] + rec.get("epoch_end_s", 0.0) + rec["checkpoint_s"]
+        # the epoch as the plan predicts it, on rank 0's clock from the ranks' common start: its steps,
+        # its end (evaluation, reductions, the schedule's decision), its checkpoint
+        rec["epoch_wall_s"] = time.perf_counter() - self.epoch_t0
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
         self.ctx.emit({"type": "epoch", **rec})
