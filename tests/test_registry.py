@@ -80,3 +80,26 @@ def test_smallest_batch_for_follows_the_constraints():
         if smallest > 2:
             with pytest.raises(SpecError):
                 check_train_config(spec, method, 2, smallest - 2, 1438)
+
+
+def test_every_objective_has_a_rule_and_one_without_its_rule_is_refused_not_planned_as_the_knee(monkeypatch):
+    """The objectives are one table (tula.core.registry.OBJECTIVES): each names the planner's rule
+    that chooses for it; an entry whose rule the planner lacks raises instead of falling through."""
+    import dataclasses
+
+    from helpers import models_record
+
+    from tula.core import plan as plan_mod
+    from tula.core.perfmodel import PerfModel
+    from tula.core.registry import OBJECTIVE_NAMES, OBJECTIVES
+
+    assert set(OBJECTIVE_NAMES) == {"time", "cost", "knee", "time_to_accuracy", "cost_to_accuracy", "knee_to_accuracy"}
+    assert all(o.rule in plan_mod.RULES for o in OBJECTIVES.values())
+    assert [o.name for o in OBJECTIVES.values() if o.to_accuracy] == [
+        n for n in OBJECTIVE_NAMES if n.endswith("_to_accuracy")
+    ]
+    models = models_record(PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6))
+    assert plan_mod.make_plan(models, "time")["objective"] == "time"
+    monkeypatch.setitem(OBJECTIVES, "time", dataclasses.replace(OBJECTIVES["time"], rule="fastest_wins"))
+    with pytest.raises(ValueError, match="objective 'time' has rule 'fastest_wins', which the planner has not"):
+        plan_mod.make_plan(models, "time")

@@ -58,7 +58,7 @@ class Search(str, Enum):
 
 
 Objective = Enum("Objective", {o: o for o in OBJECTIVE_NAMES}, type=str)  # type: ignore[misc]
-_OBJECTIVE_HELP = "; ".join(f"{name}: {what}" for name, what in OBJECTIVES.items())
+_OBJECTIVE_HELP = "; ".join(f"{o.name}: {o.what}" for o in OBJECTIVES.values())
 
 
 TrainMethod = Enum("TrainMethod", {m: m for m in METHOD_NAMES}, type=str)  # type: ignore[misc]

@@ -24,6 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from tula.core.errors import Interrupted, RunDirError, TulaError
+from tula.core.records import (
+    MODELS_KIND,
+    PLAN_KIND,
+    PROFILE_KIND,
+    RUN_KIND,
+    TRAIN_KIND,
+    VERSIONS,
+    load_record,
+    save_record,
+)
 from tula.core.registry import METHODS
 from tula.core.spec import JobSpec, spec_from_dict
 
@@ -78,7 +88,6 @@ def profile_stage(
     """Profile ``job`` and write the record to ``save_to``; snapshots are written there as
     trials finish, and if a worker fails or the run is interrupted the trials finished
     before it are written there too, then the error is raised with a sentence saying so."""
-    from tula.core.records import PROFILE_KIND, save_record
     from tula.engine.profile import ProfileFailed, ProfileInterrupted, profile
 
     obs = observer or Observer()
@@ -114,7 +123,6 @@ def profile_stage(
 def fit_stage(prof: dict, save_to: Path, observer: Observer | None = None) -> dict:
     """Fit the memory and performance models of a profile; write them to ``save_to``."""
     from tula.core.fit import fit_models
-    from tula.core.records import MODELS_KIND, save_record
 
     obs = observer or Observer()
     obs.stage("fitting")
@@ -138,7 +146,6 @@ def plan_stage(
     """Choose a configuration from fitted models; write the plan (and its plot) there.
     ``plan_options`` go to :func:`tula.core.plan.make_plan`."""
     from tula.core.plan import make_plan
-    from tula.core.records import PLAN_KIND, save_record
     from tula.report import plot_plan
 
     obs = observer or Observer()
@@ -172,7 +179,6 @@ def train_stage(
     ``models``: the fitted models the run was planned with; each epoch's record then carries
     the plan's prediction for it and the ratio measured / predicted
     (:func:`tula.core.run_costs.compare_with_plan`)."""
-    from tula.core.records import TRAIN_KIND, save_record
     from tula.engine.train import train
     from tula.report import plot_training
 
@@ -258,7 +264,6 @@ def run_pipeline(
     (the service's reuse of a model measured by another job).  Returns the records by
     kind name (``profile`` -- absent when ``models`` was given --, ``models``, ``plan``,
     ``train``)."""
-    from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, load_record, save_record
     from tula.engine.checkpoint import has_checkpoint
 
     obs = observer or Observer()
@@ -361,7 +366,6 @@ def continue_run(out: Path, spec_path: Path | None, asked: RunSettings) -> tuple
     """The run in ``out`` to continue: its spec and settings, from its ``run.json``.  The spec
     at ``spec_path``, when given again, must be the same job, and what ``asked`` gives must
     be what the run was started with: a run continues as it was started."""
-    from tula.core.records import RUN_KIND, load_record
     from tula.core.spec import load_spec
 
     if not (out / "run.json").is_file():
@@ -406,7 +410,6 @@ def refuse_existing_run(out: Path) -> None:
 
 def start_run(out: Path, job: JobSpec, settings: RunSettings, clear: bool = False) -> None:
     """Write a new run's ``run.json`` (``clear``: remove an earlier run's files first)."""
-    from tula.core.records import RUN_KIND, save_record
 
     if clear:
         for name in existing_run_files(out):
@@ -415,7 +418,7 @@ def start_run(out: Path, job: JobSpec, settings: RunSettings, clear: bool = Fals
     save_record(
         {
             "kind": RUN_KIND,
-            "version": 1,
+            "version": VERSIONS[RUN_KIND],
             "spec": job.to_dict(),
             "search": settings.search,
             "objective": settings.objective,

@@ -12,6 +12,7 @@ from tula.core.noise_scale import (
     smooth_noise_scale,
 )
 from tula.core.records import epoch_score
+from tula.core.registry import OBJECTIVES
 from tula.core.say import Table
 
 
@@ -277,7 +278,7 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     if data["budget"] is not None:
         ax_c.axhline(data["budget"], color="red", ls="--", lw=1, label="budget")
     c = data["choice"]
-    to_acc = data["objective"].endswith("_to_accuracy")
+    to_acc = OBJECTIVES[data["objective"]].to_accuracy if data["objective"] in OBJECTIVES else False
     tk, ck = ("time_to_accuracy_s", "cost_to_accuracy") if to_acc else ("total_time_s", "cost")
     for ax, y in ((ax_t, c[tk]), (ax_c, c[ck])):
         ax.plot(

@@ -19,7 +19,7 @@ from tula.core.perfmodel import (
     trial_topology,
     world_shape,
 )
-from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, load_record, placement, save_record  # noqa: F401
+from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, VERSIONS, load_record, placement, save_record  # noqa: F401
 from tula.core.run_costs import fit_run_costs
 from tula.core.spec import JobSpec, spec_from_dict
 
@@ -104,7 +104,7 @@ def fit_models(profile: dict) -> dict:
     run_costs = fit_run_costs(profile.get("run_trials") or [], spec.train.method)
     return {
         "kind": MODELS_KIND,
-        "version": 1,
+        "version": VERSIONS[MODELS_KIND],
         "spec": spec.to_dict(),
         "search": profile["search"],
         "device": profile["device"],

@@ -40,6 +40,7 @@ and for a service's re-plan alike.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ from tula.core.fit import models_from
 from tula.core.perfmodel import ranks_per_node_of
 from tula.core.pricing import SpotPricing, make_pricing
 from tula.core.records import PLAN_KIND, VERSIONS
-from tula.core.registry import ACCURACY_OBJECTIVES, OBJECTIVE_NAMES
+from tula.core.registry import OBJECTIVE_NAMES, OBJECTIVES
 from tula.core.run_costs import epoch_time_s, run_costs_for
 from tula.core.space import candidate_global_batches, max_global_batch
 from tula.core.spec import ConstraintsSpec, JobSpec, PricingSpec, format_duration, spec_from_dict
@@ -237,6 +238,76 @@ def epochs_to_accuracy(epochs: float, global_batch: Any, b_noise: float, referen
     return epochs * (b_noise + np.asarray(global_batch, float)) / (b_noise + reference_batch)
 
 
+# --------------------------------------------------------------------------- the objectives' rules
+@dataclass(frozen=True)
+class Ranking:
+    """What an objective's rule chooses among: the plan's rows, the indices of those that
+    fit and meet the constraints (``eligible``), each cluster size's knee (its row and
+    batch), the keys of the time and the cost the objective ranks by (``tk``, ``ck``: to
+    accuracy or for the spec's epochs), and the words of the reason."""
+
+    rows: list[dict]
+    eligible: list[int]
+    knees: dict[str, dict]
+    tk: str
+    ck: str
+    spot: bool
+    to_accuracy: bool
+    constraints: str  # the constraints in words
+    constrained: bool
+
+    def within(self) -> str:
+        return f" within {self.constraints}" if self.constrained else ""
+
+    def to_acc(self) -> str:
+        return " to accuracy" if self.to_accuracy else ""
+
+
+def _least_time(r: Ranking) -> tuple[int, str]:
+    chosen = min(r.eligible, key=lambda i: (r.rows[i][r.tk], r.rows[i][r.ck]))
+    return chosen, (
+        "least expected training time" if r.spot else "least predicted training time"
+    ) + r.to_acc() + r.within()
+
+
+def _least_cost(r: Ranking) -> tuple[int, str]:
+    chosen = min(r.eligible, key=lambda i: (r.rows[i][r.ck], r.rows[i][r.tk]))
+    return chosen, ("least expected cost" if r.spot else "least predicted cost") + r.to_acc() + r.within()
+
+
+def _at_knee(r: Ranking) -> tuple[int, str]:
+    """The fastest of the cluster sizes' knees that meet the constraints; when every knee
+    misses them, the configuration meeting them nearest to its cluster size's knee."""
+    rows = r.rows
+    ok_knees = [k["row"] for k in r.knees.values() if rows[k["row"]]["meets_constraints"]]
+    if ok_knees:
+        chosen = min(ok_knees, key=lambda i: (rows[i][r.tk], rows[i][r.ck]))
+        kn = r.knees[str(rows[chosen]["n_workers"])]
+        why = (
+            f"knee of the predicted time{r.to_acc()}-vs-batch curve"
+            if kn["method"] == "kneedle"
+            else f"no knee found; smallest batch within {KNEE_FALLBACK_TOL:.0%} of the fastest"
+        ) + r.within()
+        return chosen, why
+
+    def off_knee(i: int) -> float:
+        return abs(math.log(rows[i]["global_batch"] / r.knees[str(rows[i]["n_workers"])]["global_batch"]))
+
+    chosen = min(r.eligible, key=lambda i: (off_knee(i), rows[i][r.tk], rows[i][r.ck]))
+    return (
+        chosen,
+        f"every knee misses {r.constraints}; the configuration meeting them nearest to its cluster size's knee",
+    )
+
+
+#: how each rule of :data:`tula.core.registry.OBJECTIVES` chooses: the index of the chosen row and why
+RULES: dict[str, Callable[[Ranking], tuple[int, str]]] = {
+    "least_time": _least_time,
+    "least_cost": _least_cost,
+    "knee": _at_knee,
+}
+
+
 # --------------------------------------------------------------------------- the plan
 def make_plan(
     models: dict,
@@ -253,7 +324,7 @@ def make_plan(
     Parameters
     ----------
     models : a models record (what ``tula fit`` writes)
-    objective : ``time``, ``cost`` or ``knee`` (default: the spec's)
+    objective : a name of :data:`tula.core.registry.OBJECTIVES` (default: the spec's)
     constraints : a deadline and a budget (:meth:`Constraints.of` takes a mapping such as
         ``{"deadline": "8h", "budget": 50}``); default: the spec's ``constraints``
     pricing : fields of the spec's ``pricing`` to replace (a mapping or a PricingSpec)
@@ -277,7 +348,9 @@ def make_plan(
     objective = objective or spec.objective
     if objective not in OBJECTIVE_NAMES:
         raise SpecError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)}, not {objective!r}")
-    to_accuracy = objective in ACCURACY_OBJECTIVES
+    if OBJECTIVES[objective].rule not in RULES:  # a table entry whose rule was not written
+        raise ValueError(f"objective {objective!r} has rule {OBJECTIVES[objective].rule!r}, which the planner has not")
+    to_accuracy = OBJECTIVES[objective].to_accuracy
     noise = noise_assumed(models, noise_scale, spec.train.base_batch)
     if to_accuracy and not noise["b_noise"]:
         raise SpecError(
@@ -394,34 +467,8 @@ def make_plan(
         k, how = find_knee(gb[:last], tt[:last])
         knees[str(n)] = {"row": idx[k], "global_batch": int(gb[k]), "method": how}
 
-    within = f" within {cons.describe(pricing_model.unit)}" if cons.active else ""
-    to_acc = " to accuracy" if to_accuracy else ""
-    if objective in ("time", "time_to_accuracy"):
-        chosen = min(eligible, key=lambda i: (rows[i][tk], rows[i][ck]))
-        why = ("least expected training time" if spot else "least predicted training time") + to_acc + within
-    elif objective in ("cost", "cost_to_accuracy"):
-        chosen = min(eligible, key=lambda i: (rows[i][ck], rows[i][tk]))
-        why = ("least expected cost" if spot else "least predicted cost") + to_acc + within
-    else:
-        ok_knees = [k["row"] for k in knees.values() if rows[k["row"]]["meets_constraints"]]
-        if ok_knees:
-            chosen = min(ok_knees, key=lambda i: (rows[i][tk], rows[i][ck]))
-            kn = knees[str(rows[chosen]["n_workers"])]
-            why = (
-                f"knee of the predicted time{to_acc}-vs-batch curve"
-                if kn["method"] == "kneedle"
-                else f"no knee found; smallest batch within {KNEE_FALLBACK_TOL:.0%} of the fastest"
-            ) + within
-        else:  # every knee misses a constraint: the configuration meeting them nearest to a knee
-
-            def off_knee(i: int) -> float:
-                return abs(math.log(rows[i]["global_batch"] / knees[str(rows[i]["n_workers"])]["global_batch"]))
-
-            chosen = min(eligible, key=lambda i: (off_knee(i), rows[i][tk], rows[i][ck]))
-            why = (
-                f"every knee misses {cons.describe(pricing_model.unit)}; the configuration meeting them "
-                "nearest to its cluster size's knee"
-            )
+    ranking = Ranking(rows, eligible, knees, tk, ck, spot, to_accuracy, cons.describe(pricing_model.unit), cons.active)
+    chosen, why = RULES[OBJECTIVES[objective].rule](ranking)
     c = rows[chosen]
     fastest = min(rows[i][tk] for i in feas)
     cheapest = min(rows[i][ck] for i in feas)

@@ -139,19 +139,40 @@ LOSSES: dict[str, str] = {
 }
 LOSS_NAMES: tuple[str, ...] = tuple(LOSSES)
 
-#: the planner's objectives (``objective``, ``--objective``): name -> what it chooses
-OBJECTIVES: dict[str, str] = {
-    "time": "the least predicted time of the spec's epochs",
-    "cost": "the least predicted cost of the spec's epochs",
-    "knee": "the knee of the predicted time-vs-batch curve of the spec's epochs",
-    "time_to_accuracy": "the least predicted time to the accuracy the spec's epochs reach at train.base_batch "
-    "(epochs scaled by the gradient noise scale: (B_noise + B) / (B_noise + B0))",
-    "cost_to_accuracy": "the least predicted cost to that accuracy",
-    "knee_to_accuracy": "the knee of the time-to-accuracy curve, before its minimum",
-}
+
+@dataclass(frozen=True)
+class ObjectiveInfo:
+    """One of the planner's objectives (``objective``, ``--objective``): what it chooses, by
+    which of the planner's rules (:data:`tula.core.plan.RULES`: ``least_time``,
+    ``least_cost``, ``knee``), and whether it ranks by the time to an accuracy (the epochs
+    scaled by the gradient noise scale) rather than by the spec's epochs."""
+
+    name: str
+    what: str
+    rule: str
+    to_accuracy: bool = False
+
+
+#: the planner's objectives.  Adding one: an entry here, and its rule in tula.core.plan.RULES
+#: when no existing rule chooses as it does
+_OBJECTIVE_TABLE = (
+    ObjectiveInfo("time", "the least predicted time of the spec's epochs", "least_time"),
+    ObjectiveInfo("cost", "the least predicted cost of the spec's epochs", "least_cost"),
+    ObjectiveInfo("knee", "the knee of the predicted time-vs-batch curve of the spec's epochs", "knee"),
+    ObjectiveInfo(
+        "time_to_accuracy",
+        "the least predicted time to the accuracy the spec's epochs reach at train.base_batch "
+        "(epochs scaled by the gradient noise scale: (B_noise + B) / (B_noise + B0))",
+        "least_time",
+        to_accuracy=True,
+    ),
+    ObjectiveInfo("cost_to_accuracy", "the least predicted cost to that accuracy", "least_cost", to_accuracy=True),
+    ObjectiveInfo(
+        "knee_to_accuracy", "the knee of the time-to-accuracy curve, before its minimum", "knee", to_accuracy=True
+    ),
+)
+OBJECTIVES: dict[str, ObjectiveInfo] = {o.name: o for o in _OBJECTIVE_TABLE}
 OBJECTIVE_NAMES: tuple[str, ...] = tuple(OBJECTIVES)
-#: the objectives that scale the epochs by statistical efficiency (they need a noise scale)
-ACCURACY_OBJECTIVES: tuple[str, ...] = ("time_to_accuracy", "cost_to_accuracy", "knee_to_accuracy")
 
 #: the built-in optimisers (``optimizer.name``); an import path names the user's own factory
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam", "adamw")

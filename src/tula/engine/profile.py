@@ -38,7 +38,7 @@ import torch.distributed as dist
 from tula.core.errors import InfeasibleError, Interrupted, PlacementError, SpecError, TulaError, WorkerError
 from tula.core.gpus import too_many_ranks_sentence, unplaceable_sizes, unplaced_note
 from tula.core.noise_scale import NoiseScale
-from tula.core.records import PROFILE_KIND, Trial, placement
+from tula.core.records import PROFILE_KIND, VERSIONS, Trial, placement
 from tula.core.space import Config, candidate_configs, partial_configs
 from tula.core.spec import JobSpec
 from tula.engine import interrupts
@@ -642,7 +642,7 @@ def _profile(
         ordered = sorted([*trials, *extra], key=lambda t: (t["n_workers"], t["global_batch"]))
         return {
             "kind": PROFILE_KIND,
-            "version": 1,
+            "version": VERSIONS[PROFILE_KIND],
             "spec": spec.to_dict(),
             "search": search,
             "device": device,

@@ -53,7 +53,7 @@ from tula.core.job_rules import (
     state_from_spec,
 )
 from tula.core.noise_scale import NoiseScale
-from tula.core.records import TRAIN_KIND, read_jsonl, write_atomic
+from tula.core.records import TRAIN_KIND, VERSIONS, read_jsonl, write_atomic
 from tula.core.registry import LOSS_NAMES
 from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-exported)
 from tula.core.spec import JobSpec
@@ -1250,7 +1250,7 @@ def _train(
         hist = rank0["history"]
         return {
             "kind": TRAIN_KIND,
-            "version": 1,
+            "version": VERSIONS[TRAIN_KIND],
             "spec": spec.to_dict(),
             "method": method,
             "n_workers": n_workers,
