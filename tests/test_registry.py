@@ -103,3 +103,27 @@ def test_every_objective_has_a_rule_and_one_without_its_rule_is_refused_not_plan
     monkeypatch.setitem(OBJECTIVES, "time", dataclasses.replace(OBJECTIVES["time"], rule="fastest_wins"))
     with pytest.raises(ValueError, match="objective 'time' has rule 'fastest_wins', which the planner has not"):
         plan_mod.make_plan(models, "time")
+
+
+def test_the_cluster_kinds_are_one_table_that_the_spec_the_launchers_the_service_and_the_help_read(tmp_path):
+    """tula.core.registry.CLUSTERS: each `where` has one kind; one that has none is refused in one
+    sentence by the spec and by open_launcher (it used to be taken for a Dask cluster)."""
+    from tula.core.registry import CLUSTERS, cluster_kind
+    from tula.engine.launch.clusters import open_launcher
+    from tula.service.admission import admit
+    from tula.service.model_key import _cluster
+    from tula.service.settings import ServiceSettings
+
+    kinds = {w: cluster_kind(w).name for w in ("local", "dask", "tcp://10.0.0.1:8786", "slurm.yaml", "q.yml", "env")}
+    assert kinds == {"local": "local", "dask": "dask", "tcp://10.0.0.1:8786": "scheduler", "slurm.yaml": "jobqueue",
+                     "q.yml": "jobqueue", "env": "env"}  # fmt: skip
+    assert [k.name for k in CLUSTERS.values() if k.fixed_world] == ["env"]
+    assert [k.name for k in CLUSTERS.values() if k.submittable] == ["local", "dask"]
+    assert (_cluster("dask"), _cluster("tcp://10.0.0.1:8786")) == ("single-host", "tcp://10.0.0.1:8786")
+    with pytest.raises(SpecError, match=r"'slurm' is not a cluster: use local \(processes on this machine\), dask"):
+        spec_from_dict({"cluster": {"where": "slurm"}})
+    with pytest.raises(SpecError, match="'slurm' is not a cluster"), open_launcher(spec_from_dict({}), where="slurm"):
+        pass
+    with pytest.raises(SpecError, match="runs jobs on its own launcher \\(local or dask\\), not on a cluster"):
+        admit({"cluster": {"where": "tcp://10.0.0.1:8786"}}, ServiceSettings(home=tmp_path))
+    assert admit({"cluster": {"where": "dask"}}, ServiceSettings(home=tmp_path)).cluster.where == "dask"

@@ -25,7 +25,7 @@ from rich.text import Text
 from tula import __version__
 from tula.core.errors import Interrupted, RunDirError, TulaError
 from tula.core.records import epoch_score
-from tula.core.registry import METHOD_NAMES, OBJECTIVE_NAMES, OBJECTIVES
+from tula.core.registry import METHOD_NAMES, OBJECTIVE_NAMES, OBJECTIVES, cluster_kind, clusters_in_words
 from tula.core.registry import METHODS as METHOD_TABLE
 from tula.core.say import plain, say
 from tula.core.schedules import SCHEDULES
@@ -81,12 +81,7 @@ def _main(
     """Tula: plan and run distributed large-batch training."""
 
 
-_CLUSTER_HELP = (
-    "where the ranks run: local (processes on this machine), dask (a Dask LocalCluster started for "
-    "the run), tcp://HOST:PORT (an existing Dask scheduler), a dask-jobqueue YAML file (SLURM/PBS), or "
-    "env (inside a world started by torchrun, srun or mpirun: run the same command on every rank); "
-    "default: the spec's cluster.where"
-)
+_CLUSTER_HELP = f"where the ranks run: {clusters_in_words()}; default: the spec's cluster.where"
 
 
 def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
@@ -557,7 +552,7 @@ def train(
             job = at_choice(job, rec["choice"])
         n = rec["choice"]["n_workers"] if n is None else n
         b = rec["choice"]["global_batch"] if b is None else b
-    if n is None and job.cluster.where == "env":  # a launched world trains on all of its ranks
+    if n is None and cluster_kind(job.cluster.where).fixed_world:  # a launched world trains on all of its ranks
         from tula.engine.launch.env import joined_world_size
 
         n = joined_world_size()

@@ -236,7 +236,7 @@ def training_method(job: JobSpec, global_batch: int, observer: Observer | None =
 def _in_world(models: dict, launcher: Any, obs: Observer) -> dict:
     """The models as planned for ``launcher``: a launched world (``--cluster env``) trains on
     all of its ranks, so its plan chooses among configurations of that one worker count."""
-    size = getattr(launcher, "world_size", None)
+    size = launcher.world_size
     if size is None or models["spec"]["search"]["cluster_sizes"] == [size]:
         return models
     obs.note(f"planning for N = {size} only: the world this run is in has {size} ranks and trains on all of them")

@@ -17,6 +17,7 @@ are :mod:`tula.core.job_rules`.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +174,55 @@ _OBJECTIVE_TABLE = (
 )
 OBJECTIVES: dict[str, ObjectiveInfo] = {o.name: o for o in _OBJECTIVE_TABLE}
 OBJECTIVE_NAMES: tuple[str, ...] = tuple(OBJECTIVES)
+
+
+@dataclass(frozen=True)
+class ClusterKind:
+    """One kind of ``cluster.where`` (``--cluster``): how a ``where`` of it is written and
+    recognised, what it is, which launcher runs it (:func:`tula.engine.launch.clusters.open_launcher`),
+    whether the cluster fixes the world's size, whether its ranks run on this host, and
+    whether a submission to the service may name it."""
+
+    name: str
+    written: str  # how a `where` of this kind is written, in the CLI's help
+    what: str
+    launcher: str  # local | dask | env
+    matches: Callable[[str], bool]
+    fixed_world: bool = False  # the cluster's own world size (torchrun/srun): the profile runs only that size
+    on_this_host: bool = False  # its ranks run on the machine that runs the command
+    submittable: bool = False  # a job submitted to the service may name it
+
+
+#: the kinds of cluster, in the order the help lists them.  Adding a launcher: its module under
+#: tula.engine.launch, an entry here, and its branch in tula.engine.launch.clusters.open_launcher
+_CLUSTER_TABLE = (
+    ClusterKind("local", "local", "processes on this machine", "local", lambda w: w == "local",
+                on_this_host=True, submittable=True),
+    ClusterKind("dask", "dask", "a Dask LocalCluster started for the run", "dask", lambda w: w == "dask",
+                on_this_host=True, submittable=True),
+    ClusterKind("scheduler", "tcp://HOST:PORT", "an existing Dask scheduler", "dask",
+                lambda w: w.startswith("tcp://")),
+    ClusterKind("jobqueue", "a dask-jobqueue YAML file", "SLURM/PBS", "dask",
+                lambda w: w.endswith((".yaml", ".yml"))),
+    ClusterKind("env", "env", "inside a world started by torchrun, srun or mpirun: run the same command on every rank",
+                "env", lambda w: w == "env", fixed_world=True),
+)  # fmt: skip
+CLUSTERS: dict[str, ClusterKind] = {k.name: k for k in _CLUSTER_TABLE}
+
+
+def cluster_kind(where: str) -> ClusterKind:
+    """The kind of ``where``; one that is none of them is a :class:`~tula.core.errors.SpecError`."""
+    for kind in _CLUSTER_TABLE:
+        if kind.matches(where):
+            return kind
+    raise SpecError(f"{where!r} is not a cluster: use {clusters_in_words()}")
+
+
+def clusters_in_words(kinds: tuple[ClusterKind, ...] = _CLUSTER_TABLE) -> str:
+    """``local (processes on this machine), dask (...), ..., or env (...)``."""
+    said = [f"{k.written} ({k.what})" for k in kinds]
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + ", or " + said[-1]
+
 
 #: the built-in optimisers (``optimizer.name``); an import path names the user's own factory
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam", "adamw")

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from tula.core.errors import SpecError
-from tula.core.registry import LOSS_NAMES, METHOD_NAMES, OBJECTIVE_NAMES, OPTIMIZER_NAMES
+from tula.core.registry import LOSS_NAMES, METHOD_NAMES, OBJECTIVE_NAMES, OPTIMIZER_NAMES, cluster_kind
 from tula.core.schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
 
 _UNITS = {
@@ -783,12 +783,11 @@ class ClusterSpec(_Strict):
     @field_validator("where")
     @classmethod
     def _where(cls, v: str) -> str:
-        if v in ("local", "dask", "env") or v.startswith("tcp://") or v.endswith((".yaml", ".yml")):
-            return v
-        raise ValueError(
-            f"{v!r} is not a cluster: use 'local', 'dask', 'env' (a world started by torchrun or srun), a "
-            "scheduler address 'tcp://HOST:PORT', or a dask-jobqueue YAML file"
-        )
+        try:
+            cluster_kind(v)  # tula.core.registry.CLUSTERS
+        except SpecError as err:
+            raise ValueError(str(err)) from None
+        return v
 
 
 class JobSpec(_Strict):

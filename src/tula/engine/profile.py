@@ -560,7 +560,7 @@ def _profile(
     cap = budget if spec.search.enforce_memory_cap else None
     sizes = spec.search.cluster_sizes
     emit = on_event or (lambda ev: None)
-    fixed = getattr(launcher, "world_size", None)  # a launched world (--cluster env) has one size
+    fixed = launcher.world_size  # a launched world (--cluster env) has one size
     if fixed is not None:
         started_by = getattr(getattr(launcher, "world", None), "source", "its launcher")
         if fixed not in sizes:

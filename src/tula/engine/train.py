@@ -1025,7 +1025,7 @@ def train(
 def _check_fixed_world(launcher: Launcher, n_workers: int, spec: JobSpec) -> None:
     """A launched world (``--cluster env``) has one size: training uses all of its ranks, and
     a worker count cannot grow or shrink in it."""
-    size = getattr(launcher, "world_size", None)
+    size = launcher.world_size
     if size is None:
         return
     started_by = getattr(getattr(launcher, "world", None), "source", "its launcher")

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from tula.core.errors import SpecError
-from tula.core.registry import OBJECTIVE_NAMES
+from tula.core.registry import CLUSTERS, OBJECTIVE_NAMES, cluster_kind
 from tula.core.spec import JobSpec, spec_from_dict
 from tula.service.settings import ServiceSettings
 
@@ -83,10 +83,11 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
                 f"spec field 'data.{field}' is {given!r}, not under a data directory this service "
                 f"allows (allowed: {allowed}; set TULA_DATA_ROOTS)"
             )
-    if spec.cluster.where not in ("local", "dask"):
+    if not cluster_kind(spec.cluster.where).submittable:
+        allowed = " or ".join(k.name for k in CLUSTERS.values() if k.submittable)
         raise SpecError(
             f"spec field 'cluster.where' is {spec.cluster.where!r}; the service runs jobs on its own "
-            "launcher (local or dask), not on a cluster a submission names"
+            f"launcher ({allowed}), not on a cluster a submission names"
         )
     return spec
 

@@ -59,6 +59,7 @@ import json
 from typing import Any
 
 from tula.core.errors import RecordError
+from tula.core.registry import cluster_kind
 from tula.core.spec import spec_from_dict
 
 #: bump when the parts change meaning, so old keys never match new ones
@@ -95,8 +96,8 @@ def sample_shape(data: dict) -> list[int]:
 
 
 def _cluster(where: str) -> str:
-    # tula.engine.launch.clusters.kind_of: 'local' and 'dask' (a LocalCluster) run on this host
-    return "single-host" if where in ("local", "dask") else where
+    # the kinds whose ranks run on this host ('local', 'dask': a LocalCluster) measure the same machine
+    return "single-host" if cluster_kind(where).on_this_host else where
 
 
 def _parts(spec: dict, *, device: str, facts: dict, shape: list[int], threads: int | None) -> dict:

@@ -56,6 +56,9 @@ class WorkerContext:
 class Launcher(Protocol):
     name: str
     threads_per_worker: int | None
+    #: the one world size a launched world has (``--cluster env``: torchrun's or srun's), or
+    #: ``None`` where the launcher forms worlds of any size
+    world_size: int | None
 
     def facts(self) -> dict:
         """The workers' hardware (:func:`host_facts`), read where the ranks run."""

@@ -1,5 +1,5 @@
-"""Which launcher runs a job's worlds: the one table of launchers, and opening one from the
-spec's ``cluster`` section (or ``--cluster``).
+"""Which launcher runs a job's worlds: opening one from the spec's ``cluster`` section (or
+``--cluster``), by the kind :data:`tula.core.registry.CLUSTERS` gives its ``where``.
 
 ============================  ===============================================================
 ``cluster.where``             launcher
@@ -26,17 +26,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tula.core.errors import SpecError, TulaError
+from tula.core.registry import cluster_kind
 from tula.core.spec import JobSpec, parse_bytes
 from tula.engine.launch.base import Launcher, pick_device
 from tula.engine.launch.main_module import without_main_module
-
-#: launcher name -> what it is (the CLI's help and the docs read this)
-LAUNCHERS = {
-    "local": "one process per rank on this machine",
-    "dask": "one rank per Dask worker (LocalCluster, an existing scheduler, or dask-jobqueue)",
-    "env": "the ranks of a world started by torchrun, srun or mpirun (every rank runs the command)",
-}
-
 
 #: Dask settings for workers that run ranks: not daemonic (a rank may start DataLoader
 #: processes), no retries of a rank, and none of the workers' sampling of the task's stack
@@ -56,10 +49,6 @@ def worker_config_env() -> list[str]:
         for k, v in WORKER_CONFIG.items()
         if k.startswith("distributed.worker") or k.startswith("distributed.admin")
     ]
-
-
-def kind_of(where: str) -> str:
-    return where if where in ("local", "env") else "dask"
 
 
 def env_settings(spec: JobSpec) -> dict[str, Any]:
@@ -166,13 +155,14 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
     closed; an existing scheduler is left as it was)."""
     c = spec.cluster
     where = where or c.where
+    kind = cluster_kind(where)  # tula.core.registry.CLUSTERS: one not there is refused, not taken for Dask
     device = pick_device(spec.profile.device)
-    if kind_of(where) == "local":
+    if kind.launcher == "local":
         from tula.engine.launch.local import LocalLauncher
 
         yield LocalLauncher(device=device, threads_per_worker=default_threads(spec), pg_timeout_s=None)
         return
-    if kind_of(where) == "env":  # joined once per process; left when the command ends (env.finish)
+    if kind.launcher == "env":  # joined once per process; left when the command ends (env.finish)
         from tula.engine.launch.env import join
 
         launcher = join(**env_settings(spec))
@@ -189,7 +179,7 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
     dask.config.set(WORKER_CONFIG)
     n = n_workers or c.dask_workers or _largest_world(spec)
     with contextlib.ExitStack() as stack:
-        if where == "dask":
+        if kind.name == "dask":
             # its workers start (and restart) while it is open: none runs a script's main module again
             stack.enter_context(without_main_module())
             cluster = stack.enter_context(
@@ -202,9 +192,9 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
                 )
             )
             client = stack.enter_context(Client(cluster))
-        elif where.startswith("tcp://"):
+        elif kind.name == "scheduler":
             client = stack.enter_context(_connect(where, c.connect_timeout_s))
-        else:
+        else:  # jobqueue
             cfg = load_jobqueue_config(where)
             cluster = stack.enter_context(jobqueue_cluster(cfg))
             cluster.scale(jobs=-(-n // cfg.processes))

@@ -137,6 +137,7 @@ class DaskLauncher:
     """
 
     name = "dask"
+    world_size = None  # worlds of any size (tula.engine.launch.base.Launcher)
 
     def __init__(
         self,

@@ -96,6 +96,7 @@ class LocalLauncher:
     """
 
     name = "local"
+    world_size = None  # worlds of any size (tula.engine.launch.base.Launcher)
 
     def __init__(
         self,
