@@ -849,6 +849,7 @@ def serve(
     settings.check_can_start()
     settings.home.mkdir(parents=True, exist_ok=True)
     Store(settings.store_url, settings.home).close()  # a store that cannot be opened: one sentence, before binding
+    _check_can_listen(settings.host, settings.port)  # a port in use: one sentence, not uvicorn's log and exit 3
     shown = "localhost" if settings.loopback else settings.host
     say(
         err_console,
@@ -876,7 +877,14 @@ def serve(
             self.should_exit = True
 
     server = _Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="warning"))
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's exit when it cannot start (its reason logged above)
+        if server.started:
+            raise
+        raise TulaError(
+            f"the service could not start on {settings.host}:{settings.port}; the line above says why"
+        ) from None
     if stopped_by:
         raise Interrupted(
             f"the service stopped on {signal.Signals(stopped_by[0]).name}; running jobs were queued "
@@ -885,6 +893,26 @@ def serve(
         )
     if not server.started:
         raise TulaError(f"the service could not listen on {settings.host}:{settings.port} (is the port in use?)")
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """One sentence when ``host:port`` cannot be bound (another process listens there, a port
+    below 1024 without the right), before the service says it starts."""
+    import errno
+    import socket
+
+    from tula.service.settings import SettingsError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a closed port is free
+            s.bind(address)
+    except OSError as err:
+        why = err.strerror or plain(err)
+        if err.errno == errno.EADDRINUSE:
+            why += ": another process listens there; stop it or choose another --port"
+        raise SettingsError(f"the service cannot listen on {host}:{port} ({why})") from None
 
 
 def _client(server: str | None, token: str | None):
