@@ -139,6 +139,19 @@ def test_replan_sends_price_cluster_sizes_epochs_and_noise_scale(token_service, 
     assert one_line(expected["reason"]) in one_line(r.stdout)
 
 
+def test_replan_use_measured_prints_the_plan_scaled_by_the_finished_runs_ratio(token_service, tiny_pipeline):
+    from tula.core.run_costs import measured_ratio
+    from tula.service.replan import Replan, replan_from_models
+
+    models, run = tiny_pipeline.record("models.json"), tiny_pipeline.record("train/train.json")
+    expected = replan_from_models(models, Replan(objective="time", use_measured=True), run)
+    assert expected["measured_ratio"]["ratio"] == measured_ratio(run, models)["ratio"]
+    r = tula_in_process("replan", token_service.seeded, "--objective", "time", "--use-measured",
+                        *_client_args(token_service))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert one_line(expected["reason"]) in one_line(r.stdout) and "epochs scaled by" in one_line(r.stdout)
+
+
 @pytest.mark.parametrize(
     "args, sentence",
     [

@@ -202,3 +202,35 @@ def test_the_dashboard_and_the_table_show_each_epoch_beside_its_prediction():
     assert "planned s" in text and f"{ratio:.2f}x" in text
     plain = {**run, "history": [{k: v for k, v in h.items() if "predicted" not in k} for h in run["history"]]}
     assert "Epoch time" not in train_charts(plain)  # not planned by Tula: no such chart
+
+
+def test_a_finished_runs_measured_ratio_scales_a_replan_of_its_method_only():
+    """tula.core.run_costs.measured_ratio: the median measured / predicted of a run's epochs
+    after the first; make_plan(measured=...) scales every step and epoch by it for the method
+    the run trained, and only says so for another."""
+    from tula.core.run_costs import measured_ratio, predicted_epoch_s
+    from tula.service.replan import Problem, Replan, replan_from_models
+
+    models = _models(COSTS)
+    p = predicted_epoch_s(models, "ags", 200, 2)
+    history = [{"epoch": e, "global_batch": 200, "n_workers": 2, "epoch_time_s": w, "epoch_wall_s": w}
+               for e, w in ((1, 9.0), (2, 1.2 * p), (3, 1.3 * p), (4, 1.25 * p))]  # fmt: skip
+    run = {"method": "ags", "history": history}
+    m = measured_ratio(run, models)
+    assert m == {"ratio": pytest.approx(1.25), "epochs_compared": 3, "method": "ags", "n_workers": 2,
+                 "global_batch": 200}  # fmt: skip
+    assert measured_ratio({"method": "ags", "history": []}, models) is None
+    base, scaled = make_plan(models, "time"), make_plan(models, "time", measured=m)
+    for a, b in zip(base["configurations"], scaled["configurations"]):
+        assert b["epoch_time_s"] == pytest.approx(1.25 * a["epoch_time_s"])
+        assert b["t_step_s"] == pytest.approx(1.25 * a["t_step_s"])
+    assert scaled["measured_ratio"]["applied"] and "epochs scaled by 1.25" in scaled["reason"]
+    other = make_plan(models, "time", method="lars", measured=m)
+    assert not other["measured_ratio"]["applied"] and "is not applied" in other["reason"]
+    assert other["choice"]["epoch_time_s"] == pytest.approx(
+        make_plan(models, "time", method="lars")["choice"]["epoch_time_s"]
+    )
+    with pytest.raises(Problem, match="no training run yet"):
+        replan_from_models(models, Replan(use_measured=True), None)
+    with pytest.raises(Problem, match="no epoch to compare"):
+        replan_from_models(models, Replan(use_measured=True), {"method": "ags", "history": []})

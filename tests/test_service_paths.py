@@ -244,3 +244,29 @@ def test_max_concurrent_jobs_two_runs_two_jobs_at_once_and_queues_the_third(tmp_
         assert c.get("/v1/health").json()["running_jobs"] == 2
     finally:
         svc.kill9()  # the service, its runners and their ranks at once: nothing of this test trains on
+
+
+def test_replan_with_use_measured_scales_the_epochs_by_the_finished_runs_ratio(c, tiny_pipeline):
+    """The seeded job's training run measured its epochs against the plan's prediction: a
+    re-plan with use_measured scales every configuration's time by that median ratio, and
+    says so in its reason and its record; without it the plan is the models' own."""
+    import json
+
+    from tula.core.run_costs import measured_ratio
+
+    models = json.loads((tiny_pipeline.dir / "models.json").read_text())
+    run = json.loads((tiny_pipeline.dir / "train" / "train.json").read_text())
+    expected = measured_ratio(run, models)
+    assert expected is not None and expected["ratio"] > 0
+    base = _replan(c, objective="time").json()
+    r = _replan(c, objective="time", use_measured=True)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert base["measured_ratio"] is None
+    assert plan["measured_ratio"] == {**expected, "applied": True}
+    for a, b in zip(base["configurations"], plan["configurations"], strict=True):
+        if a["feasible"]:
+            assert b["total_time_s"] == pytest.approx(a["total_time_s"] * expected["ratio"])
+    assert f"epochs scaled by {expected['ratio']:.2f}" in plan["reason"]
+    bad = _replan(c, objective="time", use_measured="sometimes")
+    assert bad.status_code == 422

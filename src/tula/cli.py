@@ -1014,6 +1014,11 @@ def replan(
     noise_scale: float = typer.Option(
         None, "--noise-scale", help="the gradient noise scale to assume (default: the profiled one)"
     ),
+    use_measured: bool = typer.Option(
+        False,
+        "--use-measured",
+        help="scale the predicted epochs by what the job's finished training run measured against its prediction",
+    ),
     server: str = typer.Option(None, help=_SERVER_HELP),
     token: str = typer.Option(None, help=_TOKEN_HELP),
 ) -> None:
@@ -1021,6 +1026,8 @@ def replan(
     from tula.report import plan_table
 
     body: dict = {"objective": objective.value if objective else None, "epochs": epochs, "noise_scale": noise_scale}
+    if use_measured:
+        body["use_measured"] = True
     if price is not None:
         body["pricing"] = {"kind": "fixed", "price_per_node_hour": price}
     if cluster_sizes is not None:

@@ -318,6 +318,7 @@ def make_plan(
     compare_spot: bool = False,
     noise_scale: float | None = None,
     method: str | None = None,
+    measured: dict | None = None,
 ) -> dict:
     """Evaluate the search space with fitted models and choose a configuration.
 
@@ -335,6 +336,9 @@ def make_plan(
     method : the training method the epochs are predicted for (default: the spec's
         ``train.method``): its step and each epoch's end as the profile's run trials measured
         them (:mod:`tula.core.run_costs`); a method they did not run is said so in ``run_costs_note``
+    measured : what a finished training run of the job measured against its prediction
+        (:func:`tula.core.run_costs.measured_ratio`): every predicted step and epoch is scaled by
+        its ratio when it trained the same method (``measured_ratio`` in the plan says whether)
 
     Raises :class:`~tula.core.errors.InfeasibleError` (one sentence) when no configuration fits in
     memory or none meets the constraints.
@@ -415,6 +419,9 @@ def make_plan(
     # Eq. 4a with the run's own terms: D / B steps of the method's step, and each epoch's end
     epoch = epoch_time_s(t_step, n_arr * b_arr, n_arr, d, costs, whole_steps=False)
     fixed = costs.epoch_fixed_s(n_arr, d / (n_arr * b_arr)) if costs else np.zeros_like(epoch)
+    scaled = _measured_scale(measured, method)
+    if scaled is not None:  # a finished run of this method: its measured / predicted, on every configuration
+        t_step, epoch, fixed = t_step * scaled["ratio"], epoch * scaled["ratio"], fixed * scaled["ratio"]
     free = epochs * epoch  # Eq. 4a: uninterrupted training
     total = pricing_model.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
     peak = mem.predict_accumulated_peak_bytes(b_arr, micro_arr)
@@ -497,6 +504,8 @@ def make_plan(
         reason += f" [{where}]"
     if not_measured:
         reason += "".join(f" [{why}]" for why in dict.fromkeys(not_measured.values()))
+    if measured is not None:
+        reason += f" [{_measured_note(measured, scaled is not None, method)}]"
     for i, r in enumerate(rows):
         r["chosen"] = i == chosen
     front = pareto_frontier(np.array([rows[i][tk] for i in feas]), np.array([rows[i][ck] for i in feas]))
@@ -530,10 +539,34 @@ def make_plan(
         "method": method,
         "run_costs": None if costs is None else costs.to_dict(),
         "run_costs_note": costs_note,
+        # a finished run's measured / predicted epoch time, and whether this plan's epochs are scaled by it
+        "measured_ratio": None if measured is None else {**measured, "applied": scaled is not None},
     }
     if compare_spot:
-        plan["spot_comparison"] = _compare_spot(plan, models, objective, cons, spec.pricing, noise_scale)
+        plan["spot_comparison"] = _compare_spot(
+            plan, models, objective, cons, spec.pricing, noise_scale, method, measured
+        )
     return plan
+
+
+def _measured_scale(measured: dict | None, method: str) -> dict | None:
+    """``measured`` when its ratio applies to epochs of ``method`` (the run trained it), else None."""
+    if measured is None or measured.get("method") != method or not measured.get("ratio"):
+        return None
+    return measured
+
+
+def _measured_note(measured: dict, applied: bool, method: str) -> str:
+    at = f"N={measured['n_workers']}, B={measured['global_batch']}"
+    if applied:
+        return (
+            f"epochs scaled by {measured['ratio']:.2f}, what a finished run measured against its prediction "
+            f"({measured['epochs_compared']} epoch(s) at {at})"
+        )
+    return (
+        f"the finished run trained {measured.get('method')!r}, not {method!r}: its measured ratio "
+        f"{measured['ratio']:.2f} is not applied"
+    )
 
 
 # --------------------------------------------------------------------------- spot vs on-demand
@@ -560,9 +593,17 @@ def _lower_first(sentence: str) -> str:
 
 
 def _compare_spot(
-    plan: dict, models: dict, objective: str, cons: Constraints, ps: PricingSpec, noise_scale: float | None = None
+    plan: dict,
+    models: dict,
+    objective: str,
+    cons: Constraints,
+    ps: PricingSpec,
+    noise_scale: float | None = None,
+    method: str | None = None,
+    measured: dict | None = None,
 ) -> dict:
-    """Plan the job on the other of spot and on-demand pricing and compare the two choices."""
+    """Plan the job on the other of spot and on-demand pricing (the same method and measured
+    ratio) and compare the two choices."""
     if ps.kind == "memory":
         raise SpecError(
             "comparing spot with on-demand needs node-hour pricing (pricing.kind fixed or spot), not memory pricing"
@@ -573,7 +614,13 @@ def _compare_spot(
     other = {"kind": "fixed" if ps.kind == "spot" else "spot"}
     try:
         alt = make_plan(
-            models, objective, cons, pricing={**ps.model_dump(mode="json"), **other}, noise_scale=noise_scale
+            models,
+            objective,
+            cons,
+            pricing={**ps.model_dump(mode="json"), **other},
+            noise_scale=noise_scale,
+            method=method,
+            measured=measured,
         )
         alt_error = None
     except InfeasibleError as err:

@@ -234,3 +234,24 @@ def compare_with_plan(run: dict, models: dict) -> dict:
         "note": note,
     }
     return {**run, "history": history, "prediction": prediction}
+
+
+def measured_ratio(run: dict, models: dict) -> dict | None:
+    """What a finished training ``run`` of the job says of the plan's epochs: the median
+    ratio measured / predicted over its epochs after the first (:func:`compare_with_plan`),
+    the method it trained and the (N, B) it trained at last; ``None`` when it has no epoch
+    to compare.  A re-plan may scale its predicted epochs by it (``make_plan(measured=...)``)."""
+    history = run.get("history") or []
+    if not history:
+        return None
+    prediction = compare_with_plan(run, models)["prediction"]
+    if prediction["median_ratio"] is None:
+        return None
+    last = history[-1]
+    return {
+        "ratio": prediction["median_ratio"],
+        "epochs_compared": prediction["epochs_compared"],
+        "method": run["method"],
+        "n_workers": last["n_workers"],
+        "global_batch": last["global_batch"],
+    }

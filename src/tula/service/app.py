@@ -400,13 +400,15 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
     @app.post("/v1/jobs/{job_id}/replan")
     async def replan(job_id: str, body: Replan) -> RecordResponse:
         """Plan again from the job's fitted models (no profiling): another objective, pricing,
-        cluster sizes, epoch count, deadline or budget.  The job's own plan is not changed."""
+        cluster sizes, epoch count, deadline or budget, or epochs scaled by what its finished
+        training run measured (``use_measured``).  The job's own plan is not changed."""
         models = finished_models.get(job_id)
         if models is None:  # read from the store (I/O: in a worker thread)
             models = await run_in_threadpool(_models_of, job_id)
+        run = await run_in_threadpool(store().get_record, job_id, "tula.train") if body.use_measured else None
         # the planner is a few milliseconds of pure Python and numpy under the GIL: run in the
         # event loop it costs the same CPU without handing the GIL between two threads
-        return RecordResponse(replan_from_models(models, body))
+        return RecordResponse(replan_from_models(models, body, run))
 
     @app.post("/v1/plans")
     async def plans(body: PlanRequest) -> RecordResponse:

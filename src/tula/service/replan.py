@@ -36,11 +36,27 @@ class Replan(BaseModel):
         description="the gradient noise scale B_noise to assume (a what-if; default: the profiled one), for the "
         "*_to_accuracy objectives",
     )
+    use_measured: bool = Field(
+        default=False,
+        description="scale the predicted epochs by what the job's finished training run measured against its "
+        "prediction (the median ratio over its epochs after the first)",
+    )
 
 
-def replan_from_models(models: dict, body: Replan) -> dict:
+def replan_from_models(models: dict, body: Replan, run: dict | None = None) -> dict:
+    """The plan ``body`` asks for from ``models``; ``run``: the job's training record, which
+    ``body.use_measured`` needs (a 409 without one, or without an epoch to compare)."""
     from tula.core.plan import make_plan
+    from tula.core.run_costs import measured_ratio
     from tula.core.spec import spec_from_dict
+
+    measured = None
+    if body.use_measured:
+        if run is None:
+            raise Problem(409, "the job has no training run yet: use_measured needs a finished one")
+        measured = measured_ratio(run, models)
+        if measured is None:
+            raise Problem(409, "the job's training run has no epoch to compare with its prediction")
 
     d = dict(models["spec"])
     if body.pricing is not None:
@@ -59,6 +75,8 @@ def replan_from_models(models: dict, body: Replan) -> dict:
         d["constraints"] = cons
     spec = spec_from_dict(d)  # a bad pricing or size list is a SpecError: 422
     try:
-        return make_plan({**models, "spec": spec.to_dict()}, body.objective, noise_scale=body.noise_scale)
+        return make_plan(
+            {**models, "spec": spec.to_dict()}, body.objective, noise_scale=body.noise_scale, measured=measured
+        )
     except InfeasibleError as err:
         raise Problem(422, plain(err)) from None
