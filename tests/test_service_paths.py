@@ -99,6 +99,43 @@ def test_a_body_of_another_content_type_is_415_and_makes_no_job(c, tiny_spec_dic
     assert c.get("/v1/jobs").json()["total"] == total
 
 
+# --------------------------------------------------------------------------- pathological bodies
+DEEP_BODIES = {
+    "a list 100,000 deep": "[" * 100_000 + "]" * 100_000,
+    "objects 5,000 deep": '{"a":' * 5_000 + "1" + "}" * 5_000,
+    "a spec 70 deep": '{"spec": {"model": {"kwargs": ' + '{"a":' * 70 + "1" + "}" * 70 + "}}}",
+}
+
+
+@pytest.mark.parametrize("what", DEEP_BODIES)
+@pytest.mark.parametrize("ctype", ["application/json", "application/yaml"])
+def test_a_deeply_nested_body_is_one_422_sentence_and_makes_no_job(c, what, ctype):
+    from tula.service.admission import MAX_BODY_DEPTH
+
+    total = c.get("/v1/jobs").json()["total"]
+    r = c.post("/v1/jobs", content=DEEP_BODIES[what], headers={"content-type": ctype})
+    _one_sentence(r, 422, f"nests lists and objects more than {MAX_BODY_DEPTH} levels deep")
+    assert c.get("/v1/jobs").json()["total"] == total
+    r = c.post(f"/v1/jobs/{c.seeded}/replan", content=DEEP_BODIES[what], headers={"content-type": "application/json"})
+    if what == "a spec 70 deep":  # the re-plan's body model refuses it by its fields: it has no 'spec'
+        _one_sentence(r, 422, "spec")
+    else:
+        _one_sentence(r, 422, f"nests lists and objects more than {MAX_BODY_DEPTH} levels deep")
+
+
+def test_a_data_set_above_the_services_memory_limit_is_refused_at_admission(c, tiny_spec_dict):
+    """A synthetic set of 3 x 4096 x 4096 floats x 10^7 samples (about 2 PB) is refused with one
+    sentence before any job exists; one within the limit is accepted."""
+    total = c.get("/v1/jobs").json()["total"]
+    data = {"name": "synthetic", "sample_shape": [3, 4096, 4096], "num_samples": 10_000_000}
+    r = c.post("/v1/jobs", json={"spec": {**tiny_spec_dict, "data": data}})
+    _one_sentence(r, 422, "spec field 'data' describes a synthetic set of")
+    assert "above this service's limit of" in r.json()["detail"] and "TULA_MAX_DATA_BYTES" in r.json()["detail"]
+    assert c.get("/v1/jobs").json()["total"] == total
+    small = {"name": "synthetic", "sample_shape": [1, 8, 8], "num_samples": 256}
+    assert c.post("/v1/jobs", json={"spec": {**tiny_spec_dict, "data": small}}).status_code == 202
+
+
 # --------------------------------------------------------------------------- limit and offset
 def test_limit_and_offset_page_through_the_jobs_newest_first(c, tiny_spec_dict):
     for i in range(4):

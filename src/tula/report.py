@@ -13,17 +13,7 @@ from tula.core.noise_scale import (
 )
 from tula.core.records import epoch_score
 from tula.core.registry import OBJECTIVES
-from tula.core.say import Table
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+from tula.core.say import Table, fmt_bytes
 
 
 def _ms(x: float | None) -> str:

@@ -103,3 +103,14 @@ class Table(rich.table.Table):
 
     def add_row(self, *renderables: Any, **kw: Any) -> None:
         super().add_row(*(_cell(r) for r in renderables), **kw)
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``1536`` -> ``1.5 KiB``; ``None`` -> ``-``."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

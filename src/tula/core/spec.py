@@ -790,6 +790,26 @@ class ClusterSpec(_Strict):
         return v
 
 
+#: in-memory sets generated from the spec: (samples, values per sample) when not the spec's own
+_GENERATED_SETS = {"digits": (1797, 64)}
+
+
+def in_memory_data_bytes(data: DataSpec) -> int | None:
+    """The bytes the data set described by ``data`` holds in memory once generated -- float32
+    samples and int64 labels (``synthetic``: ``num_samples`` x ``sample_shape``; ``mnist1d``:
+    ``num_samples`` x 40; ``digits``: 1797 x 64) -- or ``None`` for the sets read from disk or
+    made by the user's code, whose size the spec does not say."""
+    if data.name == "synthetic":
+        n, values = data.num_samples, math.prod(data.sample_shape)
+    elif data.name == "mnist1d":
+        n, values = data.num_samples, 40
+    elif data.name in _GENERATED_SETS:
+        n, values = _GENERATED_SETS[data.name]
+    else:
+        return None
+    return n * (values * 4 + 8)
+
+
 class JobSpec(_Strict):
     name: str = "job"
     model: ModelSpec = Field(default_factory=ModelSpec)

@@ -7,6 +7,7 @@ web layer answers it with 422.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -15,20 +16,57 @@ import yaml
 
 from tula.core.errors import SpecError
 from tula.core.registry import CLUSTERS, OBJECTIVE_NAMES, cluster_kind
-from tula.core.spec import JobSpec, spec_from_dict
+from tula.core.say import fmt_bytes
+from tula.core.spec import JobSpec, in_memory_data_bytes, spec_from_dict
 from tula.service.settings import ServiceSettings
 
 SEARCHES = ("full", "partial")
 OBJECTIVES = OBJECTIVE_NAMES
 
 
+#: the deepest nesting of lists and mappings a request body may have (a spec is about 4 deep)
+MAX_BODY_DEPTH = 64
+
+
 def parse_spec_text(text: str) -> Any:
     """A spec sent as YAML (JSON is YAML too); not a mapping is one sentence."""
     try:
         data = yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError, RecursionError) as err:
+    except RecursionError:
+        raise SpecError(too_deep()) from None
+    except (yaml.YAMLError, ValueError) as err:
         raise SpecError(f"the request body is not valid YAML or JSON ({str(err).splitlines()[0]})") from None
-    return data
+    return check_depth(data)
+
+
+def parse_json_body(text: str) -> Any:
+    """A JSON request body; not JSON, or nested deeper than :data:`MAX_BODY_DEPTH`, is one sentence."""
+    try:
+        data = json.loads(text)
+    except RecursionError:  # deeper than the parser's own recursion: far deeper than the limit
+        raise SpecError(too_deep()) from None
+    except ValueError as err:
+        raise SpecError(f"the request body is not valid JSON ({err})") from None
+    return check_depth(data)
+
+
+def too_deep() -> str:
+    return (
+        f"the request body nests lists and objects more than {MAX_BODY_DEPTH} levels deep, more than this service reads"
+    )
+
+
+def check_depth(value: Any) -> Any:
+    """``value``, when its lists and mappings nest at most :data:`MAX_BODY_DEPTH` deep (walked
+    without recursion), else a :class:`SpecError`."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth + 1 > MAX_BODY_DEPTH:
+                raise SpecError(too_deep())
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return value
 
 
 def search_space_size(spec: JobSpec) -> int:
@@ -52,6 +90,12 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
             f"spec field 'search' allows up to {n} configurations ({len(spec.search.cluster_sizes)} "
             f"cluster sizes x batches {spec.search.min_batch}..{spec.search.max_batch or 'the data set'}), "
             f"above this service's limit of {settings.max_configs}"
+        )
+    held = in_memory_data_bytes(spec.data)
+    if held is not None and held > settings.max_data_bytes:
+        raise SpecError(
+            f"spec field 'data' describes a {spec.data.name} set of {fmt_bytes(held)} in memory, above this "
+            f"service's limit of {fmt_bytes(settings.max_data_bytes)} (TULA_MAX_DATA_BYTES); use fewer or smaller samples"
         )
     name = spec.model.name
     # the user's code: a model factory, a data factory, a loss -- imported only from allowed modules

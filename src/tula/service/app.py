@@ -30,7 +30,7 @@ from tula import __version__
 from tula.core.errors import InfeasibleError, RecordError, SpecError, TulaError
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
-from tula.service.admission import admit, check_options, parse_spec_text
+from tula.service.admission import admit, check_options, parse_json_body, parse_spec_text, too_deep
 from tula.service.replan import Problem, Replan, replan_from_models
 from tula.service.settings import ServiceSettings
 from tula.service.store import JOB_STATES, Store
@@ -228,6 +228,8 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        if isinstance(exc.__cause__, RecursionError):  # FastAPI's parse of a body model: nested too deep
+            return _error(422, too_deep())
         detail = exc.detail
         if not isinstance(detail, str):
             try:
@@ -269,10 +271,7 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
             raise Problem(
                 415, f"send the job as application/json (a submission) or application/yaml (a spec), not {ctype}"
             )
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise SpecError(f"the request body is not valid JSON ({err})") from None
+        data = parse_json_body(text)
         if isinstance(data, dict) and "spec" in data:
             opts = {k: v for k, v in data.items() if k != "spec"}
             unknown = sorted(set(opts) - {"search", "objective", "train"})

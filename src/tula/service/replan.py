@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tula.core.errors import InfeasibleError
 from tula.core.registry import OBJECTIVE_NAMES
@@ -22,7 +22,10 @@ class Problem(Exception):
 
 
 class Replan(BaseModel):
-    """Another question for a job's fitted models; whatever is left out stays as the job had it."""
+    """Another question for a job's fitted models; whatever is left out stays as the job had it.
+    A field it does not have is refused (422), not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
 
     objective: Literal[OBJECTIVE_NAMES] | None = None  # type: ignore[valid-type]
     pricing: dict[str, Any] | None = Field(default=None, description="e.g. {kind: fixed, price_per_node_hour: 3.2}")

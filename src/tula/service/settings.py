@@ -24,6 +24,14 @@ def default_home() -> Path:
     return Path(os.environ.get("TULA_HOME") or Path.home() / ".tula")
 
 
+def host_memory_bytes() -> int:
+    """This host's physical memory (bytes)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not a POSIX host: a conservative 8 GiB
+        return 8 << 30
+
+
 class ServiceSettings(BaseModel):
     """What ``tula serve`` runs with (see ``tula serve --help``)."""
 
@@ -46,6 +54,12 @@ class ServiceSettings(BaseModel):
         default=256, ge=1, description="most (cluster size, batch) configurations in a job's search space"
     )
     max_epochs: int = Field(default=500, ge=1, description="most training epochs of a job")
+    max_data_bytes: int = Field(
+        default_factory=lambda: host_memory_bytes() // 4,
+        ge=1,
+        description="largest data set a job may hold in memory, as its spec says (synthetic, mnist1d, digits: "
+        "samples x sample shape x bytes per element); default a quarter of this host's memory",
+    )
     import_allowlist: tuple[str, ...] = Field(
         default=(),
         description="top-level modules (or full module names) a spec's "
