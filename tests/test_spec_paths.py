@@ -93,3 +93,17 @@ def test_batch_growth_other_than_two_is_the_grid_the_search_and_the_plan_use(gro
     with pytest.raises(SpecError, match="search.batch_growth"):
         spec_from_dict({"search": {"batch_growth": 1}})
     assert JobSpec().search.batch_growth == 2
+
+
+def test_a_data_set_that_does_not_fit_in_memory_is_the_users_error_in_one_sentence(tmp_path, tiny_spec_dict):
+    """A synthetic set of about 2 PB: the allocator's failure is the user's error (exit 2, one
+    sentence naming the set and its size), never an internal error, and no rank is started."""
+    import yaml
+    from helpers import assert_refused, tula_in_process
+
+    data = {"name": "synthetic", "sample_shape": [3, 4096, 4096], "num_samples": 10_000_000}
+    spec = tmp_path / "huge.yaml"
+    spec.write_text(yaml.safe_dump({**tiny_spec_dict, "data": data}))
+    r = tula_in_process("profile", spec, "--out", tmp_path / "p.json")
+    assert_refused(r, "data set 'synthetic' of 1831.1 TiB does not fit in this host's memory")
+    assert "use fewer or smaller samples" in r.stderr and not (tmp_path / "p.json").exists()

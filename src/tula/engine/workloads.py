@@ -22,10 +22,11 @@ from torch import nn
 
 from tula.core.errors import WorkloadError
 from tula.core.registry import LOSS_NAMES, OPTIMIZER_NAMES
-from tula.core.say import first_line
-from tula.core.spec import DataSpec, JobSpec, ModelSpec, import_ref
+from tula.core.say import first_line, fmt_bytes
+from tula.core.spec import DataSpec, JobSpec, ModelSpec, import_ref, in_memory_data_bytes
 from tula.engine.data import MEAN_STD, Dataset, SampleView
 from tula.engine.gpu_knobs import channels_last_problem, to_memory_format
+from tula.engine.memory import is_out_of_memory
 
 
 # --------------------------------------------------------------------------- models
@@ -473,21 +474,27 @@ def _from_factory(spec: DataSpec, seed: int) -> Dataset:
 def load_dataset(spec: DataSpec, seed: int = 0, memory_budget_bytes: int | None = None) -> Dataset:
     """The data set of ``spec`` with its data path's settings (``prefetch``,
     ``device_resident_share`` of ``memory_budget_bytes``: the job's ``search.memory_budget_bytes``,
-    None for the GPU's memory)."""
-    if spec.name == "factory":
-        data = _from_factory(spec, seed)
-    elif spec.name == "digits":
-        data = _digits(spec, seed)
-    elif spec.name == "mnist1d":
-        data = _mnist1d(spec, seed)
-    elif spec.name == "synthetic":
-        data = _synthetic(spec, seed)
-    elif spec.name == "imagefolder":
-        data = _imagefolder(spec, seed)
-    elif spec.name == "arrays":
-        data = _arrays(spec, seed)
-    else:
-        data = _torchvision(spec, seed)
+    None for the GPU's memory).  A set that does not fit in this host's memory is the user's
+    :class:`WorkloadError`, in one sentence."""
+    make = {
+        "factory": _from_factory,
+        "digits": _digits,
+        "mnist1d": _mnist1d,
+        "synthetic": _synthetic,
+        "imagefolder": _imagefolder,
+        "arrays": _arrays,
+    }.get(spec.name, _torchvision)
+    try:
+        data = make(spec, seed)
+    except (MemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err):
+            raise
+        held = in_memory_data_bytes(spec)
+        size = f" of {fmt_bytes(held)}" if held is not None else ""
+        raise WorkloadError(
+            f"data set {spec.name!r}{size} does not fit in this host's memory ({_why(err)}); "
+            "use fewer or smaller samples"
+        ) from None
     data.prefetch, data.resident_share, data.memory_budget_bytes = (
         spec.prefetch, spec.device_resident_share, memory_budget_bytes
     )  # fmt: skip
