@@ -825,6 +825,11 @@ def serve(
         "(default: $TULA_DB_URL, else sqlite:///HOME/tula.db)",
     ),
     max_concurrent_jobs: int = typer.Option(None, help="jobs running at once (default 1); the rest queue"),
+    cluster: str = typer.Option(
+        None,
+        help="where jobs run (default: $TULA_CLUSTER, else local): local, dask (a LocalCluster per job), "
+        "tcp://HOST:PORT (your Dask scheduler) or a dask-jobqueue YAML file; a submission cannot name one",
+    ),
 ) -> None:
     """Run the Tula service: a REST API (OpenAPI at /docs) and a dashboard at /.
 
@@ -844,7 +849,13 @@ def serve(
     from tula.service.store import Store
 
     settings = settings_from(
-        host=host, port=port, token=token, home=home, db_url=db_url, max_concurrent_jobs=max_concurrent_jobs
+        host=host,
+        port=port,
+        token=token,
+        home=home,
+        db_url=db_url,
+        max_concurrent_jobs=max_concurrent_jobs,
+        cluster=cluster,
     )
     settings.check_can_start()
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -854,7 +865,8 @@ def serve(
     say(
         err_console,
         f"Tula service on http://{shown}:{settings.port} (API docs at /docs), store "
-        f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in {settings.home}",
+        f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in {settings.home}, "
+        f"jobs run on {settings.cluster}",
     )
     stopped_by: list[int] = []
 

@@ -295,6 +295,20 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
         running = await run_in_threadpool(store().count_running)
         return {"status": "ok", "version": __version__, "store": store().dialect, "running_jobs": running}
 
+    @app.get("/v1/cluster")
+    async def cluster() -> dict:
+        """Where this service runs its jobs (the operator's ``cluster`` setting), the workers
+        there now, and the jobs running on them.  503 when its scheduler does not answer."""
+        from tula.service.cluster import cluster_workers
+        from tula.service.store import RUNNING_STATES
+
+        try:
+            offered = await run_in_threadpool(cluster_workers, settings)
+        except TulaError as err:
+            raise Problem(503, plain(err)) from None
+        running, _ = await run_in_threadpool(store().list_jobs, RUNNING_STATES, 1000)
+        return {**offered, "running_jobs": [{"id": j["id"], "state": j["state"]} for j in running]}
+
     @app.post(
         "/v1/jobs",
         status_code=202,

@@ -116,6 +116,19 @@ def _reusable_models(store: Store, job: dict, spec, launcher) -> dict | None:
     return rebase_models(models, spec.to_dict(), data.train_size, from_job)
 
 
+def on_the_services_cluster(spec, settings: ServiceSettings):
+    """``spec`` as the service runs it: on the operator's cluster (``settings.cluster``) when it
+    is not this host's processes; else where the submission asked (local, or dask: a
+    LocalCluster), as admission allowed.  The records then say where the job ran, and the
+    model key tells a scheduler's models from this host's."""
+    from tula.core.spec import spec_from_dict
+
+    if settings.cluster == "local" or spec.cluster.where == settings.cluster:
+        return spec
+    d = spec.to_dict()
+    return spec_from_dict({**d, "cluster": {**d["cluster"], "where": settings.cluster}})
+
+
 def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
     """Run (or resume) one claimed job to its end; the exit code of the runner process."""
     from tula.core.spec import spec_from_dict
@@ -146,7 +159,7 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
     out = store.job_dir(job_id)
     observer = StoreObserver(store, job_id, settings.home)
     try:
-        spec = spec_from_dict(job["spec"])
+        spec = on_the_services_cluster(spec_from_dict(job["spec"]), settings)
         with interrupts.graceful_signals(), open_launcher(spec) as launcher:
             models = None
             if not (out / "profile.json").exists() and not (out / "models.json").exists():
@@ -260,6 +273,8 @@ class Dispatcher:
                     runner,
                     "--heartbeat-s",
                     str(s.heartbeat_s),
+                    "--cluster",
+                    s.cluster,
                 ],
                 stdout=log,
                 stderr=log,
@@ -295,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job", required=True)
     ap.add_argument("--runner", required=True)
     ap.add_argument("--heartbeat-s", type=float, default=2.0)
+    ap.add_argument("--cluster", default="local", help="the service's cluster setting: where the job runs")
     a = ap.parse_args(argv)
-    settings = ServiceSettings(home=Path(a.home), db_url=a.db, heartbeat_s=a.heartbeat_s)
+    settings = ServiceSettings(home=Path(a.home), db_url=a.db, heartbeat_s=a.heartbeat_s, cluster=a.cluster)
     return run_job(settings, a.job, a.runner)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tula.core.errors import TulaError
+from tula.core.registry import cluster_kind
 
 
 class SettingsError(TulaError):
@@ -82,10 +83,28 @@ class ServiceSettings(BaseModel):
         "answers the API and queues jobs for another service sharing its store",
     )
 
+    cluster: str = Field(
+        default="local",
+        description="where the service runs its jobs' ranks: local (processes on this host), dask (a Dask "
+        "LocalCluster per job), tcp://HOST:PORT (the operator's Dask scheduler) or a dask-jobqueue YAML file "
+        "(SLURM/PBS); a submission cannot name one",
+    )
+
     @field_validator("home", mode="after")
     @classmethod
     def _absolute(cls, v: Path) -> Path:
         return v.expanduser().resolve()
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, v: str) -> str:
+        try:
+            kind = cluster_kind(v)  # tula.core.registry.CLUSTERS
+        except TulaError as err:
+            raise ValueError(str(err)) from None
+        if kind.fixed_world:
+            raise ValueError(f"{v!r} is a world that one command joins, not a cluster a service places jobs on")
+        return v
 
     @property
     def store_url(self) -> str:

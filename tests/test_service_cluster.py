@@ -1,0 +1,49 @@
+"""The service on the operator's cluster (issue #29): ``tula serve --cluster`` decides where its
+jobs run; ``GET /v1/cluster`` shows the workers there.  A real service, a real store, the
+session's real Dask scheduler (2 worker processes)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import assert_refused, tula_in_process
+from service_helpers import Service, wait_for
+
+
+@pytest.mark.slow
+def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers(tmp_path, dask_cluster, tiny_pipeline):
+    address = dask_cluster.scheduler_address
+    home = tmp_path / "home"
+    home.mkdir()
+    svc = Service(home, "--cluster", address).start()
+    try:
+        c = svc.client()
+        offered = c.get("/v1/cluster").json()
+        assert (offered["cluster"], offered["kind"], offered["running_jobs"]) == (address, "scheduler", [])
+        workers = offered["workers"]
+        assert len(workers) == 2 and all(w["host"] == "127.0.0.1" and w["threads"] == 1 for w in workers), workers
+        spec = tiny_pipeline.spec_dict(epochs=1)
+        job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]
+        job = wait_for(c, job_id, timeout_s=240)
+        assert job["state"] == "done", (job, svc.read_log())
+        profile = c.get(f"/v1/jobs/{job_id}/profile").json()
+        # the submission said local; the operator's cluster ran it, and the records say so
+        assert spec.get("cluster", {}).get("where", "local") == "local"
+        assert profile["spec"]["cluster"]["where"] == address
+        assert {t["n_workers"] for t in profile["trials"] if t["status"] == "ok"} == {1, 2}
+        run = c.get(f"/v1/jobs/{job_id}/train").json()
+        assert run["epochs"] == 1 and run["replicas_identical"]
+    finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize(
+    "cluster, sentence",
+    [
+        ("env", "'env' is a world that one command joins, not a cluster a service places jobs on"),
+        ("slurm", "'slurm' is not a cluster: use local"),
+    ],
+)
+def test_a_cluster_the_service_cannot_place_jobs_on_is_one_sentence(tmp_path, cluster, sentence):
+    r = tula_in_process("serve", "--cluster", cluster, "--home", tmp_path / "home", "--port", "0")
+    assert_refused(r, sentence)
+    assert "service setting 'cluster' (TULA_CLUSTER)" in " ".join(r.stderr.split())
