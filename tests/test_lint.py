@@ -75,6 +75,16 @@ def test_the_core_importing_the_engine_breaks_the_layers(source_copy):
     assert "tula.core.plan -> tula.engine.ddp" in r.stdout
 
 
+def test_a_front_importing_another_front_or_a_stage_importing_a_front_breaks_the_layers(source_copy):
+    """The fronts (service, sklearn, job) are independent; the stages (pipeline, report) sit below them."""
+    r = lint_imports(_with_line(source_copy, "tula/service/replan.py", "import tula.sklearn  # noqa"))
+    assert r.returncode != 0
+    assert "tula.service.replan -> tula.sklearn" in r.stdout
+    r = lint_imports(_with_line(source_copy, "tula/pipeline.py", "import tula.service.store  # noqa"))
+    assert r.returncode != 0
+    assert "tula.pipeline -> tula.service.store" in r.stdout
+
+
 def test_an_import_circle_in_the_core_is_found(source_copy):
     # spec imports registry's names; registry importing spec back closes a circle
     r = lint_imports(_with_line(source_copy, "tula/core/registry.py", "import tula.core.spec  # noqa"))

@@ -1,15 +1,17 @@
 """Tula: profile, model and plan distributed large-batch training of PyTorch models.
 
-The pipeline, one record per stage (:mod:`tula.core.records`; see ``DESIGN.md``)::
+The pipeline, one record per stage (:mod:`tula.core.records`; the README's "Layout" section
+draws the layers and the data flow)::
 
     JobSpec -> profile -> Profile -> fit -> FittedModels -> plan -> Plan -> train -> TrainRun -> report
 
-Three layers, each importing only the ones below it (import-linter holds this: ``make lint``):
+Five layers, each importing only the ones below it (import-linter holds this: ``make lint``):
 
-* the fronts, here at the top: the CLI (:mod:`tula.cli`), the pipeline it and the service
-  share (:mod:`tula.pipeline`), the reports (:mod:`tula.report`), the service
-  (:mod:`tula.service`), the scikit-learn estimators (:mod:`tula.sklearn`) and the
-  optimisers' public names (:mod:`tula.optim`);
+* :mod:`tula.cli`, the command, over every front;
+* the fronts, none importing another: the service (:mod:`tula.service`), the scikit-learn
+  estimators (:mod:`tula.sklearn`) and the Python API (:mod:`tula.job`);
+* the stages every front runs: the pipeline (:mod:`tula.pipeline`), the reports
+  (:mod:`tula.report`) and the optimisers' public names (:mod:`tula.optim`);
 * :mod:`tula.engine`: what measures and trains, with torch;
 * :mod:`tula.core`: the records, the rules and the pure models (no torch).
 """
