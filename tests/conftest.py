@@ -55,11 +55,13 @@ class FinishedRun:
     dir : the run's output directory (``--out``)
     spec : the job spec it ran, as a dict (a copy is returned by :meth:`spec_dict`)
     spec_path : that spec as a YAML file
+    stdout : what the command printed on stdout
     """
 
     dir: Path
     spec: dict
     spec_path: Path
+    stdout: str = ""
 
     def spec_dict(self, **over) -> dict:
         """A fresh copy of the spec, with top-level fields replaced by ``over``."""
@@ -82,7 +84,7 @@ def _finish(out: Path, spec: dict, spec_path: Path, cmd: list[str], timeout_s: f
     for p in out.rglob("*"):
         if p.is_file():
             p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    return FinishedRun(out, spec, spec_path)
+    return FinishedRun(out, spec, spec_path, r.stdout)
 
 
 @pytest.fixture(scope="session")

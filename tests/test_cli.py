@@ -13,12 +13,11 @@ def _run(cmd, **kw):
 
 
 @pytest.mark.slow  # a real DDP world
-def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
-    spec = tmp_path / "tiny.yaml"
-    spec.write_text(yaml.safe_dump(tiny_spec_dict))
-    out = tmp_path / "run"
-    r = _run([*tula_cmd, "run", str(spec), "--out", str(out)])
-    assert r.returncode == 0, r.stderr
+def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd, tiny_pipeline):
+    # `tula run` of the tiny spec: the session's (a copy of it, which the commands below may write into)
+    assert tiny_pipeline.spec == tiny_spec_dict
+    spec = tiny_pipeline.spec_path
+    out = tiny_pipeline.copy_to(tmp_path / "run")
     for name in ("profile.json", "models.json", "plan.json", "plan.png"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -26,7 +25,7 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd):
     assert {t["status"] for t in prof["trials"]} == {"ok"}
     plan = json.loads((out / "plan.json").read_text())
     assert plan["objective"] == "knee" and plan["choice"]["feasible"]
-    assert "choice" in r.stdout
+    assert "choice" in tiny_pipeline.stdout
 
     # re-plan from the saved models: no profiling, a different objective
     t0 = time.monotonic()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import assert_refused, tula_in_process
 
 from tula.core.records import read_jsonl
 from tula.engine.checkpoint import checkpoint_meta
@@ -147,22 +148,21 @@ def test_sigint_to_srun_ranks_exits_130_on_every_rank_and_the_resume_command_fin
     assert [h["train_loss"] for h in rec["history"]] == [h["train_loss"] for h in _history(ref)]
 
 
-def test_bad_input_is_one_sentence_and_exit_2_on_every_rank(tiny_spec_dict, tmp_path, tula_cmd):
+def test_bad_input_is_one_sentence_and_exit_2_on_every_rank(tiny_spec_dict, tmp_path, monkeypatch):
+    """The refusals before any world (in this process, through the command's entry point), and
+    a world of two real processes that refuses on every rank."""
     spec = _spec(tmp_path, tiny_spec_dict)
     # no launcher's variables at all
-    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
-    r = subprocess.run(
-        [*tula_cmd, "train", str(spec), "--cluster", "env", "--batch", "64", "--out", str(tmp_path / "a")],
-        capture_output=True, text=True, timeout=120, env=clean,
-    )  # fmt: skip
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "--cluster env runs inside a world started by torchrun, srun or mpirun" in " ".join(r.stderr.split())
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    r = tula_in_process("train", spec, "--cluster", "env", "--batch", "64", "--out", tmp_path / "a")
+    assert_refused(r, "--cluster env runs inside a world started by torchrun, srun or mpirun")
     # srun's variables without MASTER_ADDR
-    r = subprocess.run(
-        [*tula_cmd, "train", str(spec), "--cluster", "env", "--batch", "64", "--out", str(tmp_path / "b")],
-        capture_output=True, text=True, timeout=120, env={**clean, "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},
-    )  # fmt: skip
-    assert r.returncode == 2 and "MASTER_ADDR is not" in " ".join(r.stderr.split())
+    with monkeypatch.context() as m:
+        m.setenv("SLURM_PROCID", "0")
+        m.setenv("SLURM_NTASKS", "2")
+        r = tula_in_process("train", spec, "--cluster", "env", "--batch", "64", "--out", tmp_path / "b")
+    assert_refused(r, "MASTER_ADDR is not")
     # a worker count the world does not have: rank 0 says so, both ranks end with 2
     procs = _srun_like(
         ["train", str(spec), "--cluster", "env", "--workers", "1", "--batch", "64", "--out", str(tmp_path / "c")],

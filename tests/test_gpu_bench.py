@@ -1,5 +1,5 @@
 """``bench/gpu.py``, the GPU check (#25 item 5), on the CPU: its doc section replaces the old one
-in place (or is appended), and its dry run -- ResNet-18 on 3x16x16, fp32, bf16 and fp16 (on
+in place (or is appended), and its dry run -- ShuffleNetV2 x0.5 on 3x16x16, fp32, bf16 and fp16 (on
 torch's CPU kernels), Tula's real profile and AGS training through real ranks -- runs every path
 but the CUDA-only ones and writes the section."""
 

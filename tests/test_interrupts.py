@@ -86,6 +86,7 @@ def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_re
 ):
     d = dict(tiny_spec_dict, name="slowprof")
     d["profile"] = {**d["profile"], "timed_steps": 25}
+    d["search"] = {**d["search"], "max_batch": 64}  # 6 trials: 2 before the signal, 4 after the resume
     spec = _write(tmp_path, d)
     out = tmp_path / "run"
     cmd = [*tula_cmd, "run", str(spec), "--search", "full", "--no-train", "--out", str(out)]

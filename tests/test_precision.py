@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import torch
 import yaml
-from helpers import local_launcher
+from helpers import assert_refused, local_launcher, one_line, tula_in_process
 
 from tula.core.fit import fit_models
 from tula.core.memory_model import MemoryModel
@@ -39,8 +39,13 @@ def _profile(tula_cmd, tmp_path, d: dict, name: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_bf16_is_profiled_as_trained_and_its_memory_model_predicts_bf16_peaks(tiny_spec_dict, tmp_path, tula_cmd):
-    fp32 = _profile(tula_cmd, tmp_path, tiny_spec_dict, "fp32")
+def test_bf16_is_profiled_as_trained_and_its_memory_model_predicts_bf16_peaks(
+    tiny_spec_dict, tmp_path, tula_cmd, tiny_pipeline
+):
+    # the fp32 profile of the same job: the session's tiny pipeline's (a partial search; its
+    # memory model is the probes' and its refit is on its trials, as a full search's)
+    assert tiny_pipeline.spec == tiny_spec_dict
+    fp32 = tiny_pipeline.record("profile.json")
     bf16 = _profile(tula_cmd, tmp_path, {**tiny_spec_dict, "train": {"precision": "bf16"}}, "bf16")
     assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16")
     mm32, mm16 = MemoryModel.from_dict(fp32["memory"]), MemoryModel.from_dict(bf16["memory"])
@@ -119,23 +124,23 @@ def test_fp16_skips_overflowed_steps_measures_unscaled_and_resumes_exactly(tiny_
 
 
 def test_a_precision_that_cannot_be_used_is_one_sentence_and_exit_2(tiny_spec_dict, tmp_path, tula_cmd):
-    def run(d: dict, *extra: str) -> subprocess.CompletedProcess:
-        spec = tmp_path / "s.yaml"
-        spec.write_text(yaml.safe_dump(d))
-        return subprocess.run(
-            [*tula_cmd, "train", str(spec), "--workers", "2", "--batch", "64", "--out", str(tmp_path / "o"), *extra],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+    """The spec's refusals (before any rank starts) in this process, through the command's own
+    entry point; the refusal of the resume, which a rank makes on reading the checkpoint, as a
+    real ``tula train`` (its exit code and its one sentence)."""
+    spec = tmp_path / "s.yaml"
+    out = tmp_path / "o"
+    args = ("train", spec, "--workers", "2", "--batch", "64", "--out", out)
 
-    r = run({**tiny_spec_dict, "train": {"precision": "fp8"}})
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "train.precision" in r.stderr and "'fp8'" in r.stderr
-    r = run({**tiny_spec_dict, "train": {"precision": "fp16"}})
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "train.precision fp16 needs a CUDA device" in " ".join(r.stderr.split())
-    assert not (tmp_path / "o" / CHECKPOINT).exists()
+    spec.write_text(yaml.safe_dump({**tiny_spec_dict, "train": {"precision": "fp8"}}))
+    err = assert_refused(tula_in_process(*args), "train.precision")
+    assert "'fp8'" in err
+    spec.write_text(yaml.safe_dump({**tiny_spec_dict, "train": {"precision": "fp16"}}))
+    assert_refused(tula_in_process(*args), "train.precision fp16 needs a CUDA device")
+    assert not (out / CHECKPOINT).exists()
     # a checkpoint trained in fp32 is not resumed in bf16
     d = dict(tiny_spec_dict, epochs=1)
-    assert run(d).returncode == 0
-    r = run({**d, "epochs": 2, "train": {"precision": "bf16"}}, "--resume")
-    assert r.returncode == 2 and "was trained in fp32, not train.precision bf16" in " ".join(r.stderr.split())
+    train(spec_from_dict(d), "ags", 2, 64, out, launcher=local_launcher())  # the CLI's default method
+    spec.write_text(yaml.safe_dump({**d, "epochs": 2, "train": {"precision": "bf16"}}))
+    r = subprocess.run([*tula_cmd, *map(str, args), "--resume"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "was trained in fp32, not train.precision bf16" in one_line(r.stderr)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import yaml
-from helpers import assert_refused, run_tula, tula_in_process
+from helpers import assert_refused, env_with_tests, run_tula, tula_in_process
 
 from tula.core.errors import RunDirError
 from tula.engine.checkpoint import CHECKPOINT
@@ -32,17 +32,22 @@ def _sentence(r):
 
 @pytest.mark.slow
 def test_second_run_into_a_locked_directory_is_refused_naming_the_first(tiny_spec_dict, tmp_path, tula_cmd):
-    d = dict(tiny_spec_dict, epochs=200)
+    # the first run's ranks mostly sleep (workers:sleepy_mlp, 0.05 s a step on 2 ranks): on 2 busy
+    # cores, a first run that trained flat out starved the second command's start for 15 s
+    d = dict(tiny_spec_dict, epochs=200, model={"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.05}})
     spec = _write(tmp_path, d)
     out = tmp_path / "run"
     cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out)]
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = env_with_tests()
+    first = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+    )
     try:
         deadline = time.monotonic() + 120
         while not (out / CHECKPOINT).exists():
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
             time.sleep(0.05)
-        second = _run(cmd)
+        second = _run(cmd, env=env)
         assert second.returncode == 2, second.stderr
         assert f"is in use by another Tula run (pid {first.pid}" in _sentence(second)
         assert first.poll() is None  # the first is untouched

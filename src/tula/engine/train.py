@@ -813,6 +813,17 @@ def train_world(
         rt.data.close()  # the prefetching thread and the loader's workers, whichever way the world ends
 
 
+def check_resumed_precision(state: dict, spec: JobSpec, out_dir: str | Path) -> None:
+    """One sentence when the checkpoint ``state`` (or its header) was trained in another
+    precision than the spec's."""
+    trained_in = (state.get("precision") or {}).get("name", "fp32")
+    if trained_in != spec.train.precision:
+        raise SpecError(
+            f"the checkpoint in {out_dir} was trained in {trained_in}, not train.precision "
+            f"{spec.train.precision}; resume it in {trained_in}, or train into another --out"
+        )
+
+
 def _train_in_world(
     rt: _RankTrainer,
     ctx: WorkerContext,
@@ -826,12 +837,7 @@ def _train_in_world(
     state = None
     if has_checkpoint(rt.out):
         state = load_checkpoint(rt.out, map_location=ctx.device)
-        trained_in = (state.get("precision") or {}).get("name", "fp32")
-        if trained_in != spec.train.precision:
-            raise SpecError(
-                f"the checkpoint in {out_dir} was trained in {trained_in}, not train.precision "
-                f"{spec.train.precision}; resume it in {trained_in}, or train into another --out"
-            )
+        check_resumed_precision(state, spec, out_dir)
         if state["method"] != method_name:
             raise SpecError(
                 f"the checkpoint in {out_dir} was trained with method {state['method']!r}, "
@@ -1075,6 +1081,7 @@ def _train(
                     "another output directory"
                 )
             meta = checkpoint_meta(out)
+            check_resumed_precision(meta, spec, out)  # before any world: the ranks check it again on loading
             if meta["method"] != method or (not scheduled and meta["n_workers"] != n_workers):
                 raise SpecError(
                     f"the checkpoint in {out} was trained with method {meta['method']!r} on "
