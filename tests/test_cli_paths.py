@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+from pathlib import Path
 
 import pytest
 import yaml
@@ -36,10 +37,16 @@ def _partial(tiny_pipeline, dest, how: str):
     return dest / "profile.json"
 
 
-def test_fit_of_a_profile_writes_the_models_the_pipeline_fitted(tiny_pipeline, tmp_path):
+def _profile_alone(tiny_pipeline, tmp_path: Path) -> Path:
+    """The session pipeline's profile.json alone in a folder of its own (no models, no plan)."""
     (tmp_path / "p").mkdir()
     prof = tmp_path / "p" / "profile.json"
     prof.write_bytes((tiny_pipeline.dir / "profile.json").read_bytes())
+    return prof
+
+
+def test_fit_of_a_profile_writes_the_models_the_pipeline_fitted(tiny_pipeline, tmp_path):
+    prof = _profile_alone(tiny_pipeline, tmp_path)
     r = tula_in_process("fit", prof)
     assert r.returncode == 0, r.stderr
     assert "models written to" in one_line(r.stdout)
@@ -50,9 +57,7 @@ def test_fit_of_a_profile_writes_the_models_the_pipeline_fitted(tiny_pipeline, t
 
 
 def test_plan_of_a_profile_fits_and_plans_as_the_pipeline_did(tiny_pipeline, tmp_path):
-    (tmp_path / "p").mkdir()
-    prof = tmp_path / "p" / "profile.json"
-    prof.write_bytes((tiny_pipeline.dir / "profile.json").read_bytes())
+    prof = _profile_alone(tiny_pipeline, tmp_path)
     r = tula_in_process("plan", prof)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "p" / "models.json").read_text()) == tiny_pipeline.record("models.json")

@@ -44,7 +44,7 @@ def c(api):
     api.cookies.clear()
 
 
-def _one_sentence(r, status: int, words: str) -> str:
+def _assert_one_sentence(r, status: int, words: str) -> str:
     assert r.status_code == status, r.text
     detail = r.json()["detail"]
     assert words in detail and "\n" not in detail, detail
@@ -55,10 +55,10 @@ def _one_sentence(r, status: int, words: str) -> str:
 def test_login_sets_the_cookie_the_dashboard_and_api_accept(api):
     api.cookies.clear()
     api.headers.pop("Authorization", None)
-    _one_sentence(api.get("/v1/jobs"), 401, "this service needs 'Authorization: Bearer <token>'")
+    _assert_one_sentence(api.get("/v1/jobs"), 401, "this service needs 'Authorization: Bearer <token>'")
     for query in ({"token": "wrong"}, {}):
         r = api.get("/login", params=query, follow_redirects=False)
-        _one_sentence(r, 401, "wrong or missing token")
+        _assert_one_sentence(r, 401, "wrong or missing token")
         assert "set-cookie" not in r.headers
     r = api.get("/login", params={"token": TOKEN}, follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/"
@@ -70,7 +70,7 @@ def test_login_sets_the_cookie_the_dashboard_and_api_accept(api):
     assert api.get("/").status_code == 200
     api.cookies.clear()
     stale = api.get("/v1/jobs", headers={"Cookie": "tula_token=stale"})
-    _one_sentence(stale, 401, "the request had no token or a wrong one")
+    _assert_one_sentence(stale, 401, "the request had no token or a wrong one")
 
 
 def test_login_without_a_service_token_is_refused(tmp_path):
@@ -81,7 +81,7 @@ def test_login_without_a_service_token_is_refused(tmp_path):
 
     with TestClient(create_app(ServiceSettings(home=tmp_path / "home"), dispatch=False)) as client:
         r = client.get("/login", params={"token": "anything"}, follow_redirects=False)
-        _one_sentence(r, 401, "wrong or missing token")
+        _assert_one_sentence(r, 401, "wrong or missing token")
         assert "set-cookie" not in r.headers
 
 
@@ -93,7 +93,7 @@ def test_a_body_of_another_content_type_is_415_and_makes_no_job(c, tiny_spec_dic
     total = c.get("/v1/jobs").json()["total"]
     r = c.post("/v1/jobs", content=json.dumps({"spec": tiny_spec_dict}), headers={"content-type": ctype})
     plain_type = ctype.split(";")[0]
-    _one_sentence(
+    _assert_one_sentence(
         r, 415, f"send the job as application/json (a submission) or application/yaml (a spec), not {plain_type}"
     )
     assert c.get("/v1/jobs").json()["total"] == total
@@ -114,13 +114,13 @@ def test_a_deeply_nested_body_is_one_422_sentence_and_makes_no_job(c, what, ctyp
 
     total = c.get("/v1/jobs").json()["total"]
     r = c.post("/v1/jobs", content=DEEP_BODIES[what], headers={"content-type": ctype})
-    _one_sentence(r, 422, f"nests lists and objects more than {MAX_BODY_DEPTH} levels deep")
+    _assert_one_sentence(r, 422, f"nests lists and objects more than {MAX_BODY_DEPTH} levels deep")
     assert c.get("/v1/jobs").json()["total"] == total
     r = c.post(f"/v1/jobs/{c.seeded}/replan", content=DEEP_BODIES[what], headers={"content-type": "application/json"})
     if what == "a spec 70 deep":  # the re-plan's body model refuses it by its fields: it has no 'spec'
-        _one_sentence(r, 422, "spec")
+        _assert_one_sentence(r, 422, "spec")
     else:
-        _one_sentence(r, 422, f"nests lists and objects more than {MAX_BODY_DEPTH} levels deep")
+        _assert_one_sentence(r, 422, f"nests lists and objects more than {MAX_BODY_DEPTH} levels deep")
 
 
 def test_a_data_set_above_the_services_memory_limit_is_refused_at_admission(c, tiny_spec_dict):
@@ -129,7 +129,7 @@ def test_a_data_set_above_the_services_memory_limit_is_refused_at_admission(c, t
     total = c.get("/v1/jobs").json()["total"]
     data = {"name": "synthetic", "sample_shape": [3, 4096, 4096], "num_samples": 10_000_000}
     r = c.post("/v1/jobs", json={"spec": {**tiny_spec_dict, "data": data}})
-    _one_sentence(r, 422, "spec field 'data' describes a synthetic set of")
+    _assert_one_sentence(r, 422, "spec field 'data' describes a synthetic set of")
     assert "above this service's limit of" in r.json()["detail"] and "TULA_MAX_DATA_BYTES" in r.json()["detail"]
     assert c.get("/v1/jobs").json()["total"] == total
     small = {"name": "synthetic", "sample_shape": [1, 8, 8], "num_samples": 256}
@@ -169,8 +169,8 @@ def test_limit_and_offset_page_through_the_jobs_newest_first(c, tiny_spec_dict):
         ({"state": "finished"}, "field 'state'"),
     ],
 )
-def test_bad_paging_is_422_in_one_sentence(c, params, words):
-    _one_sentence(c.get("/v1/jobs", params=params), 422, words)
+def test_bad_paging_is_422_in_assert_one_sentence(c, params, words):
+    _assert_one_sentence(c.get("/v1/jobs", params=params), 422, words)
 
 
 # --------------------------------------------------------------------------- re-planning through the API
@@ -196,7 +196,7 @@ def test_replan_with_pricing_prices_every_configuration(c):
         assert b["cost"] == pytest.approx(10 * a["cost"], rel=1e-9)
     assert c.get(f"/v1/jobs/{c.seeded}/plan").json()["spec"]["pricing"]["price_per_node_hour"] == price  # unchanged
     bad = _replan(c, pricing={"kind": "fixed", "price_per_node_hour": -1})
-    _one_sentence(bad, 422, "spec field 'pricing.price_per_node_hour'")
+    _assert_one_sentence(bad, 422, "spec field 'pricing.price_per_node_hour'")
 
 
 def _feasible(plan):
@@ -219,10 +219,10 @@ def test_replan_with_a_deadline_chooses_among_the_configurations_that_meet_it(c)
     assert plan["choice"]["cost"] == min(x["cost"] for x in meeting)
     assert plan["choice"]["total_time_s"] <= deadline_s
     # a deadline nothing meets: one sentence naming it and the fastest
-    _one_sentence(
+    _assert_one_sentence(
         _replan(c, objective="cost", deadline="1ms"), 422, "no configuration finishes within the 1 ms deadline"
     )
-    _one_sentence(_replan(c, deadline="soon"), 422, "deadline")
+    _assert_one_sentence(_replan(c, deadline="soon"), 422, "deadline")
 
 
 def test_replan_with_a_budget_chooses_among_the_configurations_within_it(c):
@@ -238,8 +238,10 @@ def test_replan_with_a_budget_chooses_among_the_configurations_within_it(c):
     assert 0 < cons["n_meeting"] == len(within) < cons["n_feasible"]
     assert plan["choice"]["total_time_s"] == min(x["total_time_s"] for x in within)
     assert plan["choice"]["cost"] <= budget
-    _one_sentence(_replan(c, objective="time", budget=1e-12), 422, "no configuration stays within the 1e-12 $ budget")
-    _one_sentence(_replan(c, budget=-1), 422, "field 'budget'")
+    _assert_one_sentence(
+        _replan(c, objective="time", budget=1e-12), 422, "no configuration stays within the 1e-12 $ budget"
+    )
+    _assert_one_sentence(_replan(c, budget=-1), 422, "field 'budget'")
     # both at once, with another price: the budget is in that pricing's money
     both = _replan(
         c,

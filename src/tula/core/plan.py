@@ -419,9 +419,11 @@ def make_plan(
     # Eq. 4a with the run's own terms: D / B steps of the method's step, and each epoch's end
     epoch = epoch_time_s(t_step, n_arr * b_arr, n_arr, d, costs, whole_steps=False)
     fixed = costs.epoch_fixed_s(n_arr, d / (n_arr * b_arr)) if costs else np.zeros_like(epoch)
-    scaled = _measured_scale(measured, method)
-    if scaled is not None:  # a finished run of this method: its measured / predicted, on every configuration
-        t_step, epoch, fixed = t_step * scaled["ratio"], epoch * scaled["ratio"], fixed * scaled["ratio"]
+    # a finished run of this method: its measured / predicted, on every configuration
+    ratio = measured.get("ratio") if measured is not None and measured.get("method") == method else None
+    scaled = bool(ratio)
+    if scaled:
+        t_step, epoch, fixed = t_step * ratio, epoch * ratio, fixed * ratio
     free = epochs * epoch  # Eq. 4a: uninterrupted training
     total = pricing_model.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
     peak = mem.predict_accumulated_peak_bytes(b_arr, micro_arr)
@@ -505,7 +507,7 @@ def make_plan(
     if not_measured:
         reason += "".join(f" [{why}]" for why in dict.fromkeys(not_measured.values()))
     if measured is not None:
-        reason += f" [{_measured_note(measured, scaled is not None, method)}]"
+        reason += f" [{_measured_note(measured, scaled, method)}]"
     for i, r in enumerate(rows):
         r["chosen"] = i == chosen
     front = pareto_frontier(np.array([rows[i][tk] for i in feas]), np.array([rows[i][ck] for i in feas]))
@@ -540,20 +542,13 @@ def make_plan(
         "run_costs": None if costs is None else costs.to_dict(),
         "run_costs_note": costs_note,
         # a finished run's measured / predicted epoch time, and whether this plan's epochs are scaled by it
-        "measured_ratio": None if measured is None else {**measured, "applied": scaled is not None},
+        "measured_ratio": None if measured is None else {**measured, "applied": scaled},
     }
     if compare_spot:
         plan["spot_comparison"] = _compare_spot(
             plan, models, objective, cons, spec.pricing, noise_scale, method, measured
         )
     return plan
-
-
-def _measured_scale(measured: dict | None, method: str) -> dict | None:
-    """``measured`` when its ratio applies to epochs of ``method`` (the run trained it), else None."""
-    if measured is None or measured.get("method") != method or not measured.get("ratio"):
-        return None
-    return measured
 
 
 def _measured_note(measured: dict, applied: bool, method: str) -> str:

@@ -21,7 +21,6 @@ from tula.core.spec import JobSpec, in_memory_data_bytes, spec_from_dict
 from tula.service.settings import ServiceSettings
 
 SEARCHES = ("full", "partial")
-OBJECTIVES = OBJECTIVE_NAMES
 
 
 #: the deepest nesting of lists and mappings a request body may have (a spec is about 4 deep)
@@ -153,8 +152,8 @@ def check_options(search: Any, objective: Any, train: Any) -> tuple[str, str | N
     """The pipeline options of a submission."""
     if search not in SEARCHES:
         raise SpecError(f"field 'search' is {search!r}, but it must be one of {', '.join(SEARCHES)}")
-    if objective is not None and objective not in OBJECTIVES:
-        raise SpecError(f"field 'objective' is {objective!r}, but it must be one of {', '.join(OBJECTIVES)}")
+    if objective is not None and objective not in OBJECTIVE_NAMES:
+        raise SpecError(f"field 'objective' is {objective!r}, but it must be one of {', '.join(OBJECTIVE_NAMES)}")
     if not isinstance(train, bool):
         raise SpecError(f"field 'train' is {train!r}, but it must be true or false")
     return search, objective, train
