@@ -54,6 +54,11 @@ WORKER_ENV = {
     "OMP_NUM_THREADS": "1",
 }
 
+#: Dask settings of the commands run on the head: a worker lock (a lease, tula.engine.launch.dask)
+#: of a command killed with kill -9 expires after 6 s instead of Dask's 30 s.  The lease timeout is
+#: the holder's setting (sent when the lock registers), not the scheduler's.
+COMMAND_ENV = {"DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "6s"}
+
 
 class NetnsUnavailable(RuntimeError):
     """Network namespaces cannot be made here (not root, no ``ip``, no veth/bridge support)."""
@@ -304,13 +309,13 @@ class EmulatedHosts:
             capture_output=True,
             text=True,
             timeout=timeout,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **COMMAND_ENV, **(env or {})},
             **kw,
         )
 
     def _start_scheduler(self) -> None:
         # worker locks are leases (tula.engine.launch.dask): a killed command's workers are free again
-        # after the lease timeout, shortened here from Dask's 30 s to keep the tests short
+        # after its lease timeout (COMMAND_ENV), checked here every 2 s
         self.popen(
             0,
             [
@@ -326,7 +331,6 @@ class EmulatedHosts:
             log="scheduler.log",
             env={
                 "OMP_NUM_THREADS": "1",
-                "DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "6s",
                 "DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_VALIDATION_INTERVAL": "2s",
             },
         )

@@ -311,3 +311,25 @@ def test_simulate_noise_scale_is_the_b_noise_of_the_time_to_accuracy(tiny_pipeli
     assert what_if[1:] != _expected(models, (1, 2), 64)[1:]  # the profiled B_noise gives other rows
     refused = _simulate(tiny_pipeline, tmp_path, "--noise-scale", "-5")
     assert_refused(refused, "the noise scale must be a positive number of samples, not -5")
+
+
+# --------------------------------------------------------------------------- TULA_LOG_EVERY_S
+def test_the_log_interval_is_read_from_the_environment_and_a_bad_one_is_one_sentence(
+    tiny_pipeline, tmp_path, monkeypatch
+):
+    from tula.cli import LOG_STEP_EVERY_S, log_step_every_s
+    from tula.core.errors import SpecError
+
+    monkeypatch.delenv("TULA_LOG_EVERY_S", raising=False)
+    assert log_step_every_s() == LOG_STEP_EVERY_S == 2.0
+    monkeypatch.setenv("TULA_LOG_EVERY_S", "30")
+    assert log_step_every_s() == 30.0
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        monkeypatch.setenv("TULA_LOG_EVERY_S", bad)
+        with pytest.raises(SpecError, match="is not a positive number of seconds"):
+            log_step_every_s()
+    # a command refuses it in one sentence and writes nothing
+    prof = _profile_alone(tiny_pipeline, tmp_path)
+    r = tula_in_process("fit", prof)
+    assert_refused(r, "TULA_LOG_EVERY_S='soon' is not a positive number of seconds")
+    assert not (tmp_path / "p" / "models.json").exists()

@@ -164,14 +164,18 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
 
     from tula.engine.checkpoint import checkpoint_meta
 
-    # small synthetic data (3200 training samples: 50 steps at B=64, 25 at B=128) through a model
-    # whose training steps on 2 workers take 0.15 s each (a sleep): the 2-worker epoch lasts about 4 s, longer
-    # than the 2 s after which a log gets its first step line of an epoch
-    d = _piecewise(tiny_spec_dict, [64, 128], 2, name="synthetic", sample_shape=[1, 8, 8], num_samples=4000)
-    d["model"] = {"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.15}}
+    # small synthetic data (800 training samples: 12 steps at B=64, 6 at B=128) through a model
+    # whose training steps on 2 workers take 0.2 s each (a sleep): the 2-worker epoch lasts about 1.2 s,
+    # and the log gets a step line every 0.2 s (TULA_LOG_EVERY_S), so the kill lands mid-epoch
+    d = _piecewise(tiny_spec_dict, [64, 128], 2, name="synthetic", sample_shape=[1, 8, 8], num_samples=1000)
+    d["model"] = {"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.2}}
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(d))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "TULA_LOG_EVERY_S": "0.2",
+    }
     cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "1", "--batch", "64"]
     ref = subprocess.run([*cmd, "--out", str(tmp_path / "ref")], capture_output=True, text=True, timeout=300, env=env)
     assert ref.returncode == 0, ref.stderr
@@ -196,7 +200,7 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "".join(seen)
     step, steps = map(int, seen[-1].split("step ")[1].split("/"))
-    assert 1 <= step < steps == 25, seen[-1]  # mid-epoch
+    assert 1 <= step < steps == 6, seen[-1]  # mid-epoch
     assert any("moves to global batch 128 on 2 worker(s)" in s for s in seen), "".join(seen)
     meta = checkpoint_meta(cut)
     assert (meta["epoch"], meta["n_workers"], meta["global_batch"]) == (1, 1, 64)  # killed before epoch 2's
@@ -204,7 +208,7 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     again = subprocess.run([*cmd, "--out", str(cut), "--resume"], capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
-    assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"] == 3200 // 64 + 3200 // 128
+    assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"] == 800 // 64 + 800 // 128
     assert [h["train_loss"] for h in b["history"]] == [h["train_loss"] for h in a["history"]]
     ma, mb = load_checkpoint(tmp_path / "ref")["model"], load_checkpoint(cut)["model"]
     assert all(torch.equal(ma[k], mb[k]) for k in ma)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from emulated_hosts import COMMAND_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -176,16 +177,16 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
     """1 worker for epoch 1, then 2 workers on two hosts; `tula train` (the command on the
     head, holding no rank) is killed with SIGKILL during epoch 2; --resume finishes with
     the same parameters as a run never killed."""
-    # small synthetic data (3200 training samples: 50 steps at B=64, 25 at B=128) through a model
-    # whose training steps on 2 workers take 0.15 s each (a sleep): the 2-host epoch lasts about 4 s, longer
-    # than the 2 s after which a log gets its first step line of an epoch
+    # small synthetic data (800 training samples: 12 steps at B=64, 6 at B=128) through a model
+    # whose training steps on 2 workers take 0.2 s each (a sleep): the 2-host epoch lasts about 1.2 s,
+    # and the log gets a step line every 0.2 s (TULA_LOG_EVERY_S), so the kill lands mid-epoch
     spec = _spec(
         tmp_path,
-        model={"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.15}},
+        model={"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.2}},
         # this test is about the kill and the resume, not about losing a host: a worker unheard
         # for the 6 s the host-loss tests use, on 2 loaded cores, failed its uninterrupted run
         cluster={"heartbeat_timeout_s": 30},
-        data={"name": "synthetic", "sample_shape": [1, 8, 8], "num_samples": 4000},
+        data={"name": "synthetic", "sample_shape": [1, 8, 8], "num_samples": 1000},
         train={
             "method": "lbt",
             "warmup_epochs": 0,
@@ -194,7 +195,8 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
         },
     )
     cmd = [TULA, "train", str(spec), "--workers", "1", "--batch", "64", "--cluster", hosts.scheduler_address]
-    ref = hosts.run([*cmd, "--out", str(tmp_path / "ref")], timeout=300, env=TESTS_ON_PATH)
+    env = {**TESTS_ON_PATH, "TULA_LOG_EVERY_S": "0.2"}
+    ref = hosts.run([*cmd, "--out", str(tmp_path / "ref")], timeout=300, env=env)
     assert ref.returncode == 0, ref.stderr + hosts.log_tail()
 
     cut = tmp_path / "cut"
@@ -204,7 +206,7 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
         stdout=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
-        env={**os.environ, **TESTS_ON_PATH},
+        env={**os.environ, **COMMAND_ENV, **env},
     )
     seen = []
     try:
@@ -217,9 +219,9 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "".join(seen)
     step, steps = map(int, seen[-1].split("step ")[1].split("/"))
-    assert 1 <= step < steps == 25, seen[-1]  # mid-epoch
+    assert 1 <= step < steps == 6, seen[-1]  # mid-epoch
     assert any("moves to global batch 128 on 2 worker(s)" in s for s in seen), "".join(seen)
-    again = hosts.run([*cmd, "--out", str(cut), "--resume"], timeout=300, env=TESTS_ON_PATH)
+    again = hosts.run([*cmd, "--out", str(cut), "--resume"], timeout=300, env=env)
     assert again.returncode == 0, again.stderr + hosts.log_tail()
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
     assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"]
@@ -252,6 +254,7 @@ def _train_until_checkpoint(h, spec: Path, out: Path) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
+        env={**os.environ, **COMMAND_ENV},
     )
     deadline = time.monotonic() + 120
     while not (out / "checkpoint.pt").exists():
@@ -271,7 +274,7 @@ def test_a_host_lost_mid_epoch_fails_in_one_sentence_and_resume_finishes_on_the_
 
     from tula.engine.checkpoint import checkpoint_meta
 
-    spec = _spec(tmp_path, epochs=8)
+    spec = _spec(tmp_path, epochs=4)  # the fault lands in epoch 2 (see _train_until_checkpoint)
     out = tmp_path / "run"
     with EmulatedHosts(n_hosts=3) as h:
         proc = _train_until_checkpoint(h, spec, out)
@@ -290,7 +293,7 @@ def test_a_host_lost_mid_epoch_fails_in_one_sentence_and_resume_finishes_on_the_
         assert last.startswith("error: ") and "Traceback" not in err, err
         assert h.address(victim) in last, last  # names the worker that was lost
         meta = checkpoint_meta(out)  # intact: loads, and holds a finished epoch
-        assert 1 <= meta["epoch"] < 8
+        assert 1 <= meta["epoch"] < 4
         again = h.run(
             [
                 TULA,
@@ -310,7 +313,7 @@ def test_a_host_lost_mid_epoch_fails_in_one_sentence_and_resume_finishes_on_the_
         )
         assert again.returncode == 0, again.stderr + h.log_tail()
         run = json.loads((out / "train.json").read_text())
-        assert run["epochs"] == 8 and run["resumed_from_epoch"] == meta["epoch"] and run["replicas_identical"]
+        assert run["epochs"] == 4 and run["resumed_from_epoch"] == meta["epoch"] and run["replicas_identical"]
 
 
 def test_two_hosts_with_two_workers_each_put_a_hosts_ranks_side_by_side(netns_ok, tmp_path):

@@ -10,6 +10,7 @@ given ``--force``.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import sys
@@ -23,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from tula import __version__
-from tula.core.errors import Interrupted, RunDirError, TulaError
+from tula.core.errors import Interrupted, RunDirError, SpecError, TulaError
 from tula.core.records import epoch_score
 from tula.core.registry import METHOD_NAMES, OBJECTIVE_NAMES, OBJECTIVES, cluster_kind, clusters_in_words
 from tula.core.registry import METHODS as METHOD_TABLE
@@ -50,6 +51,25 @@ err_console = Console(stderr=True, width=_WIDTH)
 
 RUNS = Path("runs")
 LOG_STEP_EVERY_S = 2.0  # output that is not a terminal gets a step line at most this often within an epoch
+LOG_EVERY_ENV = "TULA_LOG_EVERY_S"  # sets that interval (seconds > 0), e.g. 30 for a scheduler's file
+
+
+def log_step_every_s() -> float:
+    """How often, at most, output that is not a terminal gets a step line within an epoch:
+    ``TULA_LOG_EVERY_S`` seconds, else :data:`LOG_STEP_EVERY_S`; a value that is not a
+    positive number of seconds is one sentence (:class:`~tula.core.errors.SpecError`)."""
+    raw = os.environ.get(LOG_EVERY_ENV)
+    if raw is None or not raw.strip():
+        return LOG_STEP_EVERY_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise SpecError(
+            f"{LOG_EVERY_ENV}={raw!r} is not a positive number of seconds (how often a log gets a step line)"
+        )
+    return seconds
 
 
 class Search(str, Enum):
@@ -131,6 +151,7 @@ class _Console(Observer):
         self.bar: Progress | None = None
         self.task = None
         self.last_line = time.monotonic()  # when a log (not a terminal) last got a line
+        self.log_every_s = log_step_every_s()
 
     # the Observer protocol
     def stage(self, name: str, **info) -> None:
@@ -214,7 +235,7 @@ class _Console(Observer):
             )
         elif kind == "step":
             bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
-            if not err_console.is_terminal and time.monotonic() - self.last_line >= LOG_STEP_EVERY_S:
+            if not err_console.is_terminal and time.monotonic() - self.last_line >= self.log_every_s:
                 self.last_line = time.monotonic()  # a log of a long epoch gets a line every few seconds
                 say(err_console, f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
         elif kind == "epoch":

@@ -14,11 +14,14 @@ import multiprocessing as mp
 from typing import Any
 
 #: what the server imports before it forks a rank: first the module that makes it ignore
-#: SIGTERM (:mod:`tula.engine.launch.forkserver_signals` says why), then torch, the engine,
-#: and scikit-learn's data sets (the digits loader; an ImportError here is skipped)
+#: SIGTERM (:mod:`tula.engine.launch.forkserver_signals` says why), then torch, torch._dynamo
+#: (DDP's constructor and the optimizers' steps import it on first use: 1-2 s of CPU in every
+#: rank of every world otherwise), the engine, and scikit-learn's data sets (the digits
+#: loader; an ImportError here is skipped)
 PRELOAD = [
     "tula.engine.launch.forkserver_signals",
     "torch",
+    "torch._dynamo",
     "torch.distributed",
     "tula.engine.launch.runtime",
     "tula.engine.profile",
