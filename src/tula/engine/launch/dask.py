@@ -4,7 +4,7 @@ Rendezvous only; what a rank does is :func:`~.runtime.run_rank`, as on the local
 
 * the world takes N distinct workers, ordered by host so that ranks on one host are
   contiguous (``local_rank`` = position on its host), under a lock per worker (a lease: a
-  caller killed with kill -9 frees its workers after the scheduler's lease timeout): two
+  caller killed with kill -9 frees its workers after its lease timeout): two
   worlds never share a worker at once;
 * rank 0's host is the rendezvous address, on a port found free *on that worker* for every
   world (a reused port can hang the next world's start);
@@ -317,8 +317,9 @@ class DaskLauncher:
     def _lock_workers(self, addrs: list[str]) -> list[Any]:
         """One lock per worker, taken in address order (two worlds never wait on each other in
         a circle); a lock is a lease the holding process keeps alive, so the workers of a
-        process that died (kill -9) are free again after the scheduler's lease timeout
-        (``distributed.scheduler.locks.lease-timeout``, 30 s by default)."""
+        process that died (kill -9) are free again after that process's lease timeout
+        (its ``distributed.scheduler.locks.lease-timeout``, 30 s by default: the holder sends
+        it when the lock registers; the scheduler's own setting does not change it)."""
         from distributed import Lock
 
         deadline = time.monotonic() + self.lock_timeout_s
