@@ -1,7 +1,8 @@
 """Tula: profile, model and plan distributed large-batch training of PyTorch models.
 
-The pipeline, one record per stage (:mod:`tula.core.records`; the README's "Layout" section
-draws the layers and the data flow)::
+The pipeline, one record per stage (:mod:`tula.core.records`; ``docs/architecture.md`` draws
+the layers, the records a job hands on, how a world of ranks starts and how the service runs
+a job; the README's "Layout" section lists the files)::
 
     JobSpec -> profile -> Profile -> fit -> FittedModels -> plan -> Plan -> train -> TrainRun -> report
 
