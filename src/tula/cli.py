@@ -17,6 +17,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -102,6 +103,12 @@ def _main(
 
 
 _CLUSTER_HELP = f"where the ranks run: {clusters_in_words()}; default: the spec's cluster.where"
+
+# options several commands share, declared once
+ClusterOption = Annotated[str | None, typer.Option(help=_CLUSTER_HELP)]
+SpecObjectiveOption = Annotated[
+    Objective | None, typer.Option(help=_OBJECTIVE_HELP + " (default: the spec's objective)")
+]
 
 
 def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
@@ -299,6 +306,7 @@ _PRICING_HELP = (
     "price_per_node_hour (on-demand), price_per_gb_hour, spot_price_per_node_hour, "
     "preemption_rate_per_node_hour, checkpoint_interval_s (e.g. 10min; default every epoch), restart_s"
 )
+PricingOption = Annotated[list[str] | None, typer.Option("--pricing", help=_PRICING_HELP)]
 
 
 def _pricing_overrides(items: list[str] | None) -> dict:
@@ -355,7 +363,7 @@ def profile(
         "one): its finished trials are kept, only the rest run",
     ),
     force: bool = typer.Option(False, help="overwrite an existing record at --out"),
-    cluster: str = typer.Option(None, help=_CLUSTER_HELP),
+    cluster: ClusterOption = None,
 ) -> None:
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
     from tula.core.records import PROFILE_KIND, load_record
@@ -412,7 +420,7 @@ def fit(
 @app.command()
 def plan(
     source: Path = typer.Argument(..., help="a job spec (profiled first), a profile JSON, or a models JSON"),
-    objective: Objective = typer.Option(None, help=_OBJECTIVE_HELP + " (default: the spec's objective)"),
+    objective: SpecObjectiveOption = None,
     search: Search = typer.Option(Search.partial, help="search used when SOURCE is a spec"),
     out: Path = typer.Option(
         None,
@@ -433,7 +441,7 @@ def plan(
         help="choose among configurations expected to cost at most this, in "
         "the pricing's unit (default: the spec's constraints.budget)",
     ),
-    pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
+    pricing: PricingOption = None,
     compare_spot: bool = typer.Option(
         False,
         "--compare-spot",
@@ -533,7 +541,7 @@ def train(
         None, help="directory for checkpoint.pt, metrics.jsonl, train.json, train.png; default runs/<spec name>/train"
     ),
     resume: bool = typer.Option(False, help="continue the checkpoint in --out"),
-    cluster: str = typer.Option(None, help=_CLUSTER_HELP),
+    cluster: ClusterOption = None,
     schedule: str = typer.Option(
         None,
         help=f"grow the batch during training: {_SCHEDULE_HELP}; its "
@@ -675,7 +683,7 @@ def simulate(
         help="--schedule loss_ratio/adaptive: a training run record "
         "(train.json) whose per-epoch training loss and B_simple they follow",
     ),
-    pricing: list[str] = typer.Option(None, "--pricing", help=_PRICING_HELP),
+    pricing: PricingOption = None,
     out: Path = typer.Option(None, help="the PNG to write (default: simulate.png next to MODELS_JSON)"),
     force: bool = typer.Option(False, help="overwrite an existing PNG at --out"),
     noise_scale: float = typer.Option(
@@ -743,7 +751,7 @@ def simulate(
 def run(
     spec: Path = typer.Argument(None, help="job spec (YAML); not needed with --resume"),
     search: Search = typer.Option(None, help="full or partial search (default: partial)", show_default=False),
-    objective: Objective = typer.Option(None, help=_OBJECTIVE_HELP + " (default: the spec's objective)"),
+    objective: SpecObjectiveOption = None,
     train_after: bool = typer.Option(
         None,
         "--train/--no-train",
@@ -764,7 +772,7 @@ def run(
         "its checkpoint)",
     ),
     force: bool = typer.Option(False, help="start over in an --out that holds an earlier run, deleting its records"),
-    cluster: str = typer.Option(None, help=_CLUSTER_HELP),
+    cluster: ClusterOption = None,
 ) -> None:
     """The main job: profile, fit, plan, train at the choice with AGS, and report.
 
@@ -827,6 +835,8 @@ def _run_stages(
 # --------------------------------------------------------------------------- the service and its clients
 _SERVER_HELP = "the Tula service's URL (default: $TULA_SERVER, else http://127.0.0.1:8787)"
 _TOKEN_HELP = "the service's bearer token (default: $TULA_TOKEN)"
+ServerOption = Annotated[str | None, typer.Option(help=_SERVER_HELP)]
+TokenOption = Annotated[str | None, typer.Option(help=_TOKEN_HELP)]
 
 
 @app.command()
@@ -957,10 +967,10 @@ def _client(server: str | None, token: str | None):
 @app.command()
 def submit(
     spec: Path = typer.Argument(..., help="job spec (YAML)"),
-    server: str = typer.Option(None, help=_SERVER_HELP),
-    token: str = typer.Option(None, help=_TOKEN_HELP),
+    server: ServerOption = None,
+    token: TokenOption = None,
     search: Search = typer.Option(Search.partial, help="full or partial search"),
-    objective: Objective = typer.Option(None, help=_OBJECTIVE_HELP + " (default: the spec's objective)"),
+    objective: SpecObjectiveOption = None,
     train_after: bool = typer.Option(True, "--train/--no-train", help="train at the chosen configuration"),
     wait: bool = typer.Option(False, help="follow the job until it ends, with a progress bar"),
 ) -> None:
@@ -1018,8 +1028,8 @@ def _follow(c, job_id: str) -> None:
 @app.command()
 def status(
     job_id: str = typer.Argument(None, help="a job id; without it, the jobs table"),
-    server: str = typer.Option(None, help=_SERVER_HELP),
-    token: str = typer.Option(None, help=_TOKEN_HELP),
+    server: ServerOption = None,
+    token: TokenOption = None,
     state: str = typer.Option(None, help="only jobs in this state (queued, profiling, ..., done, failed)"),
     limit: int = typer.Option(20, help="at most this many jobs"),
 ) -> None:
@@ -1052,8 +1062,8 @@ def replan(
         "--use-measured",
         help="scale the predicted epochs by what the job's finished training run measured against its prediction",
     ),
-    server: str = typer.Option(None, help=_SERVER_HELP),
-    token: str = typer.Option(None, help=_TOKEN_HELP),
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Plan a service job again from its stored models (no profiling), e.g. --objective cost."""
     from tula.report import plan_table
