@@ -332,3 +332,21 @@ def test_curves_and_knees_per_cluster_size():
     for n, k in knees.items():  # the hyperbola's knee (test_knee_of_a_hyperbola_is_at_the_geometric_mean)
         assert k["method"] == "kneedle" and 90 <= k["global_batch"] <= 112
         assert (rows[k["row"]]["n_workers"], rows[k["row"]]["global_batch"]) == (int(n), k["global_batch"])
+
+
+def test_the_record_marks_the_choice_and_holds_the_frontier_and_the_counts():
+    planner = Planner(_models(PERF), "time", {"budget": 1.15})
+    rows = _two_rows(planner)
+    planner.mark_constraints(rows)
+    feas, eligible = planner.candidates(rows)
+    assert (feas, eligible) == ([0, 1], [1])  # 1.2 $ is over the budget
+    rec = planner.record(rows, feas, eligible, {}, {}, 1, "why")
+    assert [r["chosen"] for r in rows] == [False, True] and rec["choice"] == rows[1] and rec["choice"] is not rows[1]
+    assert [(r["n_workers"], r["global_batch"]) for r in rec["frontier"]] == [(2, 200), (1, 100)]  # by time
+    assert rec["constraints"] == {"deadline_s": None, "budget": 1.15, "unit": "$", "n_feasible": 2, "n_meeting": 1}
+    assert (rec["objective"], rec["reason"], rec["spot_comparison"], rec["measured_ratio"]) == (
+        "time",
+        "why",
+        None,
+        None,
+    )
