@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tula.core.errors import InfeasibleError
 from tula.core.perfmodel import PerfModel
-from tula.core.plan import find_knee, make_plan, pareto_frontier
+from tula.core.plan import Planner, find_knee, make_plan, pareto_frontier
 
 D = MODELS_D
 
@@ -217,3 +217,136 @@ def test_a_straight_line_has_no_knee_and_the_fallback_is_the_first_point_near_th
     assert idx == 47
     # a curve within 5 % of its minimum everywhere: the smallest batch
     assert find_knee(np.array([10.0, 20, 30, 40, 50]), np.array([10.4, 10.3, 10.2, 10.0, 10.1])) == (0, "fallback")
+
+
+# --------------------------------------------------------------------------- the planner's steps, one at a time
+def _two_rows(planner: Planner) -> list[dict]:
+    """N = 2, B = 200 (T = 20 / B + 0.5 = 0.6 s, 1.2 $) and N = 1, B = 100 (T = 10 / B + 1 = 1.1 s, 1.1 $), predicted."""
+    rows = [planner.row(2, 100, True, None), planner.row(1, 100, True, None)]
+    planner.predict(rows)
+    return rows
+
+
+def test_the_grid_has_each_cluster_sizes_local_batches_and_says_which_fit_in_memory():
+    planner = Planner(_models(PERF, budget=24000))
+    assert planner.b_mem == 196
+    rows = planner.grid()
+    for n, (lo, hi) in {1: (10, 1000), 2: (5, 500)}.items():
+        local = [r["local_batch"] for r in rows if r["n_workers"] == n]
+        assert (local[0], local[-1]) == (lo, hi) and local == sorted(local) and 196 in local
+    assert all(r["feasible"] == (r["local_batch"] <= 196) for r in rows)
+    assert all(r["global_batch"] == r["n_workers"] * r["local_batch"] for r in rows)
+    too_big = {r["reason"] for r in rows if not r["feasible"]}
+    assert too_big == {"predicted peak exceeds the memory budget (local batch > 196)"}
+
+
+def test_a_row_splits_a_local_batch_into_micro_batches_that_fit_and_says_why_one_does_not():
+    models = _models(PERF, budget=24000)
+    models["spec"]["search"]["max_accumulation_steps"] = 4
+    models["not_measured"] = {"2": "N=2 was not measured"}
+    planner = Planner(models)
+    assert planner.row(1, 300, True, 196) == {
+        "n_workers": 1, "global_batch": 300, "local_batch": 300, "micro_batch": 150, "accumulation_steps": 2,
+        "candidate": True, "feasible": True, "reason": "",
+    }  # fmt: skip
+    prime = planner.row(1, 997, False, 196)  # no k <= 4 divides 997
+    assert (prime["accumulation_steps"], prime["micro_batch"], prime["feasible"]) == (1, 997, False)
+    assert prime["reason"] == (
+        "predicted peak exceeds the memory budget (local batch > 196), and no accumulation of up to 4 steps "
+        "splits 997 into micro-batches that fit"
+    )
+    assert planner.row(2, 10, True, 196)["reason"] == "N=2 was not measured"
+
+
+def test_predict_gives_each_row_its_step_epoch_time_cost_and_peak():
+    rows = _two_rows(Planner(_models(PERF)))
+    # t_step = 0.01 + 0.001 b + 0.01 sync at N = 2; D / B steps an epoch; 1 $ per node-second
+    for r, (t_step, epoch, cost) in zip(rows, ((0.12, 0.6, 1.2), (0.11, 1.1, 1.1))):
+        assert r["t_step_s"] == pytest.approx(t_step)
+        assert r["epoch_time_s"] == r["epoch_steps_s"] == r["total_time_s"] == pytest.approx(epoch)
+        assert r["epoch_fixed_s"] == 0.0
+        assert r["cost"] == pytest.approx(cost)
+        assert r["peak_mem_bytes"] == 2000 + 100 * 100
+        assert "time_to_accuracy_s" not in r and "expected_preemptions" not in r  # no noise scale, not spot
+
+
+def test_predict_to_accuracy_scales_the_epochs_by_the_noise_scale():
+    planner = Planner(_models(PERF), noise_scale=72.0)
+    assert planner.noise["reference_batch"] == 128
+    rows = _two_rows(planner)
+    # epochs * (B_noise + B) / (B_noise + B0): (72 + 200) / 200 = 1.36 at B = 200, 172 / 200 = 0.86 at B = 100
+    assert [r["epochs_to_accuracy"] for r in rows] == pytest.approx([1.36, 0.86])
+    assert [r["time_to_accuracy_s"] for r in rows] == pytest.approx([1.36 * 0.6, 0.86 * 1.1])
+    assert [r["cost_to_accuracy"] for r in rows] == pytest.approx([1.36 * 1.2, 0.86 * 1.1])
+
+
+def test_the_constraints_mark_the_rows_and_the_candidates_are_those_that_meet_them():
+    planner = Planner(_models(PERF), "cost", {"deadline": 1.0})
+    rows = _two_rows(planner)
+    planner.mark_constraints(rows)
+    assert [r["meets_constraints"] for r in rows] == [True, False]  # 0.6 s and 1.1 s against 1 s
+    assert planner.candidates(rows) == ([0, 1], [0])
+    chosen, why = planner.choose(rows, [0], {})
+    assert (chosen, why) == (0, f"least predicted cost within {planner.cons.describe('$')}")
+    both = Planner(_models(PERF), "cost", {"deadline": 1.0, "budget": 1.0})
+    rows = _two_rows(both)
+    both.mark_constraints(rows)
+    assert [r["meets_constraints"] for r in rows] == [False, False]
+    with pytest.raises(InfeasibleError) as err:
+        both.candidates(rows)
+    assert (
+        str(err.value)
+        == "no configuration stays within the 1 $ budget: the cheapest costs 1.1 $ (N=1, B=100), 0.1 $ over it"
+    )
+
+
+def test_the_choice_by_the_objectives_rule_and_its_reason():
+    for objective, expected in (("time", 0), ("cost", 1)):
+        planner = Planner(_models(PERF), objective)
+        rows = _two_rows(planner)
+        planner.mark_constraints(rows)
+        assert planner.choose(rows, [0, 1], {})[0] == expected
+    chosen, why = planner.choose(rows, [0, 1], {})
+    assert planner.reason(rows, [0, 1], chosen, why) == (
+        "least predicted cost: N=1, B=100 (b=100) trains 1 epochs in 1.1 s for 1.1 $ "
+        "(1.83x the fastest, 1.00x the cheapest)"
+    )
+
+
+def test_curves_and_knees_per_cluster_size():
+    planner = Planner(_models(PERF))
+    rows = [*_two_rows(planner), planner.row(1, 50, True, None)]  # N = 1, B = 50: 1.2 s, 1.2 $
+    planner.predict(rows[2:])
+    assert planner.by_size(rows, [0, 1, 2]) == {1: [1, 2], 2: [0]}
+    curves = planner.curves(rows, [0, 1, 2])
+    assert list(curves) == ["1", "2"] and curves["1"]["global_batch"] == [100, 50]
+    assert curves["1"]["total_time_s"] == pytest.approx([1.1, 1.2]) and curves["2"]["cost"] == pytest.approx([1.2])
+    # fewer than 3 points: no Kneedle, the smallest batch within 5 % of the fastest
+    assert planner.knees(rows, [0, 1, 2]) == {
+        "1": {"row": 1, "global_batch": 100, "method": "fallback"},
+        "2": {"row": 0, "global_batch": 200, "method": "fallback"},
+    }
+    rows = planner.grid()
+    planner.predict(rows)
+    knees = planner.knees(rows, list(range(len(rows))))
+    for n, k in knees.items():  # the hyperbola's knee (test_knee_of_a_hyperbola_is_at_the_geometric_mean)
+        assert k["method"] == "kneedle" and 90 <= k["global_batch"] <= 112
+        assert (rows[k["row"]]["n_workers"], rows[k["row"]]["global_batch"]) == (int(n), k["global_batch"])
+
+
+def test_the_record_marks_the_choice_and_holds_the_frontier_and_the_counts():
+    planner = Planner(_models(PERF), "time", {"budget": 1.15})
+    rows = _two_rows(planner)
+    planner.mark_constraints(rows)
+    feas, eligible = planner.candidates(rows)
+    assert (feas, eligible) == ([0, 1], [1])  # 1.2 $ is over the budget
+    rec = planner.record(rows, feas, eligible, {}, {}, 1, "why")
+    assert [r["chosen"] for r in rows] == [False, True] and rec["choice"] == rows[1] and rec["choice"] is not rows[1]
+    assert [(r["n_workers"], r["global_batch"]) for r in rec["frontier"]] == [(2, 200), (1, 100)]  # by time
+    assert rec["constraints"] == {"deadline_s": None, "budget": 1.15, "unit": "$", "n_feasible": 2, "n_meeting": 1}
+    assert (rec["objective"], rec["reason"], rec["spot_comparison"], rec["measured_ratio"]) == (
+        "time",
+        "why",
+        None,
+        None,
+    )

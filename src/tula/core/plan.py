@@ -34,7 +34,9 @@ The plan holds every evaluated configuration (whether it fits in memory: ``feasi
 whether it meets the constraints: ``meets_constraints``), the dense curves per cluster
 size, the Pareto frontier of time vs cost, the constraints, and a one-line reason.
 :func:`make_plan` is a plain function of a models record and options (no I/O), for the CLI
-and for a service's re-plan alike.
+and for a service's re-plan alike; its steps (the rows, their predictions, the constraints, the
+curves and knees, the choice by the objective's rule, the reason, the record) are the methods
+of :class:`Planner`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -55,7 +58,7 @@ from tula.core.perfmodel import ranks_per_node_of
 from tula.core.pricing import SpotPricing, make_pricing
 from tula.core.records import PLAN_KIND, VERSIONS
 from tula.core.registry import OBJECTIVE_NAMES, OBJECTIVES
-from tula.core.run_costs import epoch_time_s, run_costs_for
+from tula.core.run_costs import RunCosts, epoch_time_s, run_costs_for
 from tula.core.space import candidate_global_batches, max_global_batch
 from tula.core.spec import ConstraintsSpec, JobSpec, PricingSpec, format_duration, spec_from_dict
 
@@ -309,6 +312,361 @@ RULES: dict[str, Callable[[Ranking], tuple[int, str]]] = {
 
 
 # --------------------------------------------------------------------------- the plan
+class Planner:
+    """One plan, in the steps :func:`make_plan` takes; each is a method that can be called,
+    and tested, on its own:
+
+    1. the options resolved (the constructor): the spec with the pricing and constraints to
+       plan under, the objective and its rule, the noise scale, the pricing, the method and a
+       finished run's measured ratio;
+    2. :meth:`grid`: a row per (N, B) of the search space, and whether it fits in memory;
+    3. :meth:`predict`: each row's predicted step, epoch, time and cost;
+    4. :meth:`mark_constraints` and :meth:`candidates`: the rows that meet the constraints, and
+       the feasible and the eligible ones (or the sentence saying why there are none);
+    5. :meth:`curves` and :meth:`knees`: per cluster size, the dense curves and the knee;
+    6. :meth:`choose`: the objective's rule (:data:`RULES`) among the eligible rows;
+    7. :meth:`reason`: the choice in one sentence, with its notes;
+    8. :meth:`record`: the plan record.
+
+    :meth:`plan` runs them in that order.  The constructor takes :func:`make_plan`'s
+    arguments (but ``compare_spot``) and raises what it raises for a bad option."""
+
+    def __init__(
+        self,
+        models: dict,
+        objective: str | None = None,
+        constraints: Any = None,
+        *,
+        pricing: Any = None,
+        noise_scale: float | None = None,
+        method: str | None = None,
+        measured: dict | None = None,
+    ) -> None:
+        spec, self.mem, self.perf = models_from(models)
+        if pricing is not None:
+            spec = _with_pricing(spec, pricing)
+        self.cons = Constraints.of(spec.constraints if constraints is None else constraints)
+        if constraints is not None:  # the plan's spec says what it was planned under
+            planned_under = {"deadline_s": self.cons.deadline_s, "budget": self.cons.budget}
+            spec = spec_from_dict({**spec.to_dict(), "constraints": planned_under})
+        self.models, self.spec, self.noise_scale, self.measured = models, spec, noise_scale, measured
+        self.objective = _checked_objective(objective or spec.objective)
+        self.to_accuracy = OBJECTIVES[self.objective].to_accuracy
+        self.noise = noise_assumed(models, noise_scale, spec.train.base_batch)
+        if self.to_accuracy and not self.noise["b_noise"]:
+            raise SpecError(
+                f"objective {self.objective} needs the gradient noise scale, and the profile has none "
+                f"({self.noise['note']}); give one as a what-if (--noise-scale)"
+            )
+        self.pricing = make_pricing(spec.pricing)
+        self.spot = isinstance(self.pricing, SpotPricing)
+        self.budget = models.get("memory_budget_bytes")
+        self.b_mem = self.mem.max_local_batch(self.budget, spec.search.memory_safety)
+        self.b_oom = models.get("oom_local_batch")
+        # cluster sizes the profile could not place (one rank per GPU): no step was measured there,
+        # and the fitted sync term says nothing about them, so they are listed but not ranked
+        self.not_measured: dict[str, str] = dict(models.get("not_measured") or {})
+        self.method = method or spec.train.method
+        # a finished run of this method: its measured / predicted, on every configuration
+        self.ratio = measured.get("ratio") if measured is not None and measured.get("method") == self.method else None
+        # the columns the choice, the constraints and the knees read
+        self.tk, self.ck = ("time_to_accuracy_s", "cost_to_accuracy") if self.to_accuracy else ("total_time_s", "cost")
+
+    @cached_property
+    def run_costs(self) -> tuple[RunCosts | None, str]:
+        """The method's run costs (its step and each epoch's end) and the sentence saying what
+        they include (:func:`tula.core.run_costs.run_costs_for`)."""
+        return run_costs_for(self.models, self.method)
+
+    def plan(self, compare_spot: bool = False) -> dict:
+        """The plan record (:func:`make_plan`): every step in turn."""
+        rows = self.grid()
+        self.predict(rows)
+        self.mark_constraints(rows)
+        feas, eligible = self.candidates(rows)
+        knees = self.knees(rows, feas)
+        curves = self.curves(rows, feas)
+        chosen, why = self.choose(rows, eligible, knees)
+        reason = self.reason(rows, feas, chosen, why)
+        plan = self.record(rows, feas, eligible, knees, curves, chosen, reason)
+        if compare_spot:
+            plan["spot_comparison"] = _compare_spot(
+                plan, self.models, self.objective, self.cons, self.spec.pricing, self.noise_scale, self.method,
+                self.measured,
+            )  # fmt: skip
+        return plan
+
+    # ----------------------------------------------------------------------- the rows
+    def grid(self) -> list[dict]:
+        """A row per (N, B) the plan evaluates: for each cluster size N, the local batches b from
+        ``min_batch / N`` to ``max_batch / N``, dense (:data:`DENSE_POINTS_PER_OCTAVE`), the
+        candidate global batches' and the memory limits' among them; each row with its
+        micro-batch and accumulation steps and whether it fits in memory (``feasible``, or the
+        ``reason`` why not).  Raises :class:`~tula.core.errors.InfeasibleError` for an empty space."""
+        search, d = self.spec.search, self.models["dataset_size"]
+        grid = candidate_global_batches(search, d)
+        big_lo, big_hi = search.min_batch, max_global_batch(search, d)
+        limits = [b for b in (self.b_mem, None if self.b_oom is None else self.b_oom - 1) if b is not None]
+        rows: list[dict] = []
+        for n in search.cluster_sizes:
+            lo, hi = max(1, math.ceil(big_lo / n)), big_hi // n
+            cand_local = [g // n for g in grid if g % n == 0 and g >= n]
+            for b in _dense_local_batches(lo, hi, cand_local + limits):
+                rows.append(self.row(n, b, n * b in grid, min(limits) if limits else None))
+        if not rows:
+            raise InfeasibleError(
+                "the search space is empty: no global batch between min_batch and max_batch splits over the "
+                "cluster sizes"
+            )
+        return rows
+
+    def row(self, n: int, b: int, candidate: bool, limit: int | None) -> dict:
+        """The row of N workers at local batch b: where memory caps the local batch at ``limit``,
+        k micro-batches of b / k may carry it (up to ``max_accumulation_steps``); the row is
+        feasible when its micro-batch fits the memory budget and is below the batch that ran out
+        of memory, and its cluster size was measured."""
+        k_max = self.spec.search.max_accumulation_steps
+        k = accumulation_for(b, limit, k_max) or 1
+        micro, reason = b // k, ""
+        if self.b_mem is not None and micro > self.b_mem:
+            reason = f"predicted peak exceeds the memory budget (local batch > {self.b_mem})"
+        elif self.b_oom is not None and micro >= self.b_oom:
+            reason = f"a local batch of {self.b_oom} ran out of memory while profiling"
+        if reason and k_max > 1:
+            reason += f", and no accumulation of up to {k_max} steps splits {b} into micro-batches that fit"
+        if str(n) in self.not_measured:
+            reason = self.not_measured[str(n)]
+        return {
+            "n_workers": n,
+            "global_batch": n * b,
+            "local_batch": b,
+            "micro_batch": micro,
+            "accumulation_steps": k,
+            "candidate": candidate,
+            "feasible": not reason,
+            "reason": reason,
+        }
+
+    def predict(self, rows: list[dict]) -> None:
+        """Add to each row its predicted step (``t_step_s``), epoch (``epoch_time_s``, of which
+        ``epoch_steps_s`` and ``epoch_fixed_s``), training time (``total_time_s``: expected with
+        preemptions on spot), ``cost`` and ``peak_mem_bytes``, for the spec's epochs of the
+        method; every step and epoch scaled by a finished run's measured ratio of this method.
+        With a noise scale, also the time and cost to accuracy (:meth:`predict_to_accuracy`); on
+        spot, ``failure_free_time_s`` and ``expected_preemptions``."""
+        pm, d, costs = self.pricing, self.models["dataset_size"], self.run_costs[0]
+        n_arr, b_arr, micro_arr, k_arr = (
+            np.array([r[key] for r in rows], float)
+            for key in ("n_workers", "local_batch", "micro_batch", "accumulation_steps")
+        )
+        # on the hosts it was fitted for: R ranks per host when the profile spanned several, else the flat model
+        t_step = self.perf.t_step_s(micro_arr, n_arr, ranks_per_node_of(self.models.get("trials") or []), None, k_arr)
+        # Eq. 4a with the run's own terms: D / B steps of the method's step, and each epoch's end
+        epoch = epoch_time_s(t_step, n_arr * b_arr, n_arr, d, costs, whole_steps=False)
+        fixed = costs.epoch_fixed_s(n_arr, d / (n_arr * b_arr)) if costs else np.zeros_like(epoch)
+        if self.ratio:
+            t_step, epoch, fixed = t_step * self.ratio, epoch * self.ratio, fixed * self.ratio
+        free = self.spec.epochs * epoch  # Eq. 4a: uninterrupted training
+        total = pm.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
+        peak = self.mem.predict_accumulated_peak_bytes(b_arr, micro_arr)
+        cost = pm.cost(total, n_arr, peak)
+        lost = pm.expected_preemptions(free, n_arr, epoch) if isinstance(pm, SpotPricing) else None
+        columns = zip(
+            t_step.tolist(),
+            epoch.tolist(),
+            fixed.tolist(),
+            total.tolist(),
+            cost.tolist(),
+            peak.astype(np.int64).tolist(),
+        )
+        for r, (t_s, e_s, f_s, tot_s, c, pk) in zip(rows, columns):
+            r.update(t_step_s=t_s, epoch_time_s=e_s, epoch_steps_s=e_s - f_s, epoch_fixed_s=f_s, total_time_s=tot_s,
+                     cost=c, peak_mem_bytes=pk)  # fmt: skip
+        if self.noise["b_noise"]:
+            self.predict_to_accuracy(rows, n_arr, n_arr * b_arr, epoch, peak)
+        if lost is not None:
+            for r, f_s, n_lost in zip(rows, free.tolist(), lost.tolist()):
+                r.update(failure_free_time_s=f_s, expected_preemptions=n_lost)
+
+    def predict_to_accuracy(
+        self, rows: list[dict], n: np.ndarray, global_batch: np.ndarray, epoch: np.ndarray, peak: np.ndarray
+    ) -> None:
+        """Add to each row the epochs, the time and the cost to the accuracy the spec's epochs
+        reach at B0 (``epochs_to_accuracy``, ``time_to_accuracy_s``, ``cost_to_accuracy``), from
+        the rows' cluster sizes, global batches, epoch times and (unrounded) peaks."""
+        e_acc = epochs_to_accuracy(self.spec.epochs, global_batch, self.noise["b_noise"], self.noise["reference_batch"])
+        t_acc = self.pricing.expected_time_s(e_acc * epoch, n, epoch)
+        c_acc = self.pricing.cost(t_acc, n, peak)
+        for r, e_a, t_a, c_a in zip(rows, e_acc.tolist(), t_acc.tolist(), c_acc.tolist()):
+            r.update(epochs_to_accuracy=e_a, time_to_accuracy_s=t_a, cost_to_accuracy=c_a)
+
+    def mark_constraints(self, rows: list[dict]) -> None:
+        """Set each row's ``meets_constraints``: its time and cost (to accuracy, for a
+        to-accuracy objective) within the deadline and the budget."""
+        for r in rows:
+            in_time, in_budget = self.cons.meets(r[self.tk], r[self.ck])
+            r["meets_constraints"] = in_time and in_budget
+
+    def candidates(self, rows: list[dict]) -> tuple[list[int], list[int]]:
+        """The indices of the feasible rows and of those that also meet the constraints; raises
+        :class:`~tula.core.errors.InfeasibleError` in one sentence when either is empty."""
+        feas = [i for i, r in enumerate(rows) if r["feasible"]]
+        if not feas:
+            raise InfeasibleError(
+                f"no configuration is feasible: the smallest local batch in the space "
+                f"({min(r['local_batch'] for r in rows)}) does not fit the memory budget of {self.budget} bytes"
+            )
+        eligible = [i for i in feas if rows[i]["meets_constraints"]]
+        if not eligible:
+            raise InfeasibleError(_unmet(rows, feas, self.cons, self.pricing.unit, self.tk, self.ck))
+        return feas, eligible
+
+    # ----------------------------------------------------------------------- per cluster size
+    def by_size(self, rows: list[dict], feas: list[int]) -> dict[int, list[int]]:
+        """The feasible rows' indices per cluster size, in the spec's order (sizes with none left out)."""
+        by_n: dict[int, list[int]] = {}
+        for i in feas:
+            by_n.setdefault(rows[i]["n_workers"], []).append(i)
+        return {n: by_n[n] for n in self.spec.search.cluster_sizes if by_n.get(n)}
+
+    def curves(self, rows: list[dict], feas: list[int]) -> dict[str, dict]:
+        """Per cluster size, the feasible rows' global batches and their times and costs (to
+        accuracy too, where the rows have them): the dense curves the plot draws."""
+        curves: dict[str, dict] = {}
+        for n, idx in self.by_size(rows, feas).items():
+            curves[str(n)] = {"global_batch": [rows[i]["global_batch"] for i in idx]}
+            for key in ("total_time_s", "cost", "time_to_accuracy_s", "cost_to_accuracy"):
+                if key in rows[idx[0]]:
+                    curves[str(n)][key] = [rows[i][key] for i in idx]
+        return curves
+
+    def knees(self, rows: list[dict], feas: list[int]) -> dict[str, dict]:
+        """Per cluster size, the knee of its feasible rows' time-vs-batch curve (:func:`find_knee`;
+        to accuracy, of the falling part up to the fastest): its row, batch and how it was found."""
+        knees: dict[str, dict] = {}
+        for n, idx in self.by_size(rows, feas).items():
+            gb = np.array([rows[i]["global_batch"] for i in idx], float)
+            tt = np.array([rows[i][self.tk] for i in idx])
+            last = int(np.argmin(tt)) + 1 if self.to_accuracy else len(idx)  # to accuracy: the falling part
+            k, how = find_knee(gb[:last], tt[:last])
+            knees[str(n)] = {"row": idx[k], "global_batch": int(gb[k]), "method": how}
+        return knees
+
+    # ----------------------------------------------------------------------- the choice
+    def choose(self, rows: list[dict], eligible: list[int], knees: dict[str, dict]) -> tuple[int, str]:
+        """The index of the row the objective's rule (:data:`RULES`) chooses among the eligible
+        ones, and the words of why."""
+        ranking = Ranking(
+            rows, eligible, knees, self.tk, self.ck, self.spot, self.to_accuracy,
+            self.cons.describe(self.pricing.unit), self.cons.active,
+        )  # fmt: skip
+        return RULES[OBJECTIVES[self.objective].rule](ranking)
+
+    def reason(self, rows: list[dict], feas: list[int], chosen: int, why: str) -> str:
+        """The plan's one sentence: why, the choice, what it trains in what time for what cost,
+        against the fastest and the cheapest feasible rows, then :meth:`notes`."""
+        c, tk, ck, noise, epochs = rows[chosen], self.tk, self.ck, self.noise, self.spec.epochs
+        fastest = min(rows[i][tk] for i in feas)
+        cheapest = min(rows[i][ck] for i in feas)
+        took = f"{c[tk]:.1f} s" + (f" expected ({c['expected_preemptions']:.2g} preemptions)" if self.spot else "")
+        if self.to_accuracy:
+            trains = (
+                f"needs {c['epochs_to_accuracy']:.3g} epochs to reach what {epochs} reach at "
+                f"B0={noise['reference_batch']} (B_noise {noise['b_noise']:.3g}, "
+                f"{'a what-if' if noise['source'] == 'what-if' else 'from the profile'})"
+            )
+        else:
+            trains = f"trains {epochs} epochs"
+        acc = f" as {c['accumulation_steps']} x {c['micro_batch']} accumulated" if c["accumulation_steps"] > 1 else ""
+        return (
+            f"{why}: N={c['n_workers']}, B={c['global_batch']} (b={c['local_batch']}{acc}) {trains} in "
+            f"{took} for {c[ck]:.4g} {self.pricing.unit} "
+            f"({c[tk] / fastest:.2f}x the fastest, {c[ck] / cheapest:.2f}x the cheapest)"
+        ) + self.notes(c)
+
+    def notes(self, choice: dict) -> str:
+        """The reason's bracketed notes: the hosts the models were fitted on, the cluster sizes
+        not measured, and a finished run's measured ratio (applied or not)."""
+        out = ""
+        fitted_on = self.models.get("placement") or {}
+        if fitted_on.get("n_hosts"):
+            where = (
+                f"fitted on {fitted_on['n_hosts']} host(s) with up to {fitted_on['max_ranks_per_host']} rank(s) "
+                f"per host, N <= {fitted_on['max_workers']} measured"
+            )
+            if fitted_on["n_hosts"] == 1 and choice["n_workers"] > 1:
+                where += "; the choice's sync time is from ranks sharing one host, not a network"
+            out += f" [{where}]"
+        if self.not_measured:
+            out += "".join(f" [{why}]" for why in dict.fromkeys(self.not_measured.values()))
+        if self.measured is not None:
+            out += f" [{_measured_note(self.measured, bool(self.ratio), self.method)}]"
+        return out
+
+    def record(
+        self,
+        rows: list[dict],
+        feas: list[int],
+        eligible: list[int],
+        knees: dict[str, dict],
+        curves: dict[str, dict],
+        chosen: int,
+        reason: str,
+    ) -> dict:
+        """The plan record: the choice (each row marked ``chosen`` or not), the reason, the
+        knees, the Pareto frontier of the feasible rows, the curves, every row, the spec, the
+        constraints, the noise scale, the method's run costs and the measured ratio.  Its
+        ``spot_comparison`` is None (:meth:`plan` fills it when asked)."""
+        for i, r in enumerate(rows):
+            r["chosen"] = i == chosen
+        front = pareto_frontier(np.array([rows[i][self.tk] for i in feas]), np.array([rows[i][self.ck] for i in feas]))
+        costs, costs_note = self.run_costs
+        return {
+            "kind": PLAN_KIND,
+            "version": VERSIONS[PLAN_KIND],
+            "objective": self.objective,
+            "choice": dict(rows[chosen]),
+            "reason": reason,
+            "max_local_batch": self.b_mem,
+            "oom_local_batch": self.b_oom,
+            "memory_budget_bytes": self.budget,
+            "knees": {n: {"global_batch": k["global_batch"], "method": k["method"]} for n, k in knees.items()},
+            "frontier": [dict(rows[feas[j]]) for j in front],
+            "curves": curves,
+            "configurations": rows,
+            "spec": self.spec.to_dict(),
+            "dataset_size": self.models["dataset_size"],
+            "fitted_on": self.models.get("placement") or {},
+            "constraints": {
+                "deadline_s": self.cons.deadline_s,
+                "budget": self.cons.budget,
+                "unit": self.pricing.unit,
+                "n_feasible": len(feas),
+                "n_meeting": len(eligible),
+            },
+            "spot_comparison": None,
+            "noise_scale": self.noise,
+            "not_measured": self.not_measured,
+            # the method the epochs were predicted for, the terms used, and what they include
+            "method": self.method,
+            "run_costs": None if costs is None else costs.to_dict(),
+            "run_costs_note": costs_note,
+            # a finished run's measured / predicted epoch time, and whether this plan's epochs are scaled by it
+            "measured_ratio": None if self.measured is None else {**self.measured, "applied": bool(self.ratio)},
+        }
+
+
+def _checked_objective(objective: str) -> str:
+    """An objective of :data:`tula.core.registry.OBJECTIVES` whose rule the planner has (a
+    :class:`~tula.core.errors.SpecError` for a name that is not one, a ValueError for an entry
+    whose rule was not written)."""
+    if objective not in OBJECTIVE_NAMES:
+        raise SpecError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)}, not {objective!r}")
+    if OBJECTIVES[objective].rule not in RULES:  # a table entry whose rule was not written
+        raise ValueError(f"objective {objective!r} has rule {OBJECTIVES[objective].rule!r}, which the planner has not")
+    return objective
+
+
 def make_plan(
     models: dict,
     objective: str | None = None,
@@ -343,212 +701,9 @@ def make_plan(
     Raises :class:`~tula.core.errors.InfeasibleError` (one sentence) when no configuration fits in
     memory or none meets the constraints.
     """
-    spec, mem, perf = models_from(models)
-    if pricing is not None:
-        spec = _with_pricing(spec, pricing)
-    cons = Constraints.of(spec.constraints if constraints is None else constraints)
-    if constraints is not None:  # the plan's spec says what it was planned under
-        spec = spec_from_dict({**spec.to_dict(), "constraints": {"deadline_s": cons.deadline_s, "budget": cons.budget}})
-    objective = objective or spec.objective
-    if objective not in OBJECTIVE_NAMES:
-        raise SpecError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)}, not {objective!r}")
-    if OBJECTIVES[objective].rule not in RULES:  # a table entry whose rule was not written
-        raise ValueError(f"objective {objective!r} has rule {OBJECTIVES[objective].rule!r}, which the planner has not")
-    to_accuracy = OBJECTIVES[objective].to_accuracy
-    noise = noise_assumed(models, noise_scale, spec.train.base_batch)
-    if to_accuracy and not noise["b_noise"]:
-        raise SpecError(
-            f"objective {objective} needs the gradient noise scale, and the profile has none ({noise['note']}); "
-            "give one as a what-if (--noise-scale)"
-        )
-    d, epochs = models["dataset_size"], spec.epochs
-    pricing_model = make_pricing(spec.pricing)
-    spot = isinstance(pricing_model, SpotPricing)
-    budget = models.get("memory_budget_bytes")
-    b_mem = mem.max_local_batch(budget, spec.search.memory_safety)
-    b_oom = models.get("oom_local_batch")
-    grid = candidate_global_batches(spec.search, d)
-    k_max = spec.search.max_accumulation_steps
-    big_lo, big_hi = spec.search.min_batch, max_global_batch(spec.search, d)
-
-    rows: list[dict] = []
-    curves: dict[str, dict] = {}
-    # cluster sizes the profile could not place (one rank per GPU): no step was measured there,
-    # and the fitted sync term says nothing about them, so they are listed but not ranked
-    not_measured: dict[str, str] = dict(models.get("not_measured") or {})
-    for n in spec.search.cluster_sizes:
-        lo, hi = max(1, math.ceil(big_lo / n)), big_hi // n
-        cand_local = [g // n for g in grid if g % n == 0 and g >= n]
-        limits = [b for b in (b_mem, None if b_oom is None else b_oom - 1) if b is not None]
-        for b in _dense_local_batches(lo, hi, cand_local + limits):
-            # where memory caps the local batch, k micro-batches of b / k may carry it
-            k = accumulation_for(b, min(limits) if limits else None, k_max) or 1
-            micro, reason = b // k, ""
-            if b_mem is not None and micro > b_mem:
-                reason = f"predicted peak exceeds the memory budget (local batch > {b_mem})"
-            elif b_oom is not None and micro >= b_oom:
-                reason = f"a local batch of {b_oom} ran out of memory while profiling"
-            if reason and k_max > 1:
-                reason += f", and no accumulation of up to {k_max} steps splits {b} into micro-batches that fit"
-            if str(n) in not_measured:
-                reason = not_measured[str(n)]
-            rows.append(
-                {
-                    "n_workers": n,
-                    "global_batch": n * b,
-                    "local_batch": b,
-                    "micro_batch": micro,
-                    "accumulation_steps": k,
-                    "candidate": n * b in grid,
-                    "feasible": not reason,
-                    "reason": reason,
-                }
-            )
-    if not rows:
-        raise InfeasibleError(
-            "the search space is empty: no global batch between min_batch and max_batch splits over the cluster sizes"
-        )
-    n_arr = np.array([r["n_workers"] for r in rows], float)
-    b_arr = np.array([r["local_batch"] for r in rows], float)
-    micro_arr = np.array([r["micro_batch"] for r in rows], float)
-    k_arr = np.array([r["accumulation_steps"] for r in rows], float)
-    # on the hosts it was fitted for: R ranks per host when the profile spanned several, else the flat model
-    t_step = perf.t_step_s(micro_arr, n_arr, ranks_per_node_of(models.get("trials") or []), None, k_arr)
-    method = method or spec.train.method
-    costs, costs_note = run_costs_for(models, method)
-    # Eq. 4a with the run's own terms: D / B steps of the method's step, and each epoch's end
-    epoch = epoch_time_s(t_step, n_arr * b_arr, n_arr, d, costs, whole_steps=False)
-    fixed = costs.epoch_fixed_s(n_arr, d / (n_arr * b_arr)) if costs else np.zeros_like(epoch)
-    # a finished run of this method: its measured / predicted, on every configuration
-    ratio = measured.get("ratio") if measured is not None and measured.get("method") == method else None
-    scaled = bool(ratio)
-    if scaled:
-        t_step, epoch, fixed = t_step * ratio, epoch * ratio, fixed * ratio
-    free = epochs * epoch  # Eq. 4a: uninterrupted training
-    total = pricing_model.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
-    peak = mem.predict_accumulated_peak_bytes(b_arr, micro_arr)
-    cost = pricing_model.cost(total, n_arr, peak)
-    lost = pricing_model.expected_preemptions(free, n_arr, epoch) if isinstance(pricing_model, SpotPricing) else None
-    columns = zip(
-        t_step.tolist(), epoch.tolist(), fixed.tolist(), total.tolist(), cost.tolist(), peak.astype(np.int64).tolist()
-    )
-    for r, (t_s, e_s, f_s, tot_s, c, pk) in zip(rows, columns):
-        r.update(t_step_s=t_s, epoch_time_s=e_s, epoch_steps_s=e_s - f_s, epoch_fixed_s=f_s, total_time_s=tot_s,
-                 cost=c, peak_mem_bytes=pk)  # fmt: skip
-    if noise["b_noise"]:  # the time and cost to the accuracy the spec's epochs reach at B0
-        e_acc = epochs_to_accuracy(epochs, n_arr * b_arr, noise["b_noise"], noise["reference_batch"])
-        t_acc = pricing_model.expected_time_s(e_acc * epoch, n_arr, epoch)
-        c_acc = pricing_model.cost(t_acc, n_arr, peak)
-        for r, e_a, t_a, c_a in zip(rows, e_acc.tolist(), t_acc.tolist(), c_acc.tolist()):
-            r.update(epochs_to_accuracy=e_a, time_to_accuracy_s=t_a, cost_to_accuracy=c_a)
-    # the columns the choice, the constraints and the knees read
-    tk, ck = ("time_to_accuracy_s", "cost_to_accuracy") if to_accuracy else ("total_time_s", "cost")
-    if lost is not None:
-        for r, f_s, n_lost in zip(rows, free.tolist(), lost.tolist()):
-            r.update(failure_free_time_s=f_s, expected_preemptions=n_lost)
-    for r in rows:
-        in_time, in_budget = cons.meets(r[tk], r[ck])
-        r["meets_constraints"] = in_time and in_budget
-    feas = [i for i, r in enumerate(rows) if r["feasible"]]
-    if not feas:
-        raise InfeasibleError(
-            f"no configuration is feasible: the smallest local batch in the space "
-            f"({int(b_arr.min())}) does not fit the memory budget of {budget} bytes"
-        )
-    eligible = [i for i in feas if rows[i]["meets_constraints"]]
-    if not eligible:
-        raise InfeasibleError(_unmet(rows, feas, cons, pricing_model.unit, tk, ck))
-    knees: dict[str, dict] = {}
-    feas_by_n: dict[int, list[int]] = {}
-    for i in feas:
-        feas_by_n.setdefault(rows[i]["n_workers"], []).append(i)
-    for n in spec.search.cluster_sizes:
-        idx = feas_by_n.get(n, [])
-        if not idx:
-            continue
-        gb = np.array([rows[i]["global_batch"] for i in idx], float)
-        curves[str(n)] = {"global_batch": gb.astype(int).tolist()}
-        for key in ("total_time_s", "cost", "time_to_accuracy_s", "cost_to_accuracy"):
-            if key in rows[idx[0]]:
-                curves[str(n)][key] = [rows[i][key] for i in idx]
-        tt = np.array([rows[i][tk] for i in idx])
-        last = int(np.argmin(tt)) + 1 if to_accuracy else len(idx)  # to accuracy: the falling part
-        k, how = find_knee(gb[:last], tt[:last])
-        knees[str(n)] = {"row": idx[k], "global_batch": int(gb[k]), "method": how}
-
-    ranking = Ranking(rows, eligible, knees, tk, ck, spot, to_accuracy, cons.describe(pricing_model.unit), cons.active)
-    chosen, why = RULES[OBJECTIVES[objective].rule](ranking)
-    c = rows[chosen]
-    fastest = min(rows[i][tk] for i in feas)
-    cheapest = min(rows[i][ck] for i in feas)
-    took = f"{c[tk]:.1f} s" + (f" expected ({c['expected_preemptions']:.2g} preemptions)" if spot else "")
-    if to_accuracy:
-        trains = (
-            f"needs {c['epochs_to_accuracy']:.3g} epochs to reach what {epochs} reach at B0={noise['reference_batch']} "
-            f"(B_noise {noise['b_noise']:.3g}, {'a what-if' if noise['source'] == 'what-if' else 'from the profile'})"
-        )
-    else:
-        trains = f"trains {epochs} epochs"
-    acc = f" as {c['accumulation_steps']} x {c['micro_batch']} accumulated" if c["accumulation_steps"] > 1 else ""
-    reason = (
-        f"{why}: N={c['n_workers']}, B={c['global_batch']} (b={c['local_batch']}{acc}) {trains} in "
-        f"{took} for {c[ck]:.4g} {pricing_model.unit} "
-        f"({c[tk] / fastest:.2f}x the fastest, {c[ck] / cheapest:.2f}x the cheapest)"
-    )
-    fitted_on = models.get("placement") or {}
-    if fitted_on.get("n_hosts"):
-        where = (
-            f"fitted on {fitted_on['n_hosts']} host(s) with up to {fitted_on['max_ranks_per_host']} rank(s) "
-            f"per host, N <= {fitted_on['max_workers']} measured"
-        )
-        if fitted_on["n_hosts"] == 1 and c["n_workers"] > 1:
-            where += "; the choice's sync time is from ranks sharing one host, not a network"
-        reason += f" [{where}]"
-    if not_measured:
-        reason += "".join(f" [{why}]" for why in dict.fromkeys(not_measured.values()))
-    if measured is not None:
-        reason += f" [{_measured_note(measured, scaled, method)}]"
-    for i, r in enumerate(rows):
-        r["chosen"] = i == chosen
-    front = pareto_frontier(np.array([rows[i][tk] for i in feas]), np.array([rows[i][ck] for i in feas]))
-    plan = {
-        "kind": PLAN_KIND,
-        "version": VERSIONS[PLAN_KIND],
-        "objective": objective,
-        "choice": dict(c),
-        "reason": reason,
-        "max_local_batch": b_mem,
-        "oom_local_batch": b_oom,
-        "memory_budget_bytes": budget,
-        "knees": {n: {"global_batch": k["global_batch"], "method": k["method"]} for n, k in knees.items()},
-        "frontier": [dict(rows[feas[j]]) for j in front],
-        "curves": curves,
-        "configurations": rows,
-        "spec": spec.to_dict(),
-        "dataset_size": d,
-        "fitted_on": fitted_on,
-        "constraints": {
-            "deadline_s": cons.deadline_s,
-            "budget": cons.budget,
-            "unit": pricing_model.unit,
-            "n_feasible": len(feas),
-            "n_meeting": len(eligible),
-        },
-        "spot_comparison": None,
-        "noise_scale": noise,
-        "not_measured": not_measured,
-        # the method the epochs were predicted for, the terms used, and what they include
-        "method": method,
-        "run_costs": None if costs is None else costs.to_dict(),
-        "run_costs_note": costs_note,
-        # a finished run's measured / predicted epoch time, and whether this plan's epochs are scaled by it
-        "measured_ratio": None if measured is None else {**measured, "applied": scaled},
-    }
-    if compare_spot:
-        plan["spot_comparison"] = _compare_spot(
-            plan, models, objective, cons, spec.pricing, noise_scale, method, measured
-        )
-    return plan
+    return Planner(
+        models, objective, constraints, pricing=pricing, noise_scale=noise_scale, method=method, measured=measured
+    ).plan(compare_spot)
 
 
 def _measured_note(measured: dict, applied: bool, method: str) -> str:
@@ -599,13 +754,7 @@ def _compare_spot(
 ) -> dict:
     """Plan the job on the other of spot and on-demand pricing (the same method and measured
     ratio) and compare the two choices."""
-    if ps.kind == "memory":
-        raise SpecError(
-            "comparing spot with on-demand needs node-hour pricing (pricing.kind fixed or spot), not memory pricing"
-        )
-    missing = [f for f in ("spot_price_per_node_hour", "preemption_rate_per_node_hour") if getattr(ps, f) is None]
-    if missing:
-        raise SpecError(f"comparing spot with on-demand needs pricing.{' and pricing.'.join(missing)}")
+    _check_comparable(ps)
     other = {"kind": "fixed" if ps.kind == "spot" else "spot"}
     try:
         alt = make_plan(
@@ -621,10 +770,6 @@ def _compare_spot(
     except InfeasibleError as err:
         alt, alt_error = None, str(err)
     spot_plan, od_plan = (plan, alt) if ps.kind == "spot" else (alt, plan)
-    assert ps.spot_price_per_node_hour is not None and ps.preemption_rate_per_node_hour is not None  # checked above
-    spot_p = SpotPricing(
-        ps.spot_price_per_node_hour, ps.preemption_rate_per_node_hour, ps.checkpoint_interval_s, ps.restart_s
-    )
     out: dict[str, Any] = {
         "spot": _summary(spot_plan) if spot_plan else {"infeasible": alt_error},
         "on_demand": _summary(od_plan) if od_plan else {"infeasible": alt_error},
@@ -634,7 +779,6 @@ def _compare_spot(
         "cheaper": None,
         "break_even_rate_per_node_hour": None,
     }
-    unit = plan["constraints"]["unit"]
     if spot_plan is None or od_plan is None:
         which = "spot" if spot_plan is None else "on-demand"
         out["cheaper"] = "on_demand" if spot_plan is None else "spot"
@@ -643,19 +787,38 @@ def _compare_spot(
             f"{which} nodes {_lower_first(alt_error or '')}"
         )
         return out
-    s, o = out["spot"], out["on_demand"]
-    # at the spot choice: the same run on demand, and the preemption rate where the two cost the same
+    out.update(_spot_vs_on_demand(out["spot"], out["on_demand"], ps, plan["constraints"]["unit"]))
+    return out
+
+
+def _check_comparable(ps: PricingSpec) -> None:
+    """Refuse (:class:`~tula.core.errors.SpecError`) to compare spot with on-demand under memory
+    pricing or without the spot price and the preemption rate."""
+    if ps.kind == "memory":
+        raise SpecError(
+            "comparing spot with on-demand needs node-hour pricing (pricing.kind fixed or spot), not memory pricing"
+        )
+    missing = [f for f in ("spot_price_per_node_hour", "preemption_rate_per_node_hour") if getattr(ps, f) is None]
+    if missing:
+        raise SpecError(f"comparing spot with on-demand needs pricing.{' and pricing.'.join(missing)}")
+
+
+def _spot_vs_on_demand(s: dict, o: dict, ps: PricingSpec, unit: str) -> dict:
+    """The spot choice ``s`` against the on-demand one ``o`` (their summaries): at the spot
+    choice, the same run's cost on demand and the preemption rate where the two cost the same;
+    which is cheaper; and the sentence that says so."""
+    assert ps.spot_price_per_node_hour is not None and ps.preemption_rate_per_node_hour is not None  # checked
+    spot_p = SpotPricing(
+        ps.spot_price_per_node_hour, ps.preemption_rate_per_node_hour, ps.checkpoint_interval_s, ps.restart_s
+    )
     free, epoch = s["failure_free_time_s"], s["epoch_time_s"]
-    same_od_cost = free / 3600.0 * s["n_workers"] * ps.price_per_node_hour
     be = spot_p.break_even_rate(free, s["n_workers"], ps.price_per_node_hour, epoch)
-    out["break_even_rate_per_node_hour"] = be
-    out["on_demand_cost_at_spot_choice"] = same_od_cost
     if s["cost"] < o["cost"]:
-        out["cheaper"], verdict = "spot", f"spot is cheaper by {1 - s['cost'] / o['cost']:.0%}"
+        cheaper, verdict = "spot", f"spot is cheaper by {1 - s['cost'] / o['cost']:.0%}"
     elif s["cost"] > o["cost"]:
-        out["cheaper"], verdict = "on_demand", f"on-demand is cheaper by {1 - o['cost'] / s['cost']:.0%}"
+        cheaper, verdict = "on_demand", f"on-demand is cheaper by {1 - o['cost'] / s['cost']:.0%}"
     else:
-        out["cheaper"], verdict = "equal", "spot and on-demand cost the same"
+        cheaper, verdict = "equal", "spot and on-demand cost the same"
     if be is None:
         limit = "spot's price is not below on-demand's, so no preemption rate makes it cheaper"
     elif math.isinf(be):
@@ -665,10 +828,14 @@ def _compare_spot(
             f"at N={s['n_workers']}, B={s['global_batch']} spot costs less than on-demand while nodes are "
             f"preempted less than {be:.3g} times per node-hour (now {ps.preemption_rate_per_node_hour:g})"
         )
-    out["sentence"] = (
-        f"{verdict}: spot N={s['n_workers']}, B={s['global_batch']} is expected to take "
-        f"{format_duration(s['total_time_s'])} ({s['expected_preemptions']:.2g} preemptions) for "
-        f"{_money(s['cost'], unit)}, on-demand N={o['n_workers']}, B={o['global_batch']} "
-        f"{format_duration(o['total_time_s'])} for {_money(o['cost'], unit)}; {limit}"
-    )
-    return out
+    return {
+        "break_even_rate_per_node_hour": be,
+        "on_demand_cost_at_spot_choice": free / 3600.0 * s["n_workers"] * ps.price_per_node_hour,
+        "cheaper": cheaper,
+        "sentence": (
+            f"{verdict}: spot N={s['n_workers']}, B={s['global_batch']} is expected to take "
+            f"{format_duration(s['total_time_s'])} ({s['expected_preemptions']:.2g} preemptions) for "
+            f"{_money(s['cost'], unit)}, on-demand N={o['n_workers']}, B={o['global_batch']} "
+            f"{format_duration(o['total_time_s'])} for {_money(o['cost'], unit)}; {limit}"
+        ),
+    }

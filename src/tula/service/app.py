@@ -1,6 +1,8 @@
 """The Tula service's web application (FastAPI): submit, watch, cancel and re-plan jobs.
 
 Handlers validate and enqueue; runner processes (:mod:`tula.service.runner`) do the work.
+One router per resource (:data:`ROUTERS`: login, the service and its cluster, jobs, a job's
+records and plots, plans), and what they share on ``app.state`` (:func:`create_app`).
 Every error a client can cause is a JSON ``{"detail": "<one sentence>"}`` with its status
 (401 no or wrong token, 404 unknown job or record, 409 not yet there, 413 too large, 422 a
 bad spec or option).  Bound beyond loopback the service needs a token; requests carry it
@@ -15,11 +17,12 @@ import importlib
 import json
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
@@ -33,7 +36,7 @@ from tula.core.say import plain
 from tula.service.admission import admit, check_options, parse_json_body, parse_spec_text, too_deep
 from tula.service.replan import Problem, Replan, replan_from_models
 from tula.service.settings import ServiceSettings
-from tula.service.store import JOB_STATES, Store
+from tula.service.store import JOB_STATES, RUNNING_STATES, Store, StoreError
 
 RECORD_KINDS = {"profile": "tula.profile", "models": "tula.models", "plan": "tula.plan", "train": "tula.train"}
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
@@ -173,268 +176,340 @@ class _Guard:
         await self.app(scope, receive, send)
 
 
-def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
-    """The application; with ``dispatch`` its lifespan starts the job dispatcher."""
-    store_box: dict[str, Any] = {}
+# --------------------------------------------------------------------------- shared state (app.state)
+def _settings(request: Request) -> ServiceSettings:
+    """The service's settings (``app.state.settings``)."""
+    return request.app.state.settings
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        from tula.service.runner import Dispatcher
 
-        settings.home.mkdir(parents=True, exist_ok=True)
-        store = Store(settings.store_url, settings.home)
-        # the planner's imports (numpy, scipy, kneed) now, not in the first re-plan request
-        await run_in_threadpool(importlib.import_module, "tula.core.plan")
-        store_box["store"] = store
-        dispatcher = Dispatcher(settings, store) if dispatch and settings.run_jobs else None
+def _store(request: Request) -> Store:
+    """The job store (``app.state.store``), open while the service runs (:func:`_lifespan`)."""
+    return request.app.state.store
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI):
+    """While the service runs: the store open on ``app.state.store``, the planner imported, and
+    the job dispatcher running when ``app.state.dispatch`` and the ``run_jobs`` setting say so."""
+    from tula.service.runner import Dispatcher
+
+    settings: ServiceSettings = app.state.settings
+    settings.home.mkdir(parents=True, exist_ok=True)
+    store = Store(settings.store_url, settings.home)
+    # the planner's imports (numpy, scipy, kneed) now, not in the first re-plan request
+    await run_in_threadpool(importlib.import_module, "tula.core.plan")
+    app.state.store = store
+    dispatcher = Dispatcher(settings, store) if app.state.dispatch and settings.run_jobs else None
+    if dispatcher:
+        dispatcher.start()
+    try:
+        yield
+    finally:
         if dispatcher:
-            dispatcher.start()
+            await run_in_threadpool(dispatcher.stop)
+        store.close()
+
+
+def _need_job(store: Store, job_id: str) -> dict:
+    job = store.get_job(job_id)
+    if job is None:
+        raise Problem(404, f"there is no job {job_id!r}")
+    return job
+
+
+def _record(store: Store, job_id: str, name: str) -> dict:
+    job = _need_job(store, job_id)
+    rec = store.get_record(job_id, RECORD_KINDS[name])
+    if rec is None:
+        raise Problem(
+            404,
+            f"job {job_id!r} has no {name} record (it is {job['state']}"
+            + (f": {job['error']}" if job.get("error") else "")
+            + ")",
+        )
+    return rec
+
+
+class _FinishedModels:
+    """The models records of ended jobs, which never change again, for re-plans (``app.state.finished_models``):
+    up to ``size`` of them, the oldest dropped first."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size, self.lock = size, threading.Lock()
+        self.models: dict[str, dict] = {}  # job id -> its models record
+
+    def get(self, job_id: str) -> dict | None:
+        return self.models.get(job_id)
+
+    def models_of(self, store: Store, job_id: str) -> dict:
+        """The job's models record (404 without one), kept when the job has ended."""
+        if job_id in self.models:
+            return self.models[job_id]
+        job = _need_job(store, job_id)
+        models = _record(store, job_id, "models")
+        if job["state"] in ("done", "failed", "cancelled"):
+            with self.lock:
+                if len(self.models) >= self.size:
+                    self.models.pop(next(iter(self.models)))
+                self.models[job_id] = models
+        return models
+
+
+# --------------------------------------------------------------------------- errors as one sentence
+async def _problem(request: Request, exc: Problem):
+    return _error(exc.status, exc.detail)
+
+
+async def _spec_error(request: Request, exc: SpecError):
+    return _error(422, exc)
+
+
+async def _tula_error(request: Request, exc: TulaError):
+    return _error(503 if isinstance(exc, StoreError) else 422, exc)
+
+
+async def _validation(request: Request, exc: RequestValidationError):
+    return _error(422, _sentence_of(exc))
+
+
+async def _http(request: Request, exc: StarletteHTTPException):
+    if isinstance(exc.__cause__, RecursionError):  # FastAPI's parse of a body model: nested too deep
+        return _error(422, too_deep())
+    detail = exc.detail
+    if not isinstance(detail, str):
         try:
-            yield
-        finally:
-            if dispatcher:
-                await run_in_threadpool(dispatcher.stop)
-            store.close()
+            detail = json.dumps(detail)
+        except (TypeError, ValueError):
+            detail = plain(detail)
+    return _error(exc.status_code, detail, headers=getattr(exc, "headers", None))
+
+
+#: each error a client can cause, and its handler
+ERROR_HANDLERS: tuple[tuple[type[Exception], Callable], ...] = (
+    (Problem, _problem),
+    (SpecError, _spec_error),
+    (TulaError, _tula_error),
+    (RequestValidationError, _validation),
+    (StarletteHTTPException, _http),
+)
+
+
+# --------------------------------------------------------------------------- login (the dashboard's cookie)
+login_router = APIRouter()
+
+
+@login_router.get("/login", include_in_schema=False)
+async def login(request: Request, token: str = ""):
+    settings = _settings(request)
+    if settings.token is None or not hmac.compare_digest(token.encode(), settings.token.encode()):
+        raise Problem(401, "wrong or missing token")
+    resp = RedirectResponse("/", status_code=303)
+    resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    return resp
+
+
+# --------------------------------------------------------------------------- the service and its cluster
+service_router = APIRouter()
+
+
+@service_router.get("/v1/health")
+async def health(request: Request) -> dict:
+    """The service is up; its version, store back end and running jobs."""
+    store = _store(request)
+    running = await run_in_threadpool(store.count_running)
+    return {"status": "ok", "version": __version__, "store": store.dialect, "running_jobs": running}
+
+
+@service_router.get("/v1/cluster")
+async def cluster(request: Request) -> dict:
+    """Where this service runs its jobs (the operator's ``cluster`` setting), the workers
+    there now, and the jobs running on them.  503 when its scheduler does not answer."""
+    from tula.service.cluster import cluster_workers
+
+    try:
+        offered = await run_in_threadpool(cluster_workers, _settings(request))
+    except TulaError as err:
+        raise Problem(503, plain(err)) from None
+    running, _ = await run_in_threadpool(_store(request).list_jobs, RUNNING_STATES, 1000)
+    return {**offered, "running_jobs": [{"id": j["id"], "state": j["state"]} for j in running]}
+
+
+# --------------------------------------------------------------------------- jobs
+jobs_router = APIRouter()
+
+
+async def _body(request: Request) -> bytes:
+    body, limit = b"", _settings(request).max_request_bytes
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Problem(413, _too_large(_settings(request)))
+    return body
+
+
+async def _submission(request: Request) -> tuple[Any, dict]:
+    """(spec data, options) from a JSON submission or a YAML spec with options in the query."""
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    raw = await _body(request)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError("the request body is not UTF-8 text") from None
+    if ctype in YAML_TYPES:
+        return parse_spec_text(text), dict(request.query_params)
+    if ctype != "application/json":
+        raise Problem(415, f"send the job as application/json (a submission) or application/yaml (a spec), not {ctype}")
+    data = parse_json_body(text)
+    if isinstance(data, dict) and "spec" in data:
+        opts = {k: v for k, v in data.items() if k != "spec"}
+        unknown = sorted(set(opts) - {"search", "objective", "train"})
+        if unknown:
+            raise SpecError(f"unknown field {unknown[0]!r} in the submission; it has spec, search, objective and train")
+        return data["spec"], opts
+    return data, dict(request.query_params)
+
+
+_SUBMISSION_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": Submission.model_json_schema()},
+            "application/yaml": {
+                "schema": {
+                    "type": "string",
+                    "description": "a job spec as YAML (options in the query: search, objective, train)",
+                }
+            },
+        },
+    }
+}
+
+
+@jobs_router.post("/v1/jobs", status_code=202, openapi_extra=_SUBMISSION_BODY)
+async def submit(request: Request) -> JSONResponse:
+    """Submit a job: 202 with its id and URL; it runs when a runner is free."""
+    spec_data, opts = await _submission(request)
+    _only_text(spec_data, opts)
+    train = opts.get("train", True)
+    if isinstance(train, str):
+        train = {"true": True, "false": False, "1": True, "0": False}.get(train.lower(), train)
+    search, objective, train = check_options(opts.get("search", "partial"), opts.get("objective"), train)
+    spec = admit(spec_data, _settings(request))
+    job_id = await run_in_threadpool(
+        _store(request).create_job, spec.to_dict(), search=search, objective=objective, train=train
+    )
+    url = f"/v1/jobs/{job_id}"
+    return JSONResponse({"id": job_id, "url": url, "state": "queued"}, status_code=202, headers={"Location": url})
+
+
+@jobs_router.get("/v1/jobs")
+async def list_jobs(
+    request: Request,
+    state: Literal[JOB_STATES] | None = None,  # type: ignore[valid-type]
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0, le=2**31 - 1),
+) -> dict:
+    """Jobs, newest first, optionally in one state."""
+    rows, total = await run_in_threadpool(_store(request).list_jobs, state, limit, offset)
+    return {"jobs": [_job_view(j) for j in rows], "total": total, "limit": limit, "offset": offset}
+
+
+@jobs_router.get("/v1/jobs/{job_id}")
+async def get_job(request: Request, job_id: str) -> dict:
+    """One job: state, progress, timestamps, the error sentence, the model reuse."""
+    return _job_view(await run_in_threadpool(_need_job, _store(request), job_id))
+
+
+@jobs_router.post("/v1/jobs/{job_id}/cancel")
+async def cancel(request: Request, job_id: str) -> dict:
+    """Cancel: a queued job at once, a running one at its next step."""
+    store = _store(request)
+    _need_job(store, job_id)
+    return _job_view(await run_in_threadpool(store.request_cancel, job_id))
+
+
+# --------------------------------------------------------------------------- a job's records and plots
+records_router = APIRouter()
+
+
+def _record_handler(name: str):
+    async def get_record(request: Request, job_id: str) -> RecordResponse:
+        return RecordResponse(await run_in_threadpool(_record, _store(request), job_id, name))
+
+    get_record.__doc__ = f"The job's {name} record: the same JSON `tula` writes to {name}.json."
+    return get_record
+
+
+for _name in RECORD_KINDS:
+    records_router.get(f"/v1/jobs/{{job_id}}/{_name}", name=f"get_{_name}")(_record_handler(_name))
+
+
+@records_router.get("/v1/jobs/{job_id}/plots/{name}", response_class=FileResponse)
+async def plot(request: Request, job_id: str, name: Literal["plan.png", "train.png"]):
+    """The job's plan or training plot (PNG)."""
+    store = _store(request)
+    job = _need_job(store, job_id)
+    path = store.artifact_path(job_id, name)
+    if path is None or not Path(path).is_file():
+        raise Problem(404, f"job {job_id!r} has no {name} yet (it is {job['state']})")
+    return FileResponse(path, media_type="image/png")
+
+
+# --------------------------------------------------------------------------- plans
+plans_router = APIRouter()
+
+
+@plans_router.post("/v1/jobs/{job_id}/replan")
+async def replan(request: Request, job_id: str, body: Replan) -> RecordResponse:
+    """Plan again from the job's fitted models (no profiling): another objective, pricing,
+    cluster sizes, epoch count, deadline or budget, or epochs scaled by what its finished
+    training run measured (``use_measured``).  The job's own plan is not changed."""
+    store, finished = _store(request), request.app.state.finished_models
+    models = finished.get(job_id)
+    if models is None:  # read from the store (I/O: in a worker thread)
+        models = await run_in_threadpool(finished.models_of, store, job_id)
+    run = await run_in_threadpool(store.get_record, job_id, "tula.train") if body.use_measured else None
+    # the planner is a few milliseconds of pure Python and numpy under the GIL: run in the
+    # event loop it costs the same CPU without handing the GIL between two threads
+    return RecordResponse(replan_from_models(models, body, run))
+
+
+@plans_router.post("/v1/plans")
+async def plans(request: Request, body: PlanRequest) -> RecordResponse:
+    """A plan for a spec from a stored model of the same key (no profiling); 404 with what to
+    submit when there is none."""
+    spec = admit(body.spec, _settings(request))
+    return RecordResponse(
+        await run_in_threadpool(_plan_from_store, _store(request), spec, body.objective, body.noise_scale)
+    )
+
+
+#: the API's routers, one per resource, in the order the application tries them
+ROUTERS = (login_router, service_router, jobs_router, records_router, plans_router)
+
+
+def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
+    """The application: the routers of :data:`ROUTERS` and the dashboard's pages, what they
+    share on ``app.state`` (``settings``, ``dispatch``, the ``store`` while the service runs and
+    the ``finished_models`` of ended jobs), the error handlers and the token guard.  With
+    ``dispatch`` its lifespan starts the job dispatcher."""
+    from tula.service.dashboard import mount_dashboard
 
     app = FastAPI(
         title="Tula",
         version=__version__,
-        lifespan=lifespan,
+        lifespan=_lifespan,
         description="Profile, fit, plan and train distributed large-batch jobs; re-plan from stored "
         "models without profiling again.",
     )
-
-    def store() -> Store:
-        return store_box["store"]
-
-    # ----------------------------------------------------------------------- errors as one sentence
-    @app.exception_handler(Problem)
-    async def _problem(request: Request, exc: Problem):
-        return _error(exc.status, exc.detail)
-
-    @app.exception_handler(SpecError)
-    async def _spec_error(request: Request, exc: SpecError):
-        return _error(422, exc)
-
-    @app.exception_handler(TulaError)
-    async def _tula_error(request: Request, exc: TulaError):
-        from tula.service.store import StoreError
-
-        return _error(503 if isinstance(exc, StoreError) else 422, exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
-        return _error(422, _sentence_of(exc))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
-        if isinstance(exc.__cause__, RecursionError):  # FastAPI's parse of a body model: nested too deep
-            return _error(422, too_deep())
-        detail = exc.detail
-        if not isinstance(detail, str):
-            try:
-                detail = json.dumps(detail)
-            except (TypeError, ValueError):
-                detail = plain(detail)
-        return _error(exc.status_code, detail, headers=getattr(exc, "headers", None))
-
-    # ----------------------------------------------------------------------- auth and limits
+    app.state.settings, app.state.dispatch = settings, dispatch
+    app.state.finished_models = _FinishedModels()
+    for exc, handler in ERROR_HANDLERS:
+        app.add_exception_handler(exc, handler)
     app.add_middleware(_Guard, settings=settings)
-
-    @app.get("/login", include_in_schema=False)
-    async def login(token: str = ""):
-        if settings.token is None or not hmac.compare_digest(token.encode(), settings.token.encode()):
-            raise Problem(401, "wrong or missing token")
-        resp = RedirectResponse("/", status_code=303)
-        resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
-        return resp
-
-    async def _body(request: Request) -> bytes:
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > settings.max_request_bytes:
-                raise Problem(413, _too_large(settings))
-        return body
-
-    async def _submission(request: Request) -> tuple[Any, dict]:
-        """(spec data, options) from a JSON submission or a YAML spec with options in the query."""
-        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-        raw = await _body(request)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise SpecError("the request body is not UTF-8 text") from None
-        if ctype in YAML_TYPES:
-            return parse_spec_text(text), dict(request.query_params)
-        if ctype != "application/json":
-            raise Problem(
-                415, f"send the job as application/json (a submission) or application/yaml (a spec), not {ctype}"
-            )
-        data = parse_json_body(text)
-        if isinstance(data, dict) and "spec" in data:
-            opts = {k: v for k, v in data.items() if k != "spec"}
-            unknown = sorted(set(opts) - {"search", "objective", "train"})
-            if unknown:
-                raise SpecError(
-                    f"unknown field {unknown[0]!r} in the submission; it has spec, search, objective and train"
-                )
-            return data["spec"], opts
-        return data, dict(request.query_params)
-
-    def _need_job(job_id: str) -> dict:
-        job = store().get_job(job_id)
-        if job is None:
-            raise Problem(404, f"there is no job {job_id!r}")
-        return job
-
-    # ----------------------------------------------------------------------- the API
-    @app.get("/v1/health")
-    async def health() -> dict:
-        """The service is up; its version, store back end and running jobs."""
-        running = await run_in_threadpool(store().count_running)
-        return {"status": "ok", "version": __version__, "store": store().dialect, "running_jobs": running}
-
-    @app.get("/v1/cluster")
-    async def cluster() -> dict:
-        """Where this service runs its jobs (the operator's ``cluster`` setting), the workers
-        there now, and the jobs running on them.  503 when its scheduler does not answer."""
-        from tula.service.cluster import cluster_workers
-        from tula.service.store import RUNNING_STATES
-
-        try:
-            offered = await run_in_threadpool(cluster_workers, settings)
-        except TulaError as err:
-            raise Problem(503, plain(err)) from None
-        running, _ = await run_in_threadpool(store().list_jobs, RUNNING_STATES, 1000)
-        return {**offered, "running_jobs": [{"id": j["id"], "state": j["state"]} for j in running]}
-
-    @app.post(
-        "/v1/jobs",
-        status_code=202,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": Submission.model_json_schema()},
-                    "application/yaml": {
-                        "schema": {
-                            "type": "string",
-                            "description": "a job spec as YAML (options in the query: search, objective, train)",
-                        }
-                    },
-                },
-            }
-        },
-    )
-    async def submit(request: Request) -> JSONResponse:
-        """Submit a job: 202 with its id and URL; it runs when a runner is free."""
-        spec_data, opts = await _submission(request)
-        _only_text(spec_data, opts)
-        train = opts.get("train", True)
-        if isinstance(train, str):
-            train = {"true": True, "false": False, "1": True, "0": False}.get(train.lower(), train)
-        search, objective, train = check_options(opts.get("search", "partial"), opts.get("objective"), train)
-        spec = admit(spec_data, settings)
-        job_id = await run_in_threadpool(
-            store().create_job, spec.to_dict(), search=search, objective=objective, train=train
-        )
-        url = f"/v1/jobs/{job_id}"
-        return JSONResponse({"id": job_id, "url": url, "state": "queued"}, status_code=202, headers={"Location": url})
-
-    @app.get("/v1/jobs")
-    async def list_jobs(
-        state: Literal[JOB_STATES] | None = None,  # type: ignore[valid-type]
-        limit: int = Query(50, ge=1, le=500),
-        offset: int = Query(0, ge=0, le=2**31 - 1),
-    ) -> dict:
-        """Jobs, newest first, optionally in one state."""
-        rows, total = await run_in_threadpool(store().list_jobs, state, limit, offset)
-        return {"jobs": [_job_view(j) for j in rows], "total": total, "limit": limit, "offset": offset}
-
-    @app.get("/v1/jobs/{job_id}")
-    async def get_job(job_id: str) -> dict:
-        """One job: state, progress, timestamps, the error sentence, the model reuse."""
-        return _job_view(await run_in_threadpool(_need_job, job_id))
-
-    @app.post("/v1/jobs/{job_id}/cancel")
-    async def cancel(job_id: str) -> dict:
-        """Cancel: a queued job at once, a running one at its next step."""
-        _need_job(job_id)
-        return _job_view(await run_in_threadpool(store().request_cancel, job_id))
-
-    def _record(job_id: str, name: str) -> dict:
-        job = _need_job(job_id)
-        rec = store().get_record(job_id, RECORD_KINDS[name])
-        if rec is None:
-            raise Problem(
-                404,
-                f"job {job_id!r} has no {name} record (it is {job['state']}"
-                + (f": {job['error']}" if job.get("error") else "")
-                + ")",
-            )
-        return rec
-
-    for _name in RECORD_KINDS:
-
-        def _make(name: str):
-            async def get_record(job_id: str) -> RecordResponse:
-                return RecordResponse(await run_in_threadpool(_record, job_id, name))
-
-            get_record.__doc__ = f"The job's {name} record: the same JSON `tula` writes to {name}.json."
-            return get_record
-
-        app.get(f"/v1/jobs/{{job_id}}/{_name}", name=f"get_{_name}")(_make(_name))
-
-    @app.get("/v1/jobs/{job_id}/plots/{name}", response_class=FileResponse)
-    async def plot(job_id: str, name: Literal["plan.png", "train.png"]):
-        """The job's plan or training plot (PNG)."""
-        job = _need_job(job_id)
-        path = store().artifact_path(job_id, name)
-        if path is None or not Path(path).is_file():
-            raise Problem(404, f"job {job_id!r} has no {name} yet (it is {job['state']})")
-        return FileResponse(path, media_type="image/png")
-
-    finished_models: dict[str, dict] = {}  # job id -> models of an ended job (they never change again)
-    cache_lock = threading.Lock()
-
-    def _models_of(job_id: str) -> dict:
-        if job_id in finished_models:
-            return finished_models[job_id]
-        job = _need_job(job_id)
-        models = _record(job_id, "models")
-        if job["state"] in ("done", "failed", "cancelled"):
-            with cache_lock:
-                if len(finished_models) >= 256:
-                    finished_models.pop(next(iter(finished_models)))
-                finished_models[job_id] = models
-        return models
-
-    @app.post("/v1/jobs/{job_id}/replan")
-    async def replan(job_id: str, body: Replan) -> RecordResponse:
-        """Plan again from the job's fitted models (no profiling): another objective, pricing,
-        cluster sizes, epoch count, deadline or budget, or epochs scaled by what its finished
-        training run measured (``use_measured``).  The job's own plan is not changed."""
-        models = finished_models.get(job_id)
-        if models is None:  # read from the store (I/O: in a worker thread)
-            models = await run_in_threadpool(_models_of, job_id)
-        run = await run_in_threadpool(store().get_record, job_id, "tula.train") if body.use_measured else None
-        # the planner is a few milliseconds of pure Python and numpy under the GIL: run in the
-        # event loop it costs the same CPU without handing the GIL between two threads
-        return RecordResponse(replan_from_models(models, body, run))
-
-    @app.post("/v1/plans")
-    async def plans(body: PlanRequest) -> RecordResponse:
-        """A plan for a spec from a stored model of the same key (no profiling); 404 with what to
-        submit when there is none."""
-        spec = admit(body.spec, settings)
-        return RecordResponse(
-            await run_in_threadpool(_plan_from_store, store(), spec, body.objective, body.noise_scale)
-        )
-
-    from tula.service.dashboard import mount_dashboard
-
-    mount_dashboard(app, store)
+    for router in ROUTERS:
+        app.include_router(router)
+    mount_dashboard(app, lambda: app.state.store)
     return app
 
 
