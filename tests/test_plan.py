@@ -350,3 +350,15 @@ def test_the_record_marks_the_choice_and_holds_the_frontier_and_the_counts():
         None,
         None,
     )
+
+
+def test_a_free_price_plans_and_compares_without_dividing_by_zero():
+    """A price of 0 (an owned cluster, a free spot tier) is valid: the plan's reason says the
+    choice is 1.00x the cheapest, and a free spot tier is cheaper at any preemption rate."""
+    free = make_plan(models_record(PERF, pricing={"kind": "fixed", "price_per_node_hour": 0.0}), objective="cost")
+    assert free["choice"]["cost"] == 0.0 and "1.00x the cheapest" in free["reason"]
+    spot = {"kind": "spot", "price_per_node_hour": 1.0, "spot_price_per_node_hour": 0.0}
+    spot["preemption_rate_per_node_hour"] = 0.1
+    p = make_plan(models_record(PERF, pricing=spot), objective="time", compare_spot=True)
+    assert p["spot_comparison"]["cheaper"] == "spot"
+    assert "spot is free, so cheaper at any preemption rate" in p["spot_comparison"]["sentence"]

@@ -159,6 +159,14 @@ def _where(r: dict) -> str:
     return f"N={r['n_workers']}, B={r['global_batch']}"
 
 
+def _times(x: float, best: float) -> str:
+    """``x`` as a multiple of ``best`` ("1.25x"); a free best (a price of 0) is "1.00x" when
+    ``x`` is free too, else "more than"."""
+    if best > 0:
+        return f"{x / best:.2f}x"
+    return "1.00x" if x <= 0 else "more than"
+
+
 def _money(x: float, unit: str) -> str:
     return f"{x:.4g} {unit}"
 
@@ -581,7 +589,7 @@ class Planner:
         return (
             f"{why}: N={c['n_workers']}, B={c['global_batch']} (b={c['local_batch']}{acc}) {trains} in "
             f"{took} for {c[ck]:.4g} {self.pricing.unit} "
-            f"({c[tk] / fastest:.2f}x the fastest, {c[ck] / cheapest:.2f}x the cheapest)"
+            f"({_times(c[tk], fastest)} the fastest, {_times(c[ck], cheapest)} the cheapest)"
         ) + self.notes(c)
 
     def notes(self, choice: dict) -> str:
