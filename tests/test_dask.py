@@ -329,3 +329,23 @@ def test_a_world_larger_than_the_cluster_goes_on_with_the_workers_there_are(clie
     assert run["steps_done"] == 22 + 11 + 5
     notes = [e["message"] for e in events if e["type"] == "note"]
     assert notes == ["the cluster gave 2 of the 3 workers asked for; going on with 2 worker(s) at global batch 256"]
+
+
+def test_two_one_rank_worlds_at_once_take_the_two_free_workers_side_by_side(client):
+    """A world takes workers no other world holds before it waits for a busy one: two 1-rank
+    worlds started together on a 2-worker cluster run at the same time, one on each worker
+    (they once both chose the first worker by host, and the second waited for the first)."""
+    out: dict[str, list] = {}
+
+    def world(name):
+        out[name] = _dask(client, lock_timeout_s=60).run(workers.hold_and_time, 1, 3.0)
+
+    threads = [threading.Thread(target=world, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert sorted(out) == ["a", "b"], out
+    (a,), (b,) = out["a"], out["b"]
+    assert a["worker"] != b["worker"], (a, b)
+    assert max(a["start"], b["start"]) < min(a["end"], b["end"]), f"the worlds ran one after the other: {a}, {b}"

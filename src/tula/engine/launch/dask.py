@@ -248,9 +248,8 @@ class DaskLauncher:
     ) -> list[Any]:
         from distributed import Event, Queue, wait
 
-        chosen = self._choose(n_workers)
+        chosen, locks = self._take_workers(n_workers)
         addrs = [addr for _, addr in chosen]
-        locks = self._lock_workers(addrs)
         world_id = uuid.uuid4().hex[:12]
         queue = Queue(f"tula-events-{world_id}", client=self.client)
         stop_event = Event(f"tula-stop-{world_id}", client=self.client)
@@ -314,18 +313,46 @@ class DaskLauncher:
                 with contextlib.suppress(Exception):
                     lock.release()
 
+    def _lock(self, addr: str) -> Any:
+        from distributed import Lock
+
+        return Lock(f"tula-worker-{addr}", scheduler_rpc=self.client.scheduler, loop=self.client.loop)
+
+    def _take_workers(self, n_workers: int) -> tuple[list[tuple[str, str]], list[Any]]:
+        """The world's workers, ``[(host, address)]`` by host, and their locks.  Workers no other
+        world holds come first: each live worker, by host, is tried without waiting, so a world
+        beside another (a second job of the service, a second command on one scheduler) takes
+        free workers instead of queueing behind busy ones.  Where fewer than ``n_workers`` are
+        free, the first ``n_workers`` by host are waited for, as :meth:`_lock_workers` says."""
+        first = self._choose(n_workers)
+        workers = self.live_workers()
+        taken: list[tuple[tuple[str, str], Any]] = []
+        for host, addr in sorted((w["host"], a) for a, w in workers.items()):
+            if len(taken) == n_workers:
+                break
+            lock = self._lock(addr)
+            try:
+                if lock.acquire(blocking=False):
+                    taken.append(((host, addr), lock))
+            except Exception:  # noqa: BLE001 - a lock that cannot be asked for is not free
+                continue
+        if len(taken) == n_workers:
+            return sorted(c for c, _ in taken), [lock for _, lock in taken]
+        for _, lock in taken:
+            with contextlib.suppress(Exception):
+                lock.release()
+        return first, self._lock_workers([addr for _, addr in first])
+
     def _lock_workers(self, addrs: list[str]) -> list[Any]:
         """One lock per worker, taken in address order (two worlds never wait on each other in
         a circle); a lock is a lease the holding process keeps alive, so the workers of a
         process that died (kill -9) are free again after that process's lease timeout
         (its ``distributed.scheduler.locks.lease-timeout``, 30 s by default: the holder sends
         it when the lock registers; the scheduler's own setting does not change it)."""
-        from distributed import Lock
-
         deadline = time.monotonic() + self.lock_timeout_s
         held: list[Any] = []
         for addr in sorted(addrs):
-            lock = Lock(f"tula-worker-{addr}", scheduler_rpc=self.client.scheduler, loop=self.client.loop)
+            lock = self._lock(addr)
             if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 for h in held:
                     with contextlib.suppress(Exception):
