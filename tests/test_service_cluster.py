@@ -4,17 +4,26 @@ session's real Dask scheduler (2 worker processes)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
-from helpers import assert_refused, tula_in_process
+from helpers import assert_refused, one_line, tula_in_process
 from service_helpers import Service, wait_for
+
+
+def _started_at(job: dict) -> datetime:
+    return datetime.fromisoformat(job["started_at"])
 
 
 @pytest.mark.slow
 def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers(tmp_path, dask_cluster, tiny_pipeline):
+    """Three jobs on the scheduler's 2 workers, up to 2 at once: the first's worlds use both
+    workers (cluster sizes 1 and 2), so the next two wait for it in the queue, saying so; then
+    they run side by side, one worker each, in submission order."""
     address = dask_cluster.scheduler_address
     home = tmp_path / "home"
     home.mkdir()
-    svc = Service(home, "--cluster", address).start()
+    svc = Service(home, "--cluster", address, "--max-concurrent-jobs", "2").start()
     try:
         c = svc.client()
         offered = c.get("/v1/cluster").json()
@@ -23,8 +32,20 @@ def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers
         assert len(workers) == 2 and all(w["host"] == "127.0.0.1" and w["threads"] == 1 for w in workers), workers
         spec = tiny_pipeline.spec_dict(epochs=1)
         job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]
+        one = tiny_pipeline.spec_dict(search={**spec["search"], "cluster_sizes": [1]})
+        later = [c.post("/v1/jobs", json={"spec": one, "search": "partial", "train": False}).json()["id"] for _ in "bc"]
+        waiting = wait_for(c, later[0], check=lambda j: "free until" in (j["message"] or ""))
+        assert waiting["state"] == "queued", waiting
+        assert one_line(waiting["message"]) == (
+            f"queued: needs 1 of the 2 worker(s) at {address}; 0 free until a running job ends"
+        )
         job = wait_for(c, job_id, timeout_s=240)
         assert job["state"] == "done", (job, svc.read_log())
+        b, c_ = (wait_for(c, j, timeout_s=240) for j in later)
+        assert b["state"] == c_["state"] == "done", (b, c_, svc.read_log())
+        first_done = datetime.fromisoformat(job["finished_at"])
+        assert first_done <= _started_at(b) <= _started_at(c_), (job, b, c_)  # in submission order, after it
+        assert _started_at(c_) < datetime.fromisoformat(b["finished_at"]), (b, c_)  # side by side
         profile = c.get(f"/v1/jobs/{job_id}/profile").json()
         # the submission said local; the operator's cluster ran it, and the records say so
         assert spec.get("cluster", {}).get("where", "local") == "local"

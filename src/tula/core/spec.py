@@ -794,6 +794,13 @@ class ClusterSpec(_Strict):
 _GENERATED_SETS = {"digits": (1797, 64)}
 
 
+def largest_world(spec: JobSpec) -> int:
+    """The most workers any world of the job uses: its largest profiled cluster size, its fixed
+    training worker count, or the most its batch schedule grows to (``train.workers.max``)."""
+    grow = spec.train.workers.max if spec.train.workers is not None else 1
+    return max([*spec.search.cluster_sizes, spec.train.n_workers or 1, grow])
+
+
 def in_memory_data_bytes(data: DataSpec) -> int | None:
     """The bytes the data set described by ``data`` holds in memory once generated -- float32
     samples and int64 labels (``synthetic``: ``num_samples`` x ``sample_shape``; ``mnist1d``:

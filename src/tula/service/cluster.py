@@ -4,12 +4,15 @@ here: a scheduler is asked through ``distributed``'s client, this host through `
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import Any
 
 from tula.core.errors import TulaError
 from tula.core.registry import cluster_kind
+from tula.core.say import plain
+from tula.core.spec import largest_world, spec_from_dict
 from tula.service.settings import ServiceSettings, host_memory_bytes
 
 #: how long the service waits for the operator's scheduler to answer (seconds)
@@ -58,3 +61,66 @@ def _scheduler_workers(address: str) -> list[dict[str, Any]]:
         }
         for addr, w in sorted(info.get("workers", {}).items())
     ]
+
+
+def workers_needed(job: dict) -> int:
+    """The most workers the job's worlds use at once (its spec's largest world)."""
+    return largest_world(spec_from_dict(job["spec"]))
+
+
+class WorkerRoom:
+    """Whether the oldest queued job may start now on the operator's Dask scheduler.
+
+    Each running job keeps the workers of its largest world for as long as it runs (its
+    profile's worlds, then training, growing included), so its worlds never wait for one
+    another's.  The next job in submission order starts when that many workers are free;
+    a later, smaller job does not pass it, so none starves.  A job that asks for more
+    workers than the cluster has gets all of them when its turn comes (its plan goes on with
+    the workers there are).  Clusters on this host (``local``, ``dask``) and jobqueue clusters
+    (started per job) have no shared workers to count: there only ``max_concurrent_jobs``
+    holds jobs back.  One ``distributed`` client is kept open; a scheduler that does not
+    answer holds every job in the queue with a message saying so."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.counts = cluster_kind(settings.cluster).name == "scheduler"
+        self._client: Any = None
+
+    def total_workers(self) -> int:
+        """The workers the scheduler has now (a :class:`TulaError` when it does not answer)."""
+        from distributed import Client
+
+        address = self.settings.cluster
+        try:
+            if self._client is None:
+                self._client = Client(address, timeout=SCHEDULER_TIMEOUT_S)
+            return len(self._client.scheduler_info(n_workers=-1).get("workers", {}))
+        except Exception as err:  # noqa: BLE001 - any failure to ask is "does not answer"
+            self.close()
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise TulaError(f"the service's Dask scheduler at {address} does not answer: {why}") from None
+
+    def why_wait(self, job: dict, running: list[dict]) -> str | None:
+        """None when ``job`` may start beside the ``running`` jobs, else the sentence its row shows."""
+        if not self.counts:
+            return None
+        try:
+            total = self.total_workers()
+        except TulaError as err:
+            return f"queued: {plain(err)}; it starts once the scheduler answers"
+        if total == 0:
+            return f"queued: the Dask scheduler at {self.settings.cluster} has no workers yet"
+        need = min(workers_needed(job), total)
+        free = total - sum(min(workers_needed(j), total) for j in running)
+        if need <= free:
+            return None
+        return (
+            f"queued: needs {need} of the {total} worker(s) at {self.settings.cluster}; "
+            f"{max(free, 0)} free until a running job ends"
+        )
+
+    def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            with contextlib.suppress(Exception):
+                client.close()

@@ -31,8 +31,9 @@ from tula.core.errors import Interrupted, TulaError
 from tula.core.say import plain
 from tula.engine import interrupts
 from tula.pipeline import Observer
+from tula.service.cluster import WorkerRoom
 from tula.service.settings import ServiceSettings
-from tula.service.store import Store
+from tula.service.store import RUNNING_STATES, Store
 
 PROGRESS_EVERY_S = 1.0  # progress is written at most this often (the heartbeat carries it too)
 
@@ -210,6 +211,7 @@ class Dispatcher:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="tula-dispatcher", daemon=True)
         self.log = settings.home / "runners.log"
+        self.room = WorkerRoom(settings)  # the operator's workers a queued job waits for
 
     def start(self) -> None:
         self.store.requeue_stale(self.settings.stale_after_s)
@@ -241,10 +243,18 @@ class Dispatcher:
                     )
         self.store.requeue_stale(self.settings.stale_after_s)
         while not self.stopping.is_set() and self.store.count_running() < self.settings.max_concurrent_jobs:
-            runner = f"{self.name}/{time.monotonic_ns()}"
-            job = self.store.claim_job(runner)
-            if job is None:
+            head = self.store.oldest_queued()
+            if head is None:
                 return
+            wait = self.room.why_wait(head, self.store.list_jobs(state=RUNNING_STATES, limit=10_000)[0])
+            if wait is not None:  # in submission order: no later job passes it
+                if head.get("message") != wait:
+                    self.store.note_queued(head["id"], wait)
+                return
+            runner = f"{self.name}/{time.monotonic_ns()}"
+            job = self.store.claim_job(runner, job_id=head["id"])
+            if job is None:  # cancelled meanwhile: look again
+                continue
             stale = self.children.pop(job["id"], None)
             if stale is not None and stale.poll() is None:
                 # its runner is still alive but was silent past stale_after_s (e.g. starved
@@ -301,6 +311,7 @@ class Dispatcher:
                 self.store.update_job(job_id, state="queued", message="the service stopped; queued again to resume")
         if self.thread.is_alive():
             self.thread.join(timeout=5)
+        self.room.close()
 
 
 def main(argv: list[str] | None = None) -> int:

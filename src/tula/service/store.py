@@ -530,17 +530,27 @@ class Store:
             ).all()
         return [self._job(r) for r in rows], int(total)
 
-    def claim_job(self, runner: str) -> dict | None:
-        """Take the oldest queued job for ``runner`` (state ``profiling``, attempts + 1,
-        heartbeat now), or None when none is queued.  Two claimers never get the same job:
-        PostgreSQL skips rows another claimer holds (FOR UPDATE SKIP LOCKED); SQLite
-        serialises writers; and the update only takes a job that is still queued."""
+    def oldest_queued(self) -> dict | None:
+        """The job :meth:`claim_job` would take next (the oldest queued), or None."""
+        with self._read() as conn:
+            row = conn.execute(
+                sa.select(jobs).where(jobs.c.state == "queued").order_by(jobs.c.created_at, jobs.c.id).limit(1)
+            ).first()
+        return self._job(row) if row is not None else None
+
+    def claim_job(self, runner: str, job_id: str | None = None) -> dict | None:
+        """Take the oldest queued job (or the job ``job_id``, while it is queued) for ``runner``
+        (state ``profiling``, attempts + 1, heartbeat now), or None when none is queued.  Two
+        claimers never get the same job: PostgreSQL skips rows another claimer holds (FOR
+        UPDATE SKIP LOCKED); SQLite serialises writers; and the update only takes a job that
+        is still queued."""
+        only = [jobs.c.id == job_id] if job_id is not None else []
         for _ in range(20):
             now = now_utc()
             with self._write() as conn:
                 row = conn.execute(
                     sa.select(jobs.c.id)
-                    .where(jobs.c.state == "queued")
+                    .where(jobs.c.state == "queued", *only)
                     .order_by(jobs.c.created_at, jobs.c.id)
                     .limit(1)
                     .with_for_update(skip_locked=True)
@@ -598,6 +608,15 @@ class Store:
         with self._write() as conn:
             if conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(**values)).rowcount != 1:
                 raise UnknownJob(f"there is no job {job_id!r} in the store")
+
+    def note_queued(self, job_id: str, message: str) -> None:
+        """Set a queued job's message (what it waits for); a job no longer queued is left as it is."""
+        with self._write() as conn:
+            conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.state == "queued")
+                .values(message=plain(message), updated_at=now_utc())
+            )
 
     def heartbeat(self, job_id: str, runner: str) -> bool:
         """Record that ``runner`` is alive and working on ``job_id``.  False when the job is no

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tula.core.errors import SpecError, TulaError
 from tula.core.registry import cluster_kind
-from tula.core.spec import JobSpec, parse_bytes
+from tula.core.spec import JobSpec, largest_world, parse_bytes
 from tula.engine.launch.base import Launcher, pick_device
 from tula.engine.launch.main_module import without_main_module
 
@@ -143,11 +143,6 @@ def jobqueue_cluster(cfg: JobqueueConfig) -> Any:
     return cls(**{k: v for k, v in kwargs.items() if v is not None})
 
 
-def _largest_world(spec: JobSpec) -> int:
-    grow = spec.train.workers.max if spec.train.workers is not None else 1
-    return max([*spec.search.cluster_sizes, spec.train.n_workers or 1, grow])
-
-
 @contextlib.contextmanager
 def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None = None) -> Iterator[Launcher]:
     """The launcher for ``spec`` (``where`` overrides ``spec.cluster.where``), started for
@@ -177,7 +172,7 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
         raise TulaError(f"cluster {where!r} needs the 'distributed' package ({err})") from None
 
     dask.config.set(WORKER_CONFIG)
-    n = n_workers or c.dask_workers or _largest_world(spec)
+    n = n_workers or c.dask_workers or largest_world(spec)
     with contextlib.ExitStack() as stack:
         if kind.name == "dask":
             # its workers start (and restart) while it is open: none runs a script's main module again
@@ -220,7 +215,7 @@ def launcher_for_client(client: Any, spec: JobSpec, n_workers: int | None = None
     )
     threads = threads or spec.profile.threads_per_worker
     if threads is None:
-        threads = DaskLauncher(client, **settings).default_threads(n_workers or _largest_world(spec))
+        threads = DaskLauncher(client, **settings).default_threads(n_workers or largest_world(spec))
     return DaskLauncher(client, threads_per_worker=threads, **settings)
 
 
