@@ -30,6 +30,7 @@ def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers
         assert (offered["cluster"], offered["kind"], offered["running_jobs"]) == (address, "scheduler", [])
         workers = offered["workers"]
         assert len(workers) == 2 and all(w["host"] == "127.0.0.1" and w["threads"] == 1 for w in workers), workers
+        assert [w["in_a_world"] for w in workers] == [False, False], workers
         spec = tiny_pipeline.spec_dict(epochs=1)
         job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]
         one = tiny_pipeline.spec_dict(search={**spec["search"], "cluster_sizes": [1]})
@@ -39,6 +40,9 @@ def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers
         assert one_line(waiting["message"]) == (
             f"queued: needs 1 of the 2 worker(s) at {address}; 0 free until a running job ends"
         )
+        shown = c.get("/v1/cluster").json()
+        assert [(j["id"], j["workers_kept"]) for j in shown["running_jobs"]] in ([(job_id, 2)], []), shown
+        assert all(isinstance(w["in_a_world"], bool) for w in shown["workers"]), shown
         job = wait_for(c, job_id, timeout_s=240)
         assert job["state"] == "done", (job, svc.read_log())
         b, c_ = (wait_for(c, j, timeout_s=240) for j in later)

@@ -324,14 +324,15 @@ async def health(request: Request) -> dict:
 async def cluster(request: Request) -> dict:
     """Where this service runs its jobs (the operator's ``cluster`` setting), the workers
     there now, and the jobs running on them.  503 when its scheduler does not answer."""
-    from tula.service.cluster import cluster_workers
+    from tula.service.cluster import cluster_workers, workers_needed
 
     try:
         offered = await run_in_threadpool(cluster_workers, _settings(request))
     except TulaError as err:
         raise Problem(503, plain(err)) from None
     running, _ = await run_in_threadpool(_store(request).list_jobs, RUNNING_STATES, 1000)
-    return {**offered, "running_jobs": [{"id": j["id"], "state": j["state"]} for j in running]}
+    jobs = [{"id": j["id"], "state": j["state"], "workers_kept": workers_needed(j)} for j in running]
+    return {**offered, "running_jobs": jobs}
 
 
 # --------------------------------------------------------------------------- jobs

@@ -48,7 +48,11 @@ def _scheduler_workers(address: str) -> list[dict[str, Any]]:
 
     try:
         with Client(address, timeout=SCHEDULER_TIMEOUT_S) as client:
-            info = client.scheduler_info()
+            info = client.scheduler_info(n_workers=-1)
+            try:
+                held = set(client.run_on_scheduler(_held_workers))
+            except Exception:  # noqa: BLE001 - the workers are still worth showing
+                held = None
     except (OSError, TimeoutError) as err:
         why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise TulaError(f"the service's Dask scheduler at {address} does not answer: {why}") from None
@@ -58,9 +62,18 @@ def _scheduler_workers(address: str) -> list[dict[str, Any]]:
             "host": w.get("host"),
             "threads": w.get("nthreads"),
             "memory_bytes": w.get("memory_limit"),
+            "in_a_world": None if held is None else addr in held,
         }
         for addr, w in sorted(info.get("workers", {}).items())
     ]
+
+
+def _held_workers(dask_scheduler: Any = None) -> list[str]:
+    """On the scheduler: the workers a Tula world holds now (their lock's lease is taken:
+    ``tula.engine.launch.dask`` names the locks ``tula-worker-<address>``)."""
+    leases = getattr((dask_scheduler.extensions or {}).get("semaphores"), "leases", {}) if dask_scheduler else {}
+    prefix = "tula-worker-"
+    return sorted(name[len(prefix) :] for name, held in leases.items() if held and name.startswith(prefix))
 
 
 def workers_needed(job: dict) -> int:
