@@ -346,3 +346,44 @@ def test_two_hosts_with_two_workers_each_put_a_hosts_ranks_side_by_side(netns_ok
         assert t["local_ranks"] == [0, 1, 0, 1] and t["ranks_per_host"] == 2
         assert t["interfaces"] == ["eth0"] * 4
     assert prof["placement"]["max_ranks_per_host"] == 2 and prof["placement"]["n_hosts"] == 2
+
+
+def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left(netns_ok, tmp_path):
+    """`tula serve --cluster tcp://...` on the head of three hosts; a job trains on two of them
+    and one of its hosts' worker is killed mid-training: the job is queued again (not failed),
+    resumes from its last checkpoint on the two hosts left, and ends done, its epochs once each."""
+    from emulated_hosts import EmulatedHosts
+
+    from tula.service.store import Store
+
+    spec = _spec(tmp_path, epochs=6, search={"cluster_sizes": [2], "min_batch": 32, "max_batch": 32})
+    home = tmp_path / "home"
+    url = "http://127.0.0.1:8799"  # the head's own loopback: only commands on the head reach it
+    with EmulatedHosts(n_hosts=3) as h:
+        env = {**COMMAND_ENV, "TULA_POLL_S": "0.2", "TULA_HEARTBEAT_S": "0.5", "TULA_STALE_AFTER_S": "30"}
+        serve = [TULA, "serve", "--port", "8799", "--home", str(home), "--cluster", h.scheduler_address]
+        h.popen(0, serve, log="serve.log", env=env)
+        deadline = time.monotonic() + 60
+        while _tula(h, "status", "--server", url, timeout=30).returncode != 0:
+            assert time.monotonic() < deadline, h.log_tail()
+            time.sleep(0.3)
+        r = _tula(h, "submit", str(spec), "--server", url)
+        assert r.returncode == 0, r.stderr
+        with Store(f"sqlite:///{home / 'tula.db'}", home) as store:
+            (job,), _ = store.list_jobs()
+            ckpt = store.job_dir(job["id"]) / "train" / "checkpoint.pt"
+            deadline = time.monotonic() + 240
+            while not ckpt.exists():  # training, its first epoch done
+                job = store.get_job(job["id"])
+                assert job["state"] not in ("done", "failed") and time.monotonic() < deadline, (job, h.log_tail())
+                time.sleep(0.1)
+            for p in h.worker_procs[2]:  # hosts 1 and 2 hold the world's ranks (workers in host order)
+                os.killpg(p.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 300
+            while (job := store.get_job(job["id"]))["state"] not in ("done", "failed", "cancelled"):
+                assert time.monotonic() < deadline, (job, h.log_tail())
+                time.sleep(0.3)
+            assert job["state"] == "done" and job["attempts"] == 2, (job, h.log_tail())
+            run = json.loads((store.job_dir(job["id"]) / "train" / "train.json").read_text())
+        assert run["epochs"] == 6 and run["resumed_from_epoch"] >= 1 and run["replicas_identical"], run
+        assert [e["epoch"] for e in run["history"]] == list(range(1, 7))

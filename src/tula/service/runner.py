@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tula.core.errors import Interrupted, TulaError
+from tula.core.errors import Interrupted, TulaError, WorkerError
 from tula.core.say import plain
 from tula.engine import interrupts
 from tula.pipeline import Observer
@@ -36,6 +36,10 @@ from tula.service.settings import ServiceSettings
 from tula.service.store import RUNNING_STATES, Store
 
 PROGRESS_EVERY_S = 1.0  # progress is written at most this often (the heartbeat carries it too)
+#: the failures of a world that a job on a cluster is re-queued after (a worker, host or link
+#: lost), and how many runs (attempts) a job gets in all before such a failure ends it
+LOST_CAUSES = ("lost_worker", "unreachable")
+MAX_ATTEMPTS = 3
 
 
 class StoreObserver(Observer):
@@ -189,6 +193,19 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
             store.update_job(job_id, state="cancelled", message=f"cancelled: {plain(err)}")
             return 0
         return 143  # stopped from outside (the service is shutting down): the dispatcher re-queues it
+    except WorkerError as err:
+        if err.cause in LOST_CAUSES and job["attempts"] < MAX_ATTEMPTS and settings.cluster != "local":
+            # a worker, its host or its link was lost: the job goes on from its records (the last
+            # checkpoint, the finished trials) on the workers there are, when enough are free
+            store.update_job(
+                job_id,
+                state="queued",
+                message=f"queued again to resume on the workers left (attempt {job['attempts']} of "
+                f"{MAX_ATTEMPTS}): {plain(err)}",
+            )
+            return 3
+        store.update_job(job_id, state="failed", error=plain(err))
+        return 2
     except TulaError as err:
         store.update_job(job_id, state="failed", error=plain(err))
         return 2
