@@ -28,7 +28,7 @@ import signal
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -58,7 +58,7 @@ from tula.engine.memory import (
 )
 from tula.engine.precision import Precision, check_precision
 from tula.engine.run_trial import merge_run_trials
-from tula.engine.workloads import build_loss, build_model, build_optimizer, load_dataset
+from tula.engine.workloads import build_loss, build_model, build_optimizer, check_workload, load_dataset
 
 MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
 MAX_ROUNDS = 3
@@ -544,45 +544,104 @@ def _profile(
     previous: dict | None,
     on_snapshot: Callable[[dict], None] | None = None,
 ) -> dict:
-    from tula.engine.workloads import check_workload
-
     if search not in ("full", "partial"):
         raise ValueError(f"search must be 'full' or 'partial', not {search!r}")
-    t_start = time.perf_counter()
-    model, data = check_workload(spec)
-    facts = launcher.facts()  # the workers' hardware, read on a worker
-    device = facts["device"]
-    check_precision(spec.train.precision, device)  # fp16 on a CPU: one sentence before any world
-    threads = launcher.threads_per_worker or default_threads(spec)
-    budget = spec.search.memory_budget_bytes
-    if budget is None and device == "cuda":
-        budget = facts["gpu_memory_bytes"]
-    cap = budget if spec.search.enforce_memory_cap else None
-    sizes = spec.search.cluster_sizes
-    emit = on_event or (lambda ev: None)
-    fixed = launcher.world_size  # a launched world (--cluster env) has one size
-    if fixed is not None:
-        started_by = getattr(getattr(launcher, "world", None), "source", "its launcher")
-        if fixed not in sizes:
-            raise SpecError(
-                f"this world (started by {started_by}) has {fixed} ranks, and search.cluster_sizes "
-                f"{list(sizes)} has no {fixed}: profiling here runs only the trials of N = {fixed}; add it"
-            )
-        cannot = [n for n in sizes if n != fixed]
-        if cannot:
-            emit(
-                {
-                    "type": "note",
-                    "message": f"N = {', '.join(map(str, cannot))} not profiled: this world (started "
-                    f"by {started_by}) has {fixed} ranks, and every trial here uses all of them",
-                }
-            )
-        sizes = [fixed]
-    # one rank per GPU: the sizes a launcher placing every rank on one host cannot run
-    gpus_per_host = getattr(launcher, "gpus_per_host", None)  # None: no GPU limit (CPU, or not one host)
-    unplaced = unplaceable_sizes(sizes, gpus_per_host)
-    not_measured: dict[str, str] = {}
-    if unplaced:
+    session = ProfileSession(spec, search, launcher, on_event, on_snapshot)
+    session.check()
+    if previous is not None:
+        session.resume_from(previous)
+    with interrupts.graceful_signals():
+        return session.run()
+
+
+class ProfileSession:
+    """A profile as its caller runs it (:func:`profile`): the checks before any world, then
+    one world per cluster size (:func:`profile_world` on every rank), the first also probing
+    the memory model and choosing the configurations, and the record.
+
+    Its steps are methods: :meth:`check` (the workload, the workers, the sizes a launched
+    world or the GPUs allow), :meth:`resume_from` (a partial record's memory model and
+    finished trials), :meth:`configs_to_run` (the configurations still to run, the ones
+    this launcher cannot run recorded as skipped), :meth:`run_world` (one world, its
+    failure mapped by :meth:`world_failed`: an out-of-memory is a result, anything else
+    :class:`ProfileFailed`), :meth:`merge_world` (the ranks' results joined) and
+    :meth:`record` (``profile.json``, also as snapshots while a world runs)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        search: str,
+        launcher: Launcher,
+        on_event: Callable[[dict], None] | None,
+        on_snapshot: Callable[[dict], None] | None = None,
+    ) -> None:
+        self.spec, self.search, self.launcher, self.on_snapshot = spec, search, launcher, on_snapshot
+        self.emit: Callable[[dict], None] = on_event or (lambda ev: None)
+        self.t_start = time.perf_counter()
+        self.streamed: dict[int, list[dict]] = {}  # rank -> trials of the world now running
+        self.accumulation: list[dict] = []  # each world's accumulated-step check (search.max_accumulation_steps > 1)
+        self.run_trials: list[dict] = []  # each world's run trial (tula.engine.run_trial)
+        self.probe: dict = {}  # the memory model, the largest local batch and the configurations
+        self.trials: list[dict] = []
+        self.spent_before = 0.0
+        self.world = {"n": 0, "snapped": 0}  # the running world's size; its trials already in a snapshot
+        self.not_measured: dict[str, str] = {}  # cluster sizes the launcher cannot place: N -> why
+        self.fixed: int | None = None  # a launched world's one size
+        self.started_by = "its launcher"
+
+    # ------------------------------------------------------------------ before any world
+    def check(self) -> None:
+        """What is known and checked before any world: the model and data
+        (:func:`check_workload`), the workers' hardware and precision, threads and memory
+        budget, the cluster sizes this launcher can run (:meth:`sizes_to_run`); then the
+        ``checked`` event."""
+        spec = self.spec
+        model, data = check_workload(spec)
+        self.dataset_size, self.sample_shape = data.train_size, list(data.sample_shape)
+        self.facts = self.launcher.facts()  # the workers' hardware, read on a worker
+        self.device = self.facts["device"]
+        check_precision(spec.train.precision, self.device)  # fp16 on a CPU: one sentence before any world
+        self.threads = self.launcher.threads_per_worker or default_threads(spec)
+        budget = spec.search.memory_budget_bytes
+        if budget is None and self.device == "cuda":
+            budget = self.facts["gpu_memory_bytes"]
+        self.budget = budget
+        self.cap = budget if spec.search.enforce_memory_cap else None
+        self.sizes = self.sizes_to_run(list(spec.search.cluster_sizes))
+        self.emit({"type": "checked"})  # the workload and the workers passed every check before a trial
+        self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        self.param_count = sum(p.numel() for p in model.parameters())
+        n_max_trials = len(candidate_configs(spec.search, data.train_size, None))
+        self.timeout = spec.profile.trial_timeout_s * (n_max_trials + 1)
+
+    def sizes_to_run(self, sizes: list[int]) -> list[int]:
+        """The cluster sizes this launcher can run: a launched world (``--cluster env``) only
+        its own (it must be one of them), a launcher placing every rank on one host only
+        those with a GPU per rank (``not_measured`` says why for the others; none left is a
+        :class:`PlacementError`).  Each size left out is said in a note."""
+        fixed = self.fixed = self.launcher.world_size
+        if fixed is not None:
+            self.started_by = getattr(getattr(self.launcher, "world", None), "source", "its launcher")
+            if fixed not in sizes:
+                raise SpecError(
+                    f"this world (started by {self.started_by}) has {fixed} ranks, and search.cluster_sizes "
+                    f"{list(sizes)} has no {fixed}: profiling here runs only the trials of N = {fixed}; add it"
+                )
+            cannot = [n for n in sizes if n != fixed]
+            if cannot:
+                self.emit(
+                    {
+                        "type": "note",
+                        "message": f"N = {', '.join(map(str, cannot))} not profiled: this world (started "
+                        f"by {self.started_by}) has {fixed} ranks, and every trial here uses all of them",
+                    }
+                )
+            sizes = [fixed]
+        # one rank per GPU: the sizes a launcher placing every rank on one host cannot run
+        gpus_per_host = getattr(self.launcher, "gpus_per_host", None)  # None: no GPU limit (CPU, or not one host)
+        unplaced = unplaceable_sizes(sizes, gpus_per_host)
+        if not unplaced:
+            return sizes
         assert gpus_per_host is not None
         placeable = [n for n in sizes if n not in unplaced]
         if not placeable:
@@ -592,223 +651,39 @@ def _profile(
                 )
             )
         unplaced_why = unplaced_note(unplaced, gpus_per_host)
-        not_measured = {str(n): unplaced_why for n in unplaced}
-        emit({"type": "note", "message": f"{unplaced_why}: their trials are skipped, and the plan does not rank them"})
-        sizes = placeable
-    emit({"type": "checked"})  # the workload and the workers passed every check before a trial
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    param_count = sum(p.numel() for p in model.parameters())
-    del model
+        self.not_measured = {str(n): unplaced_why for n in unplaced}
+        self.emit(
+            {"type": "note", "message": f"{unplaced_why}: their trials are skipped, and the plan does not rank them"}
+        )
+        return placeable
 
-    streamed: dict[int, list[dict]] = {}  # rank -> trials of the world now running
-    accumulation: list[dict] = []  # each world's accumulated-step check (search.max_accumulation_steps > 1)
-    run_trials: list[dict] = []  # each world's run trial (tula.engine.run_trial)
-    probe: dict = {}
-    trials: list[dict] = []
-    spent_before = 0.0
-    if previous is not None:
-        probe = {
+    def resume_from(self, previous: dict) -> None:
+        """Go on from ``previous``, a partial record of the same spec: its memory model and
+        configurations, its finished trials (``ok``, ``oom``, ``skipped``: not run again),
+        its accumulation and run trials and its time so far; a ``plan`` event says how
+        many trials are done."""
+        self.probe = {
             "memory": previous["memory"],
             "max_local_batch": previous["max_local_batch"],
             "configs": [tuple(c) for c in previous["configs"]],
         }
-        trials = [t for t in previous["trials"] if t["status"] in FINISHED]
-        accumulation = list(previous.get("accumulation_trials") or [])
-        run_trials = list(previous.get("run_trials") or [])
-        spent_before = previous.get("profiling_s") or 0.0
-        emit({"type": "plan", "total": len(probe["configs"]), "done": len(trials)})
+        self.trials = [t for t in previous["trials"] if t["status"] in FINISHED]
+        self.accumulation = list(previous.get("accumulation_trials") or [])
+        self.run_trials = list(previous.get("run_trials") or [])
+        self.spent_before = previous.get("profiling_s") or 0.0
+        self.emit({"type": "plan", "total": len(self.probe["configs"]), "done": len(self.trials)})
 
-    world = {"n": 0, "snapped": 0}  # the running world's size; its trials already in a snapshot
-
-    def forward(rank: int, ev: dict) -> None:
-        if ev["type"] == "rank_trial":
-            streamed.setdefault(rank, []).append(ev["trial"])
-            k = min((len(streamed.get(r, [])) for r in range(world["n"])), default=0)
-            if on_snapshot is not None and k > world["snapped"] and probe.get("configs") is not None:
-                world["snapped"] = k  # every rank finished trial k: a snapshot with it
-                done = _merge_trials([streamed[r][:k] for r in range(world["n"])])
-                on_snapshot(record(extra=done, in_progress=True))
-            return
-        if ev["type"] == "plan":
-            probe.update(ev)
-        emit(ev)
-
-    n_max_trials = len(candidate_configs(spec.search, data.train_size, None))
-    timeout = spec.profile.trial_timeout_s * (n_max_trials + 1)
-
-    def record(
-        failed: str | None = None, interrupted: str | None = None, extra: list[dict] = (), in_progress: bool = False
-    ) -> dict:
-        ordered = sorted([*trials, *extra], key=lambda t: (t["n_workers"], t["global_batch"]))
-        return {
-            "kind": PROFILE_KIND,
-            "version": VERSIONS[PROFILE_KIND],
-            "spec": spec.to_dict(),
-            "search": search,
-            "device": device,
-            "backend": "nccl" if device == "cuda" else "gloo",
-            "threads_per_worker": threads,
-            "precision": spec.train.precision,
-            "memory_budget_bytes": budget,
-            "enforce_memory_cap": spec.search.enforce_memory_cap,
-            "dataset_size": data.train_size,
-            "sample_shape": list(data.sample_shape),
-            "model": {"name": spec.model.name, "param_count": param_count, "grad_bytes": grad_bytes},
-            "memory": probe["memory"],
-            "max_local_batch": probe["max_local_batch"],
-            "configs": [list(c) for c in probe["configs"]],
-            "trials": ordered,
-            "accumulation_trials": accumulation,
-            "run_trials": run_trials,
-            "placement": placement(ordered),
-            "launcher": getattr(launcher, "name", type(launcher).__name__),
-            "facts": facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
-            # cluster sizes the launcher could not place (one rank per GPU): N -> why
-            **({"not_measured": not_measured} if not_measured else {}),
-            "profiling_s": spent_before + time.perf_counter() - t_start,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **({"failed": failed} if failed else {}),
-            **({"interrupted": interrupted} if interrupted else {}),
-            **({"in_progress": True} if in_progress else {}),
-        }
-
-    def stopped(signum: int) -> ProfileInterrupted:
-        name = signal.Signals(signum).name
-        if not probe:
-            return ProfileInterrupted(
-                f"profiling stopped by {name} during the memory probe; nothing was measured yet", signum, None
-            )
-        n_done = sum(t["status"] in FINISHED for t in trials)
-        return ProfileInterrupted(
-            f"profiling stopped by {name}: {n_done} of {len(probe['configs'])} trial(s) finished",
-            signum,
-            record(interrupted=name),
-        )
-
-    def run_world(n: int, configs: list[tuple[int, int]] | None) -> None:
-        streamed.clear()
-        world.update(n=n, snapped=0)
-        if interrupts.requested():
-            raise stopped(interrupts.requested())
-        oom_at = _oom_threshold([t for t in trials if t["n_workers"] == n])
-        try:
-            res = launcher.run(
-                profile_world,
-                n,
-                spec.to_dict(),
-                configs,
-                cap,
-                search,
-                budget,
-                oom_at,
-                on_event=forward,
-                timeout_s=timeout,
-            )
-        except WorkerError as err:
-            # keep every trial all ranks finished; the one in flight and the rest are not
-            done = _merge_trials([streamed.get(r, []) for r in range(n)]) if len(streamed) == n else []
-            trials.extend(done)
-            if err.cause == "interrupted" or interrupts.requested():
-                raise stopped(interrupts.requested() or signal.SIGINT) from None
-            if not probe:
-                raise  # nothing measured yet
-            todo = sorted(
-                (
-                    tuple(c)
-                    for c in (configs or [c for c in probe["configs"] if c[0] == n])
-                    if (c[0], c[1]) not in {(t["n_workers"], t["global_batch"]) for t in done}
-                ),
-                key=lambda c: c[1],
-            )
-            if err.cause == "oom" and todo:
-                # a rank ran out of memory after the probe step (a synchronised or timed step):
-                # that trial is an out-of-memory result, larger local batches are skipped, and
-                # a fresh world runs the smaller ones still to do
-                (n_oom, b_oom), rest = todo[0], todo[1:]
-                b_local = b_oom // n_oom
-                trials.append(asdict(Trial(n_oom, b_local, b_oom, "oom", note=str(err)[:300])))
-                trials.extend(
-                    asdict(
-                        Trial(
-                            n_,
-                            b_ // n_,
-                            b_,
-                            "skipped",
-                            note=f"not run: local batch {b_local} already ran out of memory",
-                        )
-                    )
-                    for n_, b_ in rest
-                    if b_ // n_ >= b_local
-                )
-                smaller = [c for c in rest if c[1] // c[0] < b_local]
-                if smaller:
-                    run_world(n, smaller)
-                return
-            for i, (nn_, big_b) in enumerate(todo):
-                trials.append(
-                    asdict(
-                        Trial(
-                            nn_,
-                            big_b // nn_,
-                            big_b,
-                            "error",
-                            note=str(err) if i == 0 else "not run: the world failed earlier",
-                        )
-                    )
-                )
-            raise ProfileFailed(
-                str(err), rank=err.rank, details=err.details, cause=err.cause, record=record(failed=str(err))
-            ) from None
-        merged = _merge_ranks(res)
-        trials.extend(merged)
-        if all(r.get("run_trial") for r in res):  # the trainer's own step and epoch end, slowest rank
-            run_trials.append(merge_run_trials([r["run_trial"] for r in res]))
-        if all("accumulation" in r for r in res):  # per step the slowest rank, then the median
-            a = dict(res[0]["accumulation"], n_workers=n)
-            a["step_times_s"] = [max(xs) for xs in zip(*(r["accumulation"]["step_times_s"] for r in res))]
-            a["t_step_s"] = statistics.median(a["step_times_s"])
-            accumulation.append(a)
-        if any("interrupted" in r for r in res):
-            raise stopped(res[0].get("interrupted") or signal.SIGINT)
-
-    with interrupts.graceful_signals():
-        if not probe:
+    # ------------------------------------------------------------------ the worlds
+    def run(self) -> dict:
+        """The first world (memory probe, configurations, its own trials) unless a previous
+        record gave them, then one world per cluster size with trials still to run; the
+        record."""
+        if not self.probe:
             # first world: memory probe, search space, then its own trials
-            run_world(sizes[0], None)
-            probe["configs"] = [tuple(c) for c in probe["configs"]]
-        configs = [Config(n, b) for n, b in probe["configs"]]
-        if not configs:
-            raise InfeasibleError(
-                f"no configuration fits: the memory model allows a local batch of at most {probe['max_local_batch']} "
-                f"within the budget of {budget} bytes, below every candidate (min_batch {spec.search.min_batch} "
-                f"over up to {max(sizes)} workers)"
-                + (
-                    f": {MemoryModel.from_dict(probe['memory']).shortfall(budget, spec.search.memory_safety)}"
-                    if probe["max_local_batch"] == 0
-                    else ""
-                )
-            )
-        if fixed is not None:  # the configurations this world cannot run, said so in the record
-            done_now = {(t["n_workers"], t["global_batch"]) for t in trials}
-            for c in configs:
-                if c.n_workers != fixed and (c.n_workers, c.global_batch) not in done_now:
-                    note = f"not run: this world (started by {started_by}) has {fixed} ranks"
-                    trials.append(asdict(Trial(c.n_workers, c.local_batch, c.global_batch, "skipped", note=note)))
-                    emit(
-                        {"type": "trial", "n_workers": c.n_workers, "global_batch": c.global_batch, "status": "skipped"}
-                    )
-            configs = [c for c in configs if c.n_workers == fixed]
-        if not_measured:  # the sizes this host cannot place (one rank per GPU), said so in the record
-            done_now = {(t["n_workers"], t["global_batch"]) for t in trials}
-            for c in configs:
-                if str(c.n_workers) in not_measured and (c.n_workers, c.global_batch) not in done_now:
-                    note = not_measured[str(c.n_workers)]
-                    trials.append(asdict(Trial(c.n_workers, c.local_batch, c.global_batch, "skipped", note=note)))
-                    emit(
-                        {"type": "trial", "n_workers": c.n_workers, "global_batch": c.global_batch, "status": "skipped"}
-                    )
-            configs = [c for c in configs if str(c.n_workers) not in not_measured]
-        done = {(t["n_workers"], t["global_batch"]) for t in trials}
+            self.run_world(self.sizes[0], None)
+            self.probe["configs"] = [tuple(c) for c in self.probe["configs"]]
+        configs = self.configs_to_run()
+        done = {(t["n_workers"], t["global_batch"]) for t in self.trials}
         for n in sorted({c.n_workers for c in configs}):
             todo = [
                 (c.n_workers, c.global_batch)
@@ -816,5 +691,212 @@ def _profile(
                 if c.n_workers == n and (c.n_workers, c.global_batch) not in done
             ]
             if todo:
-                run_world(n, todo)
-    return record()
+                self.run_world(n, todo)
+        return self.record()
+
+    def configs_to_run(self) -> list[Config]:
+        """The probed configurations this launcher can run (:class:`InfeasibleError` when the
+        memory model left none); those of a size a launched world does not have, or that
+        cannot be placed, are recorded as ``skipped`` trials with the reason (and a
+        ``trial`` event each)."""
+        configs = [Config(n, b) for n, b in self.probe["configs"]]
+        if not configs:
+            probe, budget = self.probe, self.budget
+            raise InfeasibleError(
+                f"no configuration fits: the memory model allows a local batch of at most {probe['max_local_batch']} "
+                f"within the budget of {budget} bytes, below every candidate (min_batch {self.spec.search.min_batch} "
+                f"over up to {max(self.sizes)} workers)"
+                + (
+                    f": {MemoryModel.from_dict(probe['memory']).shortfall(budget, self.spec.search.memory_safety)}"
+                    if probe["max_local_batch"] == 0
+                    else ""
+                )
+            )
+        fixed, not_measured = self.fixed, self.not_measured
+        if fixed is not None:  # the configurations this world cannot run, said so in the record
+            note = f"not run: this world (started by {self.started_by}) has {fixed} ranks"
+            configs = self._skip(configs, lambda c: c.n_workers != fixed, lambda c: note)
+        if not_measured:  # the sizes this host cannot place (one rank per GPU), said so in the record
+            configs = self._skip(
+                configs, lambda c: str(c.n_workers) in not_measured, lambda c: not_measured[str(c.n_workers)]
+            )
+        return configs
+
+    def _skip(
+        self, configs: list[Config], cannot: Callable[[Config], bool], why: Callable[[Config], str]
+    ) -> list[Config]:
+        """Record the configurations this launcher ``cannot`` run and that have no trial yet as
+        ``skipped`` (with ``why``), each with a ``trial`` event; the others."""
+        done_now = {(t["n_workers"], t["global_batch"]) for t in self.trials}
+        for c in configs:
+            if cannot(c) and (c.n_workers, c.global_batch) not in done_now:
+                self.trials.append(asdict(Trial(c.n_workers, c.local_batch, c.global_batch, "skipped", note=why(c))))
+                self.emit(
+                    {"type": "trial", "n_workers": c.n_workers, "global_batch": c.global_batch, "status": "skipped"}
+                )
+        return [c for c in configs if not cannot(c)]
+
+    def forward(self, rank: int, ev: dict) -> None:
+        """A rank's event: a rank's finished trial is kept (and, once every rank has finished
+        it, a snapshot of the record with it is given to ``on_snapshot``); the first world's
+        ``plan`` is the probe; the others go to ``on_event``."""
+        if ev["type"] == "rank_trial":
+            self.streamed.setdefault(rank, []).append(ev["trial"])
+            k = min((len(self.streamed.get(r, [])) for r in range(self.world["n"])), default=0)
+            if self.on_snapshot is not None and k > self.world["snapped"] and self.probe.get("configs") is not None:
+                self.world["snapped"] = k  # every rank finished trial k: a snapshot with it
+                done = _merge_trials([self.streamed[r][:k] for r in range(self.world["n"])])
+                self.on_snapshot(self.record(extra=done, in_progress=True))
+            return
+        if ev["type"] == "plan":
+            self.probe.update(ev)
+        self.emit(ev)
+
+    def run_world(self, n: int, configs: list[tuple[int, int]] | None) -> None:
+        """One world of ``n`` ranks running ``configs`` (``None``: the first world, which
+        probes the memory model and chooses them); its trials join the record
+        (:meth:`merge_world`), a failed world is :meth:`world_failed`'s."""
+        self.streamed.clear()
+        self.world.update(n=n, snapped=0)
+        if interrupts.requested():
+            raise self.stopped(interrupts.requested())
+        oom_at = _oom_threshold([t for t in self.trials if t["n_workers"] == n])
+        try:
+            res = self.launcher.run(
+                profile_world,
+                n,
+                self.spec.to_dict(),
+                configs,
+                self.cap,
+                self.search,
+                self.budget,
+                oom_at,
+                on_event=self.forward,
+                timeout_s=self.timeout,
+            )
+        except WorkerError as err:
+            self.world_failed(err, n, configs)
+            return
+        self.merge_world(n, res)
+
+    def world_failed(self, err: WorkerError, n: int, configs: list[tuple[int, int]] | None) -> None:
+        """A world of ``n`` ranks that failed running ``configs``: the trials every rank
+        finished are kept; an interruption is :class:`ProfileInterrupted`; an out-of-memory
+        after the probe step is that trial's result (:meth:`out_of_memory`); anything else
+        records the trials not run as ``error`` and raises :class:`ProfileFailed` with the
+        record (re-raised as it is when nothing was measured yet)."""
+        # keep every trial all ranks finished; the one in flight and the rest are not
+        done = _merge_trials([self.streamed.get(r, []) for r in range(n)]) if len(self.streamed) == n else []
+        self.trials.extend(done)
+        if err.cause == "interrupted" or interrupts.requested():
+            raise self.stopped(interrupts.requested() or signal.SIGINT) from None
+        if not self.probe:
+            raise err  # nothing measured yet
+        finished = {(t["n_workers"], t["global_batch"]) for t in done}
+        todo = sorted(
+            (
+                tuple(c)
+                for c in (configs or [c for c in self.probe["configs"] if c[0] == n])
+                if (c[0], c[1]) not in finished
+            ),
+            key=lambda c: c[1],
+        )
+        if err.cause == "oom" and todo:
+            self.out_of_memory(err, n, todo)
+            return
+        for i, (nn_, big_b) in enumerate(todo):
+            note = str(err) if i == 0 else "not run: the world failed earlier"
+            self.trials.append(asdict(Trial(nn_, big_b // nn_, big_b, "error", note=note)))
+        raise ProfileFailed(
+            str(err), rank=err.rank, details=err.details, cause=err.cause, record=self.record(failed=str(err))
+        ) from None
+
+    def out_of_memory(self, err: WorkerError, n: int, todo: list[tuple[int, ...]]) -> None:
+        """A rank of a world of ``n`` ran out of memory after the probe step (a synchronised or
+        timed step) at ``todo[0]``, the first trial not finished: that trial is an
+        out-of-memory result, those of larger local batches are skipped, and a fresh world
+        runs the smaller ones still to do."""
+        (n_oom, b_oom), rest = todo[0], todo[1:]
+        b_local = b_oom // n_oom
+        self.trials.append(asdict(Trial(n_oom, b_local, b_oom, "oom", note=str(err)[:300])))
+        skipped = f"not run: local batch {b_local} already ran out of memory"
+        self.trials.extend(
+            asdict(Trial(n_, b_ // n_, b_, "skipped", note=skipped)) for n_, b_ in rest if b_ // n_ >= b_local
+        )
+        smaller = [(c[0], c[1]) for c in rest if c[1] // c[0] < b_local]
+        if smaller:
+            self.run_world(n, smaller)
+
+    def merge_world(self, n: int, res: list[dict]) -> None:
+        """A world's results (one per rank of ``n``) joined: its trials (per step the slowest
+        rank), its run trial and accumulated-step check; :class:`ProfileInterrupted` when
+        the ranks agreed to stop."""
+        self.trials.extend(_merge_ranks(res))
+        if all(r.get("run_trial") for r in res):  # the trainer's own step and epoch end, slowest rank
+            self.run_trials.append(merge_run_trials([r["run_trial"] for r in res]))
+        if all("accumulation" in r for r in res):  # per step the slowest rank, then the median
+            a = dict(res[0]["accumulation"], n_workers=n)
+            a["step_times_s"] = [max(xs) for xs in zip(*(r["accumulation"]["step_times_s"] for r in res))]
+            a["t_step_s"] = statistics.median(a["step_times_s"])
+            self.accumulation.append(a)
+        if any("interrupted" in r for r in res):
+            raise self.stopped(res[0].get("interrupted") or signal.SIGINT)
+
+    # ------------------------------------------------------------------ the record
+    def stopped(self, signum: int) -> ProfileInterrupted:
+        """SIGINT/SIGTERM (``signum``) stopped profiling: the error, with the record so far."""
+        name = signal.Signals(signum).name
+        if not self.probe:
+            return ProfileInterrupted(
+                f"profiling stopped by {name} during the memory probe; nothing was measured yet", signum, None
+            )
+        n_done = sum(t["status"] in FINISHED for t in self.trials)
+        return ProfileInterrupted(
+            f"profiling stopped by {name}: {n_done} of {len(self.probe['configs'])} trial(s) finished",
+            signum,
+            self.record(interrupted=name),
+        )
+
+    def record(
+        self,
+        failed: str | None = None,
+        interrupted: str | None = None,
+        extra: Sequence[dict] = (),
+        in_progress: bool = False,
+    ) -> dict:
+        """The profile record (``profile.json``): the trials so far (and ``extra``, a running
+        world's finished ones) by (N, B), the memory model and configurations, the hardware;
+        ``failed``, ``interrupted`` and ``in_progress`` when it is not the whole profile."""
+        spec, probe = self.spec, self.probe
+        ordered = sorted([*self.trials, *extra], key=lambda t: (t["n_workers"], t["global_batch"]))
+        return {
+            "kind": PROFILE_KIND,
+            "version": VERSIONS[PROFILE_KIND],
+            "spec": spec.to_dict(),
+            "search": self.search,
+            "device": self.device,
+            "backend": "nccl" if self.device == "cuda" else "gloo",
+            "threads_per_worker": self.threads,
+            "precision": spec.train.precision,
+            "memory_budget_bytes": self.budget,
+            "enforce_memory_cap": spec.search.enforce_memory_cap,
+            "dataset_size": self.dataset_size,
+            "sample_shape": self.sample_shape,
+            "model": {"name": spec.model.name, "param_count": self.param_count, "grad_bytes": self.grad_bytes},
+            "memory": probe["memory"],
+            "max_local_batch": probe["max_local_batch"],
+            "configs": [list(c) for c in probe["configs"]],
+            "trials": ordered,
+            "accumulation_trials": self.accumulation,
+            "run_trials": self.run_trials,
+            "placement": placement(ordered),
+            "launcher": getattr(self.launcher, "name", type(self.launcher).__name__),
+            "facts": self.facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
+            # cluster sizes the launcher could not place (one rank per GPU): N -> why
+            **({"not_measured": self.not_measured} if self.not_measured else {}),
+            "profiling_s": self.spent_before + time.perf_counter() - self.t_start,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"failed": failed} if failed else {}),
+            **({"interrupted": interrupted} if interrupted else {}),
+            **({"in_progress": True} if in_progress else {}),
+        }

@@ -1048,6 +1048,19 @@ def _check_fixed_world(launcher: Launcher, n_workers: int, spec: JobSpec) -> Non
         )
 
 
+def _check_before_any_world(spec: JobSpec, method: str, n_workers: int, launcher: Launcher) -> None:
+    """The sentences a run is refused with before its directory is locked: a batch schedule
+    the method cannot follow, a worker count a launched world cannot have, fp16 on a CPU."""
+    if spec.train.batch_schedule is not None or spec.train.workers is not None:
+        problem = schedule_problem(method, spec)
+        if problem:
+            raise SpecError(problem)
+    _check_fixed_world(launcher, n_workers, spec)
+    if spec.train.precision == "fp16":  # fp16 on a CPU: one sentence before any world
+        device = getattr(launcher, "device", "auto")
+        check_precision("fp16", launcher.facts()["device"] if device == "auto" else device)
+
+
 def _train(
     spec: JobSpec,
     method: str,
@@ -1059,226 +1072,325 @@ def _train(
     on_event: Callable[[dict], None] | None,
 ) -> dict:
     out = check_out_dir(Path(out_dir))
-    scheduled = spec.train.batch_schedule is not None or spec.train.workers is not None
-    if scheduled:
-        problem = schedule_problem(method, spec)
-        if problem:
-            raise SpecError(problem)
-    _check_fixed_world(launcher, n_workers, spec)
-    if spec.train.precision == "fp16":  # fp16 on a CPU: one sentence before any world
-        device = getattr(launcher, "device", "auto")
-        check_precision("fp16", launcher.facts()["device"] if device == "auto" else device)
+    _check_before_any_world(spec, method, n_workers, launcher)
     _, data = check_workload(spec)
+    run = TrainSupervisor(spec, method, n_workers, global_batch, out, launcher, on_event, data.train_size)
     with interrupts.graceful_signals(), locked(out):
-        fallbacks: list[dict] = []
-        resumed_from_epoch: int | None = None
-        accum = spec.train.accumulation_steps
-        notes: list[str] = []
-        if has_checkpoint(out):
+        return run.run(resume)
+
+
+class TrainSupervisor:
+    """A training run as its caller supervises it (:func:`train`): the generations -- one
+    launched world each -- from the resume state and the first configuration to the record.
+
+    Its steps are methods, each testable without a world: :meth:`resume_from` (the state a
+    checkpoint's header gives), :meth:`first_schedule` (epoch 0's configuration under a
+    batch schedule), :meth:`generation` (one world run, its failure mapped to a status or a
+    sentence), :meth:`resize` (the next generation's configuration:
+    :meth:`next_configuration`), :meth:`fall_back` (the configuration after an
+    out-of-memory) and :meth:`record` (the run's ``train.json``).  Between them the
+    configuration the next world starts at is ``global_batch``, ``n_workers`` and
+    ``accum`` (k)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        method: str,
+        n_workers: int,
+        global_batch: int,
+        out: Path,
+        launcher: Launcher,
+        on_event: Callable[[dict], None] | None,
+        train_size: int,
+    ) -> None:
+        self.spec, self.method, self.out, self.launcher, self.train_size = spec, method, out, launcher, train_size
+        self.emit: Callable[[dict], None] = on_event or (lambda ev: None)
+        self.scheduled = spec.train.batch_schedule is not None or spec.train.workers is not None
+        self.global_batch, self.n_workers, self.accum = global_batch, n_workers, spec.train.accumulation_steps
+        self.fallbacks: list[dict] = []
+        self.resumed_from_epoch: int | None = None
+        self.first_trained: dict | None = None  # a resumed run's first epoch (its schedule's caps start there)
+        self.notes: list[str] = []
+        self.schedule: dict | None = None  # a batch schedule's state, LR multiplier and caps
+        self.generations: list[dict] = []
+        self.at_epoch = 0  # the last finished epoch when a world starts
+        self.first_batch = global_batch
+        self.device = "cpu"
+        self.t0 = time.perf_counter()
+
+    # ------------------------------------------------------------------ the whole run
+    def run(self, resume: bool) -> dict:
+        """Train: the resume state, the first configuration, then generations until one
+        finishes (``ok``), each ended by a resize or an out-of-memory starting the next."""
+        self.resume_state(resume)
+        for message in self.notes:
+            self.emit({"type": "note", "message": message})
+        if self.scheduled:
+            self.first_schedule()
+        validate_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
+        self.device = self.launcher.facts()["device"]
+        self.first_batch = self.global_batch
+        self.t0 = time.perf_counter()
+        self.at_epoch = self.resumed_from_epoch or 0
+        while True:
+            status, note, res = self.generation()
+            if status == "ok":
+                assert res is not None
+                return self.record(res)
+            if status == "interrupted":
+                assert res is not None
+                raise _interrupted(res[0].get("signal"), res[0]["epochs_done"], self.spec.epochs, self.out)
+            if status == "resize":  # the next generation: a new world of its own size, on a fresh port
+                assert res is not None
+                self.resize(res[0])
+                continue
+            self.fall_back(note)
+
+    # ------------------------------------------------------------------ before the first world
+    def resume_state(self, resume: bool) -> None:
+        """Where the run starts: a checkpoint in the directory is continued only with
+        ``resume`` (:meth:`resume_from`), and ``resume`` needs one."""
+        if has_checkpoint(self.out):
             if not resume:
                 raise RunDirError(
-                    f"{out} already holds a training run; pass --resume to continue it, or choose "
+                    f"{self.out} already holds a training run; pass --resume to continue it, or choose "
                     "another output directory"
                 )
-            meta = checkpoint_meta(out)
-            check_resumed_precision(meta, spec, out)  # before any world: the ranks check it again on loading
-            if meta["method"] != method or (not scheduled and meta["n_workers"] != n_workers):
-                raise SpecError(
-                    f"the checkpoint in {out} was trained with method {meta['method']!r} on "
-                    f"{meta['n_workers']} worker(s), not {method!r} on {n_workers}; resume it with those"
-                )
-            global_batch, fallbacks = meta["global_batch"], list(meta.get("fallbacks", []))
-            # the checkpoint's k, as its global batch: an out-of-memory fallback may have raised it
-            trained_k = meta.get("accumulation_steps", 1)
-            if trained_k != accum and not scheduled:  # a schedule chooses its own k
-                notes.append(
-                    f"resuming at the checkpoint's {trained_k} accumulation step(s), not train.accumulation_steps "
-                    f"{accum} (the same samples and updates; only the micro-batch differs)"
-                )
-            accum = trained_k
-            if scheduled:  # the generation the schedule chose after the last finished epoch
-                global_batch = meta.get("next_global_batch") or global_batch
-                n_workers = meta.get("next_n_workers") or meta["n_workers"]
-                accum = meta.get("next_accumulation_steps") or accum
-            resumed_from_epoch = meta["epoch"]
+            self.resume_from(checkpoint_meta(self.out))
         elif resume:
-            raise RunDirError(f"there is no checkpoint in {out} to resume; run without --resume to start training")
-        emit = on_event or (lambda ev: None)
-        for message in notes:
-            emit({"type": "note", "message": message})
-        schedule = None
-        if scheduled:
-            # the caps' defaults (batch_per_worker) come from the run's first configuration
-            first = (
-                meta["history"][0]
-                if resumed_from_epoch and meta["history"]
-                else {"global_batch": global_batch, "n_workers": n_workers}
+            raise RunDirError(f"there is no checkpoint in {self.out} to resume; run without --resume to start training")
+
+    def resume_from(self, meta: dict) -> None:
+        """Go on from a checkpoint's header ``meta``: its method (and, without a schedule, its
+        worker count) must be this run's; its global batch, accumulation steps and fallbacks
+        are taken (an out-of-memory fallback may have changed the first two; a note says so
+        when k differs from the spec's), and with a schedule the configuration it chose
+        after the last finished epoch."""
+        check_resumed_precision(meta, self.spec, self.out)  # before any world: the ranks check it again on loading
+        if meta["method"] != self.method or (not self.scheduled and meta["n_workers"] != self.n_workers):
+            raise SpecError(
+                f"the checkpoint in {self.out} was trained with method {meta['method']!r} on "
+                f"{meta['n_workers']} worker(s), not {self.method!r} on {self.n_workers}; resume it with those"
             )
-            caps = caps_from_spec(
-                spec, first["global_batch"], first["n_workers"], data.train_size, max_local_batch=None
+        self.global_batch, self.fallbacks = meta["global_batch"], list(meta.get("fallbacks", []))
+        # the checkpoint's k, as its global batch: an out-of-memory fallback may have raised it
+        trained_k = meta.get("accumulation_steps", 1)
+        if trained_k != self.accum and not self.scheduled:  # a schedule chooses its own k
+            self.notes.append(
+                f"resuming at the checkpoint's {trained_k} accumulation step(s), not train.accumulation_steps "
+                f"{self.accum} (the same samples and updates; only the micro-batch differs)"
             )
-            if resumed_from_epoch is None:  # epoch 0's configuration, within the caps
-                d = next_config(state_from_spec(spec, global_batch), 0, [], caps)
-                global_batch, n_workers, accum = d.global_batch, d.n_workers, d.accumulation_steps
-                schedule = {"state": d.state, "lr_multiplier": d.lr_multiplier, "caps": caps}
-            else:  # the state and LR multiplier come from the checkpoint
-                schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
-            global_batch, n_workers = _available(
-                launcher, global_batch, n_workers, schedule, emit, data.train_size, accum
+        self.accum = trained_k
+        if self.scheduled:  # the generation the schedule chose after the last finished epoch
+            self.global_batch = meta.get("next_global_batch") or self.global_batch
+            self.n_workers = meta.get("next_n_workers") or meta["n_workers"]
+            self.accum = meta.get("next_accumulation_steps") or self.accum
+        self.resumed_from_epoch = meta["epoch"]
+        self.first_trained = meta["history"][0] if meta["epoch"] and meta["history"] else None
+
+    def first_schedule(self) -> None:
+        """A batch schedule's caps (their defaults, e.g. batch_per_worker, from the run's first
+        configuration) and, for a new run, epoch 0's configuration within them; a resumed run
+        takes the schedule's state and LR multiplier from the checkpoint.  Then the workers
+        the launcher can provide (:func:`_available`)."""
+        first = self.first_trained or {"global_batch": self.global_batch, "n_workers": self.n_workers}
+        caps = caps_from_spec(
+            self.spec, first["global_batch"], first["n_workers"], self.train_size, max_local_batch=None
+        )
+        if self.resumed_from_epoch is None:  # epoch 0's configuration, within the caps
+            d = next_config(state_from_spec(self.spec, self.global_batch), 0, [], caps)
+            self.global_batch, self.n_workers, self.accum = d.global_batch, d.n_workers, d.accumulation_steps
+            self.schedule = {"state": d.state, "lr_multiplier": d.lr_multiplier, "caps": caps}
+        else:  # the state and LR multiplier come from the checkpoint
+            self.schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
+        self.global_batch, self.n_workers = _available(
+            self.launcher, self.global_batch, self.n_workers, self.schedule, self.emit, self.train_size, self.accum
+        )
+
+    # ------------------------------------------------------------------ one generation
+    def epochs_kept(self) -> int:
+        """The last finished epoch: the checkpoint's (0 without one)."""
+        return checkpoint_meta(self.out)["epoch"] if has_checkpoint(self.out) else 0
+
+    def generation(self) -> tuple[str, str, list[dict] | None]:
+        """One world at the current configuration (:func:`train_world` on every rank):
+        ``(status, note, the ranks' results)`` -- ``ok``, ``interrupted``, ``resize`` or
+        ``oom``; a failed world is mapped by :meth:`world_failed` (results ``None``).  The
+        batches it trained at join ``generations``."""
+        if interrupts.requested():
+            kept = self.epochs_kept() if has_checkpoint(self.out) else (self.resumed_from_epoch or 0)
+            raise _interrupted(None, kept, self.spec.epochs, self.out)
+        self.emit(
+            {
+                "type": "start",
+                "global_batch": self.global_batch,
+                "n_workers": self.n_workers,
+                "accumulation_steps": self.accum,
+                "micro_batch": self.global_batch // self.n_workers // self.accum,
+                "steps_per_epoch": steps_per_epoch(self.train_size, self.global_batch),
+                "epochs": self.spec.epochs,
+            }
+        )
+        started = time.perf_counter()
+        cap = self.spec.search.memory_budget_bytes if self.spec.search.enforce_memory_cap else None
+        res: list[dict] | None = None
+        try:
+            res = self.launcher.run(
+                train_world,
+                self.n_workers,
+                self.spec.to_dict(),
+                self.method,
+                self.global_batch,
+                str(self.out),
+                self.fallbacks,
+                cap,
+                uuid.uuid4().hex,
+                self.schedule,
+                self.accum,
+                on_event=lambda rank, ev: self.emit(ev),
+                timeout_s=None,
             )
-        validate_config(spec, method, n_workers, global_batch, data.train_size, accum)
-        device = launcher.facts()["device"]
-        generations: list[dict] = []
-        cap = spec.search.memory_budget_bytes if spec.search.enforce_memory_cap else None
-        first_batch = global_batch
-        t0 = time.perf_counter()
-        at_epoch = resumed_from_epoch or 0  # the last finished epoch when a world starts
-        while True:
-            if interrupts.requested():
-                raise _interrupted(
-                    None,
-                    (resumed_from_epoch or 0) if not has_checkpoint(out) else checkpoint_meta(out)["epoch"],
-                    spec.epochs,
-                    out,
-                )
-            emit(
-                {
-                    "type": "start",
-                    "global_batch": global_batch,
-                    "n_workers": n_workers,
-                    "accumulation_steps": accum,
-                    "micro_batch": global_batch // n_workers // accum,
-                    "steps_per_epoch": steps_per_epoch(data.train_size, global_batch),
-                    "epochs": spec.epochs,
-                }
+            status, note, segments = res[0]["status"], res[0].get("note", ""), res[0]["segments"]
+            # the batch the world was at when it ended (a batch change inside it moves it)
+            self.global_batch, self.accum = res[0]["global_batch"], res[0]["accumulation_steps"]
+        except WorkerError as err:
+            status, note, segments = self.world_failed(err)
+        self.add_segments(segments, started)
+        return status, note, res
+
+    def world_failed(self, err: WorkerError) -> tuple[str, str, list[dict]]:
+        """A world that failed: an interruption raises :class:`~tula.core.errors.Interrupted`,
+        any cause but out-of-memory :class:`TrainFailed` (saying which epochs are kept); an
+        out-of-memory is ``("oom", note, segments)``, the segments from the epochs it
+        checkpointed, and the configuration the one it went on at after them."""
+        meta = checkpoint_meta(self.out) if has_checkpoint(self.out) else None
+        done = meta["epoch"] if meta else 0
+        if err.cause == "interrupted" or interrupts.requested():
+            raise _interrupted(None, done, self.spec.epochs, self.out) from None
+        if err.cause != "oom":
+            raise TrainFailed(
+                f"{err}; the {done} epoch(s) finished before it are kept in {self.out / CHECKPOINT}"
+                if done
+                else str(err),
+                rank=err.rank,
+                details=err.details,
+                cause=err.cause,
+            ) from None
+        segments = _segments_from_history(meta["history"][self.at_epoch : done] if meta else [])
+        if segments and meta is not None and meta.get("next_n_workers") == self.n_workers:
+            # it went on at the next batch
+            self.global_batch = meta.get("next_global_batch") or self.global_batch
+            self.accum = meta.get("next_accumulation_steps") or self.accum
+        return "oom", str(err), segments
+
+    def add_segments(self, segments: list[dict], started: float) -> None:
+        """A world's segments (one per batch it trained at) join ``generations`` under the
+        next world number; the first one's time, when the world left it open, counts from
+        ``started`` (the world's start)."""
+        if not segments:
+            return
+        world_no = self.generations[-1]["world"] + 1 if self.generations else 1
+        if segments[0]["wall_s"] is None:  # the world's start counts to its first batch
+            later = sum(g["wall_s"] for g in segments[1:])
+            segments[0] = {**segments[0], "wall_s": time.perf_counter() - started - later}
+        self.generations.extend({**g, "world": world_no, "new_world": k == 0} for k, g in enumerate(segments))
+
+    # ------------------------------------------------------------------ between generations
+    def next_configuration(self, result: dict) -> tuple[int, int, int]:
+        """The next generation's ``(global batch, workers, accumulation steps)`` after a world
+        that ended for a resize (``result``: its rank 0's): the one the batch schedule chose.
+        The place for a rule that chooses the worker count at a batch change."""
+        return result["next_global_batch"], result["next_n_workers"], result.get("next_accumulation_steps", self.accum)
+
+    def resize(self, result: dict) -> None:
+        """Move to the next generation after a world that ended for a resize: its
+        configuration (:meth:`next_configuration`), with the workers the launcher can
+        provide (:func:`_available`), checked, and said in a ``resize`` event."""
+        self.at_epoch = result["epochs_done"]
+        global_batch, n_workers, self.accum = self.next_configuration(result)
+        self.global_batch, self.n_workers = _available(
+            self.launcher, global_batch, n_workers, self.schedule, self.emit, self.train_size, self.accum
+        )
+        validate_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
+        self.emit(
+            {
+                "type": "resize",
+                "at_epoch": self.at_epoch,
+                "global_batch": self.global_batch,
+                "n_workers": self.n_workers,
+                "accumulation_steps": self.accum,
+                "new_world": True,
+            }
+        )
+
+    def fall_back(self, note: str) -> None:
+        """After an out-of-memory (``note``: why) the micro-batch halves -- k doubles at the
+        same global batch while it can, then B halves (:func:`next_fallback`) -- from the last
+        checkpoint; a schedule's caps stop it growing back into the micro-batch that ran out.
+        The fallback joins ``fallbacks`` and is emitted; :class:`InfeasibleError` when no
+        smaller batch is left."""
+        max_k = None
+        if self.schedule:  # the schedule must not grow back into the micro-batch that ran out of memory
+            failed_micro = self.global_batch // self.n_workers // self.accum
+            caps = self.schedule["caps"]
+            lim = caps.max_local_batch
+            self.schedule["caps"] = replace(
+                caps, max_local_batch=min(lim or failed_micro, failed_micro - 1) if failed_micro > 1 else lim
             )
-            started = time.perf_counter()
-            try:
-                res = launcher.run(
-                    train_world,
-                    n_workers,
-                    spec.to_dict(),
-                    method,
-                    global_batch,
-                    str(out),
-                    fallbacks,
-                    cap,
-                    uuid.uuid4().hex,
-                    schedule,
-                    accum,
-                    on_event=lambda rank, ev: emit(ev),
-                    timeout_s=None,
-                )
-                status, note = res[0]["status"], res[0].get("note", "")
-                segments = res[0]["segments"]
-                # the batch the world was at when it ended (a batch change inside it moves it)
-                global_batch, accum = res[0]["global_batch"], res[0]["accumulation_steps"]
-            except WorkerError as err:
-                meta = checkpoint_meta(out) if has_checkpoint(out) else None
-                done = meta["epoch"] if meta else 0
-                if err.cause == "interrupted" or interrupts.requested():
-                    raise _interrupted(None, done, spec.epochs, out) from None
-                if err.cause != "oom":
-                    raise TrainFailed(
-                        f"{err}; the {done} epoch(s) finished before it are kept in {out / CHECKPOINT}"
-                        if done
-                        else str(err),
-                        rank=err.rank,
-                        details=err.details,
-                        cause=err.cause,
-                    ) from None
-                status, note = "oom", str(err)
-                segments = _segments_from_history(meta["history"][at_epoch:done] if meta else [])
-                if segments and meta.get("next_n_workers") == n_workers:  # it went on at the next batch
-                    global_batch = meta.get("next_global_batch") or global_batch
-                    accum = meta.get("next_accumulation_steps") or accum
-            if segments:
-                world_no = generations[-1]["world"] + 1 if generations else 1
-                if segments[0]["wall_s"] is None:  # the world's start counts to its first batch
-                    later = sum(g["wall_s"] for g in segments[1:])
-                    segments[0] = {**segments[0], "wall_s": time.perf_counter() - started - later}
-                generations.extend({**g, "world": world_no, "new_world": k == 0} for k, g in enumerate(segments))
-            if status == "ok":
-                break
-            if status == "interrupted":
-                raise _interrupted(res[0].get("signal"), res[0]["epochs_done"], spec.epochs, out)
-            if status == "resize":  # the next generation: a new world of its own size, on a fresh port
-                at_epoch = res[0]["epochs_done"]
-                global_batch, n_workers = res[0]["next_global_batch"], res[0]["next_n_workers"]
-                accum = res[0].get("next_accumulation_steps", accum)
-                global_batch, n_workers = _available(
-                    launcher, global_batch, n_workers, schedule, emit, data.train_size, accum
-                )
-                validate_config(spec, method, n_workers, global_batch, data.train_size, accum)
-                emit(
-                    {
-                        "type": "resize",
-                        "at_epoch": at_epoch,
-                        "global_batch": global_batch,
-                        "n_workers": n_workers,
-                        "accumulation_steps": accum,
-                        "new_world": True,
-                    }
-                )
-                continue
-            max_k = None
-            if schedule:  # the schedule must not grow back into the micro-batch that ran out of memory
-                failed_micro = global_batch // n_workers // accum
-                caps = schedule["caps"]
-                lim = caps.max_local_batch
-                schedule["caps"] = replace(
-                    caps, max_local_batch=min(lim or failed_micro, failed_micro - 1) if failed_micro > 1 else lim
-                )
-                max_k = caps.max_accumulation_steps  # a schedule's k stays within its caps
-            # the micro-batch halves: k doubles at the same global batch while it can, then B halves
-            smaller, new_k = next_fallback(global_batch, n_workers, accum, max_k)
-            done = checkpoint_meta(out)["epoch"] if has_checkpoint(out) else 0
-            at_epoch = done
-            fallbacks.append(
-                {
-                    "from_global_batch": global_batch,
-                    "to_global_batch": smaller,
-                    "from_accumulation_steps": accum,
-                    "to_accumulation_steps": new_k,
-                    "at_epoch": done,
-                    "reason": note[:300],
-                }
+            max_k = caps.max_accumulation_steps  # a schedule's k stays within its caps
+        smaller, new_k = next_fallback(self.global_batch, self.n_workers, self.accum, max_k)
+        self.at_epoch = self.epochs_kept()
+        self.fallbacks.append(
+            {
+                "from_global_batch": self.global_batch,
+                "to_global_batch": smaller,
+                "from_accumulation_steps": self.accum,
+                "to_accumulation_steps": new_k,
+                "at_epoch": self.at_epoch,
+                "reason": note[:300],
+            }
+        )
+        self.emit({"type": "fallback", **self.fallbacks[-1]})
+        if smaller < smallest_batch_for(self.method, self.spec, self.n_workers):
+            micro = self.global_batch // self.n_workers // self.accum
+            raise InfeasibleError(
+                f"global batch {self.global_batch} ran out of memory on {self.n_workers} worker(s)"
+                + (f" at a micro-batch of {micro} ({self.accum} accumulation steps)" if self.accum > 1 else "")
+                + " and no smaller batch is left to fall back to"
             )
-            emit({"type": "fallback", **fallbacks[-1]})
-            if smaller < smallest_batch_for(method, spec, n_workers):
-                micro = global_batch // n_workers // accum
-                raise InfeasibleError(
-                    f"global batch {global_batch} ran out of memory on {n_workers} worker(s)"
-                    + (f" at a micro-batch of {micro} ({accum} accumulation steps)" if accum > 1 else "")
-                    + " and no smaller batch is left to fall back to"
-                )
-            global_batch, accum = smaller, new_k
+        self.global_batch, self.accum = smaller, new_k
+
+    # ------------------------------------------------------------------ the record
+    def record(self, res: list[dict]) -> dict:
+        """The run's record (``train.json``) from the last world's results ``res`` (one per
+        rank): the configuration it ended at, the history, the fallbacks, the generations."""
         rank0 = res[0]
         hist = rank0["history"]
+        spec = self.spec
         return {
             "kind": TRAIN_KIND,
             "version": VERSIONS[TRAIN_KIND],
             "spec": spec.to_dict(),
-            "method": method,
-            "n_workers": n_workers,
-            "requested_global_batch": first_batch,
-            "global_batch": global_batch,
-            "local_batch": global_batch // n_workers,
-            "accumulation_steps": accum,
-            "micro_batch": global_batch // n_workers // accum,
+            "method": self.method,
+            "n_workers": self.n_workers,
+            "requested_global_batch": self.first_batch,
+            "global_batch": self.global_batch,
+            "local_batch": self.global_batch // self.n_workers,
+            "accumulation_steps": self.accum,
+            "micro_batch": self.global_batch // self.n_workers // self.accum,
             "steps_per_epoch": rank0["steps_per_epoch"],
             "epochs": spec.epochs,
             "steps_done": rank0["steps_done"],
-            "resumed_from_epoch": resumed_from_epoch,
-            "fallbacks": fallbacks,
+            "resumed_from_epoch": self.resumed_from_epoch,
+            "fallbacks": self.fallbacks,
             "history": hist,
             "final": hist[-1] if hist else {},
             "best_test_top1": max((h["test_top1"] for h in hist if "test_top1" in h), default=math.nan),
             "replicas_identical": len({r["param_digest"] for r in res}) == 1,
-            "traces": {**rank0["traces"], **step_traces(out / METRICS)},
-            "train_s": time.perf_counter() - t0,
-            "device": device,
+            "traces": {**rank0["traces"], **step_traces(self.out / METRICS)},
+            "train_s": time.perf_counter() - self.t0,
+            "device": self.device,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "batch_schedule": None if spec.train.batch_schedule is None else spec.train.batch_schedule.kind,
-            "generations": generations,
+            "generations": self.generations,
         }
