@@ -194,18 +194,7 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
             return 0
         return 143  # stopped from outside (the service is shutting down): the dispatcher re-queues it
     except WorkerError as err:
-        if err.cause in LOST_CAUSES and job["attempts"] < MAX_ATTEMPTS and settings.cluster != "local":
-            # a worker, its host or its link was lost: the job goes on from its records (the last
-            # checkpoint, the finished trials) on the workers there are, when enough are free
-            store.update_job(
-                job_id,
-                state="queued",
-                message=f"queued again to resume on the workers left (attempt {job['attempts']} of "
-                f"{MAX_ATTEMPTS}): {plain(err)}",
-            )
-            return 3
-        store.update_job(job_id, state="failed", error=plain(err))
-        return 2
+        return _after_a_failed_world(store, job, err, settings)
     except TulaError as err:
         store.update_job(job_id, state="failed", error=plain(err))
         return 2
@@ -216,6 +205,23 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
     finally:
         stop.set()
         store.close()
+
+
+def _after_a_failed_world(store: Store, job: dict, err: WorkerError, settings: ServiceSettings) -> int:
+    """A world of the job failed: where a worker, its host or its link was lost on a cluster,
+    the job is queued again (exit 3) and goes on from its records (the last checkpoint, the
+    finished trials) on the workers there are, once enough are free -- at most
+    :data:`MAX_ATTEMPTS` runs in all; any other failure ends it (exit 2)."""
+    if err.cause in LOST_CAUSES and job["attempts"] < MAX_ATTEMPTS and settings.cluster != "local":
+        store.update_job(
+            job["id"],
+            state="queued",
+            message=f"queued again to resume on the workers left (attempt {job['attempts']} of "
+            f"{MAX_ATTEMPTS}): {plain(err)}",
+        )
+        return 3
+    store.update_job(job["id"], state="failed", error=plain(err))
+    return 2
 
 
 class Dispatcher:
