@@ -8,8 +8,9 @@ conftest.py).
 - /proc walkers: :func:`process_tree`, :func:`descendants`, :func:`ranks_below`,
   :func:`group_alive`, :func:`cmdline`;
 - the local launcher of a test (:func:`local_launcher`);
-- records made by hand: :func:`profile_record` (known step times and peaks),
-  :func:`models_record` (a models record of a known performance model).
+- records made by hand: :func:`profile_record` (of :func:`known_trials`, known step times and
+  peaks, or of given trials), :func:`models_record` (a models record of a known performance
+  model and :func:`memory_model`).
 """
 
 from __future__ import annotations
@@ -200,9 +201,10 @@ def local_launcher(**kw: Any):
 
 
 # --------------------------------------------------------------------------- records made by hand
-def profile_record(spec: dict) -> dict:
-    """A profile record built from known step times and peaks (no torch involved): N in (1, 2),
-    B in (16, 32, 128, 256), t_compute = 1 ms + 10 us * b, 2 ms of sync on 2 workers."""
+def known_trials() -> list[dict]:
+    """Trials of known step times and peaks (no torch involved): N in (1, 2), B in
+    (16, 32, 128, 256), t_compute = 1 ms + 10 us * b, 2 ms of sync on 2 workers, a peak of
+    100,000 bytes + 2,000 per sample."""
     trials = []
     for n in (1, 2):
         for big_b in (16, 32, 128, 256):
@@ -224,6 +226,15 @@ def profile_record(spec: dict) -> dict:
                     "timed_steps": 3,
                 }
             )
+    return trials
+
+
+def profile_record(spec: dict, trials: list[dict] | None = None, **fields: Any) -> dict:
+    """A profile record as ``tula profile`` writes it (not validated): of ``trials``
+    (:func:`known_trials` unless given) with a memory probe that matches those, the digits set
+    (1438 samples of 1x8x8) and small_cnn.  ``fields`` replace top-level fields (``memory``,
+    ``model``, ``search``, ``created``, ``facts``, ...); ``configs`` are the trials' (N, B)."""
+    trials = known_trials() if trials is None else trials
     memory = {
         "param_bytes": 40_000,
         "grad_bytes": 40_000,
@@ -255,7 +266,29 @@ def profile_record(spec: dict) -> dict:
         "trials": trials,
         "profiling_s": 1.0,
         "created": "now",
+        **fields,
     }
+
+
+def memory_model(**fields: Any):
+    """The memory model of the records made by hand (:func:`models_record`): 2000 static bytes
+    (1000 of parameters, 1000 of gradients) and 100 per sample (90 of activations, 10 of the
+    batch), probed at local batches 1 and 2.  ``fields`` replace its fields."""
+    from tula.engine.memory import MemoryModel
+
+    base: dict[str, Any] = {
+        "param_bytes": 1000,
+        "grad_bytes": 1000,
+        "optimizer_state_bytes": 0,
+        "buffer_bytes": 0,
+        "other_static_bytes": 0,
+        "activation_bytes_per_sample": 90,
+        "batch_bytes_per_sample": 10,
+        "probe_local_batches": (1, 2),
+        "probe_peak_bytes": (2100, 2200),
+        "device": "cpu",
+    }
+    return MemoryModel(**{**base, **fields})
 
 
 #: the data set size of :func:`models_record`
@@ -271,47 +304,45 @@ def models_record(
     epochs=1,
     constraints=None,
     full: bool = False,
+    *,
+    spec: dict | None = None,
+    dataset_size: int = MODELS_D,
+    trials=(),
+    placement: dict | None = None,
 ) -> dict:
-    """A models record of the performance model ``perf`` (a PerfModel): D = 1000 samples, B from
-    10 to 1000, 1 $ per node-second unless ``pricing`` says otherwise, a memory model of 2000
-    static bytes and 100 per sample.  ``full``: with the fields a saved record has (version,
-    search, device, memory_probed, fit_error) so that it validates."""
+    """A models record of the performance model ``perf`` (a PerfModel) and :func:`memory_model`:
+    D = 1000 samples, B from 10 to 1000, 1 $ per node-second unless ``pricing`` says otherwise.
+    ``full``: with the fields a saved record has (version, search, device, memory_probed,
+    fit_error) so that it validates.  ``spec``: the job spec (a dict) in place of the one made of
+    ``sizes``, ``pricing``, ``epochs`` and ``constraints``; ``dataset_size``, ``trials`` and
+    ``placement`` (left out when None): those fields of the record."""
     from tula.core.spec import spec_from_dict
-    from tula.engine.memory import MemoryModel
 
-    spec = {
-        "epochs": epochs,
-        "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
-        "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0},
-    }
-    if constraints is not None:
-        spec["constraints"] = constraints
-    mem = MemoryModel(
-        param_bytes=1000,
-        grad_bytes=1000,
-        optimizer_state_bytes=0,
-        buffer_bytes=0,
-        other_static_bytes=0,
-        activation_bytes_per_sample=90,
-        batch_bytes_per_sample=10,
-        probe_local_batches=(1, 2),
-        probe_peak_bytes=(2100, 2200),
-        device="cpu",
-    )
+    if spec is None:
+        spec = {
+            "epochs": epochs,
+            "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
+            "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0},
+        }
+        if constraints is not None:
+            spec["constraints"] = constraints
+    mem = memory_model()
     rec = {"kind": "tula.models"}
     if full:
         rec.update({"version": 1, "search": "full", "device": "cpu"})
     rec.update(
         {
             "spec": spec_from_dict(spec).to_dict(),
-            "dataset_size": MODELS_D,
+            "dataset_size": dataset_size,
             "memory_budget_bytes": budget,
             "memory": mem.to_dict(),
             "perf": perf.to_dict(),
             "oom_local_batch": oom,
-            "trials": [],
+            "trials": list(trials),
         }
     )
     if full:
         rec.update({"memory_probed": mem.to_dict(), "fit_error": {"t_step_median_rel": 0.0}})
+    if placement is not None:
+        rec["placement"] = placement
     return rec

@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+from helpers import profile_record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -71,26 +72,16 @@ def _valid_records(spec_dict: dict) -> dict[str, dict]:
             )
         )
 
-    profile = {
-        "kind": PROFILE_KIND,
-        "version": 1,
-        "spec": spec,
-        "search": "partial",
-        "device": "cpu",
-        "backend": "gloo",
-        "threads_per_worker": 1,
-        "memory_budget_bytes": None,
-        "enforce_memory_cap": False,
-        "dataset_size": 1438,
-        "sample_shape": [1, 8, 8],
-        "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 4000},
-        "memory": mem.to_dict(),
-        "max_local_batch": None,
-        "configs": [[1, 16], [1, 256], [2, 16], [2, 256]],
-        "trials": [trial(1, 16, 0.002), trial(1, 256, 0.024), trial(2, 8, 0.003), trial(2, 128, 0.015)],
-        "profiling_s": 3.5,
-        "created": "2025-01-01T00:00:00+0000",
-    }
+    trials = [trial(1, 16, 0.002), trial(1, 256, 0.024), trial(2, 8, 0.003), trial(2, 128, 0.015)]
+    profile = profile_record(
+        spec,
+        trials,
+        search="partial",
+        model={"name": "small_cnn", "param_count": 1000, "grad_bytes": 4000},
+        memory=mem.to_dict(),
+        profiling_s=3.5,
+        created="2025-01-01T00:00:00+0000",
+    )
     models = fit_models(profile)
     plan = make_plan(models)
     epoch = {

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import run_tula
+from helpers import memory_model, models_record, profile_record, run_tula
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -30,7 +30,6 @@ from tula.core.plan import make_plan
 from tula.core.records import save_record, validate_record
 from tula.core.simulate import simulator_from_models
 from tula.core.spec import spec_from_dict
-from tula.engine.memory import MemoryModel
 
 S = 10**8  # gradient bytes
 A, B = 1e-5, 1e-9  # inter-node: 10 us per hop, 1 GB/s
@@ -221,20 +220,6 @@ def test_old_records_without_the_intra_link_load():
 
 
 # --------------------------------------------------------------------------- plan, simulator, CLI
-MEM = MemoryModel(
-    param_bytes=1000,
-    grad_bytes=1000,
-    optimizer_state_bytes=0,
-    buffer_bytes=0,
-    other_static_bytes=0,
-    activation_bytes_per_sample=90,
-    batch_bytes_per_sample=10,
-    probe_local_batches=(1, 2),
-    probe_peak_bytes=(2100, 2200),
-    device="cpu",
-)
-
-
 def _profile(worlds, collective="ring") -> dict:
     truth = PerfModel(
         **{**TRUTH.to_dict(), "collective": collective, "grad_bytes": 2_000_000, "frozen": (), "notes": ()}
@@ -251,26 +236,8 @@ def _profile(worlds, collective="ring") -> dict:
             "search": {"cluster_sizes": [1, 2, 4], "min_batch": 8, "max_batch": 256},
         }
     ).to_dict()
-    prof = {
-        "kind": "tula.profile",
-        "version": 1,
-        "spec": spec,
-        "search": "full",
-        "device": "cpu",
-        "backend": "gloo",
-        "threads_per_worker": 1,
-        "memory_budget_bytes": None,
-        "enforce_memory_cap": False,
-        "dataset_size": 1438,
-        "sample_shape": [1, 8, 8],
-        "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000},
-        "memory": MEM.to_dict(),
-        "max_local_batch": None,
-        "configs": [[t["n_workers"], t["global_batch"]] for t in trials],
-        "trials": trials,
-        "profiling_s": 1.0,
-        "created": "now",
-    }
+    model = {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000}
+    prof = profile_record(spec, trials, memory=memory_model().to_dict(), model=model)
     return validate_record(prof, "test")
 
 
@@ -314,24 +281,7 @@ def test_the_plan_predicts_on_the_hosts_it_was_fitted_for(two_by_two):
 
 def test_the_simulator_on_given_links_by_hand():
     perf = PerfModel("ring", grad_bytes=S, c0=0.01, c1=0.001, alpha=1.0, beta=1.0)
-    rec = validate_record(
-        {
-            "kind": "tula.models",
-            "version": 1,
-            "spec": spec_from_dict({"name": "hand", "epochs": 1}).to_dict(),
-            "search": "full",
-            "device": "cpu",
-            "dataset_size": 8000,
-            "memory_budget_bytes": None,
-            "memory": MEM.to_dict(),
-            "memory_probed": MEM.to_dict(),
-            "perf": perf.to_dict(),
-            "oom_local_batch": None,
-            "fit_error": {"t_step_median_rel": 0.0},
-            "trials": [],
-        },
-        "test",
-    )
+    rec = validate_record(models_record(perf, full=True, spec={"name": "hand", "epochs": 1}, dataset_size=8000), "test")
     sim = simulator_from_models(
         rec, bandwidth="8Gbit/s", latency="10us", ranks_per_node=4, intra_bandwidth="80Gbit/s", intra_latency="1us"
     )
