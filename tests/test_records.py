@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from helpers import profile_record
+from helpers import memory_model, profile_record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +32,6 @@ from tula.core.records import (
 )
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint, save_checkpoint
-from tula.engine.memory import MemoryModel
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -42,17 +41,15 @@ def _valid_records(spec_dict: dict) -> dict[str, dict]:
     """One valid record of every kind: a profile made by hand (as `tula profile` writes it),
     the models and plan the real fit and plan make of it, a training run and a run manifest."""
     spec = spec_from_dict(spec_dict).to_dict()
-    mem = MemoryModel(
+    mem = memory_model(
         param_bytes=4000,
         grad_bytes=4000,
         optimizer_state_bytes=4000,
-        buffer_bytes=0,
         other_static_bytes=2000,
         activation_bytes_per_sample=19000,
         batch_bytes_per_sample=264,
         probe_local_batches=(16, 32),
         probe_peak_bytes=(322224, 630448),
-        device="cpu",
     )
 
     def trial(n, b, t):
