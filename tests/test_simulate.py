@@ -2,13 +2,10 @@
 fitted model reproduced at the profiled N, schedules' update counts, and the CLI's bad input."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import memory_model, models_record, profile_record, run_tula
+from helpers import memory_model, models_record, profile_record, run_python, run_tula
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -295,13 +292,9 @@ def models_json(tmp_path_factory):
     return path
 
 
-def _tula(*args):
-    return run_tula(*args, timeout=120, env={**os.environ, "COLUMNS": "200"})
-
-
 def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path):
     out = tmp_path / "sim.png"
-    r = _tula(
+    r = run_tula(
         "simulate",
         models_json,
         "--workers",
@@ -314,6 +307,8 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
         "5us",
         "--out",
         out,
+        timeout=120,
+        columns=200,
     )
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -326,7 +321,7 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
         "Simulated training time per cluster size",
     ):
         assert words in r.stdout, words
-    r = _tula(
+    r = run_tula(
         "simulate",
         models_json,
         "--schedule",
@@ -337,6 +332,8 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
         "ring",
         "--out",
         tmp_path / "sched.png",
+        timeout=120,
+        columns=200,
     )
     assert r.returncode == 0, r.stderr
     assert "geometric:factor=2,delay=1" in r.stdout and "per schedule" in r.stdout
@@ -356,7 +353,7 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
     ],
 )
 def test_cli_simulate_bad_input_exits_2_with_one_sentence(models_json, tmp_path, args, words):
-    r = _tula("simulate", models_json, "--out", tmp_path / "x.png", *args)
+    r = run_tula("simulate", models_json, "--out", tmp_path / "x.png", *args, timeout=120, columns=200)
     assert r.returncode == 2, r.stderr
     err = " ".join(r.stderr.split())
     assert err.startswith("error:") and words in err and "Traceback" not in err
@@ -368,9 +365,9 @@ def test_cli_simulate_refuses_a_record_that_is_not_a_models_record(models_json, 
     from tula.core.plan import make_plan
 
     save_record(make_plan(json.loads(models_json.read_text()), "time"), plan)
-    r = _tula("simulate", plan, "--out", tmp_path / "x.png")
+    r = run_tula("simulate", plan, "--out", tmp_path / "x.png", timeout=120, columns=200)
     assert r.returncode == 2 and "is a plan record, but a models record is needed here" in " ".join(r.stderr.split())
-    r = _tula("simulate", tmp_path / "missing.json", "--out", tmp_path / "x.png")
+    r = run_tula("simulate", tmp_path / "missing.json", "--out", tmp_path / "x.png", timeout=120, columns=200)
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
@@ -390,7 +387,7 @@ sim.schedule("geometric", 32, Caps(1438, None, 1, 64, 32), {{"factor": 2, "delay
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
 assert not loaded, loaded[:5]
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = run_python(code)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "sim.png").read_bytes()[:4] == b"\x89PNG"
 

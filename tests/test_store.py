@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from helpers import profile_record
+from helpers import assert_imports_no_torch, profile_record
 
 from tula.core.errors import RecordError
 from tula.core.fit import fit_models
@@ -480,12 +480,7 @@ def test_bad_postgresql_urls_are_one_sentence_naming_the_url(tmp_path, pg_server
 
 
 def test_store_and_model_key_import_no_torch():
-    code = (
-        "import sys, tula.service.store, tula.service.model_key; "
-        "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    assert_imports_no_torch("tula.service.store", "tula.service.model_key")
 
 
 # --------------------------------------------------------------------------- model key

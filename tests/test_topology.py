@@ -5,11 +5,10 @@ parameters from generated multi-host profiles (as AdaptDL checks its fit), what 
 cannot identify, and the plan, the simulator and ``tula simulate`` on such a fit."""
 
 import math
-import os
 
 import numpy as np
 import pytest
-from helpers import memory_model, models_record, profile_record, run_tula
+from helpers import memory_model, models_record, noisy_trials, profile_record, run_tula
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -128,28 +127,8 @@ FOUR_BY_ONE = ([], ["h0", "h1"], ["h0", "h1", "h2"], ["h0", "h1", "h2", "h3"])  
 
 
 def _trials(truth, worlds, batches=(8, 16, 32, 64, 128), noise=0.005, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for hosts in worlds:
-        hosts = hosts or ["h0"]
-        n, per = len(hosts), max(hosts.count(h) for h in hosts)
-        for b in batches:
-            tc = float(truth.t_compute_s(b, min(n, per))) * (1 + noise * rng.standard_normal())
-            ts = float(truth.t_step_s(b, n, per, len(set(hosts)))) * (1 + noise * rng.standard_normal())
-            out.append(
-                {
-                    "n_workers": n,
-                    "local_batch": b,
-                    "global_batch": n * b,
-                    "status": "ok",
-                    "t_step_s": ts,
-                    "t_compute_s": tc,
-                    "hosts": list(hosts),
-                    "ranks_per_host": per,
-                    "local_ranks": [hosts[:i].count(h) for i, h in enumerate(hosts)],
-                }
-            )
-    return out
+    """helpers.noisy_trials of worlds given as the hosts of their ranks."""
+    return noisy_trials(truth, worlds, batches, noise, seed)
 
 
 @pytest.mark.parametrize("collective", ["ring", "parameter_server", "tree"])
@@ -321,14 +300,10 @@ def test_the_simulator_says_what_the_profile_could_not_give():
     assert "intra-node latency taken as 0" in notes and "loopback" not in notes
 
 
-def _tula(*args):
-    return run_tula(*args, timeout=120, env={**os.environ, "COLUMNS": "200"})
-
-
 def test_cli_simulate_takes_the_intra_node_link(two_by_two, tmp_path):
     path = tmp_path / "models.json"
     save_record(two_by_two, path)
-    r = _tula(
+    r = run_tula(
         "simulate",
         path,
         "--workers",
@@ -349,6 +324,8 @@ def test_cli_simulate_takes_the_intra_node_link(two_by_two, tmp_path):
         "8",
         "--out",
         tmp_path / "sim.png",
+        timeout=120,
+        columns=200,
     )
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())
@@ -357,7 +334,7 @@ def test_cli_simulate_takes_the_intra_node_link(two_by_two, tmp_path):
         (("--intra-bandwidth", "lots"), "'lots' is not an intra-node bandwidth"),
         (("--intra-latency", "5 parsecs"), "is not an intra-node latency"),
     ):
-        r = _tula("simulate", path, "--out", tmp_path / "x.png", *args)
+        r = run_tula("simulate", path, "--out", tmp_path / "x.png", *args, timeout=120, columns=200)
         assert r.returncode == 2, r.stderr
         err = " ".join(r.stderr.split())
         assert err.startswith("error:") and words in err and "Traceback" not in err
