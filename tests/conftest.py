@@ -19,12 +19,6 @@ def tiny_spec_dict():
     return helpers.tiny_spec()
 
 
-@pytest.fixture
-def tula_cmd():
-    """The ``tula`` command (helpers.tula_cmd), for a test that builds its command line itself."""
-    return helpers.tula_cmd()
-
-
 # --------------------------------------------------------------------------- shared finished runs
 @dataclass(frozen=True)
 class FinishedRun:
