@@ -2,11 +2,10 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import helpers
 import pytest
 import yaml
 
@@ -14,32 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _tiny_spec() -> dict:
-    """A job small enough for 2-rank trials in a few seconds (a new dict at each call)."""
-    return {
-        "name": "tiny",
-        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
-        "data": {"name": "digits"},
-        "epochs": 2,
-        "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256},
-        "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "min_timed_s": 0},
-    }
-
-
-def _tula_cmd() -> list[str]:
-    exe = Path(sys.executable).parent / "tula"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "tula.cli"]
-
-
 @pytest.fixture
 def tiny_spec_dict():
-    """A job small enough for 2-rank trials in a few seconds."""
-    return _tiny_spec()
-
-
-@pytest.fixture
-def tula_cmd():
-    return _tula_cmd()
+    """A job small enough for 2-rank trials in a few seconds (helpers.tiny_spec)."""
+    return helpers.tiny_spec()
 
 
 # --------------------------------------------------------------------------- shared finished runs
@@ -77,10 +54,13 @@ class FinishedRun:
         return dest
 
 
-def _finish(out: Path, spec: dict, spec_path: Path, cmd: list[str], timeout_s: float = 900) -> FinishedRun:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+def _finish(out: Path, spec: dict, spec_path: Path, args: list, timeout_s: float = 900) -> FinishedRun:
+    """``tula ARGS``, which writes ``out``: its files made read-only, or the test failed."""
+    r = helpers.run_tula(*args, timeout=timeout_s)
     if r.returncode != 0:
-        pytest.fail(f"the shared run {' '.join(cmd)} failed with exit {r.returncode}:\n{r.stderr[-4000:]}")
+        pytest.fail(
+            f"the shared run tula {' '.join(map(str, args))} failed with exit {r.returncode}:\n{r.stderr[-4000:]}"
+        )
     for p in out.rglob("*"):
         if p.is_file():
             p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
@@ -93,11 +73,11 @@ def tiny_pipeline(tmp_path_factory) -> FinishedRun:
     plan and a 2-epoch training run with its checkpoint and plots, as the CLI writes them.
     For the tests that need a finished pipeline's records, not the profiling itself."""
     root = tmp_path_factory.mktemp("tiny-pipeline")
-    spec = _tiny_spec()
+    spec = helpers.tiny_spec()
     spec_path = root / "tiny.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = root / "run"
-    return _finish(out, spec, spec_path, [*_tula_cmd(), "run", str(spec_path), "--out", str(out)])
+    return _finish(out, spec, spec_path, ["run", spec_path, "--out", out])
 
 
 #: the reference run's job: the tiny spec for 3 epochs with AGS measuring its factors twice per
@@ -109,7 +89,7 @@ REFERENCE_N = 2
 
 def _reference_spec() -> dict:
     return {
-        **_tiny_spec(),
+        **helpers.tiny_spec(),
         "epochs": 3,
         "optimizer": {"momentum": 0.5},
         "train": {"ags": {"b_small": 16, "update_every": 11}, "noise_scale": False},
@@ -127,8 +107,8 @@ def reference_run(tmp_path_factory) -> FinishedRun:
     spec_path = root / "reference.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = root / "run"
-    cmd = [*_tula_cmd(), "train", str(spec_path), "--method", "ags", "--workers", str(REFERENCE_N)]
-    return _finish(out, spec, spec_path, [*cmd, "--batch", str(REFERENCE_B), "--out", str(out)])
+    args = ["train", spec_path, "--method", "ags", "--workers", REFERENCE_N, "--batch", REFERENCE_B, "--out", out]
+    return _finish(out, spec, spec_path, args)
 
 
 # --------------------------------------------------------------------------- one Dask cluster
@@ -202,7 +182,5 @@ def netns_ok():
 @pytest.fixture
 def tests_on_path(monkeypatch):
     """tests/ importable in this process and in every rank it starts (``factories:...``)."""
-    from helpers import env_with_tests
-
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
-    monkeypatch.setenv("PYTHONPATH", env_with_tests()["PYTHONPATH"])
+    monkeypatch.setenv("PYTHONPATH", helpers.env_with_tests()["PYTHONPATH"])

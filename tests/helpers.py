@@ -1,15 +1,24 @@
 """Test scaffolding shared by the test modules: plain functions, no fixtures (those are in
-conftest.py).
+conftest.py).  A test module imports what it needs from here, never from another test module.
 
+- the tests' job (:func:`tiny_spec`) and a spec written to a file (:func:`write_spec`);
 - running ``tula``: as the installed command (:func:`run_tula`, :func:`popen_tula`) or in this
-  process through the same entry point (:func:`tula_in_process`), and the check that a refusal
-  is exit 2 with one sentence and no traceback (:func:`assert_refused`);
+  process through the same entry point (:func:`tula_in_process`); the check that a refusal is
+  exit 2 with one sentence and no traceback (:func:`assert_refused`); the arguments of the
+  tests' usual ``tula train`` (:func:`train_args`); a kill on a line of a command's log
+  (:func:`kill_on_line`); ``python -c`` in a fresh interpreter (:func:`run_python`) and the
+  check that modules load no torch there (:func:`assert_imports_no_torch`);
 - :func:`free_port`;
 - /proc walkers: :func:`process_tree`, :func:`descendants`, :func:`ranks_below`,
-  :func:`group_alive`, :func:`cmdline`;
-- the local launcher of a test (:func:`local_launcher`);
-- records made by hand: :func:`profile_record` (known step times and peaks),
-  :func:`models_record` (a models record of a known performance model).
+  :func:`group_alive`, :func:`pids_with`, :func:`cmdline`, :func:`argv`;
+- the local launcher of a test (:func:`local_launcher`), a run trained in two halves
+  (:func:`train_in_two`) and the check that two runs ended with the same model
+  (:func:`assert_same_model`);
+- records made by hand: :func:`profile_record` (of :func:`known_trials`, known step times and
+  peaks, or of given trials, e.g. :func:`noisy_trials` of a performance model),
+  :func:`models_record` (a models record of a known performance model and :func:`memory_model`);
+- damaged input for hypothesis: :func:`json_values`, :func:`other_types`,
+  :func:`mutation_site`, :func:`damaged_bytes`.
 """
 
 from __future__ import annotations
@@ -17,15 +26,44 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+#: the checkout
+ROOT = HERE.parent
+
+
+# --------------------------------------------------------------------------- the tests' job
+def tiny_spec(profile: bool = True) -> dict:
+    """A job small enough for 2-rank trials in a few seconds (a new dict at each call; the
+    ``tiny_spec_dict`` fixture).  ``profile``: with its profile section (short trials)."""
+    spec = {
+        "name": "tiny",
+        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
+        "data": {"name": "digits"},
+        "epochs": 2,
+        "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256},
+    }
+    if profile:
+        spec["profile"] = {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "min_timed_s": 0}
+    return spec
+
+
+def write_spec(folder: Path, spec: dict, name: str = "spec.yaml") -> Path:
+    """``spec`` (a dict) written as YAML to ``folder / name``, which is returned."""
+    import yaml
+
+    path = Path(folder) / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
 
 
 # --------------------------------------------------------------------------- running tula
@@ -42,16 +80,44 @@ def tula_cmd() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "tula.cli"]
 
 
-def run_tula(*args: Any, timeout: float = 600, **kw: Any) -> subprocess.CompletedProcess:
-    """``tula ARGS`` as a user runs it: a process of its own, output captured as text."""
+def run_tula(*args: Any, timeout: float = 600, columns: int | None = None, **kw: Any) -> subprocess.CompletedProcess:
+    """``tula ARGS`` as a user runs it: a process of its own, output captured as text.
+    ``columns``: the terminal width its output is laid out for (COLUMNS, which rich reads),
+    so that a long line is not wrapped."""
+    if columns is not None:
+        kw["env"] = {**kw.get("env", os.environ), "COLUMNS": str(columns)}
     return subprocess.run([*tula_cmd(), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def popen_tula(*args: Any, **kw: Any) -> subprocess.Popen:
+def train_args(spec: Any, out: Any, *more: Any, method: str | None = "lbt", workers: Any = 2, batch: Any = 64) -> list:
+    """The arguments of ``tula train SPEC --method M --workers N --batch B --out OUT MORE...``
+    (by default the tests' 2-rank LBT run at 64; ``method`` or ``workers`` None: left out)."""
+    how = ([] if method is None else ["--method", method]) + ([] if workers is None else ["--workers", workers])
+    return ["train", spec, *how, "--batch", batch, "--out", out, *more]
+
+
+def popen_tula(*args: Any, prefix: tuple[str, ...] = (), **kw: Any) -> subprocess.Popen:
     """``tula ARGS`` started and left running: stdout discarded, stderr a text pipe, its own
-    process group (so that a signal to the group reaches its ranks too) unless ``kw`` says otherwise."""
+    process group (so that a signal to the group reaches its ranks too) unless ``kw`` says
+    otherwise.  ``prefix``: what runs it (e.g. ``ip netns exec NS``)."""
     kw = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True, "start_new_session": True, **kw}
-    return subprocess.Popen([*tula_cmd(), *map(str, args)], **kw)
+    return subprocess.Popen([*prefix, *tula_cmd(), *map(str, args)], **kw)
+
+
+def kill_on_line(proc: subprocess.Popen, start: str, kill: Callable[[int, int], None] = os.kill) -> list[str]:
+    """Read ``proc``'s stderr (a text pipe) up to the first line that starts with ``start``,
+    then SIGKILL it with ``kill`` (``os.killpg``: its process group, ranks and all) and wait
+    for it (at most 60 s).  Returns the lines read, that one last (all of them if none did)."""
+    seen = []
+    try:
+        for line in proc.stderr or ():
+            seen.append(line)
+            if line.startswith(start):
+                kill(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        proc.wait(timeout=60)
+    return seen
 
 
 @dataclass
@@ -110,6 +176,22 @@ def assert_refused(r: Any, sentence: str, code: int = 2) -> str:
     return err
 
 
+def run_python(code: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in a fresh interpreter (this one's), output captured as text."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def assert_imports_no_torch(*modules: str) -> None:
+    """Importing ``modules`` in a fresh interpreter loads neither torch nor any torch.* module."""
+    code = (
+        f"import sys, {', '.join(modules)}; "
+        "loaded = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; "
+        "assert not loaded, f'torch was imported: {loaded[:5]}'"
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+
+
 # --------------------------------------------------------------------------- ports and processes
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -125,6 +207,15 @@ def cmdline(pid: int) -> str:
             return fh.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def argv(pid: int) -> list[str]:
+    """The arguments of ``pid`` as it was started ([] once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return [a.decode(errors="replace") for a in fh.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
 
 
 def comm(pid: int) -> str:
@@ -148,6 +239,11 @@ def process_tree() -> dict[int, list[int]]:
             if fields[0] != "Z":
                 children.setdefault(int(fields[1]), []).append(int(d))
     return children
+
+
+def pids_with(*args: str) -> list[int]:
+    """The live (not zombie) processes whose arguments include each of ``args``."""
+    return sorted(p for ps in process_tree().values() for p in ps if set(args) <= set(argv(p)))
 
 
 def descendants(pid: int, keep_helpers: bool = False) -> list[int]:
@@ -199,10 +295,31 @@ def local_launcher(**kw: Any):
     return LocalLauncher(**{"device": "cpu", "threads_per_worker": 1, **kw})
 
 
+def train_in_two(d: dict, method: str, n_workers: int, batch: int, out: Path, launcher: Any) -> dict:
+    """The job ``d`` (a spec dict) trained for one epoch into ``out``, then resumed there to
+    its ``epochs``; returns the resumed run's record."""
+    from tula.core.spec import spec_from_dict
+    from tula.engine.train import train
+
+    train(spec_from_dict({**d, "epochs": 1}), method, n_workers, batch, out, launcher=launcher)
+    return train(spec_from_dict(d), method, n_workers, batch, out, resume=True, launcher=launcher)
+
+
+def assert_same_model(a: Path, b: Path) -> None:
+    """The checkpoints of the runs in ``a`` and ``b`` hold the same parameters, bit for bit."""
+    import torch
+
+    from tula.engine.checkpoint import load_checkpoint
+
+    ma, mb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma), (a, b)
+
+
 # --------------------------------------------------------------------------- records made by hand
-def profile_record(spec: dict) -> dict:
-    """A profile record built from known step times and peaks (no torch involved): N in (1, 2),
-    B in (16, 32, 128, 256), t_compute = 1 ms + 10 us * b, 2 ms of sync on 2 workers."""
+def known_trials() -> list[dict]:
+    """Trials of known step times and peaks (no torch involved): N in (1, 2), B in
+    (16, 32, 128, 256), t_compute = 1 ms + 10 us * b, 2 ms of sync on 2 workers, a peak of
+    100,000 bytes + 2,000 per sample."""
     trials = []
     for n in (1, 2):
         for big_b in (16, 32, 128, 256):
@@ -224,6 +341,53 @@ def profile_record(spec: dict) -> dict:
                     "timed_steps": 3,
                 }
             )
+    return trials
+
+
+def noisy_trials(truth: Any, worlds, batches, noise: float, seed: int) -> list[dict]:
+    """Trials whose step times come from the performance model ``truth`` with multiplicative
+    normal noise (t_compute drawn before t_step, trial by trial), local batches ``batches`` in
+    each world.  A world is a worker count (the flat model) or the hosts of its ranks, e.g.
+    ``["h0", "h0", "h1"]`` (``[]``: one rank on h0), which the trial records."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for world in worlds:
+        hosts = None if isinstance(world, int) else (world or ["h0"])
+        n = world if hosts is None else len(hosts)
+        per = n if hosts is None else max(hosts.count(h) for h in hosts)
+        for b in batches:
+            if hosts is None:
+                tc = float(truth.t_compute_s(b, n)) * (1 + noise * rng.standard_normal())
+                ts = float(truth.t_step_s(b, n)) * (1 + noise * rng.standard_normal())
+            else:
+                tc = float(truth.t_compute_s(b, min(n, per))) * (1 + noise * rng.standard_normal())
+                ts = float(truth.t_step_s(b, n, per, len(set(hosts)))) * (1 + noise * rng.standard_normal())
+            trial = {
+                "n_workers": n,
+                "local_batch": b,
+                "global_batch": n * b,
+                "status": "ok",
+                "t_step_s": ts,
+                "t_compute_s": tc,
+            }
+            if hosts is not None:
+                trial.update(
+                    hosts=list(hosts),
+                    ranks_per_host=per,
+                    local_ranks=[hosts[:i].count(h) for i, h in enumerate(hosts)],
+                )
+            out.append(trial)
+    return out
+
+
+def profile_record(spec: dict, trials: list[dict] | None = None, **fields: Any) -> dict:
+    """A profile record as ``tula profile`` writes it (not validated): of ``trials``
+    (:func:`known_trials` unless given) with a memory probe that matches those, the digits set
+    (1438 samples of 1x8x8) and small_cnn.  ``fields`` replace top-level fields (``memory``,
+    ``model``, ``search``, ``created``, ``facts``, ...); ``configs`` are the trials' (N, B)."""
+    trials = known_trials() if trials is None else trials
     memory = {
         "param_bytes": 40_000,
         "grad_bytes": 40_000,
@@ -255,7 +419,29 @@ def profile_record(spec: dict) -> dict:
         "trials": trials,
         "profiling_s": 1.0,
         "created": "now",
+        **fields,
     }
+
+
+def memory_model(**fields: Any):
+    """The memory model of the records made by hand (:func:`models_record`): 2000 static bytes
+    (1000 of parameters, 1000 of gradients) and 100 per sample (90 of activations, 10 of the
+    batch), probed at local batches 1 and 2.  ``fields`` replace its fields."""
+    from tula.engine.memory import MemoryModel
+
+    base: dict[str, Any] = {
+        "param_bytes": 1000,
+        "grad_bytes": 1000,
+        "optimizer_state_bytes": 0,
+        "buffer_bytes": 0,
+        "other_static_bytes": 0,
+        "activation_bytes_per_sample": 90,
+        "batch_bytes_per_sample": 10,
+        "probe_local_batches": (1, 2),
+        "probe_peak_bytes": (2100, 2200),
+        "device": "cpu",
+    }
+    return MemoryModel(**{**base, **fields})
 
 
 #: the data set size of :func:`models_record`
@@ -271,47 +457,115 @@ def models_record(
     epochs=1,
     constraints=None,
     full: bool = False,
+    *,
+    spec: dict | None = None,
+    dataset_size: int = MODELS_D,
+    trials=(),
+    placement: dict | None = None,
 ) -> dict:
-    """A models record of the performance model ``perf`` (a PerfModel): D = 1000 samples, B from
-    10 to 1000, 1 $ per node-second unless ``pricing`` says otherwise, a memory model of 2000
-    static bytes and 100 per sample.  ``full``: with the fields a saved record has (version,
-    search, device, memory_probed, fit_error) so that it validates."""
+    """A models record of the performance model ``perf`` (a PerfModel) and :func:`memory_model`:
+    D = 1000 samples, B from 10 to 1000, 1 $ per node-second unless ``pricing`` says otherwise.
+    ``full``: with the fields a saved record has (version, search, device, memory_probed,
+    fit_error) so that it validates.  ``spec``: the job spec (a dict) in place of the one made of
+    ``sizes``, ``pricing``, ``epochs`` and ``constraints``; ``dataset_size``, ``trials`` and
+    ``placement`` (left out when None): those fields of the record."""
     from tula.core.spec import spec_from_dict
-    from tula.engine.memory import MemoryModel
 
-    spec = {
-        "epochs": epochs,
-        "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
-        "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0},
-    }
-    if constraints is not None:
-        spec["constraints"] = constraints
-    mem = MemoryModel(
-        param_bytes=1000,
-        grad_bytes=1000,
-        optimizer_state_bytes=0,
-        buffer_bytes=0,
-        other_static_bytes=0,
-        activation_bytes_per_sample=90,
-        batch_bytes_per_sample=10,
-        probe_local_batches=(1, 2),
-        probe_peak_bytes=(2100, 2200),
-        device="cpu",
-    )
+    if spec is None:
+        spec = {
+            "epochs": epochs,
+            "search": {"cluster_sizes": list(sizes), "min_batch": 10, "max_batch": 1000},
+            "pricing": pricing or {"kind": "fixed", "price_per_node_hour": 3600.0},
+        }
+        if constraints is not None:
+            spec["constraints"] = constraints
+    mem = memory_model()
     rec = {"kind": "tula.models"}
     if full:
         rec.update({"version": 1, "search": "full", "device": "cpu"})
     rec.update(
         {
             "spec": spec_from_dict(spec).to_dict(),
-            "dataset_size": MODELS_D,
+            "dataset_size": dataset_size,
             "memory_budget_bytes": budget,
             "memory": mem.to_dict(),
             "perf": perf.to_dict(),
             "oom_local_batch": oom,
-            "trials": [],
+            "trials": list(trials),
         }
     )
     if full:
         rec.update({"memory_probed": mem.to_dict(), "fit_error": {"t_step_median_rel": 0.0}})
+    if placement is not None:
+        rec["placement"] = placement
     return rec
+
+
+# --------------------------------------------------------------------------- damaged input (hypothesis)
+def json_values():
+    """A hypothesis strategy of values JSON and YAML hold: None, booleans, numbers, short
+    strings, and lists and mappings of them."""
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=12,
+    )
+
+
+def other_types(value: Any, *more: Any) -> list:
+    """Values of another type than ``value`` (a string of it, a list around it, a number for a
+    string, ...), of these and of ``more``."""
+    candidates = (
+        None,
+        True,
+        0,
+        -1,
+        1.5,
+        float("nan"),
+        float("inf"),
+        "",
+        "x",
+        str(value),
+        [],
+        [value],
+        {},
+        {"v": value},
+        10**30,
+        *more,
+    )
+    return [v for v in candidates if type(v) is not type(value)]
+
+
+def mutation_site(data: Any, tree: Any) -> tuple[Any, Any] | None:
+    """Where to damage ``tree`` (nested dicts and lists), drawn with hypothesis's ``data``:
+    walk down from the top (so top-level fields are hit often), stopping at a random depth.
+    Returns the container and its key, or None where the tree is empty."""
+    from hypothesis import strategies as st
+
+    node, key = tree, None
+    while True:
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        if not keys:
+            break
+        key = data.draw(st.sampled_from(keys))
+        if isinstance(node[key], (dict, list)) and node[key] and data.draw(st.booleans()):
+            node = node[key]
+            continue
+        break
+    return None if key is None else (node, key)
+
+
+def damaged_bytes(data: Any, raw: bytes) -> bytes:
+    """``raw`` cut short or with 1 to 4 bytes flipped, drawn with hypothesis's ``data``."""
+    from hypothesis import strategies as st
+
+    out = bytearray(raw)
+    if data.draw(st.booleans()):
+        out = out[: data.draw(st.integers(0, len(out) - 1))]
+    else:
+        for _ in range(data.draw(st.integers(1, 4))):
+            out[data.draw(st.integers(0, len(out) - 1))] ^= data.draw(st.integers(1, 255))
+    return bytes(out)

@@ -6,21 +6,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
+from helpers import free_port, pids_with, tula_cmd
 
 TERMINAL = ("done", "failed", "cancelled")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Service:
@@ -44,8 +37,7 @@ class Service:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 60) -> Service:
-        exe = Path(sys.executable).parent / "tula"
-        cmd = [str(exe), "serve", "--port", str(self.port), "--home", str(self.home), *self.args]
+        cmd = [*tula_cmd(), "serve", "--port", str(self.port), "--home", str(self.home), *self.args]
         if self.db_url:
             cmd += ["--db-url", self.db_url]
         if self.token:
@@ -155,16 +147,4 @@ def seed_finished_job(home: Path, run_dir: Path, db_url: str | None = None) -> s
 
 def runner_pids(job_id: str) -> list[int]:
     """The live runner processes (``python -m tula.service.runner``) of ``job_id``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    argv = fh.read().split(b"\0")
-                with open(f"/proc/{entry}/stat") as fh:
-                    state = fh.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if b"tula.service.runner" in argv and job_id.encode() in argv and state != "Z":
-                found.append(int(entry))
-    return found
+    return pids_with("tula.service.runner", job_id)

@@ -8,16 +8,13 @@ with exit 2."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from helpers import local_launcher
+from helpers import local_launcher, run_tula, train_args
 
 import tula
 from tula.core.errors import SpecError
@@ -27,7 +24,6 @@ from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, checkpoint_meta, load_c
 from tula.engine.train import _available, next_fallback, steps_per_epoch, train
 
 DIGITS_TRAIN = 1438
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _dict(epochs: int = 2, k: int = 1, **train_kw) -> dict:
@@ -208,21 +204,13 @@ def test_bad_accumulation_is_one_sentence(tmp_path):
 def test_the_cli_says_one_sentence_for_bad_accumulation(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(_dict(1)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    base = [sys.executable, "-m", "tula.cli", "train", str(spec), "--workers", "2", "--batch", "64"]
     cases = {
         "3": "error: global batch 64 on 2 worker(s) gives each worker 32 samples a step, which do not split into "
         "3 equal micro-batches",
         "0": "error: spec field 'train.accumulation_steps': input should be greater than or equal to 1",
     }
     for k, sentence in cases.items():
-        r = subprocess.run(
-            [*base, "--accumulation", k, "--out", str(tmp_path / f"out{k}")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+        r = run_tula(*train_args(spec, tmp_path / f"out{k}", "--accumulation", k, method=None), timeout=120)
         assert r.returncode == 2, r.stderr
         lines = [s for s in r.stderr.splitlines() if s.strip()]
         assert len(lines) == 1 and lines[0].startswith(sentence), r.stderr

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import local_launcher
+from helpers import local_launcher, run_tula, train_args, write_spec
 
 from tula.core.job_rules import first_workers
 from tula.core.run_costs import EPOCH_TIMES
@@ -98,14 +98,11 @@ def test_out_of_memory_at_a_new_batch_inside_the_world_falls_back(tiny_spec_dict
 
 
 @pytest.mark.slow
-def test_tula_train_takes_the_first_worker_count_from_the_worker_rule(tiny_spec_dict, tmp_path, tula_cmd):
+def test_tula_train_takes_the_first_worker_count_from_the_worker_rule(tiny_spec_dict, tmp_path):
     """With train.workers in the spec, `tula train --batch B` needs no --workers: N follows
     from B by the rule (ceil(64 / 48) = 2), and the schedule's next batch on as many
     workers goes on in the same world."""
     import json
-    import subprocess
-
-    import yaml
 
     d = dict(tiny_spec_dict, epochs=2)
     d["train"] = {
@@ -113,15 +110,9 @@ def test_tula_train_takes_the_first_worker_count_from_the_worker_rule(tiny_spec_
         "batch_schedule": {"kind": "piecewise", "batches": [64, 96]},
         "workers": {"min": 1, "max": 2, "batch_per_worker": 48},
     }
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(d))
+    spec = write_spec(tmp_path, d)
     out = tmp_path / "out"
-    r = subprocess.run(
-        [*tula_cmd, "train", str(spec), "--method", "lbt", "--batch", "64", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_tula(*train_args(spec, out, workers=None), timeout=300)
     assert r.returncode == 0, r.stderr
     run = json.loads((out / "train.json").read_text())
     assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 2), (96, 2)]

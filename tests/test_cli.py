@@ -1,19 +1,14 @@
 import json
-import subprocess
+import os
 import time
-from pathlib import Path
 
 import pytest
 import yaml
-from helpers import assert_refused
-
-
-def _run(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+from helpers import assert_refused, env_with_tests, run_tula
 
 
 @pytest.mark.slow  # a real DDP world
-def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd, tiny_pipeline):
+def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tiny_pipeline):
     # `tula run` of the tiny spec: the session's (a copy of it, which the commands below may write into)
     assert tiny_pipeline.spec == tiny_spec_dict
     spec = tiny_pipeline.spec_path
@@ -29,18 +24,8 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd, t
 
     # re-plan from the saved models: no profiling, a different objective
     t0 = time.monotonic()
-    r2 = _run(
-        [
-            *tula_cmd,
-            "plan",
-            str(out / "models.json"),
-            "--objective",
-            "time",
-            "--out",
-            str(tmp_path / "p2.json"),
-            "--plot",
-            str(tmp_path / "p2.png"),
-        ]
+    r2 = run_tula(
+        "plan", out / "models.json", "--objective", "time", "--out", tmp_path / "p2.json", "--plot", tmp_path / "p2.png"
     )
     assert r2.returncode == 0, r2.stderr
     assert time.monotonic() - t0 < 30
@@ -53,7 +38,7 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd, t
 
     # a plan is not something to plan from: one sentence, exit 2, nothing overwritten
     before = (out / "plan.json").read_text()
-    r3 = _run([*tula_cmd, "plan", str(out / "plan.json"), "--out", str(out / "plan.json")])
+    r3 = run_tula("plan", out / "plan.json", "--out", out / "plan.json")
     assert r3.returncode == 2 and "is a plan" in r3.stderr and "Traceback" not in r3.stderr
     assert (out / "plan.json").read_text() == before
 
@@ -62,12 +47,12 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd, t
     tr = json.loads((out / "train" / "train.json").read_text())
     assert (tr["n_workers"], tr["global_batch"]) == (plan["choice"]["n_workers"], plan["choice"]["global_batch"])
     assert [h["epoch"] for h in tr["history"]] == [1, 2] and tr["replicas_identical"]
-    r4 = _run([*tula_cmd, "run", str(spec), "--out", str(out)])
+    r4 = run_tula("run", spec, "--out", out)
     assert r4.returncode == 2 and "already holds a run" in r4.stderr, r4.stderr
     assert json.loads((out / "profile.json").read_text()) == prof  # not profiled again
     hint = " ".join(r4.stderr.split()).split("continue it with `")[1].split("`")[0].split()
     assert hint[:3] == ["tula", "run", "--resume"]
-    r5 = _run([*tula_cmd, *hint[1:]])
+    r5 = run_tula(*hint[1:])
     assert r5.returncode == 0, r5.stderr
     assert "is complete" in r5.stdout and "profiling" not in r5.stderr
     assert json.loads((out / "profile.json").read_text()) == prof
@@ -75,7 +60,7 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tula_cmd, t
 
 
 @pytest.mark.slow  # a real DDP world
-def test_run_trains_with_the_batch_schedule_of_the_spec(tmp_path, tiny_spec_dict, tula_cmd):
+def test_run_trains_with_the_batch_schedule_of_the_spec(tmp_path, tiny_spec_dict):
     """`tula run` starts training at the plan's choice and the spec's schedule moves it from there."""
     d = dict(
         tiny_spec_dict,
@@ -88,7 +73,7 @@ def test_run_trains_with_the_batch_schedule_of_the_spec(tmp_path, tiny_spec_dict
     spec = tmp_path / "sched.yaml"
     spec.write_text(yaml.safe_dump(d))
     out = tmp_path / "run"
-    r = _run([*tula_cmd, "run", str(spec), "--out", str(out)])
+    r = run_tula("run", spec, "--out", out)
     assert r.returncode == 0, r.stderr
     choice = json.loads((out / "plan.json").read_text())["choice"]
     tr = json.loads((out / "train" / "train.json").read_text())
@@ -100,46 +85,45 @@ def test_run_trains_with_the_batch_schedule_of_the_spec(tmp_path, tiny_spec_dict
     assert tr["steps_done"] == sum(1438 // h["global_batch"] for h in tr["history"])
 
 
-def test_unknown_model_exits_2(tmp_path, tiny_spec_dict, tula_cmd):
+def test_unknown_model_exits_2(tmp_path, tiny_spec_dict):
     d = dict(tiny_spec_dict, model={"name": "alexnetz"})
     spec = tmp_path / "bad.yaml"
     spec.write_text(yaml.safe_dump(d))
-    r = _run([*tula_cmd, "profile", str(spec), "--out", str(tmp_path / "p.json")])
+    r = run_tula("profile", spec, "--out", tmp_path / "p.json")
     assert r.returncode == 2
     assert "unknown model 'alexnetz'" in r.stderr and "Traceback" not in r.stderr
     assert_refused(r, "unknown model 'alexnetz'")  # the real command: only the sentence
     assert not (tmp_path / "p.json").exists()
 
 
-def test_bare_tula_shows_help_and_version_is_the_package_version(tula_cmd):
+def test_bare_tula_shows_help_and_version_is_the_package_version():
     from importlib.metadata import version
 
-    r = _run(tula_cmd)
+    r = run_tula()
     assert r.returncode == 0 and "Usage" in r.stdout and "error" not in r.stderr.lower(), (r.stdout, r.stderr)
-    r = _run([*tula_cmd, "--version"])
+    r = run_tula("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"tula {version('tula')}"
 
 
-def test_train_help_lists_every_registered_method(tula_cmd):
+def test_train_help_lists_every_registered_method():
     """The CLI reads the one method registry: a method added there shows up here."""
     from tula.core.registry import METHODS
 
-    r = _run([*tula_cmd, "train", "--help"], env={**__import__("os").environ, "TERMINAL_WIDTH": "2000"})
+    r = run_tula("train", "--help", env={**os.environ, "TERMINAL_WIDTH": "2000"})
     text = " ".join(r.stdout.split())  # one line per option at that width
     for name, info in METHODS.items():
         assert f"{name}: {' '.join(info.summary.split())}" in text, name
 
 
 @pytest.mark.slow  # a real DDP world
-def test_dead_worker_mid_profile_keeps_finished_trials(tmp_path, tiny_spec_dict, tula_cmd):
+def test_dead_worker_mid_profile_keeps_finished_trials(tmp_path, tiny_spec_dict):
     """Rank 1 dies on the largest N=2 trial: exit 2 with one sentence naming the rank, and
     the trials finished before it are in the profile record."""
     d = dict(tiny_spec_dict, model={"name": "workers:dies_on_rank_one", "kwargs": {"die_at_batch": 100}})
     spec = tmp_path / "dies.yaml"
     spec.write_text(yaml.safe_dump(d))
     out = tmp_path / "p.json"
-    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent)}
-    r = _run([*tula_cmd, "profile", str(spec), "--out", str(out)], env=env)
+    r = run_tula("profile", spec, "--out", out, env=env_with_tests())
     assert r.returncode == 2, r.stderr
     assert "rank 1 of 2 died" in r.stderr and "Traceback" not in r.stderr
     assert f"saved in {out}" in r.stderr.replace("\n", "")

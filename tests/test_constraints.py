@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import MODELS_D, assert_refused, models_record, profile_record, run_tula, tula_in_process
+from helpers import MODELS_D, assert_refused, models_record, profile_record, run_tula, tiny_spec, tula_in_process
 
 from tula.core.errors import InfeasibleError, RecordError, SpecError
 from tula.core.fit import fit_models
@@ -325,26 +325,17 @@ def test_spot_pricing_needs_its_price_and_rate():
 @pytest.fixture(scope="module")
 def models_json(tmp_path_factory):
     """A models record fitted (by Tula's fit) to step times made from PERF."""
-    spec = {
-        "name": "tiny",
-        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
-        "data": {"name": "digits"},
-        "epochs": 2,
-        "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256},
-    }
+    spec = tiny_spec(profile=False)
     path = tmp_path_factory.mktemp("models") / "models.json"
     save_record(fit_models(validate_record(profile_record(spec), "test")), path)
     return path
 
 
-def _tula(*args):
-    return run_tula(*args, timeout=120)
-
-
 def test_cli_plan_under_a_deadline_and_its_bad_inputs(models_json, tmp_path):
-    r = _tula(
-        "plan", models_json, "--objective", "cost", "--deadline", "1h", "--budget", "100", "--out", tmp_path / "p.json"
-    )
+    r = run_tula(
+        "plan", models_json, "--objective", "cost", "--deadline", "1h", "--budget", "100", "--out", tmp_path / "p.json",
+        timeout=120,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "p.json").read_text())
     assert plan["constraints"]["deadline_s"] == 3600 and plan["constraints"]["budget"] == 100
@@ -363,10 +354,10 @@ def test_cli_plan_under_a_deadline_and_its_bad_inputs(models_json, tmp_path):
         assert words in err and "Traceback" not in err, (args, err)
         assert_refused(r, words)
         assert not (tmp_path / "q.json").exists()
-    r = _tula("plan", models_json, "--out", tmp_path / "q.json", "--budget", "-1")  # the real command
+    r = run_tula("plan", models_json, "--out", tmp_path / "q.json", "--budget", "-1", timeout=120)  # the real command
     assert_refused(r, "--budget must be a non-negative amount")
     assert not (tmp_path / "q.json").exists()
-    r = _tula(
+    r = run_tula(
         "plan",
         models_json,
         "--objective",
@@ -378,6 +369,7 @@ def test_cli_plan_under_a_deadline_and_its_bad_inputs(models_json, tmp_path):
         "spot_price_per_node_hour=0.8",
         "--pricing",
         "preemption_rate_per_node_hour=0.05",
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     assert "spot vs on-demand" in r.stdout and "spot is cheaper" in " ".join(r.stdout.split())

@@ -8,7 +8,6 @@ scales its workers; the test that kills a worker runs its own cluster (``--clust
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 
@@ -17,11 +16,11 @@ import pytest
 import torch
 import workers
 import yaml
+from helpers import cmdline, local_launcher, popen_tula, process_tree, run_tula, train_args
 
 from tula.core.errors import WorkerError
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, load_checkpoint
-from tula.engine.launch import LocalLauncher
 from tula.engine.train import METRICS, train
 
 pytestmark = pytest.mark.slow
@@ -61,7 +60,7 @@ def test_profile_on_dask_runs_the_same_trials(client, tiny_spec_dict):
     from tula.engine.profile import profile
 
     spec = _spec(tiny_spec_dict)
-    local = profile(spec, "partial", launcher=LocalLauncher(device="cpu", threads_per_worker=1))
+    local = profile(spec, "partial", launcher=local_launcher())
     on_dask = profile(spec, "partial", launcher=_dask(client))
 
     def key(rec):
@@ -111,45 +110,21 @@ def test_out_of_memory_under_a_cap_on_a_dask_worker_falls_back(client, tiny_spec
     assert _dask(client).run(workers.allreduce_rank, 2, 1.0)[0]["sum"] == 3.0
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def test_a_lost_worker_stops_the_run_naming_it_and_resume_on_a_fresh_cluster_is_exact(
-    tiny_spec_dict, tmp_path, tula_cmd
-):
+def test_a_lost_worker_stops_the_run_naming_it_and_resume_on_a_fresh_cluster_is_exact(tiny_spec_dict, tmp_path):
     d = dict(tiny_spec_dict, epochs=60)
     d["train"] = {"warmup_epochs": 0}
     d["cluster"] = {"pg_timeout_s": 20}
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(d))
     out = tmp_path / "run"
-    cmd = [
-        *tula_cmd,
-        "train",
-        str(spec),
-        "--method",
-        "lbt",
-        "--workers",
-        "2",
-        "--batch",
-        "64",
-        "--out",
-        str(out),
-        "--cluster",
-        "dask",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    args = train_args(spec, out, "--cluster", "dask")
+    proc = popen_tula(*args)
     deadline = time.monotonic() + 240
     while not (out / CHECKPOINT).exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.05)
     # the LocalCluster's nannies live in the command's process; its worker processes are children
-    victims = [p for p in _children(proc.pid) if "spawn_main" in _cmdline(p)]
+    victims = [p for p in process_tree().get(proc.pid, []) if "spawn_main" in cmdline(p)]
     assert victims, "no Dask worker process found"
     t_kill = time.monotonic()
     os.kill(victims[0], signal.SIGKILL)
@@ -166,27 +141,13 @@ def test_a_lost_worker_stops_the_run_naming_it_and_resume_on_a_fresh_cluster_is_
     # --resume on a fresh LocalCluster finishes with the exact epoch and step counts
     d["epochs"] = kept + 2
     spec.write_text(yaml.safe_dump(d))
-    r = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=600)
+    r = run_tula(*args, "--resume", timeout=600)
     assert r.returncode == 0, r.stderr
     rec = json.loads((out / "train.json").read_text())
     assert rec["resumed_from_epoch"] == kept
     assert [h["epoch"] for h in rec["history"]] == list(range(1, kept + 3))
     assert rec["steps_done"] == (kept + 2) * rec["steps_per_epoch"]
     assert [json.loads(s)["epoch"] for s in (out / METRICS).read_text().splitlines()] == list(range(1, kept + 3))
-
-
-def _children(pid: int) -> list[int]:
-    """Child processes of ``pid``, whichever of its threads started them."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
 
 
 def test_jobqueue_config_gives_the_expected_slurm_script(tmp_path):

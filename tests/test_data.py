@@ -11,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import comm, descendants, local_launcher, process_tree
+from helpers import assert_same_model, comm, descendants, local_launcher, process_tree, train_in_two
 from PIL import Image
 
 from tula.core.errors import SpecError
 from tula.core.spec import spec_from_dict
-from tula.engine.checkpoint import load_checkpoint
 from tula.engine.data import DataPath, augment_image, data_path, epoch_order, sample_key
 from tula.engine.train import steps_per_epoch, train
 from tula.engine.workloads import load_dataset
@@ -235,12 +234,9 @@ def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_pro
         t.join()
     assert seen["loader_workers"] >= 4, "the ranks did not start their DataLoader workers"
     assert whole["replicas_identical"] and [h["epoch"] for h in whole["history"]] == [1, 2]
-    train(spec_from_dict({**d, "epochs": 1}), "lbt", 2, 16, tmp_path / "split", launcher=launcher)
-    resumed = train(spec_from_dict(d), "lbt", 2, 16, tmp_path / "split", resume=True, launcher=launcher)
+    resumed = train_in_two(d, "lbt", 2, 16, tmp_path / "split", launcher)
     assert resumed["resumed_from_epoch"] == 1 and resumed["replicas_identical"]
-    a = load_checkpoint(tmp_path / "whole")["model"]
-    b = load_checkpoint(tmp_path / "split")["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_model(tmp_path / "whole", tmp_path / "split")
     assert whole["history"][-1]["test_top1"] == resumed["history"][-1]["test_top1"]
     time.sleep(0.5)
     assert set(descendants(me)) <= before, "processes were left behind"

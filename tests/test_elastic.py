@@ -5,18 +5,15 @@ model as an uninterrupted run."""
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import local_launcher
+from helpers import env_with_tests, kill_on_line, local_launcher, popen_tula, run_tula, train_args
 
 from tula.core.errors import SpecError
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
 from tula.engine.train import METRICS, train
-
-HERE = Path(__file__).resolve().parent
 
 
 def _spec(tiny_spec_dict, epochs=3, **train_over):
@@ -150,15 +147,12 @@ def test_the_world_grows_from_one_to_two_workers_and_shrinks_back_with_exact_ste
 
 
 @pytest.mark.slow
-def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninterrupted_run(
-    tiny_spec_dict, tmp_path, tula_cmd
-):
+def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninterrupted_run(tiny_spec_dict, tmp_path):
     """A real `tula train` is killed with SIGKILL (process group: the ranks too) while the
     2-worker world that followed a 1-worker epoch is mid-epoch; the same command with
     --resume finishes with the same parameters, step count and losses as a run never killed."""
     import os
     import signal
-    import subprocess
 
     import yaml
 
@@ -171,33 +165,16 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     d["model"] = {"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.2}}
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(d))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-        "TULA_LOG_EVERY_S": "0.2",
-    }
-    cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "1", "--batch", "64"]
-    ref = subprocess.run([*cmd, "--out", str(tmp_path / "ref")], capture_output=True, text=True, timeout=300, env=env)
+    env = {**env_with_tests(), "TULA_LOG_EVERY_S": "0.2"}
+    args = train_args(spec, tmp_path / "ref", workers=1)
+    ref = run_tula(*args, timeout=300, env=env)
     assert ref.returncode == 0, ref.stderr
 
     cut = tmp_path / "cut"
-    proc = subprocess.Popen(
-        [*cmd, "--out", str(cut)],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if line.startswith("epoch 2: step"):  # the new world is training: kill on its first step line
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-    finally:
-        proc.wait(timeout=60)
+    args = train_args(spec, cut, workers=1)
+    proc = popen_tula(*args, env=env)
+    # the new world is training: kill on its first step line
+    seen = kill_on_line(proc, "epoch 2: step", os.killpg)
     assert proc.returncode == -signal.SIGKILL, "".join(seen)
     step, steps = map(int, seen[-1].split("step ")[1].split("/"))
     assert 1 <= step < steps == 6, seen[-1]  # mid-epoch
@@ -205,7 +182,7 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     meta = checkpoint_meta(cut)
     assert (meta["epoch"], meta["n_workers"], meta["global_batch"]) == (1, 1, 64)  # killed before epoch 2's
 
-    again = subprocess.run([*cmd, "--out", str(cut), "--resume"], capture_output=True, text=True, timeout=300, env=env)
+    again = run_tula(*args, "--resume", timeout=300, env=env)
     assert again.returncode == 0, again.stderr
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
     assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"] == 800 // 64 + 800 // 128

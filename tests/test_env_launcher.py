@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers import assert_refused, tula_in_process
+from helpers import assert_refused, free_port, run_tula, train_args, tula_cmd, tula_in_process, write_spec
 
 from tula.core.records import read_jsonl
 from tula.engine.checkpoint import checkpoint_meta
@@ -29,20 +27,8 @@ pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 
 
-def _spec(tmp_path: Path, d: dict, name: str = "spec.yaml") -> Path:
-    p = tmp_path / name
-    p.write_text(yaml.safe_dump(d))
-    return p
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "tula", *args]
+    cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "tula", *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -55,7 +41,7 @@ def _srun_like(args: list[str], cwd: Path, port: int) -> list[subprocess.Popen]:
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
         procs.append(
             subprocess.Popen(
-                [str(BIN / "tula"), *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                [*tula_cmd(), *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
         )
     return procs
@@ -68,7 +54,7 @@ def _history(out: Path) -> list[dict]:
 def test_torchrun_trains_as_the_local_launcher_does(reference_run, tmp_path):
     """The local side is the session's reference run: ``tula train --method ags --workers 2
     --batch 64`` of the same spec (AGS, the spec's default method, is what torchrun trains here)."""
-    spec = _spec(tmp_path, reference_run.spec_dict())
+    spec = write_spec(tmp_path, reference_run.spec_dict())
     epochs = reference_run.spec["epochs"]
     r = _torchrun(["train", str(spec), "--cluster", "env", "--batch", "64", "--out", "env"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -88,7 +74,7 @@ def test_torchrun_trains_as_the_local_launcher_does(reference_run, tmp_path):
 
 
 def test_torchrun_profile_runs_the_trials_of_its_size_and_says_which_it_cannot(tiny_spec_dict, tmp_path):
-    spec = _spec(tmp_path, tiny_spec_dict)
+    spec = write_spec(tmp_path, tiny_spec_dict)
     r = _torchrun(["profile", str(spec), "--cluster", "env", "--out", "p/profile.json"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     prof = json.loads((tmp_path / "p" / "profile.json").read_text())
@@ -101,15 +87,13 @@ def test_torchrun_profile_runs_the_trials_of_its_size_and_says_which_it_cannot(t
     assert prof["launcher"] == "env"
 
 
-def test_sigint_to_srun_ranks_exits_130_on_every_rank_and_the_resume_command_finishes_exactly(
-    tiny_spec_dict, tmp_path, tula_cmd
-):
+def test_sigint_to_srun_ranks_exits_130_on_every_rank_and_the_resume_command_finishes_exactly(tiny_spec_dict, tmp_path):
     d = dict(tiny_spec_dict, epochs=200)
     d["train"] = {"warmup_epochs": 0}
-    spec = _spec(tmp_path, d)
+    spec = write_spec(tmp_path, d)
     out = tmp_path / "run"
     args = ["train", str(spec), "--cluster", "env", "--method", "lbt", "--batch", "64", "--out", str(out)]
-    procs = _srun_like(args, tmp_path, _free_port())
+    procs = _srun_like(args, tmp_path, free_port())
     deadline = time.monotonic() + 240
     while not (out / METRICS).exists() or not read_jsonl(out / METRICS):
         assert all(p.poll() is None for p in procs), procs[0].stderr.read()[-3000:]
@@ -131,8 +115,8 @@ def test_sigint_to_srun_ranks_exits_130_on_every_rank_and_the_resume_command_fin
 
     # the printed command, on every rank again, finishes the run (fewer epochs, to be quick)
     d["epochs"] = kept + 2
-    _spec(tmp_path, d)
-    procs = _srun_like(hint[1:], tmp_path, _free_port())
+    write_spec(tmp_path, d)
+    procs = _srun_like(hint[1:], tmp_path, free_port())
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:]
     rec = json.loads((out / "train.json").read_text())
@@ -140,10 +124,7 @@ def test_sigint_to_srun_ranks_exits_130_on_every_rank_and_the_resume_command_fin
     assert [h["epoch"] for h in rec["history"]] == list(range(1, kept + 3))
     # exactly as an uninterrupted run of the same epochs on the local launcher
     ref = tmp_path / "ref"
-    r = subprocess.run(
-        [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(ref)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    r = run_tula(*train_args(spec, ref), timeout=300)
     assert r.returncode == 0, r.stderr
     assert [h["train_loss"] for h in rec["history"]] == [h["train_loss"] for h in _history(ref)]
 
@@ -151,7 +132,7 @@ def test_sigint_to_srun_ranks_exits_130_on_every_rank_and_the_resume_command_fin
 def test_bad_input_is_one_sentence_and_exit_2_on_every_rank(tiny_spec_dict, tmp_path, monkeypatch):
     """The refusals before any world (in this process, through the command's entry point), and
     a world of two real processes that refuses on every rank."""
-    spec = _spec(tmp_path, tiny_spec_dict)
+    spec = write_spec(tmp_path, tiny_spec_dict)
     # no launcher's variables at all
     for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
@@ -167,7 +148,7 @@ def test_bad_input_is_one_sentence_and_exit_2_on_every_rank(tiny_spec_dict, tmp_
     procs = _srun_like(
         ["train", str(spec), "--cluster", "env", "--workers", "1", "--batch", "64", "--out", str(tmp_path / "c")],
         tmp_path,
-        _free_port(),
+        free_port(),
     )
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [2, 2], outs[0][1][-2000:]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import env_with_tests, popen_tula, run_tula
 from service_helpers import Service, wait_for, with_group_gone
 
 HERE = Path(__file__).resolve().parent
@@ -72,14 +73,6 @@ def _spec(tmp_path: Path, **kwargs) -> Path:
     return p
 
 
-def _env(**extra) -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **extra}
-
-
-def _tula(tula_cmd, *args, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*tula_cmd, *args], capture_output=True, text=True, timeout=300, env=_env(), **kw)
-
-
 def _clean(r: subprocess.CompletedProcess | tuple, code: int) -> str:
     rc, err = (r.returncode, r.stderr) if isinstance(r, subprocess.CompletedProcess) else r
     assert rc == code, (rc, err)
@@ -88,10 +81,10 @@ def _clean(r: subprocess.CompletedProcess | tuple, code: int) -> str:
 
 
 # --------------------------------------------------------------------------- the CLI
-def test_a_tula_error_quoting_foreign_text_prints_it_as_it_is(tmp_path, tula_cmd):
+def test_a_tula_error_quoting_foreign_text_prints_it_as_it_is(tmp_path):
     """A TulaError (the workload check) whose sentence quotes the model's exception: exit 2,
     the first line verbatim on one line (undecodable byte and NUL spelled out), the second line not."""
-    r = _tula(tula_cmd, "profile", str(_spec(tmp_path)), "--out", str(tmp_path / "p.json"))
+    r = run_tula("profile", _spec(tmp_path), "--out", tmp_path / "p.json", timeout=300, env=env_with_tests())
     err = _clean(r, 2)
     line = next(ln for ln in err.splitlines() if ln.startswith("error: "))
     assert line == (
@@ -101,37 +94,31 @@ def test_a_tula_error_quoting_foreign_text_prints_it_as_it_is(tmp_path, tula_cmd
 
 
 @pytest.mark.slow  # a real rank or runner process
-def test_a_worker_error_from_a_rank_prints_its_message_as_it_is(tmp_path, tula_cmd):
+def test_a_worker_error_from_a_rank_prints_its_message_as_it_is(tmp_path):
     """A rank raises it: the WorkerError's sentence (which keeps 300 characters of it) as it is."""
-    r = _tula(tula_cmd, "profile", str(_spec(tmp_path, mode="ranks")), "--out", str(tmp_path / "p.json"))
+    spec = _spec(tmp_path, mode="ranks")
+    r = run_tula("profile", spec, "--out", tmp_path / "p.json", timeout=300, env=env_with_tests())
     err = _clean(r, 2)
     line = next(ln for ln in err.splitlines() if ln.startswith("error: "))
     assert f"failed: RuntimeError: {SHOWN[:300]}" in line, line[:400]
 
 
-def test_a_usage_error_prints_the_option_as_typed(tmp_path, tula_cmd):
+def test_a_usage_error_prints_the_option_as_typed(tmp_path):
     option = "--" + HOSTILE.replace("=", ":")  # click reads --NAME=VALUE
-    r = _tula(tula_cmd, "plan", str(_spec(tmp_path)), option)
+    r = run_tula("plan", _spec(tmp_path), option, timeout=300, env=env_with_tests())
     err = _clean(r, 2)
     assert f"error: No such option: {option} (see --help)" in err.splitlines(), err
 
 
 @pytest.mark.slow  # a real rank or runner process
-def test_sigint_prints_the_continue_command_with_a_hostile_path(tmp_path, tula_cmd):
+def test_sigint_prints_the_continue_command_with_a_hostile_path(tmp_path):
     """Interrupted (SIGINT while profiling into a directory whose name holds the text): exit
     130 and the command that continues, with that path as it is."""
     marker = tmp_path / "forward-ran"
     spec = _spec(tmp_path, mode="slow", marker=str(marker))
     out = tmp_path / "runs" / HOSTILE / "p.json"  # its slashes make folders; the path reads as the text
     assert HOSTILE in str(out)
-    proc = subprocess.Popen(
-        [*tula_cmd, "profile", str(spec), "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-        start_new_session=True,
-    )
+    proc = popen_tula("profile", spec, "--out", out, stdout=subprocess.PIPE, env=env_with_tests())
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
@@ -188,7 +175,7 @@ def test_the_observer_prints_notes_events_and_records_as_they_are(tmp_path):
         [sys.executable, "-c", DRIVER, HOSTILE + " \udcff"],
         capture_output=True,
         timeout=120,
-        env=_env(COLUMNS="1000"),
+        env={**env_with_tests(), "COLUMNS": "1000"},
         cwd=tmp_path,
     )
     out, err = r.stdout.decode("utf-8"), r.stderr.decode("utf-8")  # strict: the output is UTF-8
@@ -211,7 +198,7 @@ def test_the_observer_prints_notes_events_and_records_as_they_are(tmp_path):
 
 # --------------------------------------------------------------------------- the service
 @pytest.mark.slow  # a real rank or runner process
-def test_the_service_reports_a_failed_job_s_text_as_it_is(tmp_path, tula_cmd):
+def test_the_service_reports_a_failed_job_s_text_as_it_is(tmp_path):
     """A job whose model fails with the text: the runner stores its error, `tula submit --wait`
     exits 2 with it, `tula status` shows it, the API's error bodies carry it, the dashboard
     shows it HTML-escaped; bad submissions quoting it are 422 with it in the detail."""
@@ -221,7 +208,7 @@ def test_the_service_reports_a_failed_job_s_text_as_it_is(tmp_path, tula_cmd):
     try:
         c = svc.client()
         spec = _spec(tmp_path)
-        sub = _tula(tula_cmd, "submit", str(spec), "--wait", "--server", svc.url)
+        sub = run_tula("submit", spec, "--wait", "--server", svc.url, timeout=300, env=env_with_tests())
         err = _clean(sub, 2)
         job_id = sub.stdout.split("submitted job ")[1].split()[0]
         job = wait_for(c, job_id)
@@ -231,10 +218,10 @@ def test_the_service_reports_a_failed_job_s_text_as_it_is(tmp_path, tula_cmd):
         assert job["state"] == "failed" and job["error"] == expected, job
         assert f"error: job {job_id} failed: {expected}" in err.splitlines()
 
-        st = _tula(tula_cmd, "status", job_id, "--server", svc.url)
+        st = run_tula("status", job_id, "--server", svc.url, timeout=300, env=env_with_tests())
         _clean(st, 0)
         assert f"error: {expected}" in " ".join(st.stdout.split()), st.stdout  # wrapped at 120 columns
-        table = _tula(tula_cmd, "status", "--server", svc.url)
+        table = run_tula("status", "--server", svc.url, timeout=300, env=env_with_tests())
         _clean(table, 0)
         assert job_id in table.stdout
 

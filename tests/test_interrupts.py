@@ -10,20 +10,13 @@ import subprocess
 import time
 
 import pytest
-import yaml
-from helpers import group_alive, ranks_below
+from helpers import group_alive, one_line, popen_tula, ranks_below, run_tula, train_args, write_spec
 
 from tula.core.records import read_jsonl
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta
 from tula.engine.train import METRICS
 
 pytestmark = pytest.mark.slow
-
-
-def _write(tmp_path, d, name="spec.yaml"):
-    p = tmp_path / name
-    p.write_text(yaml.safe_dump(d))
-    return p
 
 
 def _wait_for(cond, timeout=240.0, proc=None):
@@ -34,20 +27,15 @@ def _wait_for(cond, timeout=240.0, proc=None):
         time.sleep(0.05)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 @pytest.mark.parametrize("sig, code, to_group", [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, True)])
 def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(
-    tiny_spec_dict, tmp_path, tula_cmd, sig, code, to_group
+    tiny_spec_dict, tmp_path, sig, code, to_group
 ):
     d = dict(tiny_spec_dict, epochs=200)
     d["train"] = {"warmup_epochs": 0}
-    spec = _write(tmp_path, d)
+    spec = write_spec(tmp_path, d)
     out = tmp_path / "run"
-    cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = popen_tula(*train_args(spec, out), stdout=subprocess.PIPE)
     _wait_for(lambda: (out / CHECKPOINT).exists(), proc=proc)
     ranks = ranks_below(proc.pid)
     assert ranks, "no rank processes found"
@@ -57,7 +45,7 @@ def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(
     stop_s = time.monotonic() - t_signal
     assert proc.returncode == code, err
     assert stop_s < 30, f"took {stop_s:.1f} s to stop"
-    text = _one_line(err)
+    text = one_line(err)
     assert f"training stopped by {signal.Signals(sig).name}" in text and "Traceback" not in err
     assert "leaked semaphore" not in err
     kept = checkpoint_meta(out)["epoch"]
@@ -72,8 +60,8 @@ def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(
     hint = text.split("continue with: ")[1].split()
     assert hint[:2] == ["tula", "train"] and "--resume" in hint
     d["epochs"] = kept + 2
-    _write(tmp_path, d)
-    r = subprocess.run([*tula_cmd, *hint[1:]], capture_output=True, text=True, timeout=300)
+    write_spec(tmp_path, d)
+    r = run_tula(*hint[1:], timeout=300)
     assert r.returncode == 0, r.stderr
     rec = json.loads((out / "train.json").read_text())
     assert rec["resumed_from_epoch"] == kept
@@ -81,16 +69,13 @@ def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(
     assert rec["steps_done"] == (kept + 2) * rec["steps_per_epoch"]
 
 
-def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_rerun_them(
-    tiny_spec_dict, tmp_path, tula_cmd
-):
+def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_rerun_them(tiny_spec_dict, tmp_path):
     d = dict(tiny_spec_dict, name="slowprof")
     d["profile"] = {**d["profile"], "timed_steps": 25}
     d["search"] = {**d["search"], "max_batch": 64}  # 6 trials: 2 before the signal, 4 after the resume
-    spec = _write(tmp_path, d)
+    spec = write_spec(tmp_path, d)
     out = tmp_path / "run"
-    cmd = [*tula_cmd, "run", str(spec), "--search", "full", "--no-train", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = popen_tula("run", spec, "--search", "full", "--no-train", "--out", out, stdout=subprocess.PIPE)
     trials_seen = 0
     while trials_seen < 2:  # the CLI logs a line per finished trial when stderr is not a terminal
         line = proc.stderr.readline()
@@ -99,7 +84,7 @@ def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_re
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    text = _one_line(err)
+    text = one_line(err)
     assert "profiling stopped by SIGINT" in text and "Traceback" not in err
     assert f"continue with: tula run --resume {out}" in text
     assert not group_alive(proc.pid)
@@ -110,7 +95,7 @@ def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_re
     assert len(finished) < len(partial["configs"])
     assert f"{len(finished)} of {len(partial['configs'])} trial(s) finished" in text
 
-    r = subprocess.run([*tula_cmd, "run", "--resume", str(out)], capture_output=True, text=True, timeout=600)
+    r = run_tula("run", "--resume", out)
     assert r.returncode == 0, r.stderr
     full = json.loads((out / "profile.json").read_text())
     assert "interrupted" not in full

@@ -5,7 +5,6 @@ import workers
 from helpers import local_launcher
 
 from tula.core.errors import WorkerError
-from tula.engine.launch import LocalLauncher
 
 
 @pytest.mark.slow  # a real DDP world
@@ -23,7 +22,7 @@ def test_two_rank_gloo_world_returns_results_in_rank_order():
 def test_failing_rank_is_named_and_nothing_hangs():
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match="rank 1 of 2 failed: ValueError: boom on purpose") as e:
-        LocalLauncher(device="cpu", threads_per_worker=1, grace_s=2).run(workers.fail_on_rank_one, 2, timeout_s=120)
+        local_launcher(grace_s=2).run(workers.fail_on_rank_one, 2, timeout_s=120)
     assert e.value.rank == 1
     assert time.monotonic() - t0 < 60
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import local_launcher
+from helpers import local_launcher, memory_model
 from torch import nn
 
 from tula.core.errors import InfeasibleError
@@ -25,6 +25,8 @@ from tula.engine.profile import _merge_ranks, profile, profile_world
 from tula.engine.workloads import SmallCNN
 
 MiB = 2**20
+#: helpers' memory model with 1000 bytes of optimiser state: 3000 static bytes, 100 per sample
+WITH_STATE = memory_model(optimizer_state_bytes=1000, probe_peak_bytes=(3100, 3200))
 
 
 def _step_fn(model, opt, b):
@@ -127,18 +129,7 @@ def _chain(first, second):
 
 
 def test_max_local_batch_respects_budget_and_margin():
-    mm = MemoryModel(
-        param_bytes=1000,
-        grad_bytes=1000,
-        optimizer_state_bytes=1000,
-        buffer_bytes=0,
-        other_static_bytes=0,
-        activation_bytes_per_sample=90,
-        batch_bytes_per_sample=10,
-        probe_local_batches=(1, 2),
-        probe_peak_bytes=(3100, 3200),
-        device="cpu",
-    )
+    mm = WITH_STATE
     assert mm.predict_peak_bytes(10) == 4000
     assert mm.max_local_batch(None) is None
     assert mm.max_local_batch(13000, safety=0.0) == 100
@@ -154,17 +145,12 @@ def test_max_local_batch_respects_budget_and_margin():
 
 
 def test_refit_uses_more_points():
-    mm = MemoryModel(
+    mm = memory_model(
         param_bytes=100,
         grad_bytes=100,
-        optimizer_state_bytes=0,
-        buffer_bytes=0,
-        other_static_bytes=0,
         activation_bytes_per_sample=5,
         batch_bytes_per_sample=5,
-        probe_local_batches=(1, 2),
         probe_peak_bytes=(300, 320),
-        device="cpu",
     )
     # the true line is 500 + 20 b above the probe's small batches
     r = mm.refit([64, 128, 256], [500 + 20 * 64, 500 + 20 * 128, 500 + 20 * 256])
@@ -185,19 +171,7 @@ def test_oom_classification():
 def test_max_local_batch_keeps_room_for_the_address_space_overhead():
     """Under a cap the budget also holds what tensors never show (oneDNN kernels, heap,
     thread stacks): a budget below static + overhead allows no batch, and says why."""
-    mm = MemoryModel(
-        param_bytes=1000,
-        grad_bytes=1000,
-        optimizer_state_bytes=1000,
-        buffer_bytes=0,
-        other_static_bytes=0,
-        activation_bytes_per_sample=90,
-        batch_bytes_per_sample=10,
-        probe_local_batches=(1, 2),
-        probe_peak_bytes=(3100, 3200),
-        device="cpu",
-        address_space_overhead_bytes=5000,
-    )
+    mm = replace(WITH_STATE, address_space_overhead_bytes=5000)
     assert mm.predict_peak_bytes(10) == 4000  # tensors, as measured: the overhead is not a tensor
     assert mm.predict_budget_bytes(10) == 9000
     assert mm.max_local_batch(18000, safety=0.0) == 100  # floor((18000 - 5000 - 3000) / 100)

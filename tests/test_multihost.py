@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,10 +23,10 @@ import pytest
 import torch
 import yaml
 from emulated_hosts import COMMAND_ENV
+from helpers import kill_on_line, popen_tula, run_tula, train_args, tula_cmd
 
 pytestmark = pytest.mark.slow
 
-TULA = str(Path(sys.executable).parent / "tula")
 HERE = Path(__file__).resolve().parent
 #: the tests' folder on the import path of the commands and of the Dask workers (tests/workers.py's models)
 TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)}
@@ -61,8 +60,19 @@ def hosts(netns_ok):
         yield h
 
 
-def _tula(h, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return h.run([TULA, *args], timeout=timeout)
+def _tula(h, *args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """``tula ARGS`` run on the head host (inside its namespace), as helpers.run_tula runs it here."""
+    return h.run([*tula_cmd(), *map(str, args)], timeout=timeout, **kw)
+
+
+def _profile(h, spec: Path, out: Path) -> subprocess.CompletedProcess:
+    """``tula profile SPEC --search full`` on the head host, on the hosts' Dask scheduler."""
+    return _tula(h, "profile", spec, "--search", "full", "--out", out, "--cluster", h.scheduler_address)
+
+
+def _train(h, spec: Path, out: Path, *more, workers: int = 2, batch: int = 32) -> list:
+    """The arguments of ``tula train`` (the spec's method) on the hosts' Dask scheduler."""
+    return train_args(spec, out, "--cluster", h.scheduler_address, *more, method=None, workers=workers, batch=batch)
 
 
 def _params(run_dir: Path) -> dict:
@@ -73,17 +83,7 @@ def _params(run_dir: Path) -> dict:
 
 def test_profile_and_train_across_two_hosts_with_no_interface_set(hosts, tmp_path):
     spec = _spec(tmp_path)
-    r = _tula(
-        hosts,
-        "profile",
-        str(spec),
-        "--search",
-        "full",
-        "--out",
-        str(tmp_path / "p" / "profile.json"),
-        "--cluster",
-        hosts.scheduler_address,
-    )
+    r = _profile(hosts, spec, tmp_path / "p" / "profile.json")
     assert r.returncode == 0, r.stderr + hosts.log_tail()
     prof = json.loads((tmp_path / "p" / "profile.json").read_text())
     addresses = {hosts.address(k) for k in hosts.hosts}
@@ -97,19 +97,7 @@ def test_profile_and_train_across_two_hosts_with_no_interface_set(hosts, tmp_pat
     assert prof["placement"]["n_hosts"] >= 2 and prof["placement"]["max_ranks_per_host"] == 1
 
     out = tmp_path / "train"
-    r = _tula(
-        hosts,
-        "train",
-        str(spec),
-        "--workers",
-        "2",
-        "--batch",
-        "32",
-        "--out",
-        str(out),
-        "--cluster",
-        hosts.scheduler_address,
-    )
+    r = _tula(hosts, *_train(hosts, spec, out))
     assert r.returncode == 0, r.stderr + hosts.log_tail()
     run = json.loads((out / "train.json").read_text())
     assert run["replicas_identical"] and run["n_workers"] == 2 and run["epochs"] == 2
@@ -124,19 +112,7 @@ def test_a_world_whose_ranks_cannot_reach_each_other_fails_in_one_sentence_namin
     # this spec forms in well under a second)
     spec = _spec(tmp_path, cluster={"interface": "lo", "pg_timeout_s": 6})
     t0 = time.monotonic()
-    r = _tula(
-        hosts,
-        "train",
-        str(spec),
-        "--workers",
-        "2",
-        "--batch",
-        "32",
-        "--out",
-        str(tmp_path / "t"),
-        "--cluster",
-        hosts.scheduler_address,
-    )
+    r = _tula(hosts, *_train(hosts, spec, tmp_path / "t"))
     took = time.monotonic() - t0
     assert r.returncode == 2, r.stderr
     err = r.stderr.strip().splitlines()[-1]  # after the progress bar
@@ -150,24 +126,8 @@ def test_a_world_whose_ranks_cannot_reach_each_other_fails_in_one_sentence_namin
 def test_no_scheduler_at_the_address_is_one_sentence_within_the_connect_timeout(tmp_path):
     spec = _spec(tmp_path, cluster={"connect_timeout_s": 3})
     t0 = time.monotonic()
-    r = subprocess.run(
-        [
-            TULA,
-            "train",
-            str(spec),
-            "--workers",
-            "1",
-            "--batch",
-            "32",
-            "--out",
-            str(tmp_path / "t"),
-            "--cluster",
-            "tcp://127.0.0.1:1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    args = train_args(spec, tmp_path / "t", "--cluster", "tcp://127.0.0.1:1", method=None, workers=1, batch=32)
+    r = run_tula(*args, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "no Dask scheduler answers at tcp://127.0.0.1:1 within 3 s" in r.stderr, r.stderr
     assert time.monotonic() - t0 < 3 + 10
@@ -194,34 +154,19 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
             "workers": {"min": 1, "max": 2, "batch_per_worker": 64},
         },
     )
-    cmd = [TULA, "train", str(spec), "--workers", "1", "--batch", "64", "--cluster", hosts.scheduler_address]
     env = {**TESTS_ON_PATH, "TULA_LOG_EVERY_S": "0.2"}
-    ref = hosts.run([*cmd, "--out", str(tmp_path / "ref")], timeout=300, env=env)
+    ref = _tula(hosts, *_train(hosts, spec, tmp_path / "ref", workers=1, batch=64), env=env)
     assert ref.returncode == 0, ref.stderr + hosts.log_tail()
 
     cut = tmp_path / "cut"
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", hosts.head, *cmd, "--out", str(cut)],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, **COMMAND_ENV, **env},
-    )
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if line.startswith("epoch 2: step"):  # the 2-host world is training: kill on its first step line
-                os.kill(proc.pid, signal.SIGKILL)
-                break
-    finally:
-        proc.wait(timeout=60)
+    args = _train(hosts, spec, cut, workers=1, batch=64)
+    proc = popen_tula(*args, prefix=("ip", "netns", "exec", hosts.head), env={**os.environ, **COMMAND_ENV, **env})
+    seen = kill_on_line(proc, "epoch 2: step")  # the 2-host world is training: kill on its first step line
     assert proc.returncode == -signal.SIGKILL, "".join(seen)
     step, steps = map(int, seen[-1].split("step ")[1].split("/"))
     assert 1 <= step < steps == 6, seen[-1]  # mid-epoch
     assert any("moves to global batch 128 on 2 worker(s)" in s for s in seen), "".join(seen)
-    again = hosts.run([*cmd, "--out", str(cut), "--resume"], timeout=300, env=env)
+    again = _tula(hosts, *args, "--resume", env=env)
     assert again.returncode == 0, again.stderr + hosts.log_tail()
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
     assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"]
@@ -232,30 +177,7 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
 
 
 def _train_until_checkpoint(h, spec: Path, out: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            "ip",
-            "netns",
-            "exec",
-            h.head,
-            TULA,
-            "train",
-            str(spec),
-            "--workers",
-            "2",
-            "--batch",
-            "32",
-            "--out",
-            str(out),
-            "--cluster",
-            h.scheduler_address,
-        ],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, **COMMAND_ENV},
-    )
+    proc = popen_tula(*_train(h, spec, out), prefix=("ip", "netns", "exec", h.head), env={**os.environ, **COMMAND_ENV})
     deadline = time.monotonic() + 120
     while not (out / "checkpoint.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
@@ -294,23 +216,7 @@ def test_a_host_lost_mid_epoch_fails_in_one_sentence_and_resume_finishes_on_the_
         assert h.address(victim) in last, last  # names the worker that was lost
         meta = checkpoint_meta(out)  # intact: loads, and holds a finished epoch
         assert 1 <= meta["epoch"] < 4
-        again = h.run(
-            [
-                TULA,
-                "train",
-                str(spec),
-                "--workers",
-                "2",
-                "--batch",
-                "32",
-                "--out",
-                str(out),
-                "--resume",
-                "--cluster",
-                h.scheduler_address,
-            ],
-            timeout=300,
-        )
+        again = _tula(h, *_train(h, spec, out, "--resume"))
         assert again.returncode == 0, again.stderr + h.log_tail()
         run = json.loads((out / "train.json").read_text())
         assert run["epochs"] == 4 and run["resumed_from_epoch"] == meta["epoch"] and run["replicas_identical"]
@@ -327,17 +233,7 @@ def test_two_hosts_with_two_workers_each_put_a_hosts_ranks_side_by_side(netns_ok
         cluster={"heartbeat_timeout_s": 30},
     )
     with EmulatedHosts(n_hosts=2, workers_per_host=2) as h:
-        r = _tula(
-            h,
-            "profile",
-            str(spec),
-            "--search",
-            "full",
-            "--out",
-            str(tmp_path / "p" / "profile.json"),
-            "--cluster",
-            h.scheduler_address,
-        )
+        r = _profile(h, spec, tmp_path / "p" / "profile.json")
         assert r.returncode == 0, r.stderr + h.log_tail()
     prof = json.loads((tmp_path / "p" / "profile.json").read_text())
     for t in prof["trials"]:
@@ -361,7 +257,7 @@ def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left
     url = "http://127.0.0.1:8799"  # the head's own loopback: only commands on the head reach it
     with EmulatedHosts(n_hosts=3) as h:
         env = {**COMMAND_ENV, "TULA_POLL_S": "0.2", "TULA_HEARTBEAT_S": "0.5", "TULA_STALE_AFTER_S": "30"}
-        serve = [TULA, "serve", "--port", "8799", "--home", str(home), "--cluster", h.scheduler_address]
+        serve = [*tula_cmd(), "serve", "--port", "8799", "--home", str(home), "--cluster", h.scheduler_address]
         h.popen(0, serve, log="serve.log", env=env)
         deadline = time.monotonic() + 60
         while _tula(h, "status", "--server", url, timeout=30).returncode != 0:

@@ -1,10 +1,8 @@
 """Fitting and planning read records and run on numpy alone: torch is never imported."""
 
 import json
-import subprocess
-import sys
 
-from helpers import profile_record
+from helpers import profile_record, run_python
 
 from tula.core.records import validate_record
 
@@ -26,7 +24,7 @@ loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")
 assert not loaded, loaded[:5]
 print(plan["choice"]["n_workers"], plan["choice"]["global_batch"])
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = run_python(code)
     assert r.returncode == 0, r.stderr
     # T/E = D/B * t_step: N=1, B=256 gives 1438/256 * 3.56 ms = 20.0 ms per epoch; N=2 halves the
     # compute but adds 2 ms of sync: 1438/256 * 4.28 ms = 24.0 ms.  The fit recovers the exact

@@ -4,7 +4,6 @@ ags`` on the same job."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import free_port, run_python
 
 from tula.engine.checkpoint import load_checkpoint
 
@@ -19,12 +19,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_own_loop_under_torchrun_ends_with_the_parameters_of_tula_train(reference_run, tmp_path):
@@ -36,7 +30,7 @@ def test_own_loop_under_torchrun_ends_with_the_parameters_of_tula_train(referenc
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(d))
     r = subprocess.run(
-        [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(_free_port()),
+        [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()),
          str(ROOT / "examples" / "own_loop.py"), str(spec), "--batch", "64", "--out", str(tmp_path / "own.pt")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -59,5 +53,5 @@ def test_tula_AGS_is_the_optimiser_of_tula_optim_and_import_tula_loads_no_torch(
         "import sys, tula; assert 'torch' not in sys.modules, 'import tula loaded torch'; "
         "from tula.optim import AGS; assert tula.AGS is AGS; print('ok')"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = run_python(code)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -1,27 +1,13 @@
 import numpy as np
 import pytest
+from helpers import noisy_trials
 
 from tula.core.perfmodel import PerfModel, fit_perf_model, link_bytes, relative_errors
 
 
 def _trials(model: PerfModel, sizes, batches, noise=0.01, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in sizes:
-        for b in batches:
-            tc = float(model.t_compute_s(b, n)) * (1 + noise * rng.standard_normal())
-            ts = float(model.t_step_s(b, n)) * (1 + noise * rng.standard_normal())
-            out.append(
-                {
-                    "n_workers": n,
-                    "local_batch": b,
-                    "global_batch": n * b,
-                    "status": "ok",
-                    "t_step_s": ts,
-                    "t_compute_s": tc,
-                }
-            )
-    return out
+    """helpers.noisy_trials on one host: ``sizes`` worker counts."""
+    return noisy_trials(model, sizes, batches, noise, seed)
 
 
 GRAD = 50_000_000

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 
 import pytest
 import torch
 import yaml
-from helpers import assert_refused, local_launcher, one_line, tula_in_process
+from helpers import assert_refused, local_launcher, one_line, run_tula, tula_in_process, write_spec
 
 from tula.core.fit import fit_models
 from tula.core.memory_model import MemoryModel
@@ -27,26 +26,20 @@ from tula.engine.train import train
 pytestmark = pytest.mark.slow
 
 
-def _profile(tula_cmd, tmp_path, d: dict, name: str) -> dict:
-    spec = tmp_path / f"{name}.yaml"
-    spec.write_text(yaml.safe_dump(d))
+def _profile(tmp_path, d: dict, name: str) -> dict:
+    spec = write_spec(tmp_path, d, f"{name}.yaml")
     out = tmp_path / name / "profile.json"
-    r = subprocess.run(
-        [*tula_cmd, "profile", str(spec), "--search", "full", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    r = run_tula("profile", spec, "--search", "full", "--out", out)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-def test_bf16_is_profiled_as_trained_and_its_memory_model_predicts_bf16_peaks(
-    tiny_spec_dict, tmp_path, tula_cmd, tiny_pipeline
-):
+def test_bf16_is_profiled_as_trained_and_its_memory_model_predicts_bf16_peaks(tiny_spec_dict, tmp_path, tiny_pipeline):
     # the fp32 profile of the same job: the session's tiny pipeline's (a partial search; its
     # memory model is the probes' and its refit is on its trials, as a full search's)
     assert tiny_pipeline.spec == tiny_spec_dict
     fp32 = tiny_pipeline.record("profile.json")
-    bf16 = _profile(tula_cmd, tmp_path, {**tiny_spec_dict, "train": {"precision": "bf16"}}, "bf16")
+    bf16 = _profile(tmp_path, {**tiny_spec_dict, "train": {"precision": "bf16"}}, "bf16")
     assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16")
     mm32, mm16 = MemoryModel.from_dict(fp32["memory"]), MemoryModel.from_dict(bf16["memory"])
     assert (mm32.precision, mm16.precision) == ("fp32", "bf16")
@@ -123,7 +116,7 @@ def test_fp16_skips_overflowed_steps_measures_unscaled_and_resumes_exactly(tiny_
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_precision_that_cannot_be_used_is_one_sentence_and_exit_2(tiny_spec_dict, tmp_path, tula_cmd):
+def test_a_precision_that_cannot_be_used_is_one_sentence_and_exit_2(tiny_spec_dict, tmp_path):
     """The spec's refusals (before any rank starts) in this process, through the command's own
     entry point; the refusal of the resume, which a rank makes on reading the checkpoint, as a
     real ``tula train`` (its exit code and its one sentence)."""
@@ -141,6 +134,6 @@ def test_a_precision_that_cannot_be_used_is_one_sentence_and_exit_2(tiny_spec_di
     d = dict(tiny_spec_dict, epochs=1)
     train(spec_from_dict(d), "ags", 2, 64, out, launcher=local_launcher())  # the CLI's default method
     spec.write_text(yaml.safe_dump({**d, "epochs": 2, "train": {"precision": "bf16"}}))
-    r = subprocess.run([*tula_cmd, *map(str, args), "--resume"], capture_output=True, text=True, timeout=300)
+    r = run_tula(*args, "--resume", timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "was trained in fp32, not train.precision bf16" in one_line(r.stderr)

@@ -18,13 +18,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
-from helpers import env_with_tests, local_launcher
+from helpers import (
+    assert_same_model,
+    env_with_tests,
+    local_launcher,
+    popen_tula,
+    run_tula,
+    train_args,
+    train_in_two,
+    write_spec,
+)
 from PIL import Image
 
 from tula.core.memory_model import MemoryModel
 from tula.core.spec import spec_from_dict
-from tula.engine.checkpoint import CHECKPOINT, load_checkpoint
+from tula.engine.checkpoint import CHECKPOINT
 from tula.engine.data import DataPath, epoch_order, resident_fits
 from tula.engine.train import steps_per_epoch, train
 from tula.engine.workloads import load_dataset
@@ -178,27 +186,19 @@ def test_training_with_prefetching_resumes_to_the_synchronous_model_bit_for_bit(
     sync = _factory_spec(prefetch="off")
     whole = train(spec_from_dict(sync), "lbt", 2, 16, tmp_path / "whole", launcher=launcher)
     ahead = _factory_spec(prefetch="on")
-    train(spec_from_dict({**ahead, "epochs": 1}), "lbt", 2, 16, tmp_path / "split", launcher=launcher)
-    resumed = train(spec_from_dict(ahead), "lbt", 2, 16, tmp_path / "split", resume=True, launcher=launcher)
+    resumed = train_in_two(ahead, "lbt", 2, 16, tmp_path / "split", launcher)
     assert resumed["resumed_from_epoch"] == 1 and resumed["replicas_identical"]
-    a = load_checkpoint(tmp_path / "whole")["model"]
-    b = load_checkpoint(tmp_path / "split")["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_model(tmp_path / "whole", tmp_path / "split")
     assert whole["history"][-1]["test_loss"] == resumed["history"][-1]["test_loss"]
 
 
 @pytest.mark.slow
-def test_a_corrupt_sample_read_by_the_prefetching_thread_is_one_sentence_and_exit_2(tmp_path, tula_cmd):
+def test_a_corrupt_sample_read_by_the_prefetching_thread_is_one_sentence_and_exit_2(tmp_path):
     d = _factory_spec(prefetch="on", loader_workers=0)
     d["data"]["factory"], d["data"]["kwargs"] = "factories:corrupt_sample", {"n": 96, "bad": 37}
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(d))
+    spec = write_spec(tmp_path, d)
     t0 = time.monotonic()
-    r = subprocess.run(
-        [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "16",
-         "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=240, env=env_with_tests(),
-    )  # fmt: skip
+    r = run_tula(*train_args(spec, tmp_path / "run", batch=16), timeout=240, env=env_with_tests())
     assert r.returncode == 2, r.stderr
     assert time.monotonic() - t0 < 120
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
@@ -207,19 +207,15 @@ def test_a_corrupt_sample_read_by_the_prefetching_thread_is_one_sentence_and_exi
 
 
 @pytest.mark.slow
-def test_sigint_with_a_prefetch_in_flight_stops_at_a_step_with_130(tmp_path, tula_cmd):
+def test_sigint_with_a_prefetch_in_flight_stops_at_a_step_with_130(tmp_path):
     """A slow set (every sample takes 4 ms to read): the prefetching thread is mid-batch most
     of the time; Ctrl-C after the first checkpoint stops at the next step."""
     d = _factory_spec(prefetch="on", loader_workers=0)
     d["epochs"] = 100
     d["data"]["factory"], d["data"]["kwargs"] = "factories:corrupt_sample", {"n": 96, "bad": None, "delay_s": 0.004}
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(d))
+    spec = write_spec(tmp_path, d)
     out = tmp_path / "run"
-    cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "16", "--out", str(out)]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env_with_tests()
-    )
+    proc = popen_tula(*train_args(spec, out, batch=16), stdout=subprocess.PIPE, env=env_with_tests())
     deadline = time.monotonic() + 180
     while not (out / CHECKPOINT).exists():
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""

@@ -2,7 +2,7 @@ import statistics
 import time
 
 import pytest
-from helpers import local_launcher
+from helpers import local_launcher, memory_model
 
 from tula.core.fit import fit_models
 from tula.core.perfmodel import fit_perf_model
@@ -137,17 +137,13 @@ def test_compute_slope_from_two_batches_predicts_a_third(tiny_spec_dict):
     assert predicted == pytest.approx(big["t_compute_s"], rel=tol), (rounds, small, mid, big, perf)
     assert perf.t_step_s(1024, 1) == pytest.approx(predicted)  # one worker: no sync term
     # peak memory is linear in the local batch: the line through two trials predicts the third
-    line = MemoryModel(
+    line = memory_model(
         param_bytes=0,
         grad_bytes=0,
-        optimizer_state_bytes=0,
-        buffer_bytes=0,
-        other_static_bytes=0,
         activation_bytes_per_sample=0,
         batch_bytes_per_sample=0,
         probe_local_batches=(128, 512),
         probe_peak_bytes=(small["peak_mem_bytes"], mid["peak_mem_bytes"]),
-        device="cpu",
     ).refit([], [])
     assert line.predict_peak_bytes(1024) == pytest.approx(big["peak_mem_bytes"], rel=0.05)
 

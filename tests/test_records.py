@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+from helpers import damaged_bytes, json_values, memory_model, mutation_site, other_types, profile_record, tiny_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +32,6 @@ from tula.core.records import (
 )
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint, save_checkpoint
-from tula.engine.memory import MemoryModel
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -41,17 +41,15 @@ def _valid_records(spec_dict: dict) -> dict[str, dict]:
     """One valid record of every kind: a profile made by hand (as `tula profile` writes it),
     the models and plan the real fit and plan make of it, a training run and a run manifest."""
     spec = spec_from_dict(spec_dict).to_dict()
-    mem = MemoryModel(
+    mem = memory_model(
         param_bytes=4000,
         grad_bytes=4000,
         optimizer_state_bytes=4000,
-        buffer_bytes=0,
         other_static_bytes=2000,
         activation_bytes_per_sample=19000,
         batch_bytes_per_sample=264,
         probe_local_batches=(16, 32),
         probe_peak_bytes=(322224, 630448),
-        device="cpu",
     )
 
     def trial(n, b, t):
@@ -71,26 +69,16 @@ def _valid_records(spec_dict: dict) -> dict[str, dict]:
             )
         )
 
-    profile = {
-        "kind": PROFILE_KIND,
-        "version": 1,
-        "spec": spec,
-        "search": "partial",
-        "device": "cpu",
-        "backend": "gloo",
-        "threads_per_worker": 1,
-        "memory_budget_bytes": None,
-        "enforce_memory_cap": False,
-        "dataset_size": 1438,
-        "sample_shape": [1, 8, 8],
-        "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 4000},
-        "memory": mem.to_dict(),
-        "max_local_batch": None,
-        "configs": [[1, 16], [1, 256], [2, 16], [2, 256]],
-        "trials": [trial(1, 16, 0.002), trial(1, 256, 0.024), trial(2, 8, 0.003), trial(2, 128, 0.015)],
-        "profiling_s": 3.5,
-        "created": "2025-01-01T00:00:00+0000",
-    }
+    trials = [trial(1, 16, 0.002), trial(1, 256, 0.024), trial(2, 8, 0.003), trial(2, 128, 0.015)]
+    profile = profile_record(
+        spec,
+        trials,
+        search="partial",
+        model={"name": "small_cnn", "param_count": 1000, "grad_bytes": 4000},
+        memory=mem.to_dict(),
+        profiling_s=3.5,
+        created="2025-01-01T00:00:00+0000",
+    )
     models = fit_models(profile)
     plan = make_plan(models)
     epoch = {
@@ -140,13 +128,7 @@ def _valid_records(spec_dict: dict) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
-    tiny = {
-        "name": "tiny",
-        "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}},
-        "data": {"name": "digits"},
-        "epochs": 2,
-        "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256},
-    }
+    tiny = tiny_spec(profile=False)
     recs = _valid_records(tiny)
     for kind, rec in recs.items():  # the base of every mutation is a record Tula reads back as it wrote it
         p = save_record(rec, tmp_path_factory.mktemp("valid") / "rec.json")
@@ -394,68 +376,29 @@ def test_a_record_tula_would_not_read_back_is_not_written(records, tmp_path):
 
 
 # --------------------------------------------------------------------------- random and mutated records
-_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
-json_values = st.recursive(
-    _scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12,
-)
-
-
-def _retype(value):
-    """Values of another type than ``value`` (a string of a number, a list around it, ...)."""
-    return [
-        v
-        for v in (
-            None,
-            True,
-            0,
-            -1,
-            1.5,
-            float("nan"),
-            float("inf"),
-            "",
-            "x",
-            str(value),
-            [],
-            [value],
-            {},
-            {"v": value},
-            10**30,
-        )
-        if type(v) is not type(value)
-    ]
+VALUES = json_values()
 
 
 def _mutate(data, rec):
-    """Delete a key, give a value another type or a random value, somewhere in ``rec``: walk
-    down from the top (so top-level fields are hit often), stopping at a random depth."""
-    node, key = rec, None
-    while True:
-        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
-        if not keys:
-            break
-        key = data.draw(st.sampled_from(keys))
-        child = node[key]
-        if isinstance(child, (dict, list)) and child and data.draw(st.booleans()):
-            node = child
-            continue
-        break
-    if key is None:
+    """Delete a key, give a value another type or a random value, somewhere in ``rec``
+    (helpers.mutation_site: top-level fields are hit often)."""
+    site = mutation_site(data, rec)
+    if site is None:
         return
+    node, key = site
     op = data.draw(st.sampled_from(["delete", "retype", "random", "number"]))
     if op == "delete":
         del node[key]
     elif op == "number":  # the same type, a random value: negative, zero, huge, nan, inf
         node[key] = data.draw(st.integers() if isinstance(node[key], int) else st.floats())
     elif op == "retype":
-        node[key] = data.draw(st.sampled_from(_retype(node[key])))
+        node[key] = data.draw(st.sampled_from(other_types(node[key])))
     else:
-        node[key] = data.draw(json_values)
+        node[key] = data.draw(VALUES)
 
 
 @SETTINGS
-@given(value=json_values)
+@given(value=VALUES)
 def test_random_json_is_refused_with_one_sentence(scratch, value):
     assert assert_loads_or_one_sentence(scratch / "random.json", json.dumps(value).encode()) is None
 
@@ -463,12 +406,12 @@ def test_random_json_is_refused_with_one_sentence(scratch, value):
 @SETTINGS
 @given(
     kind=st.sampled_from(sorted(VERSIONS)),
-    version=st.integers(-2, 3) | json_values,
+    version=st.integers(-2, 3) | VALUES,
     extra=st.dictionaries(
         st.sampled_from(
             ["spec", "trials", "memory", "perf", "choice", "history", "search", "objective", "configurations", "model"]
         ),
-        json_values,
+        VALUES,
         max_size=4,
     ),
 )
@@ -494,13 +437,8 @@ def test_mutated_records_load_or_are_refused(records, scratch, data):
 @given(data=st.data())
 def test_truncated_or_byte_flipped_records_load_or_are_refused(records, scratch, data):
     kind = data.draw(st.sampled_from(sorted(records)))
-    raw = bytearray(json.dumps(records[kind], indent=1).encode())
-    if data.draw(st.booleans()):
-        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
-    else:
-        for _ in range(data.draw(st.integers(1, 4))):
-            raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
-    assert_loads_or_one_sentence(scratch / "bytes.json", bytes(raw))
+    raw = json.dumps(records[kind], indent=1).encode()
+    assert_loads_or_one_sentence(scratch / "bytes.json", damaged_bytes(data, raw))
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -1,10 +1,8 @@
 """The method registry: one table that the spec, the runner, the CLI and the benchmarks read;
 every training-configuration rule checked in one place, with one sentence each."""
 
-import subprocess
-import sys
-
 import pytest
+from helpers import assert_imports_no_torch
 
 from tula.core.errors import SpecError
 from tula.core.job_rules import check_train_config, smallest_batch_for
@@ -14,9 +12,7 @@ from tula.core.spec import spec_from_dict
 
 
 def test_registry_and_spec_load_without_torch():
-    code = "import tula.core.registry, tula.core.spec, sys; assert 'torch' not in sys.modules, 'torch was imported'"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    assert_imports_no_torch("tula.core.registry", "tula.core.spec")
 
 
 def test_the_spec_accepts_exactly_the_registered_methods():

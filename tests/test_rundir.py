@@ -8,48 +8,40 @@ import sys
 import time
 
 import pytest
-import yaml
-from helpers import assert_refused, env_with_tests, run_tula, tula_in_process
+from helpers import (
+    assert_refused,
+    env_with_tests,
+    one_line,
+    popen_tula,
+    run_tula,
+    train_args,
+    tula_in_process,
+    write_spec,
+)
 
 from tula.core.errors import RunDirError
 from tula.engine.checkpoint import CHECKPOINT
 from tula.engine.rundir import LOCK, check_out_file, locked
 
 
-def _write(tmp_path, d, name="spec.yaml"):
-    p = tmp_path / name
-    p.write_text(yaml.safe_dump(d))
-    return p
-
-
-def _run(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
-
-
-def _sentence(r):
-    return " ".join(r.stderr.split())
-
-
 @pytest.mark.slow
-def test_second_run_into_a_locked_directory_is_refused_naming_the_first(tiny_spec_dict, tmp_path, tula_cmd):
+def test_second_run_into_a_locked_directory_is_refused_naming_the_first(tiny_spec_dict, tmp_path):
     # the first run's ranks mostly sleep (workers:sleepy_mlp, 0.05 s a step on 2 ranks): on 2 busy
     # cores, a first run that trained flat out starved the second command's start for 15 s
     d = dict(tiny_spec_dict, epochs=200, model={"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.05}})
-    spec = _write(tmp_path, d)
+    spec = write_spec(tmp_path, d)
     out = tmp_path / "run"
-    cmd = [*tula_cmd, "train", str(spec), "--method", "lbt", "--workers", "2", "--batch", "64", "--out", str(out)]
+    args = train_args(spec, out)
     env = env_with_tests()
-    first = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
-    )
+    first = popen_tula(*args, env=env)
     try:
         deadline = time.monotonic() + 120
         while not (out / CHECKPOINT).exists():
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
             time.sleep(0.05)
-        second = _run(cmd, env=env)
+        second = run_tula(*args, env=env, timeout=300)
         assert second.returncode == 2, second.stderr
-        assert f"is in use by another Tula run (pid {first.pid}" in _sentence(second)
+        assert f"is in use by another Tula run (pid {first.pid}" in one_line(second.stderr)
         assert first.poll() is None  # the first is untouched
     finally:
         os.killpg(first.pid, signal.SIGINT)
@@ -95,18 +87,7 @@ def test_out_file_checks_name_the_problem(tmp_path):
     "make_args, sentence",
     [
         (
-            lambda spec, tmp: [
-                "train",
-                spec,
-                "--method",
-                "lbt",
-                "--workers",
-                "2",
-                "--batch",
-                "64",
-                "--out",
-                _file(tmp),
-            ],
+            lambda spec, tmp: train_args(spec, _file(tmp)),
             "is a file, not a directory",
         ),
         (lambda spec, tmp: ["run", spec, "--out", _file(tmp)], "is a file, not a directory"),
@@ -119,34 +100,11 @@ def test_out_file_checks_name_the_problem(tmp_path):
             "profile.json' already exists and was not written by this command",
         ),
         (
-            lambda spec, tmp: [
-                "train",
-                spec,
-                "--method",
-                "lbt",
-                "--workers",
-                "2",
-                "--batch",
-                "64",
-                "--out",
-                str(tmp),
-                "--resume",
-            ],
+            lambda spec, tmp: train_args(spec, str(tmp), "--resume"),
             "there is no checkpoint in",
         ),
         (
-            lambda spec, tmp: [
-                "train",
-                spec,
-                "--method",
-                "lbt",
-                "--workers",
-                "0",
-                "--batch",
-                "64",
-                "--out",
-                str(tmp / "o"),
-            ],
+            lambda spec, tmp: train_args(spec, str(tmp / "o"), workers="0"),
             "the number of workers must be at least 1, not 0",
         ),
         (lambda spec, tmp: ["run", "--resume", str(tmp)], "holds no Tula run to continue"),
@@ -171,14 +129,14 @@ def test_cli_output_problems_are_one_sentence_before_any_work(tiny_spec_dict, tm
     no changed file."""
     marker = tmp_path / "model-built"
     d = dict(tiny_spec_dict, model={"name": "workers:marks_when_built", "kwargs": {"marker": str(marker)}})
-    spec = _write(tmp_path, d)
+    spec = write_spec(tmp_path, d)
     work = tmp_path / "work"
     work.mkdir()
     args = make_args(str(spec), work)
     before = {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
     r = tula_in_process(*args)
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert sentence in _sentence(r) and "Traceback" not in r.stderr
+    assert sentence in one_line(r.stderr) and "Traceback" not in r.stderr
     assert r.stderr.strip().startswith("error:") and "━" not in r.stderr  # refused before any work (no bar)
     assert_refused(r, sentence)
     built_by = {int(p.suffix[1:]) for p in tmp_path.glob("model-built.*")}
@@ -191,7 +149,7 @@ def test_cli_output_problems_are_one_sentence_before_any_work(tiny_spec_dict, tm
 
 def test_cli_output_problem_as_a_command_prints_only_its_sentence_with_exit_2(tiny_spec_dict, tmp_path):
     """One refusal of `tula run` from the real command: exit code 2, the sentence, nothing else."""
-    spec = _write(tmp_path, tiny_spec_dict)
+    spec = write_spec(tmp_path, tiny_spec_dict)
     r = run_tula("run", spec, "--out", _file(tmp_path), timeout=300)
     assert_refused(r, "is a file, not a directory")
 

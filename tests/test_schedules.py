@@ -4,11 +4,10 @@ state round trip, and the spec's one-sentence errors.  Pure arithmetic: no torch
 
 import json
 import math
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
+from helpers import assert_imports_no_torch
 
 from tula.core.errors import SpecError
 from tula.core.job_rules import caps_from_spec, state_from_spec
@@ -49,12 +48,7 @@ def col(decisions, name):
 
 
 def test_schedules_load_without_torch():
-    code = (
-        "import tula.core.schedules, tula.core.noise_scale, tula.core.spec, sys; "
-        "assert 'torch' not in sys.modules, 'torch was imported'"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    assert_imports_no_torch("tula.core.schedules", "tula.core.noise_scale", "tula.core.spec")
 
 
 def test_the_table_and_the_spec_agree():

@@ -18,6 +18,7 @@ from datetime import datetime
 
 import pytest
 import yaml
+from helpers import popen_tula, run_tula
 from service_helpers import Service, cancel_unfinished, runner_pids, seed_finished_job, wait_for
 
 pytestmark = pytest.mark.slow
@@ -317,13 +318,8 @@ def test_a_yaml_spec_is_accepted_and_bad_yaml_is_one_sentence(service, tiny_spec
     assert c.get("/v1/jobs").json()["total"] == jobs_before  # neither made a job
 
 
-def test_beyond_loopback_without_a_token_the_service_refuses_to_start(home, tula_cmd):
-    r = subprocess.run(
-        [*tula_cmd, "serve", "--host", "0.0.0.0", "--port", "0", "--home", str(home)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_beyond_loopback_without_a_token_the_service_refuses_to_start(home):
+    r = run_tula("serve", "--host", "0.0.0.0", "--port", "0", "--home", home, timeout=60)
     assert r.returncode == 2
     assert "refusing to listen on 0.0.0.0, which is not a loopback address, without a token" in r.stderr
     assert "Traceback" not in r.stderr
@@ -346,38 +342,30 @@ def test_with_a_token_every_request_needs_it(home):
     assert "interrupted: the service stopped on SIGINT" in svc.read_log()
 
 
-def test_the_cli_client_submits_lists_and_replans(service, tiny_spec_dict, tmp_path, tula_cmd):
+def test_the_cli_client_submits_lists_and_replans(service, tiny_spec_dict, tmp_path):
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump(dict(tiny_spec_dict, epochs=1)))
     env_args = ["--server", service.url]
-    r = subprocess.run(
-        [*tula_cmd, "submit", str(spec), *env_args, "--wait"], capture_output=True, text=True, timeout=600
-    )
+    r = run_tula("submit", spec, *env_args, "--wait")
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.split("submitted job ")[1].split()[0]
     assert "choice" in r.stdout
-    st = subprocess.run([*tula_cmd, "status", *env_args], capture_output=True, text=True, timeout=60)
+    st = run_tula("status", *env_args, timeout=60)
     assert st.returncode == 0 and job_id in st.stdout and "done" in st.stdout
-    one = subprocess.run([*tula_cmd, "status", job_id, *env_args], capture_output=True, text=True, timeout=60)
+    one = run_tula("status", job_id, *env_args, timeout=60)
     assert one.returncode == 0 and "choice" in one.stdout
-    rp = subprocess.run(
-        [*tula_cmd, "replan", job_id, "--objective", "cost", *env_args], capture_output=True, text=True, timeout=60
-    )
+    rp = run_tula("replan", job_id, "--objective", "cost", *env_args, timeout=60)
     assert rp.returncode == 0 and "choice" in rp.stdout, rp.stderr
-    gone = subprocess.run([*tula_cmd, "status", "nosuchjob", *env_args], capture_output=True, text=True, timeout=60)
+    gone = run_tula("status", "nosuchjob", *env_args, timeout=60)
     assert gone.returncode == 2 and "the service answered 404: there is no job 'nosuchjob'" in gone.stderr
-    down = subprocess.run(
-        [*tula_cmd, "status", "--server", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60
-    )
+    down = run_tula("status", "--server", "http://127.0.0.1:9", timeout=60)
     assert down.returncode == 2 and "cannot reach the Tula service at http://127.0.0.1:9" in down.stderr
 
     # Ctrl-C while following a job stops following it, not the job
     import signal
 
     spec.write_text(yaml.safe_dump(dict(tiny_spec_dict, epochs=200)))
-    proc = subprocess.Popen(
-        [*tula_cmd, "submit", str(spec), *env_args, "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = popen_tula("submit", spec, *env_args, "--wait", stdout=subprocess.PIPE, start_new_session=False)
     line = proc.stdout.readline()
     follow_id = line.split("submitted job ")[1].split()[0]
     time.sleep(2)

@@ -2,13 +2,10 @@
 fitted model reproduced at the profiled N, schedules' update counts, and the CLI's bad input."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import run_tula
+from helpers import memory_model, models_record, profile_record, run_python, run_tula
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -24,43 +21,15 @@ from tula.core.simulate import (
     simulator_from_models,
 )
 from tula.core.spec import parse_bandwidth, spec_from_dict
-from tula.engine.memory import MemoryModel
-
-MEM = MemoryModel(
-    param_bytes=1000,
-    grad_bytes=1000,
-    optimizer_state_bytes=0,
-    buffer_bytes=0,
-    other_static_bytes=0,
-    activation_bytes_per_sample=90,
-    batch_bytes_per_sample=10,
-    probe_local_batches=(1, 2),
-    probe_peak_bytes=(2100, 2200),
-    device="cpu",
-)
 
 
 def _record(perf: PerfModel, dataset_size=8000, epochs=2, trials=(), spec=None, placement=None) -> dict:
     """A models record around a given performance model (priced at 1 $ per node-second)."""
     s = {"name": "hand", "epochs": epochs, "pricing": {"kind": "fixed", "price_per_node_hour": 3600.0}, **(spec or {})}
-    job = spec_from_dict(s)
-    rec = {
-        "kind": "tula.models",
-        "version": 1,
-        "spec": job.to_dict(),
-        "search": "full",
-        "device": "cpu",
-        "dataset_size": dataset_size,
-        "memory_budget_bytes": job.search.memory_budget_bytes,
-        "memory": MEM.to_dict(),
-        "memory_probed": MEM.to_dict(),
-        "perf": perf.to_dict(),
-        "oom_local_batch": None,
-        "fit_error": {"t_step_median_rel": 0.0},
-        "trials": list(trials),
-    }
-    if placement is not None:
-        rec["placement"] = placement
+    budget = spec_from_dict(s).search.memory_budget_bytes
+    rec = models_record(
+        perf, budget=budget, full=True, spec=s, dataset_size=dataset_size, trials=trials, placement=placement
+    )
     return validate_record(rec, "test")
 
 
@@ -147,26 +116,8 @@ def _profile(truth: PerfModel, sizes=(1, 2, 4), noise=0.05, seed=3) -> dict:
             "search": {"cluster_sizes": list(sizes), "min_batch": 32, "max_batch": 512},
         }
     ).to_dict()
-    return {
-        "kind": "tula.profile",
-        "version": 1,
-        "spec": spec,
-        "search": "full",
-        "device": "cpu",
-        "backend": "gloo",
-        "threads_per_worker": 1,
-        "memory_budget_bytes": None,
-        "enforce_memory_cap": False,
-        "dataset_size": 1438,
-        "sample_shape": [1, 8, 8],
-        "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000},
-        "memory": MEM.to_dict(),
-        "max_local_batch": None,
-        "configs": [[t["n_workers"], t["global_batch"]] for t in trials],
-        "trials": trials,
-        "profiling_s": 1.0,
-        "created": "now",
-    }
+    model = {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000}
+    return profile_record(spec, trials, memory=memory_model().to_dict(), model=model)
 
 
 TRUTH = PerfModel(
@@ -341,13 +292,9 @@ def models_json(tmp_path_factory):
     return path
 
 
-def _tula(*args):
-    return run_tula(*args, timeout=120, env={**os.environ, "COLUMNS": "200"})
-
-
 def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path):
     out = tmp_path / "sim.png"
-    r = _tula(
+    r = run_tula(
         "simulate",
         models_json,
         "--workers",
@@ -360,6 +307,8 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
         "5us",
         "--out",
         out,
+        timeout=120,
+        columns=200,
     )
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -372,7 +321,7 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
         "Simulated training time per cluster size",
     ):
         assert words in r.stdout, words
-    r = _tula(
+    r = run_tula(
         "simulate",
         models_json,
         "--schedule",
@@ -383,6 +332,8 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
         "ring",
         "--out",
         tmp_path / "sched.png",
+        timeout=120,
+        columns=200,
     )
     assert r.returncode == 0, r.stderr
     assert "geometric:factor=2,delay=1" in r.stdout and "per schedule" in r.stdout
@@ -402,7 +353,7 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
     ],
 )
 def test_cli_simulate_bad_input_exits_2_with_one_sentence(models_json, tmp_path, args, words):
-    r = _tula("simulate", models_json, "--out", tmp_path / "x.png", *args)
+    r = run_tula("simulate", models_json, "--out", tmp_path / "x.png", *args, timeout=120, columns=200)
     assert r.returncode == 2, r.stderr
     err = " ".join(r.stderr.split())
     assert err.startswith("error:") and words in err and "Traceback" not in err
@@ -414,9 +365,9 @@ def test_cli_simulate_refuses_a_record_that_is_not_a_models_record(models_json, 
     from tula.core.plan import make_plan
 
     save_record(make_plan(json.loads(models_json.read_text()), "time"), plan)
-    r = _tula("simulate", plan, "--out", tmp_path / "x.png")
+    r = run_tula("simulate", plan, "--out", tmp_path / "x.png", timeout=120, columns=200)
     assert r.returncode == 2 and "is a plan record, but a models record is needed here" in " ".join(r.stderr.split())
-    r = _tula("simulate", tmp_path / "missing.json", "--out", tmp_path / "x.png")
+    r = run_tula("simulate", tmp_path / "missing.json", "--out", tmp_path / "x.png", timeout=120, columns=200)
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
@@ -436,7 +387,7 @@ sim.schedule("geometric", 32, Caps(1438, None, 1, 64, 32), {{"factor": 2, "delay
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
 assert not loaded, loaded[:5]
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = run_python(code)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "sim.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -446,7 +397,7 @@ def test_a_schedule_grows_through_accumulation_where_the_memory_caps_the_workers
     model's), the workers at 2; with up to 4 accumulation steps (search.max_accumulation_steps,
     or the what-if) a geometric schedule reaches 512 as 4 micro-batches of 64 on 2 workers,
     each such step k - 1 computes of the micro-batch plus one ordinary step."""
-    # MEM: 2000 static bytes + 100 per sample; 90 % of 9334 bytes holds 64 samples
+    # memory_model(): 2000 static bytes + 100 per sample; 90 % of 9334 bytes holds 64 samples
     search = {"max_accumulation_steps": 4, "memory_budget_bytes": 9334}
     rec = _record(HAND, dataset_size=4096, epochs=4, spec={"search": search})
     sim = simulator_from_models(rec, bandwidth="10Gbit/s", latency="5us")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from helpers import local_launcher
 from sklearn.base import clone
 from sklearn.datasets import load_digits, make_regression
 from sklearn.model_selection import GridSearchCV, cross_val_score
@@ -266,11 +267,9 @@ def test_an_in_process_world_trains_as_a_spawned_one(tiny_spec_dict, tmp_path):
         1,
         128,
         tmp_path / "here",
-        launcher=LocalLauncher(device="cpu", threads_per_worker=1, in_process=True),
+        launcher=local_launcher(in_process=True),
     )
-    spawned = train(
-        spec, "lbt", 1, 128, tmp_path / "spawned", launcher=LocalLauncher(device="cpu", threads_per_worker=1)
-    )
+    spawned = train(spec, "lbt", 1, 128, tmp_path / "spawned", launcher=local_launcher())
     assert here["history"][0]["train_loss"] == spawned["history"][0]["train_loss"]
     assert here["history"][0]["test_top1"] == spawned["history"][0]["test_top1"]
 
@@ -293,7 +292,7 @@ def test_sigint_stops_an_in_process_world_at_a_step_boundary(tiny_spec_dict, tmp
             32,
             tmp_path,
             on_event=on_event,
-            launcher=LocalLauncher(device="cpu", threads_per_worker=1, in_process=True),
+            launcher=local_launcher(in_process=True),
         )
     assert err.value.signal_name == "SIGINT" and "no epoch had finished" in str(err.value)
     assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back

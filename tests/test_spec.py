@@ -1,10 +1,9 @@
 import copy
 import json
-import subprocess
 
 import pytest
 import yaml
-from conftest import ROOT
+from helpers import ROOT, damaged_bytes, json_values, mutation_site, other_types, run_tula
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -81,20 +80,18 @@ def test_not_a_mapping(tmp_path):
         load_spec(p)
 
 
-def test_cli_bad_spec_exits_2_with_one_sentence(tmp_path, tula_cmd):
+def test_cli_bad_spec_exits_2_with_one_sentence(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump({"objective": "fastest"}))
-    r = subprocess.run(
-        [*tula_cmd, "run", str(p), "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120
-    )
+    r = run_tula("run", p, "--out", tmp_path / "o", timeout=120)
     assert r.returncode == 2
     assert "objective" in r.stderr and "'knee'" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert not (tmp_path / "o").exists()
 
 
-def test_cli_missing_spec_exits_2(tmp_path, tula_cmd):
-    r = subprocess.run([*tula_cmd, "profile", str(tmp_path / "nope.yaml")], capture_output=True, text=True, timeout=120)
+def test_cli_missing_spec_exits_2(tmp_path):
+    r = run_tula("profile", tmp_path / "nope.yaml", timeout=120)
     assert r.returncode == 2
     assert "does not exist" in r.stderr
 
@@ -146,59 +143,21 @@ def _base_specs():
 
 
 BASES = _base_specs()
-_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
-yaml_values = st.recursive(
-    _scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12,
-)
-
-
-def _retype(value):
-    return [
-        v
-        for v in (
-            None,
-            True,
-            0,
-            -1,
-            0.5,
-            float("nan"),
-            float("inf"),
-            "",
-            "x",
-            str(value),
-            [],
-            [value],
-            {},
-            {"v": value},
-            "12 GiB",
-            10**30,
-        )
-        if type(v) is not type(value)
-    ]
+yaml_values = json_values()
 
 
 def _mutate(data, tree):
     """Delete a key, give a value another type, a random value of its type or any random value,
-    somewhere in ``tree``: walk down from the top, stopping at a random depth."""
-    node, key = tree, None
-    while True:
-        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
-        if not keys:
-            break
-        key = data.draw(st.sampled_from(keys))
-        if isinstance(node[key], (dict, list)) and node[key] and data.draw(st.booleans()):
-            node = node[key]
-            continue
-        break
-    if key is None:
+    or add a key, somewhere in ``tree`` (helpers.mutation_site)."""
+    site = mutation_site(data, tree)
+    if site is None:
         return
+    node, key = site
     op = data.draw(st.sampled_from(["delete", "retype", "number", "random", "new key"]))
     if op == "delete":
         del node[key]
     elif op == "retype":
-        node[key] = data.draw(st.sampled_from(_retype(node[key])))
+        node[key] = data.draw(st.sampled_from(other_types(node[key], 0.5, "12 GiB")))
     elif op == "number":
         node[key] = data.draw(st.integers() | st.floats())
     elif op == "random":
@@ -250,15 +209,8 @@ def test_mutated_specs_load_or_are_one_sentence(scratch, data):
 @SETTINGS
 @given(data=st.data())
 def test_truncated_or_byte_flipped_specs_load_or_are_one_sentence(scratch, data):
-    raw = bytearray(
-        (ROOT / "examples" / data.draw(st.sampled_from(["digits_cnn.yaml", "mnist1d_cnn.yaml"]))).read_bytes()
-    )
-    if data.draw(st.booleans()):
-        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
-    else:
-        for _ in range(data.draw(st.integers(1, 4))):
-            raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
-    assert_loads_or_one_sentence(scratch / "bytes.yaml", bytes(raw))
+    raw = (ROOT / "examples" / data.draw(st.sampled_from(["digits_cnn.yaml", "mnist1d_cnn.yaml"]))).read_bytes()
+    assert_loads_or_one_sentence(scratch / "bytes.yaml", damaged_bytes(data, raw))
 
 
 @pytest.mark.parametrize(

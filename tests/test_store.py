@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from helpers import assert_imports_no_torch, profile_record
 
 from tula.core.errors import RecordError
 from tula.core.fit import fit_models
@@ -45,67 +46,18 @@ def store(store_url, tmp_path):
 
 # --------------------------------------------------------------------------- records to store
 def _profile_record(spec: dict, n_trials: int | None = None) -> dict:
-    """A profile record of known step times (as tests/test_no_torch.py builds it); the first
-    ``n_trials`` trials only (a partial, interrupted profile) when given."""
-    trials = []
-    for n in (1, 2):
-        for big_b in (16, 32, 128, 256):
-            b = big_b // n
-            t_compute = 1e-3 + 1e-5 * b
-            t_step = t_compute + (2e-3 if n > 1 else 0.0)
-            trials.append(
-                {
-                    "n_workers": n,
-                    "local_batch": b,
-                    "global_batch": big_b,
-                    "status": "ok",
-                    "t_step_s": t_step,
-                    "t_compute_s": t_compute,
-                    "t_sync_s": t_step - t_compute,
-                    "peak_mem_bytes": 100_000 + 2_000 * b,
-                    "step_times_s": [t_step] * 3,
-                    "compute_times_s": [t_compute] * 3,
-                    "timed_steps": 3,
-                    "hosts": ["h"] * n,
-                    "devices": ["cpu"] * n,
-                }
-            )
-    memory = {
-        "param_bytes": 40_000,
-        "grad_bytes": 40_000,
-        "optimizer_state_bytes": 10_000,
-        "buffer_bytes": 0,
-        "other_static_bytes": 10_000,
-        "activation_bytes_per_sample": 1_900,
-        "batch_bytes_per_sample": 100,
-        "probe_local_batches": [16, 32],
-        "probe_peak_bytes": [132_000, 164_000],
-        "device": "cpu",
-    }
-    configs = [[t["n_workers"], t["global_batch"]] for t in trials]
-    rec = {
-        "kind": "tula.profile",
-        "version": 1,
-        "spec": spec,
-        "search": "full",
-        "device": "cpu",
-        "backend": "gloo",
-        "threads_per_worker": 1,
-        "memory_budget_bytes": None,
-        "enforce_memory_cap": False,
-        "dataset_size": 1438,
-        "sample_shape": [1, 8, 8],
-        "model": {"name": "small_cnn", "param_count": 10_000, "grad_bytes": 40_000},
-        "memory": memory,
-        "max_local_batch": None,
-        "configs": configs,
-        "trials": trials,
-        "profiling_s": 1.0,
-        "created": "2026-11-23T10:00:00+0000",
-        "facts": {"device": "cpu", "cpu": "Test CPU", "cores": 2, "torch": "2.14.1"},
-    }
+    """A profile record of known step times (helpers.profile_record), each trial's ranks on
+    host "h", with the machine's facts; the first ``n_trials`` trials only (a partial,
+    interrupted profile) when given."""
+    rec = profile_record(
+        spec,
+        created="2026-11-23T10:00:00+0000",
+        facts={"device": "cpu", "cpu": "Test CPU", "cores": 2, "torch": "2.14.1"},
+    )
+    for t in rec["trials"]:
+        t.update(hosts=["h"] * t["n_workers"], devices=["cpu"] * t["n_workers"])
     if n_trials is not None:
-        rec["trials"] = trials[:n_trials]
+        rec["trials"] = rec["trials"][:n_trials]
         rec["interrupted"] = "SIGTERM"
     return validate_record(rec, "test")
 
@@ -528,12 +480,7 @@ def test_bad_postgresql_urls_are_one_sentence_naming_the_url(tmp_path, pg_server
 
 
 def test_store_and_model_key_import_no_torch():
-    code = (
-        "import sys, tula.service.store, tula.service.model_key; "
-        "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    assert_imports_no_torch("tula.service.store", "tula.service.model_key")
 
 
 # --------------------------------------------------------------------------- model key

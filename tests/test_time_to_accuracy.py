@@ -5,19 +5,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
-from helpers import models_record
+from helpers import env_with_tests, models_record, run_tula
 
 from tula.core.errors import SpecError
 from tula.core.fit import fit_noise_scale
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
 
-HERE = Path(__file__).resolve().parent
 PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)  # test_plan's hand-checked curves
 
 
@@ -95,11 +91,10 @@ def test_the_pooled_noise_scale_and_its_error():
 
 
 @pytest.mark.slow
-def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path, tula_cmd):
+def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path):
     """Linear regression y = w* . x + e with d = 16 and unit noise, from w = 0: B_simple is
     d (1 + sigma^2) + 1 = 33 (tests/factories.py).  A real profile on 1 and 2 ranks measures
     it within 30 %; tula plan uses it, and refuses a noise scale that is not positive."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     spec = {
         "name": "lin",
         "model": {"name": "factories:linear_at_zero"},
@@ -112,10 +107,9 @@ def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path, 
     }
     (tmp_path / "lin.yaml").write_text(json.dumps(spec))
 
-    def tula(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*tula_cmd, *args], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-
-    r = tula("plan", "lin.yaml", "--objective", "time_to_accuracy", "--out", "plan.json")
+    r = run_tula(
+        "plan", "lin.yaml", "--objective", "time_to_accuracy", "--out", "plan.json", env=env_with_tests(), cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     prof = json.loads((tmp_path / "profile.json").read_text())
     measured = [t for t in prof["trials"] if t.get("noise")]
@@ -132,22 +126,25 @@ def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path, 
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["objective"] == "time_to_accuracy" and plan["noise_scale"]["source"] == "profile"
     assert "B_noise" in " ".join(r.stdout.split()) and "to accuracy" in plan["reason"]
-    r = tula("plan", "models.json", "--noise-scale", "-5", "--out", "p2.json")
+    r = run_tula("plan", "models.json", "--noise-scale", "-5", "--out", "p2.json", env=env_with_tests(), cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "the noise scale must be a positive number of samples, not -5" in " ".join(r.stderr.split())
     assert not (tmp_path / "p2.json").exists()
 
 
+def _capped(k_max: int) -> dict:
+    """helpers.models_record of PERF whose memory (2000 B static + 100 B per sample, 12 kB with
+    no safety margin) holds b <= 100, accumulating up to ``k_max`` micro-batches."""
+    m = models_record(PERF, budget=12_000)
+    m["spec"]["search"] |= {"memory_safety": 0.0, "max_accumulation_steps": k_max}
+    return m
+
+
 def test_accumulation_carries_a_batch_the_memory_caps_and_its_step_time_is_k_computes_plus_a_sync():
     # memory: 2000 B static + 100 B per sample (test_plan's model); 12 kB with no safety margin: b <= 100
-    def models(k_max: int) -> dict:
-        m = models_record(PERF, budget=12_000)
-        m["spec"]["search"] |= {"memory_safety": 0.0, "max_accumulation_steps": k_max}
-        return m
-
-    plain = make_plan(models(1), "time")
+    plain = make_plan(_capped(k_max=1), "time")
     assert plain["max_local_batch"] == 100 and _nb(plain) == (2, 200)  # N = 2 at b = 100: T = 20 / 200 + 0.5
-    m = models(8)
+    m = _capped(k_max=8)
     acc = make_plan(m, "time")
     row = next(r for r in acc["configurations"] if (r["n_workers"], r["global_batch"]) == (1, 640))
     assert (row["accumulation_steps"], row["micro_batch"], row["feasible"]) == (8, 80, True)
@@ -165,20 +162,20 @@ def test_accumulation_carries_a_batch_the_memory_caps_and_its_step_time_is_k_com
 
 
 @pytest.mark.slow
-def test_tula_train_at_a_plan_that_accumulates_trains_with_its_k(tiny_spec_dict, tmp_path, tula_cmd):
+def test_tula_train_at_a_plan_that_accumulates_trains_with_its_k(tiny_spec_dict, tmp_path):
     from tula.core.records import save_record
     from tula.core.spec import spec_from_dict
     from tula.pipeline import at_choice
 
-    m = models_record(PERF, budget=12_000)
-    m["spec"]["search"] |= {"memory_safety": 0.0, "max_accumulation_steps": 8}
-    plan = make_plan(m, "time")
+    plan = make_plan(_capped(k_max=8), "time")
     assert _nb(plan) == (2, 1000) and plan["choice"]["accumulation_steps"] == 5  # shares of 500 as 5 x 100
     save_record(plan, tmp_path / "plan.json")
     assert at_choice(spec_from_dict(tiny_spec_dict), plan["choice"]).train.accumulation_steps == 5
     (tmp_path / "spec.json").write_text(json.dumps(dict(tiny_spec_dict, epochs=1)))
-    r = subprocess.run([*tula_cmd, "train", str(tmp_path / "spec.json"), "--plan", str(tmp_path / "plan.json"),
-                        "--method", "lbt", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = run_tula(
+        "train", tmp_path / "spec.json", "--plan", tmp_path / "plan.json", "--method", "lbt", "--out", tmp_path / "run",
+        timeout=300,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     run = json.loads((tmp_path / "run" / "train.json").read_text())
     assert (run["n_workers"], run["global_batch"], run["accumulation_steps"], run["micro_batch"]) == (2, 1000, 5, 100)

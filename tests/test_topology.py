@@ -5,11 +5,10 @@ parameters from generated multi-host profiles (as AdaptDL checks its fit), what 
 cannot identify, and the plan, the simulator and ``tula simulate`` on such a fit."""
 
 import math
-import os
 
 import numpy as np
 import pytest
-from helpers import run_tula
+from helpers import memory_model, models_record, noisy_trials, profile_record, run_tula
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -30,7 +29,6 @@ from tula.core.plan import make_plan
 from tula.core.records import save_record, validate_record
 from tula.core.simulate import simulator_from_models
 from tula.core.spec import spec_from_dict
-from tula.engine.memory import MemoryModel
 
 S = 10**8  # gradient bytes
 A, B = 1e-5, 1e-9  # inter-node: 10 us per hop, 1 GB/s
@@ -129,28 +127,8 @@ FOUR_BY_ONE = ([], ["h0", "h1"], ["h0", "h1", "h2"], ["h0", "h1", "h2", "h3"])  
 
 
 def _trials(truth, worlds, batches=(8, 16, 32, 64, 128), noise=0.005, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for hosts in worlds:
-        hosts = hosts or ["h0"]
-        n, per = len(hosts), max(hosts.count(h) for h in hosts)
-        for b in batches:
-            tc = float(truth.t_compute_s(b, min(n, per))) * (1 + noise * rng.standard_normal())
-            ts = float(truth.t_step_s(b, n, per, len(set(hosts)))) * (1 + noise * rng.standard_normal())
-            out.append(
-                {
-                    "n_workers": n,
-                    "local_batch": b,
-                    "global_batch": n * b,
-                    "status": "ok",
-                    "t_step_s": ts,
-                    "t_compute_s": tc,
-                    "hosts": list(hosts),
-                    "ranks_per_host": per,
-                    "local_ranks": [hosts[:i].count(h) for i, h in enumerate(hosts)],
-                }
-            )
-    return out
+    """helpers.noisy_trials of worlds given as the hosts of their ranks."""
+    return noisy_trials(truth, worlds, batches, noise, seed)
 
 
 @pytest.mark.parametrize("collective", ["ring", "parameter_server", "tree"])
@@ -221,20 +199,6 @@ def test_old_records_without_the_intra_link_load():
 
 
 # --------------------------------------------------------------------------- plan, simulator, CLI
-MEM = MemoryModel(
-    param_bytes=1000,
-    grad_bytes=1000,
-    optimizer_state_bytes=0,
-    buffer_bytes=0,
-    other_static_bytes=0,
-    activation_bytes_per_sample=90,
-    batch_bytes_per_sample=10,
-    probe_local_batches=(1, 2),
-    probe_peak_bytes=(2100, 2200),
-    device="cpu",
-)
-
-
 def _profile(worlds, collective="ring") -> dict:
     truth = PerfModel(
         **{**TRUTH.to_dict(), "collective": collective, "grad_bytes": 2_000_000, "frozen": (), "notes": ()}
@@ -251,26 +215,8 @@ def _profile(worlds, collective="ring") -> dict:
             "search": {"cluster_sizes": [1, 2, 4], "min_batch": 8, "max_batch": 256},
         }
     ).to_dict()
-    prof = {
-        "kind": "tula.profile",
-        "version": 1,
-        "spec": spec,
-        "search": "full",
-        "device": "cpu",
-        "backend": "gloo",
-        "threads_per_worker": 1,
-        "memory_budget_bytes": None,
-        "enforce_memory_cap": False,
-        "dataset_size": 1438,
-        "sample_shape": [1, 8, 8],
-        "model": {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000},
-        "memory": MEM.to_dict(),
-        "max_local_batch": None,
-        "configs": [[t["n_workers"], t["global_batch"]] for t in trials],
-        "trials": trials,
-        "profiling_s": 1.0,
-        "created": "now",
-    }
+    model = {"name": "small_cnn", "param_count": 1000, "grad_bytes": 2_000_000}
+    prof = profile_record(spec, trials, memory=memory_model().to_dict(), model=model)
     return validate_record(prof, "test")
 
 
@@ -314,24 +260,7 @@ def test_the_plan_predicts_on_the_hosts_it_was_fitted_for(two_by_two):
 
 def test_the_simulator_on_given_links_by_hand():
     perf = PerfModel("ring", grad_bytes=S, c0=0.01, c1=0.001, alpha=1.0, beta=1.0)
-    rec = validate_record(
-        {
-            "kind": "tula.models",
-            "version": 1,
-            "spec": spec_from_dict({"name": "hand", "epochs": 1}).to_dict(),
-            "search": "full",
-            "device": "cpu",
-            "dataset_size": 8000,
-            "memory_budget_bytes": None,
-            "memory": MEM.to_dict(),
-            "memory_probed": MEM.to_dict(),
-            "perf": perf.to_dict(),
-            "oom_local_batch": None,
-            "fit_error": {"t_step_median_rel": 0.0},
-            "trials": [],
-        },
-        "test",
-    )
+    rec = validate_record(models_record(perf, full=True, spec={"name": "hand", "epochs": 1}, dataset_size=8000), "test")
     sim = simulator_from_models(
         rec, bandwidth="8Gbit/s", latency="10us", ranks_per_node=4, intra_bandwidth="80Gbit/s", intra_latency="1us"
     )
@@ -371,14 +300,10 @@ def test_the_simulator_says_what_the_profile_could_not_give():
     assert "intra-node latency taken as 0" in notes and "loopback" not in notes
 
 
-def _tula(*args):
-    return run_tula(*args, timeout=120, env={**os.environ, "COLUMNS": "200"})
-
-
 def test_cli_simulate_takes_the_intra_node_link(two_by_two, tmp_path):
     path = tmp_path / "models.json"
     save_record(two_by_two, path)
-    r = _tula(
+    r = run_tula(
         "simulate",
         path,
         "--workers",
@@ -399,6 +324,8 @@ def test_cli_simulate_takes_the_intra_node_link(two_by_two, tmp_path):
         "8",
         "--out",
         tmp_path / "sim.png",
+        timeout=120,
+        columns=200,
     )
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())
@@ -407,7 +334,7 @@ def test_cli_simulate_takes_the_intra_node_link(two_by_two, tmp_path):
         (("--intra-bandwidth", "lots"), "'lots' is not an intra-node bandwidth"),
         (("--intra-latency", "5 parsecs"), "is not an intra-node latency"),
     ):
-        r = _tula("simulate", path, "--out", tmp_path / "x.png", *args)
+        r = run_tula("simulate", path, "--out", tmp_path / "x.png", *args, timeout=120, columns=200)
         assert r.returncode == 2, r.stderr
         err = " ".join(r.stderr.split())
         assert err.startswith("error:") and words in err and "Traceback" not in err

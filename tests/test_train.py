@@ -4,12 +4,10 @@ out-of-memory fallback under a real memory cap, and the CLI's bad-input sentence
 import json
 import os
 import signal
-import subprocess
 import time
 
 import pytest
-import yaml
-from helpers import assert_refused, local_launcher, run_tula, tula_in_process
+from helpers import assert_refused, local_launcher, popen_tula, run_tula, train_args, tula_in_process, write_spec
 
 from tula.core.errors import SpecError, TulaError
 from tula.core.spec import spec_from_dict
@@ -73,28 +71,22 @@ def test_oom_during_training_falls_back_to_a_smaller_micro_batch_under_a_real_ca
     assert run["replicas_identical"]
 
 
-def _write_spec(tmp_path, d):
-    p = tmp_path / "spec.yaml"
-    p.write_text(yaml.safe_dump(d))
-    return p
-
-
 @pytest.mark.slow
-def test_killed_training_resumes_with_exact_epoch_and_step_counts(tiny_spec_dict, tmp_path, tula_cmd):
+def test_killed_training_resumes_with_exact_epoch_and_step_counts(tiny_spec_dict, tmp_path):
     """SIGKILL the whole `tula train` process group once the first checkpoint is written,
     then `--resume`: epochs 1..E exactly once, E * steps_per_epoch steps, and the same model
     as a run that was never interrupted (deterministic batches and restored AGS state)."""
     d = dict(tiny_spec_dict, epochs=6)
     d["train"] = {"warmup_epochs": 0, "ags": {"update_every": 4, "delta": 10.0}}
-    spec_path = _write_spec(tmp_path, d)
+    spec_path = write_spec(tmp_path, d)
     out = tmp_path / "killed"
-    cmd = [*tula_cmd, "train", str(spec_path), "--method", "ags", "--workers", "2", "--batch", "64", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    args = train_args(spec_path, out, method="ags")
+    proc = popen_tula(*args)
     ckpt = out / CHECKPOINT
     deadline = time.monotonic() + 300
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proc.poll() is None, f"training ended before it could be killed: {proc.stderr.read().decode()}"
+    assert proc.poll() is None, f"training ended before it could be killed: {proc.stderr.read()}"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     killed_at = checkpoint_meta(out)["epoch"]
@@ -103,7 +95,7 @@ def test_killed_training_resumes_with_exact_epoch_and_step_counts(tiny_spec_dict
     time.sleep(1.0)  # no orphaned rank may still be training and writing
     assert ckpt.read_bytes() == digest_at_kill
 
-    r = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=600)
+    r = run_tula(*args, "--resume")
     assert r.returncode == 0, r.stderr
     rec = json.loads((out / "train.json").read_text())
     spe = steps_per_epoch(DIGITS_TRAIN, 64)
@@ -150,7 +142,7 @@ def test_finished_run_in_out_dir_is_not_overwritten(tiny_spec_dict, tmp_path):
 )
 def test_cli_train_bad_input_is_one_sentence_and_exit_2(tiny_spec_dict, tmp_path, args, sentence):
     """Checked in this process, through the command's own entry point (tula.cli.main)."""
-    spec_path = _write_spec(tmp_path, tiny_spec_dict)
+    spec_path = write_spec(tmp_path, tiny_spec_dict)
     out = tmp_path / "out"
     r = tula_in_process("train", spec_path, *args, "--out", out)
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -162,7 +154,7 @@ def test_cli_train_bad_input_is_one_sentence_and_exit_2(tiny_spec_dict, tmp_path
 
 def test_cli_train_bad_input_as_a_command_prints_only_its_sentence_with_exit_2(tiny_spec_dict, tmp_path):
     """The same refusal from the real command: exit code 2, the one sentence on stderr, nothing else."""
-    spec_path = _write_spec(tmp_path, tiny_spec_dict)
+    spec_path = write_spec(tmp_path, tiny_spec_dict)
     out = tmp_path / "out"
     r = run_tula("train", spec_path, "--method", "lbt", "--workers", "2", "--batch", "33", "--out", out, timeout=120)
     assert_refused(r, "global batch 33 does not split evenly over 2 workers")

@@ -6,13 +6,11 @@ starts.  The user's code is tests/factories.py."""
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from helpers import assert_refused, env_with_tests, tula_in_process
+from helpers import assert_refused, env_with_tests, run_tula, tula_in_process, write_spec
 
 from tula.core.errors import SpecError
 from tula.core.spec import spec_from_dict
@@ -44,21 +42,11 @@ def _spec(**changes) -> dict:
     return d
 
 
-def _tula(tula_cmd, *args: str, folders: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*tula_cmd, *args], capture_output=True, text=True, timeout=600, env=env_with_tests(*folders))
-
-
-def _write(tmp_path: Path, spec: dict, name: str = "seg.yaml") -> str:
-    p = tmp_path / name
-    p.write_text(yaml.safe_dump(spec))
-    return str(p)
-
-
 @pytest.mark.slow  # a real DDP world
-def test_a_data_factory_and_a_custom_loss_profile_plan_and_train(tmp_path, tula_cmd):
-    spec = _write(tmp_path, _spec(epochs=1))
+def test_a_data_factory_and_a_custom_loss_profile_plan_and_train(tmp_path):
+    spec = write_spec(tmp_path, _spec(epochs=1), "seg.yaml")
     out = tmp_path / "run"
-    r = _tula(tula_cmd, "run", spec, "--out", str(out))
+    r = run_tula("run", spec, "--out", str(out), env=env_with_tests())
     assert r.returncode == 0, r.stderr
     prof = json.loads((out / "profile.json").read_text())
     assert {t["status"] for t in prof["trials"]} == {"ok"}
@@ -72,15 +60,15 @@ def test_a_data_factory_and_a_custom_loss_profile_plan_and_train(tmp_path, tula_
 
 
 @pytest.mark.slow  # a real DDP world
-def test_two_epochs_equal_one_epoch_and_a_resume_to_two(tmp_path, tula_cmd):
-    spec = _write(tmp_path, _spec())
+def test_two_epochs_equal_one_epoch_and_a_resume_to_two(tmp_path):
+    spec = write_spec(tmp_path, _spec(), "seg.yaml")
     train = ["train", spec, "--workers", "2", "--batch", "40"]
     a, b = tmp_path / "a", tmp_path / "b"
-    r = _tula(tula_cmd, *train, "--epochs", "2", "--out", str(a))
+    r = run_tula(*train, "--epochs", "2", "--out", str(a), env=env_with_tests())
     assert r.returncode == 0, r.stderr
-    r = _tula(tula_cmd, *train, "--epochs", "1", "--out", str(b))
+    r = run_tula(*train, "--epochs", "1", "--out", str(b), env=env_with_tests())
     assert r.returncode == 0, r.stderr
-    r = _tula(tula_cmd, *train, "--epochs", "2", "--out", str(b), "--resume")
+    r = run_tula(*train, "--epochs", "2", "--out", str(b), "--resume", env=env_with_tests())
     assert r.returncode == 0, r.stderr
 
     ref, resumed = (json.loads((d / "train.json").read_text()) for d in (a, b))
@@ -174,7 +162,7 @@ BAD = [
 @pytest.mark.parametrize("change, sentence", BAD, ids=[s[:40] for _, s in BAD])
 def test_bad_factories_and_losses_are_one_sentence_and_exit_2_before_any_worker(tmp_path, change, sentence):
     """Checked in this process through the command's entry point (tula.cli.main)."""
-    spec = _write(tmp_path, _spec(**change))
+    spec = write_spec(tmp_path, _spec(**change), "seg.yaml")
     r = tula_in_process("profile", spec, "--out", str(tmp_path / "p.json"), path=(HERE,))
     assert r.returncode == 2, (r.stdout, r.stderr)
     err = " ".join(r.stderr.split())  # rich wraps long lines
@@ -193,7 +181,7 @@ def test_bad_factories_and_losses_are_one_sentence_and_exit_2_before_any_worker(
     ],
     ids=["raises-profile", "syntax-error-run"],
 )
-def test_a_model_module_failing_at_import_is_one_sentence_and_exit_2(tmp_path, tula_cmd, command, source, why):
+def test_a_model_module_failing_at_import_is_one_sentence_and_exit_2(tmp_path, command, source, why):
     """The module of a model factory raises when imported: one sentence naming the factory and
     the exception (its message as plain text: rich markup shown, not applied), exit code 2,
     no progress line, no profile written.  `profile` is checked in this process (through
@@ -201,13 +189,13 @@ def test_a_model_module_failing_at_import_is_one_sentence_and_exit_2(tmp_path, t
     code = tmp_path / "code"
     code.mkdir()
     (code / "broken_model.py").write_text(source)
-    spec = _write(tmp_path, _spec(model={"name": "broken_model:make"}))
+    spec = write_spec(tmp_path, _spec(model={"name": "broken_model:make"}), "seg.yaml")
     out = tmp_path / "out"
     target = out / "profile.json" if command == "profile" else out  # tula run writes its profile.json there
     if command == "profile":
         r = tula_in_process(command, spec, "--out", str(target), path=(HERE, code))
     else:
-        r = _tula(tula_cmd, command, spec, "--out", str(target), folders=(code,))
+        r = run_tula(command, spec, "--out", target, env=env_with_tests(code))
     assert r.returncode == 2, (r.stdout, r.stderr)
     err = " ".join(r.stderr.split())
     assert f"model.name 'broken_model:make' cannot be imported {why}" in err, err

@@ -28,15 +28,18 @@ def die_on_rank_one(ctx):
     return "unreachable"
 
 
+def _mlp() -> torch.nn.Module:
+    """The body of the models below: 8x8 digits through 32 hidden units to 10 classes."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
 class _DiesOnRankOne(torch.nn.Module):
     """A small model whose rank-1 process dies (like a killed node) on a large batch."""
 
     def __init__(self, die_at_batch: int = 100):
         super().__init__()
         self.die_at_batch = die_at_batch
-        self.net = torch.nn.Sequential(
-            torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
-        )
+        self.net = _mlp()
 
     def forward(self, x):
         if dist.is_initialized() and dist.get_rank() == 1 and x.shape[0] >= self.die_at_batch:
@@ -142,9 +145,7 @@ class _OomAbove(torch.nn.Module):
     def __init__(self, local_batch: int = 32):
         super().__init__()
         self.local_batch = local_batch
-        self.net = torch.nn.Sequential(
-            torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
-        )
+        self.net = _mlp()
 
     def forward(self, x):
         if self.training and x.shape[0] > self.local_batch:
@@ -175,9 +176,7 @@ class _Sleepy(torch.nn.Module):
     def __init__(self, sleep_s: float):
         super().__init__()
         self.sleep_s = sleep_s
-        self.net = torch.nn.Sequential(
-            torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
-        )
+        self.net = _mlp()
 
     def forward(self, x):
         if self.training and dist.is_initialized() and dist.get_world_size() > 1:
