@@ -208,6 +208,9 @@ _CLUSTER_TABLE = (
                 "env", lambda w: w == "env", fixed_world=True),
 )  # fmt: skip
 CLUSTERS: dict[str, ClusterKind] = {k.name: k for k in _CLUSTER_TABLE}
+#: a Dask worker a world holds is locked under this prefix and its address (the launcher takes
+#: the locks; the service reads them to show which workers are in a world)
+WORKER_LOCK_PREFIX = "tula-worker-"
 
 
 def cluster_kind(where: str) -> ClusterKind:

@@ -10,7 +10,7 @@ import socket
 from typing import Any
 
 from tula.core.errors import TulaError
-from tula.core.registry import cluster_kind
+from tula.core.registry import WORKER_LOCK_PREFIX, cluster_kind
 from tula.core.say import plain
 from tula.core.spec import largest_world, spec_from_dict
 from tula.service.settings import ServiceSettings, host_memory_bytes
@@ -69,10 +69,10 @@ def _scheduler_workers(address: str) -> list[dict[str, Any]]:
 
 
 def _held_workers(dask_scheduler: Any = None) -> list[str]:
-    """On the scheduler: the workers a Tula world holds now (their lock's lease is taken:
-    ``tula.engine.launch.dask`` names the locks ``tula-worker-<address>``)."""
+    """On the scheduler: the workers a Tula world holds now (their lock's lease is taken; the
+    locks are named :data:`~tula.core.registry.WORKER_LOCK_PREFIX` + the worker's address)."""
     leases = getattr((dask_scheduler.extensions or {}).get("semaphores"), "leases", {}) if dask_scheduler else {}
-    prefix = "tula-worker-"
+    prefix = WORKER_LOCK_PREFIX
     return sorted(name[len(prefix) :] for name, held in leases.items() if held and name.startswith(prefix))
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from tula.core.errors import PlacementError, TulaError, WorkerError
 from tula.core.gpus import crowded_hosts
+from tula.core.registry import WORKER_LOCK_PREFIX
 from tula.engine import interrupts
 from tula.engine.launch.base import RankFailure, host_facts
 from tula.engine.launch.local import failure_sentence, root_failure
@@ -316,7 +317,7 @@ class DaskLauncher:
     def _lock(self, addr: str) -> Any:
         from distributed import Lock
 
-        return Lock(f"tula-worker-{addr}", scheduler_rpc=self.client.scheduler, loop=self.client.loop)
+        return Lock(f"{WORKER_LOCK_PREFIX}{addr}", scheduler_rpc=self.client.scheduler, loop=self.client.loop)
 
     def _take_workers(self, n_workers: int) -> tuple[list[tuple[str, str]], list[Any]]:
         """The world's workers, ``[(host, address)]`` by host, and their locks.  Workers no other
