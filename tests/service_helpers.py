@@ -16,6 +16,11 @@ from helpers import free_port, pids_with, tula_cmd
 TERMINAL = ("done", "failed", "cancelled")
 
 
+#: the service's timing in the tests: quick polls and beats; a runner starved while it starts
+#: (importing torch on busy cores) is not taken for dead before 30 s, the service's default
+SERVICE_ENV = {"TULA_STALE_AFTER_S": "30", "TULA_HEARTBEAT_S": "0.5", "TULA_POLL_S": "0.2"}
+
+
 class Service:
     """`tula serve` in its own process group (so a kill -9 takes its runners and ranks too)."""
 
@@ -23,15 +28,7 @@ class Service:
         self, home: Path, *args: str, db_url: str | None = None, token: str | None = None, env: dict | None = None
     ) -> None:
         self.home, self.args, self.db_url, self.token = home, args, db_url, token
-        # a runner starved while it starts (importing torch on busy cores) must not be taken for
-        # dead: 30 s, the service's default, not a few seconds
-        self.env = {
-            **os.environ,
-            "TULA_STALE_AFTER_S": "30",
-            "TULA_HEARTBEAT_S": "0.5",
-            "TULA_POLL_S": "0.2",
-            **(env or {}),
-        }
+        self.env = {**os.environ, **SERVICE_ENV, **(env or {})}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None

@@ -249,6 +249,7 @@ def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left
     and one of its hosts' worker is killed mid-training: the job is queued again (not failed),
     resumes from its last checkpoint on the two hosts left, and ends done, its epochs once each."""
     from emulated_hosts import EmulatedHosts
+    from service_helpers import SERVICE_ENV
 
     from tula.service.store import Store
 
@@ -256,7 +257,7 @@ def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left
     home = tmp_path / "home"
     url = "http://127.0.0.1:8799"  # the head's own loopback: only commands on the head reach it
     with EmulatedHosts(n_hosts=3) as h:
-        env = {**COMMAND_ENV, "TULA_POLL_S": "0.2", "TULA_HEARTBEAT_S": "0.5", "TULA_STALE_AFTER_S": "30"}
+        env = {**COMMAND_ENV, **SERVICE_ENV}
         serve = [*tula_cmd(), "serve", "--port", "8799", "--home", str(home), "--cluster", h.scheduler_address]
         h.popen(0, serve, log="serve.log", env=env)
         deadline = time.monotonic() + 60

@@ -223,6 +223,12 @@ class DaskLauncher:
         return min(n_workers, len(self.workers()))
 
     def _choose(self, n_workers: int) -> list[tuple[str, str]]:
+        """The first ``n_workers`` live workers by host, ``[(host, address)]``."""
+        return self._live_by_host(n_workers)[:n_workers]
+
+    def _live_by_host(self, n_workers: int) -> list[tuple[str, str]]:
+        """Every live worker, ``[(host, address)]`` by host, once there are at least
+        ``n_workers`` (waiting up to ``worker_wait_s``; fewer is one sentence)."""
         workers = self.live_workers()
         if len(workers) < n_workers:  # e.g. a lost worker's nanny is still restarting it
             with contextlib.suppress(Exception):
@@ -235,8 +241,7 @@ class DaskLauncher:
                 "rank(s) needs one worker per rank; add workers or plan for fewer"
                 + (f" (not heard from: {', '.join(sorted(silent))})" if silent else "")
             )
-        by_host = sorted((w["host"], addr) for addr, w in workers.items())
-        return by_host[:n_workers]
+        return sorted((w["host"], addr) for addr, w in workers.items())
 
     # ---------------------------------------------------------------- a world
     def run(
@@ -325,10 +330,9 @@ class DaskLauncher:
         beside another (a second job of the service, a second command on one scheduler) takes
         free workers instead of queueing behind busy ones.  Where fewer than ``n_workers`` are
         free, the first ``n_workers`` by host are waited for, as :meth:`_lock_workers` says."""
-        first = self._choose(n_workers)
-        workers = self.live_workers()
+        live = self._live_by_host(n_workers)
         taken: list[tuple[tuple[str, str], Any]] = []
-        for host, addr in sorted((w["host"], a) for a, w in workers.items()):
+        for host, addr in live:
             if len(taken) == n_workers:
                 break
             lock = self._lock(addr)
@@ -342,6 +346,7 @@ class DaskLauncher:
         for _, lock in taken:
             with contextlib.suppress(Exception):
                 lock.release()
+        first = live[:n_workers]
         return first, self._lock_workers([addr for _, addr in first])
 
     def _lock_workers(self, addrs: list[str]) -> list[Any]:
