@@ -26,6 +26,25 @@ def test_digits_dataset_splits_and_shapes():
     assert len(set(drawn)) < 5000 and len(set(drawn)) > len(labels_of) // 2  # repeats, across the set
 
 
+def test_digits_are_read_as_scikit_learn_loads_them_without_its_data_sets_module():
+    import subprocess
+    import sys
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from tula.engine.workloads import digits_arrays
+
+    data, target = digits_arrays()
+    d = load_digits()
+    assert data.dtype == d.data.dtype and target.dtype == d.target.dtype
+    assert np.array_equal(data, d.data) and np.array_equal(target, d.target)
+    # a fresh process that loads the set never imports sklearn.datasets (scipy and more: seconds)
+    code = "import sys; from tula.engine.workloads import digits_arrays; digits_arrays(); print('sklearn.datasets' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+
+
 def test_unknown_model_is_one_sentence():
     spec = spec_from_dict({"model": {"name": "resnet9000"}})
     with pytest.raises(WorkloadError, match="unknown model 'resnet9000'"):

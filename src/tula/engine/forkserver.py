@@ -1,7 +1,7 @@
 """The fork server the local launcher's ranks are forked from (torch-free to import).
 
-A rank forked from a server that has already imported torch, Tula's engine and the built-in
-data sets' loader starts in a fraction of a second; a spawned one imports them again, about
+A rank forked from a server that has already imported torch and Tula's engine starts in a
+fraction of a second; a spawned one imports them again, about
 5 s of CPU per rank on a small machine.  The server starts once per process and serves
 every later world; it ends with the process.  :func:`start_fork_server` starts it early, so
 that its imports run beside the launching process's own (the CLI calls it as soon as it
@@ -16,8 +16,8 @@ from typing import Any
 #: what the server imports before it forks a rank: first the module that makes it ignore
 #: SIGTERM (:mod:`tula.engine.launch.forkserver_signals` says why), then torch, torch._dynamo
 #: (DDP's constructor and the optimizers' steps import it on first use: 1-2 s of CPU in every
-#: rank of every world otherwise), the engine, and scikit-learn's data sets (the digits
-#: loader; an ImportError here is skipped)
+#: rank of every world otherwise), and the engine (the digits set is read without
+#: scikit-learn's data sets module: :func:`tula.engine.workloads.digits_arrays`)
 PRELOAD = [
     "tula.engine.launch.forkserver_signals",
     "torch",
@@ -26,7 +26,6 @@ PRELOAD = [
     "tula.engine.launch.runtime",
     "tula.engine.profile",
     "tula.engine.train",
-    "sklearn.datasets",
 ]
 
 

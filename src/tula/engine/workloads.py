@@ -10,13 +10,16 @@ rank gets its batches of a data set (the tensor path or a DataLoader) is
 from __future__ import annotations
 
 import functools
+import gzip
 import importlib
+import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -153,13 +156,29 @@ def _split(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int):
     return torch.utils.data.TensorDataset(x[tr], y[tr]), torch.utils.data.TensorDataset(x[te], y[te])
 
 
-def _digits(spec: DataSpec, seed: int) -> Dataset:
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as ``load_digits`` returns them (``data`` float64 (1797, 64),
+    ``target`` int), read from the file scikit-learn ships without importing
+    ``sklearn.datasets``: that import (scipy and more) cost about 2 s of CPU in every command
+    and in the ranks' fork server.  Falls back to ``load_digits`` where the file is not found."""
+    spec = importlib.util.find_spec("sklearn")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, mode="rt", encoding="utf-8") as fh:
+                data = np.loadtxt(fh, delimiter=",")
+            return data[:, :-1], data[:, -1].astype(int, copy=False)
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    x = torch.tensor(d.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    return d.data, d.target
+
+
+def _digits(spec: DataSpec, seed: int) -> Dataset:
+    data, target = digits_arrays()
+    x = torch.tensor(data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
     x = (x - x.mean()) / x.std()
-    y = torch.tensor(d.target, dtype=torch.long)
+    y = torch.tensor(target, dtype=torch.long)
     tr, te = _split(x, y, spec.test_fraction, seed)
     return Dataset("digits", tr, te, (1, 8, 8), 10)
 
