@@ -286,6 +286,48 @@ def test_threads_and_malloc_arenas_under_a_real_cap():
     assert res["grown"] < 32 * MiB  # a thread's stack (8 MiB), no 64 MiB arena
 
 
+def test_a_failure_carries_the_errno_it_surfaced_with_not_what_ran_after():
+    """The training step runs in ``errno_evidence``: errno is cleared before it, and the
+    exception carries errno as it surfaced, whatever runs before the launcher judges it."""
+    import ctypes
+    import errno as errno_codes
+
+    from tula.engine.memory import ERRNO_AT_FAILURE, errno_evidence
+
+    cell = ctypes.CDLL(None).__errno_location
+    cell.restype = ctypes.POINTER(ctypes.c_int)
+    with pytest.raises(RuntimeError) as caught, errno_evidence():
+        cell()[0] = errno_codes.ENOMEM  # what a refused mmap leaves
+        raise RuntimeError("could not create a primitive")
+    cell()[0] = errno_codes.ENOENT  # a stat of a missing file on the way out
+    assert getattr(caught.value, ERRNO_AT_FAILURE) == errno_codes.ENOMEM
+    assert failure_cause(caught.value, memory_capped=True) == "oom"
+    assert failure_cause(caught.value, memory_capped=False) is None
+    # a stale ENOMEM from before the step is not this step's evidence
+    cell()[0] = errno_codes.ENOMEM
+    with pytest.raises(RuntimeError) as bug, errno_evidence():
+        raise RuntimeError("shape mismatch")
+    assert failure_cause(bug.value, memory_capped=True) is None
+
+
+def test_a_capped_process_keeps_heap_for_its_other_threads():
+    """A rank on a Dask worker shares its process with the worker's own threads.  When its step
+    filled the cap, the worker's heartbeat could not get its 256 KiB message buffer and the
+    worker closed itself, losing the world instead of reporting the out-of-memory.  The cap now
+    leaves heap for such buffers: 12 MiB of them, allocated after the cap, take no new address
+    space (without the reserve they took 12 MiB of it)."""
+    res = _in_fresh_process("""
+        import json, torch
+        from tula.engine.memory import AddressSpace, cap_address_space
+        torch.set_num_threads(1)
+        cap_address_space(64 << 20)
+        before = AddressSpace.now().total_bytes
+        buffers = [bytearray(256 << 10) for _ in range(48)]
+        print(json.dumps({"grown_mib": (AddressSpace.now().total_bytes - before) / 2**20}))
+    """)
+    assert res["grown_mib"] < 1.0, res
+
+
 @pytest.fixture
 def capped_spec_dict(tiny_spec_dict):
     d = dict(tiny_spec_dict)

@@ -20,6 +20,7 @@ for them.  Out-of-memory is recognised from structured evidence (:func:`failure_
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -78,6 +79,27 @@ def clear_errno() -> None:
         loc()[0] = 0
 
 
+#: the attribute :func:`errno_evidence` sets on an exception: the C ``errno`` read as it surfaced
+ERRNO_AT_FAILURE = "tula_errno_at_failure"
+
+
+@contextlib.contextmanager
+def errno_evidence():
+    """Around work whose failure :func:`failure_cause` may judge later, after the exception has
+    run through ``finally`` blocks, context managers and a launcher's reporting, any of which may
+    set the C ``errno`` again (a ``stat`` of a missing file, a lazy import): errno is cleared
+    first, and an exception leaving the block carries errno as it was when it surfaced
+    (:data:`ERRNO_AT_FAILURE`), which :func:`failure_cause` reads before the current errno."""
+    clear_errno()
+    try:
+        yield
+    except Exception as err:
+        if getattr(err, ERRNO_AT_FAILURE, None) is None:
+            with contextlib.suppress(AttributeError, TypeError):  # an exception that takes no attributes
+                setattr(err, ERRNO_AT_FAILURE, _errno())
+        raise
+
+
 def failure_cause(err: BaseException, *, memory_capped: bool) -> str | None:
     """``"oom"`` when ``err`` is a failure for lack of memory, else None.
 
@@ -88,8 +110,9 @@ def failure_cause(err: BaseException, *, memory_capped: bool) -> str | None:
     thread's C ``errno`` is ENOMEM.  Under RLIMIT_AS every native allocation path fails
     that way -- the CPU allocator's ``posix_memalign`` ("can't allocate memory"), oneDNN's
     ``mmap`` of JIT code and scratchpads ("could not create a primitive"), ``std::bad_alloc``,
-    thread stacks ("can't start new thread") -- whatever the message says.  errno is read
-    now, so call this in the ``except`` clause that caught ``err``, with errno cleared
+    thread stacks ("can't start new thread") -- whatever the message says.  errno is the one
+    ``err`` carries from :func:`errno_evidence` (the training step runs in it), else errno
+    now: then call this in the ``except`` clause that caught ``err``, with errno cleared
     (:func:`clear_errno`) before the work that failed; :func:`run_probe_step` does both,
     and where a failure under the cap carries no evidence it tries the step again with the
     cap lifted."""
@@ -102,8 +125,10 @@ def failure_cause(err: BaseException, *, memory_capped: bool) -> str | None:
         and getattr(err, "error_code", None) == CUDA_ERROR_MEMORY_ALLOCATION
     ):
         return "oom"
-    if memory_capped and _errno() == errno.ENOMEM:
-        return "oom"
+    if memory_capped:
+        code = getattr(err, ERRNO_AT_FAILURE, None)
+        if (_errno() if code is None else code) == errno.ENOMEM:
+            return "oom"
     return None
 
 
@@ -222,7 +247,36 @@ class _lifted_address_space_cap:
         return False
 
 
-M_ARENA_MAX = -8  # glibc mallopt parameter
+M_ARENA_MAX = -8  # glibc mallopt parameters
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+#: heap kept free for the process's other threads under a cap (:func:`reserve_heap`)
+OTHER_THREADS_HEAP_BYTES = 16 * 2**20
+#: allocations of this size or more are mapped on their own, below it they come from the heap
+MMAP_THRESHOLD_BYTES = 2**20
+
+
+def reserve_heap(reserve_bytes: int = OTHER_THREADS_HEAP_BYTES) -> None:
+    """Grow the heap by ``reserve_bytes`` and keep it free (glibc; elsewhere a no-op), for the
+    threads that share the process with a capped rank.  On a Dask worker they are the worker's
+    own: its heartbeat packs each message into a fresh 256 KiB buffer, and when a rank's step
+    had filled the cap that allocation failed and the worker closed itself -- losing the world
+    instead of reporting the step's out-of-memory.  Allocations under
+    :data:`MMAP_THRESHOLD_BYTES` are served from the heap (the kept free part first) and freed
+    heap is not returned, so the reserve is there under the cap; a tensor of a MiB or more is
+    mapped on its own as before."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+        libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(MMAP_THRESHOLD_BYTES))
+        libc.mallopt(ctypes.c_int(M_TRIM_THRESHOLD), ctypes.c_int(4 * reserve_bytes))
+        chunk = MMAP_THRESHOLD_BYTES // 4
+        blocks = [libc.malloc(chunk) for _ in range(max(reserve_bytes // chunk, 1))]
+        for block in blocks:
+            libc.free(block)
+    except (OSError, AttributeError):
+        pass
 
 
 def limit_malloc_arenas() -> None:
@@ -407,10 +461,12 @@ def cap_address_space(budget_bytes: int, since: AddressSpace | None = None) -> i
 
     Pass the :class:`AddressSpace` taken at the end of set-up to charge the budget with
     everything mapped since (the memory probe's kernels and heap), so that every world is
-    capped alike.  First torch's threads are started (:func:`start_thread_pools`) and malloc
-    is kept from reserving new arenas (:func:`limit_malloc_arenas`)."""
+    capped alike.  First torch's threads are started (:func:`start_thread_pools`), malloc
+    is kept from reserving new arenas (:func:`limit_malloc_arenas`), and heap is kept free
+    for the process's other threads (:func:`reserve_heap`)."""
     limit_malloc_arenas()
     start_thread_pools()
+    reserve_heap()
     now = AddressSpace.now()
     spent = 0 if since is None else max(now.used_bytes - since.used_bytes, 0)
     cap = now.total_bytes + max(budget_bytes - spent, 0)

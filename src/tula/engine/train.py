@@ -71,7 +71,7 @@ from tula.engine.ddp import (
 )
 from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
 from tula.engine.launch import Launcher, WorkerContext
-from tula.engine.memory import cap_address_space
+from tula.engine.memory import cap_address_space, errno_evidence
 from tula.engine.optim.methods import build_method
 from tula.engine.precision import Precision, check_precision
 from tula.engine.rundir import check_out_dir, locked
@@ -578,7 +578,14 @@ class _RankTrainer:
         """One optimiser step of the method on this rank's share ``x``, ``y``, as the
         ``step``-th of the run (the method's periodic work, AGS's factor measurement, is due
         by it): the step training runs and the profile's run trial times
-        (:func:`tula.engine.run_trial.run_trial`).  The step's loss, detached, on the device."""
+        (:func:`tula.engine.run_trial.run_trial`).  The step's loss, detached, on the device.
+
+        A failure carries the C errno it surfaced with (:func:`~tula.engine.memory.errno_evidence`):
+        under an address-space cap that is how the launcher tells out-of-memory from a crash."""
+        with errno_evidence():
+            return self._step(step, x, y)
+
+    def _step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         method = self.method
         method.optimizer.zero_grad(set_to_none=True)
         loss = self._forward_backward(x, y)
