@@ -1,0 +1,115 @@
+"""Planning while training (#30), the pure part: the worker count the fitted models rank best
+for a batch, the threshold that keeps a world, and the goodput schedule's choice, each checked
+against a hand calculation."""
+
+import pytest
+from helpers import models_record
+
+from tula.core.errors import SpecError
+from tula.core.live_plan import Ranker, candidate_batches, choose_goodput, choose_workers, statistical_efficiency
+from tula.core.perfmodel import PerfModel
+from tula.core.pricing import FixedPricing
+from tula.core.schedules import Caps
+
+D = 2**16
+MBIT = 1e6 / 8  # bytes per second of one Mbit/s
+
+
+def _ranker(perf: PerfModel, **kw) -> Ranker:
+    return Ranker(models_record(perf, dataset_size=D), "lbt", **kw)
+
+
+def _slow_link() -> PerfModel:
+    """The issue's communication-bound MLP: 4.5 MB of gradients over 100 Mbit/s, 1 ms + 10 us per sample."""
+    return PerfModel("ring", 4_500_000, 1e-3, 1e-5, alpha=1e-4, beta=1 / (100 * MBIT))
+
+
+def _free_link() -> PerfModel:
+    """Compute-bound: the same step with a sync that costs nothing."""
+    return PerfModel("ring", 4_500_000, 1e-3, 1e-5)
+
+
+def test_on_a_slow_link_one_worker_ranks_best_at_every_batch_of_a_geometric_schedule():
+    ranker, caps = _ranker(_slow_link()), Caps(D, min_workers=1, max_workers=4)
+    for big_b in (32, 64, 128):
+        options = ranker.options(big_b, caps)
+        assert [o.n_workers for o in options][0] == 1
+        # by hand: D // B steps of 1 ms + 10 us x B on one worker; N = 2 adds a ring all-reduce of
+        # 2 (N - 1) hops and 2 (N - 1) / N x 4.5 MB over the link
+        assert options[0].epoch_s == pytest.approx((D // big_b) * (1e-3 + 1e-5 * big_b))
+        two = next(o for o in options if o.n_workers == 2)
+        sync_s = 2 * 1e-4 + 4_500_000 / (100 * MBIT)
+        assert two.epoch_s == pytest.approx((D // big_b) * (1e-3 + 1e-5 * big_b / 2 + sync_s))
+        assert choose_workers(options, None)[0].n_workers == 1
+
+
+def test_on_a_free_link_the_most_workers_rank_best():
+    options = _ranker(_free_link()).options(128, Caps(D, min_workers=1, max_workers=4))
+    assert [o.n_workers for o in options] == [4, 3, 2, 1]
+    assert options[0].epoch_s == pytest.approx((D // 128) * (1e-3 + 1e-5 * 32))
+    assert options[1].global_batch == 126  # 128 rounded down to a multiple of 3
+
+
+def test_a_gain_under_the_threshold_keeps_the_world_and_one_over_it_changes_it():
+    options = _ranker(_free_link()).options(128, Caps(D, min_workers=1, max_workers=4))
+    by_n = {o.n_workers: o for o in options}
+    gain_4_over_3 = 1 - by_n[4].score / by_n[3].score  # 512 steps of 1.32 ms vs 520 of 1.42 ms: about 8 %
+    assert 0.05 < gain_4_over_3 < 0.10
+    kept, why = choose_workers(options, 3, threshold=0.10)
+    assert kept.n_workers == 3 and "kept" in why and "within the threshold of 10%" in why
+    moved, why = choose_workers(options, 3, threshold=0.05)
+    assert moved.n_workers == 4 and "better than B=126 on 3 workers" in why
+    assert choose_workers(options, 4)[0].n_workers == 4  # already the best
+
+
+def test_the_memory_model_and_accumulation_bound_the_options():
+    caps = Caps(D, max_local_batch=16, min_workers=1, max_workers=2, max_accumulation_steps=2)
+    options = _ranker(_free_link()).options(64, caps)
+    # N = 1 would need k = 4 micro-batches of 16; only N = 2 with k = 2 fits
+    assert [(o.n_workers, o.accumulation_steps, o.micro_batch) for o in options] == [(2, 2, 16)]
+    assert _ranker(_free_link()).options(256, caps) == []
+    with pytest.raises(SpecError, match="no worker count fits this batch"):
+        choose_workers([], 1)
+
+
+def test_ranking_by_cost_prefers_fewer_workers_when_they_are_not_faster_enough():
+    pricing = FixedPricing(price_per_node_hour=3600.0)  # 1 per worker-second
+    options = _ranker(_free_link(), rank_by="cost", pricing=pricing).options(128, Caps(D, max_workers=4))
+    # an epoch on N workers costs N x its time: 1 worker's steps of 1.28 ms cost less than 4 x 1.32 ms
+    assert options[0].n_workers == 1
+    assert options[0].score == pytest.approx(options[0].epoch_s * 1)
+    with pytest.raises(SpecError, match="needs the job's pricing"):
+        _ranker(_free_link(), rank_by="cost")
+
+
+def test_goodput_picks_the_batch_a_hand_calculation_does():
+    # t_step = 10 ms + 0.1 ms x B = 0.1 ms x (100 + B); efficiency (B_noise + B0) / (B_noise + B) with
+    # B_noise = 100: goodput is proportional to B / (100 + B)^2, largest at B = 100
+    perf = PerfModel("ring", 1_000, 1e-2, 1e-4)
+    ranker, caps = _ranker(perf), Caps(D, max_workers=1)
+    assert candidate_batches(64, caps) == [32, 38, 45, 54, 64, 76, 91, 108, 128]
+    choice = choose_goodput(ranker, caps, 64, 1, b_noise=100.0, reference_batch=32)
+    by_hand = {b: b / (100 + b) ** 2 for b in candidate_batches(64, caps)}
+    assert choice.option.global_batch == max(by_hand, key=by_hand.get) == 108
+    assert "goodput: B=108 on 1 worker" in choice.reason and "B_noise 100" in choice.reason
+    assert [o.global_batch for o, _ in choice.candidates][:2] == [108, 91]
+    # from 91 the best is 0.1 % better: under the threshold, the batch stays
+    stay = choose_goodput(ranker, caps, 91, 1, b_noise=100.0, reference_batch=32)
+    assert stay.option.global_batch == 91 and "kept" in stay.reason
+    # a noise scale that grew 10x moves the batch to the top of the window
+    assert choose_goodput(ranker, caps, 64, 1, b_noise=1000.0, reference_batch=32).option.global_batch == 128
+    # max_batch bounds it
+    assert choose_goodput(ranker, caps, 64, 1, 1000.0, 32, max_batch=100).option.global_batch == 91
+
+
+def test_statistical_efficiency_and_bad_inputs_are_one_sentence():
+    assert statistical_efficiency(32, 100.0, 32) == 1.0
+    assert statistical_efficiency(132, 100.0, 32) == pytest.approx(132 / 232)
+    with pytest.raises(SpecError, match="noise scale must be a finite number"):
+        statistical_efficiency(64, float("nan"), 32)
+    with pytest.raises(SpecError, match="unknown ranking 'speed'"):
+        _ranker(_free_link(), rank_by="speed")
+    with pytest.raises(SpecError, match="threshold must be at least 0 and below 1"):
+        choose_workers(_ranker(_free_link()).options(64, Caps(D, max_workers=2)), 1, threshold=1.5)
+    with pytest.raises(SpecError, match="has no 'perf'"):
+        Ranker({"dataset_size": 10}, "lbt")
