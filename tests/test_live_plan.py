@@ -113,3 +113,79 @@ def test_statistical_efficiency_and_bad_inputs_are_one_sentence():
         choose_workers(_ranker(_free_link()).options(64, Caps(D, max_workers=2)), 1, threshold=1.5)
     with pytest.raises(SpecError, match="has no 'perf'"):
         Ranker({"dataset_size": 10}, "lbt")
+
+
+# --------------------------------------------------------------------------- the rule in a schedule
+def _geometric_run(perf: PerfModel, threshold=None, objective="time") -> list:
+    """The decisions of a geometric schedule 32 -> 64 -> 128 (x2 every epoch) under
+    ``train.workers: {min: 1, max: 4, rule: plan}``, as the runner takes them."""
+    from tula.core.job_rules import caps_from_spec, state_from_spec
+    from tula.core.schedules import next_config
+    from tula.core.spec import spec_from_dict
+
+    workers = {"min": 1, "max": 4, "rule": "plan", **({} if threshold is None else {"threshold": threshold})}
+    spec = spec_from_dict(
+        {
+            "objective": objective,
+            "train": {
+                "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1, "max_batch": 128},
+                "workers": workers,
+            },
+        }
+    )
+    models = models_record(perf, dataset_size=D)
+    caps = caps_from_spec(spec, 32, 1, D, None, models=models, method="lbt")
+    state, out, history = state_from_spec(spec, 32), [], []
+    for epoch in range(3):
+        d = next_config(state, epoch, history, caps)
+        state = d.state
+        out.append(d)
+        history.append({"train_loss": 1.0, "steps": D // d.global_batch, "global_batch": d.global_batch,
+                        "n_workers": d.n_workers})  # fmt: skip
+    return out
+
+
+def test_a_geometric_schedule_with_the_plan_rule_stays_on_one_worker_over_a_slow_link():
+    decisions = _geometric_run(_slow_link())
+    assert [(d.global_batch, d.n_workers) for d in decisions] == [(32, 1), (64, 1), (128, 1)]
+    assert all("workers: B=" in d.reason for d in decisions)
+    # the ranking behind each choice is in the record, best first
+    rec = decisions[1].record()
+    assert [r["n_workers"] for r in rec["ranking"]][0] == 1 and len(rec["ranking"]) == 4
+    assert rec["ranking"][0]["epoch_s"] == pytest.approx((D // 64) * (1e-3 + 1e-5 * 64))
+
+
+def test_a_geometric_schedule_with_the_plan_rule_grows_the_world_over_a_free_link():
+    decisions = _geometric_run(_free_link())
+    assert [d.n_workers for d in decisions] == [4, 4, 4]
+    assert [d.global_batch for d in decisions] == [32, 64, 128]
+    # the first decision has no world to keep: even a 50 % threshold starts on the best
+    kept = _geometric_run(_free_link(), threshold=0.5)
+    assert [d.n_workers for d in kept] == [4, 4, 4] and not any(d.resize for d in kept)
+
+
+def test_the_threshold_keeps_the_world_a_smaller_gain_would_move():
+    # 1 ms fixed + 10 us per sample, and 0.1 ms per ring hop: at B = 32 one worker is best; at 64
+    # two workers are 7 % faster than one, at 128 19 %: the default 5 % moves, a 50 % threshold keeps N = 1
+    perf = PerfModel("ring", 1_000, 1e-3, 1e-5, alpha=1e-4)
+    moved = _geometric_run(perf)
+    assert [(d.n_workers, d.resize) for d in moved] == [(1, False), (2, True), (2, False)]
+    kept = _geometric_run(perf, threshold=0.5)
+    assert [(d.n_workers, d.resize) for d in kept] == [(1, False), (1, False), (1, False)]
+    assert all("kept" in d.reason and "within the threshold of 50%" in d.reason for d in kept[1:])
+
+
+def test_the_plan_rule_without_models_or_with_batch_per_worker_is_one_sentence():
+    from tula.core.job_rules import NEEDS_MODELS, caps_from_spec
+    from tula.core.spec import spec_from_dict
+
+    spec = spec_from_dict({"train": {"workers": {"max": 2, "rule": "plan"}}})
+    with pytest.raises(SpecError) as err:
+        caps_from_spec(spec, 32, 1, D, None)
+    assert str(err.value) == NEEDS_MODELS
+    with pytest.raises(SpecError, match="batch_per_worker applies to rule 'batch_per_worker'"):
+        spec_from_dict({"train": {"workers": {"max": 2, "rule": "plan", "batch_per_worker": 16}}})
+    with pytest.raises(SpecError, match="threshold applies to rule 'plan' only"):
+        spec_from_dict({"train": {"workers": {"max": 2, "threshold": 0.1}}})
+    with pytest.raises(SpecError, match="rule"):
+        spec_from_dict({"train": {"workers": {"max": 2, "rule": "fastest"}}})

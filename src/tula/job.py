@@ -216,7 +216,7 @@ class Job:
             raise TulaError("train needs a configuration: call plan() first, or give n_workers and global_batch")
         method = method or training_method(spec, global_batch, self.observer)
         return train_stage(spec, method, n_workers, global_batch, self.out / TRAIN_DIR, resume=resume,
-                           launcher=self._launcher(), observer=self.observer)  # fmt: skip
+                           launcher=self._launcher(), observer=self.observer, models=self.models)  # fmt: skip
 
     def _launcher(self) -> Any:
         """The launcher on the caller's Client, or None: the stages open the spec's ``cluster``

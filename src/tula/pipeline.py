@@ -178,7 +178,8 @@ def train_stage(
     """Train in ``out`` (checkpoints, metrics.jsonl); write train.json and train.png there.
     ``models``: the fitted models the run was planned with; each epoch's record then carries
     the plan's prediction for it and the ratio measured / predicted
-    (:func:`tula.core.run_costs.compare_with_plan`)."""
+    (:func:`tula.core.run_costs.compare_with_plan`), and ``train.workers: {rule: plan}``
+    ranks the worker counts by them."""
     from tula.engine.train import train
     from tula.report import plot_training
 
@@ -194,6 +195,7 @@ def train_stage(
             resume=resume,
             launcher=launcher,
             on_event=lambda ev: obs.event("training", ev),
+            models=models,
         )
         if models is not None:
             from tula.core.run_costs import compare_with_plan

@@ -16,7 +16,9 @@ import math
 from typing import Any
 
 from tula.core.errors import SpecError
-from tula.core.registry import method_info
+from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
+from tula.core.pricing import make_pricing
+from tula.core.registry import OBJECTIVES, method_info
 from tula.core.schedules import Caps, initial_state
 from tula.core.spec import BatchScheduleSpec, JobSpec
 
@@ -135,18 +137,53 @@ def state_from_spec(spec: JobSpec, first_batch: int, f0: float | None = None) ->
     )
 
 
+#: what a spec with ``train.workers.rule: plan`` and no models record is told
+NEEDS_MODELS = (
+    "train.workers.rule 'plan' chooses the worker count from the fitted models, and this run has none: "
+    "`tula run` passes them; give `tula train` the run's models.json with --models"
+)
+
+
 def caps_from_spec(
-    spec: JobSpec, first_batch: int, first_workers: int, dataset_size: int, max_local_batch: int | None
+    spec: JobSpec,
+    first_batch: int,
+    first_workers: int,
+    dataset_size: int,
+    max_local_batch: int | None,
+    models: dict | None = None,
+    method: str | None = None,
 ) -> Caps:
     """:class:`Caps` from ``spec.train.workers``: without it the worker count stays
-    ``first_workers``; its ``batch_per_worker`` defaults to the first local batch.  The
-    accumulation a schedule may grow through is ``search.max_accumulation_steps``."""
+    ``first_workers``; its ``batch_per_worker`` defaults to the first local batch; with
+    ``rule: plan`` the fitted ``models`` (a models record) rank the worker counts for
+    ``method`` (default ``train.method``) under the job's objective
+    (:class:`tula.core.live_plan.WorkerPlan`).  The accumulation a schedule may grow through is
+    ``search.max_accumulation_steps``."""
     w = spec.train.workers
     k_max = spec.search.max_accumulation_steps
     if w is None:
         return Caps(dataset_size, max_local_batch, first_workers, first_workers, None, k_max)
+    if w.rule == "plan":
+        return Caps(dataset_size, max_local_batch, w.min, w.max, None, k_max, worker_plan(spec, models, method))
     bpw = w.batch_per_worker or max(1, first_batch // max(first_workers, 1))
     return Caps(dataset_size, max_local_batch, w.min, w.max, bpw, k_max)
+
+
+def worker_plan(spec: JobSpec, models: dict | None, method: str | None = None) -> WorkerPlan:
+    """The :class:`~tula.core.live_plan.WorkerPlan` of ``train.workers: {rule: plan}``: the
+    models rank by time, or by cost where the job's objective minimises cost."""
+    if not models:
+        raise SpecError(NEEDS_MODELS)
+    assert spec.train.workers is not None
+    by_cost = OBJECTIVES[spec.objective].rule == "least_cost"
+    ranker = Ranker(
+        models,
+        method or spec.train.method,
+        "cost" if by_cost else "time",
+        make_pricing(spec.pricing) if by_cost else None,
+    )
+    threshold = spec.train.workers.threshold
+    return WorkerPlan(ranker, DEFAULT_THRESHOLD if threshold is None else threshold)
 
 
 def first_workers(spec: JobSpec, first_batch: int) -> int | None:
@@ -159,6 +196,6 @@ def first_workers(spec: JobSpec, first_batch: int) -> int | None:
     w = spec.train.workers
     if w is None:
         return None
-    if w.batch_per_worker is None:
+    if w.rule == "plan" or w.batch_per_worker is None:  # rule plan: the first decision chooses
         return w.min
     return min(max(math.ceil(first_batch / w.batch_per_worker), w.min), w.max)

@@ -140,6 +140,24 @@ def choose_workers(
     )
 
 
+@dataclass(frozen=True)
+class WorkerPlan:
+    """``train.workers: {rule: plan}``: at each batch change the worker count (and the
+    accumulation steps) the fitted models rank best for the new batch, kept while within
+    ``threshold`` of the best.  The ``workers_rule`` of :class:`~tula.core.schedules.Caps`."""
+
+    ranker: Ranker
+    threshold: float = DEFAULT_THRESHOLD
+
+    def choose(
+        self, global_batch: int, caps: Caps, current_workers: int | None
+    ) -> tuple[int, int, int, str, list[dict[str, Any]]]:
+        """``(B, N, k, reason, ranking)`` for ``global_batch`` (already within the caps)."""
+        options = self.ranker.options(global_batch, caps)
+        chosen, why = choose_workers(options, current_workers, self.threshold)
+        return chosen.global_batch, chosen.n_workers, chosen.accumulation_steps, why, [o.record() for o in options]
+
+
 def statistical_efficiency(global_batch: float, b_noise: float, reference_batch: float) -> float:
     """``(B_noise + B0) / (B_noise + B)``: the progress a sample makes at batch B relative to
     one at B0 (1 at B0, falling as B passes B_noise)."""

@@ -417,6 +417,10 @@ class Caps:
         ``min_workers``); N grows further when the local batch would not fit in memory
     max_accumulation_steps : the most micro-batches a rank's share may run as (1: none);
         above ``max_local_batch`` x ``max_workers`` the batch grows through them
+    workers_rule : what chooses N and k for a batch instead of ``batch_per_worker`` (AdaDamp's
+        rule), or ``None``: an object whose ``choose(global_batch, caps, current_workers)``
+        returns ``(B, N, k, reason, ranking)`` within these caps, B rounded down to a multiple
+        of N x k (:class:`tula.core.live_plan.WorkerPlan`: the fitted models' ranking)
     """
 
     dataset_size: int
@@ -425,6 +429,7 @@ class Caps:
     max_workers: int = 1
     batch_per_worker: int | None = None
     max_accumulation_steps: int = 1
+    workers_rule: Any = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.dataset_size < 1:
@@ -462,6 +467,8 @@ class Decision:
     state : the schedule state after this decision, to keep with the checkpoint
     accumulation_steps : k, the micro-batches of a rank's share (1 unless the memory caps
         the local batch on the most workers and ``Caps.max_accumulation_steps`` allows more)
+    ranking : with ``Caps.workers_rule``, the options it ranked for this batch, best first
+        (each a dict: B, N, k, the predicted epoch and the score); empty otherwise
     """
 
     epoch: int
@@ -478,6 +485,7 @@ class Decision:
     reason: str
     state: dict[str, Any] = field(repr=False, compare=False)
     accumulation_steps: int = 1
+    ranking: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
 
     @property
     def micro_batch(self) -> int:
@@ -496,6 +504,9 @@ class Decision:
             d["wanted_batch"] = None
         d["lr_multiplier"] = self.lr_multiplier
         d["micro_batch"] = self.micro_batch
+        d["ranking"] = list(self.ranking)
+        if not d["ranking"]:
+            del d["ranking"]
         return d
 
 
@@ -552,8 +563,34 @@ def initial_state(
     }
 
 
-def _fit(wanted: float, caps: Caps, max_batch: int | None) -> tuple[int, int, str | None, int, int]:
-    """(B, N, what capped B, the cap, k) for a wanted global batch."""
+@dataclass(frozen=True)
+class _Fitted:
+    """A wanted batch within the caps: B, N, what capped B (or None), the cap, k, and with a
+    workers rule its reason and ranking."""
+
+    batch: int
+    workers: int
+    capped_by: str | None
+    cap: int
+    accumulation_steps: int
+    why: str = ""
+    ranking: tuple[dict[str, Any], ...] = ()
+
+
+def _fit(wanted: float, caps: Caps, max_batch: int | None, current_workers: int | None = None) -> _Fitted:
+    """B, N and k for a wanted global batch: N by ``caps.workers_rule`` when there is one
+    (``current_workers``: the world now, which it may keep), else AdaDamp's rule."""
+    b, n, capped_by, cap, k = _fit_by_batch_per_worker(wanted, caps, max_batch)
+    if caps.workers_rule is None:
+        return _Fitted(b, n, capped_by, cap, k)
+    b_cap = cap if capped_by else max(1, _floor(wanted))
+    b, n, k, why, ranking = caps.workers_rule.choose(b_cap, caps, current_workers)
+    return _Fitted(b, n, capped_by, cap, k, why, tuple(ranking))
+
+
+def _fit_by_batch_per_worker(wanted: float, caps: Caps, max_batch: int | None) -> tuple[int, int, str | None, int, int]:
+    """(B, N, what capped B, the cap, k) for a wanted global batch, N = clip(ceil(B /
+    batch_per_worker), min, max) and grown until the local batch fits the memory."""
     limits = [(caps.dataset_size, "dataset")]
     if max_batch is not None:
         limits.append((max_batch, "max_batch"))
@@ -580,7 +617,7 @@ def _fit(wanted: float, caps: Caps, max_batch: int | None) -> tuple[int, int, st
 def _still_fits(b: int, n: int | None, k: int, caps: Caps, max_batch: int | None) -> bool:
     """Whether the current (B, N, k) still satisfies ``caps`` (then it is kept as it is:
     rounding B down to a multiple of N can make ceil(B / batch_per_worker) smaller than N)."""
-    cap = _fit(math.inf, caps, max_batch)[3]
+    cap = _cap(caps, max_batch)
     return (
         n is not None
         and caps.min_workers <= n <= caps.max_workers
@@ -589,6 +626,11 @@ def _still_fits(b: int, n: int | None, k: int, caps: Caps, max_batch: int | None
         and k <= caps.max_accumulation_steps
         and (caps.max_local_batch is None or b // n // k <= caps.max_local_batch)
     )
+
+
+def _cap(caps: Caps, max_batch: int | None) -> int:
+    """The largest global batch the caps allow."""
+    return _fit_by_batch_per_worker(math.inf, caps, max_batch)[3]
 
 
 _CAP_WORDS = {
@@ -626,28 +668,33 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
     s = copy.deepcopy(state)
     info = schedule_info(s["kind"])
     first = s["workers"] is None
-    ctx = _Ctx(s, epoch_done, list(history[:epoch_done]), _fit(math.inf, caps, s["max_batch"])[3])
+    ctx = _Ctx(s, epoch_done, list(history[:epoch_done]), _cap(caps, s["max_batch"]))
     k_now = s.get("accumulation_steps", 1)  # a state written before accumulation: k = 1
     keep = not first and _still_fits(s["batch"], s["workers"], k_now, caps, s["max_batch"])
     if first or epoch_done % s["every_epochs"] == 0:
         schedule = info.cls()
         wanted, reason = schedule.want(ctx)
+        ranking: tuple[dict[str, Any], ...] = ()
         if keep and math.isfinite(wanted) and _floor(wanted) == s["batch"]:
             b, n, capped_by, k = s["batch"], s["workers"], None, k_now
         else:
-            b, n, capped_by, _, k = _fit(wanted, caps, s["max_batch"])
+            f = _fit(wanted, caps, s["max_batch"], s["workers"])
+            b, n, capped_by, k, ranking = f.batch, f.workers, f.capped_by, f.accumulation_steps, f.ranking
+            reason += f"; workers: {f.why}" if f.why else ""
         more, decayed = schedule.settle(ctx, wanted, b)
         reason += more
         if capped_by and not decayed:
             reason += f"; capped at {b} by {_CAP_WORDS[capped_by]}"
     elif keep:
-        wanted, capped_by, decayed = None, None, False
+        wanted, capped_by, decayed, ranking = None, None, False, ()
         b, n, k = s["batch"], s["workers"], k_now
         reason = f"no change: the batch changes every {s['every_epochs']} epochs"
     else:  # the caps moved below the current configuration (e.g. fewer workers available)
         wanted, decayed = s["batch"], False
-        b, n, capped_by, _, k = _fit(wanted, caps, s["max_batch"])
+        f = _fit(wanted, caps, s["max_batch"], s["workers"])
+        b, n, capped_by, k, ranking = f.batch, f.workers, f.capped_by, f.accumulation_steps, f.ranking
         reason = f"the batch {s['batch']} on {s['workers']} workers no longer fits the caps"
+        reason += f"; workers: {f.why}" if f.why else ""
     reason += f" -> global batch {b} on {n} worker{'s' if n > 1 else ''}"
     if k > 1:
         reason += f" as {k} accumulated micro-batches of {b // n // k} (the memory caps the local batch)"
@@ -668,4 +715,5 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
         reason=reason,
         state=s,
         accumulation_steps=k,
+        ranking=ranking,
     )

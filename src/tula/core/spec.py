@@ -612,17 +612,37 @@ class BatchScheduleSpec(_Strict):
 
 
 class WorkersSpec(_Strict):
-    """Workers that grow with the batch: N = clip(ceil(B / batch_per_worker), min, max) at
-    every boundary of the batch schedule (a new world when N changes)."""
+    """Workers that change with the batch, within min..max, at every boundary where the batch
+    schedule changes the batch (a new world when N changes).  ``rule``: ``batch_per_worker``
+    (AdaDamp's rule, N = clip(ceil(B / batch_per_worker), min, max)) or ``plan`` (the worker
+    count and accumulation steps the fitted models rank best for the new batch under the
+    job's objective, kept unless the best is ``threshold`` better; needs the models record)."""
 
     min: int = Field(default=1, ge=1)
     max: int = Field(ge=1)
-    batch_per_worker: int | None = Field(default=None, ge=1, description="default: the first local batch")
+    rule: Literal["batch_per_worker", "plan"] = Field(
+        default="batch_per_worker",
+        description="batch_per_worker: N = ceil(B / batch_per_worker); plan: the models' best N for each batch",
+    )
+    batch_per_worker: int | None = Field(
+        default=None, ge=1, description="rule batch_per_worker: default, the first local batch"
+    )
+    threshold: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="rule plan: the predicted gain (a share of the epoch's time or cost) below which N stays "
+        "(default 0.05)",
+    )
 
     @model_validator(mode="after")
     def _range(self) -> WorkersSpec:
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        if self.rule == "plan" and self.batch_per_worker is not None:
+            raise ValueError("batch_per_worker applies to rule 'batch_per_worker'; rule 'plan' chooses N by the models")
+        if self.rule != "plan" and self.threshold is not None:
+            raise ValueError("threshold applies to rule 'plan' only")
         return self
 
 

@@ -51,6 +51,7 @@ from tula.core.job_rules import (
     schedule_problem,
     smallest_batch_for,
     state_from_spec,
+    worker_plan,
 )
 from tula.core.noise_scale import NoiseScale
 from tula.core.records import TRAIN_KIND, VERSIONS, read_jsonl, write_atomic
@@ -994,6 +995,7 @@ def train(
     resume: bool = False,
     launcher: Launcher | None = None,
     on_event: Callable[[dict], None] | None = None,
+    models: dict | None = None,
 ) -> dict:
     """Train ``spec`` with ``method`` on ``n_workers`` at ``global_batch``; return the run record.
 
@@ -1026,13 +1028,18 @@ def train(
     same number ran in one world, one process group) and ``new_world`` (true where the
     entry started its world -- the first, after a change of N, or after an out-of-memory
     fallback --, false for a batch change inside the world).  The record's ``n_workers``,
-    ``global_batch``, ``local_batch`` and ``steps_per_epoch`` are the last entry's."""
+    ``global_batch``, ``local_batch`` and ``steps_per_epoch`` are the last entry's.
+
+    ``models``: the job's models record (``tula run`` passes it), which
+    ``train.workers: {rule: plan}`` needs: at each batch change the worker count the models
+    rank best (:class:`tula.core.live_plan.WorkerPlan`); each decision's ranking is in the
+    epoch's ``schedule`` line."""
     if launcher is None:
         from tula.engine.launch.clusters import open_launcher
 
         with open_launcher(spec, n_workers=n_workers) as opened:
-            return _train(spec, method, n_workers, global_batch, out_dir, resume, opened, on_event)
-    return _train(spec, method, n_workers, global_batch, out_dir, resume, launcher, on_event)
+            return _train(spec, method, n_workers, global_batch, out_dir, resume, opened, on_event, models)
+    return _train(spec, method, n_workers, global_batch, out_dir, resume, launcher, on_event, models)
 
 
 def _check_fixed_world(launcher: Launcher, n_workers: int, spec: JobSpec) -> None:
@@ -1055,13 +1062,18 @@ def _check_fixed_world(launcher: Launcher, n_workers: int, spec: JobSpec) -> Non
         )
 
 
-def _check_before_any_world(spec: JobSpec, method: str, n_workers: int, launcher: Launcher) -> None:
+def _check_before_any_world(
+    spec: JobSpec, method: str, n_workers: int, launcher: Launcher, models: dict | None = None
+) -> None:
     """The sentences a run is refused with before its directory is locked: a batch schedule
-    the method cannot follow, a worker count a launched world cannot have, fp16 on a CPU."""
+    the method cannot follow, the plan's worker rule without the models, a worker count a
+    launched world cannot have, fp16 on a CPU."""
     if spec.train.batch_schedule is not None or spec.train.workers is not None:
         problem = schedule_problem(method, spec)
         if problem:
             raise SpecError(problem)
+    if spec.train.workers is not None and spec.train.workers.rule == "plan":
+        worker_plan(spec, models, method)  # the models are there and rank this job's method
     _check_fixed_world(launcher, n_workers, spec)
     if spec.train.precision == "fp16":  # fp16 on a CPU: one sentence before any world
         device = getattr(launcher, "device", "auto")
@@ -1077,11 +1089,12 @@ def _train(
     resume: bool,
     launcher: Launcher,
     on_event: Callable[[dict], None] | None,
+    models: dict | None = None,
 ) -> dict:
     out = check_out_dir(Path(out_dir))
-    _check_before_any_world(spec, method, n_workers, launcher)
+    _check_before_any_world(spec, method, n_workers, launcher, models)
     _, data = check_workload(spec)
-    run = TrainSupervisor(spec, method, n_workers, global_batch, out, launcher, on_event, data.train_size)
+    run = TrainSupervisor(spec, method, n_workers, global_batch, out, launcher, on_event, data.train_size, models)
     with interrupts.graceful_signals(), locked(out):
         return run.run(resume)
 
@@ -1109,8 +1122,10 @@ class TrainSupervisor:
         launcher: Launcher,
         on_event: Callable[[dict], None] | None,
         train_size: int,
+        models: dict | None = None,
     ) -> None:
         self.spec, self.method, self.out, self.launcher, self.train_size = spec, method, out, launcher, train_size
+        self.models = models  # the fitted models: train.workers.rule 'plan' ranks worker counts by them
         self.emit: Callable[[dict], None] = on_event or (lambda ev: None)
         self.scheduled = spec.train.batch_schedule is not None or spec.train.workers is not None
         self.global_batch, self.n_workers, self.accum = global_batch, n_workers, spec.train.accumulation_steps
@@ -1202,7 +1217,13 @@ class TrainSupervisor:
         the launcher can provide (:func:`_available`)."""
         first = self.first_trained or {"global_batch": self.global_batch, "n_workers": self.n_workers}
         caps = caps_from_spec(
-            self.spec, first["global_batch"], first["n_workers"], self.train_size, max_local_batch=None
+            self.spec,
+            first["global_batch"],
+            first["n_workers"],
+            self.train_size,
+            max_local_batch=None,
+            models=self.models,
+            method=self.method,
         )
         if self.resumed_from_epoch is None:  # epoch 0's configuration, within the caps
             d = next_config(state_from_spec(self.spec, self.global_batch), 0, [], caps)

@@ -1,0 +1,67 @@
+"""``train.workers: {rule: plan}`` in real 2-rank runs (#30): the worker count at each batch
+change is the one the models rank best, a new world starts where it changes, and the ranking
+behind each choice is in the run's record.  The models here are written by hand, so that what
+they prefer is known; the runs and their worlds are real."""
+
+import pytest
+from helpers import local_launcher, models_record
+
+from tula.core.errors import SpecError
+from tula.core.job_rules import NEEDS_MODELS
+from tula.core.perfmodel import PerfModel
+from tula.core.spec import spec_from_dict
+from tula.engine.train import train
+
+DIGITS_TRAIN = 1438  # the tiny spec's training samples
+
+
+def _spec(tiny_spec_dict):
+    d = dict(tiny_spec_dict, epochs=3)
+    d["train"] = {
+        "warmup_epochs": 0,
+        "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+        "workers": {"min": 1, "max": 2, "rule": "plan"},
+    }
+    return spec_from_dict(d)
+
+
+def _models(perf: PerfModel) -> dict:
+    return models_record(perf, dataset_size=DIGITS_TRAIN)
+
+
+def _trained(run):
+    return [(h["global_batch"], h["n_workers"]) for h in run["history"]]
+
+
+@pytest.mark.slow
+def test_the_world_grows_where_the_models_say_two_workers_are_faster(tiny_spec_dict, tmp_path):
+    # 1 ms + 10 us per sample, 0.1 ms per ring hop: one worker is best at B = 32, two from B = 64 on
+    perf = PerfModel("ring", 1_000, 1e-3, 1e-5, alpha=1e-4)
+    run = train(_spec(tiny_spec_dict), "lbt", 1, 32, tmp_path, launcher=local_launcher(), models=_models(perf))
+    assert _trained(run) == [(32, 1), (64, 2), (128, 2)]
+    assert [(g["n_workers"], g["world"], g["new_world"]) for g in run["generations"]] == [
+        (1, 1, True),
+        (2, 2, True),
+        (2, 2, False),
+    ]
+    # each decision's ranking is in the epoch's record, and what trained next is its choice
+    for h, nxt in zip(run["history"], run["history"][1:]):
+        ranking = h["schedule"]["ranking"]
+        assert (ranking[0]["global_batch"], ranking[0]["n_workers"]) == (nxt["global_batch"], nxt["n_workers"])
+        assert ranking[0]["epoch_s"] < ranking[1]["epoch_s"]
+
+
+@pytest.mark.slow
+def test_over_a_slow_link_the_world_stays_on_one_worker(tiny_spec_dict, tmp_path):
+    # the issue's communication-bound case: 4.5 MB of gradients over 100 Mbit/s
+    perf = PerfModel("ring", 4_500_000, 1e-3, 1e-5, alpha=1e-4, beta=8 / 100e6)
+    run = train(_spec(tiny_spec_dict), "lbt", 1, 32, tmp_path, launcher=local_launcher(), models=_models(perf))
+    assert _trained(run) == [(32, 1), (64, 1), (128, 1)]
+    assert {g["world"] for g in run["generations"]} == {1}
+
+
+def test_the_plan_rule_without_models_is_refused_before_any_world(tiny_spec_dict, tmp_path):
+    with pytest.raises(SpecError) as err:
+        train(_spec(tiny_spec_dict), "lbt", 1, 32, tmp_path / "out", launcher=local_launcher())
+    assert str(err.value) == NEEDS_MODELS
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
