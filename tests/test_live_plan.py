@@ -176,16 +176,68 @@ def test_the_threshold_keeps_the_world_a_smaller_gain_would_move():
 
 
 def test_the_plan_rule_without_models_or_with_batch_per_worker_is_one_sentence():
-    from tula.core.job_rules import NEEDS_MODELS, caps_from_spec
+    from tula.core.job_rules import caps_from_spec
     from tula.core.spec import spec_from_dict
 
     spec = spec_from_dict({"train": {"workers": {"max": 2, "rule": "plan"}}})
     with pytest.raises(SpecError) as err:
         caps_from_spec(spec, 32, 1, D, None)
-    assert str(err.value) == NEEDS_MODELS
+    assert str(err.value) == (
+        "train.workers.rule 'plan' chooses the worker count from the fitted models, and this run has none: "
+        "`tula run` passes them; give `tula train` the run's models.json with --models"
+    )
     with pytest.raises(SpecError, match="batch_per_worker applies to rule 'batch_per_worker'"):
         spec_from_dict({"train": {"workers": {"max": 2, "rule": "plan", "batch_per_worker": 16}}})
     with pytest.raises(SpecError, match="threshold applies to rule 'plan' only"):
         spec_from_dict({"train": {"workers": {"max": 2, "threshold": 0.1}}})
     with pytest.raises(SpecError, match="rule"):
         spec_from_dict({"train": {"workers": {"max": 2, "rule": "fastest"}}})
+
+
+def test_the_goodput_schedule_follows_the_noise_scale_to_the_batch_a_hand_calculation_picks():
+    """t_step = 0.1 ms x (100 + B) on one worker: goodput is proportional to B / ((100 + B)(B_noise + B)),
+    largest at B = sqrt(100 B_noise); the schedule moves there, at most x2 per boundary, in steps of 2^(1/4)."""
+    from tula.core.job_rules import caps_from_spec, state_from_spec
+    from tula.core.schedules import next_config
+    from tula.core.spec import spec_from_dict
+
+    spec = spec_from_dict({"train": {"batch_schedule": {"kind": "goodput", "max_growth": 2}}})
+    models = models_record(PerfModel("ring", 1_000, 1e-2, 1e-4), dataset_size=D)
+    caps = caps_from_spec(spec, 64, 1, D, None, models=models, method="lbt")
+    state = state_from_spec(spec, 64)
+    d0 = next_config(state, 0, [], caps)
+    assert (d0.global_batch, d0.n_workers) == (64, 1) and "goodput: starting at 64" in d0.reason
+    history, batches, d = [], [64], d0
+    for epoch, b_noise in enumerate([100.0, 900.0, 900.0, 900.0], start=1):
+        history.append({"train_loss": 1.0, "steps": D // batches[-1], "global_batch": batches[-1], "n_workers": 1,
+                        "b_simple": b_noise})  # fmt: skip
+        d = next_config(d.state, epoch, history, caps)
+        window = candidate_batches(batches[-1], caps)
+        # samples per second over an epoch of D // B whole steps, times the efficiency
+        by_hand = {b: D / ((D // b) * 1e-4 * (100 + b)) * (b_noise + 64) / (b_noise + b) for b in window}
+        best = max(by_hand, key=by_hand.get)
+        if by_hand[best] / by_hand[batches[-1]] - 1 <= 0.05:
+            best = batches[-1]  # within the threshold: the batch stays
+        assert d.global_batch == best, (epoch, b_noise, window)
+        batches.append(d.global_batch)
+    # B_noise 100: the optimum is near 100 (108 beats 64 by just over 5 %); then B_noise 900, the optimum
+    # near 300: x2 to 216, where 305's goodput is only 2 % better -- within the threshold, so it stays
+    assert batches == [64, 108, 216, 216, 216]
+    # no B_simple: the batch stays
+    history.append({"train_loss": 1.0, "steps": 1, "global_batch": batches[-1], "n_workers": 1, "b_simple": None})
+    assert next_config(d.state, 5, history, caps).global_batch == batches[-1]
+
+
+def test_the_goodput_schedule_needs_the_models_and_the_plan_rule():
+    from tula.core.job_rules import caps_from_spec, schedule_problem
+    from tula.core.spec import spec_from_dict
+
+    spec = spec_from_dict({"train": {"batch_schedule": {"kind": "goodput"}}})
+    with pytest.raises(SpecError, match="batch schedule 'goodput' chooses the batch from the fitted models"):
+        caps_from_spec(spec, 64, 1, D, None)
+    both = spec_from_dict(
+        {"train": {"batch_schedule": {"kind": "goodput"}, "workers": {"max": 2, "batch_per_worker": 32}}}
+    )
+    assert "set train.workers.rule to 'plan'" in schedule_problem("lbt", both)
+    with pytest.raises(SpecError, match="train.noise_scale false turns off"):
+        spec_from_dict({"train": {"noise_scale": False, "batch_schedule": {"kind": "goodput"}}})

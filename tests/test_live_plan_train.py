@@ -7,7 +7,6 @@ import pytest
 from helpers import local_launcher, models_record
 
 from tula.core.errors import SpecError
-from tula.core.job_rules import NEEDS_MODELS
 from tula.core.perfmodel import PerfModel
 from tula.core.spec import spec_from_dict
 from tula.engine.train import train
@@ -63,5 +62,29 @@ def test_over_a_slow_link_the_world_stays_on_one_worker(tiny_spec_dict, tmp_path
 def test_the_plan_rule_without_models_is_refused_before_any_world(tiny_spec_dict, tmp_path):
     with pytest.raises(SpecError) as err:
         train(_spec(tiny_spec_dict), "lbt", 1, 32, tmp_path / "out", launcher=local_launcher())
-    assert str(err.value) == NEEDS_MODELS
+    assert str(err.value) == (
+        "train.workers.rule 'plan' chooses the worker count from the fitted models, and this run has none: "
+        "`tula run` passes them; give `tula train` the run's models.json with --models"
+    )
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.slow
+def test_the_goodput_schedule_moves_the_batch_with_the_measured_noise_scale(tiny_spec_dict, tmp_path):
+    from tula.core.live_plan import Ranker, choose_goodput
+    from tula.core.schedules import Caps
+
+    d = dict(tiny_spec_dict, epochs=3)
+    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "goodput", "max_growth": 2}}
+    perf = PerfModel("ring", 1_000, 1e-2, 1e-4)  # 0.1 ms x (100 + B) per step: the best batch is near sqrt(100 B_noise)
+    models = _models(perf)
+    # two workers (the noise scale needs two batch sizes: a rank's and the world's), kept: no train.workers
+    run = train(spec_from_dict(d), "lbt", 2, 32, tmp_path, launcher=local_launcher(), models=models)
+    ranker, caps = Ranker(models, "lbt"), Caps(DIGITS_TRAIN, min_workers=2, max_workers=2)
+    assert len({h["global_batch"] for h in run["history"]}) > 1, run["history"]  # the batch moved
+    for h, nxt in zip(run["history"], run["history"][1:]):
+        assert h["b_simple"] is not None and h["b_simple"] > 0  # measured in the epoch, on the ranks
+        assert "goodput: " in h["schedule"]["reason"]
+        # what trained next is the goodput choice for the B_simple the epoch measured
+        want = choose_goodput(ranker, caps, h["global_batch"], 2, h["b_simple"], 32, min_batch=32)
+        assert nxt["global_batch"] == want.option.global_batch, (h["b_simple"], want.reason)

@@ -19,7 +19,7 @@ from tula.core.errors import SpecError
 from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
 from tula.core.pricing import make_pricing
 from tula.core.registry import OBJECTIVES, method_info
-from tula.core.schedules import Caps, initial_state
+from tula.core.schedules import Caps, initial_state, schedule_info
 from tula.core.spec import BatchScheduleSpec, JobSpec
 
 
@@ -98,6 +98,11 @@ def schedule_problem(method: str, spec: JobSpec) -> str | None:
             "or train.workers: a schedule chooses its own accumulation where the memory caps the local batch "
             "(up to search.max_accumulation_steps); set train.accumulation_steps to 1, or train at a constant batch"
         )
+    if sched is not None and schedule_info(sched.kind).needs_models and workers is not None and workers.rule != "plan":
+        return (
+            f"batch schedule {sched.kind!r} chooses the worker count with the batch; set train.workers.rule to "
+            "'plan', or leave train.workers out to keep the worker count"
+        )
     if workers is not None and workers.min != workers.max and not info.resizable:
         return (
             f"method {method!r} keeps state per rank that cannot move to another worker count; train it with "
@@ -110,9 +115,9 @@ def schedule_problem(method: str, spec: JobSpec) -> str | None:
             f"method {method!r} already scales its LR with the global batch; set train.batch_schedule.lr_rule "
             "to 'keep' so that the LR is not scaled twice"
         )
-    if sched is not None and sched.kind == "adaptive" and not info.resizable:
+    if sched is not None and schedule_info(sched.kind).needs_b_simple and not info.resizable:
         return (
-            f"batch schedule 'adaptive' follows the gradient noise scale, which method {method!r} does not "
+            f"batch schedule {sched.kind!r} follows the gradient noise scale, which method {method!r} does not "
             "give (its workers do not synchronise their gradients); use another schedule"
         )
     return None
@@ -137,11 +142,25 @@ def state_from_spec(spec: JobSpec, first_batch: int, f0: float | None = None) ->
     )
 
 
-#: what a spec with ``train.workers.rule: plan`` and no models record is told
-NEEDS_MODELS = (
-    "train.workers.rule 'plan' chooses the worker count from the fitted models, and this run has none: "
-    "`tula run` passes them; give `tula train` the run's models.json with --models"
-)
+def needs_models_sentence(spec: JobSpec) -> str:
+    """What a run whose spec needs the fitted models (:func:`uses_models`) is told without them."""
+    sched = spec.train.batch_schedule
+    what = (
+        f"batch schedule {sched.kind!r} chooses the batch"
+        if sched is not None and schedule_info(sched.kind).needs_models
+        else "train.workers.rule 'plan' chooses the worker count"
+    )
+    return (
+        f"{what} from the fitted models, and this run has none: `tula run` passes them; give `tula train` "
+        "the run's models.json with --models"
+    )
+
+
+def uses_models(spec: JobSpec) -> bool:
+    """Whether training ``spec`` needs the fitted models: ``train.workers.rule: plan``, or a
+    batch schedule that ranks batches by them (``goodput``)."""
+    w, sched = spec.train.workers, spec.train.batch_schedule
+    return (w is not None and w.rule == "plan") or (sched is not None and schedule_info(sched.kind).needs_models)
 
 
 def caps_from_spec(
@@ -162,7 +181,8 @@ def caps_from_spec(
     w = spec.train.workers
     k_max = spec.search.max_accumulation_steps
     if w is None:
-        return Caps(dataset_size, max_local_batch, first_workers, first_workers, None, k_max)
+        rule = worker_plan(spec, models, method) if uses_models(spec) else None
+        return Caps(dataset_size, max_local_batch, first_workers, first_workers, None, k_max, rule)
     if w.rule == "plan":
         return Caps(dataset_size, max_local_batch, w.min, w.max, None, k_max, worker_plan(spec, models, method))
     bpw = w.batch_per_worker or max(1, first_batch // max(first_workers, 1))
@@ -170,11 +190,11 @@ def caps_from_spec(
 
 
 def worker_plan(spec: JobSpec, models: dict | None, method: str | None = None) -> WorkerPlan:
-    """The :class:`~tula.core.live_plan.WorkerPlan` of ``train.workers: {rule: plan}``: the
-    models rank by time, or by cost where the job's objective minimises cost."""
+    """The :class:`~tula.core.live_plan.WorkerPlan` of ``train.workers: {rule: plan}`` or of
+    the goodput schedule: the models rank by time, or by cost where the job's objective
+    minimises cost."""
     if not models:
-        raise SpecError(NEEDS_MODELS)
-    assert spec.train.workers is not None
+        raise SpecError(needs_models_sentence(spec))
     by_cost = OBJECTIVES[spec.objective].rule == "least_cost"
     ranker = Ranker(
         models,
@@ -182,7 +202,7 @@ def worker_plan(spec: JobSpec, models: dict | None, method: str | None = None) -
         "cost" if by_cost else "time",
         make_pricing(spec.pricing) if by_cost else None,
     )
-    threshold = spec.train.workers.threshold
+    threshold = spec.train.workers.threshold if spec.train.workers is not None else None
     return WorkerPlan(ranker, DEFAULT_THRESHOLD if threshold is None else threshold)
 
 

@@ -157,6 +157,25 @@ class WorkerPlan:
         chosen, why = choose_workers(options, current_workers, self.threshold)
         return chosen.global_batch, chosen.n_workers, chosen.accumulation_steps, why, [o.record() for o in options]
 
+    def choose_batch(
+        self,
+        caps: Caps,
+        current_batch: int,
+        current_workers: int | None,
+        b_noise: float,
+        reference_batch: int,
+        max_growth: float,
+        min_batch: int,
+        max_batch: int,
+    ) -> tuple[int, str]:
+        """The goodput schedule's batch (:func:`choose_goodput`) and its reason; its worker
+        count is then :meth:`choose`'s for that batch."""
+        c = choose_goodput(
+            self.ranker, caps, current_batch, current_workers, b_noise, reference_batch,
+            max_growth=max_growth, threshold=self.threshold, min_batch=min_batch, max_batch=max_batch,
+        )  # fmt: skip
+        return c.option.global_batch, c.reason
+
 
 def statistical_efficiency(global_batch: float, b_noise: float, reference_batch: float) -> float:
     """``(B_noise + B0) / (B_noise + B)``: the progress a sample makes at batch B relative to
@@ -238,7 +257,7 @@ def choose_goodput(
         if o.n_workers == current_workers and o.global_batch == current_batch
     ]
     said = f"B_noise {b_noise:.4g}, B0 {reference_batch}"
-    if here and here[0][0] is not best:
+    if here and here[0][0] != best:
         now, now_g = here[0]
         gain = best_g / now_g - 1.0 if now_g > 0 else math.inf
         if gain <= threshold:

@@ -136,6 +136,7 @@ class _Ctx:
     epoch_done: int
     history: Sequence[dict[str, Any]]
     cap: int  # the largest global batch allowed (memory x workers, max_batch, data set)
+    caps: Caps | None = None  # the bounds themselves (goodput reads their workers rule's models)
 
 
 class Schedule:
@@ -257,6 +258,33 @@ class Adaptive(Schedule):
         return new, f"adaptive: B_simple {float(bs):.4g} -> batch {_floor(new)}{limited}"
 
 
+class Goodput(Schedule):
+    """Pollux's goodput for one job: of the batches within ``max_growth`` of the current one,
+    the one whose best worker count has the largest predicted throughput times the
+    statistical efficiency (B_noise + B0) / (B_noise + B), B_noise the last epoch's B_simple
+    (:func:`tula.core.live_plan.choose_goodput`, through ``Caps.workers_rule``, which holds the
+    fitted models).  No B_simple (None, NaN): no change; an infinite one: towards the cap."""
+
+    name = "goodput"
+
+    def want(self, ctx):
+        s, p = ctx.state, ctx.state["params"]
+        cur = s["batch"]
+        if not ctx.history:
+            return s["b0"], f"goodput: starting at {s['b0']}"
+        bs = ctx.history[-1].get("b_simple")
+        if bs is None or (isinstance(bs, float) and math.isnan(bs)):
+            return cur, f"goodput: no B_simple measured, batch stays {cur}"
+        if math.isinf(float(bs)):
+            return min(cur * p["max_growth"], ctx.cap), "goodput: no gradient noise measurable, towards the cap"
+        rule = ctx.caps.workers_rule if ctx.caps is not None else None
+        if rule is None or not hasattr(rule, "choose_batch"):
+            raise SpecError("batch schedule 'goodput' needs the fitted models to rank batches")
+        lo = p["min_batch"] if p.get("min_batch") is not None else s["b0"]
+        batch, reason = rule.choose_batch(ctx.caps, cur, s["workers"], float(bs), s["b0"], p["max_growth"], lo, ctx.cap)
+        return batch, reason
+
+
 class Piecewise(Schedule):
     """``batches[i]`` during the i-th period of ``every_epochs`` epochs; after the list, its last."""
 
@@ -286,6 +314,8 @@ class ScheduleInfo:
         estimate the gradient noise scale)
     needs_train_loss : it reads ``train_loss`` from the epochs' records (a simulation needs
         a training run's losses to follow it)
+    needs_models : it ranks batches by the fitted models (the runner must have a models
+        record; ``Caps.workers_rule`` carries them)
     """
 
     name: str
@@ -296,6 +326,7 @@ class ScheduleInfo:
     owns_lr_milestones: bool = False
     needs_b_simple: bool = False
     needs_train_loss: bool = False
+    needs_models: bool = False
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
@@ -355,6 +386,18 @@ _TABLE = (
             Param("max_growth", float, 2.0, "largest factor the batch may grow or shrink by at one boundary", low=1.0),
         ),
         needs_b_simple=True,
+    ),
+    ScheduleInfo(
+        "goodput",
+        Goodput,
+        "the batch (and workers) of the largest predicted goodput: throughput x (B_noise + B0) / (B_noise + B), "
+        "Pollux's objective for one job; needs the fitted models",
+        (
+            Param("min_batch", int, None, "the smallest batch it goes to (default: the first batch)", low=1),
+            Param("max_growth", float, 2.0, "largest factor the batch may grow or shrink by at one boundary", low=1.0),
+        ),
+        needs_b_simple=True,
+        needs_models=True,
     ),
     ScheduleInfo(
         "piecewise",
@@ -668,7 +711,7 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
     s = copy.deepcopy(state)
     info = schedule_info(s["kind"])
     first = s["workers"] is None
-    ctx = _Ctx(s, epoch_done, list(history[:epoch_done]), _cap(caps, s["max_batch"]))
+    ctx = _Ctx(s, epoch_done, list(history[:epoch_done]), _cap(caps, s["max_batch"]), caps)
     k_now = s.get("accumulation_steps", 1)  # a state written before accumulation: k = 1
     keep = not first and _still_fits(s["batch"], s["workers"], k_now, caps, s["max_batch"])
     if first or epoch_done % s["every_epochs"] == 0:

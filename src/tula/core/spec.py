@@ -554,7 +554,9 @@ class BatchScheduleSpec(_Strict):
     at each ``train.lr_milestones`` the batch x 1/``train.lr_gamma`` instead of the LR decay,
     the LR decays once the batch is at its largest (Smith et al.); ``loss_ratio``:
     B0 x (F(w0) - F*) / (F(wk) - F*) (AdaDamp); ``adaptive``: follows the gradient noise
-    scale B_simple; ``piecewise``: the list ``batches``, one per period of ``every_epochs``.  B0 is the first global batch (``train.global_batch`` or the plan's).
+    scale B_simple; ``goodput``: the batch and workers of the largest predicted goodput (the
+    fitted models' throughput x the statistical efficiency from B_simple, Pollux's objective);
+    ``piecewise``: the list ``batches``, one per period of ``every_epochs``.  B0 is the first global batch (``train.global_batch`` or the plan's).
     Each parameter belongs to one kind; unset ones take that kind's default."""
 
     kind: Literal[SCHEDULE_NAMES] = "constant"  # type: ignore[valid-type]  # the names of tula.core.schedules.SCHEDULES
@@ -573,14 +575,16 @@ class BatchScheduleSpec(_Strict):
     delay: int | None = Field(default=None, description="geometric: epochs between growths (>= 1, default 5)")
     rate: float | None = Field(default=None, description="linear: samples added per model update (> 0, default 1)")
     f_star: float | None = Field(default=None, description="loss_ratio: the lowest reachable loss F* (default 0)")
-    min_batch: int | None = Field(default=None, description="adaptive: smallest batch (default: the first batch)")
+    min_batch: int | None = Field(
+        default=None, description="adaptive, goodput: smallest batch (default: the first batch)"
+    )
     band: float | None = Field(
         default=None,
         description="adaptive: relative difference between B_simple and the "
         "batch that is ignored (in (0, 1), default 0.2)",
     )
     max_growth: float | None = Field(
-        default=None, description="adaptive: largest factor per boundary (>= 1, default 2)"
+        default=None, description="adaptive, goodput: largest factor per boundary (>= 1, default 2)"
     )
     batches: list[int] | None = Field(
         default=None,

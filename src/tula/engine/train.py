@@ -51,6 +51,7 @@ from tula.core.job_rules import (
     schedule_problem,
     smallest_batch_for,
     state_from_spec,
+    uses_models,
     worker_plan,
 )
 from tula.core.noise_scale import NoiseScale
@@ -1072,7 +1073,7 @@ def _check_before_any_world(
         problem = schedule_problem(method, spec)
         if problem:
             raise SpecError(problem)
-    if spec.train.workers is not None and spec.train.workers.rule == "plan":
+    if uses_models(spec):
         worker_plan(spec, models, method)  # the models are there and rank this job's method
     _check_fixed_world(launcher, n_workers, spec)
     if spec.train.precision == "fp16":  # fp16 on a CPU: one sentence before any world
