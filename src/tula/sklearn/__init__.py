@@ -74,13 +74,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from tula.core.errors import SpecError, WorkloadError
-from tula.core.spec import import_ref
+from tula.core.spec import ModelSpec, import_ref
 from tula.sklearn.spec import (
     _PREFIX_TUPLE,
     DEFAULT_INITIAL_BATCH,
@@ -190,8 +190,6 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
     def __sklearn_clone__(self) -> _TulaEstimator:
         """As scikit-learn clones, except that a ``distributed.Client`` in ``cluster`` is shared
         by the clone (a connection cannot be deep-copied)."""
-        from sklearn.base import clone
-
         if self.cluster is None or isinstance(self.cluster, str):
             return super().__sklearn_clone__()
         params = self.get_params(deep=False)
@@ -275,7 +273,6 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
         """``module_``, built in this process from the object the user gave."""
         import torch.nn as nn
 
-        from tula.core.spec import ModelSpec
         from tula.engine.workloads import build_model
 
         m = self.module
