@@ -9,7 +9,7 @@ import math
 import pytest
 
 from tula.report import plot_training, training_figure
-from tula.service.dashboard import noise_chart, train_charts
+from tula.service.dashboard_charts import noise_chart, train_charts
 
 
 def run_record(b_simple: list, batches: list[int] | None = None) -> dict:

@@ -179,7 +179,7 @@ def test_the_dashboard_and_the_table_show_each_epoch_beside_its_prediction():
     from rich.console import Console
 
     from tula.report import train_table
-    from tula.service.dashboard import train_charts
+    from tula.service.dashboard_charts import train_charts
 
     history = [
         {"epoch": e, "global_batch": 200, "n_workers": 2, "epoch_time_s": 1.0, "epoch_end_s": 0.2,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from helpers import local_launcher
+from helpers import local_launcher, run_python
 from sklearn.base import clone
 from sklearn.datasets import load_digits, make_regression
 from sklearn.model_selection import GridSearchCV, cross_val_score
@@ -500,6 +500,53 @@ def test_any_optimiser_class_trains_with_its_own_settings():
     with pytest.raises(TulaError) as err:
         TulaClassifier(optimizer=torch.optim.RMSprop, optimizer__colour=1, max_epochs=1, batch_size=16).fit(X, y)
     assert "optimiser factory 'torch.optim.rmsprop:RMSprop' raised TypeError" in str(err.value)
+
+
+#: the processes a PidNet was built in
+PIDS: list[int] = []
+
+
+class PidNet(Net):
+    """Net, noting the process each one is built in."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        PIDS.append(os.getpid())
+
+
+def test_a_one_worker_fit_runs_its_rank_in_this_process():
+    """cluster=None: the launcher factory's local launcher, its world of one in this process."""
+    PIDS.clear()
+    X, y = np.random.RandomState(0).rand(40, 64).astype(np.float32), np.arange(40) % 10
+    TulaClassifier(PidNet, max_epochs=1, batch_size=8, device="cpu").fit(X, y)
+    assert PIDS == [os.getpid()] * len(PIDS) and len(PIDS) >= 2  # the rank's module and module_, both here
+
+
+def test_parameters_given_by_name_translate_to_a_job_spec_without_torch():
+    """The translation (tula.sklearn.spec) of parameters given by name loads no torch."""
+    code = """
+import sys
+from pathlib import Path
+from tula.sklearn import TulaRegressor
+est = TulaRegressor(max_epochs=3, batch_size="geometric", batch_size__initial=16, batch_size__factor=2,
+                    method="ags", method__delta=0.1, optimizer="adam", optimizer__weight_decay=0.0,
+                    workers__min=2, workers__max=4, workers__batch_per_worker=8, random_state=7,
+                    threads_per_worker=1, module__hidden=8)
+est._check_params()
+train, batch, n = est._train_spec(100)
+model = {"name": "mlp", "kwargs": est._module_kwargs((5, 3), 2)}
+spec, threads = est._job_spec(model, Path("arrays.npz"), est._optimizer_spec(), train, n)
+assert (batch, n, threads) == (16, 2, 1), (batch, n, threads)
+assert model["kwargs"] == {"hidden": 8, "in_features": 15, "num_classes": 2}, model
+t = spec.train
+assert (t.method, t.loss, t.ags.delta, t.batch_schedule.kind, t.workers.max) == ("ags", "mse", 0.1, "geometric", 4)
+assert (spec.optimizer.name, spec.optimizer.weight_decay, spec.epochs, spec.seed) == ("adam", 0.0, 3, 7)
+assert spec.search.cluster_sizes == [4] and spec.data.name == "arrays"
+loaded = [m for m in sys.modules if m == "torch" or m.startswith("torch.")]
+assert not loaded, f"torch was imported: {loaded[:5]}"
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
 
 
 def test_nan_targets_and_a_module_that_does_not_fit_the_data_are_one_sentence():

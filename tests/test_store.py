@@ -24,7 +24,9 @@ from tula.core.fit import fit_models
 from tula.core.plan import make_plan
 from tula.core.records import _jsonable, validate_record
 from tula.service.model_key import key_parts_for_new_job, model_key, model_key_parts, sample_shape
-from tula.service.store import VERSION_TABLE, Store, StoreError, UnknownJob, metadata
+from tula.service.store import Artifacts, JobQueue, ModelCache, Records, Store
+from tula.service.store.database import StoreError, UnknownJob
+from tula.service.store.schema import MIGRATIONS, VERSION_TABLE, metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -387,14 +389,41 @@ def test_models_are_found_by_key_newest_first(store, records, tiny_spec_dict):
         store.put_models(other, key, parts, records["plan"])
 
 
+# --------------------------------------------------------------------------- the parts of the store
+def test_each_part_of_the_store_works_alone_on_the_same_database(store_url, records, tiny_spec_dict, tmp_path):
+    """The job queue, the records, the artefacts and the model cache are each a class of one
+    job, usable alone; the Store is all of them on one database."""
+    parts = {cls: cls(store_url, data_dir=tmp_path / "data") for cls in (JobQueue, Records, Artifacts, ModelCache)}
+    try:
+        queue, recs, arts, cache = parts.values()
+        assert not hasattr(queue, "put_record") and not hasattr(recs, "claim_job")
+        assert not hasattr(arts, "find_models") and not hasattr(cache, "add_artifact")
+        job_id = queue.create_job(tiny_spec_dict)
+        assert queue.claim_job("runner-1")["id"] == job_id
+        recs.put_record(job_id, records["profile"])
+        png = arts.job_dir(job_id) / "plan.png"
+        png.write_bytes(b"\x89PNG")
+        arts.add_artifact(job_id, "plan.png", png)
+        key_parts = model_key_parts(tiny_spec_dict, records["profile"])
+        cache.put_models(job_id, model_key(key_parts), key_parts, records["models"])
+        with pytest.raises(UnknownJob, match="no job 'nosuchjob'"):
+            recs.put_record("nosuchjob", records["plan"])  # every part knows a job only from the queue's table
+    finally:
+        for p in parts.values():
+            p.close()
+    with Store(store_url, data_dir=tmp_path / "data") as store:
+        assert store.get_job(job_id)["state"] == "profiling"
+        assert store.get_record(job_id, "profile") == records["profile"]
+        assert store.artifacts(job_id) == {"plan.png": png}
+        assert store.find_models(model_key(key_parts)) == (records["models"], job_id)
+
+
 # --------------------------------------------------------------------------- opening and migrating
 def test_migrations_build_the_schema_from_empty_and_reopening_is_idempotent(store_url, tiny_spec_dict, tmp_path):
     from alembic.autogenerate import compare_metadata
     from alembic.config import Config
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
-
-    from tula.service.store import MIGRATIONS
 
     s = Store(store_url, data_dir=tmp_path / "data")
     job_id = s.create_job(tiny_spec_dict)

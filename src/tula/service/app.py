@@ -2,7 +2,8 @@
 
 Handlers validate and enqueue; runner processes (:mod:`tula.service.runner`) do the work.
 One router per resource (:data:`ROUTERS`: login, the service and its cluster, jobs, a job's
-records and plots, plans), and what they share on ``app.state`` (:func:`create_app`).
+records and plots, plans, the dashboard's pages), and what they share on ``app.state``
+(:func:`create_app`).
 Every error a client can cause is a JSON ``{"detail": "<one sentence>"}`` with its status
 (401 no or wrong token, 404 unknown job or record, 409 not yet there, 413 too large, 422 a
 bad spec or option).  Bound beyond loopback the service needs a token; requests carry it
@@ -34,6 +35,7 @@ from tula.core.errors import InfeasibleError, RecordError, SpecError, TulaError
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
 from tula.service.admission import admit, check_options, parse_json_body, parse_spec_text, too_deep
+from tula.service.dashboard import dashboard_router
 from tula.service.replan import Problem, Replan, replan_from_models
 from tula.service.settings import ServiceSettings
 from tula.service.store import JOB_STATES, RUNNING_STATES, Store, StoreError
@@ -485,17 +487,16 @@ async def plans(request: Request, body: PlanRequest) -> RecordResponse:
     )
 
 
-#: the API's routers, one per resource, in the order the application tries them
-ROUTERS = (login_router, service_router, jobs_router, records_router, plans_router)
+#: the API's routers, one per resource, and the dashboard's (:mod:`tula.service.dashboard`), in
+#: the order the application tries them
+ROUTERS = (login_router, service_router, jobs_router, records_router, plans_router, dashboard_router)
 
 
 def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
-    """The application: the routers of :data:`ROUTERS` and the dashboard's pages, what they
+    """The application: the routers of :data:`ROUTERS` (the dashboard's pages among them), what they
     share on ``app.state`` (``settings``, ``dispatch``, the ``store`` while the service runs and
     the ``finished_models`` of ended jobs), the error handlers and the token guard.  With
     ``dispatch`` its lifespan starts the job dispatcher."""
-    from tula.service.dashboard import mount_dashboard
-
     app = FastAPI(
         title="Tula",
         version=__version__,
@@ -510,7 +511,6 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
     app.add_middleware(_Guard, settings=settings)
     for router in ROUTERS:
         app.include_router(router)
-    mount_dashboard(app, lambda: app.state.store)
     return app
 
 

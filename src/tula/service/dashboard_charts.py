@@ -1,0 +1,539 @@
+"""The dashboard's charts: SVG drawn here, with no script and nothing fetched, from the same
+chart data as the PNGs (:func:`tula.report.plan_chart_data`; a training record's history).
+Every point carries its values as a hover title.
+
+:func:`svg_chart` draws one chart in named steps (the frame, the axes, the bands and rules,
+the lines, the points, the legend); :func:`plan_charts`, :func:`train_charts` and
+:func:`noise_chart` say what each of the dashboard's charts shows.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tula.core.noise_scale import (
+    SMOOTH_EPOCHS,
+    early_epochs,
+    early_noise_scale,
+    noise_scale_value,
+    smooth_noise_scale,
+)
+from tula.core.records import epoch_score
+from tula.core.say import plain
+
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def esc(x: Any) -> str:
+    """``x`` as text safe in HTML, attribute values included (markup is never taken from data)."""
+    return html.escape(plain(x), quote=True)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _fmt_tick(v: float) -> str:
+    """A log axis's tick: ``50``, ``2000``, ``1e4``, ``2e6``, ``0.01``."""
+    if 1e-3 <= v < 1e4:
+        return f"{v:g}"
+    m, e = f"{v:.0e}".split("e")
+    return f"{m}e{int(e)}"
+
+
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks between 10**lo and 10**hi: the decades, and 2 and 5 times them when fewer than
+    three decades fit."""
+    decades = range(math.floor(lo), math.ceil(hi) + 1)
+    mults = (1,) if sum(lo <= e <= hi for e in decades) >= 3 else (1, 2, 5)
+    return [m * 10.0**e for e in decades for m in mults if lo - 1e-9 <= math.log10(m * 10.0**e) <= hi + 1e-9]
+
+
+# --------------------------------------------------------------------------- one chart, step by step
+@dataclass(frozen=True)
+class _Frame:
+    """Where a chart's values land: the plot area inside the margins of a ``width`` x
+    ``height`` picture, and the axes' ranges ``x0..x1`` and ``y0..y1`` in their scales
+    (log2 of x with ``log_x``, log10 of y with ``log_y``)."""
+
+    width: int
+    height: int
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+    log_x: bool
+    log_y: bool
+    left: int = 64
+    right: int = 16
+    top: int = 28
+    bottom: int = 44
+
+    @property
+    def pw(self) -> int:
+        return self.width - self.left - self.right
+
+    @property
+    def ph(self) -> int:
+        return self.height - self.top - self.bottom
+
+    def ok(self, y: Any) -> bool:
+        """Whether ``y`` can be drawn: a finite number, above 0 on a log y axis."""
+        return _drawable(y, self.log_y)
+
+    def px(self, v: float) -> float:
+        tx = math.log2(v) if self.log_x else v
+        return self.left + (tx - self.x0) / (self.x1 - self.x0) * self.pw
+
+    def py(self, v: float) -> float:
+        ty = math.log10(v) if self.log_y else v
+        return self.top + self.ph - (ty - self.y0) / (self.y1 - self.y0) * self.ph
+
+
+def _drawable(y: Any, log_y: bool) -> bool:
+    return isinstance(y, (int, float)) and math.isfinite(y) and (y > 0 or not log_y)
+
+
+def _frame(lines: list[dict], points: list[dict], hlines: list[dict], bands: list[dict], **kw: Any) -> _Frame:
+    """The frame that shows every x above 0 and every drawable y (of the series, the
+    horizontal rules and the bands); ``kw``: width, height, log_x, log_y."""
+    log_x, log_y = kw["log_x"], kw["log_y"]
+    xs = [x for s in [*lines, *points] for x in s["x"] if x and x > 0] or [1]
+    ys = [y for s in [*lines, *points] for y in s["y"] if _drawable(y, log_y)]
+    ys += [h["at"] for h in hlines if _drawable(h["at"], log_y)]
+    ys += [v for b in bands for v in (b["lo"], b["hi"]) if _drawable(v, log_y)]
+    ys = ys or [1]
+    x0, x1 = (math.log2(min(xs)), math.log2(max(xs))) if log_x else (min(xs), max(xs))
+    if log_y:
+        lo, hi = math.log10(min(ys)), math.log10(max(ys))
+        pad = max(0.04 * (hi - lo), (1.0 - (hi - lo)) / 2)  # at least a decade shown
+        y0, y1 = lo - pad, hi + pad
+    else:
+        y0, y1 = min(0.0, min(ys)), max(ys) * 1.08 or 1.0
+    x1 = x1 if x1 > x0 else x0 + 1
+    return _Frame(kw["width"], kw["height"], x0, x1, y0, y1, log_x, log_y)
+
+
+def _axes(f: _Frame, x_label: str, y_label: str) -> list[str]:
+    """The y grid and ticks, the x ticks (powers of 2 on a log axis, a few round numbers on a
+    linear one), the axis labels and the plot area's border."""
+    left, top, pw, ph = f.left, f.top, f.pw, f.ph
+    if f.log_y:
+        y_ticks = [(v, _fmt_tick(v)) for v in _log_ticks(f.y0, f.y1)]
+    else:
+        y_ticks = [(v, _fmt(v)) for v in (f.y0 + (f.y1 - f.y0) * k / 4 for k in range(5))]
+    out = [
+        f"<line x1='{left}' x2='{left + pw}' y1='{f.py(v):.1f}' y2='{f.py(v):.1f}' stroke='#eee'/>"
+        f"<text x='{left - 6}' y='{f.py(v) + 4:.1f}' font-size='10' text-anchor='end'>{text}</text>"
+        for v, text in y_ticks
+    ]
+    if f.log_x:
+        decades = range(math.floor(f.x0), math.ceil(f.x1) + 1)
+        x_ticks = [(2.0**e, int(2.0**e)) for e in decades if f.x0 - 1e-9 <= e <= f.x1 + 1e-9]
+    else:
+        step = max(1, math.ceil((f.x1 - f.x0) / 6))
+        x_ticks = [(v, v) for v in range(math.ceil(f.x0), math.floor(f.x1) + 1, step)]
+    out += [
+        f"<text x='{f.px(v):.1f}' y='{top + ph + 14}' font-size='10' text-anchor='middle'>{t}</text>"
+        for v, t in x_ticks
+    ]
+    out.append(
+        f"<text x='{left + pw / 2}' y='{f.height - 8}' font-size='11' text-anchor='middle'>{esc(x_label)}</text>"
+        f"<text x='14' y='{top + ph / 2}' font-size='11' text-anchor='middle' "
+        f"transform='rotate(-90 14 {top + ph / 2})'>{esc(y_label)}</text>"
+        f"<rect x='{left}' y='{top}' width='{pw}' height='{ph}' fill='none' stroke='#999'/>"
+    )
+    return out
+
+
+def _bands_and_rules(f: _Frame, bands: list[dict], hlines: list[dict], vlines: list[dict]) -> list[str]:
+    """Shaded horizontal bands, then dashed horizontal and vertical rules, each with its title."""
+    out = []
+    for b in bands:
+        if f.ok(b["lo"]) and f.ok(b["hi"]):
+            y_top, y_bot = f.py(max(b["lo"], b["hi"])), f.py(min(b["lo"], b["hi"]))
+            out.append(
+                f"<rect class='band' data-label='{esc(b['label'])}' x='{f.left}' y='{y_top:.1f}' width='{f.pw}' "
+                f"height='{max(y_bot - y_top, 1.0):.1f}' fill='{b['color']}' fill-opacity='0.15'>"
+                f"<title>{esc(b.get('title', b['label']))}</title></rect>"
+            )
+    for h in hlines:
+        if f.ok(h["at"]):
+            out.append(
+                f"<line x1='{f.left}' x2='{f.left + f.pw}' y1='{f.py(h['at']):.1f}' y2='{f.py(h['at']):.1f}' "
+                f"stroke='{h['color']}' stroke-dasharray='6 3'><title>{esc(h.get('title', h['label']))}</title></line>"
+            )
+    for v in vlines:
+        out.append(
+            f"<line x1='{f.px(v['at']):.1f}' x2='{f.px(v['at']):.1f}' y1='{f.top}' y2='{f.top + f.ph}' "
+            f"stroke='{v['color']}' stroke-dasharray='2 3'><title>{esc(v['label'])}</title></line>"
+        )
+    return out
+
+
+def _polylines(f: _Frame, lines: list[dict]) -> list[str]:
+    """Each line through its drawable points."""
+    out = []
+    for s in lines:
+        pts = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in zip(s["x"], s["y"]) if x > 0 and f.ok(y))
+        out.append(
+            f"<polyline class='series' data-label='{esc(s['label'])}' points='{pts}' fill='none' "
+            f"stroke='{s['color']}' stroke-width='1.6'><title>{esc(s['label'])}</title></polyline>"
+        )
+    return out
+
+
+def _marker(s: dict, cx: float, cy: float) -> tuple[str, str]:
+    """The opening and the closing tag of a point's shape at (cx, cy): a star (``*``), a
+    diamond (``d``) or a dot."""
+    if s.get("marker") == "*":
+        corners = " ".join(
+            f"{cx + r * math.sin(i * math.pi / 5):.1f},{cy - r * math.cos(i * math.pi / 5):.1f}"
+            for i, r in enumerate([9, 4] * 5)
+        )
+        return f"<polygon points='{corners}' fill='gold' stroke='black'", "</polygon>"
+    if s.get("marker") == "d":
+        return (
+            f"<rect x='{cx - 4:.1f}' y='{cy - 4:.1f}' width='8' height='8' fill='none' "
+            f"stroke='{s['color']}' transform='rotate(45 {cx:.1f} {cy:.1f})'",
+            "</rect>",
+        )
+    return f"<circle cx='{cx:.1f}' cy='{cy:.1f}' r='{s.get('r', 4)}' fill='{s['color']}'", "</circle>"
+
+
+def _point_marks(f: _Frame, points: list[dict]) -> list[str]:
+    """Every drawable point, its values as its hover title."""
+    out = []
+    for s in points:
+        for x, y, t in zip(s["x"], s["y"], s["title"]):
+            if x > 0 and f.ok(y):
+                shape, end = _marker(s, f.px(x), f.py(y))
+                out.append(f"{shape} class='point' data-label='{esc(s['label'])}'><title>{esc(t)}</title>{end}")
+    return out
+
+
+def _legend(f: _Frame, keyed: list[dict], legend_at: str) -> list[str]:
+    """A colour key per entry of ``keyed``, at the top ``right`` or ``left``, on a light
+    backing so that the labels stay readable over the lines."""
+    ly, lx = f.top + 8, (f.left + 8 if legend_at == "left" else f.left + f.pw - 150)
+    out = []
+    if keyed:
+        wide = 22 + 5.6 * max(len(plain(s["label"])) for s in keyed)
+        out.append(
+            f"<rect x='{lx - 3}' y='{ly - 11}' width='{wide:.0f}' height='{13 * len(keyed) + 3}' "
+            "fill='#fff' fill-opacity='0.8'/>"
+        )
+    for s in keyed:
+        out.append(
+            f"<rect x='{lx}' y='{ly - 8}' width='10' height='10' fill='{s['color']}'/>"
+            f"<text x='{lx + 15}' y='{ly + 1}' font-size='10'>{esc(s['label'])}</text>"
+        )
+        ly += 13
+    return out
+
+
+def svg_chart(
+    title: str,
+    x_label: str,
+    y_label: str,
+    lines: list[dict],
+    points: list[dict],
+    hlines: list[dict] = (),
+    vlines: list[dict] = (),
+    log_x: bool = True,
+    width: int = 560,
+    height: int = 360,
+    log_y: bool = False,
+    bands: list[dict] = (),
+    legend_at: str = "right",
+) -> str:
+    """An SVG line/point chart.  ``lines``: ``{"x", "y", "color", "label"}``; ``points``:
+    ``{"x", "y", "color", "label", "title", "marker"}`` (marker ``o``, ``*`` or ``d``) whose
+    ``title`` shows on hover; ``hlines``/``vlines``: ``{"at", "color", "label"}``; ``bands``:
+    ``{"lo", "hi", "color", "label"}``, a shaded horizontal band across the chart.  A line,
+    point or band with ``"legend": True`` (hlines, bands) or not ``False`` (lines, points) is
+    in the legend, at the top ``right`` or ``left``.  ``log_y``: a base-10 y axis on which
+    the values that are not finite and above 0 are left out (``None`` and NaN always are)."""
+    f = _frame(lines, points, hlines, bands, width=width, height=height, log_x=log_x, log_y=log_y)
+    keyed = [*lines, *[p for p in points if p.get("legend", True)]]
+    keyed += [h for h in [*hlines, *bands] if h.get("legend", False)]
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' "
+        f"data-y-scale='{'log' if log_y else 'linear'}' aria-label='{esc(title)}'>"
+        f"<text x='{f.left}' y='18' font-size='13' font-weight='bold'>{esc(title)}</text>",
+        *_axes(f, x_label, y_label),
+        *_bands_and_rules(f, bands, hlines, vlines),
+        *_polylines(f, lines),
+        *_point_marks(f, points),
+        *_legend(f, keyed, legend_at),
+        "</svg>",
+    ]
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- the plan's charts
+def _cluster_series(chart: dict, metric: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """Per cluster size: the predicted line, the measured points, and (time only) the knee."""
+    unit = chart["unit"]
+    lines, points, vlines = [], [], []
+    for k, s in enumerate(chart["series"]):
+        col, n = COLORS[k % len(COLORS)], s["n_workers"]
+        lines.append(
+            {
+                "x": s["predicted"]["global_batch"],
+                "y": s["predicted"][metric],
+                "color": col,
+                "label": f"N={n} predicted",
+            }
+        )
+        m = s["measured"]
+        if m["global_batch"]:
+            points.append(
+                {
+                    "x": m["global_batch"],
+                    "y": m[metric],
+                    "color": col,
+                    "label": f"N={n} measured",
+                    "title": [
+                        f"measured N={n}, B={b}: {t:.4g} s, {c:.4g} {unit}"
+                        for b, t, c in zip(m["global_batch"], m["total_time_s"], m["cost"])
+                    ],
+                }
+            )
+        if s["knee_batch"] and metric == "total_time_s":
+            vlines.append({"at": s["knee_batch"], "color": col, "label": f"knee of N={n}: B={s['knee_batch']}"})
+    return lines, points, vlines
+
+
+def _frontier_and_choice(chart: dict, metric: str) -> list[dict]:
+    """The Pareto frontier's diamonds (when there is one) and the chosen configuration's star."""
+    unit, fr, c = chart["unit"], chart["frontier"], chart["choice"]
+    points = []
+    if fr:
+        points.append(
+            {
+                "x": [f["global_batch"] for f in fr],
+                "y": [f[metric] for f in fr],
+                "color": "#444",
+                "label": "Pareto frontier",
+                "marker": "d",
+                "title": [
+                    f"Pareto: N={f['n_workers']}, B={f['global_batch']}: {f['total_time_s']:.4g} s, "
+                    f"{f['cost']:.4g} {unit}"
+                    for f in fr
+                ],
+            }
+        )
+    points.append(
+        {
+            "x": [c["global_batch"]],
+            "y": [c[metric]],
+            "color": "gold",
+            "marker": "*",
+            "label": f"chosen: N={c['n_workers']}, B={c['global_batch']}",
+            "title": [
+                f"chosen: N={c['n_workers']}, B={c['global_batch']}: {c['total_time_s']:.4g} s, {c['cost']:.4g} {unit}"
+            ],
+        }
+    )
+    return points
+
+
+def _limits(chart: dict, metric: str) -> list[dict]:
+    """The deadline (on the time chart) or the budget (on the cost chart), when the plan has one."""
+    if metric == "total_time_s" and chart.get("deadline_s") is not None:
+        return [{"at": chart["deadline_s"], "color": "red", "label": f"deadline {chart['deadline_s']:.4g} s"}]
+    if metric == "cost" and chart.get("budget") is not None:
+        return [{"at": chart["budget"], "color": "red", "label": f"budget {chart['budget']:.4g} {chart['unit']}"}]
+    return []
+
+
+def plan_charts(chart: dict) -> str:
+    """Time and cost vs global batch: predicted lines and measured points per cluster size,
+    the knees, the Pareto frontier, the constraints and the choice (a star)."""
+    html_parts = []
+    for metric, label in (
+        ("total_time_s", f"training time for {chart['epochs']} epochs (s)"),
+        ("cost", f"cost ({chart['pricing']} pricing, {chart['unit']})"),
+    ):
+        lines, points, vlines = _cluster_series(chart, metric)
+        points += _frontier_and_choice(chart, metric)
+        title = label.split(" (")[0].split(" for")[0].capitalize() + " vs global batch"
+        html_parts.append(
+            svg_chart(title, "global batch B (log2)", label, lines, points, _limits(chart, metric), vlines)
+        )
+    return f"<div class='charts' id='plan-charts'>{''.join(html_parts)}</div>"
+
+
+# --------------------------------------------------------------------------- the training run's charts
+def _batch_series(h: list[dict], raw: list[float | None]) -> tuple[list[dict], list[dict]]:
+    """The global batch per epoch: its line, and a point per epoch with the epoch's figures."""
+    ep, batch = [r["epoch"] for r in h], [r["global_batch"] for r in h]
+    lines = [{"x": ep, "y": batch, "color": COLORS[2], "label": "global batch B"}]
+    points = [
+        {
+            "x": ep,
+            "y": batch,
+            "color": COLORS[2],
+            "label": "epochs",
+            "legend": False,
+            "r": 3,
+            "title": [
+                f"epoch {r['epoch']}: B={r['global_batch']} on N={r['n_workers']}, B_simple "
+                f"{'n/a' if b is None else _fmt(b)}, updates so far {r.get('steps_done')}"
+                for r, b in zip(h, raw)
+            ],
+        }
+    ]
+    return lines, points
+
+
+def _b_simple_series(ep: list[int], raw: list[float | None]) -> tuple[dict, dict]:
+    """B_simple's running median (a line) and its measured values (points)."""
+    line = {
+        "x": ep,
+        "y": smooth_noise_scale(raw),
+        "color": COLORS[3],
+        "label": f"B_simple, running median of {SMOOTH_EPOCHS} epochs",
+    }
+    points = {
+        "x": [x for x, b in zip(ep, raw) if b is not None],
+        "y": [b for b in raw if b is not None],
+        "color": COLORS[3],
+        "label": "B_simple per epoch",
+        "r": 2.5,
+        "title": [f"epoch {x}: B_simple {_fmt(b)}" for x, b in zip(ep, raw) if b is not None],
+    }
+    return line, points
+
+
+def _early_estimate(ep: list[int], raw: list[float | None]) -> tuple[list[dict], list[dict]]:
+    """The early-training estimate: its median as a rule and its p25-p75 as a band (none
+    when the first epochs measured too little)."""
+    early = early_noise_scale(raw)
+    if early is None:
+        return [], []
+    k = early_epochs(len(raw))
+    say = (
+        f"early B_simple {_fmt(early.median)}: the median of epochs {ep[0]}-{ep[k - 1]} "
+        f"({early.n} measured; p25-p75 {_fmt(early.p25)}-{_fmt(early.p75)}), the start-of-training "
+        "scale (the planner's B_noise is the profile's measurement of it)"
+    )
+    rule = {"at": early.median, "color": COLORS[4], "label": f"early B_simple {_fmt(early.median)}"}
+    band = {
+        "lo": early.p25,
+        "hi": early.p75,
+        "color": COLORS[4],
+        "label": f"early p25-p75 {_fmt(early.p25)}-{_fmt(early.p75)}",
+    }
+    return [{**rule, "title": say, "legend": True}], [{**band, "title": say, "legend": True}]
+
+
+def noise_chart(h: list[dict]) -> str:
+    """Per epoch, on a log axis: the global batch, B_simple's raw points and its running
+    median, and the early-training estimate (the median and p25-p75 of the first epochs')
+    marked as the start-of-training scale (rules: :mod:`tula.core.noise_scale`).  Values
+    that are not finite and above 0 are left out; without any, the title says not measured."""
+    ep = [r["epoch"] for r in h]
+    raw = [noise_scale_value(r.get("b_simple")) for r in h]
+    lines, points = _batch_series(h, raw)
+    hlines: list[dict] = []
+    bands: list[dict] = []
+    measured = any(b is not None for b in raw)
+    if measured:
+        line, marks = _b_simple_series(ep, raw)
+        lines.append(line)
+        points.append(marks)
+        hlines, bands = _early_estimate(ep, raw)
+    return svg_chart(
+        "Global batch and B_simple" if measured else "Global batch (B_simple not measured)",
+        "epoch",
+        "samples (log scale)",
+        lines,
+        points,
+        hlines,
+        log_x=False,
+        log_y=True,
+        bands=bands,
+        legend_at="left",
+    )
+
+
+def _score_chart(h: list[dict]) -> str:
+    """Test top-1 (or R^2, or test loss) and training loss per epoch, each epoch's figures on hover."""
+    ep = [r["epoch"] for r in h]
+    score = [epoch_score(r) for r in h]  # top-1, or R^2 for a regression run (train.loss mse)
+    label = score[0][0] if score else "top-1"
+    title = (
+        "Accuracy and loss" if label == "top-1" else "Test and train loss" if label == "loss" else f"{label} and loss"
+    )
+    train_loss = [r.get("train_loss", float("nan")) for r in h]
+    lines = [
+        {"x": ep, "y": [s[1] for s in score], "color": COLORS[0], "label": f"test {label}"},
+        {"x": ep, "y": train_loss, "color": COLORS[1], "label": "train loss"},
+    ]
+    points = [
+        {
+            "x": ep,
+            "y": [s[1] for s in score],
+            "color": COLORS[0],
+            "label": "epochs",
+            "legend": False,
+            "title": [
+                f"epoch {r['epoch']}: {s[0]} {s[2]}, loss {r.get('train_loss', float('nan')):.4f}, "
+                f"B={r['global_batch']}, N={r['n_workers']}"
+                for r, s in zip(h, score)
+            ],
+        }
+    ]
+    return svg_chart(title, "epoch", "value", lines, points, log_x=False)
+
+
+def _ags_chart(h: list[dict]) -> str:
+    """AGS's share of scaled steps per epoch."""
+    ep = [r["epoch"] for r in h]
+    scaled = [r.get("scaled_fraction", float("nan")) for r in h]
+    line = {"x": ep, "y": scaled, "color": COLORS[4], "label": "share of steps scaled"}
+    return svg_chart("AGS: steps scaled", "epoch", "fraction", [line], [], log_x=False)
+
+
+def _epoch_time_chart(h: list[dict]) -> str:
+    """Each epoch's measured time beside the plan's prediction of it."""
+    from tula.core.run_costs import measured_epoch_s
+
+    ep = [r["epoch"] for r in h]
+    measured = [measured_epoch_s(r) for r in h]
+    lines = [
+        {"x": ep, "y": measured, "color": COLORS[0], "label": "measured (steps, evaluation, checkpoint)"},
+        {
+            "x": ep,
+            "y": [r.get("predicted_epoch_s", float("nan")) for r in h],
+            "color": COLORS[2],
+            "label": "the plan's prediction",
+        },
+    ]
+    titles = [
+        f"epoch {r['epoch']}: {m:.3f} s measured, {r['predicted_epoch_s']:.3f} s planned "
+        f"({r['measured_to_predicted']:.2f}x)"
+        if r.get("predicted_epoch_s") and r.get("measured_to_predicted")
+        else f"epoch {r['epoch']}: {m:.3f} s measured"
+        for r, m in zip(h, measured)
+    ]
+    points = [{"x": ep, "y": measured, "color": COLORS[0], "label": "epochs", "legend": False, "title": titles}]
+    return svg_chart("Epoch time: measured and planned", "epoch", "seconds", lines, points, log_x=False)
+
+
+def train_charts(run: dict) -> str:
+    """Per epoch: test top-1 and training loss; global batch, workers and B_simple; AGS's
+    share of scaled steps where it has one; the measured epoch time beside the plan's
+    prediction where Tula planned the run."""
+    h = run["history"]
+    charts = [_score_chart(h), noise_chart(h)]
+    if any("scaled_fraction" in r for r in h):
+        charts.append(_ags_chart(h))
+    if any(r.get("predicted_epoch_s") for r in h):
+        charts.append(_epoch_time_chart(h))
+    return f"<div class='charts' id='train-charts'>{''.join(charts)}</div>"

@@ -1,0 +1,50 @@
+"""The store's model cache: fitted models records kept under their model key
+(:func:`tula.service.model_key.model_key`), so a later job with the same key reuses them
+instead of profiling and fitting again.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from tula.core.errors import RecordError
+from tula.core.records import MODELS_KIND, validate_record
+from tula.service.model_key import model_key
+from tula.service.store.database import Database, StoreError, now_utc
+from tula.service.store.schema import models_t, plain_json
+
+
+class ModelCache(Database):
+    """Models records by model key: put one, find the newest."""
+
+    def put_models(self, job_id: str, key: str, key_parts: dict, models: dict) -> None:
+        """Store the models record ``job_id`` fitted under ``key`` (= ``model_key(key_parts)``)."""
+        if model_key(key_parts) != key:
+            raise ValueError("key is not model_key(key_parts)")
+        body = plain_json(models)
+        validate_record(body, f"the models record given for job {job_id!r}", (MODELS_KIND,))
+        with self._write() as conn:
+            self._need_job(conn, job_id)
+            self._upsert(
+                conn,
+                models_t,
+                {"key": key, "job_id": job_id},
+                {"key_parts": plain_json(key_parts), "models": body, "created_at": now_utc()},
+            )
+
+    def find_models(self, key: str) -> tuple[dict, str] | None:
+        """The newest models record stored under ``key`` and the job that fitted it, or None."""
+        with self._read() as conn:
+            row = conn.execute(
+                sa.select(models_t.c.models, models_t.c.job_id)
+                .where(models_t.c.key == key)
+                .order_by(models_t.c.created_at.desc(), models_t.c.job_id)
+                .limit(1)
+            ).first()
+        if row is None:
+            return None
+        try:
+            validate_record(row.models, f"the models record of job {row.job_id!r} stored for reuse", (MODELS_KIND,))
+        except RecordError as err:
+            raise StoreError(str(err)) from None
+        return row.models, row.job_id

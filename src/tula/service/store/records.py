@@ -1,0 +1,167 @@
+"""Jobs' records in the store: the profile, models, plan and training records (checked when
+put and again when read), a profile's trials and a training record's epochs also as rows
+of their own, keyed by (job, N, B) and (job, epoch).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from tula.core.errors import RecordError
+from tula.core.records import MODELS_KIND, NAMES, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, validate_record
+from tula.service.store.database import Database, StoreError, now_utc
+from tula.service.store.schema import metrics_t, plain_json, records, trials_t
+
+#: the record kinds a job has (short name -> record kind)
+RECORD_KINDS = {"profile": PROFILE_KIND, "models": MODELS_KIND, "plan": PLAN_KIND, "train": TRAIN_KIND}
+_SHORT = {v: k for k, v in RECORD_KINDS.items()}
+
+
+def _short_kind(kind: str) -> str:
+    if kind in RECORD_KINDS:
+        return kind
+    if kind in _SHORT:
+        return _SHORT[kind]
+    raise ValueError(f"record kind must be one of {', '.join(RECORD_KINDS)}, not {kind!r}")
+
+
+class Records(Database):
+    """A job's records, and its trials and epochs as rows."""
+
+    def put_record(self, job_id: str, record: dict) -> None:
+        """Store ``record`` (a profile, models, plan or training record, checked first) as
+        ``job_id``'s record of its kind, replacing the one before.  A profile's trials and a
+        training record's epochs become rows keyed by (job, N, B) and (job, epoch): the rows
+        are made to match the record, so a partial record put again as it grows never
+        duplicates one."""
+        kind = record.get("kind") if isinstance(record, dict) else None
+        if kind not in _SHORT:
+            raise RecordError(
+                f"the record given for job {job_id!r} is not a profile, models, plan or training record (kind {kind!r})"
+            )
+        short = _short_kind(kind)
+        body = plain_json(record)
+        validate_record(body, f"the {NAMES[kind]} record given for job {job_id!r}")
+        now = now_utc()
+        with self._write() as conn:
+            self._need_job(conn, job_id)
+            self._upsert(conn, records, {"job_id": job_id, "kind": short}, {"body": body, "updated_at": now})
+            if short == "profile":
+                self._sync_rows(
+                    conn,
+                    trials_t,
+                    job_id,
+                    ("n_workers", "global_batch"),
+                    {(t["n_workers"], t["global_batch"]): _trial_row(t) for t in body["trials"]},
+                )
+            elif short == "train":
+                self._sync_rows(
+                    conn, metrics_t, job_id, ("epoch",), {(e["epoch"],): _metric_row(e) for e in body["history"]}
+                )
+
+    def get_record(self, job_id: str, kind: str) -> dict | None:
+        """``job_id``'s record of ``kind`` (``profile``, ``models``, ``plan``, ``train``, or the
+        record kind ``tula.profile`` ...), checked; None when there is none.  A damaged row is
+        a :class:`StoreError` naming the job and kind."""
+        short = _short_kind(kind)
+        name = NAMES[RECORD_KINDS[short]]
+        try:
+            with self._read() as conn:
+                body = conn.execute(
+                    sa.select(records.c.body).where(records.c.job_id == job_id, records.c.kind == short)
+                ).scalar_one_or_none()
+        except (ValueError, TypeError) as err:  # JSON that does not parse
+            raise StoreError(
+                f"the {name} record of job {job_id!r} in the store is damaged: it is not valid JSON "
+                f"({str(err).splitlines()[0][:120]})"
+            ) from None
+        if body is None:
+            return None
+        try:
+            validate_record(body, f"the {name} record of job {job_id!r} in the store", (RECORD_KINDS[short],))
+        except RecordError as err:
+            raise StoreError(str(err)) from None
+        return body
+
+    def trials(self, job_id: str) -> list[dict]:
+        """The trials of ``job_id``'s profile, as in its record, ordered by (N, B)."""
+        with self._read() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(trials_t.c.body)
+                    .where(trials_t.c.job_id == job_id)
+                    .order_by(trials_t.c.n_workers, trials_t.c.global_batch)
+                )
+                .scalars()
+                .all()
+            )
+        return list(rows)
+
+    def metrics(self, job_id: str) -> list[dict]:
+        """The epochs of ``job_id``'s training record (its history lines), ordered by epoch."""
+        with self._read() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(metrics_t.c.body).where(metrics_t.c.job_id == job_id).order_by(metrics_t.c.epoch)
+                )
+                .scalars()
+                .all()
+            )
+        return list(rows)
+
+    def _sync_rows(
+        self, conn: Connection, table: sa.Table, job_id: str, key_cols: tuple[str, ...], want: dict[tuple, dict]
+    ) -> None:
+        """Make ``job_id``'s rows of ``table`` exactly ``want`` (key tuple -> row values):
+        changed rows updated, new ones inserted, ones no longer there deleted."""
+        cols = [table.c[c] for c in key_cols]
+        have = {
+            tuple(r[:-1]): r[-1]
+            for r in conn.execute(sa.select(*cols, table.c.body).where(table.c.job_id == job_id)).all()
+        }
+        for k in have.keys() - want.keys():
+            conn.execute(sa.delete(table).where(table.c.job_id == job_id, *[c == v for c, v in zip(cols, k)]))
+        for k, row in want.items():
+            if k not in have:
+                conn.execute(sa.insert(table).values(job_id=job_id, **row))
+            elif have[k] != row["body"]:
+                conn.execute(
+                    sa.update(table)
+                    .where(table.c.job_id == job_id, *[c == v for c, v in zip(cols, k)])
+                    .values(**{c: v for c, v in row.items() if c not in key_cols})
+                )
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _trial_row(t: dict) -> dict:
+    return {
+        "n_workers": t["n_workers"],
+        "global_batch": t["global_batch"],
+        "local_batch": t["local_batch"],
+        "status": t["status"],
+        "t_step_s": _finite(t.get("t_step_s")),
+        "t_compute_s": _finite(t.get("t_compute_s")),
+        "t_sync_s": _finite(t.get("t_sync_s")),
+        "peak_mem_bytes": t.get("peak_mem_bytes"),
+        "body": t,
+    }
+
+
+def _metric_row(e: dict) -> dict:
+    return {
+        "epoch": e["epoch"],
+        "global_batch": e["global_batch"],
+        "n_workers": e["n_workers"],
+        "train_loss": _finite(e.get("train_loss")),
+        "test_loss": _finite(e.get("test_loss")),
+        "test_top1": _finite(e.get("test_top1")),
+        "epoch_time_s": _finite(e.get("epoch_time_s")),
+        "body": e,
+    }
