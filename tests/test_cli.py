@@ -132,3 +132,29 @@ def test_dead_worker_mid_profile_keeps_finished_trials(tmp_path, tiny_spec_dict)
     # partial search: N=1 at B=16 and 256 (fine), N=2 at B=16 (fine) and 256 (b=128: rank 1 dies)
     assert status == {(1, 16): "ok", (1, 256): "ok", (2, 16): "ok", (2, 256): "error"}
     assert "died" in next(t["note"] for t in rec["trials"] if t["status"] == "error")
+
+
+# --------------------------------------------------------------------------- tula train's steps, without a world
+def test_train_job_takes_the_command_lines_changes_to_the_spec():
+    from tula.cli import _train_job
+    from tula.core.spec import spec_from_dict
+
+    base = spec_from_dict({"name": "steps", "epochs": 5})
+    job = _train_job(base, None, 3, "geometric", 2)
+    assert job.epochs == 3 and job.train.accumulation_steps == 2
+    assert job.train.batch_schedule is not None and job.train.batch_schedule.kind == "geometric"
+    assert _train_job(base, None, None, None, None) == base  # nothing given: the spec as it is
+
+
+def test_train_config_takes_the_options_then_the_spec_then_the_workers_rule(tmp_path):
+    from tula.cli import _train_config
+    from tula.core.errors import TulaError
+    from tula.core.spec import spec_from_dict
+
+    job = spec_from_dict({"name": "steps", "train": {"n_workers": 2, "global_batch": 64}})
+    assert _train_config(job, None, None, None, None, False, tmp_path)[1:] == (2, 64)
+    assert _train_config(job, 4, 256, None, None, False, tmp_path)[1:] == (4, 256)
+    ruled = spec_from_dict({"name": "steps", "train": {"workers": {"min": 1, "max": 8, "batch_per_worker": 32}}})
+    assert _train_config(ruled, None, 100, None, None, False, tmp_path)[1:] == (4, 100)  # ceil(100 / 32)
+    with pytest.raises(TulaError, match="no configuration to train at: give --workers and --batch"):
+        _train_config(spec_from_dict({"name": "steps"}), 2, None, None, None, False, tmp_path)

@@ -33,3 +33,36 @@ def test_dead_rank_is_reported():
     with pytest.raises(WorkerError, match="rank 1 of 2 died"):
         local_launcher().run(workers.die_on_rank_one, 2, timeout_s=120)
     assert time.monotonic() - t0 < 60
+
+
+# --------------------------------------------------------------------------- the steps, without a world
+def test_rank_setups_give_each_rank_its_place_in_one_rendezvous():
+    from tula.engine.launch.local import rank_setups
+
+    setups = rank_setups(3, 29500, "cpu", 2, 45.0)
+    assert [(s.rank, s.local_rank, s.world_size, s.local_world_size) for s in setups] == [
+        (0, 0, 3, 3),
+        (1, 1, 3, 3),
+        (2, 2, 3, 3),
+    ]
+    assert {s.init_method for s in setups} == {"tcp://127.0.0.1:29500"}
+    assert {(s.device_kind, s.threads, s.pg_timeout_s) for s in setups} == {("cpu", 2, 45.0)}
+
+
+def test_lost_failures_name_the_silent_dead_before_the_ranks_a_stop_kills():
+    from tula.engine.launch.local import lost_failures
+
+    # rank 1 died by SIGKILL, rank 2 is still running after a stop: the dead one is the story
+    (dead,) = lost_failures([1], [None, -9, None], [1, 2], True, 60.0)
+    assert (dead.rank, dead.cause) == (1, "lost_worker")
+    assert dead.message == "died (was killed by SIGKILL) before returning a result"
+    assert lost_failures([1], [None, 3, None], [], False, 60.0)[0].message == (
+        "died (exited with code 3) before returning a result"
+    )
+    # nobody died: after a stop the ranks still running are killed, each said so
+    stopped = lost_failures([], [None, None, None], [0, 2], True, 60.0)
+    assert [(f.rank, f.cause) for f in stopped] == [(0, "interrupted"), (2, "interrupted")]
+    assert stopped[0].message == "killed: it did not stop within 60 s of the signal"
+    # no stop, nobody silent, or everyone answered: nothing lost
+    assert lost_failures([], [None, None], [0, 1], False, 60.0) == []
+    assert lost_failures([], [0, 0], [], True, 60.0) == []

@@ -234,3 +234,17 @@ def test_a_finished_runs_measured_ratio_scales_a_replan_of_its_method_only():
         replan_from_models(models, Replan(use_measured=True), None)
     with pytest.raises(Problem, match="no epoch to compare"):
         replan_from_models(models, Replan(use_measured=True), {"method": "ags", "history": []})
+
+
+def test_timed_indices_cover_the_time_asked_and_one_due_step():
+    from tula.engine.run_trial import MAX_STEPS, MIN_STEPS, timed_indices
+
+    # after warm-up steps 0 and 1: at least MIN_STEPS, or as many as 2 s at 0.1 s a pair
+    assert timed_indices(1, 0.0, 0.1, None) == list(range(2, 2 + MIN_STEPS))
+    assert timed_indices(1, 2.0, 0.1, None) == list(range(2, 22))
+    assert timed_indices(30, 2.0, 0.1, None) == list(range(2, 32))  # `timed` is a floor
+    assert len(timed_indices(1, 1e6, 0.1, None)) == MAX_STEPS  # the time asked is capped
+    assert len(timed_indices(1, 1.0, 0.0, None)) == MAX_STEPS  # an instant step: no division by 0
+    # periodic work every 4 steps falls due at 4 and 8 within 2..9; every 50: one due step added
+    assert timed_indices(1, 0.0, 0.1, 4) == list(range(2, 10))
+    assert timed_indices(1, 0.0, 0.1, 50) == [*range(2, 10), 50]

@@ -1,6 +1,7 @@
 """The what-if simulator (issue #11, part 2): alpha-beta collectives computed by hand, the
 fitted model reproduced at the profiled N, schedules' update counts, and the CLI's bad input."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,9 +12,11 @@ from tula.core.errors import TulaError
 from tula.core.fit import fit_models
 from tula.core.perfmodel import PerfModel
 from tula.core.records import save_record, validate_record
-from tula.core.schedules import Caps
+from tula.core.schedules import Caps, next_config, schedule_info
 from tula.core.simulate import (
     DEFAULT_WORKERS,
+    Simulator,
+    check_history,
     parse_collectives,
     parse_schedule,
     parse_workers,
@@ -417,3 +420,34 @@ def test_a_schedule_grows_through_accumulation_where_the_memory_caps_the_workers
     assert [e["global_batch"] for e in flat["epochs"]] == [64, 128, 128, 128]
     with pytest.raises(TulaError, match="max accumulation must be at least 1"):
         schedule_caps(rec, sim, 64, [1, 2], max_accumulation_steps=0)
+
+
+def test_check_history_refuses_a_schedule_it_cannot_replay():
+    check_history("geometric", schedule_info("geometric"), None, 5)  # reads nothing measured
+    with pytest.raises(TulaError, match="follows the b_simple measured while training"):
+        check_history("adaptive", schedule_info("adaptive"), None, 5)
+    with pytest.raises(TulaError, match="has 3 epochs, but 'loss_ratio' needs the first 4 to simulate 5"):
+        check_history("loss_ratio", schedule_info("loss_ratio"), [{}] * 3, 5)
+    check_history("loss_ratio", schedule_info("loss_ratio"), [{}] * 4, 5)  # the last epoch's is not read
+
+
+def test_each_epochs_configuration_is_decided_in_one_place_from_the_epochs_before():
+    """Simulator.decide is the seam a planner that decides while training replaces: the
+    simulated run asks it once per epoch, with the epochs done so far (a replayed history's
+    train_loss and b_simple in them)."""
+    seen: list[list[dict]] = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Watched(Simulator):
+        def decide(self, state, epoch, done, caps):
+            seen.append([dict(d) for d in done])
+            return next_config(state, epoch, done, caps)
+
+    base = simulator_from_models(_record(HAND, dataset_size=1000, epochs=3), bandwidth="1GB/s", latency="1us")
+    sim = Watched(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    history = [{"train_loss": 2.0, "b_simple": 10.0}, {"train_loss": 1.0, "b_simple": 20.0}]
+    res = sim.schedule("loss_ratio", 25, Caps(1000, None, 1, 8, 25), {}, ["ring"], history=history)[0]
+    assert [len(d) for d in seen] == [0, 1, 2]
+    assert [(d["train_loss"], d["b_simple"]) for d in seen[2]] == [(2.0, 10.0), (1.0, 20.0)]
+    assert [d["global_batch"] for d in seen[2]] == [e["global_batch"] for e in res["epochs"][:2]]
+    assert res == base.schedule("loss_ratio", 25, Caps(1000, None, 1, 8, 25), {}, ["ring"], history=history)[0]

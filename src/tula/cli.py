@@ -470,37 +470,14 @@ def plan(
     which constraint and by how much.  With spot pricing (--pricing kind=spot ...) times
     and costs are expected values with preemptions (lost work since the last checkpoint and
     a restart per preemption); --compare-spot sets spot against on-demand."""
-    from tula.core.records import MODELS_KIND, PROFILE_KIND, load_record
-    from tula.engine.rundir import check_out_file, locked
-    from tula.pipeline import fit_stage, plan_stage, profile_stage
+    from tula.engine.rundir import locked
+    from tula.pipeline import plan_stage
 
     price_over = _pricing_overrides(pricing)
-    is_spec = source.suffix.lower() in (".yaml", ".yml")
-    job = _with_cluster(load_spec(source), cluster) if is_spec else None
-    rec = None if is_spec else load_record(source, expect=(PROFILE_KIND, MODELS_KIND))
-    out = out or (RUNS / job.name / "plan.json" if job else source.parent / "plan.json")
-    check_out_file(out, force)
-    if is_spec:  # every record this command will write, checked before any work
-        for name in ("profile.json", "models.json"):
-            check_out_file(out.parent / name, force, what="the record")
-    elif rec["kind"] == PROFILE_KIND:
-        check_out_file(out.parent / "models.json", force, what="the record")
-    if plot is not None:
-        check_out_file(plot, force, what="--plot")
+    job, rec, out = _plan_source(source, cluster, out, plot, force)
     with locked(out.parent, on_stale=_stale_note):
         shown = _Console()
-        if is_spec:
-            prof = profile_stage(job, search.value, out.parent / "profile.json", observer=shown)
-            models = fit_stage(prof, out.parent / "models.json", shown)
-        elif rec["kind"] == PROFILE_KIND:
-            if is_partial(rec):
-                raise TulaError(
-                    f"{source} is a partial profile (its trials did not all finish); continue it with "
-                    f"`tula profile SPEC --out {_q(source)} --resume` first"
-                )
-            models = fit_stage(rec, out.parent / "models.json", shown)
-        else:
-            models = rec
+        models = _models_to_plan(source, job, rec, search, out.parent, shown)
         p = plan_stage(
             models,
             objective.value if objective else None,
@@ -518,6 +495,51 @@ def plan(
     if plot is not None:
         say(console, "plot written to ", (plot, "bold"))
     say(console, "plan written to ", (out, "bold"))
+
+
+def _plan_source(
+    source: Path, cluster: str | None, out: Path | None, plot: Path | None, force: bool
+) -> tuple[JobSpec | None, dict | None, Path]:
+    """What ``tula plan`` plans from -- a spec (``--cluster`` applied) or a profile or models
+    record -- and where the plan goes; every record the command will write is checked before
+    any work."""
+    from tula.core.records import MODELS_KIND, PROFILE_KIND, load_record
+    from tula.engine.rundir import check_out_file
+
+    is_spec = source.suffix.lower() in (".yaml", ".yml")
+    job = _with_cluster(load_spec(source), cluster) if is_spec else None
+    rec = None if is_spec else load_record(source, expect=(PROFILE_KIND, MODELS_KIND))
+    out = out or (RUNS / job.name / "plan.json" if job else source.parent / "plan.json")
+    check_out_file(out, force)
+    if is_spec:  # every record this command will write, checked before any work
+        for name in ("profile.json", "models.json"):
+            check_out_file(out.parent / name, force, what="the record")
+    elif rec["kind"] == PROFILE_KIND:
+        check_out_file(out.parent / "models.json", force, what="the record")
+    if plot is not None:
+        check_out_file(plot, force, what="--plot")
+    return job, rec, out
+
+
+def _models_to_plan(
+    source: Path, job: JobSpec | None, rec: dict | None, search: Search, into: Path, shown: Observer
+) -> dict:
+    """The models ``tula plan`` plans with: ``job`` profiled and fitted, the profile ``rec``
+    fitted, or the models ``rec`` itself; records written in ``into``."""
+    from tula.core.records import PROFILE_KIND
+    from tula.pipeline import fit_stage, profile_stage
+
+    if job is not None:
+        prof = profile_stage(job, search.value, into / "profile.json", observer=shown)
+        return fit_stage(prof, into / "models.json", shown)
+    if rec["kind"] == PROFILE_KIND:
+        if is_partial(rec):
+            raise TulaError(
+                f"{source} is a partial profile (its trials did not all finish); continue it with "
+                f"`tula profile SPEC --out {_q(source)} --resume` first"
+            )
+        return fit_stage(rec, into / "models.json", shown)
+    return rec
 
 
 @app.command()
@@ -554,12 +576,33 @@ def train(
     Checkpoints after every epoch (the last two are kept, with checksums); on out-of-memory
     the run resumes from the last checkpoint at the next smaller batch.  Ctrl-C stops at
     the next step and keeps the last finished epoch; --resume continues from it."""
-    from tula.core.job_rules import first_workers
-    from tula.core.records import PLAN_KIND, load_record
     from tula.engine.rundir import check_out_dir
     from tula.pipeline import train_stage
 
-    job = _with_cluster(load_spec(spec), cluster)
+    job = _train_job(load_spec(spec), cluster, epochs, schedule, accumulation)
+    out = check_out_dir(out or RUNS / job.name / "train")
+    job, n, b = _train_config(job, workers, batch, accumulation, plan, resume, out)
+    name = method.value if method else job.train.method
+    try:
+        train_stage(job, name, n, b, out, resume=resume, observer=_Console())
+    except Interrupted as err:
+        err.hint = (
+            f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
+            + (f" --accumulation {accumulation}" if accumulation is not None else "")
+            + (f" --epochs {epochs}" if epochs is not None else "")
+            + f" --out {_q(out)} --resume"
+            + (f" --cluster {_q(cluster)}" if cluster else "")
+            + (f" --schedule {schedule}" if schedule else "")
+        )
+        raise
+    say(console, "records and plot in ", (out, "bold"), ": train.json, metrics.jsonl, checkpoint.pt, train.png")
+
+
+def _train_job(
+    job: JobSpec, cluster: str | None, epochs: int | None, schedule: str | None, accumulation: int | None
+) -> JobSpec:
+    """The spec with ``tula train``'s --cluster, --epochs, --schedule and --accumulation in it."""
+    job = _with_cluster(job, cluster)
     if epochs is not None:
         job = spec_from_dict({**job.to_dict(), "epochs": epochs})
     if schedule is not None:
@@ -570,7 +613,25 @@ def train(
         d = job.to_dict()
         d["train"]["accumulation_steps"] = accumulation
         job = spec_from_dict(d)
-    out = check_out_dir(out or RUNS / job.name / "train")
+    return job
+
+
+def _train_config(
+    job: JobSpec,
+    workers: int | None,
+    batch: int | None,
+    accumulation: int | None,
+    plan: Path | None,
+    resume: bool,
+    out: Path,
+) -> tuple[JobSpec, int, int]:
+    """The (job, N, B) ``tula train`` trains at: --workers and --batch, else the spec's, else
+    the plan's choice (as it planned it, with its accumulation, when it gives both), the
+    launched world's size, the workers rule's N for the first batch, or the checkpoint's
+    (``resume``); one sentence when none gives both."""
+    from tula.core.job_rules import first_workers
+    from tula.core.records import PLAN_KIND, load_record
+
     n = workers if workers is not None else job.train.n_workers
     b = batch if batch is not None else job.train.global_batch
     if plan is not None:
@@ -597,20 +658,7 @@ def train(
             "no configuration to train at: give --workers and --batch, set train.n_workers and "
             "train.global_batch in the spec, or pass --plan plan.json"
         )
-    name = method.value if method else job.train.method
-    try:
-        train_stage(job, name, n, b, out, resume=resume, observer=_Console())
-    except Interrupted as err:
-        err.hint = (
-            f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
-            + (f" --accumulation {accumulation}" if accumulation is not None else "")
-            + (f" --epochs {epochs}" if epochs is not None else "")
-            + f" --out {_q(out)} --resume"
-            + (f" --cluster {_q(cluster)}" if cluster else "")
-            + (f" --schedule {schedule}" if schedule else "")
-        )
-        raise
-    say(console, "records and plot in ", (out, "bold"), ": train.json, metrics.jsonl, checkpoint.pt, train.png")
+    return job, n, b
 
 
 @app.command()
@@ -702,7 +750,6 @@ def simulate(
     from tula.core.records import MODELS_KIND, TRAIN_KIND, load_record
     from tula.core.simulate import parse_collectives, parse_schedule, parse_workers, simulator_from_models, what_if
     from tula.engine.rundir import check_out_file
-    from tula.report import plot_simulation, simulation_summary, simulation_tables
 
     colls = parse_collectives(collective)
     ns = parse_workers(workers)
@@ -737,6 +784,13 @@ def simulate(
         noise_scale,
         max_accumulation,
     )
+    _show_simulation(sim, w, out)
+
+
+def _show_simulation(sim, w, out: Path) -> None:
+    """Print a what-if's tables, summary, title and the simulator's notes; plot it to ``out``."""
+    from tula.report import plot_simulation, simulation_summary, simulation_tables
+
     for t in simulation_tables(sim, w.rows, sim.pricing.unit):
         console.print(t)
     console.print(simulation_summary(w.rows))
@@ -870,14 +924,7 @@ def serve(
     (TULA_MAX_EPOCHS, TULA_MAX_CONFIGS, TULA_MAX_REQUEST_BYTES, TULA_IMPORT_ALLOWLIST,
     TULA_DATA_ROOTS, TULA_STALE_AFTER_S, ...).  Ctrl-C stops the service; running jobs stop at
     their next step and resume when it starts again."""
-    import contextlib
-    import signal
-
-    import uvicorn
-
-    from tula.service.app import create_app
     from tula.service.settings import settings_from
-    from tula.service.store import Store
 
     settings = settings_from(
         host=host,
@@ -888,6 +935,15 @@ def serve(
         max_concurrent_jobs=max_concurrent_jobs,
         cluster=cluster,
     )
+    _ready_to_serve(settings)
+    _serve_until_stopped(settings)
+
+
+def _ready_to_serve(settings) -> None:
+    """Check that the service can start with ``settings`` -- its home, its store, its port: one
+    sentence each, before binding -- and say where it runs."""
+    from tula.service.store import Store
+
     settings.check_can_start()
     settings.home.mkdir(parents=True, exist_ok=True)
     Store(settings.store_url, settings.home).close()  # a store that cannot be opened: one sentence, before binding
@@ -899,6 +955,18 @@ def serve(
         f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in {settings.home}, "
         f"jobs run on {settings.cluster}",
     )
+
+
+def _serve_until_stopped(settings) -> None:
+    """Serve the app until Ctrl-C / SIGTERM (then :class:`Interrupted`, exit 130 / 143); a
+    server that could not start is one sentence."""
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    from tula.service.app import create_app
+
     stopped_by: list[int] = []
 
     class _Server(uvicorn.Server):

@@ -246,6 +246,96 @@ def _in_world(models: dict, launcher: Any, obs: Observer) -> dict:
     return {**models, "spec": spec}
 
 
+def _models_and_plan(
+    job: JobSpec,
+    out: Path,
+    search: str,
+    resuming: bool,
+    launcher: Any,
+    obs: Observer,
+    models: dict | None,
+    done: dict[str, dict],
+) -> tuple[dict, dict | None]:
+    """The run's fitted models, and its plan where one was already written: given or found
+    complete in ``out`` (``resuming``), or else profiled (a partial profile continued) and
+    fitted.  The profile, where there is one, goes into ``done``."""
+    prof_path, models_path, plan_path = out / PROFILE, out / MODELS, out / PLAN
+
+    def have(p: Path) -> bool:
+        return resuming and p.exists()
+
+    if models is None and have(models_path):
+        models = load_record(models_path, expect=(MODELS_KIND,))
+    prof = load_record(prof_path, expect=(PROFILE_KIND,)) if have(prof_path) else None
+    if models is not None and (prof is None or not is_partial(prof)):
+        if prof is not None:
+            done["profile"] = prof
+        if not have(models_path):
+            save_record(models, models_path)
+            obs.saved(MODELS_KIND, models, models_path)
+        else:
+            obs.note(f"models: {models_path} is complete")
+        return models, load_record(plan_path, expect=(PLAN_KIND,)) if have(plan_path) else None
+    if prof is None or is_partial(prof):
+        if prof is not None:
+            obs.note(
+                f"continuing the profile in {prof_path}: {profiled_trials(prof)} of "
+                f"{len(prof['configs'])} trial(s) already finished"
+            )
+        prof = profile_stage(job, search, prof_path, previous=prof, launcher=launcher, observer=obs)
+    else:
+        obs.note(f"profile: {prof_path} is complete")
+        obs.saved(PROFILE_KIND, prof, prof_path)
+    done["profile"] = prof
+    return fit_stage(prof, models_path, obs), None
+
+
+def _plan_of_run(
+    models: dict, plan: dict | None, objective: str | None, out: Path, launcher: Any, obs: Observer
+) -> dict:
+    """The run's plan: ``plan`` when one was found complete (its plot drawn if missing), else
+    made now."""
+    plan_path = out / PLAN
+    if plan is None:
+        return plan_stage(_in_world(models, launcher, obs), objective, plan_path, out / PLAN_PNG, obs)
+    obs.note(f"plan: {plan_path} is complete")
+    if not (out / PLAN_PNG).exists():
+        from tula.report import plot_plan
+
+        plot_plan(plan, models["trials"], out / PLAN_PNG)
+    obs.saved(PLAN_KIND, plan, plan_path)
+    return plan
+
+
+def _train_at_choice(
+    job: JobSpec, plan: dict, models: dict, out: Path, resuming: bool, launcher: Any, obs: Observer
+) -> dict:
+    """Train at the plan's choice in ``out``'s train directory, or, resuming a run whose
+    training finished, read its record."""
+    from tula.engine.checkpoint import has_checkpoint
+
+    c = plan["choice"]
+    job = at_choice(job, c)
+    method = training_method(job, c["global_batch"], obs)
+    train_dir = out / TRAIN_DIR
+    if resuming and (train_dir / TRAIN).exists():  # written only when training finished
+        run = load_record(train_dir / TRAIN, expect=(TRAIN_KIND,))
+        obs.note(f"training: {train_dir / TRAIN} is complete")
+        obs.saved(TRAIN_KIND, run, train_dir / TRAIN)
+        return run
+    return train_stage(
+        job,
+        method,
+        c["n_workers"],
+        c["global_batch"],
+        train_dir,
+        resume=resuming and has_checkpoint(train_dir),
+        launcher=launcher,
+        observer=obs,
+        models=models,
+    )
+
+
 def run_pipeline(
     job: JobSpec,
     out: Path,
@@ -266,75 +356,14 @@ def run_pipeline(
     (the service's reuse of a model measured by another job).  Returns the records by
     kind name (``profile`` -- absent when ``models`` was given --, ``models``, ``plan``,
     ``train``)."""
-    from tula.engine.checkpoint import has_checkpoint
-
     obs = observer or Observer()
     out.mkdir(parents=True, exist_ok=True)
-    prof_path, models_path, plan_path = out / PROFILE, out / MODELS, out / PLAN
     done: dict[str, dict] = {}
-
-    def have(p: Path) -> bool:
-        return resuming and p.exists()
-
-    if models is None and have(models_path):
-        models = load_record(models_path, expect=(MODELS_KIND,))
-    prof = load_record(prof_path, expect=(PROFILE_KIND,)) if have(prof_path) else None
-    if models is not None and (prof is None or not is_partial(prof)):
-        if prof is not None:
-            done["profile"] = prof
-        if not have(models_path):
-            save_record(models, models_path)
-            obs.saved(MODELS_KIND, models, models_path)
-        else:
-            obs.note(f"models: {models_path} is complete")
-        plan = load_record(plan_path, expect=(PLAN_KIND,)) if have(plan_path) else None
-    else:
-        if prof is None or is_partial(prof):
-            if prof is not None:
-                obs.note(
-                    f"continuing the profile in {prof_path}: {profiled_trials(prof)} of "
-                    f"{len(prof['configs'])} trial(s) already finished"
-                )
-            prof = profile_stage(job, search, prof_path, previous=prof, launcher=launcher, observer=obs)
-        else:
-            obs.note(f"profile: {prof_path} is complete")
-            obs.saved(PROFILE_KIND, prof, prof_path)
-        done["profile"] = prof
-        models = fit_stage(prof, models_path, obs)
-        plan = None
+    models, plan = _models_and_plan(job, out, search, resuming, launcher, obs, models, done)
     done["models"] = models
-    if plan is None:
-        plan = plan_stage(_in_world(models, launcher, obs), objective, plan_path, out / PLAN_PNG, obs)
-    else:
-        obs.note(f"plan: {plan_path} is complete")
-        if not (out / PLAN_PNG).exists():
-            from tula.report import plot_plan
-
-            plot_plan(plan, models["trials"], out / PLAN_PNG)
-        obs.saved(PLAN_KIND, plan, plan_path)
-    done["plan"] = plan
+    done["plan"] = _plan_of_run(models, plan, objective, out, launcher, obs)
     if train_after:
-        c = plan["choice"]
-        job = at_choice(job, c)
-        method = training_method(job, c["global_batch"], obs)
-        train_dir = out / TRAIN_DIR
-        if resuming and (train_dir / TRAIN).exists():  # written only when training finished
-            run = load_record(train_dir / TRAIN, expect=(TRAIN_KIND,))
-            obs.note(f"training: {train_dir / TRAIN} is complete")
-            obs.saved(TRAIN_KIND, run, train_dir / TRAIN)
-        else:
-            run = train_stage(
-                job,
-                method,
-                c["n_workers"],
-                c["global_batch"],
-                train_dir,
-                resume=resuming and has_checkpoint(train_dir),
-                launcher=launcher,
-                observer=obs,
-                models=models,
-            )
-        done["train"] = run
+        done["train"] = _train_at_choice(job, done["plan"], models, out, resuming, launcher, obs)
     return done
 
 

@@ -97,7 +97,16 @@ from tula.core.plan import epochs_to_accuracy, noise_assumed
 from tula.core.pricing import Pricing, SpotPricing, make_pricing
 from tula.core.records import MODELS_KIND, validate_record
 from tula.core.run_costs import RunCosts, epoch_time_s, run_costs_for
-from tula.core.schedules import SCHEDULE_NAMES, Caps, initial_state, next_config, schedule_info, steps_per_epoch
+from tula.core.schedules import (
+    SCHEDULE_NAMES,
+    Caps,
+    Decision,
+    ScheduleInfo,
+    initial_state,
+    next_config,
+    schedule_info,
+    steps_per_epoch,
+)
 from tula.core.spec import JobSpec, parse_bandwidth, parse_duration, spec_from_dict
 
 #: the default worker counts: 1, 2, 4, ..., 1024
@@ -300,19 +309,7 @@ class Simulator:
         info = schedule_info(kind)
         settings = dict(settings or {})
         common = {k: settings.pop(k) for k in ("every_epochs", "max_batch", "lr_rule") if k in settings}
-        reads = [f for f, need in (("train_loss", info.needs_train_loss), ("b_simple", info.needs_b_simple)) if need]
-        if reads:
-            if not history:
-                raise TulaError(
-                    f"batch schedule {kind!r} follows the {' and '.join(reads)} measured while training, "
-                    "which a performance model cannot predict; give a training run's record to replay "
-                    "(tula simulate --history train.json)"
-                )
-            if len(history) < self.epochs - 1:
-                raise TulaError(
-                    f"the training run to replay has {len(history)} epochs, but {kind!r} needs the "
-                    f"first {self.epochs - 1} to simulate {self.epochs}"
-                )
+        check_history(kind, info, history, self.epochs)
         state = initial_state(
             kind,
             int(first_batch),
@@ -323,10 +320,23 @@ class Simulator:
             lr_milestones=lr_milestones,
             lr_gamma=lr_gamma,
         )
+        epochs = self.schedule_epochs(state, caps, history)
+        return [self._schedule_result(label or kind, c, epochs) for c in parse_collectives(list(collectives))]
+
+    def decide(self, state: dict[str, Any], epoch: int, done: Sequence[dict], caps: Caps) -> Decision:
+        """The (N, B, k) of epoch ``epoch`` (0-based) after the epochs ``done``: the schedule's
+        rule (:func:`tula.core.schedules.next_config`).  The one place a simulated run decides
+        its configuration at a batch change."""
+        return next_config(state, epoch, done, caps)
+
+    def schedule_epochs(self, state: dict[str, Any], caps: Caps, history: Sequence[dict] | None) -> list[dict]:
+        """The configuration of each of the simulated run's epochs, decided epoch by epoch
+        (:meth:`decide`) from the epochs before it; their ``train_loss`` and ``b_simple`` are
+        replayed from ``history`` where it has them."""
         epochs: list[dict] = []
         done: list[dict] = []
         for e in range(self.epochs):
-            d = next_config(state, e, done, caps)
+            d = self.decide(state, e, done, caps)
             state = d.state
             steps = steps_per_epoch(self.dataset_size, d.global_batch)
             epochs.append(
@@ -352,43 +362,63 @@ class Simulator:
                     "b_simple": past.get("b_simple"),
                 }
             )
+        return epochs
+
+    def _schedule_result(self, name: str, collective: str, epochs: list[dict]) -> dict:
+        """The simulated run of ``epochs`` (:meth:`schedule_epochs`) with ``collective``: its
+        totals and each epoch's time and cost."""
         n = np.array([x["n_workers"] for x in epochs], float)
         b = np.array([x["local_batch"] for x in epochs], float)
         k = np.array([x["accumulation_steps"] for x in epochs], float)
         updates = np.array([x["steps"] for x in epochs], float)
-        out = []
-        for c in parse_collectives(list(collectives)):
-            t_step = self.t_step_s(c, b, n, k)
-            free = epoch_time_s(t_step, n * b, n, self.dataset_size, self.run_costs)
-            wall, cost = self._epoch_money(free, n, b, k)
-            per_epoch = [
-                {
-                    **x,
-                    "t_step_s": float(t_step[i]),
-                    "epoch_time_s": float(free[i]),
-                    "expected_time_s": float(wall[i]),
-                    "cost": float(cost[i]),
-                }
-                for i, x in enumerate(epochs)
-            ]
-            out.append(
-                {
-                    "schedule": label or kind,
-                    "collective": c,
-                    "updates": int(updates.sum()),
-                    "max_batch": int(max(x["global_batch"] for x in epochs)),
-                    "max_workers": int(n.max()),
-                    "max_accumulation_steps": int(k.max()),
-                    "resizes": int(np.sum(n[1:] != n[:-1])),
-                    "t_step_s": float(np.sum(free) / updates.sum()),
-                    "epoch_time_s": float(np.mean(free)),
-                    "failure_free_time_s": float(np.sum(free)),
-                    "total_time_s": float(np.sum(wall)),
-                    "cost": float(np.sum(cost)),
-                    "epochs": per_epoch,
-                }
-            )
-        return out
+        t_step = self.t_step_s(collective, b, n, k)
+        free = epoch_time_s(t_step, n * b, n, self.dataset_size, self.run_costs)
+        wall, cost = self._epoch_money(free, n, b, k)
+        per_epoch = [
+            {
+                **x,
+                "t_step_s": float(t_step[i]),
+                "epoch_time_s": float(free[i]),
+                "expected_time_s": float(wall[i]),
+                "cost": float(cost[i]),
+            }
+            for i, x in enumerate(epochs)
+        ]
+        return {
+            "schedule": name,
+            "collective": collective,
+            "updates": int(updates.sum()),
+            "max_batch": int(max(x["global_batch"] for x in epochs)),
+            "max_workers": int(n.max()),
+            "max_accumulation_steps": int(k.max()),
+            "resizes": int(np.sum(n[1:] != n[:-1])),
+            "t_step_s": float(np.sum(free) / updates.sum()),
+            "epoch_time_s": float(np.mean(free)),
+            "failure_free_time_s": float(np.sum(free)),
+            "total_time_s": float(np.sum(wall)),
+            "cost": float(np.sum(cost)),
+            "epochs": per_epoch,
+        }
+
+
+def check_history(kind: str, info: ScheduleInfo, history: Sequence[dict] | None, epochs: int) -> None:
+    """Refuse to simulate ``epochs`` epochs of a schedule that follows values measured while
+    training (``info``: its :class:`~tula.core.schedules.ScheduleInfo`) without a training
+    run's epochs to replay, or with fewer than it reads."""
+    reads = [f for f, need in (("train_loss", info.needs_train_loss), ("b_simple", info.needs_b_simple)) if need]
+    if not reads:
+        return
+    if not history:
+        raise TulaError(
+            f"batch schedule {kind!r} follows the {' and '.join(reads)} measured while training, "
+            "which a performance model cannot predict; give a training run's record to replay "
+            "(tula simulate --history train.json)"
+        )
+    if len(history) < epochs - 1:
+        raise TulaError(
+            f"the training run to replay has {len(history)} epochs, but {kind!r} needs the "
+            f"first {epochs - 1} to simulate {epochs}"
+        )
 
 
 def _per_byte(bandwidth_bytes_per_s: float) -> float:
@@ -487,7 +517,46 @@ def simulator_from_models(
         spec = spec_from_dict(d)
     perf = PerfModel.from_dict(rec["perf"])
     mem = MemoryModel.from_dict(rec["memory"])
-    placement = rec.get("placement") or {}
+    bw, lat, ibw, ilat, notes = _network(
+        perf, rec.get("placement") or {}, bandwidth, latency, intra_bandwidth, intra_latency
+    )
+    if not (isinstance(compute_speed, (int, float)) and math.isfinite(compute_speed) and compute_speed > 0):
+        raise TulaError(
+            f"the compute speed must be a positive factor (2: workers twice as fast), not {compute_speed!r}"
+        )
+    r = _ranks_per_node(rec["trials"], ranks_per_node)
+    _note_intra_link(notes, perf, ibw, ilat, r)
+    if epochs is not None and epochs < 1:
+        raise TulaError(f"epochs must be at least 1, not {epochs}")
+    max_local_batch = _max_local_batch(rec, mem, spec)
+    return Simulator(
+        perf=perf,
+        dataset_size=rec["dataset_size"],
+        epochs=epochs or spec.epochs,
+        pricing=make_pricing(spec.pricing),
+        memory=mem,
+        max_local_batch=max_local_batch,
+        bandwidth_bytes_per_s=bw,
+        latency_s=float(lat),
+        compute_speed=float(compute_speed),
+        ranks_per_node=r,
+        notes=tuple(notes.values()),
+        intra_bandwidth_bytes_per_s=ibw,
+        intra_latency_s=None if ilat is None else float(ilat),
+        run_costs=run_costs_for(rec, spec.train.method)[0],
+    )
+
+
+def _network(
+    perf: PerfModel,
+    placement: dict,
+    bandwidth: Any,
+    latency: Any,
+    intra_bandwidth: Any,
+    intra_latency: Any,
+) -> tuple[float, float, float | None, float | None, dict[str, str]]:
+    """The network read off the fit (:func:`_network_from_fit`) with the links given replacing
+    its parts, and the notes about what the fit could not tell that still apply."""
     bw, lat, ibw, ilat, notes = _network_from_fit(perf, placement)
     if bandwidth is not None:
         bw = _bandwidth(bandwidth, intra=False)
@@ -502,16 +571,27 @@ def simulator_from_models(
     if intra_latency is not None:
         ilat = _latency(intra_latency, intra=True)
         notes.pop("intra_latency", None)
-    if not (isinstance(compute_speed, (int, float)) and math.isfinite(compute_speed) and compute_speed > 0):
-        raise TulaError(
-            f"the compute speed must be a positive factor (2: workers twice as fast), not {compute_speed!r}"
-        )
-    ok = [t for t in rec["trials"] if t["status"] == "ok"]
-    if ranks_per_node is None:
-        ranks_per_node = ranks_per_node_of(rec["trials"]) or max((t["n_workers"] for t in ok), default=1)
-    r = int(ranks_per_node)
+    return bw, lat, ibw, ilat, notes
+
+
+def _ranks_per_node(trials: list[dict], given: int | None) -> int:
+    """The workers that share a node: ``given``, else the most ranks one host held when the
+    profile's worlds spanned several hosts, else the largest N profiled."""
+    if given is None:
+        ok = [t for t in trials if t["status"] == "ok"]
+        given = ranks_per_node_of(trials) or max((t["n_workers"] for t in ok), default=1)
+    r = int(given)
     if r < 1:
         raise TulaError(f"ranks per node must be at least 1, not {r}")
+    return r
+
+
+def _note_intra_link(
+    notes: dict[str, str], perf: PerfModel, ibw: float | None, ilat: float | None, ranks_per_node: int
+) -> None:
+    """Say in ``notes`` which parts of the intra-node link are taken to be the inter-node
+    one's (a fit across hosts without a world on one host alone); no intra-node note where no
+    two workers share a node."""
     assumed = [w for w, v in (("bandwidth", ibw), ("latency", ilat)) if v is None]
     if assumed and "beta_intra" in perf.frozen:  # fitted across hosts without a world on one host alone
         why = next(
@@ -522,30 +602,18 @@ def simulator_from_models(
             f"{why}: the intra-node {' and '.join(assumed)} taken to be the inter-node "
             f"{'ones' if len(assumed) > 1 else 'one'}; give an intra-node {' and '.join(assumed)}"
         )
-    if r == 1:  # no two workers share a node: the intra-node link is never used
+    if ranks_per_node == 1:  # no two workers share a node: the intra-node link is never used
         notes.pop("intra", None)
         notes.pop("intra_latency", None)
-    if epochs is not None and epochs < 1:
-        raise TulaError(f"epochs must be at least 1, not {epochs}")
+
+
+def _max_local_batch(rec: dict, mem: MemoryModel, spec: JobSpec) -> int | None:
+    """The largest local batch that fits: the memory model's within the budget, and below the
+    smallest local batch that ran out of memory while profiling (None: no limit known)."""
     b_mem = mem.max_local_batch(rec.get("memory_budget_bytes"), spec.search.memory_safety)
     b_oom = rec.get("oom_local_batch")
     limits = [x for x in (b_mem, None if b_oom is None else b_oom - 1) if x is not None]
-    return Simulator(
-        perf=perf,
-        dataset_size=rec["dataset_size"],
-        epochs=epochs or spec.epochs,
-        pricing=make_pricing(spec.pricing),
-        memory=mem,
-        max_local_batch=min(limits) if limits else None,
-        bandwidth_bytes_per_s=bw,
-        latency_s=float(lat),
-        compute_speed=float(compute_speed),
-        ranks_per_node=r,
-        notes=tuple(notes.values()),
-        intra_bandwidth_bytes_per_s=ibw,
-        intra_latency_s=None if ilat is None else float(ilat),
-        run_costs=run_costs_for(rec, spec.train.method)[0],
-    )
+    return min(limits) if limits else None
 
 
 def default_batch(models: dict) -> int:
@@ -652,18 +720,7 @@ def what_if(
         caps = schedule_caps(
             models, sim, b0, workers, min_workers, max_workers, batch_per_worker, max_accumulation_steps
         )
-        rows: list[dict] = []
-        for label, kind, given in schedules:
-            settings = schedule_settings(models, kind, given)
-            rows += sim.schedule(
-                kind, b0, caps, settings, collectives, job.train.lr_milestones, job.train.lr_gamma, history, label=label
-            )
-        title = (
-            f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
-            f"{caps.min_workers}, {caps.max_workers})"
-            + (f", up to {caps.max_accumulation_steps} accumulation steps" if caps.max_accumulation_steps > 1 else "")
-        )
-        return WhatIf(rows, title, None)
+        return _schedules_what_if(models, sim, job, b0, caps, collectives, schedules, history)
     big_b = batch or default_batch(models)
     fitted_collective = models["perf"]["collective"]
     measured = [
@@ -679,19 +736,51 @@ def what_if(
     title = f"{job.name}: constant global batch {big_b}"
     noise = noise_assumed(models, noise_scale, job.train.base_batch)
     if noise["b_noise"]:
-        e_acc = float(epochs_to_accuracy(sim.epochs, big_b, noise["b_noise"], noise["reference_batch"]))
-        for r in rows:
-            if r["total_time_s"] is None:
-                continue
-            t_acc = float(sim.pricing.expected_time_s(e_acc * r["epoch_time_s"], r["n_workers"], r["epoch_time_s"]))
-            r.update(epochs_to_accuracy=e_acc, time_to_accuracy_s=t_acc)
-            if r["cost"] is not None:
-                r["cost_to_accuracy"] = r["cost"] * t_acc / r["total_time_s"]
-        title += (
-            f"; to accuracy: {e_acc:.3g} epochs reach what {sim.epochs} reach at B0={noise['reference_batch']} "
-            f"(B_noise {noise['b_noise']:.3g}, {'a what-if' if noise['source'] == 'what-if' else 'profiled'})"
-        )
+        title += _to_accuracy(rows, sim, big_b, noise)
     return WhatIf(rows, title, measured)
+
+
+def _schedules_what_if(
+    models: dict,
+    sim: Simulator,
+    job: JobSpec,
+    b0: int,
+    caps: Caps,
+    collectives: Sequence[str],
+    schedules: Sequence[tuple[str, str, dict[str, Any]]],
+    history: list[dict] | None,
+) -> WhatIf:
+    """The what-if of each of ``schedules`` from the first batch ``b0`` under ``caps``."""
+    rows: list[dict] = []
+    for label, kind, given in schedules:
+        settings = schedule_settings(models, kind, given)
+        rows += sim.schedule(
+            kind, b0, caps, settings, collectives, job.train.lr_milestones, job.train.lr_gamma, history, label=label
+        )
+    title = (
+        f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
+        f"{caps.min_workers}, {caps.max_workers})"
+        + (f", up to {caps.max_accumulation_steps} accumulation steps" if caps.max_accumulation_steps > 1 else "")
+    )
+    return WhatIf(rows, title, None)
+
+
+def _to_accuracy(rows: list[dict], sim: Simulator, big_b: int, noise: dict) -> str:
+    """Add to each constant-batch row (at ``big_b``) with times the epochs, time and cost to
+    accuracy under the gradient noise scale ``noise`` (:func:`tula.core.plan.noise_assumed`);
+    the title's words for it."""
+    e_acc = float(epochs_to_accuracy(sim.epochs, big_b, noise["b_noise"], noise["reference_batch"]))
+    for r in rows:
+        if r["total_time_s"] is None:
+            continue
+        t_acc = float(sim.pricing.expected_time_s(e_acc * r["epoch_time_s"], r["n_workers"], r["epoch_time_s"]))
+        r.update(epochs_to_accuracy=e_acc, time_to_accuracy_s=t_acc)
+        if r["cost"] is not None:
+            r["cost_to_accuracy"] = r["cost"] * t_acc / r["total_time_s"]
+    return (
+        f"; to accuracy: {e_acc:.3g} epochs reach what {sim.epochs} reach at B0={noise['reference_batch']} "
+        f"(B_noise {noise['b_noise']:.3g}, {'a what-if' if noise['source'] == 'what-if' else 'profiled'})"
+    )
 
 
 def fitted_step_s(models: dict, local_batch, n_workers):

@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -42,6 +43,71 @@ from tula.engine.launch import WorkerContext
 
 MAX_STEPS = 60  # timed pairs of steps of a run trial at most
 MIN_STEPS = 8  # and at least: the extra is a difference of two medians
+
+
+def timed_indices(timed: int, min_timed_s: float, t_warm_s: float, every: int | None) -> list[int]:
+    """The indices of a run trial's timed steps, after its two warm-up steps (0 and 1): at
+    least ``timed`` and :data:`MIN_STEPS`, enough for ``min_timed_s`` at ``t_warm_s`` a pair of
+    steps (up to :data:`MAX_STEPS`), and, when the method's periodic work falls due every
+    ``every`` steps, at least one step at which it is due."""
+    n = max(timed, MIN_STEPS, min(MAX_STEPS, math.ceil(min_timed_s / max(t_warm_s, 1e-9))))
+    indices = list(range(2, 2 + n))
+    if every and not any(i % every == 0 for i in indices):
+        indices.append(every * math.ceil(indices[-1] / every))  # one due step: the periodic work's cost
+    return indices
+
+
+class _SideBySide:
+    """A run trial's two kinds of timed step: the trainer's and the profile's plain one."""
+
+    def __init__(self, ctx: WorkerContext, rt: Any, plain_step: Callable[[], None]):
+        self.ctx, self.rt, self.plain_step = ctx, rt, plain_step
+        self.batches = data_path(rt.data, ctx.device).random_batches(rt.local_batch, torch.Generator().manual_seed(7))
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+
+    def step(self, index: int) -> float:
+        """One step as the training loop runs it (_RankTrainer.run_epoch): the ranks' stop
+        check (its answer is the profile's to act on, at its next trial boundary), the
+        batch, the method's step, the loss summed on the device."""
+        ctx = self.ctx
+        t0 = time.perf_counter()
+        if ctx.stop is not None:
+            ctx.stop.poll()
+        x, y = next(self.batches)
+        self.loss_sum += self.rt.train_step(index, x, y).double()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        return time.perf_counter() - t0
+
+    def plain(self) -> float:
+        t0 = time.perf_counter()
+        self.plain_step()
+        return time.perf_counter() - t0
+
+
+def _time_epoch_end(ctx: WorkerContext, spec: JobSpec, rt: Any, loss_sum: torch.Tensor, train_s: float) -> tuple:
+    """One epoch's end, as training runs it (evaluation once first: its shapes' first run):
+    ``(eval_s, epoch_end_s)``."""
+    from tula.engine.train import evaluate
+
+    with rt.prec.autocast():
+        evaluate(rt.model, rt.data, rt.rank, rt.world, spec.train.eval_batch, ctx.device, spec.train.loss, rt.loss_fn)
+    if ctx.stop is not None:
+        ctx.stop.drain()  # the last step's stop check, before the epoch end's collectives
+    t0 = time.perf_counter()
+    rec, _ = rt.epoch_record(0, loss_sum, train_s)
+    return rec["eval_s"], time.perf_counter() - t0
+
+
+def _time_checkpoint(ctx: WorkerContext, rt: Any, out: str) -> float:
+    """The checkpoint's second write into ``out`` (as every epoch after the first writes it), on
+    rank 0; 0.0 on the others."""
+    if ctx.rank != 0:
+        return 0.0
+    save_checkpoint(rt.checkpoint_state(0, rt.now()), out)
+    t0 = time.perf_counter()
+    save_checkpoint(rt.checkpoint_state(0, rt.now()), out)
+    return time.perf_counter() - t0
 
 
 def run_trial(
@@ -58,7 +124,7 @@ def run_trial(
     step is a difference measured side by side; this rank's figures (the caller takes the
     slowest rank per step).  ``{"status": "oom", ...}`` when the trainer's own probe step
     does not fit."""
-    from tula.engine.train import _RankTrainer, evaluate
+    from tula.engine.train import _RankTrainer
 
     method = spec.train.method
     out = tempfile.mkdtemp(prefix="tula-run-trial-")
@@ -69,57 +135,18 @@ def run_trial(
         if rt.probe() is not None:
             return {**base, "status": "oom"}
         every = getattr(rt.method, "update_every", None)  # the method's periodic work: every so many steps
-        batches = data_path(rt.data, ctx.device).random_batches(rt.local_batch, torch.Generator().manual_seed(7))
+        pair = _SideBySide(ctx, rt, plain_step)
         rt.model.train()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
-
-        def step(index: int) -> float:
-            """One step as the training loop runs it (_RankTrainer.run_epoch): the ranks' stop
-            check (its answer is the profile's to act on, at its next trial boundary), the
-            batch, the method's step, the loss summed on the device."""
-            nonlocal loss_sum
-            t0 = time.perf_counter()
-            if ctx.stop is not None:
-                ctx.stop.poll()
-            x, y = next(batches)
-            loss_sum += rt.train_step(index, x, y).double()
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            return time.perf_counter() - t0
-
-        def plain() -> float:
-            t0 = time.perf_counter()
-            plain_step()
-            return time.perf_counter() - t0
-
-        step(0)  # warm-up, and the first periodic measurement (step 0 is due)
-        plain()
-        t_warm = step(1) + plain()
-        n = max(timed, MIN_STEPS, min(MAX_STEPS, math.ceil(min_timed_s / max(agree_max(t_warm, ctx.device), 1e-9))))
-        indices = list(range(2, 2 + n))
-        if every and not any(i % every == 0 for i in indices):
-            indices.append(every * math.ceil(indices[-1] / every))  # one due step: the periodic work's cost
+        pair.step(0)  # warm-up, and the first periodic measurement (step 0 is due)
+        pair.plain()
+        t_warm = pair.step(1) + pair.plain()
+        indices = timed_indices(timed, min_timed_s, agree_max(t_warm, ctx.device), every)
         times, plains = [], []
         for i in indices:  # side by side: both see the same machine noise
-            times.append(step(i))
-            plains.append(plain())
+            times.append(pair.step(i))
+            plains.append(pair.plain())
         due = [bool(every) and i % every == 0 for i in indices]
-        # one epoch's end, as training runs it (evaluation once first: its shapes' first run)
-        with rt.prec.autocast():
-            evaluate(
-                rt.model, rt.data, rt.rank, rt.world, spec.train.eval_batch, ctx.device, spec.train.loss, rt.loss_fn
-            )
-        if ctx.stop is not None:
-            ctx.stop.drain()  # the last step's stop check, before the epoch end's collectives
-        t0 = time.perf_counter()
-        rec, _ = rt.epoch_record(0, loss_sum, sum(times))
-        epoch_end_s = time.perf_counter() - t0
-        checkpoint_s = 0.0
-        if ctx.rank == 0:  # the second write, as every epoch after the first writes it
-            save_checkpoint(rt.checkpoint_state(0, rt.now()), out)
-            t0 = time.perf_counter()
-            save_checkpoint(rt.checkpoint_state(0, rt.now()), out)
-            checkpoint_s = time.perf_counter() - t0
+        eval_s, epoch_end_s = _time_epoch_end(ctx, spec, rt, pair.loss_sum, sum(times))
         return {
             **base,
             "status": "ok",
@@ -129,9 +156,9 @@ def run_trial(
             "step_times_s": times,
             "plain_step_times_s": plains,
             "due": due,
-            "eval_s": rec["eval_s"],
+            "eval_s": eval_s,
             "epoch_end_s": epoch_end_s,
-            "checkpoint_s": checkpoint_s,
+            "checkpoint_s": _time_checkpoint(ctx, rt, out),
         }
     finally:
         rt.data.close()

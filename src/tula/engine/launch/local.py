@@ -77,6 +77,176 @@ def _exit_text(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+def rank_setups(
+    n_workers: int, port: int, device: str, threads_per_worker: int | None, pg_timeout_s: float
+) -> list[RankSetup]:
+    """Each rank's setup in a world of ``n_workers`` local processes meeting at 127.0.0.1:``port``."""
+    return [
+        RankSetup(
+            r,
+            n_workers,
+            f"tcp://127.0.0.1:{port}",
+            device,
+            threads_per_worker,
+            pg_timeout_s,
+            local_rank=r,  # rank r: GPU r of the visible ones
+            local_world_size=n_workers,
+        )
+        for r in range(n_workers)
+    ]
+
+
+def lost_failures(
+    silent: list[int],
+    exitcodes: list[int | None],
+    unfinished: list[int],
+    stopped: bool,
+    stop_grace_s: float,
+) -> list[RankFailure]:
+    """The failures of ranks that said nothing: those that died silently (``silent``, by their
+    exit codes), or else, after a stop signal, those still running (``unfinished``) that are
+    about to be killed.  Empty when no rank is lost."""
+    lost = [
+        RankFailure(r, "lost_worker", f"died ({_exit_text(exitcodes[r])}) before returning a result") for r in silent
+    ]
+    if stopped and unfinished and not lost:
+        lost = [
+            RankFailure(r, "interrupted", f"killed: it did not stop within {stop_grace_s:.0f} s of the signal")
+            for r in unfinished
+        ]
+    return lost
+
+
+class _LocalWorld:
+    """The processes of one local world, the queue they report on, and what they reported."""
+
+    def __init__(
+        self,
+        setups: list[RankSetup],
+        fn: Callable[..., Any],
+        args: tuple,
+        on_event: Callable[[int, dict], None] | None,
+    ):
+        self.n_workers = len(setups)
+        self.on_event = on_event
+        ctx = rank_context()  # ranks fork from a server that has imported torch (tula.engine.forkserver)
+        # a SimpleQueue writes each message to the pipe before put() returns, so a rank that
+        # dies right after an event (os._exit, SIGKILL) has still delivered it
+        self.q = ctx.SimpleQueue()
+        # not daemonic: a rank may start DataLoader worker processes; ranks end with this
+        # process anyway (PR_SET_PDEATHSIG) and are joined or killed by close()
+        self.procs = [
+            ctx.Process(
+                target=_rank_main,
+                args=(s, fn, args, self.q, dict(os.environ)),
+                daemon=False,
+                name=f"tula-rank-{s.rank}",
+            )
+            for s in setups
+        ]
+        self.results: dict[int, Any] = {}
+        self.failures: dict[int, RankFailure] = {}
+        self.killed: set[int] = set()
+        self.first_failure_at: float | None = None
+        self.stop_at: list[float] = []
+
+    def start(self) -> None:
+        with without_main_module():  # a script without the main guard is not run again in each rank
+            for p in self.procs:
+                p.start()
+
+    def forward(self, signum: int) -> None:
+        """Pass a stop signal on to the ranks still running."""
+        self.stop_at.append(time.monotonic())
+        for p in self.procs:
+            if p.pid is not None and p.is_alive():
+                try:
+                    os.kill(p.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    def take(self, msg: tuple) -> None:
+        """One message from a rank: an event, its result or its failure."""
+        kind, rank = msg[0], msg[1]
+        if kind == "event":
+            if self.on_event is not None:
+                self.on_event(rank, msg[2])
+        elif kind == "result":
+            self.results[rank] = msg[2]
+        else:
+            self.failures[rank] = msg[2]
+            self.first_failure_at = self.first_failure_at or time.monotonic()
+
+    def drain(self) -> None:
+        while not self.q.empty():
+            self.take(self.q.get())
+
+    def unfinished(self) -> list[int]:
+        return [r for r in range(self.n_workers) if r not in self.results and r not in self.failures]
+
+    def silent_dead(self) -> list[int]:
+        """The ranks that exited without a result or a failure (and were not killed here)."""
+        return [
+            r
+            for r, p in enumerate(self.procs)
+            if p.exitcode is not None and r not in self.results and r not in self.failures and r not in self.killed
+        ]
+
+    def _lost_for_good(self) -> bool:
+        """Whether a rank died silently, after its last words had time to arrive."""
+        if not self.silent_dead():
+            return False
+        self.drain()  # most often its result was already in the queue
+        if not self.silent_dead():
+            return False
+        time.sleep(0.5)  # the other ranks' last words may still be coming
+        self.drain()
+        return bool(self.silent_dead())
+
+    def wait(self, grace_s: float, stop_grace_s: float, deadline: float | None) -> bool:
+        """Take messages until every rank has answered, one failed ``grace_s`` ago, one died
+        silently, a stop signal is ``stop_grace_s`` old; True (the unanswered ranks killed)
+        when ``deadline`` passed first."""
+        while len(self.results) + len(self.failures) < self.n_workers:
+            if not self.q.empty():
+                self.take(self.q.get())
+                continue
+            time.sleep(0.02)
+            now = time.monotonic()
+            if self.failures and now - self.first_failure_at > grace_s:
+                break
+            if self._lost_for_good():
+                break
+            if self.stop_at and now - self.stop_at[0] > stop_grace_s:
+                break
+            if deadline is not None and now > deadline:
+                for r in self.unfinished():
+                    self.killed.add(r)
+                    self.procs[r].kill()
+                return True
+        return False
+
+    def lost(self, stop_grace_s: float) -> list[RankFailure]:
+        """The ranks lost without a word (:func:`lost_failures`)."""
+        return lost_failures(
+            self.silent_dead(),
+            [p.exitcode for p in self.procs],
+            self.unfinished(),
+            bool(self.stop_at),
+            stop_grace_s,
+        )
+
+    def close(self) -> None:
+        """Join the ranks (kill those that linger) and close the queue."""
+        for p in self.procs:
+            p.join(timeout=5 if not self.failures else 0.5)
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self.q.close()
+
+
 class LocalLauncher:
     """One process per rank on this machine (gloo on CPU, NCCL on GPU).
 
@@ -144,131 +314,28 @@ class LocalLauncher:
         check_ranks_fit(n_workers, self.gpus_per_host, "this machine (the local launcher runs every rank here)")
         if self.in_process and n_workers == 1 and timeout_s is None and not dist.is_initialized():
             return self._run_here(fn, args, on_event)
-        ctx = rank_context()  # ranks fork from a server that has imported torch (tula.engine.forkserver)
-        # a SimpleQueue writes each message to the pipe before put() returns, so a rank that
-        # dies right after an event (os._exit, SIGKILL) has still delivered it
-        q = ctx.SimpleQueue()
-        port = free_port()
         pg_timeout = self.pg_timeout_s or max(30.0, timeout_s or 600.0)
-        setups = [
-            RankSetup(
-                r,
-                n_workers,
-                f"tcp://127.0.0.1:{port}",
-                self.device,
-                self.threads_per_worker,
-                pg_timeout,
-                local_rank=r,  # rank r: GPU r of the visible ones
-                local_world_size=n_workers,
-            )
-            for r in range(n_workers)
-        ]
-        # not daemonic: a rank may start DataLoader worker processes; ranks end with this
-        # process anyway (PR_SET_PDEATHSIG) and are joined or killed below
-        procs = [
-            ctx.Process(
-                target=_rank_main, args=(s, fn, args, q, dict(os.environ)), daemon=False, name=f"tula-rank-{s.rank}"
-            )
-            for s in setups
-        ]
-        results: dict[int, Any] = {}
-        failures: dict[int, RankFailure] = {}
-        killed: set[int] = set()
-        first_failure_at: float | None = None
-        stop_at: list[float] = []
+        setups = rank_setups(n_workers, free_port(), self.device, self.threads_per_worker, pg_timeout)
+        world = _LocalWorld(setups, fn, args, on_event)
         deadline = time.monotonic() + timeout_s if timeout_s else None
-
-        def forward(signum: int) -> None:
-            stop_at.append(time.monotonic())
-            for p in procs:
-                if p.pid is not None and p.is_alive():
-                    try:
-                        os.kill(p.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
-
-        def take(msg: tuple) -> None:
-            nonlocal first_failure_at
-            kind, rank = msg[0], msg[1]
-            if kind == "event":
-                if on_event is not None:
-                    on_event(rank, msg[2])
-            elif kind == "result":
-                results[rank] = msg[2]
-            else:
-                failures[rank] = msg[2]
-                first_failure_at = first_failure_at or time.monotonic()
-
-        def silent_dead() -> list[int]:
-            return [
-                r
-                for r, p in enumerate(procs)
-                if p.exitcode is not None and r not in results and r not in failures and r not in killed
-            ]
-
-        def drain() -> None:
-            while not q.empty():
-                take(q.get())
-
-        with without_main_module():  # a script without the main guard is not run again in each rank
-            for p in procs:
-                p.start()
-        unregister = interrupts.on_stop(forward)
+        world.start()
+        unregister = interrupts.on_stop(world.forward)
         try:
-            while len(results) + len(failures) < n_workers:
-                if not q.empty():
-                    take(q.get())
-                    continue
-                time.sleep(0.02)
-                now = time.monotonic()
-                if failures and now - first_failure_at > self.grace_s:
-                    break
-                if silent_dead():
-                    drain()  # most often its result was already in the queue
-                    if silent_dead():
-                        time.sleep(0.5)  # the other ranks' last words may still be coming
-                        drain()
-                        if silent_dead():
-                            break
-                if stop_at and now - stop_at[0] > self.stop_grace_s:
-                    break
-                if deadline is not None and now > deadline:
-                    for r, p in enumerate(procs):
-                        if r not in results and r not in failures:
-                            killed.add(r)
-                            p.kill()
-                    raise WorkerError(
-                        f"the {n_workers}-worker run did not finish within {timeout_s:.0f} s", cause="timeout"
-                    )
-            drain()
-            lost = [
-                RankFailure(r, "lost_worker", f"died ({_exit_text(procs[r].exitcode)}) before returning a result")
-                for r in silent_dead()
-            ]
-            if stop_at and len(results) + len(failures) < n_workers and not lost:
-                lost = [
-                    RankFailure(
-                        r, "interrupted", f"killed: it did not stop within {self.stop_grace_s:.0f} s of the signal"
-                    )
-                    for r in range(n_workers)
-                    if r not in results and r not in failures
-                ]
-            all_failures = list(failures.values()) + lost
+            if world.wait(self.grace_s, self.stop_grace_s, deadline):
+                raise WorkerError(
+                    f"the {n_workers}-worker run did not finish within {timeout_s:.0f} s", cause="timeout"
+                )
+            world.drain()
+            all_failures = list(world.failures.values()) + world.lost(self.stop_grace_s)
             if all_failures:
                 root = root_failure(all_failures)
                 raise WorkerError(
                     failure_sentence(root, n_workers), rank=root.rank, details=root.traceback, cause=root.cause
                 )
-            return [results[r] for r in range(n_workers)]
+            return [world.results[r] for r in range(n_workers)]
         finally:
             unregister()
-            for p in procs:
-                p.join(timeout=5 if not failures else 0.5)
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=5)
-            q.close()
+            world.close()
 
     def _run_here(self, fn: Callable[..., Any], args: tuple, on_event: Callable[[int, dict], None] | None) -> list[Any]:
         """A world of one rank in this process."""

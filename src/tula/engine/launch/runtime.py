@@ -20,7 +20,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -187,6 +187,94 @@ def classify(err: BaseException) -> str:
     return "crash"
 
 
+def _catch_stop(stop: StopFlag, in_process: bool) -> list[Callable[[], None]]:
+    """Route SIGINT/SIGTERM to ``stop``: signal handlers in a rank process of its own, the
+    caller's :func:`tula.engine.interrupts.on_stop` in the launching process (whose torch
+    threads and random state are then kept too).  Returns what undoes it, in order."""
+
+    def on_signal(signum, frame=None) -> None:  # noqa: ARG001
+        stop.requested, stop.signum = True, signum
+
+    restore: list[Callable[[], None]] = []
+    if in_process:
+        from tula.engine import interrupts
+
+        restore.append(interrupts.on_stop(on_signal))
+        threads, rng = torch.get_num_threads(), torch.get_rng_state()
+        restore.append(lambda: (torch.set_num_threads(threads), torch.set_rng_state(rng)))
+    else:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread (e.g. a Dask worker task)
+                signal.signal(s, on_signal)
+    return restore
+
+
+@dataclass
+class _Joining:
+    """How far a rank got in joining its world (what a failure's sentence needs)."""
+
+    choice: InterfaceChoice = field(default_factory=lambda: InterfaceChoice("", ""))
+    joined: bool = False
+
+
+def _join(
+    setup: RankSetup, stop: StopFlag, emit: Callable[[dict], None], world: contextlib.ExitStack, joining: _Joining
+) -> WorkerContext:
+    """Take the rank's device, choose its interface (for as long as ``world`` lasts), join the
+    process group and the stop flag's group; the rank's :class:`WorkerContext`."""
+    device = rank_device(setup.device_kind, setup.local_rank, setup.local_world_size)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = setup.backend or ("nccl" if device.type == "cuda" else "gloo")
+    # the interface that carries this worker's address, for this world only (never the
+    # host name's address, which is loopback on many nodes)
+    joining.choice = choose_interface(setup.host, backend, setup.interface)
+    world.enter_context(interface_env(joining.choice, backend))
+    dist.init_process_group(
+        backend,
+        init_method=setup.init_method,
+        rank=setup.rank,
+        world_size=setup.world_size,
+        timeout=timedelta(seconds=setup.pg_timeout_s),
+        **({"device_id": device} if backend == "nccl" else {}),
+    )
+    # the stop flag's all-reduces run on their own CPU group: no device sync, and never
+    # interleaved with the model's collectives
+    stop.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=setup.pg_timeout_s))
+    joining.joined = True
+    return WorkerContext(
+        setup.rank,
+        setup.world_size,
+        device,
+        backend,
+        host=setup.host,
+        local_rank=setup.local_rank,
+        stop=stop,
+        _emit=emit,
+        interface=joining.choice.interface,
+        interface_source=joining.choice.source,
+    )
+
+
+def _leave(address_space_limit: tuple[int, int], restore: list[Callable[[], None]]) -> None:
+    """Destroy the process group (or reset torch's group counter where none formed), give the
+    process its address-space limit back, and undo :func:`_catch_stop`."""
+    import resource
+
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    else:  # a world that failed to form still advanced torch's group counter, which names the
+        # next world's store keys: a worker whose count differs from its peers' would wait for
+        # keys nobody writes (destroy_process_group resets it; nothing else does)
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._world.group_count = 0
+    with contextlib.suppress(ValueError, OSError):  # a worker process runs later ranks too (Dask)
+        resource.setrlimit(resource.RLIMIT_AS, address_space_limit)
+    for undo in restore:
+        undo()
+
+
 def run_rank(
     setup: RankSetup,
     fn: Callable[..., Any],
@@ -209,78 +297,21 @@ def run_rank(
 
     address_space_limit = resource.getrlimit(resource.RLIMIT_AS)  # a memory cap ends with the rank
     stop = StopFlag()
-
-    def on_signal(signum, frame=None) -> None:  # noqa: ARG001
-        stop.requested, stop.signum = True, signum
-
-    restore: list[Callable[[], None]] = []
-    if in_process:
-        from tula.engine import interrupts
-
-        restore.append(interrupts.on_stop(on_signal))
-        threads, rng = torch.get_num_threads(), torch.get_rng_state()
-        restore.append(lambda: (torch.set_num_threads(threads), torch.set_rng_state(rng)))
-    else:
-        for s in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError):  # not the main thread (e.g. a Dask worker task)
-                signal.signal(s, on_signal)
+    restore = _catch_stop(stop, in_process)
     if setup.threads:
         torch.set_num_threads(setup.threads)
-    joined = False
-    choice = InterfaceChoice("", "")
+    joining = _Joining()
     t_join = time.monotonic()
     with contextlib.ExitStack() as world:
         try:
-            device = rank_device(setup.device_kind, setup.local_rank, setup.local_world_size)
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
-            backend = setup.backend or ("nccl" if device.type == "cuda" else "gloo")
-            # the interface that carries this worker's address, for this world only (never the
-            # host name's address, which is loopback on many nodes)
-            choice = choose_interface(setup.host, backend, setup.interface)
-            world.enter_context(interface_env(choice, backend))
-            dist.init_process_group(
-                backend,
-                init_method=setup.init_method,
-                rank=setup.rank,
-                world_size=setup.world_size,
-                timeout=timedelta(seconds=setup.pg_timeout_s),
-                **({"device_id": device} if backend == "nccl" else {}),
-            )
-            # the stop flag's all-reduces run on their own CPU group: no device sync, and never
-            # interleaved with the model's collectives
-            stop.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=setup.pg_timeout_s))
-            joined = True
-            ctx = WorkerContext(
-                setup.rank,
-                setup.world_size,
-                device,
-                backend,
-                host=setup.host,
-                local_rank=setup.local_rank,
-                stop=stop,
-                _emit=emit,
-                interface=choice.interface,
-                interface_source=choice.source,
-            )
+            ctx = _join(setup, stop, emit, world, joining)
             value = fn(ctx, *args)
             stop.drain()
             return "result", value
         except BaseException as err:  # noqa: BLE001 - every failure goes back to the launcher, classified
-            return "failure", _failure(setup, err, stop, joined, choice, time.monotonic() - t_join)
+            return "failure", _failure(setup, err, stop, joining.joined, joining.choice, time.monotonic() - t_join)
         finally:
-            if dist.is_initialized():
-                with contextlib.suppress(Exception):
-                    dist.destroy_process_group()
-            else:  # a world that failed to form still advanced torch's group counter, which names the
-                # next world's store keys: a worker whose count differs from its peers' would wait for
-                # keys nobody writes (destroy_process_group resets it; nothing else does)
-                with contextlib.suppress(Exception):
-                    dist.distributed_c10d._world.group_count = 0
-            with contextlib.suppress(ValueError, OSError):  # a worker process runs later ranks too (Dask)
-                resource.setrlimit(resource.RLIMIT_AS, address_space_limit)
-            for undo in restore:
-                undo()
+            _leave(address_space_limit, restore)
 
 
 def failure_of(setup: RankSetup, err: BaseException, stop: StopFlag) -> RankFailure:
