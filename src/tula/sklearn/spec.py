@@ -91,7 +91,11 @@ class JobSpecParams:
         return {k[n:]: v for k, v in self._routed().items() if k.startswith(prefix + "__")}
 
     def _check_params(self) -> None:
+        """Each parameter checked, the first problem raised as one sentence (:class:`ParamError`)."""
+        self._check_scalars()
+        self._check_batch_size()
 
+    def _check_scalars(self) -> None:
         unrouted = [k for k in getattr(self, "_unrouted", ()) if k in vars(self)]
         if unrouted:
             raise ParamError(
@@ -130,6 +134,8 @@ class JobSpecParams:
             )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ParamError(f"device must be 'auto', 'cpu' or 'cuda', not {self.device!r}")
+
+    def _check_batch_size(self) -> None:
         b = self.batch_size
         if isinstance(b, str):
             if b not in SCHEDULE_NAMES:
