@@ -88,3 +88,43 @@ def test_the_goodput_schedule_moves_the_batch_with_the_measured_noise_scale(tiny
         # what trained next is the goodput choice for the B_simple the epoch measured
         want = choose_goodput(ranker, caps, h["global_batch"], 2, h["b_simple"], 32, min_batch=32)
         assert nxt["global_batch"] == want.option.global_batch, (h["b_simple"], want.reason)
+
+
+def test_tula_train_without_models_is_refused_and_a_damaged_models_file_is_one_sentence(tiny_spec_dict, tmp_path):
+    from helpers import assert_refused, tula_in_process, write_spec
+
+    d = dict(tiny_spec_dict, epochs=2)
+    d["train"] = {"batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+                  "workers": {"min": 1, "max": 2, "rule": "plan"}}  # fmt: skip
+    spec = write_spec(tmp_path, d)
+    r = tula_in_process("train", spec, "--batch", 32, "--out", tmp_path / "out")
+    assert_refused(r, "train.workers.rule 'plan' chooses the worker count from the fitted models")
+    bad = tmp_path / "models.json"
+    bad.write_text('{"kind": "tula.models", "version": 1')
+    r = tula_in_process("train", spec, "--batch", 32, "--models", bad, "--out", tmp_path / "out2")
+    assert_refused(r, str(bad))
+
+
+@pytest.mark.slow
+def test_tula_train_with_the_runs_models_trains_where_they_rank_best(tiny_pipeline, tmp_path):
+    """The CLI path: ``tula train --models`` of a real run's fitted models."""
+    from helpers import run_tula, write_spec
+
+    d = tiny_pipeline.spec_dict(epochs=2)
+    d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+                  "workers": {"min": 1, "max": 2, "rule": "plan"}}  # fmt: skip
+    spec = write_spec(tmp_path, d)
+    models = tiny_pipeline.dir / "models.json"
+    r = run_tula("train", spec, "--method", "lbt", "--batch", 32, "--models", models, "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    run = json.loads((tmp_path / "out" / "train.json").read_text())
+    first = run["history"][0]
+    best = first["schedule"]["ranking"][0]
+    assert (run["history"][1]["global_batch"], run["history"][1]["n_workers"]) == (
+        best["global_batch"],
+        best["n_workers"],
+    )
+    # beside each epoch, the plan's prediction for its (B, N, k)
+    assert all(h["predicted_epoch_s"] > 0 and h["measured_to_predicted"] > 0 for h in run["history"])

@@ -26,13 +26,27 @@ from rich.text import Text
 
 from tula import __version__
 from tula.core.errors import Interrupted, RunDirError, SpecError, TulaError
-from tula.core.records import epoch_score
+from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, epoch_score, load_record
 from tula.core.registry import METHOD_NAMES, OBJECTIVE_NAMES, OBJECTIVES, cluster_kind, clusters_in_words
 from tula.core.registry import METHODS as METHOD_TABLE
 from tula.core.say import plain, say
 from tula.core.schedules import SCHEDULES
-from tula.core.spec import JobSpec, load_spec, spec_from_dict
-from tula.pipeline import Observer, is_partial
+from tula.core.spec import JobSpec, load_spec, parse_duration, spec_from_dict
+from tula.pipeline import (
+    Observer,
+    RunSettings,
+    at_choice,
+    continue_run,
+    fit_stage,
+    is_partial,
+    plan_stage,
+    profile_stage,
+    refuse_existing_run,
+    run_pipeline,
+    same_job,
+    start_run,
+    train_stage,
+)
 
 SCHEDULE_KINDS = ", ".join(SCHEDULES)  # for --help
 
@@ -196,7 +210,6 @@ class _Console(Observer):
         (self._profiling if stage == "profiling" else self._training)(ev)
 
     def saved(self, kind: str, record: dict | None, path: Path) -> None:
-        from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND
         from tula.report import models_table, plan_table, train_table, trials_table
 
         if kind == PROFILE_KIND and not record.get("in_progress") and not is_partial(record):
@@ -318,10 +331,8 @@ def _pricing_overrides(items: list[str] | None) -> dict:
             raise TulaError(f"--pricing {item!r} is not KEY=VALUE (e.g. --pricing kind=spot)")
         out[key.strip()] = value.strip()
     if out:  # one sentence for a bad field or value, before any work
-        from tula.core.spec import JobSpec as _Job
-
         try:
-            spec_from_dict({"pricing": {**_Job().pricing.model_dump(mode="json"), **out}})
+            spec_from_dict({"pricing": {**JobSpec().pricing.model_dump(mode="json"), **out}})
         except TulaError as err:
             raise TulaError(f"--pricing: {str(err).removeprefix('spec field ')}") from None
     return out
@@ -330,7 +341,6 @@ def _pricing_overrides(items: list[str] | None) -> dict:
 def _plan_constraints(models: dict, deadline: str | None, budget: float | None):
     """The spec's constraints with --deadline and --budget in place of its own."""
     from tula.core.plan import Constraints
-    from tula.core.spec import parse_duration
 
     base = Constraints.of(spec_from_dict(models["spec"]).constraints)
     d_s = base.deadline_s
@@ -366,9 +376,7 @@ def profile(
     cluster: ClusterOption = None,
 ) -> None:
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
-    from tula.core.records import PROFILE_KIND, load_record
     from tula.engine.rundir import check_out_file, locked
-    from tula.pipeline import profile_stage, same_job
 
     job = _with_cluster(load_spec(spec), cluster)
     out = out or RUNS / job.name / "profile.json"
@@ -401,9 +409,7 @@ def fit(
     force: bool = typer.Option(False, help="overwrite an existing record at --out"),
 ) -> None:
     """Fit the memory and performance models of a profile; the result re-plans without profiling."""
-    from tula.core.records import PROFILE_KIND, load_record
     from tula.engine.rundir import check_out_file
-    from tula.pipeline import fit_stage
 
     out = out or profile_json.parent / "models.json"
     check_out_file(out, force)
@@ -471,7 +477,6 @@ def plan(
     and costs are expected values with preemptions (lost work since the last checkpoint and
     a restart per preemption); --compare-spot sets spot against on-demand."""
     from tula.engine.rundir import locked
-    from tula.pipeline import plan_stage
 
     price_over = _pricing_overrides(pricing)
     job, rec, out = _plan_source(source, cluster, out, plot, force)
@@ -503,7 +508,6 @@ def _plan_source(
     """What ``tula plan`` plans from -- a spec (``--cluster`` applied) or a profile or models
     record -- and where the plan goes; every record the command will write is checked before
     any work."""
-    from tula.core.records import MODELS_KIND, PROFILE_KIND, load_record
     from tula.engine.rundir import check_out_file
 
     is_spec = source.suffix.lower() in (".yaml", ".yml")
@@ -526,8 +530,6 @@ def _models_to_plan(
 ) -> dict:
     """The models ``tula plan`` plans with: ``job`` profiled and fitted, the profile ``rec``
     fitted, or the models ``rec`` itself; records written in ``into``."""
-    from tula.core.records import PROFILE_KIND
-    from tula.pipeline import fit_stage, profile_stage
 
     if job is not None:
         prof = profile_stage(job, search.value, into / "profile.json", observer=shown)
@@ -558,6 +560,11 @@ def train(
         "B / (N k), synchronised once (overrides train.accumulation_steps; default 1)",
     ),
     plan: Path = typer.Option(None, help="a plan.json whose choice gives N and B"),
+    models: Path = typer.Option(
+        None,
+        help="a models.json (tula run, tula fit): each epoch's record gets the plan's prediction beside what it "
+        "measured, and train.workers.rule 'plan' and the 'goodput' schedule rank worker counts and batches by it",
+    ),
     epochs: int = typer.Option(None, help="override the spec's epochs"),
     out: Path = typer.Option(
         None, help="directory for checkpoint.pt, metrics.jsonl, train.json, train.png; default runs/<spec name>/train"
@@ -567,7 +574,7 @@ def train(
     schedule: str = typer.Option(
         None,
         help=f"grow the batch during training: {_SCHEDULE_HELP}; its "
-        "parameters and train.workers (min, max, batch_per_worker) come from the "
+        "parameters and train.workers (min, max, rule, batch_per_worker, threshold) come from the "
         "spec's train section",
     ),
 ) -> None:
@@ -577,19 +584,20 @@ def train(
     the run resumes from the last checkpoint at the next smaller batch.  Ctrl-C stops at
     the next step and keeps the last finished epoch; --resume continues from it."""
     from tula.engine.rundir import check_out_dir
-    from tula.pipeline import train_stage
 
     job = _train_job(load_spec(spec), cluster, epochs, schedule, accumulation)
     out = check_out_dir(out or RUNS / job.name / "train")
     job, n, b = _train_config(job, workers, batch, accumulation, plan, resume, out)
     name = method.value if method else job.train.method
+    fitted = load_record(models, expect=(MODELS_KIND,)) if models is not None else None
     try:
-        train_stage(job, name, n, b, out, resume=resume, observer=_Console())
+        train_stage(job, name, n, b, out, resume=resume, observer=_Console(), models=fitted)
     except Interrupted as err:
         err.hint = (
             f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
             + (f" --accumulation {accumulation}" if accumulation is not None else "")
             + (f" --epochs {epochs}" if epochs is not None else "")
+            + (f" --models {_q(models)}" if models is not None else "")
             + f" --out {_q(out)} --resume"
             + (f" --cluster {_q(cluster)}" if cluster else "")
             + (f" --schedule {schedule}" if schedule else "")
@@ -630,15 +638,12 @@ def _train_config(
     launched world's size, the workers rule's N for the first batch, or the checkpoint's
     (``resume``); one sentence when none gives both."""
     from tula.core.job_rules import first_workers
-    from tula.core.records import PLAN_KIND, load_record
 
     n = workers if workers is not None else job.train.n_workers
     b = batch if batch is not None else job.train.global_batch
     if plan is not None:
         rec = load_record(plan, expect=(PLAN_KIND,))
         if n is None and b is None and accumulation is None:  # the plan's configuration, as it planned it
-            from tula.pipeline import at_choice
-
             job = at_choice(job, rec["choice"])
         n = rec["choice"]["n_workers"] if n is None else n
         b = rec["choice"]["global_batch"] if b is None else b
@@ -747,7 +752,6 @@ def simulate(
     on the fitted network or a given one: --bandwidth/--latency between nodes,
     --intra-bandwidth/--intra-latency within a node of --ranks-per-node workers.  No
     profiling, no torch."""
-    from tula.core.records import MODELS_KIND, TRAIN_KIND, load_record
     from tula.core.simulate import parse_collectives, parse_schedule, parse_workers, simulator_from_models, what_if
     from tula.engine.rundir import check_out_file
 
@@ -833,7 +837,6 @@ def run(
     Ctrl-C keeps every finished trial and epoch; `tula run --resume DIR` continues from
     the stage the run stopped in."""
     from tula.engine.rundir import check_out_dir, locked
-    from tula.pipeline import RunSettings, continue_run, refuse_existing_run, start_run
 
     asked = RunSettings(
         search.value if search else None, objective.value if objective else None, train_after
@@ -868,7 +871,6 @@ def run(
 def _run_stages(
     job: JobSpec, out: Path, search: str, objective: str | None, train_after: bool, resuming: bool, launcher
 ) -> None:
-    from tula.pipeline import run_pipeline
 
     run_pipeline(
         job,

@@ -41,7 +41,20 @@ from typing import Any
 
 from tula.core.errors import TulaError
 from tula.core.spec import JobSpec, load_spec, spec_from_dict
-from tula.pipeline import MODELS, PLAN, PLAN_PNG, PROFILE, TRAIN_DIR, Observer
+from tula.pipeline import (
+    MODELS,
+    PLAN,
+    PLAN_PNG,
+    PROFILE,
+    TRAIN_DIR,
+    Observer,
+    at_choice,
+    fit_stage,
+    plan_stage,
+    profile_stage,
+    train_stage,
+    training_method,
+)
 
 EventCallback = Callable[[str, dict], None]
 
@@ -154,7 +167,6 @@ class Job:
         """Run the profile (``partial`` or ``full``); the profile record.  ``resume``: go on
         from the trials an interrupted profile in ``out`` finished."""
         from tula.core.records import PROFILE_KIND, load_record
-        from tula.pipeline import profile_stage
 
         if search not in ("partial", "full"):
             raise TulaError(f"search is 'partial' or 'full', not {search!r}")
@@ -165,7 +177,6 @@ class Job:
 
     def fit(self) -> dict:
         """Fit the memory and performance models to the profile; the models record."""
-        from tula.pipeline import fit_stage
 
         if self.profile_record is None:
             raise TulaError("fit needs a profile: call profile() first")
@@ -176,7 +187,6 @@ class Job:
         """Choose a configuration (``time``, ``cost`` or ``knee``; default: the spec's); the
         plan record.  ``options`` go to :func:`tula.core.plan.make_plan` (``constraints``,
         ``pricing``, ``compare_spot``)."""
-        from tula.pipeline import plan_stage
 
         if self.models is None:
             self.fit()
@@ -196,7 +206,6 @@ class Job:
         """Train (default: the plan's choice, with the spec's method -- ``lbt`` where AGS has
         nothing to scale); the training run record.  ``accumulation_steps``: k micro-batches
         per step (overrides ``train.accumulation_steps``)."""
-        from tula.pipeline import train_stage, training_method
 
         spec = self.spec
         if accumulation_steps is not None:
@@ -206,8 +215,6 @@ class Job:
         if self.plan_record is not None:
             choice = self.plan_record["choice"]
             if n_workers is None and global_batch is None and accumulation_steps is None:
-                from tula.pipeline import at_choice
-
                 spec = at_choice(spec, choice)  # the plan's configuration, as it planned it
             n_workers = n_workers or choice["n_workers"]
             global_batch = global_batch or choice["global_batch"]

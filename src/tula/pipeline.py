@@ -35,7 +35,7 @@ from tula.core.records import (
     save_record,
 )
 from tula.core.registry import METHODS
-from tula.core.spec import JobSpec, spec_from_dict
+from tula.core.spec import JobSpec, load_spec, spec_from_dict
 
 STAGES = ("profiling", "fitting", "planning", "training")
 PROFILE, MODELS, PLAN, PLAN_PNG = "profile.json", "models.json", "plan.json", "plan.png"
@@ -397,7 +397,6 @@ def continue_run(out: Path, spec_path: Path | None, asked: RunSettings) -> tuple
     """The run in ``out`` to continue: its spec and settings, from its ``run.json``.  The spec
     at ``spec_path``, when given again, must be the same job, and what ``asked`` gives must
     be what the run was started with: a run continues as it was started."""
-    from tula.core.spec import load_spec
 
     if not (out / "run.json").is_file():
         raise RunDirError(

@@ -46,7 +46,7 @@ from tula.engine.data import data_path
 from tula.engine.ddp import agree_max, probe_fits, wrap_ddp
 from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
 from tula.engine.launch import Launcher, WorkerContext
-from tula.engine.launch.clusters import default_threads
+from tula.engine.launch.clusters import default_threads, open_launcher
 from tula.engine.memory import (
     AddressSpace,
     MemoryModel,
@@ -57,7 +57,7 @@ from tula.engine.memory import (
     with_address_space_overhead,
 )
 from tula.engine.precision import Precision, check_precision
-from tula.engine.run_trial import merge_run_trials
+from tula.engine.run_trial import merge_run_trials, run_trial
 from tula.engine.workloads import build_loss, build_model, build_optimizer, check_workload, load_dataset
 
 MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
@@ -429,7 +429,6 @@ def _run_trial(ctx: WorkerContext, spec: JobSpec, done: list[dict], w: _Worker) 
     smallest one profiled here and at most the largest (so it fits in memory); ``None`` when
     no trial ran here, a ``skipped`` record saying why when the method cannot train within them."""
     from tula.core.job_rules import check_method, smallest_batch_for
-    from tula.engine.run_trial import run_trial
 
     if not done:
         return None
@@ -529,8 +528,6 @@ def profile(
     A failed world raises :class:`ProfileFailed`, SIGINT/SIGTERM :class:`ProfileInterrupted`;
     both carry the record of every trial finished before it."""
     if launcher is None:
-        from tula.engine.launch.clusters import open_launcher
-
         with open_launcher(spec) as opened:
             return _profile(spec, search, opened, on_event, previous, on_snapshot)
     return _profile(spec, search, launcher, on_event, previous, on_snapshot)

@@ -214,7 +214,6 @@ def _arrays(spec: DataSpec, seed: int) -> Dataset:
     ``x_test``, ``y_test`` (may be empty: no held-out split) and ``num_classes``.  Integer
     ``y`` are class labels (``num_classes``: the entry, else the largest label + 1); float
     ``y`` are regression targets, made 2-D (``num_classes`` is then their number of outputs)."""
-    import numpy as np
 
     try:
         with np.load(spec.path, allow_pickle=False) as f:

@@ -30,7 +30,7 @@ from typing import Any
 from tula.core.errors import Interrupted, TulaError, WorkerError
 from tula.core.say import plain
 from tula.engine import interrupts
-from tula.pipeline import Observer
+from tula.pipeline import Observer, run_pipeline
 from tula.service.cluster import WorkerRoom
 from tula.service.settings import ServiceSettings
 from tula.service.store import RUNNING_STATES, Store
@@ -138,7 +138,6 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
     """Run (or resume) one claimed job to its end; the exit code of the runner process."""
     from tula.core.spec import spec_from_dict
     from tula.engine.launch.clusters import open_launcher
-    from tula.pipeline import run_pipeline
 
     store = Store(settings.store_url, settings.home)
     job = store.get_job(job_id)
