@@ -5,7 +5,7 @@ against a hand calculation."""
 import pytest
 from helpers import models_record
 
-from tula.core.errors import SpecError
+from tula.core.errors import SpecError, TulaError
 from tula.core.live_plan import Ranker, candidate_batches, choose_goodput, choose_workers, statistical_efficiency
 from tula.core.perfmodel import PerfModel
 from tula.core.pricing import FixedPricing
@@ -241,3 +241,29 @@ def test_the_goodput_schedule_needs_the_models_and_the_plan_rule():
     assert "set train.workers.rule to 'plan'" in schedule_problem("lbt", both)
     with pytest.raises(SpecError, match="train.noise_scale false turns off"):
         spec_from_dict({"train": {"noise_scale": False, "batch_schedule": {"kind": "goodput"}}})
+
+
+# --------------------------------------------------------------------------- simulated first
+def test_tula_simulate_replays_the_plan_rule_on_the_network_it_is_given():
+    """``what_if(..., workers_rule="plan")``: the decisions are the models' on the simulated
+    network, so a slow link keeps N = 1 where AdaDamp's rule grows it, and a fast one grows it."""
+    from tula.core.simulate import simulator_from_models, what_if
+
+    # 0.1 ms + 0.1 ms per sample of compute, 4.5 MB of gradients
+    models = models_record(PerfModel("ring", 4_500_000, 1e-4, 1e-4), dataset_size=D, sizes=(1, 2, 4), full=True)
+    geometric = [("geometric", "geometric", {"factor": 2.0, "delay": 1})]
+
+    def run(bandwidth, rule):
+        sim = simulator_from_models(models, bandwidth=bandwidth, latency=0.0, epochs=3)
+        rows = what_if(models, sim, [1, 2, 4], ["ring"], 32, geometric, workers_rule=rule, max_workers=4).rows
+        return [(e["global_batch"], e["n_workers"]) for e in rows[0]["epochs"]], rows[0]
+
+    slow, slow_row = run("100Mbit/s", "plan")
+    assert slow == [(32, 1), (64, 1), (128, 1)]
+    adadamp, adadamp_row = run("100Mbit/s", None)  # N = ceil(B / 32)
+    assert adadamp == [(32, 1), (64, 2), (128, 4)]
+    assert adadamp_row["total_time_s"] > 10 * slow_row["total_time_s"]  # the issue's ~30x, simulated
+    fast, _ = run("100Gbit/s", "plan")
+    assert fast == [(32, 4), (64, 4), (128, 4)]
+    with pytest.raises(TulaError, match="--threshold applies to the workers rule .plan. only"):
+        what_if(models, simulator_from_models(models), [1, 2], ["ring"], 32, geometric, threshold=0.1)

@@ -725,6 +725,14 @@ def simulate(
         None,
         help="--schedule: samples per worker in the workers rule (default: train.workers.batch_per_worker, else B0)",
     ),
+    workers_rule: str = typer.Option(
+        None,
+        help="--schedule: how N follows the batch: batch_per_worker (AdaDamp, N = ceil(B / batch_per_worker)) or "
+        "plan (the models' best N for each batch on the simulated network); default: train.workers.rule",
+    ),
+    threshold: float = typer.Option(
+        None, help="--workers-rule plan: the predicted gain below which N stays (default: train.workers', else 0.05)"
+    ),
     max_accumulation: int = typer.Option(
         None,
         help="--schedule: the most accumulation steps a schedule may grow the batch through once the "
@@ -787,6 +795,8 @@ def simulate(
         batch_per_worker,
         noise_scale,
         max_accumulation,
+        workers_rule,
+        threshold,
     )
     _show_simulation(sim, w, out)
 

@@ -24,7 +24,7 @@ predicted next to what was measured.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -78,9 +78,18 @@ class Ranker:
     rank_by : ``"time"`` or ``"cost"`` (:data:`RANK_BY`)
     pricing : what an epoch costs on N workers (a :class:`tula.core.pricing.Pricing`); needed
         for ``rank_by="cost"``
+    epoch_s_of : ``(B, N, k) -> seconds`` in place of the plan's prediction (the simulator's,
+        on a what-if network); default :func:`tula.core.run_costs.predicted_epoch_s`
     """
 
-    def __init__(self, models: dict, method: str, rank_by: str = "time", pricing: Any = None):
+    def __init__(
+        self,
+        models: dict,
+        method: str,
+        rank_by: str = "time",
+        pricing: Any = None,
+        epoch_s_of: Callable[[int, int, int], float] | None = None,
+    ):
         if rank_by not in RANK_BY:
             raise SpecError(f"unknown ranking {rank_by!r}; use one of {', '.join(RANK_BY)}")
         if rank_by == "cost" and pricing is None:
@@ -90,9 +99,12 @@ class Ranker:
                 raise SpecError(f"the models record has no {key!r}: planning while training needs a fitted profile")
         self.models, self.method, self.rank_by, self.pricing = models, method, rank_by, pricing
         self.dataset_size = int(models["dataset_size"])
+        self.epoch_s_of = epoch_s_of
 
     def epoch_s(self, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
-        """The plan's predicted epoch at (B, N, k)."""
+        """The predicted epoch at (B, N, k): the plan's, or ``epoch_s_of``'s."""
+        if self.epoch_s_of is not None:
+            return float(self.epoch_s_of(global_batch, n_workers, accumulation_steps))
         return predicted_epoch_s(self.models, self.method, global_batch, n_workers, accumulation_steps)
 
     def score(self, epoch_s: float, n_workers: int) -> float:

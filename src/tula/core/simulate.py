@@ -84,6 +84,7 @@ from typing import Any
 import numpy as np
 
 from tula.core.errors import TulaError
+from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
 from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import (
     COLLECTIVES,
@@ -218,6 +219,12 @@ class Simulator:
             None if self.intra_bandwidth_bytes_per_s is None else _per_byte(self.intra_bandwidth_bytes_per_s),
             self.ranks_per_node,
         )
+
+    def epoch_s(self, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
+        """One epoch at (B, N, k) with the fitted collective on this network: what a simulated
+        ``train.workers: {rule: plan}`` and goodput schedule rank by."""
+        t = self.t_step_s(self.perf.collective, global_batch / n_workers, n_workers, accumulation_steps)
+        return float(epoch_time_s(t, global_batch, n_workers, self.dataset_size, self.run_costs))
 
     def t_step_s(self, collective: str, local_batch, n_workers, accumulation_steps=1):
         """A step whose share ``local_batch`` runs as ``accumulation_steps`` micro-batches
@@ -635,13 +642,27 @@ def schedule_caps(
     max_workers: int | None = None,
     batch_per_worker: int | None = None,
     max_accumulation_steps: int | None = None,
+    workers_rule: str | None = None,
+    threshold: float | None = None,
+    needs_models: bool = False,
 ) -> Caps:
     """The workers rule of a simulated schedule: the spec's ``train.workers`` where it has one,
     else 1 to the largest of ``workers`` with ``batch_per_worker`` the first batch; the
     accumulation it may grow through, ``search.max_accumulation_steps``; each option given
-    replaces its part."""
+    replaces its part.  ``workers_rule`` ``"plan"`` (or the spec's), or a schedule that
+    ``needs_models`` (goodput): the worker count the models rank best on the simulated
+    network, kept within ``threshold`` (:class:`tula.core.live_plan.WorkerPlan`)."""
     spec = spec_from_dict(models["spec"])
     w = spec.train.workers
+    rule = workers_rule or (w.rule if w else "batch_per_worker")
+    if rule not in ("plan", "batch_per_worker"):
+        raise TulaError(f"the workers rule is 'plan' or 'batch_per_worker', not {rule!r}")
+    if threshold is not None and rule != "plan":
+        raise TulaError("--threshold applies to the workers rule 'plan' only")
+    if rule == "plan" and batch_per_worker is not None:
+        raise TulaError(
+            "--batch-per-worker applies to the workers rule 'batch_per_worker'; 'plan' chooses N by the models"
+        )
     lo = min_workers if min_workers is not None else (w.min if w else 1)
     hi = max_workers if max_workers is not None else (w.max if w else max(workers))
     bpw = batch_per_worker if batch_per_worker is not None else ((w.batch_per_worker if w else None) or first_batch)
@@ -651,6 +672,15 @@ def schedule_caps(
             raise TulaError(f"{name} must be at least 1, not {v}")
     if lo > hi:
         raise TulaError(f"min workers ({lo}) is above max workers ({hi})")
+    if rule == "plan" or needs_models:
+        if threshold is None:
+            threshold = w.threshold if w is not None and w.threshold is not None else DEFAULT_THRESHOLD
+        if not 0 <= threshold < 1:
+            raise TulaError(f"--threshold must be at least 0 and below 1, not {threshold!r}")
+        ranker = Ranker(models, spec.train.method, epoch_s_of=sim.epoch_s)
+        if rule != "plan":  # goodput under AdaDamp's rule: the batch by goodput, on the first worker count
+            hi = lo
+        return Caps(sim.dataset_size, sim.max_local_batch, lo, hi, None, k_max, WorkerPlan(ranker, threshold))
     return Caps(sim.dataset_size, sim.max_local_batch, lo, hi, bpw, k_max)
 
 
@@ -690,6 +720,8 @@ def what_if(
     batch_per_worker: int | None = None,
     noise_scale: float | None = None,
     max_accumulation_steps: int | None = None,
+    workers_rule: str | None = None,
+    threshold: float | None = None,
 ) -> WhatIf:
     """The what-if of ``tula simulate``: a constant global ``batch`` (default
     :func:`default_batch`) on each of ``workers``, or each of ``schedules`` (``(label, kind,
@@ -708,6 +740,8 @@ def what_if(
         "--batch-per-worker": batch_per_worker,
         "--max-accumulation": max_accumulation_steps,
         "--history": history,
+        "--workers-rule": workers_rule,
+        "--threshold": threshold,
     }
     flags = [flag for flag, value in schedule_only.items() if value is not None]
     if flags and not schedules:
@@ -717,9 +751,11 @@ def what_if(
         )
     if schedules:
         b0 = batch or job.train.global_batch or job.search.min_batch
+        needs_models = any(schedule_info(kind).needs_models for _, kind, _ in schedules)
         caps = schedule_caps(
-            models, sim, b0, workers, min_workers, max_workers, batch_per_worker, max_accumulation_steps
-        )
+            models, sim, b0, workers, min_workers, max_workers, batch_per_worker, max_accumulation_steps,
+            workers_rule, threshold, needs_models,
+        )  # fmt: skip
         return _schedules_what_if(models, sim, job, b0, caps, collectives, schedules, history)
     big_b = batch or default_batch(models)
     fitted_collective = models["perf"]["collective"]
@@ -757,10 +793,13 @@ def _schedules_what_if(
         rows += sim.schedule(
             kind, b0, caps, settings, collectives, job.train.lr_milestones, job.train.lr_gamma, history, label=label
         )
-    title = (
-        f"{job.name}: schedules from B0={b0}, N = clip(ceil(B / {caps.batch_per_worker}), "
-        f"{caps.min_workers}, {caps.max_workers})"
-        + (f", up to {caps.max_accumulation_steps} accumulation steps" if caps.max_accumulation_steps > 1 else "")
+    rule = (
+        f"N = the models' best of {caps.min_workers}..{caps.max_workers} (kept within {caps.workers_rule.threshold:.0%})"
+        if caps.workers_rule is not None
+        else f"N = clip(ceil(B / {caps.batch_per_worker}), {caps.min_workers}, {caps.max_workers})"
+    )
+    title = f"{job.name}: schedules from B0={b0}, {rule}" + (
+        f", up to {caps.max_accumulation_steps} accumulation steps" if caps.max_accumulation_steps > 1 else ""
     )
     return WhatIf(rows, title, None)
 
