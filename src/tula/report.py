@@ -544,7 +544,6 @@ def training_figure(run: dict):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     tr = run.get("traces") or {}
     has_delta = bool(tr.get("delta"))
@@ -554,29 +553,38 @@ def training_figure(run: dict):
     grows = grows or measured  # the batch panel also shows B_simple
     cols = 1 + has_delta + grows
     fig, axes = plt.subplots(1, cols, figsize=(6 * cols, 4.4), squeeze=False)
-    if grows:  # the batch schedule: global batch and workers per epoch
-        axg = axes[0, cols - 1]
-        ep = [h["epoch"] for h in run["history"]]
-        axg.step(ep, [h["global_batch"] for h in run["history"]], where="mid", label="global batch B")
-        if measured:
-            _noise_scale_lines(axg, ep, noise)
-        axg.set_yscale("log", base=10 if measured else 2)
-        axg.set_xlabel("epoch")
-        axg.set_ylabel("samples (global batch B, B_simple)" if measured else "global batch B")
-        axg.grid(alpha=0.3, which="major")
-        axw = axg.twinx()
-        axw.step(
-            ep, [h["n_workers"] for h in run["history"]], where="mid", color="tab:orange", ls="--", label="workers N"
-        )
-        axw.set_ylabel("workers N")
-        axg.set_title(
-            f"batch {run.get('batch_schedule') or 'constant'}: {run['steps_done']} model updates"
-            + ("" if measured else "; B_simple not measured"),
-            fontsize=10,
-        )
-        axg.legend(loc="upper left", fontsize=7)
-        axw.legend(loc="lower right", fontsize=7)
-    ax = axes[0, 0]
+    if grows:
+        _batch_panel(axes[0, cols - 1], run, noise, measured)
+    _accuracy_panel(axes[0, 0], run)
+    if has_delta:
+        _delta_panel(axes[0, 1], tr)
+    return fig
+
+
+def _batch_panel(axg, run: dict, noise: list[float | None], measured: bool) -> None:
+    """The batch schedule: global batch and workers per epoch (and B_simple where measured)."""
+    ep = [h["epoch"] for h in run["history"]]
+    axg.step(ep, [h["global_batch"] for h in run["history"]], where="mid", label="global batch B")
+    if measured:
+        _noise_scale_lines(axg, ep, noise)
+    axg.set_yscale("log", base=10 if measured else 2)
+    axg.set_xlabel("epoch")
+    axg.set_ylabel("samples (global batch B, B_simple)" if measured else "global batch B")
+    axg.grid(alpha=0.3, which="major")
+    axw = axg.twinx()
+    axw.step(ep, [h["n_workers"] for h in run["history"]], where="mid", color="tab:orange", ls="--", label="workers N")
+    axw.set_ylabel("workers N")
+    axg.set_title(
+        f"batch {run.get('batch_schedule') or 'constant'}: {run['steps_done']} model updates"
+        + ("" if measured else "; B_simple not measured"),
+        fontsize=10,
+    )
+    axg.legend(loc="upper left", fontsize=7)
+    axw.legend(loc="lower right", fontsize=7)
+
+
+def _accuracy_panel(ax, run: dict) -> None:
+    """Test score and training loss per epoch, the out-of-memory fallbacks marked."""
     ep = [h["epoch"] for h in run["history"]]
     score = epoch_score(run["history"][0])[0] if run["history"] else "top-1"
     ax.plot(ep, [epoch_score(h)[1] for h in run["history"]], "o-", label=f"test {score}")
@@ -591,22 +599,25 @@ def training_figure(run: dict):
     ax.legend(loc="lower right", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
     ax.set_title(f"{run['method']}: N={run['n_workers']}, B={run['global_batch']}")
-    if has_delta:
-        axd = axes[0, 1]
-        d = np.array([np.nan if v is None else v for v in tr["delta"]], float)
-        steps = np.arange(len(d))
-        scaled = np.array(tr["scaled"], bool)
-        axd.semilogy(steps[scaled], d[scaled], ".", ms=3, color="tab:green", label="scaled step")
-        axd.semilogy(steps[~scaled], d[~scaled], ".", ms=3, color="tab:red", label="sensitive step (unscaled)")
-        axd.axhline(tr["delta_threshold"], color="black", ls="--", lw=1, label=f"δ = {tr['delta_threshold']}")
-        axd.set_xlabel("step")
-        axd.set_ylabel("gradient variability Δ(G)")
-        f = tr.get("factors") or {}
-        extra = f", factors mean {f['mean']:.2f} [{f['min']:.2f}, {f['max']:.2f}]" if f else ""
-        axd.set_title(f"{tr['scaled_fraction']:.0%} of steps scaled{extra}", fontsize=10)
-        axd.legend(fontsize=8)
-        axd.grid(alpha=0.3)
-    return fig
+
+
+def _delta_panel(axd, tr: dict) -> None:
+    """AGS's gradient variability per step, its scaled and unscaled steps and the threshold."""
+    import numpy as np
+
+    d = np.array([np.nan if v is None else v for v in tr["delta"]], float)
+    steps = np.arange(len(d))
+    scaled = np.array(tr["scaled"], bool)
+    axd.semilogy(steps[scaled], d[scaled], ".", ms=3, color="tab:green", label="scaled step")
+    axd.semilogy(steps[~scaled], d[~scaled], ".", ms=3, color="tab:red", label="sensitive step (unscaled)")
+    axd.axhline(tr["delta_threshold"], color="black", ls="--", lw=1, label=f"δ = {tr['delta_threshold']}")
+    axd.set_xlabel("step")
+    axd.set_ylabel("gradient variability Δ(G)")
+    f = tr.get("factors") or {}
+    extra = f", factors mean {f['mean']:.2f} [{f['min']:.2f}, {f['max']:.2f}]" if f else ""
+    axd.set_title(f"{tr['scaled_fraction']:.0%} of steps scaled{extra}", fontsize=10)
+    axd.legend(fontsize=8)
+    axd.grid(alpha=0.3)
 
 
 def _noise_scale_lines(ax, epochs: list, noise: list[float | None]) -> None:

@@ -119,6 +119,88 @@ def _dask_rank(
         threads[0].join(timeout=60)  # every event is delivered before the result
 
 
+class _Gathering:
+    """What a Dask world's ranks have answered so far: the results and failures by rank, the
+    ranks another rank reported unreachable (nothing will come from them), and since when a
+    rank's worker has been missing from the scheduler's view."""
+
+    def __init__(self, addrs: list[str], queue: Any, on_event: Callable[[int, dict], None] | None) -> None:
+        self.addrs, self.queue, self.on_event = addrs, queue, on_event
+        self.results: dict[int, Any] = {}
+        self.failures: dict[int, RankFailure] = {}
+        self.cut_off: set[int] = set()
+        self.lost_since: dict[str, float] = {}
+        self.first_failure_at: float | None = None
+
+    def answered(self) -> int:
+        return len(self.results) + len(self.failures)
+
+    def complete(self) -> bool:
+        """Every rank has answered or will not (cut off)."""
+        return len(set(self.results) | set(self.failures) | self.cut_off) >= len(self.addrs)
+
+    def drain(self) -> None:
+        """Pass the ranks' queued events on."""
+        with contextlib.suppress(Exception):
+            for kind, rank, ev in self.queue.get(batch=True):
+                if kind == "event" and self.on_event is not None:
+                    self.on_event(rank, ev)
+
+    def fail(self, rank: int, failure: RankFailure, now: float) -> None:
+        self.failures[rank] = failure
+        self.first_failure_at = self.first_failure_at or now
+
+    def take_finished(self, futures: list) -> None:
+        """The answers of the ranks whose futures are done: a result, a rank's failure, or a
+        worker lost under it (cancelled, or an error outside run_rank: the process died)."""
+        for r, f in enumerate(futures):
+            if r in self.results or r in self.failures or not f.done():
+                continue
+            if f.status == "finished":
+                kind, value = f.result()
+                if kind == "result":
+                    self.results[r] = value
+                else:
+                    self.failures[r] = value
+                    self.cut_off.update(value.unreachable)
+            else:
+                exc = f.exception() if f.status == "error" else None
+                why = type(exc).__name__ if exc is not None else f.status
+                self.failures[r] = RankFailure(r, "lost_worker", f"was lost ({why})", host=self.addrs[r])
+            self.first_failure_at = self.first_failure_at or time.monotonic()
+
+    def check_workers(self, workers: dict, silent: dict[str, float], now: float) -> None:
+        """A rank whose worker left the cluster (for more than a second: not a blip in the
+        scheduler's view) or has been silent fails."""
+        for r, addr in enumerate(self.addrs):
+            if r in self.results or r in self.failures:
+                continue
+            if addr not in workers:
+                self.lost_since.setdefault(addr, now)
+                if now - self.lost_since[addr] > 1.0:
+                    self.fail(r, RankFailure(r, "lost_worker", "left the Dask cluster", host=addr), now)
+            elif addr in silent:
+                self.fail(
+                    r,
+                    RankFailure(
+                        r,
+                        "lost_worker",
+                        f"has not been heard from by the scheduler for "
+                        f"{silent[addr]:.0f} s: its host, its link or its process is down",
+                        host=addr,
+                    ),
+                    now,
+                )
+
+    def outcome(self) -> list[Any]:
+        """The results in rank order, or the root failure as one :class:`WorkerError`."""
+        if self.failures:
+            root = root_failure(list(self.failures.values()))
+            raise WorkerError(failure_sentence(root, len(self.addrs)), rank=root.rank, details=root.traceback,
+                              cause=root.cause)  # fmt: skip
+        return [self.results[r] for r in range(len(self.addrs))]
+
+
 class DaskLauncher:
     """One rank per Dask worker (gloo on CPU, NCCL on GPU, chosen from the workers' hardware).
 
@@ -387,72 +469,28 @@ class DaskLauncher:
         return ip
 
     def _gather(self, futures, addrs, queue, on_event, timeout_s, wait) -> list[Any]:
+        """The ranks' results in rank order, their events passed on as they come; a failed
+        rank, a worker that left the cluster or went silent, or the ``timeout_s`` raises
+        :class:`WorkerError` in one sentence (:class:`_Gathering` keeps the count)."""
         n = len(futures)
-        results: dict[int, Any] = {}
-        failures: dict[int, RankFailure] = {}
+        g = _Gathering(addrs, queue, on_event)
         deadline = time.monotonic() + timeout_s if timeout_s else None
-        first_failure_at: float | None = None
-        lost_since: dict[str, float] = {}
-
-        def drain() -> None:
-            with contextlib.suppress(Exception):
-                for kind, rank, ev in queue.get(batch=True):
-                    if kind == "event" and on_event is not None:
-                        on_event(rank, ev)
-
-        cut_off: set[int] = set()  # ranks that another rank reported unreachable: nothing will come from them
-
-        while len(set(results) | set(failures) | cut_off) < n:
+        while not g.complete():
             pending = [f for f in futures if not f.done()]
             if pending:
                 with contextlib.suppress(TimeoutError):
                     wait(pending, timeout=0.2, return_when="FIRST_COMPLETED")
-            drain()
-            for r, f in enumerate(futures):
-                if r in results or r in failures or not f.done():
-                    continue
-                if f.status == "finished":
-                    kind, value = f.result()
-                    if kind == "result":
-                        results[r] = value
-                    else:
-                        failures[r] = value
-                        cut_off.update(value.unreachable)
-                else:  # cancelled, or an error outside run_rank (the worker process died)
-                    exc = f.exception() if f.status == "error" else None
-                    why = type(exc).__name__ if exc is not None else f.status
-                    failures[r] = RankFailure(r, "lost_worker", f"was lost ({why})", host=addrs[r])
-                first_failure_at = first_failure_at or time.monotonic()
+            g.drain()
+            g.take_finished(futures)
             now = time.monotonic()
-            workers = self.workers() if len(results) + len(failures) < n else {a: {} for a in addrs}
-            silent = self.silent({a: w for a, w in workers.items() if a in addrs})
-            for r, addr in enumerate(addrs):
-                if r in results or r in failures:
-                    continue
-                if addr not in workers:
-                    lost_since.setdefault(addr, now)
-                    if now - lost_since[addr] > 1.0:  # not a blip in the scheduler's view
-                        failures[r] = RankFailure(r, "lost_worker", "left the Dask cluster", host=addr)
-                        first_failure_at = first_failure_at or now
-                elif addr in silent:
-                    failures[r] = RankFailure(
-                        r,
-                        "lost_worker",
-                        f"has not been heard from by the scheduler for "
-                        f"{silent[addr]:.0f} s: its host, its link or its process is down",
-                        host=addr,
-                    )
-                    first_failure_at = first_failure_at or now
-            if failures and now - first_failure_at > self.pg_timeout_s + 5:
+            workers = self.workers() if g.answered() < n else {a: {} for a in addrs}
+            g.check_workers(workers, self.silent({a: w for a, w in workers.items() if a in addrs}), now)
+            if g.failures and now - (g.first_failure_at or now) > self.pg_timeout_s + 5:
                 break
             if deadline is not None and now > deadline:
                 raise WorkerError(f"the {n}-worker run did not finish within {timeout_s:.0f} s", cause="timeout")
-        drain()
-        if failures:
-            root = root_failure(list(failures.values()))
-            message = failure_sentence(root, n)
-            raise WorkerError(message, rank=root.rank, details=root.traceback, cause=root.cause)
-        return [results[r] for r in range(n)]
+        g.drain()
+        return g.outcome()
 
     def _clean_up(self, futures, addrs) -> None:
         """Cancel what is left of the world; restart any worker still running one of its ranks."""
