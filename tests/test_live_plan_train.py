@@ -126,5 +126,9 @@ def test_tula_train_with_the_runs_models_trains_where_they_rank_best(tiny_pipeli
         best["global_batch"],
         best["n_workers"],
     )
-    # beside each epoch, the plan's prediction for its (B, N, k)
+    # beside each epoch, the plan's prediction for its (B, N, k), and in the plot
     assert all(h["predicted_epoch_s"] > 0 and h["measured_to_predicted"] > 0 for h in run["history"])
+    from tula.report import training_figure
+
+    titles = [ax.get_title() for ax in training_figure(run).axes]
+    assert any(t.startswith("epoch time: measured / predicted") for t in titles), titles

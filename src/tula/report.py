@@ -551,14 +551,42 @@ def training_figure(run: dict):
     noise = [noise_scale_value(h.get("b_simple")) for h in run["history"]]  # None: not on a log axis
     measured = any(b is not None for b in noise)
     grows = grows or measured  # the batch panel also shows B_simple
-    cols = 1 + has_delta + grows
+    predicted = any(h.get("predicted_epoch_s") for h in run["history"])
+    cols = 1 + has_delta + grows + predicted
     fig, axes = plt.subplots(1, cols, figsize=(6 * cols, 4.4), squeeze=False)
     if grows:
-        _batch_panel(axes[0, cols - 1], run, noise, measured)
+        _batch_panel(axes[0, 1 + has_delta], run, noise, measured)
     _accuracy_panel(axes[0, 0], run)
     if has_delta:
         _delta_panel(axes[0, 1], tr)
+    if predicted:
+        _epoch_time_panel(axes[0, cols - 1], run)
     return fig
+
+
+def _epoch_time_panel(ax, run: dict) -> None:
+    """Each epoch's measured time beside the plan's prediction at its (B, N, k), a new world
+    (a generation) marked where one started: how far the models that chose were right."""
+    from tula.core.run_costs import measured_epoch_s
+
+    hist = [h for h in run["history"] if h.get("predicted_epoch_s")]
+    ep = [h["epoch"] for h in hist]
+    ax.plot(ep, [measured_epoch_s(h) for h in hist], "o-", label="measured")
+    ax.plot(ep, [h["predicted_epoch_s"] for h in hist], "s--", color="tab:purple", label="predicted")
+    for g in run.get("generations") or []:
+        if g.get("new_world") and g.get("from_epoch", 1) > 1:
+            ax.axvline(g["from_epoch"] - 0.5, color="grey", ls=":", lw=1)
+    for h in hist:
+        k = h.get("accumulation_steps") or 1
+        ax.annotate(f"N={h['n_workers']} B={h['global_batch']}" + (f" k={k}" if k > 1 else ""),
+                    (h["epoch"], measured_epoch_s(h)), fontsize=6, xytext=(2, 4), textcoords="offset points")  # fmt: skip
+    ratio = (run.get("prediction") or {}).get("median_ratio")
+    ax.set_title("epoch time" + (f": measured / predicted {ratio:.2f} (median)" if ratio else ""), fontsize=10)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("seconds per epoch")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def _batch_panel(axg, run: dict, noise: list[float | None], measured: bool) -> None:
