@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import local_launcher, run_tula, train_args
+from helpers import local_launcher, train_args, tula_in_process
 
 import tula
 from tula.core.errors import SpecError
@@ -209,8 +209,8 @@ def test_the_cli_says_one_sentence_for_bad_accumulation(tmp_path):
         "3 equal micro-batches",
         "0": "error: spec field 'train.accumulation_steps': input should be greater than or equal to 1",
     }
-    for k, sentence in cases.items():
-        r = run_tula(*train_args(spec, tmp_path / f"out{k}", "--accumulation", k, method=None), timeout=120)
+    for k, sentence in cases.items():  # in this process: `tula train`'s own subprocess refusals are elsewhere
+        r = tula_in_process(*train_args(spec, tmp_path / f"out{k}", "--accumulation", k, method=None))
         assert r.returncode == 2, r.stderr
         lines = [s for s in r.stderr.splitlines() if s.strip()]
         assert len(lines) == 1 and lines[0].startswith(sentence), r.stderr

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from datetime import datetime
 
 import pytest
 import yaml
@@ -157,15 +156,13 @@ def test_a_job_over_http_runs_the_pipeline_and_its_records_are_those_tula_run_wr
 
 
 def test_kill_9_of_the_service_while_profiling_then_restart_completes_without_rerunning_trials(home, tiny_spec_dict):
-    # 6 trials (B 16 to 64 on 1 and 2 workers): the kill comes after the first, the rest run after the restart
-    d = dict(tiny_spec_dict, search={**tiny_spec_dict["search"], "cluster_sizes": [1, 2], "max_batch": 64}, epochs=1)
+    # 4 trials (B 16 and 32 on 1 and 2 workers): the kill comes after the first, the rest run after the restart
+    d = dict(tiny_spec_dict, search={**tiny_spec_dict["search"], "cluster_sizes": [1, 2], "max_batch": 32}, epochs=1)
     svc = Service(home, "--max-concurrent-jobs", "1").start()
     c = svc.client()
     job_id = c.post("/v1/jobs", json={"spec": d, "search": "full"}).json()["id"]
-    beats: list[str] = []  # the runner's heartbeats as the store saw them, its start first
 
     def some_trials(job):
-        beats.extend(b for b in (job["started_at"], job["heartbeat_at"]) if b and b not in beats)
         r = c.get(f"/v1/jobs/{job_id}/profile")
         return r.status_code == 200 and 1 <= len(r.json()["trials"]) < len(r.json()["configs"])
 
@@ -174,20 +171,16 @@ def test_kill_9_of_the_service_while_profiling_then_restart_completes_without_re
     svc.kill9()  # the service, its runner and the ranks
     assert before["in_progress"]
 
-    # the restarted service re-queues the job once its heartbeat is stale_after_s old: not the
-    # service's 30 s but 5 times the longest silence of this job's runner measured here (its start
-    # to its first beat included), at least 5 s -- a runner that was not starved is not taken for dead
-    at = sorted(datetime.fromisoformat(b) for b in beats)
-    silence_s = max((b - a).total_seconds() for a, b in zip(at, at[1:]))
-    stale_after_s = min(30.0, max(5.0, 5 * silence_s))
-    again = Service(home, "--max-concurrent-jobs", "1", env={"TULA_STALE_AFTER_S": f"{stale_after_s:.1f}"})
+    # the restarted service sees that the job's runner on this host is gone (its pid file, no such
+    # process) and queues the job again at once: not after stale_after_s, here far beyond the test
+    again = Service(home, "--max-concurrent-jobs", "1", env={"TULA_STALE_AFTER_S": "600"})
     again.port, again.url = svc.port, svc.url
     again.start()
     try:
         c = again.client()
         job = wait_for(c, job_id, timeout_s=300)
         assert job["state"] == "done", job
-        assert job["attempts"] == 2, (job, stale_after_s)
+        assert job["attempts"] == 2, job  # with stale_after_s at 600 s, only the pid file can have re-queued it
         prof = c.get(f"/v1/jobs/{job_id}/profile").json()
         assert not prof.get("in_progress") and len(prof["trials"]) == len(prof["configs"])
         # the trials finished before the kill are the same measurements, not new ones

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import memory_model, models_record, profile_record, run_python, run_tula
+from helpers import memory_model, models_record, profile_record, run_python, run_tula, tula_in_process
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -356,7 +356,8 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
     ],
 )
 def test_cli_simulate_bad_input_exits_2_with_one_sentence(models_json, tmp_path, args, words):
-    r = run_tula("simulate", models_json, "--out", tmp_path / "x.png", *args, timeout=120, columns=200)
+    # in this process (the command's own entry point); the next test runs the real command
+    r = tula_in_process("simulate", models_json, "--out", tmp_path / "x.png", *args)
     assert r.returncode == 2, r.stderr
     err = " ".join(r.stderr.split())
     assert err.startswith("error:") and words in err and "Traceback" not in err

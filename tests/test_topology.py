@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import memory_model, models_record, noisy_trials, profile_record, run_tula
+from helpers import memory_model, models_record, noisy_trials, profile_record, run_tula, tula_in_process
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -334,7 +334,7 @@ def test_cli_simulate_takes_the_intra_node_link(two_by_two, tmp_path):
         (("--intra-bandwidth", "lots"), "'lots' is not an intra-node bandwidth"),
         (("--intra-latency", "5 parsecs"), "is not an intra-node latency"),
     ):
-        r = run_tula("simulate", path, "--out", tmp_path / "x.png", *args, timeout=120, columns=200)
+        r = tula_in_process("simulate", path, "--out", tmp_path / "x.png", *args)
         assert r.returncode == 2, r.stderr
         err = " ".join(r.stderr.split())
         assert err.startswith("error:") and words in err and "Traceback" not in err

@@ -17,6 +17,7 @@ earlier job is planned from those, without profiling; its row names the job it r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -233,11 +234,36 @@ class Dispatcher:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="tula-dispatcher", daemon=True)
         self.log = settings.home / "runners.log"
+        self.pid_files = settings.home / "runners"  # <job id>: its runner's name and pid, on this host
         self.room = WorkerRoom(settings)  # the operator's workers a queued job waits for
 
     def start(self) -> None:
-        self.store.requeue_stale(self.settings.stale_after_s)
+        # a runner of an earlier service on this host whose process is gone (the service and
+        # its runners killed): its job is queued again now, not after stale_after_s
+        self.store.requeue_stale(self.settings.stale_after_s, runners_gone=self.runners_gone())
         self.thread.start()
+
+    def runners_gone(self) -> list[str]:
+        """The runners this host started (their pid files) whose process no longer runs:
+        no process of that pid, or one that is not that job's runner (the pid was reused)."""
+        gone = []
+        for path in sorted(self.pid_files.glob("*")) if self.pid_files.is_dir() else []:
+            try:
+                runner, pid = path.read_text().split()
+                proc = Path(f"/proc/{int(pid)}/cmdline")
+            except (OSError, ValueError):  # a damaged pid file says nothing: the heartbeat decides
+                runner, proc = "", None
+            try:
+                cmdline = proc.read_bytes().split(b"\0") if proc is not None else []
+            except OSError:  # no such process
+                cmdline = []
+            if b"tula.service.runner" in cmdline and path.name.encode() in cmdline:
+                continue  # alive
+            if runner.startswith(f"{os.uname().nodename}:"):
+                gone.append(runner)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+        return gone
 
     def _loop(self) -> None:
         while not self.stopping.wait(self.settings.poll_s):
@@ -250,6 +276,7 @@ class Dispatcher:
         for job_id, proc in list(self.children.items()):
             if proc.poll() is not None:
                 del self.children[job_id]
+                (self.pid_files / job_id).unlink(missing_ok=True)
                 job = self.store.get_job(job_id)
                 if (
                     job
@@ -283,7 +310,9 @@ class Dispatcher:
                 # while starting): it is replaced, never left running beside the new one
                 stale.kill()
                 stale.wait()
-            self.children[job["id"]] = self._spawn(job["id"], runner)
+            proc = self.children[job["id"]] = self._spawn(job["id"], runner)
+            self.pid_files.mkdir(parents=True, exist_ok=True)
+            (self.pid_files / job["id"]).write_text(f"{runner} {proc.pid}\n")
 
     def _spawn(self, job_id: str, runner: str) -> subprocess.Popen:
         s = self.settings

@@ -7,7 +7,7 @@ its runner sees in its next heartbeat.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -198,15 +198,19 @@ class JobQueue(Database):
                 return False
             return not conn.execute(sa.select(jobs.c.cancel_requested).where(jobs.c.id == job_id)).scalar_one()
 
-    def requeue_stale(self, stale_after_s: float, max_attempts: int | None = None) -> list[str]:
+    def requeue_stale(
+        self, stale_after_s: float, max_attempts: int | None = None, runners_gone: Sequence[str] = ()
+    ) -> list[str]:
         """Jobs in a running state whose heartbeat is older than ``stale_after_s`` (their
-        runner was killed) go back to ``queued``, runner cleared; returns their ids.  Such a
-        job whose cancellation was requested ends ``cancelled`` instead, and one that has
-        already been claimed ``max_attempts`` times ends ``failed`` (neither is returned)."""
+        runner was killed), or whose runner is one of ``runners_gone`` (known dead: its process
+        is gone), go back to ``queued``, runner cleared; returns their ids.  Such a job whose
+        cancellation was requested ends ``cancelled`` instead, and one that has already been
+        claimed ``max_attempts`` times ends ``failed`` (neither is returned)."""
         now = now_utc()
         cutoff = now - timedelta(seconds=float(stale_after_s))
         beat = sa.func.coalesce(jobs.c.heartbeat_at, jobs.c.started_at, jobs.c.updated_at)
-        stale = sa.and_(jobs.c.state.in_(RUNNING_STATES), beat < cutoff)
+        silent = beat < cutoff if not runners_gone else sa.or_(beat < cutoff, jobs.c.runner.in_(list(runners_gone)))
+        stale = sa.and_(jobs.c.state.in_(RUNNING_STATES), silent)
         requeued: list[str] = []
         with self._write() as conn:
             rows = conn.execute(
