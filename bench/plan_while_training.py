@@ -1,0 +1,203 @@
+"""Planning while training (issue #30) on emulated hosts: does ``train.workers: {rule: plan}``
+beat AdaDamp's rule where the link is slow, cost nothing where it is fast, and does the goodput
+schedule reach a target accuracy as fast as the best fixed plan?
+
+Needs root (network namespaces: ``tests/emulated_hosts.py``).  For each link rate (default
+100 Mbit/s and 1 Gbit/s, ``htb``-shaped both ways on every host's link) it makes 2 emulated
+hosts with one Dask worker each and, for each model (default the communication-bound ``mlp``:
+hidden 1024 on digits, 4.5 MB of gradients per step):
+
+1. profiles it (``tula profile --search full``, N in {1, 2}, B 32..256) and fits the models;
+2. trains, for each seed, ``--epochs`` epochs with each strategy, from the head host through
+   ``--cluster <scheduler>`` and ``--models``:
+
+   * ``fixed``: the plan's choice (objective ``time``) at a constant batch;
+   * ``adadamp``: a geometric schedule 32 -> 64 -> 128 (x2 per epoch, capped at 128) with
+     ``workers: {min: 1, max: 2, batch_per_worker: 32}`` (AdaDamp's rule: N = ceil(B / 32));
+   * ``plan``: the same schedule with ``workers: {min: 1, max: 2, rule: plan}``;
+   * ``goodput``: ``batch_schedule: {kind: goodput}`` from 32 with ``rule: plan``;
+
+3. reads from each run's record the time to the target test accuracy (the epochs' wall
+   times summed up to the first epoch at or above it; "-" when never reached) and each
+   epoch's measured time against the plan's prediction at its (B, N, k).
+
+Targets (issue #30): ``plan`` at least 1.5x faster than ``adadamp`` where the link is slow and
+never more than 5 % slower where it is fast; ``goodput`` within 5 % of ``fixed``'s
+time-to-target, or faster; each generation's predicted epoch time within 10 % of the measured.
+The 2 emulated hosts share this machine's 2 cores: at N = 2 the ranks' compute contends for
+them, which no real cluster has; the compute share of each error is not separated here.
+
+Run:  sudo .venv/bin/python bench/plan_while_training.py [--rates 100,1000] [--seeds 0] [--epochs 6]
+Writes its section of docs/benchmarks.md with ``--doc`` (default: print only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from emulated_hosts import EmulatedHosts, why_unavailable  # noqa: E402
+
+from tula.core.fit import fit_models  # noqa: E402
+from tula.core.plan import make_plan  # noqa: E402
+from tula.core.records import PROFILE_KIND, load_record, save_record  # noqa: E402
+from tula.core.run_costs import measured_epoch_s  # noqa: E402
+
+console = Console(width=150)
+TULA = str(Path(sys.executable).parent / "tula")
+SECTION = "## Planning while training (`bench/plan_while_training.py`, issue #30)"
+
+MODELS = {
+    "mlp": {"name": "mlp", "kwargs": {"in_features": 64, "hidden": 1024, "num_classes": 10}},
+    "small_cnn": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 16}},
+}
+GEOMETRIC = {"kind": "geometric", "factor": 2, "delay": 1, "max_batch": 128}
+STRATEGIES = {
+    "fixed": None,  # the plan's choice, constant
+    "adadamp": {"batch_schedule": GEOMETRIC, "workers": {"min": 1, "max": 2, "batch_per_worker": 32}},
+    "plan": {"batch_schedule": GEOMETRIC, "workers": {"min": 1, "max": 2, "rule": "plan"}},
+    "goodput": {"batch_schedule": {"kind": "goodput"}, "workers": {"min": 1, "max": 2, "rule": "plan"}},
+}
+
+
+def base_spec(model: str, epochs: int, seed: int) -> dict:
+    return {
+        "name": f"pwt-{model}",
+        "model": MODELS[model],
+        "data": {"name": "digits"},
+        "epochs": epochs,
+        "seed": seed,
+        "search": {"cluster_sizes": [1, 2], "min_batch": 32, "max_batch": 256},
+        "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1},
+        "collective": "ring",
+        "cluster": {"pg_timeout_s": 120},
+        "train": {"warmup_epochs": 0, "ags": {"b_small": 8}},  # AGS (the default) measures B_simple on 1 worker
+    }
+
+
+def run_on_head(h: EmulatedHosts, args: list, what: str) -> float:
+    t0 = time.perf_counter()
+    r = h.run([TULA, *map(str, args), "--cluster", h.scheduler_address], timeout=3600)
+    if r.returncode != 0:
+        raise SystemExit(f"{what} failed ({r.returncode}): {r.stderr[-2000:]}\n{h.log_tail()}")
+    return time.perf_counter() - t0
+
+
+def time_to_target(history: list[dict], target: float) -> float | None:
+    """Seconds of training (the epochs' wall times) until the first epoch whose test accuracy
+    is at least ``target``; None when none reaches it."""
+    total = 0.0
+    for h in history:
+        total += measured_epoch_s(h)
+        if (h.get("test_top1") or 0.0) >= target:
+            return total
+    return None
+
+
+def one_rate(rate: float, model: str, args, out: Path) -> list[dict]:
+    rows = []
+    with EmulatedHosts(n_hosts=2, rate_mbit=rate) as h:
+        spec = base_spec(model, args.epochs, 0)
+        spec_path = out / f"{model}-{rate:g}.yaml"
+        spec_path.write_text(yaml.safe_dump(spec))
+        prof_path = out / f"{model}-{rate:g}-profile.json"
+        t = run_on_head(h, ["profile", spec_path, "--search", "full", "--out", prof_path, "--force"], "profile")
+        console.print(f"{model} at {rate:g} Mbit/s: profiled in {t:.0f} s")
+        models = fit_models(load_record(prof_path, expect=(PROFILE_KIND,)))
+        models_path = out / f"{model}-{rate:g}-models.json"
+        save_record(models, models_path)
+        choice = make_plan(models, "time")["choice"]
+        for seed in args.seeds:
+            for name, train in STRATEGIES.items():
+                s = base_spec(model, args.epochs, seed)
+                if train is not None:
+                    s["train"] = {**s["train"], **train}
+                path = out / f"{model}-{rate:g}-{name}-{seed}.yaml"
+                path.write_text(yaml.safe_dump(s))
+                run_dir = out / f"{model}-{rate:g}-{name}-{seed}"
+                shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time
+                cmd = ["train", path, "--models", models_path, "--out", run_dir]
+                if name == "fixed":
+                    cmd += ["--workers", choice["n_workers"], "--batch", choice["global_batch"]]
+                else:
+                    cmd += ["--batch", 32]
+                wall = run_on_head(h, cmd, f"training {name}")
+                run = json.loads((run_dir / "train.json").read_text())
+                hist = run["history"]
+                ratios = [measured_epoch_s(e) / e["predicted_epoch_s"] for e in hist[1:] if e.get("predicted_epoch_s")]
+                row = {
+                    "rate_mbit": rate,
+                    "model": model,
+                    "seed": seed,
+                    "strategy": name,
+                    "configs": " ".join(f"{e['global_batch']}/{e['n_workers']}" for e in hist),
+                    "train_s": sum(measured_epoch_s(e) for e in hist),
+                    "to_target_s": time_to_target(hist, args.target),
+                    "final_acc": hist[-1].get("test_top1"),
+                    "median_measured_to_predicted": statistics.median(ratios) if ratios else None,
+                    "command_s": wall,
+                }
+                rows.append(row)
+                console.print(
+                    f"  {name:8s} seed {seed}: {row['configs']}  {row['train_s']:.1f} s, "
+                    f"to {args.target:.0%}: {row['to_target_s'] if row['to_target_s'] is None else round(row['to_target_s'], 1)} s, "
+                    f"measured/predicted {row['median_measured_to_predicted']}"
+                )
+    return rows
+
+
+def table(rows: list[dict], target: float) -> Table:
+    t = Table(title=f"time to {target:.0%} test accuracy (s), per strategy; B/N per epoch")
+    for c in ("link", "model", "seed", "strategy", "B/N per epoch", "training s", f"to {target:.0%} s",
+              "final acc", "measured / predicted"):  # fmt: skip
+        t.add_column(c)
+    for r in rows:
+        t.add_row(
+            f"{r['rate_mbit']:g} Mbit/s", r["model"], str(r["seed"]), r["strategy"], r["configs"],
+            f"{r['train_s']:.1f}", "-" if r["to_target_s"] is None else f"{r['to_target_s']:.1f}",
+            f"{r['final_acc']:.3f}", "-" if r["median_measured_to_predicted"] is None
+            else f"{r['median_measured_to_predicted']:.2f}",
+        )  # fmt: skip
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="100,1000", help="link rates in Mbit/s, comma-separated")
+    ap.add_argument("--models", default="mlp", help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds")
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--target", type=float, default=0.97, help="the test accuracy the time is measured to")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-plan-while-training")
+    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = ap.parse_args()
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    why = why_unavailable()
+    if why:
+        raise SystemExit(f"bench/plan_while_training.py: {why}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for model in args.models.split(","):
+        for rate in (float(r) for r in args.rates.split(",")):
+            rows += one_rate(rate, model, args, args.out)
+    console.print(table(rows, args.target))
+    console.print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, {platform.machine()}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
