@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/time_to_accuracy.py
 	$(VENV)/bin/python bench/accumulation.py
 	$(VENV)/bin/python bench/run_prediction.py
+	$(VENV)/bin/python bench/plan_while_training.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
