@@ -30,6 +30,7 @@ from typing import Any
 
 from tula.core.accumulation import accumulation_for
 from tula.core.errors import SpecError
+from tula.core.memory_model import MemoryModel
 from tula.core.run_costs import predicted_epoch_s
 from tula.core.schedules import Caps
 
@@ -100,6 +101,7 @@ class Ranker:
         self.models, self.method, self.rank_by, self.pricing = models, method, rank_by, pricing
         self.dataset_size = int(models["dataset_size"])
         self.epoch_s_of = epoch_s_of
+        self.memory = MemoryModel.from_dict(models["memory"]) if models.get("memory") else None
 
     def epoch_s(self, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
         """The predicted epoch at (B, N, k): the plan's, or ``epoch_s_of``'s."""
@@ -107,10 +109,19 @@ class Ranker:
             return float(self.epoch_s_of(global_batch, n_workers, accumulation_steps))
         return predicted_epoch_s(self.models, self.method, global_batch, n_workers, accumulation_steps)
 
-    def score(self, epoch_s: float, n_workers: int) -> float:
+    def score(self, epoch_s: float, n_workers: int, share: int, accumulation_steps: int) -> float:
+        """``epoch_s``, or an epoch's cost as the planner and the simulator price it: the expected
+        wall time (spot preemptions), on N workers each at the predicted peak of a rank's share
+        run as k micro-batches (memory pricing)."""
         if self.rank_by == "time":
             return epoch_s
-        return float(self.pricing.cost(epoch_s, n_workers, None))
+        wall = self.pricing.expected_time_s(epoch_s, n_workers, epoch_s)
+        peak = (
+            None
+            if self.memory is None
+            else self.memory.predict_accumulated_peak_bytes(share, share // accumulation_steps)
+        )
+        return float(self.pricing.cost(wall, n_workers, peak))
 
     def options(self, global_batch: int, caps: Caps) -> list[Option]:
         """Every (N, k) within ``caps`` for a wanted global batch (at most the data set), best
@@ -126,7 +137,7 @@ class Ranker:
                 continue
             b = n * (share // k * k)
             epoch_s = self.epoch_s(b, n, k)
-            out.append(Option(b, n, k, epoch_s, self.score(epoch_s, n)))
+            out.append(Option(b, n, k, epoch_s, self.score(epoch_s, n, b // n, k)))
         return sorted(out, key=lambda o: (o.score, o.n_workers, o.accumulation_steps))
 
 

@@ -139,6 +139,12 @@ class _Ctx:
     caps: Caps | None = None  # the bounds themselves (goodput reads their workers rule's models)
 
 
+def _last_b_simple(ctx: _Ctx) -> float | None:
+    """The last finished epoch's B_simple, or None where none was measured (None, NaN)."""
+    bs = ctx.history[-1].get("b_simple") if ctx.history else None
+    return None if bs is None or (isinstance(bs, float) and math.isnan(bs)) else float(bs)
+
+
 class Schedule:
     """A batch-size schedule: :meth:`want` says which global batch it wants after
     ``ctx.epoch_done`` epochs (before caps and rounding), and a one-line reason."""
@@ -244,8 +250,8 @@ class Adaptive(Schedule):
         cur = s["batch"]
         if not ctx.history:
             return s["b0"], f"adaptive: starting at {s['b0']}"
-        bs = ctx.history[-1].get("b_simple")
-        if bs is None or (isinstance(bs, float) and math.isnan(bs)):
+        bs = _last_b_simple(ctx)
+        if bs is None:
             return cur, f"adaptive: no B_simple measured, batch stays {cur}"
         lo = p["min_batch"] if p.get("min_batch") is not None else s["b0"]
         target = min(max(float(bs), lo), ctx.cap)
@@ -272,16 +278,16 @@ class Goodput(Schedule):
         cur = s["batch"]
         if not ctx.history:
             return s["b0"], f"goodput: starting at {s['b0']}"
-        bs = ctx.history[-1].get("b_simple")
-        if bs is None or (isinstance(bs, float) and math.isnan(bs)):
+        bs = _last_b_simple(ctx)
+        if bs is None:
             return cur, f"goodput: no B_simple measured, batch stays {cur}"
-        if math.isinf(float(bs)):
+        if math.isinf(bs):
             return min(cur * p["max_growth"], ctx.cap), "goodput: no gradient noise measurable, towards the cap"
         rule = ctx.caps.workers_rule if ctx.caps is not None else None
         if rule is None or not hasattr(rule, "choose_batch"):
             raise SpecError("batch schedule 'goodput' needs the fitted models to rank batches")
         lo = p["min_batch"] if p.get("min_batch") is not None else s["b0"]
-        batch, reason = rule.choose_batch(ctx.caps, cur, s["workers"], float(bs), s["b0"], p["max_growth"], lo, ctx.cap)
+        batch, reason = rule.choose_batch(ctx.caps, cur, s["workers"], bs, s["b0"], p["max_growth"], lo, ctx.cap)
         return batch, reason
 
 
