@@ -21,7 +21,8 @@ Then, from the fp32 memory model: the predicted largest local batch on the card
 (``MemoryModel.max_local_batch`` with the card's total memory as the budget and no safety
 margin) and one plain step at 0.95x and one at 1.05x of it (expected: fits, out of memory).
 And 2 epochs of AGS in fp16 (``tula.engine.train.train``, one worker, GradScaler on CUDA) on a
-small synthetic set: its losses, the steps the scaler skipped, the share of AGS-scaled steps.
+small synthetic set: its losses, the steps the scaler skipped, the share of AGS-scaled steps;
+then the same run in fp32 beside it.
 
 The knobs of #25 item 3 (``--tf32``, ``--channels-last``, ``--cudnn-benchmark``) apply to
 both loops when given (default: torch's defaults, off).
@@ -253,8 +254,8 @@ def tula_profile(s: Setup, precision: str, launcher) -> tuple[dict, MemoryModel,
     )
 
 
-def ags_fp16(s: Setup, launcher, out: Path) -> dict:
-    """2 epochs of AGS in fp16 on a small synthetic set, one worker."""
+def ags_run(s: Setup, launcher, out: Path, precision: str) -> dict:
+    """2 epochs of AGS in ``precision`` on a small synthetic set, one worker."""
     from tula.engine.train import train
 
     spec = spec_from_dict(
@@ -263,7 +264,7 @@ def ags_fp16(s: Setup, launcher, out: Path) -> dict:
             "model": {"name": s.ags_model, "kwargs": {"num_classes": 10}},
             "data": {"name": "synthetic", "sample_shape": list(s.ags_shape), "num_samples": s.ags_samples},
             "epochs": 2,
-            "train": {"precision": "fp16", "ags": {"b_small": max(2, s.ags_batch // 4)}, **s.knobs},
+            "train": {"precision": precision, "ags": {"b_small": max(2, s.ags_batch // 4)}, **s.knobs},
             "profile": {"device": s.device.type},
         }
     )
@@ -291,6 +292,10 @@ def _ms(t: float | None) -> str:
     return "-" if t is None else f"{1e3 * t:.1f}"
 
 
+def _less(a: float | None, b: float | None) -> float | None:
+    return None if a is None else a - (b or 0)
+
+
 def _gib(n: float | None) -> str:
     return "-" if n is None else f"{n / GIB:.2f}"
 
@@ -307,12 +312,14 @@ def render(results: dict) -> str:
         "Step time (ms): the plain PyTorch loop with the batch on the device, Tula's training step (its "
         "profile's median, data path included), and the step predicted by the models fitted on the "
         "profile's smallest and largest batch (partial search). Peak memory (GiB): the plain loop's "
-        "`max_memory_allocated`, Tula's trial's measured peak, and the memory model's prediction "
-        "(its error is against the plain loop).",
+        "`max_memory_allocated`, Tula's trial's measured peak, and the memory model's prediction for "
+        "Tula's run. Tula keeps an in-memory data set on the GPU (`resident` GiB, counted in the "
+        "prediction), which the plain loop does not: the prediction's error is given against Tula's "
+        "measured peak, and, with the resident data set left out, against the plain loop's.",
         "",
         "| precision | b | plain | tula | tula / plain | predicted | predicted vs plain | peak plain | "
-        "peak tula | peak predicted | peak error |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "peak tula | peak predicted | resident | peak error vs tula | peak error vs plain |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["rows"]:
         ratio = "-" if r.get("tula") is None or r.get("plain") is None else f"{r['tula'] / r['plain']:.2f}x"
@@ -320,13 +327,16 @@ def render(results: dict) -> str:
             f"| {r['precision']} | {r['b']} | {_ms(r.get('plain'))} | {_ms(r.get('tula'))} | {ratio} | "
             f"{_ms(r.get('predicted'))} | {_pct(r.get('predicted'), r.get('plain'))} | "
             f"{_gib(r.get('peak_plain'))} | {_gib(r.get('peak_tula'))} | {_gib(r.get('peak_predicted'))} | "
-            f"{_pct(r.get('peak_predicted'), r.get('peak_plain'))} |"
+            f"{_gib(r.get('resident'))} | {_pct(r.get('peak_predicted'), r.get('peak_tula'))} | "
+            f"{_pct(_less(r.get('peak_predicted'), r.get('resident')), r.get('peak_plain'))} |"
         )
     for p, s in results.get("summary", {}).items():
         lines.append("")
         lines.append(
-            f"{p}: Tula's step / plain loop, median over b >= {s['from_b']}: {s['tula_over_plain']}; predicted vs plain, "
-            f"median |error|: {s['pred_err']}; peak memory, median |error|: {s['mem_err']}."
+            f"{p}: Tula's step / plain loop, median over b >= {s['from_b']}: {s['tula_over_plain']} (largest "
+            f"{s['tula_over_plain_max']}); predicted vs plain, median |error|: {s['pred_err']}; peak memory, median "
+            f"|error|: {s['mem_err_tula']} against Tula's measured peak, {s['mem_err']} against the plain loop's "
+            "(the resident data set left out)."
         )
     mb = results.get("max_batch")
     if mb:
@@ -338,12 +348,11 @@ def render(results: dict) -> str:
             f"predicted {_gib(mb['lo']['predicted_bytes'])} GiB); at 1.05x (b = {mb['hi']['b']}): "
             f"{'fits' if mb['hi']['fits'] else 'out of memory'}.",
         ]
-    ags = results.get("ags")
-    if ags:
+    for ags in results.get("ags", []):
         eps = ags["epochs"]
         lines += [
             "",
-            f"AGS in fp16, 2 epochs ({ags['model']} at {ags['shape']}, {ags['samples']} samples, B = {ags['batch']}, "
+            f"AGS in {ags['precision']}, 2 epochs ({ags['model']} at {ags['shape']}, {ags['samples']} samples, B = {ags['batch']}, "
             f"{ags['wall_s']:.0f} s): train loss "
             + ", ".join(f"{e['train_loss']:.3f}" for e in eps)
             + "; steps the scaler skipped "
@@ -390,37 +399,52 @@ def run(s: Setup, budget: Budget, mode: str) -> dict:
             row["tula"] = t["t_step_s"] if t and t["status"] == "ok" else None
             row["tula_status"] = t["status"] if t else "not profiled"
             row["predicted"] = float(perf.t_step_s(row["b"], 1, rpn))
-            row["peak_predicted"] = int(mm.predict_peak_bytes(row["b"]))
+            row["peak_predicted"] = int(mm.predict_peak_bytes(row["b"], 1))
             row["peak_tula"] = t.get("peak_mem_bytes") if t else None
+            row["resident"] = int(mm.resident_data_bytes)
             print(f"{precision} b={row['b']}: tula {_ms(row['tula'])} ms ({row['tula_status']}), predicted "
                   f"{_ms(row['predicted'])} ms, peak predicted {_gib(row['peak_predicted'])} GiB", flush=True)  # fmt: skip
         rows.extend(prec_rows)
         big = [r for r in prec_rows if r["b"] >= s.ratio_from_b and r["tula"] is not None]
         summary[precision] = {
             "tula_over_plain": f"{statistics.median(r['tula'] / r['plain'] for r in big):.2f}x" if big else "-",
+            "tula_over_plain_max": f"{max(r['tula'] / r['plain'] for r in big):.2f}x" if big else "-",
             "from_b": s.ratio_from_b,
             "pred_err": _median_abs([(r["predicted"] - r["plain"]) / r["plain"] for r in prec_rows]),
             "mem_err": _median_abs(
-                [(r["peak_predicted"] - r["peak_plain"]) / r["peak_plain"] for r in prec_rows if r["peak_plain"]]
+                [
+                    (r["peak_predicted"] - r["resident"] - r["peak_plain"]) / r["peak_plain"]
+                    for r in prec_rows
+                    if r["peak_plain"]
+                ]
+            ),
+            "mem_err_tula": _median_abs(
+                [(r["peak_predicted"] - r["peak_tula"]) / r["peak_tula"] for r in prec_rows if r["peak_tula"]]
             ),
         }
         if precision == "fp32" and mm32 is not None:
             results["max_batch"] = max_batch_check(s, mm32, budget, notes)
-    if budget.allows(60 if s.device.type == "cuda" else 10):
+    results["ags"] = []
+    for precision in ("fp16", "fp32"):  # fp16's scaler on the GPU, and the same run in fp32 beside it
+        if not budget.allows(30 if s.device.type == "cuda" else 5):
+            notes.append(f"AGS in {precision}: not run, the {budget.total_s:.0f} s budget ran out.")
+            continue
         with tempfile.TemporaryDirectory() as tmp:
-            ags = ags_fp16(s, launcher, Path(tmp) / "ags")
+            ags = ags_run(s, launcher, Path(tmp) / "ags", precision)
         rec = ags["record"]
-        results["ags"] = {
-            "model": s.ags_model,
-            "shape": "x".join(map(str, s.ags_shape)),
-            "samples": s.ags_samples,
-            "batch": s.ags_batch,
-            "wall_s": ags["wall_s"],
-            "epochs": rec["history"],
-        }
-        print(f"AGS fp16: {len(rec['history'])} epochs, losses {[round(e['train_loss'], 3) for e in rec['history']]}")
-    else:
-        notes.append(f"AGS in fp16: not run, the {budget.total_s:.0f} s budget ran out.")
+        results["ags"].append(
+            {
+                "precision": precision,
+                "model": s.ags_model,
+                "shape": "x".join(map(str, s.ags_shape)),
+                "samples": s.ags_samples,
+                "batch": s.ags_batch,
+                "wall_s": ags["wall_s"],
+                "epochs": rec["history"],
+            }
+        )
+        losses = [round(e["train_loss"], 3) for e in rec["history"]]
+        print(f"AGS {precision}: {len(rec['history'])} epochs, losses {losses}", flush=True)
     if mode == "dry-run":
         notes.append(
             "A dry run on the CPU: no peak-memory counter, and the steps around the largest batch cannot run out "
@@ -434,7 +458,7 @@ def max_batch_check(s: Setup, mm: MemoryModel, budget: Budget, notes: list[str])
         total = torch.cuda.get_device_properties(s.device).total_memory
     else:  # a dry run: a budget the tiny model's batches reach, so the code runs
         total = int(mm.predict_peak_bytes(max(s.batches) * 2))
-    b_max = mm.max_local_batch(total, safety=0.0)
+    b_max = mm.max_local_batch(total, safety=0.0, n_workers=1)
     if not b_max:
         notes.append("largest batch: the memory model allows no batch on this card.")
         return None
@@ -446,7 +470,7 @@ def max_batch_check(s: Setup, mm: MemoryModel, budget: Budget, notes: list[str])
     res = {"budget_bytes": total, "b_max": b_max}
     for key, b in (("lo", lo), ("hi", hi)):
         r = fits_one_step(s, b)
-        res[key] = {"b": b, **r, "predicted_bytes": int(mm.predict_peak_bytes(b))}
+        res[key] = {"b": b, **r, "predicted_bytes": int(mm.predict_peak_bytes(b, 1))}
         print(f"largest batch {b_max}: b={b} {'fits' if r['fits'] else 'out of memory'}", flush=True)
     return res
 

@@ -132,7 +132,7 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
         perf, mem = PerfModel.from_dict(models["perf"]), MemoryModel.from_dict(models["memory"])
         pred_t = perf.t_step_s(b, n)
         e_t = _rel(pred_t, meas_t)
-        e_m = _rel(mem.predict_peak_bytes(b), meas_m)
+        e_m = _rel(mem.predict_peak_bytes(b, n), meas_m)
         res[f"t_step_{label}_median"] = float(np.median(e_t))
         res[f"t_step_{label}_max"] = float(e_t.max())
         res[f"mem_{label}_median"] = float(np.median(e_m))
@@ -142,7 +142,7 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
             res["per_config"][f"N={k[0]} B={k[1]}"][f"{label}_pred_s"] = float(p)
     # the memory model straight from the two probe steps, before any trial refines it
     probed = MemoryModel.from_dict(part["memory"])
-    e_probe = _rel(probed.predict_peak_bytes(b), meas_m)
+    e_probe = _rel(probed.predict_peak_bytes(b, n), meas_m)
     res["mem_probe_only_median"], res["mem_probe_only_max"] = float(np.median(e_probe)), float(e_probe.max())
     return res
 

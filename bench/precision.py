@@ -70,7 +70,10 @@ def judge(prof: dict) -> dict:
     held = [t for t in prof["trials"] if t["status"] == "ok" and (t["n_workers"], t["global_batch"]) not in kept]
     step_err = [abs(float(perf.t_step_s(t["local_batch"], t["n_workers"], rpn)) - t["t_step_s"]) / t["t_step_s"]
                 for t in held]  # fmt: skip
-    mem_err = [abs(mm.predict_peak_bytes(t["local_batch"]) - t["peak_mem_bytes"]) / t["peak_mem_bytes"] for t in held]
+    mem_err = [
+        abs(mm.predict_peak_bytes(t["local_batch"], t["n_workers"]) - t["peak_mem_bytes"]) / t["peak_mem_bytes"]
+        for t in held
+    ]
     return {"held_out": len(held), "step_median": statistics.median(step_err), "step_max": max(step_err),
             "mem_median": statistics.median(mem_err), "mem_max": max(mem_err),
             "bytes_per_sample": mm.bytes_per_sample, "precision": mm.precision,

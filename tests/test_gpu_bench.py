@@ -57,6 +57,6 @@ def test_the_dry_run_exercises_every_cpu_path_and_writes_the_section(tmp_path):
         plain, tula, predicted = (row.split("|")[i].strip() for i in (3, 4, 6))
         assert float(plain) > 0 and float(tula) > 0 and float(predicted) > 0, row
     assert "Largest local batch predicted" in text and "at 1.05x" in text
-    assert "AGS in fp16, 2 epochs" in text and "dry run on the CPU" in text
+    assert "AGS in fp16, 2 epochs" in text and "AGS in fp32, 2 epochs" in text and "dry run on the CPU" in text
     assert "budget ran out" not in text and "(budget)" not in text, text  # nothing left out for lack of time
     print(f"dry run: {wall_s:.0f} s")

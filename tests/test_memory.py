@@ -5,6 +5,7 @@ import sys
 import textwrap
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from helpers import local_launcher, memory_model
@@ -142,6 +143,25 @@ def test_max_local_batch_respects_budget_and_margin():
     assert floored.max_local_batch(4900, safety=0.0) == 0  # the optimiser step alone does not fit
     old_record = {k: v for k, v in mm.to_dict().items() if k != "update_peak_bytes"}
     assert MemoryModel.from_dict(old_record).update_peak_bytes == 0  # models saved before the field
+
+
+def test_a_ddp_world_adds_its_gradient_buckets_to_the_forward_backward_line():
+    # the line is a one-rank world's (not wrapped in DDP); N >= 2 holds DDP's buckets on top
+    mm = memory_model(ddp_bucket_bytes=1000, update_peak_bytes=3500)  # line: 2000 + 100 b
+    assert mm.predict_peak_bytes(10, 1) == 3500  # the optimiser step's floor
+    assert mm.predict_peak_bytes(10, 2) == 4000  # 3000 + the buckets, above the floor
+    assert mm.predict_peak_bytes(30, 1) == 5000 and mm.predict_peak_bytes(30, 4) == 6000
+    assert mm.predict_peak_bytes(30) == 6000  # the worker count not known: the larger
+    assert list(mm.predict_peak_bytes(np.array([30, 30]), np.array([1, 2]))) == [5000, 6000]
+    assert mm.predict_accumulated_peak_bytes(60, 30, 1) == 5000 + 10 * 30
+    assert mm.max_local_batch(12000, 0.0, n_workers=1) == 100 and mm.max_local_batch(12000, 0.0) == 90
+    # refitting on trials of both world sizes: a DDP world's peaks lose the buckets first
+    again = mm.refit([100, 200, 100, 200], [12000, 22000, 13000, 23000], [1, 1, 2, 2])
+    assert again.predict_peak_bytes(300, 1) == pytest.approx(32000, rel=1e-3)
+    assert again.predict_peak_bytes(300, 2) == pytest.approx(33000, rel=1e-3)
+    assert (
+        MemoryModel.from_dict({k: v for k, v in mm.to_dict().items() if k != "ddp_bucket_bytes"}).ddp_bucket_bytes == 0
+    )
 
 
 def test_refit_uses_more_points():
@@ -353,7 +373,9 @@ def test_three_mib_budget_under_the_cap_fits_no_batch_and_says_why(capped_spec_d
     mm = MemoryModel.from_dict(plan["memory"])
     assert plan["max_local_batch"] == 0 and plan["configs"] == []
     assert mm.address_space_overhead_bytes > 3 * MiB
-    assert replace(mm, address_space_overhead_bytes=0).max_local_batch(3 * MiB) >= 128  # the old prediction
+    assert (
+        replace(mm, address_space_overhead_bytes=0).max_local_batch(3 * MiB, n_workers=1) >= 128
+    )  # the old prediction
 
 
 @pytest.mark.slow  # a real DDP world

@@ -81,7 +81,9 @@ def test_partial_profile_end_to_end_and_fit(tiny_spec_dict):
     probed = MemoryModel.from_dict(models["memory_probed"])
     assert probed.probe_local_batches == (16, 32)
     for t in rec["trials"]:
-        assert probed.predict_peak_bytes(t["local_batch"]) == pytest.approx(t["peak_mem_bytes"], rel=0.1), t
+        assert probed.predict_peak_bytes(t["local_batch"], t["n_workers"]) == pytest.approx(
+            t["peak_mem_bytes"], rel=0.1
+        ), t
     assert models["fit_error"]["peak_mem_median_rel"] < 0.05  # and refitted on the trials, closer still
 
 

@@ -95,10 +95,11 @@ def fit_models(profile: dict) -> dict:
     perf = fit_perf_model(trials, spec.collective, profile["model"]["grad_bytes"])
     ok = [t for t in trials if t["status"] == "ok"]
     probed = MemoryModel.from_dict(profile["memory"])
-    mem = probed.refit([t["local_batch"] for t in ok], [t["peak_mem_bytes"] for t in ok])
+    ns = [t["n_workers"] for t in ok]
+    mem = probed.refit([t["local_batch"] for t in ok], [t["peak_mem_bytes"] for t in ok], ns)
     t_err = relative_errors(perf, ok)  # each trial where its ranks ran
     m_err = relative_error(
-        mem.predict_peak_bytes(np.array([t["local_batch"] for t in ok])), [t["peak_mem_bytes"] for t in ok]
+        mem.predict_peak_bytes(np.array([t["local_batch"] for t in ok]), ns), [t["peak_mem_bytes"] for t in ok]
     )
     acc = accumulation_check(perf, ok, profile.get("accumulation_trials") or [])
     run_costs = fit_run_costs(profile.get("run_trials") or [], spec.train.method)

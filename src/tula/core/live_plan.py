@@ -119,7 +119,7 @@ class Ranker:
         peak = (
             None
             if self.memory is None
-            else self.memory.predict_accumulated_peak_bytes(share, share // accumulation_steps)
+            else self.memory.predict_accumulated_peak_bytes(share, share // accumulation_steps, n_workers)
         )
         return float(self.pricing.cost(wall, n_workers, peak))
 

@@ -42,6 +42,11 @@ class MemoryModel:
     precision: str = "fp32"  # train.precision of the steps it was measured on (a plan never mixes them)
     # an in-memory data set kept on the device (CUDA, data.device_resident_share): both splits, per worker
     resident_data_bytes: int = 0
+    # what a rank of a world of N >= 2 holds beyond the line, which is a one-rank world's: DDP's
+    # gradient buckets, allocated for the whole run (gradients as bucket views), where a one-rank
+    # world (not wrapped in DDP) allocates its gradients in the backward pass.  0 in records made
+    # before one-rank worlds went unwrapped: their line was measured with the buckets in it.
+    ddp_bucket_bytes: int = 0
 
     @property
     def static_bytes(self) -> int:
@@ -58,20 +63,28 @@ class MemoryModel:
     def bytes_per_sample(self) -> int:
         return self.activation_bytes_per_sample + self.batch_bytes_per_sample
 
-    def predict_peak_bytes(self, local_batch):
-        """Predicted peak bytes for a local batch (scalar or numpy array): the forward/backward
-        line, or the optimiser step's peak where that is higher."""
+    def world_bytes(self, n_workers=None):
+        """What a rank of an ``n_workers`` world holds beyond a one-rank world's: DDP's buckets
+        where N >= 2; ``None`` (the worker count not known yet): as for N >= 2, the larger."""
+        if n_workers is None:
+            return self.ddp_bucket_bytes
+        return np.where(np.asarray(n_workers) > 1, self.ddp_bucket_bytes, 0)
+
+    def predict_peak_bytes(self, local_batch, n_workers=None):
+        """Predicted peak bytes of a rank for a local batch (scalar or numpy array) in a world of
+        ``n_workers`` (default: any N, :meth:`world_bytes`): the forward/backward line, or the
+        optimiser step's peak where that is higher."""
         line = self.static_bytes + self.bytes_per_sample * np.asarray(local_batch)
-        peak = np.maximum(line, self.update_peak_bytes)
+        peak = np.maximum(line + self.world_bytes(n_workers), self.update_peak_bytes)
         return int(peak) if peak.ndim == 0 else peak
 
-    def predict_accumulated_peak_bytes(self, local_batch, micro_batch):
+    def predict_accumulated_peak_bytes(self, local_batch, micro_batch, n_workers=None):
         """Predicted peak bytes when a rank's share ``local_batch`` runs as micro-batches of
         ``micro_batch`` (gradient accumulation): the micro-batch's forward/backward, plus the
         rest of the share's data, which is loaded whole and then sliced.  Equal to
         :meth:`predict_peak_bytes` when ``micro_batch`` is the share."""
         extra = self.batch_bytes_per_sample * (np.asarray(local_batch) - np.asarray(micro_batch))
-        peak = self.predict_peak_bytes(micro_batch) + extra
+        peak = self.predict_peak_bytes(micro_batch, n_workers) + extra
         return int(peak) if np.ndim(peak) == 0 else peak
 
     def predict_budget_bytes(self, local_batch):
@@ -79,14 +92,17 @@ class MemoryModel:
         under an address-space cap, the worker's address-space overhead."""
         return self.predict_peak_bytes(local_batch) + self.address_space_overhead_bytes
 
-    def max_local_batch(self, budget_bytes: int | None, safety: float = 0.1) -> int | None:
+    def max_local_batch(
+        self, budget_bytes: int | None, safety: float = 0.1, n_workers: int | None = None
+    ) -> int | None:
         """Largest local batch whose predicted peak (plus the address-space overhead, see
-        :meth:`predict_budget_bytes`) stays within ``(1 - safety) * budget``; ``None`` when
-        there is no budget, 0 when not even one sample fits (:meth:`shortfall` says why)."""
+        :meth:`predict_budget_bytes`) stays within ``(1 - safety) * budget`` in a world of
+        ``n_workers`` (default: any N); ``None`` when there is no budget, 0 when not even one
+        sample fits (:meth:`shortfall` says why)."""
         if budget_bytes is None:
             return None
         usable = budget_bytes * (1.0 - safety) - self.address_space_overhead_bytes
-        room = usable - self.static_bytes
+        room = usable - self.static_bytes - int(self.world_bytes(n_workers))
         if room < self.bytes_per_sample or self.update_peak_bytes > usable:
             return 0
         return int(math.floor(room / max(self.bytes_per_sample, 1)))
@@ -95,7 +111,9 @@ class MemoryModel:
         """Why not one sample fits ``budget_bytes`` (a clause for an error message)."""
         usable = budget_bytes * (1.0 - safety)
         need = (
-            max(self.static_bytes + self.bytes_per_sample, self.update_peak_bytes) + self.address_space_overhead_bytes
+            max(self.static_bytes + self.bytes_per_sample, self.update_peak_bytes)
+            + self.address_space_overhead_bytes
+            + self.ddp_bucket_bytes
         )
         parts = [
             f"{_mib(max(self.static_bytes, self.update_peak_bytes))} of parameters, gradients, optimiser "
@@ -114,12 +132,15 @@ class MemoryModel:
             f"{_mib(budget_bytes)} budget after the {safety:.0%} safety margin"
         )
 
-    def refit(self, local_batches, peak_bytes) -> MemoryModel:
+    def refit(self, local_batches, peak_bytes, n_workers=None) -> MemoryModel:
         """The same static decomposition with intercept and slope refitted to more measured
-        peaks (e.g. the profiled trials), by least squares on relative error over the
-        larger half of the batches."""
+        peaks (e.g. the profiled trials, in worlds of ``n_workers``; default: one rank), by
+        least squares on relative error over the larger half of the batches.  The probes'
+        peaks are on the line already; a DDP world's peaks lose its buckets first."""
+        ns = np.ones(len(local_batches)) if n_workers is None else np.asarray(n_workers, float)
+        trials = np.asarray(peak_bytes, float) - self.world_bytes(ns)
         b = np.concatenate([np.asarray(self.probe_local_batches, float), np.asarray(local_batches, float)])
-        p = np.concatenate([np.asarray(self.probe_peak_bytes, float), np.asarray(peak_bytes, float)])
+        p = np.concatenate([np.asarray(self.probe_peak_bytes, float), trials])
         # at small batches the peak can sit in another phase of the step (optimiser update
         # rather than backward), so the line is fitted to the larger half of the batches
         keep = b >= np.median(b)

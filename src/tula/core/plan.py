@@ -476,7 +476,7 @@ class Planner:
             t_step, epoch, fixed = t_step * self.ratio, epoch * self.ratio, fixed * self.ratio
         free = self.spec.epochs * epoch  # Eq. 4a: uninterrupted training
         total = pm.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
-        peak = self.mem.predict_accumulated_peak_bytes(b_arr, micro_arr)
+        peak = self.mem.predict_accumulated_peak_bytes(b_arr, micro_arr, n_arr)
         cost = pm.cost(total, n_arr, peak)
         lost = pm.expected_preemptions(free, n_arr, epoch) if isinstance(pm, SpotPricing) else None
         columns = zip(

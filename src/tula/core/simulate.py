@@ -237,7 +237,9 @@ class Simulator:
         """(expected wall time, cost) of epochs that take ``epoch_free_s`` uninterrupted."""
         wall = self.pricing.expected_time_s(epoch_free_s, n_workers, epoch_free_s)
         share = np.asarray(local_batch, float)
-        peak = self.memory.predict_accumulated_peak_bytes(share, share / np.asarray(accumulation_steps, float))
+        peak = self.memory.predict_accumulated_peak_bytes(
+            share, share / np.asarray(accumulation_steps, float), n_workers
+        )
         return wall, self.pricing.cost(wall, n_workers, peak)
 
     # ---------------------------------------------------------------- a constant batch

@@ -1,5 +1,6 @@
-"""What profiling and training share inside a rank: building the DDP model, and the
-out-of-memory probe whose verdict every rank agrees on.
+"""What profiling and training share inside a rank: building the DDP model (a one-rank world's
+model is not wrapped: :class:`OneRank`), and the out-of-memory probe whose verdict every rank
+agrees on.
 
 The probe runs a forward/backward (and whatever ``step`` does) with no collective inside,
 so a rank that runs out of memory cannot leave another waiting in one; the ranks then
@@ -8,7 +9,9 @@ agree through one all-reduce.  An out-of-memory is a result, not a crash.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,9 +22,52 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tula.engine.memory import run_probe_step
 
 
-def wrap_ddp(model: nn.Module, device: torch.device) -> DDP:
-    """The one DDP construction: gradients as bucket views (no extra copy)."""
+def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """The one DDP construction: gradients as bucket views (no extra copy).  A world of one
+    rank has no gradients to average: its model is :class:`OneRank`, not DDP."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        return _ddp(model, device)
+    return OneRank(model, device)
+
+
+def _ddp(model: nn.Module, device: torch.device) -> DDP:
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+
+
+class OneRank(nn.Module):
+    """The model of a one-rank world, with the part of DDP's interface that profiling and
+    training use (``module``, ``no_sync()``, ``register_comm_hook``) and none of its work.
+
+    DDP on one rank still averages every gradient bucket through the collective library and
+    broadcasts the BatchNorm buffers at every forward: measured on an H100 (torch 2.11,
+    ResNet-50/224, ``bench/gpu_step_overhead.py``) 1.05-1.29x the plain loop's step, for the
+    same gradients.  A method that reads DDP's buckets through a comm hook (AdaScale's local
+    norms) gets a real DDP from its registration on: the hook then runs as it does on N ranks."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        super().__init__()
+        self.module = model
+        self._device = device
+        self._comm_hooks: list[tuple[Any, Any]] = []  # as DDP keeps them (ddp_has_comm_hook reads it)
+        object.__setattr__(self, "_hooked", None)  # the DDP a comm hook needs; not a second submodule
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return (self._hooked or self.module)(*args, **kwargs)
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        return self._hooked.no_sync() if self._hooked is not None else contextlib.nullcontext()
+
+    def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
+        if self._hooked is None:
+            object.__setattr__(self, "_hooked", _ddp(self.module, self._device))
+        self._hooked.register_comm_hook(state, hook)
+        self._comm_hooks.append((hook, state))
+
+    def train(self, mode: bool = True) -> OneRank:
+        super().train(mode)
+        if self._hooked is not None:
+            self._hooked.train(mode)
+        return self
 
 
 def _collective_device(device: torch.device) -> torch.device:

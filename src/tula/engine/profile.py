@@ -43,7 +43,7 @@ from tula.core.space import Config, candidate_configs, partial_configs
 from tula.core.spec import JobSpec
 from tula.engine import interrupts
 from tula.engine.data import data_path
-from tula.engine.ddp import agree_max, probe_fits, wrap_ddp
+from tula.engine.ddp import OneRank, agree_max, probe_fits, wrap_ddp
 from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
 from tula.engine.launch import Launcher, WorkerContext
 from tula.engine.launch.clusters import default_threads, open_launcher
@@ -273,7 +273,14 @@ class _Worker:
             max_batch=self.data.train_size,
             resident_data_bytes=data_path(self.data, self.ctx.device).resident_bytes,
         )
-        return replace(mm, precision=self.spec.train.precision)
+        buckets = mm.grad_bytes  # DDP's buckets hold the gradients (gradient_as_bucket_view)
+        if not isinstance(self.ddp, OneRank):  # probed in a DDP world: its peaks hold the buckets; the line does not
+            mm = replace(
+                mm,
+                other_static_bytes=mm.other_static_bytes - buckets,
+                probe_peak_bytes=(mm.probe_peak_bytes[0] - buckets, mm.probe_peak_bytes[1] - buckets),
+            )
+        return replace(mm, precision=self.spec.train.precision, ddp_bucket_bytes=buckets)
 
     def trial(self, cfg: Config, warmup: int, timed: int, noise_steps: int = 0, min_timed_s: float = 0.0) -> Trial:
         """Time one configuration; ``noise_steps`` > 0: first measure the gradient noise
