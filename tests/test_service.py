@@ -369,3 +369,25 @@ def test_the_cli_client_submits_lists_and_replans(service, tiny_spec_dict, tmp_p
     assert f"tula status {follow_id}" in " ".join(err.split())
     c = service.client()
     assert c.get(f"/v1/jobs/{follow_id}").json()["state"] not in ("cancelled", "failed")
+
+
+def test_a_job_above_the_memory_limit_fails_as_its_own_error_and_the_service_goes_on(home, tiny_spec_dict):
+    """#29 item 4: a submission whose processes hold more of the host's memory than
+    max_job_memory_bytes (here 2.5 GiB; a 1.6 GB in-memory set, held by the runner and each of
+    its 2 ranks) is stopped by the service's guard and fails with that sentence -- not an
+    internal error, not the service's out-of-memory -- and the service goes on answering."""
+    limit = int(2.5 * 2**30)
+    svc = Service(home, env={"TULA_MAX_JOB_MEMORY_BYTES": str(limit)}).start()
+    try:
+        c = svc.client()
+        big = {"name": "synthetic", "sample_shape": [1, 64, 64], "num_samples": 100_000, "num_classes": 10}
+        r = c.post("/v1/jobs", json={"spec": {**tiny_spec_dict, "data": big}, "train": False})
+        assert r.status_code == 202, r.text
+        job = wait_for(c, r.json()["id"], timeout_s=180)
+        assert job["state"] == "failed", job
+        assert "TULA_MAX_JOB_MEMORY_BYTES" in job["error"] and "internal error" not in job["error"], job["error"]
+        assert "more than the service's limit of 2.5 GiB per job" in job["error"], job["error"]
+        assert c.get("/v1/health").status_code == 200
+        assert runner_pids(job["id"]) == []
+    finally:
+        svc.stop()

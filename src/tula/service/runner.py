@@ -33,6 +33,7 @@ from tula.core.say import plain
 from tula.engine import interrupts
 from tula.pipeline import Observer, run_pipeline
 from tula.service.cluster import WorkerRoom
+from tula.service.memory_guard import MemoryGuard
 from tula.service.settings import ServiceSettings
 from tula.service.store import RUNNING_STATES, Store
 
@@ -236,11 +237,15 @@ class Dispatcher:
         self.log = settings.home / "runners.log"
         self.pid_files = settings.home / "runners"  # <job id>: its runner's name and pid, on this host
         self.room = WorkerRoom(settings)  # the operator's workers a queued job waits for
+        # stops a job whose processes on this host hold more than max_job_memory_bytes (0: no limit)
+        self.guard = MemoryGuard(settings.max_job_memory_bytes) if settings.max_job_memory_bytes else None
 
     def start(self) -> None:
         # a runner of an earlier service on this host whose process is gone (the service and
         # its runners killed): its job is queued again now, not after stale_after_s
         self.store.requeue_stale(self.settings.stale_after_s, runners_gone=self.runners_gone())
+        if self.guard is not None:
+            self.guard.start()
         self.thread.start()
 
     def runners_gone(self) -> list[str]:
@@ -277,8 +282,11 @@ class Dispatcher:
             if proc.poll() is not None:
                 del self.children[job_id]
                 (self.pid_files / job_id).unlink(missing_ok=True)
+                over_memory = self.guard.forget(job_id) if self.guard is not None else None
                 job = self.store.get_job(job_id)
-                if (
+                if over_memory is not None and job and job["state"] not in ("done", "cancelled"):
+                    self.store.update_job(job_id, state="failed", error=over_memory)
+                elif (
                     job
                     and job["state"] in ("profiling", "fitting", "planning", "training")
                     and job["runner"]
@@ -311,6 +319,8 @@ class Dispatcher:
                 stale.kill()
                 stale.wait()
             proc = self.children[job["id"]] = self._spawn(job["id"], runner)
+            if self.guard is not None:
+                self.guard.watch(job["id"], proc.pid)
             self.pid_files.mkdir(parents=True, exist_ok=True)
             (self.pid_files / job["id"]).write_text(f"{runner} {proc.pid}\n")
 
@@ -362,6 +372,8 @@ class Dispatcher:
                 self.store.update_job(job_id, state="queued", message="the service stopped; queued again to resume")
         if self.thread.is_alive():
             self.thread.join(timeout=5)
+        if self.guard is not None:
+            self.guard.close()
         self.room.close()
 
 

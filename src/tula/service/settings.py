@@ -61,6 +61,13 @@ class ServiceSettings(BaseModel):
         description="largest data set a job may hold in memory, as its spec says (synthetic, mnist1d, digits: "
         "samples x sample shape x bytes per element); default a quarter of this host's memory",
     )
+    max_job_memory_bytes: int = Field(
+        default_factory=lambda: host_memory_bytes() // 2,
+        ge=0,
+        description="most of this host's memory one job's processes (its runner, and the ranks, loaders and Dask "
+        "workers it starts on this host) may hold together, as private resident memory; a job above it is stopped "
+        "and fails with that sentence while the service goes on; 0: no limit; default half this host's memory",
+    )
     import_allowlist: tuple[str, ...] = Field(
         default=(),
         description="top-level modules (or full module names) a spec's "
