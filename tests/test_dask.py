@@ -5,6 +5,7 @@ worker, and a lost worker that fails the world within the timeout.
 The tests share the session's cluster (``dask_client``, tests/conftest.py) and none kills or
 scales its workers; the test that kills a worker runs its own cluster (``--cluster dask``)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -310,3 +311,57 @@ def test_two_one_rank_worlds_at_once_take_the_two_free_workers_side_by_side(clie
     (a,), (b,) = out["a"], out["b"]
     assert a["worker"] != b["worker"], (a, b)
     assert max(a["start"], b["start"]) < min(a["end"], b["end"]), f"the worlds ran one after the other: {a}, {b}"
+
+
+def test_a_lost_scheduler_ends_the_run_at_once_in_one_sentence_and_keeps_its_checkpoint(tiny_spec_dict, tmp_path):
+    """#29 item 3: the scheduler of a `tula train --cluster tcp://...` killed mid-training (its
+    workers then close themselves): the command ends within seconds, exit 2, with one sentence
+    naming the scheduler -- not "a worker was lost", not a traceback -- and the epochs finished
+    before it are in the checkpoint. Before, it waited 30 s and named a worker."""
+    import subprocess
+    import sys
+
+    from helpers import free_port
+
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    log = open(tmp_path / "cluster.log", "ab")
+    run = dict(stdout=log, stderr=log, start_new_session=True)
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
+         "--no-dashboard"], **run,
+    )  # fmt: skip
+    procs = [scheduler] + [
+        subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-dashboard"], **run
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    try:
+        with distributed.Client(address, timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+        d = dict(tiny_spec_dict, epochs=60, train={"warmup_epochs": 0})
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(yaml.safe_dump(d))
+        out = tmp_path / "run"
+        proc = popen_tula(*train_args(spec, out, "--cluster", address))
+        deadline = time.monotonic() + 120
+        while not (out / CHECKPOINT).exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        os.killpg(scheduler.pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        stopped_s = time.monotonic() - t_kill
+        text = " ".join(err.split())
+        assert proc.returncode == 2, err
+        assert stopped_s < 10, f"took {stopped_s:.0f} s"
+        assert f"the Dask scheduler at {address} stopped answering during a 2-worker world" in text, text
+        assert "Traceback" not in err and "was lost" not in text, err
+        assert 1 <= checkpoint_meta(out)["epoch"] < 60
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+        log.close()

@@ -89,13 +89,16 @@ def test_a_service_killed_9_while_its_job_trains_on_the_cluster_resumes_it_once_
     home = tmp_path / "home"
     home.mkdir()
     spec = tiny_pipeline.spec_dict(epochs=5, search={"cluster_sizes": [2], "min_batch": 32, "max_batch": 32})
-    svc = Service(home, "--cluster", address).start()
+    # the leases of the workers a world holds: 5 s, not Dask's 30 s, so the dead world's workers
+    # are free sooner (its runners refresh them every second; the scheduler looks every 10 s)
+    leases = {"DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "5s"}
+    svc = Service(home, "--cluster", address, env=leases).start()
     c = svc.client()
     job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]
     ckpt = home / "jobs" / job_id / "train" / "checkpoint.pt"
     wait_for(c, job_id, check=lambda j: ckpt.exists(), timeout_s=240)  # training, its first epoch done
     svc.kill9()
-    again = Service(home, "--cluster", address, env={"TULA_STALE_AFTER_S": "600"})
+    again = Service(home, "--cluster", address, env={"TULA_STALE_AFTER_S": "600", **leases})
     again.port, again.url = svc.port, svc.url
     again.start()
     try:

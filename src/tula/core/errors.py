@@ -10,7 +10,16 @@ from __future__ import annotations
 import signal as _signal
 
 #: why a rank of a distributed world failed; travels as data, never parsed from text
-FAILURE_CAUSES = ("oom", "user_error", "crash", "lost_worker", "unreachable", "timeout", "interrupted")
+FAILURE_CAUSES = (
+    "oom",
+    "user_error",
+    "crash",
+    "lost_worker",
+    "unreachable",
+    "scheduler_lost",  # a Dask world's scheduler stopped answering its caller mid-run
+    "timeout",
+    "interrupted",
+)
 
 
 class TulaError(Exception):

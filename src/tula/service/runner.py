@@ -39,8 +39,9 @@ from tula.service.store import RUNNING_STATES, Store
 
 PROGRESS_EVERY_S = 1.0  # progress is written at most this often (the heartbeat carries it too)
 #: the failures of a world that a job on a cluster is re-queued after (a worker, host or link
-#: lost), and how many runs (attempts) a job gets in all before such a failure ends it
-LOST_CAUSES = ("lost_worker", "unreachable")
+#: lost, or the scheduler: the dispatcher holds the queue until it answers again), and how many
+#: runs (attempts) a job gets in all before such a failure ends it
+LOST_CAUSES = ("lost_worker", "unreachable", "scheduler_lost")
 MAX_ATTEMPTS = 3
 
 
@@ -214,11 +215,11 @@ def _after_a_failed_world(store: Store, job: dict, err: WorkerError, settings: S
     finished trials) on the workers there are, once enough are free -- at most
     :data:`MAX_ATTEMPTS` runs in all; any other failure ends it (exit 2)."""
     if err.cause in LOST_CAUSES and job["attempts"] < MAX_ATTEMPTS and settings.cluster != "local":
+        where = "once the scheduler answers" if err.cause == "scheduler_lost" else "on the workers left"
         store.update_job(
             job["id"],
             state="queued",
-            message=f"queued again to resume on the workers left (attempt {job['attempts']} of "
-            f"{MAX_ATTEMPTS}): {plain(err)}",
+            message=f"queued again to resume {where} (attempt {job['attempts']} of {MAX_ATTEMPTS}): {plain(err)}",
         )
         return 3
     store.update_job(job["id"], state="failed", error=plain(err))

@@ -172,6 +172,7 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
         raise TulaError(f"cluster {where!r} needs the 'distributed' package ({err})") from None
 
     dask.config.set(WORKER_CONFIG)
+    plain_library_logs("distributed")
     n = n_workers or c.dask_workers or largest_world(spec)
     with contextlib.ExitStack() as stack:
         if kind.name == "dask":
@@ -195,6 +196,24 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
             cluster.scale(jobs=-(-n // cfg.processes))
             client = stack.enter_context(Client(cluster))
         yield launcher_for_client(client, spec, n)
+
+
+class _OneLine(logging.Filter):
+    """A library's log record as one line of plain text: no traceback, and none at all when
+    its message is empty (distributed logs an empty ERROR with the traceback of a reconnect
+    cancelled while the client closes after its scheduler was lost)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return bool(record.getMessage().strip())
+
+
+def plain_library_logs(name: str) -> None:
+    """Every handler of the logger ``name`` (and of its children, which propagate to it)
+    writes one plain line per record: the user sees the library's words, never its traceback."""
+    for handler in logging.getLogger(name).handlers:
+        if not any(isinstance(f, _OneLine) for f in handler.filters):
+            handler.addFilter(_OneLine())
 
 
 def launcher_for_client(client: Any, spec: JobSpec, n_workers: int | None = None, threads: int | None = None) -> Any:

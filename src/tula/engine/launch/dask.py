@@ -62,6 +62,7 @@ def _dask_rank(
 ) -> tuple[str, Any]:
     """One rank as a Dask task."""
     from distributed import Event, Queue, get_worker
+    from distributed.core import Status
 
     worker = get_worker()
     here = worker.address
@@ -87,7 +88,10 @@ def _dask_rank(
 
     def abandoned() -> bool:
         """The caller no longer wants this rank: its task was cancelled, e.g. because the
-        launching process died (kill -9) and the scheduler released its futures."""
+        launching process died (kill -9) and the scheduler released its futures; or its worker
+        lost the scheduler (it is closing), so nothing it does reaches the caller any more."""
+        if worker.status not in (Status.running, Status.paused):
+            return True
         ts = worker.state.tasks.get(key)
         return ts is None or ts.state in ("cancelled", "released", "forgotten")
 
@@ -392,14 +396,32 @@ class DaskLauncher:
                 for s in setups
             ]
             return self._gather(futures, addrs, queue, on_event, timeout_s, wait)
+        except TulaError:
+            raise
+        except Exception:  # noqa: BLE001 - the scheduler gone, or a bug: told apart here
+            if not self.scheduler_lost():
+                raise
+            raise WorkerError(self._scheduler_lost_sentence(n_workers), cause="scheduler_lost") from None
         finally:
             unregister()
-            self._clean_up(futures, addrs)
-            with contextlib.suppress(Exception):
-                queue.close()
-            for lock in locks:
+            if not self.scheduler_lost():  # nothing can be cancelled, restarted or released through it
+                self._clean_up(futures, addrs)
                 with contextlib.suppress(Exception):
-                    lock.release()
+                    queue.close()
+                for lock in locks:
+                    with contextlib.suppress(Exception):
+                        lock.release()
+
+    def scheduler_lost(self) -> bool:
+        """Whether this launcher's client has lost its scheduler (it is reconnecting, or gave up)."""
+        return self.client.status not in ("running", "newly-created")
+
+    def _scheduler_lost_sentence(self, n_workers: int) -> str:
+        return (
+            f"the Dask scheduler at {self.client.scheduler.address} stopped answering during a "
+            f"{n_workers}-worker world; its ranks stop at their next step, what they had finished is "
+            "kept, and a resumed run goes on from there once the scheduler and its workers are back"
+        )
 
     def _lock(self, addr: str) -> Any:
         from distributed import Lock
@@ -476,6 +498,8 @@ class DaskLauncher:
         g = _Gathering(addrs, queue, on_event)
         deadline = time.monotonic() + timeout_s if timeout_s else None
         while not g.complete():
+            if self.scheduler_lost():  # before anything asks it: a call would wait for the reconnect
+                raise WorkerError(self._scheduler_lost_sentence(n), cause="scheduler_lost")
             pending = [f for f in futures if not f.done()]
             if pending:
                 with contextlib.suppress(TimeoutError):
