@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/accumulation.py
 	$(VENV)/bin/python bench/run_prediction.py
 	$(VENV)/bin/python bench/plan_while_training.py
+	$(VENV)/bin/python bench/service_cluster.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -125,6 +125,9 @@ def dask_cluster():
     from tula.engine.launch.clusters import WORKER_CONFIG
 
     dask.config.set(WORKER_CONFIG)
+    # the scheduler looks for leases past their timeout every 2 s, not 10 s: a test whose caller
+    # was killed (its leases at 5 s) gets the workers back sooner; no lease is held for less
+    dask.config.set({"distributed.scheduler.locks.lease-validation-interval": "2s"})
     cluster = distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
     )

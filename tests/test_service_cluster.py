@@ -16,6 +16,48 @@ def _started_at(job: dict) -> datetime:
 
 
 @pytest.mark.slow
+def test_a_service_killed_9_while_its_job_trains_on_the_cluster_resumes_it_once_and_frees_the_workers(
+    tmp_path, dask_cluster, tiny_pipeline
+):
+    """#29 item 3: the service (and its runner) killed with SIGKILL while its job trains on the
+    scheduler's workers. The ranks left on the workers see their caller gone and stop; after the
+    restart the job is queued again at once (its runner's pid file), waits for the workers the
+    dead world held (their leases time out), resumes from its checkpoint and trains each epoch
+    once; then no world holds a worker."""
+    from tula.service.store import Store
+
+    address = dask_cluster.scheduler_address
+    home = tmp_path / "home"
+    home.mkdir()
+    spec = tiny_pipeline.spec_dict(epochs=5, search={"cluster_sizes": [2], "min_batch": 32, "max_batch": 32})
+    # the leases of the workers a world holds: 5 s, not Dask's 30 s, so the dead world's workers
+    # are free sooner (its runners refresh them every second; the scheduler looks every 10 s)
+    leases = {"DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "5s"}
+    svc = Service(home, "--cluster", address, env=leases).start()
+    c = svc.client()
+    job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]
+    ckpt = home / "jobs" / job_id / "train" / "checkpoint.pt"
+    wait_for(c, job_id, check=lambda j: ckpt.exists(), timeout_s=240)  # training, its first epoch done
+    svc.kill9()
+    again = Service(home, "--cluster", address, env={"TULA_STALE_AFTER_S": "600", **leases})
+    again.port, again.url = svc.port, svc.url
+    again.start()
+    try:
+        c = again.client()
+        job = wait_for(c, job_id, timeout_s=300)
+        assert job["state"] == "done" and job["attempts"] == 2, (job, again.read_log())
+        run = c.get(f"/v1/jobs/{job_id}/train").json()
+        assert run["resumed_from_epoch"] >= 1 and run["replicas_identical"], run
+        assert [e["epoch"] for e in run["history"]] == [1, 2, 3, 4, 5]
+        with Store(f"sqlite:///{home / 'tula.db'}", home) as store:
+            assert [m["epoch"] for m in store.metrics(job_id)] == [1, 2, 3, 4, 5]  # each epoch once
+        shown = c.get("/v1/cluster").json()
+        assert shown["running_jobs"] == [] and not any(w["in_a_world"] for w in shown["workers"]), shown
+    finally:
+        again.stop()
+
+
+@pytest.mark.slow
 def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers(tmp_path, dask_cluster, tiny_pipeline):
     """Three jobs on the scheduler's 2 workers, up to 2 at once: the first's worlds use both
     workers (cluster sizes 1 and 2), so the next two wait for it in the queue, saying so; then
@@ -72,45 +114,3 @@ def test_a_cluster_the_service_cannot_place_jobs_on_is_one_sentence(tmp_path, cl
     r = tula_in_process("serve", "--cluster", cluster, "--home", tmp_path / "home", "--port", "0")
     assert_refused(r, sentence)
     assert "service setting 'cluster' (TULA_CLUSTER)" in " ".join(r.stderr.split())
-
-
-@pytest.mark.slow
-def test_a_service_killed_9_while_its_job_trains_on_the_cluster_resumes_it_once_and_frees_the_workers(
-    tmp_path, dask_cluster, tiny_pipeline
-):
-    """#29 item 3: the service (and its runner) killed with SIGKILL while its job trains on the
-    scheduler's workers. The ranks left on the workers see their caller gone and stop; after the
-    restart the job is queued again at once (its runner's pid file), waits for the workers the
-    dead world held (their leases time out), resumes from its checkpoint and trains each epoch
-    once; then no world holds a worker."""
-    from tula.service.store import Store
-
-    address = dask_cluster.scheduler_address
-    home = tmp_path / "home"
-    home.mkdir()
-    spec = tiny_pipeline.spec_dict(epochs=5, search={"cluster_sizes": [2], "min_batch": 32, "max_batch": 32})
-    # the leases of the workers a world holds: 5 s, not Dask's 30 s, so the dead world's workers
-    # are free sooner (its runners refresh them every second; the scheduler looks every 10 s)
-    leases = {"DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "5s"}
-    svc = Service(home, "--cluster", address, env=leases).start()
-    c = svc.client()
-    job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]
-    ckpt = home / "jobs" / job_id / "train" / "checkpoint.pt"
-    wait_for(c, job_id, check=lambda j: ckpt.exists(), timeout_s=240)  # training, its first epoch done
-    svc.kill9()
-    again = Service(home, "--cluster", address, env={"TULA_STALE_AFTER_S": "600", **leases})
-    again.port, again.url = svc.port, svc.url
-    again.start()
-    try:
-        c = again.client()
-        job = wait_for(c, job_id, timeout_s=300)
-        assert job["state"] == "done" and job["attempts"] == 2, (job, again.read_log())
-        run = c.get(f"/v1/jobs/{job_id}/train").json()
-        assert run["resumed_from_epoch"] >= 1 and run["replicas_identical"], run
-        assert [e["epoch"] for e in run["history"]] == [1, 2, 3, 4, 5]
-        with Store(f"sqlite:///{home / 'tula.db'}", home) as store:
-            assert [m["epoch"] for m in store.metrics(job_id)] == [1, 2, 3, 4, 5]  # each epoch once
-        shown = c.get("/v1/cluster").json()
-        assert shown["running_jobs"] == [] and not any(w["in_a_world"] for w in shown["workers"]), shown
-    finally:
-        again.stop()
