@@ -125,9 +125,16 @@ def dask_cluster():
     from tula.engine.launch.clusters import WORKER_CONFIG
 
     dask.config.set(WORKER_CONFIG)
-    # the scheduler looks for leases past their timeout every 2 s, not 10 s: a test whose caller
-    # was killed (its leases at 5 s) gets the workers back sooner; no lease is held for less
-    dask.config.set({"distributed.scheduler.locks.lease-validation-interval": "2s"})
+    # a worker's lock lease times out after 8 s, not 30 s (the scheduler looking every 2 s, not
+    # 10 s): a test whose caller was killed gets the workers back sooner.  The first process to
+    # create a lock's name sets its timeout for every later holder (distributed's semaphore), so
+    # this process, which creates them first in the suite, sets it for the service's runners too.
+    dask.config.set(
+        {
+            "distributed.scheduler.locks.lease-validation-interval": "2s",
+            "distributed.scheduler.locks.lease-timeout": "8s",
+        }
+    )
     cluster = distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
     )

@@ -30,9 +30,9 @@ def test_a_service_killed_9_while_its_job_trains_on_the_cluster_resumes_it_once_
     home = tmp_path / "home"
     home.mkdir()
     spec = tiny_pipeline.spec_dict(epochs=5, search={"cluster_sizes": [2], "min_batch": 32, "max_batch": 32})
-    # the leases of the workers a world holds: 5 s, not Dask's 30 s, so the dead world's workers
-    # are free sooner (its runners refresh them every second; the scheduler looks every 10 s)
-    leases = {"DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "5s"}
+    # the leases of the workers a world holds: 8 s, not Dask's 30 s, as the session's own
+    # (conftest: whichever process creates a worker's lock first sets its timeout)
+    leases = {"DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "8s"}
     svc = Service(home, "--cluster", address, env=leases).start()
     c = svc.client()
     job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]

@@ -457,8 +457,9 @@ class DaskLauncher:
         """One lock per worker, taken in address order (two worlds never wait on each other in
         a circle); a lock is a lease the holding process keeps alive, so the workers of a
         process that died (kill -9) are free again after that process's lease timeout
-        (its ``distributed.scheduler.locks.lease-timeout``, 30 s by default: the holder sends
-        it when the lock registers; the scheduler's own setting does not change it)."""
+        (``distributed.scheduler.locks.lease-timeout``, 30 s by default, of the first process
+        that created the worker's lock on that scheduler: the scheduler keeps the timeout a
+        lock's name was first registered with; its own setting does not change it)."""
         deadline = time.monotonic() + self.lock_timeout_s
         held: list[Any] = []
         for addr in sorted(addrs):
