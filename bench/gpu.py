@@ -275,10 +275,12 @@ def ags_run(s: Setup, launcher, out: Path, precision: str) -> dict:
 
 # --------------------------------------------------------------------------- the doc
 def replace_section(doc: str, section: str) -> str:
-    """``doc`` with its GPU-check section (from its heading to the next ``## `` heading) replaced
-    by ``section``, or ``section`` appended when it has none."""
+    """``doc`` with the section headed by ``section``'s first line (this check's, or another
+    benchmark's: bench/service_cluster.py), from that heading to the next ``## `` heading,
+    replaced by ``section``, or ``section`` appended when it has none."""
     body = section.rstrip("\n") + "\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    heading = body.split("\n", 1)[0]
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(doc):
         return pattern.sub(lambda m: body + ("\n" if m.end() < len(doc) else ""), doc, count=1)
     return doc.rstrip("\n") + "\n\n" + body

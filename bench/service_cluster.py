@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import statistics
 import sys
 import time
@@ -210,17 +209,12 @@ def main() -> None:
     console.print(table)
     console.print(text)
     if args.doc:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from gpu import replace_section  # one rule for a benchmark's section of the doc
+
         doc = ROOT / "docs" / "benchmarks.md"
         doc.write_text(replace_section(doc.read_text(), text))
         console.print(f"wrote the section into {doc}")
-
-
-def replace_section(doc: str, section: str) -> str:
-    """``doc`` with this benchmark's section (to the next ``## `` heading) replaced, or appended."""
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        return pattern.sub(lambda m: section + ("\n" if m.end() < len(doc) else ""), doc, count=1)
-    return doc.rstrip("\n") + "\n\n" + section
 
 
 if __name__ == "__main__":
