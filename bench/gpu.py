@@ -13,7 +13,8 @@ classes, Tula's default optimiser (SGD, momentum 0.9, weight decay 5e-4), for ea
   synthetic data set spec at the same batches, one worker on the GPU: the trial's median
   step time (its data path included, as training runs it);
 * **predicted**: the models fitted (``tula.core.fit.fit_models``) on the partial subset of that
-  profile -- its smallest and largest batch, what ``--search partial`` measures -- predict
+  profile -- its smallest, middle and largest batch, what ``--search partial`` measures on a
+  GPU -- predict
   every b: the step time (``PerfModel.t_step_s``) and the peak memory
   (``MemoryModel.predict_peak_bytes``), against the plain loop's.
 
@@ -63,6 +64,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # a copy of the project with Tula not installed (PYTHONPATH=src also works)
     sys.path.insert(0, str(ROOT / "src"))
+if str(ROOT / "bench") not in sys.path:  # bench/run_prediction.py, when loaded from elsewhere
+    sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -229,14 +232,17 @@ def tula_spec(s: Setup, precision: str) -> JobSpec:
 
 
 def partial_subset(prof: dict) -> dict:
-    """The profile as ``--search partial`` would have measured it: each N at its smallest and
-    largest batch that ran."""
+    """The profile as ``--search partial`` would have measured it on a GPU: each N at its
+    smallest and largest batch that ran, and the one nearest their geometric mean
+    (``search.partial_middle_batch``, on by default on a GPU)."""
     sub = copy.deepcopy(prof)
     ok = [t for t in prof["trials"] if t["status"] == "ok"]
     keep = set()
     for n in {t["n_workers"] for t in ok}:
         bs = sorted(t["global_batch"] for t in ok if t["n_workers"] == n)
         keep |= {(n, bs[0]), (n, bs[-1])}
+        if len(bs) >= 3:
+            keep.add((n, min(bs[1:-1], key=lambda b: abs(b - (bs[0] * bs[-1]) ** 0.5))))
     sub["trials"] = [t for t in prof["trials"] if (t["n_workers"], t["global_batch"]) in keep]
     return sub
 
@@ -313,7 +319,7 @@ def render(results: dict) -> str:
         "",
         "Step time (ms): the plain PyTorch loop with the batch on the device, Tula's training step (its "
         "profile's median, data path included), and the step predicted by the models fitted on the "
-        "profile's smallest and largest batch (partial search). Peak memory (GiB): the plain loop's "
+        "profile's smallest, middle and largest batch (the partial search on a GPU). Peak memory (GiB): the plain loop's "
         "`max_memory_allocated`, Tula's trial's measured peak, and the memory model's prediction for "
         "Tula's run. Tula keeps an in-memory data set on the GPU (`resident` GiB, counted in the "
         "prediction), which the plain loop does not: the prediction's error is given against Tula's "
@@ -363,6 +369,139 @@ def render(results: dict) -> str:
             + ", ".join(f"{e['scaled_fraction']:.2f}" if "scaled_fraction" in e else "-" for e in eps)
             + ".",
         ]
+    for note in results.get("notes", []):
+        lines += ["", note]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the run, predicted (#26)
+PREDICTION_SECTION = "## Predicting the run on a GPU (`bench/gpu.py --run-prediction`, issue #26)"
+
+
+@dataclass
+class PredictionCase:
+    """One model of ``--run-prediction``: a synthetic set, the batches its partial profile
+    measures (N = 1), and the two other global batches trained beside the plan's choice."""
+
+    model: str
+    shape: tuple[int, int, int]
+    num_samples: int
+    min_batch: int
+    max_batch: int
+    others: tuple[int, ...]
+    num_classes: int = 10
+
+
+def prediction_cases(dry_run: bool, models: list[str] | None = None) -> list[PredictionCase]:
+    if dry_run:
+        return [PredictionCase(DRY_RUN_MODEL, (3, 16, 16), 160, 8, 32, (8, 16, 32))]
+    cases = [  # the issue's two: ResNet-18 at 32x32 and ResNet-50 at 224x224
+        PredictionCase("resnet18", (3, 32, 32), 16000, 64, 1024, (128, 512, 1024)),
+        PredictionCase("resnet50", (3, 224, 224), 3200, 32, 256, (64, 128, 256)),
+    ]
+    return [c for c in cases if not models or c.model in models]
+
+
+def prediction_job(c: PredictionCase, precision: str, method: str, device: str, epochs: int, knobs: dict) -> dict:
+    return {
+        "name": f"gpu-pred-{c.model}-{precision}-{method}",
+        "model": {"name": c.model, "kwargs": {"num_classes": c.num_classes}},
+        "data": {
+            "name": "synthetic",
+            "sample_shape": list(c.shape),
+            "num_classes": c.num_classes,
+            "num_samples": c.num_samples,
+        },  # fmt: skip
+        "epochs": epochs,
+        # the middle batch (the GPU's default, set for the dry run's CPU too): the floor under small steps
+        "search": {
+            "cluster_sizes": [1],
+            "min_batch": c.min_batch,
+            "max_batch": c.max_batch,
+            "partial_middle_batch": True,
+        },
+        "profile": {"device": device, "memory_probe_batches": [2, 4]},
+        "train": {
+            "method": method,
+            "precision": precision,
+            "warmup_epochs": 1,
+            "ags": {"b_small": max(2, c.min_batch // 4)},
+            **knobs,
+        },  # fmt: skip
+    }
+
+
+def run_prediction(
+    s: Setup, budget: Budget, dry_run: bool, methods: list[str], epochs: int, models: list[str] | None = None
+) -> dict:
+    """#26's GPU rows: per case, precision (bf16, fp16 of ``s.precisions``) and method, a partial
+    profile with that ``train.method``, the plan's choice (objective knee) and two other batches
+    trained ``epochs`` epochs each; measured epoch (median after the first) against predicted
+    (bench/run_prediction.py's ``predict_and_train``)."""
+    from run_prediction import predict_and_train  # bench/, beside this script
+
+    from tula.engine.launch import LocalLauncher
+
+    launcher = LocalLauncher(device=s.device.type, threads_per_worker=s.threads)
+    rows: list[dict] = []
+    notes: list[str] = []
+    need = 5 if dry_run else 45
+    precisions = [p for p in s.precisions if p != "fp32"] or list(s.precisions)
+    for c in prediction_cases(dry_run, models):
+        for precision in precisions:
+            for method in methods:
+                what = f"{c.model} {precision} {method}"
+                if not budget.allows(need):
+                    notes.append(f"{what}: not run, the {budget.total_s:.0f} s budget ran out.")
+                    continue
+                t0 = time.perf_counter()
+                job = prediction_job(c, precision, method, s.device.type, epochs, s.knobs)
+                # the two other batches: the case's first two that the plan did not choose
+                got = predict_and_train(job, launcher, [(1, b) for b in c.others], cap_others=2)
+                for r in got:
+                    rows.append({"model": c.model, "shape": "x".join(map(str, c.shape)), "precision": precision, **r})
+                    if "error" in r:
+                        print(f"{what} B={r['global_batch']}{' *' if r['chosen'] else ''}: predicted "
+                              f"{r['predicted_epoch_s']:.3f} s, measured {r['measured_epoch_s']:.3f} s "
+                              f"({r['error']:+.1%})", flush=True)  # fmt: skip
+                    else:
+                        print(f"{what} B={r['global_batch']}: skipped, {r['skipped']}", flush=True)
+                print(f"{what}: {time.perf_counter() - t0:.0f} s", flush=True)
+                _free(s.device)
+    return {"rows": rows, "notes": notes}
+
+
+def render_prediction(results: dict) -> str:
+    h = results["header"]
+    lines = [
+        PREDICTION_SECTION,
+        "",
+        f"{h['date']}; {h['card']}; torch {h['torch']}; {h['mode']}; {h['epochs']} epochs per run; wall "
+        f"{h['wall_s']:.0f} s. Per model, precision and method: a partial profile on one worker (its smallest, "
+        "middle and largest batch on a GPU, with that `train.method`'s run trial), the plan's choice (objective knee, `*`) and two "
+        "other batches trained with `tula.engine.train.train`; measured is the median `epoch_wall_s` over the "
+        "epochs after the first, predicted the plan's epoch at that B (`tula.core.run_costs`).",
+        "",
+        "| model | precision | method | B | steps/epoch | step predicted ms | step measured ms | predicted s | "
+        "measured s | error | of which end s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    errs = []
+    for r in results["rows"]:
+        b = f"{r['global_batch']}{' *' if r.get('chosen') else ''}"
+        head = f"| {r['model']} {r['shape']} | {r['precision']} | {r['method']} | {b} |"
+        if "error" not in r:
+            lines.append(f"{head} - | - | - | - | - | skipped: {r['skipped']} | - |")
+            continue
+        errs.append(abs(r["error"]))
+        lines.append(
+            f"{head} {r.get('steps_per_epoch') or '-'} | {_ms(r.get('predicted_step_s'))} | "
+            f"{_ms(r.get('measured_step_s'))} | {r['predicted_epoch_s']:.3f} | {r['measured_epoch_s']:.3f} | "
+            f"{r['error']:+.1%} | {r['end_s']:.3f} |"
+        )
+    if errs:
+        lines += ["", f"Median |error| {_median_abs(errs)} (target 5 %), max {100 * max(errs):.1f} % over "
+                  f"{len(errs)} configurations."]  # fmt: skip
     for note in results.get("notes", []):
         lines += ["", note]
     return "\n".join(lines) + "\n"
@@ -534,6 +673,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--cudnn-benchmark", action="store_true")
     ap.add_argument("--doc", type=Path, default=None, help="default: docs/benchmarks.md on a GPU, none in a dry run")
+    ap.add_argument("--run-prediction", action="store_true",
+                    help="only #26's rows: predicted against measured training epochs (bf16, fp16; --methods)")  # fmt: skip
+    ap.add_argument("--methods", default="ags,lbt", help="--run-prediction's training methods, comma-separated")
+    ap.add_argument("--epochs", type=int, default=4, help="--run-prediction's epochs per training run")
+    ap.add_argument("--models", default="resnet18,resnet50", help="--run-prediction's models, comma-separated")
     args = ap.parse_args(argv)
     budget = Budget(args.budget_s)
     s, mode = setup_for(args)
@@ -545,7 +689,11 @@ def main(argv: list[str] | None = None) -> dict:
         else f"CPU ({platform.processor() or platform.machine()})"
     )
     print(f"{mode}: {card}, torch {torch.__version__}, {s.model} at {'x'.join(map(str, s.shape))}", flush=True)
-    results = run(s, budget, mode)
+    if args.run_prediction:
+        results = run_prediction(s, budget, mode == "dry-run", args.methods.split(","), args.epochs,
+                                 args.models.split(","))  # fmt: skip
+    else:
+        results = run(s, budget, mode)
     results["header"] = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "card": card
@@ -561,8 +709,9 @@ def main(argv: list[str] | None = None) -> dict:
         "knobs": ", ".join(f"train.{k}" for k in s.knobs),
         "mode": "one GPU" if mode == "cuda" else "dry run on the CPU",
         "wall_s": time.perf_counter() - budget.t0,
+        "epochs": args.epochs,
     }
-    text = render(results)
+    text = render_prediction(results) if args.run_prediction else render(results)
     print()
     print(text)
     doc = args.doc if args.doc is not None else (ROOT / "docs" / "benchmarks.md" if mode == "cuda" else None)

@@ -31,9 +31,10 @@ from rich.table import Table
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
 from tula.core.job_rules import check_train_config
+from tula.core.perfmodel import PerfModel, ranks_per_node_of
 from tula.core.plan import make_plan
 from tula.core.registry import METHOD_NAMES
-from tula.core.run_costs import compare_with_plan, measured_epoch_s
+from tula.core.run_costs import compare_with_plan, measured_epoch_s, run_costs_for
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
 from tula.engine.launch.clusters import default_threads
@@ -65,19 +66,34 @@ def spec(dataset: str, method: str, epochs: int) -> dict:
 
 
 def one(dataset: str, method: str, epochs: int) -> list[dict]:
-    job = spec_from_dict(spec(dataset, method, epochs))
+    job = spec(dataset, method, epochs)
     # torch threads per rank as `tula run` sets them (the cores over the largest world): torch's own
     # default (every core in every rank) oversubscribes the cores at N = 2, whose epochs then took
     # 2-10x their time at random (measured 2026-11-26 on the 2-core machine)
-    launcher = LocalLauncher(device="cpu", threads_per_worker=default_threads(job))
+    launcher = LocalLauncher(device="cpu", threads_per_worker=default_threads(spec_from_dict(job)))
     t0 = time.perf_counter()
+    rows = [{"dataset": dataset, **r} for r in predict_and_train(job, launcher, OTHERS)]
+    console.print(f"{dataset} {method}: {time.perf_counter() - t0:.0f} s")
+    return rows
+
+
+def predict_and_train(
+    job_dict: dict, launcher, others: list[tuple[int, int]], objective: str = "knee", cap_others: int | None = None
+) -> list[dict]:
+    """Profile ``job_dict`` (partial search, its ``train.method``), fit and plan (``objective``),
+    then train at the plan's choice and at each of ``others`` (N, B) -- the first ``cap_others``
+    of them that are not the choice, when given (bench/gpu.py's ``--run-prediction`` calls this
+    on a GPU): one row per configuration, measured epoch (median of the epochs after the first)
+    against the plan's prediction, or the sentence that skipped it."""
+    job = spec_from_dict(job_dict)
+    method = job.train.method
     models = fit_models(profile(job, "partial", launcher))
-    plan = make_plan(models, "knee")
+    plan = make_plan(models, objective)
     choice = (plan["choice"]["n_workers"], plan["choice"]["global_batch"])
+    rest = [c for c in dict.fromkeys(others) if c != choice]
     rows = []
-    for n, big_b in dict.fromkeys([choice, *OTHERS]):
-        row = {"dataset": dataset, "method": method, "n_workers": n, "global_batch": big_b,
-               "chosen": (n, big_b) == choice}  # fmt: skip
+    for n, big_b in [choice, *rest[:cap_others]]:
+        row = {"method": method, "n_workers": n, "global_batch": big_b, "chosen": (n, big_b) == choice}
         try:
             check_train_config(job, method, n, big_b, models["dataset_size"])
         except TulaError as err:
@@ -96,10 +112,20 @@ def one(dataset: str, method: str, epochs: int) -> list[dict]:
                 "error": measured / predicted - 1.0,
                 "steps_s": statistics.median(h["epoch_time_s"] for h in later),
                 "end_s": statistics.median(h["epoch_end_s"] + h["checkpoint_s"] for h in later),
+                "steps_per_epoch": later[0].get("steps"),
+                "measured_step_s": statistics.median(h["epoch_time_s"] / h["steps"] for h in later),
+                "predicted_step_s": predicted_step_s(models, method, big_b, n),
             }
         )
-    console.print(f"{dataset} {method}: {time.perf_counter() - t0:.0f} s")
     return rows
+
+
+def predicted_step_s(models: dict, method: str, global_batch: int, n_workers: int) -> float:
+    """The plan's step at (N, B) for ``method``: the fitted step and the method's extra."""
+    perf = PerfModel.from_dict(models["perf"])
+    costs, _ = run_costs_for(models, method)
+    t = float(perf.t_step_s(global_batch / n_workers, n_workers, ranks_per_node_of(models.get("trials") or [])))
+    return t + (float(costs.step_extra_at(n_workers)) if costs is not None else 0.0)
 
 
 def main() -> None:

@@ -85,3 +85,26 @@ def test_round_trip_and_total_time():
 def test_no_trials_is_an_error():
     with pytest.raises(ValueError, match="no successful trial"):
         fit_perf_model([{"n_workers": 1, "local_batch": 8, "status": "oom", "t_step_s": None}], "ring", GRAD)
+
+
+def test_fit_finds_the_host_bound_floor_from_three_batches():
+    """A GPU's small steps sit on the host's kernel-launch floor: with three batches at one
+    cluster size the fit recovers floor and line, and predicts between them on the line
+    (with two, the floor stays 0 and is listed as frozen)."""
+    true = PerfModel("ring", GRAD, c0=0.004, c1=0.00044, t_floor_s=0.022, alpha=2e-4, beta=1e-9)
+    trials = _trials(true, [1, 2], [32, 91, 256], noise=0.005)
+    fit = fit_perf_model(trials, "ring", GRAD, overlap="never")
+    assert fit.t_floor_s == pytest.approx(0.022, rel=0.05)
+    assert "t_floor_s" not in fit.frozen and any("floor of" in n for n in fit.notes)
+    for b in (16, 64, 128):  # below the floor's knee (b ~ 41), and on the line
+        assert float(fit.t_step_s(b, 1)) == pytest.approx(float(true.t_step_s(b, 1)), rel=0.04)
+    two = fit_perf_model(_trials(true, [1, 2], [32, 256], noise=0.005), "ring", GRAD, overlap="never")
+    assert two.t_floor_s == 0.0 and "t_floor_s" in two.frozen
+    assert float(two.t_step_s(64, 1)) > 1.08 * float(true.t_step_s(64, 1))  # the line through the floor: high
+
+
+def test_a_line_through_three_batches_gets_no_floor():
+    true = PerfModel("ring", GRAD, c0=0.002, c1=0.0003, beta=1e-9)
+    fit = fit_perf_model(_trials(true, [1, 2], [16, 64, 256], noise=0.003), "ring", GRAD, overlap="never")
+    assert fit.t_floor_s == 0.0 and not any("floor of" in n for n in fit.notes)
+    assert fit.c1 == pytest.approx(true.c1, rel=0.05)

@@ -54,6 +54,13 @@ def trials_table(profile: dict) -> Table:
     return t
 
 
+def _compute_line(perf: dict) -> str:
+    """One rank's own compute as fitted: the line in b, under its host-bound floor if any."""
+    line = f"({perf['c0'] * 1e3:.3f} ms + {perf['c1'] * 1e6:.2f} us * b)"
+    floor = perf.get("t_floor_s") or 0.0
+    return f"max({floor * 1e3:.1f} ms, {line[1:-1]})" if floor > 0 else line
+
+
 def models_table(models: dict) -> Table:
     mem, perf, err = models["memory"], models["perf"], models["fit_error"]
     t = Table(title="Fitted models", show_header=False)
@@ -73,7 +80,7 @@ def models_table(models: dict) -> Table:
     m = "m" if hosts else "N"
     t.add_row(
         "compute",
-        f"t = ({perf['c0'] * 1e3:.3f} ms + {perf['c1'] * 1e6:.2f} us * b) * "
+        f"t = {_compute_line(perf)} * "
         f"(1 + {perf['kappa']:.3f} ({m}-1)) + {perf.get('kappa0', 0.0) * 1e3:.3f} ms * ({m}-1)"
         + (", m the ranks on one host" if hosts else ""),
     )

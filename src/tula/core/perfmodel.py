@@ -1,6 +1,6 @@
 """Performance model (Eq. 2, 4): step time as compute plus synchronisation.
 
-    t_compute(b, N) = (c0 + c1 * b) * (1 + kappa * (m - 1)) + kappa0 * (m - 1)     (Eq. 2b)
+    t_compute(b, N) = max(t_floor, c0 + c1 * b) * (1 + kappa * (m - 1)) + kappa0 * (m - 1)   (Eq. 2b)
     t_sync(N)       = alpha-beta cost of the collective on the topology         (Eq. 2c), 0 when N = 1
     t_step(b, N)    = ((t_compute * (1 + rho * [N > 1]))**gamma + t_sync**gamma) ** (1 / gamma)
     t_step(b, N, k) = (k - 1) * t_compute(b, N) + t_step(b, N)      (k accumulation steps)
@@ -58,6 +58,12 @@ one host alone (across hosts the slower link binds, which hides the faster) and
 world ``alpha_intra``/``beta_intra`` stay ``None`` (the intra-node link is taken to be the
 inter-node one), are listed in ``frozen`` and a note says so.
 
+``t_floor`` (``t_floor_s``) is the floor under one rank's compute: on a GPU a small step
+takes as long as the host needs to launch its kernels, whatever b (ResNet-50 on an H100:
+about 20 ms up to b = 32-48).  It needs three batches at one cluster size (a full search, or
+the partial search's middle batch, ``search.partial_middle_batch``); with two, a floor and a
+line cannot be told apart, and it stays 0.
+
 ``kappa`` is the slowdown of compute when workers share one host (0 on a cluster of
 separate nodes) and ``kappa0`` the fixed seconds per step it adds per extra worker (on a
 shared host a small step slows down by far more than a large one); ``rho`` the slowdown of compute by the communication threads running
@@ -79,7 +85,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-PARAMS = ("c0", "c1", "kappa", "kappa0", "alpha", "beta", "rho", "gamma")
+PARAMS = ("c0", "c1", "t_floor_s", "kappa", "kappa0", "alpha", "beta", "rho", "gamma")
 #: the intra-node link, fitted (or frozen) only when the profile's worlds spanned several hosts
 INTRA_PARAMS = ("alpha_intra", "beta_intra")
 COLLECTIVES = ("ring", "parameter_server", "tree")
@@ -206,12 +212,14 @@ class PerfModel:
     notes: tuple[str, ...] = field(default_factory=tuple)
     alpha_intra: float | None = None
     beta_intra: float | None = None
+    t_floor_s: float = 0.0  # the host-bound floor under one rank's compute (0: none fitted)
 
     # ---------------------------------------------------------------- prediction
     def t_compute_s(self, local_batch, n_workers):
         """Compute with ``n_workers`` ranks sharing the host (pass min(N, R) on hosts of R)."""
         b, n = np.asarray(local_batch, float), np.asarray(n_workers, float)
-        return (self.c0 + self.c1 * b) * (1.0 + self.kappa * (n - 1)) + self.kappa0 * (n - 1)
+        own = np.maximum(self.t_floor_s, self.c0 + self.c1 * b)
+        return own * (1.0 + self.kappa * (n - 1)) + self.kappa0 * (n - 1)
 
     def t_sync_s(self, n_workers, ranks_per_node=None, n_hosts=None):
         """Sync time of N ranks on hosts of ``ranks_per_node`` (``None`` or 1: one rank per
@@ -296,6 +304,8 @@ def _identifiable(b, n, topo=None, collective: str = "ring") -> set[str]:
     free = {"c1"}
     if len(np.unique(b)) >= 2:
         free.add("c0")
+    if any(len(np.unique(b[n == size])) >= 3 for size in np.unique(n)):  # a floor and a line: three batches
+        free.add("t_floor_s")
     m = n if topo is None else np.minimum(n, topo[0])  # ranks sharing a host
     sizes = np.unique(m)
     if len(sizes) >= 2 and any(len(np.unique(b[m == s])) >= 1 for s in sizes):
@@ -331,6 +341,7 @@ def _initial(b, n, ts, tc, collective, grad_bytes, topo=None) -> dict[str, float
         c1, c0 = float(np.median(tc / b)), 0.0
     c1 = max(c1, 1e-9)
     c0 = max(c0, 0.0)
+    smallest = base & (b == b[base].min())
 
     def per_byte(sel):
         if not sel.any():
@@ -346,6 +357,9 @@ def _initial(b, n, ts, tc, collective, grad_bytes, topo=None) -> dict[str, float
     return {
         "c0": c0,
         "c1": c1,
+        # at the smallest batch's compute: a floor starts where it binds (below every point its
+        # gradient would be 0), and the fit lowers it where a line explains the points
+        "t_floor_s": max(float(np.median(tc[smallest])), 1e-6),
         "kappa": 0.01,
         "kappa0": max(0.1 * c0, 1e-5),
         "alpha": 1e-6,
@@ -360,6 +374,7 @@ def _initial(b, n, ts, tc, collective, grad_bytes, topo=None) -> dict[str, float
 _BOUNDS = {
     "c0": (0.0, np.inf),
     "c1": (1e-12, np.inf),
+    "t_floor_s": (0.0, np.inf),
     "kappa": (0.0, 20.0),
     "kappa0": (0.0, np.inf),
     "alpha": (0.0, np.inf),
@@ -416,7 +431,8 @@ def fit_perf_model(
     topo = trial_topology(trials)
     free_set = _identifiable(b, n, topo, collective)
     params = PARAMS if topo is None else PARAMS + INTRA_PARAMS
-    defaults = {"c0": 0.0, "c1": 0.0, "kappa": 0.0, "kappa0": 0.0, "alpha": 0.0, "beta": 0.0, "rho": 0.0, "gamma": 1.0}
+    defaults = {"c0": 0.0, "c1": 0.0, "t_floor_s": 0.0, "kappa": 0.0, "kappa0": 0.0, "alpha": 0.0, "beta": 0.0,
+                "rho": 0.0, "gamma": 1.0}  # fmt: skip
     notes = []
     if "c0" not in free_set:
         defaults["c0"] = 0.0
@@ -444,7 +460,26 @@ def fit_perf_model(
             best, best_err = m_o, err_o
             notes.append(f"overlap form kept: gamma = {m_o.gamma:.2f}")
     frozen = tuple(k for k in params if k not in free_set or (k == "gamma" and best.gamma == 1.0))
+    best = _floor_only_where_it_binds(best, b[n == n.min()])
+    if best.t_floor_s > 0:
+        notes.append(floor_note(best))
     return replace(best, frozen=frozen, rmsle=best_err, n_trials=int(len(b)), notes=tuple(notes))
+
+
+def _floor_only_where_it_binds(model: PerfModel, local_batches: np.ndarray) -> PerfModel:
+    """``model`` with its floor at 0 when it binds at no profiled batch (a line explains them
+    all, and the floor's value below the smallest is a guess): the same fit, said plainly."""
+    line = model.c0 + model.c1 * np.asarray(local_batches, float)
+    return model if np.any(model.t_floor_s > line * (1 + 1e-6)) else replace(model, t_floor_s=0.0)
+
+
+def floor_note(model: PerfModel) -> str:
+    """The sentence for a fitted floor: where the step stops getting faster with b."""
+    knee = (model.t_floor_s - model.c0) / model.c1 if model.c1 > 0 else float("inf")
+    return (
+        f"one rank's compute has a floor of {model.t_floor_s * 1e3:.1f} ms (the host, not the device, sets the "
+        f"pace of small steps): below a local batch of about {max(knee, 0):.0f} a step takes that long whatever b"
+    )
 
 
 def relative_error(predicted, measured) -> np.ndarray:

@@ -53,9 +53,13 @@ def candidate_configs(
     return out
 
 
-def partial_configs(search: SearchSpec, dataset_size: int, max_local_batch: int | None) -> list[Config]:
+def partial_configs(
+    search: SearchSpec, dataset_size: int, max_local_batch: int | None, middle: bool = False
+) -> list[Config]:
     """Partial search (§III-A2): only the extreme cluster sizes, each at its smallest and
-    largest feasible global batch."""
+    largest feasible global batch -- and, with ``middle``, at the candidate nearest their
+    geometric mean too (a third batch, from which the performance model fits a host-bound
+    floor: :class:`tula.core.perfmodel.PerfModel`'s ``t_floor_s``)."""
     sizes = search.cluster_sizes
     extremes = sorted({sizes[0], sizes[-1]})
     out: list[Config] = []
@@ -63,4 +67,7 @@ def partial_configs(search: SearchSpec, dataset_size: int, max_local_batch: int 
         cands = candidate_configs(search, dataset_size, max_local_batch, [n])
         if cands:
             out.extend({cands[0], cands[-1]})
+            if middle and len(cands) >= 3:
+                mean = (cands[0].global_batch * cands[-1].global_batch) ** 0.5
+                out.append(min(cands[1:-1], key=lambda c: abs(c.global_batch - mean)))
     return sorted(out, key=lambda c: (c.n_workers, c.global_batch))

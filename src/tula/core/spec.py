@@ -418,6 +418,13 @@ class SearchSpec(_Strict):
         "grows B through k once N is at its largest (the memory cap of a training run: the micro-batch "
         "that ran out of memory; of tula simulate: the memory model's)",
     )
+    partial_middle_batch: bool | None = Field(
+        default=None,
+        description="the partial search also profiles each extreme cluster size at its middle candidate batch "
+        "(the geometric mean of its smallest and largest), so the performance model can fit the floor under small "
+        "steps, where the host, not the device, sets the pace (None: on a GPU, where launching kernels sets that "
+        "floor; not on a CPU, whose compute is the host's)",
+    )
     enforce_memory_cap: bool = Field(
         default=False,
         description="on CPU, cap each worker's address space "

@@ -346,12 +346,15 @@ def _spread(xs: list[float]) -> float:
 
 
 def select_configs(
-    spec: JobSpec, search: str, dataset_size: int, mm: MemoryModel, budget_bytes: int | None
+    spec: JobSpec, search: str, dataset_size: int, mm: MemoryModel, budget_bytes: int | None, on_gpu: bool = False
 ) -> tuple[int | None, list[Config]]:
-    """The memory bound on the local batch and the configurations a search profiles."""
+    """The memory bound on the local batch and the configurations a search profiles (the
+    partial search's middle batch: ``search.partial_middle_batch``, by default on a GPU)."""
     b_max = mm.max_local_batch(budget_bytes, spec.search.memory_safety)
-    pick = partial_configs if search == "partial" else candidate_configs
-    return b_max, pick(spec.search, dataset_size, b_max)
+    if search != "partial":
+        return b_max, candidate_configs(spec.search, dataset_size, b_max)
+    middle = spec.search.partial_middle_batch
+    return b_max, partial_configs(spec.search, dataset_size, b_max, on_gpu if middle is None else middle)
 
 
 def profile_world(
@@ -380,7 +383,7 @@ def profile_world(
         mm = w.probe_memory(tuple(spec.profile.memory_probe_batches))
         if set_up is not None:  # under the cap, the budget also holds what tensors do not show
             mm = with_address_space_overhead(mm, set_up)
-        b_max, chosen = select_configs(spec, search, w.data.train_size, mm, budget_bytes)
+        b_max, chosen = select_configs(spec, search, w.data.train_size, mm, budget_bytes, ctx.device.type == "cuda")
         out.update(memory=mm.to_dict(), max_local_batch=b_max, configs=[(c.n_workers, c.global_batch) for c in chosen])
         if ctx.rank == 0:
             ctx.emit(
