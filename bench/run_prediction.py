@@ -55,25 +55,25 @@ DATASETS = {
 OTHERS = [(1, 128), (2, 512)]  # the two other (N, B) besides the plan's choice
 
 
-def spec(dataset: str, method: str, epochs: int) -> dict:
+def spec(dataset: str, method: str, epochs: int, middle: bool = False) -> dict:
     return {
         "name": f"pred-{dataset}-{method}",
         **DATASETS[dataset],
         "epochs": epochs,
-        "search": {"cluster_sizes": [1, 2], "min_batch": 64, "max_batch": 1024},
+        "search": {"cluster_sizes": [1, 2], "min_batch": 64, "max_batch": 1024, "partial_middle_batch": middle},
         "train": {"method": method, "warmup_epochs": 1},
     }
 
 
-def one(dataset: str, method: str, epochs: int) -> list[dict]:
-    job = spec(dataset, method, epochs)
+def one(dataset: str, method: str, epochs: int, middle: bool = False) -> list[dict]:
+    job = spec(dataset, method, epochs, middle)
     # torch threads per rank as `tula run` sets them (the cores over the largest world): torch's own
     # default (every core in every rank) oversubscribes the cores at N = 2, whose epochs then took
     # 2-10x their time at random (measured 2026-11-26 on the 2-core machine)
     launcher = LocalLauncher(device="cpu", threads_per_worker=default_threads(spec_from_dict(job)))
     t0 = time.perf_counter()
-    rows = [{"dataset": dataset, **r} for r in predict_and_train(job, launcher, OTHERS)]
-    console.print(f"{dataset} {method}: {time.perf_counter() - t0:.0f} s")
+    rows = [{"dataset": dataset, "middle": middle, **r} for r in predict_and_train(job, launcher, OTHERS)]
+    console.print(f"{dataset} {method}{' (middle batch)' if middle else ''}: {time.perf_counter() - t0:.0f} s")
     return rows
 
 
@@ -134,34 +134,56 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHOD_NAMES))
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--middle",
+        choices=("off", "on", "both"),
+        default="off",
+        help="the partial search's middle batch (search.partial_middle_batch; off by default on a CPU); "
+        "both: each method without and with it, one after the other",
+    )
     ap.add_argument("--out", default="runs/bench-run-prediction.json")
     a = ap.parse_args()
     results = []
     for r in range(a.repeats):
         for dataset in a.datasets.split(","):
             for method in a.methods.split(","):
-                results += [{**x, "repeat": r + 1} for x in one(dataset, method, a.epochs)]
+                for middle in {"off": [False], "on": [True], "both": [False, True]}[a.middle]:
+                    results += [{**x, "repeat": r + 1} for x in one(dataset, method, a.epochs, middle)]
     t = Table(title=f"Predicted vs measured epoch time ({platform.node()}, torch {torch.__version__})")
-    for col in ("repeat", "data", "method", "N", "B", "chosen", "predicted s", "measured s", "error", "of which end s"):
+    cols = (
+        "repeat",
+        "data",
+        "method",
+        "middle",
+        "N",
+        "B",
+        "chosen",
+        "predicted s",
+        "measured s",
+        "error",
+        "of which end s",
+    )
+    for col in cols:
         t.add_column(col, justify="right")
     for x in results:
         if "skipped" in x:
-            t.add_row(str(x["repeat"]), x["dataset"], x["method"], str(x["n_workers"]), str(x["global_batch"]),
+            t.add_row(str(x["repeat"]), x["dataset"], x["method"], "yes" if x["middle"] else "", str(x["n_workers"]), str(x["global_batch"]),
                       "", "-", "-", "skipped", x["skipped"][:40])  # fmt: skip
             continue
         t.add_row(
-            str(x["repeat"]), x["dataset"], x["method"], str(x["n_workers"]), str(x["global_batch"]),
-            "*" if x["chosen"] else "", f"{x['predicted_epoch_s']:.3f}", f"{x['measured_epoch_s']:.3f}",
+            str(x["repeat"]), x["dataset"], x["method"], "yes" if x["middle"] else "", str(x["n_workers"]),
+            str(x["global_batch"]), "*" if x["chosen"] else "", f"{x['predicted_epoch_s']:.3f}", f"{x['measured_epoch_s']:.3f}",
             f"{x['error']:+.1%}", f"{x['end_s']:.3f}",
         )  # fmt: skip
     console.print(t)
     for r in range(1, a.repeats + 1):
-        errs = [abs(x["error"]) for x in results if x["repeat"] == r and "error" in x]
-        if errs:
-            console.print(
-                f"repeat {r}: median |error| {statistics.median(errs):.1%} (target 5 %), "
-                f"max {max(errs):.1%} (target 10 %) over {len(errs)} configurations"
-            )
+        for middle in (False, True):
+            errs = [abs(x["error"]) for x in results if x["repeat"] == r and x["middle"] == middle and "error" in x]
+            if errs:
+                console.print(
+                    f"repeat {r}{', middle batch' if middle else ''}: median |error| {statistics.median(errs):.1%} "
+                    f"(target 5 %), max {max(errs):.1%} (target 10 %) over {len(errs)} configurations"
+                )
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(results, indent=1))
     console.print(f"results written to {a.out}")
