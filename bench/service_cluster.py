@@ -16,10 +16,12 @@ Reported, from the service's own rows (created, started and finished times) and 
 
 * each job's wait (queued until started) and run time;
 * the worker utilisation while jobs were queued: of the worker-seconds of the time some job
-  waited in the queue, the share the running jobs kept (each keeps its largest world's workers
-  while it runs: the service's rule) and the share a world actually held (the samples);
-* the makespan (first submission to last finish) against the sum over jobs of (run time x the
-  workers it kept) divided by the workers: the makespan a perfect packing of those runs would have.
+  waited in the queue, the share the running jobs kept (``workers_kept`` in ``GET /v1/cluster``:
+  its largest world's workers until its plan is stored, then its training's, the service's
+  rule) and the share a world actually held (``in_a_world``), each sample standing for the 0.5 s
+  until the next;
+* the makespan (first submission to last finish) against the worker-seconds the jobs kept
+  divided by the workers: the makespan a perfect packing of those runs would have.
 
 Targets (issue #29): utilisation >= 80 % while jobs are queued; the API's p99 < 100 ms.  The
 emulated hosts share this machine's 2 cores: 4 ranks training at once contend for them, which
@@ -87,8 +89,10 @@ while True:
     now = time.time()
     if now - last_cluster >= 0.5:
         last_cluster = now
-        w = c.get("/v1/cluster").json()["workers"]
-        cl.append([now, sum(bool(x["in_a_world"]) for x in w), len(w)])
+        shown = c.get("/v1/cluster").json()
+        w = shown["workers"]
+        kept = {{j["id"]: j["workers_kept"] for j in shown["running_jobs"]}}
+        cl.append([now, sum(bool(x["in_a_world"]) for x in w), len(w), kept])
     if len(jobs) >= {n} and all(j["state"] in ("done", "failed", "cancelled") for j in jobs):
         break
     time.sleep(0.1)
@@ -100,34 +104,45 @@ def _t(s: str | None) -> float | None:
     return datetime.fromisoformat(s).timestamp() if s else None
 
 
-def analyse(jobs: list[dict], cluster: list[list[float]], n_workers: int) -> dict:
+def _kept_path(values: list[int]) -> str:
+    """The workers a job kept over its run, as the samples saw them change: ``4 -> 1``."""
+    path: list[int] = []
+    for v in values:
+        if not path or path[-1] != v:
+            path.append(v)
+    return " -> ".join(map(str, path)) or "-"
+
+
+def analyse(jobs: list[dict], cluster: list[list], n_workers: int) -> dict:
+    """The jobs' rows and the utilisation, from the service's own account: each ``GET
+    /v1/cluster`` sample (time, workers in a world, workers, {job: workers kept}) stands for
+    the time until the next one."""
     rows = []
     for j in sorted(jobs, key=lambda j: j["created_at"]):
-        sizes = j["spec"]["search"]["cluster_sizes"]
         c, s, f = _t(j["created_at"]), _t(j["started_at"]), _t(j["finished_at"])
-        rows.append({"name": j["spec"]["name"], "state": j["state"], "kept": min(max(sizes), n_workers),
+        seen = [min(x[3][j["id"]], n_workers) for x in cluster if j["id"] in x[3]]
+        rows.append({"name": j["spec"]["name"], "state": j["state"], "kept": _kept_path(seen),
                      "created": c, "started": s, "finished": f, "attempts": j["attempts"]})  # fmt: skip
     t0 = min(r["created"] for r in rows)
     t1 = max(r["finished"] or r["created"] for r in rows)
-    # the time some job waited in the queue, in 0.05 s steps: the worker-seconds kept then
-    step, kept_ws, total_ws = 0.05, 0.0, 0.0
-    t = t0
-    while t < t1:
-        if any(r["created"] <= t < (r["started"] or t1) for r in rows):
-            total_ws += n_workers * step
-            kept_ws += step * min(n_workers, sum(r["kept"] for r in rows if r["started"] and r["started"] <= t < (r["finished"] or t1)))  # fmt: skip
-        t += step
-    held = [s[1] / max(s[2], 1) for s in cluster
-            if any(r["created"] <= s[0] < (r["started"] or t1) for r in rows)]  # fmt: skip
-    runs = [(r["finished"] - r["started"]) * r["kept"] for r in rows if r["started"] and r["finished"]]
+    kept_ws = queued_kept_ws = queued_s = 0.0
+    held = []
+    for x, nxt in zip(cluster, [*cluster[1:], None]):
+        dt = (nxt[0] if nxt is not None else t1) - x[0]
+        kept = min(n_workers, sum(x[3].values()))
+        kept_ws += kept * dt
+        if any(r["created"] <= x[0] < (r["started"] or t1) for r in rows):  # some job waited in the queue
+            queued_s += dt
+            queued_kept_ws += kept * dt
+            held.append(x[1] / max(x[2], 1))
     return {
         "rows": rows,
         "t0": t0,
         "makespan_s": t1 - t0,
-        "packed_s": sum(runs) / n_workers,
-        "kept_util": kept_ws / total_ws if total_ws else None,
+        "packed_s": kept_ws / n_workers,
+        "kept_util": queued_kept_ws / (queued_s * n_workers) if queued_s else None,
         "held_util": statistics.mean(held) if held else None,
-        "queued_s": total_ws / n_workers,
+        "queued_s": queued_s,
     }
 
 
@@ -140,7 +155,7 @@ def render(res: dict, lat: list[float], args, wall_s: float) -> str:
         f"({args.hosts} emulated hosts, 1 Dask worker each, unshaped links, sharing 2 cores); {args.jobs} jobs "
         f"submitted at once, {args.epochs} epochs each; wall {wall_s:.0f} s.",
         "",
-        "| job | state | keeps | waited s | ran s | attempts |",
+        "| job | state | kept (as it changed) | waited s | ran s | attempts |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for r in res["rows"]:
@@ -199,7 +214,7 @@ def main() -> None:
     res = analyse(polled["jobs"], polled["cluster"], args.hosts)
     text = render(res, polled["latency_s"], args, time.perf_counter() - t_start)
     table = Table(title="jobs")
-    for col in ("job", "state", "keeps", "waited s", "ran s"):
+    for col in ("job", "state", "kept", "waited s", "ran s"):
         table.add_column(col)
     for r in res["rows"]:
         ran = f"{r['finished'] - r['started']:.1f}" if r["started"] and r["finished"] else "-"

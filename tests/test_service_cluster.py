@@ -59,9 +59,11 @@ def test_a_service_killed_9_while_its_job_trains_on_the_cluster_resumes_it_once_
 
 @pytest.mark.slow
 def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers(tmp_path, dask_cluster, tiny_pipeline):
-    """Three jobs on the scheduler's 2 workers, up to 2 at once: the first's worlds use both
-    workers (cluster sizes 1 and 2), so the next two wait for it in the queue, saying so; then
-    they run side by side, one worker each, in submission order."""
+    """Three jobs on the scheduler's 2 workers, up to 2 at once: the first's profile uses both
+    workers (cluster sizes 1 and 2), so the next two wait for it in the queue, saying so; once
+    its plan is stored it keeps only its training's workers (a one-worker plan gives the
+    second back, and the next job starts beside its training); the two later jobs run in
+    submission order, one worker each."""
     address = dask_cluster.scheduler_address
     home = tmp_path / "home"
     home.mkdir()
@@ -85,12 +87,19 @@ def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers
         shown = c.get("/v1/cluster").json()
         assert [(j["id"], j["workers_kept"]) for j in shown["running_jobs"]] in ([(job_id, 2)], []), shown
         assert all(isinstance(w["in_a_world"], bool) for w in shown["workers"]), shown
+        training = wait_for(c, job_id, timeout_s=240, check=lambda j: j["state"] in ("training", "done", "failed"))
+        plan_n = c.get(f"/v1/jobs/{job_id}/plan").json()["choice"]["n_workers"]
+        if training["state"] == "training":  # its plan stored: it keeps its training's workers only
+            kept = {j["id"]: j["workers_kept"] for j in c.get("/v1/cluster").json()["running_jobs"]}
+            assert kept.get(job_id, plan_n) == plan_n, (kept, plan_n)
         job = wait_for(c, job_id, timeout_s=240)
         assert job["state"] == "done", (job, svc.read_log())
         b, c_ = (wait_for(c, j, timeout_s=240) for j in later)
         assert b["state"] == c_["state"] == "done", (b, c_, svc.read_log())
         first_done = datetime.fromisoformat(job["finished_at"])
-        assert first_done <= _started_at(b) <= _started_at(c_), (job, b, c_)  # in submission order, after it
+        assert _started_at(job) <= _started_at(b) <= _started_at(c_), (job, b, c_)  # in submission order
+        if plan_n == 2:  # its training kept both workers: the others waited for its end
+            assert first_done <= _started_at(b), (job, b)
         assert _started_at(c_) < datetime.fromisoformat(b["finished_at"]), (b, c_)  # side by side
         profile = c.get(f"/v1/jobs/{job_id}/profile").json()
         # the submission said local; the operator's cluster ran it, and the records say so
@@ -114,3 +123,21 @@ def test_a_cluster_the_service_cannot_place_jobs_on_is_one_sentence(tmp_path, cl
     r = tula_in_process("serve", "--cluster", cluster, "--home", tmp_path / "home", "--port", "0")
     assert_refused(r, sentence)
     assert "service setting 'cluster' (TULA_CLUSTER)" in " ".join(r.stderr.split())
+
+
+def test_a_job_keeps_its_largest_world_until_its_plan_then_only_its_trainings():
+    from tula.service.cluster import wait_sentence, workers_kept
+
+    profile_1_2_4 = {"spec": {"search": {"cluster_sizes": [1, 2, 4]}}}
+    assert workers_kept(profile_1_2_4, None) == 4
+    assert workers_kept(profile_1_2_4, {"choice": {"n_workers": 1}}) == 1
+    growing = {"spec": {"search": {"cluster_sizes": [1, 2]}, "train": {"workers": {"min": 1, "max": 3}}}}
+    assert workers_kept(growing, None) == 3
+    assert workers_kept(growing, {"choice": {"n_workers": 1}}) == 3  # its rule grows training to 3
+    # 4 workers; running jobs keep 1 (planned) and 2: a job needing 1 fits, one needing 2 waits
+    assert wait_sentence(1, 4, [1, 2], "tcp://s:8786") is None
+    assert wait_sentence(2, 4, [1, 2], "tcp://s:8786") == (
+        "queued: needs 2 of the 4 worker(s) at tcp://s:8786; 1 free until a running job ends"
+    )
+    assert wait_sentence(8, 4, [], "tcp://s:8786") is None  # more than the cluster has: all of it, when free
+    assert wait_sentence(8, 4, [1], "tcp://s:8786") is not None

@@ -832,6 +832,13 @@ def largest_world(spec: JobSpec) -> int:
     return max([*spec.search.cluster_sizes, spec.train.n_workers or 1, grow])
 
 
+def training_world(spec: JobSpec, n_workers: int) -> int:
+    """The most workers the job's training uses at once when it starts at ``n_workers`` (its
+    plan's choice): that, or the most its worker rule grows to (``train.workers.max``)."""
+    grow = spec.train.workers.max if spec.train.workers is not None else 1
+    return max(int(n_workers), grow)
+
+
 def in_memory_data_bytes(data: DataSpec) -> int | None:
     """The bytes the data set described by ``data`` holds in memory once generated -- float32
     samples and int64 labels (``synthetic``: ``num_samples`` x ``sample_shape``; ``mnist1d``:

@@ -326,14 +326,24 @@ async def health(request: Request) -> dict:
 async def cluster(request: Request) -> dict:
     """Where this service runs its jobs (the operator's ``cluster`` setting), the workers
     there now, and the jobs running on them.  503 when its scheduler does not answer."""
-    from tula.service.cluster import cluster_workers, workers_needed
+    from tula.core.records import PLAN_KIND
+    from tula.service.cluster import cluster_workers, workers_kept
 
     try:
         offered = await run_in_threadpool(cluster_workers, _settings(request))
     except TulaError as err:
         raise Problem(503, plain(err)) from None
-    running, _ = await run_in_threadpool(_store(request).list_jobs, RUNNING_STATES, 1000)
-    jobs = [{"id": j["id"], "state": j["state"], "workers_kept": workers_needed(j)} for j in running]
+    store = _store(request)
+    running, _ = await run_in_threadpool(store.list_jobs, RUNNING_STATES, 1000)
+
+    def kept(job: dict) -> int:
+        try:
+            plan = store.get_record(job["id"], PLAN_KIND)
+        except TulaError:  # a damaged plan: the job counts its largest world, as the dispatcher does
+            plan = None
+        return workers_kept(job, plan)
+
+    jobs = [{"id": j["id"], "state": j["state"], "workers_kept": await run_in_threadpool(kept, j)} for j in running]
     return {**offered, "running_jobs": jobs}
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from tula.core.errors import TulaError
 from tula.core.registry import WORKER_LOCK_PREFIX, cluster_kind
 from tula.core.say import plain
-from tula.core.spec import largest_world, spec_from_dict
+from tula.core.spec import largest_world, spec_from_dict, training_world
 from tula.service.settings import ServiceSettings, host_memory_bytes
 
 #: how long the service waits for the operator's scheduler to answer (seconds)
@@ -76,17 +77,36 @@ def _held_workers(dask_scheduler: Any = None) -> list[str]:
     return sorted(name[len(prefix) :] for name, held in leases.items() if held and name.startswith(prefix))
 
 
-def workers_needed(job: dict) -> int:
-    """The most workers the job's worlds use at once (its spec's largest world)."""
-    return largest_world(spec_from_dict(job["spec"]))
+def workers_kept(job: dict, plan: dict | None) -> int:
+    """The workers ``job`` keeps while it runs, or needs to start: its spec's largest world
+    (the profile's worlds and training's) until it has a ``plan``; from then on only its
+    training's (:func:`tula.core.spec.training_world` at the plan's worker count), the rest
+    of its run, which a job queued again also resumes at.  The profile's larger worlds are
+    given back as soon as the plan is stored."""
+    spec = spec_from_dict(job["spec"])
+    if plan is None:
+        return largest_world(spec)
+    return training_world(spec, plan["choice"]["n_workers"])
+
+
+def wait_sentence(need: int, total: int, kept: list[int], address: str) -> str | None:
+    """None when a job that needs ``need`` workers fits beside running jobs keeping ``kept``
+    on a scheduler of ``total`` workers (each count capped at ``total``: a job that asks for
+    more gets all there are), else the sentence its row shows while it waits."""
+    need = min(need, total)
+    free = total - sum(min(k, total) for k in kept)
+    if need <= free:
+        return None
+    return f"queued: needs {need} of the {total} worker(s) at {address}; {max(free, 0)} free until a running job ends"
 
 
 class WorkerRoom:
     """Whether the oldest queued job may start now on the operator's Dask scheduler.
 
-    Each running job keeps the workers of its largest world for as long as it runs (its
-    profile's worlds, then training, growing included), so its worlds never wait for one
-    another's.  The next job in submission order starts when that many workers are free;
+    Each running job keeps the workers of its largest world until its plan is stored, then
+    those of its training (growing included) to its end (:func:`workers_kept`), so its worlds
+    never wait for another job's.  The next job in submission order starts when that many
+    workers are free;
     a later, smaller job does not pass it, so none starves.  A job that asks for more
     workers than the cluster has gets all of them when its turn comes (its plan goes on with
     the workers there are).  Clusters on this host (``local``, ``dask``) and jobqueue clusters
@@ -113,8 +133,9 @@ class WorkerRoom:
             why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise TulaError(f"the service's Dask scheduler at {address} does not answer: {why}") from None
 
-    def why_wait(self, job: dict, running: list[dict]) -> str | None:
-        """None when ``job`` may start beside the ``running`` jobs, else the sentence its row shows."""
+    def why_wait(self, job: dict, running: list[dict], plan_of: Callable[[str], dict | None]) -> str | None:
+        """None when ``job`` may start beside the ``running`` jobs, else the sentence its row
+        shows; ``plan_of(job_id)``: a job's stored plan, or None (:func:`workers_kept`)."""
         if not self.counts:
             return None
         try:
@@ -123,14 +144,8 @@ class WorkerRoom:
             return f"queued: {plain(err)}; it starts once the scheduler answers"
         if total == 0:
             return f"queued: the Dask scheduler at {self.settings.cluster} has no workers yet"
-        need = min(workers_needed(job), total)
-        free = total - sum(min(workers_needed(j), total) for j in running)
-        if need <= free:
-            return None
-        return (
-            f"queued: needs {need} of the {total} worker(s) at {self.settings.cluster}; "
-            f"{max(free, 0)} free until a running job ends"
-        )
+        kept = [workers_kept(j, plan_of(j["id"])) for j in running]
+        return wait_sentence(workers_kept(job, plan_of(job["id"])), total, kept, self.settings.cluster)
 
     def close(self) -> None:
         if self._client is not None:
