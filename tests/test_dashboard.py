@@ -68,6 +68,8 @@ def test_the_dashboard_lists_the_job_and_draws_its_plan_and_training(tmp_path, t
         assert row, page[:3000]
         assert tiny_pipeline.spec["name"] in row.group(1) and ">done<" in row.group(1) and "100%" in row.group(1)
         assert re.search(r'id="jobs-total">1<', page)
+        where = c.get("/cluster")  # where the jobs run: this host's processes
+        assert where.status_code == 200 and "jobs run as processes on the service&#x27;s host" in where.text, where.text
         screenshot(f"{svc.url}/", tmp_path / "jobs.png", height=600)
 
         # the job page: both plan charts, a predicted line per cluster size, measured points,

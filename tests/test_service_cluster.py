@@ -87,6 +87,9 @@ def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers
         shown = c.get("/v1/cluster").json()
         assert [(j["id"], j["workers_kept"]) for j in shown["running_jobs"]] in ([(job_id, 2)], []), shown
         assert all(isinstance(w["in_a_world"], bool) for w in shown["workers"]), shown
+        page = c.get("/cluster")  # the dashboard's view of the same
+        assert page.status_code == 200 and f"<code>{address}</code> (scheduler)" in page.text
+        assert all(w["address"] in page.text for w in workers), page.text
         training = wait_for(c, job_id, timeout_s=240, check=lambda j: j["state"] in ("training", "done", "failed"))
         plan_n = c.get(f"/v1/jobs/{job_id}/plan").json()["choice"]["n_workers"]
         if training["state"] == "training":  # its plan stored: it keeps its training's workers only
@@ -141,3 +144,13 @@ def test_a_job_keeps_its_largest_world_until_its_plan_then_only_its_trainings():
     )
     assert wait_sentence(8, 4, [], "tcp://s:8786") is None  # more than the cluster has: all of it, when free
     assert wait_sentence(8, 4, [1], "tcp://s:8786") is not None
+
+
+def test_the_dashboards_cluster_page_says_why_it_has_no_workers_to_show():
+    from tula.service.dashboard import cluster_page
+
+    page = cluster_page(None, "the service's Dask scheduler at tcp://10.0.0.9:8786 does not answer: <timeout>")
+    assert (
+        "<p class='err'>the service&#x27;s Dask scheduler at tcp://10.0.0.9:8786 does not answer: &lt;timeout&gt;</p>"
+        in page
+    )

@@ -38,7 +38,7 @@ from tula.service.admission import admit, check_options, parse_json_body, parse_
 from tula.service.dashboard import dashboard_router
 from tula.service.replan import Problem, Replan, replan_from_models
 from tula.service.settings import ServiceSettings
-from tula.service.store import JOB_STATES, RUNNING_STATES, Store, StoreError
+from tula.service.store import JOB_STATES, Store, StoreError
 
 RECORD_KINDS = {"profile": "tula.profile", "models": "tula.models", "plan": "tula.plan", "train": "tula.train"}
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
@@ -326,25 +326,12 @@ async def health(request: Request) -> dict:
 async def cluster(request: Request) -> dict:
     """Where this service runs its jobs (the operator's ``cluster`` setting), the workers
     there now, and the jobs running on them.  503 when its scheduler does not answer."""
-    from tula.core.records import PLAN_KIND
-    from tula.service.cluster import cluster_workers, workers_kept
+    from tula.service.cluster import cluster_view
 
     try:
-        offered = await run_in_threadpool(cluster_workers, _settings(request))
+        return await run_in_threadpool(cluster_view, _settings(request), _store(request))
     except TulaError as err:
         raise Problem(503, plain(err)) from None
-    store = _store(request)
-    running, _ = await run_in_threadpool(store.list_jobs, RUNNING_STATES, 1000)
-
-    def kept(job: dict) -> int:
-        try:
-            plan = store.get_record(job["id"], PLAN_KIND)
-        except TulaError:  # a damaged plan: the job counts its largest world, as the dispatcher does
-            plan = None
-        return workers_kept(job, plan)
-
-    jobs = [{"id": j["id"], "state": j["state"], "workers_kept": await run_in_threadpool(kept, j)} for j in running]
-    return {**offered, "running_jobs": jobs}
 
 
 # --------------------------------------------------------------------------- jobs

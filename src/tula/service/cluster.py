@@ -77,6 +77,39 @@ def _held_workers(dask_scheduler: Any = None) -> list[str]:
     return sorted(name[len(prefix) :] for name, held in leases.items() if held and name.startswith(prefix))
 
 
+def stored_plan(store: Any, job_id: str) -> dict | None:
+    """A job's plan from the service's store, or None -- also one that cannot be read: its
+    job then counts its largest world (:func:`workers_kept`), the safe side, and its runner
+    reports the damage."""
+    from tula.core.records import PLAN_KIND
+
+    try:
+        return store.get_record(job_id, PLAN_KIND)
+    except TulaError:
+        return None
+
+
+def cluster_view(settings: ServiceSettings, store: Any) -> dict[str, Any]:
+    """``GET /v1/cluster``'s body, which the dashboard's cluster page shows: where the service
+    runs its jobs and the workers there (:func:`cluster_workers`), and each running job with
+    the workers it keeps (:func:`workers_kept`).  A scheduler that does not answer is a
+    :class:`TulaError`."""
+    from tula.service.store import RUNNING_STATES
+
+    offered = cluster_workers(settings)
+    running, _ = store.list_jobs(RUNNING_STATES, 1000)
+    jobs = [
+        {
+            "id": j["id"],
+            "name": j["spec"].get("name"),
+            "state": j["state"],
+            "workers_kept": workers_kept(j, stored_plan(store, j["id"])),
+        }
+        for j in running
+    ]
+    return {**offered, "running_jobs": jobs}
+
+
 def workers_kept(job: dict, plan: dict | None) -> int:
     """The workers ``job`` keeps while it runs, or needs to start: its spec's largest world
     (the profile's worlds and training's) until it has a ``plan``; from then on only its

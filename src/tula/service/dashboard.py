@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse
 from tula.core.errors import TulaError
 from tula.core.records import epoch_score
 from tula.core.registry import OBJECTIVE_NAMES
-from tula.core.say import first_line
+from tula.core.say import first_line, fmt_bytes, plain
 from tula.service.dashboard_charts import (  # noqa: F401 - the charts' names, as this module gave them before
     COLORS,
     esc,
@@ -225,11 +225,53 @@ async def jobs_page(request: Request) -> str:
     body = (
         f"<h1>Tula jobs</h1><p class='note'><span id='jobs-total'>{total}</span> job(s); this table "
         "updates every 2 s. Submit with <code>tula submit SPEC</code> or <code>POST /v1/jobs</code>; "
-        "the API is at <a href='/docs'>/docs</a>.</p>"
+        "the API is at <a href='/docs'>/docs</a>; where they run: <a href='/cluster'>/cluster</a>.</p>"
         "<table id='jobs'><thead><tr><th>id</th><th>name</th><th>state</th><th>progress</th><th>created</th>"
         f"<th>message</th></tr></thead><tbody id='jobs-body'>{''.join(_job_row(j) for j in rows)}</tbody></table>"
     )
     return _page("Tula jobs", body, REFRESH_JOBS_JS)
+
+
+def cluster_page(view: dict | None, problem: str | None = None) -> str:
+    """Where the service runs its jobs: the ``cluster`` setting, its workers (and whether a
+    Tula world holds each now), and the running jobs with the workers each keeps --
+    :func:`tula.service.cluster.cluster_view`'s record, or the sentence that says why there is
+    none (a scheduler that does not answer)."""
+    head = "<h1>Where jobs run</h1><p><a href='/'>all jobs</a></p>"
+    if view is None:
+        return _page("Tula cluster", f"{head}<p class='err'>{esc(problem or '')}</p>")
+    workers = "".join(
+        f"<tr><td>{esc(str(w.get('address')))}</td><td>{esc(str(w.get('host')))}</td>"
+        f"<td class='num'>{esc(str(w.get('threads')))}</td><td class='num'>{esc(fmt_bytes(w.get('memory_bytes')))}</td>"
+        f"<td>{'-' if w.get('in_a_world') is None else ('yes' if w['in_a_world'] else 'no')}</td></tr>"
+        for w in view["workers"]
+    )
+    jobs = "".join(
+        f"<tr><td><a href='/jobs/{esc(j['id'])}'>{esc(j['id'])}</a></td><td>{esc(str(j.get('name') or ''))}</td>"
+        f"<td>{esc(j['state'])}</td><td class='num'>{j['workers_kept']}</td></tr>"
+        for j in view["running_jobs"]
+    )
+    body = (
+        f"{head}<p>cluster <code>{esc(view['cluster'])}</code> ({esc(view['kind'])})"
+        f"{': ' + esc(view['note']) if view.get('note') else ''}</p>"
+        f"<h2>Workers ({len(view['workers'])})</h2><table id='workers'><thead><tr><th>address</th><th>host</th>"
+        f"<th>threads</th><th>memory</th><th>in a world now</th></tr></thead><tbody>{workers}</tbody></table>"
+        f"<h2>Running jobs ({len(view['running_jobs'])})</h2><p class='note'>A job keeps its largest world's "
+        "workers until its plan is stored, then its training's.</p><table id='running'><thead><tr><th>id</th>"
+        f"<th>name</th><th>state</th><th>workers kept</th></tr></thead><tbody>{jobs}</tbody></table>"
+    )
+    return _page("Tula cluster", body)
+
+
+@dashboard_router.get("/cluster", response_class=HTMLResponse)
+async def cluster_page_route(request: Request):
+    from tula.service.cluster import cluster_view
+
+    try:
+        view = await run_in_threadpool(cluster_view, request.app.state.settings, _store(request))
+    except TulaError as err:
+        return HTMLResponse(cluster_page(None, plain(err)), status_code=503)
+    return HTMLResponse(cluster_page(view))
 
 
 @dashboard_router.get("/jobs/{job_id}", response_class=HTMLResponse)

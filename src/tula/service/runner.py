@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from tula.core.errors import Interrupted, TulaError, WorkerError
-from tula.core.records import PLAN_KIND
 from tula.core.say import plain
 from tula.engine import interrupts
 from tula.pipeline import Observer, run_pipeline
-from tula.service.cluster import WorkerRoom
+from tula.service.cluster import WorkerRoom, stored_plan
 from tula.service.memory_guard import MemoryGuard
 from tula.service.settings import ServiceSettings
 from tula.service.store import RUNNING_STATES, Store
@@ -306,7 +305,7 @@ class Dispatcher:
             if head is None:
                 return
             running = self.store.list_jobs(state=RUNNING_STATES, limit=10_000)[0]
-            wait = self.room.why_wait(head, running, self._stored_plan)
+            wait = self.room.why_wait(head, running, lambda job_id: stored_plan(self.store, job_id))
             if wait is not None:  # in submission order: no later job passes it
                 if head.get("message") != wait:
                     self.store.note_queued(head["id"], wait)
@@ -326,14 +325,6 @@ class Dispatcher:
                 self.guard.watch(job["id"], proc.pid)
             self.pid_files.mkdir(parents=True, exist_ok=True)
             (self.pid_files / job["id"]).write_text(f"{runner} {proc.pid}\n")
-
-    def _stored_plan(self, job_id: str) -> dict | None:
-        """A job's plan from the store, or None -- also for one that cannot be read (its job then
-        counts its largest world, the safe side; its runner reports the damage)."""
-        try:
-            return self.store.get_record(job_id, PLAN_KIND)
-        except TulaError:
-            return None
 
     def _spawn(self, job_id: str, runner: str) -> subprocess.Popen:
         s = self.settings
