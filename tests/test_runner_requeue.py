@@ -51,3 +51,37 @@ def test_the_last_attempt_a_crash_or_this_hosts_processes_fail_the_job(tmp_path,
     here = _claimed(store)
     assert _after_a_failed_world(store, here, lost, ServiceSettings(home=tmp_path)) == 2
     assert store.get_job(here["id"])["state"] == "failed"
+
+
+def test_runners_of_an_earlier_service_are_told_from_their_pid_files_damaged_ones_included(tmp_path, store):
+    """At a restart the dispatcher reads each pid file its host's runners left (``runners/<job
+    id>``: ``<runner> <pid>``): a live runner is kept, a runner of this host whose process is
+    gone (or whose pid now belongs to another program) is reported gone, and a damaged file, a
+    folder in its place or another host's runner says nothing -- never an error.  Real
+    processes: one that looks like a runner, one that has exited."""
+    import os
+    import subprocess
+    import sys
+
+    from tula.service.runner import Dispatcher
+
+    node = os.uname().nodename
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "tula.service.runner", "job-alive"])
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    try:
+        files = tmp_path / "runners"
+        files.mkdir()
+        (files / "job-alive").write_text(f"{node}:1/1 {alive.pid}\n")
+        (files / "job-ended").write_text(f"{node}:1/2 {ended.pid}\n")
+        (files / "job-reused").write_text(f"{node}:1/3 {os.getpid()}\n")  # a pid now this test's
+        (files / "job-garbage").write_text("\x00\xff not a runner line")
+        (files / "job-empty").write_text("")
+        (files / "job-elsewhere").write_text(f"another-host:1/4 {ended.pid}\n")
+        (files / "job-folder").mkdir()
+        gone = Dispatcher(ServiceSettings(home=tmp_path), store).runners_gone()
+        assert sorted(gone) == [f"{node}:1/2", f"{node}:1/3"]
+        assert sorted(p.name for p in files.iterdir()) == ["job-alive", "job-folder"]  # the rest are read
+    finally:
+        alive.kill()
+        alive.wait()
