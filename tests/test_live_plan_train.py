@@ -14,8 +14,8 @@ from tula.engine.train import train
 DIGITS_TRAIN = 1438  # the tiny spec's training samples
 
 
-def _spec(tiny_spec_dict):
-    d = dict(tiny_spec_dict, epochs=3)
+def _spec(tiny_spec_dict, epochs: int = 3):
+    d = dict(tiny_spec_dict, epochs=epochs)
     d["train"] = {
         "warmup_epochs": 0,
         "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
@@ -132,3 +132,34 @@ def test_tula_train_with_the_runs_models_trains_where_they_rank_best(tiny_pipeli
 
     titles = [ax.get_title() for ax in training_figure(run).axes]
     assert any(t.startswith("epoch time: measured / predicted") for t in titles), titles
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["plan rule", "goodput"])
+def test_a_run_resumed_from_its_last_checkpoint_decides_what_the_uninterrupted_run_did(
+    tiny_spec_dict, tmp_path, schedule
+):
+    """The decisions after a resume are the same as without it: the plan rule's worker count
+    (from the models), and the goodput schedule's batch (from the B_simple the checkpoint
+    carries and the epoch measures), the trained configurations and losses equal.  Killed
+    after epoch 3 of 4: epoch 4 and the decision after it run in the resumed process."""
+    import shutil
+
+    from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
+
+    if schedule == "plan rule":  # the world grows from B = 64 on (test above)
+        spec, n, perf = _spec(tiny_spec_dict, 4), 1, PerfModel("ring", 1_000, 1e-3, 1e-5, alpha=1e-4)
+    else:  # the batch moves with the measured B_simple (test above)
+        d = dict(tiny_spec_dict, epochs=4)
+        d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "goodput", "max_growth": 2}}
+        spec, n, perf = spec_from_dict(d), 2, PerfModel("ring", 1_000, 1e-2, 1e-4)
+    ref = train(spec, "lbt", n, 32, tmp_path / "a", launcher=local_launcher(), models=_models(perf))
+    (tmp_path / "b").mkdir()
+    shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)  # killed after epoch 3
+    assert load_checkpoint(tmp_path / "b")["epoch"] == 3
+    resumed = train(spec, "lbt", n, 32, tmp_path / "b", resume=True, launcher=local_launcher(), models=_models(perf))
+    assert resumed["resumed_from_epoch"] == 3
+    assert len(set(_trained(ref))) > 2, _trained(ref)  # decisions that changed the run, after the resume too
+    assert _trained(resumed) == _trained(ref), (_trained(resumed), _trained(ref))
+    assert [h["schedule"]["reason"] for h in resumed["history"]] == [h["schedule"]["reason"] for h in ref["history"]]
+    assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in ref["history"]]
