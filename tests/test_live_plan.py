@@ -267,3 +267,36 @@ def test_tula_simulate_replays_the_plan_rule_on_the_network_it_is_given():
     assert fast == [(32, 4), (64, 4), (128, 4)]
     with pytest.raises(TulaError, match="--threshold applies to the workers rule .plan. only"):
         what_if(models, simulator_from_models(models), [1, 2], ["ring"], 32, geometric, threshold=0.1)
+
+
+def test_goodput_per_epoch_by_hand():
+    """Epoch 2 trained B = 64 chosen with epoch 1's B_simple 32 (B0 = 32: efficiency 64 / 96);
+    its 20 steps x 64 samples in 0.5 s are 2560 samples/s, 1706.7 useful; the ranking had
+    predicted 0.4 s (2133.3 useful).  Epoch 3 kept its batch: its prediction is the plan's
+    where the run was compared with it, and an epoch after one without B_simple is left out."""
+    from tula.core.live_plan import goodput_per_epoch
+
+    ranking = [
+        {"global_batch": 64, "n_workers": 2, "epoch_s": 0.4},
+        {"global_batch": 64, "n_workers": 1, "epoch_s": 0.6},
+    ]
+    run = {
+        "batch_schedule": "goodput",
+        "history": [
+            {"epoch": 1, "global_batch": 32, "n_workers": 2, "steps": 40, "epoch_wall_s": 0.8, "b_simple": 32.0,
+             "schedule": {"ranking": ranking}},
+            {"epoch": 2, "global_batch": 64, "n_workers": 2, "steps": 20, "epoch_wall_s": 0.5, "b_simple": 96.0,
+             "schedule": {"changed": False}},
+            {"epoch": 3, "global_batch": 64, "n_workers": 2, "steps": 20, "epoch_wall_s": 0.45, "b_simple": None,
+             "predicted_epoch_s": 0.48},
+            {"epoch": 4, "global_batch": 64, "n_workers": 2, "steps": 20, "epoch_wall_s": 0.45},
+        ],
+    }  # fmt: skip
+    rows = goodput_per_epoch(run)
+    assert [r["epoch"] for r in rows] == [2, 3]
+    assert rows[0]["efficiency"] == pytest.approx(64 / 96)
+    assert rows[0]["measured"] == pytest.approx(2560 * 64 / 96)
+    assert rows[0]["predicted"] == pytest.approx(1280 / 0.4 * 64 / 96)
+    assert rows[1]["b_noise"] == 96.0 and rows[1]["efficiency"] == pytest.approx(128 / 160)
+    assert rows[1]["predicted"] == pytest.approx(1280 / 0.48 * 128 / 160)
+    assert goodput_per_epoch({**run, "batch_schedule": "geometric"}) == []

@@ -38,6 +38,12 @@ def test_the_world_grows_where_the_models_say_two_workers_are_faster(tiny_spec_d
     perf = PerfModel("ring", 1_000, 1e-3, 1e-5, alpha=1e-4)
     run = train(_spec(tiny_spec_dict), "lbt", 1, 32, tmp_path, launcher=local_launcher(), models=_models(perf))
     assert _trained(run) == [(32, 1), (64, 2), (128, 2)]
+    # the dashboard's epoch-time chart marks the new world where it started (epoch 2)
+    from tula.core.run_costs import compare_with_plan
+    from tula.service.dashboard_charts import train_charts
+
+    charts = train_charts(compare_with_plan(run, _models(perf)))
+    assert charts.count("<title>new world: N=2, B=64</title>") == 1, charts
     assert [(g["n_workers"], g["world"], g["new_world"]) for g in run["generations"]] == [
         (1, 1, True),
         (2, 2, True),
@@ -88,6 +94,16 @@ def test_the_goodput_schedule_moves_the_batch_with_the_measured_noise_scale(tiny
         # what trained next is the goodput choice for the B_simple the epoch measured
         want = choose_goodput(ranker, caps, h["global_batch"], 2, h["b_simple"], 32, min_batch=32)
         assert nxt["global_batch"] == want.option.global_batch, (h["b_simple"], want.reason)
+    # goodput over the epochs: the dashboard's chart and train.png's panel
+    from tula.core.live_plan import goodput_per_epoch
+    from tula.report import plot_training
+    from tula.service.dashboard_charts import train_charts
+
+    rows = goodput_per_epoch(run)
+    assert [r["epoch"] for r in rows] == [2, 3] and all(r["measured"] > 0 for r in rows), rows
+    assert "Goodput: useful samples per second" in train_charts(run)
+    plot_training(run, tmp_path / "train.png")
+    assert (tmp_path / "train.png").stat().st_size > 10_000
 
 
 def test_tula_train_without_models_is_refused_and_a_damaged_models_file_is_one_sentence(tiny_spec_dict, tmp_path):

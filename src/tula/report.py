@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tula.core.live_plan import goodput_per_epoch
 from tula.core.noise_scale import (
     SMOOTH_EPOCHS,
     early_epochs,
@@ -559,7 +560,8 @@ def training_figure(run: dict):
     measured = any(b is not None for b in noise)
     grows = grows or measured  # the batch panel also shows B_simple
     predicted = any(h.get("predicted_epoch_s") for h in run["history"])
-    cols = 1 + has_delta + grows + predicted
+    goodput = goodput_per_epoch(run)
+    cols = 1 + has_delta + grows + predicted + bool(goodput)
     fig, axes = plt.subplots(1, cols, figsize=(6 * cols, 4.4), squeeze=False)
     if grows:
         _batch_panel(axes[0, 1 + has_delta], run, noise, measured)
@@ -567,8 +569,29 @@ def training_figure(run: dict):
     if has_delta:
         _delta_panel(axes[0, 1], tr)
     if predicted:
-        _epoch_time_panel(axes[0, cols - 1], run)
+        _epoch_time_panel(axes[0, 1 + has_delta + grows], run)
+    if goodput:
+        _goodput_panel(axes[0, cols - 1], goodput)
     return fig
+
+
+def _goodput_panel(ax, rows: list[dict]) -> None:
+    """A goodput schedule's useful samples per second per epoch, measured and as its choice
+    predicted (:func:`tula.core.live_plan.goodput_per_epoch`), each epoch's (N, B) marked."""
+    ep = [r["epoch"] for r in rows]
+    ax.plot(ep, [r["measured"] for r in rows], "o-", label="measured")
+    pred = [(r["epoch"], r["predicted"]) for r in rows if r["predicted"] is not None]
+    if pred:
+        ax.plot(*zip(*pred), "s--", color="tab:purple", label="predicted")
+    for r in rows:
+        ax.annotate(f"N={r['n_workers']} B={r['global_batch']}", (r["epoch"], r["measured"]), fontsize=6,
+                    xytext=(2, 4), textcoords="offset points")  # fmt: skip
+    ax.set_title("goodput: samples/s x (B_noise + B0) / (B_noise + B)", fontsize=10)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("useful samples per second")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def _epoch_time_panel(ax, run: dict) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 from tula.core.accumulation import accumulation_for
 from tula.core.errors import SpecError
 from tula.core.memory_model import MemoryModel
-from tula.core.run_costs import predicted_epoch_s
+from tula.core.run_costs import measured_epoch_s, predicted_epoch_s
 from tula.core.schedules import Caps
 
 #: a new worker count must beat the current one's predicted score by more than this share
@@ -212,6 +212,43 @@ def goodput(option: Option, dataset_size: int, b_noise: float, reference_batch: 
     """Samples per second at ``option``'s predicted epoch, times the statistical efficiency of
     its batch: the useful progress per second Pollux maximises."""
     return dataset_size / option.epoch_s * statistical_efficiency(option.global_batch, b_noise, reference_batch)
+
+
+def goodput_per_epoch(run: dict) -> list[dict[str, Any]]:
+    """A goodput schedule's run (a training record) epoch by epoch after the first: the
+    B_noise its batch was chosen with (the epoch before's B_simple), that batch's statistical
+    efficiency against the run's first batch B0, and its goodput -- useful samples per second,
+    the samples the epoch trained over its time times that efficiency -- measured (its
+    ``epoch_wall_s``) and as predicted (the ranking's epoch time where the decision before it
+    changed the batch, else the plan's ``predicted_epoch_s`` where the run was compared with
+    it: :func:`tula.core.run_costs.compare_with_plan`).  ``[]`` for a run of another
+    schedule; epochs without a B_simple before them are left out."""
+    hist = run.get("history") or []
+    if run.get("batch_schedule") != "goodput" or not hist:
+        return []
+    b0 = hist[0]["global_batch"]
+    out = []
+    for prev, h in zip(hist, hist[1:]):
+        b_noise = prev.get("b_simple")
+        if b_noise is None or not math.isfinite(b_noise) or b_noise < 0:
+            continue
+        eff = statistical_efficiency(h["global_batch"], b_noise, b0)
+        samples = h["steps"] * h["global_batch"]
+        best = ((prev.get("schedule") or {}).get("ranking") or [None])[0]  # a decision that changed the batch
+        same = best is not None and (best["global_batch"], best["n_workers"]) == (h["global_batch"], h["n_workers"])
+        planned_s = best["epoch_s"] if same else h.get("predicted_epoch_s")  # else the plan's, where compared
+        out.append(
+            {
+                "epoch": h["epoch"],
+                "global_batch": h["global_batch"],
+                "n_workers": h["n_workers"],
+                "b_noise": float(b_noise),
+                "efficiency": eff,
+                "measured": samples / measured_epoch_s(h) * eff,
+                "predicted": samples / planned_s * eff if planned_s else None,
+            }
+        )
+    return out
 
 
 def candidate_batches(current_batch: int, caps: Caps, max_growth: float = 2.0, per_doubling: int = 4) -> list[int]:

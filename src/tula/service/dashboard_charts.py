@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tula.core.live_plan import goodput_per_epoch
 from tula.core.noise_scale import (
     SMOOTH_EPOCHS,
     early_epochs,
@@ -500,8 +501,9 @@ def _ags_chart(h: list[dict]) -> str:
     return svg_chart("AGS: steps scaled", "epoch", "fraction", [line], [], log_x=False)
 
 
-def _epoch_time_chart(h: list[dict]) -> str:
-    """Each epoch's measured time beside the plan's prediction of it."""
+def _epoch_time_chart(h: list[dict], generations: list[dict]) -> str:
+    """Each epoch's measured time beside the plan's prediction of it at its (N, B, k), each
+    new world (a generation) marked at its first epoch."""
     from tula.core.run_costs import measured_epoch_s
 
     ep = [r["epoch"] for r in h]
@@ -516,24 +518,54 @@ def _epoch_time_chart(h: list[dict]) -> str:
         },
     ]
     titles = [
-        f"epoch {r['epoch']}: {m:.3f} s measured, {r['predicted_epoch_s']:.3f} s planned "
+        f"epoch {r['epoch']} at {_config(r)}: {m:.3f} s measured, {r['predicted_epoch_s']:.3f} s planned "
         f"({r['measured_to_predicted']:.2f}x)"
         if r.get("predicted_epoch_s") and r.get("measured_to_predicted")
-        else f"epoch {r['epoch']}: {m:.3f} s measured"
+        else f"epoch {r['epoch']} at {_config(r)}: {m:.3f} s measured"
         for r, m in zip(h, measured)
     ]
     points = [{"x": ep, "y": measured, "color": COLORS[0], "label": "epochs", "legend": False, "title": titles}]
-    return svg_chart("Epoch time: measured and planned", "epoch", "seconds", lines, points, log_x=False)
+    starts = [g for g in generations if g.get("new_world") and g.get("from_epoch", 1) > 1]
+    vlines = [{"at": g["from_epoch"] - 0.5, "color": COLORS[7], "label": f"new world: {_config(g)}"} for g in starts]
+    return svg_chart("Epoch time: measured and planned", "epoch", "seconds", lines, points, vlines=vlines, log_x=False)
+
+
+def _config(r: dict) -> str:
+    """An epoch's or a generation's (N, B, k) in words."""
+    k = r.get("accumulation_steps") or 1
+    return f"N={r['n_workers']}, B={r['global_batch']}" + (f", k={k}" if k > 1 else "")
+
+
+def _goodput_chart(rows: list[dict]) -> str:
+    """A goodput schedule's useful samples per second per epoch, measured and predicted
+    (:func:`tula.core.live_plan.goodput_per_epoch`)."""
+    ep = [r["epoch"] for r in rows]
+    lines = [{"x": ep, "y": [r["measured"] for r in rows], "color": COLORS[0], "label": "measured"}]
+    if any(r["predicted"] is not None for r in rows):
+        pred = [r["predicted"] if r["predicted"] is not None else float("nan") for r in rows]
+        lines.append({"x": ep, "y": pred, "color": COLORS[2], "label": "predicted by the choice"})
+    titles = [
+        f"epoch {r['epoch']} at {_config(r)}: {r['measured']:.4g} useful samples/s measured"
+        + (f", {r['predicted']:.4g} predicted" if r["predicted"] is not None else "")
+        + f" (B_noise {r['b_noise']:.4g}, efficiency {r['efficiency']:.2f})"
+        for r in rows
+    ]
+    points = [{"x": ep, "y": [r["measured"] for r in rows], "color": COLORS[0], "label": "epochs", "legend": False,
+               "title": titles}]  # fmt: skip
+    return svg_chart("Goodput: useful samples per second", "epoch", "samples/s", lines, points, log_x=False)
 
 
 def train_charts(run: dict) -> str:
     """Per epoch: test top-1 and training loss; global batch, workers and B_simple; AGS's
     share of scaled steps where it has one; the measured epoch time beside the plan's
-    prediction where Tula planned the run."""
+    prediction where Tula planned the run (new worlds marked); a goodput schedule's goodput."""
     h = run["history"]
     charts = [_score_chart(h), noise_chart(h)]
     if any("scaled_fraction" in r for r in h):
         charts.append(_ags_chart(h))
     if any(r.get("predicted_epoch_s") for r in h):
-        charts.append(_epoch_time_chart(h))
+        charts.append(_epoch_time_chart(h, run.get("generations") or []))
+    goodput = goodput_per_epoch(run)
+    if goodput:
+        charts.append(_goodput_chart(goodput))
     return f"<div class='charts' id='train-charts'>{''.join(charts)}</div>"
