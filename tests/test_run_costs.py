@@ -195,7 +195,8 @@ def test_the_dashboard_and_the_table_show_each_epoch_beside_its_prediction():
     html = train_charts(run)
     assert "Epoch time: measured and planned" in html
     ratio = 1.3 / run["history"][1]["predicted_epoch_s"]
-    assert f"epoch 2: 1.300 s measured, {run['history'][1]['predicted_epoch_s']:.3f} s planned ({ratio:.2f}x)" in html
+    predicted = run["history"][1]["predicted_epoch_s"]
+    assert f"epoch 2 at N=2, B=200: 1.300 s measured, {predicted:.3f} s planned ({ratio:.2f}x)" in html
     console = Console(width=200, record=True)
     console.print(train_table(run))
     text = console.export_text()
