@@ -460,7 +460,7 @@ def fit_perf_model(
             best, best_err = m_o, err_o
             notes.append(f"overlap form kept: gamma = {m_o.gamma:.2f}")
     frozen = tuple(k for k in params if k not in free_set or (k == "gamma" and best.gamma == 1.0))
-    best = _floor_only_where_it_binds(best, b[n == n.min()])
+    best = _floor_only_where_it_binds(best, b)  # every profiled local batch, at every cluster size
     if best.t_floor_s > 0:
         notes.append(floor_note(best))
     return replace(best, frozen=frozen, rmsle=best_err, n_trials=int(len(b)), notes=tuple(notes))
