@@ -69,9 +69,9 @@ def _ip(*args: str, check: bool = True, ns: str | None = None) -> subprocess.Com
     return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=30)
 
 
-def _tc(*args: str, ns: str | None = None) -> None:
+def _tc(*args: str, ns: str | None = None, check: bool = True) -> None:
     cmd = (["ip", "netns", "exec", ns] if ns else []) + ["tc", *args]
-    subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30)
+    subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=30)
 
 
 def why_unavailable() -> str | None:
@@ -274,6 +274,12 @@ class EmulatedHosts:
                 quantum,
                 ns=ns,
             )
+
+    def unshape(self, host: int) -> None:
+        """Host ``host``'s link back to the veth's own speed (the ``htb`` qdiscs removed; a link
+        that was not shaped is left as it is)."""
+        for dev, ns in ((self.veth(host), None), ("eth0", self.ns(host))):
+            _tc("qdisc", "del", "dev", dev, "root", ns=ns, check=False)
 
     def link(self, host: int, up: bool) -> None:
         """Take host ``host``'s link down (inside its namespace, as a broken cable) or up."""

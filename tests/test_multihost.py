@@ -25,6 +25,8 @@ import yaml
 from emulated_hosts import COMMAND_ENV
 from helpers import kill_on_line, popen_tula, run_tula, train_args, tula_cmd
 
+from tula.core.run_costs import measured_epoch_s
+
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
@@ -284,3 +286,45 @@ def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left
             run = json.loads((store.job_dir(job["id"]) / "train" / "train.json").read_text())
         assert run["epochs"] == 6 and run["resumed_from_epoch"] >= 1 and run["replicas_identical"], run
         assert [e["epoch"] for e in run["history"]] == list(range(1, 7))
+
+
+def test_over_a_slow_link_the_plan_rule_keeps_one_worker_where_adadamps_rule_would_grow(hosts, tmp_path):
+    """#30 on real shaped links: the hosts' links at 100 Mbit/s, the communication-bound MLP
+    (4.5 MB of gradients a step) profiled there, then a geometric schedule 32 -> 64 -> 128
+    with ``workers: {rule: plan}`` and the profile's models: every epoch trains on one worker
+    -- the models, fitted on those links, rank two workers slower at each batch (AdaDamp's
+    rule, one worker per 32 samples, would put two on the link from the second epoch) -- and
+    each epoch takes about one worker's predicted time.  The links are unshaped afterwards."""
+    from tula.core.fit import fit_models
+    from tula.core.records import save_record
+
+    for k in hosts.hosts:
+        hosts.shape(k, 100)
+    try:
+        mlp = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": 1024, "num_classes": 10}}
+        spec = _spec(
+            tmp_path, "slow", model=mlp, epochs=3,
+            search={"min_batch": 32, "max_batch": 128},
+            train={"batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+                   "workers": {"min": 1, "max": 2, "rule": "plan"}},
+        )  # fmt: skip
+        prof = tmp_path / "profile.json"
+        r = _tula(hosts, "profile", spec, "--out", prof, "--cluster", hosts.scheduler_address)
+        assert r.returncode == 0, r.stderr + hosts.log_tail()
+        models = fit_models(json.loads(prof.read_text()))
+        save_record(models, tmp_path / "models.json")
+        out = tmp_path / "train"
+        r = _tula(hosts, *_train(hosts, spec, out, "--models", tmp_path / "models.json", workers=None))
+        assert r.returncode == 0, r.stderr + hosts.log_tail()
+        run = json.loads((out / "train.json").read_text())
+        assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(32, 1), (64, 1), (128, 1)], run
+        for h in run["history"][:-1]:  # each decision: one worker ranked best, two slower
+            ranking = h["schedule"]["ranking"]
+            assert ranking[0]["n_workers"] == 1, ranking
+            two = [o for o in ranking if o["n_workers"] == 2]
+            assert two and two[0]["epoch_s"] > 1.5 * ranking[0]["epoch_s"], ranking
+        ratios = [measured_epoch_s(h) / h["predicted_epoch_s"] for h in run["history"][1:]]
+        assert all(r < 1.5 for r in ratios), ratios
+    finally:
+        for k in hosts.hosts:
+            hosts.unshape(k)
