@@ -289,8 +289,9 @@ def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left
 
 
 def test_over_a_slow_link_the_plan_rule_keeps_one_worker_where_adadamps_rule_would_grow(hosts, tmp_path):
-    """#30 on real shaped links: the hosts' links at 100 Mbit/s, the communication-bound MLP
-    (4.5 MB of gradients a step) profiled there, then a geometric schedule 32 -> 64 -> 128
+    """#30 on real shaped links: the hosts' links at 100 Mbit/s, a communication-bound MLP
+    (1.2 MB of gradients a step: 0.1 s on the link, against ms of compute) profiled there,
+    then a geometric schedule 32 -> 64 -> 128
     with ``workers: {rule: plan}`` and the profile's models: every epoch trains on one worker
     -- the models, fitted on those links, rank two workers slower at each batch (AdaDamp's
     rule, one worker per 32 samples, would put two on the link from the second epoch) -- and
@@ -301,7 +302,7 @@ def test_over_a_slow_link_the_plan_rule_keeps_one_worker_where_adadamps_rule_wou
     for k in hosts.hosts:
         hosts.shape(k, 100)
     try:
-        mlp = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": 1024, "num_classes": 10}}
+        mlp = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": 512, "num_classes": 10}}  # 1.2 MB of gradients
         spec = _spec(
             tmp_path, "slow", model=mlp, epochs=3,
             search={"min_batch": 32, "max_batch": 128},
