@@ -483,21 +483,21 @@ def render_prediction(results: dict) -> str:
         "epochs after the first, predicted the plan's epoch at that B (`tula.core.run_costs`).",
         "",
         "| model | precision | method | B | steps/epoch | step predicted ms | step measured ms | predicted s | "
-        "measured s | error | of which end s |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "measured s | error | end predicted s | end measured s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     errs = []
     for r in results["rows"]:
         b = f"{r['global_batch']}{' *' if r.get('chosen') else ''}"
         head = f"| {r['model']} {r['shape']} | {r['precision']} | {r['method']} | {b} |"
         if "error" not in r:
-            lines.append(f"{head} - | - | - | - | - | skipped: {r['skipped']} | - |")
+            lines.append(f"{head} - | - | - | - | - | skipped: {r['skipped']} | - | - |")
             continue
         errs.append(abs(r["error"]))
         lines.append(
             f"{head} {r.get('steps_per_epoch') or '-'} | {_ms(r.get('predicted_step_s'))} | "
             f"{_ms(r.get('measured_step_s'))} | {r['predicted_epoch_s']:.3f} | {r['measured_epoch_s']:.3f} | "
-            f"{r['error']:+.1%} | {r['end_s']:.3f} |"
+            f"{r['error']:+.1%} | {r.get('predicted_end_s', float('nan')):.3f} | {r['end_s']:.3f} |"
         )
     if errs:
         lines += ["", f"Median |error| {_median_abs(errs)} (target 5 %), max {100 * max(errs):.1f} % over "

@@ -115,6 +115,7 @@ def predict_and_train(
                 "steps_per_epoch": later[0].get("steps"),
                 "measured_step_s": statistics.median(h["epoch_time_s"] / h["steps"] for h in later),
                 "predicted_step_s": predicted_step_s(models, method, big_b, n),
+                "predicted_end_s": predicted_end_s(models, method, n, later[0]["steps"]),
             }
         )
     return rows
@@ -126,6 +127,14 @@ def predicted_step_s(models: dict, method: str, global_batch: int, n_workers: in
     costs, _ = run_costs_for(models, method)
     t = float(perf.t_step_s(global_batch / n_workers, n_workers, ranks_per_node_of(models.get("trials") or [])))
     return t + (float(costs.step_extra_at(n_workers)) if costs is not None else 0.0)
+
+
+def predicted_end_s(models: dict, method: str, n_workers: int, steps: int) -> float:
+    """The plan's fixed part of an epoch of ``steps`` steps at N: evaluation, the epoch's end,
+    the checkpoint and the method's periodic work (``RunCosts.epoch_fixed_s``; 0 without run
+    costs), to set beside the trained epochs' ``end_s``."""
+    costs, _ = run_costs_for(models, method)
+    return float(costs.epoch_fixed_s(n_workers, steps)) if costs is not None else 0.0
 
 
 def main() -> None:
@@ -161,19 +170,20 @@ def main() -> None:
         "predicted s",
         "measured s",
         "error",
-        "of which end s",
+        "end predicted s",
+        "end measured s",
     )
     for col in cols:
         t.add_column(col, justify="right")
     for x in results:
         if "skipped" in x:
             t.add_row(str(x["repeat"]), x["dataset"], x["method"], "yes" if x["middle"] else "", str(x["n_workers"]), str(x["global_batch"]),
-                      "", "-", "-", "skipped", x["skipped"][:40])  # fmt: skip
+                      "", "-", "-", "skipped", "-", x["skipped"][:40])  # fmt: skip
             continue
         t.add_row(
             str(x["repeat"]), x["dataset"], x["method"], "yes" if x["middle"] else "", str(x["n_workers"]),
             str(x["global_batch"]), "*" if x["chosen"] else "", f"{x['predicted_epoch_s']:.3f}", f"{x['measured_epoch_s']:.3f}",
-            f"{x['error']:+.1%}", f"{x['end_s']:.3f}",
+            f"{x['error']:+.1%}", f"{x.get('predicted_end_s', float('nan')):.3f}", f"{x['end_s']:.3f}",
         )  # fmt: skip
     console.print(t)
     for r in range(1, a.repeats + 1):
