@@ -73,6 +73,7 @@ import torch.nn.functional as F  # noqa: E402
 from tula.core.fit import fit_models  # noqa: E402
 from tula.core.memory_model import MemoryModel  # noqa: E402
 from tula.core.perfmodel import PerfModel, ranks_per_node_of  # noqa: E402
+from tula.core.space import middle_batch  # noqa: E402
 from tula.core.spec import JobSpec, ModelSpec, spec_from_dict  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -240,9 +241,7 @@ def partial_subset(prof: dict) -> dict:
     keep = set()
     for n in {t["n_workers"] for t in ok}:
         bs = sorted(t["global_batch"] for t in ok if t["n_workers"] == n)
-        keep |= {(n, bs[0]), (n, bs[-1])}
-        if len(bs) >= 3:
-            keep.add((n, min(bs[1:-1], key=lambda b: abs(b - (bs[0] * bs[-1]) ** 0.5))))
+        keep |= {(n, bs[0]), (n, bs[-1]), (n, middle_batch(bs))}  # (n, None) matches no trial
     sub["trials"] = [t for t in prof["trials"] if (t["n_workers"], t["global_batch"]) in keep]
     return sub
 

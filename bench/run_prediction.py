@@ -31,10 +31,9 @@ from rich.table import Table
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
 from tula.core.job_rules import check_train_config
-from tula.core.perfmodel import PerfModel, ranks_per_node_of
 from tula.core.plan import make_plan
 from tula.core.registry import METHOD_NAMES
-from tula.core.run_costs import compare_with_plan, measured_epoch_s, run_costs_for
+from tula.core.run_costs import compare_with_plan, measured_epoch_s, predicted_step_s, run_costs_for
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
 from tula.engine.launch.clusters import default_threads
@@ -119,14 +118,6 @@ def predict_and_train(
             }
         )
     return rows
-
-
-def predicted_step_s(models: dict, method: str, global_batch: int, n_workers: int) -> float:
-    """The plan's step at (N, B) for ``method``: the fitted step and the method's extra."""
-    perf = PerfModel.from_dict(models["perf"])
-    costs, _ = run_costs_for(models, method)
-    t = float(perf.t_step_s(global_batch / n_workers, n_workers, ranks_per_node_of(models.get("trials") or [])))
-    return t + (float(costs.step_extra_at(n_workers)) if costs is not None else 0.0)
 
 
 def predicted_end_s(models: dict, method: str, n_workers: int, steps: int) -> float:

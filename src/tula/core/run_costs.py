@@ -63,6 +63,13 @@ class RunCosts:
             out = np.asarray(self.step_extra_s, float)[nearest]
         return float(out) if out.ndim == 0 else out
 
+    def step_s(self, t_step_s, n_workers):
+        """A step of the method: the plain step ``t_step_s`` plus its extra at ``n_workers``,
+        never under 5 % of the plain step (an extra measured negative in noise)."""
+        t = np.asarray(t_step_s, float)
+        out = np.maximum(t + self.step_extra_at(n_workers), 0.05 * t)
+        return float(out) if np.ndim(out) == 0 else out
+
     def epoch_fixed_s(self, n_workers, steps):
         """``t_epoch_fixed(N, S)``: an epoch's end and the method's periodic work."""
         n = np.asarray(n_workers, float)
@@ -97,8 +104,7 @@ def epoch_time_s(
     if costs is None:
         out = steps * t
     else:
-        per_step = np.maximum(t + costs.step_extra_at(n_workers), 0.05 * t)
-        out = steps * per_step + costs.epoch_fixed_s(n_workers, steps)
+        out = steps * costs.step_s(t, n_workers) + costs.epoch_fixed_s(n_workers, steps)
     return float(out) if np.ndim(out) == 0 else out
 
 
@@ -196,15 +202,28 @@ def run_costs_for(models: dict, method: str) -> tuple[RunCosts | None, str]:
     )
 
 
-def predicted_epoch_s(models: dict, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1):
-    """The plan's prediction of one epoch at (B, N, k) for ``method``: the fitted step where
-    the ranks were profiled, and the run costs (:func:`run_costs_for`)."""
+def fitted_step_s(models: dict, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
+    """The fitted plain step at (B, N, k), where the profile's ranks ran (their ranks per host)."""
     from tula.core.perfmodel import PerfModel, ranks_per_node_of
 
     perf = PerfModel.from_dict(models["perf"])
     k = max(1, int(accumulation_steps))
     b = global_batch / n_workers / k
-    t = perf.t_step_s(b, n_workers, ranks_per_node_of(models.get("trials") or []), None, k)
+    return float(perf.t_step_s(b, n_workers, ranks_per_node_of(models.get("trials") or []), None, k))
+
+
+def predicted_step_s(models: dict, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1):
+    """The plan's prediction of one step of ``method`` at (B, N, k): the fitted step and the
+    method's extra (:meth:`RunCosts.step_s`), as :func:`predicted_epoch_s` counts it."""
+    t = fitted_step_s(models, global_batch, n_workers, accumulation_steps)
+    costs = run_costs_for(models, method)[0]
+    return t if costs is None else float(costs.step_s(t, n_workers))
+
+
+def predicted_epoch_s(models: dict, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1):
+    """The plan's prediction of one epoch at (B, N, k) for ``method``: the fitted step where
+    the ranks were profiled, and the run costs (:func:`run_costs_for`)."""
+    t = fitted_step_s(models, global_batch, n_workers, accumulation_steps)
     return float(epoch_time_s(t, global_batch, n_workers, models["dataset_size"], run_costs_for(models, method)[0]))
 
 

@@ -67,7 +67,16 @@ def partial_configs(
         cands = candidate_configs(search, dataset_size, max_local_batch, [n])
         if cands:
             out.extend({cands[0], cands[-1]})
-            if middle and len(cands) >= 3:
-                mean = (cands[0].global_batch * cands[-1].global_batch) ** 0.5
-                out.append(min(cands[1:-1], key=lambda c: abs(c.global_batch - mean)))
+            mid = middle_batch([c.global_batch for c in cands]) if middle else None
+            if mid is not None:
+                out.append(Config(n, mid))
     return sorted(out, key=lambda c: (c.n_workers, c.global_batch))
+
+
+def middle_batch(batches: list[int]) -> int | None:
+    """The partial search's middle batch among sorted ``batches``: the inner one nearest the
+    geometric mean of the smallest and the largest; None with fewer than three."""
+    if len(batches) < 3:
+        return None
+    mean = (batches[0] * batches[-1]) ** 0.5
+    return min(batches[1:-1], key=lambda b: abs(b - mean))
