@@ -50,6 +50,7 @@ import argparse
 import contextlib
 import copy
 import gc
+import json
 import math
 import os
 import platform
@@ -431,7 +432,13 @@ def prediction_job(c: PredictionCase, precision: str, method: str, device: str, 
 
 
 def run_prediction(
-    s: Setup, budget: Budget, dry_run: bool, methods: list[str], epochs: int, models: list[str] | None = None
+    s: Setup,
+    budget: Budget,
+    dry_run: bool,
+    methods: list[str],
+    epochs: int,
+    models: list[str] | None = None,
+    others: list[int] | None = None,
 ) -> dict:
     """#26's GPU rows: per case, precision (bf16, fp16 of ``s.precisions``) and method, a partial
     profile with that ``train.method``, the plan's choice (objective knee) and two other batches
@@ -455,8 +462,9 @@ def run_prediction(
                     continue
                 t0 = time.perf_counter()
                 job = prediction_job(c, precision, method, s.device.type, epochs, s.knobs)
-                # the two other batches: the case's first two that the plan did not choose
-                got = predict_and_train(job, launcher, [(1, b) for b in c.others], cap_others=2)
+                # the other batches: the case's first two that the plan did not choose, or all of ``others``
+                got = predict_and_train(job, launcher, [(1, b) for b in others or c.others],
+                                        cap_others=None if others else 2)  # fmt: skip
                 for r in got:
                     rows.append({"model": c.model, "shape": "x".join(map(str, c.shape)), "precision": precision, **r})
                     if "error" in r:
@@ -677,6 +685,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--methods", default="ags,lbt", help="--run-prediction's training methods, comma-separated")
     ap.add_argument("--epochs", type=int, default=4, help="--run-prediction's epochs per training run")
     ap.add_argument("--models", default="resnet18,resnet50", help="--run-prediction's models, comma-separated")
+    ap.add_argument("--others", default=None,
+                    help="--run-prediction's other global batches trained beside the plan's choice, comma-separated "
+                         "(default: each model's own, the first two the plan did not choose)")  # fmt: skip
+    ap.add_argument("--json", type=Path, default=None,
+                    help="also write the results, with each configuration's measured parts, as JSON here")  # fmt: skip
     args = ap.parse_args(argv)
     budget = Budget(args.budget_s)
     s, mode = setup_for(args)
@@ -689,8 +702,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(f"{mode}: {card}, torch {torch.__version__}, {s.model} at {'x'.join(map(str, s.shape))}", flush=True)
     if args.run_prediction:
+        others = [int(b) for b in args.others.split(",")] if args.others else None
         results = run_prediction(s, budget, mode == "dry-run", args.methods.split(","), args.epochs,
-                                 args.models.split(","))  # fmt: skip
+                                 args.models.split(","), others)  # fmt: skip
     else:
         results = run(s, budget, mode)
     results["header"] = {
@@ -717,6 +731,9 @@ def main(argv: list[str] | None = None) -> dict:
     if doc is not None:
         doc.write_text(replace_section(doc.read_text() if doc.exists() else "", text))
         print(f"wrote the section into {doc}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+        print(f"wrote the results into {args.json}")
     return results
 
 

@@ -22,6 +22,7 @@ import platform
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,7 +34,14 @@ from tula.core.fit import fit_models
 from tula.core.job_rules import check_train_config
 from tula.core.plan import make_plan
 from tula.core.registry import METHOD_NAMES
-from tula.core.run_costs import compare_with_plan, measured_epoch_s, predicted_step_s, run_costs_for
+from tula.core.run_costs import (
+    EPOCH_TIMES,
+    compare_with_plan,
+    fitted_step_s,
+    measured_epoch_s,
+    predicted_step_s,
+    run_costs_for,
+)
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
 from tula.engine.launch.clusters import default_threads
@@ -103,6 +111,8 @@ def predict_and_train(
         later = run["history"][1:]
         measured = statistics.median(measured_epoch_s(h) for h in later)
         predicted = later[0]["predicted_epoch_s"]
+        steps = later[0]["steps"]
+        end_p, periodic_p = predicted_end_s(models, method, n, steps)
         rows.append(
             {
                 **row,
@@ -111,21 +121,45 @@ def predict_and_train(
                 "error": measured / predicted - 1.0,
                 "steps_s": statistics.median(h["epoch_time_s"] for h in later),
                 "end_s": statistics.median(h["epoch_end_s"] + h["checkpoint_s"] for h in later),
-                "steps_per_epoch": later[0].get("steps"),
+                "steps_per_epoch": steps,
+                # a step as the epoch's steps ran it: the method's periodic work falls inside them
                 "measured_step_s": statistics.median(h["epoch_time_s"] / h["steps"] for h in later),
-                "predicted_step_s": predicted_step_s(models, method, big_b, n),
-                "predicted_end_s": predicted_end_s(models, method, n, later[0]["steps"]),
+                "predicted_step_s": predicted_step_s(models, method, big_b, n) + periodic_p / steps,
+                "predicted_end_s": end_p,
+                # the parts, to tell which one a miss is in: the trained epochs' and the run trial's
+                "epochs": [{k: h.get(k) for k in EPOCH_TIMES} for h in later],
+                "run_trial": trial_parts(models, method),
             }
         )
     return rows
 
 
-def predicted_end_s(models: dict, method: str, n_workers: int, steps: int) -> float:
-    """The plan's fixed part of an epoch of ``steps`` steps at N: evaluation, the epoch's end,
-    the checkpoint and the method's periodic work (``RunCosts.epoch_fixed_s``; 0 without run
-    costs), to set beside the trained epochs' ``end_s``."""
+def predicted_end_s(models: dict, method: str, n_workers: int, steps: int) -> tuple[float, float]:
+    """The plan's end of an epoch of ``steps`` steps at N (evaluation, the epoch's records, the
+    checkpoint), to set beside the trained epochs' ``end_s``, and the method's periodic work
+    in that epoch, which training does inside its steps (``RunCosts.epoch_fixed_s``; 0 and 0
+    without run costs)."""
     costs, _ = run_costs_for(models, method)
-    return float(costs.epoch_fixed_s(n_workers, steps)) if costs is not None else 0.0
+    if costs is None:
+        return 0.0, 0.0
+    fixed = float(costs.epoch_fixed_s(n_workers, steps))
+    end = float(replace(costs, periodic_s=0.0).epoch_fixed_s(n_workers, steps))
+    return end, fixed - end
+
+
+def trial_parts(models: dict, method: str) -> list[dict]:
+    """The profile's run trials of ``method`` as measured (their batch, medians of the
+    method's and the plain steps side by side, the epoch's end), with the fitted plain step
+    at the same batch: what the plan's per-step and per-epoch terms were fitted from."""
+    out = []
+    for t in models.get("run_trials") or []:
+        if t.get("status") != "ok" or t.get("method") != method:
+            continue
+        keys = ("n_workers", "global_batch", "t_run_step_s", "t_due_step_s", "t_step_plain_s", "eval_s",
+                "epoch_end_s", "checkpoint_s")  # fmt: skip
+        fitted = fitted_step_s(models, t["global_batch"], t["n_workers"])
+        out.append({**{k: t.get(k) for k in keys}, "fitted_plain_step_s": fitted})
+    return out
 
 
 def main() -> None:
