@@ -329,3 +329,40 @@ def test_over_a_slow_link_the_plan_rule_keeps_one_worker_where_adadamps_rule_wou
     finally:
         for k in hosts.hosts:
             hosts.unshape(k)
+
+
+def test_over_fast_links_the_plan_rule_puts_a_compute_bound_model_on_two_workers(hosts, tmp_path):
+    """#30's other side, on the same hosts with their links unshaped: a compute-bound model
+    (SmallCNN on 1x32x32 images: 53 kB of gradients, tens of ms of compute a step on one
+    core) profiled there, then the same geometric schedule 32 -> 64 -> 128 with ``workers:
+    {rule: plan}``, started with ``--workers 1``: the first decision already moves it to two
+    workers, and each later one keeps them, because the models -- fitted where two ranks each
+    train half the batch on their own core -- rank two workers faster than one by more than the
+    5 % threshold at every batch (1.6x when written); the replicas stay identical."""
+    from tula.core.fit import fit_models
+    from tula.core.records import save_record
+
+    cnn = {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}}
+    data = {"name": "synthetic", "sample_shape": [1, 32, 32], "num_classes": 10, "num_samples": 768}
+    spec = _spec(
+        tmp_path, "fast", model=cnn, data=data, epochs=3,
+        search={"min_batch": 32, "max_batch": 128},
+        train={"batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+               "workers": {"min": 1, "max": 2, "rule": "plan"}},
+    )  # fmt: skip
+    prof = tmp_path / "profile.json"
+    r = _tula(hosts, "profile", spec, "--out", prof, "--cluster", hosts.scheduler_address)
+    assert r.returncode == 0, r.stderr + hosts.log_tail()
+    models = fit_models(json.loads(prof.read_text()))
+    save_record(models, tmp_path / "models.json")
+    out = tmp_path / "train"
+    r = _tula(hosts, *_train(hosts, spec, out, "--models", tmp_path / "models.json", workers=1))
+    assert r.returncode == 0, r.stderr + hosts.log_tail()
+    run = json.loads((out / "train.json").read_text())
+    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(32, 2), (64, 2), (128, 2)], run
+    for h in run["history"][:-1]:  # each decision: two workers ranked best, one slower by more than the threshold
+        ranking = h["schedule"]["ranking"]
+        assert ranking[0]["n_workers"] == 2, ranking
+        one = next(o for o in ranking if o["n_workers"] == 1)
+        assert one["epoch_s"] > 1.05 * ranking[0]["epoch_s"], ranking
+    assert run["replicas_identical"], run
