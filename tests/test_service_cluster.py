@@ -4,10 +4,17 @@ session's real Dask scheduler (2 worker processes)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 from datetime import datetime
 
 import pytest
-from helpers import assert_refused, one_line, tula_in_process
+from emulated_hosts import WORKER_ENV
+from helpers import assert_refused, free_port, one_line, tula_in_process
 from service_helpers import Service, wait_for
 
 
@@ -154,3 +161,77 @@ def test_the_dashboards_cluster_page_says_why_it_has_no_workers_to_show():
         "<p class='err'>the service&#x27;s Dask scheduler at tcp://10.0.0.9:8786 does not answer: &lt;timeout&gt;</p>"
         in page
     )
+
+
+class _Scheduler:
+    """A Dask scheduler and one worker on this host's loopback, each a process of its own
+    session (``dask scheduler`` and ``dask worker`` as an operator starts them), on a fixed
+    port so that a restart comes back at the same address."""
+
+    def __init__(self, tmp_path, port: int) -> None:
+        self.address, self.port, self.logs = f"tcp://127.0.0.1:{port}", port, tmp_path
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> _Scheduler:
+        n = len(self.procs)
+        env = {**os.environ, **WORKER_ENV, "DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_VALIDATION_INTERVAL": "2s"}
+        for cmd in (
+            ["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(self.port), "--no-dashboard"],
+            ["distributed.cli.dask_worker", self.address, "--host", "127.0.0.1", "--nthreads", "1", "--no-dashboard"],
+        ):
+            with open(self.logs / f"dask-{n}-{len(self.procs)}.log", "w") as log:
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", *cmd], env=env, stdout=log, stderr=log, start_new_session=True
+                    )
+                )
+        return self
+
+    def kill_scheduler(self) -> None:
+        os.killpg(self.procs[-2].pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_job_whose_scheduler_is_lost_waits_in_the_queue_and_resumes_once_it_answers_again(tmp_path, tiny_pipeline):
+    """#29 item 3, the scheduler gone: the service's Dask scheduler is killed while a job
+    trains on its worker.  The job is queued again and waits there with a sentence naming the
+    scheduler (no attempt is spent while it does not answer); once the operator starts a
+    scheduler at the same address and a worker, the job resumes from its last checkpoint and
+    trains each epoch once."""
+    from tula.service.store import Store
+
+    dask = _Scheduler(tmp_path, free_port()).start()
+    home = tmp_path / "home"
+    home.mkdir()
+    leases = {"DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "8s"}
+    svc = Service(home, "--cluster", dask.address, env=leases).start()
+    try:
+        c = svc.client()
+        spec = tiny_pipeline.spec_dict(epochs=5, search={"cluster_sizes": [1], "min_batch": 32, "max_batch": 32})
+        job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]
+        ckpt = home / "jobs" / job_id / "train" / "checkpoint.pt"
+        wait_for(c, job_id, check=lambda j: ckpt.exists(), timeout_s=240)  # training, its first epoch done
+        dask.kill_scheduler()
+        waiting = wait_for(c, job_id, check=lambda j: j["state"] == "queued", timeout_s=120)
+        time.sleep(3)  # a few of the dispatcher's ticks: held in the queue, not started again or failed
+        waiting = c.get(f"/v1/jobs/{job_id}").json()
+        assert waiting["state"] == "queued" and waiting["attempts"] == 1, waiting
+        assert one_line(waiting["message"]).startswith(
+            f"queued: the service's Dask scheduler at {dask.address} does not answer: "
+        ) and one_line(waiting["message"]).endswith("; it starts once the scheduler answers"), waiting
+        dask.start()
+        job = wait_for(c, job_id, timeout_s=240)
+        assert job["state"] == "done" and job["attempts"] == 2, (job, svc.read_log())
+        run = c.get(f"/v1/jobs/{job_id}/train").json()
+        assert run["resumed_from_epoch"] >= 1 and [e["epoch"] for e in run["history"]] == [1, 2, 3, 4, 5], run
+        with Store(f"sqlite:///{home / 'tula.db'}", home) as store:
+            assert [m["epoch"] for m in store.metrics(job_id)] == [1, 2, 3, 4, 5]  # each epoch once
+    finally:
+        svc.stop()
+        dask.stop()

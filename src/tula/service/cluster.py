@@ -160,6 +160,8 @@ class WorkerRoom:
         try:
             if self._client is None:
                 self._client = Client(address, timeout=SCHEDULER_TIMEOUT_S)
+            if self._client.status != "running":  # it lost the scheduler: its cached view has no workers
+                raise ConnectionError(f"the connection to it was lost (the client is {self._client.status})")
             return len(self._client.scheduler_info(n_workers=-1).get("workers", {}))
         except Exception as err:  # noqa: BLE001 - any failure to ask is "does not answer"
             self.close()
