@@ -143,7 +143,11 @@ def predicted_end_s(models: dict, method: str, n_workers: int, steps: int) -> tu
     if costs is None:
         return 0.0, 0.0
     fixed = float(costs.epoch_fixed_s(n_workers, steps))
-    end = float(replace(costs, periodic_s=0.0).epoch_fixed_s(n_workers, steps))
+    end = float(
+        replace(costs, periodic_s=0.0, periodic_by_n_s=(0.0,) * len(costs.periodic_n_workers)).epoch_fixed_s(
+            n_workers, steps
+        )
+    )
     return end, fixed - end
 
 

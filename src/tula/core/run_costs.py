@@ -7,12 +7,14 @@ epoch's time that the planner, the simulator and the report read.
                   (the planner ranks by Eq. 4a's D / B: every sample once)
     t_epoch_fixed(N, S) = eval_fixed_s + eval_sharded_s / N     evaluation, sharded over the ranks
                           + epoch_end_s                          reductions, noise scale, checkpoint, metrics
-                          + periodic_s * ceil(S / every)         the method's periodic work (AGS's factors)
+                          + periodic(N) * ceil(S / every)        the method's periodic work (AGS's factors)
 
 ``x_step`` is the method's extra per step: its step measured by the trainer minus the
 profile's plain step at the same (N, B), per profiled cluster size (the nearest one
-elsewhere).  Without run costs (an older profile) ``x_step`` and ``t_epoch_fixed`` are 0 and
-only ``S(B)`` counts whole steps.  Numpy only: no torch.
+elsewhere); ``periodic(N)`` likewise per cluster size (AGS's factor measurement all-reduces a
+gradient at N > 1, over whatever link the world has, and not at N = 1).  Without run costs
+(an older profile) ``x_step`` and ``t_epoch_fixed`` are 0 and only ``S(B)`` counts whole
+steps.  Numpy only: no torch.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ class RunCosts:
     method: str  # the train.method whose step was measured
     n_workers: tuple[int, ...] = ()  # the cluster sizes of the run trials ...
     step_extra_s: tuple[float, ...] = ()  # ... and the method's extra per step at each
-    periodic_s: float = 0.0  # the method's periodic work, per occurrence
+    periodic_s: float = 0.0  # the method's periodic work, per occurrence (the median over the cluster sizes) ...
     periodic_every: int | None = None  # steps between occurrences; None: once per epoch (or none)
+    periodic_n_workers: tuple[int, ...] = ()  # ... and per cluster size where measured (older records: none)
+    periodic_by_n_s: tuple[float, ...] = ()
     eval_fixed_s: float = 0.0
     eval_sharded_s: float = 0.0  # evaluation at N ranks: eval_fixed_s + eval_sharded_s / N
     epoch_end_s: float = 0.0  # the rest of an epoch's end: reductions, noise scale, checkpoint, metrics
@@ -54,14 +58,13 @@ class RunCosts:
     def step_extra_at(self, n_workers):
         """The method's extra per step at ``n_workers`` (scalar or array): the value of the
         nearest measured cluster size (the smaller on a tie); 0 when none was measured."""
-        n = np.asarray(n_workers, float)
-        if not self.n_workers:
-            out = np.zeros_like(n)
-        else:
-            known = np.asarray(self.n_workers, float)
-            nearest = np.abs(n[..., None] - known).argmin(axis=-1)
-            out = np.asarray(self.step_extra_s, float)[nearest]
-        return float(out) if out.ndim == 0 else out
+        return _nearest(n_workers, self.n_workers, self.step_extra_s, 0.0)
+
+    def periodic_at(self, n_workers):
+        """The method's periodic work per occurrence at ``n_workers`` (scalar or array): the
+        nearest measured cluster size's, as :meth:`step_extra_at`; ``periodic_s`` where it was
+        not measured per cluster size."""
+        return _nearest(n_workers, self.periodic_n_workers, self.periodic_by_n_s, self.periodic_s)
 
     def step_s(self, t_step_s, n_workers):
         """A step of the method: the plain step ``t_step_s`` plus its extra at ``n_workers``,
@@ -75,7 +78,7 @@ class RunCosts:
         n = np.asarray(n_workers, float)
         s = np.asarray(steps, float)
         occurrences = np.ones_like(s) if not self.periodic_every else np.ceil(s / self.periodic_every)
-        out = self.eval_fixed_s + self.eval_sharded_s / n + self.epoch_end_s + self.periodic_s * occurrences
+        out = self.eval_fixed_s + self.eval_sharded_s / n + self.epoch_end_s + self.periodic_at(n) * occurrences
         return float(out) if np.ndim(out) == 0 else out
 
     def to_dict(self) -> dict:
@@ -84,9 +87,21 @@ class RunCosts:
     @classmethod
     def from_dict(cls, d: dict) -> RunCosts:
         d = dict(d)
-        for key in ("n_workers", "step_extra_s", "notes"):
+        for key in ("n_workers", "step_extra_s", "notes", "periodic_n_workers", "periodic_by_n_s"):
             d[key] = tuple(d.get(key) or ())
         return cls(**d)
+
+
+def _nearest(n_workers, known_n: tuple[int, ...], values: tuple[float, ...], default: float):
+    """``values`` at the cluster size in ``known_n`` nearest each of ``n_workers`` (the smaller
+    on a tie); ``default`` where ``known_n`` is empty.  Scalar in, scalar out."""
+    n = np.asarray(n_workers, float)
+    if not known_n:
+        out = np.full_like(n, default)
+    else:
+        nearest = np.abs(n[..., None] - np.asarray(known_n, float)).argmin(axis=-1)
+        out = np.asarray(values, float)[nearest]
+    return float(out) if out.ndim == 0 else out
 
 
 def epoch_time_s(
@@ -113,9 +128,9 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
     (``status: ok``); ``None`` when there is none.
 
     Per cluster size the method's extra per step is its regular steps' median minus the plain
-    trial's ``t_step_s`` at the same (N, B); its periodic work is the due steps' median minus
-    the regular steps'; evaluation is fitted as ``a + c / N`` over the cluster sizes (``c / N``
-    alone from one size); the rest of the epoch's end is the median over the trials.  An extra
+    trial's ``t_step_s`` at the same (N, B), and its periodic work the due steps' median minus
+    the regular steps' (also kept as one median over the sizes); evaluation is fitted as
+    ``a + c / N`` over the cluster sizes (``c / N`` alone from one size); the rest of the epoch's end is the median over the trials.  An extra
     measured below 0 (the method's step cannot do less than the plain step's work) is taken as
     0, and a note says where."""
     ok = [t for t in run_trials if t.get("status") == "ok" and t.get("method") == method]
@@ -123,12 +138,14 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
         return None
     notes: list[str] = []
     by_n: dict[int, list[float]] = {}
-    periodic: list[float] = []
+    periodic_by_n: dict[int, list[float]] = {}
     for t in ok:
         if t.get("t_step_plain_s") is not None:
             by_n.setdefault(int(t["n_workers"]), []).append(t["t_run_step_s"] - t["t_step_plain_s"])
         if t.get("t_due_step_s") is not None:
-            periodic.append(max(t["t_due_step_s"] - t["t_run_step_s"], 0.0))
+            periodic_by_n.setdefault(int(t["n_workers"]), []).append(max(t["t_due_step_s"] - t["t_run_step_s"], 0.0))
+    periodic = [x for xs in periodic_by_n.values() for x in xs]
+    periodic_ns = sorted(periodic_by_n)
     ns = sorted(by_n)
     extras = [float(statistics.median(by_n[n])) for n in ns]
     below = [n for n, x in zip(ns, extras) if x < 0]
@@ -162,6 +179,8 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
         step_extra_s=tuple(max(x, 0.0) for x in extras),
         periodic_s=float(statistics.median(periodic)) if periodic else 0.0,
         periodic_every=periodic_every,
+        periodic_n_workers=tuple(periodic_ns),
+        periodic_by_n_s=tuple(float(statistics.median(periodic_by_n[n])) for n in periodic_ns),
         eval_fixed_s=float(a),
         eval_sharded_s=float(c),
         epoch_end_s=float(statistics.median(end)),
@@ -181,8 +200,19 @@ def describe(costs: RunCosts | None, method: str) -> str:
         f"epochs include method {costs.method!r}'s step ({extra or 'not compared'} per step against the plain step)"
         f" and each epoch's end: evaluation {costs.eval_fixed_s + costs.eval_sharded_s:.3f} s at N = 1, "
         f"checkpoint and records {costs.epoch_end_s:.3f} s"
-        + (f", the method's periodic work {costs.periodic_s:.3f} s" if costs.periodic_s else "")
+        + (
+            f", the method's periodic work {_periodic_text(costs)}"
+            if costs.periodic_s or any(costs.periodic_by_n_s)
+            else ""
+        )
     )
+
+
+def _periodic_text(costs: RunCosts) -> str:
+    """The method's periodic work per occurrence, per measured cluster size where it was."""
+    if not costs.periodic_n_workers:
+        return f"{costs.periodic_s:.3f} s"
+    return ", ".join(f"{x:.3f} s at N = {n}" for n, x in zip(costs.periodic_n_workers, costs.periodic_by_n_s))
 
 
 def run_costs_for(models: dict, method: str) -> tuple[RunCosts | None, str]:
@@ -195,7 +225,8 @@ def run_costs_for(models: dict, method: str) -> tuple[RunCosts | None, str]:
     costs = RunCosts.from_dict(rc)
     if costs.method == method:
         return costs, describe(costs, method)
-    loop = replace(costs, method=method, n_workers=(), step_extra_s=(), periodic_s=0.0, periodic_every=None, notes=())
+    loop = replace(costs, method=method, n_workers=(), step_extra_s=(), periodic_s=0.0, periodic_every=None,
+                   periodic_n_workers=(), periodic_by_n_s=(), notes=())  # fmt: skip
     return loop, (
         f"method {method!r}'s step was not measured (the profile ran {costs.method!r}): its steps are predicted "
         f"as plain DDP steps; each epoch's evaluation and checkpoint are included"
