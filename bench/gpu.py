@@ -668,6 +668,17 @@ def setup_for(args: argparse.Namespace) -> tuple[Setup, str]:
     )
 
 
+def _batch_list(text: str) -> list[int]:
+    """``--others``: comma-separated positive global batches."""
+    try:
+        out = [int(b) for b in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each global batch must be at least 1")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="the CPU path: a tiny model, a few steps")
@@ -685,7 +696,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--methods", default="ags,lbt", help="--run-prediction's training methods, comma-separated")
     ap.add_argument("--epochs", type=int, default=4, help="--run-prediction's epochs per training run")
     ap.add_argument("--models", default="resnet18,resnet50", help="--run-prediction's models, comma-separated")
-    ap.add_argument("--others", default=None,
+    ap.add_argument("--others", default=None, type=_batch_list,
                     help="--run-prediction's other global batches trained beside the plan's choice, comma-separated "
                          "(default: each model's own, the first two the plan did not choose)")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None,
@@ -702,9 +713,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(f"{mode}: {card}, torch {torch.__version__}, {s.model} at {'x'.join(map(str, s.shape))}", flush=True)
     if args.run_prediction:
-        others = [int(b) for b in args.others.split(",")] if args.others else None
         results = run_prediction(s, budget, mode == "dry-run", args.methods.split(","), args.epochs,
-                                 args.models.split(","), others)  # fmt: skip
+                                 args.models.split(","), args.others)  # fmt: skip
     else:
         results = run(s, budget, mode)
     results["header"] = {

@@ -98,11 +98,21 @@ def measure(ctx, spec_dict: dict, method: str, global_batch: int, rounds: int) -
     return {"status": "ok", "steps_per_epoch": n, "per_round_s": got}
 
 
+def _shape(text: str) -> list[int]:
+    try:
+        out = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+    if min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each dimension must be at least 1")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="the CPU: a tiny model, a few rounds")
     ap.add_argument("--model", default="resnet18")
-    ap.add_argument("--shape", default="3,32,32")
+    ap.add_argument("--shape", default="3,32,32", type=_shape, help="a sample's shape, comma-separated")
     ap.add_argument("--samples", type=int, default=8000)
     ap.add_argument("--batch", type=int, nargs="+", default=[128])
     ap.add_argument("--methods", default="ags,lbt")
@@ -115,10 +125,10 @@ def main() -> None:
     a = ap.parse_args()
     device = "cpu" if a.dry_run or not torch.cuda.is_available() else "cuda"
     if a.dry_run:
-        a.model, a.shape, a.samples, a.batch, a.rounds = "small_cnn", "1,8,8", 512, [32], 2
-    label = "small_cnn digits" if a.digits else f"{a.model} {a.shape}"
+        a.model, a.shape, a.samples, a.batch, a.rounds = "small_cnn", [1, 8, 8], 512, [32], 2
+    label = "small_cnn digits" if a.digits else f"{a.model} {'x'.join(map(str, a.shape))}"
     precision = a.precision if device == "cuda" else "fp32"  # the CPU trains in fp32
-    shape = [int(v) for v in a.shape.split(",")]
+    shape = a.shape
     # on a CPU the cores shared out over the ranks, as `tula run` sets them
     cpu_threads = max(1, (os.cpu_count() or 1) // a.workers)
     launcher = LocalLauncher(device=device, threads_per_worker=cpu_threads if device == "cpu" else None)

@@ -206,19 +206,21 @@ def test_a_job_whose_scheduler_is_lost_waits_in_the_queue_and_resumes_once_it_an
     trains each epoch once."""
     from tula.service.store import Store
 
-    dask = _Scheduler(tmp_path, free_port()).start()
+    dask = _Scheduler(tmp_path, free_port())
     home = tmp_path / "home"
     home.mkdir()
     leases = {"DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "8s"}
-    svc = Service(home, "--cluster", dask.address, env=leases).start()
-    try:
+    svc = Service(home, "--cluster", dask.address, env=leases)
+    try:  # every process it starts ends with it, also when it fails
+        dask.start()
+        svc.start()
         c = svc.client()
         spec = tiny_pipeline.spec_dict(epochs=5, search={"cluster_sizes": [1], "min_batch": 32, "max_batch": 32})
         job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]
         ckpt = home / "jobs" / job_id / "train" / "checkpoint.pt"
         wait_for(c, job_id, check=lambda j: ckpt.exists(), timeout_s=240)  # training, its first epoch done
         dask.kill_scheduler()
-        waiting = wait_for(c, job_id, check=lambda j: j["state"] == "queued", timeout_s=120)
+        wait_for(c, job_id, check=lambda j: j["state"] == "queued", timeout_s=120)
         time.sleep(3)  # a few of the dispatcher's ticks: held in the queue, not started again or failed
         waiting = c.get(f"/v1/jobs/{job_id}").json()
         assert waiting["state"] == "queued" and waiting["attempts"] == 1, waiting
