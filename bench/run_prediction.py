@@ -22,7 +22,6 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -142,13 +141,8 @@ def predicted_end_s(models: dict, method: str, n_workers: int, steps: int) -> tu
     costs, _ = run_costs_for(models, method)
     if costs is None:
         return 0.0, 0.0
-    fixed = float(costs.epoch_fixed_s(n_workers, steps))
-    end = float(
-        replace(costs, periodic_s=0.0, periodic_by_n_s=(0.0,) * len(costs.periodic_n_workers)).epoch_fixed_s(
-            n_workers, steps
-        )
-    )
-    return end, fixed - end
+    periodic = float(costs.periodic_per_epoch_s(n_workers, steps))
+    return float(costs.epoch_fixed_s(n_workers, steps)) - periodic, periodic
 
 
 def trial_parts(models: dict, method: str) -> list[dict]:

@@ -288,6 +288,22 @@ def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left
         assert [e["epoch"] for e in run["history"]] == list(range(1, 7))
 
 
+def _profile_then_train_with_its_models(h, spec: Path, tmp_path: Path, workers: int | None) -> dict:
+    """``tula profile`` on the hosts, the models fitted, then ``tula train --models`` with the
+    spec's schedule (``--workers`` as given; None: left out): the training record."""
+    from tula.core.fit import fit_models
+    from tula.core.records import save_record
+
+    prof, models = tmp_path / "profile.json", tmp_path / "models.json"
+    r = _tula(h, "profile", spec, "--out", prof, "--cluster", h.scheduler_address)
+    assert r.returncode == 0, r.stderr + h.log_tail()
+    save_record(fit_models(json.loads(prof.read_text())), models)
+    out = tmp_path / "train"
+    r = _tula(h, *_train(h, spec, out, "--models", models, workers=workers))
+    assert r.returncode == 0, r.stderr + h.log_tail()
+    return json.loads((out / "train.json").read_text())
+
+
 def test_over_a_slow_link_the_plan_rule_keeps_one_worker_where_adadamps_rule_would_grow(hosts, tmp_path):
     """#30 on real shaped links: the hosts' links at 100 Mbit/s, a communication-bound MLP
     (1.2 MB of gradients a step: 0.1 s on the link, against ms of compute) profiled there,
@@ -297,9 +313,6 @@ def test_over_a_slow_link_the_plan_rule_keeps_one_worker_where_adadamps_rule_wou
     rule, one worker per 32 samples, would put two on the link from the second epoch) -- and
     each epoch takes about one worker's predicted time, far below two workers'.  The links are
     unshaped afterwards."""
-    from tula.core.fit import fit_models
-    from tula.core.records import save_record
-
     for k in hosts.hosts:
         hosts.shape(k, 100)
     try:
@@ -310,15 +323,7 @@ def test_over_a_slow_link_the_plan_rule_keeps_one_worker_where_adadamps_rule_wou
             train={"batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
                    "workers": {"min": 1, "max": 2, "rule": "plan"}},
         )  # fmt: skip
-        prof = tmp_path / "profile.json"
-        r = _tula(hosts, "profile", spec, "--out", prof, "--cluster", hosts.scheduler_address)
-        assert r.returncode == 0, r.stderr + hosts.log_tail()
-        models = fit_models(json.loads(prof.read_text()))
-        save_record(models, tmp_path / "models.json")
-        out = tmp_path / "train"
-        r = _tula(hosts, *_train(hosts, spec, out, "--models", tmp_path / "models.json", workers=None))
-        assert r.returncode == 0, r.stderr + hosts.log_tail()
-        run = json.loads((out / "train.json").read_text())
+        run = _profile_then_train_with_its_models(hosts, spec, tmp_path, workers=None)
         assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(32, 1), (64, 1), (128, 1)], run
         for h in run["history"][:-1]:  # each decision: one worker ranked best, two slower
             ranking = h["schedule"]["ranking"]
@@ -346,9 +351,6 @@ def test_over_fast_links_the_plan_rule_puts_a_compute_bound_model_on_two_workers
     workers, and each later one keeps them, because the models -- fitted where two ranks each
     train half the batch on their own core -- rank two workers faster than one by more than the
     5 % threshold at every batch (1.6x when written); the replicas stay identical."""
-    from tula.core.fit import fit_models
-    from tula.core.records import save_record
-
     cnn = {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}}
     data = {"name": "synthetic", "sample_shape": [1, 32, 32], "num_classes": 10, "num_samples": 768}
     spec = _spec(
@@ -357,15 +359,7 @@ def test_over_fast_links_the_plan_rule_puts_a_compute_bound_model_on_two_workers
         train={"batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
                "workers": {"min": 1, "max": 2, "rule": "plan"}},
     )  # fmt: skip
-    prof = tmp_path / "profile.json"
-    r = _tula(hosts, "profile", spec, "--out", prof, "--cluster", hosts.scheduler_address)
-    assert r.returncode == 0, r.stderr + hosts.log_tail()
-    models = fit_models(json.loads(prof.read_text()))
-    save_record(models, tmp_path / "models.json")
-    out = tmp_path / "train"
-    r = _tula(hosts, *_train(hosts, spec, out, "--models", tmp_path / "models.json", workers=1))
-    assert r.returncode == 0, r.stderr + hosts.log_tail()
-    run = json.loads((out / "train.json").read_text())
+    run = _profile_then_train_with_its_models(hosts, spec, tmp_path, workers=1)
     assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(32, 2), (64, 2), (128, 2)], run
     for h in run["history"][:-1]:  # each decision: two workers ranked best, one slower by more than the threshold
         ranking = h["schedule"]["ranking"]

@@ -73,12 +73,19 @@ class RunCosts:
         out = np.maximum(t + self.step_extra_at(n_workers), 0.05 * t)
         return float(out) if np.ndim(out) == 0 else out
 
-    def epoch_fixed_s(self, n_workers, steps):
-        """``t_epoch_fixed(N, S)``: an epoch's end and the method's periodic work."""
+    def periodic_per_epoch_s(self, n_workers, steps):
+        """The method's periodic work in an epoch of ``steps`` steps at ``n_workers``: its cost
+        at that size times its occurrences (once, or every ``periodic_every`` steps)."""
         n = np.asarray(n_workers, float)
         s = np.asarray(steps, float)
         occurrences = np.ones_like(s) if not self.periodic_every else np.ceil(s / self.periodic_every)
-        out = self.eval_fixed_s + self.eval_sharded_s / n + self.epoch_end_s + self.periodic_at(n) * occurrences
+        out = self.periodic_at(n) * occurrences
+        return float(out) if np.ndim(out) == 0 else out
+
+    def epoch_fixed_s(self, n_workers, steps):
+        """``t_epoch_fixed(N, S)``: an epoch's end and the method's periodic work."""
+        n = np.asarray(n_workers, float)
+        out = self.eval_fixed_s + self.eval_sharded_s / n + self.epoch_end_s + self.periodic_per_epoch_s(n, steps)
         return float(out) if np.ndim(out) == 0 else out
 
     def to_dict(self) -> dict:
@@ -130,9 +137,9 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
     Per cluster size the method's extra per step is its regular steps' median minus the plain
     trial's ``t_step_s`` at the same (N, B), and its periodic work the due steps' median minus
     the regular steps' (also kept as one median over the sizes); evaluation is fitted as
-    ``a + c / N`` over the cluster sizes (``c / N`` alone from one size); the rest of the epoch's end is the median over the trials.  An extra
-    measured below 0 (the method's step cannot do less than the plain step's work) is taken as
-    0, and a note says where."""
+    ``a + c / N`` over the cluster sizes (``c / N`` alone from one size); the rest of the
+    epoch's end is the median over the trials.  An extra measured below 0 (the method's step
+    cannot do less than the plain step's work) is taken as 0, and a note says where."""
     ok = [t for t in run_trials if t.get("status") == "ok" and t.get("method") == method]
     if not ok:
         return None
