@@ -140,11 +140,14 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
     head, holding no rank) is killed with SIGKILL during epoch 2; --resume finishes with
     the same parameters as a run never killed."""
     # small synthetic data (800 training samples: 12 steps at B=64, 6 at B=128) through a model
-    # whose training steps on 2 workers take 0.2 s each (a sleep): the 2-host epoch lasts about 1.2 s,
-    # and the log gets a step line every 0.2 s (TULA_LOG_EVERY_S), so the kill lands mid-epoch
+    # whose training steps on 2 workers take 0.5 s each (a sleep): the 2-host epoch lasts about 3 s,
+    # and the log gets a step line every 0.2 s (TULA_LOG_EVERY_S), so the kill lands mid-epoch.
+    # The ranks run on in their Dask workers until they see their tasks released (polled every
+    # 0.5 s) and agree to stop at a step boundary: with 0.2 s steps, once under CI's full suite,
+    # they finished epoch 2 and wrote its checkpoint first
     spec = _spec(
         tmp_path,
-        model={"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.2}},
+        model={"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.5}},
         # this test is about the kill and the resume, not about losing a host: a worker unheard
         # for the 6 s the host-loss tests use, on 2 loaded cores, failed its uninterrupted run
         cluster={"heartbeat_timeout_s": 30},
@@ -171,7 +174,8 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
     again = _tula(hosts, *args, "--resume", env=env)
     assert again.returncode == 0, again.stderr + hosts.log_tail()
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
-    assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"]
+    assert b["resumed_from_epoch"] == 1, "epoch 2 finished before the ranks stopped: " + "".join(seen[-3:])
+    assert b["steps_done"] == a["steps_done"]
     assert [(h["global_batch"], h["n_workers"]) for h in b["history"]] == [(64, 1), (128, 2)]
     assert [h["train_loss"] for h in b["history"]] == [h["train_loss"] for h in a["history"]]
     pa, pb = _params(tmp_path / "ref"), _params(cut)
