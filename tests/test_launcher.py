@@ -1,3 +1,4 @@
+import sys
 import time
 
 import pytest
@@ -33,6 +34,14 @@ def test_dead_rank_is_reported():
     with pytest.raises(WorkerError, match="rank 1 of 2 died"):
         local_launcher().run(workers.die_on_rank_one, 2, timeout_s=120)
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+def test_a_fresh_rank_serves_blocks_under_32_mib_from_its_heap():
+    """The local launcher's ranks start with a steady heap (tula.engine.memory.steady_heap):
+    a 24 MiB block comes from the heap, where glibc's first threshold (128 KiB) maps it alone."""
+    served = local_launcher().run(workers.heap_serves_block, 1, 24 * 2**20, timeout_s=120)
+    assert served == [True]
 
 
 # --------------------------------------------------------------------------- the steps, without a world

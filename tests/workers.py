@@ -121,6 +121,26 @@ def user_error_on_rank_one(ctx):
     return "unreachable"
 
 
+def heap_serves_block(ctx, nbytes: int) -> bool:
+    """Whether glibc serves a freshly malloc'ed block of ``nbytes`` from the main heap (the
+    ``[heap]`` mapping) rather than mapping it on its own."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+    block = libc.malloc(nbytes)
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                if line.rstrip().endswith("[heap]"):
+                    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                    return lo <= block < hi
+        return False
+    finally:
+        libc.free(block)
+
+
 def hold_and_time(ctx, seconds):
     """Hold a world for ``seconds`` and say when and where it ran."""
     import time

@@ -50,6 +50,7 @@ from tula.engine.launch.base import RankFailure, WorkerContext, host_facts, pick
 from tula.engine.launch.local import failure_sentence, root_failure
 from tula.engine.launch.netif import InterfaceChoice, choose_interface, interface_env, local_address_towards
 from tula.engine.launch.runtime import RankSetup, StopFlag, failure_of, rank_device
+from tula.engine.memory import steady_heap
 
 #: how long a worker waits for the driver's next world (the driver may fit, plan and write
 #: records between worlds); a driver that died ends the workers through the launcher
@@ -277,6 +278,7 @@ class EnvLauncher:
 
         unregister = interrupts.on_stop(on_signal)
         threads, rng = torch.get_num_threads(), torch.get_rng_state()
+        steady_heap()  # this process is the rank, for the command's whole life
         if self.threads_per_worker:
             torch.set_num_threads(self.threads_per_worker)
         setup = RankSetup(

@@ -293,6 +293,9 @@ def run_rank(
     threads and random state as it found them."""
     if die_with_parent and not in_process:
         _die_with_parent(setup.rank)
+        from tula.engine.memory import steady_heap
+
+        steady_heap()  # a fresh rank process: not a Dask worker's, which lives on, nor the caller's
     import resource
 
     address_space_limit = resource.getrlimit(resource.RLIMIT_AS)  # a memory cap ends with the rank
