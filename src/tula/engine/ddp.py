@@ -10,7 +10,7 @@ agree through one all-reduce.  An out-of-memory is a result, not a crash.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -70,6 +70,26 @@ class OneRank(nn.Module):
         return self
 
 
+@contextlib.contextmanager
+def _no_buffer_broadcast(model: nn.Module) -> Iterator[None]:
+    """DDP's forward without its broadcast of the module's buffers (BatchNorm's statistics)
+    from rank 0, for the block; outside DDP nothing.  DDP broadcasts them at the start of a
+    forward unless the forward before it ran under ``no_sync()`` and finished: a probe step
+    that failed for lack of memory inside its forward left the flag set, so its retry on that
+    rank alone broadcast, while the other rank waited in the probe's agreement -- gloo's
+    30 s timeout, or "connection closed by peer" (tests/test_dask.py's capped fallback, about
+    1 run in 10, 2026-11-26)."""
+    if not isinstance(model, DDP):
+        yield
+        return
+    before = model.require_forward_param_sync
+    model.require_forward_param_sync = False
+    try:
+        yield
+    finally:
+        model.require_forward_param_sync = before
+
+
 def _collective_device(device: torch.device) -> torch.device:
     return device if device.type == "cuda" else torch.device("cpu")
 
@@ -99,12 +119,17 @@ def start_together(device: torch.device) -> None:
     agree_max(0.0, device)
 
 
-def probe_fits(step: Callable[[], None], device: torch.device, rank: int) -> tuple[bool, str]:
-    """Run ``step`` (no collective inside) and agree whether it fit on every rank.
+def probe_fits(step: Callable[[], None], device: torch.device, rank: int, model: nn.Module) -> tuple[bool, str]:
+    """Run ``step`` -- a forward/backward of ``model`` (the rank's DDP or :class:`OneRank`)
+    under ``no_sync()`` -- and agree whether it fit on every rank.
 
     Returns ``(fits, note)``; the note names the rank that ran out of memory and the
-    allocator's words.  Any failure that is not out of memory is raised."""
-    fits_here, why = run_probe_step(step)  # raises what is not out of memory
+    allocator's words.  Any failure that is not out of memory is raised.  The step runs
+    with no collective inside (:func:`_no_buffer_broadcast`): a rank may run it twice
+    (:func:`tula.engine.memory.run_probe_step` retries a capped failure with the cap lifted)
+    while the others wait in the agreement."""
+    with _no_buffer_broadcast(model):
+        fits_here, why = run_probe_step(step)  # raises what is not out of memory
     failed, note = not fits_here, f"out of memory on rank {rank}: {why}" if not fits_here else ""
     if agree_any(failed, device):
         return False, note or "out of memory on another rank"

@@ -54,6 +54,9 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 # --------------------------------------------------------------------------- out-of-memory evidence
 CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation, carried by torch.AcceleratorError.error_code
+#: how torch reports oneDNN failing to create a primitive (its JIT kernel or scratchpad); under an
+#: address-space cap that is oneDNN's out-of-memory, whose errno it does not always leave behind
+ONEDNN_PRIMITIVE_FAILED = "could not create a primitive"
 
 
 @functools.lru_cache(maxsize=1)
@@ -115,7 +118,15 @@ def failure_cause(err: BaseException, *, memory_capped: bool) -> str | None:
     now: then call this in the ``except`` clause that caught ``err``, with errno cleared
     (:func:`clear_errno`) before the work that failed; :func:`run_probe_step` does both,
     and where a failure under the cap carries no evidence it tries the step again with the
-    cap lifted."""
+    cap lifted.
+
+    One message is evidence, under a cap only: oneDNN's :data:`ONEDNN_PRIMITIVE_FAILED`
+    (a ``RuntimeError``).  oneDNN does not always leave ENOMEM behind (it reads the
+    machine's files as it goes), and a poisoned thread fails the same way with the cap
+    lifted: a 2-rank Dask world under a 28 MiB cap had one rank fail so, in a probe or in a
+    training step after its probe, raised as a crash while the other waited out the
+    process group's timeout, about 1 run in 15 of tests/test_dask.py's capped fallback
+    (2026-11-26).  Without a cap the message is a crash, as any other."""
     if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
         return "oom"
     accel = getattr(torch, "AcceleratorError", None)
@@ -128,6 +139,8 @@ def failure_cause(err: BaseException, *, memory_capped: bool) -> str | None:
     if memory_capped:
         code = getattr(err, ERRNO_AT_FAILURE, None)
         if (_errno() if code is None else code) == errno.ENOMEM:
+            return "oom"
+        if isinstance(err, RuntimeError) and str(err).startswith(ONEDNN_PRIMITIVE_FAILED):
             return "oom"
     return None
 

@@ -295,7 +295,7 @@ class _Worker:
             self.load_batch(b)
             self.step(sync=False)
 
-        fits, note = probe_fits(probe, self.ctx.device, self.ctx.rank)
+        fits, note = probe_fits(probe, self.ctx.device, self.ctx.rank, self.ddp)
         if not fits:
             self.release()
             return Trial(**base, status="oom", note=note)

@@ -381,7 +381,7 @@ def _probe(
                 loss = loss_fn(ddp(x), y)
             loss.backward()
 
-    fits, note = probe_fits(probe_step, device, rank)
+    fits, note = probe_fits(probe_step, device, rank, ddp)
     method.optimizer.zero_grad(set_to_none=True)
     with torch.no_grad():
         for b, saved in zip(model.buffers(), buffers):
