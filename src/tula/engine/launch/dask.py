@@ -45,6 +45,12 @@ from tula.engine.launch.local import failure_sentence, root_failure
 from tula.engine.launch.netif import is_loopback, resolve
 from tula.engine.launch.runtime import RankSetup, run_rank
 
+#: how long the caller's questions to the scheduler while a world runs (its events, its
+#: workers) may wait.  A question asked just as the scheduler died waits for the client's
+#: reconnect, 30 s: on 2 loaded cores the world then ended after 30 s naming a worker "lost
+#: (cancelled)" instead of the scheduler (3 runs in 4 beside two busy loops, 2026-11-26)
+RPC_TIMEOUT_S = 5.0
+
 
 def _free_port_here() -> int:
     """A TCP port free on this worker's host (run on rank 0's worker)."""
@@ -146,7 +152,7 @@ class _Gathering:
     def drain(self) -> None:
         """Pass the ranks' queued events on."""
         with contextlib.suppress(Exception):
-            for kind, rank, ev in self.queue.get(batch=True):
+            for kind, rank, ev in self.queue.get(batch=True, callback_timeout=RPC_TIMEOUT_S):
                 if kind == "event" and self.on_event is not None:
                     self.on_event(rank, ev)
 
@@ -254,6 +260,14 @@ class DaskLauncher:
         """Address -> scheduler info of every worker now in the cluster."""
         info = self.client.scheduler_info(n_workers=-1)
         return dict(info["workers"])
+
+    def _workers_within(self, timeout_s: float) -> dict[str, dict] | None:
+        """:meth:`workers`, or None when the scheduler does not answer within ``timeout_s``."""
+        try:
+            info = self.client.sync(self.client.scheduler.identity, n_workers=-1, callback_timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - a timeout, or the comm closed under it
+            return None
+        return dict(info.get("workers", {}))
 
     def silent(self, workers: dict[str, dict]) -> dict[str, float]:
         """The workers among ``workers`` that the scheduler has not heard from for more than
@@ -508,12 +522,16 @@ class DaskLauncher:
             g.drain()
             g.take_finished(futures)
             now = time.monotonic()
-            workers = self.workers() if g.answered() < n else {a: {} for a in addrs}
+            workers = self._workers_within(RPC_TIMEOUT_S) if g.answered() < n else {a: {} for a in addrs}
+            if workers is None:  # no answer in time: is it the scheduler? (the loop's first question)
+                continue
             g.check_workers(workers, self.silent({a: w for a, w in workers.items() if a in addrs}), now)
             if g.failures and now - (g.first_failure_at or now) > self.pg_timeout_s + 5:
                 break
             if deadline is not None and now > deadline:
                 raise WorkerError(f"the {n}-worker run did not finish within {timeout_s:.0f} s", cause="timeout")
+        if self.scheduler_lost():  # it cancelled the ranks' futures: the ranks were not lost, it was
+            raise WorkerError(self._scheduler_lost_sentence(n), cause="scheduler_lost")
         g.drain()
         return g.outcome()
 
