@@ -229,7 +229,7 @@ def test_failure_cause_from_the_exception_type():
     # no cap, no typed error: the words alone decide nothing
     assert failure_cause(RuntimeError("could not create a primitive"), memory_capped=False) is None
     assert failure_cause(RuntimeError("shape mismatch"), memory_capped=False) is None
-    # under a cap oneDNN's words are evidence, without errno (a 2-rank capped world's crash, #26's session)
+    # under a cap oneDNN's words are evidence, without errno (tests/test_dask.py's capped fallback)
     from tula.engine.memory import clear_errno
 
     clear_errno()

@@ -530,7 +530,7 @@ class DaskLauncher:
                 break
             if deadline is not None and now > deadline:
                 raise WorkerError(f"the {n}-worker run did not finish within {timeout_s:.0f} s", cause="timeout")
-        if self.scheduler_lost():  # it cancelled the ranks' futures: the ranks were not lost, it was
+        if g.failures and self.scheduler_lost():  # it cancelled the ranks' futures: they were not lost, it was
             raise WorkerError(self._scheduler_lost_sentence(n), cause="scheduler_lost")
         g.drain()
         return g.outcome()
