@@ -307,7 +307,7 @@ def steady_heap() -> bool:
     itself only once such a block has been freed.  A step's time then depended on what the
     process had run before: a 1-rank world that had run steps at b = 1024 evaluated the
     same model on MNIST-1D's 800 test samples (one batch of 1024) in 12-14 ms, a fresh
-    training process at B = 128 in 24-34 ms, every epoch (2026-11-26, the 2-core VM; #26: the
+    training process at B = 128 in 20-37 ms, every epoch (2026-11-26, the 2-core VM; #26: the
     profile's run trial measured evaluation at half of what training spent).  This starts
     every rank where glibc would settle after its first large buffer.  A capped world sets
     its own (:func:`reserve_heap`); a Dask worker, which lives on between worlds, is left to
