@@ -125,8 +125,8 @@ def failure_cause(err: BaseException, *, memory_capped: bool) -> str | None:
     machine's files as it goes), and a poisoned thread fails the same way with the cap
     lifted: a 2-rank Dask world under a 28 MiB cap had one rank fail so, in a probe or in a
     training step after its probe, raised as a crash while the other waited out the
-    process group's timeout, about 1 run in 15 of tests/test_dask.py's capped fallback
-    (2026-11-26).  Without a cap the message is a crash, as any other."""
+    process group's timeout: 1 run in 35 of tests/test_dask.py's capped fallback once the
+    probe's buffer broadcast was gone (2026-11-26).  Without a cap the message is a crash, as any other."""
     if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
         return "oom"
     accel = getattr(torch, "AcceleratorError", None)
