@@ -10,22 +10,25 @@ each -- and, until every job has ended:
 
 * polls ``GET /v1/jobs`` every 0.1 s from the head and times each answer (the API's latency
   while jobs run: its p50, p99 and max);
-* reads ``GET /v1/cluster`` every 0.5 s: which workers a Tula world holds now (``in_a_world``).
+* reads ``GET /v1/cluster`` every 0.5 s: each running job's world (the workers it holds, or
+  waits for, ``world_workers`` and ``world``: a job holds the workers of the world it runs now
+  and none between worlds, :mod:`tula.service.worlds`) and which workers a Dask lock of a
+  Tula world holds (``in_a_world``).
 
 Reported, from the service's own rows (created, started and finished times) and those samples:
 
-* each job's wait (queued until started) and run time;
-* the worker utilisation while jobs were queued: of the worker-seconds of the time some job
-  waited in the queue, the share the running jobs kept (``workers_kept`` in ``GET /v1/cluster``:
-  its largest world's workers until its plan is stored, then its training's, the service's
-  rule) and the share a world actually held (``in_a_world``), each sample standing for the 0.5 s
-  until the next;
-* the makespan (first submission to last finish) against the worker-seconds the jobs kept
-  divided by the workers: the makespan a perfect packing of those runs would have.
+* each job's wait in the queue (queued until started), its worlds' waits for their turn, the
+  world sizes it held, and its run time;
+* the worker utilisation while jobs were queued (some job in the queue, or some running job's
+  world waiting for its turn): of the worker-seconds of that time, the share held by the jobs'
+  worlds as the service counts them (``holds``), and the share the worlds' Dask locks held
+  (``in_a_world``), each sample standing for the 0.5 s until the next;
+* the makespan (first submission to last finish) against the worker-seconds the worlds held
+  divided by the workers: the makespan a perfect packing of those worlds would have.
 
 Targets (issue #29): utilisation >= 80 % while jobs are queued; the API's p99 < 100 ms.  The
 emulated hosts share this machine's 2 cores: 4 ranks training at once contend for them, which
-makes every run longer than on 4 real hosts, but does not change which worker a job keeps.
+makes every run longer than on 4 real hosts, but does not change which worker a job holds.
 
 Run:  sudo .venv/bin/python bench/service_cluster.py [--hosts 4] [--jobs 6] [--epochs 3] [--doc]
 """
@@ -80,23 +83,24 @@ def head_client(h: EmulatedHosts, code: str, timeout: float = 60) -> str:
 POLLER = """
 import json, sys, time, httpx
 c = httpx.Client(base_url="http://127.0.0.1:{port}", timeout=30)
-lat, cl, t_end = [], [], None
+lat, lat_at, cl, t_end = [], [], [], None
 last_cluster = 0.0
 while True:
     t0 = time.perf_counter()
     jobs = c.get("/v1/jobs", params={{"limit": 100}}).json()["jobs"]
     lat.append(time.perf_counter() - t0)
     now = time.time()
+    lat_at.append(now)
     if now - last_cluster >= 0.5:
         last_cluster = now
         shown = c.get("/v1/cluster").json()
         w = shown["workers"]
-        kept = {{j["id"]: j["workers_kept"] for j in shown["running_jobs"]}}
-        cl.append([now, sum(bool(x["in_a_world"]) for x in w), len(w), kept])
+        worlds = {{j["id"]: [j["world_workers"], j["world"]] for j in shown["running_jobs"]}}
+        cl.append([now, sum(bool(x["in_a_world"]) for x in w), len(w), worlds])
     if len(jobs) >= {n} and all(j["state"] in ("done", "failed", "cancelled") for j in jobs):
         break
     time.sleep(0.1)
-print(json.dumps({{"latency_s": lat, "cluster": cl, "jobs": jobs}}))
+print(json.dumps({{"latency_s": lat, "latency_at": lat_at, "cluster": cl, "jobs": jobs}}))
 """
 
 
@@ -104,44 +108,49 @@ def _t(s: str | None) -> float | None:
     return datetime.fromisoformat(s).timestamp() if s else None
 
 
-def _kept_path(values: list[int]) -> str:
-    """The workers a job kept over its run, as the samples saw them change: ``4 -> 1``."""
+def _world_path(values: list[int | None]) -> str:
+    """The world sizes a job held over its run, as the samples saw them change: ``1 2 1``."""
     path: list[int] = []
+    last = None
     for v in values:
-        if not path or path[-1] != v:
+        if v is not None and v != last:
             path.append(v)
-    return " -> ".join(map(str, path)) or "-"
+        last = v
+    return " ".join(map(str, path)) or "-"
 
 
 def analyse(jobs: list[dict], cluster: list[list], n_workers: int) -> dict:
     """The jobs' rows and the utilisation, from the service's own account: each ``GET
-    /v1/cluster`` sample (time, workers in a world, workers, {job: workers kept}) stands for
-    the time until the next one."""
+    /v1/cluster`` sample (time, workers a world's lock holds, workers, {job: [world workers,
+    holds | waits | None]}) stands for the time until the next one."""
+    t_first = min(_t(j["created_at"]) for j in jobs)
+    t1 = max(_t(j["finished_at"]) or _t(j["created_at"]) for j in jobs)
+    steps = [(x, (nxt[0] if nxt is not None else t1) - x[0]) for x, nxt in zip(cluster, [*cluster[1:], None])]
     rows = []
     for j in sorted(jobs, key=lambda j: j["created_at"]):
         c, s, f = _t(j["created_at"]), _t(j["started_at"]), _t(j["finished_at"])
-        seen = [min(x[3][j["id"]], n_workers) for x in cluster if j["id"] in x[3]]
-        rows.append({"name": j["spec"]["name"], "state": j["state"], "kept": _kept_path(seen),
-                     "created": c, "started": s, "finished": f, "attempts": j["attempts"]})  # fmt: skip
-    t0 = min(r["created"] for r in rows)
-    t1 = max(r["finished"] or r["created"] for r in rows)
-    kept_ws = queued_kept_ws = queued_s = 0.0
-    held = []
-    for x, nxt in zip(cluster, [*cluster[1:], None]):
-        dt = (nxt[0] if nxt is not None else t1) - x[0]
-        kept = min(n_workers, sum(x[3].values()))
-        kept_ws += kept * dt
-        if any(r["created"] <= x[0] < (r["started"] or t1) for r in rows):  # some job waited in the queue
+        held = [x[3][j["id"]][0] if x[3].get(j["id"], [None, None])[1] == "holds" else None for x in cluster]
+        turn_s = sum(dt for x, dt in steps if x[3].get(j["id"], [None, None])[1] == "waits")
+        rows.append({"name": j["spec"]["name"], "state": j["state"], "worlds": _world_path(held),
+                     "turn_s": turn_s, "created": c, "started": s, "finished": f,
+                     "attempts": j["attempts"]})  # fmt: skip
+    held_ws = queued_held_ws = queued_s = 0.0
+    locked = []
+    for x, dt in steps:
+        held = min(n_workers, sum(w for w, st in x[3].values() if st == "holds"))
+        held_ws += held * dt
+        waiting = any(st == "waits" for _, st in x[3].values())
+        if waiting or any(r["created"] <= x[0] < (r["started"] or t1) for r in rows):  # some job waited
             queued_s += dt
-            queued_kept_ws += kept * dt
-            held.append(x[1] / max(x[2], 1))
+            queued_held_ws += held * dt
+            locked.append(x[1] / max(x[2], 1))
     return {
         "rows": rows,
-        "t0": t0,
-        "makespan_s": t1 - t0,
-        "packed_s": kept_ws / n_workers,
-        "kept_util": queued_kept_ws / (queued_s * n_workers) if queued_s else None,
-        "held_util": statistics.mean(held) if held else None,
+        "t0": t_first,
+        "makespan_s": t1 - t_first,
+        "packed_s": held_ws / n_workers,
+        "held_util": queued_held_ws / (queued_s * n_workers) if queued_s else None,
+        "locked_util": statistics.mean(locked) if locked else None,
         "queued_s": queued_s,
     }
 
@@ -152,24 +161,29 @@ def render(res: dict, lat: list[float], args, wall_s: float) -> str:
         SECTION,
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on this {platform.machine()} VM "
-        f"({args.hosts} emulated hosts, 1 Dask worker each, unshaped links, sharing 2 cores); {args.jobs} jobs "
-        f"submitted at once, {args.epochs} epochs each; wall {wall_s:.0f} s.",
+        f"({args.hosts} emulated hosts, 1 Dask worker each"
+        f"{f' at niceness {args.worker_niceness}' if args.worker_niceness else ''}, unshaped links, sharing 2 "
+        f"cores); {args.jobs} jobs "
+        f"submitted at once, {args.epochs} epochs each, up to {args.max_concurrent_jobs} running at once; "
+        f"wall {wall_s:.0f} s.",
         "",
-        "| job | state | kept (as it changed) | waited s | ran s | attempts |",
-        "|---|---|---:|---:|---:|---:|",
+        "| job | state | worlds held (as they changed) | waited in the queue s | worlds waited for their turn s "
+        "| ran s | attempts |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in res["rows"]:
         waited = (r["started"] or r["created"]) - r["created"]
         ran = (r["finished"] - r["started"]) if r["started"] and r["finished"] else None
-        lines.append(f"| {r['name']} | {r['state']} | {r['kept']} | {waited:.1f} | "
+        lines.append(f"| {r['name']} | {r['state']} | {r['worlds']} | {waited:.1f} | {r['turn_s']:.1f} | "
                      f"{'-' if ran is None else f'{ran:.1f}'} | {r['attempts']} |")  # fmt: skip
-    ku, hu = res["kept_util"], res["held_util"]
+    hu, lu = res["held_util"], res["locked_util"]
     lines += [
         "",
-        f"While some job was queued ({res['queued_s']:.0f} s): the running jobs kept "
-        f"{'-' if ku is None else f'{100 * ku:.0f} %'} of the workers' time, and a world held "
-        f"{'-' if hu is None else f'{100 * hu:.0f} %'} of it (`GET /v1/cluster` every 0.5 s). Makespan "
-        f"{res['makespan_s']:.0f} s against {res['packed_s']:.0f} s for the runs packed perfectly "
+        f"While some job was queued or its world waited for its turn ({res['queued_s']:.0f} s): the jobs' "
+        f"worlds held {'-' if hu is None else f'{100 * hu:.0f} %'} of the workers' time as the service "
+        f"counts them, and their Dask locks {'-' if lu is None else f'{100 * lu:.0f} %'} "
+        f"(`GET /v1/cluster` every 0.5 s). Makespan "
+        f"{res['makespan_s']:.0f} s against {res['packed_s']:.0f} s for the worlds packed perfectly "
         f"({res['makespan_s'] / max(res['packed_s'], 1e-9):.2f}x). `GET /v1/jobs` while they ran: "
         f"{len(lat)} requests, p50 {1e3 * statistics.median(lat):.1f} ms, p99 {1e3 * q[98]:.1f} ms, "
         f"max {1e3 * max(lat):.1f} ms.",
@@ -182,8 +196,22 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=6)
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument(
+        "--max-concurrent-jobs",
+        type=int,
+        default=None,
+        help="the service's upper bound on running jobs (default: twice the hosts; the workers' turns limit the rest)",
+    )
     ap.add_argument("--doc", action="store_true", help="replace this benchmark's section of docs/benchmarks.md")
+    ap.add_argument(
+        "--worker-niceness",
+        type=int,
+        default=0,
+        help="run the emulated hosts' Dask workers at this niceness, so that the head's service gets the CPU "
+        "first, as on separate machines (default 0: all share the cores alike)",
+    )
     args = ap.parse_args()
+    args.max_concurrent_jobs = args.max_concurrent_jobs or 2 * args.hosts
     why = why_unavailable()
     if why:
         raise SystemExit(f"bench/service_cluster.py needs network namespaces: {why}")
@@ -191,10 +219,10 @@ def main() -> None:
     out = Path("/tmp") / f"tula-bench-service-{int(time.time())}"
     home = out / "home"
     home.mkdir(parents=True)
-    with EmulatedHosts(n_hosts=args.hosts) as h:
+    with EmulatedHosts(n_hosts=args.hosts, worker_niceness=args.worker_niceness) as h:
         env = {**COMMAND_ENV, "TULA_POLL_S": "0.2", "TULA_HEARTBEAT_S": "1"}
         serve = [TULA, "serve", "--port", str(PORT), "--home", str(home), "--cluster", h.scheduler_address,
-                 "--max-concurrent-jobs", str(args.hosts)]  # fmt: skip
+                 "--max-concurrent-jobs", str(args.max_concurrent_jobs)]  # fmt: skip
         h.popen(0, serve, log="serve.log", env=env)
         deadline = time.monotonic() + 90
         while h.run([TULA, "status", "--server", f"http://127.0.0.1:{PORT}"], timeout=30).returncode != 0:
@@ -214,14 +242,23 @@ def main() -> None:
     res = analyse(polled["jobs"], polled["cluster"], args.hosts)
     text = render(res, polled["latency_s"], args, time.perf_counter() - t_start)
     table = Table(title="jobs")
-    for col in ("job", "state", "kept", "waited s", "ran s"):
+    for col in ("job", "state", "worlds held", "queued s", "turns s", "ran s"):
         table.add_column(col)
     for r in res["rows"]:
         ran = f"{r['finished'] - r['started']:.1f}" if r["started"] and r["finished"] else "-"
         table.add_row(
-            r["name"], r["state"], str(r["kept"]), f"{(r['started'] or r['created']) - r['created']:.1f}", ran
+            r["name"],
+            r["state"],
+            r["worlds"],
+            f"{(r['started'] or r['created']) - r['created']:.1f}",
+            f"{r['turn_s']:.1f}",
+            ran,
         )
     console.print(table)
+    slowest = sorted(zip(polled["latency_s"], polled["latency_at"]), reverse=True)[:5]
+    console.print(
+        "slowest answers: " + ", ".join(f"{1e3 * lat:.0f} ms at +{at - res['t0']:.1f} s" for lat, at in slowest)
+    )
     console.print(text)
     if args.doc:
         sys.path.insert(0, str(ROOT / "bench"))

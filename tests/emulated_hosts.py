@@ -162,6 +162,7 @@ class EmulatedHosts:
         worker_env: dict[str, str] | None = None,
         python: str | None = None,
         pin_cores: bool = False,
+        worker_niceness: int = 0,
     ):
         self.n_hosts = n_hosts
         self.rate_mbit = rate_mbit
@@ -170,6 +171,7 @@ class EmulatedHosts:
         self.worker_env = dict(worker_env or {})
         self.python = python or sys.executable
         self.pin_cores = pin_cores
+        self.worker_niceness = worker_niceness  # > 0: the workers yield the CPU to the head's processes
         self.id = f"{os.getpid()}x{random.randrange(100, 1000)}"  # the owner's pid first: see sweep_stale
         self.subnet = f"10.{random.randrange(100, 250)}.{random.randrange(0, 250)}"
         self.bridge = f"tb{self.id}"[:15]
@@ -348,9 +350,11 @@ class EmulatedHosts:
         k = self._n_started
         self._n_started += 1
         pin = ["taskset", "-c", str((host - 1) % (os.cpu_count() or 1))] if self.pin_cores else []
+        nice = ["nice", "-n", str(self.worker_niceness)] if self.worker_niceness else []
         return self.popen(
             host,
             [
+                *nice,
                 *pin,
                 self.python,
                 "-m",

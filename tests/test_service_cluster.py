@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
+import threading
 import time
 from datetime import datetime
 
@@ -66,15 +68,27 @@ def test_a_service_killed_9_while_its_job_trains_on_the_cluster_resumes_it_once_
 
 @pytest.mark.slow
 def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers(tmp_path, dask_cluster, tiny_pipeline):
-    """Three jobs on the scheduler's 2 workers, up to 2 at once: the first's profile uses both
-    workers (cluster sizes 1 and 2), so the next two wait for it in the queue, saying so; once
-    its plan is stored it keeps only its training's workers (a one-worker plan gives the
-    second back, and the next job starts beside its training); the two later jobs run in
-    submission order, one worker each."""
+    """Three jobs on the scheduler's 2 workers, up to 3 at once: the first profiles on 1 and 2
+    workers and trains, the two later ones profile on 1.  Each job holds the workers of the
+    world it runs now and none between worlds: ``GET /v1/cluster``, read every 0.2 s while
+    they run, never shows the jobs' worlds holding more than the 2 workers, nor a world held
+    by a job that is fitting or planning; the jobs start in submission order and run side by
+    side (the later ones start before the first ends: none waits for the first's plan), and
+    no world holds a worker once they are done."""
     address = dask_cluster.scheduler_address
     home = tmp_path / "home"
     home.mkdir()
-    svc = Service(home, "--cluster", address, "--max-concurrent-jobs", "2").start()
+    svc = Service(home, "--cluster", address, "--max-concurrent-jobs", "3").start()
+    samples: list[list[dict]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        with svc.client() as watcher:
+            while not done.wait(0.2):
+                with contextlib.suppress(Exception):
+                    samples.append(watcher.get("/v1/cluster").json()["running_jobs"])
+
+    sampler = threading.Thread(target=sample, daemon=True)
     try:
         c = svc.client()
         offered = c.get("/v1/cluster").json()
@@ -82,35 +96,26 @@ def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers
         workers = offered["workers"]
         assert len(workers) == 2 and all(w["host"] == "127.0.0.1" and w["threads"] == 1 for w in workers), workers
         assert [w["in_a_world"] for w in workers] == [False, False], workers
+        page = c.get("/cluster")  # the dashboard's view of the same
+        assert page.status_code == 200 and f"<code>{address}</code> (scheduler)" in page.text
+        assert all(w["address"] in page.text for w in workers), page.text
+        sampler.start()
         spec = tiny_pipeline.spec_dict(epochs=1)
         job_id = c.post("/v1/jobs", json={"spec": spec, "search": "partial"}).json()["id"]
         one = tiny_pipeline.spec_dict(search={**spec["search"], "cluster_sizes": [1]})
         later = [c.post("/v1/jobs", json={"spec": one, "search": "partial", "train": False}).json()["id"] for _ in "bc"]
-        waiting = wait_for(c, later[0], check=lambda j: "free until" in (j["message"] or ""))
-        assert waiting["state"] == "queued", waiting
-        assert one_line(waiting["message"]) == (
-            f"queued: needs 1 of the 2 worker(s) at {address}; 0 free until a running job ends"
-        )
-        shown = c.get("/v1/cluster").json()
-        assert [(j["id"], j["workers_kept"]) for j in shown["running_jobs"]] in ([(job_id, 2)], []), shown
-        assert all(isinstance(w["in_a_world"], bool) for w in shown["workers"]), shown
-        page = c.get("/cluster")  # the dashboard's view of the same
-        assert page.status_code == 200 and f"<code>{address}</code> (scheduler)" in page.text
-        assert all(w["address"] in page.text for w in workers), page.text
-        training = wait_for(c, job_id, timeout_s=240, check=lambda j: j["state"] in ("training", "done", "failed"))
-        plan_n = c.get(f"/v1/jobs/{job_id}/plan").json()["choice"]["n_workers"]
-        if training["state"] == "training":  # its plan stored: it keeps its training's workers only
-            kept = {j["id"]: j["workers_kept"] for j in c.get("/v1/cluster").json()["running_jobs"]}
-            assert kept.get(job_id, plan_n) == plan_n, (kept, plan_n)
-        job = wait_for(c, job_id, timeout_s=240)
+        job = wait_for(c, job_id, timeout_s=300)
         assert job["state"] == "done", (job, svc.read_log())
         b, c_ = (wait_for(c, j, timeout_s=240) for j in later)
         assert b["state"] == c_["state"] == "done", (b, c_, svc.read_log())
-        first_done = datetime.fromisoformat(job["finished_at"])
+        done.set()
+        sampler.join(timeout=10)
         assert _started_at(job) <= _started_at(b) <= _started_at(c_), (job, b, c_)  # in submission order
-        if plan_n == 2:  # its training kept both workers: the others waited for its end
-            assert first_done <= _started_at(b), (job, b)
-        assert _started_at(c_) < datetime.fromisoformat(b["finished_at"]), (b, c_)  # side by side
+        assert _started_at(c_) < datetime.fromisoformat(job["finished_at"]), (job, c_)  # side by side
+        held = [sum(j["world_workers"] for j in s if j["world"] == "holds") for s in samples]
+        assert samples and max(held) <= 2, samples
+        assert any(h > 0 for h in held), samples  # the view shows the worlds it saw
+        assert not [j for s in samples for j in s if j["state"] in ("fitting", "planning") and j["world"]], samples
         profile = c.get(f"/v1/jobs/{job_id}/profile").json()
         # the submission said local; the operator's cluster ran it, and the records say so
         assert spec.get("cluster", {}).get("where", "local") == "local"
@@ -118,8 +123,68 @@ def test_a_service_on_a_dask_scheduler_runs_its_jobs_there_and_shows_its_workers
         assert {t["n_workers"] for t in profile["trials"] if t["status"] == "ok"} == {1, 2}
         run = c.get(f"/v1/jobs/{job_id}/train").json()
         assert run["epochs"] == 1 and run["replicas_identical"]
+        shown = c.get("/v1/cluster").json()
+        assert shown["running_jobs"] == [] and not any(w["in_a_world"] for w in shown["workers"]), shown
+        assert all(c.get(f"/v1/jobs/{j}").json()["world_workers"] is None for j in (job_id, *later))
     finally:
+        done.set()
         svc.stop()
+
+
+def test_a_world_waiting_for_its_turn_says_why_and_a_stop_signal_ends_the_wait(tmp_path):
+    """The runner's side of the turns (``StoreWorldGate``) in a process of its own, on a real
+    store: while an earlier job holds the only worker, the later job's world waits and its row
+    says why; SIGTERM (a cancel, the service stopping) ends the wait at once as an interrupted
+    run (exit 143), its ask given back."""
+    from tula.service.store import Store
+
+    url = f"sqlite:///{tmp_path / 'tula.db'}"
+    store = Store(url)
+    first = store.create_job({"name": "first"})
+    time.sleep(0.002)
+    second = store.create_job({"name": "second"})
+    assert [store.claim_job("r")["id"] for _ in "ab"] == [first, second]
+    store.update_job(second, message="profiling")
+    assert store.take_world(first, 1, 1)["granted"]
+    code = textwrap.dedent(f"""
+        import sys
+        from tula.core.errors import Interrupted
+        from tula.engine import interrupts
+        from tula.service.store import Store
+        from tula.service.worlds import StoreWorldGate
+        gate = StoreWorldGate(Store({url!r}), {second!r}, "tcp://10.9.9.9:8786")
+        try:
+            with interrupts.graceful_signals():
+                gate.enter(1, lambda: 1)
+        except Interrupted as err:
+            print(err)
+            sys.exit(err.exit_code)
+        sys.exit(0)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (store.get_job(second)["message"] or "").startswith("profiling") and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        row = store.get_job(second)
+        assert row["message"] == (
+            "waiting for 1 worker(s) at tcp://10.9.9.9:8786 for its next world: 0 of the 1 free until a running "
+            "world ends"
+        ), row
+        assert (row["world_workers"], row["world_granted_at"]) == (1, None)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+        assert proc.returncode == 143, (out, err)
+        assert out.strip() == "stopped while waiting for 1 worker(s) for its next world; what it finished is kept"
+        assert store.get_job(second)["world_workers"] is None  # the ask was given back
+        store.leave_world(first)
+        assert store.take_world(second, 1, 1)["granted"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        store.close()
 
 
 @pytest.mark.parametrize(
@@ -135,22 +200,21 @@ def test_a_cluster_the_service_cannot_place_jobs_on_is_one_sentence(tmp_path, cl
     assert "service setting 'cluster' (TULA_CLUSTER)" in " ".join(r.stderr.split())
 
 
-def test_a_job_keeps_its_largest_world_until_its_plan_then_only_its_trainings():
-    from tula.service.cluster import wait_sentence, workers_kept
+def test_the_next_queued_job_starts_when_no_running_world_waits_and_a_worker_is_free():
+    from tula.service.cluster import job_world, wait_sentence
 
-    profile_1_2_4 = {"spec": {"search": {"cluster_sizes": [1, 2, 4]}}}
-    assert workers_kept(profile_1_2_4, None) == 4
-    assert workers_kept(profile_1_2_4, {"choice": {"n_workers": 1}}) == 1
-    growing = {"spec": {"search": {"cluster_sizes": [1, 2]}, "train": {"workers": {"min": 1, "max": 3}}}}
-    assert workers_kept(growing, None) == 3
-    assert workers_kept(growing, {"choice": {"n_workers": 1}}) == 3  # its rule grows training to 3
-    # 4 workers; running jobs keep 1 (planned) and 2: a job needing 1 fits, one needing 2 waits
-    assert wait_sentence(1, 4, [1, 2], "tcp://s:8786") is None
-    assert wait_sentence(2, 4, [1, 2], "tcp://s:8786") == (
-        "queued: needs 2 of the 4 worker(s) at tcp://s:8786; 1 free until a running job ends"
+    holds_2 = {"world_workers": 2, "world_granted_at": "t"}
+    waits_4 = {"world_workers": 4, "world_granted_at": None}
+    between = {"world_workers": None, "world_granted_at": None}
+    assert [job_world(j)["world"] for j in (holds_2, waits_4, between)] == ["holds", "waits", None]
+    assert wait_sentence(4, [holds_2, between], "tcp://s:8786") is None  # 2 of 4 free
+    assert wait_sentence(4, [holds_2, waits_4], "tcp://s:8786") == (
+        "queued: 1 running job(s) wait for workers at tcp://s:8786 first"
     )
-    assert wait_sentence(8, 4, [], "tcp://s:8786") is None  # more than the cluster has: all of it, when free
-    assert wait_sentence(8, 4, [1], "tcp://s:8786") is not None
+    assert wait_sentence(4, [holds_2, holds_2], "tcp://s:8786") == (
+        "queued: all 4 worker(s) at tcp://s:8786 are in running jobs' worlds; it starts when one is free"
+    )
+    assert wait_sentence(1, [{"world_workers": 8, "world_granted_at": "t"}], "tcp://s:8786") is not None
 
 
 def test_the_dashboards_cluster_page_says_why_it_has_no_workers_to_show():

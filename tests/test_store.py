@@ -216,6 +216,83 @@ def test_two_processes_claiming_at_once_never_get_the_same_job(store, store_url,
     assert {j["id"] for j in jobs if j["runner"] == "a"} == set(got_a)
 
 
+def _running_jobs(store, spec: dict, n: int) -> list[str]:
+    """``n`` jobs created one after another (submission order), each claimed (running)."""
+    ids = []
+    for _ in range(n):
+        ids.append(store.create_job(spec))
+        time.sleep(0.002)
+    assert [store.claim_job("r")["id"] for _ in ids] == ids
+    return ids
+
+
+def test_worlds_take_their_turns_in_submission_order_and_a_later_ask_never_passes_a_waiting_one(store, tiny_spec_dict):
+    """#29: a job holds the workers of the world it runs, none between worlds; asks are served
+    in submission order once enough workers are free (4 here)."""
+    a, b, c = _running_jobs(store, tiny_spec_dict, 3)
+    assert store.take_world(b, 2, 4)["granted"]
+    asked = store.take_world(a, 4, 4)  # the oldest job's world needs all 4: b holds 2
+    assert (asked["granted"], asked["free"], asked["ahead"]) == (False, 2, 0)
+    later = store.take_world(c, 1, 4)  # 2 are free, but a's ask came from an earlier job
+    assert (later["granted"], later["free"], later["ahead"]) == (False, 2, 1)
+    view = {j["id"]: (j["world_workers"], j["world_granted_at"] is not None) for j in store.list_jobs()[0]}
+    assert view == {a: (4, False), b: (2, True), c: (1, False)}
+    store.leave_world(b)  # b's world ended: b holds nothing, between worlds
+    assert store.get_job(b)["world_workers"] is None
+    assert not store.take_world(c, 1, 4)["granted"]  # still a's turn first
+    assert store.take_world(a, 4, 4)["granted"]
+    assert store.take_world(a, 4, 4)["granted"]  # asking again keeps the grant
+    assert not store.take_world(b, 1, 4)["granted"]  # a holds all 4
+    store.leave_world(a)
+    assert store.take_world(b, 1, 4)["granted"] and store.take_world(c, 1, 4)["granted"]
+    store.leave_world(b)
+    store.leave_world(c)
+    bigger = store.take_world(a, 8, 4)  # larger than the cluster: all of it, on its turn
+    assert bigger["granted"] and bigger["need"] == 4
+    assert not store.take_world(b, 1, 0)["granted"]  # a cluster without workers grants nothing
+    store.update_job(a, state="queued")  # a job that stops running holds nothing
+    assert (store.get_job(a)["world_workers"], store.get_job(a)["world_granted_at"]) == (None, None)
+    assert store.take_world(b, 4, 4)["granted"]
+    assert not store.take_world(a, 1, 4)["granted"]  # a job not running is never granted
+
+
+def test_a_runner_gone_frees_its_world_when_its_job_is_queued_again(store, tiny_spec_dict):
+    a, b = _running_jobs(store, tiny_spec_dict, 2)
+    assert store.take_world(a, 2, 2)["granted"]
+    assert not store.take_world(b, 1, 2)["granted"]
+    time.sleep(0.3)
+    assert store.heartbeat(b, "r")
+    assert store.requeue_stale(0.2) == [a]  # a's runner stopped heartbeating (killed)
+    assert store.take_world(b, 1, 2)["granted"]
+    again = store.claim_job("r2")
+    assert again["id"] == a and again["world_workers"] is None  # it asks afresh, in turn
+
+
+def test_two_processes_asking_for_the_last_worker_at_once_never_both_get_it(store, store_url, tiny_spec_dict, tmp_path):
+    """The rule is decided in one transaction: on PostgreSQL, two asks at once would each see
+    the worker free without the advisory lock."""
+    jobs = _running_jobs(store, tiny_spec_dict, 2)
+    code = """
+        from tula.service.store import Store
+        s = Store(sys.argv[1])
+        me, other = sys.argv[2], sys.argv[3]
+        ready()
+        got = both = 0
+        for _ in range(40):
+            if s.take_world(me, 1, 1)["granted"]:
+                got += 1
+                both += s.get_job(other)["world_granted_at"] is not None
+                s.leave_world(me)
+            time.sleep(0.001)
+        s.leave_world(me)
+        print(got, both)
+    """
+    outs = _run_together(code, [[store_url, jobs[0], jobs[1]], [store_url, jobs[1], jobs[0]]], tmp_path)
+    counts = [tuple(map(int, o.split())) for o in outs]
+    assert all(got > 0 for got, _ in counts), counts  # both took turns, or the test proved nothing
+    assert all(both == 0 for _, both in counts), counts
+
+
 def test_requeue_stale_jobs(store, tiny_spec_dict):
     a, b, c, d = (store.create_job(tiny_spec_dict) for _ in range(4))
     assert [store.claim_job(r)["id"] for r in ("ra", "rb", "rc", "rd")] == [a, b, c, d]

@@ -7,17 +7,60 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Callable
+import threading
 from typing import Any
 
 from tula.core.errors import TulaError
 from tula.core.registry import WORKER_LOCK_PREFIX, cluster_kind
 from tula.core.say import plain
-from tula.core.spec import largest_world, spec_from_dict, training_world
 from tula.service.settings import ServiceSettings, host_memory_bytes
 
 #: how long the service waits for the operator's scheduler to answer (seconds)
 SCHEDULER_TIMEOUT_S = 10.0
+
+_clients: dict[str, Any] = {}  # the service's one open client per scheduler (scheduler_client)
+_clients_lock = threading.Lock()
+
+
+def scheduler_client(address: str) -> Any:
+    """The service's ``distributed`` client of the scheduler at ``address``: one, kept open
+    and shared by the dispatcher and ``GET /v1/cluster`` (a client connects in tens of
+    milliseconds of the web process's CPU, over a second on a busy host: one per request
+    slowed the API's other answers while jobs ran).  A client that has lost its scheduler is
+    dropped and this call raises ``ConnectionError`` at once, saying so; the next call connects
+    anew.  A scheduler that does not answer raises what ``Client`` raises; no other caller
+    waits for that connection."""
+    from distributed import Client
+
+    with _clients_lock:
+        client = _clients.get(address)
+        if client is not None and client.status == "running":
+            return client
+        if client is not None:
+            del _clients[address]
+    if client is not None:
+        status = client.status
+        _close_quietly(client)
+        raise ConnectionError(f"the connection to it was lost (the client is {status})")
+    fresh = Client(address, timeout=SCHEDULER_TIMEOUT_S, set_as_default=False)
+    with _clients_lock:
+        current = _clients.setdefault(address, fresh)
+    if current is not fresh:  # another thread connected meanwhile
+        _close_quietly(fresh)
+    return current
+
+
+def forget_client(address: str) -> None:
+    """Close the shared client of ``address`` (the scheduler stopped answering, or the service stops)."""
+    with _clients_lock:
+        client = _clients.pop(address, None)
+    if client is not None:
+        _close_quietly(client)
+
+
+def _close_quietly(client: Any) -> None:
+    with contextlib.suppress(Exception):
+        client.close(timeout=2)
 
 
 def cluster_workers(settings: ServiceSettings) -> dict[str, Any]:
@@ -45,16 +88,15 @@ def cluster_workers(settings: ServiceSettings) -> dict[str, Any]:
 
 
 def _scheduler_workers(address: str) -> list[dict[str, Any]]:
-    from distributed import Client
-
     try:
-        with Client(address, timeout=SCHEDULER_TIMEOUT_S) as client:
-            info = client.scheduler_info(n_workers=-1)
-            try:
-                held = set(client.run_on_scheduler(_held_workers))
-            except Exception:  # noqa: BLE001 - the workers are still worth showing
-                held = None
+        client = scheduler_client(address)
+        info = client.scheduler_info(n_workers=-1)
+        try:
+            held = set(client.run_on_scheduler(_held_workers))
+        except Exception:  # noqa: BLE001 - the workers are still worth showing
+            held = None
     except (OSError, TimeoutError) as err:
+        forget_client(address)
         why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise TulaError(f"the service's Dask scheduler at {address} does not answer: {why}") from None
     return [
@@ -77,100 +119,74 @@ def _held_workers(dask_scheduler: Any = None) -> list[str]:
     return sorted(name[len(prefix) :] for name, held in leases.items() if held and name.startswith(prefix))
 
 
-def stored_plan(store: Any, job_id: str) -> dict | None:
-    """A job's plan from the service's store, or None -- also one that cannot be read: its
-    job then counts its largest world (:func:`workers_kept`), the safe side, and its runner
-    reports the damage."""
-    from tula.core.records import PLAN_KIND
-
-    try:
-        return store.get_record(job_id, PLAN_KIND)
-    except TulaError:
-        return None
-
-
 def cluster_view(settings: ServiceSettings, store: Any) -> dict[str, Any]:
     """``GET /v1/cluster``'s body, which the dashboard's cluster page shows: where the service
     runs its jobs and the workers there (:func:`cluster_workers`), and each running job with
-    the workers it keeps (:func:`workers_kept`).  A scheduler that does not answer is a
+    its world now (:func:`job_world`).  A scheduler that does not answer is a
     :class:`TulaError`."""
     from tula.service.store import RUNNING_STATES
 
     offered = cluster_workers(settings)
     running, _ = store.list_jobs(RUNNING_STATES, 1000)
     jobs = [
-        {
-            "id": j["id"],
-            "name": j["spec"].get("name"),
-            "state": j["state"],
-            "workers_kept": workers_kept(j, stored_plan(store, j["id"])),
-        }
-        for j in running
+        {"id": j["id"], "name": j["spec"].get("name"), "state": j["state"], **job_world(j)}
+        for j in sorted(running, key=lambda j: (j["created_at"], j["id"]))
     ]
     return {**offered, "running_jobs": jobs}
 
 
-def workers_kept(job: dict, plan: dict | None) -> int:
-    """The workers ``job`` keeps while it runs, or needs to start: its spec's largest world
-    (the profile's worlds and training's) until it has a ``plan``; from then on only its
-    training's (:func:`tula.core.spec.training_world` at the plan's worker count), the rest
-    of its run, which a job queued again also resumes at.  The profile's larger worlds are
-    given back as soon as the plan is stored."""
-    spec = spec_from_dict(job["spec"])
-    if plan is None:
-        return largest_world(spec)
-    return training_world(spec, plan["choice"]["n_workers"])
+def job_world(job: dict) -> dict[str, Any]:
+    """A running job's world on the operator's workers (:mod:`tula.service.worlds`):
+    ``world_workers``, the workers it asks for or holds (None between worlds), and
+    ``world``: ``holds``, ``waits`` or None."""
+    n = job.get("world_workers")
+    return {"world_workers": n, "world": None if n is None else ("holds" if job.get("world_granted_at") else "waits")}
 
 
-def wait_sentence(need: int, total: int, kept: list[int], address: str) -> str | None:
-    """None when a job that needs ``need`` workers fits beside running jobs keeping ``kept``
-    on a scheduler of ``total`` workers (each count capped at ``total``: a job that asks for
-    more gets all there are), else the sentence its row shows while it waits."""
-    need = min(need, total)
-    free = total - sum(min(k, total) for k in kept)
-    if need <= free:
-        return None
-    return f"queued: needs {need} of the {total} worker(s) at {address}; {max(free, 0)} free until a running job ends"
+def wait_sentence(total: int, running: list[dict], address: str) -> str | None:
+    """None when the oldest queued job may start beside the ``running`` jobs on a scheduler
+    of ``total`` workers, else the sentence its row shows while it waits.  It starts when no
+    running job's world waits for its turn (an earlier job's world goes first) and some
+    worker is free of the worlds running; its own worlds then take their turns."""
+    worlds = [job_world(j) for j in running]
+    waiting = sum(1 for w in worlds if w["world"] == "waits")
+    if waiting:
+        return f"queued: {waiting} running job(s) wait for workers at {address} first"
+    held = sum(min(w["world_workers"], total) for w in worlds if w["world"] == "holds")
+    if held >= total:
+        return f"queued: all {total} worker(s) at {address} are in running jobs' worlds; it starts when one is free"
+    return None
 
 
 class WorkerRoom:
     """Whether the oldest queued job may start now on the operator's Dask scheduler.
 
-    Each running job keeps the workers of its largest world until its plan is stored, then
-    those of its training (growing included) to its end (:func:`workers_kept`), so its worlds
-    never wait for another job's.  The next job in submission order starts when that many
-    workers are free;
-    a later, smaller job does not pass it, so none starves.  A job that asks for more
-    workers than the cluster has gets all of them when its turn comes (its plan goes on with
-    the workers there are).  Clusters on this host (``local``, ``dask``) and jobqueue clusters
-    (started per job) have no shared workers to count: there only ``max_concurrent_jobs``
-    holds jobs back.  One ``distributed`` client is kept open; a scheduler that does not
-    answer holds every job in the queue with a message saying so."""
+    A job holds the workers of the world it runs, and only while it runs it; its worlds take
+    their turns in submission order (:mod:`tula.service.worlds`).  The next queued job starts
+    when no running job's world waits for workers and some worker is free
+    (:func:`wait_sentence`); a later job never passes it, so none starves.  Clusters on this
+    host (``local``, ``dask``) and jobqueue clusters (started per job) have no shared workers
+    to count: there only ``max_concurrent_jobs`` holds jobs back.  One ``distributed``
+    client is kept open; a scheduler that does not answer holds every job in the queue with a
+    message saying so."""
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         self.counts = cluster_kind(settings.cluster).name == "scheduler"
-        self._client: Any = None
 
     def total_workers(self) -> int:
         """The workers the scheduler has now (a :class:`TulaError` when it does not answer)."""
-        from distributed import Client
-
         address = self.settings.cluster
         try:
-            if self._client is None:
-                self._client = Client(address, timeout=SCHEDULER_TIMEOUT_S)
-            if self._client.status != "running":  # it lost the scheduler: its cached view has no workers
-                raise ConnectionError(f"the connection to it was lost (the client is {self._client.status})")
-            return len(self._client.scheduler_info(n_workers=-1).get("workers", {}))
+            return len(scheduler_client(address).scheduler_info(n_workers=-1).get("workers", {}))
         except Exception as err:  # noqa: BLE001 - any failure to ask is "does not answer"
             self.close()
             why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise TulaError(f"the service's Dask scheduler at {address} does not answer: {why}") from None
 
-    def why_wait(self, job: dict, running: list[dict], plan_of: Callable[[str], dict | None]) -> str | None:
-        """None when ``job`` may start beside the ``running`` jobs, else the sentence its row
-        shows; ``plan_of(job_id)``: a job's stored plan, or None (:func:`workers_kept`)."""
+    def why_wait(self, running: list[dict]) -> str | None:
+        """None when the oldest queued job may start beside the ``running`` jobs, else the
+        sentence its row shows (:func:`wait_sentence`)."""
         if not self.counts:
             return None
         try:
@@ -179,11 +195,8 @@ class WorkerRoom:
             return f"queued: {plain(err)}; it starts once the scheduler answers"
         if total == 0:
             return f"queued: the Dask scheduler at {self.settings.cluster} has no workers yet"
-        kept = [workers_kept(j, plan_of(j["id"])) for j in running]
-        return wait_sentence(workers_kept(job, plan_of(job["id"])), total, kept, self.settings.cluster)
+        return wait_sentence(total, running, self.settings.cluster)
 
     def close(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            with contextlib.suppress(Exception):
-                client.close()
+        if self.counts:
+            forget_client(self.settings.cluster)

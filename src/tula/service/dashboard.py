@@ -232,9 +232,16 @@ async def jobs_page(request: Request) -> str:
     return _page("Tula jobs", body, REFRESH_JOBS_JS)
 
 
+def _world_cell(job: dict) -> str:
+    n = job.get("world_workers")
+    if n is None:
+        return "- (between worlds)"
+    return f"{'holds' if job.get('world') == 'holds' else 'waits for'} {int(n)} worker(s)"
+
+
 def cluster_page(view: dict | None, problem: str | None = None) -> str:
     """Where the service runs its jobs: the ``cluster`` setting, its workers (and whether a
-    Tula world holds each now), and the running jobs with the workers each keeps --
+    Tula world holds each now), and the running jobs with the world each holds or waits for --
     :func:`tula.service.cluster.cluster_view`'s record, or the sentence that says why there is
     none (a scheduler that does not answer)."""
     head = "<h1>Where jobs run</h1><p><a href='/'>all jobs</a></p>"
@@ -248,7 +255,7 @@ def cluster_page(view: dict | None, problem: str | None = None) -> str:
     )
     jobs = "".join(
         f"<tr><td><a href='/jobs/{esc(j['id'])}'>{esc(j['id'])}</a></td><td>{esc(str(j.get('name') or ''))}</td>"
-        f"<td>{esc(j['state'])}</td><td class='num'>{j['workers_kept']}</td></tr>"
+        f"<td>{esc(j['state'])}</td><td>{_world_cell(j)}</td></tr>"
         for j in view["running_jobs"]
     )
     body = (
@@ -256,9 +263,10 @@ def cluster_page(view: dict | None, problem: str | None = None) -> str:
         f"{': ' + esc(view['note']) if view.get('note') else ''}</p>"
         f"<h2>Workers ({len(view['workers'])})</h2><table id='workers'><thead><tr><th>address</th><th>host</th>"
         f"<th>threads</th><th>memory</th><th>in a world now</th></tr></thead><tbody>{workers}</tbody></table>"
-        f"<h2>Running jobs ({len(view['running_jobs'])})</h2><p class='note'>A job keeps its largest world's "
-        "workers until its plan is stored, then its training's.</p><table id='running'><thead><tr><th>id</th>"
-        f"<th>name</th><th>state</th><th>workers kept</th></tr></thead><tbody>{jobs}</tbody></table>"
+        f"<h2>Running jobs ({len(view['running_jobs'])})</h2><p class='note'>A job holds the workers of "
+        "the world it runs now (a profile's, its training's) and none between worlds; its worlds take their "
+        "turns in submission order.</p><table id='running'><thead><tr><th>id</th>"
+        f"<th>name</th><th>state</th><th>world</th></tr></thead><tbody>{jobs}</tbody></table>"
     )
     return _page("Tula cluster", body)
 

@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from tula.core.errors import Interrupted, TulaError, WorkerError
+from tula.core.registry import cluster_kind
 from tula.core.say import plain
 from tula.engine import interrupts
 from tula.pipeline import Observer, run_pipeline
-from tula.service.cluster import WorkerRoom, stored_plan
+from tula.service.cluster import WorkerRoom
 from tula.service.memory_guard import MemoryGuard
 from tula.service.settings import ServiceSettings
 from tula.service.store import RUNNING_STATES, Store
+from tula.service.worlds import StoreWorldGate
 
 PROGRESS_EVERY_S = 1.0  # progress is written at most this often (the heartbeat carries it too)
 #: the failures of a world that a job on a cluster is re-queued after (a worker, host or link
@@ -168,6 +170,9 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
     try:
         spec = on_the_services_cluster(spec_from_dict(job["spec"]), settings)
         with interrupts.graceful_signals(), open_launcher(spec) as launcher:
+            if cluster_kind(settings.cluster).name == "scheduler" and hasattr(launcher, "world_gate"):
+                # the operator's workers are shared: each world takes its turn (tula.service.worlds)
+                launcher.world_gate = StoreWorldGate(store, job_id, settings.cluster)
             models = None
             if not (out / "profile.json").exists() and not (out / "models.json").exists():
                 models = _reusable_models(store, job, spec, launcher)
@@ -305,7 +310,7 @@ class Dispatcher:
             if head is None:
                 return
             running = self.store.list_jobs(state=RUNNING_STATES, limit=10_000)[0]
-            wait = self.room.why_wait(head, running, lambda job_id: stored_plan(self.store, job_id))
+            wait = self.room.why_wait(running)
             if wait is not None:  # in submission order: no later job passes it
                 if head.get("message") != wait:
                     self.store.note_queued(head["id"], wait)

@@ -83,6 +83,23 @@ class Launcher(Protocol):
         ...
 
 
+class WorldGate(Protocol):
+    """Who may open a world now, where several callers share one cluster's workers (the
+    service's jobs on the operator's scheduler: :class:`tula.service.worlds.StoreWorldGate`).
+    A launcher that has one asks :meth:`enter` before it takes a world's workers and calls
+    :meth:`leave` when the world ends, however it ends."""
+
+    def enter(self, n_workers: int, total_workers: Callable[[], int]) -> None:
+        """Wait until a world of ``n_workers`` may start (``total_workers()``: the workers the
+        cluster has now); a stop signal while waiting raises
+        :class:`~tula.core.errors.Interrupted`."""
+        ...
+
+    def leave(self) -> None:
+        """The world ended: its workers are free for the next."""
+        ...
+
+
 def host_facts(device: str = "auto") -> dict:
     """This machine's hardware as a worker sees it: the device kind ranks will use (``auto``
     -> ``cuda`` where a GPU is visible), CPU model, cores, memory, GPU name and memory, torch

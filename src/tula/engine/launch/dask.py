@@ -21,7 +21,10 @@ Rendezvous only; what a rank does is :func:`~.runtime.run_rank`, as on the local
   and, if still running (stuck in a collective), their workers restarted -- all but the silent
   ones, which cannot be reached -- so no world hangs and no worker keeps a stale rank; a new
   world leaves silent workers out;
-* SIGINT/SIGTERM in the caller set a :class:`distributed.Event` that every rank polls.
+* SIGINT/SIGTERM in the caller set a :class:`distributed.Event` that every rank polls;
+* where several callers share the workers under a rule of turns (the service's jobs on the
+  operator's scheduler), the launcher's ``world_gate`` (:class:`~.base.WorldGate`) says when
+  a world may take them.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from tula.core.errors import PlacementError, TulaError, WorkerError
 from tula.core.gpus import crowded_hosts
 from tula.core.registry import WORKER_LOCK_PREFIX
 from tula.engine import interrupts
-from tula.engine.launch.base import RankFailure, host_facts
+from tula.engine.launch.base import RankFailure, WorldGate, host_facts
 from tula.engine.launch.local import failure_sentence, root_failure
 from tula.engine.launch.netif import is_loopback, resolve
 from tula.engine.launch.runtime import RankSetup, run_rank
@@ -227,6 +230,8 @@ class DaskLauncher:
     interface : the network interface of the ranks' collectives (None: the one that carries
         each worker's address; ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` set on a worker win)
     silent_after_s : a worker the scheduler has not heard from for this long is taken as lost
+    world_gate : asked before each world takes its workers, told when it ends (None: a world
+        takes free workers as it finds them; :class:`~.base.WorldGate`)
     """
 
     name = "dask"
@@ -243,6 +248,7 @@ class DaskLauncher:
         backend: str | None = None,
         interface: str | None = None,
         silent_after_s: float = 20.0,
+        world_gate: WorldGate | None = None,
     ):
         self.client = client
         self.device = device
@@ -253,6 +259,7 @@ class DaskLauncher:
         self.backend = backend
         self.interface = interface
         self.silent_after_s = silent_after_s
+        self.world_gate = world_gate
         self._clock_offset_s: float | None = None  # the scheduler's clock minus this one
 
     # ---------------------------------------------------------------- the cluster
@@ -345,6 +352,32 @@ class DaskLauncher:
 
     # ---------------------------------------------------------------- a world
     def run(
+        self,
+        fn: Callable[..., Any],
+        n_workers: int,
+        *args: Any,
+        on_event: Callable[[int, dict], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Any]:
+        gate = self.world_gate
+        if gate is None:
+            return self._run_world(fn, n_workers, *args, on_event=on_event, timeout_s=timeout_s)
+        try:
+            gate.enter(n_workers, lambda: self._live_count(n_workers))
+            return self._run_world(fn, n_workers, *args, on_event=on_event, timeout_s=timeout_s)
+        finally:
+            gate.leave()
+
+    def _live_count(self, n_workers: int) -> int:
+        """How many live workers the cluster has now, for the world gate; a lost scheduler is
+        the world's failure, in the sentence a world running then gets."""
+        live = self._workers_within(RPC_TIMEOUT_S)
+        if live is None or self.scheduler_lost():
+            raise WorkerError(self._scheduler_lost_sentence(n_workers), cause="scheduler_lost")
+        silent = self.silent(live)
+        return sum(1 for addr in live if addr not in silent)
+
+    def _run_world(
         self,
         fn: Callable[..., Any],
         n_workers: int,

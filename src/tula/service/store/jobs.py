@@ -22,11 +22,34 @@ from tula.service.store.schema import jobs, plain_json
 JOB_STATES = ("queued", "profiling", "fitting", "planning", "training", "done", "failed", "cancelled")
 RUNNING_STATES = ("profiling", "fitting", "planning", "training")
 ENDED_STATES = ("done", "failed", "cancelled")
+#: a job between worlds: it neither asks for nor holds workers (:meth:`JobQueue.take_world`)
+NO_WORLD = {"world_workers": None, "world_granted_at": None}
+#: PostgreSQL's advisory lock that serialises the decisions of :meth:`JobQueue.take_world`
+#: (SQLite's writers are serialised already)
+_WORLD_LOCK_KEY = 0x7475_6C61  # "tula"
 
 
 def new_id() -> str:
     """A short url-safe id: 12 hex digits of a random UUID."""
     return uuid.uuid4().hex[:12]
+
+
+def _turn(rows: list[Any], job_id: str, n_workers: int, total: int) -> tuple[dict, Any]:
+    """:meth:`JobQueue.take_world`'s rule on the running jobs' worlds ``rows`` (in submission
+    order): the answer, and ``job_id``'s row (None: it is not running, never granted)."""
+    need = min(int(n_workers), total)
+    out = {"granted": False, "need": need, "free": 0, "ahead": 0, "total": total}
+    mine = next((r for r in rows if r.id == job_id), None)
+    if mine is None:
+        return out, None
+    held = sum(min(r.world_workers, total) for r in rows if r.world_granted_at is not None and r.id != job_id)
+    out["free"] = max(0, total - held)
+    if mine.world_granted_at is not None and mine.world_workers == n_workers:
+        return {**out, "granted": True}, mine  # asking again keeps the grant
+    earlier = rows[: rows.index(mine)]
+    out["ahead"] = sum(1 for r in earlier if r.world_workers is not None and r.world_granted_at is None)
+    out["granted"] = total > 0 and out["ahead"] == 0 and need <= out["free"]
+    return out, mine
 
 
 class JobQueue(Database):
@@ -65,6 +88,7 @@ class JobQueue(Database):
                     attempts=0,
                     reused_models_from=None,
                     cancel_requested=False,
+                    **NO_WORLD,
                 )
             )
         return job_id
@@ -132,6 +156,7 @@ class JobQueue(Database):
                         updated_at=now,
                         started_at=sa.func.coalesce(jobs.c.started_at, now),
                         attempts=jobs.c.attempts + 1,
+                        **NO_WORLD,
                     )
                 )
                 if res.rowcount == 1:
@@ -156,6 +181,8 @@ class JobQueue(Database):
             if state not in JOB_STATES:
                 raise ValueError(f"unknown job state {state!r}; the states are {', '.join(JOB_STATES)}")
             values["state"] = state
+            if state not in RUNNING_STATES:  # a job that stops running holds no workers
+                values.update(NO_WORLD)
             if state in ENDED_STATES:
                 values["finished_at"] = now
             elif state == "queued":
@@ -228,6 +255,7 @@ class JobQueue(Database):
                         .values(
                             state="cancelled",
                             runner=None,
+                            **NO_WORLD,
                             finished_at=now,
                             updated_at=now,
                             message="cancelled (its runner stopped before it could finish cancelling)",
@@ -240,6 +268,7 @@ class JobQueue(Database):
                         .values(
                             state="failed",
                             runner=None,
+                            **NO_WORLD,
                             finished_at=now,
                             updated_at=now,
                             error=f"the job's runner stopped without a word {r.attempts} time(s); it is not retried again",
@@ -253,6 +282,7 @@ class JobQueue(Database):
                             state="queued",
                             runner=None,
                             heartbeat_at=None,
+                            **NO_WORLD,
                             updated_at=now,
                             message="re-queued: its runner stopped heartbeating",
                         )
@@ -286,3 +316,51 @@ class JobQueue(Database):
                     sa.select(sa.func.count()).select_from(jobs).where(jobs.c.state.in_(RUNNING_STATES))
                 ).scalar_one()
             )
+
+    # ------------------------------------------------------------------ worlds on the operator's cluster
+    def take_world(self, job_id: str, n_workers: int, total_workers: int) -> dict:
+        """Ask, for the running job ``job_id``, for a world of ``n_workers`` of the operator's
+        ``total_workers``, and take it if it is this job's turn: ``{"granted", "need", "free",
+        "ahead", "total"}``.
+
+        The rule, decided in one transaction (PostgreSQL: under an advisory lock; SQLite
+        serialises its writers): the running jobs' asks are served in submission order, each
+        once the workers the granted worlds leave free are enough for it.  A later ask never
+        passes an earlier one that waits, so no job starves: the worlds it waits for are
+        finite and free their workers when they end (:meth:`leave_world`).  ``need`` is
+        ``n_workers`` capped at ``total_workers``: a world larger than the cluster gets all
+        of it when its turn comes (its launcher then says how many there are).  Asking again
+        while granted keeps the grant; a job no longer running is never granted."""
+        total = max(0, int(total_workers))
+        with self._read() as conn:  # a waiting world asks often: no write while nothing changes
+            turn, mine = _turn(self._worlds(conn), job_id, n_workers, total)
+        if mine is None or (not turn["granted"] and mine.world_workers == n_workers and mine.world_granted_at is None):
+            return turn
+        with self._write() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _WORLD_LOCK_KEY})
+            turn, mine = _turn(self._worlds(conn), job_id, n_workers, total)
+            if mine is not None and (mine.world_workers, mine.world_granted_at is not None) != (
+                n_workers,
+                turn["granted"],
+            ):
+                conn.execute(
+                    sa.update(jobs)
+                    .where(jobs.c.id == job_id)
+                    .values(world_workers=int(n_workers), world_granted_at=now_utc() if turn["granted"] else None)
+                )
+            return turn
+
+    @staticmethod
+    def _worlds(conn: Any) -> list[Any]:
+        """The running jobs' worlds, in submission order."""
+        return conn.execute(
+            sa.select(jobs.c.id, jobs.c.created_at, jobs.c.world_workers, jobs.c.world_granted_at)
+            .where(jobs.c.state.in_(RUNNING_STATES))
+            .order_by(jobs.c.created_at, jobs.c.id)
+        ).all()
+
+    def leave_world(self, job_id: str) -> None:
+        """The job's world ended (or it stopped waiting for one): its workers are free."""
+        with self._write() as conn:
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(**NO_WORLD))

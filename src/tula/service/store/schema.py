@@ -122,6 +122,10 @@ jobs = sa.Table(
     sa.Column("attempts", sa.Integer(), nullable=False),
     sa.Column("reused_models_from", sa.String(32), nullable=True),
     sa.Column("cancel_requested", sa.Boolean(), nullable=False),
+    # its world on the operator's cluster (tula.service.worlds): the workers it asks for or
+    # holds now (None between worlds), and when they were granted (None while it waits)
+    sa.Column("world_workers", sa.Integer(), nullable=True),
+    sa.Column("world_granted_at", UTCDateTime(), nullable=True),
     sa.Index("ix_tula_jobs_state_created", "state", "created_at"),
     sa.Index("ix_tula_jobs_created", "created_at"),
 )
