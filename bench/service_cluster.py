@@ -30,12 +30,14 @@ Targets (issue #29): utilisation >= 80 % while jobs are queued; the API's p99 < 
 emulated hosts share this machine's 2 cores: 4 ranks training at once contend for them, which
 makes every run longer than on 4 real hosts, but does not change which worker a job holds.
 
-Run:  sudo .venv/bin/python bench/service_cluster.py [--hosts 4] [--jobs 6] [--epochs 3] [--doc]
+Run:  sudo .venv/bin/python bench/service_cluster.py [--hosts 4] [--jobs 6] [--epochs 3]
+      [--max-concurrent-jobs 8] [--postgres] [--worker-niceness 0] [--doc]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -165,7 +167,7 @@ def render(res: dict, lat: list[float], args, wall_s: float) -> str:
         f"{f' at niceness {args.worker_niceness}' if args.worker_niceness else ''}, unshaped links, sharing 2 "
         f"cores); {args.jobs} jobs "
         f"submitted at once, {args.epochs} epochs each, up to {args.max_concurrent_jobs} running at once; "
-        f"wall {wall_s:.0f} s.",
+        f"store {'PostgreSQL' if args.postgres else 'SQLite'}; wall {wall_s:.0f} s.",
         "",
         "| job | state | worlds held (as they changed) | waited in the queue s | worlds waited for their turn s "
         "| ran s | attempts |",
@@ -191,6 +193,46 @@ def render(res: dict, lat: list[float], args, wall_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _submit_and_poll(h: EmulatedHosts, home: Path, db_url: str | None, args) -> dict:
+    """Start the service on the head, submit the jobs, and poll it until every job has ended."""
+    env = {**COMMAND_ENV, "TULA_POLL_S": "0.2", "TULA_HEARTBEAT_S": "1"}
+    serve = [TULA, "serve", "--port", str(PORT), "--home", str(home), "--cluster", h.scheduler_address,
+             "--max-concurrent-jobs", str(args.max_concurrent_jobs)]  # fmt: skip
+    if db_url:
+        serve += ["--db-url", db_url]
+    h.popen(0, serve, log="serve.log", env=env)
+    deadline = time.monotonic() + 90
+    while h.run([TULA, "status", "--server", f"http://127.0.0.1:{PORT}"], timeout=30).returncode != 0:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the service did not start: {h.log_tail()}")
+        time.sleep(0.5)
+    specs = [job_spec(i, args.epochs) for i in range(args.jobs)]
+    submit = (
+        "import httpx, json\n"
+        f"c = httpx.Client(base_url='http://127.0.0.1:{PORT}', timeout=30)\n"
+        f"for s in json.loads({json.dumps(json.dumps(specs))}):\n"
+        "    r = c.post('/v1/jobs', json={'spec': s, 'search': 'partial'}); r.raise_for_status()\n"
+    )
+    head_client(h, submit)
+    console.print(f"{args.jobs} jobs submitted to the service on {args.hosts} emulated hosts; polling ...")
+    return json.loads(head_client(h, POLLER.format(port=PORT, n=args.jobs), timeout=3600))
+
+
+@contextlib.contextmanager
+def _postgres():
+    """A throwaway PostgreSQL server's database URL (its unix socket reaches every namespace)."""
+    from pg import PostgresServer, find_pg_bin
+
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        raise SystemExit("--postgres needs PostgreSQL's initdb and pg_ctl (apt-get install postgresql)")
+    server = PostgresServer(bin_dir).start()
+    try:
+        yield server.new_database()
+    finally:
+        server.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=4)
@@ -203,6 +245,11 @@ def main() -> None:
         help="the service's upper bound on running jobs (default: twice the hosts; the workers' turns limit the rest)",
     )
     ap.add_argument("--doc", action="store_true", help="replace this benchmark's section of docs/benchmarks.md")
+    ap.add_argument(
+        "--postgres",
+        action="store_true",
+        help="keep the service's store in a throwaway PostgreSQL server (tests/pg.py) instead of SQLite",
+    )
     ap.add_argument(
         "--worker-niceness",
         type=int,
@@ -219,26 +266,10 @@ def main() -> None:
     out = Path("/tmp") / f"tula-bench-service-{int(time.time())}"
     home = out / "home"
     home.mkdir(parents=True)
-    with EmulatedHosts(n_hosts=args.hosts, worker_niceness=args.worker_niceness) as h:
-        env = {**COMMAND_ENV, "TULA_POLL_S": "0.2", "TULA_HEARTBEAT_S": "1"}
-        serve = [TULA, "serve", "--port", str(PORT), "--home", str(home), "--cluster", h.scheduler_address,
-                 "--max-concurrent-jobs", str(args.max_concurrent_jobs)]  # fmt: skip
-        h.popen(0, serve, log="serve.log", env=env)
-        deadline = time.monotonic() + 90
-        while h.run([TULA, "status", "--server", f"http://127.0.0.1:{PORT}"], timeout=30).returncode != 0:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the service did not start: {h.log_tail()}")
-            time.sleep(0.5)
-        specs = [job_spec(i, args.epochs) for i in range(args.jobs)]
-        submit = (
-            "import httpx, json\n"
-            f"c = httpx.Client(base_url='http://127.0.0.1:{PORT}', timeout=30)\n"
-            f"for s in json.loads({json.dumps(json.dumps(specs))}):\n"
-            "    r = c.post('/v1/jobs', json={'spec': s, 'search': 'partial'}); r.raise_for_status()\n"
-        )
-        head_client(h, submit)
-        console.print(f"{args.jobs} jobs submitted to the service on {args.hosts} emulated hosts; polling ...")
-        polled = json.loads(head_client(h, POLLER.format(port=PORT, n=args.jobs), timeout=3600))
+    with contextlib.ExitStack() as stack:
+        db_url = stack.enter_context(_postgres()) if args.postgres else None
+        h = stack.enter_context(EmulatedHosts(n_hosts=args.hosts, worker_niceness=args.worker_niceness))
+        polled = _submit_and_poll(h, home, db_url, args)
     res = analyse(polled["jobs"], polled["cluster"], args.hosts)
     text = render(res, polled["latency_s"], args, time.perf_counter() - t_start)
     table = Table(title="jobs")

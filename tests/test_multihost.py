@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -290,6 +291,65 @@ def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left
             run = json.loads((store.job_dir(job["id"]) / "train" / "train.json").read_text())
         assert run["epochs"] == 6 and run["resumed_from_epoch"] >= 1 and run["replicas_identical"], run
         assert [e["epoch"] for e in run["history"]] == list(range(1, 7))
+
+
+def test_two_service_jobs_share_three_hosts_world_by_world_and_train_like_the_cli(netns_ok, tmp_path):
+    """#29: `tula serve --cluster tcp://...` on the head of three hosts, two jobs submitted at
+    once, each profiling on 1 and 2 workers and training on the plan's.  ``GET /v1/cluster``,
+    read from the head every 0.2 s, never shows their worlds holding more than the 3 workers;
+    both end done, in submission order of start, their 2-worker trials across two hosts; each
+    training's record has the fields of a CLI run of the same spec on the same hosts, with
+    replicas identical."""
+    from emulated_hosts import EmulatedHosts
+    from service_helpers import SERVICE_ENV
+
+    spec = _spec(tmp_path, epochs=2)
+    home = tmp_path / "home"
+    url = "http://127.0.0.1:8797"
+    sampler = (
+        "import json, sys, time, httpx\n"
+        f"c = httpx.Client(base_url={url!r}, timeout=30)\n"
+        "seen, t_end = [], time.monotonic() + 400\n"
+        "while time.monotonic() < t_end:\n"
+        "    jobs = c.get('/v1/jobs').json()['jobs']\n"
+        "    seen.append(c.get('/v1/cluster').json()['running_jobs'])\n"
+        "    if len(jobs) == 2 and all(j['state'] in ('done', 'failed', 'cancelled') for j in jobs):\n"
+        "        break\n"
+        "    time.sleep(0.2)\n"
+        "print(json.dumps({'jobs': jobs, 'seen': seen}))\n"
+    )
+    with EmulatedHosts(n_hosts=3, worker_env=TESTS_ON_PATH) as h:
+        env = {**COMMAND_ENV, **SERVICE_ENV}
+        serve = [*tula_cmd(), "serve", "--port", "8797", "--home", str(home), "--cluster", h.scheduler_address,
+                 "--max-concurrent-jobs", "2"]  # fmt: skip
+        h.popen(0, serve, log="serve.log", env=env)
+        deadline = time.monotonic() + 60
+        while _tula(h, "status", "--server", url, timeout=30).returncode != 0:
+            assert time.monotonic() < deadline, h.log_tail()
+            time.sleep(0.3)
+        for _ in "ab":
+            r = _tula(h, "submit", str(spec), "--server", url)
+            assert r.returncode == 0, r.stderr
+        r = h.run([sys.executable, "-c", sampler], timeout=460)
+        assert r.returncode == 0, r.stderr + h.log_tail()
+        watched = json.loads(r.stdout)
+        jobs = sorted(watched["jobs"], key=lambda j: j["created_at"])
+        assert [j["state"] for j in jobs] == ["done", "done"], (jobs, h.log_tail())
+        assert jobs[0]["started_at"] <= jobs[1]["started_at"]
+        held = [sum(j["world_workers"] for j in s if j["world"] == "holds") for s in watched["seen"]]
+        assert held and max(held) <= 3 and max(held) > 0, watched["seen"]
+        cli = tmp_path / "cli"
+        r = _tula(h, "run", spec, "--out", cli, "--cluster", h.scheduler_address)
+        assert r.returncode == 0, r.stderr + h.log_tail()
+    cli_run = json.loads((cli / "train" / "train.json").read_text())
+    for job in jobs:
+        run_dir = home / "jobs" / job["id"]
+        profile = json.loads((run_dir / "profile.json").read_text())
+        pairs = [t["hosts"] for t in profile["trials"] if t["status"] == "ok" and t["n_workers"] == 2]
+        assert pairs and all(len(set(p)) == 2 for p in pairs), pairs  # across two hosts, one rank each
+        run = json.loads((run_dir / "train" / "train.json").read_text())
+        assert run["replicas_identical"] and [e["epoch"] for e in run["history"]] == [1, 2], run
+        assert set(run) == set(cli_run), set(run) ^ set(cli_run)
 
 
 def _profile_then_train_with_its_models(h, spec: Path, tmp_path: Path, workers: int | None) -> dict:
