@@ -19,7 +19,7 @@ import workers
 import yaml
 from helpers import cmdline, local_launcher, popen_tula, process_tree, run_tula, train_args
 
-from tula.core.errors import WorkerError
+from tula.core.errors import Interrupted, WorkerError
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, load_checkpoint
 from tula.engine.train import METRICS, train
@@ -109,6 +109,37 @@ def test_out_of_memory_under_a_cap_on_a_dask_worker_falls_back(client, tiny_spec
     assert run["fallbacks"][0]["to_accumulation_steps"] == 2
     # the cap ended with the world: the workers run the next world without it
     assert _dask(client).run(workers.allreduce_rank, 2, 1.0)[0]["sum"] == 3.0
+
+
+class _StoppedWhileWaiting:
+    """A world gate (tula.engine.launch.base.WorldGate) whose wait a SIGTERM ends, as the
+    service's StoreWorldGate's does when a job is cancelled while its world waits for workers."""
+
+    def __init__(self) -> None:
+        self.left = 0
+        self.live: list[int] = []
+
+    def enter(self, n_workers: int, total_workers) -> None:
+        self.live.append(total_workers())
+        raise Interrupted(f"stopped while waiting for {n_workers} worker(s) for its next world", signal.SIGTERM)
+
+    def leave(self) -> None:
+        self.left += 1
+
+
+def test_a_stop_while_a_world_waits_for_its_turn_ends_the_profile_and_the_training_as_interrupted(
+    client, tiny_spec_dict, tmp_path
+):
+    from tula.engine.profile import ProfileInterrupted, profile
+
+    spec = spec_from_dict(tiny_spec_dict)
+    gate = _StoppedWhileWaiting()
+    with pytest.raises(ProfileInterrupted, match="^profiling stopped by SIGTERM"):
+        profile(spec, "partial", launcher=_dask(client, world_gate=gate))
+    with pytest.raises(Interrupted, match="^training stopped by SIGTERM") as stopped:
+        train(spec, "lbt", 1, 32, tmp_path, launcher=_dask(client, world_gate=gate))
+    assert stopped.value.exit_code == 143
+    assert gate.left == 2 and gate.live == [2, 2]  # each wait given back; the gate counted the live workers
 
 
 def test_a_lost_worker_stops_the_run_naming_it_and_resume_on_a_fresh_cluster_is_exact(tiny_spec_dict, tmp_path):

@@ -787,6 +787,8 @@ class ProfileSession:
         except WorkerError as err:
             self.world_failed(err, n, configs)
             return
+        except Interrupted as err:  # stopped before it began (its launcher's world gate: waiting for workers)
+            raise self.stopped(err.signum) from None
         self.merge_world(n, res)
 
     def world_failed(self, err: WorkerError, n: int, configs: list[tuple[int, int]] | None) -> None:

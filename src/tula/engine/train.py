@@ -1284,6 +1284,9 @@ class TrainSupervisor:
             self.global_batch, self.accum = res[0]["global_batch"], res[0]["accumulation_steps"]
         except WorkerError as err:
             status, note, segments = self.world_failed(err)
+        except Interrupted as err:  # stopped before it began (its launcher's world gate: waiting for workers)
+            kept = self.epochs_kept() if has_checkpoint(self.out) else (self.resumed_from_epoch or 0)
+            raise _interrupted(err.signum, kept, self.spec.epochs, self.out) from None
         self.add_segments(segments, started)
         return status, note, res
 

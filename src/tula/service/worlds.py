@@ -48,10 +48,8 @@ class StoreWorldGate:
     def __init__(self, store: Any, job_id: str, address: str, ask_every_s: float = ASK_EVERY_S) -> None:
         self.store, self.job_id, self.address = store, job_id, address
         self.ask_every_s = ask_every_s
-        self.waited_s = 0.0  # in all, this runner's worlds' waits for their turn
 
     def enter(self, n_workers: int, total_workers: Callable[[], int]) -> None:
-        started = time.monotonic()
         shown: str | None = None
         before: str | None = None
         try:
@@ -85,8 +83,6 @@ class StoreWorldGate:
         except BaseException:
             self.leave()  # an ask left behind would hold back every later job
             raise
-        finally:
-            self.waited_s += time.monotonic() - started
 
     def leave(self) -> None:
         for attempt in range(3):  # a store briefly unavailable; a job that ends frees them anyway
