@@ -31,7 +31,7 @@ emulated hosts share this machine's 2 cores: 4 ranks training at once contend fo
 makes every run longer than on 4 real hosts, but does not change which worker a job holds.
 
 Run:  sudo .venv/bin/python bench/service_cluster.py [--hosts 4] [--jobs 6] [--epochs 3]
-      [--max-concurrent-jobs 8] [--postgres] [--worker-niceness 0] [--doc]
+      [--max-concurrent-jobs 8] [--postgres] [--worker-niceness 0] [--separate-cores] [--doc]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -74,9 +75,10 @@ def job_spec(i: int, epochs: int) -> dict:
     }
 
 
-def head_client(h: EmulatedHosts, code: str, timeout: float = 60) -> str:
-    """Run a Python snippet on the head (where the service's loopback is) and return its stdout."""
-    r = h.run([sys.executable, "-c", code], timeout=timeout)
+def head_client(h: EmulatedHosts, code: str, timeout: float = 60, prefix: list[str] | None = None) -> str:
+    """Run a Python snippet on the head (where the service's loopback is) and return its stdout
+    (``prefix``: a command it runs under, e.g. ``taskset -c 0``)."""
+    r = h.run([*(prefix or []), sys.executable, "-c", code], timeout=timeout)
     if r.returncode != 0:
         raise SystemExit(f"on the head: {r.stderr[-2000:]}")
     return r.stdout
@@ -164,8 +166,9 @@ def render(res: dict, lat: list[float], args, wall_s: float) -> str:
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on this {platform.machine()} VM "
         f"({args.hosts} emulated hosts, 1 Dask worker each"
-        f"{f' at niceness {args.worker_niceness}' if args.worker_niceness else ''}, unshaped links, sharing 2 "
-        f"cores); {args.jobs} jobs "
+        f"{f' at niceness {args.worker_niceness}' if args.worker_niceness else ''}, unshaped links, "
+        + ("the service on CPU 0 and the hosts on the others" if args.separate_cores else "sharing 2 cores")
+        + f"); {args.jobs} jobs "
         f"submitted at once, {args.epochs} epochs each, up to {args.max_concurrent_jobs} running at once; "
         f"store {'PostgreSQL' if args.postgres else 'SQLite'}; wall {wall_s:.0f} s.",
         "",
@@ -200,7 +203,8 @@ def _submit_and_poll(h: EmulatedHosts, home: Path, db_url: str | None, args) -> 
              "--max-concurrent-jobs", str(args.max_concurrent_jobs)]  # fmt: skip
     if db_url:
         serve += ["--db-url", db_url]
-    h.popen(0, serve, log="serve.log", env=env)
+    head_cpu = ["taskset", "-c", "0"] if args.separate_cores else []
+    h.popen(0, [*head_cpu, *serve], log="serve.log", env=env)
     deadline = time.monotonic() + 90
     while h.run([TULA, "status", "--server", f"http://127.0.0.1:{PORT}"], timeout=30).returncode != 0:
         if time.monotonic() > deadline:
@@ -215,7 +219,7 @@ def _submit_and_poll(h: EmulatedHosts, home: Path, db_url: str | None, args) -> 
     )
     head_client(h, submit)
     console.print(f"{args.jobs} jobs submitted to the service on {args.hosts} emulated hosts; polling ...")
-    return json.loads(head_client(h, POLLER.format(port=PORT, n=args.jobs), timeout=3600))
+    return json.loads(head_client(h, POLLER.format(port=PORT, n=args.jobs), timeout=3600, prefix=head_cpu))
 
 
 @contextlib.contextmanager
@@ -257,6 +261,12 @@ def main() -> None:
         help="run the emulated hosts' Dask workers at this niceness, so that the head's service gets the CPU "
         "first, as on separate machines (default 0: all share the cores alike)",
     )
+    ap.add_argument(
+        "--separate-cores",
+        action="store_true",
+        help="run the service (its runners and the latency poller with it) on CPU 0 and the emulated hosts' "
+        "scheduler and workers on the other CPUs, as separate machines would (needs 2 CPUs or more)",
+    )
     args = ap.parse_args()
     args.max_concurrent_jobs = args.max_concurrent_jobs or 2 * args.hosts
     why = why_unavailable()
@@ -268,7 +278,10 @@ def main() -> None:
     home.mkdir(parents=True)
     with contextlib.ExitStack() as stack:
         db_url = stack.enter_context(_postgres()) if args.postgres else None
-        h = stack.enter_context(EmulatedHosts(n_hosts=args.hosts, worker_niceness=args.worker_niceness))
+        cpus = f"1-{(os.cpu_count() or 2) - 1}" if args.separate_cores else None
+        h = stack.enter_context(
+            EmulatedHosts(n_hosts=args.hosts, worker_niceness=args.worker_niceness, cluster_cpus=cpus)
+        )
         polled = _submit_and_poll(h, home, db_url, args)
     res = analyse(polled["jobs"], polled["cluster"], args.hosts)
     text = render(res, polled["latency_s"], args, time.perf_counter() - t_start)

@@ -163,6 +163,7 @@ class EmulatedHosts:
         python: str | None = None,
         pin_cores: bool = False,
         worker_niceness: int = 0,
+        cluster_cpus: str | None = None,
     ):
         self.n_hosts = n_hosts
         self.rate_mbit = rate_mbit
@@ -172,6 +173,11 @@ class EmulatedHosts:
         self.python = python or sys.executable
         self.pin_cores = pin_cores
         self.worker_niceness = worker_niceness  # > 0: the workers yield the CPU to the head's processes
+        # a CPU list (taskset -c): the scheduler and workers run there only, leaving the other
+        # CPUs to the head's own processes, as separate machines would
+        self.cluster_cpus = cluster_cpus
+        if cluster_cpus and pin_cores:
+            raise ValueError("pin_cores and cluster_cpus both place the workers: give one")
         self.id = f"{os.getpid()}x{random.randrange(100, 1000)}"  # the owner's pid first: see sweep_stale
         self.subnet = f"10.{random.randrange(100, 250)}.{random.randrange(0, 250)}"
         self.bridge = f"tb{self.id}"[:15]
@@ -321,12 +327,16 @@ class EmulatedHosts:
             **kw,
         )
 
+    def _on_cluster_cpus(self) -> list[str]:
+        return ["taskset", "-c", self.cluster_cpus] if self.cluster_cpus else []
+
     def _start_scheduler(self) -> None:
         # worker locks are leases (tula.engine.launch.dask): a killed command's workers are free again
         # after its lease timeout (COMMAND_ENV), checked here every 2 s
         self.popen(
             0,
             [
+                *self._on_cluster_cpus(),
                 self.python,
                 "-m",
                 "distributed.cli.dask_scheduler",
@@ -349,7 +359,7 @@ class EmulatedHosts:
         ``os.killpg`` on the returned process kills the nanny and the worker."""
         k = self._n_started
         self._n_started += 1
-        pin = ["taskset", "-c", str((host - 1) % (os.cpu_count() or 1))] if self.pin_cores else []
+        pin = ["taskset", "-c", str((host - 1) % (os.cpu_count() or 1))] if self.pin_cores else self._on_cluster_cpus()
         nice = ["nice", "-n", str(self.worker_niceness)] if self.worker_niceness else []
         return self.popen(
             host,
