@@ -29,6 +29,9 @@ Reported, from the service's own rows (created, started and finished times) and 
 Targets (issue #29): utilisation >= 80 % while jobs are queued; the API's p99 < 100 ms.  The
 emulated hosts share this machine's 2 cores: 4 ranks training at once contend for them, which
 makes every run longer than on 4 real hosts, but does not change which worker a job holds.
+They also compute on the service's cores, which separate hosts do not: on this 2-core VM that
+alone pushed the API's p99 over 100 ms.  ``--separate-cores`` keeps the service (its runners
+and the poller with it) on CPU 0 and the hosts' scheduler and workers on the others.
 
 Run:  sudo .venv/bin/python bench/service_cluster.py [--hosts 4] [--jobs 6] [--epochs 3]
       [--max-concurrent-jobs 8] [--postgres] [--worker-niceness 0] [--separate-cores] [--doc]

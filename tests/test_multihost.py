@@ -12,6 +12,7 @@ TULA_REQUIRE_NETNS=1, which turns that skip into a failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -293,14 +294,14 @@ def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left
         assert [e["epoch"] for e in run["history"]] == list(range(1, 7))
 
 
-def test_two_service_jobs_share_three_hosts_world_by_world_and_train_like_the_cli(netns_ok, tmp_path):
+def test_two_service_jobs_share_three_hosts_world_by_world_and_train_like_the_cli(hosts, tmp_path):
     """#29: `tula serve --cluster tcp://...` on the head of three hosts, two jobs submitted at
     once, each profiling on 1 and 2 workers and training on the plan's.  ``GET /v1/cluster``,
     read from the head every 0.2 s, never shows their worlds holding more than the 3 workers;
     both end done, in submission order of start, their 2-worker trials across two hosts; each
     training's record has the fields of a CLI run of the same spec on the same hosts, with
-    replicas identical."""
-    from emulated_hosts import EmulatedHosts
+    replicas identical.  On the module's hosts: the service is stopped at the end, and its
+    worlds' workers are free again as it ends them."""
     from service_helpers import SERVICE_ENV
 
     spec = _spec(tmp_path, epochs=2)
@@ -318,11 +319,12 @@ def test_two_service_jobs_share_three_hosts_world_by_world_and_train_like_the_cl
         "    time.sleep(0.2)\n"
         "print(json.dumps({'jobs': jobs, 'seen': seen}))\n"
     )
-    with EmulatedHosts(n_hosts=3, worker_env=TESTS_ON_PATH) as h:
-        env = {**COMMAND_ENV, **SERVICE_ENV}
-        serve = [*tula_cmd(), "serve", "--port", "8797", "--home", str(home), "--cluster", h.scheduler_address,
-                 "--max-concurrent-jobs", "2"]  # fmt: skip
-        h.popen(0, serve, log="serve.log", env=env)
+    h = hosts
+    env = {**COMMAND_ENV, **SERVICE_ENV}
+    serve = [*tula_cmd(), "serve", "--port", "8797", "--home", str(home), "--cluster", h.scheduler_address,
+             "--max-concurrent-jobs", "2"]  # fmt: skip
+    service = h.popen(0, serve, log="serve-two-jobs.log", env=env)
+    try:
         deadline = time.monotonic() + 60
         while _tula(h, "status", "--server", url, timeout=30).returncode != 0:
             assert time.monotonic() < deadline, h.log_tail()
@@ -341,6 +343,14 @@ def test_two_service_jobs_share_three_hosts_world_by_world_and_train_like_the_cl
         cli = tmp_path / "cli"
         r = _tula(h, "run", spec, "--out", cli, "--cluster", h.scheduler_address)
         assert r.returncode == 0, r.stderr + h.log_tail()
+    finally:  # the module's hosts go on: the service and its runners end here
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(service.pid, signal.SIGTERM)
+        try:
+            service.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(service.pid, signal.SIGKILL)
+            service.wait(timeout=30)
     cli_run = json.loads((cli / "train" / "train.json").read_text())
     for job in jobs:
         run_dir = home / "jobs" / job["id"]
