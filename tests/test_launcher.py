@@ -1,4 +1,6 @@
+import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -42,6 +44,32 @@ def test_a_fresh_rank_serves_blocks_under_32_mib_from_its_heap():
     a 24 MiB block comes from the heap, where glibc's first threshold (128 KiB) maps it alone."""
     served = local_launcher().run(workers.heap_serves_block, 1, 24 * 2**20, timeout_s=120)
     assert served == [True]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS")
+def test_a_rank_starts_and_ends_with_the_processs_own_address_space_limit_whatever_cap_is_in_force():
+    """A process that runs rank after rank (a Dask worker; here in-process worlds of one): a cap
+    another rank left in force (a cancelled rank still running under it) neither caps the next
+    rank nor outlives it. Before, the next rank took the cap for the limit and put it back at
+    its end, and every later world on that worker failed."""
+    code = textwrap.dedent("""
+        import resource
+        from tula.engine.launch.local import LocalLauncher
+
+        own = resource.getrlimit(resource.RLIMIT_AS)
+        launcher = LocalLauncher(device="cpu", threads_per_worker=1, in_process=True)
+
+        def limit_seen(ctx):
+            return resource.getrlimit(resource.RLIMIT_AS)
+
+        assert launcher.run(limit_seen, 1) == [own]
+        resource.setrlimit(resource.RLIMIT_AS, (64 << 30, own[1]))  # another rank's cap, in force
+        seen = launcher.run(limit_seen, 1)
+        print(seen == [own], resource.getrlimit(resource.RLIMIT_AS) == own)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"], r.stdout
 
 
 # --------------------------------------------------------------------------- the steps, without a world

@@ -256,6 +256,24 @@ def _join(
     )
 
 
+_process_limit: list[tuple[int, int]] = []  # this process's own address-space limit (process_address_space_limit)
+
+
+def process_address_space_limit() -> tuple[int, int]:
+    """This process's address-space limit (RLIMIT_AS) as it was before any rank of it capped
+    it, taken at its first rank: every rank ends by putting it back.  A rank's own snapshot is
+    not enough on a Dask worker, which runs rank after rank: a rank that began while a
+    cancelled rank still ran in the worker under its cap took that cap for the limit and put
+    it back at its end, and every later world on that worker then failed ("could not create
+    a primitive", test_dask's capped fallback and the tests after it, now and then).  A rank
+    also starts under it, whatever a rank before it left in force."""
+    import resource
+
+    if not _process_limit:
+        _process_limit.append(resource.getrlimit(resource.RLIMIT_AS))
+    return _process_limit[0]
+
+
 def _leave(address_space_limit: tuple[int, int], restore: list[Callable[[], None]]) -> None:
     """Destroy the process group (or reset torch's group counter where none formed), give the
     process its address-space limit back, and undo :func:`_catch_stop`."""
@@ -298,7 +316,10 @@ def run_rank(
         steady_heap()  # a fresh rank process: not a Dask worker's, which lives on, nor the caller's
     import resource
 
-    address_space_limit = resource.getrlimit(resource.RLIMIT_AS)  # a memory cap ends with the rank
+    address_space_limit = process_address_space_limit()  # a memory cap ends with the rank
+    if resource.getrlimit(resource.RLIMIT_AS) != address_space_limit:  # and never starts the next one
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_AS, address_space_limit)
     stop = StopFlag()
     restore = _catch_stop(stop, in_process)
     if setup.threads:
