@@ -262,11 +262,11 @@ _process_limit: list[tuple[int, int]] = []  # this process's own address-space l
 def process_address_space_limit() -> tuple[int, int]:
     """This process's address-space limit (RLIMIT_AS) as it was before any rank of it capped
     it, taken at its first rank: every rank ends by putting it back.  A rank's own snapshot is
-    not enough on a Dask worker, which runs rank after rank: a rank that began while a
-    cancelled rank still ran in the worker under its cap took that cap for the limit and put
-    it back at its end, and every later world on that worker then failed ("could not create
-    a primitive", test_dask's capped fallback and the tests after it, now and then).  A rank
-    also starts under it, whatever a rank before it left in force."""
+    not enough on a Dask worker, which runs rank after rank.  Now and then every world on one
+    of the test session's workers failed after test_dask's capped fallback ("could not create
+    a primitive"); my reading, not proven: a rank that began while a cancelled rank still ran
+    there under its cap took that cap for the limit and put it back at its end.  A rank also
+    starts under this limit, whatever a rank before it left in force."""
     import resource
 
     if not _process_limit:
