@@ -421,10 +421,13 @@ def test_over_fast_links_the_plan_rule_puts_a_compute_bound_model_on_two_workers
     """#30's other side, on the same hosts with their links unshaped: a compute-bound model
     (SmallCNN on 1x32x32 images: 53 kB of gradients, tens of ms of compute a step on one
     core) profiled there, then the same geometric schedule 32 -> 64 -> 128 with ``workers:
-    {rule: plan}``, started with ``--workers 1``: the first decision already moves it to two
-    workers, and each later one keeps them, because the models -- fitted where two ranks each
-    train half the batch on their own core -- rank two workers faster than one by more than the
-    5 % threshold at every batch (1.6x when written); the replicas stay identical."""
+    {rule: plan}``, started with ``--workers 1``: the worker count grows to two, and every
+    decision is the one the models' ranking and the 5 % threshold make.  At B = 128 the
+    models -- fitted where two ranks each train half the batch on their own core -- rank two
+    workers faster than one by far more than the threshold (27-35 % in runs here); at B = 32
+    and 64 the margin is a few per cent either side of it on these 2 shared cores (CI's run of
+    stop 33 kept one worker for the first epoch, one run here too), so the test holds those
+    decisions to the ranking, not to a worker count; the replicas stay identical."""
     cnn = {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 8}}
     data = {"name": "synthetic", "sample_shape": [1, 32, 32], "num_classes": 10, "num_samples": 768}
     spec = _spec(
@@ -434,10 +437,15 @@ def test_over_fast_links_the_plan_rule_puts_a_compute_bound_model_on_two_workers
                "workers": {"min": 1, "max": 2, "rule": "plan"}},
     )  # fmt: skip
     run = _profile_then_train_with_its_models(hosts, spec, tmp_path, workers=1)
-    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(32, 2), (64, 2), (128, 2)], run
-    for h in run["history"][:-1]:  # each decision: two workers ranked best, one slower by more than the threshold
-        ranking = h["schedule"]["ranking"]
-        assert ranking[0]["n_workers"] == 2, ranking
-        one = next(o for o in ranking if o["n_workers"] == 1)
-        assert one["epoch_s"] > 1.05 * ranking[0]["epoch_s"], ranking
+    history = run["history"]
+    assert [h["global_batch"] for h in history] == [32, 64, 128] and history[-1]["n_workers"] == 2, run
+    # each decision, in the epoch before: the ranking's, with the threshold
+    for before, after in zip(history, history[1:]):
+        ranking = before["schedule"]["ranking"]
+        best, current = ranking[0], next(o for o in ranking if o["n_workers"] == before["n_workers"])
+        gain = 1.0 - best["score"] / current["score"]
+        assert after["n_workers"] == (best["n_workers"] if gain > 0.05 else before["n_workers"]), (gain, ranking)
+    ranking = history[1]["schedule"]["ranking"]  # the decision for B = 128: two workers, clear of the threshold
+    one = next(o for o in ranking if o["n_workers"] == 1)
+    assert ranking[0]["n_workers"] == 2 and one["epoch_s"] > 1.05 * ranking[0]["epoch_s"], ranking
     assert run["replicas_identical"], run
