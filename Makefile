@@ -21,8 +21,13 @@ demo: $(STAMP)
 	rm -rf $(OUT)
 	$(TULA) run examples/digits_cnn.yaml --out $(OUT)
 
+# Two at a time (pytest-xdist, a test file per process), then the tests marked `serial` alone:
+# those time real work against a prediction or a deadline.  Both parts run; either failing fails.
+TEST_PROCESSES ?= 2
 test: lint
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m "not serial"; parallel=$$?; \
+	$(VENV)/bin/python -m pytest -q -m serial; serial=$$?; \
+	test $$parallel -eq 0 -a $$serial -eq 0
 
 # The architecture's contracts (import-linter: the layers, no torch in the core), ruff's lint
 # and format check, mypy on the core.  Seconds; part of `make test`, so of CI.

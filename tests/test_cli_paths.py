@@ -118,10 +118,14 @@ def _rendered(renderable) -> str:
     return one_line(buf.getvalue())
 
 
-def test_replan_sends_price_cluster_sizes_epochs_and_noise_scale(token_service, tiny_pipeline):
+def test_replan_sends_price_cluster_sizes_epochs_and_noise_scale(token_service, tiny_pipeline, monkeypatch):
     """The printed plan is the plan of the stored models with all four options, and each option
-    changes it (a dropped option would print another table)."""
+    changes it (a dropped option would print another table).  The console is made wide enough
+    for every column: at 80 (COLUMNS in a pytest-xdist worker) the price's column is cut off."""
+    from tula import cli
     from tula.report import plan_table
+
+    monkeypatch.setattr(cli.console, "width", 200)
     from tula.service.replan import Replan, replan_from_models
 
     models = tiny_pipeline.record("models.json")

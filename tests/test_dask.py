@@ -344,6 +344,7 @@ def test_two_one_rank_worlds_at_once_take_the_two_free_workers_side_by_side(clie
     assert max(a["start"], b["start"]) < min(a["end"], b["end"]), f"the worlds ran one after the other: {a}, {b}"
 
 
+@pytest.mark.serial  # its own two busy loops are the load it is about; it stops within 10 s
 def test_a_lost_scheduler_ends_the_run_at_once_in_one_sentence_and_keeps_its_checkpoint(tiny_spec_dict, tmp_path):
     """#29 item 3: the scheduler of a `tula train --cluster tcp://...` killed mid-training (its
     workers then close themselves): the command ends within seconds, exit 2, with one sentence

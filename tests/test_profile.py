@@ -117,6 +117,7 @@ def _slope_round(spec):
 
 
 @pytest.mark.slow  # a real DDP world
+@pytest.mark.serial  # one trial's compute time predicted from two others'
 def test_compute_slope_from_two_batches_predicts_a_third(tiny_spec_dict):
     """One rank, three local batches: the performance model fitted to the trials at 128 and
     512 predicts t_compute at 1024, which it never saw, and the memory line through their

@@ -149,6 +149,7 @@ def test_a_training_record_is_compared_with_the_plan_epoch_by_epoch():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the profile's step times against the training's
 @pytest.mark.parametrize("method", ["ags", "lbt"])
 def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_spec_dict, method):
     """2 ranks on digits: the profile's run trial measures the method's step and the epoch's end;
