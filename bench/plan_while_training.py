@@ -18,8 +18,11 @@ hidden 1024 on digits, 4.5 MB of gradients per step):
    * ``goodput``: ``batch_schedule: {kind: goodput}`` from 32 with ``rule: plan``;
 
 3. reads from each run's record the time to the target test accuracy (the epochs' wall
-   times summed up to the first epoch at or above it; "-" when never reached) and each
-   epoch's measured time against the plan's prediction at its (B, N, k).
+   times summed up to the first epoch at or above it; "-" when never reached), the same
+   with each new world's start added (the wall time a user waits: a change of N restarts
+   the world from the checkpoint, which the epochs' times leave out), and each epoch's
+   measured time against the plan's prediction at its (B, N, k).  A second table gives the
+   medians over the seeds and AdaDamp's rule's time over ``rule: plan``'s, both ways.
 
 Targets (issue #30): ``plan`` at least 1.5x faster than ``adadamp`` where the link is slow and
 never more than 5 % slower where it is fast; ``goodput`` within 5 % of ``fixed``'s
@@ -116,6 +119,27 @@ def time_to_target(history: list[dict], target: float) -> float | None:
     return None
 
 
+def wall_to_target(run: dict, target: float) -> float | None:
+    """Wall seconds of training until the first epoch whose test accuracy is at least
+    ``target``, world starts included: the epochs' wall times as :func:`time_to_target` sums
+    them, plus, for each generation begun by then, the part of its ``wall_s`` that none of its
+    epochs holds (a new world's start: processes, the process group, the checkpoint read).
+    None when no epoch reaches it or the record has no generations."""
+    history, gens = run["history"], run.get("generations") or []
+    if not gens:
+        return None
+    ends = [g["from_epoch"] for g in gens[1:]] + [history[-1]["epoch"] + 1]
+    total = 0.0
+    for g, end in zip(gens, ends):
+        epochs = [h for h in history if g["from_epoch"] <= h["epoch"] < end]
+        total += max(0.0, (g.get("wall_s") or 0.0) - sum(measured_epoch_s(h) for h in epochs))
+        for h in epochs:
+            total += measured_epoch_s(h)
+            if (h.get("test_top1") or 0.0) >= target:
+                return total
+    return None
+
+
 def one_rate(rate: float, model: str, args, out: Path, data: str = "digits") -> list[dict]:
     rows = []
     target = args.target if args.target is not None else TARGETS[data]
@@ -159,6 +183,8 @@ def one_rate(rate: float, model: str, args, out: Path, data: str = "digits") -> 
                     "configs": " ".join(f"{e['global_batch']}/{e['n_workers']}" for e in hist),
                     "train_s": sum(measured_epoch_s(e) for e in hist),
                     "to_target_s": time_to_target(hist, target),
+                    "wall_to_target_s": wall_to_target(run, target),
+                    "world_starts": sum(1 for g in run.get("generations") or [] if g.get("new_world")),
                     "final_acc": hist[-1].get("test_top1"),
                     "median_measured_to_predicted": statistics.median(ratios) if ratios else None,
                     "command_s": wall,
@@ -166,24 +192,61 @@ def one_rate(rate: float, model: str, args, out: Path, data: str = "digits") -> 
                 rows.append(row)
                 console.print(
                     f"  {name:8s} seed {seed}: {row['configs']}  {row['train_s']:.1f} s, "
-                    f"to {target:.0%}: {row['to_target_s'] if row['to_target_s'] is None else round(row['to_target_s'], 1)} s, "
+                    f"to {target:.0%}: {_s(row['to_target_s'])} s (wall, {row['world_starts']} world start(s): "
+                    f"{_s(row['wall_to_target_s'])} s), "
                     f"measured/predicted {row['median_measured_to_predicted']}"
                 )
     return rows
 
 
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
 def table(rows: list[dict]) -> Table:
     t = Table(title="time to the target test accuracy (s), per strategy; B/N per epoch")
     for c in ("link", "data", "model", "seed", "strategy", "B/N per epoch", "training s", "target", "to target s",
-              "final acc", "measured / predicted"):  # fmt: skip
+              "wall to target s", "world starts", "final acc", "measured / predicted"):  # fmt: skip
         t.add_column(c)
     for r in rows:
         t.add_row(
             f"{r['rate_mbit']:g} Mbit/s", r.get("data", "digits"), r["model"], str(r["seed"]), r["strategy"],
             r["configs"], f"{r['train_s']:.1f}", f"{r.get('target', 0):.2f}",
-            "-" if r["to_target_s"] is None else f"{r['to_target_s']:.1f}",
+            _s(r["to_target_s"]), _s(r.get("wall_to_target_s")), str(r.get("world_starts", "-")),
             f"{r['final_acc']:.3f}", "-" if r["median_measured_to_predicted"] is None
             else f"{r['median_measured_to_predicted']:.2f}",
+        )  # fmt: skip
+    return t
+
+
+def _median_s(xs: list[float | None]) -> float | None:
+    """The median over seeds, a seed that never reached the target counted as the slowest
+    (None when most never did)."""
+    m = statistics.median([float("inf") if x is None else x for x in xs])
+    return None if m == float("inf") else m
+
+
+def summary(rows: list[dict]) -> Table:
+    """Per link, data set and model: each strategy's median time to the target over the seeds,
+    the epochs' and the wall's, and AdaDamp's rule's over ``rule: plan``'s (the issue's 1.5x)."""
+    t = Table(title="median over seeds: to target s (epochs) / (wall, world starts included)")
+    for c in ("link", "data", "model", "fixed", "adadamp", "plan", "goodput", "adadamp / plan (epochs, wall)"):
+        t.add_column(c)
+    cells: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        cell = cells.setdefault((r["rate_mbit"], r.get("data", "digits"), r["model"]), {})
+        cell.setdefault(r["strategy"], []).append(r)
+    for (rate, data, model), by in cells.items():
+        med = {k: (_median_s([r["to_target_s"] for r in v]), _median_s([r.get("wall_to_target_s") for r in v]))
+               for k, v in by.items()}  # fmt: skip
+        ratios = []
+        for i in (0, 1):
+            a, p = med.get("adadamp", (None, None))[i], med.get("plan", (None, None))[i]
+            ratios.append("-" if a is None or p is None or p <= 0 else f"{a / p:.2f}")
+        t.add_row(
+            f"{rate:g} Mbit/s", data, model,
+            *(f"{_s(med[k][0])} / {_s(med[k][1])}" if k in med else "" for k in ("fixed", "adadamp", "plan", "goodput")),
+            ", ".join(ratios),
         )  # fmt: skip
     return t
 
@@ -214,6 +277,7 @@ def main() -> None:
             for rate in (float(r) for r in args.rates.split(",")):
                 rows += one_rate(rate, model, args, args.out, data)
     console.print(table(rows))
+    console.print(summary(rows))
     console.print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, {platform.machine()}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
