@@ -124,9 +124,9 @@ def test_replan_sends_price_cluster_sizes_epochs_and_noise_scale(token_service, 
     for every column: at 80 (COLUMNS in a pytest-xdist worker) the price's column is cut off."""
     from tula import cli
     from tula.report import plan_table
+    from tula.service.replan import Replan, replan_from_models
 
     monkeypatch.setattr(cli.console, "width", 200)
-    from tula.service.replan import Replan, replan_from_models
 
     models = tiny_pipeline.record("models.json")
     body = {
