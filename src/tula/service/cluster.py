@@ -25,9 +25,9 @@ _clients_lock = threading.Lock()
 def scheduler_client(address: str) -> Any:
     """The service's ``distributed`` client of the scheduler at ``address``: one, kept open
     and shared by the dispatcher and ``GET /v1/cluster`` (one per request cost each request a
-    connection: the first request that made one took 1.27 s on a busy 2-core host).  A client that has lost its scheduler is
-    dropped and this call raises ``ConnectionError`` at once, saying so; the next call connects
-    anew.  A scheduler that does not answer raises what ``Client`` raises; no other caller
+    connection: the first request that made one took 1.27 s on a busy 2-core host).  A client
+    that has lost its scheduler is dropped and this call raises ``ConnectionError`` at once,
+    saying so; the next call connects anew.  A scheduler that does not answer raises what ``Client`` raises; no other caller
     waits for that connection."""
     from distributed import Client
 

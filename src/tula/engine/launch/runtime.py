@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import signal
 import socket
 import time
@@ -256,9 +257,7 @@ def _join(
     )
 
 
-_process_limit: list[tuple[int, int]] = []  # this process's own address-space limit (process_address_space_limit)
-
-
+@functools.cache
 def process_address_space_limit() -> tuple[int, int]:
     """This process's address-space limit (RLIMIT_AS) as it was before any rank of it capped
     it, taken at its first rank: every rank ends by putting it back.  A rank's own snapshot is
@@ -269,9 +268,7 @@ def process_address_space_limit() -> tuple[int, int]:
     starts under this limit, whatever a rank before it left in force."""
     import resource
 
-    if not _process_limit:
-        _process_limit.append(resource.getrlimit(resource.RLIMIT_AS))
-    return _process_limit[0]
+    return resource.getrlimit(resource.RLIMIT_AS)
 
 
 def _leave(address_space_limit: tuple[int, int], restore: list[Callable[[], None]]) -> None:
