@@ -11,6 +11,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # a pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment, which a
+    # plain pytest run has not: the CLI (and every command a test starts) would then lay its
+    # tables out at 80 columns and cut columns off.  Both ways of running lay out alike.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 @pytest.fixture
