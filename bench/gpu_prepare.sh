@@ -22,7 +22,7 @@ PY_VERSIONS=${PY_VERSIONS:-$(printf '%s\n' "$HERE_PY" 3.12 | awk '!seen[$0]++' |
 # what tula.core / tula.engine import beyond torch, torchvision and numpy on the paths bench/gpu.py
 # runs (its ranks: psutil for the network interface) and the tula CLI; not matplotlib, scikit-learn,
 # timm or dask (plots, digits, lars/lamb, Dask), which the check does not reach
-NAMES="pydantic pydantic-core annotated-types typing-inspection typing-extensions kneed PyYAML rich
+NAMES="pydantic pydantic-core annotated-types typing-inspection typing-extensions PyYAML rich
 markdown-it-py mdurl Pygments typer click shellingham cloudpickle psutil"
 HEAVY="numpy scipy"  # fitting the models needs scipy; torchvision itself needs numpy
 

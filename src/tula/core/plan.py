@@ -3,7 +3,7 @@
 * ``time``  -- the feasible configuration with the least predicted training time;
 * ``cost``  -- the one with the least predicted cost;
 * ``knee``  -- per cluster size, the knee of the dense predicted time-vs-global-batch
-  curve (Kneedle, via ``kneed``); where Kneedle finds none, the smallest batch whose time
+  curve (Kneedle: :mod:`tula.core.kneedle`); where Kneedle finds none, the smallest batch whose time
   is within ``KNEE_FALLBACK_TOL`` of that cluster size's fastest.  Across cluster sizes,
   the knee point with the least time.
 
@@ -48,12 +48,12 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-from kneed import KneeLocator
 from pydantic import ValidationError
 
 from tula.core.accumulation import accumulation_for
 from tula.core.errors import InfeasibleError, SpecError
 from tula.core.fit import models_from
+from tula.core.kneedle import knee_index
 from tula.core.perfmodel import ranks_per_node_of
 from tula.core.pricing import SpotPricing, make_pricing
 from tula.core.records import PLAN_KIND, VERSIONS
@@ -83,9 +83,9 @@ def find_knee(global_batch: np.ndarray, total_time: np.ndarray) -> tuple[int, st
     (Kneedle would find one in rounding noise)."""
     spread = float(np.max(total_time) - np.min(total_time))
     if len(global_batch) >= 3 and spread > KNEE_FALLBACK_TOL * float(np.min(total_time)):
-        kl = KneeLocator(global_batch, total_time, curve="convex", direction="decreasing", S=1.0)
-        if kl.knee is not None:
-            return int(np.argmin(np.abs(global_batch - kl.knee))), "kneedle"
+        knee = knee_index(global_batch, total_time, sensitivity=1.0)
+        if knee is not None:
+            return knee, "kneedle"
     best = float(np.min(total_time))
     within = np.nonzero(total_time <= best * (1.0 + KNEE_FALLBACK_TOL))[0]
     return int(within[0]), "fallback"

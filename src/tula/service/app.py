@@ -198,7 +198,7 @@ async def _lifespan(app: FastAPI):
     settings: ServiceSettings = app.state.settings
     settings.home.mkdir(parents=True, exist_ok=True)
     store = Store(settings.store_url, settings.home)
-    # the planner's imports (numpy, scipy, kneed) now, not in the first re-plan request
+    # the planner's imports (numpy, scipy) now, not in the first re-plan request
     await run_in_threadpool(importlib.import_module, "tula.core.plan")
     app.state.store = store
     dispatcher = Dispatcher(settings, store) if app.state.dispatch and settings.run_jobs else None
