@@ -195,17 +195,6 @@ def netns_ok():
     return True
 
 
-@pytest.fixture(scope="module")
-def hosts(netns_ok):
-    """Three emulated hosts with one Dask worker each, and the head that runs the commands:
-    one set per test module that asks for them (tests/multihost_helpers.py runs commands there)."""
-    from emulated_hosts import EmulatedHosts
-    from multihost_helpers import TESTS_ON_PATH
-
-    with EmulatedHosts(n_hosts=3, worker_env=TESTS_ON_PATH) as h:
-        yield h
-
-
 @pytest.fixture
 def tests_on_path(monkeypatch):
     """tests/ importable in this process and in every rank it starts (``factories:...``)."""
