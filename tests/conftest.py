@@ -19,6 +19,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.pop(name, None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory):
+    """Generated data sets (MNIST-1D) kept in the session's temporary folder, not in the
+    user's ~/.cache: the commands and ranks a test starts inherit TULA_CACHE_DIR."""
+    before = os.environ.get("TULA_CACHE_DIR")
+    os.environ["TULA_CACHE_DIR"] = str(tmp_path_factory.mktemp("data-cache"))
+    yield
+    if before is None:
+        os.environ.pop("TULA_CACHE_DIR", None)
+    else:
+        os.environ["TULA_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def tiny_spec_dict():
     """A job small enough for 2-rank trials in a few seconds (helpers.tiny_spec)."""

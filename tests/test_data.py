@@ -285,3 +285,34 @@ def test_merged_trial_names_the_loader_when_it_is_the_bottleneck():
     legacy = {k: v for k, v in rank(0, [0.1] * 4).items() if k != "t_data_s"}  # a record from before the field
     (old,) = _merge_trials([[legacy], [dict(legacy)]])
     assert old.get("t_data_s") is None and old["t_step_s"] == 0.1
+
+
+def test_mnist1d_is_made_once_then_read_from_the_cache_and_a_damaged_file_is_made_again(tmp_path, monkeypatch):
+    """MNIST-1D is generated once per (size, split, seed) and kept in TULA_CACHE_DIR: a later
+    load reads the file (a file with other values under that name gives those values), and a
+    file that cannot be read is made again, the same as the first."""
+    from tula.engine.workloads import data_cache_dir
+
+    monkeypatch.setenv("TULA_CACHE_DIR", str(tmp_path / "cache"))
+    spec = spec_from_dict({"data": {"name": "mnist1d", "num_samples": 200}}).data
+    first = load_dataset(spec, 3)
+    (path,) = data_cache_dir().glob("mnist1d-*-n200-train*-seed3.npz")
+    assert list(data_cache_dir().iterdir()) == [path]  # no temporary file left
+    x_first = first.train.tensors[0].clone()
+    again = load_dataset(spec, 3)
+    assert torch.equal(again.train.tensors[0], x_first) and torch.equal(again.test.tensors[1], first.test.tensors[1])
+    # the cache is what is read: the same name with other values gives those values
+    with np.load(path) as z:
+        shifted = {k: z[k] for k in z.files}
+    shifted["x"] = shifted["x"] + 1.0
+    with open(path, "wb") as f:
+        np.savez(f, **shifted)
+    shifted_x = load_dataset(spec, 3).train.tensors[0]
+    assert torch.allclose(shifted_x, x_first + 1.0, atol=1e-6)  # float32 of x + 1 against float32 x, + 1
+    # a damaged file is made again, as it was first made
+    path.write_bytes(b"PK\x03\x04 not a whole archive")
+    assert torch.equal(load_dataset(spec, 3).train.tensors[0], x_first)
+    assert np.load(path)["x"].shape[0] == x_first.shape[0]
+    # another seed is another file
+    load_dataset(spec, 4)
+    assert len(list(data_cache_dir().glob("mnist1d-*.npz"))) == 2

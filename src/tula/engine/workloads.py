@@ -12,9 +12,12 @@ from __future__ import annotations
 import functools
 import gzip
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
+import os
 import sys
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -183,15 +186,71 @@ def _digits(spec: DataSpec, seed: int) -> Dataset:
     return Dataset("digits", tr, te, (1, 8, 8), 10)
 
 
-def _mnist1d(spec: DataSpec, seed: int) -> Dataset:
-    """MNIST-1D regenerated locally from the package's templates (nothing is downloaded)."""
+#: the arrays a generated MNIST-1D set is kept as in the cache
+_MNIST1D_KEYS = ("x", "y", "x_test", "y_test")
+
+
+def data_cache_dir() -> Path:
+    """Where generated data sets are kept between worlds and runs: ``$TULA_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/tula``, else ``~/.cache/tula``."""
+    if os.environ.get("TULA_CACHE_DIR"):
+        return Path(os.environ["TULA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tula"
+
+
+def _read_cached(path: Path) -> dict[str, np.ndarray] | None:
+    """The arrays of a cache file, or None where it is missing or cannot be read whole."""
     try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in _MNIST1D_KEYS}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+
+
+def _write_cached(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``arrays`` written to ``path`` whole or not at all (a temporary file renamed; ranks of
+    one world may write the same file at once).  A cache that cannot be written is skipped."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def mnist1d_arrays(num_samples: int, train_split: float, seed: int) -> dict[str, np.ndarray]:
+    """MNIST-1D's ``x``, ``y``, ``x_test`` and ``y_test``, made by the mnist1d package from its
+    templates (nothing is downloaded) and kept in :func:`data_cache_dir`.  Making them takes
+    2-4 s of CPU on a small machine, in the command and again in every rank of every world
+    (a change of the worker count starts a new one); from the cache it takes milliseconds.  A
+    cache file that cannot be read is made again."""
+    try:  # the package's templates and defaults are its version's
+        version = importlib.metadata.version("mnist1d")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    name = f"mnist1d-{version}-n{num_samples}-train{train_split:.6g}-seed{seed}.npz"
+    path = data_cache_dir() / name
+    cached = _read_cached(path)
+    if cached is not None:
+        return cached
+    try:  # about 1-2 s of imports (scipy's interpolation among them): only to make the set
         from mnist1d.data import get_dataset_args, make_dataset
     except ImportError as err:
         raise WorkloadError(f"data set 'mnist1d' needs the mnist1d package ({err})") from None
     args = get_dataset_args()
-    args.num_samples, args.train_split, args.seed = spec.num_samples, 1.0 - spec.test_fraction, seed
+    args.num_samples, args.train_split, args.seed = num_samples, train_split, seed
     d = make_dataset(args)
+    arrays = {k: np.asarray(d[k]) for k in _MNIST1D_KEYS}
+    _write_cached(path, arrays)
+    return arrays
+
+
+def _mnist1d(spec: DataSpec, seed: int) -> Dataset:
+    """MNIST-1D regenerated locally from the package's templates (:func:`mnist1d_arrays`)."""
+    d = mnist1d_arrays(spec.num_samples, 1.0 - spec.test_fraction, seed)
 
     def tensors(x, y):
         return torch.tensor(x, dtype=torch.float32).unsqueeze(1), torch.tensor(y, dtype=torch.long)
