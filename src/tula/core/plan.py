@@ -3,9 +3,9 @@
 * ``time``  -- the feasible configuration with the least predicted training time;
 * ``cost``  -- the one with the least predicted cost;
 * ``knee``  -- per cluster size, the knee of the dense predicted time-vs-global-batch
-  curve (Kneedle: :mod:`tula.core.kneedle`); where Kneedle finds none, the smallest batch whose time
-  is within ``KNEE_FALLBACK_TOL`` of that cluster size's fastest.  Across cluster sizes,
-  the knee point with the least time.
+  curve (Kneedle: :mod:`tula.core.kneedle`); where Kneedle finds none, the smallest batch
+  whose time is within ``KNEE_FALLBACK_TOL`` of that cluster size's fastest.  Across cluster
+  sizes, the knee point with the least time.
 
 The ``*_to_accuracy`` objectives (``time_to_accuracy``, ``cost_to_accuracy``,
 ``knee_to_accuracy``) plan for the time to an accuracy rather than for a number of epochs
