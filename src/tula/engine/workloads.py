@@ -9,6 +9,7 @@ rank gets its batches of a data set (the tensor path or a DataLoader) is
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import importlib
@@ -218,7 +219,10 @@ def _write_cached(path: Path, arrays: dict[str, np.ndarray]) -> None:
             np.savez(f, **arrays)
         os.replace(tmp, path)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
+    finally:  # nothing half-written is left, also after Ctrl-C
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def mnist1d_arrays(num_samples: int, train_split: float, seed: int) -> dict[str, np.ndarray]:
