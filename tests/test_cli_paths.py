@@ -19,10 +19,30 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import assert_refused, one_line, run_tula, tula_in_process
+from helpers import assert_refused, one_line, run_tula, tula_in_process, write_spec
 from service_helpers import Service, seed_finished_job
 
 TOKEN = "paths-token"
+
+
+# --------------------------------------------------------------------------- Ctrl-C in any command
+def test_ctrl_c_where_a_command_has_no_handler_of_its_own_is_exit_130_with_a_sentence(
+    tiny_spec_dict, tmp_path, monkeypatch
+):
+    """typer turns a KeyboardInterrupt inside a command into the return value 130 when it is
+    not in standalone mode; the command line must not read that as success (it did: exit 0,
+    nothing said, for a Ctrl-C while `tula submit --wait` started following, or a second
+    Ctrl-C while `tula train` stopped)."""
+    from tula import cli
+
+    def ctrl_c(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "load_spec", ctrl_c)  # Ctrl-C while the spec is read
+    r = tula_in_process("profile", write_spec(tmp_path, tiny_spec_dict), "--out", tmp_path / "p")
+    assert r.returncode == 130
+    assert one_line(r.stderr).startswith("interrupted: stopped at once by SIGINT")
+    assert "Traceback" not in r.stderr and not (tmp_path / "p").exists()
 
 
 # --------------------------------------------------------------------------- fit and plan of a profile

@@ -358,6 +358,14 @@ def test_the_cli_client_submits_lists_and_replans(service, tiny_spec_dict, tmp_p
     import signal
 
     spec.write_text(yaml.safe_dump(dict(tiny_spec_dict, epochs=200)))
+    # at once after the job's line (the command is still importing what it follows with):
+    # exit 130 and one sentence too, never 0 (typer turned a KeyboardInterrupt into a return)
+    proc = popen_tula("submit", spec, *env_args, "--wait", stdout=subprocess.PIPE, start_new_session=False)
+    early_id = proc.stdout.readline().split("submitted job ")[1].split()[0]
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted:" in err and "Traceback" not in err, err
+    service.client().post(f"/v1/jobs/{early_id}/cancel")
     proc = popen_tula("submit", spec, *env_args, "--wait", stdout=subprocess.PIPE, start_new_session=False)
     line = proc.stdout.readline()
     follow_id = line.split("submitted job ")[1].split()[0]

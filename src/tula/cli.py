@@ -1070,31 +1070,47 @@ def submit(
 
 
 def _follow(c, job_id: str) -> None:
+    """Follow a service job with a progress bar until it ends.  SIGINT/SIGTERM stop the
+    following, never the job: the first one is a request the loop sees at its next poll (no
+    exception thrown into rich's or httpx's middle, which could leave a lock held), a second
+    one stops at once."""
+    import threading
+
+    from tula.engine import interrupts
     from tula.report import plan_table
 
+    stop = threading.Event()
     try:
-        with Progress(
-            TextColumn("{task.description}", style="bold", markup=False),
-            BarColumn(),
-            TextColumn("{task.percentage:>3.0f}%"),
-            TimeElapsedColumn(),
-            console=err_console,
-        ) as bar:
-            task = bar.add_task("queued", total=1.0)
-            while True:
-                j = c.job(job_id)
-                bar.update(
-                    task,
-                    completed=j["progress"] or 0.0,
-                    description=plain(f"{j['state']}: {j.get('message') or ''}")[:80],
-                )
-                if j["state"] in ("done", "failed", "cancelled"):
-                    break
-                time.sleep(1.0)
-    except KeyboardInterrupt:
+        with interrupts.graceful_signals():
+            forget = interrupts.on_stop(lambda _signum: stop.set())
+            try:
+                with Progress(
+                    TextColumn("{task.description}", style="bold", markup=False),
+                    BarColumn(),
+                    TextColumn("{task.percentage:>3.0f}%"),
+                    TimeElapsedColumn(),
+                    console=err_console,
+                ) as bar:
+                    task = bar.add_task("queued", total=1.0)
+                    while not stop.is_set():
+                        j = c.job(job_id)
+                        bar.update(
+                            task,
+                            completed=j["progress"] or 0.0,
+                            description=plain(f"{j['state']}: {j.get('message') or ''}")[:80],
+                        )
+                        if j["state"] in ("done", "failed", "cancelled"):
+                            break
+                        stop.wait(1.0)
+            finally:
+                forget()
+            signum = interrupts.requested()
+    except KeyboardInterrupt:  # the second signal
         import signal
 
-        raise Interrupted(f"stopped following job {job_id}, which goes on in the service", signal.SIGINT) from None
+        signum = signal.SIGINT
+    if signum:
+        raise Interrupted(f"stopped following job {job_id}, which goes on in the service", signum)
     if j["state"] == "done":
         plan = c.record(job_id, "plan")
         console.print(plan_table(plan))
@@ -1179,8 +1195,7 @@ def _run_command() -> int:
     if len(sys.argv) == 1:  # bare `tula`: the help, not an error
         sys.argv.append("--help")
     try:
-        app(standalone_mode=False)
-        return 0
+        code = app(standalone_mode=False)
     except TulaError as err:
         say(err_console, ("error:", "bold red"), " ", err, soft_wrap=True)
         return 2
@@ -1199,13 +1214,7 @@ def _run_command() -> int:
         )
         return err.exit_code
     except KeyboardInterrupt:
-        say(
-            err_console,
-            ("interrupted:", "bold yellow"),
-            " stopped at once by a second signal; the last finished "
-            "epoch's checkpoint and the trials saved before it are kept",
-        )
-        return 130
+        return _stopped_at_once()
     except typer.Abort:
         return 130
     except typer.Exit as ex:
@@ -1216,6 +1225,22 @@ def _run_command() -> int:
         message = plain(err.format_message()).replace("Value error, ", "")
         say(err_console, ("error:", "bold red"), " ", message, " (see --help)", soft_wrap=True)
         return getattr(err, "exit_code", 2)
+    # Outside standalone mode typer turns a KeyboardInterrupt in a command into the return
+    # value 130 (and an explicit typer.Exit into its code): Ctrl-C is never success.
+    if code == 130:
+        return _stopped_at_once()
+    return code if isinstance(code, int) else 0
+
+
+def _stopped_at_once() -> int:
+    """Ctrl-C where no stop was asked for yet, or a second one while a run stops."""
+    say(
+        err_console,
+        ("interrupted:", "bold yellow"),
+        " stopped at once by SIGINT; what finished before it (a trial's result, an epoch's "
+        "checkpoint, a record) is kept",
+    )
+    return 130
 
 
 if __name__ == "__main__":
