@@ -2,7 +2,7 @@
 results as the local launcher, failures named by their cause, worlds that never share a
 worker, and a lost worker that fails the world within the timeout.
 
-The tests share the session's cluster (``dask_client``, tests/conftest.py) and none kills or
+The tests share the module's cluster (``dask_client``, tests/conftest.py) and none kills or
 scales its workers; the test that kills a worker runs its own cluster (``--cluster dask``)."""
 
 import contextlib
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def client(dask_client):
-    """The session's Client of its 2-worker LocalCluster, which every test finds with its 2 workers."""
+    """The module's Client of its 2-worker LocalCluster, which every test finds with its 2 workers."""
     assert len(dask_client.scheduler_info(n_workers=-1)["workers"]) == 2
     return dask_client
 

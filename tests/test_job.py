@@ -83,7 +83,7 @@ def test_an_optimiser_factory_on_a_dask_client_trains_as_the_built_in_does_local
 ):
     """The factory (a closure, so it travels pickled) builds the SGD of ``optimizer: {name:
     sgd, momentum: 0.5}`` (not the default 0.9, so an ignored factory shows); on the caller's
-    Client (of the session's LocalCluster of 2 worker processes) AGS steps it to the same
+    Client (of the module's LocalCluster of 2 worker processes) AGS steps it to the same
     losses as the built-in on local processes (the session's reference run, whose spec says
     that optimizer), and the Client is left open."""
     local = reference_run.record("train.json")

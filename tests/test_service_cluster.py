@@ -1,6 +1,6 @@
 """The service on the operator's cluster (issue #29): ``tula serve --cluster`` decides where its
 jobs run; ``GET /v1/cluster`` shows the workers there.  A real service, a real store, the
-session's real Dask scheduler (2 worker processes)."""
+module's real Dask scheduler (2 worker processes)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_a_service_killed_9_while_its_job_trains_on_the_cluster_resumes_it_once_
     home = tmp_path / "home"
     home.mkdir()
     spec = tiny_pipeline.spec_dict(epochs=5, search={"cluster_sizes": [2], "min_batch": 32, "max_batch": 32})
-    # the leases of the workers a world holds: 8 s, not Dask's 30 s, as the session's own
+    # the leases of the workers a world holds: 8 s, not Dask's 30 s, as the module's own
     # (conftest: whichever process creates a worker's lock first sets its timeout)
     leases = {"DASK_DISTRIBUTED__SCHEDULER__LOCKS__LEASE_TIMEOUT": "8s"}
     svc = Service(home, "--cluster", address, env=leases).start()

@@ -300,7 +300,7 @@ def test_sigint_stops_an_in_process_world_at_a_step_boundary(tiny_spec_dict, tmp
 
 @pytest.mark.slow
 def test_dask_client_and_dask_arrays(digits, dask_cluster):
-    """On a Client of the session's LocalCluster of 2 worker processes."""
+    """On a Client of the module's LocalCluster of 2 worker processes."""
     import dask.array as da
     import distributed
 
