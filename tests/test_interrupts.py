@@ -105,3 +105,61 @@ def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_re
         if key in finished:
             assert t == finished[key]
     assert (out / "plan.json").exists() and not (out / "train").exists()
+
+
+def _fork_server_below(pid: int) -> list[int]:
+    from helpers import cmdline, descendants
+
+    return [p for p in descendants(pid, keep_helpers=True) if "multiprocessing.forkserver" in cmdline(p)]
+
+
+def test_ctrl_c_while_the_fork_server_imports_torch_is_one_sentence_and_no_traceback(tiny_spec_dict, tmp_path):
+    """Ctrl-C in a terminal reaches the whole process group, the ranks' fork server too, which
+    spends its first seconds importing torch: it is born ignoring SIGINT, so the command alone
+    answers (it printed a hundred-line KeyboardInterrupt traceback from inside torch before)."""
+    spec = write_spec(tmp_path, tiny_spec_dict)
+    proc = popen_tula(*train_args(spec, tmp_path / "run"), stdout=subprocess.PIPE)
+    _wait_for(lambda: _fork_server_below(proc.pid), timeout=60, proc=proc)
+    time.sleep(0.3)  # its interpreter is up and importing
+    server = _fork_server_below(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert one_line(err).split("interrupted: ")[1], err  # one sentence says it stopped
+    assert not group_alive(proc.pid), f"processes of the run survived: {group_alive(proc.pid, 0)}"
+    assert all(not os.path.exists(f"/proc/{p}") for p in server)
+
+
+def test_ctrl_c_as_the_last_epoch_ends_is_not_success_and_resume_finishes(tiny_spec_dict, tmp_path):
+    """A stop that lands after the last step but before the command ends: training had
+    finished, but the command ended 0 and said nothing (measured before: exit 0).  Now exit
+    130 with the sentence of what is kept -- whichever moment the signal lands in -- and the
+    suggested command finishes the run."""
+    spec = write_spec(tmp_path, dict(tiny_spec_dict, epochs=2))
+    out = tmp_path / "run"
+    proc = popen_tula(*train_args(spec, out), stdout=subprocess.PIPE)
+    for line in proc.stderr:  # the CLI logs a line per epoch when stderr is not a terminal
+        if line.startswith("epoch 2:"):
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted: " in err, err
+    r = run_tula(*train_args(spec, out, "--resume"))
+    assert r.returncode == 0, r.stderr
+    run = json.loads((out / "train.json").read_text())
+    assert [h["epoch"] for h in run["history"]] == [1, 2]
+
+
+def test_ctrl_c_while_the_command_starts_is_one_sentence(tiny_spec_dict, tmp_path):
+    """Ctrl-C 0.25 s into `tula train`, where the command line's own imports run (about 0.6 s
+    here): exit 130 and a sentence, never a traceback from inside an import (the entry point,
+    tula.__main__, imports the command line inside its handler)."""
+    spec = write_spec(tmp_path, tiny_spec_dict)
+    proc = popen_tula(*train_args(spec, tmp_path / "run"), stdout=subprocess.PIPE)
+    time.sleep(0.25)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted: " in err, err

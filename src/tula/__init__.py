@@ -17,16 +17,22 @@ Five layers, each importing only the ones below it (import-linter holds this: ``
 * :mod:`tula.core`: the records, the rules and the pure models (no torch).
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("tula")  # one source: pyproject.toml
-except PackageNotFoundError:  # pragma: no cover - running from a source tree that is not installed
-    __version__ = "0+unknown"
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tula")  # one source: pyproject.toml
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree that is not installed
+        return "0+unknown"
 
 
 def __getattr__(name: str):
-    """``tula.AGS`` and ``tula.Job``: imported on first use (``import tula`` alone loads no torch)."""
+    """``tula.__version__``, ``tula.AGS`` and ``tula.Job``: made on first use (``import tula``
+    alone loads no torch, and costs nothing before the command can handle Ctrl-C)."""
+    if name == "__version__":
+        globals()["__version__"] = v = _version()
+        return v
     if name == "AGS":
         from tula.optim import AGS
 

@@ -561,7 +561,11 @@ def _profile(
     if previous is not None:
         session.resume_from(previous)
     with interrupts.graceful_signals():
-        return session.run()
+        record = session.run()
+        late = interrupts.requested()
+    if late:  # the stop came as the last world ended: every trial is kept, and the command still ends as stopped
+        raise session.stopped(late)
+    return record
 
 
 class ProfileSession:

@@ -1097,7 +1097,11 @@ def _train(
     _, data = check_workload(spec)
     run = TrainSupervisor(spec, method, n_workers, global_batch, out, launcher, on_event, data.train_size, models)
     with interrupts.graceful_signals(), locked(out):
-        return run.run(resume)
+        record = run.run(resume)
+        late = interrupts.requested()
+    if late:  # the stop came as the last epoch ended: everything is kept, and the command still ends as stopped
+        raise _interrupted(late, record["epochs"], spec.epochs, out)
+    return record
 
 
 class TrainSupervisor:

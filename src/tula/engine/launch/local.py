@@ -18,10 +18,14 @@ import torch.distributed as dist
 from tula.core.errors import WorkerError
 from tula.core.gpus import check_ranks_fit
 from tula.engine import interrupts
-from tula.engine.forkserver import rank_context
+from tula.engine.forkserver import rank_context, start_fork_server
 from tula.engine.launch.base import RankFailure, host_facts, pick_device
 from tula.engine.launch.main_module import without_main_module
 from tula.engine.launch.runtime import RankSetup, run_rank
+
+#: a stop signal is sent again to the ranks still running every this many seconds: a rank
+#: ignores it until its own handler is set (tula.engine.launch.forkserver_signals)
+RESEND_STOP_S = 1.0
 
 # the root cause first: a rank that died without a word, a peer that stopped answering, then a
 # user error, an out-of-memory, a crash (the earliest), and only then what other ranks saw because of it
@@ -149,15 +153,25 @@ class _LocalWorld:
         self.killed: set[int] = set()
         self.first_failure_at: float | None = None
         self.stop_at: list[float] = []
+        self.stop_signum = signal.SIGINT
+        self.stop_sent_at = 0.0
 
     def start(self) -> None:
+        start_fork_server()  # a no-op when it runs: started with the stop signals ignored
         with without_main_module():  # a script without the main guard is not run again in each rank
             for p in self.procs:
                 p.start()
 
     def forward(self, signum: int) -> None:
-        """Pass a stop signal on to the ranks still running."""
+        """Pass a stop signal on to the ranks still running (again each second while they
+        run, from :meth:`wait`: a rank ignores it until its handler is set)."""
         self.stop_at.append(time.monotonic())
+        self.stop_signum = signum
+        self._send_stop()
+
+    def _send_stop(self) -> None:
+        signum = self.stop_signum
+        self.stop_sent_at = time.monotonic()
         for p in self.procs:
             if p.pid is not None and p.is_alive():
                 try:
@@ -219,6 +233,8 @@ class _LocalWorld:
                 break
             if self.stop_at and now - self.stop_at[0] > stop_grace_s:
                 break
+            if self.stop_at and now - self.stop_sent_at >= RESEND_STOP_S:
+                self._send_stop()
             if deadline is not None and now > deadline:
                 for r in self.unfinished():
                     self.killed.add(r)
