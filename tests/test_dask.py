@@ -324,6 +324,52 @@ def test_a_world_larger_than_the_cluster_goes_on_with_the_workers_there_are(clie
     assert notes == ["the cluster gave 2 of the 3 workers asked for; going on with 2 worker(s) at global batch 256"]
 
 
+def test_a_worker_that_joins_later_is_used_by_the_next_world(tiny_spec_dict, tmp_path):
+    """Issue #29, item 2: a scheduler Tula only connects to has 1 worker when training starts;
+    the operator adds a second while the first world (N = 1) trains; the next world, where the
+    schedule asks for 2, runs on both, with no note of fewer workers.  (Without the second
+    worker it goes on with 1 and says so: the test above; checked by hand with this test's
+    join left out, it fails.)"""
+    import logging
+
+    from tula.engine.launch.clusters import WORKER_CONFIG
+
+    d = dict(tiny_spec_dict, epochs=2)
+    d["train"] = {
+        "warmup_epochs": 0,
+        "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
+        "workers": {"min": 1, "max": 2, "batch_per_worker": 64},
+    }
+    events: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        import dask
+
+        stack.enter_context(dask.config.set(WORKER_CONFIG))
+        cluster = stack.enter_context(
+            distributed.LocalCluster(
+                n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+            )
+        )
+        other = stack.enter_context(distributed.Client(cluster.scheduler_address))  # no cluster Tula could scale
+        first = set(other.scheduler_info(n_workers=-1)["workers"])
+        assert len(first) == 1
+
+        def on_event(ev: dict) -> None:
+            events.append(ev)
+            if ev["type"] == "step" and len(cluster.workers) == 1:  # the first world trains: a worker joins
+                cluster.scale(2)
+
+        run = train(
+            spec_from_dict(d), "lbt", 1, 64, tmp_path, launcher=_dask(other, worker_wait_s=60), on_event=on_event
+        )
+        joined = set(other.scheduler_info(n_workers=-1)["workers"]) - first
+    assert len(joined) == 1
+    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2)]
+    assert [g["n_workers"] for g in run["generations"]] == [1, 2]
+    assert not [e for e in events if e["type"] == "note" and "the cluster gave" in e["message"]]
+    assert run["steps_done"] == 22 + 11 and run["replicas_identical"]
+
+
 def test_two_one_rank_worlds_at_once_take_the_two_free_workers_side_by_side(client):
     """A world takes workers no other world holds before it waits for a busy one: two 1-rank
     worlds started together on a 2-worker cluster run at the same time, one on each worker
