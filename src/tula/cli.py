@@ -137,6 +137,9 @@ def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
         from tula.engine.forkserver import start_fork_server
 
         start_fork_server()
+    from tula.engine.interrupts import import_torch
+
+    import_torch()  # which every command here needs: with Ctrl-C held until it is done
     if job.cluster.where == "env":
         from tula.engine.launch.clusters import serve_if_env_worker
 
@@ -1184,6 +1187,8 @@ def main() -> None:
         code = _run_command()
     except SystemExit as ex:  # a command that ended itself
         code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's sentence was printed
+        code = 130
     env = sys.modules.get("tula.engine.launch.env")  # a launched world (--cluster env) was joined
     if env is not None:
         env.finish(code)  # its other ranks end with this command's exit code

@@ -10,12 +10,10 @@ knows the ranks will be local).
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
-import signal
-import threading
-from collections.abc import Iterator
 from typing import Any
+
+from tula.engine import interrupts
 
 #: what the server imports before it forks a rank: first the module that makes it ignore
 #: SIGTERM (:mod:`tula.engine.launch.forkserver_signals` says why), then torch, torch._dynamo
@@ -46,36 +44,13 @@ def start_fork_server() -> None:
     its reason, by the first world.
 
     The server is started ignoring SIGINT and SIGTERM from its first instruction
-    (:func:`_stop_signals_held`): Ctrl-C in a terminal reaches the whole process group, and a
+    (:func:`tula.engine.interrupts.held`): Ctrl-C in a terminal reaches the whole process group, and a
     server still importing torch died of it with a traceback of a hundred lines."""
     rank_context()
     try:
         from multiprocessing import forkserver
 
-        with _stop_signals_held():
+        with interrupts.held(ignore=True):
             forkserver.ensure_running()
     except Exception:  # noqa: BLE001 - the first world says why, in one sentence
         pass
-
-
-@contextlib.contextmanager
-def _stop_signals_held() -> Iterator[None]:
-    """Inside, SIGINT and SIGTERM are blocked and ignored here, so that a process started
-    inside is born ignoring them (an interpreter born so never installs its KeyboardInterrupt
-    handler); afterwards the handlers are back and a signal that came meanwhile is delivered
-    then, not lost (a blocked signal stays pending even while ignored).  Outside the main
-    thread, where handlers cannot be set, it does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = {signal.SIGINT, signal.SIGTERM}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        handlers = {s: signal.signal(s, signal.SIG_IGN) for s in held}
-        try:
-            yield
-        finally:
-            for s, h in handlers.items():
-                signal.signal(s, h)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -1100,7 +1100,7 @@ def _train(
         record = run.run(resume)
         late = interrupts.requested()
     if late:  # the stop came as the last epoch ended: everything is kept, and the command still ends as stopped
-        raise _interrupted(late, record["epochs"], spec.epochs, out)
+        raise _interrupted(late, spec.epochs, spec.epochs, out)
     return record
 
 
