@@ -38,9 +38,8 @@ from tula.service.admission import admit, check_options, parse_json_body, parse_
 from tula.service.dashboard import dashboard_router
 from tula.service.replan import Problem, Replan, replan_from_models
 from tula.service.settings import ServiceSettings
-from tula.service.store import JOB_STATES, Store, StoreError
+from tula.service.store import JOB_STATES, RECORD_KINDS, Store, StoreError
 
-RECORD_KINDS = {"profile": "tula.profile", "models": "tula.models", "plan": "tula.plan", "train": "tula.train"}
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 TOKEN_COOKIE = "tula_token"
 
