@@ -137,7 +137,7 @@ def dask_cluster():
     a test module.  Tests connect a Client of their own to it or use ``dask_client``; a test
     that kills or scales workers starts its own cluster instead.  Per module, not per session:
     an idle cluster costs 7.5 % of a core (its scheduler, nannies and workers ticking;
-    measured over 60 s here), about 100 s of CPU in a session-long pair beside the other
+    measured over 60 s here), about 50 s of CPU over a 12-minute session beside the other
     tests, against 1.2 s of CPU to start and close one."""
     import logging
 

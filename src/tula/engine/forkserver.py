@@ -11,6 +11,7 @@ knows the ranks will be local).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from typing import Any
 
 from tula.engine import interrupts
@@ -31,6 +32,11 @@ PRELOAD = [
 ]
 
 
+#: the process that started the server (a process forked from it is another one); a server
+#: that died later is started again by multiprocessing at the next world
+_started_by: int | None = None
+
+
 def rank_context() -> Any:
     """The multiprocessing context ranks are started with: forked from the fork server."""
     ctx = mp.get_context("forkserver")
@@ -44,13 +50,19 @@ def start_fork_server() -> None:
     its reason, by the first world.
 
     The server is started ignoring SIGINT and SIGTERM from its first instruction
-    (:func:`tula.engine.interrupts.held`): Ctrl-C in a terminal reaches the whole process group, and a
-    server still importing torch died of it with a traceback of a hundred lines."""
+    (:func:`tula.engine.interrupts.held`): Ctrl-C in a terminal reaches the whole process
+    group, and a server still importing torch died of it with a traceback of about 50 lines.
+    Once per process: each world's start calls it too (a process that did not start it early),
+    and holds no signal once it has."""
+    global _started_by
+    if _started_by == os.getpid():
+        return
     rank_context()
     try:
         from multiprocessing import forkserver
 
         with interrupts.held(ignore=True):
             forkserver.ensure_running()
+        _started_by = os.getpid()
     except Exception:  # noqa: BLE001 - the first world says why, in one sentence
         pass
