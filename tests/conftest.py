@@ -73,9 +73,9 @@ class FinishedRun:
         return dest
 
 
-def _finish(out: Path, spec: dict, spec_path: Path, args: list, timeout_s: float = 900) -> FinishedRun:
-    """``tula ARGS``, which writes ``out``: its files made read-only, or the test failed."""
-    r = helpers.run_tula(*args, timeout=timeout_s)
+def _finish(out: Path, spec: dict, spec_path: Path, args: list) -> FinishedRun:
+    """``tula ARGS`` (in this process), which writes ``out``: its files made read-only, or the test failed."""
+    r = helpers.tula_in_process(*args)  # its ranks real processes, from this process's fork server
     if r.returncode != 0:
         pytest.fail(
             f"the shared run tula {' '.join(map(str, args))} failed with exit {r.returncode}:\n{r.stderr[-4000:]}"

@@ -129,19 +129,33 @@ class Result:
     stderr: str
 
 
-def tula_in_process(*args: Any, path: tuple[Path, ...] = ()) -> Result:
+def tula_in_process(
+    *args: Any, path: tuple[Path, ...] = (), env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Result:
     """``tula ARGS`` run in this process through the command's own entry point
     (``tula.cli.main``: the same parsing, the same handling of errors into one sentence and an
     exit code), its stdout and stderr captured.  ``path``: folders put first on the import path
-    for the command (user code), and the modules imported from them forgotten afterwards.
-    For refusals: a command that starts ranks belongs in a process of its own."""
+    for the command and its ranks (user code), and the modules imported from them forgotten
+    afterwards (tests/ is on it already).  ``env``: variables set for the command and the
+    ranks it starts, and put back afterwards.  ``cwd``: the directory it runs in.
+
+    A command that starts ranks may run here as well: its ranks are real processes, forked
+    from this process's fork server (started by the first such command, then shared, as it is
+    shared by a command's worlds), which spares each command the 6-7 s of CPU that a process of
+    its own spends importing torch twice.  What stays in a process of its own
+    (:func:`run_tula`): a test about the process -- signals, exit by signal, the entry point --,
+    about what ranks print themselves (their stdout and stderr are this process's, not
+    captured here), about the terminal's width, or a command under ``--cluster env``."""
     from tula import cli
 
     out, err = io.StringIO(), io.StringIO()
-    argv, sys_path, modules = sys.argv, list(sys.path), set(sys.modules)
+    argv, sys_path, modules, environ, here = sys.argv, list(sys.path), set(sys.modules), dict(os.environ), os.getcwd()
     sys.argv = ["tula", *map(str, args)]
     sys.path[:0] = [str(p) for p in path]
+    os.environ.update(env or {})
     try:
+        if cwd is not None:
+            os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 cli.main()
@@ -149,6 +163,9 @@ def tula_in_process(*args: Any, path: tuple[Path, ...] = ()) -> Result:
             except SystemExit as ex:
                 code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
     finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(environ)
         sys.argv, sys.path[:] = argv, sys_path
         if path:
             for name in set(sys.modules) - modules:

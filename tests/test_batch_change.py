@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import local_launcher, run_tula, train_args, write_spec
+from helpers import local_launcher, train_args, tula_in_process, write_spec
 
 from tula.core.job_rules import first_workers
 from tula.core.run_costs import EPOCH_TIMES
@@ -112,7 +112,7 @@ def test_tula_train_takes_the_first_worker_count_from_the_worker_rule(tiny_spec_
     }
     spec = write_spec(tmp_path, d)
     out = tmp_path / "out"
-    r = run_tula(*train_args(spec, out, workers=None), timeout=300)
+    r = tula_in_process(*train_args(spec, out, workers=None))
     assert r.returncode == 0, r.stderr
     run = json.loads((out / "train.json").read_text())
     assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 2), (96, 2)]

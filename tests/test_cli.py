@@ -4,7 +4,7 @@ import time
 
 import pytest
 import yaml
-from helpers import assert_refused, env_with_tests, run_tula
+from helpers import assert_refused, env_with_tests, run_tula, tula_in_process
 
 
 @pytest.mark.slow  # a real DDP world
@@ -24,7 +24,7 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tiny_pipeli
 
     # re-plan from the saved models: no profiling, a different objective
     t0 = time.monotonic()
-    r2 = run_tula(
+    r2 = tula_in_process(
         "plan", out / "models.json", "--objective", "time", "--out", tmp_path / "p2.json", "--plot", tmp_path / "p2.png"
     )
     assert r2.returncode == 0, r2.stderr
@@ -52,7 +52,7 @@ def test_run_then_replan_from_saved_models(tmp_path, tiny_spec_dict, tiny_pipeli
     assert json.loads((out / "profile.json").read_text()) == prof  # not profiled again
     hint = " ".join(r4.stderr.split()).split("continue it with `")[1].split("`")[0].split()
     assert hint[:3] == ["tula", "run", "--resume"]
-    r5 = run_tula(*hint[1:])
+    r5 = tula_in_process(*hint[1:])
     assert r5.returncode == 0, r5.stderr
     assert "is complete" in r5.stdout and "profiling" not in r5.stderr
     assert json.loads((out / "profile.json").read_text()) == prof
@@ -73,7 +73,7 @@ def test_run_trains_with_the_batch_schedule_of_the_spec(tmp_path, tiny_spec_dict
     spec = tmp_path / "sched.yaml"
     spec.write_text(yaml.safe_dump(d))
     out = tmp_path / "run"
-    r = run_tula("run", spec, "--out", out)
+    r = tula_in_process("run", spec, "--out", out)
     assert r.returncode == 0, r.stderr
     choice = json.loads((out / "plan.json").read_text())["choice"]
     tr = json.loads((out / "train" / "train.json").read_text())

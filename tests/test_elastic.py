@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import env_with_tests, kill_on_line, local_launcher, popen_tula, run_tula, train_args
+from helpers import env_with_tests, kill_on_line, local_launcher, popen_tula, train_args, tula_in_process
 
 from tula.core.errors import SpecError
 from tula.core.spec import spec_from_dict
@@ -167,7 +167,7 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     spec.write_text(yaml.safe_dump(d))
     env = {**env_with_tests(), "TULA_LOG_EVERY_S": "0.2"}
     args = train_args(spec, tmp_path / "ref", workers=1)
-    ref = run_tula(*args, timeout=300, env=env)
+    ref = tula_in_process(*args, env={"TULA_LOG_EVERY_S": "0.2"})
     assert ref.returncode == 0, ref.stderr
 
     cut = tmp_path / "cut"
@@ -182,7 +182,7 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     meta = checkpoint_meta(cut)
     assert (meta["epoch"], meta["n_workers"], meta["global_batch"]) == (1, 1, 64)  # killed before epoch 2's
 
-    again = run_tula(*args, "--resume", timeout=300, env=env)
+    again = tula_in_process(*args, "--resume", env={"TULA_LOG_EVERY_S": "0.2"})
     assert again.returncode == 0, again.stderr
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
     assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"] == 800 // 64 + 800 // 128

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_refused, free_port, run_tula, train_args, tula_cmd, tula_in_process, write_spec
+from helpers import assert_refused, free_port, train_args, tula_cmd, tula_in_process, write_spec
 
 from tula.core.records import read_jsonl
 from tula.engine.checkpoint import checkpoint_meta
@@ -124,7 +124,7 @@ def test_sigint_to_srun_ranks_exits_130_on_every_rank_and_the_resume_command_fin
     assert [h["epoch"] for h in rec["history"]] == list(range(1, kept + 3))
     # exactly as an uninterrupted run of the same epochs on the local launcher
     ref = tmp_path / "ref"
-    r = run_tula(*train_args(spec, ref), timeout=300)
+    r = tula_in_process(*train_args(spec, ref))
     assert r.returncode == 0, r.stderr
     assert [h["train_loss"] for h in rec["history"]] == [h["train_loss"] for h in _history(ref)]
 

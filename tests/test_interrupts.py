@@ -17,8 +17,8 @@ from helpers import (
     one_line,
     popen_tula,
     ranks_below,
-    run_tula,
     train_args,
+    tula_in_process,
     write_spec,
 )
 
@@ -71,7 +71,7 @@ def test_signal_to_tula_train_keeps_last_epoch_and_resume_finishes_exactly(
     assert hint[:2] == ["tula", "train"] and "--resume" in hint
     d["epochs"] = kept + 2
     write_spec(tmp_path, d)
-    r = run_tula(*hint[1:], timeout=300)
+    r = tula_in_process(*hint[1:])
     assert r.returncode == 0, r.stderr
     rec = json.loads((out / "train.json").read_text())
     assert rec["resumed_from_epoch"] == kept
@@ -105,7 +105,7 @@ def test_sigint_while_profiling_keeps_finished_trials_and_run_resume_does_not_re
     assert len(finished) < len(partial["configs"])
     assert f"{len(finished)} of {len(partial['configs'])} trial(s) finished" in text
 
-    r = run_tula("run", "--resume", out)
+    r = tula_in_process("run", "--resume", out)
     assert r.returncode == 0, r.stderr
     full = json.loads((out / "profile.json").read_text())
     assert "interrupted" not in full
@@ -154,7 +154,7 @@ def test_ctrl_c_as_the_last_epoch_ends_is_not_success_and_resume_finishes(tiny_s
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted: " in err, err
-    r = run_tula(*train_args(spec, out, "--resume"))
+    r = tula_in_process(*train_args(spec, out, "--resume"))
     assert r.returncode == 0, r.stderr
     run = json.loads((out / "train.json").read_text())
     assert [h["epoch"] for h in run["history"]] == [1, 2]

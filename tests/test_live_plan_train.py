@@ -124,14 +124,14 @@ def test_tula_train_without_models_is_refused_and_a_damaged_models_file_is_one_s
 @pytest.mark.slow
 def test_tula_train_with_the_runs_models_trains_where_they_rank_best(tiny_pipeline, tmp_path):
     """The CLI path: ``tula train --models`` of a real run's fitted models."""
-    from helpers import run_tula, write_spec
+    from helpers import tula_in_process, write_spec
 
     d = tiny_pipeline.spec_dict(epochs=2)
     d["train"] = {"warmup_epochs": 0, "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
                   "workers": {"min": 1, "max": 2, "rule": "plan"}}  # fmt: skip
     spec = write_spec(tmp_path, d)
     models = tiny_pipeline.dir / "models.json"
-    r = run_tula("train", spec, "--method", "lbt", "--batch", 32, "--models", models, "--out", tmp_path / "out")
+    r = tula_in_process("train", spec, "--method", "lbt", "--batch", 32, "--models", models, "--out", tmp_path / "out")
     assert r.returncode == 0, r.stderr[-3000:]
     import json
 

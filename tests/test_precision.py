@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 def _profile(tmp_path, d: dict, name: str) -> dict:
     spec = write_spec(tmp_path, d, f"{name}.yaml")
     out = tmp_path / name / "profile.json"
-    r = run_tula("profile", spec, "--search", "full", "--out", out)
+    r = tula_in_process("profile", spec, "--search", "full", "--out", out)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(out.read_text())
 

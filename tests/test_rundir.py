@@ -39,7 +39,7 @@ def test_second_run_into_a_locked_directory_is_refused_naming_the_first(tiny_spe
         while not (out / CHECKPOINT).exists():
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
             time.sleep(0.05)
-        second = run_tula(*args, env=env, timeout=300)
+        second = tula_in_process(*args)  # another process than the first's, as a second command is
         assert second.returncode == 2, second.stderr
         assert f"is in use by another Tula run (pid {first.pid}" in one_line(second.stderr)
         assert first.poll() is None  # the first is untouched

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import env_with_tests, models_record, run_tula
+from helpers import env_with_tests, models_record, run_tula, tula_in_process
 
 from tula.core.errors import SpecError
 from tula.core.fit import fit_noise_scale
@@ -107,9 +107,7 @@ def test_a_profile_recovers_a_known_noise_scale_and_plans_to_accuracy(tmp_path):
     }
     (tmp_path / "lin.yaml").write_text(json.dumps(spec))
 
-    r = run_tula(
-        "plan", "lin.yaml", "--objective", "time_to_accuracy", "--out", "plan.json", env=env_with_tests(), cwd=tmp_path
-    )
+    r = tula_in_process("plan", "lin.yaml", "--objective", "time_to_accuracy", "--out", "plan.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     prof = json.loads((tmp_path / "profile.json").read_text())
     measured = [t for t in prof["trials"] if t.get("noise")]
@@ -172,9 +170,8 @@ def test_tula_train_at_a_plan_that_accumulates_trains_with_its_k(tiny_spec_dict,
     save_record(plan, tmp_path / "plan.json")
     assert at_choice(spec_from_dict(tiny_spec_dict), plan["choice"]).train.accumulation_steps == 5
     (tmp_path / "spec.json").write_text(json.dumps(dict(tiny_spec_dict, epochs=1)))
-    r = run_tula(
-        "train", tmp_path / "spec.json", "--plan", tmp_path / "plan.json", "--method", "lbt", "--out", tmp_path / "run",
-        timeout=300,
+    r = tula_in_process(
+        "train", tmp_path / "spec.json", "--plan", tmp_path / "plan.json", "--method", "lbt", "--out", tmp_path / "run"
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     run = json.loads((tmp_path / "run" / "train.json").read_text())

@@ -46,7 +46,7 @@ def _spec(**changes) -> dict:
 def test_a_data_factory_and_a_custom_loss_profile_plan_and_train(tmp_path):
     spec = write_spec(tmp_path, _spec(epochs=1), "seg.yaml")
     out = tmp_path / "run"
-    r = run_tula("run", spec, "--out", str(out), env=env_with_tests())
+    r = tula_in_process("run", spec, "--out", str(out))
     assert r.returncode == 0, r.stderr
     prof = json.loads((out / "profile.json").read_text())
     assert {t["status"] for t in prof["trials"]} == {"ok"}
@@ -64,11 +64,11 @@ def test_two_epochs_equal_one_epoch_and_a_resume_to_two(tmp_path):
     spec = write_spec(tmp_path, _spec(), "seg.yaml")
     train = ["train", spec, "--workers", "2", "--batch", "40"]
     a, b = tmp_path / "a", tmp_path / "b"
-    r = run_tula(*train, "--epochs", "2", "--out", str(a), env=env_with_tests())
+    r = tula_in_process(*train, "--epochs", "2", "--out", str(a))
     assert r.returncode == 0, r.stderr
-    r = run_tula(*train, "--epochs", "1", "--out", str(b), env=env_with_tests())
+    r = tula_in_process(*train, "--epochs", "1", "--out", str(b))
     assert r.returncode == 0, r.stderr
-    r = run_tula(*train, "--epochs", "2", "--out", str(b), "--resume", env=env_with_tests())
+    r = tula_in_process(*train, "--epochs", "2", "--out", str(b), "--resume")
     assert r.returncode == 0, r.stderr
 
     ref, resumed = (json.loads((d / "train.json").read_text()) for d in (a, b))
