@@ -28,10 +28,13 @@ Targets (issue #30): ``plan`` at least 1.5x faster than ``adadamp`` where the li
 never more than 5 % slower where it is fast; ``goodput`` within 5 % of ``fixed``'s
 time-to-target, or faster; each generation's predicted epoch time within 10 % of the measured.
 The 2 emulated hosts share this machine's 2 cores: at N = 2 the ranks' compute contends for
-them, which no real cluster has; the compute share of each error is not separated here.
+them, which no real cluster has.  ``--pin`` puts host k's worker (and so its ranks) on core
+k - 1 (``EmulatedHosts(pin_cores=True)``): each rank of N = 2 then has a core of its own, as on
+separate hosts, and a run against the same run unpinned shows the shared cores' share of
+each error (the head's command, the scheduler and the links' packet processing still float).
 
 Run:  sudo .venv/bin/python bench/plan_while_training.py [--rates 100,1000] [--seeds 0] [--epochs 6]
-      [--data digits,mnist1d] [--models mlp,small_cnn]   (MNIST-1D: small_cnn1d; the MLP is digits only)
+      [--data digits,mnist1d] [--models mlp,small_cnn] [--pin]   (MNIST-1D: small_cnn1d; the MLP is digits only)
 Prints its table; ``--json`` writes the rows (docs/benchmarks.md's section is written by hand from them).
 """
 
@@ -144,7 +147,7 @@ def one_rate(rate: float, model: str, args, out: Path, data: str = "digits") -> 
     rows = []
     target = args.target if args.target is not None else TARGETS[data]
     tag = f"{data}-{model}"
-    with EmulatedHosts(n_hosts=2, rate_mbit=rate) as h:
+    with EmulatedHosts(n_hosts=2, rate_mbit=rate, pin_cores=args.pin) as h:
         spec = base_spec(model, args.epochs, 0, data)
         spec_path = out / f"{tag}-{rate:g}.yaml"
         spec_path.write_text(yaml.safe_dump(spec))
@@ -262,6 +265,8 @@ def main() -> None:
                     help=f"the test accuracy the time is measured to (default per data set: {TARGETS})")  # fmt: skip
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-plan-while-training")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    ap.add_argument("--pin", action="store_true",
+                    help="each host's worker on a core of its own (host k on core k - 1): no compute contention between the ranks")  # fmt: skip
     args = ap.parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]
     why = why_unavailable()
@@ -278,7 +283,10 @@ def main() -> None:
                 rows += one_rate(rate, model, args, args.out, data)
     console.print(table(rows))
     console.print(summary(rows))
-    console.print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, {platform.machine()}")
+    pinned = "each host's worker on a core of its own" if args.pin else "the hosts sharing the cores"
+    console.print(
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, {platform.machine()}; {pinned}"
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
