@@ -130,14 +130,20 @@ class Result:
 
 
 def tula_in_process(
-    *args: Any, path: tuple[Path, ...] = (), env: dict[str, str] | None = None, cwd: Path | None = None
+    *args: Any,
+    path: tuple[Path, ...] = (),
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 600,
 ) -> Result:
     """``tula ARGS`` run in this process through the command's own entry point
     (``tula.cli.main``: the same parsing, the same handling of errors into one sentence and an
     exit code), its stdout and stderr captured.  ``path``: folders put first on the import path
     for the command and its ranks (user code), and the modules imported from them forgotten
     afterwards (tests/ is on it already).  ``env``: variables set for the command and the
-    ranks it starts, and put back afterwards.  ``cwd``: the directory it runs in.
+    ranks it starts, and put back afterwards.  ``cwd``: the directory it runs in.  ``timeout``:
+    seconds after which a TimeoutError is raised in the command (SIGALRM), as :func:`run_tula`'s
+    timeout ends a command that hangs, so that it ends as a failure and its ranks are stopped.
 
     A command that starts ranks may run here as well: its ranks are real processes, forked
     from this process's fork server (started by the first such command, then shared, as it is
@@ -153,6 +159,12 @@ def tula_in_process(
     sys.argv = ["tula", *map(str, args)]
     sys.path[:0] = [str(p) for p in path]
     os.environ.update(env or {})
+
+    def _too_long(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"tula {' '.join(map(str, args))} did not end within {timeout:g} s")
+
+    alarm = signal.signal(signal.SIGALRM, _too_long)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -163,6 +175,8 @@ def tula_in_process(
             except SystemExit as ex:
                 code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, alarm)
         os.chdir(here)
         os.environ.clear()
         os.environ.update(environ)

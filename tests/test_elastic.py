@@ -165,9 +165,10 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     d["model"] = {"name": "workers:sleepy_mlp", "kwargs": {"sleep_s": 0.2}}
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(d))
-    env = {**env_with_tests(), "TULA_LOG_EVERY_S": "0.2"}
+    log_every = {"TULA_LOG_EVERY_S": "0.2"}
+    env = {**env_with_tests(), **log_every}
     args = train_args(spec, tmp_path / "ref", workers=1)
-    ref = tula_in_process(*args, env={"TULA_LOG_EVERY_S": "0.2"})
+    ref = tula_in_process(*args, env=log_every)
     assert ref.returncode == 0, ref.stderr
 
     cut = tmp_path / "cut"
@@ -182,7 +183,7 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     meta = checkpoint_meta(cut)
     assert (meta["epoch"], meta["n_workers"], meta["global_batch"]) == (1, 1, 64)  # killed before epoch 2's
 
-    again = tula_in_process(*args, "--resume", env={"TULA_LOG_EVERY_S": "0.2"})
+    again = tula_in_process(*args, "--resume", env=log_every)
     assert again.returncode == 0, again.stderr
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
     assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"] == 800 // 64 + 800 // 128
