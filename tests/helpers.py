@@ -147,8 +147,8 @@ def tula_in_process(
 
     A command that starts ranks may run here as well: its ranks are real processes, forked
     from this process's fork server (started by the first such command, then shared, as it is
-    shared by a command's worlds), which spares each command the 6-7 s of CPU that a process of
-    its own spends importing torch twice.  What stays in a process of its own
+    shared by a command's worlds), which spares each command about 7 s of CPU that a process of
+    its own spends importing torch twice (README, "make test").  What stays in a process of its own
     (:func:`run_tula`): a test about the process -- signals, exit by signal, the entry point --,
     about what ranks print themselves (their stdout and stderr are this process's, not
     captured here), about the terminal's width, or a command under ``--cluster env``."""
