@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import signal
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # tables out at 80 columns and cut columns off.  Both ways of running lay out alike.
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+# The tests set the signal dispositions they test, not inherit them: a suite started from a shell
+# that runs it in the background has SIGINT ignored, which the commands and workers it starts
+# (and the in-process commands) would inherit.  Python's own default for SIGINT, and SIG_DFL for
+# SIGTERM, whatever the suite was started with; a child exec'd from here starts with both at SIG_DFL.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session", autouse=True)

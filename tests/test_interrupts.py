@@ -139,6 +139,36 @@ def test_ctrl_c_while_the_fork_server_imports_torch_is_one_sentence_and_no_trace
     assert all(not os.path.exists(f"/proc/{p}") for p in server)
 
 
+def _sigint_ignored(pid: int) -> bool:
+    """Whether the kernel has SIGINT ignored for ``pid`` (bit 2 of /proc/PID/status's SigIgn)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    raise AssertionError(f"no SigIgn line for {pid}")
+
+
+def test_ctrl_c_stops_a_command_started_with_sigint_ignored(tiny_spec_dict, tmp_path):
+    """A shell that runs a command in the background starts it with SIGINT ignored, and Python
+    keeps it ignored: the command ignored Ctrl-C while it started, then answered it once its own
+    handlers were set, after importing torch.  The entry point decides instead: Ctrl-C stops the
+    command at every moment.  The kernel shows SIGINT no longer ignored before torch's library is
+    loaded into the process (it was after, before the entry point decided); Ctrl-C sent then, while
+    the command line's imports run, ends the command 130 with a sentence."""
+    spec = write_spec(tmp_path, tiny_spec_dict)
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = popen_tula(*train_args(spec, tmp_path / "run"), stdout=subprocess.PIPE, preexec_fn=ignore_sigint)
+    _wait_for(lambda: not _sigint_ignored(proc.pid), timeout=60, proc=proc)
+    with open(f"/proc/{proc.pid}/maps") as maps:
+        assert "libtorch" not in maps.read(), "SIGINT was ignored until torch had been imported"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted: " in err, err
+
+
 def test_ctrl_c_as_the_last_epoch_ends_is_not_success_and_resume_finishes(tiny_spec_dict, tmp_path):
     """A stop that lands after the last step but before the command ends: training had
     finished, but the command ended 0 and said nothing (measured before: exit 0).  Now exit

@@ -7,6 +7,14 @@ command has ended, a signal during the interpreter's clean-up ends the process a
 130 or 143 and a line, not as a KeyboardInterrupt in that clean-up's middle (the process then
 died of SIGINT and said nothing).  ``tula.cli.main`` itself does neither, so that tests can
 run it in their own process.
+
+What an inherited disposition means is decided here, once: Ctrl-C (SIGINT) and SIGTERM stop
+the command at every moment, whatever the process that started it left them at.  A shell that
+runs a command in the background starts it with SIGINT ignored; Python keeps an ignored SIGINT
+ignored, so before this the command ignored Ctrl-C while it started (its imports, its fork
+server's start) and answered it once it had set its own handlers a few seconds later -- two
+meanings in one run.  To run Tula immune to a terminal's Ctrl-C, start it in a session of its
+own (``setsid tula ...``), which no terminal signal reaches.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import sys
 
 
 def main() -> None:
+    _stop_signals_stop()
     try:
         from tula.cli import main as command
     except KeyboardInterrupt:
@@ -27,6 +36,15 @@ def main() -> None:
     except SystemExit:
         _exit_at_once_on_a_signal()
         raise
+
+
+def _stop_signals_stop() -> None:
+    """SIGINT raises KeyboardInterrupt and SIGTERM ends the process from the first line on,
+    even where the starting process left them ignored."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _exit_at_once_on_a_signal() -> None:
