@@ -15,7 +15,24 @@ Five layers, each importing only the ones below it (import-linter holds this: ``
   (:mod:`tula.report`) and the optimisers' public names (:mod:`tula.optim`);
 * :mod:`tula.engine`: what measures and trains, with torch;
 * :mod:`tula.core`: the records, the rules and the pure models (no torch).
+
+The public names here: :class:`tula.Job` (the pipeline from Python), :class:`tula.AGS` (the
+optimiser wrapper for your own loop), :mod:`tula.examples` (the example specs shipped in the
+package) and ``tula.__version__``.  They are made on first use, so ``import tula`` alone loads
+no torch; type checkers and IDEs follow the imports below.
 """
+
+# `TYPE_CHECKING = False` rather than `from typing import TYPE_CHECKING`: the same meaning to mypy and
+# pyright, without importing typing (milliseconds) before the command can answer Ctrl-C
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tula import examples
+    from tula.job import Job
+    from tula.optim import AGS
+
+    __version__: str
+
+__all__ = ["AGS", "Job", "__version__", "examples"]
 
 
 def _version() -> str:
@@ -28,8 +45,8 @@ def _version() -> str:
 
 
 def __getattr__(name: str):
-    """``tula.__version__``, ``tula.AGS`` and ``tula.Job``: made on first use (``import tula``
-    alone loads no torch, and costs nothing before the command can handle Ctrl-C)."""
+    """``tula.__version__``, ``tula.AGS``, ``tula.Job`` and ``tula.examples``: made on first use
+    (``import tula`` alone loads no torch, and costs nothing before the command can handle Ctrl-C)."""
     if name == "__version__":
         globals()["__version__"] = v = _version()
         return v
@@ -41,4 +58,8 @@ def __getattr__(name: str):
         from tula.job import Job
 
         return Job
+    if name == "examples":  # a submodule: imported by name (``from tula import examples`` here would ask this again)
+        import importlib
+
+        return importlib.import_module("tula.examples")
     raise AttributeError(f"module 'tula' has no attribute {name!r}")

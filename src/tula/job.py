@@ -26,7 +26,7 @@ and the service run the same stage functions (:mod:`tula.pipeline`).
 
 Example::
 
-    job = tula.Job("examples/digits_cnn.yaml", out="runs/py", on_event=print)
+    job = tula.Job(tula.examples.path("digits"), out="runs/py", on_event=print)
     job.profile()                 # the profile record
     job.fit()                     # the fitted models
     plan = job.plan("time")       # a plan at the fastest configuration
@@ -98,7 +98,67 @@ def _open_client(cluster: Any) -> Any:
 
 
 class Job:
-    """One training job, driven from Python (see the module's docstring)."""
+    """One training job driven from Python: profile, fit, plan and train it, and get its records.
+
+    Each stage writes its record into ``out`` as the CLI does (``profile.json``, ``models.json``,
+    ``plan.json`` with ``plan.png``, and ``train/``) and returns it as a dict.  The spec's fields
+    are checked when the job is made: a wrong one raises :class:`~tula.core.errors.TulaError`
+    with one sentence.
+
+    Parameters
+    ----------
+    spec : dict or str or pathlib.Path or JobSpec or None
+        The job spec: a dict of its fields, the path of a YAML file, or a
+        :class:`~tula.core.spec.JobSpec`; ``None`` starts from the defaults (then give
+        ``model`` and ``data``).
+    model : callable or str or None
+        A function of no arguments returning a ``torch.nn.Module``, or an import path
+        ``package.module:make``; replaces the spec's ``model.name``.
+    data : callable or str or None
+        A function returning the training and test sets (``data.factory``), called with the
+        spec's ``data.kwargs``; see :func:`tula.engine.workloads.load_dataset` for what it returns.
+    loss : object
+        An ``nn.Module`` class, a function of ``(output, target)``, or a factory of no arguments
+        (``train.loss``); ``None`` keeps the spec's.
+    optimizer : callable or str or None
+        A factory called as ``optimizer(params, lr=LR, **optimizer.kwargs)`` returning a
+        ``torch.optim.Optimizer``, e.g. ``torch.optim.RMSprop``; Tula sets the learning rate.
+    out : str or pathlib.Path or None
+        The directory the records go to; default ``runs/NAME`` (the spec's name).
+    cluster : str or distributed.Client or None
+        Where the ranks run: any value of ``--cluster`` (``local``, ``dask``,
+        ``tcp://HOST:PORT``, a jobqueue YAML file, ``env``), or an open ``distributed.Client``
+        (it stays yours to close); ``None`` keeps the spec's.
+    on_event : callable or None
+        Called as ``on_event(stage, event)`` with each progress event (a dict) instead of
+        printing to the terminal.
+
+    Attributes
+    ----------
+    spec : JobSpec
+        The checked spec, with the Python objects given in place of their fields.
+    out : pathlib.Path
+        The directory the records are written to.
+    profile_record, models, plan_record : dict or None
+        The records made so far by :meth:`profile`, :meth:`fit` and :meth:`plan`.
+
+    Raises
+    ------
+    TulaError
+        If the spec or an argument is invalid (one sentence).
+
+    Examples
+    --------
+    >>> import tula
+    >>> job = tula.Job("digits.yaml", out="runs/py", on_event=print)
+    >>> profile = job.profile()  # the profile record
+    >>> models = job.fit()  # the fitted models
+    >>> plan = job.plan("time")  # the fastest configuration
+    >>> run = job.train()  # trains at the plan's choice, with AGS
+
+    ``tula examples copy digits`` writes ``digits.yaml`` to start from; :meth:`run` does the
+    four stages in one call.
+    """
 
     def __init__(
         self,
@@ -164,8 +224,20 @@ class Job:
 
     # ------------------------------------------------------------------ the stages
     def profile(self, search: str = "partial", resume: bool = False) -> dict:
-        """Run the profile (``partial`` or ``full``); the profile record.  ``resume``: go on
-        from the trials an interrupted profile in ``out`` finished."""
+        """Profile the job: run real trials of batch sizes and worker counts.
+
+        Parameters
+        ----------
+        search : str
+            ``partial`` (a few batch sizes per worker count, the default) or ``full``.
+        resume : bool
+            Go on from the trials an interrupted profile in ``out`` finished.
+
+        Returns
+        -------
+        dict
+            The profile record (also written to ``out/profile.json``).
+        """
         from tula.core.records import PROFILE_KIND, load_record
 
         if search not in ("partial", "full"):
@@ -176,7 +248,18 @@ class Job:
         return self.profile_record
 
     def fit(self) -> dict:
-        """Fit the memory and performance models to the profile; the models record."""
+        """Fit the memory and performance models to the profile.
+
+        Returns
+        -------
+        dict
+            The models record (also written to ``out/models.json``).
+
+        Raises
+        ------
+        TulaError
+            If :meth:`profile` has not run.
+        """
 
         if self.profile_record is None:
             raise TulaError("fit needs a profile: call profile() first")
@@ -184,9 +267,22 @@ class Job:
         return self.models
 
     def plan(self, objective: str | None = None, **options: Any) -> dict:
-        """Choose a configuration (``time``, ``cost`` or ``knee``; default: the spec's); the
-        plan record.  ``options`` go to :func:`tula.core.plan.make_plan` (``constraints``,
-        ``pricing``, ``compare_spot``)."""
+        """Choose a configuration (worker count and batch size) from the fitted models.
+
+        Parameters
+        ----------
+        objective : str or None
+            What to optimise: ``time``, ``cost``, ``knee`` or another of the planner's
+            objectives; ``None`` takes the spec's.
+        **options : Any
+            Passed to :func:`tula.core.plan.make_plan` (``constraints``, ``pricing``,
+            ``compare_spot``).
+
+        Returns
+        -------
+        dict
+            The plan record (also written to ``out/plan.json``, with ``out/plan.png``).
+        """
 
         if self.models is None:
             self.fit()
@@ -203,9 +299,32 @@ class Job:
         resume: bool = False,
         accumulation_steps: int | None = None,
     ) -> dict:
-        """Train (default: the plan's choice, with the spec's method -- ``lbt`` where AGS has
-        nothing to scale); the training run record.  ``accumulation_steps``: k micro-batches
-        per step (overrides ``train.accumulation_steps``)."""
+        """Train the model, by default at the plan's choice.
+
+        Parameters
+        ----------
+        method : str or None
+            The training method (``ags``, ``lbt``, ``lars``, ...); ``None`` takes the spec's
+            (``lbt`` where AGS has nothing to scale).
+        n_workers : int or None
+            The number of workers; ``None`` takes the plan's (or the spec's ``train.n_workers``).
+        global_batch : int or None
+            The global batch size; ``None`` takes the plan's (or the spec's ``train.global_batch``).
+        resume : bool
+            Continue from the checkpoint an interrupted run left in ``out/train``.
+        accumulation_steps : int or None
+            Micro-batches per step (overrides the spec's ``train.accumulation_steps``).
+
+        Returns
+        -------
+        dict
+            The training run record (also written to ``out/train/train.json``).
+
+        Raises
+        ------
+        TulaError
+            If there is no configuration: neither a plan nor ``n_workers`` and ``global_batch``.
+        """
 
         spec = self.spec
         if accumulation_steps is not None:
@@ -240,8 +359,20 @@ class Job:
         return launcher_for_client(self.client, self.spec)
 
     def run(self, search: str = "partial", objective: str | None = None) -> dict[str, dict]:
-        """Profile, fit, plan and train: the records by kind (``profile``, ``models``,
-        ``plan``, ``train``), as ``tula run`` writes them."""
+        """Profile, fit, plan and train, as ``tula run`` does.
+
+        Parameters
+        ----------
+        search : str
+            The profile's search, ``partial`` or ``full``.
+        objective : str or None
+            The plan's objective; ``None`` takes the spec's.
+
+        Returns
+        -------
+        dict of str to dict
+            The records by kind: ``profile``, ``models``, ``plan`` and ``train``.
+        """
         records = {"profile": self.profile(search), "models": self.fit(), "plan": self.plan(objective)}
         records["train"] = self.train()
         return records

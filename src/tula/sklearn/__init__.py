@@ -429,48 +429,93 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
 class TulaClassifier(ClassifierMixin, _TulaEstimator):
     """A PyTorch classifier trained by Tula (cross-entropy; scored by accuracy).
 
+    ``fit`` trains the module as ``tula train`` would (DDP ranks, AGS or a baseline, growing
+    batches and worlds, checkpoints), then keeps the trained module in ``module_``.
+    Parameters named ``prefix__name`` are routed as in skorch: ``module__x`` to the module's
+    constructor, ``optimizer__x`` to the optimiser, ``method__x`` to the training method,
+    ``batch_size__x`` to the batch schedule, ``workers__x`` to the growing worker count.
+
     Parameters
     ----------
-    module : an ``nn.Module`` class or factory, a module instance, or a model name
-        (``"mlp"``, ``"small_cnn"``, a torchvision name, ``"package.module:factory"``);
-        ``module__x`` go to it
-    criterion : None (cross-entropy), ``"cross_entropy"`` or ``torch.nn.CrossEntropyLoss``
-    optimizer : ``"sgd"``, ``"adam"``, ``"adamw"`` or torch.optim.SGD / Adam / AdamW;
+    module : type or callable or torch.nn.Module or str
+        An ``nn.Module`` class or factory, a module instance, or a model name (``"mlp"``,
+        ``"small_cnn"``, a torchvision name, ``"package.module:factory"``); ``module__x``
+        arguments go to it.
+    criterion : None or str or type
+        ``None`` (cross-entropy), ``"cross_entropy"`` or ``torch.nn.CrossEntropyLoss``.
+    optimizer : str or type
+        ``"sgd"``, ``"adam"``, ``"adamw"`` or ``torch.optim.SGD`` / ``Adam`` / ``AdamW``, with
         ``optimizer__momentum``, ``optimizer__nesterov``, ``optimizer__weight_decay`` (default:
-        the spec's, 0.9, False, 5e-4).  Or any other ``torch.optim.Optimizer`` class importable
-        by its name (``torch.optim.RMSprop``), made as ``cls(params, lr=lr, **optimizer__*)``
-    lr : the learning rate (at the first global batch)
-    max_epochs : epochs to train
-    batch_size : the global batch (an int), or a batch schedule's name or class from
-        :data:`tula.core.schedules.SCHEDULES` (``"geometric"``, ``tula.core.schedules.Geometric``, ...)
-        with ``batch_size__initial`` (the first batch, default 32) and ``batch_size__*`` (the
-        fields of ``train.batch_schedule``: factor, delay, rate, max_batch, lr_rule, ...)
-    method : a training method of :data:`tula.core.registry.METHODS` (``lbt``: plain SGD at ``lr``;
-        ``ags``, ``lars``, ...); ``method__x`` go to its spec section (``method__delta`` ->
-        ``train.ags.delta``) or to ``train.x`` (``method__warmup_epochs``)
-    n_workers : the worker count (DDP ranks); ``workers__min``, ``workers__max``,
-        ``workers__batch_per_worker`` let it grow with a batch schedule
-    cluster : None (processes on this machine), a ``distributed.Client``, or a scheduler
-        address ``"tcp://HOST:PORT"``.  A Client is pickled as its scheduler's address, the
-        one it had while connected if it is closed by then (see the module's "Pickling and the
-        cluster"): an unpickled estimator's ``cluster`` is that string
-    device : ``"auto"`` (CUDA where the ranks see it), ``"cpu"`` or ``"cuda"``
-    random_state : seed of the initialisation, the batches and the validation split
-    verbose : print a line per epoch when > 0
-    validation_fraction : share of the samples held out and scored after each epoch (0: none)
-    tmp_dir : where the fit's temporary run directory goes (default: the system's); on a
-        remote Dask cluster, a directory every worker can read
-    threads_per_worker : torch threads in each rank (default: this machine's cores / the
-        largest worker count, as ``tula train``; a Dask cluster's ranks share their workers' cores)
+        the spec's, 0.9, False, 5e-4); or any other ``torch.optim.Optimizer`` class importable
+        by its name (``torch.optim.RMSprop``), made as ``cls(params, lr=lr, **optimizer__*)``.
+    lr : float
+        The learning rate (at the first global batch).
+    max_epochs : int
+        Epochs to train.
+    batch_size : int or str or type
+        The global batch (an int), or a batch schedule's name or class from
+        :data:`tula.core.schedules.SCHEDULES` (``"geometric"``,
+        ``tula.core.schedules.Geometric``, ...) with ``batch_size__initial`` (the first batch,
+        default 32) and ``batch_size__*`` (the fields of ``train.batch_schedule``: factor,
+        delay, rate, max_batch, lr_rule, ...).
+    method : str
+        A training method of :data:`tula.core.registry.METHODS` (``lbt``: plain SGD at
+        ``lr``; ``ags``, ``lars``, ...); ``method__x`` go to its spec section
+        (``method__delta`` -> ``train.ags.delta``) or to ``train.x``
+        (``method__warmup_epochs``).
+    n_workers : int
+        The worker count (DDP ranks); ``workers__min``, ``workers__max`` and
+        ``workers__batch_per_worker`` let it grow with a batch schedule.
+    cluster : None or distributed.Client or str
+        ``None`` (processes on this machine), a ``distributed.Client``, or a scheduler address
+        ``"tcp://HOST:PORT"``.  A Client is pickled as its scheduler's address, the one it had
+        while connected if it is closed by then (see the module's "Pickling and the cluster"):
+        an unpickled estimator's ``cluster`` is that string.
+    device : str
+        ``"auto"`` (CUDA where the ranks see it), ``"cpu"`` or ``"cuda"``.
+    random_state : int or None
+        Seed of the initialisation, the batches and the validation split.
+    verbose : int
+        Print a line per epoch when > 0.
+    validation_fraction : float
+        Share of the samples held out and scored after each epoch (0: none).
+    tmp_dir : str or None
+        Where the fit's temporary run directory goes (default: the system's); on a remote
+        Dask cluster, a directory every worker can read.
+    threads_per_worker : int or None
+        Torch threads in each rank (default: this machine's cores / the largest worker count,
+        as ``tula train``; a Dask cluster's ranks share their workers' cores).
+    **kwargs : Any
+        The routed ``prefix__name`` parameters (``module__``, ``optimizer__``, ``method__``,
+        ``batch_size__``, ``workers__``); any other name is refused by ``fit``.
 
     Attributes
     ----------
-    module_ : the trained ``nn.Module``, on the CPU, in eval mode
-    history_ : one dict per epoch (``train_loss``, ``test_loss``, ``test_top1``, ``lr``,
-        ``global_batch``, ``n_workers``, ``epoch_time_s``, ...)
-    train_record_ : the runner's training record
-    classes_ : the class labels
-    n_features_in_ : number of features seen in ``fit``
+    module_ : torch.nn.Module
+        The trained module, on the CPU, in eval mode.
+    history_ : list of dict
+        One dict per epoch (``train_loss``, ``test_loss``, ``test_top1``, ``lr``,
+        ``global_batch``, ``n_workers``, ``epoch_time_s``, ...).
+    train_record_ : dict
+        The runner's training record.
+    classes_ : numpy.ndarray
+        The class labels.
+    n_features_in_ : int
+        Number of features seen in ``fit``.
+
+    Raises
+    ------
+    ParamError
+        From ``fit``, for a bad parameter (one sentence; both a ``TulaError`` and a
+        ``ValueError``).
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> from tula.sklearn import TulaClassifier
+    >>> X, y = load_digits(return_X_y=True)
+    >>> clf = TulaClassifier("mlp", max_epochs=2, batch_size=128, random_state=0).fit(X / 16, y)
+    >>> accuracy = clf.score(X / 16, y)
     """
 
     _loss = "cross_entropy"
@@ -499,14 +544,38 @@ class TulaClassifier(ClassifierMixin, _TulaEstimator):
 class TulaRegressor(RegressorMixin, _TulaEstimator):
     """A PyTorch regressor trained by Tula (mean squared error; scored by R^2).
 
-    Takes the parameters of :class:`TulaClassifier` (``criterion``: None, ``"mse"`` or
-    ``torch.nn.MSELoss``).  ``y`` may have one or several outputs; the module must give as
-    many.  ``history_`` holds ``test_loss`` (MSE) and ``test_r2`` per epoch.
+    ``y`` may have one output or several; the module must give as many.  ``history_`` holds
+    ``test_loss`` (the MSE) and ``test_r2`` per epoch.
+
+    Parameters
+    ----------
+    module : type or callable or torch.nn.Module or str
+        As for :class:`TulaClassifier`; a built-in's output size is the number of outputs.
+    criterion : None or str or type
+        ``None`` (mean squared error), ``"mse"`` or ``torch.nn.MSELoss``.
+    optimizer, lr, max_epochs, batch_size, method, n_workers, cluster, device : Any
+        As for :class:`TulaClassifier`.
+    random_state, verbose, validation_fraction, tmp_dir, threads_per_worker : Any
+        As for :class:`TulaClassifier`.
+    **kwargs : Any
+        The routed ``prefix__name`` parameters, as for :class:`TulaClassifier`.
 
     Attributes
     ----------
-    module_, history_, train_record_, n_features_in_ : as :class:`TulaClassifier`
-    n_outputs_ : the number of regression outputs
+    module_, history_, train_record_, n_features_in_ : Any
+        As for :class:`TulaClassifier`.
+    n_outputs_ : int
+        The number of regression outputs.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tula.sklearn import TulaRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(512, 8)).astype("float32")
+    >>> y = X @ rng.normal(size=8)
+    >>> reg = TulaRegressor("mlp", max_epochs=2, batch_size=64, random_state=0).fit(X, y)
+    >>> r2 = reg.score(X, y)
     """
 
     _loss = "mse"
