@@ -17,6 +17,7 @@ resumes from its checkpoint.
 
 from __future__ import annotations
 
+import logging
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -35,11 +36,14 @@ from tula.core.records import (
     save_record,
 )
 from tula.core.registry import METHODS
+from tula.core.sinks import check_sinks
 from tula.core.spec import JobSpec, load_spec, spec_from_dict
 
 STAGES = ("profiling", "fitting", "planning", "training")
 PROFILE, MODELS, PLAN, PLAN_PNG = "profile.json", "models.json", "plan.json", "plan.png"
 TRAIN_DIR, TRAIN, TRAIN_PNG = "train", "train.json", "train.png"
+
+log = logging.getLogger(__name__)
 
 
 class Observer:
@@ -97,6 +101,7 @@ def profile_stage(
         obs.saved(PROFILE_KIND, rec, save_to)
 
     obs.stage("profiling")
+    log.info("profiling %s (search %s) into %s", job.name, search, save_to)
     try:
         rec = profile(
             job,
@@ -117,6 +122,7 @@ def profile_stage(
     finally:
         obs.done("profiling")
     snapshot(rec)
+    log.info("profiled %d trial(s): %s", profiled_trials(rec), save_to)
     return rec
 
 
@@ -131,6 +137,7 @@ def fit_stage(prof: dict, save_to: Path, observer: Observer | None = None) -> di
         save_record(models, save_to)
     finally:
         obs.done("fitting")
+    log.info("fitted the memory and performance models: %s", save_to)
     obs.saved(MODELS_KIND, models, save_to)
     return models
 
@@ -157,6 +164,7 @@ def plan_stage(
             plot_plan(p, models["trials"], plot_to)
     finally:
         obs.done("planning")
+    log.info("planned (objective %s): %s", p.get("objective"), save_to)
     obs.saved(PLAN_KIND, p, save_to)
     if plot_to is not None:
         obs.saved("plot", None, plot_to)
@@ -185,6 +193,14 @@ def train_stage(
 
     obs = observer or Observer()
     obs.stage("training", method=method, n_workers=n_workers, global_batch=global_batch)
+    log.info(
+        "training %s on %d worker(s) at B=%d into %s%s",
+        method,
+        n_workers,
+        global_batch,
+        out,
+        ", resuming" if resume else "",
+    )
     try:
         run = train(
             job,
@@ -205,6 +221,7 @@ def train_stage(
         plot_training(run, out / TRAIN_PNG)
     finally:
         obs.done("training")
+    log.info("trained %d epoch(s): %s", len(run.get("history", [])), out / TRAIN)
     obs.saved(TRAIN_KIND, run, out / TRAIN)
     obs.saved("plot", None, out / TRAIN_PNG)
     return run
@@ -356,6 +373,8 @@ def run_pipeline(
     (the service's reuse of a model measured by another job).  Returns the records by
     kind name (``profile`` -- absent when ``models`` was given --, ``models``, ``plan``,
     ``train``)."""
+    if train_after:  # a metrics sink whose package is missing: one sentence, before any worker profiles
+        check_sinks(job.train.loggers)
     obs = observer or Observer()
     out.mkdir(parents=True, exist_ok=True)
     done: dict[str, dict] = {}
@@ -382,8 +401,19 @@ class RunSettings:
 
 
 def same_job(a: dict, b: dict) -> bool:
-    """Two specs describe the same job wherever it runs (the cluster may change on resume)."""
-    return {k: v for k, v in a.items() if k != "cluster"} == {k: v for k, v in b.items() if k != "cluster"}
+    """Two specs describe the same job wherever it runs (the cluster may change on resume).
+
+    Both are read through the spec model first, so a spec stored before a field was added
+    (its default then filled in) is the same job as that spec read today."""
+
+    def normal(d: dict) -> dict:
+        try:
+            d = spec_from_dict(d).to_dict()
+        except TulaError:
+            pass  # compared as stored: a spec that no longer validates differs from one that does
+        return {k: v for k, v in d.items() if k != "cluster"}
+
+    return normal(a) == normal(b)
 
 
 def _as_flag(setting: str, value: Any) -> str:

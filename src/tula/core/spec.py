@@ -28,6 +28,7 @@ from pydantic import (
 from tula.core.errors import SpecError
 from tula.core.registry import LOSS_NAMES, METHOD_NAMES, OBJECTIVE_NAMES, OPTIMIZER_NAMES, cluster_kind
 from tula.core.schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
+from tula.core.sinks import SINK_FIELDS, SINK_NAMES, SINKS
 
 _UNITS = {
     "": 1,
@@ -185,7 +186,8 @@ def parse_bandwidth(value: Any) -> float:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a docstring right under a field is its description (the JSON Schema's, the reference page's)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 #: an import path ``package.module:attribute`` (the attribute may be dotted: ``module:Class.method``)
@@ -221,7 +223,10 @@ class ModelSpec(_Strict):
     for a module it cannot import by name); ``kwargs`` go to its constructor."""
 
     name: str = "small_cnn"
+    """a built-in (small_cnn, small_cnn1d, mlp), a torchvision model name, an import path
+    'package.module:factory', or 'pickle:PATH'"""
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    """keyword arguments of the model's constructor or factory"""
 
 
 class DataSpec(_Strict):
@@ -263,18 +268,25 @@ class DataSpec(_Strict):
         "arrays",
         "factory",
     ] = "digits"
+    """the data set (the section above describes each); 'factory' when data.factory is set"""
     factory: str | None = Field(
         default=None,
         description="the user's data sets: an import path 'package.module:make_datasets' returning (train, test)",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="factory: the arguments it is called with")
     root: str | None = None
+    """mnist, fashionmnist, cifar10, cifar100, imagefolder: the local folder the set is read from"""
     path: str | None = Field(default=None, description="arrays: the .npz file of x, y (and x_test, y_test)")
     sample_shape: tuple[int, ...] = (3, 32, 32)
+    """synthetic: the shape of one sample (channels, height, width)"""
     num_samples: int = Field(default=4096, ge=1)
+    """synthetic, mnist1d: how many samples are generated"""
     num_classes: int = Field(default=10, ge=2)
+    """synthetic: the number of classes of its random labels"""
     image_size: int | None = Field(default=None, ge=1, description="resize imagefolder images to this square size")
     test_fraction: float = Field(default=0.2, gt=0, lt=1)
+    """the share of the samples held out as the test split, drawn with the seed (digits, mnist1d,
+    synthetic, imagefolder, and arrays without x_test)"""
     augment: bool = Field(
         default=False,
         description="sets read from disk: random crop (padding 4) and horizontal flip of the training split",
@@ -367,10 +379,15 @@ class OptimizerSpec(_Strict):
     the optimiser's parameter groups); a factory's other settings are ``kwargs``."""
 
     name: str = "sgd"
+    """sgd, adam, adamw, or an optimiser factory 'package.module:make_optimizer' (or 'pickle:PATH')"""
     lr: float = Field(default=0.05, gt=0)
+    """the base learning rate, which the methods' scaling rules, warm-up and milestones set the rate from"""
     momentum: float = Field(default=0.9, ge=0, lt=1)
+    """sgd: the momentum"""
     nesterov: bool = False
+    """sgd: Nesterov momentum (with a momentum above 0)"""
     weight_decay: float = Field(default=5e-4, ge=0)
+    """weight decay of sgd, adam and adamw (decoupled for adamw)"""
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments of an optimiser factory (not of the built-ins)"
     )
@@ -405,9 +422,13 @@ class SearchSpec(_Strict):
     """
 
     cluster_sizes: list[int] = Field(default_factory=lambda: [1, 2])
+    """the worker counts N profiled and planned over"""
     min_batch: int = Field(default=32, ge=1)
+    """the smallest global batch B of the search"""
     max_batch: int | None = Field(default=None, ge=1)
+    """the largest global batch B of the search (default: the training set's size)"""
     batch_growth: int = Field(default=2, ge=2)
+    """the factor between one global batch of the search and the next"""
     memory_budget_bytes: int | None = Field(default=None, gt=0, description="memory each worker may use")
     memory_safety: float = Field(default=0.1, ge=0, lt=1, description="fraction of the budget kept free")
     max_accumulation_steps: int = Field(
@@ -453,7 +474,9 @@ class ProfileSpec(_Strict):
     """How each profiling trial runs."""
 
     warmup_steps: int = Field(default=3, ge=1)
+    """steps each trial runs before it times any"""
     timed_steps: int = Field(default=8, ge=2)
+    """steps each trial times (more where steps are short: see min_timed_s)"""
     min_timed_s: float = Field(
         default=0.5,
         ge=0,
@@ -462,6 +485,7 @@ class ProfileSpec(_Strict):
         "of a few tens of milliseconds of a shared host's noise (0: exactly timed_steps)",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where the ranks compute: cuda, cpu, or auto (cuda where there is a GPU, else cpu)"""
     threads_per_worker: int | None = Field(
         default=None,
         ge=1,
@@ -469,6 +493,8 @@ class ProfileSpec(_Strict):
         "cores // largest cluster size, so compute is the same for every N",
     )
     trial_timeout_s: float = Field(default=300, gt=0)
+    """seconds allowed per trial: a profiling world is stopped once it has run this long for each of its
+    trials, plus one"""
     memory_probe_batches: tuple[int, int] = Field(
         default=(16, 32), description="two small local batches the memory model is measured at"
     )
@@ -489,8 +515,10 @@ class PricingSpec(_Strict):
     ``price_per_node_hour`` stays the on-demand price spot is compared with."""
 
     kind: Literal["fixed", "memory", "spot"] = "fixed"
+    """how a configuration's cost is computed (the section above gives each formula)"""
     price_per_node_hour: float = Field(default=2.48, ge=0, description="on-demand price per node-hour")
     price_per_gb_hour: float = Field(default=0.15, ge=0)
+    """memory: price per GB of peak memory per hour"""
     spot_price_per_node_hour: float | None = Field(default=None, ge=0, description="spot: price per node-hour")
     preemption_rate_per_node_hour: float | None = Field(
         default=None, ge=0, description="spot: expected preemptions of one node per hour"
@@ -550,6 +578,7 @@ class AGSSpec(_Strict):
         default=None, ge=1, description="steps between factor updates (default: once per epoch)"
     )
     granularity: Literal["tensor", "element"] = "tensor"
+    """tensor: one factor per parameter tensor (a ratio of norms); element: one factor per element"""
     static_scale: float = Field(default=2.0, gt=0, description="the factor s of static scaling (method 'static')")
 
 
@@ -567,6 +596,7 @@ class BatchScheduleSpec(_Strict):
     Each parameter belongs to one kind; unset ones take that kind's default."""
 
     kind: Literal[SCHEDULE_NAMES] = "constant"  # type: ignore[valid-type]  # the names of tula.core.schedules.SCHEDULES
+    """how the global batch moves (the section above describes each kind)"""
     every_epochs: int = Field(default=1, ge=1, description="the batch may change every this many epochs")
     lr_rule: Literal[LR_RULES] = Field(  # type: ignore[valid-type]  # a runtime table
         default="keep",
@@ -630,7 +660,9 @@ class WorkersSpec(_Strict):
     job's objective, kept unless the best is ``threshold`` better; needs the models record)."""
 
     min: int = Field(default=1, ge=1)
+    """the fewest workers"""
     max: int = Field(ge=1)
+    """the most workers"""
     rule: Literal["batch_per_worker", "plan"] = Field(
         default="batch_per_worker",
         description="batch_per_worker: N = ceil(B / batch_per_worker); plan: the models' best N for each batch",
@@ -657,6 +689,32 @@ class WorkersSpec(_Strict):
         return self
 
 
+class LoggerSpec(_Strict):
+    """A metrics sink that each finished epoch of training is written to (an entry of
+    ``train.loggers``; the kinds are :data:`tula.core.sinks.SINKS`).  Each field belongs to the
+    kinds that read it; unset ones take that kind's default."""
+
+    kind: Literal[SINK_NAMES]  # type: ignore[valid-type]  # the names of tula.core.sinks.SINKS
+    """which sink: tensorboard (TensorBoard event files) or mlflow (an MLflow run)"""
+    dir: str | None = Field(default=None, min_length=1)
+    """tensorboard: the directory of the event files (default: tensorboard/ in the training output directory)"""
+    tracking_uri: str | None = Field(default=None, min_length=1)
+    """mlflow: the tracking URI, e.g. sqlite:///mlflow.db or http://HOST:5000 (default: $MLFLOW_TRACKING_URI,
+    else sqlite:///mlflow.db in the training output directory)"""
+    experiment: str | None = Field(default=None, min_length=1)
+    """mlflow: the experiment's name, created when it does not exist (default: the spec's name)"""
+    run_name: str | None = Field(default=None, min_length=1)
+    """mlflow: the run's name (default: the name of the training output directory)"""
+
+    @model_validator(mode="after")
+    def _fields_of_kind(self) -> LoggerSpec:
+        for name in SINK_FIELDS:
+            if getattr(self, name) is not None and name not in SINKS[self.kind].fields:
+                readers = " and ".join(s.name for s in SINKS.values() if name in s.fields)
+                raise ValueError(f"{name} applies to kind {readers}, not {self.kind}")
+        return self
+
+
 class TrainSpec(_Strict):
     """How ``tula train`` trains: the method, the configuration, the LR schedule.
 
@@ -667,6 +725,7 @@ class TrainSpec(_Strict):
     """
 
     method: Literal[METHOD_NAMES] = "ags"  # type: ignore[valid-type]  # the names of tula.core.registry.METHODS
+    """the training method (the section above describes each)"""
     loss: str = Field(
         default="cross_entropy",
         description="cross_entropy (classification: "
@@ -681,14 +740,17 @@ class TrainSpec(_Strict):
         default_factory=list, description="epochs after which the LR is multiplied by lr_gamma"
     )
     lr_gamma: float = Field(default=0.1, gt=0, le=1)
+    """the factor the LR is multiplied by after each of lr_milestones"""
     base_batch: int = Field(
         default=128, ge=1, description="reference batch of LR scaling (lrs, lars, lamb) and of AdaScale's gain"
     )
     warmup_epochs: int = Field(default=5, ge=0, description="LR warm-up of lrs, lars, lamb and polo")
     polo_switch_epoch: int = Field(default=5, ge=0, description="post-local SGD: epochs of synchronous SGD first")
     polo_averages_per_epoch: int = Field(default=4, ge=1)
+    """post-local SGD: model averages per epoch after polo_switch_epoch"""
     lamb_lr: float = Field(default=0.01, gt=0, description="LAMB's LR at base_batch (Adam-like scale)")
     ags: AGSSpec = Field(default_factory=AGSSpec)
+    """adaptive gradient scaling (method ags) and static scaling (method static)"""
     eval_batch: int = Field(default=1024, ge=1, description="samples per evaluation forward pass")
     batch_schedule: BatchScheduleSpec | None = Field(default=None, description="default: a constant batch")
     workers: WorkersSpec | None = Field(default=None, description="default: the worker count stays")
@@ -736,6 +798,10 @@ class TrainSpec(_Strict):
         "DDP comm hook for the local gradient norms and one one-element all-reduce); false "
         "saves that work, and train.json has no B_simple",
     )
+    loggers: list[LoggerSpec] = Field(default_factory=list)
+    """metrics sinks each finished epoch is written to, by the process that supervises training (never by
+    every rank): {kind: tensorboard, dir: ...} and {kind: mlflow, tracking_uri: ..., experiment: ...};
+    default none (metrics.jsonl and train.json are always written)"""
 
     @field_validator("loss")
     @classmethod
@@ -780,6 +846,7 @@ class ClusterSpec(_Strict):
     ranks run and how they meet."""
 
     where: str = "local"
+    """local, dask, tcp://HOST:PORT, a dask-jobqueue YAML file, or env (the section above describes each)"""
     dask_workers: int | None = Field(
         default=None,
         ge=1,
@@ -856,20 +923,39 @@ def in_memory_data_bytes(data: DataSpec) -> int | None:
 
 
 class JobSpec(_Strict):
+    """A job: the model and data to train, the space the planner searches, the objective, and how
+    profiling, training and the cluster run.  Every section has defaults; a spec gives what differs."""
+
     name: str = "job"
+    """the job's name: the commands write under runs/NAME unless told another place"""
     model: ModelSpec = Field(default_factory=ModelSpec)
+    """the network"""
     data: DataSpec = Field(default_factory=DataSpec)
+    """the training and test data"""
     epochs: int = Field(default=10, ge=1)
+    """training epochs (also those the plan predicts the time and cost of)"""
     seed: int = 0
+    """the seed of the data split, the model's initialisation and the sampling"""
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    """the optimiser the methods step"""
     search: SearchSpec = Field(default_factory=SearchSpec)
+    """the worker counts and global batches the planner may choose from"""
     collective: Literal["ring", "parameter_server", "tree"] = "ring"
+    """the gradient exchange the performance model is fitted for: ring all-reduce, a parameter server, or a tree"""
     pricing: PricingSpec = Field(default_factory=PricingSpec)
+    """how a configuration's cost is computed"""
     constraints: ConstraintsSpec = Field(default_factory=ConstraintsSpec)
+    """the deadline and budget the plan's choice must meet"""
     objective: Literal[OBJECTIVE_NAMES] = "knee"  # type: ignore[valid-type]  # tula.core.registry.OBJECTIVES
+    """what the plan chooses by: time or cost (the least predicted for the spec's epochs), knee (the knee of
+    the predicted time-vs-batch curve), or their *_to_accuracy forms, whose epochs are scaled by the gradient
+    noise scale to reach the accuracy the spec's epochs reach at train.base_batch"""
     profile: ProfileSpec = Field(default_factory=ProfileSpec)
+    """how each profiling trial runs"""
     train: TrainSpec = Field(default_factory=TrainSpec)
+    """how training runs: the method, the configuration, the schedules"""
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    """where the ranks run"""
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import time
 import uuid
@@ -58,6 +59,7 @@ from tula.core.noise_scale import NoiseScale
 from tula.core.records import TRAIN_KIND, VERSIONS, read_jsonl, write_atomic
 from tula.core.registry import LOSS_NAMES
 from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-exported)
+from tula.core.sinks import check_sinks
 from tula.core.spec import JobSpec
 from tula.engine import interrupts
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, has_checkpoint, load_checkpoint, save_checkpoint
@@ -74,10 +76,13 @@ from tula.engine.ddp import (
 from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
 from tula.engine.launch import Launcher, WorkerContext
 from tula.engine.memory import cap_address_space, errno_evidence
+from tula.engine.metrics_sinks import EpochSinks
 from tula.engine.optim.methods import build_method
 from tula.engine.precision import Precision, check_precision
 from tula.engine.rundir import check_out_dir, locked
 from tula.engine.workloads import Dataset, build_loss, build_model, check_workload, load_dataset
+
+log = logging.getLogger(__name__)
 
 METRICS = "metrics.jsonl"
 STEP_TRACES = "step_traces"  # key of an epoch line's per-step method traces (metrics.jsonl only)
@@ -1076,6 +1081,7 @@ def _check_before_any_world(
     if uses_models(spec):
         worker_plan(spec, models, method)  # the models are there and rank this job's method
     _check_fixed_world(launcher, n_workers, spec)
+    check_sinks(spec.train.loggers)  # a metrics sink whose package is missing: one sentence naming it
     if spec.train.precision == "fp16":  # fp16 on a CPU: one sentence before any world
         device = getattr(launcher, "device", "auto")
         check_precision("fp16", launcher.facts()["device"] if device == "auto" else device)
@@ -1095,8 +1101,10 @@ def _train(
     out = check_out_dir(Path(out_dir))
     _check_before_any_world(spec, method, n_workers, launcher, models)
     _, data = check_workload(spec)
-    run = TrainSupervisor(spec, method, n_workers, global_batch, out, launcher, on_event, data.train_size, models)
-    with interrupts.graceful_signals(), locked(out):
+    # the one hook of the metrics sinks (train.loggers): every finished epoch's event, in this process only
+    sinks = EpochSinks(spec, method, out, resume, on_event)
+    run = TrainSupervisor(spec, method, n_workers, global_batch, out, launcher, sinks, data.train_size, models)
+    with interrupts.graceful_signals(), locked(out), sinks:
         record = run.run(resume)
         late = interrupts.requested()
     if late:  # the stop came as the last epoch ended: everything is kept, and the command still ends as stopped
@@ -1180,7 +1188,7 @@ class TrainSupervisor:
         if has_checkpoint(self.out):
             if not resume:
                 raise RunDirError(
-                    f"{self.out} already holds a training run; pass --resume to continue it, or choose "
+                    f"{self.out} already holds a training run; pass --resume {self.out} to continue it, or choose "
                     "another output directory"
                 )
             self.resume_from(checkpoint_meta(self.out))
@@ -1348,6 +1356,9 @@ class TrainSupervisor:
             self.launcher, global_batch, n_workers, self.schedule, self.emit, self.train_size, self.accum
         )
         validate_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
+        log.info(
+            "after epoch %d: a new world of %d worker(s) at B=%d", self.at_epoch, self.n_workers, self.global_batch
+        )
         self.emit(
             {
                 "type": "resize",
@@ -1387,6 +1398,10 @@ class TrainSupervisor:
             }
         )
         self.emit({"type": "fallback", **self.fallbacks[-1]})
+        log.info(
+            "out of memory at B=%d (k=%d): going on from epoch %d at B=%d (k=%d): %s",
+            self.global_batch, self.accum, self.at_epoch, smaller, new_k, note[:300],
+        )  # fmt: skip
         if smaller < smallest_batch_for(self.method, self.spec, self.n_workers):
             micro = self.global_batch // self.n_workers // self.accum
             raise InfeasibleError(

@@ -126,6 +126,14 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
                 f"spec field 'data.{field}' is {given!r}, not under a data directory this service "
                 f"allows (allowed: {allowed}; set TULA_DATA_ROOTS)"
             )
+    for i, entry in enumerate(spec.train.loggers):  # a job's sinks write into its own directory only
+        for field in ("dir", "tracking_uri"):
+            if getattr(entry, field, None) is not None:
+                raise SpecError(
+                    f"spec field 'train.loggers.{i}.{field}' is set, but the service writes a job's metrics sinks "
+                    "into the job's own directory (or the MLflow server the operator sets in MLFLOW_TRACKING_URI); "
+                    f"leave {field} out"
+                )
     if not cluster_kind(spec.cluster.where).submittable:
         allowed = " or ".join(k.name for k in CLUSTERS.values() if k.submittable)
         raise SpecError(

@@ -16,6 +16,7 @@ import contextlib
 import hmac
 import importlib
 import json
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -36,9 +37,12 @@ from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
 from tula.service.admission import admit, check_options, parse_json_body, parse_spec_text, too_deep
 from tula.service.dashboard import dashboard_router
+from tula.service.logs import configure_logging
 from tula.service.replan import Problem, Replan, replan_from_models
 from tula.service.settings import ServiceSettings
 from tula.service.store import JOB_STATES, RECORD_KINDS, Store, StoreError
+
+log = logging.getLogger(__name__)
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 TOKEN_COOKIE = "tula_token"
@@ -194,6 +198,7 @@ async def _lifespan(app: FastAPI):
     the job dispatcher running when ``app.state.dispatch`` and the ``run_jobs`` setting say so."""
     from tula.service.runner import Dispatcher
 
+    configure_logging()  # the service process: its tula.* loggers write to stderr (nothing when logging is set up)
     settings: ServiceSettings = app.state.settings
     settings.home.mkdir(parents=True, exist_ok=True)
     store = Store(settings.store_url, settings.home)
@@ -203,9 +208,15 @@ async def _lifespan(app: FastAPI):
     dispatcher = Dispatcher(settings, store) if app.state.dispatch and settings.run_jobs else None
     if dispatcher:
         dispatcher.start()
+    log.info(
+        "the service is up: data in %s, jobs %s",
+        settings.home,
+        f"run on {settings.cluster}" if dispatcher else "not run here",
+    )
     try:
         yield
     finally:
+        log.info("the service stops: running jobs are queued again and resume when it starts")
         if dispatcher:
             await run_in_threadpool(dispatcher.stop)
         store.close()
@@ -266,6 +277,8 @@ async def _spec_error(request: Request, exc: SpecError):
 
 
 async def _tula_error(request: Request, exc: TulaError):
+    if isinstance(exc, StoreError):
+        log.warning("%s %s answered 503: %s", request.method, request.url.path, plain(exc))
     return _error(503 if isinstance(exc, StoreError) else 422, exc)
 
 
@@ -398,6 +411,7 @@ async def submit(request: Request) -> JSONResponse:
         _store(request).create_job, spec.to_dict(), search=search, objective=objective, train=train
     )
     url = f"/v1/jobs/{job_id}"
+    log.info("job %s: submitted (%s, search %s, train %s)", job_id, plain(spec.name), search, train)
     return JSONResponse({"id": job_id, "url": url, "state": "queued"}, status_code=202, headers={"Location": url})
 
 

@@ -49,6 +49,14 @@ def scheduler_client(address: str) -> Any:
     return current
 
 
+def scheduler_identity(client: Any) -> dict[str, Any]:
+    """The scheduler's identity with every worker, asked of it now.  Not
+    ``client.scheduler_info()``, which returns the client's cached copy: the client's own
+    refresh (every 2 s, asking for no workers) can overwrite it between the answer and the
+    read, and a scheduler with 2 workers then shows none."""
+    return dict(client.sync(client.scheduler.identity, n_workers=-1))
+
+
 def forget_client(address: str) -> None:
     """Close the shared client of ``address`` (the scheduler stopped answering, or the service stops)."""
     with _clients_lock:
@@ -89,7 +97,7 @@ def cluster_workers(settings: ServiceSettings) -> dict[str, Any]:
 def _scheduler_workers(address: str) -> list[dict[str, Any]]:
     try:
         client = scheduler_client(address)
-        info = client.scheduler_info(n_workers=-1)
+        info = scheduler_identity(client)
         try:
             held = set(client.run_on_scheduler(_held_workers))
         except Exception:  # noqa: BLE001 - the workers are still worth showing
@@ -177,7 +185,7 @@ class WorkerRoom:
         """The workers the scheduler has now (a :class:`TulaError` when it does not answer)."""
         address = self.settings.cluster
         try:
-            return len(scheduler_client(address).scheduler_info(n_workers=-1).get("workers", {}))
+            return len(scheduler_identity(scheduler_client(address)).get("workers", {}))
         except Exception as err:  # noqa: BLE001 - any failure to ask is "does not answer"
             self.close()
             why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]

@@ -19,12 +19,15 @@ than the guard looks can pass the limit by what it allocates in one interval (0.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 
 import psutil
 
-from tula.core.say import fmt_bytes
+from tula.core.say import fmt_bytes, plain
+
+log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.25
 
@@ -123,7 +126,8 @@ class MemoryGuard:
             with self._lock:
                 if job_id not in self._watched:  # forgotten meanwhile: its runner ended
                     continue
-                self._stopped[job_id] = limit_sentence(used, self.limit_bytes)
+                self._stopped[job_id] = why = limit_sentence(used, self.limit_bytes)
+            log.warning("job %s: %s", job_id, why)
             for p in reversed(procs):  # the descendants first, then the runner
                 with contextlib.suppress(psutil.Error):
                     p.send_signal(signal.SIGKILL)
@@ -133,4 +137,10 @@ class MemoryGuard:
             try:
                 self.check()
             except Exception as err:  # never let the guard's thread die silently
-                print(f"tula serve: the memory guard: {type(err).__name__}: {err}", flush=True)
+                log.error(
+                    "the memory guard's look at the jobs failed (it looks again in %s s): %s: %s",
+                    self.interval_s,
+                    type(err).__name__,
+                    plain(err),
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )

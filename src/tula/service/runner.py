@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,13 @@ from tula.core.say import plain
 from tula.engine import interrupts
 from tula.pipeline import Observer, run_pipeline
 from tula.service.cluster import WorkerRoom
+from tula.service.logs import configure_logging
 from tula.service.memory_guard import MemoryGuard
 from tula.service.settings import ServiceSettings
 from tula.service.store import RUNNING_STATES, Store
 from tula.service.worlds import StoreWorldGate
+
+log = logging.getLogger("tula.service.runner")  # its name also where it runs as __main__ (python -m)
 
 PROGRESS_EVERY_S = 1.0  # progress is written at most this often (the heartbeat carries it too)
 #: the failures of a world that a job on a cluster is re-queued after (a worker, host or link
@@ -165,6 +168,7 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
 
     beat = threading.Thread(target=heartbeat, name="tula-heartbeat", daemon=True)
     beat.start()
+    log.info("job %s: runner %s (pid %d) starts it (attempt %s)", job_id, runner, os.getpid(), job.get("attempts"))
     out = store.job_dir(job_id)
     observer = StoreObserver(store, job_id, settings.home)
     try:
@@ -194,6 +198,7 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
                 models=models,
             )
         store.update_job(job_id, state="done", progress=1.0, message="done")
+        log.info("job %s: done", job_id)
         return 0
     except Interrupted as err:
         if cancelled.is_set():
@@ -206,7 +211,7 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
         store.update_job(job_id, state="failed", error=plain(err))
         return 2
     except Exception as err:  # a bug: the job fails with the error, the traceback goes to the log
-        traceback.print_exc()
+        log.exception("job %s failed with an internal error", job_id)
         store.update_job(job_id, state="failed", error=f"internal error: {type(err).__name__}: {plain(err)}")
         return 1
     finally:
@@ -226,8 +231,12 @@ def _after_a_failed_world(store: Store, job: dict, err: WorkerError, settings: S
             state="queued",
             message=f"queued again to resume {where} (attempt {job['attempts']} of {MAX_ATTEMPTS}): {plain(err)}",
         )
+        log.warning(
+            "job %s: a world failed (%s); queued again to resume %s: %s", job["id"], err.cause, where, plain(err)
+        )
         return 3
     store.update_job(job["id"], state="failed", error=plain(err))
+    log.info("job %s: failed: %s", job["id"], plain(err))
     return 2
 
 
@@ -281,11 +290,16 @@ class Dispatcher:
             try:
                 self.tick()
             except TulaError as err:  # the store is unavailable: say so and try again
-                print(f"tula serve: {plain(err)}", file=sys.stderr)
+                log.warning(
+                    "the dispatcher could not reach the store (it tries again in %s s): %s",
+                    self.settings.poll_s,
+                    plain(err),
+                )
 
     def tick(self) -> None:
         for job_id, proc in list(self.children.items()):
             if proc.poll() is not None:
+                log.info("job %s: its runner (pid %d) exited with code %s", job_id, proc.pid, proc.returncode)
                 del self.children[job_id]
                 (self.pid_files / job_id).unlink(missing_ok=True)
                 over_memory = self.guard.forget(job_id) if self.guard is not None else None
@@ -326,6 +340,9 @@ class Dispatcher:
                 stale.kill()
                 stale.wait()
             proc = self.children[job["id"]] = self._spawn(job["id"], runner)
+            log.info(
+                "job %s: claimed; runner %s started (pid %d, its output in %s)", job["id"], runner, proc.pid, self.log
+            )
             if self.guard is not None:
                 self.guard.watch(job["id"], proc.pid)
             self.pid_files.mkdir(parents=True, exist_ok=True)
@@ -393,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heartbeat-s", type=float, default=2.0)
     ap.add_argument("--cluster", default="local", help="the service's cluster setting: where the job runs")
     a = ap.parse_args(argv)
+    configure_logging()  # a runner process: its tula.* loggers write to its stderr, runners.log
     settings = ServiceSettings(home=Path(a.home), db_url=a.db, heartbeat_s=a.heartbeat_s, cluster=a.cluster)
     return run_job(settings, a.job, a.runner)
 
