@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TULA    := $(VENV)/bin/tula
 OUT     ?= runs/demo
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo test lint bench clean venv docs
 
 venv: $(STAMP)
 
@@ -14,12 +14,12 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	rm -rf $(OUT)
-	$(TULA) run examples/digits_cnn.yaml --out $(OUT)
+	$(TULA) run --example digits --out $(OUT)
 
 # Two at a time (pytest-xdist, a test file per process), then the tests marked `serial` alone:
 # those time real work against a prediction or a deadline.  Both parts run; either failing fails.
@@ -33,9 +33,17 @@ test: lint
 # and format check, mypy on the core.  Seconds; part of `make test`, so of CI.
 lint: $(STAMP)
 	cd src && ../$(VENV)/bin/lint-imports ../pyproject.toml
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples docs/gen
+	$(VENV)/bin/ruff format --check src tests bench examples docs/gen
 	$(VENV)/bin/mypy
+
+# The documentation site (mkdocs.yml; the reference pages are generated from the code) into site/,
+# strict: a broken link, a missing page or a reference to code that is gone fails it; then its tests
+# (tests/test_docs.py: the build again, the runnable blocks of the docs, the pages in Chromium),
+# which `make test` runs too.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
+	$(VENV)/bin/python -m pytest -q tests/test_docs.py
 
 bench: $(STAMP)
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test,bench]'
@@ -59,4 +67,4 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/service_cluster.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -1,7 +1,7 @@
 """AGS in your own DDP training loop.
 
-    torchrun --nproc-per-node 2 examples/own_loop.py examples/digits_cnn.yaml --batch 256 --epochs 3
-    python examples/own_loop.py examples/digits_cnn.yaml --batch 256 --epochs 3   # one process
+    torchrun --nproc-per-node 2 examples/own_loop.py src/tula/examples/digits.yaml --batch 256 --epochs 3
+    python examples/own_loop.py src/tula/examples/digits.yaml --batch 256 --epochs 3   # one process
 
 ``tula.AGS`` wraps any ``torch.optim.Optimizer``.  What it needs from the loop:
 

@@ -91,7 +91,7 @@ def test_fit_and_plan_refuse_a_partial_profile_and_write_nothing(tiny_pipeline, 
     prof = _partial(tiny_pipeline, tmp_path / "p", how)
     r = tula_in_process(verb, prof)
     assert_refused(r, f"{prof} is a partial profile (its trials did not all finish)")
-    assert f"`tula profile SPEC --out {prof} --resume` first" in one_line(r.stderr)
+    assert f"`tula profile SPEC --resume {prof.parent}` first" in one_line(r.stderr)
     assert not (prof.parent / "models.json").exists() and not (prof.parent / "plan.json").exists()
 
 
@@ -100,13 +100,16 @@ def test_profile_resume_with_a_changed_spec_is_refused_and_keeps_the_record(tiny
     before = prof.read_bytes()
     changed = tmp_path / "changed.yaml"
     changed.write_text(yaml.safe_dump(tiny_pipeline.spec_dict(epochs=3)))
-    r = tula_in_process("profile", changed, "--out", prof, "--resume")
+    r = tula_in_process("profile", changed, "--resume", prof.parent)
     assert_refused(r, f"{prof} was profiled from another spec than {changed}; give that spec")
     assert prof.read_bytes() == before
     # and nothing to resume is its own sentence
-    r = tula_in_process("profile", changed, "--out", tmp_path / "none.json", "--resume")
-    assert_refused(r, "none.json")
-    assert not (tmp_path / "none.json").exists()
+    (tmp_path / "none").mkdir()
+    r = tula_in_process("profile", changed, "--resume", tmp_path / "none")
+    assert_refused(r, f"--resume '{tmp_path / 'none'}' holds no profile.json; give the directory holding the profile")
+    assert not (tmp_path / "none" / "profile.json").exists()
+    # a file where the directory belongs: one sentence naming it
+    assert_refused(tula_in_process("profile", changed, "--resume", prof), f"--resume '{prof}' is a file")
 
 
 # --------------------------------------------------------------------------- the client verbs
@@ -157,11 +160,42 @@ def test_replan_sends_price_cluster_sizes_epochs_and_noise_scale(token_service, 
     for left_out in ("pricing", "cluster_sizes", "epochs", "noise_scale"):
         other = replan_from_models(models, Replan(**{k: v for k, v in body.items() if k != left_out}))
         assert _rendered(plan_table(other)) != table, left_out
-    args = ("--objective", "cost_to_accuracy", "--price", "7", "--cluster-sizes", "1,2,4", "--epochs", "5")
+    args = (
+        "--objective",
+        "cost_to_accuracy",
+        "--pricing",
+        "price_per_node_hour=7",
+        "--workers",
+        "1,2,4",
+        "--epochs",
+        "5",
+    )
     r = tula_in_process("replan", token_service.seeded, *args, "--noise-scale", "5", *_client_args(token_service))
     assert r.returncode == 0, r.stderr
     assert table in one_line(r.stdout)
     assert one_line(expected["reason"]) in one_line(r.stdout)
+
+
+@pytest.mark.parametrize("objective, limit", [("cost", "deadline"), ("time", "budget")])
+def test_replan_sends_deadline_and_budget(token_service, tiny_pipeline, objective, limit):
+    """--deadline and --budget reach the service's re-plan as its body takes them: a deadline just
+    above the fastest configuration's time moves the cheapest choice there, and a budget just
+    above the cheapest's cost moves the fastest choice there."""
+    from tula.report import plan_table
+    from tula.service.replan import Replan, replan_from_models
+
+    models = tiny_pipeline.record("models.json")
+    free = replan_from_models(models, Replan(objective=objective))
+    rows = [c for c in free["configurations"] if c["feasible"]]
+    value = 1.001 * min(c["total_time_s" if limit == "deadline" else "cost"] for c in rows)
+    given = f"{value:.6f}s" if limit == "deadline" else f"{value:.9g}"
+    expected = replan_from_models(models, Replan(objective=objective, **{limit: given}))
+    assert _rendered(plan_table(expected)) != _rendered(plan_table(free))  # the limit changes the choice
+    r = tula_in_process(
+        "replan", token_service.seeded, "--objective", objective, f"--{limit}", given, *_client_args(token_service)
+    )
+    assert r.returncode == 0, r.stderr
+    assert _rendered(plan_table(expected)) in one_line(r.stdout)
 
 
 def test_replan_use_measured_prints_the_plan_scaled_by_the_finished_runs_ratio(token_service, tiny_pipeline):
@@ -180,10 +214,12 @@ def test_replan_use_measured_prints_the_plan_scaled_by_the_finished_runs_ratio(t
 @pytest.mark.parametrize(
     "args, sentence",
     [
-        (("--cluster-sizes", "1,two"), "--cluster-sizes must be comma-separated integers, not '1,two'"),
+        (("--workers", "1,two"), "--workers: worker count 'two' is not a whole number"),
         (("--epochs", "0"), "the service answered 422: field 'epochs'"),
         (("--noise-scale", "-5"), "the service answered 422: field 'noise_scale'"),
-        (("--price", "-1"), "the service answered 422: spec field 'pricing.price_per_node_hour'"),
+        (("--pricing", "price_per_node_hour=-1"), "--pricing: 'pricing.price_per_node_hour'"),
+        (("--deadline", "soon"), "--deadline: "),
+        (("--budget", "-1"), "--budget must be a non-negative amount, not -1.0"),
     ],
 )
 def test_replan_bad_options_are_one_sentence(token_service, args, sentence):

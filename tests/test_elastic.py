@@ -183,7 +183,7 @@ def test_kill_9_during_the_epoch_after_a_resize_then_resume_ends_like_an_uninter
     meta = checkpoint_meta(cut)
     assert (meta["epoch"], meta["n_workers"], meta["global_batch"]) == (1, 1, 64)  # killed before epoch 2's
 
-    again = tula_in_process(*args, "--resume", env=log_every)
+    again = tula_in_process(*args, "--resume", cut, env=log_every)
     assert again.returncode == 0, again.stderr
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
     assert b["resumed_from_epoch"] == 1 and b["steps_done"] == a["steps_done"] == 800 // 64 + 800 // 128

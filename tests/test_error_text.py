@@ -116,7 +116,7 @@ def test_sigint_prints_the_continue_command_with_a_hostile_path(tmp_path):
     130 and the command that continues, with that path as it is."""
     marker = tmp_path / "forward-ran"
     spec = _spec(tmp_path, mode="slow", marker=str(marker))
-    out = tmp_path / "runs" / HOSTILE / "p.json"  # its slashes make folders; the path reads as the text
+    out = tmp_path / "runs" / HOSTILE / "profile.json"  # its slashes make folders; the path reads as the text
     assert HOSTILE in str(out)
     proc = popen_tula("profile", spec, "--out", out, stdout=subprocess.PIPE, env=env_with_tests())
     try:
@@ -134,7 +134,7 @@ def test_sigint_prints_the_continue_command_with_a_hostile_path(tmp_path):
     err = _clean((proc.returncode, err), 130)
     line = next(ln for ln in err.splitlines() if ln.startswith("interrupted: "))
     assert "profiling stopped by SIGINT" in line
-    assert line.endswith(f"; continue with: tula profile {spec} --search partial --out '{out}' --resume"), line
+    assert line.endswith(f"; continue with: tula profile {spec} --search partial --resume '{out.parent}'"), line
 
 
 DRIVER = r"""

@@ -184,7 +184,7 @@ def test_ctrl_c_as_the_last_epoch_ends_is_not_success_and_resume_finishes(tiny_s
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted: " in err, err
-    r = tula_in_process(*train_args(spec, out, "--resume"))
+    r = tula_in_process(*train_args(spec, out, "--resume", out))
     assert r.returncode == 0, r.stderr
     run = json.loads((out / "train.json").read_text())
     assert [h["epoch"] for h in run["history"]] == [1, 2]

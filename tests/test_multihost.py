@@ -177,7 +177,7 @@ def test_a_growing_world_across_hosts_killed_with_sigkill_resumes_like_an_uninte
     step, steps = map(int, seen[-1].split("step ")[1].split("/"))
     assert 1 <= step < steps == 6, seen[-1]  # mid-epoch
     assert any("moves to global batch 128 on 2 worker(s)" in s for s in seen), "".join(seen)
-    again = _tula(hosts, *args, "--resume", env=env)
+    again = _tula(hosts, *args, "--resume", cut, env=env)
     assert again.returncode == 0, again.stderr + hosts.log_tail()
     a, b = (json.loads((p / "train.json").read_text()) for p in (tmp_path / "ref", cut))
     assert b["resumed_from_epoch"] == 1, "epoch 2 finished before the ranks stopped: " + "".join(seen[-3:])
@@ -224,7 +224,7 @@ def test_a_host_lost_mid_epoch_fails_in_one_sentence_and_resume_finishes_on_the_
         assert h.address(victim) in last, last  # names the worker that was lost
         meta = checkpoint_meta(out)  # intact: loads, and holds a finished epoch
         assert 1 <= meta["epoch"] < 4
-        again = _tula(h, *_train(h, spec, out, "--resume"))
+        again = _tula(h, *_train(h, spec, out, "--resume", out))
         assert again.returncode == 0, again.stderr + h.log_tail()
         run = json.loads((out / "train.json").read_text())
         assert run["epochs"] == 4 and run["resumed_from_epoch"] == meta["epoch"] and run["replicas_identical"]

@@ -82,9 +82,9 @@ def test_examples_python_api_runs_from_another_directory(tmp_path):
 
 
 def test_examples_own_loop_runs_with_plain_python_from_the_checkout():
-    """``python examples/own_loop.py examples/digits_cnn.yaml ...`` from the checkout, without
+    """``python examples/own_loop.py src/tula/examples/digits.yaml ...`` from the checkout, without
     torchrun: a world of one process (under torchrun: tests/test_own_loop.py)."""
-    r = subprocess.run([sys.executable, "examples/own_loop.py", "examples/digits_cnn.yaml", "--batch", "256",
+    r = subprocess.run([sys.executable, "examples/own_loop.py", "src/tula/examples/digits.yaml", "--batch", "256",
                         "--epochs", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "epoch 1: train loss" in r.stdout and "steps scaled" in r.stdout, r.stdout

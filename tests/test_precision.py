@@ -137,6 +137,6 @@ def test_a_precision_that_cannot_be_used_is_one_sentence_and_exit_2(tiny_spec_di
     d = dict(tiny_spec_dict, epochs=1)
     train(spec_from_dict(d), "ags", 2, 64, out, launcher=local_launcher())  # the CLI's default method
     spec.write_text(yaml.safe_dump({**d, "epochs": 2, "train": {"precision": "bf16"}}))
-    r = run_tula(*args, "--resume", timeout=300)
+    r = run_tula(*args, "--resume", out, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "was trained in fp32, not train.precision bf16" in one_line(r.stderr)

@@ -100,12 +100,12 @@ def test_out_file_checks_name_the_problem(tmp_path):
             "profile.json' already exists and was not written by this command",
         ),
         (
-            lambda spec, tmp: train_args(spec, str(tmp), "--resume"),
-            "there is no checkpoint in",
+            lambda spec, tmp: train_args(spec, str(tmp), "--resume", str(tmp)),
+            "holds no checkpoint.pt; give the directory of the training run to continue",
         ),
         (
             lambda spec, tmp: train_args(spec, str(tmp / "o"), workers="0"),
-            "the number of workers must be at least 1, not 0",
+            "--workers: worker count 0 is below 1",
         ),
         (lambda spec, tmp: ["run", "--resume", str(tmp)], "holds no Tula run to continue"),
         (

@@ -351,7 +351,7 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
         (("--latency", "5 parsecs"), "is not a latency"),
         (("--schedule", "adaptive"), "follows the b_simple"),
         (("--compute-speed", "-1"), "positive factor"),
-        (("--max-accumulation", "4"), "--max-accumulation applies to batch schedules only"),
+        (("--accumulation", "4"), "--accumulation applies to batch schedules only"),
         (("--min-workers", "2", "--max-workers", "8"), "--min-workers, --max-workers apply to batch schedules only"),
     ],
 )

@@ -3,22 +3,23 @@ import json
 
 import pytest
 import yaml
-from helpers import ROOT, damaged_bytes, json_values, mutation_site, other_types, run_tula
+from helpers import damaged_bytes, json_values, mutation_site, other_types, run_tula
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tula import examples
 from tula.core.errors import SpecError, TulaError
 from tula.core.spec import JobSpec, load_spec, parse_bytes, spec_from_dict
 
 
 def test_example_spec_loads():
-    spec = load_spec(ROOT / "examples" / "digits_cnn.yaml")
+    spec = load_spec(examples.path("digits"))
     assert spec.data.name == "digits"
     assert spec.search.cluster_sizes == [1, 2]
     assert spec.objective == "knee"
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [examples.path(name) for name in examples.names()], ids=lambda p: p.name)
 def test_every_example_spec_validates_and_builds(path):
     from tula.engine.workloads import check_workload
 
@@ -137,8 +138,8 @@ FULL_SPEC = {  # every section set, so mutations reach every validator
 
 def _base_specs():
     specs = [FULL_SPEC]
-    for path in sorted((ROOT / "examples").glob("*.yaml")):
-        specs.append(yaml.safe_load(path.read_text()))
+    for name in examples.names():
+        specs.append(yaml.safe_load(examples.path(name).read_text()))
     return specs
 
 
@@ -209,7 +210,7 @@ def test_mutated_specs_load_or_are_one_sentence(scratch, data):
 @SETTINGS
 @given(data=st.data())
 def test_truncated_or_byte_flipped_specs_load_or_are_one_sentence(scratch, data):
-    raw = (ROOT / "examples" / data.draw(st.sampled_from(["digits_cnn.yaml", "mnist1d_cnn.yaml"]))).read_bytes()
+    raw = examples.path(data.draw(st.sampled_from(examples.names()))).read_bytes()
     assert_loads_or_one_sentence(scratch / "bytes.yaml", damaged_bytes(data, raw))
 
 

@@ -95,7 +95,7 @@ def test_killed_training_resumes_with_exact_epoch_and_step_counts(tiny_spec_dict
     time.sleep(1.0)  # no orphaned rank may still be training and writing
     assert ckpt.read_bytes() == digest_at_kill
 
-    r = tula_in_process(*args, "--resume")
+    r = tula_in_process(*args, "--resume", out)
     assert r.returncode == 0, r.stderr
     rec = json.loads((out / "train.json").read_text())
     spe = steps_per_epoch(DIGITS_TRAIN, 64)

@@ -68,7 +68,7 @@ def test_two_epochs_equal_one_epoch_and_a_resume_to_two(tmp_path):
     assert r.returncode == 0, r.stderr
     r = tula_in_process(*train, "--epochs", "1", "--out", str(b))
     assert r.returncode == 0, r.stderr
-    r = tula_in_process(*train, "--epochs", "2", "--out", str(b), "--resume")
+    r = tula_in_process(*train, "--epochs", "2", "--resume", str(b))
     assert r.returncode == 0, r.stderr
 
     ref, resumed = (json.loads((d / "train.json").read_text()) for d in (a, b))

@@ -1,4 +1,8 @@
-"""Command line: ``tula profile``, ``tula fit``, ``tula plan``, ``tula train``, ``tula run``, ``tula simulate``.
+"""Command line: ``tula run``, ``check``, ``examples``, ``profile``, ``fit``, ``plan``, ``train``,
+``simulate``, ``serve``, ``submit``, ``status``, ``replan`` and ``spec``.
+
+One name per idea across verbs (:mod:`tula.cli_options` holds the names, the help panels and
+the old spellings, which are refused before parsing with a sentence naming the new one).
 
 Errors a user can cause print one sentence and exit with code 2; SIGINT/SIGTERM stop the
 ranks at the next step boundary, keep what finished, print what was kept and the command
@@ -10,6 +14,7 @@ given ``--force``.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shlex
@@ -25,6 +30,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from tula import __version__
+from tula import cli_options as names
+from tula.cli_options import CLUSTER, CONFIG, IO, NETWORK, OBJECTIVE, SCHEDULE, SERVICE, epilog
 from tula.core.errors import Interrupted, RunDirError, SpecError, TulaError
 from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, epoch_score, load_record
 from tula.core.registry import METHOD_NAMES, OBJECTIVE_NAMES, OBJECTIVES, cluster_kind, clusters_in_words
@@ -47,16 +54,27 @@ from tula.pipeline import (
     start_run,
     train_stage,
 )
+from tula.service.logs import configure_logging
 
 SCHEDULE_KINDS = ", ".join(SCHEDULES)  # for --help
 
+
+class _Verbs(typer.core.TyperGroup):
+    """The verbs in the order a user meets them (:data:`tula.cli_options.VERBS`), not as defined."""
+
+    def list_commands(self, ctx) -> list[str]:
+        known = [v for v in names.VERBS if v in self.commands]
+        return known + [v for v in self.commands if v not in known]
+
+
 app = typer.Typer(
+    cls=_Verbs,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Tula: profile short DDP runs of your model, fit memory and performance models, "
     "plan the global batch and cluster size that minimise time, cost, or sit at the knee, "
-    "and train there with adaptive gradient scaling.  Start with `tula run SPEC`.",
+    "and train there with adaptive gradient scaling.  Start with `tula run --example digits`.",
 )
 # rich falls back to 80 columns when the output is not a terminal (make demo | tee, CI logs),
 # which wraps the plan table; give such output room unless COLUMNS says otherwise
@@ -119,10 +137,56 @@ def _main(
 _CLUSTER_HELP = f"where the ranks run: {clusters_in_words()}; default: the spec's cluster.where"
 
 # options several commands share, declared once
-ClusterOption = Annotated[str | None, typer.Option(help=_CLUSTER_HELP)]
+ClusterOption = Annotated[str | None, typer.Option(help=_CLUSTER_HELP, rich_help_panel=CLUSTER)]
 SpecObjectiveOption = Annotated[
-    Objective | None, typer.Option(help=_OBJECTIVE_HELP + " (default: the spec's objective)")
+    Objective | None,
+    typer.Option(help=_OBJECTIVE_HELP + " (default: the spec's objective)", rich_help_panel=OBJECTIVE),
 ]
+ExampleOption = Annotated[
+    str | None,
+    typer.Option(
+        "--example",
+        help="one of the shipped example specs instead of SPEC (`tula examples` lists them), e.g. digits",
+        rich_help_panel=IO,
+        show_default=False,
+    ),
+]
+SpecArgument = Annotated[
+    Path | None, typer.Argument(metavar="SPEC", help="job spec (YAML); or --example NAME", show_default=False)
+]
+ForceOption = Annotated[bool, typer.Option(help="overwrite existing records", rich_help_panel=IO)]
+EpochsOption = Annotated[int | None, typer.Option(help="override the spec's epochs", rich_help_panel=CONFIG)]
+SearchOption = Annotated[
+    Search,
+    typer.Option(
+        help="full: every candidate (N, B); partial: only the extreme cluster sizes and batches (paper §III-A2)",
+        rich_help_panel=CONFIG,
+    ),
+]
+DeadlineOption = Annotated[
+    str | None,
+    typer.Option(
+        help="choose among configurations expected to finish within this duration, e.g. 8h, 90min, 1h30m "
+        "(default: the spec's constraints.deadline)",
+        rich_help_panel=OBJECTIVE,
+    ),
+]
+BudgetOption = Annotated[
+    float | None,
+    typer.Option(
+        help="choose among configurations expected to cost at most this, in the pricing's unit "
+        "(default: the spec's constraints.budget)",
+        rich_help_panel=OBJECTIVE,
+    ),
+]
+
+
+class Counts(tuple):
+    """The type of ``--workers``: worker counts, comma-separated (:func:`tula.cli_options.parse_counts`)."""
+
+
+def _counts_option(help: str, panel: str = CLUSTER):
+    return typer.Option("--workers", parser=names.parse_counts, metavar="N[,N...]", help=help, rich_help_panel=panel)
 
 
 def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
@@ -322,7 +386,9 @@ _PRICING_HELP = (
     "price_per_node_hour (on-demand), price_per_gb_hour, spot_price_per_node_hour, "
     "preemption_rate_per_node_hour, checkpoint_interval_s (e.g. 10min; default every epoch), restart_s"
 )
-PricingOption = Annotated[list[str] | None, typer.Option("--pricing", help=_PRICING_HELP)]
+PricingOption = Annotated[
+    list[str] | None, typer.Option("--pricing", metavar="KEY=VALUE", help=_PRICING_HELP, rich_help_panel=OBJECTIVE)
+]
 
 
 def _pricing_overrides(items: list[str] | None) -> dict:
@@ -341,54 +407,96 @@ def _pricing_overrides(items: list[str] | None) -> dict:
     return out
 
 
+def _deadline_s(deadline: str) -> float:
+    """``--deadline`` in seconds (a positive duration, e.g. 8h, 90min), or one sentence."""
+    try:
+        d_s = parse_duration(deadline)
+    except ValueError as err:
+        raise TulaError(f"--deadline: {err}") from None
+    if d_s <= 0:
+        raise TulaError(f"--deadline must be a positive duration, not {deadline!r}")
+    return d_s
+
+
+def _check_budget(budget: float | None) -> None:
+    if budget is not None and not (budget >= 0 and budget != float("inf")):
+        raise TulaError(f"--budget must be a non-negative amount, not {budget!r}")
+
+
 def _plan_constraints(models: dict, deadline: str | None, budget: float | None):
     """The spec's constraints with --deadline and --budget in place of its own."""
     from tula.core.plan import Constraints
 
     base = Constraints.of(spec_from_dict(models["spec"]).constraints)
-    d_s = base.deadline_s
-    if deadline is not None:
-        try:
-            d_s = parse_duration(deadline)
-        except ValueError as err:
-            raise TulaError(f"--deadline: {err}") from None
-        if d_s <= 0:
-            raise TulaError(f"--deadline must be a positive duration, not {deadline!r}")
-    if budget is not None and not (budget >= 0 and budget != float("inf")):
-        raise TulaError(f"--budget must be a non-negative amount, not {budget!r}")
+    d_s = base.deadline_s if deadline is None else _deadline_s(deadline)
+    _check_budget(budget)
     return Constraints(d_s, base.budget if budget is None else budget)
 
 
+def _resume_dir(resume: Path, holds: str, what: str, *others: str) -> Path:
+    """``--resume DIR``: a directory holding ``holds`` (or one of ``others``), else one sentence
+    naming the path and what it should hold (``what``)."""
+    if resume.is_file():
+        raise RunDirError(f"--resume {str(resume)!r} is a file; give the directory {what}")
+    if not resume.is_dir():
+        raise RunDirError(f"--resume {str(resume)!r} is not a directory; give the directory {what}")
+    if not any((resume / name).exists() for name in (holds, *others)):
+        raise RunDirError(f"--resume {str(resume)!r} holds no {holds}; give the directory {what}")
+    return resume
+
+
+def _one_out(resume: Path, out: Path | None, continued: Path) -> None:
+    """``--out`` beside ``--resume`` may only name what ``--resume`` continues (``continued``)."""
+    if out is not None and Path(out) != continued:
+        raise TulaError(f"give the directory once: --resume {resume} continues {continued} (drop --out {out})")
+
+
 # --------------------------------------------------------------------------- commands
-@app.command()
+@app.command(
+    epilog=epilog(
+        "tula profile --example digits --search full",
+        "tula profile my_model.yaml --resume runs/my_model   # continue a stopped profile",
+    )
+)
 def profile(
-    spec: Path = typer.Argument(..., help="job spec (YAML)"),
-    search: Search = typer.Option(
-        Search.partial,
-        help="full: every candidate (N, B); partial: only the extreme cluster sizes and batches (paper §III-A2)",
-    ),
-    out: Path = typer.Option(
-        None, help="where to write the profile record (JSON); default runs/<spec name>/profile.json"
-    ),
-    resume: bool = typer.Option(
-        False,
-        help="continue the partial profile in --out (an interrupted or failed "
-        "one): its finished trials are kept, only the rest run",
-    ),
-    force: bool = typer.Option(False, help="overwrite an existing record at --out"),
+    spec: SpecArgument = None,
+    example: ExampleOption = None,
+    search: SearchOption = Search.partial,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="where to write the profile record (JSON); default runs/<spec name>/profile.json", rich_help_panel=IO
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            help="continue the partial profile (an interrupted or failed one) in this directory, the one "
+            "holding profile.json: its finished trials are kept, only the rest run",
+            rich_help_panel=IO,
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="overwrite an existing record at --out", rich_help_panel=IO)] = False,
     cluster: ClusterOption = None,
 ) -> None:
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
     from tula.engine.rundir import check_out_file, locked
 
-    job = _with_cluster(load_spec(spec), cluster)
+    source = names.spec_source(spec, example, "profile")
+    if resume is not None:
+        _one_out(resume, out, resume / "profile.json")
+    job = _with_cluster(load_spec(source), cluster)  # under env, a rank other than 0 serves from here
+    if resume is not None:  # before any work: the path's kind
+        _resume_dir(resume, "profile.json", "holding the profile to continue (profile.json)")
+        out = resume / "profile.json"
     out = out or RUNS / job.name / "profile.json"
     previous = None
-    if resume:
+    if resume is not None:
         previous = load_record(out, expect=(PROFILE_KIND,))
         if not same_job(previous["spec"], job.to_dict()):
             raise RunDirError(
-                f"{out} was profiled from another spec than {spec}; give that spec, or profile into another --out"
+                f"{out} was profiled from another spec than {source}; give that spec, or profile into another --out"
             )
     else:
         check_out_file(out, force)
@@ -396,20 +504,37 @@ def profile(
         try:
             profile_stage(job, search.value, out, previous=previous, observer=_Console())
         except Interrupted as err:
-            err.hint = f"tula profile {_q(spec)} --search {search.value} --out {_q(out)} --resume" + (
-                f" --cluster {_q(cluster)}" if cluster else ""
+            moved = out.parent / "profile.json"  # --resume continues a directory's profile.json
+            err.hint = (
+                ("" if out == moved else f"mv {_q(out)} {_q(moved)} && ")
+                + f"tula profile {names.spec_words(spec, example)} --search {search.value} --resume {_q(out.parent)}"
+                + (f" --cluster {_q(cluster)}" if cluster else "")
             )
             raise
     say(console, "profile written to ", (out, "bold"))
 
 
-@app.command()
+def _continue_profile(profile_json: Path) -> str:
+    """The command that continues the partial profile ``profile_json``."""
+    if profile_json.name == "profile.json":
+        return f"`tula profile SPEC --resume {_q(profile_json.parent)}`"
+    return f"`mv {_q(profile_json)} DIR/profile.json && tula profile SPEC --resume DIR`"
+
+
+@app.command(
+    epilog=epilog(
+        "tula fit runs/digits-small-cnn/profile.json", "tula plan runs/digits-small-cnn/models.json --objective cost"
+    )
+)
 def fit(
     profile_json: Path = typer.Argument(..., help="a profile record from `tula profile`"),
-    out: Path = typer.Option(
-        None, help="where to write the fitted models (JSON); default models.json next to the profile"
-    ),
-    force: bool = typer.Option(False, help="overwrite an existing record at --out"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="where to write the fitted models (JSON); default models.json next to the profile", rich_help_panel=IO
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="overwrite an existing record at --out", rich_help_panel=IO)] = False,
 ) -> None:
     """Fit the memory and performance models of a profile; the result re-plans without profiling."""
     from tula.engine.rundir import check_out_file
@@ -420,57 +545,79 @@ def fit(
     if is_partial(rec):
         raise TulaError(
             f"{profile_json} is a partial profile (its trials did not all finish); continue it with "
-            f"`tula profile SPEC --out {_q(profile_json)} --resume` first"
+            f"{_continue_profile(profile_json)} first"
         )
     fit_stage(rec, out, _Console())
     say(console, "models written to ", (out, "bold"))
 
 
-@app.command()
+@app.command(
+    epilog=epilog(
+        "tula plan runs/digits-small-cnn/models.json --objective cost --deadline 2h",
+        "tula plan --example digits --pricing kind=spot --pricing spot_price_per_node_hour=0.9 \\",
+        "    --pricing preemption_rate_per_node_hour=0.05 --compare-spot",
+    )
+)
 def plan(
-    source: Path = typer.Argument(..., help="a job spec (profiled first), a profile JSON, or a models JSON"),
+    source: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="SOURCE",
+            help="a job spec (profiled first), a profile JSON, or a models JSON; or --example NAME",
+            show_default=False,
+        ),
+    ] = None,
+    example: ExampleOption = None,
     objective: SpecObjectiveOption = None,
-    search: Search = typer.Option(Search.partial, help="search used when SOURCE is a spec"),
-    out: Path = typer.Option(
-        None,
-        help="where to write the plan (JSON); default plan.json next to SOURCE "
-        "(runs/<spec name>/ for a spec); a spec's profile.json and models.json go "
-        "beside it",
-    ),
-    plot: Path = typer.Option(None, help="also write the time/cost-vs-batch plot to this PNG"),
-    force: bool = typer.Option(False, help="overwrite existing records"),
-    cluster: str = typer.Option(None, help=_CLUSTER_HELP + " (when SOURCE is a spec)"),
-    deadline: str = typer.Option(
-        None,
-        help="choose among configurations expected to finish within this "
-        "duration, e.g. 8h, 90min, 1h30m (default: the spec's constraints.deadline)",
-    ),
-    budget: float = typer.Option(
-        None,
-        help="choose among configurations expected to cost at most this, in "
-        "the pricing's unit (default: the spec's constraints.budget)",
-    ),
+    search: Annotated[
+        Search, typer.Option(help="search used when SOURCE is a spec", rich_help_panel=CONFIG)
+    ] = Search.partial,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="where to write the plan (JSON); default plan.json next to SOURCE (runs/<spec name>/ for a "
+            "spec); a spec's profile.json and models.json go beside it",
+            rich_help_panel=IO,
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="also write the time/cost-vs-batch plot to this PNG", rich_help_panel=IO)
+    ] = None,
+    force: ForceOption = False,
+    cluster: Annotated[
+        str | None, typer.Option(help=_CLUSTER_HELP + " (when SOURCE is a spec)", rich_help_panel=CLUSTER)
+    ] = None,
+    deadline: DeadlineOption = None,
+    budget: BudgetOption = None,
     pricing: PricingOption = None,
-    compare_spot: bool = typer.Option(
-        False,
-        "--compare-spot",
-        help="also plan on the other of spot and "
-        "on-demand pricing and say which is cheaper, and up to which preemption "
-        "rate spot stays cheaper (needs pricing.spot_price_per_node_hour and "
-        "preemption_rate_per_node_hour, e.g. via --pricing)",
-    ),
-    noise_scale: float = typer.Option(
-        None,
-        "--noise-scale",
-        help="the gradient noise scale B_noise to assume, in samples (a what-if; default: the one the "
-        "profile measured); the *_to_accuracy objectives scale the epochs by (B_noise + B) / (B_noise + B0)",
-    ),
-    method: TrainMethod = typer.Option(
-        None,
-        help="the training method whose epochs are predicted (default: the spec's train.method); the profile's "
-        "run trial measured the spec's method, so another one's step is predicted as a plain step, and the "
-        "plan says so",
-    ),
+    compare_spot: Annotated[
+        bool,
+        typer.Option(
+            "--compare-spot",
+            help="also plan on the other of spot and on-demand pricing and say which is cheaper, and up to which "
+            "preemption rate spot stays cheaper (needs pricing.spot_price_per_node_hour and "
+            "preemption_rate_per_node_hour, e.g. via --pricing)",
+            rich_help_panel=OBJECTIVE,
+        ),
+    ] = False,
+    noise_scale: Annotated[
+        float | None,
+        typer.Option(
+            "--noise-scale",
+            help="the gradient noise scale B_noise to assume, in samples (a what-if; default: the one the profile "
+            "measured); the *_to_accuracy objectives scale the epochs by (B_noise + B) / (B_noise + B0)",
+            rich_help_panel=CONFIG,
+        ),
+    ] = None,
+    method: Annotated[
+        TrainMethod | None,
+        typer.Option(
+            help="the training method whose epochs are predicted (default: the spec's train.method); the "
+            "profile's run trial measured the spec's method, so another one's step is predicted as a plain step, "
+            "and the plan says so",
+            rich_help_panel=CONFIG,
+        ),
+    ] = None,
 ) -> None:
     """Predict time and cost of every configuration and choose one.
 
@@ -481,6 +628,7 @@ def plan(
     a restart per preemption); --compare-spot sets spot against on-demand."""
     from tula.engine.rundir import locked
 
+    source = names.spec_source(source, example, "plan")
     price_over = _pricing_overrides(pricing)
     job, rec, out = _plan_source(source, cluster, out, plot, force)
     with locked(out.parent, on_stale=_stale_note):
@@ -541,67 +689,114 @@ def _models_to_plan(
         if is_partial(rec):
             raise TulaError(
                 f"{source} is a partial profile (its trials did not all finish); continue it with "
-                f"`tula profile SPEC --out {_q(source)} --resume` first"
+                f"{_continue_profile(source)} first"
             )
         return fit_stage(rec, into / "models.json", shown)
     return rec
 
 
-@app.command()
+@app.command(
+    epilog=epilog(
+        "tula train --example digits --plan runs/digits-small-cnn/plan.json --epochs 5",
+        "tula train my_model.yaml --method lars --workers 2 --batch 256 --resume runs/my_model/train",
+    )
+)
 def train(
-    spec: Path = typer.Argument(..., help="job spec (YAML)"),
-    method: TrainMethod = typer.Option(None, help=f"{_METHOD_HELP}; default: the spec's train.method"),
-    workers: int = typer.Option(
-        None,
-        help="number of workers N (default: train.n_workers, else the plan's, "
-        "else train.workers' rule for the first batch)",
-    ),
-    batch: int = typer.Option(None, help="global batch B (default: train.global_batch, else the plan's)"),
-    accumulation: int = typer.Option(
-        None,
-        help="gradient accumulation steps k: each worker's B / N samples a step run as k micro-batches of "
-        "B / (N k), synchronised once (overrides train.accumulation_steps; default 1)",
-    ),
-    plan: Path = typer.Option(None, help="a plan.json whose choice gives N and B"),
-    models: Path = typer.Option(
-        None,
-        help="a models.json (tula run, tula fit): each epoch's record gets the plan's prediction beside what it "
-        "measured, and train.workers.rule 'plan' and the 'goodput' schedule rank worker counts and batches by it",
-    ),
-    epochs: int = typer.Option(None, help="override the spec's epochs"),
-    out: Path = typer.Option(
-        None, help="directory for checkpoint.pt, metrics.jsonl, train.json, train.png; default runs/<spec name>/train"
-    ),
-    resume: bool = typer.Option(False, help="continue the checkpoint in --out"),
+    spec: SpecArgument = None,
+    example: ExampleOption = None,
+    method: Annotated[
+        TrainMethod | None,
+        typer.Option(help=f"{_METHOD_HELP}; default: the spec's train.method", rich_help_panel=CONFIG),
+    ] = None,
+    workers: Annotated[
+        Counts | None,
+        _counts_option(
+            "the number of workers N, one count (default: train.n_workers, else the plan's, else train.workers' "
+            "rule for the first batch)"
+        ),
+    ] = None,
+    batch: Annotated[
+        int | None,
+        typer.Option(help="global batch B (default: train.global_batch, else the plan's)", rich_help_panel=CONFIG),
+    ] = None,
+    accumulation: Annotated[
+        int | None,
+        typer.Option(
+            help="gradient accumulation steps k: each worker's B / N samples a step run as k micro-batches of "
+            "B / (N k), synchronised once (overrides train.accumulation_steps; default 1)",
+            rich_help_panel=CONFIG,
+        ),
+    ] = None,
+    plan: Annotated[
+        Path | None, typer.Option(help="a plan.json whose choice gives N and B", rich_help_panel=IO)
+    ] = None,
+    models: Annotated[
+        Path | None,
+        typer.Option(
+            help="a models.json (tula run, tula fit): each epoch's record gets the plan's prediction beside what it "
+            "measured, and train.workers.rule 'plan' and the 'goodput' schedule rank worker counts and batches by it",
+            rich_help_panel=IO,
+        ),
+    ] = None,
+    epochs: EpochsOption = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="directory for checkpoint.pt, metrics.jsonl, train.json, train.png; default runs/<spec name>/train",
+            rich_help_panel=IO,
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            help="continue the training run in this directory (the one holding checkpoint.pt; it is the --out)",
+            rich_help_panel=IO,
+        ),
+    ] = None,
     cluster: ClusterOption = None,
-    schedule: str = typer.Option(
-        None,
-        help=f"grow the batch during training: {_SCHEDULE_HELP}; its "
-        "parameters and train.workers (min, max, rule, batch_per_worker, threshold) come from the "
-        "spec's train section",
-    ),
+    schedule: Annotated[
+        str | None,
+        typer.Option(
+            help=f"grow the batch during training: {_SCHEDULE_HELP}; its parameters and train.workers (min, max, "
+            "rule, batch_per_worker, threshold) come from the spec's train section",
+            rich_help_panel=SCHEDULE,
+        ),
+    ] = None,
 ) -> None:
     """Train with DDP on N local workers at global batch B, with AGS or a baseline.
 
     Checkpoints after every epoch (the last two are kept, with checksums); on out-of-memory
     the run resumes from the last checkpoint at the next smaller batch.  Ctrl-C stops at
-    the next step and keeps the last finished epoch; --resume continues from it."""
+    the next step and keeps the last finished epoch; --resume DIR continues from it."""
     from tula.engine.rundir import check_out_dir
 
-    job = _train_job(load_spec(spec), cluster, epochs, schedule, accumulation)
+    source = names.spec_source(spec, example, "train")
+    n_workers = names.one_count(workers, "train")
+    if resume is not None:
+        _one_out(resume, out, resume)
+    job = _train_job(load_spec(source), cluster, epochs, schedule, accumulation)  # env: rank > 0 serves in it
+    if resume is not None:  # before any work: the path's kind
+        _resume_dir(
+            resume,
+            "checkpoint.pt",
+            "of the training run to continue (the one holding checkpoint.pt)",
+            "checkpoint.prev.pt",  # tula.engine.checkpoint.PREVIOUS: the last but one epoch's, kept
+        )
+        out = resume
     out = check_out_dir(out or RUNS / job.name / "train")
-    job, n, b = _train_config(job, workers, batch, accumulation, plan, resume, out)
+    job, n, b = _train_config(job, n_workers, batch, accumulation, plan, resume is not None, out)
     name = method.value if method else job.train.method
     fitted = load_record(models, expect=(MODELS_KIND,)) if models is not None else None
     try:
-        train_stage(job, name, n, b, out, resume=resume, observer=_Console(), models=fitted)
+        train_stage(job, name, n, b, out, resume=resume is not None, observer=_Console(), models=fitted)
     except Interrupted as err:
         err.hint = (
-            f"tula train {_q(spec)} --method {name} --workers {n} --batch {b}"
+            f"tula train {names.spec_words(spec, example)} --method {name} --workers {n} --batch {b}"
             + (f" --accumulation {accumulation}" if accumulation is not None else "")
             + (f" --epochs {epochs}" if epochs is not None else "")
             + (f" --models {_q(models)}" if models is not None else "")
-            + f" --out {_q(out)} --resume"
+            + f" --resume {_q(out)}"
             + (f" --cluster {_q(cluster)}" if cluster else "")
             + (f" --schedule {schedule}" if schedule else "")
         )
@@ -669,100 +864,148 @@ def _train_config(
     return job, n, b
 
 
-@app.command()
+def _opt(help: str, panel: str, *decls: str, **kw):
+    """An option of ``help`` in the help panel ``panel``."""
+    return typer.Option(*decls, help=help, rich_help_panel=panel, **kw)
+
+
+@app.command(
+    epilog=epilog(
+        "tula simulate runs/digits-small-cnn/models.json --workers 1,8,64,512 --bandwidth 100Gbit/s",
+        "tula simulate runs/digits-small-cnn/models.json --schedule geometric:factor=2 --max-workers 64",
+    )
+)
 def simulate(
     models_json: Path = typer.Argument(..., help="a models record from `tula fit` (a run's models.json)"),
-    workers: str = typer.Option(
-        None,
-        help="worker counts N, comma-separated (default 1,2,4,...,1024); "
-        "with --schedule, the largest is the workers' maximum",
-    ),
-    batch: int = typer.Option(
-        None,
-        help="the constant global batch B (default: the spec's "
-        "train.global_batch, else the largest profiled); with --schedule, the first "
-        "batch B0 (default: train.global_batch, else search.min_batch)",
-    ),
-    schedule: list[str] = typer.Option(
-        None,
-        help=f"simulate batch schedules instead of a constant batch, "
-        "KIND[:KEY=VALUE,...] (e.g. geometric:factor=2,delay=5), repeatable; "
-        f"kinds: {SCHEDULE_KINDS}; workers follow N = "
-        "clip(ceil(B / batch_per_worker), min, max)",
-    ),
-    collective: str = typer.Option(None, help="ring, parameter_server, tree, comma-separated (default: all three)"),
-    bandwidth: str = typer.Option(
-        None, help="the inter-node link's bandwidth, e.g. 100Gbit/s, 25Gb/s, 10GB/s (default: the fitted 1/beta)"
-    ),
-    latency: str = typer.Option(
-        None, help="the inter-node link's latency per message hop, e.g. 5us (default: the fitted alpha)"
-    ),
-    intra_bandwidth: str = typer.Option(
-        None,
-        help="the intra-node link's bandwidth, between ranks on one "
-        "node, e.g. 600GB/s (default: the fitted 1/beta_intra, else "
-        "the inter-node bandwidth)",
-    ),
-    intra_latency: str = typer.Option(
-        None,
-        help="the intra-node link's latency per message hop, e.g. 1us "
-        "(default: the fitted alpha_intra, else the inter-node latency)",
-    ),
-    compute_speed: float = typer.Option(
-        1.0, help="per-worker compute speed relative to the profiled worker (2: twice as fast)"
-    ),
-    ranks_per_node: int = typer.Option(
-        None,
-        help="workers that share one node: the fitted co-location "
-        "slowdown applies to at most that many, and the sync crosses nodes "
-        "(the inter-node link) beyond them (default: the most ranks one host "
-        "held when the profile spanned several hosts, else the largest N "
-        "profiled, which reproduces the fit there; 1: a node per worker)",
-    ),
-    epochs: int = typer.Option(None, help="override the spec's epochs"),
-    min_workers: int = typer.Option(None, help="--schedule: fewest workers (default: train.workers.min, else 1)"),
-    max_workers: int = typer.Option(
-        None, help="--schedule: most workers (default: train.workers.max, else the largest of --workers)"
-    ),
-    batch_per_worker: int = typer.Option(
-        None,
-        help="--schedule: samples per worker in the workers rule (default: train.workers.batch_per_worker, else B0)",
-    ),
-    workers_rule: str = typer.Option(
-        None,
-        help="--schedule: how N follows the batch: batch_per_worker (AdaDamp, N = ceil(B / batch_per_worker)) or "
-        "plan (the models' best N for each batch on the simulated network); default: train.workers.rule",
-    ),
-    threshold: float = typer.Option(
-        None, help="--workers-rule plan: the predicted gain below which N stays (default: train.workers', else 0.05)"
-    ),
-    max_accumulation: int = typer.Option(
-        None,
-        help="--schedule: the most accumulation steps a schedule may grow the batch through once the "
-        "workers are at their most and the memory model caps the local batch (default: "
-        "search.max_accumulation_steps)",
-    ),
-    history: Path = typer.Option(
-        None,
-        help="--schedule loss_ratio/adaptive: a training run record "
-        "(train.json) whose per-epoch training loss and B_simple they follow",
-    ),
+    workers: Annotated[
+        Counts | None,
+        _counts_option(
+            "worker counts N, comma-separated (default 1,2,4,...,1024); with --schedule, the largest is the "
+            "workers' maximum"
+        ),
+    ] = None,
+    batch: Annotated[
+        int | None,
+        _opt(
+            "the constant global batch B (default: the spec's train.global_batch, else the largest profiled); "
+            "with --schedule, the first batch B0 (default: train.global_batch, else search.min_batch)",
+            CONFIG,
+        ),
+    ] = None,
+    epochs: EpochsOption = None,
+    noise_scale: Annotated[
+        float | None,
+        _opt(
+            "the gradient noise scale B_noise, in samples (default: the one the profile measured): a constant "
+            "batch's rows also show the time to the accuracy the spec's epochs reach at train.base_batch",
+            CONFIG,
+            "--noise-scale",
+        ),
+    ] = None,
     pricing: PricingOption = None,
-    out: Path = typer.Option(None, help="the PNG to write (default: simulate.png next to MODELS_JSON)"),
-    force: bool = typer.Option(False, help="overwrite an existing PNG at --out"),
-    noise_scale: float = typer.Option(
-        None,
-        "--noise-scale",
-        help="the gradient noise scale B_noise, in samples (default: the one the profile measured): "
-        "a constant batch's rows also show the time to the accuracy the spec's epochs reach at train.base_batch",
-    ),
+    collective: Annotated[
+        str | None, _opt("ring, parameter_server, tree, comma-separated (default: all three)", NETWORK)
+    ] = None,
+    bandwidth: Annotated[
+        str | None,
+        _opt("the inter-node link's bandwidth, e.g. 100Gbit/s, 25Gb/s, 10GB/s (default: the fitted 1/beta)", NETWORK),
+    ] = None,
+    latency: Annotated[
+        str | None, _opt("the inter-node link's latency per message hop, e.g. 5us (default: the fitted alpha)", NETWORK)
+    ] = None,
+    intra_bandwidth: Annotated[
+        str | None,
+        _opt(
+            "the intra-node link's bandwidth, between ranks on one node, e.g. 600GB/s (default: the fitted "
+            "1/beta_intra, else the inter-node bandwidth)",
+            NETWORK,
+        ),
+    ] = None,
+    intra_latency: Annotated[
+        str | None,
+        _opt(
+            "the intra-node link's latency per message hop, e.g. 1us (default: the fitted alpha_intra, else the "
+            "inter-node latency)",
+            NETWORK,
+        ),
+    ] = None,
+    compute_speed: Annotated[
+        float, _opt("per-worker compute speed relative to the profiled worker (2: twice as fast)", NETWORK)
+    ] = 1.0,
+    ranks_per_node: Annotated[
+        int | None,
+        _opt(
+            "workers that share one node: the fitted co-location slowdown applies to at most that many, and the "
+            "sync crosses nodes (the inter-node link) beyond them (default: the most ranks one host held when the "
+            "profile spanned several hosts, else the largest N profiled, which reproduces the fit there; 1: a "
+            "node per worker)",
+            NETWORK,
+        ),
+    ] = None,
+    schedule: Annotated[
+        list[str] | None,
+        _opt(
+            "simulate batch schedules instead of a constant batch, KIND[:KEY=VALUE,...] (e.g. "
+            f"geometric:factor=2,delay=5), repeatable; kinds: {SCHEDULE_KINDS}; workers follow N = "
+            "clip(ceil(B / batch_per_worker), min, max)",
+            SCHEDULE,
+        ),
+    ] = None,
+    min_workers: Annotated[
+        int | None, _opt("--schedule: fewest workers (default: train.workers.min, else 1)", SCHEDULE)
+    ] = None,
+    max_workers: Annotated[
+        int | None,
+        _opt("--schedule: most workers (default: train.workers.max, else the largest of --workers)", SCHEDULE),
+    ] = None,
+    batch_per_worker: Annotated[
+        int | None,
+        _opt(
+            "--schedule: samples per worker in the workers rule (default: train.workers.batch_per_worker, else B0)",
+            SCHEDULE,
+        ),
+    ] = None,
+    workers_rule: Annotated[
+        str | None,
+        _opt(
+            "--schedule: how N follows the batch: batch_per_worker (AdaDamp, N = ceil(B / batch_per_worker)) or "
+            "plan (the models' best N for each batch on the simulated network); default: train.workers.rule",
+            SCHEDULE,
+        ),
+    ] = None,
+    threshold: Annotated[
+        float | None,
+        _opt(
+            "--workers-rule plan: the predicted gain below which N stays (default: train.workers', else 0.05)",
+            SCHEDULE,
+        ),
+    ] = None,
+    accumulation: Annotated[
+        int | None,
+        _opt(
+            "--schedule: the most accumulation steps a schedule may grow the batch through once the workers are "
+            "at their most and the memory model caps the local batch (default: search.max_accumulation_steps)",
+            SCHEDULE,
+        ),
+    ] = None,
+    history: Annotated[
+        Path | None,
+        _opt(
+            "--schedule loss_ratio/adaptive: a training run record (train.json) whose per-epoch training loss "
+            "and B_simple they follow",
+            SCHEDULE,
+        ),
+    ] = None,
+    out: Annotated[Path | None, _opt("the PNG to write (default: simulate.png next to MODELS_JSON)", IO)] = None,
+    force: Annotated[bool, _opt("overwrite an existing PNG at --out", IO)] = False,
 ) -> None:
-    """What if the cluster were larger: predict step, epoch and total time and cost from a
-    fitted models record for worker counts far beyond the profiled ones, per collective
-    (ring all-reduce, parameter server, tree), for a constant batch or batch schedules,
-    on the fitted network or a given one: --bandwidth/--latency between nodes,
-    --intra-bandwidth/--intra-latency within a node of --ranks-per-node workers.  No
-    profiling, no torch."""
+    """Predict time and cost for clusters larger than the profiled one, without profiling.
+
+    From a fitted models record: step, epoch and total time and cost for worker counts far
+    beyond the profiled ones, per collective (ring all-reduce, parameter server, tree), for a
+    constant batch or batch schedules, on the fitted network or a given one: --bandwidth and
+    --latency between nodes, --intra-bandwidth and --intra-latency within a node of
+    --ranks-per-node workers.  No profiling, no torch."""
     from tula.core.simulate import parse_collectives, parse_schedule, parse_workers, simulator_from_models, what_if
     from tula.engine.rundir import check_out_file
 
@@ -797,7 +1040,7 @@ def simulate(
         max_workers,
         batch_per_worker,
         noise_scale,
-        max_accumulation,
+        accumulation,
         workers_rule,
         threshold,
     )
@@ -818,31 +1061,57 @@ def _show_simulation(sim, w, out: Path) -> None:
     say(console, "plot written to ", (out, "bold"))
 
 
-@app.command()
+@app.command(
+    epilog=epilog(
+        "tula run --example digits --epochs 1",
+        "tula run --resume runs/digits-small-cnn   # continue a stopped run where it stopped",
+    )
+)
 def run(
-    spec: Path = typer.Argument(None, help="job spec (YAML); not needed with --resume"),
-    search: Search = typer.Option(None, help="full or partial search (default: partial)", show_default=False),
+    spec: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="SPEC", help="job spec (YAML); or --example NAME; not needed with --resume", show_default=False
+        ),
+    ] = None,
+    example: ExampleOption = None,
+    search: Annotated[
+        Search | None,
+        typer.Option(help="full or partial search (default: partial)", show_default=False, rich_help_panel=CONFIG),
+    ] = None,
     objective: SpecObjectiveOption = None,
-    train_after: bool = typer.Option(
-        None,
-        "--train/--no-train",
-        help="after planning, train at the chosen "
-        "configuration with the spec's train.method (default ags); default: "
-        "--train",
-        show_default=False,
-    ),
-    out: Path = typer.Option(
-        None,
-        help="directory for profile.json, models.json, plan.json, plan.png and "
-        "the training records; default runs/<spec name>",
-    ),
-    resume: Path = typer.Option(
-        None,
-        help="continue the run in this directory from the stage it stopped in, "
-        "as it was started (finished trials are not run again; training resumes from "
-        "its checkpoint)",
-    ),
-    force: bool = typer.Option(False, help="start over in an --out that holds an earlier run, deleting its records"),
+    epochs: EpochsOption = None,
+    train_after: Annotated[
+        bool | None,
+        typer.Option(
+            "--train/--no-train",
+            help="after planning, train at the chosen configuration with the spec's train.method (default ags); "
+            "default: --train",
+            show_default=False,
+            rich_help_panel=CONFIG,
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="directory for profile.json, models.json, plan.json, plan.png and the training records; default "
+            "runs/<spec name>",
+            rich_help_panel=IO,
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            help="continue the run in this directory from the stage it stopped in, as it was started (finished "
+            "trials are not run again; training resumes from its checkpoint)",
+            rich_help_panel=IO,
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(help="start over in an --out that holds an earlier run, deleting its records", rich_help_panel=IO),
+    ] = False,
     cluster: ClusterOption = None,
 ) -> None:
     """The main job: profile, fit, plan, train at the choice with AGS, and report.
@@ -851,19 +1120,30 @@ def run(
     the stage the run stopped in."""
     from tula.engine.rundir import check_out_dir, locked
 
+    spec = names.spec_source(spec, example, "run", optional=True)
     asked = RunSettings(
         search.value if search else None, objective.value if objective else None, train_after
     )  # what this command line gives; None: not given
     if resume is not None:
         if out is not None and out != resume:
             raise TulaError("give the run directory once: --resume DIR continues DIR (drop --out)")
+        if epochs is not None:
+            raise TulaError(
+                f"--resume continues the run in {resume} as it was started, with its epochs (drop --epochs)"
+            )
         out = check_out_dir(resume, what="--resume")
         started, settings = continue_run(out, spec, asked)
         job = _with_cluster(spec_from_dict(started), cluster)
     else:
         if spec is None:
-            raise TulaError("give a job spec (tula run SPEC), or --resume DIR to continue a run")
-        job = _with_cluster(load_spec(spec), cluster)  # fail fast, before any output directory appears
+            raise TulaError(
+                "give a job spec (tula run SPEC) or a shipped example (tula run --example digits), or --resume DIR "
+                "to continue a run"
+            )
+        job = load_spec(spec)
+        if epochs is not None:
+            job = spec_from_dict({**job.to_dict(), "epochs": epochs})
+        job = _with_cluster(job, cluster)  # fail fast, before any output directory appears
         out = check_out_dir(out or RUNS / job.name)
         settings = RunSettings(asked.search or Search.partial.value, asked.objective, asked.train is not False)
         if not force:
@@ -901,35 +1181,159 @@ def _run_stages(
     say(console, "records and plots in ", (out, "bold"), f": {', '.join(files)}")
 
 
+# --------------------------------------------------------------------------- a spec before any run
+@app.command(epilog=epilog("tula check my_model.yaml", "tula check --example digits"))
+def check(spec: SpecArgument = None, example: ExampleOption = None) -> None:
+    """Check a job spec without profiling: its fields, factories and a forward pass on two samples.
+
+    Loads and validates the spec, imports the model, data and loss factories it names, builds
+    the model and the data sets and runs the model and the loss on two training samples, in
+    this process (no workers are started).  A problem is one sentence and exit code 2."""
+    from rich.table import Table
+
+    from tula.engine.check import check_job
+    from tula.engine.interrupts import import_torch
+
+    job = load_spec(names.spec_source(spec, example, "check"))
+    import_torch()
+    found = check_job(job)
+    t = Table(title=f"tula check: {plain(job.name)}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("found")
+    rows = {
+        "model": found["model"],
+        "parameters": f"{found['parameters']:,}",
+        "data set": found["data"],
+        "samples": f"{found['train_size']:,} to train, {found['test_size']:,} to test",
+        "sample shape": " x ".join(map(str, found["sample_shape"])) or "a scalar",
+        "classes": str(found["classes"]) if found["classes"] else "not given (e.g. a regression)",
+        "loss": found["loss"],
+    }
+    for what, value in rows.items():
+        t.add_row(what, plain(value))
+    console.print(t)
+    say(console, ("ok", "bold green"), ": the spec's model takes its data and the loss scores it")
+
+
+examples_app = typer.Typer(
+    help="The shipped example specs: a table of them; `tula examples copy NAME` writes one to edit.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+    epilog=epilog("tula examples", "tula examples copy digits my_model.yaml"),
+)
+app.add_typer(examples_app, name="examples")
+
+
+@examples_app.callback()
+def _examples(ctx: typer.Context) -> None:
+    """The shipped example specs: a table of them; `tula examples copy NAME` writes one to edit."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.table import Table
+
+    import tula.examples as examples
+
+    t = Table(title="Tula's example specs (tula run --example NAME)")
+    t.add_column("name", style="bold")
+    t.add_column("what it trains")
+    for name in examples.names():
+        t.add_row(plain(name), plain(examples.summary(name)))
+    console.print(t)
+
+
+@examples_app.command(
+    "copy", epilog=epilog("tula examples copy digits", "tula examples copy mnist1d specs/my_model.yaml --force")
+)
+def examples_copy(
+    name: str = typer.Argument(..., help="an example's name (`tula examples` lists them)"),
+    dest: Path = typer.Argument(None, help="where to write it (default: NAME.yaml here)", show_default=False),
+    force: Annotated[bool, typer.Option(help="overwrite an existing file at DEST", rich_help_panel=IO)] = False,
+) -> None:
+    """Write an example spec to a file to edit, then run it with `tula run FILE`."""
+    import tula.examples as examples
+
+    written = examples.copy(name, dest, force=force)
+    say(console, "wrote ", (written, "bold"), f"; edit it, check it with `tula check {_q(written)}`, then run it")
+
+
+spec_app = typer.Typer(
+    help="The job spec's format: `tula spec schema` prints its JSON Schema.",
+    no_args_is_help=True,
+    epilog=epilog("tula spec schema --out tula-spec.schema.json"),
+)
+app.add_typer(spec_app, name="spec")
+
+
+@spec_app.command(
+    "schema",
+    epilog=epilog("tula spec schema > tula-spec.schema.json", "tula spec schema --out tula-spec.schema.json"),
+)
+def spec_schema(
+    out: Annotated[
+        Path | None, typer.Option(help="write it to this file instead of the output", rich_help_panel=IO)
+    ] = None,
+    force: Annotated[bool, typer.Option(help="overwrite an existing file at --out", rich_help_panel=IO)] = False,
+) -> None:
+    """Print the JSON Schema of a job spec (for an editor's completion and checks)."""
+    import json
+
+    text = json.dumps(JobSpec.model_json_schema(), indent=2) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+        return
+    from tula.engine.rundir import check_out_file
+
+    check_out_file(out, force)
+    out.write_text(text)
+    say(console, "schema written to ", (out, "bold"))
+
+
 # --------------------------------------------------------------------------- the service and its clients
 _SERVER_HELP = "the Tula service's URL (default: $TULA_SERVER, else http://127.0.0.1:8787)"
 _TOKEN_HELP = "the service's bearer token (default: $TULA_TOKEN)"
-ServerOption = Annotated[str | None, typer.Option(help=_SERVER_HELP)]
-TokenOption = Annotated[str | None, typer.Option(help=_TOKEN_HELP)]
+ServerOption = Annotated[str | None, typer.Option(help=_SERVER_HELP, rich_help_panel=SERVICE)]
+TokenOption = Annotated[str | None, typer.Option(help=_TOKEN_HELP, rich_help_panel=SERVICE)]
 
 
-@app.command()
+@app.command(
+    epilog=epilog(
+        "tula serve --home /srv/tula --max-concurrent-jobs 2",
+        "TULA_TOKEN=secret tula serve --host 0.0.0.0 --cluster tcp://scheduler:8786",
+    )
+)
 def serve(
-    host: str = typer.Option(
-        None, help="address to listen on (default 127.0.0.1; beyond loopback a token is required)"
-    ),
-    port: int = typer.Option(None, help="port (default 8787)"),
-    token: str = typer.Option(None, help="bearer token every request must carry (default: $TULA_TOKEN)"),
-    home: Path = typer.Option(
-        None,
-        help="data directory: job records, checkpoints, plots and the SQLite store (default: $TULA_HOME, else ~/.tula)",
-    ),
-    db_url: str = typer.Option(
-        None,
-        help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db "
-        "(default: $TULA_DB_URL, else sqlite:///HOME/tula.db)",
-    ),
-    max_concurrent_jobs: int = typer.Option(None, help="jobs running at once (default 1); the rest queue"),
-    cluster: str = typer.Option(
-        None,
-        help="where jobs run (default: $TULA_CLUSTER, else local): local, dask (a LocalCluster per job), "
-        "tcp://HOST:PORT (your Dask scheduler) or a dask-jobqueue YAML file; a submission cannot name one",
-    ),
+    host: Annotated[
+        str | None,
+        _opt("address to listen on (default 127.0.0.1; beyond loopback a token is required)", SERVICE),
+    ] = None,
+    port: Annotated[int | None, _opt("port (default 8787)", SERVICE)] = None,
+    token: Annotated[str | None, _opt("bearer token every request must carry (default: $TULA_TOKEN)", SERVICE)] = None,
+    home: Annotated[
+        Path | None,
+        _opt(
+            "data directory: job records, checkpoints, plots and the SQLite store (default: $TULA_HOME, else ~/.tula)",
+            IO,
+        ),
+    ] = None,
+    db_url: Annotated[
+        str | None,
+        _opt(
+            "SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db (default: $TULA_DB_URL, else "
+            "sqlite:///HOME/tula.db)",
+            IO,
+        ),
+    ] = None,
+    max_concurrent_jobs: Annotated[
+        int | None, _opt("jobs running at once (default 1); the rest queue", CLUSTER)
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        _opt(
+            "where jobs run (default: $TULA_CLUSTER, else local): local, dask (a LocalCluster per job), "
+            "tcp://HOST:PORT (your Dask scheduler) or a dask-jobqueue YAML file; a submission cannot name one",
+            CLUSTER,
+        ),
+    ] = None,
 ) -> None:
     """Run the Tula service: a REST API (OpenAPI at /docs) and a dashboard at /.
 
@@ -1047,18 +1451,24 @@ def _client(server: str | None, token: str | None):
     return Client(server, token)
 
 
-@app.command()
+@app.command(
+    epilog=epilog(
+        "tula submit --example digits --wait",
+        "tula submit my_model.yaml --objective cost --no-train --server http://tula.example:8787",
+    )
+)
 def submit(
-    spec: Path = typer.Argument(..., help="job spec (YAML)"),
+    spec: SpecArgument = None,
+    example: ExampleOption = None,
     server: ServerOption = None,
     token: TokenOption = None,
-    search: Search = typer.Option(Search.partial, help="full or partial search"),
+    search: SearchOption = Search.partial,
     objective: SpecObjectiveOption = None,
-    train_after: bool = typer.Option(True, "--train/--no-train", help="train at the chosen configuration"),
-    wait: bool = typer.Option(False, help="follow the job until it ends, with a progress bar"),
+    train_after: Annotated[bool, _opt("train at the chosen configuration", CONFIG, "--train/--no-train")] = True,
+    wait: Annotated[bool, _opt("follow the job until it ends, with a progress bar", SERVICE)] = False,
 ) -> None:
     """Submit a job spec to a Tula service; prints the job's id (and follows it with --wait)."""
-    job = load_spec(spec)  # the same checks as the local commands, before anything is sent
+    job = load_spec(names.spec_source(spec, example, "submit"))  # the local commands' checks, before anything is sent
     c = _client(server, token)
     rec = c.submit(
         job.to_dict(), search=search.value, objective=objective.value if objective else None, train=train_after
@@ -1124,13 +1534,15 @@ def _follow(c, job_id: str) -> None:
         raise TulaError(f"job {job_id} was cancelled")
 
 
-@app.command()
+@app.command(epilog=epilog("tula status", "tula status JOB_ID --server http://tula.example:8787"))
 def status(
     job_id: str = typer.Argument(None, help="a job id; without it, the jobs table"),
     server: ServerOption = None,
     token: TokenOption = None,
-    state: str = typer.Option(None, help="only jobs in this state (queued, profiling, ..., done, failed)"),
-    limit: int = typer.Option(20, help="at most this many jobs"),
+    state: Annotated[
+        str | None, _opt("only jobs in this state (queued, profiling, ..., done, failed)", SERVICE)
+    ] = None,
+    limit: Annotated[int, _opt("at most this many jobs", SERVICE)] = 20,
 ) -> None:
     """The jobs of a Tula service, or one job with its plan and training summary."""
     from tula.service.client import job_detail, jobs_table
@@ -1146,43 +1558,66 @@ def status(
         say(console, renderable) if isinstance(renderable, Text) else console.print(renderable)
 
 
-@app.command()
+@app.command(
+    epilog=epilog(
+        "tula replan JOB_ID --objective cost --pricing price_per_node_hour=3.2",
+        "tula replan JOB_ID --workers 1,2,4,8,16 --deadline 8h --budget 500",
+    )
+)
 def replan(
     job_id: str = typer.Argument(..., help="a job of the service whose models are fitted"),
-    objective: Objective = typer.Option(None, help=_OBJECTIVE_HELP),
-    price: float = typer.Option(None, help="fixed price per node-hour"),
-    cluster_sizes: str = typer.Option(None, help="comma-separated cluster sizes to plan over, e.g. 1,2,4,8,16"),
-    epochs: int = typer.Option(None, help="another epoch count"),
-    noise_scale: float = typer.Option(
-        None, "--noise-scale", help="the gradient noise scale to assume (default: the profiled one)"
-    ),
-    use_measured: bool = typer.Option(
-        False,
-        "--use-measured",
-        help="scale the predicted epochs by what the job's finished training run measured against its prediction",
-    ),
+    objective: Annotated[Objective | None, _opt(_OBJECTIVE_HELP + " (default: the job's objective)", OBJECTIVE)] = None,
+    deadline: DeadlineOption = None,
+    budget: BudgetOption = None,
+    pricing: PricingOption = None,
+    workers: Annotated[
+        Counts | None,
+        _counts_option("worker counts N to plan over, comma-separated, e.g. 1,2,4,8,16 (default: the job's)"),
+    ] = None,
+    epochs: EpochsOption = None,
+    noise_scale: Annotated[
+        float | None,
+        _opt("the gradient noise scale to assume (default: the profiled one)", CONFIG, "--noise-scale"),
+    ] = None,
+    use_measured: Annotated[
+        bool,
+        _opt(
+            "scale the predicted epochs by what the job's finished training run measured against its prediction",
+            CONFIG,
+            "--use-measured",
+        ),
+    ] = False,
     server: ServerOption = None,
     token: TokenOption = None,
 ) -> None:
     """Plan a service job again from its stored models (no profiling), e.g. --objective cost."""
     from tula.report import plan_table
 
-    body: dict = {"objective": objective.value if objective else None, "epochs": epochs, "noise_scale": noise_scale}
+    price_over = _pricing_overrides(pricing)
+    if deadline is not None:
+        _deadline_s(deadline)  # the service takes the duration as written
+    _check_budget(budget)
+    body: dict = {
+        "objective": objective.value if objective else None,
+        "epochs": epochs,
+        "noise_scale": noise_scale,
+        "deadline": deadline,
+        "budget": budget,
+        "cluster_sizes": list(workers) if workers is not None else None,
+    }
     if use_measured:
         body["use_measured"] = True
-    if price is not None:
-        body["pricing"] = {"kind": "fixed", "price_per_node_hour": price}
-    if cluster_sizes is not None:
-        try:
-            body["cluster_sizes"] = [int(x) for x in cluster_sizes.split(",") if x.strip()]
-        except ValueError:
-            raise TulaError(f"--cluster-sizes must be comma-separated integers, not {cluster_sizes!r}") from None
-    p = _client(server, token).replan(job_id, {k: v for k, v in body.items() if v is not None})
+    c = _client(server, token)
+    if price_over:  # the job's pricing with the fields given replaced (the service takes a whole pricing)
+        body["pricing"] = {**spec_from_dict(c.job(job_id)["spec"]).pricing.model_dump(mode="json"), **price_over}
+    p = c.replan(job_id, {k: v for k, v in body.items() if v is not None})
     console.print(plan_table(p))
     say(console, ("choice", "bold green"), ": ", p["reason"])
 
 
 def main() -> None:
+    # the library's loggers (tula.*) on stderr: WARNING and above, or the level $TULA_LOG_LEVEL names
+    configure_logging(default=logging.WARNING)
     try:
         code = _run_command()
     except SystemExit as ex:  # a command that ended itself
@@ -1200,6 +1635,7 @@ def _run_command() -> int:
     if len(sys.argv) == 1:  # bare `tula`: the help, not an error
         sys.argv.append("--help")
     try:
+        names.refuse_old_spellings(sys.argv[1:])  # one sentence naming the new one, before parsing
         code = app(standalone_mode=False)
     except TulaError as err:
         say(err_console, ("error:", "bold red"), " ", err, soft_wrap=True)

@@ -740,7 +740,7 @@ def what_if(
         "--min-workers": min_workers,
         "--max-workers": max_workers,
         "--batch-per-worker": batch_per_worker,
-        "--max-accumulation": max_accumulation_steps,
+        "--accumulation": max_accumulation_steps,
         "--history": history,
         "--workers-rule": workers_rule,
         "--threshold": threshold,
