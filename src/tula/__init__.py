@@ -2,7 +2,7 @@
 
 The pipeline, one record per stage (:mod:`tula.core.records`; ``docs/architecture.md`` draws
 the layers, the records a job hands on, how a world of ranks starts and how the service runs
-a job; the README's "Layout" section lists the files)::
+a job; its section "The files" lists the files)::
 
     JobSpec -> profile -> Profile -> fit -> FittedModels -> plan -> Plan -> train -> TrainRun -> report
 

@@ -73,19 +73,32 @@ class Trial:
     (a smaller local batch already ran out of memory), ``error`` (the world failed),
     ``interrupted`` (Ctrl-C / SIGTERM before it ran)."""
 
+    #: N, the ranks of the world
     n_workers: int
+    #: b, the samples each rank's step takes
     local_batch: int
+    #: B = N x b
     global_batch: int
+    #: how the trial ended (the class's description says each)
     status: Literal["ok", "oom", "skipped", "error", "interrupted"]
+    #: the median time of a training step, seconds
     t_step_s: float | None = None
+    #: the median time of a step's forward and backward computation, seconds
     t_compute_s: float | None = None
+    #: the median time a step spends synchronising the gradients beyond the computation, seconds
     t_sync_s: float | None = None
     t_data_s: float | None = None  # median wait for the next batch (data loading) per step
+    #: the most memory a rank held during the trial, bytes
     peak_mem_bytes: int | None = None
+    #: the spread of the timed steps relative to their median
     t_step_spread: float | None = None
+    #: how many steps were timed
     timed_steps: int = 0
+    #: why a trial that is not ok ended so, or what to know about it
     note: str = ""
+    #: each timed step's time, seconds
     step_times_s: list[float] = field(default_factory=list)
+    #: each timed step's computation time, seconds
     compute_times_s: list[float] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)  # each rank's host (its worker's address), in rank order
     interfaces: list[str] = field(default_factory=list)  # each rank's network interface ("": torch's default)
@@ -115,11 +128,14 @@ def placement(trials: list[dict]) -> dict:
 
 
 class _Record(BaseModel):
-    # unknown fields are kept (a newer minor writer may add some); known ones must be right
-    model_config = ConfigDict(extra="allow")
+    # unknown fields are kept (a newer minor writer may add some); known ones must be right.  A docstring
+    # right under a field is its description (the JSON Schema's, the reference page's)
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     kind: str
+    """what the record is: tula.profile, tula.models, tula.plan, tula.train, tula.run or tula.checkpoint"""
     version: int = Field(ge=1)
+    """the version of its kind's format; a version newer than this Tula reads is refused"""
 
     @model_validator(mode="after")
     def _version_known(self) -> _Record:
@@ -162,32 +178,58 @@ def _valid_perf(value: Any) -> dict:
 
 
 class ModelInfo(BaseModel):
+    """The network a profile measured."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     name: str
+    """the spec's model.name"""
     param_count: int = Field(ge=0)
+    """its parameters"""
     grad_bytes: int = Field(ge=0)
+    """the bytes of its gradients, which every step synchronises"""
 
 
 class ProfileRecord(_Record):
+    """What ``tula profile`` measured: a trial of short real training steps at each chosen (N, B)."""
+
     kind: Literal["tula.profile"]
     spec: dict
+    """the job spec profiled (the reference's spec page has its fields)"""
     search: Literal["full", "partial"]
+    """full: every candidate (N, B); partial: only the extreme cluster sizes and batches"""
     device: str
+    """where the ranks computed: cpu or cuda"""
     backend: str
+    """the torch.distributed backend: gloo (CPU) or nccl (CUDA)"""
     threads_per_worker: int = Field(ge=1)
+    """torch threads per rank"""
     memory_budget_bytes: int | None
+    """the memory each worker could use (null: no budget)"""
     enforce_memory_cap: bool
+    """whether each worker's address space was capped at the budget (CPU)"""
     dataset_size: int = Field(ge=1)
+    """training samples"""
     sample_shape: list[int]
+    """the shape of one sample"""
     model: ModelInfo
+    """the network"""
     memory: dict
+    """the memory model measured at profile.memory_probe_batches (tula.core.memory_model.MemoryModel)"""
     max_local_batch: int | None
+    """the largest local batch the memory model allows within the budget (null: no budget)"""
     #: every (N, B) the search chose; trials not yet in ``trials`` are still to run
     configs: list[tuple[int, int]] = Field(default_factory=list)
     trials: list[Trial]
+    """every trial run so far, by N and B"""
     profiling_s: float = Field(ge=0)
+    """seconds spent profiling (over every resumption)"""
     created: str
+    """when the record was written (ISO 8601, with the host's UTC offset)"""
     failed: str | None = None
+    """why profiling stopped, when a world failed; the finished trials are kept"""
     interrupted: str | None = None
+    """the signal that stopped profiling, when one did; `tula profile SPEC --resume DIR` continues it"""
     #: a snapshot written while trials still ran (the process may have died since): the
     #: finished trials are kept and the rest run when it is resumed, as for ``interrupted``
     in_progress: bool = False
@@ -210,19 +252,34 @@ class ProfileRecord(_Record):
 
 
 class ModelsRecord(_Record):
+    """What ``tula fit`` fitted to a profile: the memory and performance models the planner predicts with."""
+
     kind: Literal["tula.models"]
     spec: dict
+    """the job spec profiled"""
     search: Literal["full", "partial"]
+    """the profile's search"""
     device: str
+    """where the profile's ranks computed: cpu or cuda"""
     dataset_size: int = Field(ge=1)
+    """training samples"""
     memory_budget_bytes: int | None
+    """the memory each worker could use (null: no budget)"""
     memory: dict
+    """the memory model refitted to the trials' measured peaks (tula.core.memory_model.MemoryModel)"""
     memory_probed: dict
+    """the memory model as the profile's probes measured it, before the refit"""
     perf: dict
+    """the performance model: step time from compute and synchronisation (tula.core.perfmodel.PerfModel)"""
     oom_local_batch: int | None
+    """the smallest local batch that ran out of memory (null: none did)"""
     fit_error: dict[str, float]
+    """relative errors of the models on the trials they were fitted to: the median and the largest, of the
+    step time and of the peak memory"""
     trials: list[Trial]
+    """the profile's trials"""
     profiling_s: float | None = None
+    """seconds the profile took"""
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
     _mem = field_validator("memory", "memory_probed")(classmethod(lambda cls, v: _valid_memory(v)))
@@ -230,30 +287,46 @@ class ModelsRecord(_Record):
 
 
 class PlanRow(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """One configuration (N, B) of a plan and its predictions."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     n_workers: int = Field(ge=1)
+    """N, the workers"""
     global_batch: int = Field(ge=1)
+    """B, the global batch"""
     local_batch: int = Field(ge=1)
-    feasible: bool  # fits in memory
+    """b = B / N"""
+    feasible: bool
+    """whether it fits in memory"""
     t_step_s: float
-    total_time_s: float  # expected, with preemptions, under spot pricing
+    """the predicted time of a step, seconds"""
+    total_time_s: float
+    """the predicted time of the spec's epochs, seconds (expected, with preemptions, under spot pricing)"""
     cost: float
+    """the predicted cost of the spec's epochs, in the pricing's unit"""
     peak_mem_bytes: int
-    meets_constraints: bool = True  # within the deadline and the budget (version 2; none before)
+    """the predicted peak memory of a worker, bytes"""
+    meets_constraints: bool = True
+    """within the deadline and the budget (version 2; true before)"""
 
 
 class PlanConstraints(BaseModel):
     """What a plan was made under (version 2): the deadline and budget (``None``: none) and
     how many configurations fit in memory and how many of those meet both."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     deadline_s: float | None = Field(default=None, gt=0)
+    """the deadline, seconds (null: none)"""
     budget: float | None = Field(default=None, ge=0)
+    """the budget, in unit (null: none)"""
     unit: str = "$"
+    """the pricing's unit of cost"""
     n_feasible: int = Field(ge=0)
+    """configurations that fit in memory"""
     n_meeting: int = Field(ge=0)
+    """feasible configurations that also meet the deadline and the budget"""
 
 
 class PlanRecord(_Record):
@@ -262,16 +335,27 @@ class PlanRecord(_Record):
 
     kind: Literal["tula.plan"]
     objective: Literal[OBJECTIVE_NAMES]  # type: ignore[valid-type]
+    """what the choice was made by"""
     choice: PlanRow
+    """the chosen configuration"""
     reason: str
+    """why it was chosen, in one sentence"""
     spec: dict
+    """the job spec planned"""
     dataset_size: int = Field(ge=1)
+    """training samples"""
     configurations: list[PlanRow]
+    """every configuration evaluated"""
     curves: dict[str, dict]
+    """per cluster size N (a string key): the feasible rows' predictions as lists, by global batch"""
     knees: dict[str, dict]
+    """per cluster size N: the knee of its time-vs-batch curve (its global_batch, and the method that found it)"""
     frontier: list[PlanRow]
+    """the Pareto frontier of the feasible configurations in time and cost"""
     constraints: PlanConstraints | None = None
+    """what the plan was made under (version 2)"""
     spot_comparison: dict | None = None
+    """spot against on-demand pricing, when asked for"""
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
 
@@ -285,21 +369,34 @@ class PlanRecord(_Record):
 class EpochRecord(BaseModel):
     """One line of ``metrics.jsonl``: an epoch's figures (and, for some methods, per-step traces)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     epoch: int = Field(ge=1)
+    """the epoch, from 1"""
     steps: int = Field(ge=1)
+    """steps in this epoch"""
     steps_done: int = Field(ge=1)
+    """steps since training began, this epoch's included"""
     global_batch: int = Field(ge=1)
+    """B during the epoch"""
     n_workers: int = Field(ge=1)
+    """N during the epoch"""
     lr: float
+    """the learning rate at the epoch's end"""
     train_loss: float
+    """the mean training loss of the epoch's steps"""
     epoch_time_s: float
+    """the epoch's training time, seconds"""
     test_loss: float
-    test_top1: float | None = None  # classification (train.loss cross_entropy, or a user's loss on integer labels)
-    test_r2: float | None = None  # regression (train.loss mse)
-    accumulation_steps: int = Field(default=1, ge=1)  # k micro-batches per step (lines before it had 1)
-    micro_batch: int | None = Field(default=None, ge=1)  # b = global_batch / (n_workers x k)
+    """the loss on the test split after the epoch"""
+    test_top1: float | None = None
+    """top-1 accuracy on the test split (classification: cross_entropy, or a user's loss on integer labels)"""
+    test_r2: float | None = None
+    """R^2 on the test split (regression: train.loss mse)"""
+    accumulation_steps: int = Field(default=1, ge=1)
+    """k, the micro-batches of each step (lines written before gradient accumulation: 1)"""
+    micro_batch: int | None = Field(default=None, ge=1)
+    """b = global_batch / (n_workers x k)"""
 
 
 def epoch_score(h: dict) -> tuple[str, float, str]:
@@ -317,19 +414,33 @@ def epoch_score(h: dict) -> tuple[str, float, str]:
 
 
 class TrainRecord(_Record):
+    """What ``tula train`` did: the configuration it ended at and every epoch's figures."""
+
     kind: Literal["tula.train"]
     spec: dict
+    """the job spec trained"""
     method: str
+    """the training method (train.method)"""
     n_workers: int = Field(ge=1)
+    """N of the last configuration"""
     global_batch: int = Field(ge=1)
+    """B of the last configuration"""
     steps_per_epoch: int = Field(ge=1)
+    """steps per epoch at that batch"""
     epochs: int = Field(ge=1)
+    """the epochs trained"""
     steps_done: int = Field(ge=0)
-    accumulation_steps: int = Field(default=1, ge=1)  # the last configuration's k (records before it: 1)
-    micro_batch: int | None = Field(default=None, ge=1)  # its b = local_batch / k; local_batch is B / N
+    """the steps taken"""
+    accumulation_steps: int = Field(default=1, ge=1)
+    """the last configuration's k (records before gradient accumulation: 1)"""
+    micro_batch: int | None = Field(default=None, ge=1)
+    """its micro-batch b = local_batch / k, where local_batch is B / N"""
     history: list[EpochRecord]
+    """each epoch's figures, as metrics.jsonl has them"""
     fallbacks: list[dict] = Field(default_factory=list)
+    """each out-of-memory fallback: the batch and accumulation before and after, and the epoch"""
     traces: dict = Field(default_factory=dict)
+    """per-step traces of the method (AGS's factors and gates, the noise scale), where it keeps some"""
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
 
@@ -340,10 +451,15 @@ class RunManifest(_Record):
 
     kind: Literal["tula.run"]
     spec: dict
+    """the job spec the run was started with"""
     search: Literal["full", "partial"]
+    """the profile's search"""
     objective: Literal[OBJECTIVE_NAMES] | None = None  # type: ignore[valid-type]
+    """the objective asked for on the command line (null: the spec's)"""
     train: bool = True
+    """whether the run trains after planning"""
     created: str = ""
+    """when the run was started (empty where the writer did not record it)"""
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
 
@@ -353,13 +469,21 @@ class CheckpointMeta(_Record):
 
     kind: Literal["tula.checkpoint"]
     epoch: int = Field(ge=0)
+    """the epochs finished"""
     steps_done: int = Field(ge=0)
+    """the steps taken"""
     method: str
+    """the training method"""
     global_batch: int = Field(ge=1)
+    """B to continue at"""
     n_workers: int = Field(ge=1)
-    accumulation_steps: int = Field(default=1, ge=1)  # checkpoints before gradient accumulation: 1
+    """N to continue with"""
+    accumulation_steps: int = Field(default=1, ge=1)
+    """k to continue with (checkpoints before gradient accumulation: 1)"""
     fallbacks: list[dict] = Field(default_factory=list)
+    """the out-of-memory fallbacks so far"""
     history: list[EpochRecord] = Field(default_factory=list)
+    """the finished epochs' figures"""
 
 
 SCHEMAS: dict[str, type[_Record]] = {

@@ -148,17 +148,31 @@ class AGS(torch.optim.Optimizer):
 
     Parameters
     ----------
-    optimizer : the optimiser to wrap (SGD, SGD with Nesterov momentum, Adam, ...)
-    b_large, b_small : global batch of a step and of the factor sub-batch; give
-        ``s_max = sqrt(b_large / b_small)`` unless ``s_max`` is set
-    delta : variability threshold δ: steps with Δ(G) >= δ are not scaled
-    s_min : lower bound of every factor, > 0
-    granularity : ``tensor`` (one factor per parameter tensor, ratio of norms) or
-        ``element`` (one factor per element)
-    mode : ``adaptive`` (Algorithm 1) or ``static`` (U(s), Eq. 8, factor ``static_scale``)
-    eps : stability term ε of Algorithm 1
-    trace_capacity : per-step values kept between two :meth:`drain_trace` calls
+    optimizer : torch.optim.Optimizer
+        The optimiser to wrap (SGD, SGD with Nesterov momentum, Adam, ...).
+    b_large, b_small : int
+        Global batch of a step and of the factor sub-batch; they give
+        ``s_max = sqrt(b_large / b_small)`` unless ``s_max`` is set.
+    delta : float
+        Variability threshold δ: steps with Δ(G) >= δ are not scaled.
+    s_min : float
+        Lower bound of every factor, > 0.
+    s_max : float or None
+        Upper bound of every factor (default ``sqrt(b_large / b_small)``).
+    granularity : str
+        ``tensor`` (one factor per parameter tensor, ratio of norms) or
+        ``element`` (one factor per element).
+    mode : str
+        ``adaptive`` (Algorithm 1) or ``static`` (U(s), Eq. 8, factor ``static_scale``).
+    static_scale : float
+        The factor s of static scaling (``mode="static"``).
+    eps : float
+        Stability term ε of Algorithm 1.
+    trace_capacity : int
+        Per-step values kept between two :meth:`drain_trace` calls.
 
+    Notes
+    -----
     In your own training loop (``examples/own_loop.py``, also ``tula.AGS``)::
 
         optimizer = AGS(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), b_large=B, b_small=32)
@@ -177,9 +191,12 @@ class AGS(torch.optim.Optimizer):
 
     Attributes
     ----------
-    factors : current factors, one tensor (or 0-d tensor) per parameter with a gradient
-    steps : steps taken (over the whole run, restored from checkpoints)
-    factor_updates : factor updates so far
+    factors : list[torch.Tensor] or None
+        Current factors, one tensor (or 0-d tensor) per parameter with a gradient.
+    steps : int
+        Steps taken (over the whole run, restored from checkpoints).
+    factor_updates : int
+        Factor updates so far.
     """
 
     def __init__(
