@@ -21,6 +21,7 @@ import tempfile
 import time
 
 import torch
+from _stats import describe, error_stats, kendall_tau, noise_floor  # bench/, the folder the script runs from
 from rich.console import Console
 from rich.table import Table
 
@@ -88,6 +89,16 @@ def main() -> None:
     console.print(t)
     errs = [r["error"] for r in rows]
     console.print(f"median error {statistics.median(errs):.1%}, max {max(errs):.1%} (target: within 10 %)")
+    # the field's statistics, the noise floor of this run (each configuration's first two rounds) and the
+    # ranking of the (N, k) at this B, predicted against measured
+    twice = [v[:2] for v in measured.values() if len(v) >= 2]
+    noise = noise_floor(*zip(*twice, strict=True)) if twice else None
+    pred, got = [r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]
+    console.print(
+        describe("step time with accumulation", error_stats(pred, got), noise, kendall_tau(pred, got)),
+        highlight=False,
+        soft_wrap=True,
+    )
     out = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.node()}, {torch.get_num_threads()} torch threads",

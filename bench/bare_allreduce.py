@@ -2,7 +2,7 @@
 hosts with shaped links, outside DDP and outside Tula, with the ranks free to move between
 cores and pinned one core per host: does gloo's ring follow the ring model's byte count
 (N = 3 and 4 at 1.33x and 1.50x the N = 2 time) on these links?  A check behind
-``bench/network_model.py`` (docs/benchmarks.md).  Needs root.
+``bench/network_model.py`` (docs/benchmarks-history.md).  Needs root.
 
 With ``--busy-ms 0,20`` each step first computes (a busy loop) for the mlp's step compute:
 ranks that share a core (N = 3, 4 on 2 cores) then contend, and the all-reduce slows by more

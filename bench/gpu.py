@@ -30,7 +30,7 @@ both loops when given (default: torch's defaults, off).
 
 Every part checks a wall-clock budget (``--budget-s``, 240 s) before it starts, and a part
 left out for lack of time says so.  The results print as a table and, on a GPU, replace the
-"GPU check" section of docs/benchmarks.md (``--doc``), with the card, torch's version and the
+"GPU check" section of docs/benchmarks-history.md (``--doc``), with the card, torch's version and the
 date.
 
 ``--dry-run``: the same code on the CPU with a tiny torchvision model (ShuffleNetV2 x0.5 at
@@ -70,6 +70,7 @@ if str(ROOT / "bench") not in sys.path:  # bench/run_prediction.py, when loaded 
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _stats import summarise  # noqa: E402  (bench/_stats.py: numpy only, nothing a GPU machine lacks)
 
 from tula.core.fit import fit_models  # noqa: E402
 from tula.core.memory_model import MemoryModel  # noqa: E402
@@ -346,6 +347,9 @@ def render(results: dict) -> str:
             f"|error|: {s['mem_err_tula']} against Tula's measured peak, {s['mem_err']} against the plain loop's "
             "(the resident data set left out)."
         )
+        if s.get("pred_stats"):
+            lines.append("")
+            lines.append(f"{p}: predicted step against the plain loop's, {s['pred_stats']}.")
     mb = results.get("max_batch")
     if mb:
         lines += [
@@ -509,12 +513,27 @@ def render_prediction(results: dict) -> str:
     if errs:
         lines += ["", f"Median |error| {_median_abs(errs)} (target 5 %), max {100 * max(errs):.1f} % over "
                   f"{len(errs)} configurations."]  # fmt: skip
+        # the field's statistics of |predicted / measured - 1| (the table's error is measured / predicted - 1)
+        field = [abs(r["predicted_epoch_s"] / r["measured_epoch_s"] - 1) for r in results["rows"] if "error" in r]
+        lines += ["", f"As the field states it, predicted against measured epoch: {_stats_text(field)}."]
     for note in results.get("notes", []):
         lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- the run
+def _stats_text(errors: list[float]) -> str:
+    """``|error|`` mean, median, 95th percentile and max (``bench/_stats.py``), or "" for none; a GPU run
+    measures no configuration twice, so no noise floor."""
+    if not errors:
+        return ""
+    s = summarise(errors)
+    return (
+        f"|error| over {s['n']} configurations: mean {100 * s['mean']:.1f} %, median {100 * s['median']:.1f} %, "
+        f"95th percentile {100 * s['p95']:.1f} %, max {100 * s['max']:.1f} %"
+    )
+
+
 def _median_abs(xs: list[float]) -> str:
     return f"{100 * statistics.median(abs(x) for x in xs):.1f} %" if xs else "-"
 
@@ -559,6 +578,7 @@ def run(s: Setup, budget: Budget, mode: str) -> dict:
             "tula_over_plain_max": f"{max(r['tula'] / r['plain'] for r in big):.2f}x" if big else "-",
             "from_b": s.ratio_from_b,
             "pred_err": _median_abs([(r["predicted"] - r["plain"]) / r["plain"] for r in prec_rows]),
+            "pred_stats": _stats_text([abs(r["predicted"] / r["plain"] - 1) for r in prec_rows if r["plain"]]),
             "mem_err": _median_abs(
                 [
                     (r["peak_predicted"] - r["resident"] - r["peak_plain"]) / r["peak_plain"]
@@ -690,7 +710,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tf32", action="store_true")
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--cudnn-benchmark", action="store_true")
-    ap.add_argument("--doc", type=Path, default=None, help="default: docs/benchmarks.md on a GPU, none in a dry run")
+    ap.add_argument(
+        "--doc", type=Path, default=None, help="default: docs/benchmarks-history.md on a GPU, none in a dry run"
+    )
     ap.add_argument("--run-prediction", action="store_true",
                     help="only #26's rows: predicted against measured training epochs (bf16, fp16; --methods)")  # fmt: skip
     ap.add_argument("--methods", default="ags,lbt", help="--run-prediction's training methods, comma-separated")
@@ -737,7 +759,7 @@ def main(argv: list[str] | None = None) -> dict:
     text = render_prediction(results) if args.run_prediction else render(results)
     print()
     print(text)
-    doc = args.doc if args.doc is not None else (ROOT / "docs" / "benchmarks.md" if mode == "cuda" else None)
+    doc = args.doc if args.doc is not None else (ROOT / "docs" / "benchmarks-history.md" if mode == "cuda" else None)
     if doc is not None:
         doc.write_text(replace_section(doc.read_text() if doc.exists() else "", text))
         print(f"wrote the section into {doc}")

@@ -4,7 +4,7 @@
 # .gpu-site from those wheels -- no index, no dependencies resolved, nothing the machine has
 # replaced (its torch least of all) -- then bench/gpu.py runs with src and .gpu-site on the path,
 # within $TULA_GPU_TIMEOUT_S (default 300) seconds.  Arguments go to bench/gpu.py.  Where $OUT is
-# set (a device run's folder that comes back), the updated docs/benchmarks.md and the log go there.
+# set (a device run's folder that comes back), the updated docs/benchmarks-history.md and the log go there.
 #
 #   bench/gpu_run.sh                 # ResNet-50/224, fp32 bf16 fp16, b 32..256
 #   bench/gpu_run.sh --tf32          # the same with train.tf32 in both loops
@@ -72,7 +72,7 @@ LOG=$(mktemp)
 timeout "${TULA_GPU_TIMEOUT_S:-300}" "$PY" bench/gpu.py "$@" 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp docs/benchmarks.md "$LOG" "$OUT/" 2>/dev/null && mv "$OUT/$(basename "$LOG")" "$OUT/gpu_check.log"
+    cp docs/benchmarks-history.md "$LOG" "$OUT/" 2>/dev/null && mv "$OUT/$(basename "$LOG")" "$OUT/gpu_check.log"
 fi
 [ "$rc" = 124 ] && echo "bench/gpu_run.sh: the GPU check ran past ${TULA_GPU_TIMEOUT_S:-300} s and was stopped" >&2
 exit "$rc"

@@ -210,7 +210,7 @@ def summarise(results: dict[str, dict], datasets: list[str], sb: int, batches: l
 
 
 def print_table(summary: dict, datasets: list[str], sb: int, batches: list[int], labels: list[str]) -> list[str]:
-    """Rich table to the console; the same as markdown lines for docs/benchmarks.md."""
+    """Rich table to the console; the same as markdown lines for docs/benchmarks-history.md."""
     md = []
     for ds in datasets:
         if not any(k[0] == ds for k in summary):

@@ -472,6 +472,24 @@ def evaluate(name: str, budget: int, threads: int, steps_per_trial: int, out: Pa
     }
 
 
+def stat_lines(results: list[dict]) -> list[str]:
+    """The accuracy as the field states it (``bench/_stats.py``), over the models: the memory model's
+    largest local batch (without and with the safety margin) against the true maximum.  This
+    benchmark measures no configuration twice, so it has no noise floor of its own."""
+    from _stats import describe, error_stats  # bench/, the folder the script runs from; not in the capped children
+
+    out = []
+    for what, key in (("without the safety margin", "model_bound_no_safety"), ("Tula's answer", "max_local_batch")):
+        pairs = [
+            (r["tula"].get(key), r["truth"].get("max_local_batch")) for r in results if not r["tula"].get("crashed")
+        ]
+        pairs = [(p, t) for p, t in pairs if p and t]
+        if pairs:
+            pred, true = zip(*pairs, strict=True)
+            out.append(describe(f"largest local batch, {what}, against the true maximum", error_stats(pred, true)))
+    return out
+
+
 def _ratio(ans, truth) -> str:
     if ans is None or not truth:
         return "-"
@@ -613,6 +631,8 @@ def main() -> None:
     for r in results:
         if r["lightning"].get("error"):
             console.print(f"[yellow]{r['model']}: Lightning's search ended with {r['lightning']['error']}[/]")
+    for line in stat_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
     console.print(f"total {time.perf_counter() - t_start:.0f} s; per-process records in {args.out}")
 
 

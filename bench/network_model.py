@@ -25,7 +25,7 @@ model's gradients runs on the same hosts and cores, a barrier before each, nothi
 beside it (``bench/bare_allreduce.measure``), and the simulated sync time is compared with
 it.  DDP's sync time above that bare all-reduce is shown as the "excess" (it appears at
 N = 3, 4, where ranks share this machine's 2 cores, and not at N = 2; see
-docs/benchmarks.md), with the step-time error once more without it.
+docs/benchmarks-history.md), with the step-time error once more without it.
 
 Topology (``--topology``, on by default): 2 hosts x 2 workers at the same rate, the mlp.
 The world of N = 2 takes both workers of host 1 (the intra-host link: loopback inside the

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _stats import describe, kendall_tau, summarise  # bench/, the folder the script runs from
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -70,7 +71,7 @@ def _profile(spec, search: str, label: str) -> dict:
         def on_event(ev):
             if ev["type"] == "plan":
                 bar.update(task, total=ev["total"], description="trials")
-            else:
+            elif ev["type"] == "trial":  # not the profile's other events ("checked", ...), which name no trial
                 bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}")
 
         return profile(spec, search, on_event=on_event)
@@ -126,7 +127,9 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
         "noise_t_step_max": float(noise.max()),
         "noise_mem_max": float(noise_mem.max()),
         "per_config": {f"N={k[0]} B={k[1]}": {"measured_s": truth[k]["t_step_s"]} for k in common},
+        "stats": {"noise_t_step": summarise(noise), "noise_mem": summarise(noise_mem)},
     }
+    global_b = np.array([k[1] for k in common], float)
     for label, rec in (("partial", part), ("full", full_a)):
         models = fit_models(rec)
         perf, mem = PerfModel.from_dict(models["perf"]), MemoryModel.from_dict(models["memory"])
@@ -137,6 +140,10 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
         res[f"t_step_{label}_max"] = float(e_t.max())
         res[f"mem_{label}_median"] = float(np.median(e_m))
         res[f"mem_{label}_max"] = float(e_m.max())
+        res["stats"][f"t_step_{label}"] = summarise(e_t)
+        res["stats"][f"mem_{label}"] = summarise(e_m)
+        # a plan ranks configurations by their time per sample: the step over the global batch
+        res["stats"][f"tau_{label}"] = kendall_tau(pred_t / global_b, np.asarray(meas_t) / global_b)
         res[f"perf_{label}"] = models["perf"]
         for k, p in zip(common, pred_t):
             res["per_config"][f"N={k[0]} B={k[1]}"][f"{label}_pred_s"] = float(p)
@@ -144,7 +151,20 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
     probed = MemoryModel.from_dict(part["memory"])
     e_probe = _rel(probed.predict_peak_bytes(b, n), meas_m)
     res["mem_probe_only_median"], res["mem_probe_only_max"] = float(np.median(e_probe)), float(e_probe.max())
+    res["stats"]["mem_probe_only"] = summarise(e_probe)
     return res
+
+
+def stat_lines(r: dict) -> list[str]:
+    """The accuracy as the field states it (``bench/_stats.py``): mean, median, p95 and max, each
+    beside the noise floor of the same run (profile A against profile B), and Kendall's tau."""
+    s, name = r["stats"], r["model"]
+    return [
+        describe(f"{name} step time, partial search", s["t_step_partial"], s["noise_t_step"], s["tau_partial"]),
+        describe(f"{name} step time, full search", s["t_step_full"], s["noise_t_step"], s["tau_full"]),
+        describe(f"{name} peak memory, partial fit", s["mem_partial"], s["noise_mem"]),
+        describe(f"{name} peak memory, probe only", s["mem_probe_only"], s["noise_mem"]),
+    ]
 
 
 def main() -> None:
@@ -202,6 +222,9 @@ def main() -> None:
     ]
     for what, ok in targets:
         console.print(f"target {what}: {'met' if ok else 'MISSED'}")
+    for r in results:
+        for line in stat_lines(r):
+            console.print(line, highlight=False, soft_wrap=True)
     console.print(f"raw profiles and results in {args.out}")
 
 

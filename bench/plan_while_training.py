@@ -35,7 +35,7 @@ each error (the head's command, the scheduler and the links' packet processing s
 
 Run:  sudo .venv/bin/python bench/plan_while_training.py [--rates 100,1000] [--seeds 0] [--epochs 6]
       [--data digits,mnist1d] [--models mlp,small_cnn] [--pin]   (MNIST-1D: small_cnn1d; the MLP is digits only)
-Prints its table; ``--json`` writes the rows (docs/benchmarks.md's section is written by hand from them).
+Prints its table; ``--json`` writes the rows (docs/benchmarks-history.md's section is written by hand from them).
 """
 
 from __future__ import annotations
@@ -190,6 +190,16 @@ def one_rate(rate: float, model: str, args, out: Path, data: str = "digits") -> 
                     "world_starts": sum(1 for g in run.get("generations") or [] if g.get("new_world")),
                     "final_acc": hist[-1].get("test_top1"),
                     "median_measured_to_predicted": statistics.median(ratios) if ratios else None,
+                    # each generation's epoch after the first, for the accuracy statistics (bench/_stats.py)
+                    "epochs": [
+                        {
+                            "config": (e["global_batch"], e["n_workers"]),
+                            "predicted_s": e["predicted_epoch_s"],
+                            "measured_s": measured_epoch_s(e),
+                        }
+                        for e in hist[1:]
+                        if e.get("predicted_epoch_s")
+                    ],
                     "command_s": wall,
                 }
                 rows.append(row)
@@ -254,6 +264,35 @@ def summary(rows: list[dict]) -> Table:
     return t
 
 
+def stat_lines(rows: list[dict]) -> list[str]:
+    """The accuracy as the field states it (``bench/_stats.py``), per data set, model and link and over
+    all: mean, median, p95 and max of ``|predicted / measured - 1|`` over every generation's epoch
+    after a run's first, beside a noise floor from the same runs: consecutive epochs of one
+    configuration (the same B and N) in one run, which the prediction cannot tell apart."""
+    from _stats import describe, error_stats, noise_floor  # bench/, the folder the script runs from
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(f"{r['data']}, {r['model']}, {r['rate_mbit']:g} Mbit/s", []).append(r)
+    if len(groups) > 1:
+        groups["all"] = rows
+    out = []
+    for label, rs in groups.items():
+        eps = [e for r in rs for e in r.get("epochs", [])]
+        if not eps:
+            continue
+        pairs = [
+            (a["measured_s"], b["measured_s"])
+            for r in rs
+            for a, b in zip(r["epochs"], r["epochs"][1:])
+            if tuple(a["config"]) == tuple(b["config"])
+        ]
+        noise = noise_floor(*zip(*pairs, strict=True)) if pairs else None
+        stats = error_stats([e["predicted_s"] for e in eps], [e["measured_s"] for e in eps])
+        out.append(describe(f"each generation's epoch, {label}", stats, noise))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="100,1000", help="link rates in Mbit/s, comma-separated")
@@ -283,6 +322,8 @@ def main() -> None:
                 rows += one_rate(rate, model, args, args.out, data)
     console.print(table(rows))
     console.print(summary(rows))
+    for line in stat_lines(rows):
+        console.print(line, highlight=False, soft_wrap=True)
     pinned = "each host's worker on a core of its own" if args.pin else "the hosts sharing the cores"
     console.print(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, {platform.machine()}; {pinned}"

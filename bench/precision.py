@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import yaml
+from _stats import describe, kendall_tau, summarise  # bench/, the folder the script runs from
 
 from tula.core.fit import fit_models
 from tula.core.memory_model import MemoryModel
@@ -74,7 +75,10 @@ def judge(prof: dict) -> dict:
         abs(mm.predict_peak_bytes(t["local_batch"], t["n_workers"]) - t["peak_mem_bytes"]) / t["peak_mem_bytes"]
         for t in held
     ]
-    return {"held_out": len(held), "step_median": statistics.median(step_err), "step_max": max(step_err),
+    pred_per_sample = [float(perf.t_step_s(t["local_batch"], t["n_workers"], rpn)) / t["global_batch"] for t in held]
+    stats = {"step": summarise(step_err), "mem": summarise(mem_err),
+             "tau": kendall_tau(pred_per_sample, [t["t_step_s"] / t["global_batch"] for t in held])}  # fmt: skip
+    return {"stats": stats, "held_out": len(held), "step_median": statistics.median(step_err), "step_max": max(step_err),
             "mem_median": statistics.median(mem_err), "mem_max": max(mem_err),
             "bytes_per_sample": mm.bytes_per_sample, "precision": mm.precision,
             "t_step_s": {(t["n_workers"], t["global_batch"]): t["t_step_s"] for t in prof["trials"] if t["status"] == "ok"},
@@ -93,6 +97,9 @@ def main() -> None:
     for p, r in res.items():
         print(f"| {p} | {r['held_out']} | {100 * r['step_median']:.1f} % ({100 * r['step_max']:.1f} %) | "
               f"{100 * r['mem_median']:.1f} % ({100 * r['mem_max']:.1f} %) | {r['bytes_per_sample']} |")  # fmt: skip
+    for p, r in res.items():  # the field's statistics; one profile per precision: no noise floor of its own
+        print(describe(f"{p} step time, held out", r["stats"]["step"], None, r["stats"]["tau"]))
+        print(describe(f"{p} peak memory, held out", r["stats"]["mem"], None))
     common = sorted(set(res["fp32"]["t_step_s"]) & set(res["bf16"]["t_step_s"]))
     speed = statistics.median(res["fp32"]["t_step_s"][c] / res["bf16"]["t_step_s"][c] for c in common)
     mem = statistics.median(res["bf16"]["peak"][c] / res["fp32"]["peak"][c] for c in common)

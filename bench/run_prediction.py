@@ -160,6 +160,34 @@ def trial_parts(models: dict, method: str) -> list[dict]:
     return out
 
 
+def stat_lines(results: list[dict]) -> list[str]:
+    """The accuracy as the field states it (``bench/_stats.py``), per repeat (and with or without the
+    middle batch): mean, median, p95 and max of ``|predicted / measured - 1|`` over the trained
+    configurations, Kendall's tau between the predicted and the measured ranking of their epochs,
+    and the noise floor of this run: the same configuration (data, method, N, B) trained twice here
+    (in two repeats, or without and with the middle batch, which changes the prediction only)."""
+    from _stats import describe, error_stats, kendall_tau, noise_floor  # bench/, the folder the script runs from
+
+    done = [x for x in results if "measured_epoch_s" in x]
+    seen: dict[tuple, list[float]] = {}
+    for x in done:
+        seen.setdefault((x["dataset"], x["method"], x["n_workers"], x["global_batch"]), []).append(
+            x["measured_epoch_s"]
+        )
+    twice = [v[:2] for v in seen.values() if len(v) >= 2]
+    noise = noise_floor([v[0] for v in twice], [v[1] for v in twice]) if twice else None
+    out = []
+    for r in sorted({x["repeat"] for x in done}):
+        for middle in (False, True):
+            sel = [x for x in done if x["repeat"] == r and x["middle"] == middle]
+            if not sel:
+                continue
+            pred, meas = [x["predicted_epoch_s"] for x in sel], [x["measured_epoch_s"] for x in sel]
+            label = f"epoch time, repeat {r}{', middle batch' if middle else ''}"
+            out.append(describe(label, error_stats(pred, meas), noise, kendall_tau(pred, meas)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", default="digits,mnist1d")
@@ -217,6 +245,8 @@ def main() -> None:
                     f"repeat {r}{', middle batch' if middle else ''}: median |error| {statistics.median(errs):.1%} "
                     f"(target 5 %), max {max(errs):.1%} (target 10 %) over {len(errs)} configurations"
                 )
+    for line in stat_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(results, indent=1))
     console.print(f"results written to {a.out}")

@@ -251,7 +251,7 @@ def main() -> None:
         default=None,
         help="the service's upper bound on running jobs (default: twice the hosts; the workers' turns limit the rest)",
     )
-    ap.add_argument("--doc", action="store_true", help="replace this benchmark's section of docs/benchmarks.md")
+    ap.add_argument("--doc", action="store_true", help="replace this benchmark's section of docs/benchmarks-history.md")
     ap.add_argument(
         "--postgres",
         action="store_true",
@@ -311,7 +311,7 @@ def main() -> None:
         sys.path.insert(0, str(ROOT / "bench"))
         from gpu import replace_section  # one rule for a benchmark's section of the doc
 
-        doc = ROOT / "docs" / "benchmarks.md"
+        doc = ROOT / "docs" / "benchmarks-history.md"
         doc.write_text(replace_section(doc.read_text(), text))
         console.print(f"wrote the section into {doc}")
 

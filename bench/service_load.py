@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from service_helpers import Service, wait_for  # noqa: E402
 
-SPEC = yaml.safe_load((ROOT / "examples" / "digits_cnn.yaml").read_text())
+SPEC = yaml.safe_load((ROOT / "src" / "tula" / "examples" / "digits.yaml").read_text())
 
 
 def _warm(_: int) -> None:

@@ -1,6 +1,6 @@
 """How far is ``tula simulate`` from configurations measured here but left out of the fit?
 
-Runs a real ``tula profile`` of the digits example (``examples/digits_cnn.yaml``, search
+Runs a real ``tula profile`` of the digits example (``src/tula/examples/digits.yaml``, search
 full: N in {1, 2} x global batches 128..1024) twice (A and B, minutes apart), or reads
 profiles given with ``--profile``.  From profile A it refits the models without some
 measured configurations and simulates those (:func:`tula.core.simulate.simulator_from_models`,
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from _stats import describe, kendall_tau, summarise  # bench/, the folder the script runs from
 from rich.console import Console
 from rich.table import Table
 
@@ -96,7 +97,7 @@ def simulate_held_out(prof: dict, held: set[tuple[int, int]]) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--spec", type=Path, default=ROOT / "examples" / "digits_cnn.yaml")
+    ap.add_argument("--spec", type=Path, default=ROOT / "src" / "tula" / "examples" / "digits.yaml")
     ap.add_argument("--profile", type=Path, nargs="+", help="profile A (and B) to read instead of profiling")
     ap.add_argument("--timed-steps", type=int, default=16)
     ap.add_argument("--out", type=Path, default=Path("runs/bench/simulate_accuracy"))
@@ -140,6 +141,7 @@ def main() -> None:
     summary = Table(title="Simulated step time of held-out configurations: relative error (median / max)")
     for col in ("held out", "configs", "median", "max", "median vs B", "noise floor A-B (median)"):
         summary.add_column(col, justify="right" if col != "held out" else "left")
+    lines = []
     for name, helds in schemes.items():
         rows = [r for held in helds for r in simulate_held_out(a, held)]
         errs = np.array([r["rel_error"] for r in rows])
@@ -185,6 +187,18 @@ def main() -> None:
         )
         vs_b = [r["rel_error_vs_b"] for r in rows if r["rel_error_vs_b"] is not None]
         results["schemes"][name]["median_vs_b"] = float(np.median(vs_b)) if vs_b else None
+        # the field's statistics: mean, median, p95, max; the noise floor of these configurations; the ranking
+        # of the configurations by their whole run's time, simulated against measured (Kendall's tau)
+        held_noise = [
+            noise[(r["n_workers"], r["global_batch"])] for r in rows if (r["n_workers"], r["global_batch"]) in noise
+        ]
+        stats = {
+            "error": summarise(errs),
+            "noise": summarise(held_noise) if held_noise else None,
+            "tau": kendall_tau([r["simulated_total_s"] for r in rows], [r["measured_total_s"] for r in rows]),
+        }
+        results["schemes"][name]["stats"] = stats
+        lines.append(describe(f"held out: {name}", stats["error"], stats["noise"], stats["tau"]))
         summary.add_row(
             name,
             str(len(rows)),
@@ -194,6 +208,8 @@ def main() -> None:
             "-" if np.isnan(nf) else f"{nf:.1%}",
         )
     console.print(summary)
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     console.print(f"profiles and results in {args.out}")
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import shutil
 import statistics
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 
 import torch
+from _stats import describe, error_stats, kendall_tau  # bench/, the folder the script runs from
 from rich.console import Console
 from rich.table import Table
 
@@ -195,7 +197,7 @@ def main() -> None:
             target, rows = summarise(ds, method, batches, runs, a.target, ns["b_noise"])
             errs = [r["rel_error"] for r in rows[1:] if r["rel_error"] is not None]
             e0 = rows[0]["epochs"]
-            plans = {}
+            plans, predicted_tta = {}, {}
             if e0:
                 m = dict(models)
                 d = spec_from_dict(job(ds, 0, max(1, round(e0)), batches)).to_dict()
@@ -208,6 +210,8 @@ def main() -> None:
                     plan = make_plan(m, objective)
                     trained = [c for c in plan["configurations"] if c["feasible"] and c["global_batch"] in batches]
                     plans[objective] = min(trained, key=lambda c: c[key])["global_batch"]
+                    if objective == "time_to_accuracy":  # the plan's ranking of the trained batches
+                        predicted_tta = {c["global_batch"]: c[key] for c in trained}
                     plans[objective + "_unrestricted"] = plan["choice"]["global_batch"]
             timed = [r for r in rows if r["seconds"] is not None]
             fastest = min(timed, key=lambda r: r["seconds"]) if timed else None
@@ -249,6 +253,28 @@ def main() -> None:
                           "-" if r["measured_rel"] is None else f"{r['measured_rel']:.2f}",
                           "-" if r["rel_error"] is None else f"{r['rel_error']:.0%}")  # fmt: skip
             console.print(t)
+            # the field's statistics over B > B0 (B0 is 0 by construction), and Kendall's tau between the
+            # plan's predicted seconds to target and the measured ones over the batches trained (no run here
+            # measures one configuration twice: no noise floor)
+            scored = [r for r in rows[1:] if r["measured_rel"]]
+            ranked = [
+                r for r in rows if r["seconds"] and math.isfinite(predicted_tta.get(r["batch"]) or math.inf)
+            ]  # fmt: skip
+            if scored:
+                res["stats"] = error_stats([r["predicted_rel"] for r in scored], [r["measured_rel"] for r in scored])
+                tau = (
+                    kendall_tau([predicted_tta[r["batch"]] for r in ranked], [r["seconds"] for r in ranked])
+                    if len(ranked) >= 2
+                    else None
+                )
+                res["tau_seconds_to_target"] = tau
+                console.print(
+                    "  "
+                    + describe("predicted relative epochs to target", res["stats"], None, tau)
+                    + " (tau: the plan's seconds to target against the measured, over B)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
             console.print(
                 f"  median error of predicted relative epochs: "
                 f"{'-' if res['median_rel_error'] is None else format(res['median_rel_error'], '.0%')} (target 25 %); "

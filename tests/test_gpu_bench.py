@@ -35,7 +35,7 @@ def test_the_section_replaces_the_old_one_in_place_or_is_appended():
     assert last == f"# Benchmarks\n\n## Before\n\na\n\n{new}"
     assert gpu.replace_section(last, new) == last  # the section at the end is replaced, not repeated
     # the doc as committed has the section once
-    assert (ROOT / "docs" / "benchmarks.md").read_text().count(gpu.SECTION) == 1
+    assert (ROOT / "docs" / "benchmarks-history.md").read_text().count(gpu.SECTION) == 1
 
 
 @pytest.mark.slow
