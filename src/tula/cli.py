@@ -42,7 +42,7 @@ from tula.core.spec import JobSpec, load_spec, parse_duration, spec_from_dict
 from tula.pipeline import (
     Observer,
     RunSettings,
-    at_choice,
+    checkpoint_config,
     continue_run,
     fit_stage,
     is_partial,
@@ -53,6 +53,7 @@ from tula.pipeline import (
     same_job,
     start_run,
     train_stage,
+    training_method,
 )
 from tula.service.logs import configure_logging
 
@@ -706,29 +707,41 @@ def train(
     example: ExampleOption = None,
     method: Annotated[
         TrainMethod | None,
-        typer.Option(help=f"{_METHOD_HELP}; default: the spec's train.method", rich_help_panel=CONFIG),
+        typer.Option(
+            help=f"{_METHOD_HELP}; default: the spec's train.method (lbt where AGS has nothing to scale: B not above "
+            "train.ags.b_small)",
+            rich_help_panel=CONFIG,
+        ),
     ] = None,
     workers: Annotated[
         Counts | None,
         _counts_option(
-            "the number of workers N, one count (default: train.n_workers, else the plan's, else train.workers' "
-            "rule for the first batch)"
+            "the number of workers N, one count (default: the --plan's choice, else train.n_workers, else "
+            "train.workers' rule for the first batch)"
         ),
     ] = None,
     batch: Annotated[
         int | None,
-        typer.Option(help="global batch B (default: train.global_batch, else the plan's)", rich_help_panel=CONFIG),
+        typer.Option(
+            help="global batch B (default: the --plan's choice, else train.global_batch)", rich_help_panel=CONFIG
+        ),
     ] = None,
     accumulation: Annotated[
         int | None,
         typer.Option(
             help="gradient accumulation steps k: each worker's B / N samples a step run as k micro-batches of "
-            "B / (N k), synchronised once (overrides train.accumulation_steps; default 1)",
+            "B / (N k), synchronised once (default: the --plan's choice when it gives N and B, else "
+            "train.accumulation_steps, else 1)",
             rich_help_panel=CONFIG,
         ),
     ] = None,
     plan: Annotated[
-        Path | None, typer.Option(help="a plan.json whose choice gives N and B", rich_help_panel=IO)
+        Path | None,
+        typer.Option(
+            help="a plan.json whose choice gives N, B and k: over the spec's train fields, under --workers, --batch "
+            "and --accumulation",
+            rich_help_panel=IO,
+        ),
     ] = None,
     models: Annotated[
         Path | None,
@@ -786,10 +799,11 @@ def train(
         out = resume
     out = check_out_dir(out or RUNS / job.name / "train")
     job, n, b = _train_config(job, n_workers, batch, accumulation, plan, resume is not None, out)
-    name = method.value if method else job.train.method
+    obs = _Console()
+    name = training_method(job, b, obs, method.value if method else None)  # the spec's may fall back to lbt
     fitted = load_record(models, expect=(MODELS_KIND,)) if models is not None else None
     try:
-        train_stage(job, name, n, b, out, resume=resume is not None, observer=_Console(), models=fitted)
+        train_stage(job, name, n, b, out, resume=resume is not None, observer=obs, models=fitted)
     except Interrupted as err:
         err.hint = (
             f"tula train {names.spec_words(spec, example)} --method {name} --workers {n} --batch {b}"
@@ -831,37 +845,35 @@ def _train_config(
     resume: bool,
     out: Path,
 ) -> tuple[JobSpec, int, int]:
-    """The (job, N, B) ``tula train`` trains at: --workers and --batch, else the spec's, else
-    the plan's choice (as it planned it, with its accumulation, when it gives both), the
-    launched world's size, the workers rule's N for the first batch, or the checkpoint's
-    (``resume``); one sentence when none gives both."""
-    from tula.core.job_rules import first_workers
+    """The (job, N, B) ``tula train`` trains at, by the one rule of every front
+    (:func:`tula.core.job_rules.train_config`): --workers, --batch and --accumulation, else
+    the plan's choice (as it planned it, with its accumulation, when it gives both), else the
+    spec's, else the launched world's size, the workers rule's N for the first batch, or the
+    checkpoint's (``resume``); one sentence when none gives both.  The job has the
+    configuration's accumulation steps."""
+    from tula.core.job_rules import NoConfigError, spec_at, train_config
 
-    n = workers if workers is not None else job.train.n_workers
-    b = batch if batch is not None else job.train.global_batch
-    if plan is not None:
-        rec = load_record(plan, expect=(PLAN_KIND,))
-        if n is None and b is None and accumulation is None:  # the plan's configuration, as it planned it
-            job = at_choice(job, rec["choice"])
-        n = rec["choice"]["n_workers"] if n is None else n
-        b = rec["choice"]["global_batch"] if b is None else b
-    if n is None and cluster_kind(job.cluster.where).fixed_world:  # a launched world trains on all of its ranks
+    def world_size() -> int | None:
         from tula.engine.launch.env import joined_world_size
 
-        n = joined_world_size()
-    if n is None and b is not None and job.train.workers is not None:  # the worker rule's N for the first batch
-        n = first_workers(job, b)
-    if (n is None or b is None) and resume:
-        from tula.engine.checkpoint import checkpoint_meta
+        return joined_world_size()
 
-        meta = checkpoint_meta(out)
-        n, b = (meta["n_workers"] if n is None else n), (meta["global_batch"] if b is None else b)
-    if n is None or b is None:
+    try:
+        config = train_config(
+            job,
+            load_record(plan, expect=(PLAN_KIND,)) if plan is not None else None,
+            n_workers=workers,
+            global_batch=batch,
+            accumulation_steps=accumulation,
+            world_size=world_size if cluster_kind(job.cluster.where).fixed_world else None,
+            checkpoint=(lambda: checkpoint_config(out)) if resume else None,
+        )
+    except NoConfigError:
         raise TulaError(
             "no configuration to train at: give --workers and --batch, set train.n_workers and "
             "train.global_batch in the spec, or pass --plan plan.json"
-        )
-    return job, n, b
+        ) from None
+    return spec_at(job, config), config.n_workers, config.global_batch
 
 
 def _opt(help: str, panel: str, *decls: str, **kw):

@@ -48,7 +48,7 @@ from tula.pipeline import (
     PROFILE,
     TRAIN_DIR,
     Observer,
-    at_choice,
+    checkpoint_config,
     fit_stage,
     plan_stage,
     profile_stage,
@@ -298,8 +298,13 @@ class Job:
         global_batch: int | None = None,
         resume: bool = False,
         accumulation_steps: int | None = None,
+        plan: dict | str | Path | None = None,
     ) -> dict:
         """Train the model, by default at the plan's choice.
+
+        The configuration follows the rule of every front
+        (:func:`tula.core.job_rules.train_config`): each argument given here, else the plan's
+        choice, else the spec's ``train`` fields.
 
         Parameters
         ----------
@@ -311,9 +316,14 @@ class Job:
         global_batch : int or None
             The global batch size; ``None`` takes the plan's (or the spec's ``train.global_batch``).
         resume : bool
-            Continue from the checkpoint an interrupted run left in ``out/train``.
+            Continue from the checkpoint an interrupted run left in ``out/train`` (at its
+            configuration, where nothing else gives one).
         accumulation_steps : int or None
-            Micro-batches per step (overrides the spec's ``train.accumulation_steps``).
+            Micro-batches per step; ``None`` takes the plan's when it gives the worker count and
+            the batch, else the spec's ``train.accumulation_steps``.
+        plan : dict, str, pathlib.Path or None
+            The plan to train at: a plan record, or the path of a ``plan.json``; ``None`` takes
+            the one :meth:`plan` made, if any.
 
         Returns
         -------
@@ -325,23 +335,33 @@ class Job:
         TulaError
             If there is no configuration: neither a plan nor ``n_workers`` and ``global_batch``.
         """
+        from tula.core.job_rules import NoConfigError, spec_at, train_config
 
+        if isinstance(plan, (str, Path)):
+            from tula.core.records import PLAN_KIND, load_record
+
+            plan = load_record(Path(plan), expect=(PLAN_KIND,))
         spec = self.spec
-        if accumulation_steps is not None:
+        if accumulation_steps is not None:  # checked as a spec field: one sentence for a bad one
             d = spec.to_dict()
             spec = spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": accumulation_steps}})
-        t = spec.train
-        if self.plan_record is not None:
-            choice = self.plan_record["choice"]
-            if n_workers is None and global_batch is None and accumulation_steps is None:
-                spec = at_choice(spec, choice)  # the plan's configuration, as it planned it
-            n_workers = n_workers or choice["n_workers"]
-            global_batch = global_batch or choice["global_batch"]
-        n_workers, global_batch = n_workers or t.n_workers, global_batch or t.global_batch
-        if n_workers is None or global_batch is None:
-            raise TulaError("train needs a configuration: call plan() first, or give n_workers and global_batch")
-        method = method or training_method(spec, global_batch, self.observer)
-        return train_stage(spec, method, n_workers, global_batch, self.out / TRAIN_DIR, resume=resume,
+        train_dir = self.out / TRAIN_DIR
+        try:
+            config = train_config(
+                spec,
+                plan if plan is not None else self.plan_record,
+                n_workers=n_workers,
+                global_batch=global_batch,
+                accumulation_steps=accumulation_steps,
+                checkpoint=(lambda: checkpoint_config(train_dir)) if resume else None,
+            )
+        except NoConfigError:
+            raise TulaError(
+                "train needs a configuration: call plan() first, or give n_workers and global_batch"
+            ) from None
+        spec = spec_at(spec, config)
+        method = training_method(spec, config.global_batch, self.observer, method)
+        return train_stage(spec, method, config.n_workers, config.global_batch, train_dir, resume=resume,
                            launcher=self._launcher(), observer=self.observer, models=self.models)  # fmt: skip
 
     def _launcher(self) -> Any:

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tula.core.config import Config
 from tula.core.errors import Interrupted, RunDirError, TulaError
+from tula.core.job_rules import method_fallback, spec_at, train_config, train_method
 from tula.core.records import (
     MODELS_KIND,
     PLAN_KIND,
@@ -35,7 +37,6 @@ from tula.core.records import (
     load_record,
     save_record,
 )
-from tula.core.registry import METHODS
 from tula.core.sinks import check_sinks
 from tula.core.spec import JobSpec, load_spec, spec_from_dict
 
@@ -228,27 +229,35 @@ def train_stage(
 
 
 def at_choice(job: JobSpec, choice: dict) -> JobSpec:
-    """``job`` as it trains at a plan's ``choice``: with the choice's gradient accumulation
-    (``accumulation_steps``) when the plan accumulates and the spec does not say otherwise."""
-    k = int(choice.get("accumulation_steps") or 1)
-    if k == 1 or job.train.accumulation_steps != 1 or job.train.batch_schedule or job.train.workers:
-        return job  # (a schedule's batches need not split by k: schedules train without accumulation)
-    d = job.to_dict()
-    return spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": k}})
+    """``job`` as it trains at a plan's ``choice`` with nothing else given: with the choice's
+    gradient accumulation (``accumulation_steps``), unless a batch schedule or
+    ``train.workers`` chooses its own (:func:`tula.core.job_rules.train_config`)."""
+    return spec_at(job, train_config(job, {"choice": choice}))
 
 
-def training_method(job: JobSpec, global_batch: int, observer: Observer | None = None) -> str:
-    """The spec's method, or ``lbt`` where AGS has nothing to scale (the batch is not above
-    ``train.ags.b_small``)."""
-    method = job.train.method
-    if METHODS[method].needs_b_small_below_batch and global_batch <= job.train.ags.b_small:
-        if observer is not None:
-            observer.note(
-                f"the chosen batch {global_batch} is not above train.ags.b_small "
-                f"({job.train.ags.b_small}): nothing to scale, training with lbt"
-            )
-        return "lbt"
-    return method
+def checkpoint_config(train_dir: Path) -> Config | None:
+    """The configuration the checkpoint in ``train_dir`` was trained at (its last epoch's:
+    an out-of-memory fallback may have changed the batch or the accumulation since); ``None``
+    without a checkpoint."""
+    from tula.engine.checkpoint import checkpoint_meta, has_checkpoint
+
+    if not has_checkpoint(train_dir):
+        return None
+    meta = checkpoint_meta(train_dir)
+    return Config(meta["n_workers"], meta["global_batch"], meta.get("accumulation_steps", 1))
+
+
+def training_method(
+    job: JobSpec, global_batch: int, observer: Observer | None = None, method: str | None = None
+) -> str:
+    """The method to train with (:func:`tula.core.job_rules.train_method`): ``method`` when
+    given, else the spec's, or ``lbt`` where AGS has nothing to scale (the batch is not above
+    ``train.ags.b_small``; ``observer`` hears a note saying so)."""
+    if method is None and observer is not None:
+        why = method_fallback(job, global_batch)
+        if why:
+            observer.note(why)
+    return train_method(job, global_batch, method)
 
 
 # --------------------------------------------------------------------------- the whole job
@@ -331,9 +340,9 @@ def _train_at_choice(
     training finished, read its record."""
     from tula.engine.checkpoint import has_checkpoint
 
-    c = plan["choice"]
-    job = at_choice(job, c)
-    method = training_method(job, c["global_batch"], obs)
+    config = train_config(job, plan)  # the plan's choice: tula run and the service give nothing else
+    job = spec_at(job, config)
+    method = training_method(job, config.global_batch, obs)
     train_dir = out / TRAIN_DIR
     if resuming and (train_dir / TRAIN).exists():  # written only when training finished
         run = load_record(train_dir / TRAIN, expect=(TRAIN_KIND,))
@@ -343,8 +352,8 @@ def _train_at_choice(
     return train_stage(
         job,
         method,
-        c["n_workers"],
-        c["global_batch"],
+        config.n_workers,
+        config.global_batch,
         train_dir,
         resume=resuming and has_checkpoint(train_dir),
         launcher=launcher,

@@ -1,9 +1,10 @@
 """The core layer: the records, the rules and the pure models -- what Tula knows without
 running anything.
 
-The job spec and the records every stage hands on (:mod:`.spec`, :mod:`.records`), the
-tables of methods and batch schedules and the rules that read a spec against them
-(:mod:`.registry`, :mod:`.schedules`, :mod:`.job_rules`), the memory and performance models
+The job spec and the records every stage hands on (:mod:`.spec`, :mod:`.records`), a
+configuration as a value (:mod:`.config`), the tables of methods and batch schedules and the
+rules that read a spec against them, among them the one that decides the configuration to
+train at (:mod:`.registry`, :mod:`.schedules`, :mod:`.job_rules`), the memory and performance models
 and their fit (:mod:`.memory_model`, :mod:`.perfmodel`, :mod:`.fit`), pricing, the search
 space, the planner with its knee and the simulator (:mod:`.pricing`, :mod:`.space`,
 :mod:`.plan`, :mod:`.kneedle`, :mod:`.simulate`), the gradient noise scale's arithmetic

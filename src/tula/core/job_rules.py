@@ -7,20 +7,24 @@ tables live here, above all three, so that none of them imports another in a cir
 
 :func:`check_train_config` is the one place where every rule a training configuration must
 satisfy is checked, before any process starts; the method classes call :func:`check_method`
-with the same sentences.
+with the same sentences.  :func:`train_config` and :func:`train_method` are the one rule every
+front follows for the configuration and the method to train at: an explicit argument over the
+plan's choice over the spec's fields over the defaults.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from tula.core.config import Config
 from tula.core.errors import SpecError
 from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
 from tula.core.pricing import make_pricing
 from tula.core.registry import OBJECTIVES, method_info
 from tula.core.schedules import Caps, initial_state, schedule_info
-from tula.core.spec import BatchScheduleSpec, JobSpec
+from tula.core.spec import BatchScheduleSpec, JobSpec, spec_from_dict
 
 
 def method_problem(method: str, spec: JobSpec, n_workers: int, global_batch: int) -> str | None:
@@ -58,19 +62,7 @@ def check_train_config(
     ``accumulation_steps``: the k it trains at (default: the spec's
     ``train.accumulation_steps``; an out-of-memory fallback may have raised it)."""
     k = spec.train.accumulation_steps if accumulation_steps is None else accumulation_steps
-    if n_workers < 1:
-        raise SpecError(f"the number of workers must be at least 1, not {n_workers}")
-    if global_batch < n_workers or global_batch % n_workers:
-        raise SpecError(f"global batch {global_batch} does not split evenly over {n_workers} workers")
-    share = global_batch // n_workers
-    if k < 1:
-        raise SpecError(f"the number of accumulation steps must be at least 1, not {k}")
-    if share % k:
-        raise SpecError(
-            f"global batch {global_batch} on {n_workers} worker(s) gives each worker {share} samples a step, "
-            f"which do not split into {k} equal micro-batches (train.accumulation_steps, --accumulation); "
-            "choose accumulation steps that divide the share, or another batch"
-        )
+    Config(n_workers, global_batch, k).check()
     if global_batch > dataset_size:
         raise SpecError(f"global batch {global_batch} is larger than the training set ({dataset_size} samples)")
     check_method(method, spec, n_workers, global_batch)
@@ -219,3 +211,137 @@ def first_workers(spec: JobSpec, first_batch: int) -> int | None:
     if w.rule == "plan" or w.batch_per_worker is None:  # rule plan: the first decision chooses
         return w.min
     return min(max(math.ceil(first_batch / w.batch_per_worker), w.min), w.max)
+
+
+# --------------------------------------------------------------------------- the configuration to train at
+class NoConfigError(SpecError):
+    """No source gives both a worker count and a global batch (each front says in its own
+    words how to give one)."""
+
+
+def scheduled(spec: JobSpec) -> bool:
+    """Whether ``spec`` grows its batch or its workers (``train.batch_schedule``,
+    ``train.workers``): its first configuration is where the schedule starts, and the
+    schedule chooses its own accumulation."""
+    return spec.train.batch_schedule is not None or spec.train.workers is not None
+
+
+def train_config(
+    spec: JobSpec,
+    plan: Mapping[str, Any] | None = None,
+    *,
+    n_workers: int | None = None,
+    global_batch: int | None = None,
+    accumulation_steps: int | None = None,
+    world_size: Callable[[], int | None] | None = None,
+    checkpoint: Callable[[], Config | None] | None = None,
+) -> Config:
+    """The configuration to train ``spec`` at: the one rule of every front (``tula train``,
+    :meth:`tula.Job.train`, ``tula run`` and the service's runner through
+    :mod:`tula.pipeline`, the scikit-learn estimators).
+
+    The worker count N and the global batch B each come from the first source that gives it:
+
+    1. the explicit argument, ``n_workers`` / ``global_batch`` (an option, a keyword);
+    2. the plan's choice (``plan``, a plan record);
+    3. the spec's ``train.n_workers`` / ``train.global_batch``;
+    4. the defaults: for N, the size of the launched world the job runs in (``world_size``),
+       then the worker rule's count for the first batch (:func:`first_workers`); for both,
+       the checkpoint of the run being resumed (``checkpoint``).
+
+    The accumulation steps k: ``accumulation_steps`` when given; else those of the plan's
+    choice or the checkpoint when it gave both N and B (a configuration is taken whole, as it
+    was planned or trained; but a spec with a batch schedule or ``train.workers`` does not take
+    the plan's k: its schedule chooses its own); else the spec's ``train.accumulation_steps``.
+
+    Parameters
+    ----------
+    spec : JobSpec
+        The job (its ``train`` section).
+    plan : mapping or None
+        A plan record; its ``choice`` gives ``n_workers``, ``global_batch`` and
+        ``accumulation_steps``.
+    n_workers, global_batch, accumulation_steps : int or None
+        What the caller asks for explicitly; ``None``: not given.
+    world_size : callable or None
+        The size of the launched world the job trains in (all of whose ranks train; ``None``:
+        it joined none), asked only when nothing before it gives N.
+    checkpoint : callable or None
+        The configuration of the checkpoint a resumed run goes on from (``None``: there is
+        none), asked only when nothing before it gives N or B.
+
+    Returns
+    -------
+    Config
+        The configuration, checked to split (B over N, each share into k micro-batches)
+        unless the spec is :func:`scheduled`: a schedule's first decision chooses within its
+        caps.
+
+    Raises
+    ------
+    NoConfigError
+        If no source gives N or B.
+    SpecError
+        If the configuration does not split (one sentence, as :func:`check_train_config`'s).
+    """
+    t = spec.train
+    choice = plan["choice"] if plan is not None else None
+    n, b, k = n_workers, global_batch, accumulation_steps
+    whole: Config | None = None  # the configuration of the one source that gave both N and B
+    if choice is not None and n is None and b is None and not scheduled(spec):
+        whole = Config(
+            int(choice["n_workers"]), int(choice["global_batch"]), int(choice.get("accumulation_steps") or 1)
+        )
+    if n is None:
+        n = int(choice["n_workers"]) if choice is not None else t.n_workers
+    if b is None:
+        b = int(choice["global_batch"]) if choice is not None else t.global_batch
+    if n is None and world_size is not None:
+        n = world_size()
+    if n is None and b is not None and t.workers is not None:
+        n = first_workers(spec, b)
+    if (n is None or b is None) and checkpoint is not None:
+        last = checkpoint()
+        if last is not None:
+            whole = last if n is None and b is None else whole
+            n = last.n_workers if n is None else n
+            b = last.global_batch if b is None else b
+    if n is None or b is None:
+        raise NoConfigError(
+            "no configuration to train at: give the number of workers and the global batch, set "
+            "train.n_workers and train.global_batch in the spec, or train at a plan's choice"
+        )
+    if k is None:
+        k = whole.accumulation_steps if whole is not None else t.accumulation_steps
+    config = Config(n, b, k)
+    return config if scheduled(spec) else config.check()
+
+
+def spec_at(spec: JobSpec, config: Config) -> JobSpec:
+    """``spec`` as it trains at ``config``: its ``train.accumulation_steps`` is the
+    configuration's k (the trainer reads k from the spec)."""
+    if spec.train.accumulation_steps == config.accumulation_steps:
+        return spec
+    d = spec.to_dict()
+    return spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": config.accumulation_steps}})
+
+
+def method_fallback(spec: JobSpec, global_batch: int) -> str | None:
+    """Why the spec's method trains with ``lbt`` at ``global_batch``: AGS (or a method like
+    it) has nothing to scale when the batch is not above ``train.ags.b_small``; ``None``
+    when the spec's method trains."""
+    if method_info(spec.train.method).needs_b_small_below_batch and global_batch <= spec.train.ags.b_small:
+        return (
+            f"the chosen batch {global_batch} is not above train.ags.b_small "
+            f"({spec.train.ags.b_small}): nothing to scale, training with lbt"
+        )
+    return None
+
+
+def train_method(spec: JobSpec, global_batch: int, method: str | None = None) -> str:
+    """The training method, by the one rule of every front: ``method`` when given
+    (explicitly: an option, a keyword); else the spec's ``train.method``, or ``lbt`` where it
+    has nothing to scale at ``global_batch`` (:func:`method_fallback`)."""
+    if method is not None:
+        return method
+    return "lbt" if method_fallback(spec, global_batch) else spec.train.method

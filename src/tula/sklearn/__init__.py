@@ -363,12 +363,17 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
         return module
 
     def _run(self, spec: Any, batch: int, n_workers: int, out: Path, threads: int) -> dict:
-        """Train through the runner on the launcher ``cluster`` asks for."""
+        """Train through the runner on the launcher ``cluster`` asks for, at the configuration
+        of the rule every front follows (:func:`tula.core.job_rules.train_config`; the
+        estimator's parameters are explicit arguments)."""
+        from tula.core.job_rules import spec_at, train_config, train_method
         from tula.engine.train import train
 
-        with self._launcher(spec, n_workers) as launcher:
+        config = train_config(spec, n_workers=n_workers, global_batch=batch)
+        spec, method = spec_at(spec, config), train_method(spec, config.global_batch, self.method)
+        with self._launcher(spec, config.n_workers) as launcher:
             on_event = self._printer() if self.verbose else None
-            return train(spec, self.method, n_workers, batch, out, launcher=launcher, on_event=on_event)
+            return train(spec, method, config.n_workers, config.global_batch, out, launcher=launcher, on_event=on_event)
 
     @contextlib.contextmanager
     def _launcher(self, spec: Any, n_workers: int) -> Iterator[Any]:
