@@ -205,7 +205,7 @@ def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
     series = []
     for n, curve in sorted(plan["curves"].items(), key=lambda kv: int(kv[0])):
         meas = [t for t in trials if t["status"] == "ok" and t["n_workers"] == int(n)]
-        measured = {"global_batch": [], "total_time_s": [], "cost": []}
+        measured: dict[str, list[float]] = {"global_batch": [], "total_time_s": [], "cost": []}
         if meas:
             gb = [t["global_batch"] for t in meas]
             costs = RunCosts.from_dict(plan["run_costs"]) if plan.get("run_costs") else None

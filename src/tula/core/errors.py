@@ -70,6 +70,7 @@ class Interrupted(Exception):
     def __init__(self, message: str, signum: int = _signal.SIGINT):
         super().__init__(message)
         self.signum = int(signum)
+        self.hint: str | None = None  # the command that continues the run, where the front knows it
 
     @property
     def exit_code(self) -> int:

@@ -12,9 +12,12 @@ fitting and planning from saved records never import torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 def _mib(n: float) -> str:
@@ -63,14 +66,20 @@ class MemoryModel:
     def bytes_per_sample(self) -> int:
         return self.activation_bytes_per_sample + self.batch_bytes_per_sample
 
-    def world_bytes(self, n_workers=None):
+    def world_bytes(self, n_workers: ArrayLike | None = None) -> int | np.ndarray:
         """What a rank of an ``n_workers`` world holds beyond a one-rank world's: DDP's buckets
         where N >= 2; ``None`` (the worker count not known yet): as for N >= 2, the larger."""
         if n_workers is None:
             return self.ddp_bucket_bytes
         return np.where(np.asarray(n_workers) > 1, self.ddp_bucket_bytes, 0)
 
-    def predict_peak_bytes(self, local_batch, n_workers=None):
+    @overload
+    def predict_peak_bytes(self, local_batch: int, n_workers: int | None = None) -> int: ...
+
+    @overload
+    def predict_peak_bytes(self, local_batch: ArrayLike, n_workers: ArrayLike | None = None) -> int | np.ndarray: ...
+
+    def predict_peak_bytes(self, local_batch: ArrayLike, n_workers: ArrayLike | None = None) -> int | np.ndarray:
         """Predicted peak bytes of a rank for a local batch (scalar or numpy array) in a world of
         ``n_workers`` (default: any N, :meth:`world_bytes`): the forward/backward line, or the
         optimiser step's peak where that is higher."""
@@ -78,7 +87,19 @@ class MemoryModel:
         peak = np.maximum(line + self.world_bytes(n_workers), self.update_peak_bytes)
         return int(peak) if peak.ndim == 0 else peak
 
-    def predict_accumulated_peak_bytes(self, local_batch, micro_batch, n_workers=None):
+    @overload
+    def predict_accumulated_peak_bytes(
+        self, local_batch: int, micro_batch: int, n_workers: int | None = None
+    ) -> int: ...
+
+    @overload
+    def predict_accumulated_peak_bytes(
+        self, local_batch: ArrayLike, micro_batch: ArrayLike, n_workers: ArrayLike | None = None
+    ) -> int | np.ndarray: ...
+
+    def predict_accumulated_peak_bytes(
+        self, local_batch: ArrayLike, micro_batch: ArrayLike, n_workers: ArrayLike | None = None
+    ) -> int | np.ndarray:
         """Predicted peak bytes when a rank's share ``local_batch`` runs as micro-batches of
         ``micro_batch`` (gradient accumulation): the micro-batch's forward/backward, plus the
         rest of the share's data, which is loaded whole and then sliced.  Equal to
@@ -87,7 +108,13 @@ class MemoryModel:
         peak = self.predict_peak_bytes(micro_batch, n_workers) + extra
         return int(peak) if np.ndim(peak) == 0 else peak
 
-    def predict_budget_bytes(self, local_batch):
+    @overload
+    def predict_budget_bytes(self, local_batch: int) -> int: ...
+
+    @overload
+    def predict_budget_bytes(self, local_batch: ArrayLike) -> int | np.ndarray: ...
+
+    def predict_budget_bytes(self, local_batch: ArrayLike) -> int | np.ndarray:
         """What a local batch charges to the memory budget: the predicted peak of tensors plus,
         under an address-space cap, the worker's address-space overhead."""
         return self.predict_peak_bytes(local_batch) + self.address_space_overhead_bytes
@@ -132,7 +159,9 @@ class MemoryModel:
             f"{_mib(budget_bytes)} budget after the {safety:.0%} safety margin"
         )
 
-    def refit(self, local_batches, peak_bytes, n_workers=None) -> MemoryModel:
+    def refit(
+        self, local_batches: Sequence[int], peak_bytes: Sequence[int], n_workers: Sequence[int] | None = None
+    ) -> MemoryModel:
         """The same static decomposition with intercept and slope refitted to more measured
         peaks (e.g. the profiled trials, in worlds of ``n_workers``; default: one rank), by
         least squares on relative error over the larger half of the batches.  The probes'

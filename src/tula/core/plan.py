@@ -470,13 +470,13 @@ class Planner:
         # on the hosts it was fitted for: R ranks per host when the profile spanned several, else the flat model
         t_step = self.perf.t_step_s(micro_arr, n_arr, ranks_per_node_of(self.models.get("trials") or []), None, k_arr)
         # Eq. 4a with the run's own terms: D / B steps of the method's step, and each epoch's end
-        epoch = epoch_time_s(t_step, n_arr * b_arr, n_arr, d, costs, whole_steps=False)
-        fixed = costs.epoch_fixed_s(n_arr, d / (n_arr * b_arr)) if costs else np.zeros_like(epoch)
+        epoch = np.asarray(epoch_time_s(t_step, n_arr * b_arr, n_arr, d, costs, whole_steps=False))  # arrays in
+        fixed = np.asarray(costs.epoch_fixed_s(n_arr, d / (n_arr * b_arr))) if costs else np.zeros_like(epoch)
         if self.ratio:
             t_step, epoch, fixed = t_step * self.ratio, epoch * self.ratio, fixed * self.ratio
         free = self.spec.epochs * epoch  # Eq. 4a: uninterrupted training
         total = pm.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
-        peak = self.mem.predict_accumulated_peak_bytes(b_arr, micro_arr, n_arr)
+        peak = np.asarray(self.mem.predict_accumulated_peak_bytes(b_arr, micro_arr, n_arr))
         cost = pm.cost(total, n_arr, peak)
         lost = pm.expected_preemptions(free, n_arr, epoch) if isinstance(pm, SpotPricing) else None
         columns = zip(

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tula.core.spec import PricingSpec
 
@@ -64,12 +65,14 @@ class Pricing(Protocol):
     @property
     def unit(self) -> str: ...
 
-    def expected_time_s(self, total_time_s, n_workers, epoch_time_s=None):
+    def expected_time_s(
+        self, total_time_s: ArrayLike, n_workers: ArrayLike, epoch_time_s: ArrayLike | None = None
+    ) -> np.ndarray:
         """Expected wall time of a run that needs ``total_time_s`` of uninterrupted training on
         ``n_workers`` nodes (``epoch_time_s``: its epoch time, where checkpoints follow epochs)."""
         ...
 
-    def cost(self, total_time_s, n_workers, peak_mem_bytes):
+    def cost(self, total_time_s: ArrayLike, n_workers: ArrayLike, peak_mem_bytes: ArrayLike) -> np.ndarray:
         """Cost of ``total_time_s`` of wall time on ``n_workers`` each peaking at ``peak_mem_bytes``
         (for spot pricing pass :meth:`expected_time_s`'s result)."""
         ...
@@ -80,10 +83,14 @@ class FixedPricing:
     price_per_node_hour: float
     unit: str = "$"
 
-    def expected_time_s(self, total_time_s, n_workers=None, epoch_time_s=None):
+    def expected_time_s(
+        self, total_time_s: ArrayLike, n_workers: ArrayLike | None = None, epoch_time_s: ArrayLike | None = None
+    ) -> np.ndarray:
         return np.asarray(total_time_s, float)
 
-    def cost(self, total_time_s, n_workers, peak_mem_bytes=None):
+    def cost(
+        self, total_time_s: ArrayLike, n_workers: ArrayLike, peak_mem_bytes: ArrayLike | None = None
+    ) -> np.ndarray:
         return np.asarray(total_time_s, float) / 3600.0 * np.asarray(n_workers, float) * self.price_per_node_hour
 
 
@@ -92,10 +99,12 @@ class MemoryPricing:
     price_per_gb_hour: float
     unit: str = "$"
 
-    def expected_time_s(self, total_time_s, n_workers=None, epoch_time_s=None):
+    def expected_time_s(
+        self, total_time_s: ArrayLike, n_workers: ArrayLike | None = None, epoch_time_s: ArrayLike | None = None
+    ) -> np.ndarray:
         return np.asarray(total_time_s, float)
 
-    def cost(self, total_time_s, n_workers, peak_mem_bytes):
+    def cost(self, total_time_s: ArrayLike, n_workers: ArrayLike, peak_mem_bytes: ArrayLike) -> np.ndarray:
         gb = np.asarray(peak_mem_bytes, float) / GB
         return np.asarray(total_time_s, float) / 3600.0 * np.asarray(n_workers, float) * gb * self.price_per_gb_hour
 
@@ -112,14 +121,16 @@ class SpotPricing:
     restart_s: float = 60.0
     unit: str = "$"
 
-    def _interval(self, total_time_s, epoch_time_s):
+    def _interval(self, total_time_s: ArrayLike, epoch_time_s: ArrayLike | None) -> np.ndarray:
         if self.checkpoint_interval_s is not None:
             return np.broadcast_to(np.asarray(self.checkpoint_interval_s, float), np.shape(total_time_s))
         if epoch_time_s is None:
             raise ValueError("spot pricing checkpoints every epoch by default: give the epoch time")
         return np.asarray(epoch_time_s, float)
 
-    def _segments(self, total_time_s, n_workers, epoch_time_s):
+    def _segments(
+        self, total_time_s: ArrayLike, n_workers: ArrayLike, epoch_time_s: ArrayLike | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(rate per second, k full intervals, interval, rest)."""
         t = np.asarray(total_time_s, float)
         tau = np.maximum(self._interval(t, epoch_time_s), 1e-12)
@@ -128,13 +139,17 @@ class SpotPricing:
         rest = np.maximum(t - k * tau, 0.0)
         return rate, k, tau, rest
 
-    def expected_preemptions(self, total_time_s, n_workers, epoch_time_s=None):
+    def expected_preemptions(
+        self, total_time_s: ArrayLike, n_workers: ArrayLike, epoch_time_s: ArrayLike | None = None
+    ) -> np.ndarray:
         """Expected number of preemptions before the run finishes."""
         rate, k, tau, rest = self._segments(total_time_s, n_workers, epoch_time_s)
         with np.errstate(over="ignore", invalid="ignore"):
             return k * np.expm1(rate * tau) + np.expm1(rate * rest)
 
-    def expected_time_s(self, total_time_s, n_workers, epoch_time_s=None):
+    def expected_time_s(
+        self, total_time_s: ArrayLike, n_workers: ArrayLike, epoch_time_s: ArrayLike | None = None
+    ) -> np.ndarray:
         """E[T_wall] = (k (exp(L tau) - 1) + (exp(L r) - 1)) (1/L + R), L = N lambda / 3600."""
         rate, k, tau, rest = self._segments(total_time_s, n_workers, epoch_time_s)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -144,7 +159,9 @@ class SpotPricing:
             out = per_rate + self.expected_preemptions(total_time_s, n_workers, epoch_time_s) * self.restart_s
         return np.where(np.isnan(out), np.inf, out)
 
-    def cost(self, total_time_s, n_workers, peak_mem_bytes=None):
+    def cost(
+        self, total_time_s: ArrayLike, n_workers: ArrayLike, peak_mem_bytes: ArrayLike | None = None
+    ) -> np.ndarray:
         return np.asarray(total_time_s, float) / 3600.0 * np.asarray(n_workers, float) * self.price_per_node_hour
 
     def break_even_rate(

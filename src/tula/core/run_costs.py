@@ -23,6 +23,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tula.core.schedules import steps_per_epoch
 
@@ -31,7 +32,7 @@ from tula.core.schedules import steps_per_epoch
 EPOCH_TIMES = ("epoch_time_s", "eval_s", "epoch_end_s", "checkpoint_s", "epoch_wall_s")
 
 
-def epoch_steps(dataset_size: int, global_batch):
+def epoch_steps(dataset_size: int, global_batch: ArrayLike) -> int | np.ndarray:
     """``S(B)``: :func:`tula.core.schedules.steps_per_epoch` for a scalar or an array of B."""
     big_b = np.asarray(global_batch)
     if big_b.ndim == 0:
@@ -55,25 +56,25 @@ class RunCosts:
     epoch_end_s: float = 0.0  # the rest of an epoch's end: reductions, noise scale, checkpoint, metrics
     notes: tuple[str, ...] = field(default=())
 
-    def step_extra_at(self, n_workers):
+    def step_extra_at(self, n_workers: ArrayLike) -> float | np.ndarray:
         """The method's extra per step at ``n_workers`` (scalar or array): the value of the
         nearest measured cluster size (the smaller on a tie); 0 when none was measured."""
         return _nearest(n_workers, self.n_workers, self.step_extra_s, 0.0)
 
-    def periodic_at(self, n_workers):
+    def periodic_at(self, n_workers: ArrayLike) -> float | np.ndarray:
         """The method's periodic work per occurrence at ``n_workers`` (scalar or array): the
         nearest measured cluster size's, as :meth:`step_extra_at`; ``periodic_s`` where it was
         not measured per cluster size."""
         return _nearest(n_workers, self.periodic_n_workers, self.periodic_by_n_s, self.periodic_s)
 
-    def step_s(self, t_step_s, n_workers):
+    def step_s(self, t_step_s: ArrayLike, n_workers: ArrayLike) -> float | np.ndarray:
         """A step of the method: the plain step ``t_step_s`` plus its extra at ``n_workers``,
         never under 5 % of the plain step (an extra measured negative in noise)."""
         t = np.asarray(t_step_s, float)
         out = np.maximum(t + self.step_extra_at(n_workers), 0.05 * t)
         return float(out) if np.ndim(out) == 0 else out
 
-    def periodic_per_epoch_s(self, n_workers, steps):
+    def periodic_per_epoch_s(self, n_workers: ArrayLike, steps: ArrayLike) -> float | np.ndarray:
         """The method's periodic work in an epoch of ``steps`` steps at ``n_workers``: its cost
         at that size times its occurrences (once, or every ``periodic_every`` steps)."""
         n = np.asarray(n_workers, float)
@@ -82,7 +83,7 @@ class RunCosts:
         out = self.periodic_at(n) * occurrences
         return float(out) if np.ndim(out) == 0 else out
 
-    def epoch_fixed_s(self, n_workers, steps):
+    def epoch_fixed_s(self, n_workers: ArrayLike, steps: ArrayLike) -> float | np.ndarray:
         """``t_epoch_fixed(N, S)``: an epoch's end and the method's periodic work."""
         n = np.asarray(n_workers, float)
         out = self.eval_fixed_s + self.eval_sharded_s / n + self.epoch_end_s + self.periodic_per_epoch_s(n, steps)
@@ -99,7 +100,9 @@ class RunCosts:
         return cls(**d)
 
 
-def _nearest(n_workers, known_n: tuple[int, ...], values: tuple[float, ...], default: float):
+def _nearest(
+    n_workers: ArrayLike, known_n: tuple[int, ...], values: tuple[float, ...], default: float
+) -> float | np.ndarray:
     """``values`` at the cluster size in ``known_n`` nearest each of ``n_workers`` (the smaller
     on a tie); ``default`` where ``known_n`` is empty.  Scalar in, scalar out."""
     n = np.asarray(n_workers, float)
@@ -112,8 +115,13 @@ def _nearest(n_workers, known_n: tuple[int, ...], values: tuple[float, ...], def
 
 
 def epoch_time_s(
-    t_step_s, global_batch, n_workers, dataset_size: int, costs: RunCosts | None = None, whole_steps: bool = True
-):
+    t_step_s: ArrayLike,
+    global_batch: ArrayLike,
+    n_workers: ArrayLike,
+    dataset_size: int,
+    costs: RunCosts | None = None,
+    whole_steps: bool = True,
+) -> float | np.ndarray:
     """One epoch as the runner trains it: ``S(B)`` steps of ``t_step_s`` plus the method's
     extra per step, plus the epoch's fixed part (module docstring).  Scalars or arrays; a
     step never takes less than 5 % of ``t_step_s`` (a negative extra measured in noise).
@@ -250,7 +258,9 @@ def fitted_step_s(models: dict, global_batch: int, n_workers: int, accumulation_
     return float(perf.t_step_s(b, n_workers, ranks_per_node_of(models.get("trials") or []), None, k))
 
 
-def predicted_step_s(models: dict, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1):
+def predicted_step_s(
+    models: dict, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1
+) -> float:
     """The plan's prediction of one step of ``method`` at (B, N, k): the fitted step and the
     method's extra (:meth:`RunCosts.step_s`), as :func:`predicted_epoch_s` counts it."""
     t = fitted_step_s(models, global_batch, n_workers, accumulation_steps)
@@ -258,7 +268,9 @@ def predicted_step_s(models: dict, method: str, global_batch: int, n_workers: in
     return t if costs is None else float(costs.step_s(t, n_workers))
 
 
-def predicted_epoch_s(models: dict, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1):
+def predicted_epoch_s(
+    models: dict, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1
+) -> float:
     """The plan's prediction of one epoch at (B, N, k) for ``method``: the fitted step where
     the ranks were profiled, and the run costs (:func:`run_costs_for`)."""
     t = fitted_step_s(models, global_batch, n_workers, accumulation_steps)

@@ -163,14 +163,14 @@ class Schedule:
 class Constant(Schedule):
     name = "constant"
 
-    def want(self, ctx):
+    def want(self, ctx: _Ctx) -> tuple[float, str]:
         return ctx.state["b0"], f"constant batch {ctx.state['b0']}"
 
 
 class Geometric(Schedule):
     name = "geometric"
 
-    def want(self, ctx):
+    def want(self, ctx: _Ctx) -> tuple[float, str]:
         p, b0 = ctx.state["params"], ctx.state["b0"]
         j = ctx.epoch_done // p["delay"]
         return b0 * p["factor"] ** j, f"geometric: {b0} x {p['factor']:g}^{j} after epoch {ctx.epoch_done}"
@@ -179,7 +179,7 @@ class Geometric(Schedule):
 class Linear(Schedule):
     name = "linear"
 
-    def want(self, ctx):
+    def want(self, ctx: _Ctx) -> tuple[float, str]:
         b0, rate = ctx.state["b0"], ctx.state["params"]["rate"]
         k = sum(int(h["steps"]) for h in ctx.history)
         return b0 + _ceil(rate * k), f"linear: {b0} + ceil({rate:g} x {k} updates)"
@@ -191,18 +191,18 @@ class IncreaseInsteadOfDecay(Schedule):
 
     name = "increase_instead_of_decay"
 
-    def _pending(self, ctx) -> int:
+    def _pending(self, ctx: _Ctx) -> int:
         s = ctx.state
         return sum(m <= ctx.epoch_done for m in s["lr_milestones"]) - s["milestones_applied"]
 
-    def want(self, ctx):
+    def want(self, ctx: _Ctx) -> tuple[float, str]:
         s, p = ctx.state, self._pending(ctx)
         if p <= 0:
             return s["batch"], f"no LR milestone reached: batch stays {s['batch']}"
         g = s["lr_gamma"] ** p
         return s["batch"] / g, f"LR milestone: the batch x{1 / g:g} instead of the LR decay"
 
-    def settle(self, ctx, wanted, batch):
+    def settle(self, ctx: _Ctx, wanted: float, batch: int) -> tuple[str, bool]:
         s, p = ctx.state, self._pending(ctx)
         if p <= 0:
             return "", False
@@ -222,7 +222,7 @@ class LossRatio(Schedule):
 
     name = "loss_ratio"
 
-    def want(self, ctx):
+    def want(self, ctx: _Ctx) -> tuple[float, str]:
         s = ctx.state
         if not ctx.history:
             return s["b0"], f"loss ratio: no epoch finished, batch {s['b0']}"
@@ -245,7 +245,7 @@ class Adaptive(Schedule):
 
     name = "adaptive"
 
-    def want(self, ctx):
+    def want(self, ctx: _Ctx) -> tuple[float, str]:
         s, p = ctx.state, ctx.state["params"]
         cur = s["batch"]
         if not ctx.history:
@@ -273,7 +273,7 @@ class Goodput(Schedule):
 
     name = "goodput"
 
-    def want(self, ctx):
+    def want(self, ctx: _Ctx) -> tuple[float, str]:
         s, p = ctx.state, ctx.state["params"]
         cur = s["batch"]
         if not ctx.history:
@@ -296,7 +296,7 @@ class Piecewise(Schedule):
 
     name = "piecewise"
 
-    def want(self, ctx):
+    def want(self, ctx: _Ctx) -> tuple[float, str]:
         batches, every = ctx.state["params"]["batches"], ctx.state["every_epochs"]
         i = min(ctx.epoch_done // every, len(batches) - 1)
         return batches[i], f"piecewise: entry {i} of {list(batches)}"
@@ -480,7 +480,7 @@ class Caps:
     max_accumulation_steps: int = 1
     workers_rule: Any = field(default=None, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.dataset_size < 1:
             raise SpecError(f"the training set must hold at least 1 sample, not {self.dataset_size}")
         if self.max_local_batch is not None and self.max_local_batch < 1:

@@ -381,7 +381,7 @@ class Simulator:
         k = np.array([x["accumulation_steps"] for x in epochs], float)
         updates = np.array([x["steps"] for x in epochs], float)
         t_step = self.t_step_s(collective, b, n, k)
-        free = epoch_time_s(t_step, n * b, n, self.dataset_size, self.run_costs)
+        free = np.asarray(epoch_time_s(t_step, n * b, n, self.dataset_size, self.run_costs))  # per epoch: arrays in
         wall, cost = self._epoch_money(free, n, b, k)
         per_epoch = [
             {

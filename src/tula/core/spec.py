@@ -592,7 +592,7 @@ class BatchScheduleSpec(_Strict):
     B0 x (F(w0) - F*) / (F(wk) - F*) (AdaDamp); ``adaptive``: follows the gradient noise
     scale B_simple; ``goodput``: the batch and workers of the largest predicted goodput (the
     fitted models' throughput x the statistical efficiency from B_simple, Pollux's objective);
-    ``piecewise``: the list ``batches``, one per period of ``every_epochs``.  B0 is the first global batch (``train.global_batch`` or the plan's).
+    ``piecewise``: the list ``batches``, one per period of ``every_epochs``.  B0 is the first global batch (the plan's, else ``train.global_batch``).
     Each parameter belongs to one kind; unset ones take that kind's default."""
 
     kind: Literal[SCHEDULE_NAMES] = "constant"  # type: ignore[valid-type]  # the names of tula.core.schedules.SCHEDULES
@@ -734,8 +734,16 @@ class TrainSpec(_Strict):
         "(output, target), or a factory of no arguments returning one; test loss per epoch, and top-1 "
         "when the targets are integer labels of the output's dimension 1)",
     )
-    n_workers: int | None = Field(default=None, ge=1, description="default: the plan's choice")
-    global_batch: int | None = Field(default=None, ge=1, description="default: the plan's choice")
+    n_workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="the worker count where no plan is given (a plan's choice and an explicit count win over it)",
+    )
+    global_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="the global batch where no plan is given (a plan's choice and an explicit batch win over it)",
+    )
     lr_milestones: list[int] = Field(
         default_factory=list, description="epochs after which the LR is multiplied by lr_gamma"
     )

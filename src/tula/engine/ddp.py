@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tula.engine.memory import run_probe_step
 
 
-def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+def wrap_ddp(model: nn.Module, device: torch.device) -> DDP | OneRank:
     """The one DDP construction: gradients as bucket views (no extra copy).  A world of one
     rank has no gradients to average: its model is :class:`OneRank`, not DDP."""
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -44,6 +44,8 @@ class OneRank(nn.Module):
     same gradients.  A method that reads DDP's buckets through a comm hook (AdaScale's local
     norms) gets a real DDP from its registration on: the hook then runs as it does on N ranks."""
 
+    _hooked: DDP | None  # set with object.__setattr__ (not a submodule), so nn.Module's __getattr__ never types it
+
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         super().__init__()
         self.module = model
@@ -58,9 +60,11 @@ class OneRank(nn.Module):
         return self._hooked.no_sync() if self._hooked is not None else contextlib.nullcontext()
 
     def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
-        if self._hooked is None:
-            object.__setattr__(self, "_hooked", _ddp(self.module, self._device))
-        self._hooked.register_comm_hook(state, hook)
+        hooked = self._hooked
+        if hooked is None:
+            hooked = _ddp(self.module, self._device)
+            object.__setattr__(self, "_hooked", hooked)
+        hooked.register_comm_hook(state, hook)
         self._comm_hooks.append((hook, state))
 
     def train(self, mode: bool = True) -> OneRank:
@@ -183,7 +187,7 @@ class LocalGradNorms:
         self.order = {id(p): i for i, p in enumerate(params)}
         self.per_param: dict[int, torch.Tensor] = {}
 
-    def add(self, params, grads) -> None:
+    def add(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         # one fused kernel for the bucket's norms, in the gradients' precision (a float64
         # copy of every gradient cost more than the all-reduce on CPU); squared and summed
         # in float64 by take()
@@ -198,7 +202,7 @@ class LocalGradNorms:
         return norms.double().square().sum()
 
 
-def local_norms_allreduce_hook(state: LocalGradNorms, bucket):
+def local_norms_allreduce_hook(state: LocalGradNorms, bucket):  # type: ignore[no-untyped-def]  # DDP refuses string annotations here
     """DDP comm hook: keep the squared norm of each local gradient in the bucket in
     ``state``, then average the bucket over the ranks as DDP does without a hook.
 
@@ -206,7 +210,7 @@ def local_norms_allreduce_hook(state: LocalGradNorms, bucket):
     averaged bucket; they are not annotated because DDP compares the annotations with
     those types, and this module's annotations are strings."""
     state.add(bucket.parameters(), bucket.gradients())
-    return allreduce_hook(None, bucket)
+    return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # torch's hook reads None as the default group
 
 
 def synced_sq_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:

@@ -13,6 +13,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _state: dict = {"signum": None, "callbacks": [], "depth": 0}
@@ -37,7 +38,7 @@ def on_stop(callback: Callable[[int], None]) -> Callable[[], None]:
     return remove
 
 
-def _handler(signum, frame) -> None:  # noqa: ARG001
+def _handler(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
     if _state["signum"] is not None:
         raise KeyboardInterrupt  # second signal: stop now
     _state["signum"] = signum

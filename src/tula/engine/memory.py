@@ -28,8 +28,9 @@ import gc
 import math
 import resource
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from torch import nn
@@ -60,7 +61,7 @@ ONEDNN_PRIMITIVE_FAILED = "could not create a primitive"
 
 
 @functools.lru_cache(maxsize=1)
-def _errno_location():
+def _errno_location() -> Callable[[], ctypes._Pointer[ctypes.c_int]] | None:
     """libc's per-thread errno cell (glibc ``__errno_location``), or None elsewhere."""
     try:
         fn = ctypes.CDLL(None).__errno_location
@@ -87,7 +88,7 @@ ERRNO_AT_FAILURE = "tula_errno_at_failure"
 
 
 @contextlib.contextmanager
-def errno_evidence():
+def errno_evidence() -> Iterator[None]:
     """Around work whose failure :func:`failure_cause` may judge later, after the exception has
     run through ``finally`` blocks, context managers and a launcher's reporting, any of which may
     set the C ``errno`` again (a ``stat`` of a missing file, a lazy import): errno is cleared
@@ -242,7 +243,7 @@ class _lifted_address_space_cap:
     half the machine's available memory, whichever is lower), then put it back -- never
     below what the process maps by then, so that it can go on to report."""
 
-    def __enter__(self):
+    def __enter__(self) -> _lifted_address_space_cap:
         self.soft, self.hard = resource.getrlimit(resource.RLIMIT_AS)
         room = _meminfo_available_bytes()
         lifted = self.hard if room is None else AddressSpace.now().total_bytes + room // 2
@@ -251,7 +252,7 @@ class _lifted_address_space_cap:
         resource.setrlimit(resource.RLIMIT_AS, (max(lifted, self.soft), self.hard))
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         if self.soft != resource.RLIM_INFINITY:
             restored = max(self.soft, AddressSpace.now().total_bytes)
             resource.setrlimit(resource.RLIMIT_AS, (restored, self.hard))
@@ -379,7 +380,7 @@ def measure_phase_peaks(
     )
 
 
-def tensor_bytes(tensors) -> int:
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return int(sum(t.numel() * t.element_size() for t in tensors))
 
 

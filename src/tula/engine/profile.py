@@ -208,7 +208,7 @@ class _Worker:
             return [torch.zeros_like(p) if g is None else (g / scale if scale else g) for g, p in zip(gs, params)]
 
         def sq(gs: list[torch.Tensor]) -> torch.Tensor:
-            return sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in gs)  # type: ignore[return-value]
+            return sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in gs)
 
         g2s: list[float] = []
         traces: list[float] = []
@@ -289,7 +289,6 @@ class _Worker:
         as many without, or more where steps are short, so that a round lasts about
         ``min_timed_s`` (:func:`timed_pairs`)."""
         b = cfg.local_batch
-        base = dict(n_workers=cfg.n_workers, local_batch=b, global_batch=cfg.global_batch)
 
         def probe() -> None:
             self.load_batch(b)
@@ -298,7 +297,7 @@ class _Worker:
         fits, note = probe_fits(probe, self.ctx.device, self.ctx.rank, self.ddp)
         if not fits:
             self.release()
-            return Trial(**base, status="oom", note=note)
+            return Trial(n_workers=cfg.n_workers, local_batch=b, global_batch=cfg.global_batch, status="oom", note=note)
         noise = self.measure_noise(b, noise_steps) if noise_steps > 0 else None
         peak = self.measure_peak()
         for _ in range(warmup):
@@ -320,7 +319,9 @@ class _Worker:
                 break
         self.release()
         return Trial(
-            **base,
+            n_workers=cfg.n_workers,
+            local_batch=b,
+            global_batch=cfg.global_batch,
             status="ok",
             peak_mem_bytes=peak,
             step_times_s=steps,
@@ -383,7 +384,7 @@ def profile_world(
     out: dict[str, Any] = {"rank": ctx.rank, "trials": []}
     stop = ctx.stop
     if configs is None:
-        mm = w.probe_memory(tuple(spec.profile.memory_probe_batches))
+        mm = w.probe_memory(spec.profile.memory_probe_batches)
         if set_up is not None:  # under the cap, the budget also holds what tensors do not show
             mm = with_address_space_overhead(mm, set_up)
         b_max, chosen = select_configs(spec, search, w.data.train_size, mm, budget_bytes, ctx.device.type == "cuda")
@@ -722,7 +723,7 @@ class ProfileSession:
                 f"over up to {max(self.sizes)} workers)"
                 + (
                     f": {MemoryModel.from_dict(probe['memory']).shortfall(budget, self.spec.search.memory_safety)}"
-                    if probe["max_local_batch"] == 0
+                    if probe["max_local_batch"] == 0 and budget is not None  # 0 only under a budget
                     else ""
                 )
             )
@@ -772,8 +773,9 @@ class ProfileSession:
         (:meth:`merge_world`), a failed world is :meth:`world_failed`'s."""
         self.streamed.clear()
         self.world.update(n=n, snapped=0)
-        if interrupts.requested():
-            raise self.stopped(interrupts.requested())
+        signum = interrupts.requested()
+        if signum:
+            raise self.stopped(signum)
         oom_at = _oom_threshold([t for t in self.trials if t["n_workers"] == n])
         try:
             res = self.launcher.run(

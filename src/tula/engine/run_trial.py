@@ -145,7 +145,7 @@ def run_trial(
         for i in indices:  # side by side: both see the same machine noise
             times.append(pair.step(i))
             plains.append(pair.plain())
-        due = [bool(every) and i % every == 0 for i in indices]
+        due = [bool(every and i % every == 0) for i in indices]
         eval_s, epoch_end_s = _time_epoch_end(ctx, spec, rt, pair.loss_sum, sum(times))
         return {
             **base,

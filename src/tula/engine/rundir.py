@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tula.core.errors import RunDirError
@@ -59,7 +59,7 @@ def check_out_file(path: Path, force: bool, what: str = "--out") -> Path:
 
 
 @contextlib.contextmanager
-def locked(directory: Path, on_stale=None) -> Iterator[Path]:
+def locked(directory: Path, on_stale: Callable[[dict], None] | None = None) -> Iterator[Path]:
     """Hold ``directory``'s lock for the block (creating the directory).  A directory
     locked by another live process is one sentence naming that run; a lock left by a
     dead process is taken over (``on_stale(info)`` is told)."""

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula.core.errors import InfeasibleError, Interrupted, RunDirError, SpecError, TulaError, WorkerError
 from tula.core.job_rules import (
@@ -66,6 +67,7 @@ from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, has_checkpoint, 
 from tula.engine.data import data_path, epoch_order
 from tula.engine.ddp import (
     LocalGradNorms,
+    OneRank,
     check_shared_directory,
     local_norms_allreduce_hook,
     probe_fits,
@@ -191,9 +193,9 @@ def _evaluate_own_loss(
     sums = torch.zeros(4, dtype=torch.float64)  # samples, loss x samples, correct labels, labels counted
     for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):
         out = model(x)
-        n = len(x)
-        sums[0] += n
-        sums[1] += float(loss_fn(out, y)) * n
+        n_batch = len(x)
+        sums[0] += n_batch
+        sums[1] += float(loss_fn(out, y)) * n_batch
         if _integer_labels(out, y):
             counted = y >= 0
             sums[2] += float(((out.argmax(1) == y) & counted).sum())
@@ -258,7 +260,7 @@ def _drain_step_traces(method: Any) -> dict[str, list]:
     return drain() if drain is not None else {}
 
 
-def ddp_has_comm_hook(ddp) -> bool:
+def ddp_has_comm_hook(ddp: nn.Module) -> bool:
     """Whether a method registered its own DDP comm hook (DDP takes one)."""
     return bool(getattr(ddp, "_comm_hooks", []))
 
@@ -362,7 +364,7 @@ def _probe(
     rank: int,
     device: torch.device,
     model: nn.Module,
-    ddp: nn.Module,
+    ddp: DDP | OneRank,
     method: Any,
     loss_fn: Callable,
     prec: Precision | None = None,
@@ -445,7 +447,8 @@ class _RankTrainer:
         self.loss_fn = build_loss(spec.train.loss, self.device)
         self.prec = Precision(spec.train.precision, self.device)
         self.skipped_steps = 0  # fp16: this epoch's steps whose gradients overflowed
-        self.gns, self.own_norms = NoiseScale(), None
+        self.gns = NoiseScale()
+        self.own_norms: LocalGradNorms | None = None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.method: Any = None
         self.segments: list[dict] = []  # the batches this world trained at
@@ -607,7 +610,7 @@ class _RankTrainer:
             self.gns_feed.step(method, self.params, self.local_batch, self.global_batch,
                                loss_scale=self.prec.loss_scale(), skip=not finite)  # fmt: skip
         self.prec.step(method.optimizer)
-        method.scheduler.step()
+        method.lr_schedule.step()
         self.steps_done += 1
         return loss
 
@@ -686,6 +689,7 @@ class _RankTrainer:
         history is all-reduced); an LR change at the same batch is applied here."""
         if not self.schedule:
             return self.now()
+        assert self.sched_state is not None, "_restore gives a run with a schedule the schedule's state"
         d = next_config(self.sched_state, epoch + 1, self.history, self.schedule["caps"])
         self.sched_state, nxt = d.state, (d.global_batch, d.n_workers, d.accumulation_steps)
         rec["schedule"] = d.record()
@@ -720,6 +724,7 @@ class _RankTrainer:
         """Rank 0: the checkpoint, the metrics line, the progress event."""
         if self.rank != 0:
             return
+        assert ckpt is not None, "rank 0 always builds the checkpoint (_train_in_world)"
         t0 = time.perf_counter()
         save_checkpoint(ckpt, self.out)
         rec["checkpoint_s"] = time.perf_counter() - t0

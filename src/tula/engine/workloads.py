@@ -152,7 +152,9 @@ def build_model(spec: ModelSpec) -> nn.Module:
 
 
 # --------------------------------------------------------------------------- data
-def _split(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int):
+def _split(
+    x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int
+) -> tuple[torch.utils.data.TensorDataset, torch.utils.data.TensorDataset]:
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(x), generator=g)
     n_test = max(1, int(round(len(x) * test_fraction)))
@@ -216,7 +218,7 @@ def _write_cached(path: Path, arrays: dict[str, np.ndarray]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, allow_pickle=True, **arrays)
         os.replace(tmp, path)
     except OSError:
         pass
@@ -256,7 +258,7 @@ def _mnist1d(spec: DataSpec, seed: int) -> Dataset:
     """MNIST-1D regenerated locally from the package's templates (:func:`mnist1d_arrays`)."""
     d = mnist1d_arrays(spec.num_samples, 1.0 - spec.test_fraction, seed)
 
-    def tensors(x, y):
+    def tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.tensor(x, dtype=torch.float32).unsqueeze(1), torch.tensor(y, dtype=torch.long)
 
     tr = torch.utils.data.TensorDataset(*tensors(d["x"], d["y"]))
@@ -278,6 +280,8 @@ def _arrays(spec: DataSpec, seed: int) -> Dataset:
     ``y`` are class labels (``num_classes``: the entry, else the largest label + 1); float
     ``y`` are regression targets, made 2-D (``num_classes`` is then their number of outputs)."""
 
+    if not spec.path:  # the spec's validation refuses this; a DataSpec built around it gets the same sentence
+        raise WorkloadError("data set 'arrays' is read from a .npz file: set data.path to it")
     try:
         with np.load(spec.path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
@@ -319,7 +323,9 @@ def _arrays(spec: DataSpec, seed: int) -> Dataset:
     return Dataset("arrays", tr, te, tuple(x.shape[1:]), k, seed=seed)
 
 
-def _views(spec: DataSpec, seed: int, train: torch.utils.data.Dataset, test: torch.utils.data.Dataset):
+def _views(
+    spec: DataSpec, seed: int, train: torch.utils.data.Dataset, test: torch.utils.data.Dataset
+) -> tuple[SampleView, SampleView]:
     """The splits of an image set read from disk as :class:`~tula.engine.data.SampleView` views:
     normalised (``data.normalize``), the training split augmented (``data.augment``; no
     flip for MNIST's digits)."""
@@ -367,10 +373,10 @@ def _imagefolder(spec: DataSpec, seed: int) -> Dataset:
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(full), generator=g).tolist()
     n_test = max(1, int(round(len(full) * spec.test_fraction)))
-    te = torch.utils.data.Subset(full, perm[:n_test])
-    tr = torch.utils.data.Subset(full, perm[n_test:])
     shape = tuple(full[0][0].shape)
-    tr, te = _views(spec, seed, tr, te)
+    tr, te = _views(
+        spec, seed, torch.utils.data.Subset(full, perm[n_test:]), torch.utils.data.Subset(full, perm[:n_test])
+    )
     return Dataset("imagefolder", tr, te, shape, len(full.classes), seed=seed, loader_workers=spec.loader_workers)
 
 

@@ -116,8 +116,9 @@ def job_detail(job: dict, records: dict[str, dict | None]) -> list:
         out.append(text(f"planned from the models of job {job['reused_models_from']} (not profiled again)"))
     if job.get("error"):
         out.append(text(("error", "bold red"), ": ", job["error"]))
-    if records.get("plan"):
-        out += [plan_table(records["plan"]), text(("choice", "bold green"), ": ", records["plan"]["reason"])]
-    if records.get("train"):
-        out.append(train_table(records["train"]))
+    plan, train = records.get("plan"), records.get("train")
+    if plan:
+        out += [plan_table(plan), text(("choice", "bold green"), ": ", plan["reason"])]
+    if train:
+        out.append(train_table(train))
     return out

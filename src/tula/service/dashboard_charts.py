@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +99,7 @@ def _drawable(y: Any, log_y: bool) -> bool:
     return isinstance(y, (int, float)) and math.isfinite(y) and (y > 0 or not log_y)
 
 
-def _frame(lines: list[dict], points: list[dict], hlines: list[dict], bands: list[dict], **kw: Any) -> _Frame:
+def _frame(lines: list[dict], points: list[dict], hlines: Sequence[dict], bands: Sequence[dict], **kw: Any) -> _Frame:
     """The frame that shows every x above 0 and every drawable y (of the series, the
     horizontal rules and the bands); ``kw``: width, height, log_x, log_y."""
     log_x, log_y = kw["log_x"], kw["log_y"]
@@ -150,7 +151,7 @@ def _axes(f: _Frame, x_label: str, y_label: str) -> list[str]:
     return out
 
 
-def _bands_and_rules(f: _Frame, bands: list[dict], hlines: list[dict], vlines: list[dict]) -> list[str]:
+def _bands_and_rules(f: _Frame, bands: Sequence[dict], hlines: Sequence[dict], vlines: Sequence[dict]) -> list[str]:
     """Shaded horizontal bands, then dashed horizontal and vertical rules, each with its title."""
     out = []
     for b in bands:
@@ -242,13 +243,13 @@ def svg_chart(
     y_label: str,
     lines: list[dict],
     points: list[dict],
-    hlines: list[dict] = (),
-    vlines: list[dict] = (),
+    hlines: Sequence[dict] = (),
+    vlines: Sequence[dict] = (),
     log_x: bool = True,
     width: int = 560,
     height: int = 360,
     log_y: bool = False,
-    bands: list[dict] = (),
+    bands: Sequence[dict] = (),
     legend_at: str = "right",
 ) -> str:
     """An SVG line/point chart.  ``lines``: ``{"x", "y", "color", "label"}``; ``points``:

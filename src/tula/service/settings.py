@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -139,13 +140,13 @@ class ServiceSettings(BaseModel):
 _LISTS = ("import_allowlist", "data_roots")
 
 
-def settings_from(env: dict[str, str] | None = None, **overrides: Any) -> ServiceSettings:
+def settings_from(env: Mapping[str, str] | None = None, **overrides: Any) -> ServiceSettings:
     """Settings from ``TULA_*`` environment variables, then ``overrides`` (``None`` values
     are ignored); a bad value is one sentence naming the setting."""
-    env = os.environ if env is None else env
+    source: Mapping[str, str] = os.environ if env is None else env
     values: dict[str, Any] = {}
     for name in ServiceSettings.model_fields:
-        raw = env.get(f"TULA_{name.upper()}")
+        raw = source.get(f"TULA_{name.upper()}")
         if raw is not None and raw != "":
             values[name] = [s.strip() for s in raw.split(",") if s.strip()] if name in _LISTS else raw
     values.update({k: v for k, v in overrides.items() if v is not None})

@@ -55,10 +55,17 @@ class WorkerContext:
 
 class Launcher(Protocol):
     name: str
-    threads_per_worker: int | None
-    #: the one world size a launched world has (``--cluster env``: torchrun's or srun's), or
-    #: ``None`` where the launcher forms worlds of any size
-    world_size: int | None
+
+    @property
+    def threads_per_worker(self) -> int | None:
+        """Torch threads in each rank (``None``: torch's default)."""
+        ...
+
+    @property
+    def world_size(self) -> int | None:
+        """The one world size a launched world has (``--cluster env``: torchrun's or srun's),
+        or ``None`` where the launcher forms worlds of any size."""
+        ...
 
     def facts(self) -> dict:
         """The workers' hardware (:func:`host_facts`), read where the ranks run."""

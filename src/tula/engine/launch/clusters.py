@@ -144,10 +144,13 @@ def jobqueue_cluster(cfg: JobqueueConfig) -> Any:
 
 
 @contextlib.contextmanager
-def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None = None) -> Iterator[Launcher]:
+def open_launcher(
+    spec: JobSpec, where: str | None = None, n_workers: int | None = None, in_process: bool = False
+) -> Iterator[Launcher]:
     """The launcher for ``spec`` (``where`` overrides ``spec.cluster.where``), started for
     the block and shut down after it (a LocalCluster or jobqueue cluster started here is
-    closed; an existing scheduler is left as it was)."""
+    closed; an existing scheduler is left as it was).  ``in_process``: on the local
+    launcher, a world of one rank runs in this process (``LocalLauncher(in_process=True)``)."""
     c = spec.cluster
     where = where or c.where
     kind = cluster_kind(where)  # tula.core.registry.CLUSTERS: one not there is refused, not taken for Dask
@@ -155,7 +158,9 @@ def open_launcher(spec: JobSpec, where: str | None = None, n_workers: int | None
     if kind.launcher == "local":
         from tula.engine.launch.local import LocalLauncher
 
-        yield LocalLauncher(device=device, threads_per_worker=default_threads(spec), pg_timeout_s=None)
+        yield LocalLauncher(
+            device=device, threads_per_worker=default_threads(spec), pg_timeout_s=None, in_process=in_process
+        )
         return
     if kind.launcher == "env":  # joined once per process; left when the command ends (env.finish)
         from tula.engine.launch.env import join
@@ -224,18 +229,23 @@ def launcher_for_client(client: Any, spec: JobSpec, n_workers: int | None = None
     from tula.engine.launch.dask import DaskLauncher
 
     c = spec.cluster
-    settings = dict(
-        device=spec.profile.device,
-        pg_timeout_s=c.pg_timeout_s,
-        worker_wait_s=c.worker_wait_s,
-        backend=c.backend,
-        interface=c.interface,
-        silent_after_s=c.heartbeat_timeout_s,
-    )
+
+    def launcher(threads_per_worker: int | None) -> DaskLauncher:
+        return DaskLauncher(
+            client,
+            device=spec.profile.device,
+            threads_per_worker=threads_per_worker,
+            pg_timeout_s=c.pg_timeout_s,
+            worker_wait_s=c.worker_wait_s,
+            backend=c.backend,
+            interface=c.interface,
+            silent_after_s=c.heartbeat_timeout_s,
+        )
+
     threads = threads or spec.profile.threads_per_worker
     if threads is None:
-        threads = DaskLauncher(client, **settings).default_threads(n_workers or largest_world(spec))
-    return DaskLauncher(client, threads_per_worker=threads, **settings)
+        threads = launcher(None).default_threads(n_workers or largest_world(spec))
+    return launcher(threads)
 
 
 def _connect(address: str, timeout_s: float) -> Any:

@@ -177,7 +177,7 @@ class EnvLauncher:
                 rank=w.rank,
                 world_size=w.world_size,
                 timeout=timedelta(seconds=self.pg_timeout_s),
-                **({"device_id": self._torch_device} if backend == "nccl" else {}),
+                device_id=self._torch_device if backend == "nccl" else None,
             )
             # the driver's commands and the ranks' results: a CPU group that waits as long as the
             # driver needs between worlds; the stop flag's agreement: a CPU group of its own

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import signal
 import sys
+from types import TracebackType
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
-def _one_line(kind, value, tb) -> None:  # noqa: ARG001
+def _one_line(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:  # noqa: ARG001
     text = " ".join(str(value).split())[:300]
     print(f"a local rank could not start: {kind.__name__}{': ' + text if text else ''}", file=sys.stderr, flush=True)
 

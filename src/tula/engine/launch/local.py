@@ -153,7 +153,7 @@ class _LocalWorld:
         self.killed: set[int] = set()
         self.first_failure_at: float | None = None
         self.stop_at: list[float] = []
-        self.stop_signum = signal.SIGINT
+        self.stop_signum: int = signal.SIGINT
         self.stop_sent_at = 0.0
 
     def start(self) -> None:
@@ -227,7 +227,8 @@ class _LocalWorld:
                 continue
             time.sleep(0.02)
             now = time.monotonic()
-            if self.failures and now - self.first_failure_at > grace_s:
+            # take() records the first failure's time with the failure
+            if self.first_failure_at is not None and now - self.first_failure_at > grace_s:
                 break
             if self._lost_for_good():
                 break

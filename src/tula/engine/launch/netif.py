@@ -48,7 +48,7 @@ def resolve(host: str) -> str:
     """``host`` as an IP address (a name is resolved here; an address is returned as it is)."""
     with contextlib.suppress(ValueError):
         return str(ipaddress.ip_address(host.strip("[]")))
-    return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+    return str(socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0])
 
 
 def is_loopback(host: str) -> bool:

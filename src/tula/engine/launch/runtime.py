@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from types import FrameType
 from typing import Any
 
 import torch
@@ -193,7 +194,7 @@ def _catch_stop(stop: StopFlag, in_process: bool) -> list[Callable[[], None]]:
     caller's :func:`tula.engine.interrupts.on_stop` in the launching process (whose torch
     threads and random state are then kept too).  Returns what undoes it, in order."""
 
-    def on_signal(signum, frame=None) -> None:  # noqa: ARG001
+    def on_signal(signum: int, frame: FrameType | None = None) -> None:  # noqa: ARG001
         stop.requested, stop.signum = True, signum
 
     restore: list[Callable[[], None]] = []
@@ -202,7 +203,12 @@ def _catch_stop(stop: StopFlag, in_process: bool) -> list[Callable[[], None]]:
 
         restore.append(interrupts.on_stop(on_signal))
         threads, rng = torch.get_num_threads(), torch.get_rng_state()
-        restore.append(lambda: (torch.set_num_threads(threads), torch.set_rng_state(rng)))
+
+        def restore_threads_and_rng() -> None:
+            torch.set_num_threads(threads)
+            torch.set_rng_state(rng)
+
+        restore.append(restore_threads_and_rng)
     else:
         for s in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError):  # not the main thread (e.g. a Dask worker task)
@@ -237,7 +243,7 @@ def _join(
         rank=setup.rank,
         world_size=setup.world_size,
         timeout=timedelta(seconds=setup.pg_timeout_s),
-        **({"device_id": device} if backend == "nccl" else {}),
+        device_id=device if backend == "nccl" else None,
     )
     # the stop flag's all-reduces run on their own CPU group: no device sync, and never
     # interleaved with the model's collectives

@@ -34,9 +34,9 @@ hooks registered on it run -- so LR schedulers and checkpoints work on it unchan
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
-from collections.abc import Callable
-from typing import Any
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 import torch
 
@@ -77,7 +77,7 @@ def grad_sq_norm(grads: list[torch.Tensor], device: torch.device | None = None) 
     norm per device, no host sync."""
     if not grads:
         return torch.zeros((), dtype=torch.float64, device=device)
-    norms = torch._foreach_norm(grads)
+    norms = list(torch._foreach_norm(grads))
     dev = grads[0].device
     if any(g.device != dev for g in grads):
         norms = [n.to(dev) for n in norms]
@@ -127,7 +127,7 @@ class _Gate:
         else:  # mixed dtypes or devices: one where per factor
             self.factors = list(factors)
 
-    def apply(self, params: list[torch.Tensor], grads: list[torch.Tensor], scaled: torch.Tensor) -> None:
+    def apply(self, params: Sequence[torch.Tensor], grads: list[torch.Tensor], scaled: torch.Tensor) -> None:
         """Scale ``grads``, the gradients of those ``params`` (one factor each) that have one."""
         if self.both is not None:
             torch.index_select(self.both, 0, scaled.reshape(1).long(), out=self.chosen)
@@ -252,7 +252,7 @@ class AGS(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ torch contract
     @property
-    def param_groups(self) -> list[dict]:  # type: ignore[override]
+    def param_groups(self) -> list[dict]:
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -260,11 +260,11 @@ class AGS(torch.optim.Optimizer):
         self.optimizer.param_groups = value
 
     @property
-    def state(self):  # type: ignore[override]
+    def state(self) -> defaultdict[torch.Tensor, Any]:
         return self.optimizer.state
 
     @state.setter
-    def state(self, value) -> None:
+    def state(self, value: defaultdict[torch.Tensor, Any]) -> None:
         self.optimizer.state = value
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -291,8 +291,14 @@ class AGS(torch.optim.Optimizer):
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.param_groups for p in g["params"]]
 
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Gate, scale and step, with no host sync: Δ, the decision and the factor applied
         stay 0-d tensors on the gradients' device."""
         loss = None
@@ -358,7 +364,7 @@ class AGS(torch.optim.Optimizer):
         self.update_factors(small, params)
         small_sq = sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in small)
         large_sq = sum(torch.linalg.vector_norm(p.grad, dtype=torch.float64).square() for p in params)
-        return small_sq, large_sq  # type: ignore[return-value]
+        return small_sq, large_sq
 
     @staticmethod
     def _small_grads(
@@ -379,10 +385,10 @@ class AGS(torch.optim.Optimizer):
         if self.mode != "adaptive":
             return
         all_params = self._params()
-        params = all_params if params is None else params
-        if len(small_grads) != len(params):
-            raise ValueError(f"{len(small_grads)} small-batch gradients for {len(params)} parameters")
-        by_param = {id(p): g for p, g in zip(params, small_grads)}
+        targets: Sequence[torch.Tensor] = all_params if params is None else params
+        if len(small_grads) != len(targets):
+            raise ValueError(f"{len(small_grads)} small-batch gradients for {len(targets)} parameters")
+        by_param = {id(p): g for p, g in zip(targets, small_grads)}
         factors = []
         for p in all_params:
             g_small, g_large = by_param.get(id(p)), p.grad
@@ -440,7 +446,7 @@ class AGS(torch.optim.Optimizer):
         }
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
         prev = self.variability.prev_sq_norm
@@ -460,7 +466,7 @@ class AGS(torch.optim.Optimizer):
                 state = result
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)
             if result is not None:

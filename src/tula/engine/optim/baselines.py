@@ -30,10 +30,12 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.distributed.optim import PostLocalSGDOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tula.engine.ddp import LocalGradNorms, local_norms_allreduce_hook
+from tula.core.spec import JobSpec
+from tula.engine.ddp import LocalGradNorms, OneRank, local_norms_allreduce_hook
 from tula.engine.optim.ags import TRACE_CAPACITY
-from tula.engine.optim.methods import LRS, Method, sqrt_scale
+from tula.engine.optim.methods import LRS, LossFn, Method, sqrt_scale
 
 
 def adaptive_param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -115,11 +117,12 @@ class PostLocalSGD(Method):
     name = "polo"
     warmup = True
 
-    def __init__(self, ddp, spec, global_batch, n_workers, steps_per_epoch):
+    def __init__(self, ddp: nn.Module, spec: JobSpec, global_batch: int, n_workers: int, steps_per_epoch: int) -> None:
         t = spec.train
         switch_steps = t.polo_switch_epoch * steps_per_epoch
         self.hook_state: PostLocalSGDState | None = None
         self.averager: PeriodicModelAverager | None = None
+        self.subgroup: dist.ProcessGroup | None = None
         if n_workers > 1:
             # every worker is its own node: an explicit single-rank subgroup per rank (torch's
             # default, one subgroup per node found through CUDA's device count, fails on gloo/CPU)
@@ -132,6 +135,7 @@ class PostLocalSGD(Method):
             )
         super().__init__(ddp, spec, global_batch, n_workers, steps_per_epoch)
         if self.hook_state is not None:
+            assert isinstance(ddp, (DDP, OneRank)), "a world of more than one rank trains a DDP model (wrap_ddp)"
             ddp.register_comm_hook(self.hook_state, post_localSGD_hook)
 
     def build_optimizer(self) -> torch.optim.Optimizer:
@@ -167,9 +171,14 @@ class PostLocalSGD(Method):
             dist.destroy_process_group(self.subgroup)
             self.subgroup = None
 
+    def _averaging_optimizer(self) -> PostLocalSGDOptimizer:
+        """The optimiser as :meth:`build_optimizer` wraps it whenever there is an averager."""
+        assert isinstance(self.optimizer, PostLocalSGDOptimizer), "only called where there is an averager"
+        return self.optimizer
+
     def _local_state_tensors(self) -> list[torch.Tensor]:
         """This rank's optimiser state tensors (e.g. momentum buffers) in parameter order."""
-        inner = self.optimizer.optim
+        inner = self._averaging_optimizer().optim
         return [
             v
             for g in inner.param_groups
@@ -184,7 +193,7 @@ class PostLocalSGD(Method):
             # torch's PostLocalSGDOptimizer.load_state_dict gives the inner optimiser new param
             # groups but keeps its own reference to the old list, through which the LR schedule
             # writes: re-link them, or the LR stays frozen at the checkpoint's value
-            self.optimizer.param_groups = self.optimizer.optim.param_groups
+            self.optimizer.param_groups = self._averaging_optimizer().optim.param_groups
         self.load_extra_state(state.get("extra") or {})
         self.set_step(step)
 
@@ -194,7 +203,7 @@ class PostLocalSGD(Method):
         return {"switch_step": self.averager.warmup_steps, "averaging_period_steps": self.averager.period}
 
     def extra_state(self) -> dict[str, Any]:
-        if self.averager is None:
+        if self.averager is None or self.hook_state is None:  # both or neither: n_workers > 1
             return {}
         return {
             "averager_step": self.averager.step,
@@ -203,7 +212,7 @@ class PostLocalSGD(Method):
         }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        if self.averager is not None and state:
+        if self.averager is not None and self.hook_state is not None and state:
             self.averager.step = int(state["averager_step"])
             self.hook_state.iter = int(state["hook_iter"])
             per_rank = state.get("rank_optimizer_state")
@@ -246,7 +255,7 @@ class AdaScale(Method):
     name = "adascale"
     ema_decay = 0.9
 
-    def __init__(self, ddp, spec, global_batch, n_workers, steps_per_epoch):
+    def __init__(self, ddp: nn.Module, spec: JobSpec, global_batch: int, n_workers: int, steps_per_epoch: int) -> None:
         self.gain = 1.0
         self.gain_steps: deque[float] = deque(maxlen=TRACE_CAPACITY)  # since the last drain
         self.gain_stats = {"count": 0, "sum": 0.0, "min": math.inf, "max": -math.inf}  # the whole run
@@ -256,12 +265,13 @@ class AdaScale(Method):
             [p for p in ddp.parameters() if p.requires_grad], next(ddp.parameters()).device
         )
         super().__init__(ddp, spec, global_batch, n_workers, steps_per_epoch)
+        assert isinstance(ddp, (DDP, OneRank)), "AdaScale runs on at least 2 ranks (checked above): a DDP model"
         ddp.register_comm_hook(self.sq_norm_state, local_norms_allreduce_hook)
 
     def lr_factor(self, step: int) -> float:
         return super().lr_factor(step) * self.gain
 
-    def after_backward(self, step, x, y, loss_fn):
+    def after_backward(self, step: int, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
         local_sq = self.sq_norm_state.take().reshape(1)
         dist.all_reduce(local_sq)
         mean_local_sq = float(local_sq) / self.n_workers / (self.loss_scale or 1.0) ** 2  # fp16: taken scaled
@@ -282,7 +292,7 @@ class AdaScale(Method):
         st = self.gain_stats
         st["count"], st["sum"] = st["count"] + 1, st["sum"] + self.gain
         st["min"], st["max"] = min(st["min"], self.gain), max(st["max"], self.gain)
-        self.scheduler.set_step(step)  # this step's LR with the new gain
+        self.lr_schedule.set_step(step)  # this step's LR with the new gain
 
     def _smooth(self, average: float | None, value: float) -> float:
         return value if average is None else self.ema_decay * average + (1.0 - self.ema_decay) * value

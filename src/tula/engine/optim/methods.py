@@ -97,9 +97,16 @@ class Method:
         sched = spec.train.batch_schedule
         self.milestones_owned = sched is not None and _schedule_owns_milestones(sched.kind)
         self.optimizer = self.build_optimizer()
-        self.scheduler = MethodSchedule(self.optimizer, self.lr_factor)
+        self.scheduler: MethodSchedule | None = MethodSchedule(self.optimizer, self.lr_factor)
 
     # ------------------------------------------------------------ what subclasses change
+    @property
+    def lr_schedule(self) -> MethodSchedule:
+        """The LR schedule (``scheduler``), which :meth:`release` lets go."""
+        if self.scheduler is None:
+            raise RuntimeError(f"the {self.name} method was released: it has no LR schedule any more")
+        return self.scheduler
+
     @property
     def module(self) -> nn.Module:
         return getattr(self.ddp, "module", self.ddp)
@@ -171,7 +178,7 @@ class Method:
         self.set_step(step)
 
     def set_step(self, step: int) -> None:
-        self.scheduler.set_step(step)
+        self.lr_schedule.set_step(step)
 
     def extra_state(self) -> dict[str, Any]:
         return {}
@@ -198,15 +205,16 @@ class ScaledGradients(Method):
     """Base of ``static`` and ``ags``: the spec's optimiser wrapped in :class:`AGS`."""
 
     mode = "adaptive"
+    optimizer: AGS  # what build_optimizer returns here
 
-    def __init__(self, ddp, spec, global_batch, n_workers, steps_per_epoch):
+    def __init__(self, ddp: nn.Module, spec: JobSpec, global_batch: int, n_workers: int, steps_per_epoch: int) -> None:
         a = spec.train.ags  # b_small < global batch: checked by Method.__init__ (tula.core.registry)
         self.local_small = max(1, a.b_small // n_workers)
         self.update_every = a.update_every or steps_per_epoch
         self._measured_at: int | None = None  # the step of the last factor measurement in this process
         super().__init__(ddp, spec, global_batch, n_workers, steps_per_epoch)
 
-    def build_optimizer(self) -> torch.optim.Optimizer:
+    def build_optimizer(self) -> AGS:
         a = self.spec.train.ags
         return AGS(
             super().build_optimizer(),
@@ -245,7 +253,7 @@ class AdaptiveScaling(ScaledGradients):
 
     name = "ags"
 
-    def after_backward(self, step, x, y, loss_fn):
+    def after_backward(self, step: int, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
         # every update_every steps; when the runner skipped the step it was due at (an fp16
         # overflow: it does not call this), at the next step it calls this at
         due_at = step - step % self.update_every

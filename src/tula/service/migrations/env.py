@@ -13,6 +13,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
+from tula.core.errors import TulaError
 from tula.service.store import VERSION_TABLE
 
 config = context.config
@@ -29,6 +30,10 @@ if connection is not None:
     _run(connection)
 else:  # the alembic command line, on sqlalchemy.url from alembic.ini or -x url=...
     url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise TulaError(
+            "the store's migrations need a database URL: set sqlalchemy.url in alembic.ini or pass -x url=..."
+        )
     engine = create_engine(url)
     with engine.begin() as conn:
         _run(conn)

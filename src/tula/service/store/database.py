@@ -270,11 +270,15 @@ class Database:
     def _upsert(self, conn: Connection, table: sa.Table, key: dict, values: dict) -> None:
         if self.dialect in ("sqlite", "postgresql"):
             if self.dialect == "sqlite":
-                from sqlalchemy.dialects.sqlite import insert
+                from sqlalchemy.dialects import sqlite
+
+                lite = sqlite.insert(table).values(**key, **values)
+                conn.execute(lite.on_conflict_do_update(index_elements=list(key), set_=values))
             else:
-                from sqlalchemy.dialects.postgresql import insert
-            stmt = insert(table).values(**key, **values)
-            conn.execute(stmt.on_conflict_do_update(index_elements=list(key), set_=values))
+                from sqlalchemy.dialects import postgresql
+
+                pg = postgresql.insert(table).values(**key, **values)
+                conn.execute(pg.on_conflict_do_update(index_elements=list(key), set_=values))
             return
         cond = [table.c[k] == v for k, v in key.items()]
         if conn.execute(sa.update(table).where(*cond).values(**values)).rowcount == 0:
