@@ -26,7 +26,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from tula import __version__
@@ -238,7 +238,7 @@ class _Console(Observer):
     def __init__(self) -> None:
         self.method: str | None = None
         self.bar: Progress | None = None
-        self.task = None
+        self.task: TaskID | None = None  # the bar's one task, while a bar is shown
         self.last_line = time.monotonic()  # when a log (not a terminal) last got a line
         self.log_every_s = log_step_every_s()
 
@@ -269,7 +269,7 @@ class _Console(Observer):
 
     def done(self, name: str) -> None:
         if self.bar is not None:
-            if name == "profiling":
+            if name == "profiling" and self.task is not None:
                 self.bar.update(self.task, description="done")
             self.bar.stop()
             self.bar = None
@@ -280,6 +280,8 @@ class _Console(Observer):
     def saved(self, kind: str, record: dict | None, path: Path) -> None:
         from tula.report import models_table, plan_table, train_table, trials_table
 
+        if record is None:  # a plot: its path only, no table
+            return
         if kind == PROFILE_KIND and not record.get("in_progress") and not is_partial(record):
             console.print(trials_table(record))
         elif kind == MODELS_KIND:
@@ -299,6 +301,11 @@ class _Console(Observer):
     # progress
     def _profiling(self, ev: dict) -> None:
         bar, task = self.bar, self.task
+        if ev.get("type") == "note":
+            say(bar.console if bar is not None else err_console, ("note", "yellow"), ": ", ev.get("message"))
+            return
+        if bar is None or task is None:  # progress outside the profiling stage: no bar to move
+            return
         if ev.get("type") == "checked":
             bar.start()
         elif ev.get("type") == "plan":
@@ -308,12 +315,31 @@ class _Console(Observer):
             bar.update(task, advance=1, description=line)
             if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
                 say(err_console, "trial ", line)
-        elif ev.get("type") == "note":
-            say(bar.console if bar is not None else err_console, ("note", "yellow"), ": ", ev.get("message"))
 
     def _training(self, ev: dict) -> None:
         bar, task, method, kind = self.bar, self.task, self.method, ev.get("type")
-        if kind == "start":
+        out = bar.console if bar is not None else err_console  # where a line about the run goes
+        if kind == "note":
+            say(out, ("note", "yellow"), ": ", ev.get("message"))
+        elif kind == "resize":
+            say(
+                out,
+                f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
+                f"{ev['global_batch']} on {ev['n_workers']} worker(s) "
+                + ("(a new world)" if ev.get("new_world", True) else "(in the same world)"),
+            )
+        elif kind == "fallback":
+            k0, k1 = ev.get("from_accumulation_steps", 1), ev.get("to_accumulation_steps", 1)
+            say(
+                out,
+                (f"out of memory at global batch {ev['from_global_batch']}", "yellow"),
+                (f" in {k0} accumulation steps" if k0 > 1 else ""),
+                f": resuming from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}",
+                (f" in {k1} accumulation steps" if k1 != k0 or k1 > 1 else ""),
+            )
+        elif bar is None or task is None:  # progress outside the training stage: no bar to move
+            return
+        elif kind == "start":
             bar.start()
             bar.update(
                 task,
@@ -345,24 +371,6 @@ class _Console(Observer):
                     )
                     + f", {ev['epoch_time_s']:.2f} s",
                 )
-        elif kind == "note":
-            say(bar.console, ("note", "yellow"), ": ", ev.get("message"))
-        elif kind == "resize":
-            say(
-                bar.console,
-                f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
-                f"{ev['global_batch']} on {ev['n_workers']} worker(s) "
-                + ("(a new world)" if ev.get("new_world", True) else "(in the same world)"),
-            )
-        elif kind == "fallback":
-            k0, k1 = ev.get("from_accumulation_steps", 1), ev.get("to_accumulation_steps", 1)
-            say(
-                bar.console,
-                (f"out of memory at global batch {ev['from_global_batch']}", "yellow"),
-                (f" in {k0} accumulation steps" if k0 > 1 else ""),
-                f": resuming from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}",
-                (f" in {k1} accumulation steps" if k1 != k0 or k1 > 1 else ""),
-            )
 
 
 def _train_summary(run: dict) -> str:
@@ -411,10 +419,10 @@ def _pricing_overrides(items: list[str] | None) -> dict:
 def _deadline_s(deadline: str) -> float:
     """``--deadline`` in seconds (a positive duration, e.g. 8h, 90min), or one sentence."""
     try:
-        d_s = parse_duration(deadline)
+        d_s = parse_duration(deadline)  # None only for None, and deadline is a str
     except ValueError as err:
         raise TulaError(f"--deadline: {err}") from None
-    if d_s <= 0:
+    if d_s is None or d_s <= 0:
         raise TulaError(f"--deadline must be a positive duration, not {deadline!r}")
     return d_s
 
@@ -629,12 +637,12 @@ def plan(
     a restart per preemption); --compare-spot sets spot against on-demand."""
     from tula.engine.rundir import locked
 
-    source = names.spec_source(source, example, "plan")
+    path = names.spec_source(source, example, "plan")
     price_over = _pricing_overrides(pricing)
-    job, rec, out = _plan_source(source, cluster, out, plot, force)
+    job, rec, out = _plan_source(path, cluster, out, plot, force)
     with locked(out.parent, on_stale=_stale_note):
         shown = _Console()
-        models = _models_to_plan(source, job, rec, search, out.parent, shown)
+        models = _models_to_plan(path, job, rec, search, out.parent, shown)
         p = plan_stage(
             models,
             objective.value if objective else None,
@@ -670,7 +678,7 @@ def _plan_source(
     if is_spec:  # every record this command will write, checked before any work
         for name in ("profile.json", "models.json"):
             check_out_file(out.parent / name, force, what="the record")
-    elif rec["kind"] == PROFILE_KIND:
+    elif rec is not None and rec["kind"] == PROFILE_KIND:  # not a spec: a record
         check_out_file(out.parent / "models.json", force, what="the record")
     if plot is not None:
         check_out_file(plot, force, what="--plot")
@@ -686,6 +694,7 @@ def _models_to_plan(
     if job is not None:
         prof = profile_stage(job, search.value, into / "profile.json", observer=shown)
         return fit_stage(prof, into / "models.json", shown)
+    assert rec is not None, "_plan_source gives a spec or a record"
     if rec["kind"] == PROFILE_KIND:
         if is_partial(rec):
             raise TulaError(
@@ -1167,15 +1176,15 @@ def run(
 
         try:
             with open_launcher(job) as launcher:  # one cluster for every stage
-                _run_stages(job, out, settings.search, settings.objective, settings.train, resume is not None, launcher)
+                _run_stages(job, out, settings, resume is not None, launcher)
         except Interrupted as err:
             err.hint = f"tula run --resume {_q(out)}" + (f" --cluster {_q(cluster)}" if cluster else "")
             raise
 
 
-def _run_stages(
-    job: JobSpec, out: Path, search: str, objective: str | None, train_after: bool, resuming: bool, launcher
-) -> None:
+def _run_stages(job: JobSpec, out: Path, settings: RunSettings, resuming: bool, launcher) -> None:
+    search, objective, train_after = settings.search, settings.objective, settings.train
+    assert search is not None and train_after is not None, "a run's settings: run.json's (checked) or tula run's"
 
     run_pipeline(
         job,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 from tula.core.errors import TulaError
 
@@ -125,6 +126,12 @@ def one_count(counts: tuple[int, ...] | None, verb: str) -> int | None:
         return None if counts is None else counts[0]
     given = ",".join(map(str, counts))
     raise TulaError(f"tula {verb} trains on one worker count, not {given}; give one, e.g. --workers {counts[0]}")
+
+
+@overload
+def spec_source(spec: Path | None, example: str | None, verb: str, optional: Literal[False] = False) -> Path: ...
+@overload
+def spec_source(spec: Path | None, example: str | None, verb: str, optional: bool) -> Path | None: ...
 
 
 def spec_source(spec: Path | None, example: str | None, verb: str, optional: bool = False) -> Path | None:

@@ -385,9 +385,8 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
 
         c = self.cluster
         if c is None or isinstance(c, str):
-            with open_launcher(spec, n_workers=n_workers) as launcher:  # the spec's cluster.where: c, or local
-                if c is None:  # a one-worker fit needs no process of its own
-                    launcher.in_process = True
+            # the spec's cluster.where: c, or local; with c None a one-worker fit needs no process of its own
+            with open_launcher(spec, n_workers=n_workers, in_process=c is None) as launcher:
                 yield launcher
         elif _is_client(c):
             _client_address(c)  # remembered while connected: the estimator pickles once it is closed

@@ -190,9 +190,10 @@ class JobSpecParams:
         if isinstance(o, str) and o.lower() in OPTIMIZER_NAMES:
             name = o.lower()
         else:
-            name = self._optimizer_class_name(o)
-            if name is None:  # another optimiser class: made as cls(params, lr=lr, **optimizer__*)
+            own = self._optimizer_class_name(o)
+            if own is None:  # another optimiser class: made as cls(params, lr=lr, **optimizer__*)
                 return {"name": import_ref(o), "lr": float(self.lr), "kwargs": prefixed}
+            name = own
         spec = {"name": name, "lr": float(self.lr)}
         for key, value in prefixed.items():
             if key not in _OPTIMIZER_FIELDS:
