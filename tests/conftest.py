@@ -163,6 +163,10 @@ def dask_cluster():
         {
             "distributed.scheduler.locks.lease-validation-interval": "2s",
             "distributed.scheduler.locks.lease-timeout": "8s",
+            # a worker restarted after a failed world (DaskLauncher._clean_up) that is not back
+            # within this has its nanny closed by the cluster, for good: Dask's 15 s, outlasted on
+            # loaded cores (kill 4 s + a new process), left the module's cluster with 0 workers
+            "distributed.deploy.lost-worker-timeout": "300s",
         }
     )
     cluster = distributed.LocalCluster(

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,11 @@ PROGRESS_EVERY_S = 1.0  # progress is written at most this often (the heartbeat 
 #: runs (attempts) a job gets in all before such a failure ends it
 LOST_CAUSES = ("lost_worker", "unreachable", "scheduler_lost")
 MAX_ATTEMPTS = 3
+#: how long a runner this dispatcher started may take to start (its imports, opening the store)
+#: before its first heartbeat: it is not stale meanwhile.  A start on busy cores can outlast
+#: stale_after_s, and a runner replaced then starts as slowly again: on 2 loaded cores each of
+#: three jobs' runners was replaced 6 times and none got to run (2026-11-29)
+START_LIMIT_S = 600.0
 
 
 class StoreObserver(Observer):
@@ -112,7 +118,10 @@ class StoreObserver(Observer):
 
 
 def _reusable_models(store: Store, job: dict, spec, launcher) -> dict | None:
-    """Models fitted by an earlier job with the same key, rebased onto this job's spec, or None."""
+    """Models fitted by an earlier job (submitted before it) with the same key, rebased onto this
+    job's spec, or None.  Never a later job's: jobs submitted together would then profile or not
+    by which runner got further first (the first of them, its runner started late or queued
+    again before its first trial, could be planned from a later one's models and have no profile)."""
     from tula.core.fit import rebase_models
     from tula.engine.workloads import check_workload
     from tula.service.model_key import key_parts_for_new_job, model_key
@@ -121,7 +130,7 @@ def _reusable_models(store: Store, job: dict, spec, launcher) -> dict | None:
         parts = key_parts_for_new_job(spec.to_dict(), launcher.facts(), launcher.threads_per_worker)
     except ValueError:  # a key that cannot be known before profiling (e.g. the shape of a user's arrays)
         return None
-    found = store.find_models(model_key(parts))
+    found = store.find_models(model_key(parts), submitted_before=job["id"])
     if found is None:
         return None
     models, from_job = found
@@ -142,6 +151,15 @@ def on_the_services_cluster(spec, settings: ServiceSettings):
     return spec_from_dict({**d, "cluster": {**d["cluster"], "where": settings.cluster}})
 
 
+def _beats(stop: threading.Event, every_s: float) -> Iterator[None]:
+    """A beat at once, then one every ``every_s`` until ``stop`` is set.  At once: the dispatcher
+    holds a runner that is starting (that has not beaten since its claim) as not stale."""
+    wait = 0.0
+    while not stop.wait(wait):
+        yield
+        wait = every_s
+
+
 def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
     """Run (or resume) one claimed job to its end; the exit code of the runner process."""
     from tula.core.spec import spec_from_dict
@@ -155,7 +173,7 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
     cancelled = threading.Event()
 
     def heartbeat() -> None:
-        while not stop.wait(settings.heartbeat_s):
+        for _ in _beats(stop, settings.heartbeat_s):
             try:
                 mine = store.heartbeat(job_id, runner)
                 row = store.get_job(job_id)
@@ -254,6 +272,7 @@ class Dispatcher:
         self.room = WorkerRoom(settings)  # the operator's workers a queued job waits for
         # stops a job whose processes on this host hold more than max_job_memory_bytes (0: no limit)
         self.guard = MemoryGuard(settings.max_job_memory_bytes) if settings.max_job_memory_bytes else None
+        self.starting: dict[str, tuple[Any, float]] = {}  # job id -> its heartbeat at the claim, when claimed
 
     def start(self) -> None:
         # a runner of an earlier service on this host whose process is gone (the service and
@@ -318,7 +337,7 @@ class Dispatcher:
                         state="queued",
                         message=f"runner exited with code {proc.returncode}; queued again to resume",
                     )
-        self.store.requeue_stale(self.settings.stale_after_s)
+        self.store.requeue_stale(self.settings.stale_after_s, keep=self._starting())
         while not self.stopping.is_set() and self.store.count_running() < self.settings.max_concurrent_jobs:
             head = self.store.oldest_queued()
             if head is None:
@@ -335,11 +354,13 @@ class Dispatcher:
                 continue
             stale = self.children.pop(job["id"], None)
             if stale is not None and stale.poll() is None:
-                # its runner is still alive but was silent past stale_after_s (e.g. starved
-                # while starting): it is replaced, never left running beside the new one
+                # its runner is still alive but was silent past stale_after_s once it had
+                # started (or never started within START_LIMIT_S): it is replaced, never left
+                # running beside the new one
                 stale.kill()
                 stale.wait()
             proc = self.children[job["id"]] = self._spawn(job["id"], runner)
+            self.starting[job["id"]] = (job["heartbeat_at"], time.monotonic())
             log.info(
                 "job %s: claimed; runner %s started (pid %d, its output in %s)", job["id"], runner, proc.pid, self.log
             )
@@ -347,6 +368,17 @@ class Dispatcher:
                 self.guard.watch(job["id"], proc.pid)
             self.pid_files.mkdir(parents=True, exist_ok=True)
             (self.pid_files / job["id"]).write_text(f"{runner} {proc.pid}\n")
+
+    def _starting(self) -> list[str]:
+        """The jobs whose runner, started here, is alive and has not beaten since its claim, for
+        at most :data:`START_LIMIT_S`: starting, not stale.  Once it has beaten, stale_after_s
+        holds (a runner silent then is replaced, never left running beside the new one)."""
+        for job_id, (claimed_beat, since) in list(self.starting.items()):
+            proc = self.children.get(job_id)
+            job = self.store.get_job(job_id) if proc is not None and proc.poll() is None else None
+            if job is None or job["heartbeat_at"] != claimed_beat or time.monotonic() - since > START_LIMIT_S:
+                del self.starting[job_id]
+        return list(self.starting)
 
     def _spawn(self, job_id: str, runner: str) -> subprocess.Popen:
         s = self.settings

@@ -226,18 +226,25 @@ class JobQueue(Database):
             return not conn.execute(sa.select(jobs.c.cancel_requested).where(jobs.c.id == job_id)).scalar_one()
 
     def requeue_stale(
-        self, stale_after_s: float, max_attempts: int | None = None, runners_gone: Sequence[str] = ()
+        self,
+        stale_after_s: float,
+        max_attempts: int | None = None,
+        runners_gone: Sequence[str] = (),
+        keep: Sequence[str] = (),
     ) -> list[str]:
         """Jobs in a running state whose heartbeat is older than ``stale_after_s`` (their
         runner was killed), or whose runner is one of ``runners_gone`` (known dead: its process
         is gone), go back to ``queued``, runner cleared; returns their ids.  Such a job whose
         cancellation was requested ends ``cancelled`` instead, and one that has already been
-        claimed ``max_attempts`` times ends ``failed`` (neither is returned)."""
+        claimed ``max_attempts`` times ends ``failed`` (neither is returned).  The jobs in ``keep``
+        (their runners are known to be starting) are left as they are."""
         now = now_utc()
         cutoff = now - timedelta(seconds=float(stale_after_s))
         beat = sa.func.coalesce(jobs.c.heartbeat_at, jobs.c.started_at, jobs.c.updated_at)
         silent = beat < cutoff if not runners_gone else sa.or_(beat < cutoff, jobs.c.runner.in_(list(runners_gone)))
         stale = sa.and_(jobs.c.state.in_(RUNNING_STATES), silent)
+        if keep:
+            stale = sa.and_(stale, jobs.c.id.notin_(list(keep)))
         requeued: list[str] = []
         with self._write() as conn:
             rows = conn.execute(

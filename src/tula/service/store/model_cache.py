@@ -11,7 +11,7 @@ from tula.core.errors import RecordError
 from tula.core.records import MODELS_KIND, validate_record
 from tula.service.model_key import model_key
 from tula.service.store.database import Database, StoreError, now_utc
-from tula.service.store.schema import models_t, plain_json
+from tula.service.store.schema import jobs, models_t, plain_json
 
 
 class ModelCache(Database):
@@ -32,15 +32,20 @@ class ModelCache(Database):
                 {"key_parts": plain_json(key_parts), "models": body, "created_at": now_utc()},
             )
 
-    def find_models(self, key: str) -> tuple[dict, str] | None:
-        """The newest models record stored under ``key`` and the job that fitted it, or None."""
+    def find_models(self, key: str, submitted_before: str | None = None) -> tuple[dict, str] | None:
+        """The newest models record stored under ``key`` and the job that fitted it, or None.
+        ``submitted_before``: a job's id; then only the models of jobs submitted before it
+        (the queue's order: created, then id) count, so that whether a job profiles does not
+        depend on how far the runners of jobs submitted after it got first."""
+        query = sa.select(models_t.c.models, models_t.c.job_id).where(models_t.c.key == key)
+        if submitted_before is not None:
+            mine = jobs.alias("mine")
+            at = sa.select(mine.c.created_at).where(mine.c.id == submitted_before).scalar_subquery()
+            query = query.join(jobs, jobs.c.id == models_t.c.job_id).where(
+                sa.or_(jobs.c.created_at < at, sa.and_(jobs.c.created_at == at, jobs.c.id < submitted_before))
+            )
         with self._read() as conn:
-            row = conn.execute(
-                sa.select(models_t.c.models, models_t.c.job_id)
-                .where(models_t.c.key == key)
-                .order_by(models_t.c.created_at.desc(), models_t.c.job_id)
-                .limit(1)
-            ).first()
+            row = conn.execute(query.order_by(models_t.c.created_at.desc(), models_t.c.job_id).limit(1)).first()
         if row is None:
             return None
         try:
