@@ -241,6 +241,18 @@ class _Console(Observer):
         self.task: TaskID | None = None  # the bar's one task, while a bar is shown
         self.last_line = time.monotonic()  # when a log (not a terminal) last got a line
         self.log_every_s = log_step_every_s()
+        self.held: list[str] | None = None  # notes kept until training starts (hold_notes)
+
+    def hold_notes(self) -> None:
+        """Keep the notes said from now on until training's first event (its checks have passed
+        and its workers report): a command refused by the checks prints its one sentence and
+        nothing else."""
+        self.held = []
+
+    def _say_held(self) -> None:
+        held, self.held = self.held or [], None
+        for message in held:
+            self.note(message)
 
     # the Observer protocol
     def stage(self, name: str, **info) -> None:
@@ -268,6 +280,8 @@ class _Console(Observer):
             self.task = self.bar.add_task(plain(self.method or ""), total=None)
 
     def done(self, name: str) -> None:
+        if self.held is not None:
+            self._say_held()
         if self.bar is not None:
             if name == "profiling" and self.task is not None:
                 self.bar.update(self.task, description="done")
@@ -275,6 +289,8 @@ class _Console(Observer):
             self.bar = None
 
     def event(self, stage: str, ev: dict) -> None:
+        if stage == "training" and self.held is not None:
+            self._say_held()
         (self._profiling if stage == "profiling" else self._training)(ev)
 
     def saved(self, kind: str, record: dict | None, path: Path) -> None:
@@ -296,6 +312,9 @@ class _Console(Observer):
             say(console, ("trained", "bold green"), ": ", _train_summary(record))
 
     def note(self, message: str) -> None:
+        if self.held is not None:
+            self.held.append(message)
+            return
         say(console, message)
 
     # progress
@@ -809,6 +828,7 @@ def train(
     out = check_out_dir(out or RUNS / job.name / "train")
     job, n, b = _train_config(job, n_workers, batch, accumulation, plan, resume is not None, out)
     obs = _Console()
+    obs.hold_notes()  # the fallback's note once training starts, not before a refusal
     name = training_method(job, b, obs, method.value if method else None)  # the spec's may fall back to lbt
     fitted = load_record(models, expect=(MODELS_KIND,)) if models is not None else None
     try:
