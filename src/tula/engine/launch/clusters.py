@@ -39,6 +39,10 @@ WORKER_CONFIG = {
     "distributed.scheduler.allowed-failures": 0,
     "distributed.worker.profile.enabled": False,
     "distributed.admin.system-monitor.gil.enabled": False,
+    # a LocalCluster's worker restarted after a failed world gets this long to come back before its
+    # nanny is closed for good (Dask's 15 s default: on 2 loaded cores a restart took just over it,
+    # and the cluster had no workers left, 2026-11-29)
+    "distributed.deploy.lost-worker-timeout": "300s",
 }
 
 
