@@ -80,10 +80,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import least_squares
+
+#: what the model's functions return for array inputs (for plain numbers: a float)
+FloatArray = NDArray[np.float64]
 
 PARAMS = ("c0", "c1", "t_floor_s", "kappa", "kappa0", "alpha", "beta", "rho", "gamma")
 #: the intra-node link, fitted (or frozen) only when the profile's worlds spanned several hosts
@@ -102,15 +106,15 @@ NOTE_INTRA_LATENCY = (
 
 def sync_time_s(
     collective: str,
-    n_workers,
+    n_workers: ArrayLike,
     grad_bytes: float,
     alpha: float,
     beta: float,
     alpha_intra: float | None = None,
     beta_intra: float | None = None,
-    ranks_per_node=1,
-    n_hosts=None,
-):
+    ranks_per_node: ArrayLike = 1,
+    n_hosts: ArrayLike | None = None,
+) -> FloatArray:
     """Alpha-beta synchronisation time of ``collective`` for N ranks on hosts of R ranks each
     (0 when N = 1): the one place the rule is written (see the module docstring).
 
@@ -141,17 +145,23 @@ def sync_time_s(
     return np.where(n > 1, t, 0.0)
 
 
-def hops(collective: str, n):
+def hops(collective: str, n: ArrayLike) -> FloatArray:
     """Latency hops of the flat model (one rank per host): 2 (N - 1), 2, 2 ceil(log2 N)."""
     return sync_time_s(collective, n, 0.0, 1.0, 0.0)
 
 
-def link_bytes(collective: str, n, grad_bytes: float):
+def link_bytes(collective: str, n: ArrayLike, grad_bytes: float) -> FloatArray:
     """Bytes on the busiest link of the flat model: 2 (N - 1) / N S, 2 N S, 2 S."""
     return sync_time_s(collective, n, grad_bytes, 0.0, 1.0)
 
 
-def training_time_s(t_step_s, global_batch, dataset_size: int, epochs: int = 1):
+@overload
+def training_time_s(t_step_s: float, global_batch: float, dataset_size: int, epochs: int = 1) -> float: ...
+@overload
+def training_time_s(t_step_s: ArrayLike, global_batch: ArrayLike, dataset_size: int, epochs: int = 1) -> FloatArray: ...
+def training_time_s(
+    t_step_s: ArrayLike, global_batch: ArrayLike, dataset_size: int, epochs: int = 1
+) -> float | FloatArray:
     """Eq. 4a, the one place it is written: T = E * D / B * t_step (seconds), for a
     predicted or a measured step time."""
     return epochs * dataset_size / np.asarray(global_batch, float) * np.asarray(t_step_s, float)
@@ -172,7 +182,7 @@ def world_shape(trial: dict) -> tuple[int, int]:
     return int(trial.get("ranks_per_host") or max(per_host.values())), len(per_host)
 
 
-def trial_topology(trials: list[dict]) -> tuple[np.ndarray, np.ndarray] | None:
+def trial_topology(trials: list[dict]) -> tuple[FloatArray, FloatArray] | None:
     """(R, H) per successful trial when some world spanned more than one host -- the fit then
     models the topology -- else ``None``: the flat model, fitted on one host."""
     shapes = [world_shape(t) for t in _ok(trials)]
@@ -215,13 +225,19 @@ class PerfModel:
     t_floor_s: float = 0.0  # the host-bound floor under one rank's compute (0: none fitted)
 
     # ---------------------------------------------------------------- prediction
-    def t_compute_s(self, local_batch, n_workers):
+    @overload
+    def t_compute_s(self, local_batch: float, n_workers: float) -> float: ...
+    @overload
+    def t_compute_s(self, local_batch: ArrayLike, n_workers: ArrayLike) -> FloatArray: ...
+    def t_compute_s(self, local_batch: ArrayLike, n_workers: ArrayLike) -> float | FloatArray:
         """Compute with ``n_workers`` ranks sharing the host (pass min(N, R) on hosts of R)."""
         b, n = np.asarray(local_batch, float), np.asarray(n_workers, float)
         own = np.maximum(self.t_floor_s, self.c0 + self.c1 * b)
         return own * (1.0 + self.kappa * (n - 1)) + self.kappa0 * (n - 1)
 
-    def t_sync_s(self, n_workers, ranks_per_node=None, n_hosts=None):
+    def t_sync_s(
+        self, n_workers: ArrayLike, ranks_per_node: ArrayLike | None = None, n_hosts: ArrayLike | None = None
+    ) -> FloatArray:
         """Sync time of N ranks on hosts of ``ranks_per_node`` (``None`` or 1: one rank per
         host, the flat formula; ``n_hosts``: default ceil(N / R))."""
         return sync_time_s(
@@ -236,7 +252,32 @@ class PerfModel:
             n_hosts,
         )
 
-    def t_step_s(self, local_batch, n_workers, ranks_per_node=None, n_hosts=None, accumulation=1):
+    @overload
+    def t_step_s(
+        self,
+        local_batch: float,
+        n_workers: float,
+        ranks_per_node: float | None = None,
+        n_hosts: float | None = None,
+        accumulation: float = 1,
+    ) -> float: ...
+    @overload
+    def t_step_s(
+        self,
+        local_batch: ArrayLike,
+        n_workers: ArrayLike,
+        ranks_per_node: ArrayLike | None = None,
+        n_hosts: ArrayLike | None = None,
+        accumulation: ArrayLike = 1,
+    ) -> FloatArray: ...
+    def t_step_s(
+        self,
+        local_batch: ArrayLike,
+        n_workers: ArrayLike,
+        ranks_per_node: ArrayLike | None = None,
+        n_hosts: ArrayLike | None = None,
+        accumulation: ArrayLike = 1,
+    ) -> float | FloatArray:
         """Step time of N ranks.  ``ranks_per_node`` ``None`` (default): the flat model, as
         fitted on one host (co-location over all N, flat sync); R: hosts of R ranks each
         (co-location over min(N, R), the topology's sync).  ``accumulation``: k micro-batches
@@ -246,14 +287,28 @@ class PerfModel:
         compute = self.t_compute_s(local_batch, m)
         return self.step_from_parts_s(compute, self.t_sync_s(n, ranks_per_node, n_hosts), n, accumulation)
 
-    def step_from_parts_s(self, t_compute_s, t_sync_s, n_workers, accumulation=1):
+    @overload
+    def step_from_parts_s(
+        self, t_compute_s: float, t_sync_s: float, n_workers: float, accumulation: float = 1
+    ) -> float: ...
+    @overload
+    def step_from_parts_s(
+        self, t_compute_s: ArrayLike, t_sync_s: ArrayLike, n_workers: ArrayLike, accumulation: ArrayLike = 1
+    ) -> FloatArray: ...
+    def step_from_parts_s(
+        self, t_compute_s: ArrayLike, t_sync_s: ArrayLike, n_workers: ArrayLike, accumulation: ArrayLike = 1
+    ) -> float | FloatArray:
         """A step of k = ``accumulation`` micro-batches from the compute of one of them and
         the sync (the one place the rule is written): k - 1 computes without sync, then
         one whose sync it overlaps as fitted (:meth:`combine_s`)."""
         last = self.combine_s(t_compute_s, t_sync_s, n_workers)
         return (np.asarray(accumulation, float) - 1.0) * np.asarray(t_compute_s, float) + last
 
-    def combine_s(self, t_compute_s, t_sync_s, n_workers):
+    @overload
+    def combine_s(self, t_compute_s: float, t_sync_s: float, n_workers: float) -> float: ...
+    @overload
+    def combine_s(self, t_compute_s: ArrayLike, t_sync_s: ArrayLike, n_workers: ArrayLike) -> FloatArray: ...
+    def combine_s(self, t_compute_s: ArrayLike, t_sync_s: ArrayLike, n_workers: ArrayLike) -> float | FloatArray:
         """The step time from its parts (Eq. 2): compute slowed by ``rho`` when N > 1, then
         combined with the sync time under the overlap ``gamma``."""
         n = np.asarray(n_workers, float)
@@ -264,13 +319,48 @@ class PerfModel:
             return tc + ts
         return (tc**g + ts**g) ** (1.0 / g)
 
-    def epoch_time_s(self, global_batch, n_workers, dataset_size: int, ranks_per_node=None):
+    @overload
+    def epoch_time_s(
+        self, global_batch: float, n_workers: float, dataset_size: int, ranks_per_node: float | None = None
+    ) -> float: ...
+    @overload
+    def epoch_time_s(
+        self, global_batch: ArrayLike, n_workers: ArrayLike, dataset_size: int, ranks_per_node: ArrayLike | None = None
+    ) -> FloatArray: ...
+    def epoch_time_s(
+        self, global_batch: ArrayLike, n_workers: ArrayLike, dataset_size: int, ranks_per_node: ArrayLike | None = None
+    ) -> float | FloatArray:
         """Eq. 4a for one epoch: D / B steps of the predicted t_step."""
         big_b = np.asarray(global_batch, float)
         t = self.t_step_s(big_b / np.asarray(n_workers, float), n_workers, ranks_per_node)
         return training_time_s(t, big_b, dataset_size)
 
-    def total_time_s(self, global_batch, n_workers, dataset_size: int, epochs: int, ranks_per_node=None):
+    @overload
+    def total_time_s(
+        self,
+        global_batch: float,
+        n_workers: float,
+        dataset_size: int,
+        epochs: int,
+        ranks_per_node: float | None = None,
+    ) -> float: ...
+    @overload
+    def total_time_s(
+        self,
+        global_batch: ArrayLike,
+        n_workers: ArrayLike,
+        dataset_size: int,
+        epochs: int,
+        ranks_per_node: ArrayLike | None = None,
+    ) -> FloatArray: ...
+    def total_time_s(
+        self,
+        global_batch: ArrayLike,
+        n_workers: ArrayLike,
+        dataset_size: int,
+        epochs: int,
+        ranks_per_node: ArrayLike | None = None,
+    ) -> float | FloatArray:
         """Eq. 4a: T = E * D / B * t_step."""
         return epochs * self.epoch_time_s(global_batch, n_workers, dataset_size, ranks_per_node)
 
@@ -288,7 +378,7 @@ class PerfModel:
 
 
 # --------------------------------------------------------------------------- fitting
-def _arrays(trials: list[dict]):
+def _arrays(trials: list[dict]) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
     ok = _ok(trials)
     b = np.array([t["local_batch"] for t in ok], float)
     n = np.array([t["n_workers"] for t in ok], float)
@@ -297,7 +387,9 @@ def _arrays(trials: list[dict]):
     return b, n, ts, tc
 
 
-def _identifiable(b, n, topo=None, collective: str = "ring") -> set[str]:
+def _identifiable(
+    b: FloatArray, n: FloatArray, topo: tuple[FloatArray, FloatArray] | None = None, collective: str = "ring"
+) -> set[str]:
     """Parameters the design can identify (``topo``: each trial's (R, H) when the worlds
     spanned several hosts).  A latency needs two worlds whose hops and bytes differ in ratio:
     two sizes (the tree across hosts: two depths of the tree of hosts)."""
@@ -333,7 +425,15 @@ def _identifiable(b, n, topo=None, collective: str = "ring") -> set[str]:
     return free
 
 
-def _initial(b, n, ts, tc, collective, grad_bytes, topo=None) -> dict[str, float]:
+def _initial(
+    b: FloatArray,
+    n: FloatArray,
+    ts: FloatArray,
+    tc: FloatArray,
+    collective: str,
+    grad_bytes: float,
+    topo: tuple[FloatArray, FloatArray] | None = None,
+) -> dict[str, float]:
     base = n == n.min()
     if len(np.unique(b[base])) >= 2:
         c1, c0 = np.polyfit(b[base], tc[base], 1)
@@ -343,7 +443,7 @@ def _initial(b, n, ts, tc, collective, grad_bytes, topo=None) -> dict[str, float
     c0 = max(c0, 0.0)
     smallest = base & (b == b[base].min())
 
-    def per_byte(sel):
+    def per_byte(sel: NDArray[np.bool_]) -> float:
         if not sel.any():
             return 0.0
         lb = link_bytes(collective, n[sel], grad_bytes)
@@ -387,7 +487,15 @@ _BOUNDS = {
 
 
 def _fit_once(
-    b, n, ts, tc, collective, grad_bytes, free: list[str], fixed: dict[str, float], topo=None
+    b: FloatArray,
+    n: FloatArray,
+    ts: FloatArray,
+    tc: FloatArray,
+    collective: str,
+    grad_bytes: float,
+    free: list[str],
+    fixed: dict[str, float],
+    topo: tuple[FloatArray, FloatArray] | None = None,
 ) -> tuple[PerfModel, float]:
     init = _initial(b, n, ts, tc, collective, grad_bytes, topo)
     # optimise in scaled units so that every parameter is O(1)
@@ -398,12 +506,12 @@ def _fit_once(
     x0 = np.clip(x0, lo + 1e-12, np.where(np.isfinite(hi), hi - 1e-9, np.inf))
     r, h = (None, None) if topo is None else topo
 
-    def build(x) -> PerfModel:
+    def build(x: FloatArray) -> PerfModel:
         p: dict[str, Any] = {k: float(v) for k, v in fixed.items()}
         p.update({k: float(v * scale[k]) for k, v in zip(free, x)})
         return PerfModel(collective=collective, grad_bytes=int(grad_bytes), **p)
 
-    def resid(x):
+    def resid(x: FloatArray) -> FloatArray:
         m = build(x)
         rc = np.log(np.maximum(m.t_compute_s(b, n if r is None else np.minimum(n, r)), 1e-12)) - np.log(tc)
         rs = np.log(np.maximum(m.t_step_s(b, n, r, h), 1e-12)) - np.log(ts)
@@ -482,7 +590,7 @@ def floor_note(model: PerfModel) -> str:
     )
 
 
-def relative_error(predicted, measured) -> np.ndarray:
+def relative_error(predicted: ArrayLike, measured: ArrayLike) -> np.ndarray:
     """|predicted - measured| / measured, elementwise: the one error metric of every model."""
     m = np.asarray(measured, float)
     return np.abs(np.asarray(predicted, float) - m) / m

@@ -79,9 +79,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tula.core.errors import TulaError
 from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
@@ -90,6 +91,7 @@ from tula.core.perfmodel import (
     COLLECTIVES,
     NOTE_NO_LONE_HOST,
     NOTE_NO_SHARED_HOST,
+    FloatArray,
     PerfModel,
     ranks_per_node_of,
     sync_time_s,
@@ -200,13 +202,17 @@ class Simulator:
     run_costs: RunCosts | None = None  # the method's step and each epoch's end (tula.core.run_costs)
 
     # ---------------------------------------------------------------- the step
-    def t_compute_s(self, local_batch, n_workers):
+    @overload
+    def t_compute_s(self, local_batch: float, n_workers: float) -> float: ...
+    @overload
+    def t_compute_s(self, local_batch: ArrayLike, n_workers: ArrayLike) -> FloatArray: ...
+    def t_compute_s(self, local_batch: ArrayLike, n_workers: ArrayLike) -> float | FloatArray:
         """Per-worker compute: the fitted compute with co-location counted up to R workers,
         divided by the compute speed."""
         m = np.minimum(np.asarray(n_workers, float), self.ranks_per_node)
         return self.perf.t_compute_s(local_batch, m) / self.compute_speed
 
-    def t_sync_s(self, collective: str, n_workers):
+    def t_sync_s(self, collective: str, n_workers: ArrayLike) -> FloatArray:
         """Alpha-beta synchronisation time of ``collective`` for N workers on nodes of
         ``ranks_per_node`` on this network (0 when N = 1)."""
         return sync_time_s(
@@ -226,14 +232,26 @@ class Simulator:
         t = self.t_step_s(self.perf.collective, global_batch / n_workers, n_workers, accumulation_steps)
         return float(epoch_time_s(t, global_batch, n_workers, self.dataset_size, self.run_costs))
 
-    def t_step_s(self, collective: str, local_batch, n_workers, accumulation_steps=1):
+    @overload
+    def t_step_s(
+        self, collective: str, local_batch: float, n_workers: float, accumulation_steps: float = 1
+    ) -> float: ...
+    @overload
+    def t_step_s(
+        self, collective: str, local_batch: ArrayLike, n_workers: ArrayLike, accumulation_steps: ArrayLike = 1
+    ) -> FloatArray: ...
+    def t_step_s(
+        self, collective: str, local_batch: ArrayLike, n_workers: ArrayLike, accumulation_steps: ArrayLike = 1
+    ) -> float | FloatArray:
         """A step whose share ``local_batch`` runs as ``accumulation_steps`` micro-batches
         (:meth:`tula.core.perfmodel.PerfModel.step_from_parts_s`) on this network."""
         n, k = np.asarray(n_workers, float), np.asarray(accumulation_steps, float)
         compute = self.t_compute_s(np.asarray(local_batch, float) / k, n)
         return self.perf.step_from_parts_s(compute, self.t_sync_s(collective, n), n, k)
 
-    def _epoch_money(self, epoch_free_s, n_workers, local_batch, accumulation_steps=1):
+    def _epoch_money(
+        self, epoch_free_s: ArrayLike, n_workers: ArrayLike, local_batch: ArrayLike, accumulation_steps: ArrayLike = 1
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(expected wall time, cost) of epochs that take ``epoch_free_s`` uninterrupted."""
         wall = self.pricing.expected_time_s(epoch_free_s, n_workers, epoch_free_s)
         share = np.asarray(local_batch, float)
@@ -824,7 +842,11 @@ def _to_accuracy(rows: list[dict], sim: Simulator, big_b: int, noise: dict) -> s
     )
 
 
-def fitted_step_s(models: dict, local_batch, n_workers):
+@overload
+def fitted_step_s(models: dict, local_batch: float, n_workers: float) -> float: ...
+@overload
+def fitted_step_s(models: dict, local_batch: ArrayLike, n_workers: ArrayLike) -> FloatArray: ...
+def fitted_step_s(models: dict, local_batch: ArrayLike, n_workers: ArrayLike) -> float | FloatArray:
     """The fitted model's own step time prediction (the simulator's reference at profiled N),
     at the R it was fitted for (:func:`tula.core.perfmodel.ranks_per_node_of`)."""
     return PerfModel.from_dict(models["perf"]).t_step_s(local_batch, n_workers, ranks_per_node_of(models["trials"]))
