@@ -134,10 +134,10 @@ def _rendered(renderable) -> str:
     """What the CLI's console prints for ``renderable``, on one line."""
     from rich.console import Console
 
-    from tula import cli
+    from tula.cli_console import console
 
     buf = io.StringIO()
-    Console(file=buf, width=cli.console.width, soft_wrap=cli.console.soft_wrap).print(renderable)
+    Console(file=buf, width=console.width, soft_wrap=console.soft_wrap).print(renderable)
     return one_line(buf.getvalue())
 
 
@@ -373,7 +373,7 @@ def test_simulate_noise_scale_is_the_b_noise_of_the_time_to_accuracy(tiny_pipeli
 def test_the_log_interval_is_read_from_the_environment_and_a_bad_one_is_one_sentence(
     tiny_pipeline, tmp_path, monkeypatch
 ):
-    from tula.cli import LOG_STEP_EVERY_S, log_step_every_s
+    from tula.cli_console import LOG_STEP_EVERY_S, log_step_every_s
     from tula.core.errors import SpecError
 
     monkeypatch.delenv("TULA_LOG_EVERY_S", raising=False)

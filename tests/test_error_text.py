@@ -140,13 +140,13 @@ def test_sigint_prints_the_continue_command_with_a_hostile_path(tmp_path):
 DRIVER = r"""
 import sys
 from pathlib import Path
-from tula import cli
+from tula import cli_console
 from tula.core.records import PLAN_KIND, PROFILE_KIND
 
 h = sys.argv[1] + "\x00"
-c = cli._Console()
+c = cli_console.ConsoleObserver()
 c.note(h)
-cli._stale_note({"pid": 1, "command": h})
+cli_console.stale_note({"pid": 1, "command": h})
 c.stage("profiling")
 c.event("profiling", {"type": "plan", "total": 1})
 c.event("profiling", {"type": "trial", "n_workers": 1, "global_batch": 16, "status": h})

@@ -2,7 +2,9 @@
 ``simulate``, ``serve``, ``submit``, ``status``, ``replan`` and ``spec``.
 
 One name per idea across verbs (:mod:`tula.cli_options` holds the names, the help panels and
-the old spellings, which are refused before parsing with a sentence naming the new one).
+the old spellings, which are refused before parsing with a sentence naming the new one).  This
+module holds the verbs: their options and the calls; what a terminal shows is :mod:`tula.cli_console`,
+the service's bootstrap and its signals :mod:`tula.cli_serve`.
 
 Errors a user can cause print one sentence and exit with code 2; SIGINT/SIGTERM stop the
 ranks at the next step boundary, keep what finished, print what was kept and the command
@@ -15,25 +17,23 @@ given ``--force``.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import shlex
 import sys
-import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from tula import __version__
 from tula import cli_options as names
+from tula.cli_console import ConsoleObserver, console, err_console, show_simulation, stale_note
 from tula.cli_options import CLUSTER, CONFIG, IO, NETWORK, OBJECTIVE, SCHEDULE, SERVICE, epilog
-from tula.core.errors import Interrupted, RunDirError, SpecError, TulaError
-from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, epoch_score, load_record
+from tula.cli_serve import ready_to_serve, serve_until_stopped
+from tula.core.errors import Interrupted, RunDirError, TulaError
+from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, load_record
 from tula.core.registry import METHOD_NAMES, OBJECTIVE_NAMES, OBJECTIVES, cluster_kind, clusters_in_words
 from tula.core.registry import METHODS as METHOD_TABLE
 from tula.core.say import plain, say
@@ -77,33 +77,8 @@ app = typer.Typer(
     "plan the global batch and cluster size that minimise time, cost, or sit at the knee, "
     "and train there with adaptive gradient scaling.  Start with `tula run --example digits`.",
 )
-# rich falls back to 80 columns when the output is not a terminal (make demo | tee, CI logs),
-# which wraps the plan table; give such output room unless COLUMNS says otherwise
-_WIDTH = None if Console().is_terminal or "COLUMNS" in os.environ else 120
-console = Console(width=_WIDTH)
-err_console = Console(stderr=True, width=_WIDTH)
 
 RUNS = Path("runs")
-LOG_STEP_EVERY_S = 2.0  # output that is not a terminal gets a step line at most this often within an epoch
-LOG_EVERY_ENV = "TULA_LOG_EVERY_S"  # sets that interval (seconds > 0), e.g. 30 for a scheduler's file
-
-
-def log_step_every_s() -> float:
-    """How often, at most, output that is not a terminal gets a step line within an epoch:
-    ``TULA_LOG_EVERY_S`` seconds, else :data:`LOG_STEP_EVERY_S`; a value that is not a
-    positive number of seconds is one sentence (:class:`~tula.core.errors.SpecError`)."""
-    raw = os.environ.get(LOG_EVERY_ENV)
-    if raw is None or not raw.strip():
-        return LOG_STEP_EVERY_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise SpecError(
-            f"{LOG_EVERY_ENV}={raw!r} is not a positive number of seconds (how often a log gets a step line)"
-        )
-    return seconds
 
 
 class Search(str, Enum):
@@ -214,199 +189,6 @@ def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
 
 def _q(p: Path | str) -> str:
     return shlex.quote(str(p))
-
-
-def _stale_note(info: dict) -> None:
-    say(
-        err_console,
-        f"note: taking over the lock left by a run that is no longer alive (pid {info.get('pid')}, "
-        f"`{info.get('command')}`)",
-    )
-
-
-# --------------------------------------------------------------------------- what the user sees
-def _titled(title: str) -> tuple[TextColumn, TextColumn]:
-    """A progress bar's bold title, then its task's description printed as it is (never markup)."""
-    return TextColumn(f"[bold]{title}[/]"), TextColumn("{task.description}", markup=False)
-
-
-class _Console(Observer):
-    """The pipeline's observer on a terminal (or a log): a progress bar per stage, a line
-    per trial / epoch / few seconds of a long epoch when the output is not a terminal, and
-    the tables of the records as they are written."""
-
-    def __init__(self) -> None:
-        self.method: str | None = None
-        self.bar: Progress | None = None
-        self.task: TaskID | None = None  # the bar's one task, while a bar is shown
-        self.last_line = time.monotonic()  # when a log (not a terminal) last got a line
-        self.log_every_s = log_step_every_s()
-        self.held: list[str] | None = None  # notes kept until training starts (hold_notes)
-
-    def hold_notes(self) -> None:
-        """Keep the notes said from now on until training's first event (its checks have passed
-        and its workers report): a command refused by the checks prints its one sentence and
-        nothing else."""
-        self.held = []
-
-    def _say_held(self) -> None:
-        held, self.held = self.held or [], None
-        for message in held:
-            self.note(message)
-
-    # the Observer protocol
-    def stage(self, name: str, **info) -> None:
-        self.method = info.get("method", self.method)
-        if name == "profiling":
-            self.bar = Progress(
-                *_titled("profiling"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err_console,
-                transient=False,
-            )
-            # the bar appears once the workload passed its checks: a failing one prints only its sentence
-            self.task = self.bar.add_task("memory probe", total=None)
-        elif name == "training":  # the bar appears once the configuration is validated and the workers start
-            self.bar = Progress(
-                *_titled("training"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err_console,
-                transient=False,
-            )
-            self.task = self.bar.add_task(plain(self.method or ""), total=None)
-
-    def done(self, name: str) -> None:
-        if self.held is not None:
-            self._say_held()
-        if self.bar is not None:
-            if name == "profiling" and self.task is not None:
-                self.bar.update(self.task, description="done")
-            self.bar.stop()
-            self.bar = None
-
-    def event(self, stage: str, ev: dict) -> None:
-        if stage == "training" and self.held is not None:
-            self._say_held()
-        (self._profiling if stage == "profiling" else self._training)(ev)
-
-    def saved(self, kind: str, record: dict | None, path: Path) -> None:
-        from tula.report import models_table, plan_table, train_table, trials_table
-
-        if record is None:  # a plot: its path only, no table
-            return
-        if kind == PROFILE_KIND and not record.get("in_progress") and not is_partial(record):
-            console.print(trials_table(record))
-        elif kind == MODELS_KIND:
-            console.print(models_table(record))
-        elif kind == PLAN_KIND:
-            console.print(plan_table(record))
-            say(console, ("choice", "bold green"), ": ", record["reason"])
-            if record.get("run_costs_note"):
-                say(console, ("epochs", "bold"), ": ", record["run_costs_note"])
-        elif kind == TRAIN_KIND:
-            console.print(train_table(record))
-            say(console, ("trained", "bold green"), ": ", _train_summary(record))
-
-    def note(self, message: str) -> None:
-        if self.held is not None:
-            self.held.append(message)
-            return
-        say(console, message)
-
-    # progress
-    def _profiling(self, ev: dict) -> None:
-        bar, task = self.bar, self.task
-        if ev.get("type") == "note":
-            say(bar.console if bar is not None else err_console, ("note", "yellow"), ": ", ev.get("message"))
-            return
-        if bar is None or task is None:  # progress outside the profiling stage: no bar to move
-            return
-        if ev.get("type") == "checked":
-            bar.start()
-        elif ev.get("type") == "plan":
-            bar.update(task, total=ev["total"], completed=ev.get("done", 0), description=f"{ev['total']} trials")
-        elif ev.get("type") == "trial":
-            line = plain(f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
-            bar.update(task, advance=1, description=line)
-            if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
-                say(err_console, "trial ", line)
-
-    def _training(self, ev: dict) -> None:
-        bar, task, method, kind = self.bar, self.task, self.method, ev.get("type")
-        out = bar.console if bar is not None else err_console  # where a line about the run goes
-        if kind == "note":
-            say(out, ("note", "yellow"), ": ", ev.get("message"))
-        elif kind == "resize":
-            say(
-                out,
-                f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
-                f"{ev['global_batch']} on {ev['n_workers']} worker(s) "
-                + ("(a new world)" if ev.get("new_world", True) else "(in the same world)"),
-            )
-        elif kind == "fallback":
-            k0, k1 = ev.get("from_accumulation_steps", 1), ev.get("to_accumulation_steps", 1)
-            say(
-                out,
-                (f"out of memory at global batch {ev['from_global_batch']}", "yellow"),
-                (f" in {k0} accumulation steps" if k0 > 1 else ""),
-                f": resuming from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}",
-                (f" in {k1} accumulation steps" if k1 != k0 or k1 > 1 else ""),
-            )
-        elif bar is None or task is None:  # progress outside the training stage: no bar to move
-            return
-        elif kind == "start":
-            bar.start()
-            bar.update(
-                task,
-                total=ev["epochs"] * ev["steps_per_epoch"],
-                completed=0,
-                description=plain(f"{method} N={ev['n_workers']} B={ev['global_batch']}"),
-            )
-        elif kind == "step":
-            bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
-            if not err_console.is_terminal and time.monotonic() - self.last_line >= self.log_every_s:
-                self.last_line = time.monotonic()  # a log of a long epoch gets a line every few seconds
-                say(err_console, f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
-        elif kind == "epoch":
-            bar.update(
-                task,
-                completed=ev["epoch"] * ev["steps"],
-                description=plain(
-                    f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, {{}} {{}}".format(
-                        *epoch_score(ev)[::2]
-                    )
-                ),
-            )
-            if not err_console.is_terminal:  # a log gets a line per epoch
-                self.last_line = time.monotonic()
-                say(
-                    err_console,
-                    f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test {{}} {{}}".format(
-                        *epoch_score(ev)[::2]
-                    )
-                    + f", {ev['epoch_time_s']:.2f} s",
-                )
-
-
-def _train_summary(run: dict) -> str:
-    tr = run.get("traces") or {}
-    extra = f", {tr['scaled_fraction']:.0%} of steps scaled" if "scaled_fraction" in tr else ""
-    return (
-        f"{run['method']} at N={run['n_workers']}, B={run['global_batch']}: final test {{}} {{}}".format(
-            *epoch_score(run["final"])[::2]
-        )
-        + f" after {run['epochs']} epochs "
-        f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})"
-        + (
-            f"; epochs took {pred['median_ratio']:.2f}x the plan's prediction (median of {pred['epochs_compared']})"
-            if (pred := run.get("prediction") or {}).get("median_ratio")
-            else ""
-        )
-    )
 
 
 _PRICING_HELP = (
@@ -528,9 +310,9 @@ def profile(
             )
     else:
         check_out_file(out, force)
-    with locked(out.parent, on_stale=_stale_note):
+    with locked(out.parent, on_stale=stale_note):
         try:
-            profile_stage(job, search.value, out, previous=previous, observer=_Console())
+            profile_stage(job, search.value, out, previous=previous, observer=ConsoleObserver())
         except Interrupted as err:
             moved = out.parent / "profile.json"  # --resume continues a directory's profile.json
             err.hint = (
@@ -575,7 +357,7 @@ def fit(
             f"{profile_json} is a partial profile (its trials did not all finish); continue it with "
             f"{_continue_profile(profile_json)} first"
         )
-    fit_stage(rec, out, _Console())
+    fit_stage(rec, out, ConsoleObserver())
     say(console, "models written to ", (out, "bold"))
 
 
@@ -659,8 +441,8 @@ def plan(
     path = names.spec_source(source, example, "plan")
     price_over = _pricing_overrides(pricing)
     job, rec, out = _plan_source(path, cluster, out, plot, force)
-    with locked(out.parent, on_stale=_stale_note):
-        shown = _Console()
+    with locked(out.parent, on_stale=stale_note):
+        shown = ConsoleObserver()
         models = _models_to_plan(path, job, rec, search, out.parent, shown)
         p = plan_stage(
             models,
@@ -827,7 +609,7 @@ def train(
         out = resume
     out = check_out_dir(out or RUNS / job.name / "train")
     job, n, b = _train_config(job, n_workers, batch, accumulation, plan, resume is not None, out)
-    obs = _Console()
+    obs = ConsoleObserver()
     obs.hold_notes()  # the fallback's note once training starts, not before a refusal
     name = training_method(job, b, obs, method.value if method else None)  # the spec's may fall back to lbt
     fitted = load_record(models, expect=(MODELS_KIND,)) if models is not None else None
@@ -1085,21 +867,7 @@ def simulate(
         workers_rule,
         threshold,
     )
-    _show_simulation(sim, w, out)
-
-
-def _show_simulation(sim, w, out: Path) -> None:
-    """Print a what-if's tables, summary, title and the simulator's notes; plot it to ``out``."""
-    from tula.report import plot_simulation, simulation_summary, simulation_tables
-
-    for t in simulation_tables(sim, w.rows, sim.pricing.unit):
-        console.print(t)
-    console.print(simulation_summary(w.rows))
-    say(console, w.title)
-    for note in sim.notes:
-        say(console, ("note", "yellow"), ": ", note)
-    plot_simulation(sim, w.rows, out, w.title, w.measured)
-    say(console, "plot written to ", (out, "bold"))
+    show_simulation(sim, w, out)
 
 
 @app.command(
@@ -1189,7 +957,7 @@ def run(
         settings = RunSettings(asked.search or Search.partial.value, asked.objective, asked.train is not False)
         if not force:
             refuse_existing_run(out)
-    with locked(out, on_stale=_stale_note):
+    with locked(out, on_stale=stale_note):
         if resume is None:
             start_run(out, job, settings, clear=force)
         from tula.engine.launch.clusters import open_launcher
@@ -1214,7 +982,7 @@ def _run_stages(job: JobSpec, out: Path, settings: RunSettings, resuming: bool, 
         train_after=train_after,
         resuming=resuming,
         launcher=launcher,
-        observer=_Console(),
+        observer=ConsoleObserver(),
     )
     files = ["profile.json", "models.json", "plan.json", "plan.png"]
     if train_after:
@@ -1395,95 +1163,8 @@ def serve(
         max_concurrent_jobs=max_concurrent_jobs,
         cluster=cluster,
     )
-    _ready_to_serve(settings)
-    _serve_until_stopped(settings)
-
-
-def _ready_to_serve(settings) -> None:
-    """Check that the service can start with ``settings`` -- its home, its store, its port: one
-    sentence each, before binding -- and say where it runs."""
-    from tula.service.store import Store
-
-    settings.check_can_start()
-    settings.home.mkdir(parents=True, exist_ok=True)
-    Store(settings.store_url, settings.home).close()  # a store that cannot be opened: one sentence, before binding
-    _check_can_listen(settings.host, settings.port)  # a port in use: one sentence, not uvicorn's log and exit 3
-    shown = "localhost" if settings.loopback else settings.host
-    say(
-        err_console,
-        f"Tula service on http://{shown}:{settings.port} (API docs at /docs), store "
-        f"{settings.store_url if '@' not in settings.store_url else 'from --db-url'}, data in {settings.home}, "
-        f"jobs run on {settings.cluster}",
-    )
-
-
-def _serve_until_stopped(settings) -> None:
-    """Serve the app until Ctrl-C / SIGTERM (then :class:`Interrupted`, exit 130 / 143); a
-    server that could not start is one sentence."""
-    import contextlib
-    import signal
-
-    import uvicorn
-
-    from tula.service.app import create_app
-
-    stopped_by: list[int] = []
-
-    class _Server(uvicorn.Server):
-        """Ctrl-C / SIGTERM: shut down (running jobs are queued again), then exit 130 / 143."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for s, h in previous.items():
-                    signal.signal(s, h)
-
-        def _on_signal(self, sig: int, frame) -> None:
-            stopped_by.append(sig)
-            if self.should_exit:  # a second signal: do not wait for open connections
-                self.force_exit = True
-            self.should_exit = True
-
-    server = _Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="warning"))
-    try:
-        server.run()
-    except SystemExit:  # uvicorn's exit when it cannot start (its reason logged above)
-        if server.started:
-            raise
-        raise TulaError(
-            f"the service could not start on {settings.host}:{settings.port}; the line above says why"
-        ) from None
-    if stopped_by:
-        raise Interrupted(
-            f"the service stopped on {signal.Signals(stopped_by[0]).name}; running jobs were queued "
-            "again and resume when it starts",
-            stopped_by[0],
-        )
-    if not server.started:
-        raise TulaError(f"the service could not listen on {settings.host}:{settings.port} (is the port in use?)")
-
-
-def _check_can_listen(host: str, port: int) -> None:
-    """One sentence when ``host:port`` cannot be bound (another process listens there, a port
-    below 1024 without the right), before the service says it starts."""
-    import errno
-    import socket
-
-    from tula.service.settings import SettingsError
-
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a closed port is free
-            s.bind(address)
-    except OSError as err:
-        why = err.strerror or plain(err)
-        if err.errno == errno.EADDRINUSE:
-            why += ": another process listens there; stop it or choose another --port"
-        raise SettingsError(f"the service cannot listen on {host}:{port} ({why})") from None
+    ready_to_serve(settings)
+    serve_until_stopped(settings)
 
 
 def _client(server: str | None, token: str | None):

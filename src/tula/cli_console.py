@@ -1,0 +1,255 @@
+"""What ``tula`` shows on a terminal (or a log): the consoles, the pipeline's observer with its
+progress bars (:class:`ConsoleObserver`), and the summaries and tables the verbs print.
+
+:mod:`tula.cli` holds the verbs and calls these; nothing here parses options or decides what to run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from tula.core.errors import SpecError
+from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, epoch_score
+from tula.core.say import plain, say
+from tula.pipeline import Observer, is_partial
+
+# rich falls back to 80 columns when the output is not a terminal (make demo | tee, CI logs),
+# which wraps the plan table; give such output room unless COLUMNS says otherwise
+_WIDTH = None if Console().is_terminal or "COLUMNS" in os.environ else 120
+console = Console(width=_WIDTH)
+err_console = Console(stderr=True, width=_WIDTH)
+
+LOG_STEP_EVERY_S = 2.0  # output that is not a terminal gets a step line at most this often within an epoch
+LOG_EVERY_ENV = "TULA_LOG_EVERY_S"  # sets that interval (seconds > 0), e.g. 30 for a scheduler's file
+
+
+def log_step_every_s() -> float:
+    """How often, at most, output that is not a terminal gets a step line within an epoch:
+    ``TULA_LOG_EVERY_S`` seconds, else :data:`LOG_STEP_EVERY_S`; a value that is not a
+    positive number of seconds is one sentence (:class:`~tula.core.errors.SpecError`)."""
+    raw = os.environ.get(LOG_EVERY_ENV)
+    if raw is None or not raw.strip():
+        return LOG_STEP_EVERY_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise SpecError(
+            f"{LOG_EVERY_ENV}={raw!r} is not a positive number of seconds (how often a log gets a step line)"
+        )
+    return seconds
+
+
+def stale_note(info: dict) -> None:
+    """The note said when a command takes over the lock of a run that is no longer alive."""
+    say(
+        err_console,
+        f"note: taking over the lock left by a run that is no longer alive (pid {info.get('pid')}, "
+        f"`{info.get('command')}`)",
+    )
+
+
+def _titled(title: str) -> tuple[TextColumn, TextColumn]:
+    """A progress bar's bold title, then its task's description printed as it is (never markup)."""
+    return TextColumn(f"[bold]{title}[/]"), TextColumn("{task.description}", markup=False)
+
+
+class ConsoleObserver(Observer):
+    """The pipeline's observer on a terminal (or a log): a progress bar per stage, a line
+    per trial / epoch / few seconds of a long epoch when the output is not a terminal, and
+    the tables of the records as they are written."""
+
+    def __init__(self) -> None:
+        self.method: str | None = None
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None  # the bar's one task, while a bar is shown
+        self.last_line = time.monotonic()  # when a log (not a terminal) last got a line
+        self.log_every_s = log_step_every_s()
+        self.held: list[str] | None = None  # notes kept until training starts (hold_notes)
+
+    def hold_notes(self) -> None:
+        """Keep the notes said from now on until training's first event (its checks have passed
+        and its workers report): a command refused by the checks prints its one sentence and
+        nothing else."""
+        self.held = []
+
+    def _say_held(self) -> None:
+        held, self.held = self.held or [], None
+        for message in held:
+            self.note(message)
+
+    # the Observer protocol
+    def stage(self, name: str, **info) -> None:
+        self.method = info.get("method", self.method)
+        if name == "profiling":
+            self.bar = Progress(
+                *_titled("profiling"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=False,
+            )
+            # the bar appears once the workload passed its checks: a failing one prints only its sentence
+            self.task = self.bar.add_task("memory probe", total=None)
+        elif name == "training":  # the bar appears once the configuration is validated and the workers start
+            self.bar = Progress(
+                *_titled("training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=False,
+            )
+            self.task = self.bar.add_task(plain(self.method or ""), total=None)
+
+    def done(self, name: str) -> None:
+        if self.held is not None:
+            self._say_held()
+        if self.bar is not None:
+            if name == "profiling" and self.task is not None:
+                self.bar.update(self.task, description="done")
+            self.bar.stop()
+            self.bar = None
+
+    def event(self, stage: str, ev: dict) -> None:
+        if stage == "training" and self.held is not None:
+            self._say_held()
+        (self._profiling if stage == "profiling" else self._training)(ev)
+
+    def saved(self, kind: str, record: dict | None, path: Path) -> None:
+        from tula.report import models_table, plan_table, train_table, trials_table
+
+        if record is None:  # a plot: its path only, no table
+            return
+        if kind == PROFILE_KIND and not record.get("in_progress") and not is_partial(record):
+            console.print(trials_table(record))
+        elif kind == MODELS_KIND:
+            console.print(models_table(record))
+        elif kind == PLAN_KIND:
+            console.print(plan_table(record))
+            say(console, ("choice", "bold green"), ": ", record["reason"])
+            if record.get("run_costs_note"):
+                say(console, ("epochs", "bold"), ": ", record["run_costs_note"])
+        elif kind == TRAIN_KIND:
+            console.print(train_table(record))
+            say(console, ("trained", "bold green"), ": ", train_summary(record))
+
+    def note(self, message: str) -> None:
+        if self.held is not None:
+            self.held.append(message)
+            return
+        say(console, message)
+
+    # progress
+    def _profiling(self, ev: dict) -> None:
+        bar, task = self.bar, self.task
+        if ev.get("type") == "note":
+            say(bar.console if bar is not None else err_console, ("note", "yellow"), ": ", ev.get("message"))
+            return
+        if bar is None or task is None:  # progress outside the profiling stage: no bar to move
+            return
+        if ev.get("type") == "checked":
+            bar.start()
+        elif ev.get("type") == "plan":
+            bar.update(task, total=ev["total"], completed=ev.get("done", 0), description=f"{ev['total']} trials")
+        elif ev.get("type") == "trial":
+            line = plain(f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+            bar.update(task, advance=1, description=line)
+            if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
+                say(err_console, "trial ", line)
+
+    def _training(self, ev: dict) -> None:
+        bar, task, method, kind = self.bar, self.task, self.method, ev.get("type")
+        out = bar.console if bar is not None else err_console  # where a line about the run goes
+        if kind == "note":
+            say(out, ("note", "yellow"), ": ", ev.get("message"))
+        elif kind == "resize":
+            say(
+                out,
+                f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
+                f"{ev['global_batch']} on {ev['n_workers']} worker(s) "
+                + ("(a new world)" if ev.get("new_world", True) else "(in the same world)"),
+            )
+        elif kind == "fallback":
+            k0, k1 = ev.get("from_accumulation_steps", 1), ev.get("to_accumulation_steps", 1)
+            say(
+                out,
+                (f"out of memory at global batch {ev['from_global_batch']}", "yellow"),
+                (f" in {k0} accumulation steps" if k0 > 1 else ""),
+                f": resuming from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}",
+                (f" in {k1} accumulation steps" if k1 != k0 or k1 > 1 else ""),
+            )
+        elif bar is None or task is None:  # progress outside the training stage: no bar to move
+            return
+        elif kind == "start":
+            bar.start()
+            bar.update(
+                task,
+                total=ev["epochs"] * ev["steps_per_epoch"],
+                completed=0,
+                description=plain(f"{method} N={ev['n_workers']} B={ev['global_batch']}"),
+            )
+        elif kind == "step":
+            bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
+            if not err_console.is_terminal and time.monotonic() - self.last_line >= self.log_every_s:
+                self.last_line = time.monotonic()  # a log of a long epoch gets a line every few seconds
+                say(err_console, f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
+        elif kind == "epoch":
+            bar.update(
+                task,
+                completed=ev["epoch"] * ev["steps"],
+                description=plain(
+                    f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, {{}} {{}}".format(
+                        *epoch_score(ev)[::2]
+                    )
+                ),
+            )
+            if not err_console.is_terminal:  # a log gets a line per epoch
+                self.last_line = time.monotonic()
+                say(
+                    err_console,
+                    f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test {{}} {{}}".format(
+                        *epoch_score(ev)[::2]
+                    )
+                    + f", {ev['epoch_time_s']:.2f} s",
+                )
+
+
+def train_summary(run: dict) -> str:
+    """A training record in one line: where it trained, its final score, its steps and time."""
+    tr = run.get("traces") or {}
+    extra = f", {tr['scaled_fraction']:.0%} of steps scaled" if "scaled_fraction" in tr else ""
+    return (
+        f"{run['method']} at N={run['n_workers']}, B={run['global_batch']}: final test {{}} {{}}".format(
+            *epoch_score(run["final"])[::2]
+        )
+        + f" after {run['epochs']} epochs "
+        f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})"
+        + (
+            f"; epochs took {pred['median_ratio']:.2f}x the plan's prediction (median of {pred['epochs_compared']})"
+            if (pred := run.get("prediction") or {}).get("median_ratio")
+            else ""
+        )
+    )
+
+
+def show_simulation(sim, w, out: Path) -> None:
+    """Print a what-if's tables, summary, title and the simulator's notes; plot it to ``out``."""
+    from tula.report import plot_simulation, simulation_summary, simulation_tables
+
+    for t in simulation_tables(sim, w.rows, sim.pricing.unit):
+        console.print(t)
+    console.print(simulation_summary(w.rows))
+    say(console, w.title)
+    for note in sim.notes:
+        say(console, ("note", "yellow"), ": ", note)
+    plot_simulation(sim, w.rows, out, w.title, w.measured)
+    say(console, "plot written to ", (out, "bold"))
