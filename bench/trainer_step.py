@@ -5,7 +5,7 @@ measured by the run trial (:mod:`tula.engine.run_trial`): the trainer's step and
 side by side, each to a ``synchronize``.  Training runs the same step in its epoch loop, without
 a ``synchronize`` per step.  On a GPU the two came apart for small, host-bound steps (ResNet-18
 at 32x32: 9 ms predicted, 11 ms trained).  This bench builds the trainer once
-(:class:`tula.engine.train._RankTrainer`) and times, interleaved, per step in ms (median over
+(:class:`tula.engine.rank_loop._RankTrainer`) and times, interleaved, per step in ms (median over
 rounds):
 
 * ``loop``      : the training loop itself (``run_epoch``: epoch batches, no synchronize per
@@ -52,8 +52,8 @@ def _sync(device: torch.device) -> None:
 def measure(ctx, spec_dict: dict, method: str, global_batch: int, rounds: int) -> dict:
     """Run in the rank: the variants of the module's docstring, ``rounds`` times interleaved."""
     from tula.engine.profile import _Worker
+    from tula.engine.rank_loop import _RankTrainer
     from tula.engine.run_trial import run_trial
-    from tula.engine.train import _RankTrainer
 
     spec = spec_from_dict(spec_dict)
     out = tempfile.mkdtemp(prefix="tula-trainer-step-")

@@ -112,7 +112,7 @@ def test_the_factory_return_contract_and_the_data_path(tests_on_path):
 
 def test_per_pixel_cross_entropy_reports_top1_over_pixels(tests_on_path):
     """A user's loss on integer masks: test loss and per-pixel top-1 (evaluation in one process)."""
-    from tula.engine.train import evaluate
+    from tula.engine.evaluation import evaluate
     from tula.engine.workloads import build_loss
 
     spec = spec_from_dict(

@@ -2,7 +2,7 @@
 ``train.channels_last`` (:class:`tula.core.spec.TrainSpec`).
 
 A rank applies them before it builds its model, for profiling and training alike
-(:class:`tula.engine.profile._Worker`, :class:`tula.engine.train._RankTrainer`), so the steps a
+(:class:`tula.engine.profile._Worker`, :class:`tula.engine.rank_loop._RankTrainer`), so the steps a
 profile times are those training runs:
 
 * :func:`set_backend_knobs` sets torch's process-wide switches: TF32 matrix products and

@@ -5,10 +5,10 @@ The profile times plain DDP steps.  ``tula train`` runs the method's step (AGS's
 periodic factor measurement, LARS's trust ratios, AdaScale's gain, ...) and, after every
 epoch, evaluates, reduces the epoch's figures, flushes the noise scale and writes a
 checkpoint and a metrics line.  A run trial, at the end of each profiled world, builds the
-real trainer (:class:`tula.engine.train._RankTrainer`, the job's ``train.method``) at one
+real trainer (:class:`tula.engine.rank_loop._RankTrainer`, the job's ``train.method``) at one
 configuration the world already ran, and times:
 
-* its steps (:meth:`~tula.engine.train._RankTrainer.train_step`, the step training runs),
+* its steps (:meth:`~tula.engine.rank_loop._RankTrainer.train_step`, the step training runs),
   one by one after warm-up, each beside one of the profile's plain steps, so the method's
   extra per step is a difference of two medians measured side by side; the steps at which
   the method's periodic work falls due (``update_every``) are told apart from the others;
@@ -16,7 +16,7 @@ configuration the world already ran, and times:
   profiled (the extra is the method's work on gradients and parameters, not on samples; a
   small batch keeps the two models within memory);
 * one epoch's end: evaluation (``eval_s``), the rest of
-  :meth:`~tula.engine.train._RankTrainer.epoch_record` (``epoch_end_s``, evaluation included)
+  :meth:`~tula.engine.rank_loop._RankTrainer.epoch_record` (``epoch_end_s``, evaluation included)
   and the checkpoint's write (``checkpoint_s``, rank 0; into a temporary folder, removed).
 
 :func:`tula.core.run_costs.fit_run_costs` turns the trials into the plan's per-step and
@@ -88,7 +88,7 @@ class _SideBySide:
 def _time_epoch_end(ctx: WorkerContext, spec: JobSpec, rt: Any, loss_sum: torch.Tensor, train_s: float) -> tuple:
     """One epoch's end, as training runs it (evaluation once first: its shapes' first run):
     ``(eval_s, epoch_end_s)``."""
-    from tula.engine.train import evaluate
+    from tula.engine.evaluation import evaluate
 
     with rt.prec.autocast():
         evaluate(rt.model, rt.data, rt.rank, rt.world, spec.train.eval_batch, ctx.device, spec.train.loss, rt.loss_fn)
@@ -124,7 +124,7 @@ def run_trial(
     step is a difference measured side by side; this rank's figures (the caller takes the
     slowest rank per step).  ``{"status": "oom", ...}`` when the trainer's own probe step
     does not fit."""
-    from tula.engine.train import _RankTrainer
+    from tula.engine.rank_loop import _RankTrainer
 
     method = spec.train.method
     out = tempfile.mkdtemp(prefix="tula-run-trial-")

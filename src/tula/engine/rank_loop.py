@@ -1,0 +1,676 @@
+"""One rank's part of a training world: :func:`train_world` runs on every rank of the world the
+caller (:func:`tula.engine.train.train`) launches, :class:`_RankTrainer` holding the rank's pieces:
+
+* data: each epoch is a permutation of the training set seeded by (seed, epoch); step
+  ``i`` takes global batch ``i`` of it and rank ``r`` its ``r``-th slice, so a resumed
+  run sees exactly the batches an uninterrupted one would;
+* before the first step at a batch size, a *probe* forward/backward under ``no_sync()``
+  whose out-of-memory verdict all ranks agree on (:func:`tula.engine.ddp.probe_fits`): the world
+  then returns ``status: oom`` instead of hanging in a collective; BatchNorm statistics
+  are restored after the probe;
+* after each epoch: evaluation (top-1, and top-5 where there are more than 5 classes) on
+  the test split, sharded over the ranks; a checkpoint with a checksum (model, method
+  state, RNG, epoch history; :mod:`tula.engine.checkpoint`, the last two kept) written by rank 0;
+  the epoch's metrics, with the method's per-step traces, appended to ``metrics.jsonl``;
+* a batch schedule's new batch at the same worker count: the world goes on, the method
+  rebuilt at the new batch from the state just checkpointed (:func:`_restore`, what a new
+  generation does with the checkpoint file), then probed; only a new worker count ends
+  the world (``status: resize``) for the caller to start the next generation;
+* SIGINT/SIGTERM: the ranks agree to stop at the next step boundary (no new epoch
+  starts); the last finished epoch's checkpoint is what is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tula.core.errors import SpecError, TulaError
+from tula.core.job_rules import check_train_config, state_from_spec
+from tula.core.noise_scale import NoiseScale
+from tula.core.records import read_jsonl, write_atomic
+from tula.core.schedules import next_config, steps_per_epoch
+from tula.core.spec import JobSpec
+from tula.engine.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from tula.engine.data import data_path, epoch_order
+from tula.engine.ddp import (
+    LocalGradNorms,
+    OneRank,
+    check_shared_directory,
+    local_norms_allreduce_hook,
+    probe_fits,
+    start_together,
+    wrap_ddp,
+)
+from tula.engine.evaluation import evaluate
+from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
+from tula.engine.launch import WorkerContext
+from tula.engine.memory import cap_address_space, errno_evidence
+from tula.engine.noise_feed import _NoiseScaleFeed
+from tula.engine.optim.methods import build_method
+from tula.engine.precision import Precision
+from tula.engine.train_checks import check_resumed_precision
+from tula.engine.workloads import Dataset, build_loss, build_model, load_dataset
+
+METRICS = "metrics.jsonl"
+STEP_TRACES = "step_traces"  # key of an epoch line's per-step method traces (metrics.jsonl only)
+
+
+def _local_batch(
+    data: Dataset, perm: torch.Tensor, step: int, global_batch: int, rank: int, local_batch: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    start = step * global_batch + rank * local_batch
+    x, y = data.take(perm[start : start + local_batch])
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def param_digest(model: nn.Module) -> str:
+    """SHA-1 of every parameter's bytes: equal on two ranks iff their replicas are identical."""
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _rewrite_metrics(path: Path, upto_epoch: int) -> None:
+    """Keep the metrics lines of epochs up to ``upto_epoch`` (drop lines written after the
+    checkpoint, if any), so every epoch appears exactly once after a resume."""
+    lines = [r for r in read_jsonl(path) if r["epoch"] <= upto_epoch]
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in lines))
+
+
+def _drain_step_traces(method: Any) -> dict[str, list]:
+    drain = getattr(method, "drain_step_traces", None)
+    return drain() if drain is not None else {}
+
+
+def ddp_has_comm_hook(ddp: nn.Module) -> bool:
+    """Whether a method registered its own DDP comm hook (DDP takes one)."""
+    return bool(getattr(ddp, "_comm_hooks", []))
+
+
+def _restore(
+    state: dict | None,
+    model: nn.Module,
+    method: Any,
+    gns: NoiseScale,
+    n_steps: int,
+    spec: JobSpec,
+    global_batch: int,
+    schedule: dict | None,
+) -> tuple[int, int, list, dict | None, float]:
+    """Put this rank where the checkpoint ``state`` left the run (``None``: the start),
+    with ``method`` just built for this world's batch (``n_steps`` steps per epoch): the
+    model, the method's state (its LR rule re-applied at the new batch), the RNG, the
+    batch schedule's state and LR multiplier, the noise scale.  What a new generation does
+    with the checkpoint file, and a batch change inside a world with the state it has just
+    checkpointed: one function, so both give the same numbers.  Returns ``(start_epoch,
+    steps_done, history, schedule_state, lr_multiplier)``."""
+    start_epoch, steps_done, history = 0, 0, []
+    sched_state = schedule["state"] if schedule else None
+    lr_mult = schedule["lr_multiplier"] if schedule else 1.0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        start_epoch, steps_done, history = state["epoch"], state["steps_done"], state["history"]
+        # the LR schedule's position is counted in epochs: a generation at another batch has
+        # another number of steps per epoch
+        method.load_state_dict(state["method_state"], step=start_epoch * n_steps)
+        torch.set_rng_state(state["torch_rng"])
+        if schedule and state.get("schedule_state") is not None:
+            sched_state, lr_mult = state["schedule_state"], state["lr_multiplier"]
+        if state.get("noise_scale"):
+            gns.load_state_dict(state["noise_scale"])
+    if schedule:
+        if sched_state is None:  # a checkpoint written before the run had a schedule
+            sched_state = state_from_spec(spec, global_batch)
+        method.set_schedule_lr(lr_mult, start_epoch * n_steps)
+    return start_epoch, steps_done, history, sched_state, lr_mult
+
+
+def _probe(
+    data: Dataset,
+    spec: JobSpec,
+    epoch: int,
+    global_batch: int,
+    local_batch: int,
+    rank: int,
+    device: torch.device,
+    model: nn.Module,
+    ddp: DDP | OneRank,
+    method: Any,
+    loss_fn: Callable,
+    prec: Precision | None = None,
+    micro_batch: int | None = None,
+) -> tuple[bool, str]:
+    """Can every rank run a step at this batch?  One forward/backward under ``no_sync()`` on
+    the epoch's first batch -- its first micro-batch (``micro_batch`` samples of the rank's
+    share) when the step accumulates, whose activations are what a step holds at once
+    (:func:`tula.engine.ddp.probe_fits`); BatchNorm statistics and the gradients are put back
+    as they were."""
+    buffers = [b.detach().clone() for b in model.buffers()]
+
+    def probe_step() -> None:
+        x, y = _local_batch(
+            data, epoch_order(spec.seed, epoch, data.train_size), 0, global_batch, rank, local_batch, device
+        )
+        if micro_batch is not None:
+            x, y = x[:micro_batch], y[:micro_batch]
+        with ddp.no_sync():
+            with prec.autocast() if prec is not None else contextlib.nullcontext():
+                loss = loss_fn(ddp(x), y)
+            loss.backward()
+
+    fits, note = probe_fits(probe_step, device, rank, ddp)
+    method.optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
+    return fits, note
+
+
+def _fresh_ddp(model: nn.Module, device: torch.device, old: list) -> Any | None:
+    """A new DDP wrapper of ``model`` in the same process group, for a method that registers
+    its own comm hook (a DDP takes one hook, once).  ``old`` holds the wrapper being
+    replaced (a one-element list, emptied here): it must be gone first, or its gradient
+    hooks would still fire.  ``None`` when it cannot be freed: the caller then ends the
+    world instead."""
+    import gc
+    import weakref
+
+    gone = weakref.ref(old.pop())
+    if gone() is not None:
+        gc.collect()
+    if gone() is not None:
+        return None
+    return wrap_ddp(model, device)
+
+
+class _RankTrainer:
+    """One rank's part of one world (:func:`train_world`): the job's pieces built once, the
+    batch it trains at now, and the steps, records, checkpoints and decisions of its epochs.
+    A batch change at the same worker count rebuilds only the method (:meth:`change_batch`)."""
+
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        spec: JobSpec,
+        method_name: str,
+        out_dir: str,
+        fallbacks: list[dict],
+        schedule: dict | None,
+        accumulation_steps: int = 1,
+    ) -> None:
+        self.ctx, self.spec, self.method_name, self.fallbacks, self.schedule = (
+            ctx,
+            spec,
+            method_name,
+            fallbacks,
+            schedule,
+        )
+        self.accum = accumulation_steps  # k: micro-batches per step (a schedule may change it: change_batch)
+        self.out = Path(out_dir)
+        self.metrics_path = self.out / METRICS
+        self.device, self.rank, self.world = ctx.device, ctx.rank, ctx.world_size
+        torch.manual_seed(spec.seed)
+        self.data = load_dataset(spec.data, spec.seed, spec.search.memory_budget_bytes)
+        set_backend_knobs(spec.train)  # TF32, cuDNN's autotuner: as profiled
+        self.model = to_memory_format(build_model(spec.model).to(self.device), spec.train)
+        self.ddp: Any = wrap_ddp(self.model, self.device)
+        self.loss_fn = build_loss(spec.train.loss, self.device)
+        self.prec = Precision(spec.train.precision, self.device)
+        self.skipped_steps = 0  # fp16: this epoch's steps whose gradients overflowed
+        self.gns = NoiseScale()
+        self.own_norms: LocalGradNorms | None = None
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.method: Any = None
+        self.segments: list[dict] = []  # the batches this world trained at
+        self.segment_t0 = 0.0  # when the current in-world segment began
+        self.epoch_t0 = 0.0  # when the current epoch's steps began (every rank at once: run_epoch)
+
+    # ------------------------------------------------------------------ the batch it trains at
+    def start_at(self, global_batch: int, state: dict | None) -> None:
+        """Build the method at ``global_batch`` and put this rank where ``state`` (a
+        checkpoint, or ``None``: the start) left the run (:func:`_restore`)."""
+        self.global_batch, self.local_batch = global_batch, global_batch // self.world
+        self.micro_batch = self.local_batch // self.accum  # b: the samples of one forward/backward
+        self.n_steps = steps_per_epoch(self.data.train_size, global_batch)
+        self.method = build_method(self.method_name, self.ddp, self.spec, global_batch, self.world, self.n_steps)
+        if (
+            self.own_norms is None
+            and self.spec.train.noise_scale
+            and self.world > 1
+            and not ddp_has_comm_hook(self.ddp)
+        ):
+            # each rank's gradient norm before the all-reduce, from a comm hook (AdaScale has its own)
+            self.own_norms = LocalGradNorms(self.params, self.device)
+            self.ddp.register_comm_hook(self.own_norms, local_norms_allreduce_hook)
+        self.gns_feed = _NoiseScaleFeed(self.gns, self.own_norms, self.world)
+        self.start_epoch, self.steps_done, self.history, self.sched_state, self.lr_mult = _restore(
+            state, self.model, self.method, self.gns, self.n_steps, self.spec, global_batch, self.schedule
+        )
+        if state is not None:
+            self.prec.load_state_dict(state.get("precision"))  # fp16: the scaler's scale and counters
+        self.report_every = max(1, self.n_steps // 25)
+
+    def result(self, status: str, **extra: Any) -> dict:
+        """What the world returns: this batch's figures, the segments so far, and ``extra``."""
+        return {
+            "global_batch": self.global_batch,
+            "local_batch": self.local_batch,
+            "accumulation_steps": self.accum,
+            "micro_batch": self.micro_batch,
+            "n_workers": self.world,
+            "steps_per_epoch": self.n_steps,
+            "start_epoch": self.start_epoch,
+            "status": status,
+            **extra,
+            "segments": self.segments,
+        }
+
+    def resized(self, epoch: int, nxt: tuple[int, int, int]) -> dict:
+        """The world ends after ``epoch`` for the next generation at ``nxt`` = (B, N, k)."""
+        return self.result(
+            "resize",
+            epochs_done=epoch + 1,
+            steps_done=self.steps_done,
+            next_global_batch=nxt[0],
+            next_n_workers=nxt[1],
+            next_accumulation_steps=nxt[2],
+        )
+
+    def finished(self) -> dict:
+        if len(self.segments) > 1:
+            self.segments[-1]["wall_s"] = time.perf_counter() - self.segment_t0
+        return self.result(
+            "ok",
+            history=self.history,
+            steps_done=self.steps_done,
+            traces=self.method.traces() if self.rank == 0 else {},
+            param_digest=param_digest(self.model),
+        )
+
+    def probe(self) -> dict | None:
+        """The agreed out-of-memory probe at this batch: ``status: oom`` when it does not fit,
+        else ``None`` and a new segment begins."""
+        fits, note = _probe(
+            self.data,
+            self.spec,
+            self.start_epoch,
+            self.global_batch,
+            self.local_batch,
+            self.rank,
+            self.device,
+            self.model,
+            self.ddp,
+            self.method,
+            self.loss_fn,
+            self.prec,
+            self.micro_batch if self.accum > 1 else None,
+        )
+        if not fits:
+            return self.result("oom", note=note)
+        self.segments.append(
+            {
+                "global_batch": self.global_batch,
+                "n_workers": self.world,
+                "accumulation_steps": self.accum,
+                "from_epoch": self.start_epoch + 1,
+                "wall_s": None,
+            }
+        )
+        return None
+
+    # ------------------------------------------------------------------ one epoch
+    def run_epoch(self, epoch: int) -> tuple[torch.Tensor, float] | dict:
+        """The epoch's steps: ``(loss sum on the device, seconds)``, or the interrupted
+        result when the ranks agreed to stop at a step.
+
+        A step takes this rank's share of the global batch (B / N samples) whole; with k
+        accumulation steps it runs as k micro-batches of b = B / (N k) samples in order, the
+        first k - 1 backward passes under DDP ``no_sync()`` (gradients summed locally) and the
+        last one synchronised, each micro-batch's loss divided by k: the gradient is the
+        mean over the share, as at k = 1.  What follows the backward -- unscaling, the
+        method's ``after_backward`` (on the whole share: AGS's small batch is its first
+        samples), the noise scale (the comm hook sees the accumulated gradient of the share,
+        so its local batch is B / N), the update -- is the same for every k."""
+        spec, ctx = self.spec, self.ctx
+        perm = epoch_order(spec.seed, epoch, self.data.train_size)
+        batches = data_path(self.data, self.device).epoch_batches(
+            epoch, perm, self.global_batch, self.rank, self.local_batch, self.n_steps
+        )
+        self.model.train()
+        # the epoch's clock starts on every rank at once: at N > 1 the others would otherwise count
+        # rank 0's write of the previous epoch's checkpoint (its checkpoint_s) into this epoch's first step
+        start_together(self.device)
+        t0 = self.epoch_t0 = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # on device: no host sync per step
+        stop = ctx.stop
+        for i in range(self.n_steps):
+            if stop is not None and stop.poll():  # every rank sees the same answer at the same step
+                return self.result("interrupted", epochs_done=epoch, steps_done=self.steps_done - i, signal=stop.signum)
+            x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
+            loss_sum += self.train_step(epoch * self.n_steps + i, x, y).double()
+            if self.rank == 0 and (i + 1) % self.report_every == 0:
+                ctx.emit({"type": "step", "epoch": epoch, "step": i + 1, "steps_per_epoch": self.n_steps})
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return loss_sum, time.perf_counter() - t0
+
+    def train_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimiser step of the method on this rank's share ``x``, ``y``, as the
+        ``step``-th of the run (the method's periodic work, AGS's factor measurement, is due
+        by it): the step training runs and the profile's run trial times
+        (:func:`tula.engine.run_trial.run_trial`).  The step's loss, detached, on the device.
+
+        A failure carries the C errno it surfaced with (:func:`~tula.engine.memory.errno_evidence`):
+        under an address-space cap that is how the launcher tells out-of-memory from a crash."""
+        with errno_evidence():
+            return self._step(step, x, y)
+
+    def _step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        method = self.method
+        method.optimizer.zero_grad(set_to_none=True)
+        loss = self._forward_backward(x, y)
+        self.prec.unscale(method.optimizer)  # fp16: every reader of the gradients sees them unscaled
+        finite = self.prec.grads_finite(method.optimizer)  # fp16: a step that overflowed is skipped
+        self.skipped_steps += not finite
+        if finite:
+            method.loss_scale = self.prec.loss_scale()
+            with self.prec.autocast():  # AGS's small batch in the same arithmetic as the large one
+                method.after_backward(step, x, y, self.loss_fn)
+        if self.spec.train.noise_scale:
+            self.gns_feed.step(method, self.params, self.local_batch, self.global_batch,
+                               loss_scale=self.prec.loss_scale(), skip=not finite)  # fmt: skip
+        self.prec.step(method.optimizer)
+        method.lr_schedule.step()
+        self.steps_done += 1
+        return loss
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The step's backward pass(es) over the share ``x``, ``y`` (:meth:`run_epoch`); the
+        step's loss (the mean of its micro-batches' losses), detached."""
+        k, b = self.accum, self.micro_batch
+        if k == 1:
+            with self.prec.autocast():
+                loss = self.loss_fn(self.ddp(x), y)
+            self.prec.backward(loss)
+            return loss.detach()
+        total = torch.zeros((), device=self.device)
+        for j in range(k):
+            # the forward too under no_sync: DDP decides at the forward whether the backward syncs
+            with self.ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
+                with self.prec.autocast():
+                    loss = self.loss_fn(self.ddp(x[j * b : (j + 1) * b]), y[j * b : (j + 1) * b]) / k
+                self.prec.backward(loss)
+            total += loss.detach().float()
+        return total
+
+    def epoch_record(self, epoch: int, loss_sum: torch.Tensor, epoch_s: float) -> tuple[dict, dict]:
+        """The epoch's line of ``metrics.jsonl`` (loss and time agreed over the ranks, the
+        evaluation, the noise scale) and the method's per-step traces."""
+        t_end = time.perf_counter()
+        self.method.before_eval()
+        loss_total = loss_sum.reshape(1)
+        slowest_s = torch.tensor([epoch_s], dtype=torch.float64, device=self.device)
+        dist.all_reduce(loss_total)
+        dist.all_reduce(slowest_s, op=dist.ReduceOp.MAX)
+        t_eval = time.perf_counter()
+        with self.prec.autocast():  # the test split in the training arithmetic
+            scores = evaluate(
+                self.model,
+                self.data,
+                self.rank,
+                self.world,
+                self.spec.train.eval_batch,
+                self.device,
+                self.spec.train.loss,
+                self.loss_fn,
+            )
+        eval_s = time.perf_counter() - t_eval
+        rec = {
+            "epoch": epoch + 1,
+            "steps": self.n_steps,
+            "steps_done": self.steps_done,
+            "global_batch": self.global_batch,
+            "n_workers": self.world,
+            "accumulation_steps": self.accum,
+            "micro_batch": self.micro_batch,
+            "lr": self.method.lr,
+            "train_loss": float(loss_total) / (self.n_steps * self.world),
+            "epoch_time_s": float(slowest_s),
+            **scores,
+        }
+        if self.prec.scaler is not None:  # fp16: the steps the scaler skipped (gradients overflowed)
+            rec["skipped_steps"], self.skipped_steps = self.skipped_steps, 0
+        self.gns_feed.flush()
+        rec["b_simple"] = self.gns.b_simple()  # the batch the model could use now (one host sync per epoch)
+        step_traces = _drain_step_traces(self.method)
+        if step_traces.get("scaled"):
+            rec["scaled_fraction"] = sum(map(bool, step_traces["scaled"])) / len(step_traces["scaled"])
+        # the epoch's work after its steps (this rank's): evaluation, and with it the reductions and the noise scale
+        rec["eval_s"], rec["epoch_end_s"] = eval_s, time.perf_counter() - t_end
+        self.history.append(rec)
+        return rec, step_traces
+
+    def now(self) -> tuple[int, int, int]:
+        """The configuration it trains at: (B, N, k)."""
+        return self.global_batch, self.world, self.accum
+
+    def decide(self, epoch: int, rec: dict) -> tuple[int, int, int]:
+        """The batch schedule's (B, N, k) for the next epoch (the same on every rank: the
+        history is all-reduced); an LR change at the same batch is applied here."""
+        if not self.schedule:
+            return self.now()
+        assert self.sched_state is not None, "_restore gives a run with a schedule the schedule's state"
+        d = next_config(self.sched_state, epoch + 1, self.history, self.schedule["caps"])
+        self.sched_state, nxt = d.state, (d.global_batch, d.n_workers, d.accumulation_steps)
+        rec["schedule"] = d.record()
+        if nxt == self.now() and d.lr_multiplier != self.lr_mult:
+            self.method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * self.n_steps)
+        self.lr_mult = d.lr_multiplier
+        return nxt
+
+    def checkpoint_state(self, epoch: int, nxt: tuple[int, int, int]) -> dict:
+        return {
+            "epoch": epoch + 1,
+            "steps_done": self.steps_done,
+            "history": self.history,
+            "method": self.method_name,
+            "global_batch": self.global_batch,
+            "n_workers": self.world,
+            "accumulation_steps": self.accum,
+            "fallbacks": self.fallbacks,
+            "model": self.model.state_dict(),
+            "method_state": self.method.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "schedule_state": self.sched_state,
+            "lr_multiplier": self.lr_mult,
+            "next_global_batch": nxt[0],
+            "next_n_workers": nxt[1],
+            "next_accumulation_steps": nxt[2],
+            "noise_scale": self.gns.state_dict(),
+            "precision": self.prec.state_dict(),
+        }
+
+    def write_epoch(self, ckpt: dict | None, rec: dict, step_traces: dict) -> None:
+        """Rank 0: the checkpoint, the metrics line, the progress event."""
+        if self.rank != 0:
+            return
+        assert ckpt is not None, "rank 0 always builds the checkpoint (_train_in_world)"
+        t0 = time.perf_counter()
+        save_checkpoint(ckpt, self.out)
+        rec["checkpoint_s"] = time.perf_counter() - t0
+        # the epoch as the plan predicts it, on rank 0's clock from the ranks' common start: its steps,
+        # its end (evaluation, reductions, the schedule's decision), its checkpoint
+        rec["epoch_wall_s"] = time.perf_counter() - self.epoch_t0
+        with open(self.metrics_path, "a") as fh:
+            fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
+        self.ctx.emit({"type": "epoch", **rec})
+
+    # ------------------------------------------------------------------ a new batch, same workers
+    def change_batch(self, epoch: int, new_batch: int, new_k: int, ckpt: dict) -> dict | None:
+        """Go on in this world at ``new_batch`` with ``new_k`` accumulation steps: the method
+        again at the new batch, from the state just checkpointed (``ckpt``), as a new
+        generation would take it from the file; then the probe.  ``None`` when training goes
+        on; else the result that ends the world (``oom`` at the new batch, or ``resize`` when
+        the wrapper cannot be renewed)."""
+        t_change = time.perf_counter()
+        resize = self.resized(epoch, (new_batch, self.world, new_k))
+        self.method.release()
+        self.method = None
+        if self.own_norms is None and ddp_has_comm_hook(self.ddp):  # the method's own hook is on the wrapper
+            held = [self.ddp]
+            self.ddp = None
+            self.ddp = _fresh_ddp(self.model, self.device, held)
+            if self.ddp is None:
+                return resize
+        if self.rank == 0:
+            self.ctx.emit(
+                {
+                    "type": "resize",
+                    "at_epoch": epoch + 1,
+                    "global_batch": new_batch,
+                    "n_workers": self.world,
+                    "accumulation_steps": new_k,
+                    "new_world": False,
+                }
+            )
+        self.accum = new_k
+        self.start_at(new_batch, ckpt)
+        if self.rank == 0:
+            self.ctx.emit(
+                {
+                    "type": "start",
+                    "global_batch": self.global_batch,
+                    "n_workers": self.world,
+                    "accumulation_steps": self.accum,
+                    "micro_batch": self.micro_batch,
+                    "steps_per_epoch": self.n_steps,
+                    "epochs": self.spec.epochs,
+                }
+            )
+        oom = self.probe()
+        if oom is not None:
+            return oom
+        self.segment_t0 = t_change
+        return None
+
+
+def train_world(
+    ctx: WorkerContext,
+    spec_dict: dict,
+    method_name: str,
+    global_batch: int,
+    out_dir: str,
+    fallbacks: list[dict],
+    mem_cap_bytes: int | None = None,
+    reach_token: str | None = None,
+    schedule: dict | None = None,
+    accumulation_steps: int | None = None,
+) -> dict:
+    """Run on every rank: train ``spec.epochs`` epochs at ``global_batch`` with ``method_name``,
+    resuming from the checkpoint in ``out_dir`` when there is one.  Returns ``{"status":
+    "ok", ...}`` with the history and the method's trace summary, ``{"status": "oom", ...}``
+    when the ranks agreed that the first step at a batch does not fit, ``{"status":
+    "interrupted", ...}`` when they agreed to stop (SIGINT/SIGTERM), or ``{"status":
+    "resize", ...}`` when the batch schedule (``schedule``: its state, LR multiplier and
+    :class:`~tula.core.schedules.Caps`) chose another worker count at an epoch boundary: this
+    world ends there, its checkpoint written, and the caller starts the next generation.
+
+    A new batch at the same worker count goes on in this world: after the epoch's
+    checkpoint is written, the method is built again at the new batch and takes the state
+    just checkpointed through :func:`_restore`, as a new generation would take it from the
+    file (same process group, same DDP model -- a new DDP wrapper of the same module only
+    for a method with its own comm hook, AdaScale and post-local SGD), then the new batch
+    is probed; an out-of-memory there returns ``status: oom`` as at the start of a world.
+    The parameters then equal a new generation's bit for bit with two workers; with more,
+    the first all-reduce after the change sums in the kept wrapper's (rebuilt) bucket
+    order where a new generation's sums in DDP's first order, which can differ in the last
+    bits -- as a resumed run's first step does from an uninterrupted run's.
+    Every result carries ``segments``: one ``{global_batch, n_workers, from_epoch,
+    wall_s}`` per batch this world trained at (``wall_s`` of an in-world change: from the
+    change to the segment's end; the first segment's is left to the caller).
+    ``accumulation_steps``: the k each step runs with (:meth:`_RankTrainer.run_epoch`;
+    default the spec's ``train.accumulation_steps``), which the caller may have raised
+    after an out-of-memory."""
+    spec = JobSpec.model_validate(spec_dict)
+    if reach_token is not None:
+        check_shared_directory(out_dir, reach_token, ctx.rank, ctx.device)
+    k = spec.train.accumulation_steps if accumulation_steps is None else accumulation_steps
+    rt = _RankTrainer(ctx, spec, method_name, out_dir, fallbacks, schedule, k)
+    try:
+        return _train_in_world(rt, ctx, spec, method_name, global_batch, out_dir, mem_cap_bytes)
+    finally:
+        rt.data.close()  # the prefetching thread and the loader's workers, whichever way the world ends
+
+
+def _train_in_world(
+    rt: _RankTrainer,
+    ctx: WorkerContext,
+    spec: JobSpec,
+    method_name: str,
+    global_batch: int,
+    out_dir: str,
+    mem_cap_bytes: int | None,
+) -> dict:
+    """:func:`train_world`'s epochs, on this rank's trainer ``rt``."""
+    state = None
+    if has_checkpoint(rt.out):
+        state = load_checkpoint(rt.out, map_location=ctx.device)
+        check_resumed_precision(state, spec, out_dir)
+        if state["method"] != method_name:
+            raise SpecError(
+                f"the checkpoint in {out_dir} was trained with method {state['method']!r}, "
+                f"not {method_name!r}; use another --out or the same method"
+            )
+    rt.start_at(global_batch, state)
+    if state is not None and rt.rank == 0:
+        _rewrite_metrics(rt.metrics_path, rt.start_epoch)
+    del state
+    if mem_cap_bytes is not None and ctx.device.type == "cpu":
+        cap_address_space(mem_cap_bytes)
+    if rt.start_epoch >= spec.epochs:
+        return rt.finished()
+    oom = rt.probe()
+    if oom is not None:
+        return oom
+
+    stop = ctx.stop
+    for epoch in range(rt.start_epoch, spec.epochs):
+        ran = rt.run_epoch(epoch)
+        if isinstance(ran, dict):  # interrupted at a step
+            return ran
+        rec, step_traces = rt.epoch_record(epoch, *ran)
+        nxt = rt.decide(epoch, rec)
+        change = nxt != rt.now() and epoch + 1 < spec.epochs
+        in_world = change and nxt[1] == rt.world
+        ckpt = rt.checkpoint_state(epoch, nxt) if rt.rank == 0 or in_world else None
+        rt.write_epoch(ckpt, rec, step_traces)
+        if stop is not None and epoch + 1 < spec.epochs and stop.agree():  # no new epoch starts
+            return rt.result("interrupted", epochs_done=epoch + 1, steps_done=rt.steps_done, signal=stop.signum)
+        if not change:
+            continue
+        if len(rt.segments) > 1:  # the wall time of an in-world segment ends here
+            rt.segments[-1]["wall_s"] = time.perf_counter() - rt.segment_t0
+        if not in_world:  # another worker count: the next generation's world
+            return rt.resized(epoch, nxt)
+        try:  # what the caller checks before a new generation (it says why when this fails)
+            check_train_config(spec, method_name, rt.world, nxt[0], rt.data.train_size, nxt[2])
+        except TulaError:
+            return rt.resized(epoch, nxt)
+        assert ckpt is not None  # every rank keeps it for an in-world change
+        ended = rt.change_batch(epoch, nxt[0], nxt[2], ckpt)
+        del ckpt
+        if ended is not None:
+            return ended
+    return rt.finished()
