@@ -19,7 +19,7 @@ from helpers import assert_refused, one_line, tula_in_process, write_spec
 #: that must take them (at least)
 IDEAS = {
     "--resume": {"run", "profile", "train"},
-    "--workers": {"train", "simulate", "replan"},
+    "--workers": {"run", "profile", "plan", "train", "simulate", "submit", "replan"},
     "--pricing": {"plan", "simulate", "replan"},
     "--accumulation": {"train", "simulate"},
     "--deadline": {"plan", "replan"},

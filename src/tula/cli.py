@@ -165,6 +165,25 @@ def _counts_option(help: str, panel: str = CLUSTER):
     return typer.Option("--workers", parser=names.parse_counts, metavar="N[,N...]", help=help, rich_help_panel=panel)
 
 
+_WORKERS_HELP = (
+    "the worker counts N to profile and plan over, comma-separated, e.g. 1,2,4 (overrides search.cluster_sizes"
+)
+WorkersOption = Annotated[Counts | None, _counts_option(_WORKERS_HELP + ")")]
+
+
+def _with_workers(spec: dict, workers: tuple[int, ...] | None) -> dict:
+    """The spec (a dict) with ``--workers`` as its ``search.cluster_sizes``: the worker counts
+    profiled and planned over (run, profile, plan, submit)."""
+    if workers is None:
+        return spec
+    return {**spec, "search": {**spec.get("search", {}), "cluster_sizes": list(workers)}}
+
+
+def _job_with_workers(job: JobSpec, workers: tuple[int, ...] | None) -> JobSpec:
+    """The job with ``--workers`` as its ``search.cluster_sizes`` (:func:`_with_workers`)."""
+    return job if workers is None else spec_from_dict(_with_workers(job.to_dict(), workers))
+
+
 def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
     """The spec with ``--cluster`` in its ``cluster.where`` (records say where they ran).
     Under ``env`` every rank of the launched world joins it here; a rank other than 0 then
@@ -289,6 +308,7 @@ def profile(
     ] = None,
     force: Annotated[bool, typer.Option(help="overwrite an existing record at --out", rich_help_panel=IO)] = False,
     cluster: ClusterOption = None,
+    workers: WorkersOption = None,
 ) -> None:
     """Run short real DDP trials and record step, compute and sync time and peak memory."""
     from tula.engine.rundir import check_out_file, locked
@@ -296,7 +316,7 @@ def profile(
     source = names.spec_source(spec, example, "profile")
     if resume is not None:
         _one_out(resume, out, resume / "profile.json")
-    job = _with_cluster(load_spec(source), cluster)  # under env, a rank other than 0 serves from here
+    job = _with_cluster(_job_with_workers(load_spec(source), workers), cluster)  # under env, rank > 0 serves here
     if resume is not None:  # before any work: the path's kind
         _resume_dir(resume, "profile.json", "holding the profile to continue (profile.json)")
         out = resume / "profile.json"
@@ -319,6 +339,7 @@ def profile(
                 ("" if out == moved else f"mv {_q(out)} {_q(moved)} && ")
                 + f"tula profile {names.spec_words(spec, example)} --search {search.value} --resume {_q(out.parent)}"
                 + (f" --cluster {_q(cluster)}" if cluster else "")
+                + (f" --workers {','.join(map(str, workers))}" if workers else "")
             )
             raise
     say(console, "profile written to ", (out, "bold"))
@@ -397,6 +418,12 @@ def plan(
     cluster: Annotated[
         str | None, typer.Option(help=_CLUSTER_HELP + " (when SOURCE is a spec)", rich_help_panel=CLUSTER)
     ] = None,
+    workers: Annotated[
+        Counts | None,
+        _counts_option(
+            _WORKERS_HELP + "; from a profile or models record, the models predict the counts it did not measure)"
+        ),
+    ] = None,
     deadline: DeadlineOption = None,
     budget: BudgetOption = None,
     pricing: PricingOption = None,
@@ -440,10 +467,11 @@ def plan(
 
     path = names.spec_source(source, example, "plan")
     price_over = _pricing_overrides(pricing)
-    job, rec, out = _plan_source(path, cluster, out, plot, force)
+    job, rec, out = _plan_source(path, cluster, workers, out, plot, force)
     with locked(out.parent, on_stale=stale_note):
         shown = ConsoleObserver()
         models = _models_to_plan(path, job, rec, search, out.parent, shown)
+        models = {**models, "spec": _with_workers(models["spec"], workers)}  # a record's: planned over --workers
         p = plan_stage(
             models,
             objective.value if objective else None,
@@ -464,16 +492,18 @@ def plan(
 
 
 def _plan_source(
-    source: Path, cluster: str | None, out: Path | None, plot: Path | None, force: bool
+    source: Path, cluster: str | None, workers: tuple[int, ...] | None, out: Path | None, plot: Path | None, force: bool
 ) -> tuple[JobSpec | None, dict | None, Path]:
-    """What ``tula plan`` plans from -- a spec (``--cluster`` applied) or a profile or models
-    record -- and where the plan goes; every record the command will write is checked before
-    any work."""
+    """What ``tula plan`` plans from -- a spec (``--cluster`` and ``--workers`` applied) or a
+    profile or models record (``--workers`` checked against its spec) -- and where the plan
+    goes; every record the command will write is checked before any work."""
     from tula.engine.rundir import check_out_file
 
     is_spec = source.suffix.lower() in (".yaml", ".yml")
-    job = _with_cluster(load_spec(source), cluster) if is_spec else None
+    job = _with_cluster(_job_with_workers(load_spec(source), workers), cluster) if is_spec else None
     rec = None if is_spec else load_record(source, expect=(PROFILE_KIND, MODELS_KIND))
+    if rec is not None and workers is not None:  # one sentence for counts the record's spec refuses, before any work
+        spec_from_dict(_with_workers(rec["spec"], workers))
     out = out or (RUNS / job.name / "plan.json" if job else source.parent / "plan.json")
     check_out_file(out, force)
     if is_spec:  # every record this command will write, checked before any work
@@ -922,6 +952,7 @@ def run(
         typer.Option(help="start over in an --out that holds an earlier run, deleting its records", rich_help_panel=IO),
     ] = False,
     cluster: ClusterOption = None,
+    workers: WorkersOption = None,
 ) -> None:
     """The main job: profile, fit, plan, train at the choice with AGS, and report.
 
@@ -941,7 +972,9 @@ def run(
                 f"--resume continues the run in {resume} as it was started, with its epochs (drop --epochs)"
             )
         out = check_out_dir(resume, what="--resume")
-        started, settings = continue_run(out, spec, asked)
+        started, settings = continue_run(out, spec if workers is None else None, asked)
+        if workers is not None:
+            _same_workers(out, spec, started, workers)
         job = _with_cluster(spec_from_dict(started), cluster)
     else:
         if spec is None:
@@ -949,7 +982,7 @@ def run(
                 "give a job spec (tula run SPEC) or a shipped example (tula run --example digits), or --resume DIR "
                 "to continue a run"
             )
-        job = load_spec(spec)
+        job = _job_with_workers(load_spec(spec), workers)
         if epochs is not None:
             job = spec_from_dict({**job.to_dict(), "epochs": epochs})
         job = _with_cluster(job, cluster)  # fail fast, before any output directory appears
@@ -968,6 +1001,23 @@ def run(
         except Interrupted as err:
             err.hint = f"tula run --resume {_q(out)}" + (f" --cluster {_q(cluster)}" if cluster else "")
             raise
+
+
+def _same_workers(out: Path, spec: Path | None, started: dict, workers: tuple[int, ...]) -> None:
+    """``tula run --resume DIR --workers N,...``: the counts the run in ``out`` was started with
+    (and ``spec``, when given again, with them the same job), else one sentence."""
+    was = ",".join(map(str, started["search"]["cluster_sizes"]))
+    given = ",".join(map(str, workers))
+    if given != was:
+        raise RunDirError(
+            f"the run in {out} was started with --workers {was}; --resume continues it as it was started, so drop "
+            f"--workers {given} (or start a new run with another --out)"
+        )
+    if spec is not None and not same_job(_with_workers(load_spec(spec).to_dict(), workers), started):
+        raise RunDirError(
+            f"{spec} differs from the spec the run in {out} was started with; resume without SPEC, or start a new "
+            "run with another --out"
+        )
 
 
 def _run_stages(job: JobSpec, out: Path, settings: RunSettings, resuming: bool, launcher) -> None:
@@ -1188,9 +1238,11 @@ def submit(
     objective: SpecObjectiveOption = None,
     train_after: Annotated[bool, _opt("train at the chosen configuration", CONFIG, "--train/--no-train")] = True,
     wait: Annotated[bool, _opt("follow the job until it ends, with a progress bar", SERVICE)] = False,
+    workers: WorkersOption = None,
 ) -> None:
     """Submit a job spec to a Tula service; prints the job's id (and follows it with --wait)."""
-    job = load_spec(names.spec_source(spec, example, "submit"))  # the local commands' checks, before anything is sent
+    # the local commands' checks, before anything is sent
+    job = _job_with_workers(load_spec(names.spec_source(spec, example, "submit")), workers)
     c = _client(server, token)
     rec = c.submit(
         job.to_dict(), search=search.value, objective=objective.value if objective else None, train=train_after
