@@ -114,18 +114,39 @@ def test_two_worlds_at_once_never_share_a_worker(client):
     assert all(len({r["worker"] for r in rs}) == 2 for rs in out.values())
 
 
-def test_out_of_memory_under_a_cap_on_a_dask_worker_falls_back(client, tiny_spec_dict, tmp_path):
+@pytest.mark.serial
+def test_out_of_memory_under_a_cap_on_a_dask_worker_falls_back(tiny_spec_dict, tmp_path):
+    """A 28 MiB address-space cap on each Dask worker: the first world runs out of memory, the
+    next runs at twice the accumulation steps.  On a cluster of its own, and alone on the
+    machine (serial): beside another test's load (two busy cores) every world of it ran out of
+    memory, down to a micro-batch of 1, and the module's shared workers then failed the next
+    tests' worlds ("could not create a primitive"), before and after the split of train.py
+    alike (2026-11-29); why load does that under the cap is not found yet."""
+    import logging
+
+    import dask
+    import distributed
+
+    from tula.engine.launch.clusters import WORKER_CONFIG
+
     d = dict(tiny_spec_dict, epochs=1, model={"name": "small_cnn", "kwargs": {"width": 32}})
     d["search"] = {**d["search"], "memory_budget_bytes": 28 * 2**20, "enforce_memory_cap": True}
     d["train"] = {"warmup_epochs": 0}
-    run = train(spec_from_dict(d), "lbt", 2, 1024, tmp_path, launcher=_dask(client))
+    with (
+        dask.config.set(WORKER_CONFIG),
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        run = train(spec_from_dict(d), "lbt", 2, 1024, tmp_path, launcher=_dask(client))
+        # the cap ended with the world: the workers run the next world without it
+        assert _dask(client).run(workers.allreduce_rank, 2, 1.0)[0]["sum"] == 3.0
     assert run["fallbacks"] and run["fallbacks"][0]["from_global_batch"] == 1024
     # the micro-batch that ran out of memory is halved: k doubles at the same global batch first
     assert run["micro_batch"] < 512 and [h["epoch"] for h in run["history"]] == [1]
     assert run["micro_batch"] == run["global_batch"] // 2 // run["accumulation_steps"]
     assert run["fallbacks"][0]["to_accumulation_steps"] == 2
-    # the cap ended with the world: the workers run the next world without it
-    assert _dask(client).run(workers.allreduce_rank, 2, 1.0)[0]["sum"] == 3.0
 
 
 class _StoppedWhileWaiting:

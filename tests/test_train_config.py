@@ -166,3 +166,15 @@ def test_every_front_trains_a_spec_and_a_plan_at_the_same_configuration(tmp_path
     done = run_pipeline(spec_from_dict(spec), run_dir, resuming=True)
     assert _configuration(done["train"]) == planned
     assert _configuration(json.loads((run_dir / "train" / "train.json").read_text())) == planned
+
+
+@pytest.mark.slow
+def test_tula_train_says_the_method_fallback_once_it_trains(tmp_path):
+    """The spec's AGS at B = 32, not above train.ags.b_small (32): ``tula train`` trains with lbt
+    and says so, once training's checks have passed (a refused command prints only its sentence:
+    test_live_plan_train)."""
+    spec = dict(tiny_spec(profile=False), epochs=1)
+    r = tula_in_process("train", write_spec(tmp_path, spec), "--workers", 1, "--batch", 32, "--out", tmp_path / "t")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "nothing to scale, training with lbt" in r.stdout, r.stdout
+    assert json.loads((tmp_path / "t" / "train.json").read_text())["method"] == "lbt"

@@ -111,8 +111,7 @@ class ConsoleObserver(Observer):
             self.task = self.bar.add_task(plain(self.method or ""), total=None)
 
     def done(self, name: str) -> None:
-        if self.held is not None:
-            self._say_held()
+        self.held = None  # training ended before its first event (refused, failed, stopped): nothing to note
         if self.bar is not None:
             if name == "profiling" and self.task is not None:
                 self.bar.update(self.task, description="done")
