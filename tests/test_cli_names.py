@@ -149,10 +149,28 @@ def test_an_old_spelling_is_one_sentence_naming_the_new_one(args, sentence):
 
 def test_the_refusal_table_reads_options_not_values():
     from tula.cli_options import refuse_old_spellings
+    from tula.core.errors import TulaError
 
-    refuse_old_spellings(["train", "s.yaml", "--resume", "runs/x", "--workers", "2"])  # the new forms pass
-    refuse_old_spellings(["run", "--", "--price"])  # after --: a value
-    refuse_old_spellings(["plan", "s.yaml", "--pricing", "price_per_node_hour=3"])
+    passing = (
+        ["train", "s.yaml", "--resume", "runs/x", "--workers", "2"],  # the new forms
+        ["run", "--", "--price"],  # after --: a value
+        ["plan", "s.yaml", "--pricing", "price_per_node_hour=3"],  # --pricing is not --price
+    )
+    refused = [args for args in passing if _refusal(refuse_old_spellings, args, TulaError)]
+    assert refused == [], refused
+    # the same table refuses the old option itself
+    assert _refusal(refuse_old_spellings, ["run", "--price", "3"], TulaError) == (
+        "--price is now --pricing price_per_node_hour=VALUE (e.g. --pricing price_per_node_hour=3)"
+    )
+
+
+def _refusal(check, args, error) -> str | None:
+    """The sentence ``check(args)`` refuses ``args`` with, or None when it lets them pass."""
+    try:
+        check(args)
+    except error as err:
+        return str(err)
+    return None
 
 
 def test_resume_on_the_wrong_kind_of_path_is_one_sentence(tmp_path, tiny_spec_dict):

@@ -51,10 +51,7 @@ def evaluate(
         if k5:
             sums[3] += float((top == y[:, None]).any(dim=1).sum())
     model.train(was_training)
-    if dist.is_initialized():
-        dev_sums = sums.to(device)
-        dist.all_reduce(dev_sums)
-        sums = dev_sums.cpu()
+    sums = _summed_over_ranks(sums, device)
     n = float(sums[0]) if sums[0] > 0 else math.nan
     res = {"test_loss": float(sums[1]) / n, "test_top1": float(sums[2]) / n}
     if k5:
@@ -99,10 +96,7 @@ def _evaluate_own_loss(
             sums[2] += float(((out.argmax(1) == y) & counted).sum())
             sums[3] += float(counted.sum())
     model.train(was_training)
-    if dist.is_initialized():
-        dev_sums = sums.to(device)
-        dist.all_reduce(dev_sums)
-        sums = dev_sums.cpu()
+    sums = _summed_over_ranks(sums, device)
     n = float(sums[0]) if sums[0] > 0 else math.nan
     res = {"test_loss": float(sums[1]) / n}
     if sums[3] > 0:
@@ -124,10 +118,7 @@ def _evaluate_mse(
         sums[1 + t : 1 + 2 * t] += y.square().sum(0).cpu()
         sums[1 + 2 * t :] += (out - y).square().sum(0).cpu()
     model.train(was_training)
-    if dist.is_initialized():
-        dev_sums = sums.to(device)
-        dist.all_reduce(dev_sums)
-        sums = dev_sums.cpu()
+    sums = _summed_over_ranks(sums, device)
     n = float(sums[0])
     if n == 0:
         return {"test_loss": math.nan, "test_r2": math.nan}
@@ -136,3 +127,13 @@ def _evaluate_mse(
     # a constant target: 1 when predicted exactly, else 0 (scikit-learn's force_finite)
     r2 = torch.where(sst > 0, 1 - sse / sst.clamp_min(1e-300), (sse == 0).double())
     return {"test_loss": float(sse.sum()) / (n * t), "test_r2": float(r2.mean())}
+
+
+def _summed_over_ranks(sums: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``sums`` added up over the world's ranks (on ``device``, as the backend needs), on the CPU;
+    as they are outside a world."""
+    if not dist.is_initialized():
+        return sums
+    on_device = sums.to(device)
+    dist.all_reduce(on_device)
+    return on_device.cpu()

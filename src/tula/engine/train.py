@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tula.core.errors import InfeasibleError, Interrupted, RunDirError, SpecError, WorkerError
-from tula.core.job_rules import caps_from_spec, smallest_batch_for, state_from_spec
+from tula.core.job_rules import caps_from_spec, check_train_config, smallest_batch_for, state_from_spec
 from tula.core.records import TRAIN_KIND, VERSIONS, read_jsonl
 from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-exported)
 from tula.core.spec import JobSpec
@@ -39,7 +39,6 @@ from tula.engine.rundir import check_out_dir, locked
 from tula.engine.train_checks import (  # noqa: F401 (re-exported)
     _check_before_any_world,
     check_resumed_precision,
-    validate_config,
 )
 from tula.engine.workloads import check_workload
 
@@ -276,7 +275,7 @@ class TrainSupervisor:
             self.emit({"type": "note", "message": message})
         if self.scheduled:
             self.first_schedule()
-        validate_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
+        check_train_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
         self.device = self.launcher.facts()["device"]
         self.first_batch = self.global_batch
         self.t0 = time.perf_counter()
@@ -469,7 +468,7 @@ class TrainSupervisor:
         self.global_batch, self.n_workers = _available(
             self.launcher, global_batch, n_workers, self.schedule, self.emit, self.train_size, self.accum
         )
-        validate_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
+        check_train_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
         log.info(
             "after epoch %d: a new world of %d worker(s) at B=%d", self.at_epoch, self.n_workers, self.global_batch
         )

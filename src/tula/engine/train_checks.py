@@ -9,24 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from tula.core.errors import SpecError
-from tula.core.job_rules import check_train_config, schedule_problem, uses_models, worker_plan
+from tula.core.job_rules import schedule_problem, uses_models, worker_plan
 from tula.core.sinks import check_sinks
 from tula.core.spec import JobSpec
 from tula.engine.launch import Launcher
 from tula.engine.precision import check_precision
-
-
-def validate_config(
-    spec: JobSpec,
-    method: str,
-    n_workers: int,
-    global_batch: int,
-    dataset_size: int,
-    accumulation_steps: int | None = None,
-) -> None:
-    """One sentence for a configuration that cannot train, before any process starts
-    (the rules are :func:`tula.core.job_rules.check_train_config`'s)."""
-    check_train_config(spec, method, n_workers, global_batch, dataset_size, accumulation_steps)
 
 
 def check_resumed_precision(state: dict, spec: JobSpec, out_dir: str | Path) -> None:
