@@ -5,9 +5,10 @@ AdaDamp's rule sets the worker count from the batch alone, N = ceil(B / batch_pe
 whatever the network does.  Here the models decide instead:
 
 - :class:`Ranker` lists, for a global batch B, every (N, k) within the :class:`~tula.core.schedules.Caps`
-  (workers, the memory model's largest local batch, accumulation) with the epoch time the plan
-  predicts for it (:func:`tula.core.run_costs.predicted_epoch_s`: the fitted step and the run's
-  per-epoch costs) and the objective's score (seconds, or cost, per epoch), best first.
+  (workers, the memory model's largest local batch, accumulation) with the epoch time the fitted
+  models predict for it (:meth:`tula.core.fitted.FittedModels.predict`: the fitted step and the
+  run's per-epoch costs, ``floor(D / B)`` steps) and the objective's score (seconds, or cost, per
+  epoch), best first.
 - :func:`choose_workers` keeps the current worker count unless the best option beats it by more
   than a threshold (default 5 %, where AdaptDL settled after restarting on every small gain): a
   new world costs a restart, and a predicted gain inside the models' error is no gain.
@@ -30,8 +31,8 @@ from typing import Any
 
 from tula.core.accumulation import accumulation_for
 from tula.core.errors import SpecError
-from tula.core.memory_model import MemoryModel
-from tula.core.run_costs import measured_epoch_s, predicted_epoch_s
+from tula.core.fitted import FittedModels, Network
+from tula.core.run_costs import measured_epoch_s
 from tula.core.schedules import Caps
 
 #: a new worker count must beat the current one's predicted score by more than this share
@@ -79,8 +80,10 @@ class Ranker:
     rank_by : ``"time"`` or ``"cost"`` (:data:`RANK_BY`)
     pricing : what an epoch costs on N workers (a :class:`tula.core.pricing.Pricing`); needed
         for ``rank_by="cost"``
-    epoch_s_of : ``(B, N, k) -> seconds`` in place of the plan's prediction (the simulator's,
-        on a what-if network); default :func:`tula.core.run_costs.predicted_epoch_s`
+    epoch_s_of : ``(B, N, k) -> seconds`` in place of the fitted models' prediction (kept for
+        compatibility: give ``network`` for a what-if network)
+    network : the network to predict on (:class:`tula.core.fitted.Network`; the simulator's
+        what-if); default: the one the profile's ranks ran on
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class Ranker:
         rank_by: str = "time",
         pricing: Any = None,
         epoch_s_of: Callable[[int, int, int], float] | None = None,
+        network: Network | None = None,
     ):
         if rank_by not in RANK_BY:
             raise SpecError(f"unknown ranking {rank_by!r}; use one of {', '.join(RANK_BY)}")
@@ -100,14 +104,18 @@ class Ranker:
                 raise SpecError(f"the models record has no {key!r}: planning while training needs a fitted profile")
         self.models, self.method, self.rank_by, self.pricing = models, method, rank_by, pricing
         self.dataset_size = int(models["dataset_size"])
-        self.epoch_s_of = epoch_s_of
-        self.memory = MemoryModel.from_dict(models["memory"]) if models.get("memory") else None
+        self.epoch_s_of, self.network = epoch_s_of, network
+        self.fitted = FittedModels.from_record(models, method=method)  # the method's run costs
+        self.memory = self.fitted.memory
 
     def epoch_s(self, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
-        """The predicted epoch at (B, N, k): the plan's, or ``epoch_s_of``'s."""
+        """The predicted epoch at (B, N, k): the fitted models', or ``epoch_s_of``'s."""
         if self.epoch_s_of is not None:
             return float(self.epoch_s_of(global_batch, n_workers, accumulation_steps))
-        return predicted_epoch_s(self.models, self.method, global_batch, n_workers, accumulation_steps)
+        p = self.fitted.predict(
+            n_workers=n_workers, global_batch=global_batch, accumulation_steps=accumulation_steps, network=self.network
+        )
+        return float(p.epoch_time_s[0])
 
     def score(self, epoch_s: float, n_workers: int, share: int, accumulation_steps: int) -> float:
         """``epoch_s``, or an epoch's cost as the planner and the simulator price it: the expected
@@ -127,7 +135,7 @@ class Ranker:
         """Every (N, k) within ``caps`` for a wanted global batch (at most the data set), best
         first (ties: fewer workers, then fewer micro-batches).  Empty when none fits."""
         wanted = min(int(global_batch), caps.dataset_size)
-        out = []
+        configs: list[tuple[int, int, int]] = []  # (B, N, k)
         for n in range(caps.min_workers, caps.max_workers + 1):
             share = wanted // n
             if share < 1:
@@ -135,9 +143,19 @@ class Ranker:
             k = accumulation_for(share, caps.max_local_batch, caps.max_accumulation_steps)
             if k is None:
                 continue
-            b = n * (share // k * k)
-            epoch_s = self.epoch_s(b, n, k)
-            out.append(Option(b, n, k, epoch_s, self.score(epoch_s, n, b // n, k)))
+            configs.append((n * (share // k * k), n, k))
+        out = []
+        for b, n, k in configs:  # one at a time (scalars), as the ranking was computed before the one prediction
+            if self.epoch_s_of is not None:
+                epoch_s = self.epoch_s(b, n, k)
+                out.append(Option(b, n, k, epoch_s, self.score(epoch_s, n, b // n, k)))
+                continue
+            by_cost = self.rank_by == "cost"  # an epoch priced alone, as score() prices it
+            p = self.fitted.predict(
+                n_workers=n, global_batch=b, accumulation_steps=k, network=self.network,
+                pricing=self.pricing if by_cost else None, epochs=1,
+            ).at(0)  # fmt: skip
+            out.append(Option(b, n, k, p["epoch_time_s"], p["cost"] if by_cost else p["epoch_time_s"]))
         return sorted(out, key=lambda o: (o.score, o.n_workers, o.accumulation_steps))
 
 

@@ -52,13 +52,12 @@ from pydantic import ValidationError
 
 from tula.core.accumulation import accumulation_for
 from tula.core.errors import InfeasibleError, SpecError
-from tula.core.fit import models_from
+from tula.core.fitted import FittedModels
 from tula.core.kneedle import knee_index
-from tula.core.perfmodel import ranks_per_node_of
 from tula.core.pricing import SpotPricing, make_pricing
 from tula.core.records import PLAN_KIND, VERSIONS
 from tula.core.registry import OBJECTIVE_NAMES, OBJECTIVES
-from tula.core.run_costs import RunCosts, epoch_time_s, run_costs_for
+from tula.core.run_costs import RunCosts
 from tula.core.space import candidate_global_batches, max_global_batch
 from tula.core.spec import ConstraintsSpec, JobSpec, PricingSpec, format_duration, spec_from_dict
 
@@ -350,7 +349,9 @@ class Planner:
         method: str | None = None,
         measured: dict | None = None,
     ) -> None:
-        spec, self.mem, self.perf = models_from(models)
+        # the fitted models (memory, performance, the method's run costs) every row is predicted from
+        self.fitted = FittedModels.from_record(models, method=method)
+        spec, self.mem, self.perf = spec_from_dict(models["spec"]), self.fitted.memory_model(), self.fitted.perf
         if pricing is not None:
             spec = _with_pricing(spec, pricing)
         self.cons = Constraints.of(spec.constraints if constraints is None else constraints)
@@ -374,7 +375,7 @@ class Planner:
         # cluster sizes the profile could not place (one rank per GPU): no step was measured there,
         # and the fitted sync term says nothing about them, so they are listed but not ranked
         self.not_measured: dict[str, str] = dict(models.get("not_measured") or {})
-        self.method = method or spec.train.method
+        self.method = self.fitted.method  # ``method``, else the spec's train.method
         # a finished run of this method: its measured / predicted, on every configuration
         self.ratio = measured.get("ratio") if measured is not None and measured.get("method") == self.method else None
         # the columns the choice, the constraints and the knees read
@@ -383,8 +384,8 @@ class Planner:
     @cached_property
     def run_costs(self) -> tuple[RunCosts | None, str]:
         """The method's run costs (its step and each epoch's end) and the sentence saying what
-        they include (:func:`tula.core.run_costs.run_costs_for`)."""
-        return run_costs_for(self.models, self.method)
+        they include (:func:`tula.core.run_costs.run_costs_for`), as the fitted models hold them."""
+        return self.fitted.run_costs, self.fitted.run_costs_note
 
     def plan(self, compare_spot: bool = False) -> dict:
         """The plan record (:func:`make_plan`): every step in turn."""
@@ -462,38 +463,32 @@ class Planner:
         method; every step and epoch scaled by a finished run's measured ratio of this method.
         With a noise scale, also the time and cost to accuracy (:meth:`predict_to_accuracy`); on
         spot, ``failure_free_time_s`` and ``expected_preemptions``."""
-        pm, d, costs = self.pricing, self.models["dataset_size"], self.run_costs[0]
-        n_arr, b_arr, micro_arr, k_arr = (
-            np.array([r[key] for r in rows], float)
-            for key in ("n_workers", "local_batch", "micro_batch", "accumulation_steps")
+        # one call of the fitted models' prediction (tula.core.fitted): on the network the profile's
+        # ranks ran on, Eq. 4a's D / B steps of the method's step and each epoch's end, the spec's
+        # epochs priced as one run (spot: expected, with preemptions)
+        n_arr, b_arr, k_arr = (
+            np.array([r[key] for r in rows], float) for key in ("n_workers", "local_batch", "accumulation_steps")
         )
-        # on the hosts it was fitted for: R ranks per host when the profile spanned several, else the flat model
-        t_step = self.perf.t_step_s(micro_arr, n_arr, ranks_per_node_of(self.models.get("trials") or []), None, k_arr)
-        # Eq. 4a with the run's own terms: D / B steps of the method's step, and each epoch's end
-        epoch = np.asarray(epoch_time_s(t_step, n_arr * b_arr, n_arr, d, costs, whole_steps=False))  # arrays in
-        fixed = np.asarray(costs.epoch_fixed_s(n_arr, d / (n_arr * b_arr))) if costs else np.zeros_like(epoch)
-        if self.ratio:
-            t_step, epoch, fixed = t_step * self.ratio, epoch * self.ratio, fixed * self.ratio
-        free = self.spec.epochs * epoch  # Eq. 4a: uninterrupted training
-        total = pm.expected_time_s(free, n_arr, epoch)  # with preemptions, on spot
-        peak = np.asarray(self.mem.predict_accumulated_peak_bytes(b_arr, micro_arr, n_arr))
-        cost = pm.cost(total, n_arr, peak)
-        lost = pm.expected_preemptions(free, n_arr, epoch) if isinstance(pm, SpotPricing) else None
+        p = self.fitted.predict(
+            n_workers=n_arr, global_batch=n_arr * b_arr, accumulation_steps=k_arr, pricing=self.pricing,
+            epochs=self.spec.epochs, whole_steps=False, measured_ratio=self.ratio,
+        )  # fmt: skip
+        assert p.cost is not None and p.peak_mem_bytes is not None  # priced, with the memory model
         columns = zip(
-            t_step.tolist(),
-            epoch.tolist(),
-            fixed.tolist(),
-            total.tolist(),
-            cost.tolist(),
-            peak.astype(np.int64).tolist(),
+            p.t_step_s.tolist(),
+            p.epoch_time_s.tolist(),
+            p.epoch_fixed_s.tolist(),
+            p.total_time_s.tolist(),
+            p.cost.tolist(),
+            p.peak_mem_bytes.tolist(),
         )
         for r, (t_s, e_s, f_s, tot_s, c, pk) in zip(rows, columns):
             r.update(t_step_s=t_s, epoch_time_s=e_s, epoch_steps_s=e_s - f_s, epoch_fixed_s=f_s, total_time_s=tot_s,
                      cost=c, peak_mem_bytes=pk)  # fmt: skip
         if self.noise["b_noise"]:
-            self.predict_to_accuracy(rows, n_arr, n_arr * b_arr, epoch, peak)
-        if lost is not None:
-            for r, f_s, n_lost in zip(rows, free.tolist(), lost.tolist()):
+            self.predict_to_accuracy(rows, n_arr, n_arr * b_arr, p.epoch_time_s, p.peak_mem_bytes)
+        if p.expected_preemptions is not None:
+            for r, f_s, n_lost in zip(rows, p.failure_free_time_s.tolist(), p.expected_preemptions.tolist()):
                 r.update(failure_free_time_s=f_s, expected_preemptions=n_lost)
 
     def predict_to_accuracy(
@@ -501,7 +496,7 @@ class Planner:
     ) -> None:
         """Add to each row the epochs, the time and the cost to the accuracy the spec's epochs
         reach at B0 (``epochs_to_accuracy``, ``time_to_accuracy_s``, ``cost_to_accuracy``), from
-        the rows' cluster sizes, global batches, epoch times and (unrounded) peaks."""
+        the rows' cluster sizes, global batches, epoch times and peaks."""
         e_acc = epochs_to_accuracy(self.spec.epochs, global_batch, self.noise["b_noise"], self.noise["reference_batch"])
         t_acc = self.pricing.expected_time_s(e_acc * epoch, n, epoch)
         c_acc = self.pricing.cost(t_acc, n, peak)

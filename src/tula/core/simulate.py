@@ -79,12 +79,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, overload
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from tula.core.errors import TulaError
+from tula.core.fitted import FittedModels, Network, Predictions
 from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
 from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import (
@@ -94,12 +96,11 @@ from tula.core.perfmodel import (
     FloatArray,
     PerfModel,
     ranks_per_node_of,
-    sync_time_s,
 )
 from tula.core.plan import epochs_to_accuracy, noise_assumed
 from tula.core.pricing import Pricing, SpotPricing, make_pricing
 from tula.core.records import MODELS_KIND, validate_record
-from tula.core.run_costs import RunCosts, epoch_time_s, run_costs_for
+from tula.core.run_costs import RunCosts, epoch_time_s
 from tula.core.schedules import (
     SCHEDULE_NAMES,
     Caps,
@@ -202,35 +203,76 @@ class Simulator:
     run_costs: RunCosts | None = None  # the method's step and each epoch's end (tula.core.run_costs)
 
     # ---------------------------------------------------------------- the step
+    @cached_property
+    def fitted(self) -> FittedModels:
+        """The fitted models this simulator predicts from (:class:`tula.core.fitted.FittedModels`),
+        always on its own network (:meth:`network`)."""
+        return FittedModels(
+            perf=self.perf,
+            memory=self.memory,
+            dataset_size=self.dataset_size,
+            run_costs=self.run_costs,
+            epochs=self.epochs,
+            max_local_batch=self.max_local_batch,
+        )
+
+    def network(self, collective: str | None = None) -> Network:
+        """This simulator's network for ``collective`` (default: the fitted one): its links, its
+        ranks per node and its compute speed."""
+        return Network(
+            collective=self.perf.collective if collective is None else collective,
+            alpha_s=self.latency_s,
+            beta_s_per_byte=_per_byte(self.bandwidth_bytes_per_s),
+            alpha_intra_s=self.intra_latency_s,
+            beta_intra_s_per_byte=(
+                None if self.intra_bandwidth_bytes_per_s is None else _per_byte(self.intra_bandwidth_bytes_per_s)
+            ),
+            ranks_per_node=self.ranks_per_node,
+            compute_speed=self.compute_speed,
+        )
+
+    def predict(
+        self,
+        collective: str | None = None,
+        *,
+        n_workers: ArrayLike,
+        global_batch: ArrayLike | None = None,
+        local_batch: ArrayLike | None = None,
+        accumulation_steps: ArrayLike = 1,
+    ) -> Predictions:
+        """:meth:`tula.core.fitted.FittedModels.predict` on this network with ``collective``
+        (default: the fitted one): epochs of ``floor(D / B)`` steps, each priced alone
+        (``epochs=1``: the simulator adds its epochs up, a schedule's each at its own configuration)."""
+        return self.fitted.predict(
+            n_workers=n_workers,
+            global_batch=global_batch,
+            local_batch=local_batch,
+            accumulation_steps=accumulation_steps,
+            network=self.network(collective),
+            pricing=self.pricing,
+            epochs=1,
+        )
+
     @overload
     def t_compute_s(self, local_batch: float, n_workers: float) -> float: ...
     @overload
     def t_compute_s(self, local_batch: ArrayLike, n_workers: ArrayLike) -> FloatArray: ...
     def t_compute_s(self, local_batch: ArrayLike, n_workers: ArrayLike) -> float | FloatArray:
         """Per-worker compute: the fitted compute with co-location counted up to R workers,
-        divided by the compute speed."""
-        m = np.minimum(np.asarray(n_workers, float), self.ranks_per_node)
-        return self.perf.t_compute_s(local_batch, m) / self.compute_speed
+        divided by the compute speed (:meth:`tula.core.fitted.FittedModels.compute_s`)."""
+        out = self.fitted.compute_s(local_batch, n_workers, self.network())
+        return float(out) if out.ndim == 0 else out
 
     def t_sync_s(self, collective: str, n_workers: ArrayLike) -> FloatArray:
         """Alpha-beta synchronisation time of ``collective`` for N workers on nodes of
         ``ranks_per_node`` on this network (0 when N = 1)."""
-        return sync_time_s(
-            collective,
-            n_workers,
-            self.perf.grad_bytes,
-            self.latency_s,
-            _per_byte(self.bandwidth_bytes_per_s),
-            self.intra_latency_s,
-            None if self.intra_bandwidth_bytes_per_s is None else _per_byte(self.intra_bandwidth_bytes_per_s),
-            self.ranks_per_node,
-        )
+        return self.fitted.sync_s(n_workers, self.network(collective))
 
     def epoch_s(self, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
         """One epoch at (B, N, k) with the fitted collective on this network: what a simulated
         ``train.workers: {rule: plan}`` and goodput schedule rank by."""
-        t = self.t_step_s(self.perf.collective, global_batch / n_workers, n_workers, accumulation_steps)
-        return float(epoch_time_s(t, global_batch, n_workers, self.dataset_size, self.run_costs))
+        p = self.predict(n_workers=n_workers, global_batch=global_batch, accumulation_steps=accumulation_steps)
+        return float(p.epoch_time_s[0])
 
     @overload
     def t_step_s(
@@ -244,21 +286,13 @@ class Simulator:
         self, collective: str, local_batch: ArrayLike, n_workers: ArrayLike, accumulation_steps: ArrayLike = 1
     ) -> float | FloatArray:
         """A step whose share ``local_batch`` runs as ``accumulation_steps`` micro-batches
-        (:meth:`tula.core.perfmodel.PerfModel.step_from_parts_s`) on this network."""
-        n, k = np.asarray(n_workers, float), np.asarray(accumulation_steps, float)
-        compute = self.t_compute_s(np.asarray(local_batch, float) / k, n)
-        return self.perf.step_from_parts_s(compute, self.t_sync_s(collective, n), n, k)
-
-    def _epoch_money(
-        self, epoch_free_s: ArrayLike, n_workers: ArrayLike, local_batch: ArrayLike, accumulation_steps: ArrayLike = 1
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(expected wall time, cost) of epochs that take ``epoch_free_s`` uninterrupted."""
-        wall = self.pricing.expected_time_s(epoch_free_s, n_workers, epoch_free_s)
-        share = np.asarray(local_batch, float)
-        peak = self.memory.predict_accumulated_peak_bytes(
-            share, share / np.asarray(accumulation_steps, float), n_workers
-        )
-        return wall, self.pricing.cost(wall, n_workers, peak)
+        (:meth:`tula.core.perfmodel.PerfModel.step_from_parts_s`) on this network: the
+        ``t_step_s`` of :meth:`predict`."""
+        t = self.predict(
+            collective, n_workers=n_workers, local_batch=local_batch, accumulation_steps=accumulation_steps
+        ).t_step_s
+        scalar = all(np.ndim(x) == 0 for x in (local_batch, n_workers, accumulation_steps))
+        return float(t[0]) if scalar else t
 
     # ---------------------------------------------------------------- a constant batch
     def constant(
@@ -295,19 +329,18 @@ class Simulator:
                     )
                     rows.append(row)
                     continue
-                b = global_batch / n
-                ts = float(self.t_step_s(c, b, n))
-                epoch_free = float(epoch_time_s(ts, global_batch, n, self.dataset_size, self.run_costs))
-                wall, cost = self._epoch_money(epoch_free, n, b)
-                fits = self.max_local_batch is None or b <= self.max_local_batch
+                # an epoch at (B, N), its wall time and cost alone; one configuration at a time (scalars), as
+                # before the one prediction: a vectorised step may differ in its last bit where gamma != 1
+                one = self.predict(c, n_workers=n, global_batch=global_batch).at(0)
+                b, epoch_free, fits = global_batch / n, one["epoch_time_s"], bool(one["feasible"])
                 row.update(
-                    t_step_s=ts,
-                    t_compute_s=float(self.t_compute_s(b, n)),
-                    t_sync_s=float(self.t_sync_s(c, n)),
+                    t_step_s=one["t_step_s"],
+                    t_compute_s=one["t_compute_s"],
+                    t_sync_s=one["t_sync_s"],
                     epoch_time_s=epoch_free,
-                    total_time_s=float(wall) * self.epochs,
+                    total_time_s=one["total_time_s"] * self.epochs,
                     failure_free_time_s=epoch_free * self.epochs,
-                    cost=float(cost) * self.epochs,
+                    cost=one["cost"] * self.epochs,
                     fits_memory=fits,
                     note="" if fits else f"local batch {b:g} exceeds memory (at most {self.max_local_batch})",
                 )
@@ -398,9 +431,9 @@ class Simulator:
         b = np.array([x["local_batch"] for x in epochs], float)
         k = np.array([x["accumulation_steps"] for x in epochs], float)
         updates = np.array([x["steps"] for x in epochs], float)
-        t_step = self.t_step_s(collective, b, n, k)
-        free = np.asarray(epoch_time_s(t_step, n * b, n, self.dataset_size, self.run_costs))  # per epoch: arrays in
-        wall, cost = self._epoch_money(free, n, b, k)
+        p = self.predict(collective, n_workers=n, local_batch=b, accumulation_steps=k)  # each epoch priced alone
+        assert p.cost is not None  # priced
+        t_step, free, wall, cost = p.t_step_s, p.epoch_time_s, p.total_time_s, p.cost
         per_epoch = [
             {
                 **x,
@@ -542,8 +575,8 @@ def simulator_from_models(
         d = spec.to_dict()
         d["pricing"] = {**d["pricing"], **pricing}
         spec = spec_from_dict(d)
-    perf = PerfModel.from_dict(rec["perf"])
-    mem = MemoryModel.from_dict(rec["memory"])
+    fitted = FittedModels.from_record(rec, method=spec.train.method)
+    perf, mem = fitted.perf, fitted.memory_model()
     bw, lat, ibw, ilat, notes = _network(
         perf, rec.get("placement") or {}, bandwidth, latency, intra_bandwidth, intra_latency
     )
@@ -555,7 +588,7 @@ def simulator_from_models(
     _note_intra_link(notes, perf, ibw, ilat, r)
     if epochs is not None and epochs < 1:
         raise TulaError(f"epochs must be at least 1, not {epochs}")
-    max_local_batch = _max_local_batch(rec, mem, spec)
+    max_local_batch = fitted.max_local_batch  # within the budget, below the batch that ran out of memory
     return Simulator(
         perf=perf,
         dataset_size=rec["dataset_size"],
@@ -570,7 +603,7 @@ def simulator_from_models(
         notes=tuple(notes.values()),
         intra_bandwidth_bytes_per_s=ibw,
         intra_latency_s=None if ilat is None else float(ilat),
-        run_costs=run_costs_for(rec, spec.train.method)[0],
+        run_costs=fitted.run_costs,
     )
 
 
@@ -634,15 +667,6 @@ def _note_intra_link(
         notes.pop("intra_latency", None)
 
 
-def _max_local_batch(rec: dict, mem: MemoryModel, spec: JobSpec) -> int | None:
-    """The largest local batch that fits: the memory model's within the budget, and below the
-    smallest local batch that ran out of memory while profiling (None: no limit known)."""
-    b_mem = mem.max_local_batch(rec.get("memory_budget_bytes"), spec.search.memory_safety)
-    b_oom = rec.get("oom_local_batch")
-    limits = [x for x in (b_mem, None if b_oom is None else b_oom - 1) if x is not None]
-    return min(limits) if limits else None
-
-
 def default_batch(models: dict) -> int:
     """The constant batch simulated by default: the spec's ``train.global_batch``, else the
     largest global batch profiled."""
@@ -697,7 +721,7 @@ def schedule_caps(
             threshold = w.threshold if w is not None and w.threshold is not None else DEFAULT_THRESHOLD
         if not 0 <= threshold < 1:
             raise TulaError(f"--threshold must be at least 0 and below 1, not {threshold!r}")
-        ranker = Ranker(models, spec.train.method, epoch_s_of=sim.epoch_s)
+        ranker = Ranker(models, spec.train.method, network=sim.network())  # the models' ranking on this network
         if rule != "plan":  # goodput under AdaDamp's rule: the batch by goodput, on the first worker count
             hi = lo
         return Caps(sim.dataset_size, sim.max_local_batch, lo, hi, None, k_max, WorkerPlan(ranker, threshold))
@@ -848,8 +872,12 @@ def fitted_step_s(models: dict, local_batch: float, n_workers: float) -> float: 
 def fitted_step_s(models: dict, local_batch: ArrayLike, n_workers: ArrayLike) -> FloatArray: ...
 def fitted_step_s(models: dict, local_batch: ArrayLike, n_workers: ArrayLike) -> float | FloatArray:
     """The fitted model's own step time prediction (the simulator's reference at profiled N),
-    at the R it was fitted for (:func:`tula.core.perfmodel.ranks_per_node_of`)."""
-    return PerfModel.from_dict(models["perf"]).t_step_s(local_batch, n_workers, ranks_per_node_of(models["trials"]))
+    at the R it was fitted for (:func:`tula.core.perfmodel.ranks_per_node_of`).
+
+    A compatibility wrapper: ``t_step_s`` of :meth:`tula.core.fitted.FittedModels.predict` on
+    the fitted network."""
+    t = FittedModels.from_record(models).predict(n_workers=n_workers, local_batch=local_batch).t_step_s
+    return float(t[0]) if np.ndim(local_batch) == 0 and np.ndim(n_workers) == 0 else t
 
 
 def uses_spot(sim: Simulator) -> bool:
