@@ -1,8 +1,19 @@
-"""Report stage: rich tables for the terminal and a matplotlib PNG of the plan."""
+"""Report stage: rich tables for the terminal and a matplotlib PNG of the plan.
+
+The tables and plots of records take the typed records of :mod:`tula.core.records`
+(:class:`~tula.core.records.ProfileRecord`, :class:`~tula.core.records.ModelsRecord`,
+:class:`~tula.core.records.PlanRecord`); a record given as a dict is typed once, where it comes in
+(:func:`~tula.core.records.as_record`: a whole record checked, a caller's parts of one field by field).  A training run is still read as a dict: its callers pass runs in progress and
+hand-made ones that are not whole records."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter
 
 from tula.core.live_plan import goodput_per_epoch
 from tula.core.noise_scale import (
@@ -12,21 +23,44 @@ from tula.core.noise_scale import (
     noise_scale_value,
     smooth_noise_scale,
 )
-from tula.core.records import epoch_score
+from tula.core.records import (
+    ModelsRecord,
+    NoiseScale,
+    PlanRecord,
+    PlanRow,
+    ProfileRecord,
+    Trial,
+    as_record,
+    epoch_score,
+)
 from tula.core.registry import OBJECTIVES
 from tula.core.say import Table, fmt_bytes
+
+if TYPE_CHECKING:
+    from tula.core.perfmodel import PerfModel
+
+_TRIALS = TypeAdapter(list[Trial])
 
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{1e3 * x:.2f}"
 
 
-def trials_table(profile: dict) -> Table:
+def _trials(trials: Sequence[Trial | dict]) -> list[Trial]:
+    """A record's trials as :class:`~tula.core.records.Trial` objects (dicts are checked once)."""
+    if all(isinstance(t, Trial) for t in trials):
+        return [t for t in trials if isinstance(t, Trial)]
+    return _TRIALS.validate_python([t if isinstance(t, dict) else asdict(t) for t in trials])
+
+
+def trials_table(profile: dict | ProfileRecord) -> Table:
+    """One row per profiled trial: its (N, B, b), measured times, peak memory and status."""
+    rec = as_record(profile, ProfileRecord)
     t = Table(
-        title=f"Profile ({profile['search']} search, {profile['device']}, "
-        f"{profile['threads_per_worker']} thread(s)/worker, {profile['profiling_s']:.0f} s)"
+        title=f"Profile ({rec.search} search, {rec.device}, "
+        f"{rec.threads_per_worker} thread(s)/worker, {rec.profiling_s:.0f} s)"
     )
-    data = any(r.get("t_data_s") is not None for r in profile["trials"])
+    data = any(r.t_data_s is not None for r in rec.trials)
     cols = (
         ["N", "B", "b", "t_step ms", "t_compute ms", "t_sync ms"]
         + (["data ms"] if data else [])
@@ -34,124 +68,130 @@ def trials_table(profile: dict) -> Table:
     )
     for col in cols:
         t.add_column(col, justify="right" if col != "status" else "left")
-    for r in profile["trials"]:
-        style = {"ok": None, "oom": "red", "skipped": "yellow", "error": "red", "interrupted": "yellow"}.get(
-            r["status"]
-        )
-        spread = "-" if r.get("t_step_spread") is None else f"{r['t_step_spread']:.0%}"
+    for r in rec.trials:
+        style = {"ok": None, "oom": "red", "skipped": "yellow", "error": "red", "interrupted": "yellow"}.get(r.status)
+        spread = "-" if r.t_step_spread is None else f"{r.t_step_spread:.0%}"
         row = (
             [
-                str(r["n_workers"]),
-                str(r["global_batch"]),
-                str(r["local_batch"]),
-                _ms(r["t_step_s"]),
-                _ms(r["t_compute_s"]),
-                _ms(r["t_sync_s"]),
+                str(r.n_workers),
+                str(r.global_batch),
+                str(r.local_batch),
+                _ms(r.t_step_s),
+                _ms(r.t_compute_s),
+                _ms(r.t_sync_s),
             ]
-            + ([_ms(r.get("t_data_s"))] if data else [])
-            + [spread, fmt_bytes(r["peak_mem_bytes"]), r["status"] + (f" ({r['note']})" if r["note"] else "")]
+            + ([_ms(r.t_data_s)] if data else [])
+            + [spread, fmt_bytes(r.peak_mem_bytes), r.status + (f" ({r.note})" if r.note else "")]
         )
         t.add_row(*row, style=style)
     return t
 
 
-def _compute_line(perf: dict) -> str:
+def _compute_line(perf: PerfModel) -> str:
     """One rank's own compute as fitted: the line in b, under its host-bound floor if any."""
-    line = f"({perf['c0'] * 1e3:.3f} ms + {perf['c1'] * 1e6:.2f} us * b)"
-    floor = perf.get("t_floor_s") or 0.0
+    line = f"({perf.c0 * 1e3:.3f} ms + {perf.c1 * 1e6:.2f} us * b)"
+    floor = perf.t_floor_s or 0.0
     return f"max({floor * 1e3:.1f} ms, {line[1:-1]})" if floor > 0 else line
 
 
-def models_table(models: dict) -> Table:
-    mem, perf, err = models["memory"], models["perf"], models["fit_error"]
+def models_table(models: dict | ModelsRecord) -> Table:
+    """The fitted memory and performance models, their in-sample error and the noise scale."""
+    from tula.core.memory_model import MemoryModel
+    from tula.core.perfmodel import PerfModel
+
+    rec = as_record(models, ModelsRecord)
+    mem, perf, err = MemoryModel.from_dict(rec.memory), PerfModel.from_dict(rec.perf), rec.fit_error
     t = Table(title="Fitted models", show_header=False)
     t.add_column("what")
     t.add_column("value")
     t.add_row(
         "memory: static",
-        f"params {fmt_bytes(mem['param_bytes'])}, grads {fmt_bytes(mem['grad_bytes'])}, "
-        f"optimiser {fmt_bytes(mem['optimizer_state_bytes'])}, buffers {fmt_bytes(mem['buffer_bytes'])}, "
-        f"other {fmt_bytes(mem['other_static_bytes'])}",
+        f"params {fmt_bytes(mem.param_bytes)}, grads {fmt_bytes(mem.grad_bytes)}, "
+        f"optimiser {fmt_bytes(mem.optimizer_state_bytes)}, buffers {fmt_bytes(mem.buffer_bytes)}, "
+        f"other {fmt_bytes(mem.other_static_bytes)}",
     )
     t.add_row(
         "memory: per sample",
-        f"activations {fmt_bytes(mem['activation_bytes_per_sample'])}, data {fmt_bytes(mem['batch_bytes_per_sample'])}",
+        f"activations {fmt_bytes(mem.activation_bytes_per_sample)}, data {fmt_bytes(mem.batch_bytes_per_sample)}",
     )
-    hosts = perf.get("beta_intra") is not None or "beta_intra" in perf["frozen"]  # fitted across hosts
+    hosts = perf.beta_intra is not None or "beta_intra" in perf.frozen  # fitted across hosts
     m = "m" if hosts else "N"
     t.add_row(
         "compute",
         f"t = {_compute_line(perf)} * "
-        f"(1 + {perf['kappa']:.3f} ({m}-1)) + {perf.get('kappa0', 0.0) * 1e3:.3f} ms * ({m}-1)"
+        f"(1 + {perf.kappa:.3f} ({m}-1)) + {perf.kappa0 * 1e3:.3f} ms * ({m}-1)"
         + (", m the ranks on one host" if hosts else ""),
     )
     t.add_row(
         "sync",
-        f"{perf['collective']}: alpha {perf['alpha'] * 1e6:.2f} us/hop, "
-        f"bandwidth {1 / perf['beta'] / 1e9 if perf['beta'] > 0 else float('inf'):.3g} GB/s"
+        f"{perf.collective}: alpha {perf.alpha * 1e6:.2f} us/hop, "
+        f"bandwidth {1 / perf.beta / 1e9 if perf.beta > 0 else float('inf'):.3g} GB/s"
         + (" between hosts" if hosts else "")
-        + f", rho {perf['rho']:.3f}, gamma {perf['gamma']:.2f}",
+        + f", rho {perf.rho:.3f}, gamma {perf.gamma:.2f}",
     )
-    if perf.get("beta_intra") is not None:
-        ib = perf["beta_intra"]
+    if perf.beta_intra is not None:
+        ib = perf.beta_intra
         t.add_row(
             "sync within a host",
-            f"alpha {(perf.get('alpha_intra') or 0.0) * 1e6:.2f} us/hop, "
+            f"alpha {(perf.alpha_intra or 0.0) * 1e6:.2f} us/hop, "
             f"bandwidth {1 / ib / 1e9 if ib > 0 else float('inf'):.3g} GB/s",
         )
-    t.add_row("frozen", ", ".join(perf["frozen"]) or "-")
+    t.add_row("frozen", ", ".join(perf.frozen) or "-")
     t.add_row(
         "in-sample error",
         f"step time median {err['t_step_median_rel']:.1%} (max {err['t_step_max_rel']:.1%}), "
         f"peak memory median {err['peak_mem_median_rel']:.1%} (max {err['peak_mem_max_rel']:.1%})",
     )
-    for a in models.get("accumulation_check") or []:
+    for a in rec.accumulation_check:
         t.add_row(
             "accumulated step",
-            f"N={a['n_workers']} b={a['local_batch']} as {a['accumulation_steps']} x {a['micro_batch']}: measured "
-            f"{a['t_step_s'] * 1e3:.2f} ms, predicted {a['predicted_t_step_s'] * 1e3:.2f} ms ({a['rel_error']:.1%} off)",
+            f"N={a.n_workers} b={a.local_batch} as {a.accumulation_steps} x {a.micro_batch}: measured "
+            f"{a.t_step_s * 1e3:.2f} ms, predicted {a.predicted_t_step_s * 1e3:.2f} ms ({a.rel_error:.1%} off)",
         )
-    noise = models.get("noise_scale")
-    if noise is not None:
-        t.add_row("noise scale", noise_scale_text(noise))
-    for note in perf.get("notes", []):
+    if rec.noise_scale is not None:
+        t.add_row("noise scale", noise_scale_text(rec.noise_scale))
+    for note in perf.notes:
         t.add_row("note", note)
     return t
 
 
-def noise_scale_text(noise: dict) -> str:
+def noise_scale_text(noise: dict | NoiseScale) -> str:
     """The models' gradient noise scale in words: the value, its error, where it was measured."""
-    if not noise.get("b_noise"):
-        return f"B_noise {noise.get('note') or 'not measured'}"
+    ns = noise if isinstance(noise, NoiseScale) else NoiseScale.model_validate(noise)
+    if not ns.b_noise:
+        return f"B_noise {ns.note or 'not measured'}"
     err = ""
-    if noise.get("low") is not None and noise.get("high") is not None:
-        err = f" ({noise['low']:.3g}-{noise['high']:.3g}, one jackknife error)"
-    worlds = ", ".join(f"N={w['n_workers']} b={w['b_small']} vs {w['b_big']}" for w in noise.get("worlds") or [])
-    return f"B_noise {noise['b_noise']:.3g} samples{err} at the start of training, over {noise['steps']} batches ({worlds})"
+    if ns.low is not None and ns.high is not None:
+        err = f" ({ns.low:.3g}-{ns.high:.3g}, one jackknife error)"
+    worlds = ", ".join(f"N={w.n_workers} b={w.b_small} vs {w.b_big}" for w in ns.worlds or [])
+    return f"B_noise {ns.b_noise:.3g} samples{err} at the start of training, over {ns.steps} batches ({worlds})"
 
 
-def plan_table(plan: dict) -> Table:
-    cons = plan.get("constraints") or {}
-    constrained = cons.get("deadline_s") is not None or cons.get("budget") is not None
-    spot = any("failure_free_time_s" in r for r in plan["configurations"])
-    acc = any("epochs_to_accuracy" in r for r in plan["configurations"])
-    parts = bool(plan.get("run_costs"))  # an epoch = its steps + its end (evaluation, checkpoint, the method's)
-    title = f"Plan (objective: {plan['objective']}); candidate batches and the choice"
-    noise = plan.get("noise_scale") or {}
+def plan_table(plan: dict | PlanRecord) -> Table:
+    """The plan's candidate configurations and its choice, with what the epochs include."""
+    from tula.core.spec import format_duration, spec_from_dict
+
+    rec = as_record(plan, PlanRecord)
+    rows = rec.configurations
+    cons = rec.constraints
+    constrained = cons is not None and (cons.deadline_s is not None or cons.budget is not None)
+    spot = any(r.given("failure_free_time_s") for r in rows)
+    acc = any(r.given("epochs_to_accuracy") for r in rows)
+    parts = bool(rec.run_costs)  # an epoch = its steps + its end (evaluation, checkpoint, the method's)
+    title = f"Plan (objective: {rec.objective}); candidate batches and the choice"
+    noise = rec.noise_scale or NoiseScale()
     if acc:
         title += (
-            f"; to accuracy: the spec's {plan['spec']['epochs']} epochs at B0={noise['reference_batch']} scaled by "
-            f"B_noise {noise['b_noise']:.3g} ({'what-if' if noise.get('source') == 'what-if' else 'profiled'})"
+            f"; to accuracy: the spec's {spec_from_dict(rec.spec).epochs} epochs at B0={noise.reference_batch} "
+            f"scaled by B_noise {noise.b_noise:.3g} ({'what-if' if noise.source == 'what-if' else 'profiled'})"
         )
-    if constrained:
-        from tula.core.spec import format_duration
-
-        limits = ([f"deadline {format_duration(cons['deadline_s'])}"] if cons.get("deadline_s") is not None else []) + (
-            [f"budget {cons['budget']:.4g} {cons.get('unit', '$')}"] if cons.get("budget") is not None else []
+    if cons is not None and constrained:
+        limits = ([f"deadline {format_duration(cons.deadline_s)}"] if cons.deadline_s is not None else []) + (
+            [f"budget {cons.budget:.4g} {cons.unit}"] if cons.budget is not None else []
         )
-        title += f"; {', '.join(limits)}: {cons['n_meeting']} of {cons['n_feasible']} feasible configurations meet it"
+        title += f"; {', '.join(limits)}: {cons.n_meeting} of {cons.n_feasible} feasible configurations meet it"
     # what the epochs include: the method's step and each epoch's end, or that they were not measured
-    t = Table(title=title, caption=plan.get("run_costs_note"))
+    t = Table(title=title, caption=rec.run_costs_note)
     cols = (
         ["", "N", "B", "b", "t_step ms", "epoch s"]
         + (["of which end s"] if parts else [])
@@ -164,33 +204,91 @@ def plan_table(plan: dict) -> Table:
     )
     for col in cols:
         t.add_column(col, justify="right")
-    for r in plan["configurations"]:
-        if not (r["candidate"] or r["chosen"]):
+    for r in rows:
+        if not (r.candidate or r.chosen):
             continue
-        meets = r.get("meets_constraints", True)
+        meets = r.meets_constraints
         row = [
-            "*" if r["chosen"] else "",
-            str(r["n_workers"]),
-            str(r["global_batch"]),
-            str(r["local_batch"])
-            if r.get("accumulation_steps", 1) == 1
-            else f"{r['accumulation_steps']}x{r['micro_batch']}",
-            _ms(r["t_step_s"]),
-            f"{r['epoch_time_s']:.3f}",
-            *([f"{r.get('epoch_fixed_s', 0.0):.3f}"] if parts else []),
-            f"{r['total_time_s']:.2f}",
+            "*" if r.chosen else "",
+            str(r.n_workers),
+            str(r.global_batch),
+            str(r.local_batch) if r.accumulation_steps == 1 else f"{r.accumulation_steps}x{r.micro_batch}",
+            _ms(r.t_step_s),
+            f"{r.epoch_time_s:.3f}",
+            *([f"{r.epoch_fixed_s if r.given('epoch_fixed_s') else 0.0:.3f}"] if parts else []),
+            f"{r.total_time_s:.2f}",
         ]
-        row += [f"{r['expected_preemptions']:.2g}"] if spot else []
-        row += [f"{r['cost']:.4g}"]
+        row += [f"{r.expected_preemptions:.2g}"] if spot else []
+        row += [f"{r.cost:.4g}"]
         if acc:
-            row += [f"{r['epochs_to_accuracy']:.3g}", f"{r['time_to_accuracy_s']:.2f}", f"{r['cost_to_accuracy']:.4g}"]
-        row += [fmt_bytes(r["peak_mem_bytes"]), "yes" if r["feasible"] else "no"]
+            row += [f"{r.epochs_to_accuracy:.3g}", f"{r.time_to_accuracy_s:.2f}", f"{r.cost_to_accuracy:.4g}"]
+        row += [fmt_bytes(r.peak_mem_bytes), "yes" if r.feasible else "no"]
         row += ["yes" if meets else "no"] if constrained else []
-        t.add_row(*row, style="bold green" if r["chosen"] else (None if r["feasible"] and meets else "dim"))
+        t.add_row(*row, style="bold green" if r.chosen else (None if r.feasible and meets else "dim"))
     return t
 
 
-def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
+@dataclass(frozen=True)
+class ChartLine:
+    """Per global batch (``global_batch``): the total time of the epochs (s) and their cost, and (a plan's
+    predictions with a noise scale) the time and cost to the accuracy the spec's epochs reach at B0."""
+
+    global_batch: list[int]
+    total_time_s: list[float]
+    cost: list[float]
+    time_to_accuracy_s: list[float] | None = None
+    cost_to_accuracy: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class ChartSeries:
+    """One cluster size of a plan chart: predicted lines, measured points and the knee."""
+
+    n_workers: int
+    predicted: ChartLine
+    measured: ChartLine
+    #: the knee of the time-vs-batch curve (None: none found)
+    knee_batch: int | None
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """A configuration on the Pareto frontier of time and cost."""
+
+    n_workers: int
+    global_batch: int
+    total_time_s: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class PlanChart:
+    """What a plan chart shows (:func:`plan_chart_data`), for the PNG and the dashboard alike."""
+
+    name: str
+    objective: str
+    epochs: int
+    pricing: str
+    unit: str
+    series: list[ChartSeries]
+    frontier: list[FrontierPoint]
+    deadline_s: float | None
+    budget: float | None
+    choice: PlanRow
+    reason: str
+
+    def chosen_y(self, metric: str) -> float:
+        """The choice's value of ``metric`` (total_time_s, cost, time_to_accuracy_s, cost_to_accuracy)."""
+        value = getattr(self.choice, metric)
+        return float("nan") if value is None else float(value)
+
+
+def _line(curve: dict[str, Any]) -> ChartLine:
+    acc = {k: list(curve[k]) for k in ("time_to_accuracy_s", "cost_to_accuracy") if k in curve}
+    return ChartLine(list(curve["global_batch"]), list(curve["total_time_s"]), list(curve["cost"]), **acc)
+
+
+def plan_chart_data(plan: dict | PlanRecord, trials: Sequence[Trial | dict]) -> PlanChart:
     """What a plan chart shows, for the PNG and the dashboard alike: per cluster size the
     predicted time and cost vs global batch, the measured points (time: E epochs of S(B)
     measured steps and the epoch's end, with preemptions on spot), the knee; the Pareto frontier, the
@@ -199,56 +297,45 @@ def plan_chart_data(plan: dict, trials: list[dict]) -> dict:
     from tula.core.run_costs import RunCosts, epoch_time_s
     from tula.core.spec import spec_from_dict
 
-    spec = spec_from_dict(plan["spec"])
+    rec = as_record(plan, PlanRecord)
+    ok_trials = [t for t in _trials(trials) if t.status == "ok"]
+    spec = spec_from_dict(rec.spec)
     pricing = make_pricing(spec.pricing)
-    d, e = plan["dataset_size"], spec.epochs
+    d, e = rec.dataset_size, spec.epochs
     series = []
-    for n, curve in sorted(plan["curves"].items(), key=lambda kv: int(kv[0])):
-        meas = [t for t in trials if t["status"] == "ok" and t["n_workers"] == int(n)]
-        measured: dict[str, list[float]] = {"global_batch": [], "total_time_s": [], "cost": []}
+    for n, curve in sorted(rec.curves.items(), key=lambda kv: int(kv[0])):
+        meas = [
+            (t.global_batch, t.t_step_s, t.peak_mem_bytes)
+            for t in ok_trials
+            if t.n_workers == int(n) and t.t_step_s is not None and t.peak_mem_bytes is not None
+        ]  # an ok trial has both (ProfileRecord checks it)
+        measured = ChartLine([], [], [])
         if meas:
-            gb = [t["global_batch"] for t in meas]
-            costs = RunCosts.from_dict(plan["run_costs"]) if plan.get("run_costs") else None
-            ep = epoch_time_s([t["t_step_s"] for t in meas], gb, int(n), d, costs, whole_steps=False)
+            gb = [g for g, _, _ in meas]
+            costs = RunCosts.from_dict(rec.run_costs) if rec.run_costs else None
+            ep = epoch_time_s([s for _, s, _ in meas], gb, int(n), d, costs, whole_steps=False)
             tt = pricing.expected_time_s(e * ep, int(n), ep)
-            cc = pricing.cost(tt, int(n), [t["peak_mem_bytes"] for t in meas])
-            measured = {
-                "global_batch": list(gb),
-                "total_time_s": [float(x) for x in tt],
-                "cost": [float(x) for x in cc],
-            }
-        kn = plan["knees"].get(n)
-        series.append(
-            {
-                "n_workers": int(n),
-                "predicted": {
-                    k: list(curve[k])
-                    for k in ("global_batch", "total_time_s", "cost", "time_to_accuracy_s", "cost_to_accuracy")
-                    if k in curve
-                },
-                "measured": measured,
-                "knee_batch": kn["global_batch"] if kn else None,
-            }
-        )
-    cons = plan.get("constraints") or {}
-    return {
-        "name": spec.name,
-        "objective": plan["objective"],
-        "epochs": e,
-        "pricing": spec.pricing.kind,
-        "unit": pricing.unit,
-        "series": series,
-        "frontier": [
-            {k: f[k] for k in ("n_workers", "global_batch", "total_time_s", "cost")} for f in plan.get("frontier", [])
-        ],
-        "deadline_s": cons.get("deadline_s"),
-        "budget": cons.get("budget"),
-        "choice": plan["choice"],
-        "reason": plan["reason"],
-    }
+            cc = pricing.cost(tt, int(n), [m for _, _, m in meas])
+            measured = ChartLine(list(gb), [float(x) for x in tt], [float(x) for x in cc])
+        kn = rec.knees.get(n)
+        series.append(ChartSeries(int(n), _line(curve), measured, kn.get("global_batch") if kn else None))
+    cons = rec.constraints
+    return PlanChart(
+        name=spec.name,
+        objective=rec.objective,
+        epochs=e,
+        pricing=spec.pricing.kind,
+        unit=pricing.unit,
+        series=series,
+        frontier=[FrontierPoint(f.n_workers, f.global_batch, f.total_time_s, f.cost) for f in rec.frontier],
+        deadline_s=None if cons is None else cons.deadline_s,
+        budget=None if cons is None else cons.budget,
+        choice=rec.choice,
+        reason=rec.reason,
+    )
 
 
-def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
+def plot_plan(plan: dict | PlanRecord, trials: Sequence[Trial | dict], path: str | Path) -> Path:
     """Time and cost vs global batch per cluster size: predicted lines, measured points
     (time: E epochs of S(B) measured steps and the epoch's end), the chosen configuration starred."""
     import matplotlib
@@ -259,51 +346,51 @@ def plot_plan(plan: dict, trials: list[dict], path: str | Path) -> Path:
     data = plan_chart_data(plan, trials)
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(12, 4.6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for k, s in enumerate(data["series"]):
-        col, n, pred, meas = colors[k % len(colors)], s["n_workers"], s["predicted"], s["measured"]
-        ax_t.plot(pred["global_batch"], pred["total_time_s"], "-", color=col, label=f"N={n} predicted")
-        ax_c.plot(pred["global_batch"], pred["cost"], "-", color=col, label=f"N={n} predicted")
-        if "time_to_accuracy_s" in pred:  # the epochs scaled by the noise scale: dashed
-            ax_t.plot(pred["global_batch"], pred["time_to_accuracy_s"], "--", color=col, label=f"N={n} to accuracy")
-            ax_c.plot(pred["global_batch"], pred["cost_to_accuracy"], "--", color=col)
-        if meas["global_batch"]:
-            ax_t.plot(meas["global_batch"], meas["total_time_s"], "o", color=col, label=f"N={n} measured")
-            ax_c.plot(meas["global_batch"], meas["cost"], "o", color=col)
-        if s["knee_batch"]:
-            ax_t.axvline(s["knee_batch"], color=col, ls=":", lw=1)
-    if data["deadline_s"] is not None:
-        ax_t.axhline(data["deadline_s"], color="red", ls="--", lw=1, label="deadline")
-    if data["budget"] is not None:
-        ax_c.axhline(data["budget"], color="red", ls="--", lw=1, label="budget")
-    c = data["choice"]
-    to_acc = OBJECTIVES[data["objective"]].to_accuracy if data["objective"] in OBJECTIVES else False
+    for k, s in enumerate(data.series):
+        col, n, pred, meas = colors[k % len(colors)], s.n_workers, s.predicted, s.measured
+        ax_t.plot(pred.global_batch, pred.total_time_s, "-", color=col, label=f"N={n} predicted")
+        ax_c.plot(pred.global_batch, pred.cost, "-", color=col, label=f"N={n} predicted")
+        if pred.time_to_accuracy_s is not None:  # the epochs scaled by the noise scale: dashed
+            ax_t.plot(pred.global_batch, pred.time_to_accuracy_s, "--", color=col, label=f"N={n} to accuracy")
+            ax_c.plot(pred.global_batch, pred.cost_to_accuracy, "--", color=col)
+        if meas.global_batch:
+            ax_t.plot(meas.global_batch, meas.total_time_s, "o", color=col, label=f"N={n} measured")
+            ax_c.plot(meas.global_batch, meas.cost, "o", color=col)
+        if s.knee_batch:
+            ax_t.axvline(s.knee_batch, color=col, ls=":", lw=1)
+    if data.deadline_s is not None:
+        ax_t.axhline(data.deadline_s, color="red", ls="--", lw=1, label="deadline")
+    if data.budget is not None:
+        ax_c.axhline(data.budget, color="red", ls="--", lw=1, label="budget")
+    c = data.choice
+    to_acc = OBJECTIVES[data.objective].to_accuracy if data.objective in OBJECTIVES else False
     tk, ck = ("time_to_accuracy_s", "cost_to_accuracy") if to_acc else ("total_time_s", "cost")
-    for ax, y in ((ax_t, c[tk]), (ax_c, c[ck])):
+    for ax, y in ((ax_t, data.chosen_y(tk)), (ax_c, data.chosen_y(ck))):
         ax.plot(
-            [c["global_batch"]],
+            [c.global_batch],
             [y],
             marker="*",
             ms=18,
             color="gold",
             mec="black",
             ls="none",
-            label=f"chosen: N={c['n_workers']}, B={c['global_batch']}",
+            label=f"chosen: N={c.n_workers}, B={c.global_batch}",
         )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch B")
         ax.grid(alpha=0.3)
     ax_t.set_ylabel(
-        f"training time for {data['epochs']} epochs (s)"
+        f"training time for {data.epochs} epochs (s)"
         + (
             "; dashed: to their accuracy at B0"
-            if any("time_to_accuracy_s" in s["predicted"] for s in data["series"])
+            if any(s.predicted.time_to_accuracy_s is not None for s in data.series)
             else ""
         )
     )
-    ax_c.set_ylabel(f"cost ({data['pricing']} pricing, {data['unit']})")
+    ax_c.set_ylabel(f"cost ({data.pricing} pricing, {data.unit})")
     ax_t.legend(fontsize=8)
     ax_c.legend(fontsize=8)
-    fig.suptitle(f"{data['name']}: objective {data['objective']} (dotted: knee per cluster size)")
+    fig.suptitle(f"{data.name}: objective {data.objective} (dotted: knee per cluster size)")
     return _save_figure(fig, path)
 
 

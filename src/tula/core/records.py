@@ -29,9 +29,19 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from tula.core.errors import RecordError
 from tula.core.registry import OBJECTIVE_NAMES
@@ -127,10 +137,47 @@ def placement(trials: list[dict]) -> dict:
     }
 
 
-class _Record(BaseModel):
-    # unknown fields are kept (a newer minor writer may add some); known ones must be right.  A docstring
-    # right under a field is its description (the JSON Schema's, the reference page's)
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+class _Frozen(BaseModel):
+    """A part of a record as an object: frozen (assigning a field raises), unknown fields kept (a
+    newer minor writer may add some), known ones checked.  A docstring right under a field is its
+    description (the JSON Schema's, the reference page's).
+
+    ``_OMITTED_UNSET`` names the fields typed here that writers leave out where they do not apply
+    (a row's spot figures, a record's noise scale): such a field is written back only when it was
+    given, so a record dumps as it was read (``"failure_free_time_s" in row`` keeps its meaning)."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True, frozen=True)
+
+    _OMITTED_UNSET: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in self._OMITTED_UNSET - self.model_fields_set:
+            data.pop(name, None)
+        return data
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The record as plain values for ``json.dumps`` (what is written to a file or sent over HTTP):
+        dicts, lists, strings, numbers -- an infinite or NaN figure stays one (``Infinity`` in the
+        file, as the writers write it), not ``null``."""
+        return self.model_dump(mode="python")
+
+    def given(self, name: str) -> bool:
+        """Whether the field ``name`` was in what this object was read from (not a default)."""
+        return name in self.model_fields_set or name in (self.model_extra or {})
+
+
+RecordT = TypeVar("RecordT", bound="_Record")
+
+
+class _Record(_Frozen):
+    """A whole record: a kind and a version, checked against what this Tula reads."""
+
+    @classmethod
+    def from_dict(cls: type[RecordT], data: Any, source: str | None = None) -> RecordT:
+        """``data`` (a record as a dict) checked and typed: :func:`parse_record`."""
+        return parse_record(data, cls, source)
 
     kind: str
     """what the record is: tula.profile, tula.models, tula.plan, tula.train, tula.run or tula.checkpoint"""
@@ -177,10 +224,10 @@ def _valid_perf(value: Any) -> dict:
     return model.to_dict()
 
 
-class ModelInfo(BaseModel):
+class ModelInfo(_Frozen):
     """The network a profile measured."""
 
-    model_config = ConfigDict(use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="ignore")
 
     name: str
     """the spec's model.name"""
@@ -188,6 +235,66 @@ class ModelInfo(BaseModel):
     """its parameters"""
     grad_bytes: int = Field(ge=0)
     """the bytes of its gradients, which every step synchronises"""
+
+
+class NoiseWorld(_Frozen):
+    """One world's measurement of the gradient noise scale (two local batches, many steps)."""
+
+    _OMITTED_UNSET = frozenset({"n_workers", "b_small", "b_big", "steps", "b_simple"})
+
+    n_workers: int | None = None
+    """N, the ranks of the world"""
+    b_small: int | None = None
+    """the smaller batch compared"""
+    b_big: int | None = None
+    """the larger batch compared"""
+    steps: int | None = None
+    """the steps measured"""
+    b_simple: float | None = None
+    """the world's estimate of B_simple, samples"""
+
+
+class NoiseScale(_Frozen):
+    """The gradient noise scale B_noise (samples), as the models measured it (``worlds``) or a plan used it
+    (``reference_batch``, ``source``)."""
+
+    _OMITTED_UNSET = frozenset({"b_noise", "low", "high", "steps", "worlds", "note", "reference_batch", "source"})
+
+    b_noise: float | None = None
+    """B_noise, samples (null or absent: not measured; ``note`` says why)"""
+    low: float | None = None
+    """one jackknife error below"""
+    high: float | None = None
+    """one jackknife error above"""
+    steps: int | None = None
+    """the batches it was measured over"""
+    worlds: list[NoiseWorld] | None = None
+    """each world's measurement"""
+    note: str | None = None
+    """why it was not measured, or what to know about it"""
+    reference_batch: int | None = None
+    """B0, the global batch the spec's epochs are meant at (a plan's)"""
+    source: str | None = None
+    """where a plan's value came from: profile, or what-if (given by hand)"""
+
+
+class AccumulationCheck(_Frozen):
+    """An accumulated step measured by the profile against the performance model's prediction."""
+
+    n_workers: int
+    """N"""
+    local_batch: int
+    """b, the samples each rank's step takes"""
+    micro_batch: int
+    """the micro-batch each of the k passes takes"""
+    accumulation_steps: int
+    """k"""
+    t_step_s: float
+    """the measured step time, seconds"""
+    predicted_t_step_s: float
+    """the model's step time, seconds"""
+    rel_error: float
+    """|predicted - measured| / measured"""
 
 
 class ProfileRecord(_Record):
@@ -233,6 +340,11 @@ class ProfileRecord(_Record):
     #: a snapshot written while trials still ran (the process may have died since): the
     #: finished trials are kept and the rest run when it is resumed, as for ``interrupted``
     in_progress: bool = False
+    facts: dict[str, Any] | None = None
+    """what the launcher read where the ranks ran: the device kind, the CPU model or GPU name, the cores,
+    torch's version (records before it: absent)"""
+
+    _OMITTED_UNSET = frozenset({"facts"})
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
     _mem = field_validator("memory")(classmethod(lambda cls, v: _valid_memory(v)))
@@ -280,16 +392,20 @@ class ModelsRecord(_Record):
     """the profile's trials"""
     profiling_s: float | None = None
     """seconds the profile took"""
+    accumulation_check: list[AccumulationCheck] = Field(default_factory=list)
+    """the profile's accumulated steps against the performance model (where the planner may accumulate)"""
+    noise_scale: NoiseScale | None = None
+    """the gradient noise scale the profile measured"""
+
+    _OMITTED_UNSET = frozenset({"accumulation_check", "noise_scale"})
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
     _mem = field_validator("memory", "memory_probed")(classmethod(lambda cls, v: _valid_memory(v)))
     _perf = field_validator("perf")(classmethod(lambda cls, v: _valid_perf(v)))
 
 
-class PlanRow(BaseModel):
+class PlanRow(_Frozen):
     """One configuration (N, B) of a plan and its predictions."""
-
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     n_workers: int = Field(ge=1)
     """N, the workers"""
@@ -309,13 +425,55 @@ class PlanRow(BaseModel):
     """the predicted peak memory of a worker, bytes"""
     meets_constraints: bool = True
     """within the deadline and the budget (version 2; true before)"""
+    candidate: bool = False
+    """one of the rows the plan's table shows (per cluster size: the batches around the knee and the best)"""
+    chosen: bool = False
+    """the configuration chosen"""
+    accumulation_steps: int = Field(default=1, ge=1)
+    """k, the micro-batches of a step (plans before gradient accumulation: 1)"""
+    micro_batch: int | None = None
+    """the micro-batch b / k"""
+    epoch_time_s: float | None = None
+    """the predicted time of an epoch, seconds: its steps and its end"""
+    epoch_steps_s: float | None = None
+    """of which the steps, seconds"""
+    epoch_fixed_s: float | None = None
+    """of which the epoch's end (evaluation, checkpoint, the method's periodic work), seconds"""
+    failure_free_time_s: float | None = None
+    """spot pricing: the time of the epochs without preemptions, seconds"""
+    expected_preemptions: float | None = None
+    """spot pricing: the preemptions expected"""
+    epochs_to_accuracy: float | None = None
+    """the spec's epochs scaled by the noise scale to reach their accuracy at B0"""
+    time_to_accuracy_s: float | None = None
+    """the predicted time of those epochs, seconds"""
+    cost_to_accuracy: float | None = None
+    """the predicted cost of those epochs"""
+    reason: str | None = None
+    """why the row is what it is (infeasible, over a limit), where the planner says"""
+
+    _OMITTED_UNSET = frozenset(
+        {
+            "candidate",
+            "chosen",
+            "accumulation_steps",
+            "micro_batch",
+            "epoch_time_s",
+            "epoch_steps_s",
+            "epoch_fixed_s",
+            "failure_free_time_s",
+            "expected_preemptions",
+            "epochs_to_accuracy",
+            "time_to_accuracy_s",
+            "cost_to_accuracy",
+            "reason",
+        }
+    )
 
 
-class PlanConstraints(BaseModel):
+class PlanConstraints(_Frozen):
     """What a plan was made under (version 2): the deadline and budget (``None``: none) and
     how many configurations fit in memory and how many of those meet both."""
-
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     deadline_s: float | None = Field(default=None, gt=0)
     """the deadline, seconds (null: none)"""
@@ -356,6 +514,16 @@ class PlanRecord(_Record):
     """what the plan was made under (version 2)"""
     spot_comparison: dict | None = None
     """spot against on-demand pricing, when asked for"""
+    method: str | None = None
+    """the training method the epochs' costs are of"""
+    run_costs: dict | None = None
+    """what an epoch costs beyond its steps, as measured (tula.core.run_costs.RunCosts)"""
+    run_costs_note: str | None = None
+    """what the predicted epochs include, in words"""
+    noise_scale: NoiseScale | None = None
+    """the noise scale the to-accuracy predictions used"""
+
+    _OMITTED_UNSET = frozenset({"method", "run_costs", "run_costs_note", "noise_scale"})
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
 
@@ -366,10 +534,8 @@ class PlanRecord(_Record):
         return self
 
 
-class EpochRecord(BaseModel):
+class EpochRecord(_Frozen):
     """One line of ``metrics.jsonl``: an epoch's figures (and, for some methods, per-step traces)."""
-
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     epoch: int = Field(ge=1)
     """the epoch, from 1"""
@@ -510,9 +676,8 @@ def _kinds(expect: tuple[str, ...]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def validate_record(data: Any, source: str, expect: tuple[str, ...] | None = None) -> dict:
-    """Check ``data`` (a parsed record) against its kind's schema and return it as a plain
-    dict with defaults filled in.  ``source`` names it in the error sentence (a path)."""
+def _checked(data: Any, source: str, expect: tuple[str, ...] | None) -> _Record:
+    """``data`` (a parsed record) checked against its kind's schema, as its typed object."""
     if not isinstance(data, dict) or not isinstance(data.get("kind"), str) or not data["kind"].startswith("tula."):
         raise RecordError(
             f"{source} is not a Tula record (no 'kind' naming a Tula profile, models, plan or training run)"
@@ -523,14 +688,106 @@ def validate_record(data: Any, source: str, expect: tuple[str, ...] | None = Non
     if expect is not None and kind not in expect:
         raise RecordError(f"{source} is a {NAMES[kind]} record, but a {_kinds(expect)} record is needed here")
     try:
-        rec = SCHEMAS[kind].model_validate(data)
+        return SCHEMAS[kind].model_validate(data)
     except ValidationError as err:
         raise RecordError(f"{source} is a damaged {NAMES[kind]} record: {_first_error(err)}") from None
-    return rec.model_dump(mode="json")
+
+
+def validate_record(data: Any, source: str, expect: tuple[str, ...] | None = None) -> dict:
+    """Check ``data`` (a parsed record) against its kind's schema and return it as a plain
+    dict with defaults filled in.  ``source`` names it in the error sentence (a path).
+    :func:`parse_record` returns the typed object instead."""
+    return _checked(data, source, expect).model_dump(mode="json")  # as before the typed loaders: inf -> None
+
+
+def _kind_of(cls: type[_Record]) -> str:
+    return next(k for k, c in SCHEMAS.items() if c is cls)
+
+
+def parse_record(data: Any, cls: type[RecordT], source: str | None = None) -> RecordT:
+    """A record already in memory (a dict as a writer made it, or read from JSON) checked and
+    returned as the typed, frozen object ``cls``; an object of ``cls`` is returned as it is.
+    ``source`` names it in the error sentence (default: "the record")."""
+    if isinstance(data, cls):
+        return data
+    kind = _kind_of(cls)
+    source = source or "the record"
+    if isinstance(data, dict):  # numpy numbers and tuples as the JSON on disk would have them
+        try:
+            data = json.loads(json.dumps(data, default=_jsonable))
+        except (TypeError, ValueError) as err:
+            raise RecordError(f"{source} cannot be read as JSON ({err})") from None
+    rec = _checked(data, source, (kind,))
+    assert isinstance(rec, cls)  # SCHEMAS[kind] is cls
+    return rec
+
+
+def as_record(data: Any, cls: type[RecordT]) -> RecordT:
+    """``data`` as the typed object ``cls`` where it comes into a module that reads records: an
+    object of ``cls`` as it is; a whole record (a dict with its ``kind``) checked by
+    :func:`parse_record`; any other dict -- a record's parts only, as a caller assembles them
+    (the console's hand-made ones, a record still being filled) -- typed field by field without
+    the checks of a whole record: each given field as its type where it is one, as given where
+    not, a missing field absent (reading it raises ``AttributeError``)."""
+    if isinstance(data, cls):
+        return data
+    if isinstance(data, dict) and "kind" not in data:
+        values: dict[str, Any] = {}
+        for name, info in cls.model_fields.items():
+            if name in data:
+                try:
+                    values[name] = TypeAdapter(info.annotation or Any).validate_python(data[name])
+                except ValidationError:
+                    values[name] = data[name]
+        extra = {k: v for k, v in data.items() if k not in cls.model_fields}
+        rec = cls.model_construct(**values, **extra)
+        assert isinstance(rec, cls)
+        return rec
+    return parse_record(data, cls)
+
+
+def read_record(path: str | Path, cls: type[RecordT]) -> RecordT:
+    """Read and check the JSON record at ``path`` as the typed, frozen object ``cls`` (e.g.
+    ``read_record(p, PlanRecord)``); a record of another kind, or a damaged one, is a
+    :class:`~tula.core.errors.RecordError` naming the file (and the field)."""
+    rec = _checked(_read_json(path), repr(str(Path(path))), (_kind_of(cls),))
+    assert isinstance(rec, cls)
+    return rec
+
+
+def load_profile(path: str | Path) -> ProfileRecord:
+    """The profile record at ``path`` (``profile.json``), typed."""
+    return read_record(path, ProfileRecord)
+
+
+def load_models(path: str | Path) -> ModelsRecord:
+    """The models record at ``path`` (``models.json``), typed."""
+    return read_record(path, ModelsRecord)
+
+
+def load_plan(path: str | Path) -> PlanRecord:
+    """The plan record at ``path`` (``plan.json``; version 1 plans too), typed."""
+    return read_record(path, PlanRecord)
+
+
+def load_train(path: str | Path) -> TrainRecord:
+    """The training run record at ``path`` (``train/train.json``), typed."""
+    return read_record(path, TrainRecord)
+
+
+def load_run_manifest(path: str | Path) -> RunManifest:
+    """The run manifest at ``path`` (``run.json``), typed."""
+    return read_record(path, RunManifest)
 
 
 def load_record(path: str | Path, expect: tuple[str, ...] | None = None) -> dict:
-    """Read and check a JSON record; ``expect`` limits the kinds accepted here."""
+    """Read and check a JSON record; ``expect`` limits the kinds accepted here.  The typed
+    loaders (:func:`read_record`, :func:`load_plan`, ...) return the objects instead."""
+    return validate_record(_read_json(path), repr(str(Path(path))), expect)
+
+
+def _read_json(path: str | Path) -> Any:
+    """The parsed JSON of a record file; a missing, unreadable or malformed one is a RecordError."""
     p = Path(path)
     if p.is_dir():
         raise RecordError(f"{str(p)!r} is a directory, not a record file")
@@ -546,7 +803,7 @@ def load_record(path: str | Path, expect: tuple[str, ...] | None = None) -> dict
         raise RecordError(f"{str(p)!r} is not a JSON record Tula can read ({str(err).split(';')[0][:120]})") from None
     except OSError as err:
         raise RecordError(f"{str(p)!r} cannot be read ({err.strerror})") from None
-    return validate_record(data, repr(str(p)), expect)
+    return data
 
 
 def _jsonable(o: Any) -> Any:

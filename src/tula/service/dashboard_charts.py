@@ -13,7 +13,7 @@ import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tula.core.live_plan import goodput_per_epoch
 from tula.core.noise_scale import (
@@ -25,6 +25,9 @@ from tula.core.noise_scale import (
 )
 from tula.core.records import epoch_score
 from tula.core.say import plain
+
+if TYPE_CHECKING:
+    from tula.report import PlanChart
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
@@ -277,89 +280,86 @@ def svg_chart(
 
 
 # --------------------------------------------------------------------------- the plan's charts
-def _cluster_series(chart: dict, metric: str) -> tuple[list[dict], list[dict], list[dict]]:
+def _cluster_series(chart: PlanChart, metric: str) -> tuple[list[dict], list[dict], list[dict]]:
     """Per cluster size: the predicted line, the measured points, and (time only) the knee."""
-    unit = chart["unit"]
+    unit = chart.unit
     lines, points, vlines = [], [], []
-    for k, s in enumerate(chart["series"]):
-        col, n = COLORS[k % len(COLORS)], s["n_workers"]
+    for k, s in enumerate(chart.series):
+        col, n = COLORS[k % len(COLORS)], s.n_workers
         lines.append(
             {
-                "x": s["predicted"]["global_batch"],
-                "y": s["predicted"][metric],
+                "x": s.predicted.global_batch,
+                "y": getattr(s.predicted, metric),
                 "color": col,
                 "label": f"N={n} predicted",
             }
         )
-        m = s["measured"]
-        if m["global_batch"]:
+        m = s.measured
+        if m.global_batch:
             points.append(
                 {
-                    "x": m["global_batch"],
-                    "y": m[metric],
+                    "x": m.global_batch,
+                    "y": getattr(m, metric),
                     "color": col,
                     "label": f"N={n} measured",
                     "title": [
                         f"measured N={n}, B={b}: {t:.4g} s, {c:.4g} {unit}"
-                        for b, t, c in zip(m["global_batch"], m["total_time_s"], m["cost"])
+                        for b, t, c in zip(m.global_batch, m.total_time_s, m.cost)
                     ],
                 }
             )
-        if s["knee_batch"] and metric == "total_time_s":
-            vlines.append({"at": s["knee_batch"], "color": col, "label": f"knee of N={n}: B={s['knee_batch']}"})
+        if s.knee_batch and metric == "total_time_s":
+            vlines.append({"at": s.knee_batch, "color": col, "label": f"knee of N={n}: B={s.knee_batch}"})
     return lines, points, vlines
 
 
-def _frontier_and_choice(chart: dict, metric: str) -> list[dict]:
+def _frontier_and_choice(chart: PlanChart, metric: str) -> list[dict]:
     """The Pareto frontier's diamonds (when there is one) and the chosen configuration's star."""
-    unit, fr, c = chart["unit"], chart["frontier"], chart["choice"]
+    unit, fr, c = chart.unit, chart.frontier, chart.choice
     points = []
     if fr:
         points.append(
             {
-                "x": [f["global_batch"] for f in fr],
-                "y": [f[metric] for f in fr],
+                "x": [f.global_batch for f in fr],
+                "y": [getattr(f, metric) for f in fr],
                 "color": "#444",
                 "label": "Pareto frontier",
                 "marker": "d",
                 "title": [
-                    f"Pareto: N={f['n_workers']}, B={f['global_batch']}: {f['total_time_s']:.4g} s, "
-                    f"{f['cost']:.4g} {unit}"
+                    f"Pareto: N={f.n_workers}, B={f.global_batch}: {f.total_time_s:.4g} s, {f.cost:.4g} {unit}"
                     for f in fr
                 ],
             }
         )
     points.append(
         {
-            "x": [c["global_batch"]],
-            "y": [c[metric]],
+            "x": [c.global_batch],
+            "y": [chart.chosen_y(metric)],
             "color": "gold",
             "marker": "*",
-            "label": f"chosen: N={c['n_workers']}, B={c['global_batch']}",
-            "title": [
-                f"chosen: N={c['n_workers']}, B={c['global_batch']}: {c['total_time_s']:.4g} s, {c['cost']:.4g} {unit}"
-            ],
+            "label": f"chosen: N={c.n_workers}, B={c.global_batch}",
+            "title": [f"chosen: N={c.n_workers}, B={c.global_batch}: {c.total_time_s:.4g} s, {c.cost:.4g} {unit}"],
         }
     )
     return points
 
 
-def _limits(chart: dict, metric: str) -> list[dict]:
+def _limits(chart: PlanChart, metric: str) -> list[dict]:
     """The deadline (on the time chart) or the budget (on the cost chart), when the plan has one."""
-    if metric == "total_time_s" and chart.get("deadline_s") is not None:
-        return [{"at": chart["deadline_s"], "color": "red", "label": f"deadline {chart['deadline_s']:.4g} s"}]
-    if metric == "cost" and chart.get("budget") is not None:
-        return [{"at": chart["budget"], "color": "red", "label": f"budget {chart['budget']:.4g} {chart['unit']}"}]
+    if metric == "total_time_s" and chart.deadline_s is not None:
+        return [{"at": chart.deadline_s, "color": "red", "label": f"deadline {chart.deadline_s:.4g} s"}]
+    if metric == "cost" and chart.budget is not None:
+        return [{"at": chart.budget, "color": "red", "label": f"budget {chart.budget:.4g} {chart.unit}"}]
     return []
 
 
-def plan_charts(chart: dict) -> str:
-    """Time and cost vs global batch: predicted lines and measured points per cluster size,
-    the knees, the Pareto frontier, the constraints and the choice (a star)."""
+def plan_charts(chart: PlanChart) -> str:
+    """Time and cost vs global batch (``chart``: :func:`tula.report.plan_chart_data`): predicted lines and
+    measured points per cluster size, the knees, the Pareto frontier, the constraints and the choice (a star)."""
     html_parts = []
     for metric, label in (
-        ("total_time_s", f"training time for {chart['epochs']} epochs (s)"),
-        ("cost", f"cost ({chart['pricing']} pricing, {chart['unit']})"),
+        ("total_time_s", f"training time for {chart.epochs} epochs (s)"),
+        ("cost", f"cost ({chart.pricing} pricing, {chart.unit})"),
     ):
         lines, points, vlines = _cluster_series(chart, metric)
         points += _frontier_and_choice(chart, metric)
