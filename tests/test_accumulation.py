@@ -17,6 +17,7 @@ import yaml
 from helpers import local_launcher, train_args, tula_in_process
 
 import tula
+from tula.core.config import Config
 from tula.core.errors import SpecError
 from tula.core.job_rules import check_train_config, schedule_problem
 from tula.core.spec import spec_from_dict
@@ -177,11 +178,18 @@ def test_fewer_workers_than_asked_keep_the_batch_splittable_into_k_micro_batches
     """Pure: the nearest B to the asked one that is a multiple of N x k (k = 3: 3 x 2 = 6
     divides 252, not the 256 N alone would round to), never above the data set."""
     notes: list[dict] = []
-    assert _available(_Gives(2), 256, 3, None, notes.append, 10_000, 3) == (258, 2)
-    assert _available(_Gives(2), 256, 3, None, notes.append, 10_000, 1) == (256, 2)
-    assert _available(_Gives(3), 256, 4, None, notes.append, 10_000, 2) == (258, 3)
-    assert _available(_Gives(2), 1000, 4, None, notes.append, 999, 4) == (992, 2)
-    assert _available(_Gives(4), 256, 4, None, notes.append, 10_000, 3) == (256, 4)  # all there: unchanged
+
+    def available(have: int, global_batch: int, n_workers: int, dataset_size: int, k: int) -> tuple[int, int]:
+        wanted = Config(n_workers=n_workers, global_batch=global_batch, accumulation_steps=k)
+        there = _available(_Gives(have), wanted, schedule=None, emit=notes.append, dataset_size=dataset_size)
+        assert there.accumulation_steps == k
+        return there.global_batch, there.n_workers
+
+    assert available(2, 256, 3, 10_000, 3) == (258, 2)
+    assert available(2, 256, 3, 10_000, 1) == (256, 2)
+    assert available(3, 256, 4, 10_000, 2) == (258, 3)
+    assert available(2, 1000, 4, 999, 4) == (992, 2)
+    assert available(4, 256, 4, 10_000, 3) == (256, 4)  # all there: unchanged
     assert notes[0]["message"].endswith("going on with 2 worker(s) at global batch 258")
 
 

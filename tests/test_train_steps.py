@@ -1,16 +1,19 @@
 """The training supervisor's steps, one at a time and without a world
 (:class:`tula.engine.train.TrainSupervisor`): the resume state from a checkpoint's header,
-the first configuration of a batch schedule, a failed world mapped to a status or a sentence,
+the first configuration of a batch schedule, a failed world mapped to a message,
 the resize to the next generation, the out-of-memory fallback and the record."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
+from tula.core.config import Config
 from tula.core.errors import InfeasibleError, RunDirError, SpecError, WorkerError
 from tula.core.records import TRAIN_KIND
 from tula.core.spec import spec_from_dict
-from tula.engine.train import TrainFailed, TrainSupervisor
+from tula.engine.rank_messages import Failed, Finished, OutOfMemory, Resize
+from tula.engine.train import TrainSupervisor
 
 TRAIN_SIZE = 1000
 
@@ -46,7 +49,14 @@ def _supervisor(tmp_path, train=None, n_workers=2, global_batch=64, method="lbt"
     )
     events: list[dict] = []
     sup = TrainSupervisor(
-        spec, method, n_workers, global_batch, tmp_path, launcher or _Launcher(), events.append, TRAIN_SIZE
+        spec,
+        method,
+        n_workers=n_workers,
+        global_batch=global_batch,
+        out=tmp_path,
+        launcher=launcher or _Launcher(),
+        on_event=events.append,
+        train_size=TRAIN_SIZE,
     )
     return sup, events
 
@@ -148,14 +158,14 @@ def test_first_schedule_goes_on_with_the_workers_the_cluster_gives(tmp_path):
 
 
 # --------------------------------------------------------------------------- a failed world
-def test_a_failed_world_is_train_failed_unless_it_ran_out_of_memory(tmp_path):
+def test_a_failed_world_is_failed_unless_it_ran_out_of_memory(tmp_path):
     sup, _ = _supervisor(tmp_path)
-    with pytest.raises(TrainFailed, match="rank 1 died") as e:
-        sup.world_failed(WorkerError("rank 1 died", rank=1, cause="crash"))
-    assert e.value.rank == 1 and e.value.cause == "crash"
-    status, note, segments = sup.world_failed(WorkerError("CUDA out of memory", cause="oom"))
-    assert (status, segments) == ("oom", []) and "CUDA out of memory" in note
-    assert (sup.global_batch, sup.accum) == (64, 1)
+    failed = sup.world_failed(WorkerError("rank 1 died", rank=1, cause="crash"))
+    assert isinstance(failed, Failed) and failed.note == "rank 1 died"
+    assert failed.rank == 1 and failed.cause == "crash"
+    oom = sup.world_failed(WorkerError("CUDA out of memory", cause="oom"))
+    assert isinstance(oom, OutOfMemory) and oom.segments == [] and "CUDA out of memory" in oom.note
+    assert oom.config == Config(n_workers=2, global_batch=64, accumulation_steps=1)
 
 
 def test_add_segments_numbers_the_worlds(tmp_path):
@@ -175,8 +185,14 @@ def test_add_segments_numbers_the_worlds(tmp_path):
 def test_resize_moves_to_the_configuration_the_world_ended_for(tmp_path):
     sup, events = _supervisor(tmp_path, train=SCHEDULE, n_workers=1)
     sup.first_schedule()
-    result = {"epochs_done": 1, "next_global_batch": 128, "next_n_workers": 2, "next_accumulation_steps": 1}
-    assert sup.next_configuration(result) == (128, 2, 1)
+    result = Resize(
+        config=Config(n_workers=1, global_batch=64),
+        segments=[],
+        epochs_done=1,
+        steps_done=15,
+        next=Config(n_workers=2, global_batch=128, accumulation_steps=1),
+    )
+    assert sup.next_configuration(result) == Config(n_workers=2, global_batch=128, accumulation_steps=1)
     sup.resize(result)
     assert (sup.at_epoch, sup.global_batch, sup.n_workers, sup.accum) == (1, 128, 2, 1)
     assert events == [
@@ -194,7 +210,15 @@ def test_resize_moves_to_the_configuration_the_world_ended_for(tmp_path):
 def test_resize_with_fewer_workers_than_asked_rounds_the_batch(tmp_path):
     sup, events = _supervisor(tmp_path, train=SCHEDULE, n_workers=1, launcher=_Launcher(have=1))
     sup.first_schedule()
-    sup.resize({"epochs_done": 2, "next_global_batch": 130, "next_n_workers": 2})
+    sup.resize(
+        Resize(
+            config=Config(n_workers=1, global_batch=64),
+            segments=[],
+            epochs_done=2,
+            steps_done=30,
+            next=Config(n_workers=2, global_batch=130),
+        )
+    )
     assert (sup.global_batch, sup.n_workers, sup.accum) == (130, 1, 1)  # k stays when the world gives none
     assert [e["type"] for e in events] == ["note", "resize"]
 
@@ -238,9 +262,10 @@ def test_record_from_the_last_worlds_results(tmp_path):
     sup, _ = _supervisor(tmp_path, global_batch=128)
     sup.accum = 2
     hist = [{"epoch": 1, "test_top1": 0.5}, {"epoch": 2, "test_top1": 0.75}, {"epoch": 3}]
+    at = Config(n_workers=2, global_batch=128, accumulation_steps=2)
     ranks = [
-        {"history": hist, "steps_per_epoch": 7, "steps_done": 21, "traces": {"a": [1]}, "param_digest": "d"},
-        {"history": [], "steps_per_epoch": 7, "steps_done": 21, "traces": {}, "param_digest": "d"},
+        Finished(at, [], steps_per_epoch=7, steps_done=21, history=hist, traces={"a": [1]}, param_digest="d"),
+        Finished(at, [], steps_per_epoch=7, steps_done=21, history=[], traces={}, param_digest="d"),
     ]
     rec = sup.record(ranks)
     assert rec["kind"] == TRAIN_KIND and rec["method"] == "lbt"
@@ -249,7 +274,5 @@ def test_record_from_the_last_worlds_results(tmp_path):
     assert rec["final"] == {"epoch": 3} and rec["best_test_top1"] == 0.75
     assert rec["replicas_identical"] is True and rec["traces"] == {"a": [1]}
     assert rec["resumed_from_epoch"] is None and rec["batch_schedule"] is None and rec["generations"] == []
-    ranks[1]["param_digest"] = "e"
-    ranks[0]["history"] = []
-    rec = sup.record(ranks)
+    rec = sup.record([replace(ranks[0], history=[]), replace(ranks[1], param_digest="e")])
     assert rec["replicas_identical"] is False and rec["final"] == {} and math.isnan(rec["best_test_top1"])

@@ -18,11 +18,13 @@ Each cluster size is one launched world that runs all its trials in turn.  A tri
 
 The first world also probes the memory model (two small local batches) before its trials,
 which bounds the batches to profile.
+
+Every step here runs through :class:`tula.engine.step.TrainStep` (``train.step``'s class), the
+object training steps with: the profile times the forward, backward and update training runs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
 import signal
@@ -59,6 +61,7 @@ from tula.engine.memory import (
 )
 from tula.engine.precision import Precision, check_precision
 from tula.engine.run_trial import merge_run_trials, run_trial
+from tula.engine.step import TrainStep, step_class
 from tula.engine.workloads import build_loss, build_model, build_optimizer, check_workload, load_dataset
 
 MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
@@ -99,6 +102,8 @@ class _Worker:
         self.optimizer = build_optimizer(self.ddp.module, spec)
         self.loss_fn = build_loss(spec.train.loss, ctx.device)
         self.prec = Precision(spec.train.precision, ctx.device)  # profiled as trained
+        # the step training runs (train.step: the user's subclass), with the plain optimiser for the method's
+        self.stepper: TrainStep = step_class(spec)(self.ddp, self.loss_fn, self.prec, optimizer=self.optimizer)
         self.gen = torch.Generator().manual_seed(spec.seed * 1000 + ctx.rank)
         self.batches: Any = None  # random batches of local batch self.batches_b through the data path
         self.batches_b = 0
@@ -120,33 +125,38 @@ class _Worker:
         self.x, self.y = next(self.batches)
 
     def forward_backward(self, sync: bool = True) -> None:
-        with contextlib.nullcontext() if sync else self.ddp.no_sync():
-            with self.prec.autocast():
-                loss = self.loss_fn(self.ddp(self.x), self.y)
-            self.prec.backward(loss)
+        """The loaded batch's passes as training runs them (:meth:`TrainStep.forward_backward`)."""
+        assert self.x is not None and self.y is not None
+        self.stepper.forward_backward(self.x, self.y, sync=sync)
 
     def update(self) -> None:
-        self.prec.step(self.optimizer)
+        """The update after :meth:`forward_backward` (:meth:`TrainStep.optimizer_step`); the
+        gradients freed."""
+        assert self.x is not None and self.y is not None
+        self.stepper.optimizer_step(0, self.x, self.y)
+        self._after_step()
+
+    def _after_step(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
 
     def step(self, sync: bool = True) -> None:
-        self.forward_backward(sync)
-        self.update()
+        """One step of the loaded batch, the one training runs (:meth:`TrainStep.train_step`);
+        ``sync=False``: without gradient synchronisation."""
+        assert self.x is not None and self.y is not None
+        self.stepper.train_step((self.x, self.y), sync=sync)
+        self._after_step()
 
     def accumulated_step(self, k: int) -> None:
-        """One step of the loaded batch as ``k`` micro-batches, as training accumulates: the
-        first k - 1 backward passes under ``no_sync``, each loss divided by k."""
-        assert self.x is not None and self.y is not None
-        micro = len(self.x) // k
-        for j in range(k):
-            part = slice(j * micro, (j + 1) * micro)
-            with self.ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
-                with self.prec.autocast():
-                    loss = self.loss_fn(self.ddp(self.x[part]), self.y[part]) / k
-                self.prec.backward(loss)
-        self.update()
+        """One step of the loaded batch as ``k`` micro-batches, as training accumulates
+        (:meth:`TrainStep.forward_backward`): the first k - 1 passes under ``no_sync``, each loss
+        divided by k."""
+        self.stepper.accumulation_steps = k
+        try:
+            self.step(True)
+        finally:
+            self.stepper.accumulation_steps = 1
 
     def accumulation_trial(self, local_batch: int, k: int, timed: int) -> dict:
         """Step times of ``local_batch`` per rank as ``k`` accumulated micro-batches (a

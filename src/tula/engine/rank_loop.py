@@ -6,7 +6,7 @@ caller (:func:`tula.engine.train.train`) launches, :class:`_RankTrainer` holding
   run sees exactly the batches an uninterrupted one would;
 * before the first step at a batch size, a *probe* forward/backward under ``no_sync()``
   whose out-of-memory verdict all ranks agree on (:func:`tula.engine.ddp.probe_fits`): the world
-  then returns ``status: oom`` instead of hanging in a collective; BatchNorm statistics
+  then returns :class:`~tula.engine.rank_messages.OutOfMemory` instead of hanging in a collective; BatchNorm statistics
   are restored after the probe;
 * after each epoch: evaluation (top-1, and top-5 where there are more than 5 classes) on
   the test split, sharded over the ranks; a checkpoint with a checksum (model, method
@@ -15,14 +15,13 @@ caller (:func:`tula.engine.train.train`) launches, :class:`_RankTrainer` holding
 * a batch schedule's new batch at the same worker count: the world goes on, the method
   rebuilt at the new batch from the state just checkpointed (:func:`_restore`, what a new
   generation does with the checkpoint file), then probed; only a new worker count ends
-  the world (``status: resize``) for the caller to start the next generation;
+  the world (:class:`~tula.engine.rank_messages.Resize`) for the caller to start the next generation;
 * SIGINT/SIGTERM: the ranks agree to stop at the next step boundary (no new epoch
   starts); the last finished epoch's checkpoint is what is kept.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
@@ -35,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from tula.core.config import Config
 from tula.core.errors import SpecError, TulaError
 from tula.core.job_rules import check_train_config, state_from_spec
 from tula.core.noise_scale import NoiseScale
@@ -52,13 +52,14 @@ from tula.engine.ddp import (
     start_together,
     wrap_ddp,
 )
-from tula.engine.evaluation import evaluate
 from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
 from tula.engine.launch import WorkerContext
-from tula.engine.memory import cap_address_space, errno_evidence
+from tula.engine.memory import cap_address_space
 from tula.engine.noise_feed import _NoiseScaleFeed
 from tula.engine.optim.methods import build_method
 from tula.engine.precision import Precision
+from tula.engine.rank_messages import Finished, Interrupted, OutOfMemory, RankResult, Resize
+from tula.engine.step import TrainStep, step_class
 from tula.engine.train_checks import check_resumed_precision
 from tula.engine.workloads import Dataset, build_loss, build_model, load_dataset
 
@@ -101,6 +102,7 @@ def ddp_has_comm_hook(ddp: nn.Module) -> bool:
 
 def _restore(
     state: dict | None,
+    *,
     model: nn.Module,
     method: Any,
     gns: NoiseScale,
@@ -140,6 +142,7 @@ def _restore(
 def _probe(
     data: Dataset,
     spec: JobSpec,
+    *,
     epoch: int,
     global_batch: int,
     local_batch: int,
@@ -151,13 +154,16 @@ def _probe(
     loss_fn: Callable,
     prec: Precision | None = None,
     micro_batch: int | None = None,
+    stepper: TrainStep | None = None,
 ) -> tuple[bool, str]:
     """Can every rank run a step at this batch?  One forward/backward under ``no_sync()`` on
     the epoch's first batch -- its first micro-batch (``micro_batch`` samples of the rank's
     share) when the step accumulates, whose activations are what a step holds at once
-    (:func:`tula.engine.ddp.probe_fits`); BatchNorm statistics and the gradients are put back
-    as they were."""
+    (:func:`tula.engine.ddp.probe_fits`), through ``stepper``'s passes (the step training runs;
+    default the built-in one over ``ddp``, ``loss_fn`` and ``prec``); BatchNorm statistics and
+    the gradients are put back as they were."""
     buffers = [b.detach().clone() for b in model.buffers()]
+    passes = stepper if stepper is not None else TrainStep(ddp, loss_fn, prec or Precision("fp32", device))
 
     def probe_step() -> None:
         x, y = _local_batch(
@@ -165,10 +171,7 @@ def _probe(
         )
         if micro_batch is not None:
             x, y = x[:micro_batch], y[:micro_batch]
-        with ddp.no_sync():
-            with prec.autocast() if prec is not None else contextlib.nullcontext():
-                loss = loss_fn(ddp(x), y)
-            loss.backward()
+        passes.forward_backward(x, y, sync=False, accumulation_steps=1)
 
     fits, note = probe_fits(probe_step, device, rank, ddp)
     method.optimizer.zero_grad(set_to_none=True)
@@ -228,6 +231,11 @@ class _RankTrainer:
         self.ddp: Any = wrap_ddp(self.model, self.device)
         self.loss_fn = build_loss(spec.train.loss, self.device)
         self.prec = Precision(spec.train.precision, self.device)
+        # the step the profile timed (train.step: the user's subclass), with the method from start_at on
+        self.stepper: TrainStep = step_class(spec)(
+            self.ddp, self.loss_fn, self.prec, accumulation_steps=accumulation_steps
+        )
+        self.stepper.on_gradients = self._on_gradients
         self.skipped_steps = 0  # fp16: this epoch's steps whose gradients overflowed
         self.gns = NoiseScale()
         self.own_norms: LocalGradNorms | None = None
@@ -245,6 +253,8 @@ class _RankTrainer:
         self.micro_batch = self.local_batch // self.accum  # b: the samples of one forward/backward
         self.n_steps = steps_per_epoch(self.data.train_size, global_batch)
         self.method = build_method(self.method_name, self.ddp, self.spec, global_batch, self.world, self.n_steps)
+        self.stepper.ddp, self.stepper.accumulation_steps = self.ddp, self.accum  # change_batch may renew both
+        self.stepper.use_method(self.method)
         if (
             self.own_norms is None
             and self.spec.train.noise_scale
@@ -256,69 +266,65 @@ class _RankTrainer:
             self.ddp.register_comm_hook(self.own_norms, local_norms_allreduce_hook)
         self.gns_feed = _NoiseScaleFeed(self.gns, self.own_norms, self.world)
         self.start_epoch, self.steps_done, self.history, self.sched_state, self.lr_mult = _restore(
-            state, self.model, self.method, self.gns, self.n_steps, self.spec, global_batch, self.schedule
+            state,
+            model=self.model,
+            method=self.method,
+            gns=self.gns,
+            n_steps=self.n_steps,
+            spec=self.spec,
+            global_batch=global_batch,
+            schedule=self.schedule,
         )
         if state is not None:
             self.prec.load_state_dict(state.get("precision"))  # fp16: the scaler's scale and counters
         self.report_every = max(1, self.n_steps // 25)
 
-    def result(self, status: str, **extra: Any) -> dict:
-        """What the world returns: this batch's figures, the segments so far, and ``extra``."""
-        return {
-            "global_batch": self.global_batch,
-            "local_batch": self.local_batch,
-            "accumulation_steps": self.accum,
-            "micro_batch": self.micro_batch,
-            "n_workers": self.world,
-            "steps_per_epoch": self.n_steps,
-            "start_epoch": self.start_epoch,
-            "status": status,
-            **extra,
-            "segments": self.segments,
-        }
-
-    def resized(self, epoch: int, nxt: tuple[int, int, int]) -> dict:
-        """The world ends after ``epoch`` for the next generation at ``nxt`` = (B, N, k)."""
-        return self.result(
-            "resize",
-            epochs_done=epoch + 1,
-            steps_done=self.steps_done,
-            next_global_batch=nxt[0],
-            next_n_workers=nxt[1],
-            next_accumulation_steps=nxt[2],
+    def resized(self, epoch: int, nxt: Config) -> Resize:
+        """The world ends after ``epoch`` for the next generation at ``nxt``."""
+        return Resize(
+            config=self.now(), segments=self.segments, epochs_done=epoch + 1, steps_done=self.steps_done, next=nxt
         )
 
-    def finished(self) -> dict:
+    def interrupted(self, epochs_done: int, steps_done: int, signum: int | None) -> Interrupted:
+        """The world ends because the ranks agreed to stop after ``epochs_done`` epochs."""
+        return Interrupted(
+            config=self.now(), segments=self.segments, epochs_done=epochs_done, steps_done=steps_done, signum=signum
+        )
+
+    def finished(self) -> Finished:
         if len(self.segments) > 1:
             self.segments[-1]["wall_s"] = time.perf_counter() - self.segment_t0
-        return self.result(
-            "ok",
-            history=self.history,
+        return Finished(
+            config=self.now(),
+            segments=self.segments,
+            steps_per_epoch=self.n_steps,
             steps_done=self.steps_done,
+            history=self.history,
             traces=self.method.traces() if self.rank == 0 else {},
             param_digest=param_digest(self.model),
         )
 
-    def probe(self) -> dict | None:
-        """The agreed out-of-memory probe at this batch: ``status: oom`` when it does not fit,
-        else ``None`` and a new segment begins."""
+    def probe(self) -> OutOfMemory | None:
+        """The agreed out-of-memory probe at this batch: :class:`OutOfMemory` when it does not
+        fit, else ``None`` and a new segment begins."""
         fits, note = _probe(
             self.data,
             self.spec,
-            self.start_epoch,
-            self.global_batch,
-            self.local_batch,
-            self.rank,
-            self.device,
-            self.model,
-            self.ddp,
-            self.method,
-            self.loss_fn,
-            self.prec,
-            self.micro_batch if self.accum > 1 else None,
+            epoch=self.start_epoch,
+            global_batch=self.global_batch,
+            local_batch=self.local_batch,
+            rank=self.rank,
+            device=self.device,
+            model=self.model,
+            ddp=self.ddp,
+            method=self.method,
+            loss_fn=self.loss_fn,
+            prec=self.prec,
+            micro_batch=self.micro_batch if self.accum > 1 else None,
+            stepper=self.stepper,
         )
         if not fits:
-            return self.result("oom", note=note)
+            return OutOfMemory(config=self.now(), segments=self.segments, note=note)
         self.segments.append(
             {
                 "global_batch": self.global_batch,
@@ -331,7 +337,7 @@ class _RankTrainer:
         return None
 
     # ------------------------------------------------------------------ one epoch
-    def run_epoch(self, epoch: int) -> tuple[torch.Tensor, float] | dict:
+    def run_epoch(self, epoch: int) -> tuple[torch.Tensor, float] | Interrupted:
         """The epoch's steps: ``(loss sum on the device, seconds)``, or the interrupted
         result when the ranks agreed to stop at a step.
 
@@ -342,7 +348,8 @@ class _RankTrainer:
         mean over the share, as at k = 1.  What follows the backward -- unscaling, the
         method's ``after_backward`` (on the whole share: AGS's small batch is its first
         samples), the noise scale (the comm hook sees the accumulated gradient of the share,
-        so its local batch is B / N), the update -- is the same for every k."""
+        so its local batch is B / N), the update -- is the same for every k.  The steps are
+        :meth:`tula.engine.step.TrainStep.run_epoch`'s (``train.step``'s class), as the profile ran them."""
         spec, ctx = self.spec, self.ctx
         perm = epoch_order(spec.seed, epoch, self.data.train_size)
         batches = data_path(self.data, self.device).epoch_batches(
@@ -353,67 +360,33 @@ class _RankTrainer:
         # rank 0's write of the previous epoch's checkpoint (its checkpoint_s) into this epoch's first step
         start_together(self.device)
         t0 = self.epoch_t0 = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # on device: no host sync per step
         stop = ctx.stop
-        for i in range(self.n_steps):
-            if stop is not None and stop.poll():  # every rank sees the same answer at the same step
-                return self.result("interrupted", epochs_done=epoch, steps_done=self.steps_done - i, signal=stop.signum)
-            x, y = next(batches)  # this rank's slice of global batch i (DataLoader workers for on-disk sets)
-            loss_sum += self.train_step(epoch * self.n_steps + i, x, y).double()
-            if self.rank == 0 and (i + 1) % self.report_every == 0:
-                ctx.emit({"type": "step", "epoch": epoch, "step": i + 1, "steps_per_epoch": self.n_steps})
+
+        def progress(done: int) -> None:
+            if self.rank == 0 and done % self.report_every == 0:
+                ctx.emit({"type": "step", "epoch": epoch, "step": done, "steps_per_epoch": self.n_steps})
+
+        ran = self.stepper.run_epoch(  # this rank's slice of each global batch (DataLoader workers for on-disk sets)
+            batches,
+            self.n_steps,
+            first_step=epoch * self.n_steps,
+            should_stop=stop.poll if stop is not None else None,  # every rank sees the same answer at the same step
+            after_step=progress,
+        )
+        if ran.stopped:
+            return self.interrupted(epochs_done=epoch, steps_done=self.steps_done, signum=getattr(stop, "signum", None))
+        self.steps_done += ran.steps
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return loss_sum, time.perf_counter() - t0
+        return ran.loss_sum, time.perf_counter() - t0
 
-    def train_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimiser step of the method on this rank's share ``x``, ``y``, as the
-        ``step``-th of the run (the method's periodic work, AGS's factor measurement, is due
-        by it): the step training runs and the profile's run trial times
-        (:func:`tula.engine.run_trial.run_trial`).  The step's loss, detached, on the device.
-
-        A failure carries the C errno it surfaced with (:func:`~tula.engine.memory.errno_evidence`):
-        under an address-space cap that is how the launcher tells out-of-memory from a crash."""
-        with errno_evidence():
-            return self._step(step, x, y)
-
-    def _step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        method = self.method
-        method.optimizer.zero_grad(set_to_none=True)
-        loss = self._forward_backward(x, y)
-        self.prec.unscale(method.optimizer)  # fp16: every reader of the gradients sees them unscaled
-        finite = self.prec.grads_finite(method.optimizer)  # fp16: a step that overflowed is skipped
+    def _on_gradients(self, finite: bool) -> None:
+        """Between a step's backward and its update (:attr:`TrainStep.on_gradients`): the fp16
+        steps skipped, the gradient noise scale's pair."""
         self.skipped_steps += not finite
-        if finite:
-            method.loss_scale = self.prec.loss_scale()
-            with self.prec.autocast():  # AGS's small batch in the same arithmetic as the large one
-                method.after_backward(step, x, y, self.loss_fn)
         if self.spec.train.noise_scale:
-            self.gns_feed.step(method, self.params, self.local_batch, self.global_batch,
+            self.gns_feed.step(self.method, self.params, self.local_batch, self.global_batch,
                                loss_scale=self.prec.loss_scale(), skip=not finite)  # fmt: skip
-        self.prec.step(method.optimizer)
-        method.lr_schedule.step()
-        self.steps_done += 1
-        return loss
-
-    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The step's backward pass(es) over the share ``x``, ``y`` (:meth:`run_epoch`); the
-        step's loss (the mean of its micro-batches' losses), detached."""
-        k, b = self.accum, self.micro_batch
-        if k == 1:
-            with self.prec.autocast():
-                loss = self.loss_fn(self.ddp(x), y)
-            self.prec.backward(loss)
-            return loss.detach()
-        total = torch.zeros((), device=self.device)
-        for j in range(k):
-            # the forward too under no_sync: DDP decides at the forward whether the backward syncs
-            with self.ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
-                with self.prec.autocast():
-                    loss = self.loss_fn(self.ddp(x[j * b : (j + 1) * b]), y[j * b : (j + 1) * b]) / k
-                self.prec.backward(loss)
-            total += loss.detach().float()
-        return total
 
     def epoch_record(self, epoch: int, loss_sum: torch.Tensor, epoch_s: float) -> tuple[dict, dict]:
         """The epoch's line of ``metrics.jsonl`` (loss and time agreed over the ranks, the
@@ -425,17 +398,10 @@ class _RankTrainer:
         dist.all_reduce(loss_total)
         dist.all_reduce(slowest_s, op=dist.ReduceOp.MAX)
         t_eval = time.perf_counter()
-        with self.prec.autocast():  # the test split in the training arithmetic
-            scores = evaluate(
-                self.model,
-                self.data,
-                self.rank,
-                self.world,
-                self.spec.train.eval_batch,
-                self.device,
-                self.spec.train.loss,
-                self.loss_fn,
-            )
+        # the test split in the training arithmetic (train.step's class may override it)
+        scores = self.stepper.evaluate(
+            self.data, self.rank, self.world, self.spec.train.eval_batch, self.spec.train.loss
+        )
         eval_s = time.perf_counter() - t_eval
         rec = {
             "epoch": epoch + 1,
@@ -462,25 +428,26 @@ class _RankTrainer:
         self.history.append(rec)
         return rec, step_traces
 
-    def now(self) -> tuple[int, int, int]:
-        """The configuration it trains at: (B, N, k)."""
-        return self.global_batch, self.world, self.accum
+    def now(self) -> Config:
+        """The configuration it trains at."""
+        return Config(n_workers=self.world, global_batch=self.global_batch, accumulation_steps=self.accum)
 
-    def decide(self, epoch: int, rec: dict) -> tuple[int, int, int]:
-        """The batch schedule's (B, N, k) for the next epoch (the same on every rank: the
+    def decide(self, epoch: int, rec: dict) -> Config:
+        """The batch schedule's configuration for the next epoch (the same on every rank: the
         history is all-reduced); an LR change at the same batch is applied here."""
         if not self.schedule:
             return self.now()
         assert self.sched_state is not None, "_restore gives a run with a schedule the schedule's state"
         d = next_config(self.sched_state, epoch + 1, self.history, self.schedule["caps"])
-        self.sched_state, nxt = d.state, (d.global_batch, d.n_workers, d.accumulation_steps)
+        self.sched_state = d.state
+        nxt = Config(n_workers=d.n_workers, global_batch=d.global_batch, accumulation_steps=d.accumulation_steps)
         rec["schedule"] = d.record()
         if nxt == self.now() and d.lr_multiplier != self.lr_mult:
             self.method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * self.n_steps)
         self.lr_mult = d.lr_multiplier
         return nxt
 
-    def checkpoint_state(self, epoch: int, nxt: tuple[int, int, int]) -> dict:
+    def checkpoint_state(self, epoch: int, nxt: Config) -> dict:
         return {
             "epoch": epoch + 1,
             "steps_done": self.steps_done,
@@ -495,9 +462,9 @@ class _RankTrainer:
             "torch_rng": torch.get_rng_state(),
             "schedule_state": self.sched_state,
             "lr_multiplier": self.lr_mult,
-            "next_global_batch": nxt[0],
-            "next_n_workers": nxt[1],
-            "next_accumulation_steps": nxt[2],
+            "next_global_batch": nxt.global_batch,
+            "next_n_workers": nxt.n_workers,
+            "next_accumulation_steps": nxt.accumulation_steps,
             "noise_scale": self.gns.state_dict(),
             "precision": self.prec.state_dict(),
         }
@@ -518,16 +485,18 @@ class _RankTrainer:
         self.ctx.emit({"type": "epoch", **rec})
 
     # ------------------------------------------------------------------ a new batch, same workers
-    def change_batch(self, epoch: int, new_batch: int, new_k: int, ckpt: dict) -> dict | None:
+    def change_batch(self, epoch: int, new_batch: int, new_k: int, ckpt: dict) -> OutOfMemory | Resize | None:
         """Go on in this world at ``new_batch`` with ``new_k`` accumulation steps: the method
         again at the new batch, from the state just checkpointed (``ckpt``), as a new
         generation would take it from the file; then the probe.  ``None`` when training goes
-        on; else the result that ends the world (``oom`` at the new batch, or ``resize`` when
-        the wrapper cannot be renewed)."""
+        on; else the result that ends the world (:class:`OutOfMemory` at the new batch, or
+        :class:`Resize` when the wrapper cannot be renewed)."""
         t_change = time.perf_counter()
-        resize = self.resized(epoch, (new_batch, self.world, new_k))
+        resize = self.resized(epoch, Config(n_workers=self.world, global_batch=new_batch, accumulation_steps=new_k))
         self.method.release()
         self.method = None
+        self.stepper.use_method(None)
+        self.stepper.ddp = None  # the step holds no wrapper the renewal must free (start_at gives it the new one)
         if self.own_norms is None and ddp_has_comm_hook(self.ddp):  # the method's own hook is on the wrapper
             held = [self.ddp]
             self.ddp = None
@@ -569,30 +538,32 @@ class _RankTrainer:
 def train_world(
     ctx: WorkerContext,
     spec_dict: dict,
+    *,
     method_name: str,
-    global_batch: int,
+    config: Config,
     out_dir: str,
     fallbacks: list[dict],
     mem_cap_bytes: int | None = None,
     reach_token: str | None = None,
     schedule: dict | None = None,
-    accumulation_steps: int | None = None,
-) -> dict:
-    """Run on every rank: train ``spec.epochs`` epochs at ``global_batch`` with ``method_name``,
-    resuming from the checkpoint in ``out_dir`` when there is one.  Returns ``{"status":
-    "ok", ...}`` with the history and the method's trace summary, ``{"status": "oom", ...}``
-    when the ranks agreed that the first step at a batch does not fit, ``{"status":
-    "interrupted", ...}`` when they agreed to stop (SIGINT/SIGTERM), or ``{"status":
-    "resize", ...}`` when the batch schedule (``schedule``: its state, LR multiplier and
-    :class:`~tula.core.schedules.Caps`) chose another worker count at an epoch boundary: this
-    world ends there, its checkpoint written, and the caller starts the next generation.
+) -> RankResult:
+    """Run on every rank: train ``spec.epochs`` epochs at ``config`` with ``method_name``,
+    resuming from the checkpoint in ``out_dir`` when there is one.  Returns
+    (:mod:`tula.engine.rank_messages`) :class:`~tula.engine.rank_messages.Finished` with the
+    history and the method's trace summary, :class:`~tula.engine.rank_messages.OutOfMemory`
+    when the ranks agreed that the first step at a batch does not fit,
+    :class:`~tula.engine.rank_messages.Interrupted` when they agreed to stop (SIGINT/SIGTERM),
+    or :class:`~tula.engine.rank_messages.Resize` when the batch schedule (``schedule``: its
+    state, LR multiplier and :class:`~tula.core.schedules.Caps`) chose another worker count at
+    an epoch boundary: this world ends there, its checkpoint written, and the caller starts
+    the next generation.  ``config.n_workers`` is the world's size.
 
     A new batch at the same worker count goes on in this world: after the epoch's
     checkpoint is written, the method is built again at the new batch and takes the state
     just checkpointed through :func:`_restore`, as a new generation would take it from the
     file (same process group, same DDP model -- a new DDP wrapper of the same module only
     for a method with its own comm hook, AdaScale and post-local SGD), then the new batch
-    is probed; an out-of-memory there returns ``status: oom`` as at the start of a world.
+    is probed; an out-of-memory there returns ``OutOfMemory`` as at the start of a world.
     The parameters then equal a new generation's bit for bit with two workers; with more,
     the first all-reduce after the change sums in the kept wrapper's (rebuilt) bucket
     order where a new generation's sums in DDP's first order, which can differ in the last
@@ -600,30 +571,25 @@ def train_world(
     Every result carries ``segments``: one ``{global_batch, n_workers, from_epoch,
     wall_s}`` per batch this world trained at (``wall_s`` of an in-world change: from the
     change to the segment's end; the first segment's is left to the caller).
-    ``accumulation_steps``: the k each step runs with (:meth:`_RankTrainer.run_epoch`;
-    default the spec's ``train.accumulation_steps``), which the caller may have raised
-    after an out-of-memory."""
+    ``config.accumulation_steps``: the k each step runs with (:meth:`_RankTrainer.run_epoch`),
+    which the caller may have raised after an out-of-memory."""
     spec = JobSpec.model_validate(spec_dict)
     if reach_token is not None:
         check_shared_directory(out_dir, reach_token, ctx.rank, ctx.device)
-    k = spec.train.accumulation_steps if accumulation_steps is None else accumulation_steps
-    rt = _RankTrainer(ctx, spec, method_name, out_dir, fallbacks, schedule, k)
+    rt = _RankTrainer(ctx, spec, method_name, out_dir, fallbacks, schedule, config.accumulation_steps)
     try:
-        return _train_in_world(rt, ctx, spec, method_name, global_batch, out_dir, mem_cap_bytes)
+        return _train_in_world(
+            rt, method_name=method_name, global_batch=config.global_batch, out_dir=out_dir, mem_cap_bytes=mem_cap_bytes
+        )
     finally:
         rt.data.close()  # the prefetching thread and the loader's workers, whichever way the world ends
 
 
 def _train_in_world(
-    rt: _RankTrainer,
-    ctx: WorkerContext,
-    spec: JobSpec,
-    method_name: str,
-    global_batch: int,
-    out_dir: str,
-    mem_cap_bytes: int | None,
-) -> dict:
+    rt: _RankTrainer, *, method_name: str, global_batch: int, out_dir: str, mem_cap_bytes: int | None
+) -> Finished | Resize | OutOfMemory | Interrupted:
     """:func:`train_world`'s epochs, on this rank's trainer ``rt``."""
+    ctx, spec = rt.ctx, rt.spec
     state = None
     if has_checkpoint(rt.out):
         state = load_checkpoint(rt.out, map_location=ctx.device)
@@ -648,16 +614,16 @@ def _train_in_world(
     stop = ctx.stop
     for epoch in range(rt.start_epoch, spec.epochs):
         ran = rt.run_epoch(epoch)
-        if isinstance(ran, dict):  # interrupted at a step
+        if isinstance(ran, Interrupted):  # interrupted at a step
             return ran
         rec, step_traces = rt.epoch_record(epoch, *ran)
         nxt = rt.decide(epoch, rec)
         change = nxt != rt.now() and epoch + 1 < spec.epochs
-        in_world = change and nxt[1] == rt.world
+        in_world = change and nxt.n_workers == rt.world
         ckpt = rt.checkpoint_state(epoch, nxt) if rt.rank == 0 or in_world else None
         rt.write_epoch(ckpt, rec, step_traces)
         if stop is not None and epoch + 1 < spec.epochs and stop.agree():  # no new epoch starts
-            return rt.result("interrupted", epochs_done=epoch + 1, steps_done=rt.steps_done, signal=stop.signum)
+            return rt.interrupted(epochs_done=epoch + 1, steps_done=rt.steps_done, signum=stop.signum)
         if not change:
             continue
         if len(rt.segments) > 1:  # the wall time of an in-world segment ends here
@@ -665,11 +631,13 @@ def _train_in_world(
         if not in_world:  # another worker count: the next generation's world
             return rt.resized(epoch, nxt)
         try:  # what the caller checks before a new generation (it says why when this fails)
-            check_train_config(spec, method_name, rt.world, nxt[0], rt.data.train_size, nxt[2])
+            check_train_config(
+                spec, method_name, rt.world, nxt.global_batch, rt.data.train_size, nxt.accumulation_steps
+            )
         except TulaError:
             return rt.resized(epoch, nxt)
         assert ckpt is not None  # every rank keeps it for an in-world change
-        ended = rt.change_batch(epoch, nxt[0], nxt[2], ckpt)
+        ended = rt.change_batch(epoch, nxt.global_batch, nxt.accumulation_steps, ckpt)
         del ckpt
         if ended is not None:
             return ended

@@ -5,10 +5,11 @@ The profile times plain DDP steps.  ``tula train`` runs the method's step (AGS's
 periodic factor measurement, LARS's trust ratios, AdaScale's gain, ...) and, after every
 epoch, evaluates, reduces the epoch's figures, flushes the noise scale and writes a
 checkpoint and a metrics line.  A run trial, at the end of each profiled world, builds the
-real trainer (:class:`tula.engine.rank_loop._RankTrainer`, the job's ``train.method``) at one
-configuration the world already ran, and times:
+real trainer (:class:`tula.engine.rank_loop._RankTrainer`, the job's ``train.method``; its
+epoch's end and checkpoint are timed too) at one configuration the world already ran, and times:
 
-* its steps (:meth:`~tula.engine.rank_loop._RankTrainer.train_step`, the step training runs),
+* its steps (:meth:`tula.engine.step.TrainStep.train_step` with the method, the step training
+  runs; the plain steps beside them are the same class's without a method),
   one by one after warm-up, each beside one of the profile's plain steps, so the method's
   extra per step is a difference of two medians measured side by side; the steps at which
   the method's periodic work falls due (``update_every``) are told apart from the others;
@@ -40,6 +41,7 @@ from tula.engine.checkpoint import save_checkpoint
 from tula.engine.data import data_path
 from tula.engine.ddp import agree_max
 from tula.engine.launch import WorkerContext
+from tula.engine.memory import errno_evidence
 
 MAX_STEPS = 60  # timed pairs of steps of a run trial at most
 MIN_STEPS = 8  # and at least: the extra is a difference of two medians
@@ -66,15 +68,16 @@ class _SideBySide:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
 
     def step(self, index: int) -> float:
-        """One step as the training loop runs it (_RankTrainer.run_epoch): the ranks' stop
-        check (its answer is the profile's to act on, at its next trial boundary), the
-        batch, the method's step, the loss summed on the device."""
+        """One step as the training loop runs it (:meth:`tula.engine.step.TrainStep.run_epoch`):
+        the ranks' stop check (its answer is the profile's to act on, at its next trial
+        boundary), the batch, the method's step, the loss summed on the device."""
         ctx = self.ctx
         t0 = time.perf_counter()
         if ctx.stop is not None:
             ctx.stop.poll()
-        x, y = next(self.batches)
-        self.loss_sum += self.rt.train_step(index, x, y).double()
+        batch = next(self.batches)
+        with errno_evidence():
+            self.loss_sum += self.rt.stepper.train_step(batch, index).double()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         return time.perf_counter() - t0
@@ -88,10 +91,7 @@ class _SideBySide:
 def _time_epoch_end(ctx: WorkerContext, spec: JobSpec, rt: Any, loss_sum: torch.Tensor, train_s: float) -> tuple:
     """One epoch's end, as training runs it (evaluation once first: its shapes' first run):
     ``(eval_s, epoch_end_s)``."""
-    from tula.engine.evaluation import evaluate
-
-    with rt.prec.autocast():
-        evaluate(rt.model, rt.data, rt.rank, rt.world, spec.train.eval_batch, ctx.device, spec.train.loss, rt.loss_fn)
+    rt.stepper.evaluate(rt.data, rt.rank, rt.world, spec.train.eval_batch, spec.train.loss)
     if ctx.stop is not None:
         ctx.stop.drain()  # the last step's stop check, before the epoch end's collectives
     t0 = time.perf_counter()

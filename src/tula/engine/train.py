@@ -16,25 +16,30 @@ kept, the interrupted epoch is re-run whole, none is lost or repeated.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+from tula.core.config import Config
 from tula.core.errors import InfeasibleError, Interrupted, RunDirError, SpecError, WorkerError
 from tula.core.job_rules import caps_from_spec, check_train_config, smallest_batch_for, state_from_spec
 from tula.core.records import TRAIN_KIND, VERSIONS, read_jsonl
 from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-exported)
 from tula.core.spec import JobSpec
-from tula.engine import interrupts
+from tula.engine import interrupts, rank_messages
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, has_checkpoint
 from tula.engine.evaluation import evaluate  # noqa: F401 (re-exported)
 from tula.engine.launch import Launcher
 from tula.engine.metrics_sinks import EpochSinks
 from tula.engine.rank_loop import METRICS, STEP_TRACES, train_world  # noqa: F401 (re-exported)
+from tula.engine.rank_messages import Failed, Finished, OutOfMemory, RankResult, Resize
 from tula.engine.rundir import check_out_dir, locked
 from tula.engine.train_checks import (  # noqa: F401 (re-exported)
     _check_before_any_world,
@@ -77,21 +82,22 @@ def step_traces(metrics_path: Path) -> dict[str, list]:
 
 def _available(
     launcher: Launcher,
-    global_batch: int,
-    n_workers: int,
+    wanted: Config,
+    *,
     schedule: dict | None,
     emit: Callable[[dict], None],
     dataset_size: int,
-    accumulation_steps: int = 1,
-) -> tuple[int, int]:
-    """The generation's (B, N) with the workers the launcher can provide: when the cluster gives
-    fewer within its wait, the run goes on with as many as there are (the schedule's worker
-    cap is lowered to that) and says so.  The new B is the nearest to the old one that
-    splits into ``accumulation_steps`` equal micro-batches on each of them."""
+) -> Config:
+    """The generation's configuration ``wanted`` with the workers the launcher can provide: when
+    the cluster gives fewer within its wait, the run goes on with as many as there are (the
+    schedule's worker cap is lowered to that) and says so.  The new B is the nearest to the
+    old one that splits into ``wanted.accumulation_steps`` equal micro-batches on each of
+    them; k stays."""
+    global_batch, n_workers = wanted.global_batch, wanted.n_workers
     got = launcher.provide(n_workers) if hasattr(launcher, "provide") else n_workers
     if got >= n_workers:
-        return global_batch, n_workers
-    unit = got * accumulation_steps  # B = N x k x b
+        return wanted
+    unit = got * wanted.accumulation_steps  # B = N x k x b
     fewer = max(unit, round(global_batch / unit) * unit)  # the nearest batch that splits over them
     if fewer > dataset_size:
         fewer = dataset_size // unit * unit
@@ -105,7 +111,7 @@ def _available(
     if schedule is not None:
         caps = schedule["caps"]
         schedule["caps"] = replace(caps, max_workers=got, min_workers=min(caps.min_workers, got))
-    return fewer, got
+    return replace(wanted, n_workers=got, global_batch=fewer)
 
 
 def _segments_from_history(epochs: list[dict]) -> list[dict]:
@@ -132,6 +138,30 @@ def _segments_from_history(epochs: list[dict]) -> list[dict]:
     return segments
 
 
+_RANK_MESSAGES = (Finished, Resize, OutOfMemory, rank_messages.Interrupted)
+
+
+def _rank_results(got: list[Any], n_workers: int) -> list[RankResult]:
+    """The ranks' messages, checked: one per rank, each a message a rank returns
+    (:func:`train_world`), all of one kind (the ranks agree on how a world ends).  Else one
+    :class:`~tula.engine.rank_messages.Failed` that says what came back instead."""
+    if len(got) != n_workers:
+        return [Failed(f"the {n_workers}-worker world returned {len(got)} result(s), not one per worker")]
+    for rank, value in enumerate(got):
+        if not isinstance(value, _RANK_MESSAGES):
+            what = "no result" if value is None else f"a {type(value).__name__}, not a rank's message"
+            return [Failed(f"worker rank {rank} of the {n_workers}-worker world returned {what}", rank=rank)]
+        if type(value) is not type(got[0]):
+            return [
+                Failed(
+                    f"worker rank {rank} ended its world with {type(value).__name__} where rank 0 ended it with "
+                    f"{type(got[0]).__name__}",
+                    rank=rank,
+                )
+            ]
+    return list(got)
+
+
 def _interrupted(signum: int | None, epochs_done: int, epochs: int, out: Path) -> Interrupted:
     import signal as _signal
 
@@ -150,6 +180,7 @@ def train(
     n_workers: int,
     global_batch: int,
     out_dir: str | Path,
+    *,
     resume: bool = False,
     launcher: Launcher | None = None,
     on_event: Callable[[dict], None] | None = None,
@@ -192,17 +223,28 @@ def train(
     ``train.workers: {rule: plan}`` needs: at each batch change the worker count the models
     rank best (:class:`tula.core.live_plan.WorkerPlan`); each decision's ranking is in the
     epoch's ``schedule`` line."""
-    if launcher is None:
-        from tula.engine.launch.clusters import open_launcher
+    with contextlib.ExitStack() as stack:
+        if launcher is None:
+            from tula.engine.launch.clusters import open_launcher
 
-        with open_launcher(spec, n_workers=n_workers) as opened:
-            return _train(spec, method, n_workers, global_batch, out_dir, resume, opened, on_event, models)
-    return _train(spec, method, n_workers, global_batch, out_dir, resume, launcher, on_event, models)
+            launcher = stack.enter_context(open_launcher(spec, n_workers=n_workers))
+        return _train(
+            spec,
+            method,
+            n_workers=n_workers,
+            global_batch=global_batch,
+            out_dir=out_dir,
+            resume=resume,
+            launcher=launcher,
+            on_event=on_event,
+            models=models,
+        )
 
 
 def _train(
     spec: JobSpec,
     method: str,
+    *,
     n_workers: int,
     global_batch: int,
     out_dir: str | Path,
@@ -216,7 +258,17 @@ def _train(
     _, data = check_workload(spec)
     # the one hook of the metrics sinks (train.loggers): every finished epoch's event, in this process only
     sinks = EpochSinks(spec, method, out, resume, on_event)
-    run = TrainSupervisor(spec, method, n_workers, global_batch, out, launcher, sinks, data.train_size, models)
+    run = TrainSupervisor(
+        spec,
+        method,
+        n_workers=n_workers,
+        global_batch=global_batch,
+        out=out,
+        launcher=launcher,
+        on_event=sinks,
+        train_size=data.train_size,
+        models=models,
+    )
     with interrupts.graceful_signals(), locked(out), sinks:
         record = run.run(resume)
         late = interrupts.requested()
@@ -231,17 +283,19 @@ class TrainSupervisor:
 
     Its steps are methods, each testable without a world: :meth:`resume_from` (the state a
     checkpoint's header gives), :meth:`first_schedule` (epoch 0's configuration under a
-    batch schedule), :meth:`generation` (one world run, its failure mapped to a status or a
-    sentence), :meth:`resize` (the next generation's configuration:
+    batch schedule), :meth:`generation` (one world run: the ranks' messages,
+    :mod:`tula.engine.rank_messages`, or its failure mapped to one by :meth:`world_failed`),
+    :meth:`resize` (the next generation's configuration:
     :meth:`next_configuration`), :meth:`fall_back` (the configuration after an
-    out-of-memory) and :meth:`record` (the run's ``train.json``).  Between them the
-    configuration the next world starts at is ``global_batch``, ``n_workers`` and
-    ``accum`` (k)."""
+    out-of-memory) and :meth:`record` (the run's ``train.json``), chosen by :meth:`dispatch`
+    on the type of the world's message.  Between them the configuration the next world
+    starts at is ``global_batch``, ``n_workers`` and ``accum`` (k): :meth:`config`."""
 
     def __init__(
         self,
         spec: JobSpec,
         method: str,
+        *,
         n_workers: int,
         global_batch: int,
         out: Path,
@@ -269,7 +323,8 @@ class TrainSupervisor:
     # ------------------------------------------------------------------ the whole run
     def run(self, resume: bool) -> dict:
         """Train: the resume state, the first configuration, then generations until one
-        finishes (``ok``), each ended by a resize or an out-of-memory starting the next."""
+        finishes (:class:`~tula.engine.rank_messages.Finished`), each ended by a resize or an
+        out-of-memory starting the next; the world's end dispatched on rank 0's message."""
         self.resume_state(resume)
         for message in self.notes:
             self.emit({"type": "note", "message": message})
@@ -281,18 +336,27 @@ class TrainSupervisor:
         self.t0 = time.perf_counter()
         self.at_epoch = self.resumed_from_epoch or 0
         while True:
-            status, note, res = self.generation()
-            if status == "ok":
-                assert res is not None
-                return self.record(res)
-            if status == "interrupted":
-                assert res is not None
-                raise _interrupted(res[0].get("signal"), res[0]["epochs_done"], self.spec.epochs, self.out)
-            if status == "resize":  # the next generation: a new world of its own size, on a fresh port
-                assert res is not None
-                self.resize(res[0])
-                continue
-            self.fall_back(note)
+            record = self.dispatch(self.generation())
+            if record is not None:
+                return record
+
+    def dispatch(self, results: list[RankResult]) -> dict | None:
+        """What a world's end (``results``: :meth:`generation`'s, dispatched on rank 0's
+        message) means for the run: the record when it finished (:meth:`record`), ``None`` when
+        a next generation follows (:meth:`resize`, :meth:`fall_back`); a stop raises
+        :class:`~tula.core.errors.Interrupted`, a failure :class:`TrainFailed`."""
+        match results[0]:
+            case Finished():
+                return self.record([r for r in results if isinstance(r, Finished)])
+            case rank_messages.Interrupted(signum=signum, epochs_done=epochs_done):
+                raise _interrupted(signum, epochs_done, self.spec.epochs, self.out)
+            case Resize() as resize:  # the next generation: a new world of its own size, on a fresh port
+                self.resize(resize)
+            case OutOfMemory(note=note):
+                self.fall_back(note)
+            case Failed(note=note, rank=rank, details=details, cause=cause):
+                raise TrainFailed(note, rank=rank, details=details, cause=cause)
+        return None
 
     # ------------------------------------------------------------------ before the first world
     def resume_state(self, resume: bool) -> None:
@@ -357,20 +421,25 @@ class TrainSupervisor:
             self.schedule = {"state": d.state, "lr_multiplier": d.lr_multiplier, "caps": caps}
         else:  # the state and LR multiplier come from the checkpoint
             self.schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
-        self.global_batch, self.n_workers = _available(
-            self.launcher, self.global_batch, self.n_workers, self.schedule, self.emit, self.train_size, self.accum
+        there = _available(
+            self.launcher, self.config(), schedule=self.schedule, emit=self.emit, dataset_size=self.train_size
         )
+        self.global_batch, self.n_workers = there.global_batch, there.n_workers
 
     # ------------------------------------------------------------------ one generation
     def epochs_kept(self) -> int:
         """The last finished epoch: the checkpoint's (0 without one)."""
         return checkpoint_meta(self.out)["epoch"] if has_checkpoint(self.out) else 0
 
-    def generation(self) -> tuple[str, str, list[dict] | None]:
-        """One world at the current configuration (:func:`train_world` on every rank):
-        ``(status, note, the ranks' results)`` -- ``ok``, ``interrupted``, ``resize`` or
-        ``oom``; a failed world is mapped by :meth:`world_failed` (results ``None``).  The
-        batches it trained at join ``generations``."""
+    def config(self) -> Config:
+        """The configuration the next world starts at."""
+        return Config(n_workers=self.n_workers, global_batch=self.global_batch, accumulation_steps=self.accum)
+
+    def generation(self) -> list[RankResult]:
+        """One world at the current configuration (:func:`train_world` on every rank): the
+        ranks' messages in rank order, all of one kind (:func:`_rank_results`), or one message
+        for a world that gave none (:meth:`world_failed`).  The batches it trained at join
+        ``generations``; the configuration becomes the one the world ended at."""
         if interrupts.requested():
             kept = self.epochs_kept() if has_checkpoint(self.out) else (self.resumed_from_epoch or 0)
             raise _interrupted(None, kept, self.spec.epochs, self.out)
@@ -387,58 +456,59 @@ class TrainSupervisor:
         )
         started = time.perf_counter()
         cap = self.spec.search.memory_budget_bytes if self.spec.search.enforce_memory_cap else None
-        res: list[dict] | None = None
+        world = partial(
+            train_world,
+            spec_dict=self.spec.to_dict(),
+            method_name=self.method,
+            config=self.config(),
+            out_dir=str(self.out),
+            fallbacks=self.fallbacks,
+            mem_cap_bytes=cap,
+            reach_token=uuid.uuid4().hex,
+            schedule=self.schedule,
+        )
+        results: list[RankResult]
         try:
-            res = self.launcher.run(
-                train_world,
-                self.n_workers,
-                self.spec.to_dict(),
-                self.method,
-                self.global_batch,
-                str(self.out),
-                self.fallbacks,
-                cap,
-                uuid.uuid4().hex,
-                self.schedule,
-                self.accum,
-                on_event=lambda rank, ev: self.emit(ev),
-                timeout_s=None,
-            )
-            status, note, segments = res[0]["status"], res[0].get("note", ""), res[0]["segments"]
-            # the batch the world was at when it ended (a batch change inside it moves it)
-            self.global_batch, self.accum = res[0]["global_batch"], res[0]["accumulation_steps"]
+            got = self.launcher.run(world, self.n_workers, on_event=lambda rank, ev: self.emit(ev), timeout_s=None)
+            results = _rank_results(got, self.n_workers)
         except WorkerError as err:
-            status, note, segments = self.world_failed(err)
+            results = [self.world_failed(err)]
         except Interrupted as err:  # stopped before it began (its launcher's world gate: waiting for workers)
             kept = self.epochs_kept() if has_checkpoint(self.out) else (self.resumed_from_epoch or 0)
             raise _interrupted(err.signum, kept, self.spec.epochs, self.out) from None
-        self.add_segments(segments, started)
-        return status, note, res
+        ended = results[0]
+        if not isinstance(ended, Failed):
+            self.add_segments(ended.segments, started)
+            # the batch the world was at when it ended (a batch change inside it moves it)
+            self.global_batch, self.accum = ended.config.global_batch, ended.config.accumulation_steps
+        return results
 
-    def world_failed(self, err: WorkerError) -> tuple[str, str, list[dict]]:
-        """A world that failed: an interruption raises :class:`~tula.core.errors.Interrupted`,
-        any cause but out-of-memory :class:`TrainFailed` (saying which epochs are kept); an
-        out-of-memory is ``("oom", note, segments)``, the segments from the epochs it
-        checkpointed, and the configuration the one it went on at after them."""
+    def world_failed(self, err: WorkerError) -> RankResult:
+        """A world that failed, as the message its ranks could not send: an interruption is
+        :class:`~tula.engine.rank_messages.Interrupted`, any cause but out-of-memory
+        :class:`~tula.engine.rank_messages.Failed` (its sentence saying which epochs are kept);
+        an out-of-memory is :class:`~tula.engine.rank_messages.OutOfMemory` with the segments
+        from the epochs it checkpointed, at the configuration it went on at after them."""
         meta = checkpoint_meta(self.out) if has_checkpoint(self.out) else None
         done = meta["epoch"] if meta else 0
         if err.cause == "interrupted" or interrupts.requested():
-            raise _interrupted(None, done, self.spec.epochs, self.out) from None
+            steps_done = meta["steps_done"] if meta else 0
+            return rank_messages.Interrupted(
+                config=self.config(), segments=[], epochs_done=done, steps_done=steps_done, signum=None
+            )
         if err.cause != "oom":
-            raise TrainFailed(
-                f"{err}; the {done} epoch(s) finished before it are kept in {self.out / CHECKPOINT}"
-                if done
-                else str(err),
-                rank=err.rank,
-                details=err.details,
-                cause=err.cause,
-            ) from None
+            kept = f"; the {done} epoch(s) finished before it are kept in {self.out / CHECKPOINT}" if done else ""
+            return Failed(f"{err}{kept}", rank=err.rank, cause=err.cause, details=err.details)
         segments = _segments_from_history(meta["history"][self.at_epoch : done] if meta else [])
+        config = self.config()
         if segments and meta is not None and meta.get("next_n_workers") == self.n_workers:
             # it went on at the next batch
-            self.global_batch = meta.get("next_global_batch") or self.global_batch
-            self.accum = meta.get("next_accumulation_steps") or self.accum
-        return "oom", str(err), segments
+            config = Config(
+                n_workers=self.n_workers,
+                global_batch=meta.get("next_global_batch") or self.global_batch,
+                accumulation_steps=meta.get("next_accumulation_steps") or self.accum,
+            )
+        return OutOfMemory(config=config, segments=segments, note=str(err))
 
     def add_segments(self, segments: list[dict], started: float) -> None:
         """A world's segments (one per batch it trained at) join ``generations`` under the
@@ -453,21 +523,25 @@ class TrainSupervisor:
         self.generations.extend({**g, "world": world_no, "new_world": k == 0} for k, g in enumerate(segments))
 
     # ------------------------------------------------------------------ between generations
-    def next_configuration(self, result: dict) -> tuple[int, int, int]:
-        """The next generation's ``(global batch, workers, accumulation steps)`` after a world
-        that ended for a resize (``result``: its rank 0's): the one the batch schedule chose.
-        The place for a rule that chooses the worker count at a batch change."""
-        return result["next_global_batch"], result["next_n_workers"], result.get("next_accumulation_steps", self.accum)
+    def next_configuration(self, result: Resize) -> Config:
+        """The next generation's configuration after a world that ended for a resize
+        (``result``: its rank 0's): the one the batch schedule chose.  The place for a rule
+        that chooses the worker count at a batch change."""
+        return result.next
 
-    def resize(self, result: dict) -> None:
+    def resize(self, result: Resize) -> None:
         """Move to the next generation after a world that ended for a resize: its
         configuration (:meth:`next_configuration`), with the workers the launcher can
         provide (:func:`_available`), checked, and said in a ``resize`` event."""
-        self.at_epoch = result["epochs_done"]
-        global_batch, n_workers, self.accum = self.next_configuration(result)
-        self.global_batch, self.n_workers = _available(
-            self.launcher, global_batch, n_workers, self.schedule, self.emit, self.train_size, self.accum
+        self.at_epoch = result.epochs_done
+        there = _available(
+            self.launcher,
+            self.next_configuration(result),
+            schedule=self.schedule,
+            emit=self.emit,
+            dataset_size=self.train_size,
         )
+        self.global_batch, self.n_workers, self.accum = there.global_batch, there.n_workers, there.accumulation_steps
         check_train_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
         log.info(
             "after epoch %d: a new world of %d worker(s) at B=%d", self.at_epoch, self.n_workers, self.global_batch
@@ -525,11 +599,12 @@ class TrainSupervisor:
         self.global_batch, self.accum = smaller, new_k
 
     # ------------------------------------------------------------------ the record
-    def record(self, res: list[dict]) -> dict:
-        """The run's record (``train.json``) from the last world's results ``res`` (one per
-        rank): the configuration it ended at, the history, the fallbacks, the generations."""
+    def record(self, res: list[Finished]) -> dict:
+        """The run's record (``train.json``) from the last world's messages ``res`` (one per
+        rank): the configuration it ended at, the history, the fallbacks, the generations --
+        the messages turned into JSON's values here, and nowhere else."""
         rank0 = res[0]
-        hist = rank0["history"]
+        hist = rank0.history
         spec = self.spec
         return {
             "kind": TRAIN_KIND,
@@ -542,16 +617,16 @@ class TrainSupervisor:
             "local_batch": self.global_batch // self.n_workers,
             "accumulation_steps": self.accum,
             "micro_batch": self.global_batch // self.n_workers // self.accum,
-            "steps_per_epoch": rank0["steps_per_epoch"],
+            "steps_per_epoch": rank0.steps_per_epoch,
             "epochs": spec.epochs,
-            "steps_done": rank0["steps_done"],
+            "steps_done": rank0.steps_done,
             "resumed_from_epoch": self.resumed_from_epoch,
             "fallbacks": self.fallbacks,
             "history": hist,
             "final": hist[-1] if hist else {},
             "best_test_top1": max((h["test_top1"] for h in hist if "test_top1" in h), default=math.nan),
-            "replicas_identical": len({r["param_digest"] for r in res}) == 1,
-            "traces": {**rank0["traces"], **step_traces(self.out / METRICS)},
+            "replicas_identical": len({r.param_digest for r in res}) == 1,
+            "traces": {**rank0.traces, **step_traces(self.out / METRICS)},
             "train_s": time.perf_counter() - self.t0,
             "device": self.device,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
