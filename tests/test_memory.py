@@ -237,6 +237,29 @@ def test_failure_cause_from_the_exception_type():
     assert failure_cause(RuntimeError("shape mismatch"), memory_capped=True) is None
 
 
+def test_a_memory_error_in_a_future_callback_is_out_of_memory_under_a_cap_only():
+    """torch re-raises a Python exception from a future's callback (a communication hook's, on
+    gloo's thread) as a RuntimeError naming it: the text torch itself makes here is evidence
+    under a cap, a crash without one, and another exception type in it is a crash either way."""
+    from tula.engine.memory import clear_errno
+
+    def raised_in_callback(exc: BaseException) -> RuntimeError:
+        def callback(_fut):
+            raise exc
+
+        fut: torch.futures.Future = torch.futures.Future()
+        then = fut.then(callback)
+        fut.set_result(None)
+        with pytest.raises(RuntimeError) as caught:
+            then.wait()
+        return caught.value
+
+    clear_errno()
+    assert failure_cause(raised_in_callback(MemoryError("no room")), memory_capped=True) == "oom"
+    assert failure_cause(raised_in_callback(MemoryError("no room")), memory_capped=False) is None
+    assert failure_cause(raised_in_callback(ValueError("MemoryError")), memory_capped=True) is None
+
+
 def _in_fresh_process(code: str) -> dict:
     """Run ``code`` in a new interpreter (a cap must never reach the test process); it
     prints a JSON object as its last line."""
