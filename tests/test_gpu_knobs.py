@@ -97,6 +97,18 @@ def test_each_knob_that_changes_the_step_changes_the_key_and_a_profile_gives_the
         assert (every not in seen) if device == "cuda" else (every == only_layout)
 
 
+def test_a_user_step_class_changes_the_key_on_every_device():
+    """train.step names the step the profile times: another class, another model (no step: the key as before)."""
+    for device in ("cpu", "cuda"):
+        facts = _facts(device)
+        base = model_key(key_parts_for_new_job(_BASE, facts, 2))
+        spec = _with(step="user_steps:CountingStep")
+        parts = key_parts_for_new_job(spec, facts, 2)
+        assert parts["step"] == "user_steps:CountingStep" and model_key(parts) != base
+        profile = {"device": device, "facts": facts, "sample_shape": [1, 8, 8], "threads_per_worker": 2}
+        assert model_key_parts(spec, profile) == parts
+
+
 # --------------------------------------------------------------------------- in a rank
 def _switches() -> tuple[bool, bool, bool]:
     return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark

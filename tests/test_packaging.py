@@ -26,7 +26,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-EXAMPLES = ["digits", "mnist1d"]
+EXAMPLES = ["digits", "mnist1d", "tiny_gpt"]
 
 
 def _pyproject() -> dict:
@@ -94,7 +94,7 @@ def test_an_unknown_example_is_one_sentence_naming_the_known_ones(tmp_path):
     for call in (examples.path, examples.summary, examples.copy):
         with pytest.raises(SpecError) as e:
             call("cifar")
-        assert str(e.value) == "no example 'cifar'; the examples are: digits, mnist1d."
+        assert str(e.value) == "no example 'cifar'; the examples are: digits, mnist1d, tiny_gpt."
     assert list(tmp_path.iterdir()) == []
 
 
@@ -228,7 +228,7 @@ def test_the_wheel_in_a_fresh_venv_outside_the_checkout_runs_the_demo(fresh_venv
     assert (work / "digits.yaml").read_text() == examples.path("digits").read_text()
 
     r = run(tula, "examples", "copy", "cifar")
-    assert_refused(r, "no example 'cifar'; the examples are: digits, mnist1d.")
+    assert_refused(r, "no example 'cifar'; the examples are: digits, mnist1d, tiny_gpt.")
 
     out = tmp_path / "out"
     r = run(tula, "run", "--example", "digits", "--epochs", "1", "--out", str(out), timeout=900)

@@ -370,6 +370,11 @@ def test_a_queued_job_is_cancelled_at_once_and_a_running_one_at_its_next_step(se
             "spec field 'data.path' is '/tmp/x.npz', not",
         ),
         ({"spec": {"model": {"name": "pickle:/tmp/f.pkl"}}}, 422, "spec field 'model.name' is a pickled factory"),
+        (
+            {"spec": {"train": {"step": "user_steps:CountingStep"}}},
+            422,
+            "spec field 'train.step' imports 'user_steps', which is not on this service's import allow-list",
+        ),
         ({"spec": {"epochs": 100000}}, 422, "spec field 'epochs' is 100000, above this service's limit of 500"),
         ({"spec": {}, "search": "most"}, 422, "field 'search' is 'most'"),
         ({"spec": {}, "colour": "red"}, 422, "unknown field 'colour' in the submission"),

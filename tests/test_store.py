@@ -674,6 +674,7 @@ def test_sample_shapes_known_without_loading_agree_with_the_loaders(tmp_path):
     for data in (
         {"name": "digits"},
         {"name": "mnist1d", "num_samples": 200},
+        {"name": "text", "sequence_length": 24, "num_samples": 50},
         {"name": "synthetic", "sample_shape": [2, 5], "num_samples": 16},
         {"name": "imagefolder", "root": str(tmp_path), "image_size": 16, "loader_workers": 0},
         {"name": "imagefolder", "root": str(tmp_path), "loader_workers": 0},

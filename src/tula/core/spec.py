@@ -233,7 +233,9 @@ class DataSpec(_Strict):
     """The training data.
 
     ``digits`` (scikit-learn, 1x8x8), ``mnist1d`` (MNIST-1D, 1x40, regenerated locally by
-    the ``mnist1d`` package: ``num_samples`` of them), ``synthetic`` (random tensors of ``sample_shape``),
+    the ``mnist1d`` package: ``num_samples`` of them), ``text`` (``num_samples`` sequences of
+    ``sequence_length`` characters of Python's own standard-library sources, each with the next
+    character of every position as its targets: the built-in ``tiny_gpt``'s data), ``synthetic`` (random tensors of ``sample_shape``),
     torchvision sets read from a local ``root`` (``mnist``, ``fashionmnist``, ``cifar10``,
     ``cifar100``), ``imagefolder`` (a local folder of class sub-folders) and ``arrays`` (the
     user's own arrays: a ``.npz`` file at ``path`` holding ``x`` and ``y``, and optionally
@@ -259,6 +261,7 @@ class DataSpec(_Strict):
     name: Literal[
         "digits",
         "mnist1d",
+        "text",
         "synthetic",
         "mnist",
         "fashionmnist",
@@ -280,13 +283,15 @@ class DataSpec(_Strict):
     sample_shape: tuple[int, ...] = (3, 32, 32)
     """synthetic: the shape of one sample (channels, height, width)"""
     num_samples: int = Field(default=4096, ge=1)
-    """synthetic, mnist1d: how many samples are generated"""
+    """synthetic, mnist1d, text: how many samples (text: sequences) are generated"""
+    sequence_length: int = Field(default=64, ge=1)
+    """text: the characters (tokens) of one sample"""
     num_classes: int = Field(default=10, ge=2)
     """synthetic: the number of classes of its random labels"""
     image_size: int | None = Field(default=None, ge=1, description="resize imagefolder images to this square size")
     test_fraction: float = Field(default=0.2, gt=0, lt=1)
     """the share of the samples held out as the test split, drawn with the seed (digits, mnist1d,
-    synthetic, imagefolder, and arrays without x_test)"""
+    text, synthetic, imagefolder, and arrays without x_test)"""
     augment: bool = Field(
         default=False,
         description="sets read from disk: random crop (padding 4) and horizontal flip of the training split",
@@ -734,6 +739,10 @@ class TrainSpec(_Strict):
         "(output, target), or a factory of no arguments returning one; test loss per epoch, and top-1 "
         "when the targets are integer labels of the output's dimension 1)",
     )
+    step: str | None = None
+    """your own training step: an import path 'package.module:MyStep' of a subclass of
+    tula.engine.step.TrainStep (overriding train_step, run_epoch or evaluate), used by both the profile and
+    training; default the built-in TrainStep"""
     n_workers: int | None = Field(
         default=None,
         ge=1,
@@ -819,6 +828,13 @@ class TrainSpec(_Strict):
         raise ValueError(
             f"{v[:80]!r} is not a loss; use {' or '.join(LOSS_NAMES)}, or an import path 'package.module:loss'"
         )
+
+    @field_validator("step")
+    @classmethod
+    def _step_path(cls, v: str | None) -> str | None:
+        if v is None or is_import_path(v):
+            return v
+        raise ValueError(f"{v[:80]!r} is not an import path; give the step class as 'package.module:MyStep'")
 
     @model_validator(mode="after")
     def _schedule_needs(self) -> TrainSpec:
@@ -917,12 +933,15 @@ def training_world(spec: JobSpec, n_workers: int) -> int:
 def in_memory_data_bytes(data: DataSpec) -> int | None:
     """The bytes the data set described by ``data`` holds in memory once generated -- float32
     samples and int64 labels (``synthetic``: ``num_samples`` x ``sample_shape``; ``mnist1d``:
-    ``num_samples`` x 40; ``digits``: 1797 x 64) -- or ``None`` for the sets read from disk or
+    ``num_samples`` x 40; ``digits``: 1797 x 64; ``text``: int64 inputs and targets of
+    ``sequence_length`` each) -- or ``None`` for the sets read from disk or
     made by the user's code, whose size the spec does not say."""
     if data.name == "synthetic":
         n, values = data.num_samples, math.prod(data.sample_shape)
     elif data.name == "mnist1d":
         n, values = data.num_samples, 40
+    elif data.name == "text":
+        return data.num_samples * data.sequence_length * 2 * 8
     elif data.name in _GENERATED_SETS:
         n, values = _GENERATED_SETS[data.name]
     else:

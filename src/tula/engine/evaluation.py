@@ -1,7 +1,9 @@
 """Evaluation on the test split, sharded over a world's ranks: the mean loss and the score
 (top-1, and top-5 with more than 5 classes; R^2 for ``mse``; the user's own loss and, where the
 targets are class labels, its top-1), all-reduced.  The trainer evaluates after every epoch
-(:meth:`tula.engine.rank_loop._RankTrainer.epoch_record`); the run trial times it."""
+(:meth:`tula.engine.rank_loop._RankTrainer.epoch_record`) through its step object
+(:meth:`tula.engine.step.TrainStep.evaluate`, which a ``train.step`` subclass may override); the
+run trial times it."""
 
 from __future__ import annotations
 
@@ -41,15 +43,15 @@ def evaluate(
     was_training = model.training
     model.eval()
     k5 = data.num_classes > 5
-    sums = torch.zeros(4, dtype=torch.float64)  # samples, loss, top1, top5
+    sums = torch.zeros(4, dtype=torch.float64)  # labels (samples, or tokens of (n, C, L) outputs), loss, top1, top5
     for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):  # samples rank, rank + world, ...
         out = model(x)
-        sums[0] += len(y)
+        sums[0] += y.numel()
         sums[1] += float(nn.functional.cross_entropy(out, y, reduction="sum"))
         top = out.topk(5 if k5 else 1, dim=1).indices
         sums[2] += float((top[:, 0] == y).sum())
         if k5:
-            sums[3] += float((top == y[:, None]).any(dim=1).sum())
+            sums[3] += float((top == y.unsqueeze(1)).any(dim=1).sum())
     model.train(was_training)
     sums = _summed_over_ranks(sums, device)
     n = float(sums[0]) if sums[0] > 0 else math.nan

@@ -32,8 +32,10 @@ from tula.core.registry import LOSS_NAMES, OPTIMIZER_NAMES
 from tula.core.say import first_line, fmt_bytes
 from tula.core.spec import DataSpec, JobSpec, ModelSpec, import_ref, in_memory_data_bytes
 from tula.engine.data import MEAN_STD, Dataset, SampleView
+from tula.engine.data_cache import data_cache_dir
 from tula.engine.gpu_knobs import channels_last_problem, to_memory_format
 from tula.engine.memory import is_out_of_memory
+from tula.engine.tiny_gpt import TinyGPT
 
 
 # --------------------------------------------------------------------------- models
@@ -96,7 +98,12 @@ def mlp(in_features: int = 64, hidden: int = 256, num_classes: int = 10) -> nn.M
     )
 
 
-BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"small_cnn": SmallCNN, "small_cnn1d": SmallCNN1d, "mlp": mlp}
+BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {
+    "small_cnn": SmallCNN,
+    "small_cnn1d": SmallCNN1d,
+    "mlp": mlp,
+    "tiny_gpt": TinyGPT,
+}
 
 
 #: prefix of a model name that is a pickled factory: ``pickle:/path/to/factory.pkl``
@@ -193,15 +200,6 @@ def _digits(spec: DataSpec, seed: int) -> Dataset:
 _MNIST1D_KEYS = ("x", "y", "x_test", "y_test")
 
 
-def data_cache_dir() -> Path:
-    """Where generated data sets are kept between worlds and runs: ``$TULA_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/tula``, else ``~/.cache/tula``."""
-    if os.environ.get("TULA_CACHE_DIR"):
-        return Path(os.environ["TULA_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tula"
-
-
 def _read_cached(path: Path) -> dict[str, np.ndarray] | None:
     """The arrays of a cache file, or None where it is missing or cannot be read whole."""
     try:
@@ -264,6 +262,18 @@ def _mnist1d(spec: DataSpec, seed: int) -> Dataset:
     tr = torch.utils.data.TensorDataset(*tensors(d["x"], d["y"]))
     te = torch.utils.data.TensorDataset(*tensors(d["x_test"], d["y_test"]))
     return Dataset("mnist1d", tr, te, (1, d["x"].shape[1]), 10)
+
+
+def _text(spec: DataSpec, seed: int) -> Dataset:
+    """Characters of Python's own standard-library sources, for next-character prediction
+    (:func:`tula.engine.text_data.text_datasets`): ``num_samples`` sequences of ``sequence_length``."""
+    from tula.engine.text_data import text_datasets
+
+    try:
+        sets = text_datasets(spec.sequence_length, spec.num_samples, spec.test_fraction, seed)
+    except ValueError as err:
+        raise WorkloadError(f"data set 'text': {err}") from None
+    return Dataset("text", sets["train"], sets["test"], (spec.sequence_length,), sets["num_classes"])
 
 
 def _synthetic(spec: DataSpec, seed: int) -> Dataset:
@@ -404,6 +414,24 @@ def import_path(path: str, field: str) -> Any:
         raise WorkloadError(
             f"{field} {path!r} cannot be imported: module {mod_name!r} has no attribute {attr!r}"
         ) from None
+
+
+#: the class a ``train.step`` must derive from (:class:`tula.engine.step.TrainStep`), by name: that module imports this one
+STEP_BASE = ("tula.engine.step", "TrainStep")
+
+
+def import_step_class(path: str | None) -> type | None:
+    """The class ``train.step`` names (``None``: the built-in one); one sentence when it cannot be
+    imported or is not a subclass of :class:`tula.engine.step.TrainStep`."""
+    if path is None:
+        return None
+    obj = import_path(path, "train.step")
+    if not isinstance(obj, type) or not any((c.__module__, c.__qualname__) == STEP_BASE for c in obj.__mro__):
+        raise WorkloadError(
+            f"train.step {path!r} is not a subclass of tula.engine.step.TrainStep (it is "
+            f"{'the class ' + obj.__qualname__ if isinstance(obj, type) else 'an object of type ' + type(obj).__name__})"
+        )
+    return obj
 
 
 def send_to_ranks(obj: Any, path: Path) -> str:
@@ -567,6 +595,7 @@ def load_dataset(spec: DataSpec, seed: int = 0, memory_budget_bytes: int | None 
         "factory": _from_factory,
         "digits": _digits,
         "mnist1d": _mnist1d,
+        "text": _text,
         "synthetic": _synthetic,
         "imagefolder": _imagefolder,
         "arrays": _arrays,
@@ -617,6 +646,7 @@ def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
     _check_loss_value(spec.train.loss, loss_fn, out, y)
     if spec.optimizer.name not in OPTIMIZER_NAMES:
         build_optimizer(model, spec)  # the user's factory: one sentence here if it fails
+    import_step_class(spec.train.step)  # the user's step class: one sentence here if it is not one
     return model, data
 
 
@@ -646,13 +676,9 @@ def _check_builtin_loss(spec: JobSpec, data: Dataset, out: Any, y: torch.Tensor)
             f"the targets of data set {data.name!r} are floats (regression), but train.loss is "
             "'cross_entropy'; use train.loss 'mse'"
         )
-    if isinstance(out, torch.Tensor) and out.ndim > 2 and y.ndim == out.ndim - 1:
-        raise WorkloadError(
-            f"model {spec.model.name!r} gives class scores per element (outputs of shape {tuple(out.shape)}), "
-            "which train.loss 'cross_entropy' does not score; give train.loss as 'torch.nn:CrossEntropyLoss' "
-            "(test loss and per-element top-1)"
-        )
-    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] < data.num_classes:
+    # class scores per element (a sequence's tokens: outputs (n, C, L), targets (n, L)) are scored per element
+    per_element = isinstance(out, torch.Tensor) and out.ndim > 2 and tuple(out.shape[2:]) == tuple(y.shape[1:])
+    if not isinstance(out, torch.Tensor) or (out.ndim != 2 and not per_element) or out.shape[1] < data.num_classes:
         raise WorkloadError(
             f"model {spec.model.name!r} gives outputs of shape {_shape(out)}, but "
             f"{data.name} has {data.num_classes or 'integer-labelled'} classes; set model.kwargs.num_classes"

@@ -8,7 +8,7 @@ Examples
 --------
 >>> from tula import examples
 >>> examples.names()
-['digits', 'mnist1d']
+['digits', 'mnist1d', 'tiny_gpt']
 >>> examples.summary("digits")  # doctest: +ELLIPSIS
 "A small CNN on scikit-learn's digits ..."
 >>> examples.copy("digits")  # doctest: +SKIP

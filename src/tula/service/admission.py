@@ -97,16 +97,17 @@ def admit(spec_data: Any, settings: ServiceSettings) -> JobSpec:
             f"service's limit of {fmt_bytes(settings.max_data_bytes)} (TULA_MAX_DATA_BYTES); use fewer or smaller samples"
         )
     name = spec.model.name
-    # the user's code: a model factory, a data factory, a loss -- imported only from allowed modules
+    # the user's code: a model factory, a data factory, a loss, a step class -- imported only from allowed modules
     imports = {
         "model.name": name,
         "data.factory": spec.data.factory,
         "train.loss": spec.train.loss,
+        "train.step": spec.train.step,
         "optimizer.name": spec.optimizer.name,
     }
     for field, path in imports.items():
         if path is not None and path.startswith("pickle:"):
-            what = "object" if field == "train.loss" else "factory"
+            what = {"train.loss": "object", "train.step": "class"}.get(field, "factory")
             raise SpecError(
                 f"spec field {field!r} is a pickled {what}, which runs code when it is loaded; the "
                 "service accepts Tula's built-ins, torchvision names and import paths on its allow-list"

@@ -33,6 +33,7 @@ What is in the key, and why:
   compute time scales with it.  On a GPU it hardly matters and is left out.
 - ``precision``, only when not fp32: the arithmetic of the steps measured.
 - ``channels_last``, only when set: the memory format of the model and its inputs (any device).
+- ``step``, only when set (``train.step``): the user's own step class, which the profile times.
 - ``tf32`` (when given, true or false: left out it is torch's defaults) and ``cudnn_benchmark``
   (when true), only on CUDA: they choose other CUDA kernels; on a CPU they change nothing, so
   they stay out of a CPU key.  Left out when off, these knobs
@@ -56,11 +57,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from tula.core.errors import RecordError
+from tula.core.records import ProfileRecord
 from tula.core.registry import cluster_kind
-from tula.core.spec import spec_from_dict
+from tula.core.spec import DataSpec, JobSpec, spec_from_dict
 
 #: bump when the parts change meaning, so old keys never match new ones
 KEY_VERSION = 1
@@ -80,19 +85,22 @@ _FIXED_SHAPES = {
 }
 
 
-def sample_shape(data: dict) -> list[int]:
-    """The shape of one sample of the data set ``data`` (a checked data spec as a dict) without
+def sample_shape(data: dict | DataSpec) -> list[int]:
+    """The shape of one sample of the data set ``data`` (a checked data spec, or one as a dict) without
     loading it: fixed per set, the spec's ``sample_shape`` for ``synthetic``, and
-    3 x ``image_size`` x ``image_size`` (default 64) for ``imagefolder`` (images are read as RGB)."""
-    name = data["name"]
-    if name == "synthetic":
-        return [int(d) for d in data["sample_shape"]]
-    if name == "imagefolder":
-        size = data.get("image_size") or 64
+    3 x ``image_size`` x ``image_size`` (default 64) for ``imagefolder`` (images are read as RGB), and
+    ``sequence_length`` for ``text``."""
+    d = data if isinstance(data, DataSpec) else DataSpec.model_validate(data)
+    if d.name == "synthetic":
+        return [int(n) for n in d.sample_shape]
+    if d.name == "imagefolder":
+        size = d.image_size or 64
         return [3, int(size), int(size)]
-    if name not in _FIXED_SHAPES:
-        raise ValueError(f"unknown data set {name!r}")
-    return list(_FIXED_SHAPES[name])
+    if d.name == "text":
+        return [int(d.sequence_length)]
+    if d.name not in _FIXED_SHAPES:
+        raise ValueError(f"unknown data set {d.name!r}")
+    return list(_FIXED_SHAPES[d.name])
 
 
 def _cluster(where: str) -> str:
@@ -100,72 +108,91 @@ def _cluster(where: str) -> str:
     return "single-host" if cluster_kind(where).on_this_host else where
 
 
-def _parts(spec: dict, *, device: str, facts: dict, shape: list[int], threads: int | None) -> dict:
-    job = spec_from_dict(spec).to_dict()  # every default filled in, by the spec's own rules
-    data, opt, cluster = job["data"], job["optimizer"], job["cluster"]
-    data_part: dict[str, Any] = {"name": data["name"], "sample_shape": [int(d) for d in shape]}
-    if data["name"] in DISK_SETS:
-        data_part.update(loader_workers=data["loader_workers"], augment=data["augment"])
-    if data["name"] == "factory":  # the user's sets: which ones, and how many loader workers read them
-        data_part.update(factory=data["factory"], kwargs=data["kwargs"], loader_workers=data["loader_workers"])
-    if data["prefetch"] != "auto":  # the input path a step waits for (default keys unchanged)
-        data_part["prefetch"] = data["prefetch"]
-    if device == "cuda" and data["device_resident_share"] != 0.25 and data["name"] not in DISK_SETS + ("factory",):
-        data_part["device_resident_share"] = data["device_resident_share"]  # resident or not: memory and time
-    opt_part: dict[str, Any] = {"name": opt["name"]}
-    if opt["name"] == "sgd":
-        opt_part["momentum_buffer"] = opt["momentum"] > 0  # torch's SGD keeps no state without momentum
+def _json(value: Any) -> Any:
+    """A spec's free-form value (a kwargs mapping) as its JSON form, as ``JobSpec.to_dict`` gives it."""
+    return TypeAdapter(Any).dump_python(value, mode="json")
+
+
+def _parts(spec: dict | JobSpec, *, device: str, facts: dict, shape: list[int], threads: int | None) -> dict:
+    job = spec if isinstance(spec, JobSpec) else spec_from_dict(spec)  # every default filled in, by the spec's rules
+    data, opt, knobs = job.data, job.optimizer, job.train
+    data_part: dict[str, Any] = {"name": data.name, "sample_shape": [int(d) for d in shape]}
+    if data.name in DISK_SETS:
+        data_part.update(loader_workers=data.loader_workers, augment=data.augment)
+    if data.name == "factory":  # the user's sets: which ones, and how many loader workers read them
+        data_part.update(factory=data.factory, kwargs=_json(data.kwargs), loader_workers=data.loader_workers)
+    if data.prefetch != "auto":  # the input path a step waits for (default keys unchanged)
+        data_part["prefetch"] = data.prefetch
+    if device == "cuda" and data.device_resident_share != 0.25 and data.name not in DISK_SETS + ("factory",):
+        data_part["device_resident_share"] = data.device_resident_share  # resident or not: memory and time
+    opt_part: dict[str, Any] = {"name": opt.name}
+    if opt.name == "sgd":
+        opt_part["momentum_buffer"] = opt.momentum > 0  # torch's SGD keeps no state without momentum
     if device == "cuda":
         hardware = {"gpu": facts.get("gpu"), "cores": facts.get("cores")}
     else:
         hardware = {"cpu": facts.get("cpu"), "cores": facts.get("cores")}
     parts: dict[str, Any] = {
         "key_version": KEY_VERSION,
-        "model": {"name": job["model"]["name"], "kwargs": job["model"]["kwargs"]},
+        "model": {"name": job.model.name, "kwargs": _json(job.model.kwargs)},
         "data": data_part,
         "optimizer": opt_part,
-        "collective": job["collective"],
+        "collective": job.collective,
         "device": device,
         "hardware": hardware,
         "torch": facts.get("torch"),
-        "cluster": _cluster(cluster["where"]),
-        "backend": cluster["backend"] or ("nccl" if device == "cuda" else "gloo"),
+        "cluster": _cluster(job.cluster.where),
+        "backend": job.cluster.backend or ("nccl" if device == "cuda" else "gloo"),
     }
-    if job["train"]["precision"] != "fp32":  # measured in another arithmetic: another model (fp32 keys unchanged)
-        parts["precision"] = job["train"]["precision"]
-    knobs = job["train"]  # each changes the step; only when set, so the keys of jobs without them stay as they were
-    if knobs["channels_last"]:
+    if knobs.precision != "fp32":  # measured in another arithmetic: another model (fp32 keys unchanged)
+        parts["precision"] = knobs.precision
+    # each knob changes the step; only when set, so the keys of jobs without them stay as they were
+    if knobs.channels_last:
         parts["channels_last"] = True
+    if knobs.step is not None:  # the user's own step class: another step is measured
+        parts["step"] = knobs.step
     if device == "cuda":  # CUDA kernels only: on a CPU they change nothing, and leave the key alone
-        if knobs["tf32"] is not None:  # left out: torch's defaults, as every job before the knob
-            parts["tf32"] = knobs["tf32"]
-        if knobs["cudnn_benchmark"]:
+        if knobs.tf32 is not None:  # left out: torch's defaults, as every job before the knob
+            parts["tf32"] = knobs.tf32
+        if knobs.cudnn_benchmark:
             parts["cudnn_benchmark"] = True
     if device != "cuda":
         parts["threads_per_worker"] = threads
-        parts["enforce_memory_cap"] = job["search"]["enforce_memory_cap"]
+        parts["enforce_memory_cap"] = job.search.enforce_memory_cap
     return parts
 
 
-def model_key_parts(spec: dict, profile: dict) -> dict:
-    """The key parts of the models fitted from ``profile`` (a profile record) of the job
-    ``spec`` (a spec as a dict): hardware, threads and sample shape as the profile MEASURED them.
+def model_key_parts(spec: dict, profile: dict | ProfileRecord) -> dict:
+    """The key parts of the models fitted from ``profile`` (a profile record, typed or as a dict: only its
+    ``device``, ``facts``, ``sample_shape`` and ``threads_per_worker`` are read) of the job ``spec`` (a spec
+    as a dict): hardware, threads and sample shape as the profile MEASURED them.
 
     Raises :class:`~tula.core.errors.RecordError` for a profile that does not say which hardware
     it ran on (written before profile records carried ``facts``)."""
-    facts = profile.get("facts")
-    if not isinstance(facts, dict) or not facts.get("torch"):
+    where = _Measured.of(profile)
+    if not isinstance(where.facts, dict) or not where.facts.get("torch"):
         raise RecordError(
             "the profile record does not say which hardware it was measured on (it has no 'facts'; "
             "an older Tula wrote it), so its fitted models cannot be stored for reuse"
         )
-    return _parts(
-        spec,
-        device=profile["device"],
-        facts=facts,
-        shape=profile["sample_shape"],
-        threads=profile.get("threads_per_worker"),
-    )
+    return _parts(spec, device=where.device, facts=where.facts, shape=where.sample_shape, threads=where.threads)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What of a profile decides its models' key: where its trials ran."""
+
+    device: str
+    facts: Any
+    sample_shape: list[int]
+    threads: int | None
+
+    @classmethod
+    def of(cls, profile: dict | ProfileRecord) -> _Measured:
+        # a dict may be a profile's parts only (the service's and the tests' own), so it is not checked whole
+        if isinstance(profile, ProfileRecord):
+            return cls(profile.device, profile.facts, profile.sample_shape, profile.threads_per_worker)
+        return cls(profile["device"], profile.get("facts"), profile["sample_shape"], profile.get("threads_per_worker"))
 
 
 def key_parts_for_new_job(spec: dict, facts: dict, threads_per_worker: int | None = None) -> dict:
@@ -174,20 +201,20 @@ def key_parts_for_new_job(spec: dict, facts: dict, threads_per_worker: int | Non
     ``threads_per_worker`` (what its profile would run with).  Left out, it is the spec's
     ``profile.threads_per_worker``, else what ``open_launcher`` gives a local launcher
     (cores // the largest cluster size); a Dask cluster's must be given (on CPU)."""
-    job = spec_from_dict(spec).to_dict()
+    job = spec_from_dict(spec)
     device = facts["device"]
     threads = threads_per_worker
     if threads is None and device != "cuda":
-        threads = job["profile"]["threads_per_worker"]
-        where = job["cluster"]["where"]
+        threads = job.profile.threads_per_worker
+        where = job.cluster.where
         if threads is None and where == "local":  # as tula.engine.profile.default_threads
-            threads = max(1, (facts.get("cores") or 1) // max(job["search"]["cluster_sizes"]))
+            threads = max(1, (facts.get("cores") or 1) // max(job.search.cluster_sizes))
         if threads is None:
             raise ValueError(
                 f"the threads per worker of a job on cluster {where!r} depend on its workers: pass the "
                 "launcher's threads_per_worker"
             )
-    return _parts(job, device=device, facts=facts, shape=sample_shape(job["data"]), threads=threads)
+    return _parts(job, device=device, facts=facts, shape=sample_shape(job.data), threads=threads)
 
 
 def canonical_json(parts: dict) -> str:
