@@ -117,11 +117,13 @@ def test_two_worlds_at_once_never_share_a_worker(client):
 @pytest.mark.serial
 def test_out_of_memory_under_a_cap_on_a_dask_worker_falls_back(tiny_spec_dict, tmp_path):
     """A 28 MiB address-space cap on each Dask worker: the first world runs out of memory, the
-    next runs at twice the accumulation steps.  On a cluster of its own, and alone on the
-    machine (serial): beside another test's load (two busy cores) every world of it ran out of
-    memory, down to a micro-batch of 1, and the module's shared workers then failed the next
-    tests' worlds ("could not create a primitive"), before and after the split of train.py
-    alike (2026-11-29); why load does that under the cap is not found yet."""
+    next runs at twice the accumulation steps.  Every world after the first must be able to run:
+    once oneDNN failed to create a primitive under the cap, it failed so on that thread for good,
+    and a worker ran every world's rank on the same thread -- so in about 1 run of 3 every later
+    world ran out of memory down to a micro-batch of 1, and the module's shared workers then
+    failed the next tests' worlds; each rank now runs on a thread of its own
+    (tula.engine.launch.dask).  On a cluster of its own and alone on the machine (serial): the
+    cap's margin is a few MiB, which another test's load moves."""
     import logging
 
     import dask

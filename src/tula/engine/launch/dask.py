@@ -30,6 +30,7 @@ Rendezvous only; what a rank does is :func:`~.runtime.run_rank`, as on the local
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import queue as queue_module
 import signal
 import socket
@@ -64,6 +65,37 @@ def _free_port_here() -> int:
 
 def _url_host(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
+
+
+def _run_rank_on_own_thread(
+    setup: RankSetup, fn: Callable[..., Any], args: tuple, emit: Callable[[dict], None]
+) -> tuple[str, Any]:
+    """:func:`run_rank` on a thread of its own, new for each world, with the Dask task's context
+    (``distributed.get_worker()``) and thread state.
+
+    Once oneDNN fails to create a primitive under an address-space cap, it fails so on that
+    thread for good, even with memory to spare, and a Dask worker runs its tasks on the same
+    thread world after world.  On the task's own thread, tests/test_dask.py's capped fallback
+    then ran out of memory in every later world, down to a micro-batch of 1, in about 1 run of
+    3 (2026-11-29); on a thread per world, in 0 of 16."""
+    from distributed.worker import set_thread_state, thread_state
+
+    out: list[tuple[str, Any]] = []
+    task_context = contextvars.copy_context()
+    task_state = {
+        k: getattr(thread_state, k) for k in ("start_time", "execution_state", "key") if hasattr(thread_state, k)
+    }
+
+    def run() -> None:
+        with set_thread_state(**task_state):
+            out.append(task_context.run(run_rank, setup, fn, args, emit=emit, die_with_parent=False))
+
+    rank_thread = threading.Thread(target=run, name=f"tula-rank-{setup.rank}")
+    rank_thread.start()
+    rank_thread.join()
+    if not out:  # run_rank returns every failure; only an exit of the thread itself leaves nothing
+        raise WorkerError(f"rank {setup.rank}'s thread on a Dask worker ended without a result")
+    return out[0]
 
 
 def _dask_rank(
@@ -125,7 +157,7 @@ def _dask_rank(
     for t in threads:
         t.start()
     try:
-        return run_rank(setup, fn_with_stop, args, emit=emit, die_with_parent=False)
+        return _run_rank_on_own_thread(setup, fn_with_stop, args, emit)
     finally:
         done.set()
         outbox.put(None)
