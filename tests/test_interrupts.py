@@ -190,6 +190,40 @@ def test_ctrl_c_as_the_last_epoch_ends_is_not_success_and_resume_finishes(tiny_s
     assert [h["epoch"] for h in run["history"]] == [1, 2]
 
 
+def test_a_ctrl_c_that_user_code_swallows_is_still_exit_130(tmp_path):
+    """The model factory raises SIGINT against its own process and catches the KeyboardInterrupt
+    (as a library's callback may: "Exception ignored in ..."), so `tula check` goes on to pass:
+    the entry point remembers the SIGINT, and the command ends 130 with a sentence, never 0."""
+    from helpers import env_with_tests, run_tula
+
+    spec = write_spec(
+        tmp_path,
+        {
+            "model": {"name": "factories:swallows_ctrl_c", "kwargs": {"width": 4}},
+            "data": {"factory": "factories:make_segmentation", "kwargs": {"n": 40}, "loader_workers": 0},
+            "train": {"loss": "factories:PixelBCE"},
+        },
+    )
+    r = run_tula("check", spec, env=env_with_tests(), timeout=120)
+    assert r.returncode == 130, (r.returncode, r.stdout, r.stderr)
+    assert "interrupted: " in r.stderr and "Traceback" not in r.stderr, r.stderr
+    ok = run_tula(
+        "check",
+        write_spec(
+            tmp_path,
+            {
+                "model": {"name": "factories:tiny_fcn"},
+                "data": {"factory": "factories:make_segmentation", "kwargs": {"n": 40}, "loader_workers": 0},
+                "train": {"loss": "factories:PixelBCE"},
+            },
+            "ok.yaml",
+        ),
+        env=env_with_tests(),
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr  # the same check without the signal passes
+
+
 def test_ctrl_c_while_the_command_starts_is_one_sentence(tiny_spec_dict, tmp_path):
     """Ctrl-C 0.25 s into `tula train`, where the command line's own imports run (about 0.6 s
     here): exit 130 and a sentence, never a traceback from inside an import (the entry point,

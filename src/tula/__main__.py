@@ -22,6 +22,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from types import FrameType
+
+#: set when a SIGINT reached the entry point's handler (the command may set handlers of its own later)
+_sigint_seen = False
 
 
 def main() -> None:
@@ -31,18 +35,31 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: stopped by SIGINT while the command was starting; nothing was done\n")
         raise SystemExit(130) from None
+    code: object = 0
     try:
         command()
-    except SystemExit:
-        _exit_at_once_on_a_signal()
-        raise
+    except SystemExit as done:
+        code = done.code
+    _exit_at_once_on_a_signal()
+    if _sigint_seen and code in (0, None):
+        # the KeyboardInterrupt was swallowed on its way (a library's callback: "Exception ignored
+        # in ...", or a user's code that catches it) and the command went on to succeed: Ctrl-C is never success
+        sys.stderr.write("interrupted: a SIGINT arrived while the command ran and was swallowed on its way; exit 130\n")
+        code = 130
+    raise SystemExit(code)
 
 
 def _stop_signals_stop() -> None:
-    """SIGINT raises KeyboardInterrupt and SIGTERM ends the process from the first line on,
-    even where the starting process left them ignored."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    """SIGINT raises KeyboardInterrupt -- and is remembered, so that a command it reached never
+    ends in success -- and SIGTERM ends the process, from the first line on, even where the
+    starting process left them ignored."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        global _sigint_seen
+        _sigint_seen = True
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, interrupt)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
