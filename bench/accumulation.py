@@ -57,7 +57,7 @@ def main() -> None:
     a = ap.parse_args()
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     t0 = time.perf_counter()
-    models = fit_models(profile(spec_from_dict(spec(1)), "full", launcher))
+    models = fit_models(profile(spec_from_dict(spec(1)), "full", launcher)).to_json_dict()
     console.print(f"profile and fit: {time.perf_counter() - t0:.0f} s")
     for c in models["accumulation_check"]:
         console.print(f"  the profile's own check: N={c['n_workers']} {c['accumulation_steps']} x {c['micro_batch']}: "

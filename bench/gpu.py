@@ -252,7 +252,7 @@ def tula_profile(s: Setup, precision: str, launcher) -> tuple[dict, MemoryModel,
     from tula.engine.profile import profile
 
     prof = profile(tula_spec(s, precision), "full", launcher=launcher)
-    models = fit_models(partial_subset(prof))
+    models = fit_models(partial_subset(prof)).to_json_dict()
     return (
         prof,
         MemoryModel.from_dict(models["memory"]),

@@ -132,7 +132,7 @@ def judge(fit_prof: dict, held: dict, bare_sync_s: dict[int, float]) -> dict:
     N, a bare all-reduce of the model's gradients on the same hosts and cores (a barrier
     before each, no compute beside it): the network model's own error is against it, and
     DDP's sync time above it is reported as the excess."""
-    models = fit_models(fit_prof)
+    models = fit_models(fit_prof).to_json_dict()
     sim = simulator_from_models(models, ranks_per_node=1)  # one rank per emulated host
     perf = models["perf"]
     rows = []
@@ -190,7 +190,7 @@ def topology(rate: float, inter: dict, args) -> dict:
     with EmulatedHosts(n_hosts=2, workers_per_host=2, rate_mbit=rate, pin_cores=args.pin) as h:
         p12 = profile(h, spec_for("mlp", [1, 2], args.timed_steps), base.with_name(base.name + "-n12.json"))
         p4 = profile(h, spec_for("mlp", [4], args.timed_steps), base.with_name(base.name + "-n4.json"))
-    models = fit_models(p12)  # one host: the flat fit's alpha, beta are the intra-host link
+    models = fit_models(p12).to_json_dict()  # one host: the flat fit's alpha, beta are the intra-host link
     perf = models["perf"]
     intra_bw = None if perf["beta"] <= 0 else 1.0 / perf["beta"]
     net = dict(bandwidth=inter["fitted_bandwidth_bytes_per_s"], latency=inter["alpha_s"])

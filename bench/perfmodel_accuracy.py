@@ -131,7 +131,7 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
     }
     global_b = np.array([k[1] for k in common], float)
     for label, rec in (("partial", part), ("full", full_a)):
-        models = fit_models(rec)
+        models = fit_models(rec).to_json_dict()
         perf, mem = PerfModel.from_dict(models["perf"]), MemoryModel.from_dict(models["memory"])
         pred_t = perf.t_step_s(b, n)
         e_t = _rel(pred_t, meas_t)

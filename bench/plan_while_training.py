@@ -154,10 +154,10 @@ def one_rate(rate: float, model: str, args, out: Path, data: str = "digits") -> 
         prof_path = out / f"{tag}-{rate:g}-profile.json"
         t = run_on_head(h, ["profile", spec_path, "--search", "full", "--out", prof_path, "--force"], "profile")
         console.print(f"{tag} at {rate:g} Mbit/s: profiled in {t:.0f} s")
-        models = fit_models(load_record(prof_path, expect=(PROFILE_KIND,)))
+        models = fit_models(load_record(prof_path, expect=(PROFILE_KIND,))).to_json_dict()
         models_path = out / f"{tag}-{rate:g}-models.json"
         save_record(models, models_path)
-        choice = make_plan(models, "time")["choice"]
+        choice = make_plan(models, "time").to_json_dict()["choice"]
         for seed in args.seeds:
             for name, train in STRATEGIES.items():
                 s = base_spec(model, args.epochs, seed, data)

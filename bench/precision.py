@@ -65,7 +65,7 @@ def partial(prof: dict) -> dict:
 
 def judge(prof: dict) -> dict:
     sub, kept = partial(prof)
-    models = fit_models(sub)
+    models = fit_models(sub).to_json_dict()
     mm, perf = MemoryModel.from_dict(models["memory"]), PerfModel.from_dict(models["perf"])
     rpn = ranks_per_node_of(models["trials"])
     held = [t for t in prof["trials"] if t["status"] == "ok" and (t["n_workers"], t["global_batch"]) not in kept]

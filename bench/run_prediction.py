@@ -93,8 +93,8 @@ def predict_and_train(
     against the plan's prediction, or the sentence that skipped it."""
     job = spec_from_dict(job_dict)
     method = job.train.method
-    models = fit_models(profile(job, "partial", launcher))
-    plan = make_plan(models, objective)
+    models = fit_models(profile(job, "partial", launcher)).to_json_dict()
+    plan = make_plan(models, objective).to_json_dict()
     choice = (plan["choice"]["n_workers"], plan["choice"]["global_batch"])
     rest = [c for c in dict.fromkeys(others) if c != choice]
     rows = []

@@ -118,7 +118,7 @@ def main() -> None:
             "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 1024},
             "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1},
         }
-        models = fit_models(profile(spec_from_dict(base), "partial", launcher=launcher))
+        models = fit_models(profile(spec_from_dict(base), "partial", launcher=launcher)).to_json_dict()
         from tula.core.perfmodel import PerfModel
 
         perf, size = PerfModel.from_dict(models["perf"]), models["dataset_size"]

@@ -71,7 +71,7 @@ def simulate_held_out(prof: dict, held: set[tuple[int, int]]) -> list[dict]:
     """Refit ``prof`` without the ``held`` configurations; simulate each of them."""
     sub = copy.deepcopy(prof)
     sub["trials"] = [t for t in prof["trials"] if _key(t) not in held]
-    models = fit_models(sub)
+    models = fit_models(sub).to_json_dict()
     sim = simulator_from_models(models)
     coll, epochs, d = models["perf"]["collective"], sim.epochs, sim.dataset_size
     out = []

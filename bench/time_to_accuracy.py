@@ -167,7 +167,7 @@ def main() -> None:
                 "partial",
                 LocalLauncher(device="cpu", threads_per_worker=a.threads),
             )
-            models = fit_models(prof)
+            models = fit_models(prof).to_json_dict()
             models["bench_profiling_s"] = time.perf_counter() - t0
             mpath.write_text(json.dumps(models))
         ns = models["noise_scale"]
@@ -207,7 +207,7 @@ def main() -> None:
                 # the plan's choice among the batches trained here (the planner also searches the batches
                 # between them, which were not trained, so its own choice may not be measurable)
                 for objective, key in (("time_to_accuracy", "time_to_accuracy_s"), ("time", "total_time_s")):
-                    plan = make_plan(m, objective)
+                    plan = make_plan(m, objective).to_json_dict()
                     trained = [c for c in plan["configurations"] if c["feasible"] and c["global_batch"] in batches]
                     plans[objective] = min(trained, key=lambda c: c[key])["global_batch"]
                     if objective == "time_to_accuracy":  # the plan's ranking of the trained batches

@@ -32,7 +32,7 @@ def _models(perf=PERF, pricing=None, constraints=None, sizes=(1, 2)) -> dict:
 
 
 def _nb(plan):
-    return plan["choice"]["n_workers"], plan["choice"]["global_batch"]
+    return plan.choice.n_workers, plan.choice.global_batch
 
 
 # --------------------------------------------------------------------------- durations
@@ -74,9 +74,9 @@ def test_durations_read_back_in_sentences():
 def test_no_constraint_chooses_as_before_and_records_that_every_row_meets_them():
     plan = make_plan(_models(), "cost")
     assert _nb(plan) == (1, 1000)
-    c = plan["constraints"]
-    assert c["deadline_s"] is None and c["budget"] is None and c["n_meeting"] == c["n_feasible"]
-    assert all(r["meets_constraints"] for r in plan["configurations"])
+    c = plan.constraints
+    assert c.deadline_s is None and c.budget is None and c.n_meeting == c.n_feasible
+    assert all(r.meets_constraints for r in plan.configurations)
 
 
 def test_a_deadline_moves_the_cheapest_choice_to_two_nodes():
@@ -84,15 +84,15 @@ def test_a_deadline_moves_the_cheapest_choice_to_two_nodes():
     # whose cheapest is B = 1000: 40 / 1000 + 1 = 1.04 $, in 0.52 s
     plan = make_plan(_models(), "cost", {"deadline": "0.6s"})
     assert _nb(plan) == (2, 1000)
-    assert plan["choice"]["cost"] == pytest.approx(1.04)
-    assert plan["choice"]["total_time_s"] == pytest.approx(0.52)
-    rows = plan["configurations"]
+    assert plan.choice.cost == pytest.approx(1.04)
+    assert plan.choice.total_time_s == pytest.approx(0.52)
+    rows = plan.configurations
     for r in rows:  # exactly the rows within 0.6 s meet it
-        assert r["meets_constraints"] == (r["total_time_s"] <= 0.6)
-    assert not any(r["meets_constraints"] for r in rows if r["n_workers"] == 1)
-    assert plan["constraints"]["n_meeting"] == sum(r["meets_constraints"] for r in rows)
-    assert "within the 600 ms deadline" in plan["reason"]
-    assert plan["spec"]["constraints"]["deadline_s"] == pytest.approx(0.6)
+        assert r.meets_constraints == (r.total_time_s <= 0.6)
+    assert not any(r.meets_constraints for r in rows if r.n_workers == 1)
+    assert plan.constraints.n_meeting == sum(r.meets_constraints for r in rows)
+    assert "within the 600 ms deadline" in plan.reason
+    assert plan.spec["constraints"]["deadline_s"] == pytest.approx(0.6)
 
 
 def test_a_budget_moves_the_fastest_choice_to_one_node():
@@ -100,9 +100,9 @@ def test_a_budget_moves_the_fastest_choice_to_one_node():
     # whose fastest is B = 1000: 1.01 s
     plan = make_plan(_models(), "time", Constraints(budget=1.03))
     assert _nb(plan) == (1, 1000)
-    assert plan["choice"]["total_time_s"] == pytest.approx(1.01)
-    assert all(r["cost"] <= 1.03 for r in plan["configurations"] if r["meets_constraints"])
-    assert min(r["global_batch"] for r in plan["configurations"] if r["meets_constraints"]) >= 334
+    assert plan.choice.total_time_s == pytest.approx(1.01)
+    assert all(r.cost <= 1.03 for r in plan.configurations if r.meets_constraints)
+    assert min(r.global_batch for r in plan.configurations if r.meets_constraints) >= 334
 
 
 def test_an_infeasible_deadline_names_the_deadline_and_the_shortfall():
@@ -142,15 +142,15 @@ def test_both_constraints_missed_name_both():
 
 def test_knee_that_misses_the_deadline_gives_way_to_the_nearest_that_meets_it():
     free = make_plan(_models(), "knee")
-    knee_b = free["knees"]["2"]["global_batch"]  # about 100 (the hyperbola's knee), T = 0.7 s
+    knee_b = free.knees["2"]["global_batch"]  # about 100 (the hyperbola's knee), T = 0.7 s
     assert 90 <= knee_b <= 112
     plan = make_plan(_models(), "knee", {"deadline": 0.6})
-    ok = [r for r in plan["configurations"] if r["feasible"] and r["meets_constraints"]]
-    assert {r["n_workers"] for r in ok} == {2}
+    ok = [r for r in plan.configurations if r.feasible and r.meets_constraints]
+    assert {r.n_workers for r in ok} == {2}
     # the nearest to the knee in log batch among those meeting the deadline: the smallest such batch
-    assert _nb(plan) == (2, min(r["global_batch"] for r in ok))
-    assert plan["choice"]["total_time_s"] <= 0.6
-    assert "every knee misses the 600 ms deadline" in plan["reason"]
+    assert _nb(plan) == (2, min(r.global_batch for r in ok))
+    assert plan.choice.total_time_s <= 0.6
+    assert "every knee misses the 600 ms deadline" in plan.reason
 
 
 def test_a_knee_that_meets_the_constraints_is_kept():
@@ -171,14 +171,14 @@ def test_the_spec_carries_constraints_and_an_argument_replaces_them():
 
 def test_plan_records_are_version_2_and_version_1_plans_still_load(tmp_path):
     plan = make_plan(_models(), "cost", {"deadline": "0.6s", "budget": 2})
-    assert plan["version"] == VERSIONS[PLAN_KIND] == 2
+    assert plan.version == VERSIONS[PLAN_KIND] == 2
     back = load_record(save_record(plan, tmp_path / "plan.json"))
     assert back["constraints"]["deadline_s"] == pytest.approx(0.6) and back["constraints"]["budget"] == 2
     assert [r["meets_constraints"] for r in back["configurations"]] == [
-        r["meets_constraints"] for r in plan["configurations"]
+        r.meets_constraints for r in plan.configurations
     ]
     # a plan written before constraints existed
-    old = copy.deepcopy(json.loads(json.dumps(make_plan(_models(), "cost"))))
+    old = copy.deepcopy(json.loads(json.dumps(make_plan(_models(), "cost").to_json_dict())))
     old["version"] = 1
     for key in ("constraints", "spot_comparison"):
         del old[key]
@@ -269,25 +269,25 @@ def _spot_models(rate, price=1.0, on_demand=3.0):
 
 def test_a_spot_plan_prices_the_expected_time():
     plan = make_plan(_spot_models(rate=3600.0), "cost")  # one preemption per node-second
-    c = plan["choice"]
+    c = plan.choice
     spot = SpotPricing(3600.0, 3600.0, 0.1, 0.05)
-    assert c["total_time_s"] == pytest.approx(float(spot.expected_time_s(c["failure_free_time_s"], c["n_workers"])))
-    assert c["cost"] == pytest.approx(c["total_time_s"] * c["n_workers"])  # 1 $ per node-second on spot
-    assert c["total_time_s"] > c["failure_free_time_s"]
-    assert "expected" in plan["reason"] and "preemptions" in plan["reason"]
+    assert c.total_time_s == pytest.approx(float(spot.expected_time_s(c.failure_free_time_s, c.n_workers)))
+    assert c.cost == pytest.approx(c.total_time_s * c.n_workers)  # 1 $ per node-second on spot
+    assert c.total_time_s > c.failure_free_time_s
+    assert "expected" in plan.reason and "preemptions" in plan.reason
 
 
 def test_compare_spot_says_when_spot_is_cheaper_and_when_not():
     # spot at a third of the on-demand price: cheaper while E[T] / T < 3
-    cheap = make_plan(_spot_models(rate=36.0), "cost", compare_spot=True)["spot_comparison"]
+    cheap = make_plan(_spot_models(rate=36.0), "cost", compare_spot=True).spot_comparison
     assert cheap["cheaper"] == "spot" and cheap["sentence"].startswith("spot is cheaper by")
     assert cheap["break_even_rate_per_node_hour"] > 36.0
-    dear = make_plan(_spot_models(rate=72000.0), "cost", compare_spot=True)["spot_comparison"]
+    dear = make_plan(_spot_models(rate=72000.0), "cost", compare_spot=True).spot_comparison
     assert dear["cheaper"] == "on_demand" and dear["sentence"].startswith("on-demand is cheaper by")
     assert dear["break_even_rate_per_node_hour"] < 72000.0
     # the on-demand plan is the fixed-price plan of the same job
     od = make_plan(_models(pricing={"kind": "fixed", "price_per_node_hour": 3 * 3600.0}), "cost")
-    assert dear["on_demand"]["cost"] == pytest.approx(od["choice"]["cost"])
+    assert dear["on_demand"]["cost"] == pytest.approx(od.choice.cost)
     # from an on-demand spec the comparison plans spot
     m = _models(
         pricing={
@@ -299,7 +299,7 @@ def test_compare_spot_says_when_spot_is_cheaper_and_when_not():
             "restart_s": 0.05,
         }
     )
-    assert make_plan(m, "cost", compare_spot=True)["spot_comparison"]["spot"] == cheap["spot"]
+    assert make_plan(m, "cost", compare_spot=True).spot_comparison["spot"] == cheap["spot"]
     with pytest.raises(SpecError, match="spot_price_per_node_hour"):
         make_plan(_models(), "cost", compare_spot=True)
 

@@ -71,27 +71,27 @@ def test_the_plan_writes_what_the_fitted_models_predict(models):
     budgeted["spec"]["search"]["max_accumulation_steps"] = 2
     for record, pricing in ((models, None), (models, spot), (budgeted, None)):
         plan = make_plan(record, "time", pricing=pricing)
-        rows = plan["configurations"]
+        rows = plan.configurations
         pm = make_pricing(spec_from_dict({**models["spec"], "pricing": pricing or models["spec"]["pricing"]}).pricing)
         p = FittedModels.from_record(record).predict(
-            [Config(r["n_workers"], r["global_batch"], r["accumulation_steps"]) for r in rows],
+            [r.config for r in rows],
             pricing=pm,
             epochs=spec.epochs,
             whole_steps=False,
         )
         assert len(p) == len(rows) > 10
         for key in ("t_step_s", "epoch_time_s", "epoch_fixed_s", "total_time_s", "cost"):
-            assert [r[key] for r in rows] == pytest.approx(getattr(p, key).tolist(), rel=REL), key
-        assert [r["peak_mem_bytes"] for r in rows] == p.peak_mem_bytes.tolist()
-        assert [r["micro_batch"] for r in rows] == p.micro_batch.tolist()
-        assert [r["feasible"] for r in rows] == p.feasible.tolist()  # both cluster sizes were measured
+            assert [getattr(r, key) for r in rows] == pytest.approx(getattr(p, key).tolist(), rel=REL), key
+        assert [r.peak_mem_bytes for r in rows] == p.peak_mem_bytes.tolist()
+        assert [r.micro_batch for r in rows] == p.micro_batch.tolist()
+        assert [r.feasible for r in rows] == p.feasible.tolist()  # both cluster sizes were measured
         if record is budgeted:
-            assert plan["max_local_batch"] == 40 and 0 < sum(p.feasible) < len(p)
-            assert any(r["accumulation_steps"] == 2 and r["feasible"] for r in rows)
+            assert plan.max_local_batch == 40 and 0 < sum(p.feasible) < len(p)
+            assert any(r.accumulation_steps == 2 and r.feasible for r in rows)
         if isinstance(pm, SpotPricing):
             assert p.expected_preemptions is not None and p.expected_preemptions.max() > 0
-            assert [r["expected_preemptions"] for r in rows] == pytest.approx(p.expected_preemptions.tolist(), rel=REL)
-            assert [r["failure_free_time_s"] for r in rows] == pytest.approx(p.failure_free_time_s.tolist(), rel=REL)
+            assert [r.expected_preemptions for r in rows] == pytest.approx(p.expected_preemptions.tolist(), rel=REL)
+            assert [r.failure_free_time_s for r in rows] == pytest.approx(p.failure_free_time_s.tolist(), rel=REL)
 
 
 def test_the_simulator_the_ranker_and_run_costs_predict_what_the_fitted_models_do(models):

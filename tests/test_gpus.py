@@ -108,12 +108,12 @@ def test_a_profile_skips_the_sizes_it_cannot_place_and_the_plan_does_not_rank_th
     notes = [e["message"] for e in events if e["type"] == "note"]
     assert len(notes) == 1 and "not measured: N = 2" in notes[0] and "skipped" in notes[0]
     models = fit_models(rec)
-    assert models["oom_local_batch"] is None  # a skipped size says nothing about memory
+    assert models.oom_local_batch is None  # a skipped size says nothing about memory
     plan = make_plan(models, "time")
-    assert plan["choice"]["n_workers"] == 1
-    rows2 = [r for r in plan["configurations"] if r["n_workers"] == 2]
-    assert rows2 and not any(r["feasible"] for r in rows2) and all("not measured" in r["reason"] for r in rows2)
-    assert "not measured: N = 2" in plan["reason"] and plan["not_measured"] == rec["not_measured"]
+    assert plan.choice.n_workers == 1
+    rows2 = [r for r in plan.configurations if r.n_workers == 2]
+    assert rows2 and not any(r.feasible for r in rows2) and all("not measured" in (r.reason or "") for r in rows2)
+    assert "not measured: N = 2" in plan.reason and plan.not_measured == rec["not_measured"]
 
 
 def test_a_profile_whose_every_size_is_unplaceable_is_refused_before_any_world(tiny_spec_dict):

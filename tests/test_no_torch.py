@@ -19,10 +19,10 @@ from tula.report import plan_table, plot_plan
 models = fit_models(load_record({str(prof)!r}, expect=(PROFILE_KIND,)))
 plan = make_plan(models, "time")
 plan_table(plan)
-plot_plan(plan, models["trials"], {str(tmp_path / "plan.png")!r})
+plot_plan(plan, models.trials, {str(tmp_path / "plan.png")!r})
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
 assert not loaded, loaded[:5]
-print(plan["choice"]["n_workers"], plan["choice"]["global_batch"])
+print(plan.choice.n_workers, plan.choice.global_batch)
 """
     r = run_python(code)
     assert r.returncode == 0, r.stderr

@@ -6,9 +6,11 @@ from helpers import MODELS_D, models_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tula.core.config import Config
 from tula.core.errors import InfeasibleError
 from tula.core.perfmodel import PerfModel
-from tula.core.plan import Planner, find_knee, make_plan, pareto_frontier
+from tula.core.plan import GridPoint, Knee, Planner, find_knee, make_plan, pareto_frontier
+from tula.core.records import PlanConstraints, PlanRecord, PlanRow
 
 D = MODELS_D
 
@@ -24,36 +26,36 @@ PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)
 
 
 def _row(plan):
-    c = plan["choice"]
-    return c["n_workers"], c["global_batch"]
+    c = plan.choice
+    return c.n_workers, c.global_batch
 
 
 def test_min_time_and_min_cost_on_hand_checked_curves():
     time_plan = make_plan(_models(PERF), "time")
     assert _row(time_plan) == (2, 1000)
-    assert time_plan["choice"]["total_time_s"] == pytest.approx(20 / 1000 + 0.5)
+    assert time_plan.choice.total_time_s == pytest.approx(20 / 1000 + 0.5)
     cost_plan = make_plan(_models(PERF), "cost")
     assert _row(cost_plan) == (1, 1000)
-    assert cost_plan["choice"]["cost"] == pytest.approx(10 / 1000 + 1)
-    assert "least predicted cost" in cost_plan["reason"]
+    assert cost_plan.choice.cost == pytest.approx(10 / 1000 + 1)
+    assert "least predicted cost" in cost_plan.reason
 
 
 def test_knee_of_a_hyperbola_is_at_the_geometric_mean():
     # for T = a / B + c on [10, 1000], Kneedle's knee is at sqrt(10 * 1000) = 100
     plan = make_plan(_models(PERF), "knee")
     for n in ("1", "2"):
-        assert plan["knees"][n]["method"] == "kneedle"
-        assert 90 <= plan["knees"][n]["global_batch"] <= 112
-    assert plan["choice"]["n_workers"] == 2  # the faster of the two knees
-    assert "knee" in plan["reason"]
+        assert plan.knees[n]["method"] == "kneedle"
+        assert 90 <= plan.knees[n]["global_batch"] <= 112
+    assert plan.choice.n_workers == 2  # the faster of the two knees
+    assert "knee" in plan.reason
 
 
 def test_flat_curve_has_no_knee_and_falls_back():
     flat = PerfModel("ring", grad_bytes=10**6, c0=0.0, c1=0.001)  # T = D * c1: the same for every batch
     plan = make_plan(_models(flat, sizes=(1,)), "knee")
-    assert plan["knees"]["1"]["method"] == "fallback"
+    assert plan.knees["1"]["method"] == "fallback"
     assert _row(plan) == (1, 10)  # smallest batch within 5 % of the fastest
-    assert "no knee found" in plan["reason"]
+    assert "no knee found" in plan.reason
     idx, how = find_knee(np.array([1.0, 2.0, 3.0]), np.array([5.0, 5.0, 5.0]))
     assert (idx, how) == (0, "fallback")
 
@@ -61,15 +63,15 @@ def test_flat_curve_has_no_knee_and_falls_back():
 def test_memory_bound_and_oom_make_configurations_infeasible():
     # static 2000 B + 100 B per sample, budget 24000 B with 10 % margin -> local batch <= 196
     plan = make_plan(_models(PERF, budget=24000), "time")
-    assert plan["max_local_batch"] == 196
-    assert plan["choice"]["local_batch"] <= 196
+    assert plan.to_json_dict()["max_local_batch"] == 196
+    assert plan.choice.local_batch <= 196
     assert _row(plan) == (2, 392)
-    rows = plan["configurations"]
-    assert all(not r["feasible"] for r in rows if r["local_batch"] > 196)
-    assert all(r["feasible"] for r in rows if r["local_batch"] <= 196)
+    rows = plan.configurations
+    assert all(not r.feasible for r in rows if r.local_batch > 196)
+    assert all(r.feasible for r in rows if r.local_batch <= 196)
     plan2 = make_plan(_models(PERF, oom=150), "time")
-    assert plan2["choice"]["local_batch"] < 150
-    assert any("ran out of memory" in r["reason"] for r in plan2["configurations"])
+    assert plan2.choice.local_batch < 150
+    assert any("ran out of memory" in r.reason for r in plan2.configurations)
     with pytest.raises(InfeasibleError, match="no configuration is feasible"):
         make_plan(_models(PERF, budget=2500), "time")
 
@@ -87,20 +89,20 @@ def test_plan_rows_have_the_promised_fields_and_a_frontier():
         "peak_mem_bytes",
         "feasible",
     }
-    assert all(need <= set(r) for r in plan["configurations"])
-    assert sum(r["chosen"] for r in plan["configurations"]) == 1
-    feasible = [(r["total_time_s"], r["cost"]) for r in plan["configurations"] if r["feasible"]]
-    front = plan["frontier"]
-    assert {(r["total_time_s"], r["cost"]) for r in front} == _non_dominated(feasible)
+    assert all(need <= set(r.to_json_dict()) for r in plan.configurations)
+    assert sum(r.chosen for r in plan.configurations) == 1
+    feasible = [(r.total_time_s, r.cost) for r in plan.configurations if r.feasible]
+    front = plan.frontier
+    assert {(r.total_time_s, r.cost) for r in front} == _non_dominated(feasible)
     assert len(front) == len(_non_dominated(feasible))
-    assert front[0]["n_workers"] == 2 and front[-1]["n_workers"] == 1  # fastest uses 2 nodes, cheapest 1
+    assert front[0].n_workers == 2 and front[-1].n_workers == 1  # fastest uses 2 nodes, cheapest 1
 
 
 def test_memory_pricing_changes_the_cheapest_batch():
     plan = make_plan(_models(PERF, pricing={"kind": "memory", "price_per_gb_hour": 3600.0 * 1e9}), "cost")
     # cost = T * N * (2000 + 100 b) bytes in GB-seconds; for N = 1: (10/B + 1)(2000 + 100 B) is least near B = 14
-    assert plan["choice"]["n_workers"] == 1
-    assert 10 <= plan["choice"]["global_batch"] <= 20
+    assert plan.choice.n_workers == 1
+    assert 10 <= plan.choice.global_batch <= 20
 
 
 # --------------------------------------------------------------------------- against brute force
@@ -178,24 +180,24 @@ def test_the_choice_is_the_brute_force_optimum(c0, c1, alpha, beta, sizes, epoch
     plan = make_plan(models, objective)
     key = "total" if objective == "time" else "cost"
     best = min(r[key] for r in feasible)
-    choice = plan["choice"]
-    got = choice["total_time_s"] if objective == "time" else choice["cost"]
-    mine = next(r for r in rows if (r["n"], r["b"]) == (choice["n_workers"], choice["local_batch"]))
-    assert mine["feasible"] and choice["feasible"]
+    choice = plan.choice
+    got = choice.total_time_s if objective == "time" else choice.cost
+    mine = next(r for r in rows if (r["n"], r["b"]) == (choice.n_workers, choice.local_batch))
+    assert mine["feasible"] and choice.feasible
     assert got == pytest.approx(mine[key], rel=1e-9)  # the plan's figures are the equations'
     if objective == "time" or pricing["kind"] == "fixed":
         assert got == pytest.approx(best, rel=1e-9)  # optimal over every integer local batch
     else:  # memory pricing has an interior optimum between the plan's 16 points per octave
         assert best * (1 - 1e-9) <= got <= best * 1.01
     # every evaluated row agrees with the equations, and feasibility with the memory bound
-    for r in plan["configurations"]:
-        m = next(x for x in rows if (x["n"], x["b"]) == (r["n_workers"], r["local_batch"]))
-        assert r["feasible"] == m["feasible"]
-        assert r["total_time_s"] == pytest.approx(m["total"], rel=1e-9)
-        assert r["cost"] == pytest.approx(m["cost"], rel=1e-9)
+    for r in plan.configurations:
+        m = next(x for x in rows if (x["n"], x["b"]) == (r.n_workers, r.local_batch))
+        assert r.feasible == m["feasible"]
+        assert r.total_time_s == pytest.approx(m["total"], rel=1e-9)
+        assert r.cost == pytest.approx(m["cost"], rel=1e-9)
     # the frontier is the brute-force frontier of the feasible rows
-    evaluated = [(r["total_time_s"], r["cost"]) for r in plan["configurations"] if r["feasible"]]
-    assert {(r["total_time_s"], r["cost"]) for r in plan["frontier"]} == _non_dominated(evaluated)
+    evaluated = [(r.total_time_s, r.cost) for r in plan.configurations if r.feasible]
+    assert {(r.total_time_s, r.cost) for r in plan.frontier} == _non_dominated(evaluated)
 
 
 def test_knee_of_a_hand_made_elbow():
@@ -220,11 +222,9 @@ def test_a_straight_line_has_no_knee_and_the_fallback_is_the_first_point_near_th
 
 
 # --------------------------------------------------------------------------- the planner's steps, one at a time
-def _two_rows(planner: Planner) -> list[dict]:
+def _two_rows(planner: Planner) -> list[PlanRow]:
     """N = 2, B = 200 (T = 20 / B + 0.5 = 0.6 s, 1.2 $) and N = 1, B = 100 (T = 10 / B + 1 = 1.1 s, 1.1 $), predicted."""
-    rows = [planner.row(2, 100, True, None), planner.row(1, 100, True, None)]
-    planner.predict(rows)
-    return rows
+    return planner.predict([planner.row(2, 100, True, None), planner.row(1, 100, True, None)])
 
 
 def test_the_grid_has_each_cluster_sizes_local_batches_and_says_which_fit_in_memory():
@@ -232,11 +232,11 @@ def test_the_grid_has_each_cluster_sizes_local_batches_and_says_which_fit_in_mem
     assert planner.b_mem == 196
     rows = planner.grid()
     for n, (lo, hi) in {1: (10, 1000), 2: (5, 500)}.items():
-        local = [r["local_batch"] for r in rows if r["n_workers"] == n]
+        local = [r.local_batch for r in rows if r.n_workers == n]
         assert (local[0], local[-1]) == (lo, hi) and local == sorted(local) and 196 in local
-    assert all(r["feasible"] == (r["local_batch"] <= 196) for r in rows)
-    assert all(r["global_batch"] == r["n_workers"] * r["local_batch"] for r in rows)
-    too_big = {r["reason"] for r in rows if not r["feasible"]}
+    assert all(r.feasible == (r.local_batch <= 196) for r in rows)
+    assert all(r.global_batch == r.n_workers * r.local_batch for r in rows)
+    too_big = {r.reason for r in rows if not r.feasible}
     assert too_big == {"predicted peak exceeds the memory budget (local batch > 196)"}
 
 
@@ -245,53 +245,52 @@ def test_a_row_splits_a_local_batch_into_micro_batches_that_fit_and_says_why_one
     models["spec"]["search"]["max_accumulation_steps"] = 4
     models["not_measured"] = {"2": "N=2 was not measured"}
     planner = Planner(models)
-    assert planner.row(1, 300, True, 196) == {
-        "n_workers": 1, "global_batch": 300, "local_batch": 300, "micro_batch": 150, "accumulation_steps": 2,
-        "candidate": True, "feasible": True, "reason": "",
-    }  # fmt: skip
+    point = planner.row(1, 300, True, 196)
+    assert point == GridPoint(n_workers=1, local_batch=300, accumulation_steps=2, candidate=True, reason="")
+    assert (point.global_batch, point.micro_batch, point.feasible) == (300, 150, True)
+    assert point.config == Config(1, 300, 2)
     prime = planner.row(1, 997, False, 196)  # no k <= 4 divides 997
-    assert (prime["accumulation_steps"], prime["micro_batch"], prime["feasible"]) == (1, 997, False)
-    assert prime["reason"] == (
+    assert (prime.accumulation_steps, prime.micro_batch, prime.feasible) == (1, 997, False)
+    assert prime.reason == (
         "predicted peak exceeds the memory budget (local batch > 196), and no accumulation of up to 4 steps "
         "splits 997 into micro-batches that fit"
     )
-    assert planner.row(2, 10, True, 196)["reason"] == "N=2 was not measured"
+    assert planner.row(2, 10, True, 196).reason == "N=2 was not measured"
 
 
 def test_predict_gives_each_row_its_step_epoch_time_cost_and_peak():
     rows = _two_rows(Planner(_models(PERF)))
     # t_step = 0.01 + 0.001 b + 0.01 sync at N = 2; D / B steps an epoch; 1 $ per node-second
     for r, (t_step, epoch, cost) in zip(rows, ((0.12, 0.6, 1.2), (0.11, 1.1, 1.1))):
-        assert r["t_step_s"] == pytest.approx(t_step)
-        assert r["epoch_time_s"] == r["epoch_steps_s"] == r["total_time_s"] == pytest.approx(epoch)
-        assert r["epoch_fixed_s"] == 0.0
-        assert r["cost"] == pytest.approx(cost)
-        assert r["peak_mem_bytes"] == 2000 + 100 * 100
-        assert "time_to_accuracy_s" not in r and "expected_preemptions" not in r  # no noise scale, not spot
+        assert r.t_step_s == pytest.approx(t_step)
+        assert r.epoch_time_s == r.epoch_steps_s == r.total_time_s == pytest.approx(epoch)
+        assert r.epoch_fixed_s == 0.0
+        assert r.cost == pytest.approx(cost)
+        assert r.peak_mem_bytes == 2000 + 100 * 100
+        assert not r.given("time_to_accuracy_s") and not r.given("expected_preemptions")  # no noise scale, not spot
+        assert "time_to_accuracy_s" not in r.to_json_dict() and r.config == Config(r.n_workers, r.global_batch)
 
 
 def test_predict_to_accuracy_scales_the_epochs_by_the_noise_scale():
     planner = Planner(_models(PERF), noise_scale=72.0)
-    assert planner.noise["reference_batch"] == 128
+    assert planner.noise.reference_batch == 128
     rows = _two_rows(planner)
     # epochs * (B_noise + B) / (B_noise + B0): (72 + 200) / 200 = 1.36 at B = 200, 172 / 200 = 0.86 at B = 100
-    assert [r["epochs_to_accuracy"] for r in rows] == pytest.approx([1.36, 0.86])
-    assert [r["time_to_accuracy_s"] for r in rows] == pytest.approx([1.36 * 0.6, 0.86 * 1.1])
-    assert [r["cost_to_accuracy"] for r in rows] == pytest.approx([1.36 * 1.2, 0.86 * 1.1])
+    assert [r.epochs_to_accuracy for r in rows] == pytest.approx([1.36, 0.86])
+    assert [r.time_to_accuracy_s for r in rows] == pytest.approx([1.36 * 0.6, 0.86 * 1.1])
+    assert [r.cost_to_accuracy for r in rows] == pytest.approx([1.36 * 1.2, 0.86 * 1.1])
 
 
 def test_the_constraints_mark_the_rows_and_the_candidates_are_those_that_meet_them():
     planner = Planner(_models(PERF), "cost", {"deadline": 1.0})
-    rows = _two_rows(planner)
-    planner.mark_constraints(rows)
-    assert [r["meets_constraints"] for r in rows] == [True, False]  # 0.6 s and 1.1 s against 1 s
+    rows = _two_rows(planner)  # predict marks whether each row meets the constraints
+    assert [r.meets_constraints for r in rows] == [True, False]  # 0.6 s and 1.1 s against 1 s
     assert planner.candidates(rows) == ([0, 1], [0])
     chosen, why = planner.choose(rows, [0], {})
     assert (chosen, why) == (0, f"least predicted cost within {planner.cons.describe('$')}")
     both = Planner(_models(PERF), "cost", {"deadline": 1.0, "budget": 1.0})
     rows = _two_rows(both)
-    both.mark_constraints(rows)
-    assert [r["meets_constraints"] for r in rows] == [False, False]
+    assert [r.meets_constraints for r in rows] == [False, False]
     with pytest.raises(InfeasibleError) as err:
         both.candidates(rows)
     assert (
@@ -304,7 +303,6 @@ def test_the_choice_by_the_objectives_rule_and_its_reason():
     for objective, expected in (("time", 0), ("cost", 1)):
         planner = Planner(_models(PERF), objective)
         rows = _two_rows(planner)
-        planner.mark_constraints(rows)
         assert planner.choose(rows, [0, 1], {})[0] == expected
     chosen, why = planner.choose(rows, [0, 1], {})
     assert planner.reason(rows, [0, 1], chosen, why) == (
@@ -315,36 +313,35 @@ def test_the_choice_by_the_objectives_rule_and_its_reason():
 
 def test_curves_and_knees_per_cluster_size():
     planner = Planner(_models(PERF))
-    rows = [*_two_rows(planner), planner.row(1, 50, True, None)]  # N = 1, B = 50: 1.2 s, 1.2 $
-    planner.predict(rows[2:])
+    rows = [*_two_rows(planner), *planner.predict([planner.row(1, 50, True, None)])]  # N = 1, B = 50: 1.2 s, 1.2 $
     assert planner.by_size(rows, [0, 1, 2]) == {1: [1, 2], 2: [0]}
     curves = planner.curves(rows, [0, 1, 2])
     assert list(curves) == ["1", "2"] and curves["1"]["global_batch"] == [100, 50]
     assert curves["1"]["total_time_s"] == pytest.approx([1.1, 1.2]) and curves["2"]["cost"] == pytest.approx([1.2])
     # fewer than 3 points: no Kneedle, the smallest batch within 5 % of the fastest
     assert planner.knees(rows, [0, 1, 2]) == {
-        "1": {"row": 1, "global_batch": 100, "method": "fallback"},
-        "2": {"row": 0, "global_batch": 200, "method": "fallback"},
+        "1": Knee(row=1, global_batch=100, method="fallback"),
+        "2": Knee(row=0, global_batch=200, method="fallback"),
     }
-    rows = planner.grid()
-    planner.predict(rows)
+    rows = planner.predict(planner.grid())
     knees = planner.knees(rows, list(range(len(rows))))
     for n, k in knees.items():  # the hyperbola's knee (test_knee_of_a_hyperbola_is_at_the_geometric_mean)
-        assert k["method"] == "kneedle" and 90 <= k["global_batch"] <= 112
-        assert (rows[k["row"]]["n_workers"], rows[k["row"]]["global_batch"]) == (int(n), k["global_batch"])
+        assert k.method == "kneedle" and 90 <= k.global_batch <= 112
+        assert (rows[k.row].n_workers, rows[k.row].global_batch) == (int(n), k.global_batch)
 
 
 def test_the_record_marks_the_choice_and_holds_the_frontier_and_the_counts():
     planner = Planner(_models(PERF), "time", {"budget": 1.15})
     rows = _two_rows(planner)
-    planner.mark_constraints(rows)
     feas, eligible = planner.candidates(rows)
     assert (feas, eligible) == ([0, 1], [1])  # 1.2 $ is over the budget
     rec = planner.record(rows, feas, eligible, {}, {}, 1, "why")
-    assert [r["chosen"] for r in rows] == [False, True] and rec["choice"] == rows[1] and rec["choice"] is not rows[1]
-    assert [(r["n_workers"], r["global_batch"]) for r in rec["frontier"]] == [(2, 200), (1, 100)]  # by time
-    assert rec["constraints"] == {"deadline_s": None, "budget": 1.15, "unit": "$", "n_feasible": 2, "n_meeting": 1}
-    assert (rec["objective"], rec["reason"], rec["spot_comparison"], rec["measured_ratio"]) == (
+    assert isinstance(rec, PlanRecord) and [r.chosen for r in rec.configurations] == [False, True]
+    assert [r.chosen for r in rows] == [False, False]  # the rows given are frozen: the record's are marked copies
+    assert rec.choice == rec.configurations[1] and rec.choice.chosen
+    assert [(r.n_workers, r.global_batch) for r in rec.frontier] == [(2, 200), (1, 100)]  # by time
+    assert rec.constraints == PlanConstraints(deadline_s=None, budget=1.15, unit="$", n_feasible=2, n_meeting=1)
+    assert (rec.objective, rec.reason, rec.spot_comparison, rec.to_json_dict()["measured_ratio"]) == (
         "time",
         "why",
         None,
@@ -356,9 +353,9 @@ def test_a_free_price_plans_and_compares_without_dividing_by_zero():
     """A price of 0 (an owned cluster, a free spot tier) is valid: the plan's reason says the
     choice is 1.00x the cheapest, and a free spot tier is cheaper at any preemption rate."""
     free = make_plan(models_record(PERF, pricing={"kind": "fixed", "price_per_node_hour": 0.0}), objective="cost")
-    assert free["choice"]["cost"] == 0.0 and "1.00x the cheapest" in free["reason"]
+    assert free.choice.cost == 0.0 and "1.00x the cheapest" in free.reason
     spot = {"kind": "spot", "price_per_node_hour": 1.0, "spot_price_per_node_hour": 0.0}
     spot["preemption_rate_per_node_hour"] = 0.1
     p = make_plan(models_record(PERF, pricing=spot), objective="time", compare_spot=True)
-    assert p["spot_comparison"]["cheaper"] == "spot"
-    assert "spot is free, so cheaper at any preemption rate" in p["spot_comparison"]["sentence"]
+    assert p.spot_comparison is not None and p.spot_comparison["cheaper"] == "spot"
+    assert "spot is free, so cheaper at any preemption rate" in p.spot_comparison["sentence"]

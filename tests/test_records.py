@@ -79,8 +79,8 @@ def _valid_records(spec_dict: dict) -> dict[str, dict]:
         profiling_s=3.5,
         created="2025-01-01T00:00:00+0000",
     )
-    models = fit_models(profile)
-    plan = make_plan(models)
+    models = fit_models(profile).to_json_dict()
+    plan = make_plan(models).to_json_dict()
     epoch = {
         "epoch": 1,
         "steps": 11,
@@ -346,7 +346,7 @@ def test_a_record_that_loads_can_be_used_by_the_next_stage(records, tmp_path, ki
         return
     # it loaded, so the next stage uses it: a plan, not an error of the fit or the planner
     plan = make_plan(fit_models(loaded) if kind == PROFILE_KIND else loaded)
-    assert plan["choice"]["n_workers"] >= 1 and plan["choice"]["global_batch"] >= 1, plan["choice"]
+    assert plan.choice.n_workers >= 1 and plan.choice.global_batch >= 1, plan.choice
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -95,7 +95,7 @@ def test_every_objective_has_a_rule_and_one_without_its_rule_is_refused_not_plan
         n for n in OBJECTIVE_NAMES if n.endswith("_to_accuracy")
     ]
     models = models_record(PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6))
-    assert plan_mod.make_plan(models, "time")["objective"] == "time"
+    assert plan_mod.make_plan(models, "time").objective == "time"
     monkeypatch.setitem(OBJECTIVES, "time", dataclasses.replace(OBJECTIVES["time"], rule="fastest_wins"))
     with pytest.raises(ValueError, match="objective 'time' has rule 'fastest_wins', which the planner has not"):
         plan_mod.make_plan(models, "time")

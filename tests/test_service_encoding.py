@@ -19,7 +19,7 @@ def _render(record) -> bytes:
 
 
 def test_a_plan_reads_back_equal_to_the_record():
-    plan = make_plan(models_record(PERF, sizes=(1, 2, 4), full=True), "knee", {"deadline": "30s"})
+    plan = make_plan(models_record(PERF, sizes=(1, 2, 4), full=True), "knee", {"deadline": "30s"}).to_json_dict()
     body = _render(plan)
     assert json.loads(body) == plan
     assert b"Infinity" not in body and b"NaN" not in body

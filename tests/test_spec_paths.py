@@ -87,7 +87,7 @@ def test_batch_growth_other_than_two_is_the_grid_the_search_and_the_plan_use(gro
     plan = make_plan(rec, "time")
     grid = [b for b in (10 * growth**k for k in range(10)) if b <= MODELS_D]
     for n in (1, 2):
-        got = sorted(r["global_batch"] for r in plan["configurations"] if r["candidate"] and r["n_workers"] == n)
+        got = sorted(r.global_batch for r in plan.configurations if r.candidate and r.n_workers == n)
         assert got == [b for b in grid if b % n == 0], (n, got)
     # below 2 is one sentence
     with pytest.raises(SpecError, match="search.batch_growth"):

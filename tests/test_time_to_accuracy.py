@@ -13,34 +13,36 @@ from tula.core.errors import SpecError
 from tula.core.fit import fit_noise_scale
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
+from tula.core.records import PlanRecord
 
 PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)  # test_plan's hand-checked curves
 
 
-def _nb(plan: dict) -> tuple[int, int]:
-    return plan["choice"]["n_workers"], plan["choice"]["global_batch"]
+def _nb(plan: PlanRecord) -> tuple[int, int]:
+    return plan.choice.n_workers, plan.choice.global_batch
 
 
 def test_epochs_to_accuracy_match_a_hand_calculation_and_a_small_noise_scale_prefers_small_batches():
     # per epoch N = 1: T = 10 / B + 1 and N = 2: T = 20 / B + 0.5 (test_plan); B0 = train.base_batch = 128
     plan = make_plan(models_record(PERF), "time_to_accuracy", noise_scale=10.0)
-    row = next(r for r in plan["configurations"] if (r["n_workers"], r["global_batch"]) == (1, 160))
-    assert row["epochs_to_accuracy"] == pytest.approx((10 + 160) / (10 + 128))
-    assert row["time_to_accuracy_s"] == pytest.approx((10 / 160 + 1) * (10 + 160) / 138)
-    assert row["cost_to_accuracy"] == pytest.approx(row["time_to_accuracy_s"])  # 1 $ per node-second, N = 1
+    row = next(r for r in plan.configurations if (r.n_workers, r.global_batch) == (1, 160))
+    assert row.epochs_to_accuracy == pytest.approx((10 + 160) / (10 + 128))
+    assert row.time_to_accuracy_s == pytest.approx((10 / 160 + 1) * (10 + 160) / 138)
+    assert row.cost_to_accuracy == pytest.approx(row.time_to_accuracy_s)  # 1 $ per node-second, N = 1
     # N = 1: (10 + B)^2 / (138 B), least at B = 10 (0.290); N = 2: (200 / B + 25 + B / 2) / 138, least at B = 20 (0.326)
-    assert _nb(plan) == (1, 10) and plan["choice"]["time_to_accuracy_s"] == pytest.approx(400 / 1380)
+    assert _nb(plan) == (1, 10) and plan.choice.time_to_accuracy_s == pytest.approx(400 / 1380)
     assert _nb(make_plan(models_record(PERF), "time")) == (2, 1000)  # the fixed-epoch view: the largest batch
-    assert plan["noise_scale"] == {"b_noise": 10.0, "source": "what-if", "reference_batch": 128}
-    assert "needs 0.145 epochs to reach what 1 reach at B0=128 (B_noise 10, a what-if)" in plan["reason"]
+    assert plan.noise_scale is not None
+    assert plan.noise_scale.to_json_dict() == {"b_noise": 10.0, "source": "what-if", "reference_batch": 128}
+    assert "needs 0.145 epochs to reach what 1 reach at B0=128 (B_noise 10, a what-if)" in plan.reason
     # a large noise scale: every batch is efficient, so the choice is time's
     assert _nb(make_plan(models_record(PERF), "time_to_accuracy", noise_scale=1e6)) == (2, 1000)
     # cost to accuracy: N = 1 at 1 $/node-s: the same curve as its time; N = 2 costs twice its time
     assert _nb(make_plan(models_record(PERF), "cost_to_accuracy", noise_scale=10.0)) == (1, 10)
     # the knee of the time-to-accuracy curve lies on its falling part, at or below its least time
     knee = make_plan(models_record(PERF), "knee_to_accuracy", noise_scale=1000.0)
-    for n, k in knee["knees"].items():
-        curve = knee["curves"][n]
+    for n, k in knee.knees.items():
+        curve = knee.curves[n]
         least = curve["global_batch"][
             min(range(len(curve["global_batch"])), key=curve["time_to_accuracy_s"].__getitem__)
         ]
@@ -77,17 +79,17 @@ def test_the_pooled_noise_scale_and_its_error():
         {"n_workers": 2, "status": "ok"},
     ]
     ns = fit_noise_scale(trials)
-    assert ns["b_noise"] == pytest.approx(120 / 6) and ns["steps"] == 3
+    assert ns.b_noise == pytest.approx(120 / 6) and ns.steps == 3
     loo = [90 / 5, 70 / 3, 80 / 4]  # leave one batch out
     mean = sum(loo) / 3
     se = (2 / 3 * sum((x - mean) ** 2 for x in loo)) ** 0.5
-    assert (ns["low"], ns["high"]) == (pytest.approx(20 - se), pytest.approx(20 + se))
-    assert [w["n_workers"] for w in ns["worlds"]] == [1, 2]
+    assert (ns.low, ns.high) == (pytest.approx(20 - se), pytest.approx(20 + se))
+    assert ns.worlds is not None and [w.n_workers for w in ns.worlds] == [1, 2]
     none = fit_noise_scale([{"n_workers": 1, "status": "ok"}])
-    assert none["b_noise"] is None and none["note"].startswith("not measured")
+    assert none.b_noise is None and none.note is not None and none.note.startswith("not measured")
     flat = fit_noise_scale([{"n_workers": 1, "noise": {"b_small": 8, "b_big": 16, "steps": 2, "b_simple": None,
                                                        "g2": [1.0, -2.0], "trace_sigma": [5.0, 5.0]}}])  # fmt: skip
-    assert flat["b_noise"] is None and "swamps the signal" in flat["note"]
+    assert flat.b_noise is None and "swamps the signal" in (flat.note or "")
 
 
 @pytest.mark.slow
@@ -141,22 +143,22 @@ def _capped(k_max: int) -> dict:
 def test_accumulation_carries_a_batch_the_memory_caps_and_its_step_time_is_k_computes_plus_a_sync():
     # memory: 2000 B static + 100 B per sample (test_plan's model); 12 kB with no safety margin: b <= 100
     plain = make_plan(_capped(k_max=1), "time")
-    assert plain["max_local_batch"] == 100 and _nb(plain) == (2, 200)  # N = 2 at b = 100: T = 20 / 200 + 0.5
+    assert plain.max_local_batch == 100 and _nb(plain) == (2, 200)  # N = 2 at b = 100: T = 20 / 200 + 0.5
     m = _capped(k_max=8)
     acc = make_plan(m, "time")
-    row = next(r for r in acc["configurations"] if (r["n_workers"], r["global_batch"]) == (1, 640))
-    assert (row["accumulation_steps"], row["micro_batch"], row["feasible"]) == (8, 80, True)
+    row = next(r for r in acc.configurations if (r.n_workers, r.global_batch) == (1, 640))
+    assert (row.accumulation_steps, row.micro_batch, row.feasible) == (8, 80, True)
     # N = 1: no sync, so k computes of 0.01 + 0.001 * 80 s; per epoch D / B = 1000 / 640 steps
-    assert row["t_step_s"] == pytest.approx(8 * (0.01 + 0.001 * 80))
-    assert row["peak_mem_bytes"] == 2000 + 100 * 80 + 10 * (640 - 80)  # the share's data is loaded whole
+    assert row.t_step_s == pytest.approx(8 * (0.01 + 0.001 * 80))
+    assert row.peak_mem_bytes == 2000 + 100 * 80 + 10 * (640 - 80)  # the share's data is loaded whole
     # N = 2 at B = 1000: shares of 500 as 5 micro-batches of 100; the sync overlaps only the last
-    big = next(r for r in acc["configurations"] if (r["n_workers"], r["global_batch"]) == (2, 1000))
-    assert (big["accumulation_steps"], big["micro_batch"]) == (5, 100)
-    assert big["t_step_s"] == pytest.approx(5 * (0.01 + 0.001 * 100) + 0.01)
+    big = next(r for r in acc.configurations if (r.n_workers, r.global_batch) == (2, 1000))
+    assert (big.accumulation_steps, big.micro_batch) == (5, 100)
+    assert big.t_step_s == pytest.approx(5 * (0.01 + 0.001 * 100) + 0.01)
     # a share no k <= 8 splits into micro-batches of at most 100 (e.g. 997, prime) stays infeasible, saying so
-    odd = [r for r in acc["configurations"] if not r["feasible"]]
-    assert odd and all("no accumulation of up to 8 steps" in r["reason"] for r in odd)
-    assert "accumulated" in acc["reason"] or acc["choice"]["accumulation_steps"] == 1
+    odd = [r for r in acc.configurations if not r.feasible]
+    assert odd and all("no accumulation of up to 8 steps" in r.reason for r in odd)
+    assert "accumulated" in acc.reason or acc.choice.accumulation_steps == 1
 
 
 @pytest.mark.slow
@@ -166,9 +168,9 @@ def test_tula_train_at_a_plan_that_accumulates_trains_with_its_k(tiny_spec_dict,
     from tula.pipeline import at_choice
 
     plan = make_plan(_capped(k_max=8), "time")
-    assert _nb(plan) == (2, 1000) and plan["choice"]["accumulation_steps"] == 5  # shares of 500 as 5 x 100
+    assert _nb(plan) == (2, 1000) and plan.choice.accumulation_steps == 5  # shares of 500 as 5 x 100
     save_record(plan, tmp_path / "plan.json")
-    assert at_choice(spec_from_dict(tiny_spec_dict), plan["choice"]).train.accumulation_steps == 5
+    assert at_choice(spec_from_dict(tiny_spec_dict), plan.choice.to_json_dict()).train.accumulation_steps == 5
     (tmp_path / "spec.json").write_text(json.dumps(dict(tiny_spec_dict, epochs=1)))
     r = tula_in_process(
         "train", tmp_path / "spec.json", "--plan", tmp_path / "plan.json", "--method", "lbt", "--out", tmp_path / "run"

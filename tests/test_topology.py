@@ -222,12 +222,12 @@ def _profile(worlds, collective="ring") -> dict:
 
 @pytest.fixture(scope="module")
 def two_by_two():
-    return fit_models(_profile(TWO_BY_TWO))
+    return fit_models(_profile(TWO_BY_TWO)).to_json_dict()
 
 
 @pytest.mark.parametrize("collective", ["ring", "parameter_server", "tree"])
 def test_the_simulator_reproduces_a_multi_host_fit_at_the_profiled_worlds(collective):
-    models = fit_models(_profile(TWO_BY_TWO, collective))
+    models = fit_models(_profile(TWO_BY_TWO, collective)).to_json_dict()
     fitted = PerfModel.from_dict(models["perf"])
     assert fitted.beta_intra is not None and models["placement"]["n_hosts"] == 2
     sim = simulator_from_models(models)
@@ -247,15 +247,15 @@ def test_the_simulator_reproduces_a_multi_host_fit_at_the_profiled_worlds(collec
 def test_the_plan_predicts_on_the_hosts_it_was_fitted_for(two_by_two):
     plan = make_plan(two_by_two, "time")
     perf = PerfModel.from_dict(two_by_two["perf"])
-    for row in plan["configurations"]:
-        want = float(perf.t_step_s(row["local_batch"], row["n_workers"], 2))
-        assert row["t_step_s"] == pytest.approx(want, rel=1e-12)
+    for row in plan.configurations:
+        want = float(perf.t_step_s(row.local_batch, row.n_workers, 2))
+        assert row.t_step_s == pytest.approx(want, rel=1e-12)
     # a profile of one host: the flat model, as before
-    flat = fit_models(_profile(([], ["h0", "h0"], ["h0"] * 4)))
+    flat = fit_models(_profile(([], ["h0", "h0"], ["h0"] * 4))).to_json_dict()
     assert ranks_per_node_of(flat["trials"]) is None
     perf = PerfModel.from_dict(flat["perf"])
-    for row in make_plan(flat, "time")["configurations"]:
-        assert row["t_step_s"] == pytest.approx(float(perf.t_step_s(row["local_batch"], row["n_workers"])), rel=1e-12)
+    for row in make_plan(flat, "time").configurations:
+        assert row.t_step_s == pytest.approx(float(perf.t_step_s(row.local_batch, row.n_workers)), rel=1e-12)
 
 
 def test_the_simulator_on_given_links_by_hand():
@@ -284,7 +284,7 @@ def test_the_simulator_on_given_links_by_hand():
 
 
 def test_the_simulator_says_what_the_profile_could_not_give():
-    models = fit_models(_profile(FOUR_BY_ONE))
+    models = fit_models(_profile(FOUR_BY_ONE)).to_json_dict()
     assert simulator_from_models(models).ranks_per_node == 1
     assert not any("intra-node" in x for x in simulator_from_models(models).notes)  # never used at R = 1
     notes = " ".join(simulator_from_models(models, ranks_per_node=8).notes)
@@ -296,7 +296,7 @@ def test_the_simulator_says_what_the_profile_could_not_give():
         for x in simulator_from_models(models, ranks_per_node=8, intra_bandwidth="100GB/s", intra_latency="1us").notes
     )
     # two hosts of two: the intra-node bandwidth is fitted, its latency frozen at 0
-    notes = " ".join(simulator_from_models(fit_models(_profile(TWO_BY_TWO))).notes)
+    notes = " ".join(simulator_from_models(fit_models(_profile(TWO_BY_TWO)).to_json_dict()).notes)
     assert "intra-node latency taken as 0" in notes and "loopback" not in notes
 
 

@@ -140,7 +140,7 @@ def test_every_front_trains_a_spec_and_a_plan_at_the_same_configuration(tmp_path
     models = models_record(PERF, budget=12_000, full=True)
     models["spec"]["search"] |= {"memory_safety": 0.0, "max_accumulation_steps": 8}
     plan = make_plan(models, "time")
-    assert (plan["choice"]["n_workers"], plan["choice"]["global_batch"], plan["choice"]["accumulation_steps"]) == (
+    assert (plan.choice.n_workers, plan.choice.global_batch, plan.choice.accumulation_steps) == (
         2,
         1000,
         5,

@@ -7,6 +7,10 @@ without profiling again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
 import numpy as np
 
 from tula.core.errors import RecordError
@@ -19,7 +23,21 @@ from tula.core.perfmodel import (
     trial_topology,
     world_shape,
 )
-from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, VERSIONS, load_record, placement, save_record  # noqa: F401
+from tula.core.records import (  # noqa: F401
+    MODELS_KIND,
+    PLAN_KIND,
+    PROFILE_KIND,
+    VERSIONS,
+    AccumulationCheck,
+    ModelsRecord,
+    NoiseScale,
+    NoiseWorld,
+    ProfileRecord,
+    load_record,
+    parse_record,
+    placement,
+    save_record,
+)
 from tula.core.run_costs import fit_run_costs
 from tula.core.spec import JobSpec, spec_from_dict
 
@@ -32,107 +50,124 @@ def oom_local_batch(trials: list[dict]) -> int | None:
     return min(bad) if bad else None
 
 
-def fit_noise_scale(trials: list[dict]) -> dict:
+def fit_noise_scale(trials: Sequence[Mapping[str, Any]]) -> NoiseScale:
     """The gradient noise scale B_noise at the start of training, from the trials' ``noise``
     measurements (the first trial of each world): the ratio of the mean tr(Sigma) to the
     mean |G|^2 over every measured batch of every world (each batch's pair is unbiased at
     its own batch sizes, so they pool), with a jackknife standard error over the batches
     (``low``, ``high``: one error either side).  ``b_noise`` is None, with a ``note``
     saying why, when nothing was measured or no gradient signal stood above the noise."""
-    measured = [t for t in trials if t.get("noise") and t["noise"].get("steps")]
+    measured = [(t["n_workers"], t["noise"]) for t in trials if t.get("noise") and t["noise"].get("steps")]
     worlds = [
-        {k: t["noise"][k] for k in ("b_small", "b_big", "steps", "b_simple")} | {"n_workers": t["n_workers"]}
-        for t in measured
+        NoiseWorld(
+            n_workers=n,
+            b_small=m.get("b_small"),
+            b_big=m.get("b_big"),
+            steps=m.get("steps"),
+            b_simple=m.get("b_simple"),
+        )  # fmt: skip
+        for n, m in measured
     ]
-    out: dict = {"b_noise": None, "low": None, "high": None, "steps": 0, "worlds": worlds, "note": ""}
     if not measured:
-        out["note"] = "not measured: the profile has no noise measurement (profile.noise_steps 0, or an older profile)"
-        return out
-    g2 = np.array([v for t in measured for v in t["noise"]["g2"]], float)
-    tr = np.array([v for t in measured for v in t["noise"]["trace_sigma"]], float)
-    out["steps"] = int(g2.size)
+        note = "not measured: the profile has no noise measurement (profile.noise_steps 0, or an older profile)"
+        return NoiseScale(b_noise=None, low=None, high=None, steps=0, worlds=worlds, note=note)
+    g2 = np.array([v for _, m in measured for v in m["g2"]], float)
+    tr = np.array([v for _, m in measured for v in m["trace_sigma"]], float)
     if g2.sum() <= 0:
-        out["note"] = (
+        note = (
             f"not measurable: over {g2.size} batches the mean |G|^2 is not above 0 -- the gradient noise "
             "swamps the signal at these batches (B_noise is far above them)"
         )
-        return out
+        return NoiseScale(b_noise=None, low=None, high=None, steps=int(g2.size), worlds=worlds, note=note)
     b = float(max(tr.sum(), 0.0) / g2.sum())
-    out["b_noise"] = b
+    low = high = None
     if g2.size >= 2:
         rest_g2, rest_tr = g2.sum() - g2, tr.sum() - tr
         ok = rest_g2 > 0
         loo = np.maximum(rest_tr[ok], 0.0) / rest_g2[ok]
         se = float(np.sqrt((loo.size - 1) / loo.size * np.sum((loo - loo.mean()) ** 2))) if loo.size >= 2 else 0.0
-        out["low"], out["high"] = max(b - se, 0.0), b + se
-    return out
+        low, high = max(b - se, 0.0), b + se
+    return NoiseScale(b_noise=b, low=low, high=high, steps=int(g2.size), worlds=worlds, note="")
 
 
-def accumulation_check(perf: PerfModel, trials: list[dict], checks: list[dict]) -> list[dict]:
+def accumulation_check(
+    perf: PerfModel, trials: list[dict], checks: Sequence[Mapping[str, Any]]
+) -> list[AccumulationCheck]:
     """Each accumulated-step measurement of the profile (``accumulation_trials``) against the
     model's ``t_step(micro, N, k)``, on the hosts of the ordinary trial of the same batch."""
     out = []
+    topology = trial_topology(trials) is not None
     for a in checks:
-        same = next(
-            (t for t in trials if t["n_workers"] == a["n_workers"] and t["local_batch"] == a["local_batch"]), {}
-        )
-        r, h = world_shape(same) if trial_topology(trials) is not None and same else (None, None)
-        predicted = float(perf.t_step_s(a["micro_batch"], a["n_workers"], r, h, a["accumulation_steps"]))
-        out.append({**{k: a[k] for k in ("n_workers", "local_batch", "micro_batch", "accumulation_steps", "t_step_s")},
-                    "predicted_t_step_s": predicted, "rel_error": abs(predicted - a["t_step_s"]) / a["t_step_s"]})  # fmt: skip
+        given = {k: a[k] for k in ("n_workers", "local_batch", "micro_batch", "accumulation_steps", "t_step_s")}
+        measured = AccumulationCheck(**given, predicted_t_step_s=0.0, rel_error=0.0)
+        n, b = measured.n_workers, measured.local_batch
+        same = next((t for t in trials if (t["n_workers"], t["local_batch"]) == (n, b)), None)
+        r, h = world_shape(same) if topology and same else (None, None)
+        predicted = float(perf.t_step_s(measured.micro_batch, n, r, h, measured.accumulation_steps))
+        rel_error = abs(predicted - measured.t_step_s) / measured.t_step_s
+        out.append(measured.model_copy(update={"predicted_t_step_s": predicted, "rel_error": rel_error}))
     return out
 
 
-def fit_models(profile: dict) -> dict:
-    """Fit the memory and performance models of a profile record."""
-    spec = spec_from_dict(profile["spec"])
-    trials = profile["trials"]
-    if not any(t["status"] == "ok" for t in trials):
+def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
+    """Fit the memory and performance models of a profile record (a dict as read from
+    ``profile.json``, checked here, or a :class:`~tula.core.records.ProfileRecord`): the
+    :class:`~tula.core.records.ModelsRecord` (``.to_json_dict()`` where it is written)."""
+    prof = parse_record(profile, ProfileRecord, "the profile")
+    spec = spec_from_dict(prof.spec)
+    trials = [asdict(t) for t in prof.trials]
+    ok_trials = [t for t in prof.trials if t.status == "ok"]
+    if not ok_trials:
         raise RecordError(
             "the profile has no successful trial to fit a performance model to "
             "(every trial ran out of memory or failed)"
         )
-    perf = fit_perf_model(trials, spec.collective, profile["model"]["grad_bytes"])
-    ok = [t for t in trials if t["status"] == "ok"]
-    probed = MemoryModel.from_dict(profile["memory"])
-    ns = [t["n_workers"] for t in ok]
-    mem = probed.refit([t["local_batch"] for t in ok], [t["peak_mem_bytes"] for t in ok], ns)
+    perf = fit_perf_model(trials, spec.collective, prof.model.grad_bytes)
+    ok = [asdict(t) for t in ok_trials]
+    probed = MemoryModel.from_dict(prof.memory)
+    local = np.array([t.local_batch for t in ok_trials])
+    ns = [t.n_workers for t in ok_trials]
+    peaks = [t.peak_mem_bytes for t in ok_trials if t.peak_mem_bytes is not None]  # every one (ProfileRecord checks)
+    mem = probed.refit(local.tolist(), peaks, ns)
     t_err = relative_errors(perf, ok)  # each trial where its ranks ran
-    m_err = relative_error(
-        mem.predict_peak_bytes(np.array([t["local_batch"] for t in ok]), ns), [t["peak_mem_bytes"] for t in ok]
-    )
-    acc = accumulation_check(perf, ok, profile.get("accumulation_trials") or [])
-    run_costs = fit_run_costs(profile.get("run_trials") or [], spec.train.method)
-    return {
-        "kind": MODELS_KIND,
-        "version": VERSIONS[MODELS_KIND],
-        "spec": spec.to_dict(),
-        "search": profile["search"],
-        "device": profile["device"],
-        "dataset_size": profile["dataset_size"],
-        "memory_budget_bytes": profile["memory_budget_bytes"],
-        "memory": mem.to_dict(),
-        "memory_probed": probed.to_dict(),
-        "perf": perf.to_dict(),
-        "oom_local_batch": oom_local_batch(trials),
-        "fit_error": {
-            "t_step_median_rel": float(np.median(t_err)),
-            "t_step_max_rel": float(t_err.max()),
-            "peak_mem_median_rel": float(np.median(m_err)),
-            "peak_mem_max_rel": float(m_err.max()),
-            **({"accumulated_step_max_rel": max(a["rel_error"] for a in acc)} if acc else {}),
-        },
-        "accumulation_check": acc,
-        "trials": trials,
-        "profiling_s": profile.get("profiling_s"),
-        "placement": placement(trials),
-        "noise_scale": fit_noise_scale(trials),
-        # the method's own step and each epoch's end, from the run trials (None: the profile had none)
-        "run_costs": None if run_costs is None else run_costs.to_dict(),
-        "run_trials": profile.get("run_trials") or [],
-        # cluster sizes the profile could not place (one rank per GPU): N -> why; the plan does not rank them
-        **({"not_measured": profile["not_measured"]} if profile.get("not_measured") else {}),
+    m_err = relative_error(mem.predict_peak_bytes(local, ns), peaks)
+    extra = prof.model_extra or {}
+    acc = accumulation_check(perf, ok, extra.get("accumulation_trials") or [])
+    run_trials = extra.get("run_trials") or []
+    run_costs = fit_run_costs(run_trials, spec.train.method)
+    fit_error = {
+        "t_step_median_rel": float(np.median(t_err)),
+        "t_step_max_rel": float(t_err.max()),
+        "peak_mem_median_rel": float(np.median(m_err)),
+        "peak_mem_max_rel": float(m_err.max()),
     }
+    if acc:
+        fit_error["accumulated_step_max_rel"] = max(a.rel_error for a in acc)
+    not_measured = extra.get("not_measured")
+    return ModelsRecord(
+        kind=MODELS_KIND,
+        version=VERSIONS[MODELS_KIND],
+        spec=spec.to_dict(),
+        search=prof.search,
+        device=prof.device,
+        dataset_size=prof.dataset_size,
+        memory_budget_bytes=prof.memory_budget_bytes,
+        memory=mem.to_dict(),
+        memory_probed=probed.to_dict(),
+        perf=perf.to_dict(),
+        oom_local_batch=oom_local_batch(trials),
+        fit_error=fit_error,
+        accumulation_check=acc,
+        trials=prof.trials,
+        profiling_s=prof.profiling_s,
+        placement=placement(trials),
+        noise_scale=fit_noise_scale(trials),
+        # the method's own step and each epoch's end, from the run trials (None: the profile had none)
+        run_costs=None if run_costs is None else run_costs.to_dict(),
+        run_trials=run_trials,
+        # cluster sizes the profile could not place (one rank per GPU): N -> why; the plan does not rank them
+        **({"not_measured": not_measured} if not_measured else {}),
+    )
 
 
 def models_from(rec: dict) -> tuple[JobSpec, MemoryModel, PerfModel]:

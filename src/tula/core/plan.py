@@ -42,7 +42,7 @@ of :class:`Planner`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -51,11 +51,21 @@ import numpy as np
 from pydantic import ValidationError
 
 from tula.core.accumulation import accumulation_for
-from tula.core.errors import InfeasibleError, SpecError
+from tula.core.config import Config
+from tula.core.errors import InfeasibleError, RecordError, SpecError
 from tula.core.fitted import FittedModels
 from tula.core.kneedle import knee_index
 from tula.core.pricing import SpotPricing, make_pricing
-from tula.core.records import PLAN_KIND, VERSIONS
+from tula.core.records import (
+    PLAN_KIND,
+    VERSIONS,
+    ModelsRecord,
+    NoiseScale,
+    PlanConstraints,
+    PlanRecord,
+    PlanRow,
+    as_record,
+)
 from tula.core.registry import OBJECTIVE_NAMES, OBJECTIVES
 from tula.core.run_costs import RunCosts
 from tula.core.space import candidate_global_batches, max_global_batch
@@ -154,8 +164,8 @@ class Constraints:
         return in_time, in_budget
 
 
-def _where(r: dict) -> str:
-    return f"N={r['n_workers']}, B={r['global_batch']}"
+def _where(r: PlanRow) -> str:
+    return f"N={r.n_workers}, B={r.global_batch}"
 
 
 def _times(x: float, best: float) -> str:
@@ -170,25 +180,37 @@ def _money(x: float, unit: str) -> str:
     return f"{x:.4g} {unit}"
 
 
-def _unmet(rows: list[dict], feas: list[int], cons: Constraints, unit: str, tk: str, ck: str) -> str:
+def _first_least(indices: Sequence[int] | np.ndarray, *keys: np.ndarray) -> int:
+    """The first of ``indices`` with the least ``keys[0]``, ties broken by ``keys[1]``, then
+    ``keys[2]`` ... (each key an array over every row), as ``min(indices, key=...)`` picks."""
+    idx = np.asarray(indices, np.int64)
+    order = np.lexsort(tuple(k[idx] for k in reversed(keys)))  # lexsort: the last key is the primary one
+    return int(idx[order[0]])
+
+
+def _unmet(
+    rows: Sequence[PlanRow], time_s: np.ndarray, cost: np.ndarray, feas: list[int], cons: Constraints, unit: str
+) -> str:
     """The sentence saying which constraint no feasible configuration meets, and by how much
-    (times in column ``tk``, costs in ``ck``)."""
-    rows = [{**r, "total_time_s": r[tk], "cost": r[ck]} for r in rows]
-    fastest = rows[min(feas, key=lambda i: (rows[i]["total_time_s"], rows[i]["cost"]))]
-    cheapest = rows[min(feas, key=lambda i: (rows[i]["cost"], rows[i]["total_time_s"]))]
-    late = cons.deadline_s is not None and fastest["total_time_s"] > cons.deadline_s
-    dear = cons.budget is not None and cheapest["cost"] > cons.budget
+    (each row's time ``time_s`` and ``cost``, as the objective ranks them)."""
+    i_fast, i_cheap = _first_least(feas, time_s, cost), _first_least(feas, cost, time_s)
+    fastest, cheapest = rows[i_fast], rows[i_cheap]
+    t_fast, c_cheap = float(time_s[i_fast]), float(cost[i_cheap])
+    late = cons.deadline_s is not None and t_fast > cons.deadline_s
+    dear = cons.budget is not None and c_cheap > cons.budget
     dl = f"the {format_duration(cons.deadline_s)} deadline" if cons.deadline_s is not None else ""
     bg = f"the {_money(cons.budget, unit)} budget" if cons.budget is not None else ""
     if late:
+        assert cons.deadline_s is not None
         over_t = (
-            f"the fastest takes {format_duration(fastest['total_time_s'])} ({_where(fastest)}), "
-            f"{format_duration(fastest['total_time_s'] - cons.deadline_s)} too long"
+            f"the fastest takes {format_duration(t_fast)} ({_where(fastest)}), "
+            f"{format_duration(t_fast - cons.deadline_s)} too long"
         )
     if dear:
+        assert cons.budget is not None
         over_c = (
-            f"the cheapest costs {_money(cheapest['cost'], unit)} ({_where(cheapest)}), "
-            f"{_money(cheapest['cost'] - cons.budget, unit)} over it"
+            f"the cheapest costs {_money(c_cheap, unit)} ({_where(cheapest)}), "
+            f"{_money(c_cheap - cons.budget, unit)} over it"
         )
     if late and dear:
         return f"no configuration finishes within {dl} or stays within {bg}: {over_t}, and {over_c}"
@@ -197,15 +219,16 @@ def _unmet(rows: list[dict], feas: list[int], cons: Constraints, unit: str, tk: 
     if dear:
         return f"no configuration stays within {bg}: {over_c}"
     # each constraint alone is met, both together are not
-    in_time = [i for i in feas if cons.meets(rows[i]["total_time_s"], rows[i]["cost"])[0]]
-    in_budget = [i for i in feas if cons.meets(rows[i]["total_time_s"], rows[i]["cost"])[1]]
-    a = rows[min(in_time, key=lambda i: (rows[i]["cost"], rows[i]["total_time_s"]))]
-    b = rows[min(in_budget, key=lambda i: (rows[i]["total_time_s"], rows[i]["cost"]))]
+    assert cons.deadline_s is not None and cons.budget is not None
+    met = [cons.meets(float(time_s[i]), float(cost[i])) for i in feas]
+    in_time = [i for i, (ok, _) in zip(feas, met) if ok]
+    in_budget = [i for i, (_, ok) in zip(feas, met) if ok]
+    a, b = _first_least(in_time, cost, time_s), _first_least(in_budget, time_s, cost)
     return (
         f"no configuration meets both {dl} and {bg}: the cheapest within the deadline costs "
-        f"{_money(a['cost'], unit)} ({_where(a)}), {_money(a['cost'] - cons.budget, unit)} over the budget, "
-        f"and the fastest within the budget takes {format_duration(b['total_time_s'])} ({_where(b)}), "
-        f"{format_duration(b['total_time_s'] - cons.deadline_s)} past the deadline"
+        f"{_money(float(cost[a]), unit)} ({_where(rows[a])}), {_money(float(cost[a]) - cons.budget, unit)} over the "
+        f"budget, and the fastest within the budget takes {format_duration(float(time_s[b]))} ({_where(rows[b])}), "
+        f"{format_duration(float(time_s[b]) - cons.deadline_s)} past the deadline"
     )
 
 
@@ -220,17 +243,20 @@ def _with_pricing(spec: JobSpec, pricing: Any) -> JobSpec:
 
 
 # --------------------------------------------------------------------------- statistical efficiency
-def noise_assumed(models: dict, noise_scale: float | None, reference_batch: int) -> dict:
+def noise_assumed(models: Mapping[str, Any] | ModelsRecord, noise_scale: float | None, reference_batch: int) -> dict:
     """The gradient noise scale a plan assumes: ``noise_scale`` (a what-if) when given, else
     the models' (``noise_scale.b_noise``, measured by the profile); ``b_noise`` None with a
-    ``note`` when there is none."""
+    ``note`` when there is none.  ``models``: a models record, as a dict or typed."""
     if noise_scale is not None:
         if isinstance(noise_scale, bool) or not isinstance(noise_scale, (int, float)):
             raise SpecError(f"the noise scale is a number of samples, not {noise_scale!r}")
         if not (math.isfinite(noise_scale) and noise_scale > 0):
             raise SpecError(f"the noise scale must be a positive number of samples, not {noise_scale:g}")
         return {"b_noise": float(noise_scale), "source": "what-if", "reference_batch": reference_batch}
-    measured = models.get("noise_scale") or {}
+    if isinstance(models, ModelsRecord):
+        measured = models.noise_scale.to_json_dict() if models.noise_scale is not None else {}
+    else:
+        measured = models.get("noise_scale") or {}
     out = {k: measured.get(k) for k in ("b_noise", "low", "high", "steps")}
     note = measured.get("note") or "not measured: these models were fitted before Tula measured it"
     return {
@@ -250,17 +276,29 @@ def epochs_to_accuracy(epochs: float, global_batch: Any, b_noise: float, referen
 
 # --------------------------------------------------------------------------- the objectives' rules
 @dataclass(frozen=True)
-class Ranking:
-    """What an objective's rule chooses among: the plan's rows, the indices of those that
-    fit and meet the constraints (``eligible``), each cluster size's knee (its row and
-    batch), the keys of the time and the cost the objective ranks by (``tk``, ``ck``: to
-    accuracy or for the spec's epochs), and the words of the reason."""
+class Knee:
+    """A cluster size's knee: the index of its row, its global batch and how it was found
+    (``kneedle`` or ``fallback``: :func:`find_knee`)."""
 
-    rows: list[dict]
-    eligible: list[int]
-    knees: dict[str, dict]
-    tk: str
-    ck: str
+    row: int
+    global_batch: int
+    method: str
+
+
+@dataclass(frozen=True, eq=False)
+class Ranking:
+    """What an objective's rule chooses among, as arrays over the plan's rows: the time and the
+    cost the objective ranks by (``time_s``, ``cost``: to accuracy or for the spec's epochs),
+    each row's N and B and whether it meets the constraints; the indices of the rows that fit
+    and meet them (``eligible``), each cluster size's knee, and the words of the reason."""
+
+    time_s: np.ndarray
+    cost: np.ndarray
+    n_workers: np.ndarray
+    global_batch: np.ndarray
+    meets_constraints: np.ndarray
+    eligible: np.ndarray
+    knees: dict[str, Knee]
     spot: bool
     to_accuracy: bool
     constraints: str  # the constraints in words
@@ -274,36 +312,36 @@ class Ranking:
 
 
 def _least_time(r: Ranking) -> tuple[int, str]:
-    chosen = min(r.eligible, key=lambda i: (r.rows[i][r.tk], r.rows[i][r.ck]))
+    chosen = _first_least(r.eligible, r.time_s, r.cost)
     return chosen, (
         "least expected training time" if r.spot else "least predicted training time"
     ) + r.to_acc() + r.within()
 
 
 def _least_cost(r: Ranking) -> tuple[int, str]:
-    chosen = min(r.eligible, key=lambda i: (r.rows[i][r.ck], r.rows[i][r.tk]))
+    chosen = _first_least(r.eligible, r.cost, r.time_s)
     return chosen, ("least expected cost" if r.spot else "least predicted cost") + r.to_acc() + r.within()
 
 
 def _at_knee(r: Ranking) -> tuple[int, str]:
     """The fastest of the cluster sizes' knees that meet the constraints; when every knee
     misses them, the configuration meeting them nearest to its cluster size's knee."""
-    rows = r.rows
-    ok_knees = [k["row"] for k in r.knees.values() if rows[k["row"]]["meets_constraints"]]
+    ok_knees = [k.row for k in r.knees.values() if r.meets_constraints[k.row]]
     if ok_knees:
-        chosen = min(ok_knees, key=lambda i: (rows[i][r.tk], rows[i][r.ck]))
-        kn = r.knees[str(rows[chosen]["n_workers"])]
+        chosen = _first_least(ok_knees, r.time_s, r.cost)
+        kn = r.knees[str(int(r.n_workers[chosen]))]
         why = (
             f"knee of the predicted time{r.to_acc()}-vs-batch curve"
-            if kn["method"] == "kneedle"
+            if kn.method == "kneedle"
             else f"no knee found; smallest batch within {KNEE_FALLBACK_TOL:.0%} of the fastest"
         ) + r.within()
         return chosen, why
-
-    def off_knee(i: int) -> float:
-        return abs(math.log(rows[i]["global_batch"] / r.knees[str(rows[i]["n_workers"])]["global_batch"]))
-
-    chosen = min(r.eligible, key=lambda i: (off_knee(i), rows[i][r.tk], rows[i][r.ck]))
+    # how far (in log batch) each row is from its cluster size's knee; rows of sizes without one are not eligible
+    off_knee = np.full(r.time_s.shape, math.inf)
+    for i in r.eligible.tolist():
+        knee = r.knees[str(int(r.n_workers[i]))]
+        off_knee[i] = abs(math.log(int(r.global_batch[i]) / knee.global_batch))
+    chosen = _first_least(r.eligible, off_knee, r.time_s, r.cost)
     return (
         chosen,
         f"every knee misses {r.constraints}; the configuration meeting them nearest to its cluster size's knee",
@@ -319,6 +357,53 @@ RULES: dict[str, Callable[[Ranking], tuple[int, str]]] = {
 
 
 # --------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class GridPoint:
+    """A configuration a plan evaluates, before its predictions: N workers, each taking a local
+    batch b = B / N as k micro-batches, whether the plan's table shows it (``candidate``) and why
+    it does not fit in memory or was not measured (``reason``; empty where it fits)."""
+
+    n_workers: int
+    local_batch: int
+    accumulation_steps: int
+    candidate: bool
+    reason: str = ""
+
+    @property
+    def global_batch(self) -> int:
+        """B = N b."""
+        return self.n_workers * self.local_batch
+
+    @property
+    def micro_batch(self) -> int:
+        """b / k, the samples of one forward and backward pass."""
+        return self.local_batch // self.accumulation_steps
+
+    @property
+    def feasible(self) -> bool:
+        """Whether it fits in memory (and its cluster size was measured)."""
+        return not self.reason
+
+    @property
+    def config(self) -> Config:
+        """(N, B, k) as one value."""
+        return Config(self.n_workers, self.global_batch, self.accumulation_steps)
+
+
+def _typed_models(models: Mapping[str, Any] | ModelsRecord) -> ModelsRecord:
+    """A models record as the typed object the planner reads: a whole record checked
+    (:func:`tula.core.records.parse_record`); a record's parts only, as a caller or a test
+    assembles them (without the fields a saved record has), typed field by field
+    (:func:`tula.core.records.as_record`) -- what the planner needs of them
+    :meth:`FittedModels.from_record <tula.core.fitted.FittedModels.from_record>` checked first."""
+    if isinstance(models, ModelsRecord):
+        return models
+    try:
+        return ModelsRecord.from_dict(models, "the models record")
+    except RecordError:
+        return as_record({k: v for k, v in models.items() if k != "kind"}, ModelsRecord)
+
+
 class Planner:
     """One plan, in the steps :func:`make_plan` takes; each is a method that can be called,
     and tested, on its own:
@@ -326,21 +411,22 @@ class Planner:
     1. the options resolved (the constructor): the spec with the pricing and constraints to
        plan under, the objective and its rule, the noise scale, the pricing, the method and a
        finished run's measured ratio;
-    2. :meth:`grid`: a row per (N, B) of the search space, and whether it fits in memory;
-    3. :meth:`predict`: each row's predicted step, epoch, time and cost;
-    4. :meth:`mark_constraints` and :meth:`candidates`: the rows that meet the constraints, and
-       the feasible and the eligible ones (or the sentence saying why there are none);
+    2. :meth:`grid`: a :class:`GridPoint` per (N, B) of the search space, and whether it fits in memory;
+    3. :meth:`predict`: the rows (:class:`~tula.core.records.PlanRow`), from one prediction of
+       every point's step, epoch, time and cost, each marked whether it meets the constraints
+       (:meth:`meets_constraints`);
+    4. :meth:`candidates`: the feasible and the eligible rows (or the sentence saying why there are none);
     5. :meth:`curves` and :meth:`knees`: per cluster size, the dense curves and the knee;
-    6. :meth:`choose`: the objective's rule (:data:`RULES`) among the eligible rows;
+    6. :meth:`choose`: the objective's rule (:data:`RULES`) among the eligible rows, on arrays;
     7. :meth:`reason`: the choice in one sentence, with its notes;
-    8. :meth:`record`: the plan record.
+    8. :meth:`record`: the plan record (:class:`~tula.core.records.PlanRecord`).
 
     :meth:`plan` runs them in that order.  The constructor takes :func:`make_plan`'s
     arguments (but ``compare_spot``) and raises what it raises for a bad option."""
 
     def __init__(
         self,
-        models: dict,
+        models: Mapping[str, Any] | ModelsRecord,
         objective: str | None = None,
         constraints: Any = None,
         *,
@@ -351,34 +437,35 @@ class Planner:
     ) -> None:
         # the fitted models (memory, performance, the method's run costs) every row is predicted from
         self.fitted = FittedModels.from_record(models, method=method)
-        spec, self.mem, self.perf = spec_from_dict(models["spec"]), self.fitted.memory_model(), self.fitted.perf
+        self.given_models, self.models = models, _typed_models(models)
+        spec, self.mem, self.perf = spec_from_dict(self.models.spec), self.fitted.memory_model(), self.fitted.perf
         if pricing is not None:
             spec = _with_pricing(spec, pricing)
         self.cons = Constraints.of(spec.constraints if constraints is None else constraints)
         if constraints is not None:  # the plan's spec says what it was planned under
             planned_under = {"deadline_s": self.cons.deadline_s, "budget": self.cons.budget}
             spec = spec_from_dict({**spec.to_dict(), "constraints": planned_under})
-        self.models, self.spec, self.noise_scale, self.measured = models, spec, noise_scale, measured
+        self.spec, self.noise_scale, self.measured = spec, noise_scale, measured
         self.objective = _checked_objective(objective or spec.objective)
         self.to_accuracy = OBJECTIVES[self.objective].to_accuracy
-        self.noise = noise_assumed(models, noise_scale, spec.train.base_batch)
-        if self.to_accuracy and not self.noise["b_noise"]:
+        self.noise = NoiseScale.model_validate(noise_assumed(self.models, noise_scale, spec.train.base_batch))
+        if self.to_accuracy and not self.noise.b_noise:
             raise SpecError(
                 f"objective {self.objective} needs the gradient noise scale, and the profile has none "
-                f"({self.noise['note']}); give one as a what-if (--noise-scale)"
+                f"({self.noise.note}); give one as a what-if (--noise-scale)"
             )
         self.pricing = make_pricing(spec.pricing)
         self.spot = isinstance(self.pricing, SpotPricing)
-        self.budget = models.get("memory_budget_bytes")
+        self.budget = self.models.memory_budget_bytes
         self.b_mem = self.mem.max_local_batch(self.budget, spec.search.memory_safety)
-        self.b_oom = models.get("oom_local_batch")
+        self.b_oom = self.models.oom_local_batch
         # cluster sizes the profile could not place (one rank per GPU): no step was measured there,
         # and the fitted sync term says nothing about them, so they are listed but not ranked
-        self.not_measured: dict[str, str] = dict(models.get("not_measured") or {})
+        self.not_measured: dict[str, str] = dict(self.models.not_measured or {})
         self.method = self.fitted.method  # ``method``, else the spec's train.method
         # a finished run of this method: its measured / predicted, on every configuration
         self.ratio = measured.get("ratio") if measured is not None and measured.get("method") == self.method else None
-        # the columns the choice, the constraints and the knees read
+        # the fields of a row the choice, the constraints and the knees read
         self.tk, self.ck = ("time_to_accuracy_s", "cost_to_accuracy") if self.to_accuracy else ("total_time_s", "cost")
 
     @cached_property
@@ -387,11 +474,9 @@ class Planner:
         they include (:func:`tula.core.run_costs.run_costs_for`), as the fitted models hold them."""
         return self.fitted.run_costs, self.fitted.run_costs_note
 
-    def plan(self, compare_spot: bool = False) -> dict:
+    def plan(self, compare_spot: bool = False) -> PlanRecord:
         """The plan record (:func:`make_plan`): every step in turn."""
-        rows = self.grid()
-        self.predict(rows)
-        self.mark_constraints(rows)
+        rows = self.predict(self.grid())
         feas, eligible = self.candidates(rows)
         knees = self.knees(rows, feas)
         curves = self.curves(rows, feas)
@@ -399,39 +484,40 @@ class Planner:
         reason = self.reason(rows, feas, chosen, why)
         plan = self.record(rows, feas, eligible, knees, curves, chosen, reason)
         if compare_spot:
-            plan["spot_comparison"] = _compare_spot(
-                plan, self.models, self.objective, self.cons, self.spec.pricing, self.noise_scale, self.method,
+            comparison = _compare_spot(
+                plan, self.given_models, self.objective, self.cons, self.spec.pricing, self.noise_scale, self.method,
                 self.measured,
             )  # fmt: skip
+            plan = plan.model_copy(update={"spot_comparison": comparison})
         return plan
 
     # ----------------------------------------------------------------------- the rows
-    def grid(self) -> list[dict]:
-        """A row per (N, B) the plan evaluates: for each cluster size N, the local batches b from
+    def grid(self) -> list[GridPoint]:
+        """A point per (N, B) the plan evaluates: for each cluster size N, the local batches b from
         ``min_batch / N`` to ``max_batch / N``, dense (:data:`DENSE_POINTS_PER_OCTAVE`), the
-        candidate global batches' and the memory limits' among them; each row with its
-        micro-batch and accumulation steps and whether it fits in memory (``feasible``, or the
-        ``reason`` why not).  Raises :class:`~tula.core.errors.InfeasibleError` for an empty space."""
-        search, d = self.spec.search, self.models["dataset_size"]
+        candidate global batches' and the memory limits' among them; each with its micro-batch
+        and accumulation steps and whether it fits in memory (its ``reason`` why not).  Raises
+        :class:`~tula.core.errors.InfeasibleError` for an empty space."""
+        search, d = self.spec.search, self.fitted.dataset_size
         grid = candidate_global_batches(search, d)
         big_lo, big_hi = search.min_batch, max_global_batch(search, d)
         limits = [b for b in (self.b_mem, None if self.b_oom is None else self.b_oom - 1) if b is not None]
-        rows: list[dict] = []
+        points: list[GridPoint] = []
         for n in search.cluster_sizes:
             lo, hi = max(1, math.ceil(big_lo / n)), big_hi // n
             cand_local = [g // n for g in grid if g % n == 0 and g >= n]
             for b in _dense_local_batches(lo, hi, cand_local + limits):
-                rows.append(self.row(n, b, n * b in grid, min(limits) if limits else None))
-        if not rows:
+                points.append(self.row(n, b, n * b in grid, min(limits) if limits else None))
+        if not points:
             raise InfeasibleError(
                 "the search space is empty: no global batch between min_batch and max_batch splits over the "
                 "cluster sizes"
             )
-        return rows
+        return points
 
-    def row(self, n: int, b: int, candidate: bool, limit: int | None) -> dict:
-        """The row of N workers at local batch b: where memory caps the local batch at ``limit``,
-        k micro-batches of b / k may carry it (up to ``max_accumulation_steps``); the row is
+    def row(self, n: int, b: int, candidate: bool, limit: int | None) -> GridPoint:
+        """The point of N workers at local batch b: where memory caps the local batch at ``limit``,
+        k micro-batches of b / k may carry it (up to ``max_accumulation_steps``); the point is
         feasible when its micro-batch fits the memory budget and is below the batch that ran out
         of memory, and its cluster size was measured."""
         k_max = self.spec.search.max_accumulation_steps
@@ -445,159 +531,187 @@ class Planner:
             reason += f", and no accumulation of up to {k_max} steps splits {b} into micro-batches that fit"
         if str(n) in self.not_measured:
             reason = self.not_measured[str(n)]
-        return {
-            "n_workers": n,
-            "global_batch": n * b,
-            "local_batch": b,
-            "micro_batch": micro,
-            "accumulation_steps": k,
-            "candidate": candidate,
-            "feasible": not reason,
-            "reason": reason,
-        }
+        return GridPoint(n, b, k, candidate, reason)
 
-    def predict(self, rows: list[dict]) -> None:
-        """Add to each row its predicted step (``t_step_s``), epoch (``epoch_time_s``, of which
-        ``epoch_steps_s`` and ``epoch_fixed_s``), training time (``total_time_s``: expected with
-        preemptions on spot), ``cost`` and ``peak_mem_bytes``, for the spec's epochs of the
-        method; every step and epoch scaled by a finished run's measured ratio of this method.
-        With a noise scale, also the time and cost to accuracy (:meth:`predict_to_accuracy`); on
-        spot, ``failure_free_time_s`` and ``expected_preemptions``."""
+    def predict(self, points: Sequence[GridPoint]) -> list[PlanRow]:
+        """The plan's rows: each point with its predicted step (``t_step_s``), epoch
+        (``epoch_time_s``, of which ``epoch_steps_s`` and ``epoch_fixed_s``), training time
+        (``total_time_s``: expected with preemptions on spot), ``cost`` and ``peak_mem_bytes``, for
+        the spec's epochs of the method, every step and epoch scaled by a finished run's measured
+        ratio of this method; with a noise scale, also the time and cost to accuracy
+        (:meth:`predict_to_accuracy`); on spot, ``failure_free_time_s`` and
+        ``expected_preemptions``; and whether it meets the constraints (:meth:`meets_constraints`)."""
         # one call of the fitted models' prediction (tula.core.fitted): on the network the profile's
         # ranks ran on, Eq. 4a's D / B steps of the method's step and each epoch's end, the spec's
         # epochs priced as one run (spot: expected, with preemptions)
-        n_arr, b_arr, k_arr = (
-            np.array([r[key] for r in rows], float) for key in ("n_workers", "local_batch", "accumulation_steps")
-        )
         p = self.fitted.predict(
-            n_workers=n_arr, global_batch=n_arr * b_arr, accumulation_steps=k_arr, pricing=self.pricing,
-            epochs=self.spec.epochs, whole_steps=False, measured_ratio=self.ratio,
+            [pt.config for pt in points], pricing=self.pricing, epochs=self.spec.epochs, whole_steps=False,
+            measured_ratio=self.ratio,
         )  # fmt: skip
         assert p.cost is not None and p.peak_mem_bytes is not None  # priced, with the memory model
-        columns = zip(
-            p.t_step_s.tolist(),
-            p.epoch_time_s.tolist(),
-            p.epoch_fixed_s.tolist(),
-            p.total_time_s.tolist(),
-            p.cost.tolist(),
-            p.peak_mem_bytes.tolist(),
-        )
-        for r, (t_s, e_s, f_s, tot_s, c, pk) in zip(rows, columns):
-            r.update(t_step_s=t_s, epoch_time_s=e_s, epoch_steps_s=e_s - f_s, epoch_fixed_s=f_s, total_time_s=tot_s,
-                     cost=c, peak_mem_bytes=pk)  # fmt: skip
-        if self.noise["b_noise"]:
-            self.predict_to_accuracy(rows, n_arr, n_arr * b_arr, p.epoch_time_s, p.peak_mem_bytes)
+        columns: dict[str, np.ndarray] = {
+            "t_step_s": p.t_step_s,
+            "epoch_time_s": p.epoch_time_s,
+            "epoch_steps_s": p.epoch_time_s - p.epoch_fixed_s,
+            "epoch_fixed_s": p.epoch_fixed_s,
+            "total_time_s": p.total_time_s,
+            "cost": p.cost,
+            "peak_mem_bytes": p.peak_mem_bytes,
+        }
+        if self.noise.b_noise:
+            columns.update(self.predict_to_accuracy(p.n_workers, p.global_batch, p.epoch_time_s, p.peak_mem_bytes))
         if p.expected_preemptions is not None:
-            for r, f_s, n_lost in zip(rows, p.failure_free_time_s.tolist(), p.expected_preemptions.tolist()):
-                r.update(failure_free_time_s=f_s, expected_preemptions=n_lost)
+            columns.update(failure_free_time_s=p.failure_free_time_s, expected_preemptions=p.expected_preemptions)
+        meets = self.meets_constraints(columns[self.tk], columns[self.ck]).tolist()
+        values = [dict(zip(columns, each)) for each in zip(*(c.tolist() for c in columns.values()))]
+        return [
+            PlanRow(
+                n_workers=pt.n_workers,
+                global_batch=pt.global_batch,
+                local_batch=pt.local_batch,
+                micro_batch=pt.micro_batch,
+                accumulation_steps=pt.accumulation_steps,
+                candidate=pt.candidate,
+                feasible=pt.feasible,
+                reason=pt.reason,
+                **predicted,
+                meets_constraints=ok,
+                chosen=False,
+            )
+            for pt, predicted, ok in zip(points, values, meets)
+        ]
 
     def predict_to_accuracy(
-        self, rows: list[dict], n: np.ndarray, global_batch: np.ndarray, epoch: np.ndarray, peak: np.ndarray
-    ) -> None:
-        """Add to each row the epochs, the time and the cost to the accuracy the spec's epochs
-        reach at B0 (``epochs_to_accuracy``, ``time_to_accuracy_s``, ``cost_to_accuracy``), from
-        the rows' cluster sizes, global batches, epoch times and peaks."""
-        e_acc = epochs_to_accuracy(self.spec.epochs, global_batch, self.noise["b_noise"], self.noise["reference_batch"])
+        self, n: np.ndarray, global_batch: np.ndarray, epoch: np.ndarray, peak: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """The epochs, the time and the cost to the accuracy the spec's epochs reach at B0
+        (``epochs_to_accuracy``, ``time_to_accuracy_s``, ``cost_to_accuracy``), from the
+        configurations' cluster sizes, global batches, epoch times and peaks."""
+        assert self.noise.b_noise is not None and self.noise.reference_batch is not None  # with a noise scale
+        e_acc = epochs_to_accuracy(self.spec.epochs, global_batch, self.noise.b_noise, self.noise.reference_batch)
         t_acc = self.pricing.expected_time_s(e_acc * epoch, n, epoch)
         c_acc = self.pricing.cost(t_acc, n, peak)
-        for r, e_a, t_a, c_a in zip(rows, e_acc.tolist(), t_acc.tolist(), c_acc.tolist()):
-            r.update(epochs_to_accuracy=e_a, time_to_accuracy_s=t_a, cost_to_accuracy=c_a)
+        return {
+            "epochs_to_accuracy": np.asarray(e_acc, float),
+            "time_to_accuracy_s": np.asarray(t_acc, float),
+            "cost_to_accuracy": np.asarray(c_acc, float),
+        }
 
-    def mark_constraints(self, rows: list[dict]) -> None:
-        """Set each row's ``meets_constraints``: its time and cost (to accuracy, for a
-        to-accuracy objective) within the deadline and the budget."""
-        for r in rows:
-            in_time, in_budget = self.cons.meets(r[self.tk], r[self.ck])
-            r["meets_constraints"] = in_time and in_budget
+    def meets_constraints(self, time_s: np.ndarray, cost: np.ndarray) -> np.ndarray:
+        """Whether each time and cost (to accuracy, for a to-accuracy objective) is within the
+        deadline and the budget (:meth:`Constraints.meets`), as a bool array."""
+        return np.array([all(self.cons.meets(t, c)) for t, c in zip(time_s.tolist(), cost.tolist())], bool)
 
-    def candidates(self, rows: list[dict]) -> tuple[list[int], list[int]]:
+    def ranked(self, rows: Sequence[PlanRow]) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's time and cost as the objective ranks them (to accuracy, or for the spec's epochs)."""
+        time_s = np.array([getattr(r, self.tk) for r in rows], float)
+        cost = np.array([getattr(r, self.ck) for r in rows], float)
+        return time_s, cost
+
+    def candidates(self, rows: Sequence[PlanRow]) -> tuple[list[int], list[int]]:
         """The indices of the feasible rows and of those that also meet the constraints; raises
         :class:`~tula.core.errors.InfeasibleError` in one sentence when either is empty."""
-        feas = [i for i, r in enumerate(rows) if r["feasible"]]
+        feasible = np.array([r.feasible for r in rows], bool)
+        feas = np.flatnonzero(feasible).tolist()
         if not feas:
             raise InfeasibleError(
                 f"no configuration is feasible: the smallest local batch in the space "
-                f"({min(r['local_batch'] for r in rows)}) does not fit the memory budget of {self.budget} bytes"
+                f"({min(r.local_batch for r in rows)}) does not fit the memory budget of {self.budget} bytes"
             )
-        eligible = [i for i in feas if rows[i]["meets_constraints"]]
+        meets = np.array([r.meets_constraints for r in rows], bool)
+        eligible = np.flatnonzero(feasible & meets).tolist()
         if not eligible:
-            raise InfeasibleError(_unmet(rows, feas, self.cons, self.pricing.unit, self.tk, self.ck))
+            raise InfeasibleError(_unmet(rows, *self.ranked(rows), feas, self.cons, self.pricing.unit))
         return feas, eligible
 
     # ----------------------------------------------------------------------- per cluster size
-    def by_size(self, rows: list[dict], feas: list[int]) -> dict[int, list[int]]:
+    def by_size(self, rows: Sequence[PlanRow], feas: list[int]) -> dict[int, list[int]]:
         """The feasible rows' indices per cluster size, in the spec's order (sizes with none left out)."""
         by_n: dict[int, list[int]] = {}
         for i in feas:
-            by_n.setdefault(rows[i]["n_workers"], []).append(i)
+            by_n.setdefault(rows[i].n_workers, []).append(i)
         return {n: by_n[n] for n in self.spec.search.cluster_sizes if by_n.get(n)}
 
-    def curves(self, rows: list[dict], feas: list[int]) -> dict[str, dict]:
+    def curves(self, rows: Sequence[PlanRow], feas: list[int]) -> dict[str, dict]:
         """Per cluster size, the feasible rows' global batches and their times and costs (to
         accuracy too, where the rows have them): the dense curves the plot draws."""
         curves: dict[str, dict] = {}
         for n, idx in self.by_size(rows, feas).items():
-            curves[str(n)] = {"global_batch": [rows[i]["global_batch"] for i in idx]}
-            for key in ("total_time_s", "cost", "time_to_accuracy_s", "cost_to_accuracy"):
-                if key in rows[idx[0]]:
-                    curves[str(n)][key] = [rows[i][key] for i in idx]
+            curve: dict[str, list] = {"global_batch": [rows[i].global_batch for i in idx]}
+            for name in ("total_time_s", "cost", "time_to_accuracy_s", "cost_to_accuracy"):
+                if rows[idx[0]].given(name):
+                    curve[name] = [getattr(rows[i], name) for i in idx]
+            curves[str(n)] = curve
         return curves
 
-    def knees(self, rows: list[dict], feas: list[int]) -> dict[str, dict]:
+    def knees(self, rows: Sequence[PlanRow], feas: list[int]) -> dict[str, Knee]:
         """Per cluster size, the knee of its feasible rows' time-vs-batch curve (:func:`find_knee`;
         to accuracy, of the falling part up to the fastest): its row, batch and how it was found."""
-        knees: dict[str, dict] = {}
+        time_s, _ = self.ranked(rows)
+        knees: dict[str, Knee] = {}
         for n, idx in self.by_size(rows, feas).items():
-            gb = np.array([rows[i]["global_batch"] for i in idx], float)
-            tt = np.array([rows[i][self.tk] for i in idx])
+            gb = np.array([rows[i].global_batch for i in idx], float)
+            tt = time_s[idx]
             last = int(np.argmin(tt)) + 1 if self.to_accuracy else len(idx)  # to accuracy: the falling part
             k, how = find_knee(gb[:last], tt[:last])
-            knees[str(n)] = {"row": idx[k], "global_batch": int(gb[k]), "method": how}
+            knees[str(n)] = Knee(row=idx[k], global_batch=int(gb[k]), method=how)
         return knees
 
     # ----------------------------------------------------------------------- the choice
-    def choose(self, rows: list[dict], eligible: list[int], knees: dict[str, dict]) -> tuple[int, str]:
+    def choose(self, rows: Sequence[PlanRow], eligible: list[int], knees: dict[str, Knee]) -> tuple[int, str]:
         """The index of the row the objective's rule (:data:`RULES`) chooses among the eligible
         ones, and the words of why."""
+        time_s, cost = self.ranked(rows)
         ranking = Ranking(
-            rows, eligible, knees, self.tk, self.ck, self.spot, self.to_accuracy,
-            self.cons.describe(self.pricing.unit), self.cons.active,
-        )  # fmt: skip
+            time_s=time_s,
+            cost=cost,
+            n_workers=np.array([r.n_workers for r in rows], np.int64),
+            global_batch=np.array([r.global_batch for r in rows], np.int64),
+            meets_constraints=np.array([r.meets_constraints for r in rows], bool),
+            eligible=np.asarray(eligible, np.int64),
+            knees=knees,
+            spot=self.spot,
+            to_accuracy=self.to_accuracy,
+            constraints=self.cons.describe(self.pricing.unit),
+            constrained=self.cons.active,
+        )
         return RULES[OBJECTIVES[self.objective].rule](ranking)
 
-    def reason(self, rows: list[dict], feas: list[int], chosen: int, why: str) -> str:
+    def reason(self, rows: Sequence[PlanRow], feas: list[int], chosen: int, why: str) -> str:
         """The plan's one sentence: why, the choice, what it trains in what time for what cost,
         against the fastest and the cheapest feasible rows, then :meth:`notes`."""
-        c, tk, ck, noise, epochs = rows[chosen], self.tk, self.ck, self.noise, self.spec.epochs
-        fastest = min(rows[i][tk] for i in feas)
-        cheapest = min(rows[i][ck] for i in feas)
-        took = f"{c[tk]:.1f} s" + (f" expected ({c['expected_preemptions']:.2g} preemptions)" if self.spot else "")
+        c, noise, epochs = rows[chosen], self.noise, self.spec.epochs
+        time_s, cost = self.ranked(rows)
+        c_time, c_cost = float(time_s[chosen]), float(cost[chosen])
+        fastest, cheapest = float(time_s[feas].min()), float(cost[feas].min())
+        took = f"{c_time:.1f} s" + (f" expected ({c.expected_preemptions:.2g} preemptions)" if self.spot else "")
         if self.to_accuracy:
+            assert noise.b_noise is not None
             trains = (
-                f"needs {c['epochs_to_accuracy']:.3g} epochs to reach what {epochs} reach at "
-                f"B0={noise['reference_batch']} (B_noise {noise['b_noise']:.3g}, "
-                f"{'a what-if' if noise['source'] == 'what-if' else 'from the profile'})"
+                f"needs {c.epochs_to_accuracy:.3g} epochs to reach what {epochs} reach at "
+                f"B0={noise.reference_batch} (B_noise {noise.b_noise:.3g}, "
+                f"{'a what-if' if noise.source == 'what-if' else 'from the profile'})"
             )
         else:
             trains = f"trains {epochs} epochs"
-        acc = f" as {c['accumulation_steps']} x {c['micro_batch']} accumulated" if c["accumulation_steps"] > 1 else ""
+        acc = f" as {c.accumulation_steps} x {c.micro_batch} accumulated" if c.accumulation_steps > 1 else ""
         return (
-            f"{why}: N={c['n_workers']}, B={c['global_batch']} (b={c['local_batch']}{acc}) {trains} in "
-            f"{took} for {c[ck]:.4g} {self.pricing.unit} "
-            f"({_times(c[tk], fastest)} the fastest, {_times(c[ck], cheapest)} the cheapest)"
+            f"{why}: N={c.n_workers}, B={c.global_batch} (b={c.local_batch}{acc}) {trains} in "
+            f"{took} for {c_cost:.4g} {self.pricing.unit} "
+            f"({_times(c_time, fastest)} the fastest, {_times(c_cost, cheapest)} the cheapest)"
         ) + self.notes(c)
 
-    def notes(self, choice: dict) -> str:
+    def notes(self, choice: PlanRow) -> str:
         """The reason's bracketed notes: the hosts the models were fitted on, the cluster sizes
         not measured, and a finished run's measured ratio (applied or not)."""
         out = ""
-        fitted_on = self.models.get("placement") or {}
+        fitted_on = self.models.placement or {}
         if fitted_on.get("n_hosts"):
             where = (
                 f"fitted on {fitted_on['n_hosts']} host(s) with up to {fitted_on['max_ranks_per_host']} rank(s) "
                 f"per host, N <= {fitted_on['max_workers']} measured"
             )
-            if fitted_on["n_hosts"] == 1 and choice["n_workers"] > 1:
+            if fitted_on["n_hosts"] == 1 and choice.n_workers > 1:
                 where += "; the choice's sync time is from ranks sharing one host, not a network"
             out += f" [{where}]"
         if self.not_measured:
@@ -608,55 +722,55 @@ class Planner:
 
     def record(
         self,
-        rows: list[dict],
+        rows: Sequence[PlanRow],
         feas: list[int],
         eligible: list[int],
-        knees: dict[str, dict],
+        knees: dict[str, Knee],
         curves: dict[str, dict],
         chosen: int,
         reason: str,
-    ) -> dict:
+    ) -> PlanRecord:
         """The plan record: the choice (each row marked ``chosen`` or not), the reason, the
         knees, the Pareto frontier of the feasible rows, the curves, every row, the spec, the
         constraints, the noise scale, the method's run costs and the measured ratio.  Its
         ``spot_comparison`` is None (:meth:`plan` fills it when asked)."""
-        for i, r in enumerate(rows):
-            r["chosen"] = i == chosen
-        front = pareto_frontier(np.array([rows[i][self.tk] for i in feas]), np.array([rows[i][self.ck] for i in feas]))
+        marked = [r.model_copy(update={"chosen": i == chosen}) for i, r in enumerate(rows)]
+        time_s, cost = self.ranked(marked)
+        front = pareto_frontier(time_s[feas], cost[feas])
         costs, costs_note = self.run_costs
-        return {
-            "kind": PLAN_KIND,
-            "version": VERSIONS[PLAN_KIND],
-            "objective": self.objective,
-            "choice": dict(rows[chosen]),
-            "reason": reason,
-            "max_local_batch": self.b_mem,
-            "oom_local_batch": self.b_oom,
-            "memory_budget_bytes": self.budget,
-            "knees": {n: {"global_batch": k["global_batch"], "method": k["method"]} for n, k in knees.items()},
-            "frontier": [dict(rows[feas[j]]) for j in front],
-            "curves": curves,
-            "configurations": rows,
-            "spec": self.spec.to_dict(),
-            "dataset_size": self.models["dataset_size"],
-            "fitted_on": self.models.get("placement") or {},
-            "constraints": {
-                "deadline_s": self.cons.deadline_s,
-                "budget": self.cons.budget,
-                "unit": self.pricing.unit,
-                "n_feasible": len(feas),
-                "n_meeting": len(eligible),
-            },
-            "spot_comparison": None,
-            "noise_scale": self.noise,
-            "not_measured": self.not_measured,
+        return PlanRecord(
+            kind=PLAN_KIND,
+            version=VERSIONS[PLAN_KIND],
+            objective=self.objective,
+            choice=marked[chosen],
+            reason=reason,
+            max_local_batch=self.b_mem,
+            oom_local_batch=self.b_oom,
+            memory_budget_bytes=self.budget,
+            knees={n: {"global_batch": k.global_batch, "method": k.method} for n, k in knees.items()},
+            frontier=[marked[feas[j]] for j in front],
+            curves=curves,
+            configurations=marked,
+            spec=self.spec.to_dict(),
+            dataset_size=self.fitted.dataset_size,
+            fitted_on=self.models.placement or {},
+            constraints=PlanConstraints(
+                deadline_s=self.cons.deadline_s,
+                budget=self.cons.budget,
+                unit=self.pricing.unit,
+                n_feasible=len(feas),
+                n_meeting=len(eligible),
+            ),
+            spot_comparison=None,
+            noise_scale=self.noise,
+            not_measured=self.not_measured,
             # the method the epochs were predicted for, the terms used, and what they include
-            "method": self.method,
-            "run_costs": None if costs is None else costs.to_dict(),
-            "run_costs_note": costs_note,
+            method=self.method,
+            run_costs=None if costs is None else costs.to_dict(),
+            run_costs_note=costs_note,
             # a finished run's measured / predicted epoch time, and whether this plan's epochs are scaled by it
-            "measured_ratio": None if self.measured is None else {**self.measured, "applied": bool(self.ratio)},
-        }
+            measured_ratio=None if self.measured is None else {**self.measured, "applied": bool(self.ratio)},
+        )
 
 
 def _checked_objective(objective: str) -> str:
@@ -671,7 +785,7 @@ def _checked_objective(objective: str) -> str:
 
 
 def make_plan(
-    models: dict,
+    models: Mapping[str, Any] | ModelsRecord,
     objective: str | None = None,
     constraints: Any = None,
     *,
@@ -680,12 +794,13 @@ def make_plan(
     noise_scale: float | None = None,
     method: str | None = None,
     measured: dict | None = None,
-) -> dict:
-    """Evaluate the search space with fitted models and choose a configuration.
+) -> PlanRecord:
+    """Evaluate the search space with fitted models and choose a configuration: the plan record
+    (:class:`~tula.core.records.PlanRecord`; ``.to_json_dict()`` where it is written or sent).
 
     Parameters
     ----------
-    models : a models record (what ``tula fit`` writes)
+    models : a models record (what ``tula fit`` writes), typed or as a dict
     objective : a name of :data:`tula.core.registry.OBJECTIVES` (default: the spec's)
     constraints : a deadline and a budget (:meth:`Constraints.of` takes a mapping such as
         ``{"deadline": "8h", "budget": 50}``); default: the spec's ``constraints``
@@ -723,8 +838,8 @@ def _measured_note(measured: dict, applied: bool, method: str) -> str:
 
 
 # --------------------------------------------------------------------------- spot vs on-demand
-def _summary(plan: dict) -> dict:
-    c = plan["choice"]
+def _summary(plan: PlanRecord) -> dict:
+    c = plan.choice.to_json_dict()
     return {
         k: c[k]
         for k in (
@@ -746,8 +861,8 @@ def _lower_first(sentence: str) -> str:
 
 
 def _compare_spot(
-    plan: dict,
-    models: dict,
+    plan: PlanRecord,
+    models: Mapping[str, Any] | ModelsRecord,
     objective: str,
     cons: Constraints,
     ps: PricingSpec,
@@ -784,14 +899,15 @@ def _compare_spot(
     }
     if spot_plan is None or od_plan is None:
         which = "spot" if spot_plan is None else "on-demand"
-        out["cheaper"] = "on_demand" if spot_plan is None else "spot"
-        out["sentence"] = (
-            f"only {'on-demand' if spot_plan is None else 'spot'} can meet the constraints: on "
-            f"{which} nodes {_lower_first(alt_error or '')}"
-        )
-        return out
-    out.update(_spot_vs_on_demand(out["spot"], out["on_demand"], ps, plan["constraints"]["unit"]))
-    return out
+        return out | {
+            "cheaper": "on_demand" if spot_plan is None else "spot",
+            "sentence": (
+                f"only {'on-demand' if spot_plan is None else 'spot'} can meet the constraints: on "
+                f"{which} nodes {_lower_first(alt_error or '')}"
+            ),
+        }
+    unit = plan.constraints.unit if plan.constraints is not None else make_pricing(ps).unit
+    return out | _spot_vs_on_demand(spot_plan.choice, od_plan.choice, ps, unit)
 
 
 def _check_comparable(ps: PricingSpec) -> None:
@@ -806,20 +922,21 @@ def _check_comparable(ps: PricingSpec) -> None:
         raise SpecError(f"comparing spot with on-demand needs pricing.{' and pricing.'.join(missing)}")
 
 
-def _spot_vs_on_demand(s: dict, o: dict, ps: PricingSpec, unit: str) -> dict:
-    """The spot choice ``s`` against the on-demand one ``o`` (their summaries): at the spot
-    choice, the same run's cost on demand and the preemption rate where the two cost the same;
-    which is cheaper; and the sentence that says so."""
+def _spot_vs_on_demand(s: PlanRow, o: PlanRow, ps: PricingSpec, unit: str) -> dict:
+    """The spot choice ``s`` against the on-demand one ``o``: at the spot choice, the same run's
+    cost on demand and the preemption rate where the two cost the same; which is cheaper; and the
+    sentence that says so."""
     assert ps.spot_price_per_node_hour is not None and ps.preemption_rate_per_node_hour is not None  # checked
     spot_p = SpotPricing(
         ps.spot_price_per_node_hour, ps.preemption_rate_per_node_hour, ps.checkpoint_interval_s, ps.restart_s
     )
-    free, epoch = s["failure_free_time_s"], s["epoch_time_s"]
-    be = spot_p.break_even_rate(free, s["n_workers"], ps.price_per_node_hour, epoch)
-    if s["cost"] < o["cost"]:
-        cheaper, verdict = "spot", f"spot is cheaper by {1 - s['cost'] / o['cost']:.0%}"
-    elif s["cost"] > o["cost"]:
-        cheaper, verdict = "on_demand", f"on-demand is cheaper by {1 - o['cost'] / s['cost']:.0%}"
+    free, epoch = s.failure_free_time_s, s.epoch_time_s
+    assert free is not None and epoch is not None  # a row priced on spot has them
+    be = spot_p.break_even_rate(free, s.n_workers, ps.price_per_node_hour, epoch)
+    if s.cost < o.cost:
+        cheaper, verdict = "spot", f"spot is cheaper by {1 - s.cost / o.cost:.0%}"
+    elif s.cost > o.cost:
+        cheaper, verdict = "on_demand", f"on-demand is cheaper by {1 - o.cost / s.cost:.0%}"
     else:
         cheaper, verdict = "equal", "spot and on-demand cost the same"
     if be is None:
@@ -828,17 +945,17 @@ def _spot_vs_on_demand(s: dict, o: dict, ps: PricingSpec, unit: str) -> dict:
         limit = "spot is free, so cheaper at any preemption rate"
     else:
         limit = (
-            f"at N={s['n_workers']}, B={s['global_batch']} spot costs less than on-demand while nodes are "
+            f"at N={s.n_workers}, B={s.global_batch} spot costs less than on-demand while nodes are "
             f"preempted less than {be:.3g} times per node-hour (now {ps.preemption_rate_per_node_hour:g})"
         )
     return {
         "break_even_rate_per_node_hour": be,
-        "on_demand_cost_at_spot_choice": free / 3600.0 * s["n_workers"] * ps.price_per_node_hour,
+        "on_demand_cost_at_spot_choice": free / 3600.0 * s.n_workers * ps.price_per_node_hour,
         "cheaper": cheaper,
         "sentence": (
-            f"{verdict}: spot N={s['n_workers']}, B={s['global_batch']} is expected to take "
-            f"{format_duration(s['total_time_s'])} ({s['expected_preemptions']:.2g} preemptions) for "
-            f"{_money(s['cost'], unit)}, on-demand N={o['n_workers']}, B={o['global_batch']} "
-            f"{format_duration(o['total_time_s'])} for {_money(o['cost'], unit)}; {limit}"
+            f"{verdict}: spot N={s.n_workers}, B={s.global_batch} is expected to take "
+            f"{format_duration(s.total_time_s)} ({s.expected_preemptions:.2g} preemptions) for "
+            f"{_money(s.cost, unit)}, on-demand N={o.n_workers}, B={o.global_batch} "
+            f"{format_duration(o.total_time_s)} for {_money(o.cost, unit)}; {limit}"
         ),
     }

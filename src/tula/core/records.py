@@ -43,6 +43,7 @@ from pydantic import (
     model_validator,
 )
 
+from tula.core.config import Config
 from tula.core.errors import RecordError
 from tula.core.registry import OBJECTIVE_NAMES
 
@@ -396,8 +397,18 @@ class ModelsRecord(_Record):
     """the profile's accumulated steps against the performance model (where the planner may accumulate)"""
     noise_scale: NoiseScale | None = None
     """the gradient noise scale the profile measured"""
+    placement: dict[str, Any] | None = None
+    """where the profile's worlds ran (:func:`placement`): the hosts, the most ranks one host held, the devices"""
+    run_costs: dict[str, Any] | None = None
+    """the method's own step and each epoch's end, from the run trials (tula.core.run_costs.RunCosts; null: none)"""
+    run_trials: list[dict[str, Any]] = Field(default_factory=list)
+    """the profile's run trials (the method's steps and epoch ends)"""
+    not_measured: dict[str, str] | None = None
+    """cluster sizes the profile could not place (one rank per GPU): N -> why; the plan does not rank them"""
 
-    _OMITTED_UNSET = frozenset({"accumulation_check", "noise_scale"})
+    _OMITTED_UNSET = frozenset(
+        {"accumulation_check", "noise_scale", "placement", "run_costs", "run_trials", "not_measured"}
+    )
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
     _mem = field_validator("memory", "memory_probed")(classmethod(lambda cls, v: _valid_memory(v)))
@@ -451,6 +462,11 @@ class PlanRow(_Frozen):
     """the predicted cost of those epochs"""
     reason: str | None = None
     """why the row is what it is (infeasible, over a limit), where the planner says"""
+
+    @property
+    def config(self) -> Config:
+        """The row's configuration (N, B, k) as one value."""
+        return Config(self.n_workers, self.global_batch, self.accumulation_steps)
 
     _OMITTED_UNSET = frozenset(
         {
@@ -522,8 +538,33 @@ class PlanRecord(_Record):
     """what the predicted epochs include, in words"""
     noise_scale: NoiseScale | None = None
     """the noise scale the to-accuracy predictions used"""
+    max_local_batch: int | None = None
+    """the largest local batch the memory model allows within the budget (null: no budget)"""
+    oom_local_batch: int | None = None
+    """the smallest local batch that ran out of memory while profiling (null: none did)"""
+    memory_budget_bytes: int | None = None
+    """the memory each worker could use (null: no budget)"""
+    fitted_on: dict[str, Any] | None = None
+    """where the models' profile ran (the models' placement: hosts, ranks per host, devices)"""
+    not_measured: dict[str, str] | None = None
+    """cluster sizes the profile could not place: N -> why (listed, not ranked)"""
+    measured_ratio: dict[str, Any] | None = None
+    """a finished run's measured / predicted epoch time, and whether this plan's epochs are scaled by it"""
 
-    _OMITTED_UNSET = frozenset({"method", "run_costs", "run_costs_note", "noise_scale"})
+    _OMITTED_UNSET = frozenset(
+        {
+            "method",
+            "run_costs",
+            "run_costs_note",
+            "noise_scale",
+            "max_local_batch",
+            "oom_local_batch",
+            "memory_budget_bytes",
+            "fitted_on",
+            "not_measured",
+            "measured_ratio",
+        }
+    )
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
 
@@ -833,8 +874,11 @@ def write_atomic(path: str | Path, text: str) -> Path:
     return p
 
 
-def save_record(rec: dict, path: str | Path) -> Path:
-    """Write a record atomically (a record Tula writes is one it can read: checked first)."""
+def save_record(rec: dict | _Record, path: str | Path) -> Path:
+    """Write a record atomically (a record Tula writes is one it can read: checked first); a typed
+    record object is written as its :meth:`~_Frozen.to_json_dict`."""
+    if isinstance(rec, _Record):
+        rec = rec.to_json_dict()
     kind = rec.get("kind")
     if kind in SCHEMAS and kind != CHECKPOINT_KIND:
         validate_record(json.loads(json.dumps(rec, default=_jsonable)), f"the {NAMES[kind]} record to write")
@@ -857,3 +901,31 @@ def read_jsonl(path: str | Path) -> list[dict]:
             raise RecordError(f"line {i} of {str(p)!r} is not an epoch record (the file is damaged)") from None
         out.append(data)
     return out
+
+
+def read_record_of(path: str | Path, classes: tuple[type[_Record], ...]) -> _Record:
+    """Read and check the JSON record at ``path`` as the typed object of whichever of ``classes`` its
+    kind is (``read_record_of(p, (ProfileRecord, ModelsRecord))``: a profile or a models record); any
+    other kind, or a damaged record, is the :class:`~tula.core.errors.RecordError` of :func:`load_record`."""
+    return _checked(_read_json(path), repr(str(Path(path))), tuple(_kind_of(c) for c in classes))
+
+
+def as_epoch(data: Any) -> EpochRecord:
+    """One epoch's figures as an :class:`EpochRecord` where they come into a module that reads
+    them: an ``EpochRecord`` as it is; a dict (a metrics.jsonl line, a history entry as the
+    trainer keeps it, a simulated epoch's parts) typed field by field as :func:`as_record` types
+    a record's parts -- the figures a line carries beyond the typed ones (``b_simple``,
+    ``epoch_wall_s``, ``predicted_epoch_s``) kept: :func:`extra_value` reads them."""
+    if isinstance(data, EpochRecord):
+        return data
+    rec = as_record(data, EpochRecord)  # type: ignore[type-var]  # a record's part, typed as a record's parts are
+    assert isinstance(rec, EpochRecord)
+    return rec
+
+
+def extra_value(part: _Frozen, name: str) -> Any:
+    """A value ``part`` (a record or a part of one) carries beyond its typed fields -- an
+    epoch's ``b_simple``, ``epoch_wall_s``, ``epoch_end_s``, ``checkpoint_s``, what a comparison
+    with the plan added; a training run's ``local_batch``, ``batch_schedule`` --: the value,
+    ``None`` where it has none."""
+    return (part.model_extra or {}).get(name)
