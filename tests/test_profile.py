@@ -6,9 +6,10 @@ from helpers import local_launcher, memory_model
 
 from tula.core.fit import fit_models
 from tula.core.perfmodel import fit_perf_model
+from tula.core.records import ProfileRecord, Trial
 from tula.core.spec import spec_from_dict
 from tula.engine.memory import MemoryModel
-from tula.engine.profile import _merge_ranks, profile, profile_world, timed_pairs
+from tula.engine.profile import RankProfile, _merge_ranks, _world_trials, profile, profile_world, timed_pairs
 
 TRIAL_FIELDS = {
     "n_workers",
@@ -30,21 +31,22 @@ def test_two_rank_ddp_trials(tiny_spec_dict):
     spec = spec_from_dict({**tiny_spec_dict, "profile": {**tiny_spec_dict["profile"], "min_timed_s": 0.3}})
     launcher = local_launcher()
     res = launcher.run(profile_world, 2, spec.to_dict(), [(2, 16), (2, 512)], None, "full", None, timeout_s=300)
-    trials = _merge_ranks(res)
-    assert [t["status"] for t in trials] == ["ok", "ok"]
+    assert all(isinstance(r, RankProfile) and all(isinstance(t, Trial) for t in r.trials) for r in res)
+    assert TRIAL_FIELDS <= set(_merge_ranks(res)[0])  # the record's values: every field
+    trials = _world_trials(res)
+    assert [t.status for t in trials] == ["ok", "ok"]
     for t in trials:
-        assert TRIAL_FIELDS <= set(t)
-        assert t["t_step_s"] > 0 and t["t_compute_s"] > 0 and t["t_sync_s"] >= 0
-        assert t["t_sync_s"] == pytest.approx(max(t["t_step_s"] - t["t_compute_s"], 0.0))
-        assert t["timed_steps"] >= 3
+        assert t.t_step_s > 0 and t.t_compute_s > 0 and t.t_sync_s >= 0
+        assert t.t_sync_s == pytest.approx(max(t.t_step_s - t.t_compute_s, 0.0))
+        assert t.timed_steps >= 3 and len(t.hosts) == len(t.devices) == 2
     small, big = trials
     # How many pairs fill 0.3 s follows from the last warm-up step, which a loaded machine can stretch
     # past the timed ones (under a load of 10 on 2 cores: 3 pairs of 7.7 ms steps, 2026-11-29); the
     # count's rule is checked by test_a_round_times_enough_pairs_of_short_steps, not here.
-    assert small["timed_steps"] >= 3 and big["timed_steps"] >= 3, (small, big)
-    assert (small["local_batch"], big["local_batch"]) == (8, 256)
-    assert big["peak_mem_bytes"] > small["peak_mem_bytes"]
-    assert big["t_compute_s"] > small["t_compute_s"]
+    assert small.timed_steps >= 3 and big.timed_steps >= 3, (small, big)
+    assert (small.local_batch, big.local_batch) == (8, 256)
+    assert big.peak_mem_bytes > small.peak_mem_bytes
+    assert big.t_compute_s > small.t_compute_s
 
 
 @pytest.mark.slow  # a real DDP world
@@ -59,12 +61,12 @@ def test_oom_trial_under_a_real_memory_cap_is_recorded_and_the_search_moves_on(t
         profile_world, 2, spec.to_dict(), [(2, 32), (2, 32768), (2, 65536)], 48 * 2**20, "full", None, timeout_s=300
     )
     assert time.monotonic() - t0 < 120
-    assert all("address_space_cap_bytes" in r for r in res)
-    trials = _merge_ranks(res)
-    assert [t["status"] for t in trials] == ["ok", "oom", "skipped"]
-    assert "out of memory on rank" in trials[1]["note"]
-    assert "can't allocate memory" in trials[1]["note"]  # the CPU allocator's real error
-    assert trials[0]["t_step_s"] > 0  # what was measured before the OOM is kept
+    assert all(r.address_space_cap_bytes is not None for r in res)
+    trials = _world_trials(res)
+    assert [t.status for t in trials] == ["ok", "oom", "skipped"]
+    assert "out of memory on rank" in trials[1].note
+    assert "can't allocate memory" in trials[1].note  # the CPU allocator's real error
+    assert trials[0].t_step_s > 0  # what was measured before the OOM is kept
 
 
 @pytest.mark.slow  # a real DDP world
@@ -77,17 +79,18 @@ def test_partial_profile_end_to_end_and_fit(tiny_spec_dict):
     assert sorted((t["n_workers"], t["global_batch"]) for t in rec["trials"]) == [(1, 16), (1, 256), (2, 16), (2, 256)]
     assert all(t["status"] == "ok" for t in rec["trials"])
     assert [e["type"] for e in events[:2]] == ["checked", "plan"] and sum(e["type"] == "trial" for e in events) == 4
+    assert ProfileRecord.from_dict(rec).trials == [Trial(**t) for t in rec["trials"]]  # the record's values
     models = fit_models(rec)
-    assert models["kind"] == "tula.models"
+    assert models.kind == "tula.models"
     # the memory model of the two probe steps alone (local batches 16 and 32, before any
     # trial ran) predicts the peak every trial then measured, on 1 and on 2 workers
-    probed = MemoryModel.from_dict(models["memory_probed"])
+    probed = MemoryModel.from_dict(models.memory_probed)
     assert probed.probe_local_batches == (16, 32)
     for t in rec["trials"]:
         assert probed.predict_peak_bytes(t["local_batch"], t["n_workers"]) == pytest.approx(
             t["peak_mem_bytes"], rel=0.1
         ), t
-    assert models["fit_error"]["peak_mem_median_rel"] < 0.05  # and refitted on the trials, closer still
+    assert models.fit_error["peak_mem_median_rel"] < 0.05  # and refitted on the trials, closer still
 
 
 def _half_iqr(xs: list[float]) -> float:

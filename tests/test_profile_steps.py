@@ -3,15 +3,21 @@
 record resumed, the configurations still to run, a failed world mapped to trials or a
 sentence, and the record."""
 
+import dataclasses
+import json
 import signal
+from pathlib import Path
 
 import pytest
 
 from tula.core.errors import InfeasibleError, PlacementError, SpecError, WorkerError
-from tula.core.records import PROFILE_KIND
+from tula.core.records import PROFILE_KIND, ProfileRecord, Trial
 from tula.core.space import Config
 from tula.core.spec import spec_from_dict
-from tula.engine.profile import ProfileFailed, ProfileSession
+from tula.engine.profile import MemoryProbe, ProfileFailed, ProfileSession, profile_json
+
+#: a real profile record (tests/data/records): its memory model is one the record's checks accept
+STORED = json.loads((Path(__file__).parent / "data" / "records" / "profile.json").read_text())
 
 
 class _Launcher:
@@ -44,7 +50,14 @@ def _session(sizes=(1, 2), **launcher) -> tuple[ProfileSession, list[dict]]:
 
 
 def _probed(session: ProfileSession, configs) -> None:
-    session.probe = {"memory": {"m": 1}, "max_local_batch": 128, "configs": [tuple(c) for c in configs]}
+    session.probe = MemoryProbe(STORED["memory"], 128, tuple(tuple(c) for c in configs))
+
+
+def _trial(n: int, big_b: int, status: str = "ok") -> Trial:
+    """A trial of N = ``n`` at B = ``big_b``; an ``ok`` one with its measurements."""
+    if status != "ok":
+        return Trial(n, big_b // n, big_b, status)
+    return Trial(n, big_b // n, big_b, "ok", t_step_s=0.2, t_compute_s=0.1, peak_mem_bytes=1000, timed_steps=3)
 
 
 # --------------------------------------------------------------------------- before any world
@@ -89,21 +102,21 @@ def test_sizes_with_more_ranks_than_gpus_are_not_measured():
 
 def test_resume_from_keeps_the_finished_trials():
     s, events = _session()
-    previous = {
-        "memory": {"m": 1},
-        "max_local_batch": 64,
-        "configs": [[1, 16], [1, 32], [2, 32]],
-        "trials": [
-            {"n_workers": 1, "global_batch": 16, "status": "ok"},
-            {"n_workers": 1, "global_batch": 32, "status": "error"},
-            {"n_workers": 2, "global_batch": 32, "status": "oom"},
-        ],
-        "run_trials": [{"n_workers": 1}],
-        "profiling_s": 12.5,
-    }
+    trials = [_trial(1, 16), _trial(1, 32, "error"), _trial(2, 32, "oom")]
+    previous = ProfileRecord.from_dict(
+        {
+            **STORED,
+            "max_local_batch": 64,
+            "configs": [[1, 16], [1, 32], [2, 32]],
+            "trials": [dataclasses.asdict(t) for t in trials],
+            "run_trials": [{"n_workers": 1}],
+            "profiling_s": 12.5,
+            "interrupted": "SIGINT",
+        }
+    )
     s.resume_from(previous)
-    assert s.probe == {"memory": {"m": 1}, "max_local_batch": 64, "configs": [(1, 16), (1, 32), (2, 32)]}
-    assert [t["global_batch"] for t in s.trials] == [16, 32] and [t["status"] for t in s.trials] == ["ok", "oom"]
+    assert s.probe == MemoryProbe(previous.memory, 64, ((1, 16), (1, 32), (2, 32)))
+    assert s.trials == [trials[0], trials[2]] and all(isinstance(t, Trial) for t in s.trials)
     assert (s.accumulation, s.run_trials, s.spent_before) == ([], [{"n_workers": 1}], 12.5)
     assert events == [{"type": "plan", "total": 3, "done": 2}]
 
@@ -113,10 +126,10 @@ def test_configs_to_run_records_what_a_launched_world_cannot_run():
     s, events = _session(world_size=2)
     s.check()
     _probed(s, [(1, 16), (1, 32), (2, 32)])
-    s.trials = [{"n_workers": 1, "global_batch": 32, "status": "ok"}]  # already measured: not skipped again
+    s.trials = [_trial(1, 32)]  # already measured: not skipped again
     assert s.configs_to_run() == [Config(2, 32)]
-    assert [(t["n_workers"], t["global_batch"], t["status"]) for t in s.trials[1:]] == [(1, 16, "skipped")]
-    assert s.trials[1]["note"] == "not run: this world (started by its launcher) has 2 ranks"
+    assert [(t.n_workers, t.global_batch, t.status) for t in s.trials[1:]] == [(1, 16, "skipped")]
+    assert s.trials[1].note == "not run: this world (started by its launcher) has 2 ranks"
     assert events[-1] == {"type": "trial", "n_workers": 1, "global_batch": 16, "status": "skipped"}
 
 
@@ -135,12 +148,12 @@ def test_an_out_of_memory_after_the_probe_is_that_trials_result():
     _probed(s, [(2, 32), (2, 64), (2, 128)])
     s.world_failed(WorkerError("OutOfMemoryError on rank 1", rank=1, cause="oom"), 2, [(2, 64), (2, 32), (2, 128)])
     # the smallest batch not finished ran out of memory: every larger local batch is skipped
-    assert [(t["global_batch"], t["local_batch"], t["status"]) for t in s.trials] == [
+    assert [(t.global_batch, t.local_batch, t.status) for t in s.trials] == [
         (32, 16, "oom"),
         (64, 32, "skipped"),
         (128, 64, "skipped"),
     ]
-    assert s.trials[1]["note"] == "not run: local batch 16 already ran out of memory"
+    assert s.trials[1].note == "not run: local batch 16 already ran out of memory"
 
 
 def test_a_crashed_world_records_its_trials_as_errors_and_raises_with_the_record():
@@ -149,8 +162,9 @@ def test_a_crashed_world_records_its_trials_as_errors_and_raises_with_the_record
     _probed(s, [(1, 16), (2, 32), (2, 64)])
     with pytest.raises(ProfileFailed, match="rank 1 died") as e:
         s.world_failed(WorkerError("rank 1 died", rank=1, cause="crash"), 2, None)
-    rec = e.value.record
-    assert rec["failed"] == "rank 1 died" and e.value.rank == 1
+    rec = e.value.record  # as JSON's values: what the caller saves
+    assert rec is not None and rec["failed"] == "rank 1 died" and e.value.rank == 1
+    assert ProfileRecord.from_dict(rec).failed == "rank 1 died"
     assert [(t["global_batch"], t["status"], t["note"]) for t in rec["trials"]] == [
         (32, "error", "rank 1 died"),
         (64, "error", "not run: the world failed earlier"),
@@ -171,17 +185,21 @@ def test_record_orders_the_trials_and_says_what_is_partial():
     s, _ = _session(gpus_per_host=1)
     s.check()
     _probed(s, [(1, 32), (1, 16)])
-    s.trials = [
-        {"n_workers": 1, "global_batch": 32, "status": "ok"},
-        {"n_workers": 1, "global_batch": 16, "status": "ok"},
-    ]
-    rec = s.record(extra=[{"n_workers": 1, "global_batch": 8, "status": "ok"}], in_progress=True)
+    s.trials = [_trial(1, 32), _trial(1, 16)]
+    typed = s.record(extra=[_trial(1, 8)], in_progress=True)
+    assert isinstance(typed, ProfileRecord) and typed.in_progress and typed.failed is None
+    assert [t.global_batch for t in typed.trials] == [8, 16, 32] and typed.configs == [(1, 32), (1, 16)]
+    rec = profile_json(typed)  # the file's values
     assert rec["kind"] == PROFILE_KIND and rec["search"] == "full" and rec["launcher"] == "fake"
     assert [t["global_batch"] for t in rec["trials"]] == [8, 16, 32]
-    assert rec["configs"] == [[1, 32], [1, 16]] and rec["max_local_batch"] == 128 and rec["memory"] == {"m": 1}
+    assert rec["configs"] == [[1, 32], [1, 16]] and rec["max_local_batch"] == 128
+    assert rec["memory"] == ProfileRecord.from_dict(STORED).memory
     assert rec["in_progress"] is True and "failed" not in rec and "interrupted" not in rec
     assert list(rec["not_measured"]) == ["2"] and rec["backend"] == "gloo"
-    assert "in_progress" not in s.record() and s.record(interrupted="SIGINT")["interrupted"] == "SIGINT"
+    assert list(rec)[:6] == ["kind", "version", "spec", "search", "device", "backend"]  # the file's order
+    assert ProfileRecord.from_dict(rec) == typed  # the file reads back as the record it was written from
+    assert "in_progress" not in profile_json(s.record())
+    assert profile_json(s.record(interrupted="SIGINT"))["interrupted"] == "SIGINT"
 
 
 def test_stopped_says_how_far_profiling_got():
@@ -191,10 +209,7 @@ def test_stopped_says_how_far_profiling_got():
     assert str(err) == "profiling stopped by SIGTERM during the memory probe; nothing was measured yet"
     assert err.record is None and err.signum == signal.SIGTERM
     _probed(s, [(1, 16), (1, 32), (2, 32)])
-    s.trials = [
-        {"n_workers": 1, "global_batch": 16, "status": "ok"},
-        {"n_workers": 1, "global_batch": 32, "status": "error"},
-    ]
+    s.trials = [_trial(1, 16), _trial(1, 32, "error")]
     err = s.stopped(signal.SIGINT)
     assert str(err) == "profiling stopped by SIGINT: 1 of 3 trial(s) finished"
     assert err.record["interrupted"] == "SIGINT"

@@ -15,10 +15,11 @@ from helpers import local_launcher
 
 from tula.core.config import Config
 from tula.core.errors import Interrupted as Stopped
+from tula.core.records import TrainRecord
 from tula.core.spec import spec_from_dict
 from tula.engine import interrupts
 from tula.engine.rank_messages import Failed, Finished, Interrupted, OutOfMemory, Resize
-from tula.engine.train import TrainFailed, TrainSupervisor, _rank_results
+from tula.engine.train import TrainFailed, TrainSupervisor, _rank_results, train_json
 
 DIGITS_TRAIN = 1438  # scikit-learn's 1797 digits less the 359 (20 %) held out for testing
 AT = Config(n_workers=2, global_batch=64, accumulation_steps=2)
@@ -108,9 +109,13 @@ def test_a_world_that_trains_every_epoch_returns_finished_and_the_record_is_json
     assert rank0.config == rank1.config == Config(n_workers=2, global_batch=256, accumulation_steps=1)
     assert rank0.param_digest == rank1.param_digest and rank0.steps_done == rank0.steps_per_epoch == 5
     assert [h["epoch"] for h in rank0.history] == [1] and rank1.traces == {}
-    record = sup.dispatch(results)
-    assert record is not None and json.loads(json.dumps(record))["steps_done"] == 5
-    assert record["replicas_identical"] and record["generations"][0]["new_world"] is True
+    record = sup.dispatch(results)  # the typed record; train_json its file's values
+    assert isinstance(record, TrainRecord) and record.steps_done == 5 and [h.epoch for h in record.history] == [1]
+    as_json = json.loads(json.dumps(train_json(record)))
+    assert as_json["steps_done"] == 5 and TrainRecord.from_dict(as_json).history == record.history
+    assert as_json["history"] == json.loads(json.dumps(rank0.history)) == [as_json["final"]]  # as the ranks wrote it
+    assert list(as_json)[:4] == ["kind", "version", "spec", "method"]  # the file's order
+    assert as_json["replicas_identical"] and as_json["generations"][0]["new_world"] is True
 
 
 @pytest.mark.slow

@@ -10,10 +10,10 @@ import pytest
 
 from tula.core.config import Config
 from tula.core.errors import InfeasibleError, RunDirError, SpecError, WorkerError
-from tula.core.records import TRAIN_KIND
+from tula.core.records import CHECKPOINT_KIND, TRAIN_KIND, CheckpointMeta
 from tula.core.spec import spec_from_dict
 from tula.engine.rank_messages import Failed, Finished, OutOfMemory, Resize
-from tula.engine.train import TrainSupervisor
+from tula.engine.train import TrainSupervisor, train_json
 
 TRAIN_SIZE = 1000
 
@@ -68,17 +68,27 @@ SCHEDULE = {
 }
 
 
-def _meta(**over) -> dict:
+def _epoch(epoch: int, global_batch: int, n_workers: int, **figures: float) -> dict:
+    """One metrics.jsonl line as the ranks write it (the figures a test does not look at: 1.0)."""
+    line = {"epoch": epoch, "steps": 1, "steps_done": epoch, "global_batch": global_batch, "n_workers": n_workers}
+    return {**line, "lr": 0.1, "train_loss": 1.0, "epoch_time_s": 1.0, "test_loss": 1.0, **figures}
+
+
+def _meta(**over) -> CheckpointMeta:
+    """A checkpoint's header after epoch 2 (as tula.engine.checkpoint.checkpoint_header reads it)."""
     meta = {
+        "kind": CHECKPOINT_KIND,
+        "version": 1,
         "epoch": 2,
+        "steps_done": 2,
         "method": "lbt",
         "global_batch": 64,
         "n_workers": 2,
         "accumulation_steps": 1,
         "fallbacks": [],
-        "history": [{"epoch": 1, "global_batch": 32, "n_workers": 1}, {"epoch": 2, "global_batch": 64, "n_workers": 2}],
+        "history": [_epoch(1, 32, 1), _epoch(2, 64, 2)],
     }
-    return {**meta, **over}
+    return CheckpointMeta.model_validate({**meta, **over})
 
 
 # --------------------------------------------------------------------------- the resume state
@@ -89,7 +99,8 @@ def test_resume_from_takes_the_checkpoints_batch_k_and_fallbacks(tmp_path):
     assert (sup.global_batch, sup.n_workers, sup.accum) == (64, 2, 2)
     assert sup.fallbacks == fb and sup.fallbacks is not fb  # a copy: the run appends to its own
     assert sup.resumed_from_epoch == 2
-    assert sup.first_trained == {"epoch": 1, "global_batch": 32, "n_workers": 1}
+    first = sup.first_trained
+    assert first is not None and (first.epoch, first.global_batch, first.n_workers) == (1, 32, 1)
     # the spec asked for k = 1: a note says the checkpoint's 2 is kept
     assert len(sup.notes) == 1 and "checkpoint's 2 accumulation step(s), not train.accumulation_steps 1" in sup.notes[0]
 
@@ -261,18 +272,19 @@ def test_fall_back_with_nothing_smaller_left_is_infeasible(tmp_path):
 def test_record_from_the_last_worlds_results(tmp_path):
     sup, _ = _supervisor(tmp_path, global_batch=128)
     sup.accum = 2
-    hist = [{"epoch": 1, "test_top1": 0.5}, {"epoch": 2, "test_top1": 0.75}, {"epoch": 3}]
+    hist = [_epoch(1, 128, 2, test_top1=0.5), _epoch(2, 128, 2, test_top1=0.75), _epoch(3, 128, 2)]
     at = Config(n_workers=2, global_batch=128, accumulation_steps=2)
     ranks = [
         Finished(at, [], steps_per_epoch=7, steps_done=21, history=hist, traces={"a": [1]}, param_digest="d"),
         Finished(at, [], steps_per_epoch=7, steps_done=21, history=[], traces={}, param_digest="d"),
     ]
-    rec = sup.record(ranks)
-    assert rec["kind"] == TRAIN_KIND and rec["method"] == "lbt"
+    typed = sup.record(ranks)
+    assert typed.kind == TRAIN_KIND and typed.method == "lbt" and [h.epoch for h in typed.history] == [1, 2, 3]
+    rec = train_json(typed)  # as train.json has it
     assert (rec["global_batch"], rec["local_batch"], rec["micro_batch"], rec["accumulation_steps"]) == (128, 64, 32, 2)
     assert (rec["steps_per_epoch"], rec["steps_done"], rec["epochs"]) == (7, 21, 3)
-    assert rec["final"] == {"epoch": 3} and rec["best_test_top1"] == 0.75
+    assert rec["final"] == hist[-1] and rec["best_test_top1"] == 0.75
     assert rec["replicas_identical"] is True and rec["traces"] == {"a": [1]}
     assert rec["resumed_from_epoch"] is None and rec["batch_schedule"] is None and rec["generations"] == []
-    rec = sup.record([replace(ranks[0], history=[]), replace(ranks[1], param_digest="e")])
+    rec = train_json(sup.record([replace(ranks[0], history=[]), replace(ranks[1], param_digest="e")]))
     assert rec["replicas_identical"] is False and rec["final"] == {} and math.isnan(rec["best_test_top1"])

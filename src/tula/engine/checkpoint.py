@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tula.core.errors import RecordError
-from tula.core.records import CHECKPOINT_KIND, VERSIONS, validate_record
+from tula.core.records import CHECKPOINT_KIND, VERSIONS, CheckpointMeta, validate_record
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
@@ -109,7 +109,7 @@ def load_checkpoint(out_dir: str | Path, map_location: Any = "cpu") -> dict:
     except RecordError as err:
         if previous.exists():
             try:
-                prev_epoch = _read(previous, "cpu")["epoch"]
+                prev_epoch = _header(_read(previous, "cpu")).epoch
             except RecordError:
                 raise RecordError(
                     f"{err}; the previous checkpoint {previous} is damaged too, so this run cannot be resumed"
@@ -125,3 +125,15 @@ def checkpoint_meta(out_dir: str | Path) -> dict:
     """The checked header of the latest good checkpoint (no model tensors kept)."""
     state = load_checkpoint(out_dir, "cpu")
     return {k: v for k, v in state.items() if k not in PAYLOAD_KEYS}
+
+
+def checkpoint_header(out_dir: str | Path) -> CheckpointMeta:
+    """:func:`checkpoint_meta` as the typed, frozen header
+    (:class:`~tula.core.records.CheckpointMeta`; the fields it does not name -- the schedule's
+    state, the next configuration, the precision's state -- kept as the checkpoint has them)."""
+    return _header(load_checkpoint(out_dir, "cpu"))
+
+
+def _header(state: dict[str, Any]) -> CheckpointMeta:
+    """The header of a checkpoint ``state`` (:func:`_read` checked it), typed."""
+    return CheckpointMeta.model_validate({k: v for k, v in state.items() if k not in PAYLOAD_KEYS})

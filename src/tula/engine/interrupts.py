@@ -13,36 +13,49 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from types import FrameType
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_state: dict = {"signum": None, "callbacks": [], "depth": 0}
+
+
+@dataclass
+class _StopState:
+    """This process's stop request: the signal that came (``None``: none yet), the callbacks
+    to hand it to, and how deep :func:`graceful_signals` blocks are nested."""
+
+    signum: int | None = None
+    callbacks: list[Callable[[int], None]] = field(default_factory=list)
+    depth: int = 0
+
+
+_state = _StopState()
 
 
 def requested() -> int | None:
     """The signal that asked this process to stop, or None."""
-    return _state["signum"]
+    return _state.signum
 
 
 def on_stop(callback: Callable[[int], None]) -> Callable[[], None]:
     """Call ``callback(signum)`` on the first stop signal (at once if one already came);
     returns a function that unregisters it."""
-    _state["callbacks"].append(callback)
-    if _state["signum"] is not None:
-        callback(_state["signum"])
+    _state.callbacks.append(callback)
+    if _state.signum is not None:
+        callback(_state.signum)
 
     def remove() -> None:
         with contextlib.suppress(ValueError):
-            _state["callbacks"].remove(callback)
+            _state.callbacks.remove(callback)
 
     return remove
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
-    if _state["signum"] is not None:
+    if _state.signum is not None:
         raise KeyboardInterrupt  # second signal: stop now
-    _state["signum"] = signum
-    for cb in list(_state["callbacks"]):
+    _state.signum = signum
+    for cb in list(_state.callbacks):
         with contextlib.suppress(Exception):
             cb(signum)
 
@@ -54,17 +67,17 @@ def graceful_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    outer = _state["depth"] == 0
+    outer = _state.depth == 0
     previous = {s: signal.getsignal(s) for s in _SIGNALS} if outer else {}
     if outer:
-        _state["signum"] = None
+        _state.signum = None
         for s in _SIGNALS:
             signal.signal(s, _handler)
-    _state["depth"] += 1
+    _state.depth += 1
     try:
         yield
     finally:
-        _state["depth"] -= 1
+        _state.depth -= 1
         if outer:
             for s, h in previous.items():
                 signal.signal(s, h)

@@ -302,9 +302,9 @@ class EpochSinks:
         """The last finished epoch the run goes on from (0 for a new run)."""
         if not self.resume:
             return 0
-        from tula.engine.checkpoint import checkpoint_meta, has_checkpoint
+        from tula.engine.checkpoint import checkpoint_header, has_checkpoint
 
-        return int(checkpoint_meta(self.out)["epoch"]) if has_checkpoint(self.out) else 0
+        return checkpoint_header(self.out).epoch if has_checkpoint(self.out) else 0
 
     def _catch_up(self, kept: int) -> None:
         """The epochs up to ``kept`` that ``metrics.jsonl`` holds and a sink does not (it was

@@ -32,7 +32,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -41,10 +41,11 @@ import torch.distributed as dist
 from tula.core.errors import InfeasibleError, Interrupted, PlacementError, SpecError, TulaError, WorkerError
 from tula.core.gpus import too_many_ranks_sentence, unplaceable_sizes, unplaced_note
 from tula.core.noise_scale import NoiseScale
-from tula.core.records import PROFILE_KIND, VERSIONS, Trial, placement
+from tula.core.records import PROFILE_KIND, VERSIONS, ProfileRecord, Trial, parse_record, placement
 from tula.core.space import Config, candidate_configs, partial_configs
 from tula.core.spec import JobSpec
 from tula.engine import interrupts
+from tula.engine.batch import batch_bytes, batch_loss, slice_batch
 from tula.engine.data import data_path
 from tula.engine.ddp import OneRank, agree_max, probe_fits, wrap_ddp
 from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
@@ -60,7 +61,7 @@ from tula.engine.memory import (
     with_address_space_overhead,
 )
 from tula.engine.precision import Precision, check_precision
-from tula.engine.run_trial import merge_run_trials, run_trial
+from tula.engine.run_trial import RankRunTrial, RunTrialNotRun, merge_run_trials, run_trial
 from tula.engine.step import TrainStep, step_class
 from tula.engine.workloads import build_loss, build_model, build_optimizer, check_workload, load_dataset
 
@@ -71,7 +72,8 @@ FINISHED = ("ok", "oom", "skipped")  # trial statuses a resumed profile does not
 
 
 class ProfileFailed(WorkerError):
-    """A worker failed mid-profile; ``record`` holds every trial finished before it."""
+    """A worker failed mid-profile; ``record`` holds every trial finished before it (the
+    record as JSON's values, what the caller saves: :func:`profile_json`)."""
 
     def __init__(
         self, message: str, rank: int | None = None, details: str = "", record: dict | None = None, cause: str = "crash"
@@ -81,7 +83,8 @@ class ProfileFailed(WorkerError):
 
 
 class ProfileInterrupted(Interrupted):
-    """SIGINT/SIGTERM stopped profiling; ``record`` holds every trial finished before it."""
+    """SIGINT/SIGTERM stopped profiling; ``record`` holds every trial finished before it (as
+    JSON's values: :func:`profile_json`)."""
 
     def __init__(self, message: str, signum: int, record: dict | None):
         super().__init__(message, signum)
@@ -89,6 +92,45 @@ class ProfileInterrupted(Interrupted):
 
 
 # --------------------------------------------------------------------------- inside a rank
+@dataclass(frozen=True)
+class MemoryProbe:
+    """What the first world's memory probe found (or a resumed record kept): the memory model
+    (:meth:`tula.core.memory_model.MemoryModel.to_dict`), the largest local batch it allows
+    within the budget (``None``: no budget) and every configuration (N, B) the search chose."""
+
+    memory: dict
+    max_local_batch: int | None
+    configs: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class AccumulationTiming:
+    """A rank's step times of a batch it ran as ``accumulation_steps`` micro-batches
+    (:meth:`_Worker.accumulation_trial`)."""
+
+    local_batch: int
+    micro_batch: int
+    accumulation_steps: int
+    step_times_s: list[float]
+
+
+@dataclass(frozen=True)
+class RankProfile:
+    """One rank's result of a profiling world (:func:`profile_world`), as it comes back to the
+    caller: its trials in order of batch; the first world's memory probe (``probe``); the
+    address-space cap it ran under; the signal that stopped it (``interrupted``; the trials
+    not run are left out); its accumulated-step timing and its run trial
+    (:func:`tula.engine.run_trial.run_trial`'s figures)."""
+
+    rank: int
+    trials: tuple[Trial, ...]
+    probe: MemoryProbe | None = None
+    address_space_cap_bytes: int | None = None
+    interrupted: int | None = None
+    accumulation: AccumulationTiming | None = None
+    run_trial: RankRunTrial | RunTrialNotRun | None = None
+
+
 class _Worker:
     """One rank's model, optimiser and data for a world of trials."""
 
@@ -108,13 +150,13 @@ class _Worker:
         self.batches: Any = None  # random batches of local batch self.batches_b through the data path
         self.batches_b = 0
         self.data_waits: list[float] = []
-        self.x: torch.Tensor | None = None
-        self.y: torch.Tensor | None = None
+        self.x: Any = None  # the loaded batch: tensors, or a dict batch and None (tula.engine.batch)
+        self.y: Any = None
 
     @property
     def sample_bytes(self) -> int:
         x, y = self.data.batch(1, torch.Generator().manual_seed(0))
-        return x.numel() * x.element_size() + y.numel() * y.element_size()
+        return batch_bytes(x) + batch_bytes(y)
 
     def load_batch(self, local_batch: int) -> None:
         """The next random batch through the data path training uses (DataLoader workers
@@ -126,13 +168,13 @@ class _Worker:
 
     def forward_backward(self, sync: bool = True) -> None:
         """The loaded batch's passes as training runs them (:meth:`TrainStep.forward_backward`)."""
-        assert self.x is not None and self.y is not None
+        assert self.x is not None
         self.stepper.forward_backward(self.x, self.y, sync=sync)
 
     def update(self) -> None:
         """The update after :meth:`forward_backward` (:meth:`TrainStep.optimizer_step`); the
         gradients freed."""
-        assert self.x is not None and self.y is not None
+        assert self.x is not None
         self.stepper.optimizer_step(0, self.x, self.y)
         self._after_step()
 
@@ -144,7 +186,7 @@ class _Worker:
     def step(self, sync: bool = True) -> None:
         """One step of the loaded batch, the one training runs (:meth:`TrainStep.train_step`);
         ``sync=False``: without gradient synchronisation."""
-        assert self.x is not None and self.y is not None
+        assert self.x is not None
         self.stepper.train_step((self.x, self.y), sync=sync)
         self._after_step()
 
@@ -158,7 +200,7 @@ class _Worker:
         finally:
             self.stepper.accumulation_steps = 1
 
-    def accumulation_trial(self, local_batch: int, k: int, timed: int) -> dict:
+    def accumulation_trial(self, local_batch: int, k: int, timed: int) -> AccumulationTiming:
         """Step times of ``local_batch`` per rank as ``k`` accumulated micro-batches (a
         batch an ordinary trial already ran, so it fits): what the planner's accumulation
         model is checked against."""
@@ -171,8 +213,7 @@ class _Worker:
             self.accumulated_step(k)
             times.append(time.perf_counter() - t0)
         self.release()
-        return {"local_batch": local_batch, "micro_batch": local_batch // k, "accumulation_steps": k,
-                "step_times_s": times}  # fmt: skip
+        return AccumulationTiming(local_batch, local_batch // k, k, times)
 
     def timed(self, sync: bool) -> float:
         """One step with the wait for its batch included, as training runs it."""
@@ -211,9 +252,9 @@ class _Worker:
         scale = self.prec.loss_scale()
         t0 = time.perf_counter()
 
-        def grads(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        def grads(x: Any, y: Any) -> list[torch.Tensor]:
             with self.prec.autocast():
-                loss = self.loss_fn(module(x), y)
+                loss = batch_loss(module, self.loss_fn, x, y)
             gs = torch.autograd.grad(loss * scale if scale else loss, params, allow_unused=True)
             return [torch.zeros_like(p) if g is None else (g / scale if scale else g) for g, p in zip(gs, params)]
 
@@ -225,7 +266,7 @@ class _Worker:
         b_small, b_big = (b, n * b) if n > 1 else (b // 2, b)
         for _ in range(steps):
             self.load_batch(b)
-            assert self.x is not None and self.y is not None
+            assert self.x is not None
             if n > 1:
                 local = grads(self.x, self.y)
                 flat = torch.cat([g.reshape(-1) for g in local])
@@ -236,7 +277,7 @@ class _Worker:
                 dist.all_reduce(pair[:1])
                 small_sq, big_sq = float(pair[0]) / n, float(pair[1])
             else:
-                small_sq = float(sq(grads(self.x[: b // 2], self.y[: b // 2])))
+                small_sq = float(sq(grads(slice_batch(self.x, 0, b // 2), slice_batch(self.y, 0, b // 2))))
                 big_sq = float(sq(grads(self.x, self.y)))
             if not (math.isfinite(small_sq) and math.isfinite(big_sq)):
                 continue
@@ -379,7 +420,7 @@ def profile_world(
     search: str,
     budget_bytes: int | None,
     oom_local_batch: int | None = None,
-) -> dict:
+) -> RankProfile:
     """Run in every rank of one world: the trials of ``configs`` ((n_workers, global_batch)
     pairs of this world's size) in order of batch.
 
@@ -391,32 +432,36 @@ def profile_world(
     spec = JobSpec.model_validate(spec_dict)
     w = _Worker(ctx, spec)
     set_up = AddressSpace.now() if mem_cap_bytes is not None and ctx.device.type == "cpu" else None
-    out: dict[str, Any] = {"rank": ctx.rank, "trials": []}
+    trials: list[Trial] = []
+    probe: MemoryProbe | None = None
+    cap_bytes: int | None = None
+    interrupted: int | None = None
+    accumulation: AccumulationTiming | None = None
     stop = ctx.stop
     if configs is None:
         mm = w.probe_memory(spec.profile.memory_probe_batches)
         if set_up is not None:  # under the cap, the budget also holds what tensors do not show
             mm = with_address_space_overhead(mm, set_up)
         b_max, chosen = select_configs(spec, search, w.data.train_size, mm, budget_bytes, ctx.device.type == "cuda")
-        out.update(memory=mm.to_dict(), max_local_batch=b_max, configs=[(c.n_workers, c.global_batch) for c in chosen])
+        probe = MemoryProbe(mm.to_dict(), b_max, tuple((c.n_workers, c.global_batch) for c in chosen))
         if ctx.rank == 0:
             ctx.emit(
                 {
                     "type": "plan",
                     "total": len(chosen),
-                    "memory": out["memory"],
+                    "memory": probe.memory,
                     "max_local_batch": b_max,
-                    "configs": out["configs"],
+                    "configs": list(probe.configs),
                 }
             )
-        configs = [(c.n_workers, c.global_batch) for c in chosen if c.n_workers == ctx.world_size]
+        configs = [c for c in probe.configs if c[0] == ctx.world_size]
     if mem_cap_bytes is not None and ctx.device.type == "cpu":
-        out["address_space_cap_bytes"] = cap_address_space(mem_cap_bytes, since=set_up)
+        cap_bytes = cap_address_space(mem_cap_bytes, since=set_up)
     oom_at = oom_local_batch
     noise_steps = spec.profile.noise_steps  # at the first trial that runs: the model is as the world made it
     for i, (n, big_b) in enumerate(sorted(configs, key=lambda c: c[1])):
         if stop is not None and stop.agree():
-            out["interrupted"] = stop.signum or signal.SIGINT
+            interrupted = stop.signum or signal.SIGINT
             break
         cfg = Config(n, big_b)
         if oom_at is not None and cfg.local_batch >= oom_at:
@@ -429,25 +474,36 @@ def profile_world(
                 noise_steps = 0
             if t.status == "oom":
                 oom_at = cfg.local_batch if oom_at is None else min(oom_at, cfg.local_batch)
-        t.hosts, t.devices = [ctx.host], [_device_name(ctx.device)]  # where this rank ran it, and how it met the others
-        t.interfaces, t.interface_sources, t.local_ranks = [ctx.interface], [ctx.interface_source], [ctx.local_rank]
-        out["trials"].append(asdict(t))
-        ctx.emit({"type": "rank_trial", "rank": ctx.rank, "trial": asdict(t)})  # kept if the world dies later
+        t = replace(  # where this rank ran it, and how it met the others
+            t,
+            hosts=[ctx.host],
+            devices=[_device_name(ctx.device)],
+            interfaces=[ctx.interface],
+            interface_sources=[ctx.interface_source],
+            local_ranks=[ctx.local_rank],
+        )
+        trials.append(t)
+        # kept if the world dies later (an event's values are JSON's)
+        ctx.emit({"type": "rank_trial", "rank": ctx.rank, "trial": asdict(t)})
         if ctx.rank == 0:
             ctx.emit({"type": "trial", "n_workers": n, "global_batch": big_b, "status": t.status, "index": i})
-    ok = [t["local_batch"] for t in out["trials"] if t["status"] == "ok" and t["local_batch"] % 2 == 0]
-    if spec.search.max_accumulation_steps > 1 and ok and "interrupted" not in out:
+    ok = [t.local_batch for t in trials if t.status == "ok" and t.local_batch % 2 == 0]
+    if spec.search.max_accumulation_steps > 1 and ok and interrupted is None:
         # the planner may accumulate: one check of its step model, at k = 2 on the largest batch run
-        out["accumulation"] = w.accumulation_trial(max(ok), 2, spec.profile.timed_steps)
-    if "interrupted" not in out and stop is not None and stop.agree():
-        out["interrupted"] = stop.signum or signal.SIGINT
-    if "interrupted" not in out:  # the trainer's own step and epoch end (tula.engine.run_trial)
-        out["run_trial"] = _run_trial(ctx, spec, [t for t in out["trials"] if t["status"] == "ok"], w)
+        accumulation = w.accumulation_trial(max(ok), 2, spec.profile.timed_steps)
+    if interrupted is None and stop is not None and stop.agree():
+        interrupted = stop.signum or signal.SIGINT
+    # the trainer's own step and epoch end (tula.engine.run_trial)
+    run_trial_figures = (
+        _run_trial(ctx, spec, [t for t in trials if t.status == "ok"], w) if interrupted is None else None
+    )
     w.data.close()  # the prefetching thread and the loader's workers
-    return out
+    return RankProfile(ctx.rank, tuple(trials), probe, cap_bytes, interrupted, accumulation, run_trial_figures)
 
 
-def _run_trial(ctx: WorkerContext, spec: JobSpec, done: list[dict], w: _Worker) -> dict | None:
+def _run_trial(
+    ctx: WorkerContext, spec: JobSpec, done: list[Trial], w: _Worker
+) -> RankRunTrial | RunTrialNotRun | None:
     """The run trial of this world (:mod:`tula.engine.run_trial`), beside ``w``'s plain steps,
     at the smallest global batch the method can train at on this world that is at least the
     smallest one profiled here and at most the largest (so it fits in memory); ``None`` when
@@ -457,7 +513,7 @@ def _run_trial(ctx: WorkerContext, spec: JobSpec, done: list[dict], w: _Worker) 
     if not done:
         return None
     n, method = ctx.world_size, spec.train.method
-    lo, hi = min(t["global_batch"] for t in done), max(t["global_batch"] for t in done)
+    lo, hi = min(t.global_batch for t in done), max(t.global_batch for t in done)
     big_b = max(lo, smallest_batch_for(method, spec, n))
     big_b = -(-big_b // n) * n  # a whole local batch per rank
     why = (
@@ -472,7 +528,7 @@ def _run_trial(ctx: WorkerContext, spec: JobSpec, done: list[dict], w: _Worker) 
         except TulaError as err:
             why = str(err)
     if why:
-        return {"n_workers": n, "method": method, "status": "skipped", "note": why}
+        return RunTrialNotRun(n, method, "skipped", note=why)
 
     def plain(b: int = big_b // n) -> None:
         w.load_batch(b)
@@ -482,9 +538,15 @@ def _run_trial(ctx: WorkerContext, spec: JobSpec, done: list[dict], w: _Worker) 
 
 
 # --------------------------------------------------------------------------- in the caller
-def _merge_ranks(rank_results: list[dict]) -> list[dict]:
-    """Per step, the slowest rank sets the pace; then the median over steps."""
-    return _merge_trials([r["trials"] for r in rank_results])
+def _world_trials(rank_results: list[RankProfile]) -> list[Trial]:
+    """A world's trials from its ranks' results: per step the slowest rank sets the pace; then
+    the median over steps (:func:`merge_trials`)."""
+    return merge_trials([list(r.trials) for r in rank_results])
+
+
+def _merge_ranks(rank_results: list[RankProfile]) -> list[dict]:
+    """:func:`_world_trials` as JSON's values (a record's ``trials``)."""
+    return [asdict(t) for t in _world_trials(rank_results)]
 
 
 def _device_name(device: torch.device) -> str:
@@ -494,40 +556,83 @@ def _device_name(device: torch.device) -> str:
 
 
 def _merge_trials(rank_trials: list[list[dict]]) -> list[dict]:
+    """:func:`merge_trials` of trials as dicts, as JSON's values."""
+    return [asdict(t) for t in merge_trials([[Trial(**t) for t in trials] for trials in rank_trials])]
+
+
+def merge_trials(rank_trials: list[list[Trial]]) -> list[Trial]:
+    """One trial per configuration from every rank's (``rank_trials[rank][i]``): where each
+    rank ran (in rank order); for an ``ok`` trial per step the slowest rank, then the medians,
+    the largest peak and the slowest wait for data (with a note when the loader is a
+    bottleneck); for an ``oom`` trial the rank's note that says where memory ran out."""
     merged = []
     for per_rank in zip(*rank_trials):
-        t = dict(per_rank[0])
-        t["hosts"] = [h for r in per_rank for h in r.get("hosts", [])]  # in rank order
-        t["devices"] = [d for r in per_rank for d in r.get("devices", [])]
-        for key in ("interfaces", "interface_sources", "local_ranks"):
-            t[key] = [v for r in per_rank for v in r.get(key, [])]
-        t["ranks_per_host"] = max(Counter(t["hosts"]).values()) if t["hosts"] else None
-        if t["status"] == "ok":
-            steps = [max(xs) for xs in zip(*(r["step_times_s"] for r in per_rank))]
-            comps = [max(xs) for xs in zip(*(r["compute_times_s"] for r in per_rank))]
-            t["step_times_s"], t["compute_times_s"] = steps, comps
-            t["t_step_s"] = statistics.median(steps)
-            t["t_compute_s"] = statistics.median(comps)
-            t["t_sync_s"] = max(t["t_step_s"] - t["t_compute_s"], 0.0)
-            t["t_step_spread"] = _spread(steps)
-            t["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in per_rank)
-            if per_rank[0].get("t_data_s") is not None:  # the slowest rank's median wait for its batch
-                t["t_data_s"] = max(r["t_data_s"] for r in per_rank)
-                share = t["t_data_s"] / max(t["t_step_s"], 1e-12)
-                if share >= DATA_SHARE_NOTE:
-                    t["note"] = (
-                        f"data loading is {100 * share:.0f} % of the step: the loader is a bottleneck "
-                        "(more data.loader_workers, or faster storage, would help)"
-                    )
-        elif t["status"] == "oom":
-            t["note"] = next((r["note"] for r in per_rank if r["note"].startswith("out of memory on rank")), t["note"])
+        first = per_rank[0]
+        hosts = [h for r in per_rank for h in r.hosts]  # in rank order
+        t = replace(
+            first,
+            hosts=hosts,
+            devices=[d for r in per_rank for d in r.devices],
+            interfaces=[v for r in per_rank for v in r.interfaces],
+            interface_sources=[v for r in per_rank for v in r.interface_sources],
+            local_ranks=[v for r in per_rank for v in r.local_ranks],
+            ranks_per_host=max(Counter(hosts).values()) if hosts else None,
+        )
+        if t.status == "ok":
+            steps = [max(xs) for xs in zip(*(r.step_times_s for r in per_rank))]
+            comps = [max(xs) for xs in zip(*(r.compute_times_s for r in per_rank))]
+            t_step_s, t_compute_s = statistics.median(steps), statistics.median(comps)
+            t = replace(
+                t,
+                step_times_s=steps,
+                compute_times_s=comps,
+                t_step_s=t_step_s,
+                t_compute_s=t_compute_s,
+                t_sync_s=max(t_step_s - t_compute_s, 0.0),
+                t_step_spread=_spread(steps),
+                peak_mem_bytes=max(r.peak_mem_bytes for r in per_rank if r.peak_mem_bytes is not None),
+            )
+            if first.t_data_s is not None:  # the slowest rank's median wait for its batch
+                t_data_s = max(r.t_data_s for r in per_rank if r.t_data_s is not None)
+                share = t_data_s / max(t_step_s, 1e-12)
+                note = (
+                    f"data loading is {100 * share:.0f} % of the step: the loader is a bottleneck "
+                    "(more data.loader_workers, or faster storage, would help)"
+                    if share >= DATA_SHARE_NOTE
+                    else t.note
+                )
+                t = replace(t, t_data_s=t_data_s, note=note)
+        elif t.status == "oom":
+            t = replace(t, note=next((r.note for r in per_rank if r.note.startswith("out of memory on rank")), t.note))
         merged.append(t)
     return merged
 
 
-def _oom_threshold(trials: list[dict]) -> int | None:
-    bad = [t["local_batch"] for t in trials if t["status"] == "oom"]
+def _oom_threshold(trials: list[Trial]) -> int | None:
+    bad = [t.local_batch for t in trials if t.status == "oom"]
     return min(bad) if bad else None
+
+
+#: the order of a profile record's fields in ``profile.json`` (as it was written before the typed record)
+_PROFILE_KEYS = (
+    "kind", "version", "spec", "search", "device", "backend", "threads_per_worker", "precision",
+    "memory_budget_bytes", "enforce_memory_cap", "dataset_size", "sample_shape", "model", "memory",
+    "max_local_batch", "configs", "trials", "accumulation_trials", "run_trials", "placement", "launcher", "facts",
+    "not_measured", "profiling_s", "created", "failed", "interrupted", "in_progress",
+)  # fmt: skip
+
+
+def profile_json(rec: ProfileRecord) -> dict[str, Any]:
+    """The profile record ``rec`` as JSON's values, as ``profile.json`` holds it (the edge: what
+    is saved, and what :func:`profile` returns): ``failed``, ``interrupted`` and ``in_progress``
+    only where they were given, the configurations as lists, the fields in the file's order."""
+    data = rec.to_json_dict()
+    for name in ("failed", "interrupted", "in_progress"):
+        if not rec.given(name):
+            data.pop(name, None)
+    data["configs"] = [list(c) for c in rec.configs]
+    ordered = {key: data.pop(key) for key in _PROFILE_KEYS if key in data}
+    return {**ordered, **data}
 
 
 def profile(
@@ -535,10 +640,12 @@ def profile(
     search: str = "partial",
     launcher: Launcher | None = None,
     on_event: Callable[[dict], None] | None = None,
-    previous: dict | None = None,
+    previous: dict | ProfileRecord | None = None,
     on_snapshot: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Profile ``spec`` (``search`` = ``full`` | ``partial``); return the profile record.
+    """Profile ``spec`` (``search`` = ``full`` | ``partial``); return the profile record as
+    JSON's values (:func:`profile_json` of :func:`profile_record`'s typed record, what
+    ``profile.json`` holds).
 
     ``previous`` is a partial profile record of the same spec (interrupted or failed):
     its memory model and configuration list are reused and its finished trials are kept,
@@ -547,10 +654,24 @@ def profile(
     before it), ``{"type": "plan", "total": k}`` once the trials are known and
     ``{"type": "trial", ...}`` after each trial; ``on_snapshot`` the record so far
     (``in_progress``) each time a trial has finished on every rank, so that a process killed
-    mid-profile loses no finished trial when its caller saved the snapshot.
+    mid-profile loses no finished trial when its caller saved the snapshot (the snapshot as
+    JSON's values, like the record).
 
     A failed world raises :class:`ProfileFailed`, SIGINT/SIGTERM :class:`ProfileInterrupted`;
     both carry the record of every trial finished before it."""
+    return profile_json(profile_record(spec, search, launcher, on_event, previous, on_snapshot))
+
+
+def profile_record(
+    spec: JobSpec,
+    search: str = "partial",
+    launcher: Launcher | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    previous: dict | ProfileRecord | None = None,
+    on_snapshot: Callable[[dict], None] | None = None,
+) -> ProfileRecord:
+    """:func:`profile`, returning the typed, frozen record
+    (:class:`~tula.core.records.ProfileRecord`, its trials :class:`~tula.core.records.Trial`)."""
     if launcher is None:
         with open_launcher(spec) as opened:
             return _profile(spec, search, opened, on_event, previous, on_snapshot)
@@ -562,15 +683,15 @@ def _profile(
     search: str,
     launcher: Launcher,
     on_event: Callable[[dict], None] | None,
-    previous: dict | None,
+    previous: dict | ProfileRecord | None,
     on_snapshot: Callable[[dict], None] | None = None,
-) -> dict:
+) -> ProfileRecord:
     if search not in ("full", "partial"):
         raise ValueError(f"search must be 'full' or 'partial', not {search!r}")
     session = ProfileSession(spec, search, launcher, on_event, on_snapshot)
     session.check()
     if previous is not None:
-        session.resume_from(previous)
+        session.resume_from(parse_record(previous, ProfileRecord, "the profile to resume"))
     with interrupts.graceful_signals():
         record = session.run()
         late = interrupts.requested()
@@ -603,13 +724,14 @@ class ProfileSession:
         self.spec, self.search, self.launcher, self.on_snapshot = spec, search, launcher, on_snapshot
         self.emit: Callable[[dict], None] = on_event or (lambda ev: None)
         self.t_start = time.perf_counter()
-        self.streamed: dict[int, list[dict]] = {}  # rank -> trials of the world now running
+        self.streamed: dict[int, list[Trial]] = {}  # rank -> trials of the world now running
         self.accumulation: list[dict] = []  # each world's accumulated-step check (search.max_accumulation_steps > 1)
         self.run_trials: list[dict] = []  # each world's run trial (tula.engine.run_trial)
-        self.probe: dict = {}  # the memory model, the largest local batch and the configurations
-        self.trials: list[dict] = []
+        self.probe: MemoryProbe | None = None  # the memory model, the largest local batch, the configurations
+        self.trials: list[Trial] = []
         self.spent_before = 0.0
-        self.world = {"n": 0, "snapped": 0}  # the running world's size; its trials already in a snapshot
+        self.world_size = 0  # the running world's size
+        self.snapped = 0  # its trials already in a snapshot
         self.not_measured: dict[str, str] = {}  # cluster sizes the launcher cannot place: N -> why
         self.fixed: int | None = None  # a launched world's one size
         self.started_by = "its launcher"
@@ -682,33 +804,31 @@ class ProfileSession:
         )
         return placeable
 
-    def resume_from(self, previous: dict) -> None:
+    def resume_from(self, previous: ProfileRecord) -> None:
         """Go on from ``previous``, a partial record of the same spec: its memory model and
         configurations, its finished trials (``ok``, ``oom``, ``skipped``: not run again),
         its accumulation and run trials and its time so far; a ``plan`` event says how
         many trials are done."""
-        self.probe = {
-            "memory": previous["memory"],
-            "max_local_batch": previous["max_local_batch"],
-            "configs": [tuple(c) for c in previous["configs"]],
-        }
-        self.trials = [t for t in previous["trials"] if t["status"] in FINISHED]
-        self.accumulation = list(previous.get("accumulation_trials") or [])
-        self.run_trials = list(previous.get("run_trials") or [])
-        self.spent_before = previous.get("profiling_s") or 0.0
-        self.emit({"type": "plan", "total": len(self.probe["configs"]), "done": len(self.trials)})
+        self.probe = MemoryProbe(
+            previous.memory, previous.max_local_batch, tuple((int(n), int(b)) for n, b in previous.configs)
+        )
+        self.trials = [t for t in previous.trials if t.status in FINISHED]
+        # the checks and run trials are no fields of the typed record (kept as the file had them)
+        self.accumulation = list(getattr(previous, "accumulation_trials", None) or [])
+        self.run_trials = list(getattr(previous, "run_trials", None) or [])
+        self.spent_before = previous.profiling_s
+        self.emit({"type": "plan", "total": len(self.probe.configs), "done": len(self.trials)})
 
     # ------------------------------------------------------------------ the worlds
-    def run(self) -> dict:
+    def run(self) -> ProfileRecord:
         """The first world (memory probe, configurations, its own trials) unless a previous
         record gave them, then one world per cluster size with trials still to run; the
         record."""
-        if not self.probe:
+        if self.probe is None:
             # first world: memory probe, search space, then its own trials
             self.run_world(self.sizes[0], None)
-            self.probe["configs"] = [tuple(c) for c in self.probe["configs"]]
         configs = self.configs_to_run()
-        done = {(t["n_workers"], t["global_batch"]) for t in self.trials}
+        done = {(t.n_workers, t.global_batch) for t in self.trials}
         for n in sorted({c.n_workers for c in configs}):
             todo = [
                 (c.n_workers, c.global_batch)
@@ -724,16 +844,17 @@ class ProfileSession:
         memory model left none); those of a size a launched world does not have, or that
         cannot be placed, are recorded as ``skipped`` trials with the reason (and a
         ``trial`` event each)."""
-        configs = [Config(n, b) for n, b in self.probe["configs"]]
+        probe = self._probed()
+        configs = [Config(n, b) for n, b in probe.configs]
         if not configs:
-            probe, budget = self.probe, self.budget
+            budget = self.budget
             raise InfeasibleError(
-                f"no configuration fits: the memory model allows a local batch of at most {probe['max_local_batch']} "
+                f"no configuration fits: the memory model allows a local batch of at most {probe.max_local_batch} "
                 f"within the budget of {budget} bytes, below every candidate (min_batch {self.spec.search.min_batch} "
                 f"over up to {max(self.sizes)} workers)"
                 + (
-                    f": {MemoryModel.from_dict(probe['memory']).shortfall(budget, self.spec.search.memory_safety)}"
-                    if probe["max_local_batch"] == 0 and budget is not None  # 0 only under a budget
+                    f": {MemoryModel.from_dict(probe.memory).shortfall(budget, self.spec.search.memory_safety)}"
+                    if probe.max_local_batch == 0 and budget is not None  # 0 only under a budget
                     else ""
                 )
             )
@@ -752,10 +873,10 @@ class ProfileSession:
     ) -> list[Config]:
         """Record the configurations this launcher ``cannot`` run and that have no trial yet as
         ``skipped`` (with ``why``), each with a ``trial`` event; the others."""
-        done_now = {(t["n_workers"], t["global_batch"]) for t in self.trials}
+        done_now = {(t.n_workers, t.global_batch) for t in self.trials}
         for c in configs:
             if cannot(c) and (c.n_workers, c.global_batch) not in done_now:
-                self.trials.append(asdict(Trial(c.n_workers, c.local_batch, c.global_batch, "skipped", note=why(c))))
+                self.trials.append(Trial(c.n_workers, c.local_batch, c.global_batch, "skipped", note=why(c)))
                 self.emit(
                     {"type": "trial", "n_workers": c.n_workers, "global_batch": c.global_batch, "status": "skipped"}
                 )
@@ -765,16 +886,18 @@ class ProfileSession:
         """A rank's event: a rank's finished trial is kept (and, once every rank has finished
         it, a snapshot of the record with it is given to ``on_snapshot``); the first world's
         ``plan`` is the probe; the others go to ``on_event``."""
-        if ev["type"] == "rank_trial":
-            self.streamed.setdefault(rank, []).append(ev["trial"])
-            k = min((len(self.streamed.get(r, [])) for r in range(self.world["n"])), default=0)
-            if self.on_snapshot is not None and k > self.world["snapped"] and self.probe.get("configs") is not None:
-                self.world["snapped"] = k  # every rank finished trial k: a snapshot with it
-                done = _merge_trials([self.streamed[r][:k] for r in range(self.world["n"])])
-                self.on_snapshot(self.record(extra=done, in_progress=True))
+        if ev["type"] == "rank_trial":  # a rank's trial as it crossed the process boundary: a dict
+            self.streamed.setdefault(rank, []).append(Trial(**ev["trial"]))
+            k = min((len(self.streamed.get(r, [])) for r in range(self.world_size)), default=0)
+            if self.on_snapshot is not None and k > self.snapped and self.probe is not None:
+                self.snapped = k  # every rank finished trial k: a snapshot with it
+                done = merge_trials([self.streamed[r][:k] for r in range(self.world_size)])
+                self.on_snapshot(profile_json(self.record(extra=done, in_progress=True)))
             return
         if ev["type"] == "plan":
-            self.probe.update(ev)
+            self.probe = MemoryProbe(
+                ev["memory"], ev["max_local_batch"], tuple((int(n), int(b)) for n, b in ev["configs"])
+            )
         self.emit(ev)
 
     def run_world(self, n: int, configs: list[tuple[int, int]] | None) -> None:
@@ -782,11 +905,11 @@ class ProfileSession:
         probes the memory model and chooses them); its trials join the record
         (:meth:`merge_world`), a failed world is :meth:`world_failed`'s."""
         self.streamed.clear()
-        self.world.update(n=n, snapped=0)
+        self.world_size, self.snapped = n, 0
         signum = interrupts.requested()
         if signum:
             raise self.stopped(signum)
-        oom_at = _oom_threshold([t for t in self.trials if t["n_workers"] == n])
+        oom_at = _oom_threshold([t for t in self.trials if t.n_workers == n])
         try:
             res = self.launcher.run(
                 profile_world,
@@ -814,17 +937,17 @@ class ProfileSession:
         records the trials not run as ``error`` and raises :class:`ProfileFailed` with the
         record (re-raised as it is when nothing was measured yet)."""
         # keep every trial all ranks finished; the one in flight and the rest are not
-        done = _merge_trials([self.streamed.get(r, []) for r in range(n)]) if len(self.streamed) == n else []
+        done = merge_trials([self.streamed.get(r, []) for r in range(n)]) if len(self.streamed) == n else []
         self.trials.extend(done)
         if err.cause == "interrupted" or interrupts.requested():
             raise self.stopped(interrupts.requested() or signal.SIGINT) from None
-        if not self.probe:
+        if self.probe is None:
             raise err  # nothing measured yet
-        finished = {(t["n_workers"], t["global_batch"]) for t in done}
+        finished = {(t.n_workers, t.global_batch) for t in done}
         todo = sorted(
             (
                 tuple(c)
-                for c in (configs or [c for c in self.probe["configs"] if c[0] == n])
+                for c in (configs or [c for c in self.probe.configs if c[0] == n])
                 if (c[0], c[1]) not in finished
             ),
             key=lambda c: c[1],
@@ -834,10 +957,9 @@ class ProfileSession:
             return
         for i, (nn_, big_b) in enumerate(todo):
             note = str(err) if i == 0 else "not run: the world failed earlier"
-            self.trials.append(asdict(Trial(nn_, big_b // nn_, big_b, "error", note=note)))
-        raise ProfileFailed(
-            str(err), rank=err.rank, details=err.details, cause=err.cause, record=self.record(failed=str(err))
-        ) from None
+            self.trials.append(Trial(nn_, big_b // nn_, big_b, "error", note=note))
+        record = profile_json(self.record(failed=str(err)))
+        raise ProfileFailed(str(err), rank=err.rank, details=err.details, cause=err.cause, record=record) from None
 
     def out_of_memory(self, err: WorkerError, n: int, todo: list[tuple[int, ...]]) -> None:
         """A rank of a world of ``n`` ran out of memory after the probe step (a synchronised or
@@ -846,85 +968,96 @@ class ProfileSession:
         runs the smaller ones still to do."""
         (n_oom, b_oom), rest = todo[0], todo[1:]
         b_local = b_oom // n_oom
-        self.trials.append(asdict(Trial(n_oom, b_local, b_oom, "oom", note=str(err)[:300])))
+        self.trials.append(Trial(n_oom, b_local, b_oom, "oom", note=str(err)[:300]))
         skipped = f"not run: local batch {b_local} already ran out of memory"
-        self.trials.extend(
-            asdict(Trial(n_, b_ // n_, b_, "skipped", note=skipped)) for n_, b_ in rest if b_ // n_ >= b_local
-        )
+        self.trials.extend(Trial(n_, b_ // n_, b_, "skipped", note=skipped) for n_, b_ in rest if b_ // n_ >= b_local)
         smaller = [(c[0], c[1]) for c in rest if c[1] // c[0] < b_local]
         if smaller:
             self.run_world(n, smaller)
 
-    def merge_world(self, n: int, res: list[dict]) -> None:
+    def merge_world(self, n: int, res: list[RankProfile]) -> None:
         """A world's results (one per rank of ``n``) joined: its trials (per step the slowest
         rank), its run trial and accumulated-step check; :class:`ProfileInterrupted` when
         the ranks agreed to stop."""
-        self.trials.extend(_merge_ranks(res))
-        if all(r.get("run_trial") for r in res):  # the trainer's own step and epoch end, slowest rank
-            self.run_trials.append(merge_run_trials([r["run_trial"] for r in res]))
-        if all("accumulation" in r for r in res):  # per step the slowest rank, then the median
-            a = dict(res[0]["accumulation"], n_workers=n)
-            a["step_times_s"] = [max(xs) for xs in zip(*(r["accumulation"]["step_times_s"] for r in res))]
-            a["t_step_s"] = statistics.median(a["step_times_s"])
-            self.accumulation.append(a)
-        if any("interrupted" in r for r in res):
-            raise self.stopped(res[0].get("interrupted") or signal.SIGINT)
+        self.trials.extend(_world_trials(res))
+        run_trials = [r.run_trial for r in res if r.run_trial]
+        if len(run_trials) == len(res):  # the trainer's own step and epoch end, slowest rank
+            self.run_trials.append(merge_run_trials(run_trials))
+        timings = [r.accumulation for r in res if r.accumulation is not None]
+        if timings and len(timings) == len(res):  # per step the slowest rank, then the median
+            steps = [max(xs) for xs in zip(*(a.step_times_s for a in timings))]
+            # the record's accumulation check, as JSON's values
+            self.accumulation.append(
+                {**asdict(timings[0]), "n_workers": n, "step_times_s": steps, "t_step_s": statistics.median(steps)}
+            )
+        if any(r.interrupted is not None for r in res):
+            raise self.stopped(res[0].interrupted or signal.SIGINT)
 
     # ------------------------------------------------------------------ the record
     def stopped(self, signum: int) -> ProfileInterrupted:
         """SIGINT/SIGTERM (``signum``) stopped profiling: the error, with the record so far."""
         name = signal.Signals(signum).name
-        if not self.probe:
+        if self.probe is None:
             return ProfileInterrupted(
                 f"profiling stopped by {name} during the memory probe; nothing was measured yet", signum, None
             )
-        n_done = sum(t["status"] in FINISHED for t in self.trials)
+        n_done = sum(t.status in FINISHED for t in self.trials)
         return ProfileInterrupted(
-            f"profiling stopped by {name}: {n_done} of {len(self.probe['configs'])} trial(s) finished",
+            f"profiling stopped by {name}: {n_done} of {len(self.probe.configs)} trial(s) finished",
             signum,
-            self.record(interrupted=name),
+            profile_json(self.record(interrupted=name)),
         )
+
+    def _probed(self) -> MemoryProbe:
+        """The memory probe's result, which every step after the first world needs."""
+        if self.probe is None:
+            raise WorkerError("the first profiling world ended without its memory probe's result")
+        return self.probe
 
     def record(
         self,
         failed: str | None = None,
         interrupted: str | None = None,
-        extra: Sequence[dict] = (),
+        extra: Sequence[Trial] = (),
         in_progress: bool = False,
-    ) -> dict:
-        """The profile record (``profile.json``): the trials so far (and ``extra``, a running
-        world's finished ones) by (N, B), the memory model and configurations, the hardware;
-        ``failed``, ``interrupted`` and ``in_progress`` when it is not the whole profile."""
-        spec, probe = self.spec, self.probe
-        ordered = sorted([*self.trials, *extra], key=lambda t: (t["n_workers"], t["global_batch"]))
-        return {
-            "kind": PROFILE_KIND,
-            "version": VERSIONS[PROFILE_KIND],
-            "spec": spec.to_dict(),
-            "search": self.search,
-            "device": self.device,
-            "backend": "nccl" if self.device == "cuda" else "gloo",
-            "threads_per_worker": self.threads,
-            "precision": spec.train.precision,
-            "memory_budget_bytes": self.budget,
-            "enforce_memory_cap": spec.search.enforce_memory_cap,
-            "dataset_size": self.dataset_size,
-            "sample_shape": self.sample_shape,
-            "model": {"name": spec.model.name, "param_count": self.param_count, "grad_bytes": self.grad_bytes},
-            "memory": probe["memory"],
-            "max_local_batch": probe["max_local_batch"],
-            "configs": [list(c) for c in probe["configs"]],
-            "trials": ordered,
-            "accumulation_trials": self.accumulation,
-            "run_trials": self.run_trials,
-            "placement": placement(ordered),
-            "launcher": getattr(self.launcher, "name", type(self.launcher).__name__),
-            "facts": self.facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
-            # cluster sizes the launcher could not place (one rank per GPU): N -> why
-            **({"not_measured": self.not_measured} if self.not_measured else {}),
-            "profiling_s": self.spent_before + time.perf_counter() - self.t_start,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    ) -> ProfileRecord:
+        """The profile record (``profile.json``'s, typed): the trials so far (and ``extra``, a
+        running world's finished ones) by (N, B), the memory model and configurations, the
+        hardware; ``failed``, ``interrupted`` and ``in_progress`` when it is not the whole
+        profile.  :func:`profile_json` makes it JSON's values."""
+        spec, probe = self.spec, self._probed()
+        ordered = sorted([*self.trials, *extra], key=lambda t: (t.n_workers, t.global_batch))
+        partial: dict[str, Any] = {
             **({"failed": failed} if failed else {}),
             **({"interrupted": interrupted} if interrupted else {}),
             **({"in_progress": True} if in_progress else {}),
         }
+        return ProfileRecord(
+            kind=PROFILE_KIND,
+            version=VERSIONS[PROFILE_KIND],
+            spec=spec.to_dict(),
+            search=self.search,  # checked by profile(): full or partial
+            device=self.device,
+            backend="nccl" if self.device == "cuda" else "gloo",
+            threads_per_worker=self.threads,
+            precision=spec.train.precision,
+            memory_budget_bytes=self.budget,
+            enforce_memory_cap=spec.search.enforce_memory_cap,
+            dataset_size=self.dataset_size,
+            sample_shape=self.sample_shape,
+            model={"name": spec.model.name, "param_count": self.param_count, "grad_bytes": self.grad_bytes},
+            memory=probe.memory,
+            max_local_batch=probe.max_local_batch,
+            configs=list(probe.configs),
+            trials=ordered,
+            accumulation_trials=self.accumulation,
+            run_trials=self.run_trials,
+            placement=placement([asdict(t) for t in ordered]),
+            launcher=getattr(self.launcher, "name", type(self.launcher).__name__),
+            facts=self.facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
+            # cluster sizes the launcher could not place (one rank per GPU): N -> why
+            **({"not_measured": self.not_measured} if self.not_measured else {}),
+            profiling_s=self.spent_before + time.perf_counter() - self.t_start,
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **partial,
+        )

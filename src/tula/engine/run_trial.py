@@ -32,7 +32,8 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
@@ -45,6 +46,45 @@ from tula.engine.memory import errno_evidence
 
 MAX_STEPS = 60  # timed pairs of steps of a run trial at most
 MIN_STEPS = 8  # and at least: the extra is a difference of two medians
+
+
+@dataclass(frozen=True)
+class RankRunTrial:
+    """One rank's timed run trial (:func:`run_trial`): the method's steps beside the plain ones,
+    seconds each, which of them the periodic work fell due at, and the epoch's end."""
+
+    n_workers: int
+    global_batch: int
+    method: str
+    local_batch: int
+    steps_per_epoch: int
+    update_every: int | None  # the method's periodic work: every so many steps (None: none)
+    step_times_s: list[float]
+    plain_step_times_s: list[float]
+    due: list[bool]
+    eval_s: float
+    epoch_end_s: float
+    checkpoint_s: float  # rank 0's; 0.0 on the others
+
+
+@dataclass(frozen=True)
+class RunTrialNotRun:
+    """A run trial that timed nothing: ``oom`` (the trainer's probe step did not fit at
+    ``global_batch``) or ``skipped`` (``note`` says why: the method cannot train within the
+    batches the world profiled)."""
+
+    n_workers: int
+    method: str
+    status: Literal["oom", "skipped"]
+    global_batch: int | None = None
+    note: str = ""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """As the profile record's ``run_trials`` holds it."""
+        if self.status == "oom":
+            return {"n_workers": self.n_workers, "global_batch": self.global_batch, "method": self.method,
+                    "status": "oom"}  # fmt: skip
+        return {"n_workers": self.n_workers, "method": self.method, "status": self.status, "note": self.note}
 
 
 def timed_indices(timed: int, min_timed_s: float, t_warm_s: float, every: int | None) -> list[int]:
@@ -117,23 +157,22 @@ def run_trial(
     timed: int,
     min_timed_s: float,
     plain_step: Callable[[], None],
-) -> dict:
+) -> RankRunTrial | RunTrialNotRun:
     """Time the trainer of ``spec.train.method`` at ``global_batch`` on this world (see the
     module's docstring), each of its steps beside a ``plain_step()`` (the profile's own
     synchronised step with its batch, on the profile's model), so that the method's extra per
     step is a difference measured side by side; this rank's figures (the caller takes the
-    slowest rank per step).  ``{"status": "oom", ...}`` when the trainer's own probe step
+    slowest rank per step).  :class:`RunTrialNotRun` ``oom`` when the trainer's own probe step
     does not fit."""
     from tula.engine.rank_loop import _RankTrainer
 
     method = spec.train.method
     out = tempfile.mkdtemp(prefix="tula-run-trial-")
     rt = _RankTrainer(ctx, spec, method, out, [], None, 1)
-    base = {"n_workers": ctx.world_size, "global_batch": global_batch, "method": method}
     try:
         rt.start_at(global_batch, None)
         if rt.probe() is not None:
-            return {**base, "status": "oom"}
+            return RunTrialNotRun(ctx.world_size, method, "oom", global_batch=global_batch)
         every = getattr(rt.method, "update_every", None)  # the method's periodic work: every so many steps
         pair = _SideBySide(ctx, rt, plain_step)
         rt.model.train()
@@ -147,42 +186,58 @@ def run_trial(
             plains.append(pair.plain())
         due = [bool(every and i % every == 0) for i in indices]
         eval_s, epoch_end_s = _time_epoch_end(ctx, spec, rt, pair.loss_sum, sum(times))
-        return {
-            **base,
-            "status": "ok",
-            "local_batch": rt.local_batch,
-            "steps_per_epoch": rt.n_steps,
-            "update_every": every,
-            "step_times_s": times,
-            "plain_step_times_s": plains,
-            "due": due,
-            "eval_s": eval_s,
-            "epoch_end_s": epoch_end_s,
-            "checkpoint_s": _time_checkpoint(ctx, rt, out),
-        }
+        return RankRunTrial(
+            n_workers=ctx.world_size,
+            global_batch=global_batch,
+            method=method,
+            local_batch=rt.local_batch,
+            steps_per_epoch=rt.n_steps,
+            update_every=every,
+            step_times_s=times,
+            plain_step_times_s=plains,
+            due=due,
+            eval_s=eval_s,
+            epoch_end_s=epoch_end_s,
+            checkpoint_s=_time_checkpoint(ctx, rt, out),
+        )
     finally:
         rt.data.close()
         shutil.rmtree(out, ignore_errors=True)
 
 
-def merge_run_trials(per_rank: list[dict]) -> dict:
-    """One run trial from every rank's: per step the slowest rank (the method's and the plain
-    one's), then medians; the epoch's end the slowest rank's."""
-    first = dict(per_rank[0])
-    if first.get("status") != "ok":
-        return first
-    steps = [max(xs) for xs in zip(*(r["step_times_s"] for r in per_rank))]
-    plains = [max(xs) for xs in zip(*(r["plain_step_times_s"] for r in per_rank))]
-    regular = [t for t, d in zip(steps, first["due"]) if not d] or steps
-    due = [t for t, d in zip(steps, first["due"]) if d]
-    first.update(
-        step_times_s=steps,
-        plain_step_times_s=plains,
-        t_run_step_s=statistics.median(regular),
-        t_due_step_s=statistics.median(due) if due else None,
-        t_step_plain_s=statistics.median(plains),
-        eval_s=max(r["eval_s"] for r in per_rank),
-        epoch_end_s=max(r["epoch_end_s"] for r in per_rank),
-        checkpoint_s=max(r["checkpoint_s"] for r in per_rank),
-    )
-    return first
+def merge_run_trials(per_rank: list[RankRunTrial | RunTrialNotRun]) -> dict[str, Any]:
+    """One run trial from every rank's, as the profile record's ``run_trials`` holds it: per
+    step the slowest rank (the method's and the plain one's), then medians; the epoch's end
+    the slowest rank's.  A trial that timed nothing is rank 0's (the ranks agree on it)."""
+    first = per_rank[0]
+    timed = [r for r in per_rank if isinstance(r, RankRunTrial)]
+    if isinstance(first, RunTrialNotRun) or len(timed) != len(per_rank):
+        return first.to_json_dict() if isinstance(first, RunTrialNotRun) else _not_run_everywhere(per_rank)
+    steps = [max(xs) for xs in zip(*(r.step_times_s for r in timed))]
+    plains = [max(xs) for xs in zip(*(r.plain_step_times_s for r in timed))]
+    regular = [t for t, d in zip(steps, first.due) if not d] or steps
+    due = [t for t, d in zip(steps, first.due) if d]
+    return {
+        "n_workers": first.n_workers,
+        "global_batch": first.global_batch,
+        "method": first.method,
+        "status": "ok",
+        "local_batch": first.local_batch,
+        "steps_per_epoch": first.steps_per_epoch,
+        "update_every": first.update_every,
+        "step_times_s": steps,
+        "plain_step_times_s": plains,
+        "due": first.due,
+        "eval_s": max(r.eval_s for r in timed),
+        "epoch_end_s": max(r.epoch_end_s for r in timed),
+        "checkpoint_s": max(r.checkpoint_s for r in timed),
+        "t_run_step_s": statistics.median(regular),
+        "t_due_step_s": statistics.median(due) if due else None,
+        "t_step_plain_s": statistics.median(plains),
+    }
+
+
+def _not_run_everywhere(per_rank: list[RankRunTrial | RunTrialNotRun]) -> dict[str, Any]:
+    """The run trial of a world whose ranks disagreed (rank 0 timed, another did not): the
+    first rank's that timed nothing."""
+    return next(r for r in per_rank if isinstance(r, RunTrialNotRun)).to_json_dict()

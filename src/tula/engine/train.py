@@ -30,11 +30,11 @@ from typing import Any
 from tula.core.config import Config
 from tula.core.errors import InfeasibleError, Interrupted, RunDirError, SpecError, WorkerError
 from tula.core.job_rules import caps_from_spec, check_train_config, smallest_batch_for, state_from_spec
-from tula.core.records import TRAIN_KIND, VERSIONS, read_jsonl
+from tula.core.records import TRAIN_KIND, VERSIONS, CheckpointMeta, EpochRecord, TrainRecord, read_jsonl
 from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-exported)
 from tula.core.spec import JobSpec
 from tula.engine import interrupts, rank_messages
-from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, has_checkpoint
+from tula.engine.checkpoint import CHECKPOINT, checkpoint_header, has_checkpoint
 from tula.engine.evaluation import evaluate  # noqa: F401 (re-exported)
 from tula.engine.launch import Launcher
 from tula.engine.metrics_sinks import EpochSinks
@@ -114,28 +114,20 @@ def _available(
     return replace(wanted, n_workers=got, global_batch=fewer)
 
 
-def _segments_from_history(epochs: list[dict]) -> list[dict]:
+def _segments_from_history(epochs: list[EpochRecord]) -> list[dict]:
     """The batches a world that failed had trained at, from its epochs in the checkpoint
-    (``wall_s``: the sum of their epoch times, the world's own time being unknown)."""
-    segments: list[dict] = []
+    (``wall_s``: the sum of their epoch times, the world's own time being unknown), as the
+    ranks' messages carry them (:class:`~tula.engine.rank_messages.OutOfMemory`'s ``segments``)."""
+    runs: list[tuple[tuple[int, int, int], int, float]] = []  # ((B, N, k), first epoch, wall_s)
     for h in epochs:
-        last = segments[-1] if segments else {}
-        if not segments or (last["global_batch"], last["n_workers"], last["accumulation_steps"]) != (
-            h["global_batch"],
-            h["n_workers"],
-            h.get("accumulation_steps", 1),
-        ):
-            segments.append(
-                {
-                    "global_batch": h["global_batch"],
-                    "n_workers": h["n_workers"],
-                    "accumulation_steps": h.get("accumulation_steps", 1),
-                    "from_epoch": h["epoch"],
-                    "wall_s": 0.0,
-                }
-            )
-        segments[-1]["wall_s"] += h.get("epoch_time_s") or 0.0
-    return segments
+        at = (h.global_batch, h.n_workers, h.accumulation_steps)
+        if not runs or runs[-1][0] != at:
+            runs.append((at, h.epoch, 0.0))
+        runs[-1] = (at, runs[-1][1], runs[-1][2] + (h.epoch_time_s or 0.0))
+    return [
+        {"global_batch": b, "n_workers": n, "accumulation_steps": k, "from_epoch": first, "wall_s": wall_s}
+        for (b, n, k), first, wall_s in runs
+    ]
 
 
 _RANK_MESSAGES = (Finished, Resize, OutOfMemory, rank_messages.Interrupted)
@@ -186,7 +178,9 @@ def train(
     on_event: Callable[[dict], None] | None = None,
     models: dict | None = None,
 ) -> dict:
-    """Train ``spec`` with ``method`` on ``n_workers`` at ``global_batch``; return the run record.
+    """Train ``spec`` with ``method`` on ``n_workers`` at ``global_batch``; return the run record
+    as JSON's values (:func:`train_json` of :func:`train_record`'s typed record, what
+    ``train.json`` holds).
 
     Writes ``checkpoint.pt`` and ``metrics.jsonl`` into ``out_dir`` as it goes, holding the
     directory's lock.  With ``resume`` an existing checkpoint is continued (at its own
@@ -223,6 +217,35 @@ def train(
     ``train.workers: {rule: plan}`` needs: at each batch change the worker count the models
     rank best (:class:`tula.core.live_plan.WorkerPlan`); each decision's ranking is in the
     epoch's ``schedule`` line."""
+    return train_json(
+        train_record(
+            spec,
+            method,
+            n_workers,
+            global_batch,
+            out_dir,
+            resume=resume,
+            launcher=launcher,
+            on_event=on_event,
+            models=models,
+        )
+    )
+
+
+def train_record(
+    spec: JobSpec,
+    method: str,
+    n_workers: int,
+    global_batch: int,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    launcher: Launcher | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    models: dict | None = None,
+) -> TrainRecord:
+    """:func:`train`, returning the typed, frozen record (:class:`~tula.core.records.TrainRecord`,
+    its history :class:`~tula.core.records.EpochRecord`)."""
     with contextlib.ExitStack() as stack:
         if launcher is None:
             from tula.engine.launch.clusters import open_launcher
@@ -252,7 +275,7 @@ def _train(
     launcher: Launcher,
     on_event: Callable[[dict], None] | None,
     models: dict | None = None,
-) -> dict:
+) -> TrainRecord:
     out = check_out_dir(Path(out_dir))
     _check_before_any_world(spec, method, n_workers, launcher, models)
     _, data = check_workload(spec)
@@ -311,7 +334,7 @@ class TrainSupervisor:
         self.global_batch, self.n_workers, self.accum = global_batch, n_workers, spec.train.accumulation_steps
         self.fallbacks: list[dict] = []
         self.resumed_from_epoch: int | None = None
-        self.first_trained: dict | None = None  # a resumed run's first epoch (its schedule's caps start there)
+        self.first_trained: EpochRecord | None = None  # a resumed run's first epoch (its schedule's caps start there)
         self.notes: list[str] = []
         self.schedule: dict | None = None  # a batch schedule's state, LR multiplier and caps
         self.generations: list[dict] = []
@@ -321,7 +344,7 @@ class TrainSupervisor:
         self.t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ the whole run
-    def run(self, resume: bool) -> dict:
+    def run(self, resume: bool) -> TrainRecord:
         """Train: the resume state, the first configuration, then generations until one
         finishes (:class:`~tula.engine.rank_messages.Finished`), each ended by a resize or an
         out-of-memory starting the next; the world's end dispatched on rank 0's message."""
@@ -340,7 +363,7 @@ class TrainSupervisor:
             if record is not None:
                 return record
 
-    def dispatch(self, results: list[RankResult]) -> dict | None:
+    def dispatch(self, results: list[RankResult]) -> TrainRecord | None:
         """What a world's end (``results``: :meth:`generation`'s, dispatched on rank 0's
         message) means for the run: the record when it finished (:meth:`record`), ``None`` when
         a next generation follows (:meth:`resize`, :meth:`fall_back`); a stop raises
@@ -368,25 +391,26 @@ class TrainSupervisor:
                     f"{self.out} already holds a training run; pass --resume {self.out} to continue it, or choose "
                     "another output directory"
                 )
-            self.resume_from(checkpoint_meta(self.out))
+            self.resume_from(checkpoint_header(self.out))
         elif resume:
             raise RunDirError(f"there is no checkpoint in {self.out} to resume; run without --resume to start training")
 
-    def resume_from(self, meta: dict) -> None:
+    def resume_from(self, meta: CheckpointMeta) -> None:
         """Go on from a checkpoint's header ``meta``: its method (and, without a schedule, its
         worker count) must be this run's; its global batch, accumulation steps and fallbacks
         are taken (an out-of-memory fallback may have changed the first two; a note says so
         when k differs from the spec's), and with a schedule the configuration it chose
         after the last finished epoch."""
-        check_resumed_precision(meta, self.spec, self.out)  # before any world: the ranks check it again on loading
-        if meta["method"] != self.method or (not self.scheduled and meta["n_workers"] != self.n_workers):
+        # before any world: the ranks check it again on loading
+        check_resumed_precision({"precision": _header_extra(meta, "precision")}, self.spec, self.out)
+        if meta.method != self.method or (not self.scheduled and meta.n_workers != self.n_workers):
             raise SpecError(
-                f"the checkpoint in {self.out} was trained with method {meta['method']!r} on "
-                f"{meta['n_workers']} worker(s), not {self.method!r} on {self.n_workers}; resume it with those"
+                f"the checkpoint in {self.out} was trained with method {meta.method!r} on "
+                f"{meta.n_workers} worker(s), not {self.method!r} on {self.n_workers}; resume it with those"
             )
-        self.global_batch, self.fallbacks = meta["global_batch"], list(meta.get("fallbacks", []))
+        self.global_batch, self.fallbacks = meta.global_batch, list(meta.fallbacks)
         # the checkpoint's k, as its global batch: an out-of-memory fallback may have raised it
-        trained_k = meta.get("accumulation_steps", 1)
+        trained_k = meta.accumulation_steps
         if trained_k != self.accum and not self.scheduled:  # a schedule chooses its own k
             self.notes.append(
                 f"resuming at the checkpoint's {trained_k} accumulation step(s), not train.accumulation_steps "
@@ -394,22 +418,22 @@ class TrainSupervisor:
             )
         self.accum = trained_k
         if self.scheduled:  # the generation the schedule chose after the last finished epoch
-            self.global_batch = meta.get("next_global_batch") or self.global_batch
-            self.n_workers = meta.get("next_n_workers") or meta["n_workers"]
-            self.accum = meta.get("next_accumulation_steps") or self.accum
-        self.resumed_from_epoch = meta["epoch"]
-        self.first_trained = meta["history"][0] if meta["epoch"] and meta["history"] else None
+            self.global_batch = _header_extra(meta, "next_global_batch") or self.global_batch
+            self.n_workers = _header_extra(meta, "next_n_workers") or meta.n_workers
+            self.accum = _header_extra(meta, "next_accumulation_steps") or self.accum
+        self.resumed_from_epoch = meta.epoch
+        self.first_trained = meta.history[0] if meta.epoch and meta.history else None
 
     def first_schedule(self) -> None:
         """A batch schedule's caps (their defaults, e.g. batch_per_worker, from the run's first
         configuration) and, for a new run, epoch 0's configuration within them; a resumed run
         takes the schedule's state and LR multiplier from the checkpoint.  Then the workers
         the launcher can provide (:func:`_available`)."""
-        first = self.first_trained or {"global_batch": self.global_batch, "n_workers": self.n_workers}
+        first = self.first_trained
         caps = caps_from_spec(
             self.spec,
-            first["global_batch"],
-            first["n_workers"],
+            self.global_batch if first is None else first.global_batch,
+            self.n_workers if first is None else first.n_workers,
             self.train_size,
             max_local_batch=None,
             models=self.models,
@@ -429,7 +453,7 @@ class TrainSupervisor:
     # ------------------------------------------------------------------ one generation
     def epochs_kept(self) -> int:
         """The last finished epoch: the checkpoint's (0 without one)."""
-        return checkpoint_meta(self.out)["epoch"] if has_checkpoint(self.out) else 0
+        return checkpoint_header(self.out).epoch if has_checkpoint(self.out) else 0
 
     def config(self) -> Config:
         """The configuration the next world starts at."""
@@ -489,24 +513,24 @@ class TrainSupervisor:
         :class:`~tula.engine.rank_messages.Failed` (its sentence saying which epochs are kept);
         an out-of-memory is :class:`~tula.engine.rank_messages.OutOfMemory` with the segments
         from the epochs it checkpointed, at the configuration it went on at after them."""
-        meta = checkpoint_meta(self.out) if has_checkpoint(self.out) else None
-        done = meta["epoch"] if meta else 0
+        meta = checkpoint_header(self.out) if has_checkpoint(self.out) else None
+        done = meta.epoch if meta else 0
         if err.cause == "interrupted" or interrupts.requested():
-            steps_done = meta["steps_done"] if meta else 0
+            steps_done = meta.steps_done if meta else 0
             return rank_messages.Interrupted(
                 config=self.config(), segments=[], epochs_done=done, steps_done=steps_done, signum=None
             )
         if err.cause != "oom":
             kept = f"; the {done} epoch(s) finished before it are kept in {self.out / CHECKPOINT}" if done else ""
             return Failed(f"{err}{kept}", rank=err.rank, cause=err.cause, details=err.details)
-        segments = _segments_from_history(meta["history"][self.at_epoch : done] if meta else [])
+        segments = _segments_from_history(meta.history[self.at_epoch : done] if meta else [])
         config = self.config()
-        if segments and meta is not None and meta.get("next_n_workers") == self.n_workers:
+        if segments and meta is not None and _header_extra(meta, "next_n_workers") == self.n_workers:
             # it went on at the next batch
             config = Config(
                 n_workers=self.n_workers,
-                global_batch=meta.get("next_global_batch") or self.global_batch,
-                accumulation_steps=meta.get("next_accumulation_steps") or self.accum,
+                global_batch=_header_extra(meta, "next_global_batch") or self.global_batch,
+                accumulation_steps=_header_extra(meta, "next_accumulation_steps") or self.accum,
             )
         return OutOfMemory(config=config, segments=segments, note=str(err))
 
@@ -599,37 +623,69 @@ class TrainSupervisor:
         self.global_batch, self.accum = smaller, new_k
 
     # ------------------------------------------------------------------ the record
-    def record(self, res: list[Finished]) -> dict:
-        """The run's record (``train.json``) from the last world's messages ``res`` (one per
-        rank): the configuration it ended at, the history, the fallbacks, the generations --
-        the messages turned into JSON's values here, and nowhere else."""
+    def record(self, res: list[Finished]) -> TrainRecord:
+        """The run's record (``train.json``'s, typed) from the last world's messages ``res`` (one
+        per rank): the configuration it ended at, the history, the fallbacks, the generations.
+        :func:`train_json` makes it JSON's values."""
         rank0 = res[0]
-        hist = rank0.history
+        history = [EpochRecord.model_validate(h) for h in rank0.history]
         spec = self.spec
-        return {
-            "kind": TRAIN_KIND,
-            "version": VERSIONS[TRAIN_KIND],
-            "spec": spec.to_dict(),
-            "method": self.method,
-            "n_workers": self.n_workers,
-            "requested_global_batch": self.first_batch,
-            "global_batch": self.global_batch,
-            "local_batch": self.global_batch // self.n_workers,
-            "accumulation_steps": self.accum,
-            "micro_batch": self.global_batch // self.n_workers // self.accum,
-            "steps_per_epoch": rank0.steps_per_epoch,
-            "epochs": spec.epochs,
-            "steps_done": rank0.steps_done,
-            "resumed_from_epoch": self.resumed_from_epoch,
-            "fallbacks": self.fallbacks,
-            "history": hist,
-            "final": hist[-1] if hist else {},
-            "best_test_top1": max((h["test_top1"] for h in hist if "test_top1" in h), default=math.nan),
-            "replicas_identical": len({r.param_digest for r in res}) == 1,
-            "traces": {**rank0.traces, **step_traces(self.out / METRICS)},
-            "train_s": time.perf_counter() - self.t0,
-            "device": self.device,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "batch_schedule": None if spec.train.batch_schedule is None else spec.train.batch_schedule.kind,
-            "generations": self.generations,
-        }
+        return TrainRecord(
+            kind=TRAIN_KIND,
+            version=VERSIONS[TRAIN_KIND],
+            spec=spec.to_dict(),
+            method=self.method,
+            n_workers=self.n_workers,
+            requested_global_batch=self.first_batch,
+            global_batch=self.global_batch,
+            local_batch=self.global_batch // self.n_workers,
+            accumulation_steps=self.accum,
+            micro_batch=self.global_batch // self.n_workers // self.accum,
+            steps_per_epoch=rank0.steps_per_epoch,
+            epochs=spec.epochs,
+            steps_done=rank0.steps_done,
+            resumed_from_epoch=self.resumed_from_epoch,
+            fallbacks=self.fallbacks,
+            history=history,
+            final=_epoch_json(history[-1]) if history else {},
+            best_test_top1=max((h.test_top1 for h in history if h.test_top1 is not None), default=math.nan),
+            replicas_identical=len({r.param_digest for r in res}) == 1,
+            traces={**rank0.traces, **step_traces(self.out / METRICS)},
+            train_s=time.perf_counter() - self.t0,
+            device=self.device,
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            batch_schedule=None if spec.train.batch_schedule is None else spec.train.batch_schedule.kind,
+            generations=self.generations,
+        )
+
+
+def _header_extra(meta: CheckpointMeta, name: str) -> Any:
+    """A field of a checkpoint's header that :class:`~tula.core.records.CheckpointMeta` does not
+    name (the next configuration, the precision's state): as the checkpoint has it, ``None``
+    where it has none."""
+    return (meta.model_extra or {}).get(name)
+
+
+def _epoch_json(epoch: EpochRecord) -> dict[str, Any]:
+    """An epoch's figures as JSON's values, as its ``metrics.jsonl`` line has them (only the
+    fields the rank wrote: no defaults added)."""
+    return epoch.model_dump(exclude_unset=True)
+
+
+#: the order of a training run record's fields in ``train.json`` (as it was written before the typed record)
+_TRAIN_KEYS = (
+    "kind", "version", "spec", "method", "n_workers", "requested_global_batch", "global_batch", "local_batch",
+    "accumulation_steps", "micro_batch", "steps_per_epoch", "epochs", "steps_done", "resumed_from_epoch",
+    "fallbacks", "history", "final", "best_test_top1", "replicas_identical", "traces", "train_s", "device",
+    "created", "batch_schedule", "generations",
+)  # fmt: skip
+
+
+def train_json(rec: TrainRecord) -> dict[str, Any]:
+    """The training run record ``rec`` as JSON's values, as ``train.json`` holds it (the edge:
+    what is saved, and what :func:`train` returns): each epoch as its metrics line has it, the
+    fields in the file's order."""
+    data = rec.to_json_dict()
+    data["history"] = [_epoch_json(h) for h in rec.history]
+    ordered = {key: data.pop(key) for key in _TRAIN_KEYS if key in data}
+    return {**ordered, **data}
