@@ -265,8 +265,11 @@ def test_tula_simulate_replays_the_plan_rule_on_the_network_it_is_given():
     assert adadamp_row["total_time_s"] > 10 * slow_row["total_time_s"]  # the issue's ~30x, simulated
     fast, _ = run("100Gbit/s", "plan")
     assert fast == [(32, 4), (64, 4), (128, 4)]
-    with pytest.raises(TulaError, match="--threshold applies to the workers rule .plan. only"):
+    with pytest.raises(TulaError, match="'threshold' applies to the workers rule .plan. only") as refused:
         what_if(models, simulator_from_models(models), [1, 2], ["ring"], 32, geometric, threshold=0.1)
+    from tula.cli_options import flag  # the core names the option; the command line, its flag
+
+    assert refused.value.spelled(flag) == "--threshold applies to the workers rule 'plan' only"
 
 
 def test_goodput_per_epoch_by_hand():

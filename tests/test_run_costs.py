@@ -115,19 +115,19 @@ def test_a_plan_says_what_its_epochs_include_and_which_method_was_not_measured()
     from tula.report import plan_table
 
     plan = make_plan(_models(COSTS), "time")
-    assert plan["method"] == "ags" and plan["run_costs"]["method"] == "ags"
-    c = plan["choice"]
-    assert c["epoch_time_s"] == pytest.approx(c["epoch_steps_s"] + c["epoch_fixed_s"])
-    assert c["epoch_fixed_s"] > 0.1 and "method 'ags''s step" in plan["run_costs_note"]
+    assert plan.method == "ags" and plan.run_costs["method"] == "ags"
+    c = plan.choice
+    assert c.epoch_time_s == pytest.approx(c.epoch_steps_s + c.epoch_fixed_s)
+    assert c.epoch_fixed_s > 0.1 and "method 'ags''s step" in plan.run_costs_note
     other = make_plan(_models(COSTS), "time", method="lars")
-    assert other["method"] == "lars" and "'lars''s step was not measured" in other["run_costs_note"]
-    assert other["run_costs"]["step_extra_s"] == [] and other["run_costs"]["eval_sharded_s"] == 0.2
+    assert other.method == "lars" and "'lars''s step was not measured" in other.run_costs_note
+    assert other.run_costs["step_extra_s"] == [] and other.run_costs["eval_sharded_s"] == 0.2
     console = Console(width=200, record=True)
     console.print(plan_table(other))
     text = " ".join(console.export_text().split())
     assert "of which end s" in text and "'lars''s step was not measured" in text
     bare = make_plan(_models(), "time")
-    assert bare["run_costs"] is None and "has no run trial" in bare["run_costs_note"]
+    assert bare.run_costs is None and "has no run trial" in bare.run_costs_note
     costs, note = run_costs_for(_models(), "ags")
     assert costs is None and "plain DDP steps" in note
 
@@ -170,7 +170,7 @@ def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_
     (rt,) = rec["run_trials"]
     assert rt["status"] == "ok" and rt["method"] == method and rt["n_workers"] == 2
     assert len(rt["step_times_s"]) == len(rt["plain_step_times_s"]) >= 8
-    models = fit_models(rec)
+    models = fit_models(rec).to_json_dict()  # compare_with_plan reads the models as their JSON
     assert models["run_costs"]["method"] == method
     run = compare_with_plan(train(spec, method, 2, 128, tmp_path / "run", launcher=launcher), models)
     later = run["history"][1:]
@@ -232,15 +232,13 @@ def test_a_finished_runs_measured_ratio_scales_a_replan_of_its_method_only():
                  "global_batch": 200}  # fmt: skip
     assert measured_ratio({"method": "ags", "history": []}, models) is None
     base, scaled = make_plan(models, "time"), make_plan(models, "time", measured=m)
-    for a, b in zip(base["configurations"], scaled["configurations"]):
-        assert b["epoch_time_s"] == pytest.approx(1.25 * a["epoch_time_s"])
-        assert b["t_step_s"] == pytest.approx(1.25 * a["t_step_s"])
-    assert scaled["measured_ratio"]["applied"] and "epochs scaled by 1.25" in scaled["reason"]
+    for a, b in zip(base.configurations, scaled.configurations):
+        assert b.epoch_time_s == pytest.approx(1.25 * a.epoch_time_s)
+        assert b.t_step_s == pytest.approx(1.25 * a.t_step_s)
+    assert scaled.measured_ratio["applied"] and "epochs scaled by 1.25" in scaled.reason
     other = make_plan(models, "time", method="lars", measured=m)
-    assert not other["measured_ratio"]["applied"] and "is not applied" in other["reason"]
-    assert other["choice"]["epoch_time_s"] == pytest.approx(
-        make_plan(models, "time", method="lars")["choice"]["epoch_time_s"]
-    )
+    assert not other.measured_ratio["applied"] and "is not applied" in other.reason
+    assert other.choice.epoch_time_s == pytest.approx(make_plan(models, "time", method="lars").choice.epoch_time_s)
     with pytest.raises(Problem, match="no training run yet"):
         replan_from_models(models, Replan(use_measured=True), None)
     with pytest.raises(Problem, match="no epoch to compare"):

@@ -132,7 +132,7 @@ TRUTH = PerfModel(
 def test_with_no_override_the_simulator_gives_the_fitted_predictions_at_the_profiled_n(collective):
     prof = _profile(TRUTH)
     prof["spec"]["collective"] = collective
-    models = fit_models(prof)
+    models = fit_models(prof).to_json_dict()
     fitted = PerfModel.from_dict(models["perf"])
     assert fitted.beta > 0 and fitted.alpha > 0 and fitted.kappa > 0  # every term is there to reproduce
     sim = simulator_from_models(models)
@@ -179,7 +179,7 @@ def test_an_overlapped_model_is_reproduced_too():
 
 def test_what_the_profile_cannot_identify_is_said():
     prof = _profile(TRUTH, sizes=(1, 2))  # one size above 1: alpha frozen
-    models = fit_models(prof)
+    models = fit_models(prof).to_json_dict()
     assert "alpha" in models["perf"]["frozen"]
     notes = " ".join(simulator_from_models(models).notes)
     assert "latency taken as 0" in notes and "sharing one host" in notes
@@ -350,6 +350,7 @@ def test_cli_simulate_prints_the_tables_and_writes_the_png(models_json, tmp_path
         (("--bandwidth", "lots"), "'lots' is not a bandwidth"),
         (("--latency", "5 parsecs"), "is not a latency"),
         (("--schedule", "adaptive"), "follows the b_simple"),
+        (("--schedule", "constant", "--workers-rule", "plan", "--threshold", "2"), "--threshold must be at least 0"),
         (("--compute-speed", "-1"), "positive factor"),
         (("--accumulation", "4"), "--accumulation applies to batch schedules only"),
         (("--min-workers", "2", "--max-workers", "8"), "--min-workers, --max-workers apply to batch schedules only"),
@@ -362,6 +363,38 @@ def test_cli_simulate_bad_input_exits_2_with_one_sentence(models_json, tmp_path,
     err = " ".join(r.stderr.split())
     assert err.startswith("error:") and words in err and "Traceback" not in err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_the_options_the_core_refuses_by_name_are_the_flags_of_tula_simulate():
+    """The core names an option by what_if's parameter (a JSON field's name); the command line
+    spells each with cli_options.flag, and each spelling is an option of ``tula simulate``."""
+    import inspect
+
+    import typer
+
+    from tula.cli import app
+    from tula.cli_options import flag
+    from tula.core.simulate import what_if
+
+    refused = ("min_workers", "max_workers", "batch_per_worker", "max_accumulation_steps", "history")
+    refused += ("workers_rule", "threshold", "schedules")
+    assert set(refused) <= set(inspect.signature(what_if).parameters)
+    simulate = typer.main.get_command(app).commands["simulate"]
+    flags = {name for p in simulate.params for name in p.opts}
+    assert {o: flag(o) for o in refused if flag(o) not in flags} == {}
+    with pytest.raises(TulaError) as refusal:  # core: the option's name, quoted
+        raise_schedule_only(min_workers=2, threshold=0.1)
+    assert str(refusal.value).startswith("'min_workers', 'threshold' apply to batch schedules only; add a 'schedules'")
+    assert refusal.value.spelled(flag).startswith(
+        "--min-workers, --threshold apply to batch schedules only; add a --schedule"
+    )
+
+
+def raise_schedule_only(**options):
+    from tula.core.simulate import what_if
+
+    models = fit_models(_profile(TRUTH))
+    what_if(models, simulator_from_models(models), [1, 2], ["ring"], 32, **options)
 
 
 def test_cli_simulate_refuses_a_record_that_is_not_a_models_record(models_json, tmp_path):

@@ -71,6 +71,19 @@ RENAMES = (
 )
 _EXAMPLE_VALUE = {"--cluster-sizes": "1,2,4", "--price": "3.2", "--max-accumulation": "4"}
 
+#: the flags whose names are not the core's option name with "-" for "_" (``--{name}``): the
+#: core names an option by its parameter (its JSON field), the command line by its flag
+FLAGS = {
+    "max_accumulation_steps": "--accumulation",
+    "schedules": "--schedule",
+}
+
+
+def flag(option: str) -> str:
+    """The command line's flag for the core's option ``option`` (``"min_workers"``: ``--min-workers``)."""
+    return FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 #: what ``--resume DIR`` continues, per verb (the flag form ``--resume`` alone is refused naming it)
 RESUMES = {
     "run": "tula run --resume DIR (the run's directory)",

@@ -8,7 +8,7 @@ hand-made ones that are not whole records."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,14 +24,18 @@ from tula.core.noise_scale import (
     smooth_noise_scale,
 )
 from tula.core.records import (
+    EpochRecord,
     ModelsRecord,
     NoiseScale,
     PlanRecord,
     PlanRow,
     ProfileRecord,
+    TrainRecord,
     Trial,
+    as_epoch,
     as_record,
     epoch_score,
+    extra_value,
 )
 from tula.core.registry import OBJECTIVES
 from tula.core.say import Table, fmt_bytes
@@ -570,25 +574,31 @@ def _save_figure(fig, path: str | Path) -> Path:
     return p
 
 
-def train_table(run: dict) -> Table:
+def _train_run(run: TrainRecord | Mapping[str, Any]) -> tuple[TrainRecord, list[EpochRecord]]:
+    """``run`` typed, and its epochs: a training record as it is, or as read from JSON (a
+    record's parts only -- a hand-made run, one compared with the plan -- typed field by
+    field: :func:`tula.core.records.as_record`)."""
+    if isinstance(run, TrainRecord):
+        return run, list(run.history)
+    return as_record(dict(run), TrainRecord), [as_epoch(h) for h in run.get("history") or []]
+
+
+def train_table(run: TrainRecord | Mapping[str, Any]) -> Table:
     """One row per epoch: loss, accuracy, time, LR and (AGS) the share of scaled steps."""
-    top5 = any("test_top5" in h for h in run["history"])
-    scaled = any("scaled_fraction" in h for h in run["history"])
-    predicted = any(h.get("predicted_epoch_s") for h in run["history"])
+    rec, history = _train_run(run)
+    top5 = any(h.given("test_top5") for h in history)
+    scaled = any(h.given("scaled_fraction") for h in history)
+    predicted = any(extra_value(h, "predicted_epoch_s") for h in history)
     from tula.core.run_costs import measured_epoch_s
 
-    grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
+    grows = len({(h.global_batch, h.n_workers) for h in history}) > 1
     t = Table(
-        title=f"Training: {run['method']} on N={run['n_workers']}, B={run['global_batch']} "
-        f"(b={run['local_batch']}"
-        + (
-            f" in {run['accumulation_steps']} micro-batches of {run['micro_batch']}"
-            if run.get("accumulation_steps", 1) > 1
-            else ""
-        )
-        + f", {run['steps_per_epoch']} steps/epoch)"
+        title=f"Training: {rec.method} on N={rec.n_workers}, B={rec.global_batch} "
+        f"(b={extra_value(rec, 'local_batch')}"
+        + (f" in {rec.accumulation_steps} micro-batches of {rec.micro_batch}" if rec.accumulation_steps > 1 else "")
+        + f", {rec.steps_per_epoch} steps/epoch)"
     )
-    score = epoch_score(run["history"][0])[0] if run["history"] else "top-1"
+    score = epoch_score(dict(history[0]))[0] if history else "top-1"
     cols = (
         ["epoch"]
         + (["B", "N", "updates"] if grows else [])
@@ -602,34 +612,34 @@ def train_table(run: dict) -> Table:
     )
     for col in cols:
         t.add_column(col, justify="right")
-    for h in run["history"]:
+    for h in history:
         row = (
-            [str(h["epoch"])]
-            + ([str(h["global_batch"]), str(h["n_workers"]), str(h["steps_done"])] if grows else [])
-            + [f"{h['train_loss']:.4f}", f"{h['test_loss']:.4f}"]
-            + ([epoch_score(h)[2]] if score != "loss" else [])
+            [str(h.epoch)]
+            + ([str(h.global_batch), str(h.n_workers), str(h.steps_done)] if grows else [])
+            + [f"{h.train_loss:.4f}", f"{h.test_loss:.4f}"]
+            + ([epoch_score(dict(h))[2]] if score != "loss" else [])
         )
-        row += [f"{h['test_top5']:.2%}"] if top5 else []
-        row += [f"{h['epoch_time_s']:.2f}"]
+        row += [f"{extra_value(h, 'test_top5'):.2%}"] if top5 else []
+        row += [f"{h.epoch_time_s:.2f}"]
         if predicted:  # the epoch as the plan predicted it: steps, evaluation, checkpoint
-            ratio = h.get("measured_to_predicted")
+            ratio, planned_s = extra_value(h, "measured_to_predicted"), extra_value(h, "predicted_epoch_s")
             row += [
                 f"{measured_epoch_s(h):.3f}",
-                f"{h['predicted_epoch_s']:.3f}" if h.get("predicted_epoch_s") else "-",
+                f"{planned_s:.3f}" if planned_s else "-",
                 f"{ratio:.2f}x" if ratio else "-",
             ]
-        row += [f"{h['lr']:.4g}"]
-        row += [f"{h.get('scaled_fraction', 0):.0%}"] if scaled else []
+        row += [f"{h.lr:.4g}"]
+        row += [f"{extra_value(h, 'scaled_fraction') or 0:.0%}"] if scaled else []
         t.add_row(*row)
     return t
 
 
-def plot_training(run: dict, path: str | Path) -> Path:
+def plot_training(run: TrainRecord | Mapping[str, Any], path: str | Path) -> Path:
     """Write :func:`training_figure` as a PNG at ``path``."""
     return _save_figure(training_figure(run), path)
 
 
-def training_figure(run: dict):
+def training_figure(run: TrainRecord | Mapping[str, Any]):
     """Test accuracy and training loss per epoch; for AGS and static scaling also the
     gradient variability Δ(G) per step with scaled and unscaled steps marked; where the batch
     changes or B_simple was measured, the global batch, workers and B_simple per epoch on a
@@ -640,23 +650,24 @@ def training_figure(run: dict):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tr = run.get("traces") or {}
+    rec, history = _train_run(run)
+    tr = rec.traces or {}
     has_delta = bool(tr.get("delta"))
-    grows = len({(h["global_batch"], h["n_workers"]) for h in run["history"]}) > 1
-    noise = [noise_scale_value(h.get("b_simple")) for h in run["history"]]  # None: not on a log axis
+    grows = len({(h.global_batch, h.n_workers) for h in history}) > 1
+    noise = [noise_scale_value(extra_value(h, "b_simple")) for h in history]  # None: not on a log axis
     measured = any(b is not None for b in noise)
     grows = grows or measured  # the batch panel also shows B_simple
-    predicted = any(h.get("predicted_epoch_s") for h in run["history"])
+    predicted = any(extra_value(h, "predicted_epoch_s") for h in history)
     goodput = goodput_per_epoch(run)
     cols = 1 + has_delta + grows + predicted + bool(goodput)
     fig, axes = plt.subplots(1, cols, figsize=(6 * cols, 4.4), squeeze=False)
     if grows:
-        _batch_panel(axes[0, 1 + has_delta], run, noise, measured)
-    _accuracy_panel(axes[0, 0], run)
+        _batch_panel(axes[0, 1 + has_delta], rec, history, noise, measured)
+    _accuracy_panel(axes[0, 0], rec, history)
     if has_delta:
         _delta_panel(axes[0, 1], tr)
     if predicted:
-        _epoch_time_panel(axes[0, 1 + has_delta + grows], run)
+        _epoch_time_panel(axes[0, 1 + has_delta + grows], rec, history)
     if goodput:
         _goodput_panel(axes[0, cols - 1], goodput)
     return fig
@@ -681,23 +692,23 @@ def _goodput_panel(ax, rows: list[dict]) -> None:
     ax.legend(fontsize=8)
 
 
-def _epoch_time_panel(ax, run: dict) -> None:
+def _epoch_time_panel(ax, run: TrainRecord, history: list[EpochRecord]) -> None:
     """Each epoch's measured time beside the plan's prediction at its (B, N, k), a new world
     (a generation) marked where one started: how far the models that chose were right."""
     from tula.core.run_costs import measured_epoch_s
 
-    hist = [h for h in run["history"] if h.get("predicted_epoch_s")]
-    ep = [h["epoch"] for h in hist]
+    hist = [h for h in history if extra_value(h, "predicted_epoch_s")]
+    ep = [h.epoch for h in hist]
     ax.plot(ep, [measured_epoch_s(h) for h in hist], "o-", label="measured")
-    ax.plot(ep, [h["predicted_epoch_s"] for h in hist], "s--", color="tab:purple", label="predicted")
-    for g in run.get("generations") or []:
+    ax.plot(ep, [extra_value(h, "predicted_epoch_s") for h in hist], "s--", color="tab:purple", label="predicted")
+    for g in extra_value(run, "generations") or []:
         if g.get("new_world") and g.get("from_epoch", 1) > 1:
             ax.axvline(g["from_epoch"] - 0.5, color="grey", ls=":", lw=1)
     for h in hist:
-        k = h.get("accumulation_steps") or 1
-        ax.annotate(f"N={h['n_workers']} B={h['global_batch']}" + (f" k={k}" if k > 1 else ""),
-                    (h["epoch"], measured_epoch_s(h)), fontsize=6, xytext=(2, 4), textcoords="offset points")  # fmt: skip
-    ratio = (run.get("prediction") or {}).get("median_ratio")
+        k = h.accumulation_steps or 1
+        ax.annotate(f"N={h.n_workers} B={h.global_batch}" + (f" k={k}" if k > 1 else ""),
+                    (h.epoch, measured_epoch_s(h)), fontsize=6, xytext=(2, 4), textcoords="offset points")  # fmt: skip
+    ratio = (extra_value(run, "prediction") or {}).get("median_ratio")
     ax.set_title("epoch time" + (f": measured / predicted {ratio:.2f} (median)" if ratio else ""), fontsize=10)
     ax.set_xlabel("epoch")
     ax.set_ylabel("seconds per epoch")
@@ -706,10 +717,10 @@ def _epoch_time_panel(ax, run: dict) -> None:
     ax.legend(fontsize=8)
 
 
-def _batch_panel(axg, run: dict, noise: list[float | None], measured: bool) -> None:
+def _batch_panel(axg, run: TrainRecord, history: list[EpochRecord], noise: list[float | None], measured: bool) -> None:
     """The batch schedule: global batch and workers per epoch (and B_simple where measured)."""
-    ep = [h["epoch"] for h in run["history"]]
-    axg.step(ep, [h["global_batch"] for h in run["history"]], where="mid", label="global batch B")
+    ep = [h.epoch for h in history]
+    axg.step(ep, [h.global_batch for h in history], where="mid", label="global batch B")
     if measured:
         _noise_scale_lines(axg, ep, noise)
     axg.set_yscale("log", base=10 if measured else 2)
@@ -717,10 +728,10 @@ def _batch_panel(axg, run: dict, noise: list[float | None], measured: bool) -> N
     axg.set_ylabel("samples (global batch B, B_simple)" if measured else "global batch B")
     axg.grid(alpha=0.3, which="major")
     axw = axg.twinx()
-    axw.step(ep, [h["n_workers"] for h in run["history"]], where="mid", color="tab:orange", ls="--", label="workers N")
+    axw.step(ep, [h.n_workers for h in history], where="mid", color="tab:orange", ls="--", label="workers N")
     axw.set_ylabel("workers N")
     axg.set_title(
-        f"batch {run.get('batch_schedule') or 'constant'}: {run['steps_done']} model updates"
+        f"batch {extra_value(run, 'batch_schedule') or 'constant'}: {run.steps_done} model updates"
         + ("" if measured else "; B_simple not measured"),
         fontsize=10,
     )
@@ -728,22 +739,22 @@ def _batch_panel(axg, run: dict, noise: list[float | None], measured: bool) -> N
     axw.legend(loc="lower right", fontsize=7)
 
 
-def _accuracy_panel(ax, run: dict) -> None:
+def _accuracy_panel(ax, run: TrainRecord, history: list[EpochRecord]) -> None:
     """Test score and training loss per epoch, the out-of-memory fallbacks marked."""
-    ep = [h["epoch"] for h in run["history"]]
-    score = epoch_score(run["history"][0])[0] if run["history"] else "top-1"
-    ax.plot(ep, [epoch_score(h)[1] for h in run["history"]], "o-", label=f"test {score}")
+    ep = [h.epoch for h in history]
+    score = epoch_score(dict(history[0]))[0] if history else "top-1"
+    ax.plot(ep, [epoch_score(dict(h))[1] for h in history], "o-", label=f"test {score}")
     ax.set_xlabel("epoch")
     ax.set_ylabel("test top-1 accuracy" if score == "top-1" else f"test {score}")
     ax.grid(alpha=0.3)
     ax2 = ax.twinx()
-    ax2.plot(ep, [h["train_loss"] for h in run["history"]], "s--", color="tab:red", alpha=0.7, label="train loss")
+    ax2.plot(ep, [h.train_loss for h in history], "s--", color="tab:red", alpha=0.7, label="train loss")
     ax2.set_ylabel("train loss")
-    for f in run.get("fallbacks", []):
+    for f in run.fallbacks:
         ax.axvline(f["at_epoch"] + 0.5, color="grey", ls=":", lw=1)
     ax.legend(loc="lower right", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
-    ax.set_title(f"{run['method']}: N={run['n_workers']}, B={run['global_batch']}")
+    ax.set_title(f"{run.method}: N={run.n_workers}, B={run.global_batch}")
 
 
 def _delta_panel(axd, tr: dict) -> None:

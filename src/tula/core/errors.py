@@ -8,6 +8,7 @@ exits 130 (SIGINT) or 143 (SIGTERM).
 from __future__ import annotations
 
 import signal as _signal
+from collections.abc import Callable
 
 #: why a rank of a distributed world failed; travels as data, never parsed from text
 FAILURE_CAUSES = (
@@ -79,3 +80,26 @@ class Interrupted(Exception):
     @property
     def signal_name(self) -> str:
         return _signal.Signals(self.signum).name
+
+
+class OptionError(TulaError):
+    """A refusal that names options of a request by their names in the core (``threshold``,
+    ``min_workers``: a function's parameter, the JSON field an API takes), never by a front
+    end's spelling: ``template`` holds ``{name}`` placeholders, each filled from ``options``
+    (an option's name, or a tuple of names joined with ", ").  ``str()`` quotes the names
+    (``'threshold' applies to ...``); :meth:`spelled` fills them with a front end's spelling
+    of each (the CLI's flags: ``--threshold applies to ...``)."""
+
+    def __init__(self, template: str, **options: str | tuple[str, ...]):
+        self.template = template
+        self.options = options
+        super().__init__(self.spelled(lambda name: f"'{name}'"))
+
+    def spelled(self, spell: Callable[[str], str]) -> str:
+        """The sentence with each option named by ``spell(name)`` (only the ``{key}`` of an option
+        is replaced: a value quoted in the sentence may hold braces)."""
+        text = self.template
+        for key, names in self.options.items():
+            words = ", ".join(spell(n) for n in names) if isinstance(names, tuple) else spell(names)
+            text = text.replace("{" + key + "}", words)
+        return text

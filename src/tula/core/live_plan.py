@@ -25,13 +25,15 @@ predicted next to what was measured.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from tula.core.accumulation import accumulation_for
+from tula.core.config import Config
 from tula.core.errors import SpecError
 from tula.core.fitted import FittedModels, Network
+from tula.core.records import ModelsRecord, TrainRecord, as_epoch, extra_value
 from tula.core.run_costs import measured_epoch_s
 from tula.core.schedules import Caps
 
@@ -65,6 +67,11 @@ class Option:
     def micro_batch(self) -> int:
         return self.global_batch // self.n_workers // self.accumulation_steps
 
+    @property
+    def config(self) -> Config:
+        """The option's configuration (N, B, k) as one value."""
+        return Config(self.n_workers, self.global_batch, self.accumulation_steps)
+
     def record(self) -> dict[str, Any]:
         return {**asdict(self), "micro_batch": self.micro_batch}
 
@@ -88,7 +95,7 @@ class Ranker:
 
     def __init__(
         self,
-        models: dict,
+        models: dict | ModelsRecord,
         method: str,
         rank_by: str = "time",
         pricing: Any = None,
@@ -100,12 +107,12 @@ class Ranker:
         if rank_by == "cost" and pricing is None:
             raise SpecError("ranking worker counts by cost needs the job's pricing")
         for key in ("perf", "dataset_size"):
-            if key not in models:
+            if isinstance(models, dict) and key not in models:
                 raise SpecError(f"the models record has no {key!r}: planning while training needs a fitted profile")
         self.models, self.method, self.rank_by, self.pricing = models, method, rank_by, pricing
-        self.dataset_size = int(models["dataset_size"])
         self.epoch_s_of, self.network = epoch_s_of, network
         self.fitted = FittedModels.from_record(models, method=method)  # the method's run costs
+        self.dataset_size = self.fitted.dataset_size
         self.memory = self.fitted.memory
 
     def epoch_s(self, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
@@ -135,7 +142,7 @@ class Ranker:
         """Every (N, k) within ``caps`` for a wanted global batch (at most the data set), best
         first (ties: fewer workers, then fewer micro-batches).  Empty when none fits."""
         wanted = min(int(global_batch), caps.dataset_size)
-        configs: list[tuple[int, int, int]] = []  # (B, N, k)
+        configs: list[Config] = []
         for n in range(caps.min_workers, caps.max_workers + 1):
             share = wanted // n
             if share < 1:
@@ -143,9 +150,10 @@ class Ranker:
             k = accumulation_for(share, caps.max_local_batch, caps.max_accumulation_steps)
             if k is None:
                 continue
-            configs.append((n * (share // k * k), n, k))
+            configs.append(Config(n, n * (share // k * k), k))
         out = []
-        for b, n, k in configs:  # one at a time (scalars), as the ranking was computed before the one prediction
+        for c in configs:  # one at a time (scalars), as the ranking was computed before the one prediction
+            b, n, k = c.global_batch, c.n_workers, c.accumulation_steps
             if self.epoch_s_of is not None:
                 epoch_s = self.epoch_s(b, n, k)
                 out.append(Option(b, n, k, epoch_s, self.score(epoch_s, n, b // n, k)))
@@ -192,11 +200,12 @@ class WorkerPlan:
 
     def choose(
         self, global_batch: int, caps: Caps, current_workers: int | None
-    ) -> tuple[int, int, int, str, list[dict[str, Any]]]:
-        """``(B, N, k, reason, ranking)`` for ``global_batch`` (already within the caps)."""
+    ) -> tuple[Config, str, list[dict[str, Any]]]:
+        """``(config, reason, ranking)`` for ``global_batch`` (already within the caps): the
+        configuration chosen, why, and every option ranked, best first."""
         options = self.ranker.options(global_batch, caps)
         chosen, why = choose_workers(options, current_workers, self.threshold)
-        return chosen.global_batch, chosen.n_workers, chosen.accumulation_steps, why, [o.record() for o in options]
+        return chosen.config, why, [o.record() for o in options]
 
     def choose_batch(
         self,
@@ -232,7 +241,7 @@ def goodput(option: Option, dataset_size: int, b_noise: float, reference_batch: 
     return dataset_size / option.epoch_s * statistical_efficiency(option.global_batch, b_noise, reference_batch)
 
 
-def goodput_per_epoch(run: dict) -> list[dict[str, Any]]:
+def goodput_per_epoch(run: TrainRecord | Mapping[str, Any]) -> list[dict[str, Any]]:
     """A goodput schedule's run (a training record) epoch by epoch after the first: the
     B_noise its batch was chosen with (the epoch before's B_simple), that batch's statistical
     efficiency against the run's first batch B0, and its goodput -- useful samples per second,
@@ -241,25 +250,26 @@ def goodput_per_epoch(run: dict) -> list[dict[str, Any]]:
     changed the batch, else the plan's ``predicted_epoch_s`` where the run was compared with
     it: :func:`tula.core.run_costs.compare_with_plan`).  ``[]`` for a run of another
     schedule; epochs without a B_simple before them are left out."""
-    hist = run.get("history") or []
-    if run.get("batch_schedule") != "goodput" or not hist:
+    data = run.to_json_dict() if isinstance(run, TrainRecord) else run
+    hist = [as_epoch(h) for h in data.get("history") or []]
+    if data.get("batch_schedule") != "goodput" or not hist:
         return []
-    b0 = hist[0]["global_batch"]
+    b0 = hist[0].global_batch
     out = []
     for prev, h in zip(hist, hist[1:]):
-        b_noise = prev.get("b_simple")
+        b_noise = extra_value(prev, "b_simple")
         if b_noise is None or not math.isfinite(b_noise) or b_noise < 0:
             continue
-        eff = statistical_efficiency(h["global_batch"], b_noise, b0)
-        samples = h["steps"] * h["global_batch"]
-        best = ((prev.get("schedule") or {}).get("ranking") or [None])[0]  # a decision that changed the batch
-        same = best is not None and (best["global_batch"], best["n_workers"]) == (h["global_batch"], h["n_workers"])
-        planned_s = best["epoch_s"] if same else h.get("predicted_epoch_s")  # else the plan's, where compared
+        eff = statistical_efficiency(h.global_batch, b_noise, b0)
+        samples = h.steps * h.global_batch
+        best = ((extra_value(prev, "schedule") or {}).get("ranking") or [None])[0]  # a decision that changed B
+        same = best is not None and (best["global_batch"], best["n_workers"]) == (h.global_batch, h.n_workers)
+        planned_s = best["epoch_s"] if same else extra_value(h, "predicted_epoch_s")  # else the plan's, if compared
         out.append(
             {
-                "epoch": h["epoch"],
-                "global_batch": h["global_batch"],
-                "n_workers": h["n_workers"],
+                "epoch": h.epoch,
+                "global_batch": h.global_batch,
+                "n_workers": h.n_workers,
                 "b_noise": float(b_noise),
                 "efficiency": eff,
                 "measured": samples / measured_epoch_s(h) * eff,

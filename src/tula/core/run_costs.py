@@ -26,6 +26,8 @@ thin calls of that prediction.  Numpy only: no torch.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +41,7 @@ from tula.core.fitted import (
     epoch_time_s,
     run_costs_for,
 )
+from tula.core.records import EpochRecord, ModelsRecord, TrainRecord, as_epoch, as_record, extra_value
 
 __all__ = [
     "EPOCH_TIMES",
@@ -55,6 +58,9 @@ __all__ = [
     "predicted_step_s",
     "run_costs_for",
 ]
+
+#: a models record: typed, or as read from JSON
+Models = ModelsRecord | Mapping[str, Any]
 
 #: the measured seconds in an epoch's record (tula.engine.train): they differ between two runs
 #: that are otherwise equal bit for bit
@@ -127,7 +133,7 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
 
 
 def _predicted(
-    models: dict, method: str | None, global_batch: int, n_workers: int, accumulation_steps: int = 1
+    models: Models, method: str | None, global_batch: int, n_workers: int, accumulation_steps: int = 1
 ) -> dict:
     """Configuration (B, N, k) as :meth:`tula.core.fitted.FittedModels.predict` predicts it from
     ``models`` for ``method`` (default: the spec's), on the network the ranks were profiled on."""
@@ -136,7 +142,7 @@ def _predicted(
     return fitted.predict(n_workers=n_workers, global_batch=global_batch, accumulation_steps=k).at(0)
 
 
-def fitted_step_s(models: dict, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
+def fitted_step_s(models: Models, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
     """The fitted plain step at (B, N, k), where the profile's ranks ran (their ranks per host).
 
     A compatibility wrapper: ``t_step_s`` of :meth:`tula.core.fitted.FittedModels.predict`."""
@@ -144,7 +150,7 @@ def fitted_step_s(models: dict, global_batch: int, n_workers: int, accumulation_
 
 
 def predicted_step_s(
-    models: dict, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1
+    models: Models, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1
 ) -> float:
     """The plan's prediction of one step of ``method`` at (B, N, k): the fitted step and the
     method's extra (:meth:`RunCosts.step_s`), as :func:`predicted_epoch_s` counts it.
@@ -154,7 +160,7 @@ def predicted_step_s(
 
 
 def predicted_epoch_s(
-    models: dict, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1
+    models: Models, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1
 ) -> float:
     """The plan's prediction of one epoch at (B, N, k) for ``method``: the fitted step where
     the ranks were profiled, and the run costs (:func:`run_costs_for`), ``floor(D / B)`` steps.
@@ -163,50 +169,61 @@ def predicted_epoch_s(
     return float(_predicted(models, method, global_batch, n_workers, accumulation_steps)["epoch_time_s"])
 
 
-def measured_epoch_s(epoch: dict) -> float:
+def measured_epoch_s(epoch: EpochRecord | Mapping[str, Any]) -> float:
     """An epoch of a training record as the plan predicts it: its steps, its end (evaluation),
     its checkpoint (``epoch_wall_s``; older records: the steps' time alone)."""
-    if epoch.get("epoch_wall_s") is not None:
-        return float(epoch["epoch_wall_s"])
-    return float(epoch["epoch_time_s"]) + float(epoch.get("epoch_end_s") or 0.0)
+    e = as_epoch(epoch)
+    wall = extra_value(e, "epoch_wall_s")
+    if wall is not None:
+        return float(wall)
+    return float(e.epoch_time_s) + float(extra_value(e, "epoch_end_s") or 0.0)
 
 
-def compare_with_plan(run: dict, models: dict) -> dict:
-    """``run`` (a training record) with each epoch's predicted time at its (B, N, k) and the
-    ratio measured / predicted, and ``prediction``: the median ratio over the epochs after
-    the first (the first starts the world and warms the kernels), or over all with one."""
-    method = run["method"]
+def _as_json(run: TrainRecord | Mapping[str, Any]) -> dict[str, Any]:
+    return run.to_json_dict() if isinstance(run, TrainRecord) else dict(run)
+
+
+def compare_with_plan(run: TrainRecord | Mapping[str, Any], models: Models) -> dict:
+    """``run`` (a training record, typed or as read from JSON) as JSON, with each epoch's
+    predicted time at its (B, N, k) and the ratio measured / predicted, and ``prediction``:
+    the median ratio over the epochs after the first (the first starts the world and warms
+    the kernels), or over all with one."""
+    data = _as_json(run)
+    method = as_record(data, TrainRecord).method
     history = []
-    for h in run["history"]:
-        p = predicted_epoch_s(models, method, h["global_batch"], h["n_workers"], h.get("accumulation_steps") or 1)
-        m = measured_epoch_s(h)
-        history.append({**h, "predicted_epoch_s": p, "measured_to_predicted": m / p if p > 0 else None})
-    ratios = [h["measured_to_predicted"] for h in history[1:] or history if h["measured_to_predicted"] is not None]
-    _, note = run_costs_for(models, method)
+    ratios: list[float] = []
+    for line in data["history"]:
+        h = as_epoch(line)
+        p = predicted_epoch_s(models, method, h.global_batch, h.n_workers, h.accumulation_steps or 1)
+        ratio = measured_epoch_s(h) / p if p > 0 else None
+        history.append({**line, "predicted_epoch_s": p, "measured_to_predicted": ratio})
+        if ratio is not None and (len(history) > 1 or len(data["history"]) == 1):
+            ratios.append(ratio)
+    _, note = run_costs_for(models.model_dump(mode="json") if isinstance(models, ModelsRecord) else models, method)
     prediction = {
         "median_ratio": float(statistics.median(ratios)) if ratios else None,
         "epochs_compared": len(ratios),
         "note": note,
     }
-    return {**run, "history": history, "prediction": prediction}
+    return {**data, "history": history, "prediction": prediction}
 
 
-def measured_ratio(run: dict, models: dict) -> dict | None:
+def measured_ratio(run: TrainRecord | Mapping[str, Any], models: Models) -> dict | None:
     """What a finished training ``run`` of the job says of the plan's epochs: the median
     ratio measured / predicted over its epochs after the first (:func:`compare_with_plan`),
     the method it trained and the (N, B) it trained at last; ``None`` when it has no epoch
     to compare.  A re-plan may scale its predicted epochs by it (``make_plan(measured=...)``)."""
-    history = run.get("history") or []
-    if not history:
+    data = _as_json(run)
+    if not data.get("history"):
         return None
-    prediction = compare_with_plan(run, models)["prediction"]
+    prediction = compare_with_plan(data, models)["prediction"]
     if prediction["median_ratio"] is None:
         return None
-    last = history[-1]
+    last = as_epoch(data["history"][-1])
     return {
         "ratio": prediction["median_ratio"],
         "epochs_compared": prediction["epochs_compared"],
-        "method": run["method"],
-        "n_workers": last["n_workers"],
-        "global_batch": last["global_batch"],
+        "method": as_record(data, TrainRecord).method,
+        "n_workers": last.n_workers,
+        "global_batch": last.global_batch,
     }

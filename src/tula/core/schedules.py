@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tula.core.accumulation import accumulation_for
+from tula.core.config import Config
 from tula.core.errors import SpecError
 
 STATE_VERSION = 1
@@ -468,8 +469,9 @@ class Caps:
         above ``max_local_batch`` x ``max_workers`` the batch grows through them
     workers_rule : what chooses N and k for a batch instead of ``batch_per_worker`` (AdaDamp's
         rule), or ``None``: an object whose ``choose(global_batch, caps, current_workers)``
-        returns ``(B, N, k, reason, ranking)`` within these caps, B rounded down to a multiple
-        of N x k (:class:`tula.core.live_plan.WorkerPlan`: the fitted models' ranking)
+        returns ``(config, reason, ranking)``, the :class:`~tula.core.config.Config` within
+        these caps, B rounded down to a multiple of N x k
+        (:class:`tula.core.live_plan.WorkerPlan`: the fitted models' ranking)
     """
 
     dataset_size: int
@@ -540,6 +542,11 @@ class Decision:
     def micro_batch(self) -> int:
         """What one forward/backward of a rank holds: B / (N k)."""
         return self.local_batch // self.accumulation_steps
+
+    @property
+    def config(self) -> Config:
+        """The configuration decided, (N, B, k) as one value."""
+        return Config(self.n_workers, self.global_batch, self.accumulation_steps)
 
     @property
     def lr_multiplier(self) -> float:
@@ -614,31 +621,29 @@ def initial_state(
 
 @dataclass(frozen=True)
 class _Fitted:
-    """A wanted batch within the caps: B, N, what capped B (or None), the cap, k, and with a
-    workers rule its reason and ranking."""
+    """A wanted batch within the caps: the configuration (N, B, k), what capped B (or None),
+    the cap, and with a workers rule its reason and ranking."""
 
-    batch: int
-    workers: int
+    config: Config
     capped_by: str | None
     cap: int
-    accumulation_steps: int
     why: str = ""
     ranking: tuple[dict[str, Any], ...] = ()
 
 
 def _fit(wanted: float, caps: Caps, max_batch: int | None, current_workers: int | None = None) -> _Fitted:
-    """B, N and k for a wanted global batch: N by ``caps.workers_rule`` when there is one
-    (``current_workers``: the world now, which it may keep), else AdaDamp's rule."""
-    b, n, capped_by, cap, k = _fit_by_batch_per_worker(wanted, caps, max_batch)
+    """The configuration for a wanted global batch: N by ``caps.workers_rule`` when there is
+    one (``current_workers``: the world now, which it may keep), else AdaDamp's rule."""
+    config, capped_by, cap = _fit_by_batch_per_worker(wanted, caps, max_batch)
     if caps.workers_rule is None:
-        return _Fitted(b, n, capped_by, cap, k)
+        return _Fitted(config, capped_by, cap)
     b_cap = cap if capped_by else max(1, _floor(wanted))
-    b, n, k, why, ranking = caps.workers_rule.choose(b_cap, caps, current_workers)
-    return _Fitted(b, n, capped_by, cap, k, why, tuple(ranking))
+    config, why, ranking = caps.workers_rule.choose(b_cap, caps, current_workers)
+    return _Fitted(config, capped_by, cap, why, tuple(ranking))
 
 
-def _fit_by_batch_per_worker(wanted: float, caps: Caps, max_batch: int | None) -> tuple[int, int, str | None, int, int]:
-    """(B, N, what capped B, the cap, k) for a wanted global batch, N = clip(ceil(B /
+def _fit_by_batch_per_worker(wanted: float, caps: Caps, max_batch: int | None) -> tuple[Config, str | None, int]:
+    """(the configuration, what capped B, the cap) for a wanted global batch, N = clip(ceil(B /
     batch_per_worker), min, max) and grown until the local batch fits the memory."""
     limits = [(caps.dataset_size, "dataset")]
     if max_batch is not None:
@@ -660,7 +665,7 @@ def _fit_by_batch_per_worker(wanted: float, caps: Caps, max_batch: int | None) -
     if k is None:  # no k up to the cap splits the share evenly: the share rounded down to one that splits
         k = math.ceil(share / caps.max_local_batch) if caps.max_local_batch else 1
         share = max(k, share // k * k)
-    return n * share, n, capped_by, cap, k
+    return Config(n, n * share, k), capped_by, cap
 
 
 def _still_fits(b: int, n: int | None, k: int, caps: Caps, max_batch: int | None) -> bool:
@@ -679,7 +684,7 @@ def _still_fits(b: int, n: int | None, k: int, caps: Caps, max_batch: int | None
 
 def _cap(caps: Caps, max_batch: int | None) -> int:
     """The largest global batch the caps allow."""
-    return _fit_by_batch_per_worker(math.inf, caps, max_batch)[3]
+    return _fit_by_batch_per_worker(math.inf, caps, max_batch)[2]
 
 
 _CAP_WORDS = {
@@ -728,7 +733,8 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
             b, n, capped_by, k = s["batch"], s["workers"], None, k_now
         else:
             f = _fit(wanted, caps, s["max_batch"], s["workers"])
-            b, n, capped_by, k, ranking = f.batch, f.workers, f.capped_by, f.accumulation_steps, f.ranking
+            b, n, k = f.config.global_batch, f.config.n_workers, f.config.accumulation_steps
+            capped_by, ranking = f.capped_by, f.ranking
             reason += f"; workers: {f.why}" if f.why else ""
         more, decayed = schedule.settle(ctx, wanted, b)
         reason += more
@@ -741,7 +747,8 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
     else:  # the caps moved below the current configuration (e.g. fewer workers available)
         wanted, decayed = s["batch"], False
         f = _fit(wanted, caps, s["max_batch"], s["workers"])
-        b, n, capped_by, k, ranking = f.batch, f.workers, f.capped_by, f.accumulation_steps, f.ranking
+        b, n, k = f.config.global_batch, f.config.n_workers, f.config.accumulation_steps
+        capped_by, ranking = f.capped_by, f.ranking
         reason = f"the batch {s['batch']} on {s['workers']} workers no longer fits the caps"
         reason += f"; workers: {f.why}" if f.why else ""
     reason += f" -> global batch {b} on {n} worker{'s' if n > 1 else ''}"

@@ -77,7 +77,7 @@ batch on the same workers stays in its world, milliseconds), stragglers, and net
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, overload
@@ -85,7 +85,7 @@ from typing import Any, overload
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tula.core.errors import TulaError
+from tula.core.errors import OptionError, TulaError
 from tula.core.fitted import FittedModels, Network, Predictions
 from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
 from tula.core.memory_model import MemoryModel
@@ -95,11 +95,10 @@ from tula.core.perfmodel import (
     NOTE_NO_SHARED_HOST,
     FloatArray,
     PerfModel,
-    ranks_per_node_of,
 )
 from tula.core.plan import epochs_to_accuracy, noise_assumed
 from tula.core.pricing import Pricing, SpotPricing, make_pricing
-from tula.core.records import MODELS_KIND, validate_record
+from tula.core.records import EpochRecord, ModelsRecord, as_epoch, extra_value, parse_record
 from tula.core.run_costs import RunCosts, epoch_time_s
 from tula.core.schedules import (
     SCHEDULE_NAMES,
@@ -112,6 +111,9 @@ from tula.core.schedules import (
     steps_per_epoch,
 )
 from tula.core.spec import JobSpec, parse_bandwidth, parse_duration, spec_from_dict
+
+#: a training run's epochs to replay: typed, or as read from JSON (metrics.jsonl lines, train.json's history)
+Epochs = Sequence[EpochRecord | Mapping[str, Any]]
 
 #: the default worker counts: 1, 2, 4, ..., 1024
 DEFAULT_WORKERS: tuple[int, ...] = tuple(2**k for k in range(11))
@@ -357,7 +359,7 @@ class Simulator:
         collectives: Sequence[str] = COLLECTIVES,
         lr_milestones: Sequence[int] = (),
         lr_gamma: float = 0.1,
-        history: Sequence[dict] | None = None,
+        history: Epochs | None = None,
         label: str | None = None,
     ) -> list[dict]:
         """One result per collective for batch schedule ``kind`` starting at ``first_batch``.
@@ -389,7 +391,7 @@ class Simulator:
         its configuration at a batch change."""
         return next_config(state, epoch, done, caps)
 
-    def schedule_epochs(self, state: dict[str, Any], caps: Caps, history: Sequence[dict] | None) -> list[dict]:
+    def schedule_epochs(self, state: dict[str, Any], caps: Caps, history: Epochs | None) -> list[dict]:
         """The configuration of each of the simulated run's epochs, decided epoch by epoch
         (:meth:`decide`) from the epochs before it; their ``train_loss`` and ``b_simple`` are
         replayed from ``history`` where it has them."""
@@ -411,15 +413,15 @@ class Simulator:
                     "reason": d.reason,
                 }
             )
-            past = dict(history[e]) if history and e < len(history) else {}
+            past = as_epoch(history[e]) if history and e < len(history) else None  # the training run replayed
             done.append(
                 {
                     "epoch": e + 1,
                     "steps": steps,
                     "global_batch": d.global_batch,
                     "n_workers": d.n_workers,
-                    "train_loss": past.get("train_loss"),
-                    "b_simple": past.get("b_simple"),
+                    "train_loss": getattr(past, "train_loss", None),
+                    "b_simple": None if past is None else extra_value(past, "b_simple"),
                 }
             )
         return epochs
@@ -461,7 +463,7 @@ class Simulator:
         }
 
 
-def check_history(kind: str, info: ScheduleInfo, history: Sequence[dict] | None, epochs: int) -> None:
+def check_history(kind: str, info: ScheduleInfo, history: Epochs | None, epochs: int) -> None:
     """Refuse to simulate ``epochs`` epochs of a schedule that follows values measured while
     training (``info``: its :class:`~tula.core.schedules.ScheduleInfo`) without a training
     run's epochs to replay, or with fewer than it reads."""
@@ -542,7 +544,7 @@ def _latency(value: Any, intra: bool) -> float:
 
 
 def simulator_from_models(
-    models: dict,
+    models: dict | ModelsRecord,
     bandwidth: Any = None,
     latency: Any = None,
     compute_speed: float = 1.0,
@@ -556,7 +558,8 @@ def simulator_from_models(
 
     Parameters
     ----------
-    models : a models record (validated here: another record kind is a one-sentence error)
+    models : a models record, typed or as read from JSON (checked here: another record kind is a
+        one-sentence error)
     bandwidth : the inter-node link's bytes per second or a string such as ``"100Gbit/s"``/``"10GB/s"``
         (default: 1 / beta of the fit)
     latency : the inter-node link's seconds per hop or a string such as ``"5us"`` (default: alpha of the fit)
@@ -569,29 +572,27 @@ def simulator_from_models(
     intra_bandwidth, intra_latency : the intra-node link, as ``bandwidth`` and ``latency``
         (default: the fitted beta_intra / alpha_intra, else the inter-node link)
     """
-    rec = validate_record(models, "the models given", expect=(MODELS_KIND,))
-    spec: JobSpec = spec_from_dict(rec["spec"])
+    rec = _models_record(models)
+    spec: JobSpec = spec_from_dict(rec.spec)
     if pricing:
         d = spec.to_dict()
         d["pricing"] = {**d["pricing"], **pricing}
         spec = spec_from_dict(d)
     fitted = FittedModels.from_record(rec, method=spec.train.method)
     perf, mem = fitted.perf, fitted.memory_model()
-    bw, lat, ibw, ilat, notes = _network(
-        perf, rec.get("placement") or {}, bandwidth, latency, intra_bandwidth, intra_latency
-    )
+    bw, lat, ibw, ilat, notes = _network(perf, rec.placement or {}, bandwidth, latency, intra_bandwidth, intra_latency)
     if not (isinstance(compute_speed, (int, float)) and math.isfinite(compute_speed) and compute_speed > 0):
         raise TulaError(
             f"the compute speed must be a positive factor (2: workers twice as fast), not {compute_speed!r}"
         )
-    r = _ranks_per_node(rec["trials"], ranks_per_node)
+    r = _ranks_per_node(rec, fitted.ranks_per_node, ranks_per_node)
     _note_intra_link(notes, perf, ibw, ilat, r)
     if epochs is not None and epochs < 1:
         raise TulaError(f"epochs must be at least 1, not {epochs}")
     max_local_batch = fitted.max_local_batch  # within the budget, below the batch that ran out of memory
     return Simulator(
         perf=perf,
-        dataset_size=rec["dataset_size"],
+        dataset_size=rec.dataset_size,
         epochs=epochs or spec.epochs,
         pricing=make_pricing(spec.pricing),
         memory=mem,
@@ -634,12 +635,13 @@ def _network(
     return bw, lat, ibw, ilat, notes
 
 
-def _ranks_per_node(trials: list[dict], given: int | None) -> int:
+def _ranks_per_node(models: ModelsRecord, fitted_ranks_per_node: int | None, given: int | None) -> int:
     """The workers that share a node: ``given``, else the most ranks one host held when the
-    profile's worlds spanned several hosts, else the largest N profiled."""
+    profile's worlds spanned several hosts (``fitted_ranks_per_node``: what the fit was for,
+    :func:`tula.core.perfmodel.ranks_per_node_of`), else the largest N profiled."""
     if given is None:
-        ok = [t for t in trials if t["status"] == "ok"]
-        given = ranks_per_node_of(trials) or max((t["n_workers"] for t in ok), default=1)
+        ok = [t for t in models.trials if t.status == "ok"]
+        given = fitted_ranks_per_node or max((t.n_workers for t in ok), default=1)
     r = int(given)
     if r < 1:
         raise TulaError(f"ranks per node must be at least 1, not {r}")
@@ -667,18 +669,24 @@ def _note_intra_link(
         notes.pop("intra_latency", None)
 
 
-def default_batch(models: dict) -> int:
+def _models_record(models: dict | ModelsRecord) -> ModelsRecord:
+    """``models`` typed (a record read from JSON is checked: another kind is one sentence)."""
+    return parse_record(models, ModelsRecord, "the models given")
+
+
+def default_batch(models: dict | ModelsRecord) -> int:
     """The constant batch simulated by default: the spec's ``train.global_batch``, else the
     largest global batch profiled."""
-    spec = spec_from_dict(models["spec"])
+    rec = _models_record(models)
+    spec = spec_from_dict(rec.spec)
     if spec.train.global_batch:
         return spec.train.global_batch
-    ok = [t["global_batch"] for t in models["trials"] if t["status"] == "ok"]
+    ok = [t.global_batch for t in rec.trials if t.status == "ok"]
     return max(ok) if ok else spec.search.min_batch
 
 
 def schedule_caps(
-    models: dict,
+    models: dict | ModelsRecord,
     sim: Simulator,
     first_batch: int,
     workers: Sequence[int],
@@ -696,16 +704,18 @@ def schedule_caps(
     replaces its part.  ``workers_rule`` ``"plan"`` (or the spec's), or a schedule that
     ``needs_models`` (goodput): the worker count the models rank best on the simulated
     network, kept within ``threshold`` (:class:`tula.core.live_plan.WorkerPlan`)."""
-    spec = spec_from_dict(models["spec"])
+    models = _models_record(models)
+    spec = spec_from_dict(models.spec)
     w = spec.train.workers
     rule = workers_rule or (w.rule if w else "batch_per_worker")
     if rule not in ("plan", "batch_per_worker"):
         raise TulaError(f"the workers rule is 'plan' or 'batch_per_worker', not {rule!r}")
     if threshold is not None and rule != "plan":
-        raise TulaError("--threshold applies to the workers rule 'plan' only")
+        raise OptionError("{threshold} applies to the workers rule 'plan' only", threshold="threshold")
     if rule == "plan" and batch_per_worker is not None:
-        raise TulaError(
-            "--batch-per-worker applies to the workers rule 'batch_per_worker'; 'plan' chooses N by the models"
+        raise OptionError(
+            "{batch_per_worker} applies to the workers rule 'batch_per_worker'; 'plan' chooses N by the models",
+            batch_per_worker="batch_per_worker",
         )
     lo = min_workers if min_workers is not None else (w.min if w else 1)
     hi = max_workers if max_workers is not None else (w.max if w else max(workers))
@@ -720,7 +730,7 @@ def schedule_caps(
         if threshold is None:
             threshold = w.threshold if w is not None and w.threshold is not None else DEFAULT_THRESHOLD
         if not 0 <= threshold < 1:
-            raise TulaError(f"--threshold must be at least 0 and below 1, not {threshold!r}")
+            raise OptionError(f"{{threshold}} must be at least 0 and below 1, not {threshold!r}", threshold="threshold")
         ranker = Ranker(models, spec.train.method, network=sim.network())  # the models' ranking on this network
         if rule != "plan":  # goodput under AdaDamp's rule: the batch by goodput, on the first worker count
             hi = lo
@@ -728,9 +738,9 @@ def schedule_caps(
     return Caps(sim.dataset_size, sim.max_local_batch, lo, hi, bpw, k_max)
 
 
-def schedule_settings(models: dict, kind: str, given: dict[str, Any]) -> dict[str, Any]:
+def schedule_settings(models: dict | ModelsRecord, kind: str, given: dict[str, Any]) -> dict[str, Any]:
     """The spec's ``train.batch_schedule`` settings when it is of ``kind``, updated with ``given``."""
-    spec = spec_from_dict(models["spec"])
+    spec = spec_from_dict(_models_record(models).spec)
     s = spec.train.batch_schedule
     base: dict[str, Any] = {}
     if s is not None and s.kind == kind:
@@ -752,13 +762,13 @@ class WhatIf:
 
 
 def what_if(
-    models: dict,
+    models: dict | ModelsRecord,
     sim: Simulator,
     workers: Sequence[int],
     collectives: Sequence[str],
     batch: int | None = None,
     schedules: Sequence[tuple[str, str, dict[str, Any]]] = (),
-    history: list[dict] | None = None,
+    history: Epochs | None = None,
     min_workers: int | None = None,
     max_workers: int | None = None,
     batch_per_worker: int | None = None,
@@ -777,21 +787,24 @@ def what_if(
     (``noise_scale``, a what-if, else the one the profile measured) each constant-batch row
     also holds the epochs, time and cost to the accuracy the spec's epochs reach at
     ``train.base_batch`` (:func:`tula.core.plan.epochs_to_accuracy`)."""
-    job = spec_from_dict(models["spec"])
+    models = _models_record(models)
+    job = spec_from_dict(models.spec)
     schedule_only = {
-        "--min-workers": min_workers,
-        "--max-workers": max_workers,
-        "--batch-per-worker": batch_per_worker,
-        "--accumulation": max_accumulation_steps,
-        "--history": history,
-        "--workers-rule": workers_rule,
-        "--threshold": threshold,
+        "min_workers": min_workers,
+        "max_workers": max_workers,
+        "batch_per_worker": batch_per_worker,
+        "max_accumulation_steps": max_accumulation_steps,
+        "history": history,
+        "workers_rule": workers_rule,
+        "threshold": threshold,
     }
-    flags = [flag for flag, value in schedule_only.items() if value is not None]
-    if flags and not schedules:
-        raise TulaError(
-            f"{', '.join(flags)} {'applies' if len(flags) == 1 else 'apply'} to batch schedules only; "
-            "add a --schedule, or leave it out for a constant batch"
+    given = tuple(option for option, value in schedule_only.items() if value is not None)
+    if given and not schedules:
+        raise OptionError(
+            f"{{given}} {'applies' if len(given) == 1 else 'apply'} to batch schedules only; "
+            "add a {schedule}, or leave it out for a constant batch",
+            given=given,
+            schedule="schedules",
         )
     if schedules:
         b0 = batch or job.train.global_batch or job.search.min_batch
@@ -802,33 +815,33 @@ def what_if(
         )  # fmt: skip
         return _schedules_what_if(models, sim, job, b0, caps, collectives, schedules, history)
     big_b = batch or default_batch(models)
-    fitted_collective = models["perf"]["collective"]
+    fitted_collective = models.perf["collective"]
     measured = [
         {
-            "n_workers": t["n_workers"],
+            "n_workers": t.n_workers,
             "total_time_s": sim.epochs
-            * float(epoch_time_s(t["t_step_s"], big_b, t["n_workers"], sim.dataset_size, sim.run_costs)),
+            * float(epoch_time_s(t.t_step_s, big_b, t.n_workers, sim.dataset_size, sim.run_costs)),
         }
-        for t in models["trials"]
-        if t["status"] == "ok" and t["global_batch"] == big_b and fitted_collective in collectives
+        for t in models.trials
+        if t.status == "ok" and t.t_step_s is not None and t.global_batch == big_b and fitted_collective in collectives
     ]
     rows = sim.constant(big_b, workers, collectives)
     title = f"{job.name}: constant global batch {big_b}"
-    noise = noise_assumed(models, noise_scale, job.train.base_batch)
+    noise = noise_assumed(models.to_json_dict(), noise_scale, job.train.base_batch)
     if noise["b_noise"]:
         title += _to_accuracy(rows, sim, big_b, noise)
     return WhatIf(rows, title, measured)
 
 
 def _schedules_what_if(
-    models: dict,
+    models: ModelsRecord,
     sim: Simulator,
     job: JobSpec,
     b0: int,
     caps: Caps,
     collectives: Sequence[str],
     schedules: Sequence[tuple[str, str, dict[str, Any]]],
-    history: list[dict] | None,
+    history: Epochs | None,
 ) -> WhatIf:
     """The what-if of each of ``schedules`` from the first batch ``b0`` under ``caps``."""
     rows: list[dict] = []

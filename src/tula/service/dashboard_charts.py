@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from tula.core.noise_scale import (
     noise_scale_value,
     smooth_noise_scale,
 )
-from tula.core.records import epoch_score
+from tula.core.records import EpochRecord, TrainRecord, as_epoch, epoch_score, extra_value
 from tula.core.say import plain
 
 if TYPE_CHECKING:
@@ -371,9 +371,9 @@ def plan_charts(chart: PlanChart) -> str:
 
 
 # --------------------------------------------------------------------------- the training run's charts
-def _batch_series(h: list[dict], raw: list[float | None]) -> tuple[list[dict], list[dict]]:
+def _batch_series(h: list[EpochRecord], raw: list[float | None]) -> tuple[list[dict], list[dict]]:
     """The global batch per epoch: its line, and a point per epoch with the epoch's figures."""
-    ep, batch = [r["epoch"] for r in h], [r["global_batch"] for r in h]
+    ep, batch = [r.epoch for r in h], [r.global_batch for r in h]
     lines = [{"x": ep, "y": batch, "color": COLORS[2], "label": "global batch B"}]
     points = [
         {
@@ -384,8 +384,8 @@ def _batch_series(h: list[dict], raw: list[float | None]) -> tuple[list[dict], l
             "legend": False,
             "r": 3,
             "title": [
-                f"epoch {r['epoch']}: B={r['global_batch']} on N={r['n_workers']}, B_simple "
-                f"{'n/a' if b is None else _fmt(b)}, updates so far {r.get('steps_done')}"
+                f"epoch {r.epoch}: B={r.global_batch} on N={r.n_workers}, B_simple "
+                f"{'n/a' if b is None else _fmt(b)}, updates so far {getattr(r, 'steps_done', None)}"
                 for r, b in zip(h, raw)
             ],
         }
@@ -434,13 +434,14 @@ def _early_estimate(ep: list[int], raw: list[float | None]) -> tuple[list[dict],
     return [{**rule, "title": say, "legend": True}], [{**band, "title": say, "legend": True}]
 
 
-def noise_chart(h: list[dict]) -> str:
+def noise_chart(history: Sequence[EpochRecord | Mapping[str, Any]]) -> str:
     """Per epoch, on a log axis: the global batch, B_simple's raw points and its running
     median, and the early-training estimate (the median and p25-p75 of the first epochs')
     marked as the start-of-training scale (rules: :mod:`tula.core.noise_scale`).  Values
     that are not finite and above 0 are left out; without any, the title says not measured."""
-    ep = [r["epoch"] for r in h]
-    raw = [noise_scale_value(r.get("b_simple")) for r in h]
+    h = [as_epoch(r) for r in history]
+    ep = [r.epoch for r in h]
+    raw = [noise_scale_value(extra_value(r, "b_simple")) for r in h]
     lines, points = _batch_series(h, raw)
     hlines: list[dict] = []
     bands: list[dict] = []
@@ -464,15 +465,15 @@ def noise_chart(h: list[dict]) -> str:
     )
 
 
-def _score_chart(h: list[dict]) -> str:
+def _score_chart(h: list[EpochRecord]) -> str:
     """Test top-1 (or R^2, or test loss) and training loss per epoch, each epoch's figures on hover."""
-    ep = [r["epoch"] for r in h]
-    score = [epoch_score(r) for r in h]  # top-1, or R^2 for a regression run (train.loss mse)
+    ep = [r.epoch for r in h]
+    score = [epoch_score(dict(r)) for r in h]  # top-1, or R^2 for a regression run (train.loss mse)
     label = score[0][0] if score else "top-1"
     title = (
         "Accuracy and loss" if label == "top-1" else "Test and train loss" if label == "loss" else f"{label} and loss"
     )
-    train_loss = [r.get("train_loss", float("nan")) for r in h]
+    train_loss = [getattr(r, "train_loss", float("nan")) for r in h]  # a hand-made epoch may have none
     lines = [
         {"x": ep, "y": [s[1] for s in score], "color": COLORS[0], "label": f"test {label}"},
         {"x": ep, "y": train_loss, "color": COLORS[1], "label": "train loss"},
@@ -485,45 +486,45 @@ def _score_chart(h: list[dict]) -> str:
             "label": "epochs",
             "legend": False,
             "title": [
-                f"epoch {r['epoch']}: {s[0]} {s[2]}, loss {r.get('train_loss', float('nan')):.4f}, "
-                f"B={r['global_batch']}, N={r['n_workers']}"
-                for r, s in zip(h, score)
+                f"epoch {r.epoch}: {s[0]} {s[2]}, loss {loss:.4f}, B={r.global_batch}, N={r.n_workers}"
+                for r, s, loss in zip(h, score, train_loss)
             ],
         }
     ]
     return svg_chart(title, "epoch", "value", lines, points, log_x=False)
 
 
-def _ags_chart(h: list[dict]) -> str:
+def _ags_chart(h: list[EpochRecord]) -> str:
     """AGS's share of scaled steps per epoch."""
-    ep = [r["epoch"] for r in h]
-    scaled = [r.get("scaled_fraction", float("nan")) for r in h]
+    ep = [r.epoch for r in h]
+    scaled = [extra_value(r, "scaled_fraction") if r.given("scaled_fraction") else float("nan") for r in h]
     line = {"x": ep, "y": scaled, "color": COLORS[4], "label": "share of steps scaled"}
     return svg_chart("AGS: steps scaled", "epoch", "fraction", [line], [], log_x=False)
 
 
-def _epoch_time_chart(h: list[dict], generations: list[dict]) -> str:
+def _epoch_time_chart(h: list[EpochRecord], generations: list[dict]) -> str:
     """Each epoch's measured time beside the plan's prediction of it at its (N, B, k), each
     new world (a generation) marked at its first epoch."""
     from tula.core.run_costs import measured_epoch_s
 
-    ep = [r["epoch"] for r in h]
+    ep = [r.epoch for r in h]
     measured = [measured_epoch_s(r) for r in h]
+    planned = [extra_value(r, "predicted_epoch_s") for r in h]
+    ratios = [extra_value(r, "measured_to_predicted") for r in h]
     lines = [
         {"x": ep, "y": measured, "color": COLORS[0], "label": "measured (steps, evaluation, checkpoint)"},
         {
             "x": ep,
-            "y": [r.get("predicted_epoch_s", float("nan")) for r in h],
+            "y": [p if r.given("predicted_epoch_s") else float("nan") for r, p in zip(h, planned)],
             "color": COLORS[2],
             "label": "the plan's prediction",
         },
     ]
     titles = [
-        f"epoch {r['epoch']} at {_config(r)}: {m:.3f} s measured, {r['predicted_epoch_s']:.3f} s planned "
-        f"({r['measured_to_predicted']:.2f}x)"
-        if r.get("predicted_epoch_s") and r.get("measured_to_predicted")
-        else f"epoch {r['epoch']} at {_config(r)}: {m:.3f} s measured"
-        for r, m in zip(h, measured)
+        f"epoch {r.epoch} at {_config(r)}: {m:.3f} s measured, {p:.3f} s planned ({x:.2f}x)"
+        if p and x
+        else f"epoch {r.epoch} at {_config(r)}: {m:.3f} s measured"
+        for r, m, p, x in zip(h, measured, planned, ratios)
     ]
     points = [{"x": ep, "y": measured, "color": COLORS[0], "label": "epochs", "legend": False, "title": titles}]
     starts = [g for g in generations if g.get("new_world") and g.get("from_epoch", 1) > 1]
@@ -531,10 +532,13 @@ def _epoch_time_chart(h: list[dict], generations: list[dict]) -> str:
     return svg_chart("Epoch time: measured and planned", "epoch", "seconds", lines, points, vlines=vlines, log_x=False)
 
 
-def _config(r: dict) -> str:
-    """An epoch's or a generation's (N, B, k) in words."""
-    k = r.get("accumulation_steps") or 1
-    return f"N={r['n_workers']}, B={r['global_batch']}" + (f", k={k}" if k > 1 else "")
+def _config(r: EpochRecord | Mapping[str, Any]) -> str:
+    """An epoch's, a generation's or a goodput row's (N, B, k) in words."""
+    if isinstance(r, EpochRecord):
+        n, b, k = r.n_workers, r.global_batch, r.accumulation_steps or 1
+    else:
+        n, b, k = r["n_workers"], r["global_batch"], r.get("accumulation_steps") or 1
+    return f"N={n}, B={b}" + (f", k={k}" if k > 1 else "")
 
 
 def _goodput_chart(rows: list[dict]) -> str:
@@ -556,16 +560,19 @@ def _goodput_chart(rows: list[dict]) -> str:
     return svg_chart("Goodput: useful samples per second", "epoch", "samples/s", lines, points, log_x=False)
 
 
-def train_charts(run: dict) -> str:
+def train_charts(run: TrainRecord | Mapping[str, Any]) -> str:
     """Per epoch: test top-1 and training loss; global batch, workers and B_simple; AGS's
     share of scaled steps where it has one; the measured epoch time beside the plan's
     prediction where Tula planned the run (new worlds marked); a goodput schedule's goodput."""
-    h = run["history"]
+    if isinstance(run, TrainRecord):
+        h, generations = list(run.history), extra_value(run, "generations")
+    else:  # as read from JSON, or a record's parts (a run compared with the plan)
+        h, generations = [as_epoch(r) for r in run["history"]], run.get("generations")
     charts = [_score_chart(h), noise_chart(h)]
-    if any("scaled_fraction" in r for r in h):
+    if any(r.given("scaled_fraction") for r in h):
         charts.append(_ags_chart(h))
-    if any(r.get("predicted_epoch_s") for r in h):
-        charts.append(_epoch_time_chart(h, run.get("generations") or []))
+    if any(extra_value(r, "predicted_epoch_s") for r in h):
+        charts.append(_epoch_time_chart(h, generations or []))
     goodput = goodput_per_epoch(run)
     if goodput:
         charts.append(_goodput_chart(goodput))
