@@ -85,6 +85,28 @@ def test_plan_of_a_profile_fits_and_plans_as_the_pipeline_did(tiny_pipeline, tmp
     assert "plan written to" in one_line(r.stdout)
 
 
+def test_the_stages_take_a_record_typed_or_as_a_dict_and_write_the_same_file(tiny_pipeline, tmp_path):
+    """A producer may hand a stage its typed record or (before it is converted) a dict: the file
+    written is the same, and the models planned over other workers keep the type they came in."""
+    from tula.core.records import MODELS_KIND, ModelsRecord, load_models, load_profile, load_record
+    from tula.pipeline import is_partial, plan_stage, profiled_trials, with_spec
+
+    typed, as_dict = load_models(tiny_pipeline.dir / "models.json"), tiny_pipeline.record("models.json")
+    plan_stage(typed, "time", tmp_path / "typed.json")
+    plan_stage(as_dict, "time", tmp_path / "dict.json")
+    assert (tmp_path / "typed.json").read_text() == (tmp_path / "dict.json").read_text()
+    assert json.loads((tmp_path / "typed.json").read_text())["objective"] == "time"
+    spec = {**typed.spec, "search": {**typed.spec["search"], "cluster_sizes": [1]}}
+    assert isinstance(with_spec(typed, spec), ModelsRecord) and with_spec(typed, spec).spec == spec
+    assert with_spec(as_dict, spec) == {**as_dict, "spec": spec}
+    assert load_record(tiny_pipeline.dir / "models.json", expect=(MODELS_KIND,))["spec"] == typed.spec
+    prof = load_profile(tiny_pipeline.dir / "profile.json")
+    partial = _partial(tiny_pipeline, tmp_path / "p", "interrupted")
+    assert not is_partial(prof) and not is_partial(tiny_pipeline.record("profile.json"))
+    assert is_partial(load_profile(partial)) and is_partial(json.loads(partial.read_text()))
+    assert profiled_trials(prof) == profiled_trials(tiny_pipeline.record("profile.json")) == len(prof.trials)
+
+
 @pytest.mark.parametrize("how", ["interrupted", "failed", "in_progress"])
 @pytest.mark.parametrize("verb", ["fit", "plan"])
 def test_fit_and_plan_refuse_a_partial_profile_and_write_nothing(tiny_pipeline, tmp_path, verb, how):
@@ -173,7 +195,7 @@ def test_replan_sends_price_cluster_sizes_epochs_and_noise_scale(token_service, 
     r = tula_in_process("replan", token_service.seeded, *args, "--noise-scale", "5", *_client_args(token_service))
     assert r.returncode == 0, r.stderr
     assert table in one_line(r.stdout)
-    assert one_line(expected["reason"]) in one_line(r.stdout)
+    assert one_line(expected.reason) in one_line(r.stdout)
 
 
 @pytest.mark.parametrize("objective, limit", [("cost", "deadline"), ("time", "budget")])
@@ -186,8 +208,8 @@ def test_replan_sends_deadline_and_budget(token_service, tiny_pipeline, objectiv
 
     models = tiny_pipeline.record("models.json")
     free = replan_from_models(models, Replan(objective=objective))
-    rows = [c for c in free["configurations"] if c["feasible"]]
-    value = 1.001 * min(c["total_time_s" if limit == "deadline" else "cost"] for c in rows)
+    rows = [c for c in free.configurations if c.feasible]
+    value = 1.001 * min(c.total_time_s if limit == "deadline" else c.cost for c in rows)
     given = f"{value:.6f}s" if limit == "deadline" else f"{value:.9g}"
     expected = replan_from_models(models, Replan(objective=objective, **{limit: given}))
     assert _rendered(plan_table(expected)) != _rendered(plan_table(free))  # the limit changes the choice
@@ -204,11 +226,11 @@ def test_replan_use_measured_prints_the_plan_scaled_by_the_finished_runs_ratio(t
 
     models, run = tiny_pipeline.record("models.json"), tiny_pipeline.record("train/train.json")
     expected = replan_from_models(models, Replan(objective="time", use_measured=True), run)
-    assert expected["measured_ratio"]["ratio"] == measured_ratio(run, models)["ratio"]
+    assert expected.to_json_dict()["measured_ratio"]["ratio"] == measured_ratio(run, models)["ratio"]
     r = tula_in_process("replan", token_service.seeded, "--objective", "time", "--use-measured",
                         *_client_args(token_service))  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert one_line(expected["reason"]) in one_line(r.stdout) and "epochs scaled by" in one_line(r.stdout)
+    assert one_line(expected.reason) in one_line(r.stdout) and "epochs scaled by" in one_line(r.stdout)
 
 
 @pytest.mark.parametrize(

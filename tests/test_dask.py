@@ -308,9 +308,9 @@ def test_ranks_are_grouped_by_host_and_the_profile_records_where_they_ran(tiny_s
         )
         assert rec["placement"]["hosts"] == ["127.0.0.1", "127.0.0.2"] and rec["launcher"] == "dask"
         models = fit_models(rec)
-        assert models["placement"]["n_hosts"] == 2
+        assert models.placement is not None and models.placement["n_hosts"] == 2
         plan = make_plan(models)
-        assert plan["fitted_on"]["n_hosts"] == 2 and "fitted on 2 host(s)" in plan["reason"]
+        assert plan.fitted_on is not None and plan.fitted_on["n_hosts"] == 2 and "fitted on 2 host(s)" in plan.reason
     finally:
         client.close()
         cluster.close()

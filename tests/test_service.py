@@ -319,6 +319,7 @@ def test_a_job_is_planned_from_the_models_of_a_job_submitted_before_it_never_aft
     the models of a later one whose runner got further first -- or that finished while the
     first was queued again -- and then had no profile record: the 404 behind
     test_service_cluster's KeyError 'spec' on a slow machine.)"""
+    from tula.core.records import ModelsRecord, as_record
     from tula.core.spec import spec_from_dict
     from tula.engine.launch.clusters import open_launcher
     from tula.service.runner import _reusable_models
@@ -334,7 +335,8 @@ def test_a_job_is_planned_from_the_models_of_a_job_submitted_before_it_never_aft
         after = store.create_job(tiny_pipeline.spec_dict())
         assert _reusable_models(store, store.get_job(before), spec, launcher) is None
         reused = _reusable_models(store, store.get_job(after), spec, launcher)
-        assert reused is not None and reused["reused_models_from"] == finished, reused
+        assert reused is not None and reused[1] == finished, reused
+        assert as_record(reused[0], ModelsRecord).given("reused_models_from"), reused  # the record says so too
 
 
 def test_a_queued_job_is_cancelled_at_once_and_a_running_one_at_its_next_step(service, tiny_spec_dict):

@@ -22,7 +22,8 @@ from helpers import assert_imports_no_torch, profile_record
 from tula.core.errors import RecordError
 from tula.core.fit import fit_models
 from tula.core.plan import make_plan
-from tula.core.records import _jsonable, validate_record
+from tula.core.records import ModelsRecord, PlanRecord, ProfileRecord, _jsonable, parse_record, validate_record
+from tula.pipeline import record_dict
 from tula.service.model_key import key_parts_for_new_job, model_key, model_key_parts, sample_shape
 from tula.service.store import Artifacts, JobQueue, ModelCache, Records, Store
 from tula.service.store.database import StoreError, UnknownJob
@@ -103,7 +104,8 @@ def records(tiny_spec_dict):
     profile = _profile_record(tiny_spec_dict)
     models = fit_models(profile)
     plan = make_plan(models, "time")
-    plain = lambda rec: json.loads(json.dumps(rec, default=_jsonable))  # noqa: E731
+    # the store's JSON of each record: the fitter and the planner return typed records (a dict before them)
+    plain = lambda rec: json.loads(json.dumps(record_dict(rec), default=_jsonable))  # noqa: E731
     return {"profile": profile, "models": plain(models), "plan": plain(plan), "train": _train_record(tiny_spec_dict, 3)}
 
 
@@ -372,6 +374,23 @@ def test_records_round_trip_equal_to_input(store, records, tiny_spec_dict):
         store.get_record(job_id, "checkpoint")
 
 
+def test_a_typed_record_is_stored_as_its_json_and_reads_back_typed(store, records, tiny_spec_dict):
+    """The store's edge: a typed record is put as the JSON its file holds, and read back as the
+    typed record again (equal to the one put, and to the dict get_record answers)."""
+    job_id = store.create_job(tiny_spec_dict)
+    assert store.read_record(job_id, PlanRecord) is None
+    for cls, kind in ((ProfileRecord, "profile"), (ModelsRecord, "models"), (PlanRecord, "plan")):
+        typed = parse_record(records[kind], cls)
+        store.put_record(job_id, typed)
+        assert store.get_record(job_id, kind) == records[kind], kind
+        back = store.read_record(job_id, cls)
+        assert isinstance(back, cls) and back == typed, kind
+    models = parse_record(records["models"], ModelsRecord)
+    parts = model_key_parts(models.spec, parse_record(records["profile"], ProfileRecord))
+    store.put_models(job_id, model_key(parts), parts, models)
+    assert store.find_models(model_key(parts)) == (records["models"], job_id)
+
+
 def _count(store: Store, table: str, job_id: str) -> int:
     with store.engine.connect() as conn:
         return conn.execute(sa.text(f"SELECT count(*) FROM {table} WHERE job_id = :j"), {"j": job_id}).scalar_one()
@@ -413,6 +432,9 @@ def test_a_damaged_record_in_the_database_is_one_sentence_naming_job_and_kind(st
         store.get_record(job_id, "plan")
     msg = str(err.value)
     assert f"plan record of job {job_id!r}" in msg and "field 'choice' is missing" in msg and "\n" not in msg
+    with pytest.raises(StoreError) as typed_err:  # read as the typed record: the same sentence
+        store.read_record(job_id, PlanRecord)
+    assert str(typed_err.value) == msg
     if store.dialect == "sqlite":  # SQLite keeps any text in a JSON column
         with store.engine.begin() as conn:
             conn.execute(

@@ -32,8 +32,19 @@ from tula import cli_options as names
 from tula.cli_console import ConsoleObserver, console, err_console, show_simulation, stale_note
 from tula.cli_options import CLUSTER, CONFIG, IO, NETWORK, OBJECTIVE, SCHEDULE, SERVICE, epilog
 from tula.cli_serve import ready_to_serve, serve_until_stopped
-from tula.core.errors import Interrupted, RunDirError, TulaError
-from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, load_record
+from tula.core.errors import Interrupted, OptionError, RunDirError, TulaError
+from tula.core.records import (
+    PLAN_KIND,
+    ModelsRecord,
+    PlanRecord,
+    ProfileRecord,
+    as_record,
+    load_models,
+    load_profile,
+    load_record,
+    load_train,
+    read_record_of,
+)
 from tula.core.registry import METHOD_NAMES, OBJECTIVE_NAMES, OBJECTIVES, cluster_kind, clusters_in_words
 from tula.core.registry import METHODS as METHOD_TABLE
 from tula.core.say import plain, say
@@ -54,6 +65,7 @@ from tula.pipeline import (
     start_run,
     train_stage,
     training_method,
+    with_spec,
 )
 from tula.service.logs import configure_logging
 
@@ -252,11 +264,11 @@ def _check_budget(budget: float | None) -> None:
         raise TulaError(f"--budget must be a non-negative amount, not {budget!r}")
 
 
-def _plan_constraints(models: dict, deadline: str | None, budget: float | None):
+def _plan_constraints(models: dict | ModelsRecord, deadline: str | None, budget: float | None):
     """The spec's constraints with --deadline and --budget in place of its own."""
     from tula.core.plan import Constraints
 
-    base = Constraints.of(spec_from_dict(models["spec"]).constraints)
+    base = Constraints.of(spec_from_dict(as_record(models, ModelsRecord).spec).constraints)
     d_s = base.deadline_s if deadline is None else _deadline_s(deadline)
     _check_budget(budget)
     return Constraints(d_s, base.budget if budget is None else budget)
@@ -323,8 +335,8 @@ def profile(
     out = out or RUNS / job.name / "profile.json"
     previous = None
     if resume is not None:
-        previous = load_record(out, expect=(PROFILE_KIND,))
-        if not same_job(previous["spec"], job.to_dict()):
+        previous = load_profile(out)
+        if not same_job(previous.spec, job.to_dict()):
             raise RunDirError(
                 f"{out} was profiled from another spec than {source}; give that spec, or profile into another --out"
             )
@@ -372,7 +384,7 @@ def fit(
 
     out = out or profile_json.parent / "models.json"
     check_out_file(out, force)
-    rec = load_record(profile_json, expect=(PROFILE_KIND,))
+    rec = load_profile(profile_json)
     if is_partial(rec):
         raise TulaError(
             f"{profile_json} is a partial profile (its trials did not all finish); continue it with "
@@ -471,7 +483,7 @@ def plan(
     with locked(out.parent, on_stale=stale_note):
         shown = ConsoleObserver()
         models = _models_to_plan(path, job, rec, search, out.parent, shown)
-        models = {**models, "spec": _with_workers(models["spec"], workers)}  # a record's: planned over --workers
+        models = with_spec(models, _with_workers(as_record(models, ModelsRecord).spec, workers))  # over --workers
         p = plan_stage(
             models,
             objective.value if objective else None,
@@ -484,8 +496,9 @@ def plan(
             noise_scale=noise_scale,
             method=method.value if method else None,
         )
-    if p.get("spot_comparison"):
-        say(console, ("spot vs on-demand", "bold"), ": ", p["spot_comparison"]["sentence"])
+    spot = as_record(p, PlanRecord).spot_comparison
+    if spot:
+        say(console, ("spot vs on-demand", "bold"), ": ", spot["sentence"])
     if plot is not None:
         say(console, "plot written to ", (plot, "bold"))
     say(console, "plan written to ", (out, "bold"))
@@ -493,7 +506,7 @@ def plan(
 
 def _plan_source(
     source: Path, cluster: str | None, workers: tuple[int, ...] | None, out: Path | None, plot: Path | None, force: bool
-) -> tuple[JobSpec | None, dict | None, Path]:
+) -> tuple[JobSpec | None, ProfileRecord | ModelsRecord | None, Path]:
     """What ``tula plan`` plans from -- a spec (``--cluster`` and ``--workers`` applied) or a
     profile or models record (``--workers`` checked against its spec) -- and where the plan
     goes; every record the command will write is checked before any work."""
@@ -501,15 +514,16 @@ def _plan_source(
 
     is_spec = source.suffix.lower() in (".yaml", ".yml")
     job = _with_cluster(_job_with_workers(load_spec(source), workers), cluster) if is_spec else None
-    rec = None if is_spec else load_record(source, expect=(PROFILE_KIND, MODELS_KIND))
+    rec = None if is_spec else read_record_of(source, (ProfileRecord, ModelsRecord))
+    assert rec is None or isinstance(rec, (ProfileRecord, ModelsRecord))
     if rec is not None and workers is not None:  # one sentence for counts the record's spec refuses, before any work
-        spec_from_dict(_with_workers(rec["spec"], workers))
+        spec_from_dict(_with_workers(rec.spec, workers))
     out = out or (RUNS / job.name / "plan.json" if job else source.parent / "plan.json")
     check_out_file(out, force)
     if is_spec:  # every record this command will write, checked before any work
         for name in ("profile.json", "models.json"):
             check_out_file(out.parent / name, force, what="the record")
-    elif rec is not None and rec["kind"] == PROFILE_KIND:  # not a spec: a record
+    elif isinstance(rec, ProfileRecord):  # not a spec: a record
         check_out_file(out.parent / "models.json", force, what="the record")
     if plot is not None:
         check_out_file(plot, force, what="--plot")
@@ -517,8 +531,13 @@ def _plan_source(
 
 
 def _models_to_plan(
-    source: Path, job: JobSpec | None, rec: dict | None, search: Search, into: Path, shown: Observer
-) -> dict:
+    source: Path,
+    job: JobSpec | None,
+    rec: ProfileRecord | ModelsRecord | None,
+    search: Search,
+    into: Path,
+    shown: Observer,
+) -> dict | ModelsRecord:
     """The models ``tula plan`` plans with: ``job`` profiled and fitted, the profile ``rec``
     fitted, or the models ``rec`` itself; records written in ``into``."""
 
@@ -526,7 +545,7 @@ def _models_to_plan(
         prof = profile_stage(job, search.value, into / "profile.json", observer=shown)
         return fit_stage(prof, into / "models.json", shown)
     assert rec is not None, "_plan_source gives a spec or a record"
-    if rec["kind"] == PROFILE_KIND:
+    if isinstance(rec, ProfileRecord):
         if is_partial(rec):
             raise TulaError(
                 f"{source} is a partial profile (its trials did not all finish); continue it with "
@@ -642,7 +661,7 @@ def train(
     obs = ConsoleObserver()
     obs.hold_notes()  # the fallback's note once training starts, not before a refusal
     name = training_method(job, b, obs, method.value if method else None)  # the spec's may fall back to lbt
-    fitted = load_record(models, expect=(MODELS_KIND,)) if models is not None else None
+    fitted = load_models(models) if models is not None else None
     try:
         train_stage(job, name, n, b, out, resume=resume is not None, observer=obs, models=fitted)
     except Interrupted as err:
@@ -868,7 +887,7 @@ def simulate(
     price_over = _pricing_overrides(pricing)
     out = out or models_json.parent / "simulate.png"
     check_out_file(out, force, what="--out")
-    models = load_record(models_json, expect=(MODELS_KIND,))
+    models = load_models(models_json)
     sim = simulator_from_models(
         models,
         bandwidth,
@@ -880,7 +899,8 @@ def simulate(
         intra_bandwidth=intra_bandwidth,
         intra_latency=intra_latency,
     )
-    past = load_record(history, expect=(TRAIN_KIND,))["history"] if history is not None else None
+    # the run's epochs, as the what-if reads them (dicts of JSON's values)
+    past = [h.model_dump(mode="json") for h in load_train(history).history] if history is not None else None
     w = what_if(
         models,
         sim,
@@ -1299,9 +1319,9 @@ def _follow(c, job_id: str) -> None:
     if signum:
         raise Interrupted(f"stopped following job {job_id}, which goes on in the service", signum)
     if j["state"] == "done":
-        plan = c.record(job_id, "plan")
+        plan = as_record(c.record(job_id, "plan"), PlanRecord)
         console.print(plan_table(plan))
-        say(console, ("choice", "bold green"), ": ", plan["reason"])
+        say(console, ("choice", "bold green"), ": ", plan.reason)
     elif j["state"] == "failed":
         raise TulaError(f"job {job_id} failed: {j['error']}")
     else:
@@ -1384,9 +1404,9 @@ def replan(
     c = _client(server, token)
     if price_over:  # the job's pricing with the fields given replaced (the service takes a whole pricing)
         body["pricing"] = {**spec_from_dict(c.job(job_id)["spec"]).pricing.model_dump(mode="json"), **price_over}
-    p = c.replan(job_id, {k: v for k, v in body.items() if v is not None})
+    p = as_record(c.replan(job_id, {k: v for k, v in body.items() if v is not None}), PlanRecord)
     console.print(plan_table(p))
-    say(console, ("choice", "bold green"), ": ", p["reason"])
+    say(console, ("choice", "bold green"), ": ", p.reason)
 
 
 def main() -> None:
@@ -1412,7 +1432,8 @@ def _run_command() -> int:
         names.refuse_old_spellings(sys.argv[1:])  # one sentence naming the new one, before parsing
         code = app(standalone_mode=False)
     except TulaError as err:
-        say(err_console, ("error:", "bold red"), " ", err, soft_wrap=True)
+        message = err.spelled(names.flag) if isinstance(err, OptionError) else err  # the core's options as flags
+        say(err_console, ("error:", "bold red"), " ", message, soft_wrap=True)
         return 2
     except Interrupted as err:
         hint = getattr(err, "hint", None)

@@ -15,9 +15,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from tula.core.errors import SpecError
-from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, epoch_score
+from tula.core.records import (
+    MODELS_KIND,
+    PLAN_KIND,
+    PROFILE_KIND,
+    TRAIN_KIND,
+    ModelsRecord,
+    PlanRecord,
+    ProfileRecord,
+    TrainRecord,
+    as_record,
+    epoch_score,
+)
 from tula.core.say import plain, say
-from tula.pipeline import Observer, is_partial
+from tula.pipeline import AnyRecord, Observer, is_partial, record_dict
 
 # rich falls back to 80 columns when the output is not a terminal (make demo | tee, CI logs),
 # which wraps the plan table; give such output room unless COLUMNS says otherwise
@@ -123,23 +134,24 @@ class ConsoleObserver(Observer):
             self._say_held()
         (self._profiling if stage == "profiling" else self._training)(ev)
 
-    def saved(self, kind: str, record: dict | None, path: Path) -> None:
+    def saved(self, kind: str, record: dict | AnyRecord | None, path: Path) -> None:
         from tula.report import models_table, plan_table, train_table, trials_table
 
         if record is None:  # a plot: its path only, no table
             return
-        if kind == PROFILE_KIND and not record.get("in_progress") and not is_partial(record):
-            console.print(trials_table(record))
+        if kind == PROFILE_KIND and not is_partial(profile := as_record(record, ProfileRecord)):
+            console.print(trials_table(profile))
         elif kind == MODELS_KIND:
-            console.print(models_table(record))
+            console.print(models_table(as_record(record, ModelsRecord)))
         elif kind == PLAN_KIND:
-            console.print(plan_table(record))
-            say(console, ("choice", "bold green"), ": ", record["reason"])
-            if record.get("run_costs_note"):
-                say(console, ("epochs", "bold"), ": ", record["run_costs_note"])
+            plan = as_record(record, PlanRecord)
+            console.print(plan_table(plan))
+            say(console, ("choice", "bold green"), ": ", plan.reason)
+            if plan.run_costs_note:
+                say(console, ("epochs", "bold"), ": ", plan.run_costs_note)
         elif kind == TRAIN_KIND:
-            console.print(train_table(record))
-            say(console, ("trained", "bold green"), ": ", train_summary(record))
+            console.print(train_table(record_dict(record)))  # the report reads a training run as a dict
+            say(console, ("trained", "bold green"), ": ", train_summary(as_record(record, TrainRecord)))
 
     def note(self, message: str) -> None:
         if self.held is not None:
@@ -222,19 +234,21 @@ class ConsoleObserver(Observer):
                 )
 
 
-def train_summary(run: dict) -> str:
+def train_summary(run: dict | TrainRecord) -> str:
     """A training record in one line: where it trained, its final score, its steps and time."""
-    tr = run.get("traces") or {}
+    rec = as_record(run, TrainRecord)
+    written = rec.model_extra or {}  # what the trainer writes beyond the schema: final, train_s, prediction
+    tr = rec.traces or {}
     extra = f", {tr['scaled_fraction']:.0%} of steps scaled" if "scaled_fraction" in tr else ""
     return (
-        f"{run['method']} at N={run['n_workers']}, B={run['global_batch']}: final test {{}} {{}}".format(
-            *epoch_score(run["final"])[::2]
+        f"{rec.method} at N={rec.n_workers}, B={rec.global_batch}: final test {{}} {{}}".format(
+            *epoch_score(written["final"])[::2]
         )
-        + f" after {run['epochs']} epochs "
-        f"({run['steps_done']} steps, {run['train_s']:.0f} s{extra})"
+        + f" after {rec.epochs} epochs "
+        f"({rec.steps_done} steps, {written['train_s']:.0f} s{extra})"
         + (
             f"; epochs took {pred['median_ratio']:.2f}x the plan's prediction (median of {pred['epochs_compared']})"
-            if (pred := run.get("prediction") or {}).get("median_ratio")
+            if (pred := written.get("prediction") or {}).get("median_ratio")
             else ""
         )
     )

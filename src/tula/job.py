@@ -47,11 +47,13 @@ from tula.pipeline import (
     PLAN_PNG,
     PROFILE,
     TRAIN_DIR,
+    AnyRecord,
     Observer,
     checkpoint_config,
     fit_stage,
     plan_stage,
     profile_stage,
+    record_dict,
     train_stage,
     training_method,
 )
@@ -78,7 +80,7 @@ class _Forward(Observer):
     def event(self, stage: str, ev: dict) -> None:
         self._send(stage, ev)
 
-    def saved(self, kind: str, record: dict | None, path: Path) -> None:
+    def saved(self, kind: str, record: dict | AnyRecord | None, path: Path) -> None:
         self._send("records", {"type": "saved", "kind": kind, "path": str(path)})
 
     def note(self, message: str) -> None:
@@ -238,13 +240,13 @@ class Job:
         dict
             The profile record (also written to ``out/profile.json``).
         """
-        from tula.core.records import PROFILE_KIND, load_record
+        from tula.core.records import load_profile
 
         if search not in ("partial", "full"):
             raise TulaError(f"search is 'partial' or 'full', not {search!r}")
-        previous = load_record(self.out / PROFILE, expect=(PROFILE_KIND,)) if resume else None
-        self.profile_record = profile_stage(self.spec, search, self.out / PROFILE, previous=previous,
-                                            launcher=self._launcher(), observer=self.observer)  # fmt: skip
+        previous = load_profile(self.out / PROFILE) if resume else None
+        self.profile_record = record_dict(profile_stage(self.spec, search, self.out / PROFILE, previous=previous,
+                                                        launcher=self._launcher(), observer=self.observer))  # fmt: skip
         return self.profile_record
 
     def fit(self) -> dict:
@@ -263,7 +265,7 @@ class Job:
 
         if self.profile_record is None:
             raise TulaError("fit needs a profile: call profile() first")
-        self.models = fit_stage(self.profile_record, self.out / MODELS, self.observer)
+        self.models = record_dict(fit_stage(self.profile_record, self.out / MODELS, self.observer))
         return self.models
 
     def plan(self, objective: str | None = None, **options: Any) -> dict:
@@ -287,8 +289,8 @@ class Job:
         if self.models is None:
             self.fit()
         assert self.models is not None
-        self.plan_record = plan_stage(self.models, objective, self.out / PLAN, self.out / PLAN_PNG, self.observer,
-                                      **options)  # fmt: skip
+        self.plan_record = record_dict(plan_stage(self.models, objective, self.out / PLAN, self.out / PLAN_PNG,
+                                                  self.observer, **options))  # fmt: skip
         return self.plan_record
 
     def train(
@@ -361,8 +363,8 @@ class Job:
             ) from None
         spec = spec_at(spec, config)
         method = training_method(spec, config.global_batch, self.observer, method)
-        return train_stage(spec, method, config.n_workers, config.global_batch, train_dir, resume=resume,
-                           launcher=self._launcher(), observer=self.observer, models=self.models)  # fmt: skip
+        return record_dict(train_stage(spec, method, config.n_workers, config.global_batch, train_dir, resume=resume,
+                                       launcher=self._launcher(), observer=self.observer, models=self.models))  # fmt: skip
 
     def _launcher(self) -> Any:
         """The launcher on the caller's Client, or None: the stages open the spec's ``cluster``

@@ -34,7 +34,16 @@ from tula.core.records import (
     RUN_KIND,
     TRAIN_KIND,
     VERSIONS,
+    ModelsRecord,
+    PlanRecord,
+    ProfileRecord,
+    TrainRecord,
+    as_record,
+    load_models,
+    load_plan,
+    load_profile,
     load_record,
+    load_run_manifest,
     save_record,
 )
 from tula.core.sinks import check_sinks
@@ -45,6 +54,9 @@ PROFILE, MODELS, PLAN, PLAN_PNG = "profile.json", "models.json", "plan.json", "p
 TRAIN_DIR, TRAIN, TRAIN_PNG = "train", "train.json", "train.png"
 
 log = logging.getLogger(__name__)
+
+#: a record as the stages hand it on, typed (a dict where its producer still makes one)
+AnyRecord = ProfileRecord | ModelsRecord | PlanRecord | TrainRecord
 
 
 class Observer:
@@ -61,23 +73,40 @@ class Observer:
         """A progress event of the stage's workers (``plan``/``trial`` while profiling;
         ``start``/``step``/``epoch``/``resize``/``fallback``/``note`` while training)."""
 
-    def saved(self, kind: str, record: dict | None, path: Path) -> None:
-        """``path`` was written: a record (``kind`` is its kind, ``record`` its content; a
-        profile with ``in_progress`` is a snapshot) or a plot (``kind`` ``"plot"``,
+    def saved(self, kind: str, record: dict | AnyRecord | None, path: Path) -> None:
+        """``path`` was written: a record (``kind`` is its kind, ``record`` its content: the typed
+        object, or a dict where the stage's producer still makes one -- :func:`as_record` reads
+        either; a profile with ``in_progress`` is a snapshot) or a plot (``kind`` ``"plot"``,
         ``record`` ``None``)."""
 
     def note(self, message: str) -> None:
         """A line for the user."""
 
 
-def profiled_trials(prof: dict) -> int:
+def profiled_trials(prof: dict | ProfileRecord) -> int:
     """How many of a (partial) profile's trials are finished."""
-    return sum(t["status"] in ("ok", "oom", "skipped") for t in prof["trials"])
+    return sum(t.status in ("ok", "oom", "skipped") for t in as_record(prof, ProfileRecord).trials)
 
 
-def is_partial(prof: dict) -> bool:
+def is_partial(prof: dict | ProfileRecord) -> bool:
     """A profile that stopped (or was still running) before all its trials finished."""
-    return bool(prof.get("interrupted") or prof.get("failed") or prof.get("in_progress"))
+    rec = as_record(prof, ProfileRecord)
+    return bool(rec.interrupted or rec.failed or rec.in_progress)
+
+
+def record_dict(rec: dict | AnyRecord) -> dict:
+    """``rec`` as the dict a function that still reads records as dicts takes: a dict as it is, a
+    typed record as its :meth:`~tula.core.records.ProfileRecord.to_json_dict` (what its file holds)."""
+    return rec if isinstance(rec, dict) else rec.to_json_dict()
+
+
+def with_spec(models: dict | ModelsRecord, spec: dict) -> dict | ModelsRecord:
+    """``models`` planned over another ``spec`` (a record's spec with --workers or the launched world's
+    size in it), of the type it was given: a record as a dict while the fitter still makes dicts, else
+    the frozen object with its spec replaced."""
+    if isinstance(models, dict):
+        return {**models, "spec": spec}
+    return models.model_copy(update={"spec": spec})
 
 
 # --------------------------------------------------------------------------- the stages
@@ -86,10 +115,10 @@ def profile_stage(
     search: str,
     save_to: Path,
     *,
-    previous: dict | None = None,
+    previous: dict | ProfileRecord | None = None,
     launcher=None,
     observer: Observer | None = None,
-) -> dict:
+) -> dict | ProfileRecord:
     """Profile ``job`` and write the record to ``save_to``; snapshots are written there as
     trials finish, and if a worker fails or the run is interrupted the trials finished
     before it are written there too, then the error is raised with a sentence saying so."""
@@ -97,7 +126,7 @@ def profile_stage(
 
     obs = observer or Observer()
 
-    def snapshot(rec: dict) -> None:
+    def snapshot(rec: dict | ProfileRecord) -> None:
         save_record(rec, save_to)
         obs.saved(PROFILE_KIND, rec, save_to)
 
@@ -109,7 +138,7 @@ def profile_stage(
             search,
             launcher=launcher,
             on_event=lambda ev: obs.event("profiling", ev),
-            previous=previous,
+            previous=None if previous is None else record_dict(previous),  # the profiler reads a dict
             on_snapshot=snapshot,
         )
     except (ProfileFailed, ProfileInterrupted) as err:
@@ -127,7 +156,7 @@ def profile_stage(
     return rec
 
 
-def fit_stage(prof: dict, save_to: Path, observer: Observer | None = None) -> dict:
+def fit_stage(prof: dict | ProfileRecord, save_to: Path, observer: Observer | None = None) -> dict | ModelsRecord:
     """Fit the memory and performance models of a profile; write them to ``save_to``."""
     from tula.core.fit import fit_models
 
@@ -144,13 +173,13 @@ def fit_stage(prof: dict, save_to: Path, observer: Observer | None = None) -> di
 
 
 def plan_stage(
-    models: dict,
+    models: dict | ModelsRecord,
     objective: str | None,
     save_to: Path,
     plot_to: Path | None = None,
     observer: Observer | None = None,
     **plan_options: Any,
-) -> dict:
+) -> dict | PlanRecord:
     """Choose a configuration from fitted models; write the plan (and its plot) there.
     ``plan_options`` go to :func:`tula.core.plan.make_plan`."""
     from tula.core.plan import make_plan
@@ -162,10 +191,10 @@ def plan_stage(
         p = make_plan(models, objective, **plan_options)
         save_record(p, save_to)
         if plot_to is not None:
-            plot_plan(p, models["trials"], plot_to)
+            plot_plan(p, as_record(models, ModelsRecord).trials, plot_to)
     finally:
         obs.done("planning")
-    log.info("planned (objective %s): %s", p.get("objective"), save_to)
+    log.info("planned (objective %s): %s", as_record(p, PlanRecord).objective, save_to)
     obs.saved(PLAN_KIND, p, save_to)
     if plot_to is not None:
         obs.saved("plot", None, plot_to)
@@ -182,8 +211,8 @@ def train_stage(
     resume: bool = False,
     launcher=None,
     observer: Observer | None = None,
-    models: dict | None = None,
-) -> dict:
+    models: dict | ModelsRecord | None = None,
+) -> dict | TrainRecord:
     """Train in ``out`` (checkpoints, metrics.jsonl); write train.json and train.png there.
     ``models``: the fitted models the run was planned with; each epoch's record then carries
     the plan's prediction for it and the ratio measured / predicted
@@ -202,8 +231,9 @@ def train_stage(
         out,
         ", resuming" if resume else "",
     )
+    fitted = None if models is None else record_dict(models)  # the trainer and compare_with_plan read a dict
     try:
-        run = train(
+        run: dict | TrainRecord = train(
             job,
             method,
             n_workers,
@@ -212,17 +242,17 @@ def train_stage(
             resume=resume,
             launcher=launcher,
             on_event=lambda ev: obs.event("training", ev),
-            models=models,
+            models=fitted,
         )
-        if models is not None:
+        if fitted is not None:
             from tula.core.run_costs import compare_with_plan
 
-            run = compare_with_plan(run, models)
+            run = compare_with_plan(record_dict(run), fitted)
         save_record(run, out / TRAIN)
-        plot_training(run, out / TRAIN_PNG)
+        plot_training(record_dict(run), out / TRAIN_PNG)  # the report reads a training run as a dict
     finally:
         obs.done("training")
-    log.info("trained %d epoch(s): %s", len(run.get("history", [])), out / TRAIN)
+    log.info("trained %d epoch(s): %s", len(as_record(run, TrainRecord).history), out / TRAIN)
     obs.saved(TRAIN_KIND, run, out / TRAIN)
     obs.saved("plot", None, out / TRAIN_PNG)
     return run
@@ -261,15 +291,16 @@ def training_method(
 
 
 # --------------------------------------------------------------------------- the whole job
-def _in_world(models: dict, launcher: Any, obs: Observer) -> dict:
+def _in_world(models: dict | ModelsRecord, launcher: Any, obs: Observer) -> dict | ModelsRecord:
     """The models as planned for ``launcher``: a launched world (``--cluster env``) trains on
     all of its ranks, so its plan chooses among configurations of that one worker count."""
     size = launcher.world_size
-    if size is None or models["spec"]["search"]["cluster_sizes"] == [size]:
+    planned = as_record(models, ModelsRecord).spec
+    if size is None or planned["search"]["cluster_sizes"] == [size]:
         return models
     obs.note(f"planning for N = {size} only: the world this run is in has {size} ranks and trains on all of them")
-    spec = {**models["spec"], "search": {**models["spec"]["search"], "cluster_sizes": [size]}}
-    return {**models, "spec": spec}
+    spec = {**planned, "search": {**planned["search"], "cluster_sizes": [size]}}
+    return with_spec(models, spec)
 
 
 def _models_and_plan(
@@ -279,9 +310,9 @@ def _models_and_plan(
     resuming: bool,
     launcher: Any,
     obs: Observer,
-    models: dict | None,
-    done: dict[str, dict],
-) -> tuple[dict, dict | None]:
+    models: dict | ModelsRecord | None,
+    done: dict[str, dict | AnyRecord],
+) -> tuple[dict | ModelsRecord, dict | PlanRecord | None]:
     """The run's fitted models, and its plan where one was already written: given or found
     complete in ``out`` (``resuming``), or else profiled (a partial profile continued) and
     fitted.  The profile, where there is one, goes into ``done``."""
@@ -291,8 +322,8 @@ def _models_and_plan(
         return resuming and p.exists()
 
     if models is None and have(models_path):
-        models = load_record(models_path, expect=(MODELS_KIND,))
-    prof = load_record(prof_path, expect=(PROFILE_KIND,)) if have(prof_path) else None
+        models = load_models(models_path)
+    prof: dict | ProfileRecord | None = load_profile(prof_path) if have(prof_path) else None
     if models is not None and (prof is None or not is_partial(prof)):
         if prof is not None:
             done["profile"] = prof
@@ -301,12 +332,12 @@ def _models_and_plan(
             obs.saved(MODELS_KIND, models, models_path)
         else:
             obs.note(f"models: {models_path} is complete")
-        return models, load_record(plan_path, expect=(PLAN_KIND,)) if have(plan_path) else None
+        return models, load_plan(plan_path) if have(plan_path) else None
     if prof is None or is_partial(prof):
         if prof is not None:
             obs.note(
                 f"continuing the profile in {prof_path}: {profiled_trials(prof)} of "
-                f"{len(prof['configs'])} trial(s) already finished"
+                f"{len(as_record(prof, ProfileRecord).configs)} trial(s) already finished"
             )
         prof = profile_stage(job, search, prof_path, previous=prof, launcher=launcher, observer=obs)
     else:
@@ -317,8 +348,13 @@ def _models_and_plan(
 
 
 def _plan_of_run(
-    models: dict, plan: dict | None, objective: str | None, out: Path, launcher: Any, obs: Observer
-) -> dict:
+    models: dict | ModelsRecord,
+    plan: dict | PlanRecord | None,
+    objective: str | None,
+    out: Path,
+    launcher: Any,
+    obs: Observer,
+) -> dict | PlanRecord:
     """The run's plan: ``plan`` when one was found complete (its plot drawn if missing), else
     made now."""
     plan_path = out / PLAN
@@ -328,19 +364,25 @@ def _plan_of_run(
     if not (out / PLAN_PNG).exists():
         from tula.report import plot_plan
 
-        plot_plan(plan, models["trials"], out / PLAN_PNG)
+        plot_plan(plan, as_record(models, ModelsRecord).trials, out / PLAN_PNG)
     obs.saved(PLAN_KIND, plan, plan_path)
     return plan
 
 
 def _train_at_choice(
-    job: JobSpec, plan: dict, models: dict, out: Path, resuming: bool, launcher: Any, obs: Observer
-) -> dict:
+    job: JobSpec,
+    plan: dict | PlanRecord,
+    models: dict | ModelsRecord,
+    out: Path,
+    resuming: bool,
+    launcher: Any,
+    obs: Observer,
+) -> dict | TrainRecord:
     """Train at the plan's choice in ``out``'s train directory, or, resuming a run whose
     training finished, read its record."""
     from tula.engine.checkpoint import has_checkpoint
 
-    config = train_config(job, plan)  # the plan's choice: tula run and the service give nothing else
+    config = train_config(job, record_dict(plan))  # the plan's choice: tula run and the service give nothing else
     job = spec_at(job, config)
     method = training_method(job, config.global_batch, obs)
     train_dir = out / TRAIN_DIR
@@ -372,8 +414,8 @@ def run_pipeline(
     resuming: bool = False,
     launcher=None,
     observer: Observer | None = None,
-    models: dict | None = None,
-) -> dict[str, dict]:
+    models: dict | ModelsRecord | None = None,
+) -> dict[str, dict | AnyRecord]:
     """Profile, fit, plan and (with ``train_after``) train ``job`` in run directory ``out``.
 
     ``resuming``: continue from the records already in ``out`` (a partial profile goes on
@@ -386,12 +428,12 @@ def run_pipeline(
         check_sinks(job.train.loggers)
     obs = observer or Observer()
     out.mkdir(parents=True, exist_ok=True)
-    done: dict[str, dict] = {}
+    done: dict[str, dict | AnyRecord] = {}
     models, plan = _models_and_plan(job, out, search, resuming, launcher, obs, models, done)
     done["models"] = models
-    done["plan"] = _plan_of_run(models, plan, objective, out, launcher, obs)
+    done["plan"] = chosen = _plan_of_run(models, plan, objective, out, launcher, obs)
     if train_after:
-        done["train"] = _train_at_choice(job, done["plan"], models, out, resuming, launcher, obs)
+        done["train"] = _train_at_choice(job, chosen, models, out, resuming, launcher, obs)
     return done
 
 
@@ -441,13 +483,13 @@ def continue_run(out: Path, spec_path: Path | None, asked: RunSettings) -> tuple
         raise RunDirError(
             f"{str(out)!r} holds no Tula run to continue (no run.json); start one with `tula run SPEC --out DIR`"
         )
-    manifest = load_record(out / "run.json", expect=(RUN_KIND,))
-    if spec_path is not None and not same_job(load_spec(spec_path).to_dict(), manifest["spec"]):
+    manifest = load_run_manifest(out / "run.json")
+    if spec_path is not None and not same_job(load_spec(spec_path).to_dict(), manifest.spec):
         raise RunDirError(
             f"{spec_path} differs from the spec the run in {out} was started with; resume without "
             "SPEC, or start a new run with another --out"
         )
-    started = RunSettings(manifest["search"], manifest["objective"], manifest["train"])
+    started = RunSettings(manifest.search, manifest.objective, manifest.train)
     for setting in ("search", "objective", "train"):
         given, was = getattr(asked, setting), getattr(started, setting)
         if given is not None and given != was:
@@ -456,7 +498,7 @@ def continue_run(out: Path, spec_path: Path | None, asked: RunSettings) -> tuple
                 f"it as it was started, so drop {_as_flag(setting, given)} (or start a new run with "
                 "another --out)"
             )
-    return manifest["spec"], started
+    return manifest.spec, started
 
 
 def existing_run_files(out: Path) -> list[str]:

@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tula import __version__
 from tula.core.errors import InfeasibleError, RecordError, SpecError, TulaError
+from tula.core.records import ModelsRecord
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
 from tula.service.admission import admit, check_options, parse_json_body, parse_spec_text, too_deep
@@ -233,13 +234,18 @@ def _record(store: Store, job_id: str, name: str) -> dict:
     job = _need_job(store, job_id)
     rec = store.get_record(job_id, RECORD_KINDS[name])
     if rec is None:
-        raise Problem(
-            404,
-            f"job {job_id!r} has no {name} record (it is {job['state']}"
-            + (f": {job['error']}" if job.get("error") else "")
-            + ")",
-        )
+        raise _no_record(job, name)
     return rec
+
+
+def _no_record(job: dict, name: str) -> Problem:
+    """The 404 of a job without its ``name`` record (yet)."""
+    return Problem(
+        404,
+        f"job {job['id']!r} has no {name} record (it is {job['state']}"
+        + (f": {job['error']}" if job.get("error") else "")
+        + ")",
+    )
 
 
 class _FinishedModels:
@@ -248,17 +254,19 @@ class _FinishedModels:
 
     def __init__(self, size: int = 256) -> None:
         self.size, self.lock = size, threading.Lock()
-        self.models: dict[str, dict] = {}  # job id -> its models record
+        self.models: dict[str, ModelsRecord] = {}  # job id -> its models record
 
-    def get(self, job_id: str) -> dict | None:
+    def get(self, job_id: str) -> ModelsRecord | None:
         return self.models.get(job_id)
 
-    def models_of(self, store: Store, job_id: str) -> dict:
+    def models_of(self, store: Store, job_id: str) -> ModelsRecord:
         """The job's models record (404 without one), kept when the job has ended."""
         if job_id in self.models:
             return self.models[job_id]
         job = _need_job(store, job_id)
-        models = _record(store, job_id, "models")
+        models = store.read_record(job_id, ModelsRecord)  # the store's JSON read as the record
+        if models is None:
+            raise _no_record(job, "models")
         if job["state"] in ("done", "failed", "cancelled"):
             with self.lock:
                 if len(self.models) >= self.size:
@@ -484,7 +492,7 @@ async def replan(request: Request, job_id: str, body: Replan) -> RecordResponse:
     run = await run_in_threadpool(store.get_record, job_id, "tula.train") if body.use_measured else None
     # the planner is a few milliseconds of pure Python and numpy under the GIL: run in the
     # event loop it costs the same CPU without handing the GIL between two threads
-    return RecordResponse(replan_from_models(models, body, run))
+    return RecordResponse(replan_from_models(models, body, run).to_json_dict())
 
 
 @plans_router.post("/v1/plans")
@@ -561,7 +569,9 @@ def _plan_from_store(store: Store, spec, objective: str | None, noise_scale: flo
         except TulaError as err:
             raise Problem(422, plain(err)) from None
     try:
-        plan = make_plan(rebase_models(models, spec.to_dict(), size, from_job), objective, noise_scale=noise_scale)
+        plan = make_plan(
+            rebase_models(models, spec.to_dict(), size, from_job), objective, noise_scale=noise_scale
+        ).to_json_dict()
     except (InfeasibleError, RecordError) as err:
         raise Problem(422, plain(err)) from None
     plan["reused_models_from"] = from_job

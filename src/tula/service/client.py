@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from tula.core.errors import TulaError
+from tula.core.records import PlanRecord, as_record
 from tula.core.say import Table, first_line, plain, text
 
 DEFAULT_SERVER = "http://127.0.0.1:8787"
@@ -118,7 +119,8 @@ def job_detail(job: dict, records: dict[str, dict | None]) -> list:
         out.append(text(("error", "bold red"), ": ", job["error"]))
     plan, train = records.get("plan"), records.get("train")
     if plan:
-        out += [plan_table(plan), text(("choice", "bold green"), ": ", plan["reason"])]
+        chosen = as_record(plan, PlanRecord)  # the answer's JSON read as the record
+        out += [plan_table(chosen), text(("choice", "bold green"), ": ", chosen.reason)]
     if train:
         out.append(train_table(train))
     return out

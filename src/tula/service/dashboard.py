@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from tula.core.errors import TulaError
-from tula.core.records import epoch_score
+from tula.core.records import ModelsRecord, PlanRecord, epoch_score
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import first_line, fmt_bytes, plain
 from tula.service.dashboard_charts import (  # noqa: F401 - the charts' names, as this module gave them before
@@ -66,19 +66,19 @@ def _job_row(j: dict) -> str:
     )
 
 
-def _plan_table(plan: dict) -> str:
-    rows = sorted(plan["configurations"], key=lambda c: (not c.get("chosen"), c["total_time_s"]))[:12]
+def _plan_table(plan: PlanRecord) -> str:
+    rows = sorted(plan.configurations, key=lambda c: (not c.chosen, c.total_time_s))[:12]
     out = [
         "<table id='plan-table'><tr><th>N</th><th>B</th><th>b</th><th class='num'>step (s)</th>"
         "<th class='num'>total (s)</th><th class='num'>cost</th><th>feasible</th></tr>"
     ]
     for c in rows:
-        bold = " class='chosen' style='font-weight:bold'" if c.get("chosen") else ""
+        bold = " class='chosen' style='font-weight:bold'" if c.chosen else ""
         out.append(
-            f"<tr{bold}><td>{c['n_workers']}</td>"
-            f"<td>{c['global_batch']}</td><td>{c['local_batch']}</td><td class='num'>{c['t_step_s']:.4g}</td>"
-            f"<td class='num'>{c['total_time_s']:.4g}</td><td class='num'>{c['cost']:.4g}</td>"
-            f"<td>{'yes' if c['feasible'] else esc(c.get('reason') or 'no')}</td></tr>"
+            f"<tr{bold}><td>{c.n_workers}</td>"
+            f"<td>{c.global_batch}</td><td>{c.local_batch}</td><td class='num'>{c.t_step_s:.4g}</td>"
+            f"<td class='num'>{c.total_time_s:.4g}</td><td class='num'>{c.cost:.4g}</td>"
+            f"<td>{'yes' if c.feasible else esc(c.reason or 'no')}</td></tr>"
         )
     out.append("</table>")
     return "".join(out)
@@ -124,16 +124,16 @@ def _job_header(job: dict) -> list[str]:
     return parts
 
 
-def _plan_section(shown: dict | None, models: dict | None, replanned: bool, planned: bool) -> list[str]:
+def _plan_section(shown: PlanRecord | None, models: ModelsRecord | None, replanned: bool, planned: bool) -> list[str]:
     """The plan shown (the stored one, or a re-plan not saved): its choice, charts and table."""
     from tula.report import plan_chart_data
 
     if shown is not None and models is not None:
-        chart = plan_chart_data(shown, models["trials"])
+        chart = plan_chart_data(shown, models.trials)
         head = "Re-planned (not saved)" if replanned else "Plan"
         return [
-            f"<h2>{head}: objective {esc(shown['objective'])}</h2>",
-            f"<p id='choice'><b>choice</b>: {esc(shown['reason'])}</p>",
+            f"<h2>{head}: objective {esc(shown.objective)}</h2>",
+            f"<p id='choice'><b>choice</b>: {esc(shown.reason)}</p>",
             plan_charts(chart),
             _plan_table(shown),
         ]
@@ -142,10 +142,10 @@ def _plan_section(shown: dict | None, models: dict | None, replanned: bool, plan
     return []
 
 
-def _replan_form(job_id: str, form: dict | None, shown: dict | None) -> str:
+def _replan_form(job_id: str, form: dict | None, shown: PlanRecord | None) -> str:
     """The re-plan form, holding the values last posted."""
     f = form or {}
-    sel = f.get("objective") or (shown or {}).get("objective", "knee")
+    sel = f.get("objective") or (shown.objective if shown is not None else "knee")
     opts = "".join(f"<option{' selected' if o == sel else ''}>{o}</option>" for o in OBJECTIVE_NAMES)
     return (
         f"<h2>Re-plan from the stored models</h2><form method='post' action='/jobs/{esc(job_id)}/replan' "
@@ -173,7 +173,11 @@ def _train_section(run: dict) -> list[str]:
 
 
 def job_page(
-    store: Any, job_id: str, replanned: dict | None = None, replan_error: str | None = None, form: dict | None = None
+    store: Any,
+    job_id: str,
+    replanned: PlanRecord | None = None,
+    replan_error: str | None = None,
+    form: dict | None = None,
 ) -> tuple[str, int]:
     """The page of ``job_id`` in ``store`` and its status (404 when there is no such job):
     the job, its plan (or ``replanned``, not saved), ``replan_error``, the re-plan form with
@@ -181,7 +185,8 @@ def job_page(
     job = store.get_job(job_id)
     if job is None:
         return _page("Tula: no such job", f"<h1>No job {esc(job_id)}</h1><p><a href='/'>all jobs</a></p>"), 404
-    plan, models, run = (store.get_record(job_id, k) for k in ("tula.plan", "tula.models", "tula.train"))
+    plan, models = store.read_record(job_id, PlanRecord), store.read_record(job_id, ModelsRecord)
+    run = store.get_record(job_id, "tula.train")  # the training side reads a run as a dict
     shown = replanned or plan
     parts = [*_job_header(job), *_plan_section(shown, models, bool(replanned), plan is not None)]
     if replan_error:
@@ -198,12 +203,12 @@ def job_page(
     return _page(f"Tula job {job_id}", "".join(parts), script), 200
 
 
-def _replan_request(models: dict, form: dict) -> Replan:
+def _replan_request(models: ModelsRecord, form: dict) -> Replan:
     """The re-plan the form asks for (a ValueError or Problem when a field does not parse)."""
     price, cluster_sizes, budget = form["price"], form["cluster_sizes"], form["budget"]
     return Replan(
         objective=form["objective"] or None,
-        pricing={**models["spec"]["pricing"], "price_per_node_hour": float(price)} if price else None,
+        pricing={**models.spec["pricing"], "price_per_node_hour": float(price)} if price else None,
         cluster_sizes=[int(x) for x in cluster_sizes.split(",") if x.strip()] or None,
         deadline=form["deadline"] or None,
         budget=float(budget) if budget else None,
@@ -307,7 +312,7 @@ async def job_replan(
         "deadline": deadline,
         "budget": budget,
     }
-    models = store.get_record(job_id, "tula.models")
+    models = store.read_record(job_id, ModelsRecord)
     if models is None:
         text, status = await run_in_threadpool(job_page, store, job_id, None, "this job has no fitted models yet", form)
         return HTMLResponse(text, status_code=409 if status == 200 else status)

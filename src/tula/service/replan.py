@@ -9,8 +9,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tula.core.errors import InfeasibleError
+from tula.core.records import ModelsRecord, PlanRecord, as_record
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
+from tula.pipeline import record_dict, with_spec
 
 
 class Problem(Exception):
@@ -46,7 +48,7 @@ class Replan(BaseModel):
     )
 
 
-def replan_from_models(models: dict, body: Replan, run: dict | None = None) -> dict:
+def replan_from_models(models: dict | ModelsRecord, body: Replan, run: dict | None = None) -> PlanRecord:
     """The plan ``body`` asks for from ``models``; ``run``: the job's training record, which
     ``body.use_measured`` needs (a 409 without one, or without an epoch to compare)."""
     from tula.core.plan import make_plan
@@ -57,11 +59,11 @@ def replan_from_models(models: dict, body: Replan, run: dict | None = None) -> d
     if body.use_measured:
         if run is None:
             raise Problem(409, "the job has no training run yet: use_measured needs a finished one")
-        measured = measured_ratio(run, models)
+        measured = measured_ratio(run, record_dict(models))  # it reads the models as a dict
         if measured is None:
             raise Problem(409, "the job's training run has no epoch to compare with its prediction")
 
-    d = dict(models["spec"])
+    d = dict(as_record(models, ModelsRecord).spec)
     if body.pricing is not None:
         d["pricing"] = body.pricing
     if body.cluster_sizes is not None:
@@ -78,8 +80,9 @@ def replan_from_models(models: dict, body: Replan, run: dict | None = None) -> d
         d["constraints"] = cons
     spec = spec_from_dict(d)  # a bad pricing or size list is a SpecError: 422
     try:
-        return make_plan(
-            {**models, "spec": spec.to_dict()}, body.objective, noise_scale=body.noise_scale, measured=measured
+        plan = make_plan(
+            with_spec(models, spec.to_dict()), body.objective, noise_scale=body.noise_scale, measured=measured
         )
+        return as_record(plan, PlanRecord)
     except InfeasibleError as err:
         raise Problem(422, plain(err)) from None

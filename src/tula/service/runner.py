@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from tula.core.errors import Interrupted, TulaError, WorkerError
+from tula.core.records import ModelsRecord, ProfileRecord
 from tula.core.registry import cluster_kind
 from tula.core.say import plain
 from tula.engine import interrupts
-from tula.pipeline import Observer, run_pipeline
+from tula.pipeline import AnyRecord, Observer, run_pipeline
 from tula.service.cluster import WorkerRoom
 from tula.service.logs import configure_logging
 from tula.service.memory_guard import MemoryGuard
@@ -61,7 +62,7 @@ class StoreObserver(Observer):
 
     def __init__(self, store: Store, job_id: str, home: Path) -> None:
         self.store, self.job_id, self.home = store, job_id, home
-        self.profile: dict | None = None
+        self.profile: ProfileRecord | None = None
         self.total = 0
         self.done_count = 0
         self.last_write = 0.0
@@ -95,8 +96,8 @@ class StoreObserver(Observer):
             self.last_write = now
             self.store.update_job(self.job_id, progress=min(1.0, self.done_count / self.total))
 
-    def saved(self, kind: str, record: dict | None, path: Path) -> None:
-        from tula.core.records import MODELS_KIND, PROFILE_KIND, TRAIN_KIND
+    def saved(self, kind: str, record: dict | AnyRecord | None, path: Path) -> None:
+        from tula.core.records import MODELS_KIND, PROFILE_KIND, TRAIN_KIND, ModelsRecord, as_record
         from tula.service.model_key import model_key, model_key_parts
 
         if record is None:  # a plot
@@ -108,18 +109,20 @@ class StoreObserver(Observer):
                 if (path.parent / name).is_file():
                     self.store.add_artifact(self.job_id, name, path.parent / name)
         if kind == PROFILE_KIND:
-            self.profile = record
-        elif kind == MODELS_KIND and self.profile is not None and "reused_models_from" not in record:
-            parts = model_key_parts(record["spec"], self.profile)
-            self.store.put_models(self.job_id, model_key(parts), parts, record)
+            self.profile = as_record(record, ProfileRecord)
+        elif kind == MODELS_KIND and self.profile is not None:
+            models = as_record(record, ModelsRecord)
+            if not models.given("reused_models_from"):  # another job's models: stored under their key already
+                parts = model_key_parts(models.spec, self.profile)
+                self.store.put_models(self.job_id, model_key(parts), parts, models)
 
     def note(self, message: str) -> None:
         self.store.update_job(self.job_id, message=message)
 
 
-def _reusable_models(store: Store, job: dict, spec, launcher) -> dict | None:
+def _reusable_models(store: Store, job: dict, spec, launcher) -> tuple[dict | ModelsRecord, str] | None:
     """Models fitted by an earlier job (submitted before it) with the same key, rebased onto this
-    job's spec, or None.  Never a later job's: jobs submitted together would then profile or not
+    job's spec, and that job's id; or None.  Never a later job's: jobs submitted together would then profile or not
     by which runner got further first (the first of them, its runner started late or queued
     again before its first trial, could be planned from a later one's models and have no profile)."""
     from tula.core.fit import rebase_models
@@ -135,7 +138,7 @@ def _reusable_models(store: Store, job: dict, spec, launcher) -> dict | None:
         return None
     models, from_job = found
     _, data = check_workload(spec)
-    return rebase_models(models, spec.to_dict(), data.train_size, from_job)
+    return rebase_models(models, spec.to_dict(), data.train_size, from_job), from_job
 
 
 def on_the_services_cluster(spec, settings: ServiceSettings):
@@ -197,12 +200,11 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
                 launcher.world_gate = StoreWorldGate(store, job_id, settings.cluster)
             models = None
             if not (out / "profile.json").exists() and not (out / "models.json").exists():
-                models = _reusable_models(store, job, spec, launcher)
-                if models is not None:
+                reused = _reusable_models(store, job, spec, launcher)
+                if reused is not None:
+                    models, from_job = reused
                     store.update_job(
-                        job_id,
-                        reused_models_from=models["reused_models_from"],
-                        message=f"planned from the models of job {models['reused_models_from']}",
+                        job_id, reused_models_from=from_job, message=f"planned from the models of job {from_job}"
                     )
             run_pipeline(
                 spec,

@@ -373,7 +373,10 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
         spec, method = spec_at(spec, config), train_method(spec, config.global_batch, self.method)
         with self._launcher(spec, config.n_workers) as launcher:
             on_event = self._printer() if self.verbose else None
-            return train(spec, method, config.n_workers, config.global_batch, out, launcher=launcher, on_event=on_event)
+            run = train(spec, method, config.n_workers, config.global_batch, out, launcher=launcher, on_event=on_event)
+        # train_record_ and history_ are the record as train.json holds it (a dict); the trainer's typed
+        # TrainRecord, where it returns one, becomes that here
+        return run if isinstance(run, dict) else run.to_json_dict()
 
     @contextlib.contextmanager
     def _launcher(self, spec: Any, n_workers: int) -> Iterator[Any]:

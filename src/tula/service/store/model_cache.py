@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from tula.core.errors import RecordError
-from tula.core.records import MODELS_KIND, validate_record
+from tula.core.records import MODELS_KIND, ModelsRecord, validate_record
 from tula.service.model_key import model_key
 from tula.service.store.database import Database, StoreError, now_utc
 from tula.service.store.schema import jobs, models_t, plain_json
@@ -17,7 +17,7 @@ from tula.service.store.schema import jobs, models_t, plain_json
 class ModelCache(Database):
     """Models records by model key: put one, find the newest."""
 
-    def put_models(self, job_id: str, key: str, key_parts: dict, models: dict) -> None:
+    def put_models(self, job_id: str, key: str, key_parts: dict, models: dict | ModelsRecord) -> None:
         """Store the models record ``job_id`` fitted under ``key`` (= ``model_key(key_parts)``)."""
         if model_key(key_parts) != key:
             raise ValueError("key is not model_key(key_parts)")

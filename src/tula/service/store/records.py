@@ -12,13 +12,29 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tula.core.errors import RecordError
-from tula.core.records import MODELS_KIND, NAMES, PLAN_KIND, PROFILE_KIND, TRAIN_KIND, validate_record
+from tula.core.records import (
+    MODELS_KIND,
+    NAMES,
+    PLAN_KIND,
+    PROFILE_KIND,
+    SCHEMAS,
+    TRAIN_KIND,
+    RecordT,
+    _Record,
+    parse_record,
+    validate_record,
+)
 from tula.service.store.database import Database, StoreError, now_utc
 from tula.service.store.schema import metrics_t, plain_json, records, trials_t
 
 #: the record kinds a job has (short name -> record kind)
 RECORD_KINDS = {"profile": PROFILE_KIND, "models": MODELS_KIND, "plan": PLAN_KIND, "train": TRAIN_KIND}
 _SHORT = {v: k for k, v in RECORD_KINDS.items()}
+
+
+def _stored(job_id: str, short: str) -> str:
+    """How a stored record is named in a sentence."""
+    return f"the {NAMES[RECORD_KINDS[short]]} record of job {job_id!r} in the store"
 
 
 def _short_kind(kind: str) -> str:
@@ -32,12 +48,14 @@ def _short_kind(kind: str) -> str:
 class Records(Database):
     """A job's records, and its trials and epochs as rows."""
 
-    def put_record(self, job_id: str, record: dict) -> None:
-        """Store ``record`` (a profile, models, plan or training record, checked first) as
+    def put_record(self, job_id: str, record: dict | _Record) -> None:
+        """Store ``record`` (a profile, models, plan or training record, typed or as a dict, checked first) as
         ``job_id``'s record of its kind, replacing the one before.  A profile's trials and a
         training record's epochs become rows keyed by (job, N, B) and (job, epoch): the rows
         are made to match the record, so a partial record put again as it grows never
         duplicates one."""
+        if isinstance(record, _Record):  # the store's edge: the record as its file holds it
+            record = record.to_json_dict()
         kind = record.get("kind") if isinstance(record, dict) else None
         if kind not in _SHORT:
             raise RecordError(
@@ -68,24 +86,39 @@ class Records(Database):
         record kind ``tula.profile`` ...), checked; None when there is none.  A damaged row is
         a :class:`StoreError` naming the job and kind."""
         short = _short_kind(kind)
-        name = NAMES[RECORD_KINDS[short]]
+        body = self._body(job_id, short)
+        if body is None:
+            return None
+        try:
+            validate_record(body, _stored(job_id, short), (RECORD_KINDS[short],))
+        except RecordError as err:
+            raise StoreError(str(err)) from None
+        return body
+
+    def read_record(self, job_id: str, cls: type[RecordT]) -> RecordT | None:
+        """``job_id``'s record of the kind ``cls`` is (:class:`~tula.core.records.PlanRecord`, ...) as
+        that typed, frozen object -- the store holds JSON, and this is where it is read as a record --;
+        None when there is none.  A damaged row is a :class:`StoreError` naming the job and kind."""
+        short = next(s for s, k in RECORD_KINDS.items() if SCHEMAS[k] is cls)
+        body = self._body(job_id, short)
+        if body is None:
+            return None
+        try:
+            return parse_record(body, cls, _stored(job_id, short))
+        except RecordError as err:
+            raise StoreError(str(err)) from None
+
+    def _body(self, job_id: str, short: str) -> Any:
+        """The stored JSON of ``job_id``'s record ``short``, unchecked; None when there is none."""
         try:
             with self._read() as conn:
-                body = conn.execute(
+                return conn.execute(
                     sa.select(records.c.body).where(records.c.job_id == job_id, records.c.kind == short)
                 ).scalar_one_or_none()
         except (ValueError, TypeError) as err:  # JSON that does not parse
             raise StoreError(
-                f"the {name} record of job {job_id!r} in the store is damaged: it is not valid JSON "
-                f"({str(err).splitlines()[0][:120]})"
+                f"{_stored(job_id, short)} is damaged: it is not valid JSON ({str(err).splitlines()[0][:120]})"
             ) from None
-        if body is None:
-            return None
-        try:
-            validate_record(body, f"the {name} record of job {job_id!r} in the store", (RECORD_KINDS[short],))
-        except RecordError as err:
-            raise StoreError(str(err)) from None
-        return body
 
     def trials(self, job_id: str) -> list[dict]:
         """The trials of ``job_id``'s profile, as in its record, ordered by (N, B)."""

@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.types import TypeDecorator
 
-from tula.core.records import _jsonable
+from tula.core.records import _Frozen, _jsonable
 
 #: Alembic's version table (prefixed, like the store's tables, so a shared database is fine)
 VERSION_TABLE = "tula_alembic_version"
@@ -89,7 +89,10 @@ class JSONDoc(TypeDecorator):
 
 
 def plain_json(record: Any) -> Any:
-    """A record as plain JSON values (numpy values converted, tuples as lists)."""
+    """A record as plain JSON values (numpy values converted, tuples as lists); a typed record (the
+    store's edge) as its ``to_json_dict()``, what its file holds."""
+    if isinstance(record, _Frozen):
+        record = record.to_json_dict()
     return json.loads(json.dumps(record, default=_jsonable))
 
 
