@@ -30,6 +30,10 @@ from tula.core.registry import LOSS_NAMES, METHOD_NAMES, OBJECTIVE_NAMES, OPTIMI
 from tula.core.schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
 from tula.core.sinks import SINK_FIELDS, SINK_NAMES, SINKS
 
+MODEL_LOSS = "model"
+"""``train.loss: model``: the model returns its own loss (an output with ``.loss``, or a dict with
+``"loss"``), as a Hugging Face model given its ``labels`` does (see :mod:`tula.engine.batch`)."""
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -737,7 +741,10 @@ class TrainSpec(_Strict):
         "test top-1 per epoch), mse (regression: test MSE and R^2 per epoch), or your own loss as an "
         "import path 'package.module:loss' (an nn.Module class made with no arguments, a function of "
         "(output, target), or a factory of no arguments returning one; test loss per epoch, and top-1 "
-        "when the targets are integer labels of the output's dimension 1)",
+        "when the targets are integer labels of the output's dimension 1), or model (the model returns its "
+        "own loss, an output with .loss or a dict with 'loss', as a Hugging Face model given labels: it is "
+        "called as model(**batch) on a dict batch, else as model(inputs, labels=targets); test loss and "
+        "perplexity per epoch)",
     )
     step: str | None = None
     """your own training step: an import path 'package.module:MyStep' of a subclass of
@@ -823,10 +830,11 @@ class TrainSpec(_Strict):
     @field_validator("loss")
     @classmethod
     def _loss_name(cls, v: str) -> str:
-        if v in LOSS_NAMES or is_import_path(v):
+        if v in LOSS_NAMES or v == MODEL_LOSS or is_import_path(v):
             return v
         raise ValueError(
-            f"{v[:80]!r} is not a loss; use {' or '.join(LOSS_NAMES)}, or an import path 'package.module:loss'"
+            f"{v[:80]!r} is not a loss; use {', '.join(LOSS_NAMES)} or {MODEL_LOSS} (the model's own loss), or an "
+            "import path 'package.module:loss'"
         )
 
     @field_validator("step")

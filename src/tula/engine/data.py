@@ -61,7 +61,10 @@ from typing import Any
 
 import torch
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+from tula.engine.batch import as_pair, pin, record_stream, to_device
+
+Batch = tuple[Any, Any]
+"""(inputs, targets): tensors, or a dict batch's mapping of tensors and ``None`` (:mod:`tula.engine.batch`)."""
 
 ON_DISK = ("mnist", "fashionmnist", "cifar10", "cifar100", "imagefolder")
 """Data sets read from a local folder (the DataLoader path)."""
@@ -167,7 +170,7 @@ class Dataset:
     def test_size(self) -> int:
         return len(self.test)  # type: ignore[arg-type]
 
-    def batch(self, local_batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, local_batch: int, generator: torch.Generator) -> Batch:
         """A random batch of ``local_batch`` training samples (with replacement past the set's size)."""
         n = self.train_size
         idx = (
@@ -177,13 +180,14 @@ class Dataset:
         )
         return self.take(idx)
 
-    def take(self, indices: torch.Tensor, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        """The samples at ``indices`` of the ``train`` or ``test`` split, stacked."""
+    def take(self, indices: torch.Tensor, split: str = "train") -> Batch:
+        """The samples at ``indices`` of the ``train`` or ``test`` split, stacked (a set of dict
+        samples: the collated dict and ``None``, :func:`tula.engine.batch.as_pair`)."""
         ds = self.train if split == "train" else self.test
         if isinstance(ds, torch.utils.data.TensorDataset):
             x, y = ds.tensors
             return x[indices], y[indices]
-        return self.collate([ds[int(i)] for i in indices])
+        return as_pair(self.collate([ds[int(i)] for i in indices]))
 
 
 def epoch_order(seed: int, epoch: int, dataset_size: int) -> torch.Tensor:
@@ -429,11 +433,11 @@ class DataPath:
                 yield x_all[idx], y_all[idx]
 
     def _in_process(self, stream: int, keys: Iterator[list]) -> Iterator[Batch]:
-        pin = self.pin_memory and self.prefetch  # pinned in the thread, for the side stream's copy
+        pinned = self.pin_memory and self.prefetch  # pinned in the thread, for the side stream's copy
         for ks in keys:
             self._check(stream)
-            x, y = self._collate([self._splits[k] for k in ks])
-            yield (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+            x, y = as_pair(self._collate([self._splits[k] for k in ks]))
+            yield (pin(x), pin(y)) if pinned else (x, y)
 
     def _from_loader(self, stream: int, keys: Iterator[list]) -> Iterator[Batch]:
         """The loader's batches of ``keys``.  Its iteration starts here, in the calling thread
@@ -446,7 +450,7 @@ class DataPath:
         while True:
             self._check(stream)
             try:
-                x, y = next(it)
+                x, y = as_pair(next(it))
             except StopIteration:
                 return
             yield x, y
@@ -472,10 +476,8 @@ class DataPath:
         if stream != self._stream:
             raise RuntimeError(REPLACED)
 
-    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
-        if self.device.type == "cpu":
-            return x, y
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+    def _to_device(self, x: Any, y: Any) -> Batch:
+        return to_device(x, self.device), to_device(y, self.device)
 
     def _end_prefetch(self) -> None:
         ahead, self._ahead = self._ahead, None
@@ -556,8 +558,7 @@ class _Prefetch:
                 event = None
                 if self.copy_stream is not None:
                     with torch.cuda.stream(self.copy_stream):
-                        x = x.to(self.device, non_blocking=True)
-                        y = y.to(self.device, non_blocking=True)
+                        x, y = to_device(x, self.device), to_device(y, self.device)
                         event = torch.cuda.Event()
                         event.record(self.copy_stream)
                 if not self._put((x, y, event)):
@@ -592,8 +593,8 @@ class _Prefetch:
         if event is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(event)
-            x.record_stream(current)
-            y.record_stream(current)
+            record_stream(x, current)
+            record_stream(y, current)
         return x, y
 
     def close(self) -> None:

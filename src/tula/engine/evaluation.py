@@ -1,6 +1,7 @@
 """Evaluation on the test split, sharded over a world's ranks: the mean loss and the score
-(top-1, and top-5 with more than 5 classes; R^2 for ``mse``; the user's own loss and, where the
-targets are class labels, its top-1), all-reduced.  The trainer evaluates after every epoch
+(top-1, and top-5 with more than 5 classes, and the perplexity of a sequence's tokens; R^2 for
+``mse``; the user's own loss and, where the targets are class labels, its top-1; the model's own
+loss (``train.loss: model``) and its perplexity), all-reduced.  The trainer evaluates after every epoch
 (:meth:`tula.engine.rank_loop._RankTrainer.epoch_record`) through its step object
 (:meth:`tula.engine.step.TrainStep.evaluate`, which a ``train.step`` subclass may override); the
 run trial times it."""
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tula.core.registry import LOSS_NAMES
+from tula.engine.batch import MODEL_LOSS, ModelLoss, batch_size, forward, model_output
 from tula.engine.data import data_path
 from tula.engine.workloads import Dataset
 
@@ -33,9 +35,13 @@ def evaluate(
     """The test split's mean loss and score, each rank taking every ``world``-th sample; the
     sums are all-reduced.  ``cross_entropy``: top-1 (and top-5 with more than 5 classes);
     ``mse``: R^2 (the mean over outputs, as scikit-learn's ``r2_score``); the user's own loss
-    (``loss_fn``): :func:`_evaluate_own_loss`.  An empty test split (no held-out data) gives NaN."""
+    (``loss_fn``): :func:`_evaluate_own_loss`; the model's own (``model``): :func:`_evaluate_model_loss`.
+    Class scores per token of a sequence (outputs ``(n, C, L)``) also give ``test_perplexity``,
+    ``exp(test_loss)``.  An empty test split (no held-out data) gives NaN."""
     if loss == "mse":
         return _evaluate_mse(model, data, rank, world, eval_batch, device)
+    if loss == MODEL_LOSS:
+        return _evaluate_model_loss(model, data, rank, world, eval_batch, device)
     if loss not in LOSS_NAMES:
         if loss_fn is None:
             raise ValueError(f"evaluating with the loss {loss!r} needs the loss function")
@@ -44,8 +50,10 @@ def evaluate(
     model.eval()
     k5 = data.num_classes > 5
     sums = torch.zeros(4, dtype=torch.float64)  # labels (samples, or tokens of (n, C, L) outputs), loss, top1, top5
+    sequence = False  # class scores per token of a sequence: the perplexity is reported too
     for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):  # samples rank, rank + world, ...
         out = model(x)
+        sequence = out.ndim == 3
         sums[0] += y.numel()
         sums[1] += float(nn.functional.cross_entropy(out, y, reduction="sum"))
         top = out.topk(5 if k5 else 1, dim=1).indices
@@ -58,7 +66,44 @@ def evaluate(
     res = {"test_loss": float(sums[1]) / n, "test_top1": float(sums[2]) / n}
     if k5:
         res["test_top5"] = float(sums[3]) / n
+    if sequence:
+        res["test_perplexity"] = _perplexity(res["test_loss"])
     return res
+
+
+def _perplexity(mean_loss: float) -> float:
+    """``exp`` of a mean cross-entropy per token (inf past float's range, NaN stays NaN)."""
+    try:
+        return math.exp(mean_loss)
+    except OverflowError:
+        return math.inf
+
+
+def _evaluate_model_loss(
+    model: nn.Module, data: Dataset, rank: int, world: int, eval_batch: int, device: torch.device
+) -> dict[str, float]:
+    """``train.loss: model``: the model's own loss on the test split (the model called as in
+    training, :func:`tula.engine.batch.model_output`), each evaluation batch's loss weighted by
+    its labels counted (``labels`` other than -100, Hugging Face's ignored index) when the batch
+    has integer ``labels`` -- the mean per token, as a language model's loss is -- else by its
+    samples; ``test_perplexity`` is ``exp(test_loss)``.  No top-1."""
+    was_training = model.training
+    model.eval()
+    own = ModelLoss()
+    sums = torch.zeros(2, dtype=torch.float64)  # weight (labels or samples), loss x weight
+    for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):
+        labels = x.get("labels") if isinstance(x, dict) and y is None else y
+        if isinstance(labels, torch.Tensor) and not labels.is_floating_point():
+            weight = float((labels != -100).sum())
+        else:
+            weight = float(batch_size(x))
+        sums[0] += weight
+        sums[1] += float(own(model_output(model, x, y))) * weight
+    model.train(was_training)
+    sums = _summed_over_ranks(sums, device)
+    n = float(sums[0]) if sums[0] > 0 else math.nan
+    test_loss = float(sums[1]) / n
+    return {"test_loss": test_loss, "test_perplexity": _perplexity(test_loss)}
 
 
 def _integer_labels(out: torch.Tensor, y: torch.Tensor) -> bool:
@@ -89,8 +134,8 @@ def _evaluate_own_loss(
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # samples, loss x samples, correct labels, labels counted
     for x, y in data_path(data, device).eval_batches(rank, world, eval_batch):
-        out = model(x)
-        n_batch = len(x)
+        out = forward(model, x)
+        n_batch = batch_size(x)
         sums[0] += n_batch
         sums[1] += float(loss_fn(out, y)) * n_batch
         if _integer_labels(out, y):

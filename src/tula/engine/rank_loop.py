@@ -41,6 +41,7 @@ from tula.core.noise_scale import NoiseScale
 from tula.core.records import read_jsonl, write_atomic
 from tula.core.schedules import next_config, steps_per_epoch
 from tula.core.spec import JobSpec
+from tula.engine.batch import slice_batch, to_device
 from tula.engine.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from tula.engine.data import data_path, epoch_order
 from tula.engine.ddp import (
@@ -69,10 +70,10 @@ STEP_TRACES = "step_traces"  # key of an epoch line's per-step method traces (me
 
 def _local_batch(
     data: Dataset, perm: torch.Tensor, step: int, global_batch: int, rank: int, local_batch: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[Any, Any]:
     start = step * global_batch + rank * local_batch
     x, y = data.take(perm[start : start + local_batch])
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    return to_device(x, device), to_device(y, device)
 
 
 def param_digest(model: nn.Module) -> str:
@@ -170,7 +171,7 @@ def _probe(
             data, epoch_order(spec.seed, epoch, data.train_size), 0, global_batch, rank, local_batch, device
         )
         if micro_batch is not None:
-            x, y = x[:micro_batch], y[:micro_batch]
+            x, y = slice_batch(x, 0, micro_batch), slice_batch(y, 0, micro_batch)
         passes.forward_backward(x, y, sync=False, accumulation_steps=1)
 
     fits, note = probe_fits(probe_step, device, rank, ddp)

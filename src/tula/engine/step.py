@@ -21,12 +21,14 @@ import torch
 from torch import nn
 
 from tula.core.spec import JobSpec
+from tula.engine.batch import batch_loss, batch_size, slice_batch
 from tula.engine.evaluation import evaluate
 from tula.engine.memory import errno_evidence
 from tula.engine.precision import Precision
 from tula.engine.workloads import Dataset, import_step_class
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[Any, Any]
+"""(inputs, targets): tensors, or a dict batch and ``None`` (:mod:`tula.engine.batch`)."""
 
 
 @dataclass
@@ -49,7 +51,8 @@ class TrainStep:
         The rank's model as a world runs it: a ``DistributedDataParallel`` wrapper, or
         :class:`tula.engine.ddp.OneRank` in a world of one rank (both have ``no_sync()``).
     loss_fn : callable
-        The training loss, called as ``loss_fn(output, target)``.
+        The training loss, called as ``loss_fn(output, target)``; ``train.loss: model``'s
+        :class:`tula.engine.batch.ModelLoss` takes the model's own (:func:`tula.engine.batch.batch_loss`).
     precision : Precision
         The arithmetic of the step (:class:`tula.engine.precision.Precision`: autocast, and the
         gradient scaler under fp16).
@@ -119,7 +122,8 @@ class TrainStep:
         Parameters
         ----------
         batch : (x, y)
-            This rank's share of the global batch (B / N samples) and its targets.
+            This rank's share of the global batch (B / N samples) and its targets: tensors, or
+            a dict batch (``input_ids``, ``labels``, ...) and ``None`` (:mod:`tula.engine.batch`).
         step : int
             The step's index in the run (a method's periodic work, AGS's factor measurement,
             falls due by it).
@@ -140,15 +144,15 @@ class TrainStep:
         return loss
 
     def forward_backward(
-        self, x: torch.Tensor, y: torch.Tensor, *, sync: bool = True, accumulation_steps: int | None = None
+        self, x: Any, y: Any, *, sync: bool = True, accumulation_steps: int | None = None
     ) -> torch.Tensor:
         """The step's forward and backward passes over ``x``, ``y``.
 
         With ``k`` = :attr:`accumulation_steps` > 1 the share runs as ``k`` micro-batches of
-        ``len(x) // k`` samples in order, the first ``k - 1`` (forward too: DDP decides at the
-        forward whether the backward syncs) under DDP's ``no_sync()`` and the last one
-        synchronised, each micro-batch's loss divided by ``k``: the gradient is the mean over
-        the share, as at ``k = 1``.  ``sync=False``: every pass under ``no_sync()``.
+        ``batch_size(x) // k`` samples in order (every tensor of a dict batch sliced alike), the
+        first ``k - 1`` (forward too: DDP decides at the forward whether the backward syncs)
+        under DDP's ``no_sync()`` and the last one synchronised, each micro-batch's loss divided
+        by ``k``: the gradient is the mean over the share, as at ``k = 1``.  ``sync=False``: every pass under ``no_sync()``.
         ``accumulation_steps``: another ``k`` for this call (the out-of-memory probe runs one
         micro-batch as ``k = 1``).
 
@@ -161,20 +165,21 @@ class TrainStep:
         if k == 1:
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with self.prec.autocast():
-                    loss = self.loss_fn(self.ddp(x), y)
+                    loss = batch_loss(self.ddp, self.loss_fn, x, y)
                 self.prec.backward(loss)
             return loss.detach()
-        b = len(x) // k
-        total = torch.zeros((), device=x.device)
+        b = batch_size(x) // k
+        total = torch.zeros((), device=self.device)
         for j in range(k):
             with self.ddp.no_sync() if j < k - 1 or not sync else contextlib.nullcontext():
                 with self.prec.autocast():
-                    loss = self.loss_fn(self.ddp(x[j * b : (j + 1) * b]), y[j * b : (j + 1) * b]) / k
+                    micro_x, micro_y = slice_batch(x, j * b, (j + 1) * b), slice_batch(y, j * b, (j + 1) * b)
+                    loss = batch_loss(self.ddp, self.loss_fn, micro_x, micro_y) / k
                 self.prec.backward(loss)
             total += loss.detach().float()
         return total
 
-    def optimizer_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> bool:
+    def optimizer_step(self, step: int, x: Any, y: Any) -> bool:
         """The update after the backward pass(es): the gradients unscaled (fp16) before
         anything reads them, the method's ``after_backward`` on the share ``x``, ``y`` (in the
         step's arithmetic; skipped when the gradients overflowed), :attr:`on_gradients`, the
@@ -265,7 +270,8 @@ class TrainStep:
         Returns
         -------
         dict
-            ``test_loss`` and the score (``test_top1``, ``test_top5``, ``test_r2``).
+            ``test_loss`` and the score (``test_top1``, ``test_top5``, ``test_r2``; ``test_perplexity``
+            for ``train.loss: model`` and sequences' ``cross_entropy``).
         """
         with self.prec.autocast():
             return evaluate(self.model, data, rank, world, eval_batch, self.device, loss, self.loss_fn)

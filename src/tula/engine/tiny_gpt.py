@@ -6,11 +6,15 @@ a 4x MLP), a final norm and a linear head.  It takes a ``LongTensor`` of token i
 ``(batch, length)`` and returns logits of shape ``(batch, vocab_size, length)`` -- the class
 dimension second, as :func:`torch.nn.functional.cross_entropy` takes sequences -- so the
 built-in ``cross_entropy`` loss scores it against next-token targets of shape
-``(batch, length)`` and evaluation counts top-1 per token.  The data set it is made for is
+``(batch, length)`` and evaluation counts top-1 per token.  Given ``labels`` (the next-token
+targets, ``-100`` ignored) it returns a :class:`LMOutput` with its own ``loss`` as well, as a
+Hugging Face model does: ``train.loss: model`` trains it so (see :mod:`tula.engine.batch`).  The data set it is made for is
 :func:`tula.engine.text_data.text_datasets` (bytes of text: ``vocab_size`` 256).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -41,6 +45,14 @@ class _Block(nn.Module):
         )  # (b, heads, t, head_dim)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
         return x + self.mlp(self.norm2(x))
+
+
+@dataclass
+class LMOutput:
+    """What :class:`TinyGPT` returns given ``labels``: the mean cross-entropy per counted token and the logits."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
 
 
 class TinyGPT(nn.Module):
@@ -91,9 +103,11 @@ class TinyGPT(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor | LMOutput:
         """Logits ``(batch, vocab_size, length)`` of the next token at every position of
-        ``tokens`` (``(batch, length)`` token ids); position ``i`` sees tokens ``0..i`` only."""
+        ``tokens`` (``(batch, length)`` token ids); position ``i`` sees tokens ``0..i`` only.
+        Given ``labels`` (``(batch, length)``: the next token at each position, ``-100`` not
+        counted): an :class:`LMOutput` with the mean cross-entropy per token as ``loss``."""
         if tokens.ndim != 2 or tokens.is_floating_point():
             raise ValueError(
                 f"tiny_gpt takes integer token ids of shape (batch, length), not a {tokens.dtype} tensor "
@@ -110,4 +124,7 @@ class TinyGPT(nn.Module):
         x = self.drop(self.token_embedding(tokens) + self.position_embedding(positions))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x)).transpose(1, 2)
+        logits = self.head(self.norm(x)).transpose(1, 2)
+        if labels is None:
+            return logits
+        return LMOutput(F.cross_entropy(logits, labels, ignore_index=-100), logits)

@@ -31,6 +31,7 @@ from tula.core.errors import WorkloadError
 from tula.core.registry import LOSS_NAMES, OPTIMIZER_NAMES
 from tula.core.say import first_line, fmt_bytes
 from tula.core.spec import DataSpec, JobSpec, ModelSpec, import_ref, in_memory_data_bytes
+from tula.engine.batch import MODEL_LOSS, ModelLoss, forward, keys_text, model_loss, model_output
 from tula.engine.data import MEAN_STD, Dataset, SampleView
 from tula.engine.data_cache import data_cache_dir
 from tula.engine.gpu_knobs import channels_last_problem, to_memory_format
@@ -537,6 +538,11 @@ def _from_factory(spec: DataSpec, seed: int) -> Dataset:
       torch's ``default_collate``, which stacks ``(input, target)`` pairs of tensors,
       numbers or arrays).
 
+    A sample may also be a dict of tensors (a Hugging Face-style ``input_ids``,
+    ``attention_mask``, ``labels``): its batch is the dict, the targets inside, and the model
+    gives its own loss (``train.loss: model``, :mod:`tula.engine.batch`); the sample shape is
+    then ``input_ids``'s (else the first tensor's).
+
     It is called in the command's process and in every rank, so it must return the same
     sets every time (seed any randomness).  The sample shape is the first training
     sample's.  Both sets are viewed raw by :class:`~tula.engine.data.SampleView` and read
@@ -565,13 +571,24 @@ def _from_factory(spec: DataSpec, seed: int) -> Dataset:
             f"the first training sample of data factory {path!r} cannot be batched ({_why(err)}); a sample must "
             "be an (input, target) pair of tensors, numbers or arrays, or the factory must give a collate_fn"
         ) from None
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
-        got = f"{len(batch)} values" if isinstance(batch, (tuple, list)) else type(batch).__name__
+    dict_batch = isinstance(batch, Mapping) and bool(batch) and all(isinstance(t, torch.Tensor) for t in batch.values())
+    if not dict_batch and not (
+        isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)
+    ):
+        if isinstance(batch, Mapping):
+            got = f"a dict of keys {', '.join(map(str, batch)) or '(none)'} whose values are not all tensors"
+        else:
+            got = f"{len(batch)} values" if isinstance(batch, (tuple, list)) else type(batch).__name__
         raise WorkloadError(
-            f"a batch of data factory {path!r}'s samples is {got}, not an (inputs, targets) pair of tensors"
+            f"a batch of data factory {path!r}'s samples is {got}, not an (inputs, targets) pair of tensors "
+            "or a dict of tensors"
         )
-    x, y = batch
     k = parts.get("num_classes")
+    if dict_batch:  # a Hugging Face-style batch (input_ids, labels, ...): the model scores itself
+        x = batch.get("input_ids", next(iter(batch.values())))
+        k = k or 0
+    else:
+        x, y = batch
     if k is None:  # not given: the outputs of a regression's targets (mse), else unknown (0)
         k = (int(y.shape[1]) if y.ndim == 2 else 1) if y.is_floating_point() else 0
     return Dataset(
@@ -625,25 +642,33 @@ def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
     model = build_model(spec.model)
     loss_fn = build_loss(spec.train.loss)
     try:
-        x, y = data.batch(2, torch.Generator().manual_seed(0))
+        x, y = data.batch(2, torch.Generator().manual_seed(0))  # a dict batch: (dict, None)
     except WorkloadError:
         raise
     except Exception as err:  # noqa: BLE001 - a sample the set cannot give, or cannot batch
         raise WorkloadError(f"two training samples of data set {data.name!r} cannot be read ({_why(err)})") from None
     if spec.train.channels_last:  # the rule of which inputs it lays out: tula.engine.gpu_knobs
-        problem = channels_last_problem(tuple(x.shape[1:]))
+        problem = channels_last_problem(tuple(x.shape[1:]) if isinstance(x, torch.Tensor) else data.sample_shape)
         if problem:
             raise WorkloadError(problem)
     model = to_memory_format(model, spec.train)  # checked as the ranks run it
-    try:
-        out = model(x)
-    except Exception as err:  # noqa: BLE001 - any failure here is a mismatch the user must fix
-        raise WorkloadError(
-            f"model {spec.model.name!r} cannot take {data.name} samples of shape {tuple(x.shape[1:])} ({_why(err)})"
-        ) from None
-    if spec.train.loss in LOSS_NAMES:
-        _check_builtin_loss(spec, data, out, y)
-    _check_loss_value(spec.train.loss, loss_fn, out, y)
+    if isinstance(loss_fn, ModelLoss):
+        _check_model_loss(spec, data, model, x, y)
+    else:
+        if y is None:
+            raise WorkloadError(
+                f"data set {data.name!r} gives dict batches ({keys_text(x)}) with the targets inside, so the model "
+                f"must give its own loss: set train.loss to 'model', not {spec.train.loss!r}"
+            )
+        try:
+            out = forward(model, x)
+        except Exception as err:  # noqa: BLE001 - any failure here is a mismatch the user must fix
+            raise WorkloadError(
+                f"model {spec.model.name!r} cannot take {data.name} samples of {keys_text(x)} ({_why(err)})"
+            ) from None
+        if spec.train.loss in LOSS_NAMES:
+            _check_builtin_loss(spec, data, out, y)
+        _check_loss_value(spec.train.loss, loss_fn, out, y)
     if spec.optimizer.name not in OPTIMIZER_NAMES:
         build_optimizer(model, spec)  # the user's factory: one sentence here if it fails
     import_step_class(spec.train.step)  # the user's step class: one sentence here if it is not one
@@ -683,6 +708,23 @@ def _check_builtin_loss(spec: JobSpec, data: Dataset, out: Any, y: torch.Tensor)
             f"model {spec.model.name!r} gives outputs of shape {_shape(out)}, but "
             f"{data.name} has {data.num_classes or 'integer-labelled'} classes; set model.kwargs.num_classes"
         )
+
+
+def _check_model_loss(spec: JobSpec, data: Dataset, model: nn.Module, x: Any, y: Any) -> None:
+    """``train.loss: model``: the model takes the batch (a dict as keywords, else with
+    ``labels=targets``) and returns its own loss, a single floating-point number with a gradient."""
+    how = f"{data.name} batches of {keys_text(x)}" + ("" if y is None or isinstance(x, Mapping) else " with labels")
+    try:
+        out = model_output(model, x, y)
+    except Exception as err:  # noqa: BLE001 - a key the model's forward needs is missing, or another mismatch
+        raise WorkloadError(f"model {spec.model.name!r} cannot take {how} ({_why(err)})") from None
+    value = model_loss(out)
+    if value is None:
+        raise WorkloadError(
+            f"train.loss is 'model', but model {spec.model.name!r} returned {type(out).__name__} with no loss on "
+            f"{how}; return an output with .loss or a dict with 'loss' (give the batch its labels), or name a loss"
+        )
+    _check_loss_value(spec.train.loss, lambda o, t: value, out, y)
 
 
 def _shape(out: Any) -> str:
@@ -725,7 +767,10 @@ def build_loss(name: str, device: torch.device | str | None = None) -> Callable:
     or the user's ``package.module:loss`` -- an ``nn.Module`` class (any class) made with no
     arguments, a function of ``(output, target)`` used as it is, or a factory of no arguments
     returning such a callable.  A loss that is an ``nn.Module`` is moved to ``device`` (its
-    parameters, if any, are not trained)."""
+    parameters, if any, are not trained).  ``model``: the model's own loss
+    (:class:`tula.engine.batch.ModelLoss`)."""
+    if name == MODEL_LOSS:
+        return ModelLoss()
     if name == "mse":
         return nn.MSELoss()
     if name == "cross_entropy":

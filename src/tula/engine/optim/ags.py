@@ -334,7 +334,8 @@ class AGS(torch.optim.Optimizer):
 
         ``small_batch_loss()`` is the loss of this rank's share of the small batch through
         the *bare* module (not the DDP wrapper, so that DDP does not synchronise it), e.g.
-        ``lambda: loss_fn(model(x[:k]), y[:k])`` with ``k = b_small / world size``.  Its
+        ``lambda: loss_fn(model(x[:k]), y[:k])`` with ``k = b_small / world size`` (a dict batch:
+        ``lambda: model(**{key: t[:k] for key, t in batch.items()}).loss``).  Its
         gradient is taken with ``torch.autograd.grad`` (the large batch's ``.grad`` stay as
         they are), averaged over the ranks with one all-reduce when a process group is up,
         and compared with the large-batch gradient (:meth:`update_factors`); ``module``'s

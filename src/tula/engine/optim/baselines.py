@@ -271,7 +271,7 @@ class AdaScale(Method):
     def lr_factor(self, step: int) -> float:
         return super().lr_factor(step) * self.gain
 
-    def after_backward(self, step: int, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
+    def after_backward(self, step: int, x: Any, y: Any, loss_fn: LossFn) -> None:
         local_sq = self.sq_norm_state.take().reshape(1)
         dist.all_reduce(local_sq)
         mean_local_sq = float(local_sq) / self.n_workers / (self.loss_scale or 1.0) ** 2  # fp16: taken scaled

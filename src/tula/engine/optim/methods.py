@@ -35,10 +35,11 @@ from torch.optim.lr_scheduler import LambdaLR
 from tula.core.job_rules import check_method
 from tula.core.registry import METHODS, method_class
 from tula.core.spec import JobSpec
+from tula.engine.batch import batch_loss, slice_batch
 from tula.engine.optim.ags import AGS
 from tula.engine.workloads import build_optimizer
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 def _schedule_owns_milestones(kind: str) -> bool:
@@ -139,9 +140,10 @@ class Method:
         self.set_step(step)
 
     # ------------------------------------------------------------ hooks
-    def after_backward(self, step: int, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
+    def after_backward(self, step: int, x: Any, y: Any, loss_fn: LossFn) -> None:
         """Called on every rank after the synchronised backward of step ``step`` and before
-        ``optimizer.step()``; ``x``, ``y`` are this rank's local batch."""
+        ``optimizer.step()``; ``x``, ``y`` are this rank's local batch (tensors, or a dict batch and
+        ``None``: slice and call the model through :mod:`tula.engine.batch`)."""
 
     def before_eval(self) -> None:
         """Called on every rank before evaluation and before a checkpoint is written."""
@@ -253,7 +255,7 @@ class AdaptiveScaling(ScaledGradients):
 
     name = "ags"
 
-    def after_backward(self, step: int, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
+    def after_backward(self, step: int, x: Any, y: Any, loss_fn: LossFn) -> None:
         # every update_every steps; when the runner skipped the step it was due at (an fp16
         # overflow: it does not call this), at the next step it calls this at
         due_at = step - step % self.update_every
@@ -266,7 +268,9 @@ class AdaptiveScaling(ScaledGradients):
         module, k = self.module, self.local_small
         # the sub-batch and the batch gradient: with one worker, the gradient noise scale's pair
         self.step_norms = self.optimizer.measure_factors(
-            lambda: loss_fn(module(x[:k]), y[:k]), module, loss_scale=self.loss_scale
+            lambda: batch_loss(module, loss_fn, slice_batch(x, 0, k), slice_batch(y, 0, k)),
+            module,
+            loss_scale=self.loss_scale,
         )
         self.step_norms_batches = (self.local_small * self.n_workers, self.global_batch)
 
