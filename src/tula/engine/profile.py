@@ -46,6 +46,7 @@ from tula.core.space import Config, candidate_configs, partial_configs
 from tula.core.spec import JobSpec
 from tula.engine import interrupts
 from tula.engine.batch import batch_bytes, batch_loss, slice_batch
+from tula.engine.checkpointing import apply_checkpointing
 from tula.engine.data import data_path
 from tula.engine.ddp import OneRank, agree_max, probe_fits, wrap_ddp
 from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
@@ -140,6 +141,7 @@ class _Worker:
         self.data = load_dataset(spec.data, spec.seed, spec.search.memory_budget_bytes)
         set_backend_knobs(spec.train)  # TF32, cuDNN's autotuner: profiled as trained
         model = to_memory_format(build_model(spec.model).to(ctx.device), spec.train)
+        apply_checkpointing(model, spec.train, spec.model.name)  # profiled as trained
         self.ddp = wrap_ddp(model, ctx.device)
         self.optimizer = build_optimizer(self.ddp.module, spec)
         self.loss_fn = build_loss(spec.train.loss, ctx.device)

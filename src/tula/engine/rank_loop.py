@@ -43,6 +43,7 @@ from tula.core.schedules import next_config, steps_per_epoch
 from tula.core.spec import JobSpec
 from tula.engine.batch import slice_batch, to_device
 from tula.engine.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from tula.engine.checkpointing import apply_checkpointing
 from tula.engine.data import data_path, epoch_order
 from tula.engine.ddp import (
     LocalGradNorms,
@@ -229,6 +230,7 @@ class _RankTrainer:
         self.data = load_dataset(spec.data, spec.seed, spec.search.memory_budget_bytes)
         set_backend_knobs(spec.train)  # TF32, cuDNN's autotuner: as profiled
         self.model = to_memory_format(build_model(spec.model).to(self.device), spec.train)
+        apply_checkpointing(self.model, spec.train, spec.model.name)  # before DDP, as profiled
         self.ddp: Any = wrap_ddp(self.model, self.device)
         self.loss_fn = build_loss(spec.train.loss, self.device)
         self.prec = Precision(spec.train.precision, self.device)

@@ -32,6 +32,7 @@ from tula.core.registry import LOSS_NAMES, OPTIMIZER_NAMES
 from tula.core.say import first_line, fmt_bytes
 from tula.core.spec import DataSpec, JobSpec, ModelSpec, import_ref, in_memory_data_bytes
 from tula.engine.batch import MODEL_LOSS, ModelLoss, forward, keys_text, model_loss, model_output
+from tula.engine.checkpointing import apply_checkpointing
 from tula.engine.data import MEAN_STD, Dataset, SampleView
 from tula.engine.data_cache import data_cache_dir
 from tula.engine.gpu_knobs import channels_last_problem, to_memory_format
@@ -652,6 +653,7 @@ def check_workload(spec: JobSpec) -> tuple[nn.Module, Dataset]:
         if problem:
             raise WorkloadError(problem)
     model = to_memory_format(model, spec.train)  # checked as the ranks run it
+    apply_checkpointing(model, spec.train, spec.model.name)  # no block to checkpoint: one sentence here
     if isinstance(loss_fn, ModelLoss):
         _check_model_loss(spec, data, model, x, y)
     else:

@@ -34,6 +34,8 @@ What is in the key, and why:
 - ``precision``, only when not fp32: the arithmetic of the steps measured.
 - ``channels_last``, only when set: the memory format of the model and its inputs (any device).
 - ``step``, only when set (``train.step``): the user's own step class, which the profile times.
+- ``checkpointing``, only when on: the block classes named (or ``found``: found automatically),
+  whose recomputation changes both the peak and the step.
 - ``tf32`` (when given, true or false: left out it is torch's defaults) and ``cudnn_benchmark``
   (when true), only on CUDA: they choose other CUDA kernels; on a CPU they change nothing, so
   they stay out of a CPU key.  Left out when off, these knobs
@@ -151,6 +153,8 @@ def _parts(spec: dict | JobSpec, *, device: str, facts: dict, shape: list[int], 
         parts["channels_last"] = True
     if knobs.step is not None:  # the user's own step class: another step is measured
         parts["step"] = knobs.step
+    if knobs.checkpointing == "on":  # recomputed blocks: another peak and step are measured
+        parts["checkpointing"] = knobs.checkpoint_modules or "found"
     if device == "cuda":  # CUDA kernels only: on a CPU they change nothing, and leave the key alone
         if knobs.tf32 is not None:  # left out: torch's defaults, as every job before the knob
             parts["tf32"] = knobs.tf32
