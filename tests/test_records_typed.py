@@ -295,7 +295,7 @@ def test_validate_record_still_returns_the_dict_it_did():
     typed = TrainRecord.from_dict(train)
     assert as_dict == typed.model_dump(mode="json")
     assert math.isinf(train["history"][0]["b_simple"])  # written as Infinity: the object keeps it
-    assert math.isinf(typed.history[0].model_extra["b_simple"]) and as_dict["history"][0]["b_simple"] is None
+    assert math.isinf(typed.history[0].b_simple or 0) and as_dict["history"][0]["b_simple"] is None
 
 
 def test_a_records_parts_without_its_kind_are_typed_field_by_field():
@@ -313,3 +313,37 @@ def test_a_records_parts_without_its_kind_are_typed_field_by_field():
     assert as_record({**parts, "objective": "fastest"}, PlanRecord).objective == "fastest"  # as given: not checked
     with pytest.raises(RecordError, match="is a damaged plan record: field 'choice' is missing"):
         as_record({**parts, "kind": "tula.plan", "version": 2}, PlanRecord)  # a whole record is checked whole
+
+
+def test_a_language_models_epochs_are_scored_by_perplexity_and_the_table_shows_it():
+    """The figures a metrics line carries beyond the core ones are typed attributes, written back only where
+    given; an epoch with a perplexity and no top-1 (train.loss model) is scored by it, and a sequence model's
+    top-1 run shows its perplexity beside the top-1."""
+    from rich.console import Console
+
+    from tula.core.records import epoch_score
+    from tula.report import train_table
+
+    train = json.loads((DATA / "train.json").read_text())
+    line = train["history"][0]
+    epoch = EpochRecord.model_validate(line)
+    assert epoch.eval_s == line["eval_s"] and epoch.test_top5 == line["test_top5"] and epoch.test_perplexity is None
+    assert "test_perplexity" not in epoch.to_json_dict() and "skipped_steps" not in epoch.to_json_dict()
+    rec = TrainRecord.from_dict(train)
+    assert rec.local_batch == train["local_batch"] and rec.final == train["final"] and rec.train_s == train["train_s"]
+
+    def text(run: dict) -> str:
+        console = Console(width=240, record=True)
+        console.print(train_table(run))
+        return console.export_text()
+
+    own_loss = [{k: v for k, v in h.items() if k not in ("test_top1", "test_top5")} for h in train["history"]]
+    own_loss = [{**h, "test_perplexity": math.exp(h["test_loss"])} for h in own_loss]
+    assert epoch_score(own_loss[0]) == ("perplexity", math.exp(line["test_loss"]), f"{math.exp(line['test_loss']):.2f}")
+    table = text({**train, "history": own_loss})
+    assert "perplexity" in table and f"{math.exp(line['test_loss']):.2f}" in table and "top-1" not in table
+    sequence = [{**h, "test_perplexity": math.exp(h["test_loss"])} for h in train["history"]]
+    assert epoch_score(sequence[0])[0] == "top-1"
+    table = text({**train, "history": sequence})
+    assert "top-1" in table and "perplexity" in table and f"{math.exp(line['test_loss']):.2f}" in table
+    assert "perplexity" not in text(train)

@@ -237,18 +237,17 @@ class ConsoleObserver(Observer):
 def train_summary(run: dict | TrainRecord) -> str:
     """A training record in one line: where it trained, its final score, its steps and time."""
     rec = as_record(run, TrainRecord)
-    written = rec.model_extra or {}  # what the trainer writes beyond the schema: final, train_s, prediction
     tr = rec.traces or {}
     extra = f", {tr['scaled_fraction']:.0%} of steps scaled" if "scaled_fraction" in tr else ""
     return (
         f"{rec.method} at N={rec.n_workers}, B={rec.global_batch}: final test {{}} {{}}".format(
-            *epoch_score(written["final"])[::2]
+            *epoch_score(rec.final or {})[::2]
         )
         + f" after {rec.epochs} epochs "
-        f"({rec.steps_done} steps, {written['train_s']:.0f} s{extra})"
+        f"({rec.steps_done} steps, {rec.train_s:.0f} s{extra})"
         + (
             f"; epochs took {pred['median_ratio']:.2f}x the plan's prediction (median of {pred['epochs_compared']})"
-            if (pred := written.get("prediction") or {}).get("median_ratio")
+            if (pred := rec.prediction or {}).get("median_ratio")
             else ""
         )
     )

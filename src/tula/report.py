@@ -35,7 +35,6 @@ from tula.core.records import (
     as_epoch,
     as_record,
     epoch_score,
-    extra_value,
 )
 from tula.core.registry import OBJECTIVES
 from tula.core.say import Table, fmt_bytes
@@ -584,27 +583,29 @@ def _train_run(run: TrainRecord | Mapping[str, Any]) -> tuple[TrainRecord, list[
 
 
 def train_table(run: TrainRecord | Mapping[str, Any]) -> Table:
-    """One row per epoch: loss, accuracy, time, LR and (AGS) the share of scaled steps."""
+    """One row per epoch: loss, accuracy (or R^2, perplexity), time, LR and (AGS) the share of scaled steps."""
     rec, history = _train_run(run)
     top5 = any(h.given("test_top5") for h in history)
+    score = epoch_score(history[0])[0] if history else "top-1"
+    perplexity = score != "perplexity" and any(h.test_perplexity is not None for h in history)
     scaled = any(h.given("scaled_fraction") for h in history)
-    predicted = any(extra_value(h, "predicted_epoch_s") for h in history)
+    predicted = any(h.predicted_epoch_s for h in history)
     from tula.core.run_costs import measured_epoch_s
 
     grows = len({(h.global_batch, h.n_workers) for h in history}) > 1
     t = Table(
         title=f"Training: {rec.method} on N={rec.n_workers}, B={rec.global_batch} "
-        f"(b={extra_value(rec, 'local_batch')}"
+        f"(b={rec.local_batch}"
         + (f" in {rec.accumulation_steps} micro-batches of {rec.micro_batch}" if rec.accumulation_steps > 1 else "")
         + f", {rec.steps_per_epoch} steps/epoch)"
     )
-    score = epoch_score(dict(history[0]))[0] if history else "top-1"
     cols = (
         ["epoch"]
         + (["B", "N", "updates"] if grows else [])
         + ["train loss", "test loss"]
         + ([score] if score != "loss" else [])  # a user's loss without labels: the test loss is the score
         + (["top-5"] if top5 else [])
+        + (["perplexity"] if perplexity else [])  # a sequence model's, beside its top-1
         + ["epoch s"]
         + (["wall s", "planned s", "x plan"] if predicted else [])
         + ["lr"]
@@ -617,19 +618,20 @@ def train_table(run: TrainRecord | Mapping[str, Any]) -> Table:
             [str(h.epoch)]
             + ([str(h.global_batch), str(h.n_workers), str(h.steps_done)] if grows else [])
             + [f"{h.train_loss:.4f}", f"{h.test_loss:.4f}"]
-            + ([epoch_score(dict(h))[2]] if score != "loss" else [])
+            + ([epoch_score(h)[2]] if score != "loss" else [])
         )
-        row += [f"{extra_value(h, 'test_top5'):.2%}"] if top5 else []
+        row += [f"{h.test_top5:.2%}"] if top5 else []
+        row += [f"{h.test_perplexity:.2f}" if h.test_perplexity is not None else "-"] if perplexity else []
         row += [f"{h.epoch_time_s:.2f}"]
         if predicted:  # the epoch as the plan predicted it: steps, evaluation, checkpoint
-            ratio, planned_s = extra_value(h, "measured_to_predicted"), extra_value(h, "predicted_epoch_s")
+            ratio, planned_s = h.measured_to_predicted, h.predicted_epoch_s
             row += [
                 f"{measured_epoch_s(h):.3f}",
                 f"{planned_s:.3f}" if planned_s else "-",
                 f"{ratio:.2f}x" if ratio else "-",
             ]
         row += [f"{h.lr:.4g}"]
-        row += [f"{extra_value(h, 'scaled_fraction') or 0:.0%}"] if scaled else []
+        row += [f"{h.scaled_fraction or 0:.0%}"] if scaled else []
         t.add_row(*row)
     return t
 
@@ -654,10 +656,10 @@ def training_figure(run: TrainRecord | Mapping[str, Any]):
     tr = rec.traces or {}
     has_delta = bool(tr.get("delta"))
     grows = len({(h.global_batch, h.n_workers) for h in history}) > 1
-    noise = [noise_scale_value(extra_value(h, "b_simple")) for h in history]  # None: not on a log axis
+    noise = [noise_scale_value(h.b_simple) for h in history]  # None: not on a log axis
     measured = any(b is not None for b in noise)
     grows = grows or measured  # the batch panel also shows B_simple
-    predicted = any(extra_value(h, "predicted_epoch_s") for h in history)
+    predicted = any(h.predicted_epoch_s for h in history)
     goodput = goodput_per_epoch(run)
     cols = 1 + has_delta + grows + predicted + bool(goodput)
     fig, axes = plt.subplots(1, cols, figsize=(6 * cols, 4.4), squeeze=False)
@@ -697,18 +699,18 @@ def _epoch_time_panel(ax, run: TrainRecord, history: list[EpochRecord]) -> None:
     (a generation) marked where one started: how far the models that chose were right."""
     from tula.core.run_costs import measured_epoch_s
 
-    hist = [h for h in history if extra_value(h, "predicted_epoch_s")]
+    hist = [h for h in history if h.predicted_epoch_s]
     ep = [h.epoch for h in hist]
     ax.plot(ep, [measured_epoch_s(h) for h in hist], "o-", label="measured")
-    ax.plot(ep, [extra_value(h, "predicted_epoch_s") for h in hist], "s--", color="tab:purple", label="predicted")
-    for g in extra_value(run, "generations") or []:
+    ax.plot(ep, [h.predicted_epoch_s for h in hist], "s--", color="tab:purple", label="predicted")
+    for g in run.generations or []:
         if g.get("new_world") and g.get("from_epoch", 1) > 1:
             ax.axvline(g["from_epoch"] - 0.5, color="grey", ls=":", lw=1)
     for h in hist:
         k = h.accumulation_steps or 1
         ax.annotate(f"N={h.n_workers} B={h.global_batch}" + (f" k={k}" if k > 1 else ""),
                     (h.epoch, measured_epoch_s(h)), fontsize=6, xytext=(2, 4), textcoords="offset points")  # fmt: skip
-    ratio = (extra_value(run, "prediction") or {}).get("median_ratio")
+    ratio = (run.prediction or {}).get("median_ratio")
     ax.set_title("epoch time" + (f": measured / predicted {ratio:.2f} (median)" if ratio else ""), fontsize=10)
     ax.set_xlabel("epoch")
     ax.set_ylabel("seconds per epoch")
@@ -731,7 +733,7 @@ def _batch_panel(axg, run: TrainRecord, history: list[EpochRecord], noise: list[
     axw.step(ep, [h.n_workers for h in history], where="mid", color="tab:orange", ls="--", label="workers N")
     axw.set_ylabel("workers N")
     axg.set_title(
-        f"batch {extra_value(run, 'batch_schedule') or 'constant'}: {run.steps_done} model updates"
+        f"batch {run.batch_schedule or 'constant'}: {run.steps_done} model updates"
         + ("" if measured else "; B_simple not measured"),
         fontsize=10,
     )
@@ -742,8 +744,8 @@ def _batch_panel(axg, run: TrainRecord, history: list[EpochRecord], noise: list[
 def _accuracy_panel(ax, run: TrainRecord, history: list[EpochRecord]) -> None:
     """Test score and training loss per epoch, the out-of-memory fallbacks marked."""
     ep = [h.epoch for h in history]
-    score = epoch_score(dict(history[0]))[0] if history else "top-1"
-    ax.plot(ep, [epoch_score(dict(h))[1] for h in history], "o-", label=f"test {score}")
+    score = epoch_score(history[0])[0] if history else "top-1"
+    ax.plot(ep, [epoch_score(h)[1] for h in history], "o-", label=f"test {score}")
     ax.set_xlabel("epoch")
     ax.set_ylabel("test top-1 accuracy" if score == "top-1" else f"test {score}")
     ax.grid(alpha=0.3)

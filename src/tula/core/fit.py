@@ -131,9 +131,8 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
     mem = probed.refit(local.tolist(), peaks, ns)
     t_err = relative_errors(perf, ok)  # each trial where its ranks ran
     m_err = relative_error(mem.predict_peak_bytes(local, ns), peaks)
-    extra = prof.model_extra or {}
-    acc = accumulation_check(perf, ok, extra.get("accumulation_trials") or [])
-    run_trials = extra.get("run_trials") or []
+    acc = accumulation_check(perf, ok, prof.accumulation_trials or [])
+    run_trials = prof.run_trials or []
     run_costs = fit_run_costs(run_trials, spec.train.method)
     fit_error = {
         "t_step_median_rel": float(np.median(t_err)),
@@ -143,7 +142,7 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
     }
     if acc:
         fit_error["accumulated_step_max_rel"] = max(a.rel_error for a in acc)
-    not_measured = extra.get("not_measured")
+    not_measured = prof.not_measured
     return ModelsRecord(
         kind=MODELS_KIND,
         version=VERSIONS[MODELS_KIND],

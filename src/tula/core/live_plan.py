@@ -33,7 +33,7 @@ from tula.core.accumulation import accumulation_for
 from tula.core.config import Config
 from tula.core.errors import SpecError
 from tula.core.fitted import FittedModels, Network
-from tula.core.records import ModelsRecord, TrainRecord, as_epoch, extra_value
+from tula.core.records import ModelsRecord, TrainRecord, as_epoch
 from tula.core.run_costs import measured_epoch_s
 from tula.core.schedules import Caps
 
@@ -257,14 +257,14 @@ def goodput_per_epoch(run: TrainRecord | Mapping[str, Any]) -> list[dict[str, An
     b0 = hist[0].global_batch
     out = []
     for prev, h in zip(hist, hist[1:]):
-        b_noise = extra_value(prev, "b_simple")
+        b_noise = prev.b_simple
         if b_noise is None or not math.isfinite(b_noise) or b_noise < 0:
             continue
         eff = statistical_efficiency(h.global_batch, b_noise, b0)
         samples = h.steps * h.global_batch
-        best = ((extra_value(prev, "schedule") or {}).get("ranking") or [None])[0]  # a decision that changed B
+        best = ((prev.schedule or {}).get("ranking") or [None])[0]  # a decision that changed B
         same = best is not None and (best["global_batch"], best["n_workers"]) == (h.global_batch, h.n_workers)
-        planned_s = best["epoch_s"] if same else extra_value(h, "predicted_epoch_s")  # else the plan's, if compared
+        planned_s = best["epoch_s"] if same else h.predicted_epoch_s  # else the plan's, if compared
         out.append(
             {
                 "epoch": h.epoch,

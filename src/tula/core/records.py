@@ -27,6 +27,7 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -344,8 +345,22 @@ class ProfileRecord(_Record):
     facts: dict[str, Any] | None = None
     """what the launcher read where the ranks ran: the device kind, the CPU model or GPU name, the cores,
     torch's version (records before it: absent)"""
+    precision: str | None = None
+    """the precision the trials trained in (train.precision)"""
+    accumulation_trials: list[dict] | None = None
+    """the trials at k > 1 micro-batches a step, checking the step time's model of accumulation"""
+    run_trials: list[dict] | None = None
+    """each world's run trial: the trainer's own step and epoch end at one (N, B), slowest rank"""
+    placement: dict | None = None
+    """where the ranks ran: the hosts, the ranks per host, the devices, the largest world measured"""
+    launcher: str | None = None
+    """the launcher that started the ranks (local, env, ssh, ...)"""
+    not_measured: dict[str, str] | None = None
+    """cluster sizes the launcher could not place (one rank per GPU): N -> why"""
 
-    _OMITTED_UNSET = frozenset({"facts"})
+    _OMITTED_UNSET = frozenset(
+        {"facts", "precision", "accumulation_trials", "run_trials", "placement", "launcher", "not_measured"}
+    )
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
     _mem = field_validator("memory")(classmethod(lambda cls, v: _valid_memory(v)))
@@ -604,19 +619,53 @@ class EpochRecord(_Frozen):
     """k, the micro-batches of each step (lines written before gradient accumulation: 1)"""
     micro_batch: int | None = Field(default=None, ge=1)
     """b = global_batch / (n_workers x k)"""
+    test_top5: float | None = None
+    """top-5 accuracy on the test split (classification over more than five classes)"""
+    test_perplexity: float | None = None
+    """exp(test_loss): a language model's score (train.loss model, or cross_entropy over sequences)"""
+    skipped_steps: int | None = None
+    """fp16: the steps the loss scaler skipped (their gradients overflowed)"""
+    b_simple: float | None = None
+    """the gradient noise scale measured over the epoch, in samples (null: not measured)"""
+    scaled_fraction: float | None = None
+    """AGS: the fraction of the epoch's steps whose update was scaled"""
+    eval_s: float | None = None
+    """seconds the evaluation on the test split took"""
+    epoch_end_s: float | None = None
+    """seconds of the epoch's work after its steps (the reductions, the evaluation, the noise scale)"""
+    schedule: dict | None = None
+    """the batch schedule's decision for the next epoch (its ranking of configurations), where one runs"""
+    checkpoint_s: float | None = None
+    """seconds writing the epoch's checkpoint and records took"""
+    epoch_wall_s: float | None = None
+    """the epoch's wall time, seconds: its steps, its end and its checkpoint"""
+    predicted_epoch_s: float | None = None
+    """the plan's predicted epoch time at the epoch's (B, N, k), where the run was compared with the plan"""
+    measured_to_predicted: float | None = None
+    """measured / predicted epoch time, where the run was compared with the plan"""
+
+    _OMITTED_UNSET = frozenset(
+        {
+            "test_top5", "test_perplexity", "skipped_steps", "b_simple", "scaled_fraction", "eval_s",
+            "epoch_end_s", "schedule", "checkpoint_s", "epoch_wall_s", "predicted_epoch_s", "measured_to_predicted",
+        }
+    )  # fmt: skip
 
 
-def epoch_score(h: dict) -> tuple[str, float, str]:
-    """An epoch's test score: ``("top-1", value, "93.10%")`` for classification, ``("R^2",
-    value, "0.8123")`` for regression (``train.loss`` mse), ``("loss", value, "0.4321")`` --
-    the test loss -- for a user's loss whose targets are no class labels."""
-    if h.get("test_top1") is None and h.get("test_r2") is not None:
-        v = float(h["test_r2"])
-        return "R^2", v, f"{v:.4f}"
-    if h.get("test_top1") is None and h.get("test_r2") is None and h.get("test_loss") is not None:
-        v = float(h["test_loss"])
-        return "loss", v, f"{v:.4f}"
-    v = float(h["test_top1"]) if h.get("test_top1") is not None else math.nan
+def epoch_score(h: EpochRecord | Mapping[str, Any]) -> tuple[str, float, str]:
+    """An epoch's test score (``h`` an :class:`EpochRecord` or its metrics line): ``("top-1",
+    value, "93.10%")`` for classification, ``("R^2", value, "0.8123")`` for regression
+    (``train.loss`` mse), ``("perplexity", value, "12.34")`` for a language model without top-1
+    (``train.loss`` model), ``("loss", value, "0.4321")`` -- the test loss -- for a user's loss
+    whose targets are no class labels."""
+    e = h if isinstance(h, EpochRecord) else as_epoch(h)
+    if e.test_top1 is None and e.test_r2 is not None:
+        return "R^2", float(e.test_r2), f"{e.test_r2:.4f}"
+    if e.test_top1 is None and e.test_perplexity is not None:
+        return "perplexity", float(e.test_perplexity), f"{e.test_perplexity:.2f}"
+    if e.test_top1 is None and e.given("test_loss"):
+        return "loss", float(e.test_loss), f"{e.test_loss:.4f}"
+    v = float(e.test_top1) if e.test_top1 is not None else math.nan
     return "top-1", v, f"{v:.2%}"
 
 
@@ -648,6 +697,37 @@ class TrainRecord(_Record):
     """each out-of-memory fallback: the batch and accumulation before and after, and the epoch"""
     traces: dict = Field(default_factory=dict)
     """per-step traces of the method (AGS's factors and gates, the noise scale), where it keeps some"""
+    requested_global_batch: int | None = None
+    """the B training was asked to start at (before any out-of-memory fallback)"""
+    local_batch: int | None = None
+    """B / N of the last configuration"""
+    resumed_from_epoch: int | None = None
+    """the epoch a resumed run continued after (null: not resumed)"""
+    final: dict | None = None
+    """the last epoch's figures, as its metrics.jsonl line has them (empty: no epoch finished)"""
+    best_test_top1: float | None = None
+    """the best test top-1 accuracy over the epochs (NaN: no epoch measured one)"""
+    replicas_identical: bool | None = None
+    """whether every rank ended with the same parameters"""
+    train_s: float | None = None
+    """seconds training took, launches included"""
+    device: str | None = None
+    """where the ranks computed: cpu or cuda"""
+    created: str | None = None
+    """when the record was written (ISO 8601, with the host's UTC offset)"""
+    batch_schedule: str | None = None
+    """the batch schedule's kind (train.batch_schedule; null: a constant batch)"""
+    generations: list[dict] | None = None
+    """each world's stretch of epochs: its configuration, first epoch and wall time"""
+    prediction: dict | None = None
+    """the comparison with the plan: the median measured / predicted epoch time, the epochs compared, a note"""
+
+    _OMITTED_UNSET = frozenset(
+        {
+            "requested_global_batch", "local_batch", "resumed_from_epoch", "final", "best_test_top1",
+            "replicas_identical", "train_s", "device", "created", "batch_schedule", "generations", "prediction",
+        }
+    )  # fmt: skip
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
 
@@ -691,6 +771,16 @@ class CheckpointMeta(_Record):
     """the out-of-memory fallbacks so far"""
     history: list[EpochRecord] = Field(default_factory=list)
     """the finished epochs' figures"""
+    next_global_batch: int | None = None
+    """B the next epoch trains at (the schedule's or a fallback's; absent in older checkpoints)"""
+    next_n_workers: int | None = None
+    """N the next epoch trains with"""
+    next_accumulation_steps: int | None = None
+    """k the next epoch trains with"""
+    precision: dict | None = None
+    """the precision trained in and its loss scaler's state (absent in older checkpoints: fp32)"""
+
+    _OMITTED_UNSET = frozenset({"next_global_batch", "next_n_workers", "next_accumulation_steps", "precision"})
 
 
 SCHEMAS: dict[str, type[_Record]] = {
@@ -914,18 +1004,9 @@ def as_epoch(data: Any) -> EpochRecord:
     """One epoch's figures as an :class:`EpochRecord` where they come into a module that reads
     them: an ``EpochRecord`` as it is; a dict (a metrics.jsonl line, a history entry as the
     trainer keeps it, a simulated epoch's parts) typed field by field as :func:`as_record` types
-    a record's parts -- the figures a line carries beyond the typed ones (``b_simple``,
-    ``epoch_wall_s``, ``predicted_epoch_s``) kept: :func:`extra_value` reads them."""
+    a record's parts -- the figures a line carries beyond the typed ones kept."""
     if isinstance(data, EpochRecord):
         return data
     rec = as_record(data, EpochRecord)  # type: ignore[type-var]  # a record's part, typed as a record's parts are
     assert isinstance(rec, EpochRecord)
     return rec
-
-
-def extra_value(part: _Frozen, name: str) -> Any:
-    """A value ``part`` (a record or a part of one) carries beyond its typed fields -- an
-    epoch's ``b_simple``, ``epoch_wall_s``, ``epoch_end_s``, ``checkpoint_s``, what a comparison
-    with the plan added; a training run's ``local_batch``, ``batch_schedule`` --: the value,
-    ``None`` where it has none."""
-    return (part.model_extra or {}).get(name)

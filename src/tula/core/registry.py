@@ -137,6 +137,8 @@ METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
 LOSSES: dict[str, str] = {
     "cross_entropy": "classification: integer class labels; per epoch test loss, top-1 (and top-5)",
     "mse": "regression: float targets of shape (n, outputs); per epoch test MSE and R^2",
+    "model": "the model's own loss (an output with .loss or ['loss'], Hugging Face style); per epoch test loss "
+    "and perplexity",
 }
 LOSS_NAMES: tuple[str, ...] = tuple(LOSSES)
 

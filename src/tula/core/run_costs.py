@@ -41,7 +41,7 @@ from tula.core.fitted import (
     epoch_time_s,
     run_costs_for,
 )
-from tula.core.records import EpochRecord, ModelsRecord, TrainRecord, as_epoch, as_record, extra_value
+from tula.core.records import EpochRecord, ModelsRecord, TrainRecord, as_epoch, as_record
 
 __all__ = [
     "EPOCH_TIMES",
@@ -173,10 +173,10 @@ def measured_epoch_s(epoch: EpochRecord | Mapping[str, Any]) -> float:
     """An epoch of a training record as the plan predicts it: its steps, its end (evaluation),
     its checkpoint (``epoch_wall_s``; older records: the steps' time alone)."""
     e = as_epoch(epoch)
-    wall = extra_value(e, "epoch_wall_s")
+    wall = e.epoch_wall_s
     if wall is not None:
         return float(wall)
-    return float(e.epoch_time_s) + float(extra_value(e, "epoch_end_s") or 0.0)
+    return float(e.epoch_time_s) + float(e.epoch_end_s or 0.0)
 
 
 def _as_json(run: TrainRecord | Mapping[str, Any]) -> dict[str, Any]:

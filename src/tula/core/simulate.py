@@ -98,7 +98,7 @@ from tula.core.perfmodel import (
 )
 from tula.core.plan import epochs_to_accuracy, noise_assumed
 from tula.core.pricing import Pricing, SpotPricing, make_pricing
-from tula.core.records import EpochRecord, ModelsRecord, as_epoch, extra_value, parse_record
+from tula.core.records import EpochRecord, ModelsRecord, as_epoch, parse_record
 from tula.core.run_costs import RunCosts, epoch_time_s
 from tula.core.schedules import (
     SCHEDULE_NAMES,
@@ -421,7 +421,7 @@ class Simulator:
                     "global_batch": d.global_batch,
                     "n_workers": d.n_workers,
                     "train_loss": getattr(past, "train_loss", None),
-                    "b_simple": None if past is None else extra_value(past, "b_simple"),
+                    "b_simple": None if past is None else past.b_simple,
                 }
             )
         return epochs

@@ -402,7 +402,7 @@ class TrainSupervisor:
         when k differs from the spec's), and with a schedule the configuration it chose
         after the last finished epoch."""
         # before any world: the ranks check it again on loading
-        check_resumed_precision({"precision": _header_extra(meta, "precision")}, self.spec, self.out)
+        check_resumed_precision({"precision": meta.precision}, self.spec, self.out)
         if meta.method != self.method or (not self.scheduled and meta.n_workers != self.n_workers):
             raise SpecError(
                 f"the checkpoint in {self.out} was trained with method {meta.method!r} on "
@@ -418,9 +418,9 @@ class TrainSupervisor:
             )
         self.accum = trained_k
         if self.scheduled:  # the generation the schedule chose after the last finished epoch
-            self.global_batch = _header_extra(meta, "next_global_batch") or self.global_batch
-            self.n_workers = _header_extra(meta, "next_n_workers") or meta.n_workers
-            self.accum = _header_extra(meta, "next_accumulation_steps") or self.accum
+            self.global_batch = meta.next_global_batch or self.global_batch
+            self.n_workers = meta.next_n_workers or meta.n_workers
+            self.accum = meta.next_accumulation_steps or self.accum
         self.resumed_from_epoch = meta.epoch
         self.first_trained = meta.history[0] if meta.epoch and meta.history else None
 
@@ -525,12 +525,12 @@ class TrainSupervisor:
             return Failed(f"{err}{kept}", rank=err.rank, cause=err.cause, details=err.details)
         segments = _segments_from_history(meta.history[self.at_epoch : done] if meta else [])
         config = self.config()
-        if segments and meta is not None and _header_extra(meta, "next_n_workers") == self.n_workers:
+        if segments and meta is not None and meta.next_n_workers == self.n_workers:
             # it went on at the next batch
             config = Config(
                 n_workers=self.n_workers,
-                global_batch=_header_extra(meta, "next_global_batch") or self.global_batch,
-                accumulation_steps=_header_extra(meta, "next_accumulation_steps") or self.accum,
+                global_batch=meta.next_global_batch or self.global_batch,
+                accumulation_steps=meta.next_accumulation_steps or self.accum,
             )
         return OutOfMemory(config=config, segments=segments, note=str(err))
 
@@ -657,13 +657,6 @@ class TrainSupervisor:
             batch_schedule=None if spec.train.batch_schedule is None else spec.train.batch_schedule.kind,
             generations=self.generations,
         )
-
-
-def _header_extra(meta: CheckpointMeta, name: str) -> Any:
-    """A field of a checkpoint's header that :class:`~tula.core.records.CheckpointMeta` does not
-    name (the next configuration, the precision's state): as the checkpoint has it, ``None``
-    where it has none."""
-    return (meta.model_extra or {}).get(name)
 
 
 def _epoch_json(epoch: EpochRecord) -> dict[str, Any]:

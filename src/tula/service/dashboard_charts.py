@@ -23,7 +23,7 @@ from tula.core.noise_scale import (
     noise_scale_value,
     smooth_noise_scale,
 )
-from tula.core.records import EpochRecord, TrainRecord, as_epoch, epoch_score, extra_value
+from tula.core.records import EpochRecord, TrainRecord, as_epoch, epoch_score
 from tula.core.say import plain
 
 if TYPE_CHECKING:
@@ -441,7 +441,7 @@ def noise_chart(history: Sequence[EpochRecord | Mapping[str, Any]]) -> str:
     that are not finite and above 0 are left out; without any, the title says not measured."""
     h = [as_epoch(r) for r in history]
     ep = [r.epoch for r in h]
-    raw = [noise_scale_value(extra_value(r, "b_simple")) for r in h]
+    raw = [noise_scale_value(r.b_simple) for r in h]
     lines, points = _batch_series(h, raw)
     hlines: list[dict] = []
     bands: list[dict] = []
@@ -466,9 +466,9 @@ def noise_chart(history: Sequence[EpochRecord | Mapping[str, Any]]) -> str:
 
 
 def _score_chart(h: list[EpochRecord]) -> str:
-    """Test top-1 (or R^2, or test loss) and training loss per epoch, each epoch's figures on hover."""
+    """Test top-1 (or R^2, perplexity, test loss) and training loss per epoch, each epoch's figures on hover."""
     ep = [r.epoch for r in h]
-    score = [epoch_score(dict(r)) for r in h]  # top-1, or R^2 for a regression run (train.loss mse)
+    score = [epoch_score(r) for r in h]  # top-1, R^2 (train.loss mse), perplexity (a language model) or loss
     label = score[0][0] if score else "top-1"
     title = (
         "Accuracy and loss" if label == "top-1" else "Test and train loss" if label == "loss" else f"{label} and loss"
@@ -497,7 +497,7 @@ def _score_chart(h: list[EpochRecord]) -> str:
 def _ags_chart(h: list[EpochRecord]) -> str:
     """AGS's share of scaled steps per epoch."""
     ep = [r.epoch for r in h]
-    scaled = [extra_value(r, "scaled_fraction") if r.given("scaled_fraction") else float("nan") for r in h]
+    scaled = [r.scaled_fraction if r.given("scaled_fraction") else float("nan") for r in h]
     line = {"x": ep, "y": scaled, "color": COLORS[4], "label": "share of steps scaled"}
     return svg_chart("AGS: steps scaled", "epoch", "fraction", [line], [], log_x=False)
 
@@ -509,8 +509,8 @@ def _epoch_time_chart(h: list[EpochRecord], generations: list[dict]) -> str:
 
     ep = [r.epoch for r in h]
     measured = [measured_epoch_s(r) for r in h]
-    planned = [extra_value(r, "predicted_epoch_s") for r in h]
-    ratios = [extra_value(r, "measured_to_predicted") for r in h]
+    planned = [r.predicted_epoch_s for r in h]
+    ratios = [r.measured_to_predicted for r in h]
     lines = [
         {"x": ep, "y": measured, "color": COLORS[0], "label": "measured (steps, evaluation, checkpoint)"},
         {
@@ -565,13 +565,13 @@ def train_charts(run: TrainRecord | Mapping[str, Any]) -> str:
     share of scaled steps where it has one; the measured epoch time beside the plan's
     prediction where Tula planned the run (new worlds marked); a goodput schedule's goodput."""
     if isinstance(run, TrainRecord):
-        h, generations = list(run.history), extra_value(run, "generations")
+        h, generations = list(run.history), run.generations
     else:  # as read from JSON, or a record's parts (a run compared with the plan)
         h, generations = [as_epoch(r) for r in run["history"]], run.get("generations")
     charts = [_score_chart(h), noise_chart(h)]
     if any(r.given("scaled_fraction") for r in h):
         charts.append(_ags_chart(h))
-    if any(extra_value(r, "predicted_epoch_s") for r in h):
+    if any(r.predicted_epoch_s for r in h):
         charts.append(_epoch_time_chart(h, generations or []))
     goodput = goodput_per_epoch(run)
     if goodput:
