@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import platform
 import sysconfig
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tula.engine.data_cache import data_cache_dir
+from tula.engine.data_cache import data_cache_dir, write_cache_file
 
 #: the most bytes of standard-library source the corpus holds
 CORPUS_CAP_BYTES = 2 * 1024 * 1024
@@ -76,17 +75,7 @@ def text_corpus() -> np.ndarray:
         if cached.dtype == np.uint8 and cached.ndim == 1 and cached.size > 0:
             return cached
     corpus = _read_corpus()
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.save(f, corpus, allow_pickle=False)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    finally:  # nothing half-written is left, also after Ctrl-C
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+    write_cache_file(path, lambda f: np.save(f, corpus, allow_pickle=False))
     return corpus
 
 

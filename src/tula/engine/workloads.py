@@ -9,14 +9,12 @@ rank gets its batches of a data set (the tensor path or a DataLoader) is
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gzip
 import importlib
 import importlib.metadata
 import importlib.util
 import inspect
-import os
 import sys
 import zipfile
 from collections.abc import Callable, Mapping
@@ -34,7 +32,7 @@ from tula.core.spec import DataSpec, JobSpec, ModelSpec, import_ref, in_memory_d
 from tula.engine.batch import MODEL_LOSS, ModelLoss, forward, keys_text, model_loss, model_output
 from tula.engine.checkpointing import apply_checkpointing
 from tula.engine.data import MEAN_STD, Dataset, SampleView
-from tula.engine.data_cache import data_cache_dir
+from tula.engine.data_cache import data_cache_dir, write_cache_file
 from tula.engine.gpu_knobs import channels_last_problem, to_memory_format
 from tula.engine.memory import is_out_of_memory
 from tula.engine.tiny_gpt import TinyGPT
@@ -212,19 +210,8 @@ def _read_cached(path: Path) -> dict[str, np.ndarray] | None:
 
 
 def _write_cached(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """``arrays`` written to ``path`` whole or not at all (a temporary file renamed; ranks of
-    one world may write the same file at once).  A cache that cannot be written is skipped."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.savez(f, allow_pickle=True, **arrays)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    finally:  # nothing half-written is left, also after Ctrl-C
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+    """``arrays`` written to ``path`` whole or not at all (:func:`~tula.engine.data_cache.write_cache_file`)."""
+    write_cache_file(path, lambda f: np.savez(f, allow_pickle=True, **arrays))
 
 
 def mnist1d_arrays(num_samples: int, train_split: float, seed: int) -> dict[str, np.ndarray]:
