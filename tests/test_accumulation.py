@@ -198,6 +198,9 @@ def test_bad_accumulation_is_one_sentence(tmp_path):
     spec = spec_from_dict(_dict(1, 3))
     with pytest.raises(SpecError, match=r"^global batch 64 on 2 worker\(s\) gives each worker 32 samples a step, "):
         check_train_config(spec, "lbt", 2, 64, DIGITS_TRAIN)
+    with pytest.raises(SpecError) as refused:  # the core names the spec's field; the command line adds its flag
+        check_train_config(spec, "lbt", 2, 64, DIGITS_TRAIN)
+    assert "3 equal micro-batches ('train.accumulation_steps'); choose" in str(refused.value)
     check_train_config(spec, "lbt", 2, 96, DIGITS_TRAIN)  # 48 = 3 x 16
     with pytest.raises(SpecError, match="micro-batches"):
         train(spec, "lbt", 2, 64, tmp_path / "x", launcher=local_launcher())
@@ -214,7 +217,7 @@ def test_the_cli_says_one_sentence_for_bad_accumulation(tmp_path):
     spec.write_text(yaml.safe_dump(_dict(1)))
     cases = {
         "3": "error: global batch 64 on 2 worker(s) gives each worker 32 samples a step, which do not split into "
-        "3 equal micro-batches",
+        "3 equal micro-batches (train.accumulation_steps, --accumulation); choose accumulation steps",
         "0": "error: spec field 'train.accumulation_steps': input should be greater than or equal to 1",
     }
     for k, sentence in cases.items():  # in this process: `tula train`'s own subprocess refusals are elsewhere

@@ -184,8 +184,11 @@ def test_the_plan_rule_without_models_or_with_batch_per_worker_is_one_sentence()
         caps_from_spec(spec, 32, 1, D, None)
     assert str(err.value) == (
         "train.workers.rule 'plan' chooses the worker count from the fitted models, and this run has none: "
-        "`tula run` passes them; give `tula train` the run's models.json with --models"
+        "`tula run` passes them; give `tula train` the run's models.json with 'models'"
     )
+    from tula.cli_options import spell  # the core names the option (train's argument); the command line, its flag
+
+    assert err.value.spelled(spell).endswith("give `tula train` the run's models.json with --models")
     with pytest.raises(SpecError, match="batch_per_worker applies to rule 'batch_per_worker'"):
         spec_from_dict({"train": {"workers": {"max": 2, "rule": "plan", "batch_per_worker": 16}}})
     with pytest.raises(SpecError, match="threshold applies to rule 'plan' only"):

@@ -70,8 +70,11 @@ def test_the_plan_rule_without_models_is_refused_before_any_world(tiny_spec_dict
         train(_spec(tiny_spec_dict), "lbt", 1, 32, tmp_path / "out", launcher=local_launcher())
     assert str(err.value) == (
         "train.workers.rule 'plan' chooses the worker count from the fitted models, and this run has none: "
-        "`tula run` passes them; give `tula train` the run's models.json with --models"
+        "`tula run` passes them; give `tula train` the run's models.json with 'models'"
     )
+    from tula.cli_options import spell  # the core names the option (train's argument); the command line, its flag
+
+    assert err.value.spelled(spell).endswith("give `tula train` the run's models.json with --models")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 

@@ -50,8 +50,14 @@ def test_epochs_to_accuracy_match_a_hand_calculation_and_a_small_noise_scale_pre
 
 
 def test_the_noise_scale_is_one_sentence_when_missing_or_not_positive():
-    with pytest.raises(SpecError, match="objective time_to_accuracy needs the gradient noise scale, and the profile"):
+    with pytest.raises(
+        SpecError, match="objective time_to_accuracy needs the gradient noise scale, and the profile"
+    ) as e:
         make_plan(models_record(PERF), "time_to_accuracy")
+    from tula.cli_options import spell  # the core names make_plan's argument; the command line, its flag
+
+    assert str(e.value).endswith("give one as a what-if ('noise_scale')")
+    assert e.value.spelled(spell).endswith("give one as a what-if (--noise-scale)")
     for bad in (0, -3.0, float("nan")):
         with pytest.raises(SpecError, match="the noise scale must be a positive number of samples"):
             make_plan(models_record(PERF), "time", noise_scale=bad)

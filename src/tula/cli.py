@@ -1432,7 +1432,7 @@ def _run_command() -> int:
         names.refuse_old_spellings(sys.argv[1:])  # one sentence naming the new one, before parsing
         code = app(standalone_mode=False)
     except TulaError as err:
-        message = err.spelled(names.flag) if isinstance(err, OptionError) else err  # the core's options as flags
+        message = err.spelled(names.spell) if isinstance(err, OptionError) else err  # the core's options as flags
         say(err_console, ("error:", "bold red"), " ", message, soft_wrap=True)
         return 2
     except Interrupted as err:

@@ -76,12 +76,22 @@ _EXAMPLE_VALUE = {"--cluster-sizes": "1,2,4", "--price": "3.2", "--max-accumulat
 FLAGS = {
     "max_accumulation_steps": "--accumulation",
     "schedules": "--schedule",
+    "train.accumulation_steps": "--accumulation",  # a spec field: spelled with its flag (:func:`spell`)
 }
 
 
 def flag(option: str) -> str:
     """The command line's flag for the core's option ``option`` (``"min_workers"``: ``--min-workers``)."""
     return FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
+def spell(option: str) -> str:
+    """How the command line names the core's option ``option`` in a sentence: its flag; a spec
+    field (``train.accumulation_steps``) as itself, with the flag that sets it where one does
+    (``train.accumulation_steps, --accumulation``)."""
+    if "." not in option:
+        return flag(option)
+    return f"{option}, {FLAGS[option]}" if option in FLAGS else option
 
 
 #: what ``--resume DIR`` continues, per verb (the flag form ``--resume`` alone is refused naming it)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tula.core.errors import SpecError
+from tula.core.errors import SpecError, SpecOptionError
 
 
 @dataclass(frozen=True)
@@ -58,23 +58,31 @@ class Config:
         does not split)."""
         return self.local_batch // self.accumulation_steps
 
-    def problem(self) -> str | None:
-        """The sentence saying why the batch does not split over the workers and the
-        accumulation steps; ``None`` when it does."""
+    def refusal(self) -> SpecError | None:
+        """Why the batch does not split over the workers and the accumulation steps, as the
+        error :meth:`check` raises (its option named as the spec's field,
+        ``train.accumulation_steps``: a front end spells it); ``None`` when it does."""
         n, b, k = self.n_workers, self.global_batch, self.accumulation_steps
         if b < n or b % n:
-            return f"global batch {b} does not split evenly over {n} workers"
+            return SpecError(f"global batch {b} does not split evenly over {n} workers")
         if (b // n) % k:
-            return (
+            return SpecOptionError(
                 f"global batch {b} on {n} worker(s) gives each worker {b // n} samples a step, "
-                f"which do not split into {k} equal micro-batches (train.accumulation_steps, --accumulation); "
-                "choose accumulation steps that divide the share, or another batch"
+                f"which do not split into {k} equal micro-batches ({{accumulation}}); "
+                "choose accumulation steps that divide the share, or another batch",
+                accumulation="train.accumulation_steps",
             )
         return None
 
+    def problem(self) -> str | None:
+        """The sentence saying why the batch does not split over the workers and the
+        accumulation steps (:meth:`refusal`'s); ``None`` when it does."""
+        refusal = self.refusal()
+        return None if refusal is None else str(refusal)
+
     def check(self) -> Config:
-        """This configuration, or :meth:`problem`'s sentence as a :class:`SpecError`."""
-        problem = self.problem()
-        if problem:
-            raise SpecError(problem)
+        """This configuration, or :meth:`refusal`'s error."""
+        refusal = self.refusal()
+        if refusal is not None:
+            raise refusal
         return self

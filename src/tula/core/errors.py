@@ -103,3 +103,8 @@ class OptionError(TulaError):
             words = ", ".join(spell(n) for n in names) if isinstance(names, tuple) else spell(names)
             text = text.replace("{" + key + "}", words)
         return text
+
+
+class SpecOptionError(OptionError, SpecError):
+    """An :class:`OptionError` about the job spec (a field, or an option that sets one): caught
+    as a :class:`SpecError` where one is, spelled by a front end as an :class:`OptionError`."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tula.core.config import Config
-from tula.core.errors import SpecError
+from tula.core.errors import SpecError, SpecOptionError
 from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
 from tula.core.pricing import make_pricing
 from tula.core.registry import OBJECTIVES, method_info
@@ -134,17 +134,19 @@ def state_from_spec(spec: JobSpec, first_batch: int, f0: float | None = None) ->
     )
 
 
-def needs_models_sentence(spec: JobSpec) -> str:
-    """What a run whose spec needs the fitted models (:func:`uses_models`) is told without them."""
+def needs_models_error(spec: JobSpec) -> SpecOptionError:
+    """What a run whose spec needs the fitted models (:func:`uses_models`) is told without them
+    (the option that passes them named ``models``: a front end spells it)."""
     sched = spec.train.batch_schedule
     what = (
         f"batch schedule {sched.kind!r} chooses the batch"
         if sched is not None and schedule_info(sched.kind).needs_models
         else "train.workers.rule 'plan' chooses the worker count"
     )
-    return (
+    return SpecOptionError(
         f"{what} from the fitted models, and this run has none: `tula run` passes them; give `tula train` "
-        "the run's models.json with --models"
+        "the run's models.json with {models}",
+        models="models",
     )
 
 
@@ -186,7 +188,7 @@ def worker_plan(spec: JobSpec, models: dict | None, method: str | None = None) -
     the goodput schedule: the models rank by time, or by cost where the job's objective
     minimises cost."""
     if not models:
-        raise SpecError(needs_models_sentence(spec))
+        raise needs_models_error(spec)
     by_cost = OBJECTIVES[spec.objective].rule == "least_cost"
     ranker = Ranker(
         models,

@@ -52,7 +52,7 @@ from pydantic import ValidationError
 
 from tula.core.accumulation import accumulation_for
 from tula.core.config import Config
-from tula.core.errors import InfeasibleError, RecordError, SpecError
+from tula.core.errors import InfeasibleError, RecordError, SpecError, SpecOptionError
 from tula.core.fitted import FittedModels
 from tula.core.kneedle import knee_index
 from tula.core.pricing import SpotPricing, make_pricing
@@ -450,9 +450,10 @@ class Planner:
         self.to_accuracy = OBJECTIVES[self.objective].to_accuracy
         self.noise = NoiseScale.model_validate(noise_assumed(self.models, noise_scale, spec.train.base_batch))
         if self.to_accuracy and not self.noise.b_noise:
-            raise SpecError(
+            raise SpecOptionError(
                 f"objective {self.objective} needs the gradient noise scale, and the profile has none "
-                f"({self.noise.note}); give one as a what-if (--noise-scale)"
+                f"({self.noise.note}); give one as a what-if ({{noise_scale}})",
+                noise_scale="noise_scale",
             )
         self.pricing = make_pricing(spec.pricing)
         self.spot = isinstance(self.pricing, SpotPricing)
