@@ -54,8 +54,14 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
+    """The tensors of ``batch``, in :func:`map_tensors`' order."""
     out: list[torch.Tensor] = []
-    map_tensors(batch, lambda t: out.append(t) or t)  # type: ignore[func-returns-value]
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        out.append(t)
+        return t
+
+    map_tensors(batch, keep)
     return out
 
 
