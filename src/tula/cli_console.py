@@ -72,6 +72,18 @@ def _titled(title: str) -> tuple[TextColumn, TextColumn]:
     return TextColumn(f"[bold]{title}[/]"), TextColumn("{task.description}", markup=False)
 
 
+def _stage_bar(title: str) -> Progress:
+    """A stage's progress bar on stderr: its title, the bar, done of total and the time elapsed."""
+    return Progress(
+        *_titled(title),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
+    )
+
+
 class ConsoleObserver(Observer):
     """The pipeline's observer on a terminal (or a log): a progress bar per stage, a line
     per trial / epoch / few seconds of a long epoch when the output is not a terminal, and
@@ -100,25 +112,11 @@ class ConsoleObserver(Observer):
     def stage(self, name: str, **info) -> None:
         self.method = info.get("method", self.method)
         if name == "profiling":
-            self.bar = Progress(
-                *_titled("profiling"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err_console,
-                transient=False,
-            )
+            self.bar = _stage_bar("profiling")
             # the bar appears once the workload passed its checks: a failing one prints only its sentence
             self.task = self.bar.add_task("memory probe", total=None)
         elif name == "training":  # the bar appears once the configuration is validated and the workers start
-            self.bar = Progress(
-                *_titled("training"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err_console,
-                transient=False,
-            )
+            self.bar = _stage_bar("training")
             self.task = self.bar.add_task(plain(self.method or ""), total=None)
 
     def done(self, name: str) -> None:
