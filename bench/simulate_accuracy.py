@@ -85,10 +85,10 @@ def simulate_held_out(prof: dict, held: set[tuple[int, int]]) -> list[dict]:
                 "n_workers": t["n_workers"],
                 "global_batch": t["global_batch"],
                 "measured_s": t["t_step_s"],
-                "simulated_s": row["t_step_s"],
+                "simulated_s": row.t_step_s,
                 "measured_total_s": measured_total,
-                "simulated_total_s": row["total_time_s"],
-                "rel_error": abs(row["t_step_s"] - t["t_step_s"]) / t["t_step_s"],
+                "simulated_total_s": row.total_time_s,
+                "rel_error": abs(row.t_step_s - t["t_step_s"]) / t["t_step_s"],
                 "frozen": list(models["perf"]["frozen"]),
             }
         )

@@ -2,6 +2,7 @@
 epoch, the caps (memory, workers, data set, max_batch, even split), the LR rules, the
 state round trip, and the spec's one-sentence errors.  Pure arithmetic: no torch."""
 
+import dataclasses
 import json
 import math
 from dataclasses import replace
@@ -16,8 +17,11 @@ from tula.core.schedules import (
     PARAM_NAMES,
     SCHEDULE_NAMES,
     SCHEDULES,
+    STATE_VERSION,
     Caps,
+    Geometric,
     Schedule,
+    ScheduleState,
     initial_state,
     next_config,
 )
@@ -257,8 +261,8 @@ def test_a_resumed_schedule_decides_exactly_as_an_uninterrupted_one(kind, params
         }
         for e, d in enumerate(full)
     ]
-    state = json.loads(json.dumps(full[3].state))
-    again = next_config(json.loads(json.dumps(full[2].state)), 3, history, caps)
+    state = json.loads(json.dumps(full[3].state.to_dict()))
+    again = next_config(json.loads(json.dumps(full[2].state.to_dict())), 3, history, caps)
     assert again == full[3] and again.state == full[3].state  # pure: deciding twice gives the same
     for e in range(4, 8):
         d = next_config(state, e, history, caps)
@@ -268,7 +272,7 @@ def test_a_resumed_schedule_decides_exactly_as_an_uninterrupted_one(kind, params
 
 
 def test_the_input_state_is_not_changed_and_epochs_come_in_order():
-    state = initial_state("loss_ratio", 32)
+    state = initial_state("loss_ratio", 32).to_dict()  # as the checkpoint keeps it
     copy = json.loads(json.dumps(state))
     d0 = next_config(state, 0, [], Caps(100))
     assert state == copy
@@ -294,12 +298,12 @@ def test_state_and_caps_from_the_spec():
         }
     )
     state = state_from_spec(spec, 64)
-    assert state["params"] == {"factor": 3.0, "delay": 5}
-    assert (state["every_epochs"], state["lr_rule"], state["max_batch"], state["b0"]) == (2, "sqrt", 512, 64)
+    assert state.schedule == Geometric(factor=3.0, delay=5) and state.to_dict()["params"] == {"factor": 3.0, "delay": 5}
+    assert (state.every_epochs, state.lr_rule, state.max_batch, state.b0) == (2, "sqrt", 512, 64)
     caps = caps_from_spec(spec, 64, 2, 1438, 200)
     assert caps == Caps(1438, 200, 1, 4, 32)  # batch_per_worker: the first local batch
     assert caps_from_spec(spec_from_dict({}), 64, 2, 1438, None) == Caps(1438, None, 2, 2, None)
-    assert state_from_spec(spec_from_dict({}), 64)["kind"] == "constant"
+    assert state_from_spec(spec_from_dict({}), 64).kind == "constant"
 
 
 @pytest.mark.parametrize(
@@ -446,6 +450,62 @@ def test_the_batch_grows_through_accumulation_once_the_workers_are_at_their_most
 def test_a_state_from_before_accumulation_decides_as_k_one():
     caps = Caps(10_000, 100, 1, 2, 64, 4)
     state = drive(initial_state("geometric", 64, {"factor": 2, "delay": 1}), caps, 1)[-1].state
-    old = {k: v for k, v in state.items() if k != "accumulation_steps"}
+    old = {k: v for k, v in state.to_dict().items() if k != "accumulation_steps"}
     d = next_config(old, 2, [{"train_loss": 1.0, "steps": 1, "global_batch": 128, "n_workers": 2}] * 2, caps)
     assert (d.global_batch, d.accumulation_steps, d.changed) == (256, 2, True)
+
+
+# what a checkpoint of an earlier Tula (STATE_VERSION 1) holds after epoch 3's decision, and the
+# decision it led to at epoch 4 (caps: 5000 samples, 100 per worker in memory, 1-2 workers)
+_WRITTEN = {"version": 1, "b0": 64, "every_epochs": 1, "lr_rule": "keep", "max_batch": None, "lr_milestones": [],
+            "lr_gamma": 0.1, "f0": None, "epoch": 3, "batch": 200, "workers": 2, "accumulation_steps": 1,
+            "lr_decay": 1.0, "milestones_applied": 0}  # fmt: skip
+_CHECKPOINTED = [
+    (
+        {**_WRITTEN, "kind": "loss_ratio", "params": {"f_star": 0.1}, "f0": 3.0},
+        {"train_loss": 0.75, "steps": 25, "global_batch": 200, "n_workers": 2},
+        (200, 2, 1.0, "loss ratio: 64 x (3 - 0.1) / (0.75 - 0.1); capped at 200 by the memory model"),
+    ),
+    (
+        {
+            **_WRITTEN,
+            "kind": "increase_instead_of_decay",
+            "params": {},
+            "lr_milestones": [1, 2, 3],
+            "lr_gamma": 0.5,
+            "lr_decay": 0.390625,
+            "milestones_applied": 3,
+        },
+        {"train_loss": 1.0, "steps": 25, "global_batch": 200, "n_workers": 2},
+        (200, 2, 0.390625, "no LR milestone reached: batch stays 200 -> global batch 200 on 2 workers"),
+    ),
+    (
+        {**_WRITTEN, "kind": "piecewise", "params": {"batches": [64, 160, 32]}, "every_epochs": 2, "batch": 160},
+        {"train_loss": 1.0, "steps": 31, "global_batch": 160, "n_workers": 2},
+        (32, 1, 1.0, "piecewise: entry 2 of [64, 160, 32] -> global batch 32 on 1 worker"),
+    ),
+]
+
+
+@pytest.mark.parametrize("written, last_epoch, expected", _CHECKPOINTED, ids=[w["kind"] for w, _, _ in _CHECKPOINTED])
+def test_a_state_a_checkpoint_holds_loads_and_decides_as_it_did(written, last_epoch, expected):
+    """The schedule state as JSON (the checkpoint's): today's states load (typed, its
+    parameters the schedule's fields), write back the same JSON, and decide as they did."""
+    caps = Caps(dataset_size=5000, max_local_batch=100, min_workers=1, max_workers=2, batch_per_worker=100)
+    state = ScheduleState.from_dict(json.loads(json.dumps(written)))
+    assert state.to_dict() == written and state.kind == written["kind"] and STATE_VERSION == 1
+    assert state.schedule.params() == written["params"]
+    for given in (written, state):  # the JSON form (a checkpoint's) or the typed state
+        d = next_config(given, 4, [last_epoch] * 4, caps)
+        batch, workers, lr_multiplier, reason = expected
+        assert (d.global_batch, d.n_workers, d.lr_multiplier) == (batch, workers, lr_multiplier)
+        assert d.reason.startswith(reason) and d.state.epoch == 4
+        assert json.loads(json.dumps(d.state.to_dict())) == {**written, "epoch": 4, "batch": batch, "workers": workers}
+    with pytest.raises(SpecError, match="batch schedule state version 2 is not 1"):
+        ScheduleState.from_dict({**written, "version": 2})
+
+
+def test_each_schedules_fields_are_its_parameters_in_the_tables_order():
+    for info in SCHEDULES.values():
+        assert [f.name for f in dataclasses.fields(info.cls)] == [p.name for p in info.params], info.name
+        assert dataclasses.is_dataclass(info.cls) and info.cls.__dataclass_params__.frozen

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from helpers import memory_model, models_record, profile_record, run_python, run_tula, tula_in_process
 
-from tula.core.errors import TulaError
+from tula.core.errors import OptionError, TulaError
 from tula.core.fit import fit_models
 from tula.core.perfmodel import PerfModel
 from tula.core.records import save_record, validate_record
-from tula.core.schedules import Caps, next_config, schedule_info
+from tula.core.schedules import Caps, FinishedEpoch, next_config, schedule_info
 from tula.core.simulate import (
     DEFAULT_WORKERS,
     Simulator,
@@ -22,6 +22,7 @@ from tula.core.simulate import (
     parse_workers,
     schedule_caps,
     simulator_from_models,
+    what_if,
 )
 from tula.core.spec import parse_bandwidth, spec_from_dict
 
@@ -48,41 +49,41 @@ def test_ring_parameter_server_and_tree_by_hand():
     ring = 2 * 7 * 1e-5 + 2 * 7 / 8 * 1e8 / 1e9  # 0.17514 s: 2(N-1) hops, 2(N-1)/N of the bytes
     ps = 2 * 1e-5 + 2 * 8 * 1e8 / 1e9  # 1.60002 s: the server's link carries 2 N gradients
     tree = 2 * 3 * 1e-5 + 2 * 1e8 / 1e9  # 0.20006 s: 2 log2(8) hops, the bytes twice (pipelined)
-    rows = {(r["collective"], r["n_workers"]): r for r in sim.constant(800, [1, 8])}
+    rows = {(r.collective, r.n_workers): r for r in sim.constant(800, [1, 8])}
     for c, sync in (("ring", ring), ("parameter_server", ps), ("tree", tree)):
         r = rows[(c, 8)]
-        assert r["t_sync_s"] == pytest.approx(sync, rel=1e-12)
-        assert r["t_step_s"] == pytest.approx(0.11 + sync, rel=1e-12)
+        assert r.t_sync_s == pytest.approx(sync, rel=1e-12)
+        assert r.t_step_s == pytest.approx(0.11 + sync, rel=1e-12)
         # D = 8000, B = 800: 10 updates per epoch, 2 epochs
-        assert r["updates"] == 20
-        assert r["total_time_s"] == pytest.approx(20 * (0.11 + sync), rel=1e-12)
-        assert r["cost"] == pytest.approx(20 * (0.11 + sync) * 8, rel=1e-12)  # 1 $ per node-second
-        assert rows[(c, 1)]["t_step_s"] == pytest.approx(0.01 + 0.8)  # one worker: no sync
-    assert rows[("ring", 8)]["t_step_s"] < rows[("tree", 8)]["t_step_s"] < rows[("parameter_server", 8)]["t_step_s"]
+        assert r.updates == 20
+        assert r.total_time_s == pytest.approx(20 * (0.11 + sync), rel=1e-12)
+        assert r.cost == pytest.approx(20 * (0.11 + sync) * 8, rel=1e-12)  # 1 $ per node-second
+        assert rows[(c, 1)].t_step_s == pytest.approx(0.01 + 0.8)  # one worker: no sync
+    assert rows[("ring", 8)].t_step_s < rows[("tree", 8)].t_step_s < rows[("parameter_server", 8)].t_step_s
     # at N = 1024, b = 1 (B = 1024): latency dominates the ring, bytes the server, neither the tree
-    big = {r["collective"]: r for r in sim.constant(1024, [1024])}
-    assert big["ring"]["t_sync_s"] == pytest.approx(2 * 1023 * 1e-5 + 2 * 1023 / 1024 * 0.1, rel=1e-12)
-    assert big["parameter_server"]["t_sync_s"] == pytest.approx(2e-5 + 2 * 1024 * 0.1, rel=1e-12)
-    assert big["tree"]["t_sync_s"] == pytest.approx(2 * 10 * 1e-5 + 0.2, rel=1e-12)
+    big = {r.collective: r for r in sim.constant(1024, [1024])}
+    assert big["ring"].t_sync_s == pytest.approx(2 * 1023 * 1e-5 + 2 * 1023 / 1024 * 0.1, rel=1e-12)
+    assert big["parameter_server"].t_sync_s == pytest.approx(2e-5 + 2 * 1024 * 0.1, rel=1e-12)
+    assert big["tree"].t_sync_s == pytest.approx(2 * 10 * 1e-5 + 0.2, rel=1e-12)
 
 
 def test_compute_speed_and_bandwidth_are_what_ifs():
     sim = simulator_from_models(_record(HAND), bandwidth="10GB/s", latency="0s", compute_speed=2.0)
     r = sim.constant(800, [4], ["ring"])[0]
-    assert r["t_step_s"] == pytest.approx(0.21 / 2 + 2 * 3 / 4 * 1e8 / 1e10, rel=1e-12)
+    assert r.t_step_s == pytest.approx(0.21 / 2 + 2 * 3 / 4 * 1e8 / 1e10, rel=1e-12)
 
 
 def test_n_above_the_batch_and_memory_are_marked_not_simulated():
     sim = simulator_from_models(_record(HAND), bandwidth="1GB/s", latency="1us")
     rows = sim.constant(64, [32, 64, 128], ["tree"])
-    assert [r["note"] for r in rows[:2]] == ["", ""]
-    assert rows[2]["note"].startswith("N > B") and rows[2]["total_time_s"] is None
+    assert [r.note for r in rows[:2]] == ["", ""]
+    assert rows[2].note.startswith("N > B") and rows[2].total_time_s is None
     capped = simulator_from_models(
         _record(HAND, spec={"search": {"memory_budget_bytes": 4000}}), bandwidth="1GB/s", latency="1us"
     )
     assert capped.max_local_batch == 16  # (0.9 * 4000 - 2000) / 100
-    r = {x["n_workers"]: x for x in capped.constant(64, [2, 4], ["ring"])}
-    assert not r[2]["fits_memory"] and "exceeds memory" in r[2]["note"] and r[4]["fits_memory"]
+    r = {x.n_workers: x for x in capped.constant(64, [2, 4], ["ring"])}
+    assert not r[2].fits_memory and "exceeds memory" in r[2].note and r[4].fits_memory
 
 
 # --------------------------------------------------------------------------- reproducing the fit
@@ -145,8 +146,8 @@ def test_with_no_override_the_simulator_gives_the_fitted_predictions_at_the_prof
     for t in models["trials"]:
         row = sim.constant(t["global_batch"], [t["n_workers"]], [collective])[0]
         pred = float(fitted.t_step_s(t["local_batch"], t["n_workers"]))
-        assert row["t_step_s"] == pytest.approx(pred, rel=1e-12)
-        assert row["total_time_s"] == pytest.approx(3 * (1438 // t["global_batch"]) * pred, rel=1e-12)
+        assert row.t_step_s == pytest.approx(pred, rel=1e-12)
+        assert row.total_time_s == pytest.approx(3 * (1438 // t["global_batch"]) * pred, rel=1e-12)
     # beyond the profiled N the co-location slowdown stays at its value for 4 ranks
     assert float(sim.t_compute_s(8, 1024)) == pytest.approx(float(fitted.t_compute_s(8, 4)))
     one = simulator_from_models(models, ranks_per_node=1)
@@ -194,22 +195,19 @@ def test_a_geometric_schedule_counts_updates_and_grows_the_workers():
     caps = Caps(1438, None, 1, 64, 32)
     res = sim.schedule("geometric", 32, caps, {"factor": 2, "delay": 2}, ["ring", "tree"])
     ring = res[0]
-    assert [e["global_batch"] for e in ring["epochs"]] == [32, 32, 64, 64, 128, 128, 256, 256, 512, 512]
-    assert [e["n_workers"] for e in ring["epochs"]] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]
-    assert [e["steps"] for e in ring["epochs"]] == [44, 44, 22, 22, 11, 11, 5, 5, 2, 2]
-    assert ring["updates"] == 168 and ring["max_workers"] == 16 and ring["resizes"] == 4
-    want = sum(
-        e["steps"] * float(sim.t_step_s("ring", e["global_batch"] / e["n_workers"], e["n_workers"]))
-        for e in ring["epochs"]
-    )
-    assert ring["total_time_s"] == pytest.approx(want, rel=1e-12)
-    assert ring["cost"] == pytest.approx(sum(e["epoch_time_s"] * e["n_workers"] for e in ring["epochs"]))
-    assert res[1]["collective"] == "tree" and res[1]["updates"] == 168
+    assert [e.global_batch for e in ring.epochs] == [32, 32, 64, 64, 128, 128, 256, 256, 512, 512]
+    assert [e.n_workers for e in ring.epochs] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]
+    assert [e.steps for e in ring.epochs] == [44, 44, 22, 22, 11, 11, 5, 5, 2, 2]
+    assert ring.updates == 168 and ring.max_workers == 16 and ring.resizes == 4
+    want = sum(e.steps * float(sim.t_step_s("ring", e.global_batch / e.n_workers, e.n_workers)) for e in ring.epochs)
+    assert ring.total_time_s == pytest.approx(want, rel=1e-12)
+    assert ring.cost == pytest.approx(sum(e.epoch_time_s * e.n_workers for e in ring.epochs))
+    assert res[1].collective == "tree" and res[1].updates == 168
     # a constant schedule is the constant-batch simulation
     const = sim.schedule("constant", 128, Caps(1438, None, 4, 4, None), {}, ["ring"])[0]
     row = sim.constant(128, [4], ["ring"])[0]
-    assert const["updates"] == row["updates"] == 10 * 11
-    assert const["total_time_s"] == pytest.approx(row["total_time_s"], rel=1e-12)
+    assert const.updates == row.updates == 10 * 11
+    assert const.total_time_s == pytest.approx(row.total_time_s, rel=1e-12)
 
 
 def test_increase_instead_of_decay_follows_the_milestones():
@@ -217,8 +215,8 @@ def test_increase_instead_of_decay_follows_the_milestones():
     res = sim.schedule(
         "increase_instead_of_decay", 50, Caps(1000, None, 1, 8, 50), {}, ["ring"], lr_milestones=[2, 4], lr_gamma=0.5
     )[0]
-    assert [e["global_batch"] for e in res["epochs"]] == [50, 50, 100, 100, 200, 200]
-    assert res["updates"] == 2 * (20 + 10 + 5)
+    assert [e.global_batch for e in res.epochs] == [50, 50, 100, 100, 200, 200]
+    assert res.updates == 2 * (20 + 10 + 5)
 
 
 def test_loss_ratio_replays_a_training_runs_losses():
@@ -229,9 +227,9 @@ def test_loss_ratio_replays_a_training_runs_losses():
     history = [{"train_loss": 2.0}, {"train_loss": 1.0}, {"train_loss": 0.5}]
     res = sim.schedule("loss_ratio", 25, caps, {}, ["ring"], history=history)[0]
     # B0 x F(w0) / F(wk), F(w0) the first epoch's loss: 25, 25, 50, 100
-    assert [e["global_batch"] for e in res["epochs"]] == [25, 25, 50, 100]
-    assert [e["n_workers"] for e in res["epochs"]] == [1, 1, 2, 4]
-    assert res["updates"] == 40 + 40 + 20 + 10
+    assert [e.global_batch for e in res.epochs] == [25, 25, 50, 100]
+    assert [e.n_workers for e in res.epochs] == [1, 1, 2, 4]
+    assert res.updates == 40 + 40 + 20 + 10
 
 
 def test_schedule_caps_come_from_the_spec_or_the_options():
@@ -442,24 +440,27 @@ def test_a_schedule_grows_through_accumulation_where_the_memory_caps_the_workers
     caps = schedule_caps(rec, sim, 64, [1, 2], max_workers=2, batch_per_worker=64)
     assert caps.max_accumulation_steps == 4
     ring = sim.schedule("geometric", 64, caps, {"factor": 2, "delay": 1}, ["ring"])[0]
-    got = [(e["global_batch"], e["n_workers"], e["accumulation_steps"], e["micro_batch"]) for e in ring["epochs"]]
+    got = [(e.global_batch, e.n_workers, e.accumulation_steps, e.micro_batch) for e in ring.epochs]
     assert got == [(64, 1, 1, 64), (128, 2, 1, 64), (256, 2, 2, 64), (512, 2, 4, 64)]
-    assert ring["max_accumulation_steps"] == 4
-    last = ring["epochs"][-1]
+    assert ring.max_accumulation_steps == 4
+    last = ring.epochs[-1]
     compute, sync = float(sim.t_compute_s(64, 2)), float(sim.t_sync_s("ring", 2))
-    assert last["t_step_s"] == pytest.approx(3 * compute + float(HAND.combine_s(compute, sync, 2)), rel=1e-12)
+    assert last.t_step_s == pytest.approx(3 * compute + float(HAND.combine_s(compute, sync, 2)), rel=1e-12)
     # the what-if option replaces the spec's: without accumulation the batch stops at 2 x 64
     flat = sim.schedule("geometric", 64, schedule_caps(rec, sim, 64, [1, 2], max_workers=2, max_accumulation_steps=1),
                         {"factor": 2, "delay": 1}, ["ring"])[0]  # fmt: skip
-    assert [e["global_batch"] for e in flat["epochs"]] == [64, 128, 128, 128]
+    assert [e.global_batch for e in flat.epochs] == [64, 128, 128, 128]
     with pytest.raises(TulaError, match="max accumulation must be at least 1"):
         schedule_caps(rec, sim, 64, [1, 2], max_accumulation_steps=0)
 
 
 def test_check_history_refuses_a_schedule_it_cannot_replay():
     check_history("geometric", schedule_info("geometric"), None, 5)  # reads nothing measured
-    with pytest.raises(TulaError, match="follows the b_simple measured while training"):
+    with pytest.raises(OptionError, match="follows the b_simple measured while training") as refused:
         check_history("adaptive", schedule_info("adaptive"), None, 5)
+    # the core names its option; the command line spells it (tests/test_cli_paths.py: `tula simulate --history`)
+    assert str(refused.value).endswith("give a training run's record to replay ('history')")
+    assert "tula simulate" not in str(refused.value) and refused.value.options == {"history": "history"}
     with pytest.raises(TulaError, match="has 3 epochs, but 'loss_ratio' needs the first 4 to simulate 5"):
         check_history("loss_ratio", schedule_info("loss_ratio"), [{}] * 3, 5)
     check_history("loss_ratio", schedule_info("loss_ratio"), [{}] * 4, 5)  # the last epoch's is not read
@@ -469,12 +470,12 @@ def test_each_epochs_configuration_is_decided_in_one_place_from_the_epochs_befor
     """Simulator.decide is the seam a planner that decides while training replaces: the
     simulated run asks it once per epoch, with the epochs done so far (a replayed history's
     train_loss and b_simple in them)."""
-    seen: list[list[dict]] = []
+    seen: list[list[FinishedEpoch]] = []
 
     @dataclasses.dataclass(frozen=True)
     class Watched(Simulator):
         def decide(self, state, epoch, done, caps):
-            seen.append([dict(d) for d in done])
+            seen.append(list(done))
             return next_config(state, epoch, done, caps)
 
     base = simulator_from_models(_record(HAND, dataset_size=1000, epochs=3), bandwidth="1GB/s", latency="1us")
@@ -482,6 +483,35 @@ def test_each_epochs_configuration_is_decided_in_one_place_from_the_epochs_befor
     history = [{"train_loss": 2.0, "b_simple": 10.0}, {"train_loss": 1.0, "b_simple": 20.0}]
     res = sim.schedule("loss_ratio", 25, Caps(1000, None, 1, 8, 25), {}, ["ring"], history=history)[0]
     assert [len(d) for d in seen] == [0, 1, 2]
-    assert [(d["train_loss"], d["b_simple"]) for d in seen[2]] == [(2.0, 10.0), (1.0, 20.0)]
-    assert [d["global_batch"] for d in seen[2]] == [e["global_batch"] for e in res["epochs"][:2]]
+    assert [(d.train_loss, d.b_simple) for d in seen[2]] == [(2.0, 10.0), (1.0, 20.0)]
+    assert [d.global_batch for d in seen[2]] == [e.global_batch for e in res.epochs[:2]]
     assert res == base.schedule("loss_ratio", 25, Caps(1000, None, 1, 8, 25), {}, ["ring"], history=history)[0]
+
+
+def test_the_rows_are_typed_and_their_json_holds_the_keys_it_held():
+    """A simulated row is a frozen object; its JSON (``to_json_dict``) holds what the rows held
+    as dicts: a row without times no failure-free time, a row without a noise scale no figures
+    to accuracy, a schedule's epochs as a list."""
+    models = _record(HAND, dataset_size=1000, epochs=2)
+    sim = simulator_from_models(models, bandwidth="1GB/s", latency="1us")
+    one, above = sim.constant(64, [2, 128], ["ring"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        one.note = "changed"  # type: ignore[misc]
+    config = ["collective", "n_workers", "global_batch", "local_batch", "updates", "note", "t_step_s", "t_compute_s"]
+    times = ["t_sync_s", "epoch_time_s", "total_time_s"]
+    assert list(above.to_json_dict()) == config + times + ["cost", "fits_memory"]
+    assert above.to_json_dict()["t_step_s"] is None and above.note.startswith("N > B")
+    assert list(one.to_json_dict()) == config + times + ["failure_free_time_s", "cost", "fits_memory"]
+    w = what_if(models, sim, [2, 128], ["ring"], 64, noise_scale=500.0)
+    accuracy = ["epochs_to_accuracy", "time_to_accuracy_s", "cost_to_accuracy"]
+    assert list(w.rows[0].to_json_dict()) == list(one.to_json_dict()) + accuracy
+    assert w.rows[0].epochs_to_accuracy == pytest.approx(2 * (500 + 64) / (500 + 128))  # B0: train.base_batch
+    assert w.rows[1] == above  # no times: nothing to accuracy
+    row = sim.schedule("geometric", 32, Caps(1000, None, 1, 4, 32), {"factor": 2, "delay": 1}, ["ring"])[0]
+    data = json.loads(json.dumps(row.to_json_dict()))
+    assert data["schedule"] == "geometric" and data["max_batch"] == 64 and len(data["epochs"]) == 2
+    assert list(data["epochs"][1]) == [
+        "epoch", "global_batch", "n_workers", "local_batch", "accumulation_steps", "micro_batch", "steps", "reason",
+        "t_step_s", "epoch_time_s", "expected_time_s", "cost",
+    ]  # fmt: skip
+    assert data["epochs"][1]["global_batch"] == row.epochs[1].global_batch == 64

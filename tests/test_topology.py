@@ -265,7 +265,7 @@ def test_the_simulator_on_given_links_by_hand():
         rec, bandwidth="8Gbit/s", latency="10us", ranks_per_node=4, intra_bandwidth="80Gbit/s", intra_latency="1us"
     )
     assert sim.intra_bandwidth_bytes_per_s == 1e10 and sim.intra_latency_s == pytest.approx(1e-6)
-    rows = {(r["collective"], r["n_workers"]): r["t_sync_s"] for r in sim.constant(800, [4, 8])}
+    rows = {(r.collective, r.n_workers): r.t_sync_s for r in sim.constant(800, [4, 8])}
     assert rows[("ring", 4)] == pytest.approx(6 * (1e-6 + 2.5e7 / 1e10), rel=1e-12)
     assert rows[("ring", 8)] == pytest.approx(14 * (1e-5 + 1.25e7 / 1e9), rel=1e-12)
     assert rows[("tree", 8)] == pytest.approx(4e-6 + 2e-5 + 2 * S / 1e9, rel=1e-12)

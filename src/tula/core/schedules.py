@@ -23,8 +23,9 @@ torch here: the decision is pure arithmetic on the epochs' records.
 
 The runner calls :func:`next_config` once before the first epoch (``epoch_done=0``, empty
 history) and at every epoch boundary after; it is a pure function of the schedule state
-(a plain, JSON-serialisable dict kept in the checkpoint), the finished epochs' records and
-the :class:`Caps`, and returns a :class:`Decision` that carries the next state.  Every
+(a :class:`ScheduleState`, kept in the checkpoint as JSON: :meth:`ScheduleState.to_dict`), the
+finished epochs' records (what a schedule reads of each: :class:`FinishedEpoch`) and the
+:class:`Caps`, and returns a :class:`Decision` that carries the next state.  Every
 schedule is capped by the memory model's largest local batch times the largest worker
 count (times ``Caps.max_accumulation_steps``), by ``max_batch`` and by the training-set
 size; the global batch is rounded down to a multiple of the worker count
@@ -39,11 +40,10 @@ planner's rule), the share rounded down where no k up to the cap splits it.
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar, Protocol
 
 from tula.core.accumulation import accumulation_for
 from tula.core.config import Config
@@ -129,28 +129,74 @@ class Param:
 
 
 # ---------------------------------------------------------------------------- the schedules
+class EpochFigures(Protocol):
+    """An epoch's figures as an object holds them (:class:`tula.core.records.EpochRecord`): what
+    :meth:`FinishedEpoch.of` reads of one."""
+
+    @property
+    def steps(self) -> int | None: ...
+    @property
+    def train_loss(self) -> float | None: ...
+    @property
+    def b_simple(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class FinishedEpoch:
+    """What a schedule reads of a finished epoch: its model updates, its mean training loss and
+    the gradient noise scale measured over it (``None``: not measured), and the configuration it
+    ran at.  Made by :meth:`of` from a metrics line (a dict), an
+    :class:`~tula.core.records.EpochRecord` or a simulated epoch; a figure it does not give is
+    ``None``."""
+
+    steps: int | None
+    train_loss: float | None = None
+    b_simple: float | None = None
+    epoch: int | None = None
+    global_batch: int | None = None
+    n_workers: int | None = None
+
+    @classmethod
+    def of(cls, epoch: FinishedEpoch | EpochFigures | Mapping[str, Any]) -> FinishedEpoch:
+        """``epoch``'s figures that a schedule reads."""
+        if isinstance(epoch, FinishedEpoch):
+            return epoch
+        if isinstance(epoch, Mapping):
+            return cls(**{f.name: epoch.get(f.name) for f in fields(cls)})
+        return cls(**{f.name: getattr(epoch, f.name, None) for f in fields(cls)})
+
+
 @dataclass
 class _Ctx:
-    """What a schedule sees at a boundary (``state`` is its own copy, to update)."""
+    """What a schedule sees at a boundary (``state`` its own, replaced as it settles)."""
 
-    state: dict[str, Any]
+    state: ScheduleState
     epoch_done: int
-    history: Sequence[dict[str, Any]]
+    history: Sequence[FinishedEpoch]
     cap: int  # the largest global batch allowed (memory x workers, max_batch, data set)
     caps: Caps | None = None  # the bounds themselves (goodput reads their workers rule's models)
 
 
 def _last_b_simple(ctx: _Ctx) -> float | None:
     """The last finished epoch's B_simple, or None where none was measured (None, NaN)."""
-    bs = ctx.history[-1].get("b_simple") if ctx.history else None
+    bs = ctx.history[-1].b_simple if ctx.history else None
     return None if bs is None or (isinstance(bs, float) and math.isnan(bs)) else float(bs)
 
 
+def _train_loss(epoch: FinishedEpoch) -> float:
+    """A finished epoch's training loss (a schedule that reads it refuses an epoch without one)."""
+    if epoch.train_loss is None:
+        raise ValueError(f"the record of epoch {epoch.epoch or '?'} holds no train_loss")
+    return float(epoch.train_loss)
+
+
+@dataclass(frozen=True)
 class Schedule:
-    """A batch-size schedule: :meth:`want` says which global batch it wants after
+    """A batch-size schedule with its own parameters (a subclass's fields, in the order of its
+    :class:`ScheduleInfo`'s ``params``): :meth:`want` says which global batch it wants after
     ``ctx.epoch_done`` epochs (before caps and rounding), and a one-line reason."""
 
-    name = ""
+    name: ClassVar[str] = ""
 
     def want(self, ctx: _Ctx) -> tuple[float, str]:
         raise NotImplementedError
@@ -160,111 +206,132 @@ class Schedule:
         reason to append ('' for none) and whether the LR decays instead of the batch growing."""
         return "", False
 
+    def params(self) -> dict[str, Any]:
+        """The parameters as JSON values (the ``params`` of :meth:`ScheduleState.to_dict`)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in values.items()}
 
+
+@dataclass(frozen=True)
 class Constant(Schedule):
-    name = "constant"
+    name: ClassVar[str] = "constant"
 
     def want(self, ctx: _Ctx) -> tuple[float, str]:
-        return ctx.state["b0"], f"constant batch {ctx.state['b0']}"
+        return ctx.state.b0, f"constant batch {ctx.state.b0}"
 
 
+@dataclass(frozen=True)
 class Geometric(Schedule):
-    name = "geometric"
+    name: ClassVar[str] = "geometric"
+    factor: float
+    delay: int
 
     def want(self, ctx: _Ctx) -> tuple[float, str]:
-        p, b0 = ctx.state["params"], ctx.state["b0"]
-        j = ctx.epoch_done // p["delay"]
-        return b0 * p["factor"] ** j, f"geometric: {b0} x {p['factor']:g}^{j} after epoch {ctx.epoch_done}"
+        b0, j = ctx.state.b0, ctx.epoch_done // self.delay
+        return b0 * self.factor**j, f"geometric: {b0} x {self.factor:g}^{j} after epoch {ctx.epoch_done}"
 
 
+@dataclass(frozen=True)
 class Linear(Schedule):
-    name = "linear"
+    name: ClassVar[str] = "linear"
+    rate: float
 
     def want(self, ctx: _Ctx) -> tuple[float, str]:
-        b0, rate = ctx.state["b0"], ctx.state["params"]["rate"]
-        k = sum(int(h["steps"]) for h in ctx.history)
+        if any(h.steps is None for h in ctx.history):
+            raise ValueError("batch schedule 'linear' counts model updates, but an epoch's record holds no steps")
+        b0, rate = ctx.state.b0, self.rate
+        k = sum(int(h.steps or 0) for h in ctx.history)
         return b0 + _ceil(rate * k), f"linear: {b0} + ceil({rate:g} x {k} updates)"
 
 
+@dataclass(frozen=True)
 class IncreaseInsteadOfDecay(Schedule):
     """The batch times 1/gamma at each milestone not yet applied; where the cap stops the
     batch short, the LR takes the rest of the factor: LR x gamma * B_new / B_old."""
 
-    name = "increase_instead_of_decay"
+    name: ClassVar[str] = "increase_instead_of_decay"
 
     def _pending(self, ctx: _Ctx) -> int:
         s = ctx.state
-        return sum(m <= ctx.epoch_done for m in s["lr_milestones"]) - s["milestones_applied"]
+        return sum(m <= ctx.epoch_done for m in s.lr_milestones) - s.milestones_applied
 
     def want(self, ctx: _Ctx) -> tuple[float, str]:
         s, p = ctx.state, self._pending(ctx)
         if p <= 0:
-            return s["batch"], f"no LR milestone reached: batch stays {s['batch']}"
-        g = s["lr_gamma"] ** p
-        return s["batch"] / g, f"LR milestone: the batch x{1 / g:g} instead of the LR decay"
+            return s.batch, f"no LR milestone reached: batch stays {s.batch}"
+        g = s.lr_gamma**p
+        return s.batch / g, f"LR milestone: the batch x{1 / g:g} instead of the LR decay"
 
     def settle(self, ctx: _Ctx, wanted: float, batch: int) -> tuple[str, bool]:
         s, p = ctx.state, self._pending(ctx)
         if p <= 0:
             return "", False
-        old = s["batch"]
-        s["milestones_applied"] += p
-        g = s["lr_gamma"] ** p
+        old = s.batch
+        ctx.state = replace(s, milestones_applied=s.milestones_applied + p)
+        g = s.lr_gamma**p
         if _floor(wanted) <= ctx.cap:
             return "", False
         decay = min(1.0, g * batch / old)
-        s["lr_decay"] *= decay
+        ctx.state = replace(ctx.state, lr_decay=ctx.state.lr_decay * decay)
         return f", but the largest batch is {ctx.cap}: the LR decays x{decay:.4g} instead", True
 
 
+@dataclass(frozen=True)
 class LossRatio(Schedule):
-    """F(w0) is ``state['f0']``: the loss the runner measured before training if it gave
+    """F(w0) is the state's ``f0``: the loss the runner measured before training if it gave
     one, else the first epoch's training loss (so the first boundary keeps B0)."""
 
-    name = "loss_ratio"
+    name: ClassVar[str] = "loss_ratio"
+    f_star: float
 
     def want(self, ctx: _Ctx) -> tuple[float, str]:
         s = ctx.state
         if not ctx.history:
-            return s["b0"], f"loss ratio: no epoch finished, batch {s['b0']}"
-        if s.get("f0") is None:
-            s["f0"] = float(ctx.history[0]["train_loss"])
-        f_star, f0, fk = s["params"]["f_star"], s["f0"], float(ctx.history[-1]["train_loss"])
+            return s.b0, f"loss ratio: no epoch finished, batch {s.b0}"
+        if s.f0 is None:
+            s = ctx.state = replace(s, f0=_train_loss(ctx.history[0]))
+        f_star, f0, fk = self.f_star, s.f0, _train_loss(ctx.history[-1])
+        assert f0 is not None  # set just above
         if not (math.isfinite(fk) and f0 - f_star > 0):
-            return s["batch"], f"loss ratio undefined (F(w0)={f0:.4g}, F(wk)={fk:.4g}, F*={f_star:g}): batch stays"
+            return s.batch, f"loss ratio undefined (F(w0)={f0:.4g}, F(wk)={fk:.4g}, F*={f_star:g}): batch stays"
         if fk - f_star <= 0:
             return math.inf, f"loss ratio: F(wk)={fk:.4g} is at or below F*={f_star:g}, so the largest batch"
         ratio = (f0 - f_star) / (fk - f_star)
-        return s["b0"] * ratio, f"loss ratio: {s['b0']} x ({f0:.4g} - {f_star:g}) / ({fk:.4g} - {f_star:g})"
+        return s.b0 * ratio, f"loss ratio: {s.b0} x ({f0:.4g} - {f_star:g}) / ({fk:.4g} - {f_star:g})"
 
 
+@dataclass(frozen=True)
 class Adaptive(Schedule):
     """Target = clip(B_simple of the last epoch, min_batch, cap).  The batch changes only
     when the target differs from the current batch by more than ``band`` of it, and then by
     at most ``max_growth`` (up or down) per boundary.  No B_simple (None, NaN): no change;
     an infinite one (no measurable gradient signal above the noise): towards the cap."""
 
-    name = "adaptive"
+    name: ClassVar[str] = "adaptive"
+    min_batch: int | None
+    band: float
+    max_growth: float
 
     def want(self, ctx: _Ctx) -> tuple[float, str]:
-        s, p = ctx.state, ctx.state["params"]
-        cur = s["batch"]
+        s = ctx.state
+        cur = s.batch
         if not ctx.history:
-            return s["b0"], f"adaptive: starting at {s['b0']}"
+            return s.b0, f"adaptive: starting at {s.b0}"
         bs = _last_b_simple(ctx)
         if bs is None:
             return cur, f"adaptive: no B_simple measured, batch stays {cur}"
-        lo = p["min_batch"] if p.get("min_batch") is not None else s["b0"]
+        lo = self.min_batch if self.min_batch is not None else s.b0
         target = min(max(float(bs), lo), ctx.cap)
-        if abs(target - cur) <= p["band"] * cur:
+        if abs(target - cur) <= self.band * cur:
             if float(bs) < lo:
                 return cur, f"adaptive: B_simple {float(bs):.4g} is below the smallest batch {lo}, batch stays {cur}"
-            return cur, f"adaptive: B_simple {float(bs):.4g} is within {p['band']:g} of batch {cur}, no change"
-        new = min(max(target, cur / p["max_growth"]), cur * p["max_growth"])
+            return cur, f"adaptive: B_simple {float(bs):.4g} is within {self.band:g} of batch {cur}, no change"
+        new = min(max(target, cur / self.max_growth), cur * self.max_growth)
         limited = " (growth limited)" if new != target else ""
         return new, f"adaptive: B_simple {float(bs):.4g} -> batch {_floor(new)}{limited}"
 
 
+@dataclass(frozen=True)
 class Goodput(Schedule):
     """Pollux's goodput for one job: of the batches within ``max_growth`` of the current one,
     the one whose best worker count has the largest predicted throughput times the
@@ -272,33 +339,40 @@ class Goodput(Schedule):
     (:func:`tula.core.live_plan.choose_goodput`, through ``Caps.workers_rule``, which holds the
     fitted models).  No B_simple (None, NaN): no change; an infinite one: towards the cap."""
 
-    name = "goodput"
+    name: ClassVar[str] = "goodput"
+    min_batch: int | None
+    max_growth: float
 
     def want(self, ctx: _Ctx) -> tuple[float, str]:
-        s, p = ctx.state, ctx.state["params"]
-        cur = s["batch"]
+        s = ctx.state
+        cur = s.batch
         if not ctx.history:
-            return s["b0"], f"goodput: starting at {s['b0']}"
+            return s.b0, f"goodput: starting at {s.b0}"
         bs = _last_b_simple(ctx)
         if bs is None:
             return cur, f"goodput: no B_simple measured, batch stays {cur}"
         if math.isinf(bs):
-            return min(cur * p["max_growth"], ctx.cap), "goodput: no gradient noise measurable, towards the cap"
+            return min(cur * self.max_growth, ctx.cap), "goodput: no gradient noise measurable, towards the cap"
         rule = ctx.caps.workers_rule if ctx.caps is not None else None
         if rule is None or not hasattr(rule, "choose_batch"):
             raise SpecError("batch schedule 'goodput' needs the fitted models to rank batches")
-        lo = p["min_batch"] if p.get("min_batch") is not None else s["b0"]
-        batch, reason = rule.choose_batch(ctx.caps, cur, s["workers"], bs, s["b0"], p["max_growth"], lo, ctx.cap)
+        lo = self.min_batch if self.min_batch is not None else s.b0
+        batch, reason = rule.choose_batch(ctx.caps, cur, s.workers, bs, s.b0, self.max_growth, lo, ctx.cap)
         return batch, reason
 
 
+@dataclass(frozen=True)
 class Piecewise(Schedule):
     """``batches[i]`` during the i-th period of ``every_epochs`` epochs; after the list, its last."""
 
-    name = "piecewise"
+    name: ClassVar[str] = "piecewise"
+    batches: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batches", tuple(self.batches))  # a list as read from JSON
 
     def want(self, ctx: _Ctx) -> tuple[float, str]:
-        batches, every = ctx.state["params"]["batches"], ctx.state["every_epochs"]
+        batches, every = self.batches, ctx.state.every_epochs
         i = min(ctx.epoch_done // every, len(batches) - 1)
         return batches[i], f"piecewise: entry {i} of {list(batches)}"
 
@@ -496,6 +570,86 @@ class Caps:
 
 
 @dataclass(frozen=True)
+class ScheduleState:
+    """A schedule's state between two boundaries: its settings and what the decisions so far
+    left behind.  Kept with the checkpoint as JSON: :meth:`to_dict`, :meth:`from_dict` (a
+    state written by an earlier Tula of the same :data:`STATE_VERSION` loads).
+
+    Attributes
+    ----------
+    schedule : the schedule with its own parameters (``kind`` and ``params`` in the JSON form)
+    b0 : the first global batch B0
+    every_epochs : the epochs between two boundaries where the batch may change
+    lr_rule : how the LR follows the batch (:data:`LR_RULES`)
+    lr_milestones, lr_gamma : the spec's LR milestones and decay (``increase_instead_of_decay``'s)
+    batch : the global batch decided last (B0 before the first decision)
+    max_batch : the largest global batch the schedule may reach (``None``: no own bound)
+    f0 : F(w0) of ``loss_ratio`` (``None``: the first epoch's training loss, once read)
+    epoch : finished epochs at the last decision (``None``: none decided yet)
+    workers : N decided last (``None``: none decided yet)
+    accumulation_steps : k decided last
+    lr_decay : the product of the LR decays taken instead of growing the batch
+    milestones_applied : the LR milestones ``increase_instead_of_decay`` has applied
+    """
+
+    schedule: Schedule
+    b0: int
+    every_epochs: int
+    lr_rule: str
+    lr_milestones: tuple[int, ...]
+    lr_gamma: float
+    batch: int
+    max_batch: int | None = None
+    f0: float | None = None
+    epoch: int | None = None
+    workers: int | None = None
+    accumulation_steps: int = 1  # a state written before accumulation: k = 1
+    lr_decay: float = 1.0
+    milestones_applied: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr_milestones", tuple(self.lr_milestones))  # a list as read from JSON
+
+    @property
+    def kind(self) -> str:
+        """The schedule's name (:data:`SCHEDULE_NAMES`)."""
+        return self.schedule.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as JSON values, as the checkpoint keeps it."""
+        return {
+            "version": STATE_VERSION,
+            "kind": self.kind,
+            "b0": self.b0,
+            "params": self.schedule.params(),
+            "every_epochs": self.every_epochs,
+            "lr_rule": self.lr_rule,
+            "max_batch": self.max_batch,
+            "lr_milestones": list(self.lr_milestones),
+            "lr_gamma": self.lr_gamma,
+            "f0": self.f0,
+            # what the decisions so far left behind
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "workers": self.workers,
+            "accumulation_steps": self.accumulation_steps,
+            "lr_decay": self.lr_decay,
+            "milestones_applied": self.milestones_applied,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ScheduleState:
+        """A state from its JSON form (:meth:`to_dict`; a checkpoint's): another version is a
+        :class:`~tula.core.errors.SpecError`; parameters it lacks take the table's defaults."""
+        if data.get("version") != STATE_VERSION:
+            raise SpecError(f"batch schedule state version {data.get('version')!r} is not {STATE_VERSION}")
+        info = schedule_info(data.get("kind", ""))
+        schedule = info.cls(**{**info.defaults(), **(data.get("params") or {})})
+        own = {f.name for f in fields(cls)} - {"schedule"}
+        return cls(schedule=schedule, **{k: v for k, v in data.items() if k in own})
+
+
+@dataclass(frozen=True)
 class Decision:
     """The configuration of the epochs from ``epoch`` on, decided after ``epoch`` epochs.
 
@@ -516,6 +670,7 @@ class Decision:
     resize : N differs from the previous decision's (a new world is needed)
     reason : one line
     state : the schedule state after this decision, to keep with the checkpoint
+        (:meth:`ScheduleState.to_dict`)
     accumulation_steps : k, the micro-batches of a rank's share (1 unless the memory caps
         the local batch on the most workers and ``Caps.max_accumulation_steps`` allows more)
     ranking : with ``Caps.workers_rule``, the options it ranked for this batch, best first
@@ -534,7 +689,7 @@ class Decision:
     changed: bool
     resize: bool
     reason: str
-    state: dict[str, Any] = field(repr=False, compare=False)
+    state: ScheduleState = field(repr=False, compare=False)
     accumulation_steps: int = 1
     ranking: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
 
@@ -554,15 +709,17 @@ class Decision:
         return self.lr_scale * self.lr_decay
 
     def record(self) -> dict[str, Any]:
-        """The JSON-serialisable fields for train.json (without the state)."""
-        d = {k: v for k, v in asdict(self).items() if k != "state"}
-        if d["wanted_batch"] is not None and not math.isfinite(d["wanted_batch"]):
-            d["wanted_batch"] = None
-        d["lr_multiplier"] = self.lr_multiplier
-        d["micro_batch"] = self.micro_batch
-        d["ranking"] = list(self.ranking)
-        if not d["ranking"]:
-            del d["ranking"]
+        """The JSON-serialisable fields for train.json (without the state; the ranking where there is one)."""
+        wanted = self.wanted_batch
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "state"}
+        d.update(
+            wanted_batch=None if wanted is None or not math.isfinite(wanted) else wanted,
+            ranking=list(self.ranking),
+            lr_multiplier=self.lr_multiplier,
+            micro_batch=self.micro_batch,
+        )
+        if not self.ranking:
+            d.pop("ranking")
         return d
 
 
@@ -577,7 +734,7 @@ def initial_state(
     lr_milestones: Sequence[int] = (),
     lr_gamma: float = 0.1,
     f0: float | None = None,
-) -> dict[str, Any]:
+) -> ScheduleState:
     """The state of schedule ``kind`` before training, starting at global batch ``first_batch``.
 
     ``params`` are the schedule's own parameters (missing ones take the table's defaults;
@@ -598,25 +755,17 @@ def initial_state(
         raise SpecError(f"unknown LR rule {lr_rule!r}; use one of {', '.join(LR_RULES)}")
     if every_epochs < 1:
         raise SpecError(f"every_epochs must be at least 1, not {every_epochs}")
-    return {
-        "version": STATE_VERSION,
-        "kind": kind,
-        "b0": int(first_batch),
-        "params": {**info.defaults(), **given},
-        "every_epochs": int(every_epochs),
-        "lr_rule": lr_rule,
-        "max_batch": None if max_batch is None else int(max_batch),
-        "lr_milestones": sorted(int(m) for m in lr_milestones),
-        "lr_gamma": float(lr_gamma),
-        "f0": None if f0 is None else float(f0),
-        # what the decisions so far left behind
-        "epoch": None,
-        "batch": int(first_batch),
-        "workers": None,
-        "accumulation_steps": 1,
-        "lr_decay": 1.0,
-        "milestones_applied": 0,
-    }
+    return ScheduleState(
+        schedule=info.cls(**{**info.defaults(), **given}),
+        b0=int(first_batch),
+        every_epochs=int(every_epochs),
+        lr_rule=lr_rule,
+        max_batch=None if max_batch is None else int(max_batch),
+        lr_milestones=tuple(sorted(int(m) for m in lr_milestones)),
+        lr_gamma=float(lr_gamma),
+        f0=None if f0 is None else float(f0),
+        batch=int(first_batch),
+    )
 
 
 @dataclass(frozen=True)
@@ -698,7 +847,12 @@ def _lr_scale(rule: str, batch: int, b0: int) -> float:
     return {"keep": 1.0, "linear": batch / b0, "sqrt": math.sqrt(batch / b0)}[rule]
 
 
-def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[str, Any]], caps: Caps) -> Decision:
+def next_config(
+    state: ScheduleState | Mapping[str, Any],
+    epoch_done: int,
+    history: Sequence[FinishedEpoch | EpochFigures | Mapping[str, Any]],
+    caps: Caps,
+) -> Decision:
     """The configuration after ``epoch_done`` finished epochs.
 
     Pure: ``state`` is not changed; the decision carries the next state (``decision.state``),
@@ -706,33 +860,33 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
 
     Parameters
     ----------
-    state : from :func:`initial_state` / :func:`state_from_spec`, or the previous decision's
+    state : from :func:`initial_state` / :func:`state_from_spec`, or the previous decision's;
+        or its JSON form as the checkpoint keeps it (:meth:`ScheduleState.to_dict`)
     epoch_done : epochs finished (0: before training); decisions come in increasing order
-    history : the finished epochs' records, oldest first, each with ``train_loss``, ``steps``
-        (model updates in that epoch), ``global_batch``, ``n_workers`` and, for
-        ``adaptive``, ``b_simple``; only the first ``epoch_done`` are read
+    history : the finished epochs' records, oldest first (metrics lines, typed records or
+        :class:`FinishedEpoch`), each with ``train_loss``, ``steps`` (model updates in that
+        epoch), ``global_batch``, ``n_workers`` and, for ``adaptive``, ``b_simple``; only the
+        first ``epoch_done`` are read
     caps : the bounds at this boundary
     """
-    if state.get("version") != STATE_VERSION:
-        raise SpecError(f"batch schedule state version {state.get('version')!r} is not {STATE_VERSION}")
+    start = state if isinstance(state, ScheduleState) else ScheduleState.from_dict(state)
     if len(history) < epoch_done:
         raise ValueError(f"history holds {len(history)} epochs, fewer than the {epoch_done} finished")
-    if state["epoch"] is not None and epoch_done <= state["epoch"]:
-        raise ValueError(f"epoch {epoch_done} was already decided (the state is from epoch {state['epoch']})")
-    s = copy.deepcopy(state)
-    info = schedule_info(s["kind"])
-    first = s["workers"] is None
-    ctx = _Ctx(s, epoch_done, list(history[:epoch_done]), _cap(caps, s["max_batch"]), caps)
-    k_now = s.get("accumulation_steps", 1)  # a state written before accumulation: k = 1
-    keep = not first and _still_fits(s["batch"], s["workers"], k_now, caps, s["max_batch"])
-    if first or epoch_done % s["every_epochs"] == 0:
-        schedule = info.cls()
+    if start.epoch is not None and epoch_done <= start.epoch:
+        raise ValueError(f"epoch {epoch_done} was already decided (the state is from epoch {start.epoch})")
+    first = start.workers is None
+    seen = [FinishedEpoch.of(h) for h in history[:epoch_done]]
+    ctx = _Ctx(start, epoch_done, seen, _cap(caps, start.max_batch), caps)
+    k_now = start.accumulation_steps
+    keep = not first and _still_fits(start.batch, start.workers, k_now, caps, start.max_batch)
+    if first or epoch_done % start.every_epochs == 0:
+        schedule = start.schedule
         wanted, reason = schedule.want(ctx)
         ranking: tuple[dict[str, Any], ...] = ()
-        if keep and math.isfinite(wanted) and _floor(wanted) == s["batch"]:
-            b, n, capped_by, k = s["batch"], s["workers"], None, k_now
+        if keep and math.isfinite(wanted) and _floor(wanted) == start.batch:
+            b, n, capped_by, k = start.batch, start.workers, None, k_now
         else:
-            f = _fit(wanted, caps, s["max_batch"], s["workers"])
+            f = _fit(wanted, caps, start.max_batch, start.workers)
             b, n, k = f.config.global_batch, f.config.n_workers, f.config.accumulation_steps
             capped_by, ranking = f.capped_by, f.ranking
             reason += f"; workers: {f.why}" if f.why else ""
@@ -742,20 +896,21 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
             reason += f"; capped at {b} by {_CAP_WORDS[capped_by]}"
     elif keep:
         wanted, capped_by, decayed, ranking = None, None, False, ()
-        b, n, k = s["batch"], s["workers"], k_now
-        reason = f"no change: the batch changes every {s['every_epochs']} epochs"
+        b, n, k = start.batch, start.workers, k_now
+        reason = f"no change: the batch changes every {start.every_epochs} epochs"
     else:  # the caps moved below the current configuration (e.g. fewer workers available)
-        wanted, decayed = s["batch"], False
-        f = _fit(wanted, caps, s["max_batch"], s["workers"])
+        wanted, decayed = start.batch, False
+        f = _fit(wanted, caps, start.max_batch, start.workers)
         b, n, k = f.config.global_batch, f.config.n_workers, f.config.accumulation_steps
         capped_by, ranking = f.capped_by, f.ranking
-        reason = f"the batch {s['batch']} on {s['workers']} workers no longer fits the caps"
+        reason = f"the batch {start.batch} on {start.workers} workers no longer fits the caps"
         reason += f"; workers: {f.why}" if f.why else ""
+    assert n is not None  # decided, or kept from a decision
     reason += f" -> global batch {b} on {n} worker{'s' if n > 1 else ''}"
     if k > 1:
         reason += f" as {k} accumulated micro-batches of {b // n // k} (the memory caps the local batch)"
-    prev = None if first else (state["batch"], state["workers"], k_now)
-    s.update(epoch=epoch_done, batch=b, workers=n, accumulation_steps=k)
+    prev = None if first else (start.batch, start.workers, k_now)
+    s = replace(ctx.state, epoch=epoch_done, batch=b, workers=n, accumulation_steps=k)
     return Decision(
         epoch=epoch_done,
         global_batch=b,
@@ -763,8 +918,8 @@ def next_config(state: dict[str, Any], epoch_done: int, history: Sequence[dict[s
         local_batch=b // n,
         wanted_batch=None if wanted is None else float(wanted),
         capped_by=capped_by,
-        lr_scale=_lr_scale(s["lr_rule"], b, s["b0"]),
-        lr_decay=s["lr_decay"],
+        lr_scale=_lr_scale(s.lr_rule, b, s.b0),
+        lr_decay=s.lr_decay,
         decayed_instead=decayed,
         changed=first or (b, n, k) != prev,
         resize=prev is not None and n != prev[1],

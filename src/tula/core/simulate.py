@@ -78,9 +78,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -98,13 +98,15 @@ from tula.core.perfmodel import (
 )
 from tula.core.plan import epochs_to_accuracy, noise_assumed
 from tula.core.pricing import Pricing, SpotPricing, make_pricing
-from tula.core.records import EpochRecord, ModelsRecord, as_epoch, parse_record
+from tula.core.records import EpochRecord, ModelsRecord, NoiseScale, as_epoch, parse_record
 from tula.core.run_costs import RunCosts, epoch_time_s
 from tula.core.schedules import (
     SCHEDULE_NAMES,
     Caps,
     Decision,
+    FinishedEpoch,
     ScheduleInfo,
+    ScheduleState,
     initial_state,
     next_config,
     schedule_info,
@@ -178,6 +180,139 @@ def parse_schedule(text: str) -> tuple[str, dict[str, Any]]:
             raise TulaError(f"schedule setting {key}={val!r} is not a number") from None
         settings[key] = int(num) if num.is_integer() and key != "factor" else num
     return kind, settings
+
+
+# ---------------------------------------------------------------------------- what a simulation gives
+@dataclass(frozen=True)
+class ConstantRow:
+    """One configuration of a constant global batch on one collective, simulated: a row of
+    ``tula simulate``'s table.  Where N is above B (a local batch below one sample) it holds a
+    ``note`` and no times.
+
+    Attributes
+    ----------
+    collective, n_workers, global_batch : the configuration (the collective, N, B)
+    local_batch : B / N (not rounded)
+    updates : model updates over the simulated epochs
+    note : why the row has no times, or that the local batch exceeds memory ('' for none)
+    t_step_s, t_compute_s, t_sync_s : a step, its compute and its sync (``None``: not simulated)
+    epoch_time_s : an uninterrupted epoch
+    total_time_s : the expected wall time of the epochs under the pricing (spot: with preemptions)
+    failure_free_time_s : the epochs without preemptions (``None``: not simulated)
+    cost : of ``total_time_s``
+    fits_memory : the local batch fits in memory
+    epochs_to_accuracy, time_to_accuracy_s, cost_to_accuracy : with a gradient noise scale, the
+        epochs, time and cost to the accuracy the spec's epochs reach at ``train.base_batch``
+        (``None``: no noise scale, or no times)
+    """
+
+    collective: str
+    n_workers: int
+    global_batch: int
+    local_batch: float
+    updates: int
+    note: str = ""
+    t_step_s: float | None = None
+    t_compute_s: float | None = None
+    t_sync_s: float | None = None
+    epoch_time_s: float | None = None
+    total_time_s: float | None = None
+    failure_free_time_s: float | None = None
+    cost: float | None = None
+    fits_memory: bool | None = None
+    epochs_to_accuracy: float | None = None
+    time_to_accuracy_s: float | None = None
+    cost_to_accuracy: float | None = None
+
+    #: the figures a row without them leaves out of its JSON (the others are ``null`` there)
+    _OMITTED_UNSET: ClassVar[frozenset[str]] = frozenset(
+        {"failure_free_time_s", "epochs_to_accuracy", "time_to_accuracy_s", "cost_to_accuracy"}
+    )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The row as JSON values (the figures it does not have named in ``_OMITTED_UNSET`` left out)."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in self._OMITTED_UNSET}
+
+
+@dataclass(frozen=True)
+class ScheduledEpoch:
+    """The configuration of one epoch of a simulated schedule, as its rule decided it
+    (:meth:`Simulator.schedule_epochs`): the epoch (from 1), (B, N, k), B / N, B / (N k), its
+    model updates and the decision's reason."""
+
+    epoch: int
+    global_batch: int
+    n_workers: int
+    local_batch: int
+    accumulation_steps: int
+    micro_batch: int
+    steps: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SimulatedEpoch(ScheduledEpoch):
+    """A scheduled epoch priced alone on one collective: its mean step, its uninterrupted time,
+    its expected wall time under the pricing and its cost."""
+
+    t_step_s: float
+    epoch_time_s: float
+    expected_time_s: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """A batch schedule simulated on one collective: its totals and each epoch.
+
+    Attributes
+    ----------
+    schedule : its label (what ``--schedule`` was given)
+    collective : the collective
+    updates : model updates over the epochs
+    max_batch, max_workers, max_accumulation_steps : the largest B, N and k it reached
+    resizes : epochs whose N differs from the one before (a new world each)
+    t_step_s : the mean step (the epochs' uninterrupted time over their updates)
+    epoch_time_s : the mean uninterrupted epoch
+    failure_free_time_s : the epochs without preemptions
+    total_time_s : the expected wall time under the pricing
+    cost : of the epochs
+    epochs : each epoch's configuration, time and cost
+    """
+
+    schedule: str
+    collective: str
+    updates: int
+    max_batch: int
+    max_workers: int
+    max_accumulation_steps: int
+    resizes: int
+    t_step_s: float
+    epoch_time_s: float
+    failure_free_time_s: float
+    total_time_s: float
+    cost: float
+    epochs: tuple[SimulatedEpoch, ...]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The row as JSON values, its epochs a list."""
+        return {**asdict(self), "epochs": [asdict(e) for e in self.epochs]}
+
+
+#: a row of ``tula simulate``: a constant batch's configuration or a schedule
+SimulatedRow = ConstantRow | ScheduleRow
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """A profiled configuration at the simulated batch: N and the total time of the epochs at its
+    measured step time."""
+
+    n_workers: int
+    total_time_s: float
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -299,7 +434,7 @@ class Simulator:
     # ---------------------------------------------------------------- a constant batch
     def constant(
         self, global_batch: int, workers: Sequence[int] = DEFAULT_WORKERS, collectives: Sequence[str] = COLLECTIVES
-    ) -> list[dict]:
+    ) -> list[ConstantRow]:
         """One row per (collective, N) for a constant global batch; N above the batch (a
         local batch below one sample) gets a row with ``note`` and no times."""
         if global_batch < 1:
@@ -310,43 +445,29 @@ class Simulator:
         rows = []
         for c in collectives:
             for n in workers:
-                row = {
-                    "collective": c,
-                    "n_workers": n,
-                    "global_batch": int(global_batch),
-                    "local_batch": global_batch / n,
-                    "updates": per_epoch * self.epochs,
-                    "note": "",
-                }
+                row = ConstantRow(c, n, int(global_batch), global_batch / n, per_epoch * self.epochs)
                 if n > global_batch:
-                    row.update(
-                        note="N > B: fewer than one sample per worker",
-                        t_step_s=None,
-                        t_compute_s=None,
-                        t_sync_s=None,
-                        epoch_time_s=None,
-                        total_time_s=None,
-                        cost=None,
-                        fits_memory=None,
-                    )
-                    rows.append(row)
+                    rows.append(replace(row, note="N > B: fewer than one sample per worker"))
                     continue
                 # an epoch at (B, N), its wall time and cost alone; one configuration at a time (scalars), as
                 # before the one prediction: a vectorised step may differ in its last bit where gamma != 1
-                one = self.predict(c, n_workers=n, global_batch=global_batch).at(0)
-                b, epoch_free, fits = global_batch / n, one["epoch_time_s"], bool(one["feasible"])
-                row.update(
-                    t_step_s=one["t_step_s"],
-                    t_compute_s=one["t_compute_s"],
-                    t_sync_s=one["t_sync_s"],
-                    epoch_time_s=epoch_free,
-                    total_time_s=one["total_time_s"] * self.epochs,
-                    failure_free_time_s=epoch_free * self.epochs,
-                    cost=one["cost"] * self.epochs,
-                    fits_memory=fits,
-                    note="" if fits else f"local batch {b:g} exceeds memory (at most {self.max_local_batch})",
+                one = self.predict(c, n_workers=n, global_batch=global_batch)
+                assert one.cost is not None  # priced
+                b, epoch_free, fits = global_batch / n, float(one.epoch_time_s[0]), bool(one.feasible[0])
+                rows.append(
+                    replace(
+                        row,
+                        note="" if fits else f"local batch {b:g} exceeds memory (at most {self.max_local_batch})",
+                        t_step_s=float(one.t_step_s[0]),
+                        t_compute_s=float(one.t_compute_s[0]),
+                        t_sync_s=float(one.t_sync_s[0]),
+                        epoch_time_s=epoch_free,
+                        total_time_s=float(one.total_time_s[0]) * self.epochs,
+                        failure_free_time_s=epoch_free * self.epochs,
+                        cost=float(one.cost[0]) * self.epochs,
+                        fits_memory=fits,
+                    )
                 )
-                rows.append(row)
         return rows
 
     # ---------------------------------------------------------------- a batch schedule
@@ -361,7 +482,7 @@ class Simulator:
         lr_gamma: float = 0.1,
         history: Epochs | None = None,
         label: str | None = None,
-    ) -> list[dict]:
+    ) -> list[ScheduleRow]:
         """One result per collective for batch schedule ``kind`` starting at ``first_batch``.
 
         ``settings``: the schedule's parameters and ``every_epochs``, ``max_batch``,
@@ -385,82 +506,82 @@ class Simulator:
         epochs = self.schedule_epochs(state, caps, history)
         return [self._schedule_result(label or kind, c, epochs) for c in parse_collectives(list(collectives))]
 
-    def decide(self, state: dict[str, Any], epoch: int, done: Sequence[dict], caps: Caps) -> Decision:
+    def decide(self, state: ScheduleState, epoch: int, done: Sequence[FinishedEpoch], caps: Caps) -> Decision:
         """The (N, B, k) of epoch ``epoch`` (0-based) after the epochs ``done``: the schedule's
         rule (:func:`tula.core.schedules.next_config`).  The one place a simulated run decides
         its configuration at a batch change."""
         return next_config(state, epoch, done, caps)
 
-    def schedule_epochs(self, state: dict[str, Any], caps: Caps, history: Epochs | None) -> list[dict]:
+    def schedule_epochs(self, state: ScheduleState, caps: Caps, history: Epochs | None) -> list[ScheduledEpoch]:
         """The configuration of each of the simulated run's epochs, decided epoch by epoch
         (:meth:`decide`) from the epochs before it; their ``train_loss`` and ``b_simple`` are
         replayed from ``history`` where it has them."""
-        epochs: list[dict] = []
-        done: list[dict] = []
+        epochs: list[ScheduledEpoch] = []
+        done: list[FinishedEpoch] = []
         for e in range(self.epochs):
             d = self.decide(state, e, done, caps)
             state = d.state
             steps = steps_per_epoch(self.dataset_size, d.global_batch)
             epochs.append(
-                {
-                    "epoch": e + 1,
-                    "global_batch": d.global_batch,
-                    "n_workers": d.n_workers,
-                    "local_batch": d.local_batch,
-                    "accumulation_steps": d.accumulation_steps,
-                    "micro_batch": d.micro_batch,
-                    "steps": steps,
-                    "reason": d.reason,
-                }
+                ScheduledEpoch(
+                    epoch=e + 1,
+                    global_batch=d.global_batch,
+                    n_workers=d.n_workers,
+                    local_batch=d.local_batch,
+                    accumulation_steps=d.accumulation_steps,
+                    micro_batch=d.micro_batch,
+                    steps=steps,
+                    reason=d.reason,
+                )
             )
             past = as_epoch(history[e]) if history and e < len(history) else None  # the training run replayed
             done.append(
-                {
-                    "epoch": e + 1,
-                    "steps": steps,
-                    "global_batch": d.global_batch,
-                    "n_workers": d.n_workers,
-                    "train_loss": getattr(past, "train_loss", None),
-                    "b_simple": None if past is None else past.b_simple,
-                }
+                FinishedEpoch(
+                    epoch=e + 1,
+                    steps=steps,
+                    global_batch=d.global_batch,
+                    n_workers=d.n_workers,
+                    train_loss=getattr(past, "train_loss", None),
+                    b_simple=None if past is None else past.b_simple,
+                )
             )
         return epochs
 
-    def _schedule_result(self, name: str, collective: str, epochs: list[dict]) -> dict:
+    def _schedule_result(self, name: str, collective: str, epochs: list[ScheduledEpoch]) -> ScheduleRow:
         """The simulated run of ``epochs`` (:meth:`schedule_epochs`) with ``collective``: its
         totals and each epoch's time and cost."""
-        n = np.array([x["n_workers"] for x in epochs], float)
-        b = np.array([x["local_batch"] for x in epochs], float)
-        k = np.array([x["accumulation_steps"] for x in epochs], float)
-        updates = np.array([x["steps"] for x in epochs], float)
+        n = np.array([x.n_workers for x in epochs], float)
+        b = np.array([x.local_batch for x in epochs], float)
+        k = np.array([x.accumulation_steps for x in epochs], float)
+        updates = np.array([x.steps for x in epochs], float)
         p = self.predict(collective, n_workers=n, local_batch=b, accumulation_steps=k)  # each epoch priced alone
         assert p.cost is not None  # priced
         t_step, free, wall, cost = p.t_step_s, p.epoch_time_s, p.total_time_s, p.cost
-        per_epoch = [
-            {
-                **x,
-                "t_step_s": float(t_step[i]),
-                "epoch_time_s": float(free[i]),
-                "expected_time_s": float(wall[i]),
-                "cost": float(cost[i]),
-            }
+        per_epoch = tuple(
+            SimulatedEpoch(
+                **asdict(x),
+                t_step_s=float(t_step[i]),
+                epoch_time_s=float(free[i]),
+                expected_time_s=float(wall[i]),
+                cost=float(cost[i]),
+            )
             for i, x in enumerate(epochs)
-        ]
-        return {
-            "schedule": name,
-            "collective": collective,
-            "updates": int(updates.sum()),
-            "max_batch": int(max(x["global_batch"] for x in epochs)),
-            "max_workers": int(n.max()),
-            "max_accumulation_steps": int(k.max()),
-            "resizes": int(np.sum(n[1:] != n[:-1])),
-            "t_step_s": float(np.sum(free) / updates.sum()),
-            "epoch_time_s": float(np.mean(free)),
-            "failure_free_time_s": float(np.sum(free)),
-            "total_time_s": float(np.sum(wall)),
-            "cost": float(np.sum(cost)),
-            "epochs": per_epoch,
-        }
+        )
+        return ScheduleRow(
+            schedule=name,
+            collective=collective,
+            updates=int(updates.sum()),
+            max_batch=int(max(x.global_batch for x in epochs)),
+            max_workers=int(n.max()),
+            max_accumulation_steps=int(k.max()),
+            resizes=int(np.sum(n[1:] != n[:-1])),
+            t_step_s=float(np.sum(free) / updates.sum()),
+            epoch_time_s=float(np.mean(free)),
+            failure_free_time_s=float(np.sum(free)),
+            total_time_s=float(np.sum(wall)),
+            cost=float(np.sum(cost)),
+            epochs=per_epoch,
+        )
 
 
 def check_history(kind: str, info: ScheduleInfo, history: Epochs | None, epochs: int) -> None:
@@ -470,11 +591,11 @@ def check_history(kind: str, info: ScheduleInfo, history: Epochs | None, epochs:
     reads = [f for f, need in (("train_loss", info.needs_train_loss), ("b_simple", info.needs_b_simple)) if need]
     if not reads:
         return
-    if not history:
-        raise TulaError(
+    if not history:  # the option named as the core knows it; a front end spells it (the CLI: its flag)
+        raise OptionError(
             f"batch schedule {kind!r} follows the {' and '.join(reads)} measured while training, "
-            "which a performance model cannot predict; give a training run's record to replay "
-            "(tula simulate --history train.json)"
+            "which a performance model cannot predict; give a training run's record to replay ({history})",
+            history="history",
         )
     if len(history) < epochs - 1:
         raise TulaError(
@@ -483,35 +604,52 @@ def check_history(kind: str, info: ScheduleInfo, history: Epochs | None, epochs:
         )
 
 
+@dataclass
+class _NetworkNotes:
+    """What the simulator says about the network the fit could not tell, one sentence per
+    matter (``None``: nothing to say, or a link given replaced what it was about)."""
+
+    bandwidth: str | None = None
+    latency: str | None = None
+    loopback: str | None = None
+    intra_latency: str | None = None
+    intra: str | None = None
+
+    def sentences(self) -> tuple[str, ...]:
+        """The notes in this order: bandwidth, latency, loopback, intra-node latency, intra-node link."""
+        said = (self.bandwidth, self.latency, self.loopback, self.intra_latency, self.intra)
+        return tuple(note for note in said if note is not None)
+
+
 def _per_byte(bandwidth_bytes_per_s: float) -> float:
     return 0.0 if math.isinf(bandwidth_bytes_per_s) else 1.0 / bandwidth_bytes_per_s
 
 
 def _network_from_fit(
     perf: PerfModel, placement: dict
-) -> tuple[float, float, float | None, float | None, dict[str, str]]:
-    """(bandwidth, latency, intra-node bandwidth, intra-node latency, notes keyed by what they
-    are about) read off the fitted sync term; an intra-node term ``None``: the inter-node one."""
-    notes = {}
+) -> tuple[float, float, float | None, float | None, _NetworkNotes]:
+    """(bandwidth, latency, intra-node bandwidth, intra-node latency, the notes about them) read
+    off the fitted sync term; an intra-node term ``None``: the inter-node one."""
+    notes = _NetworkNotes()
     bw = math.inf if perf.beta <= 0 else 1.0 / perf.beta
     if "beta" in perf.frozen or perf.beta <= 0:
-        notes["bandwidth"] = (
+        notes.bandwidth = (
             "the profile gives no bandwidth (no trial with more than one worker, or no sync time "
             "measured): sync bytes are taken as free; give a bandwidth"
         )
     if "alpha" in perf.frozen:
-        notes["latency"] = (
+        notes.latency = (
             "the profile cannot tell latency from bandwidth (fewer than two cluster sizes above "
             "one): latency taken as 0; give a latency"
         )
     if placement.get("n_hosts") == 1 and placement.get("max_workers", 0) > 1:
-        notes["loopback"] = (
+        notes.loopback = (
             f"the fitted network is {placement['max_workers']} ranks sharing one host "
             "(loopback), not a network between nodes"
         )
     ibw = None if perf.beta_intra is None else (math.inf if perf.beta_intra <= 0 else 1.0 / perf.beta_intra)
     if "alpha_intra" in perf.frozen and "beta_intra" not in perf.frozen:
-        notes["intra_latency"] = (
+        notes.intra_latency = (
             "the profile cannot tell intra-node latency from bandwidth (fewer than two sizes of "
             "world on one host alone): intra-node latency taken as 0; give an intra-node "
             "latency"
@@ -601,7 +739,7 @@ def simulator_from_models(
         latency_s=float(lat),
         compute_speed=float(compute_speed),
         ranks_per_node=r,
-        notes=tuple(notes.values()),
+        notes=notes.sentences(),
         intra_bandwidth_bytes_per_s=ibw,
         intra_latency_s=None if ilat is None else float(ilat),
         run_costs=fitted.run_costs,
@@ -615,23 +753,23 @@ def _network(
     latency: Any,
     intra_bandwidth: Any,
     intra_latency: Any,
-) -> tuple[float, float, float | None, float | None, dict[str, str]]:
+) -> tuple[float, float, float | None, float | None, _NetworkNotes]:
     """The network read off the fit (:func:`_network_from_fit`) with the links given replacing
     its parts, and the notes about what the fit could not tell that still apply."""
     bw, lat, ibw, ilat, notes = _network_from_fit(perf, placement)
     if bandwidth is not None:
         bw = _bandwidth(bandwidth, intra=False)
-        notes.pop("bandwidth", None)
+        notes.bandwidth = None
     if latency is not None:
         lat = _latency(latency, intra=False)
-        notes.pop("latency", None)
+        notes.latency = None
     if bandwidth is not None and latency is not None:
-        notes.pop("loopback", None)
+        notes.loopback = None
     if intra_bandwidth is not None:
         ibw = _bandwidth(intra_bandwidth, intra=True)
     if intra_latency is not None:
         ilat = _latency(intra_latency, intra=True)
-        notes.pop("intra_latency", None)
+        notes.intra_latency = None
     return bw, lat, ibw, ilat, notes
 
 
@@ -649,7 +787,7 @@ def _ranks_per_node(models: ModelsRecord, fitted_ranks_per_node: int | None, giv
 
 
 def _note_intra_link(
-    notes: dict[str, str], perf: PerfModel, ibw: float | None, ilat: float | None, ranks_per_node: int
+    notes: _NetworkNotes, perf: PerfModel, ibw: float | None, ilat: float | None, ranks_per_node: int
 ) -> None:
     """Say in ``notes`` which parts of the intra-node link are taken to be the inter-node
     one's (a fit across hosts without a world on one host alone); no intra-node note where no
@@ -660,13 +798,12 @@ def _note_intra_link(
             (x.split(":")[0] for x in perf.notes if x in (NOTE_NO_SHARED_HOST, NOTE_NO_LONE_HOST)),
             "the profile gives no intra-node link",
         )
-        notes["intra"] = (
+        notes.intra = (
             f"{why}: the intra-node {' and '.join(assumed)} taken to be the inter-node "
             f"{'ones' if len(assumed) > 1 else 'one'}; give an intra-node {' and '.join(assumed)}"
         )
     if ranks_per_node == 1:  # no two workers share a node: the intra-node link is never used
-        notes.pop("intra", None)
-        notes.pop("intra_latency", None)
+        notes.intra = notes.intra_latency = None
 
 
 def _models_record(models: dict | ModelsRecord) -> ModelsRecord:
@@ -746,7 +883,7 @@ def schedule_settings(models: dict | ModelsRecord, kind: str, given: dict[str, A
     if s is not None and s.kind == kind:
         base = {**s.params(), "every_epochs": s.every_epochs, "lr_rule": s.lr_rule}
         if s.max_batch is not None:
-            base["max_batch"] = s.max_batch
+            base.update(max_batch=s.max_batch)
     return {**base, **given}
 
 
@@ -756,9 +893,9 @@ class WhatIf:
     collective, or per schedule, collective and epoch), the plot's title, and the profiled
     points at the same batch (``None`` for schedules)."""
 
-    rows: list[dict]
+    rows: list[ConstantRow] | list[ScheduleRow]
     title: str
-    measured: list[dict] | None
+    measured: list[MeasuredPoint] | None
 
 
 def what_if(
@@ -815,21 +952,21 @@ def what_if(
         )  # fmt: skip
         return _schedules_what_if(models, sim, job, b0, caps, collectives, schedules, history)
     big_b = batch or default_batch(models)
-    fitted_collective = models.perf["collective"]
+    fitted_collective = sim.perf.collective
     measured = [
-        {
-            "n_workers": t.n_workers,
-            "total_time_s": sim.epochs
-            * float(epoch_time_s(t.t_step_s, big_b, t.n_workers, sim.dataset_size, sim.run_costs)),
-        }
+        MeasuredPoint(
+            t.n_workers,
+            sim.epochs * float(epoch_time_s(t.t_step_s, big_b, t.n_workers, sim.dataset_size, sim.run_costs)),
+        )
         for t in models.trials
         if t.status == "ok" and t.t_step_s is not None and t.global_batch == big_b and fitted_collective in collectives
     ]
     rows = sim.constant(big_b, workers, collectives)
     title = f"{job.name}: constant global batch {big_b}"
-    noise = noise_assumed(models.to_json_dict(), noise_scale, job.train.base_batch)
-    if noise["b_noise"]:
-        title += _to_accuracy(rows, sim, big_b, noise)
+    noise = NoiseScale.model_validate(noise_assumed(models, noise_scale, job.train.base_batch))
+    if noise.b_noise:
+        rows, words = _to_accuracy(rows, sim, big_b, noise)
+        title += words
     return WhatIf(rows, title, measured)
 
 
@@ -844,7 +981,7 @@ def _schedules_what_if(
     history: Epochs | None,
 ) -> WhatIf:
     """The what-if of each of ``schedules`` from the first batch ``b0`` under ``caps``."""
-    rows: list[dict] = []
+    rows: list[ScheduleRow] = []
     for label, kind, given in schedules:
         settings = schedule_settings(models, kind, given)
         rows += sim.schedule(
@@ -861,22 +998,27 @@ def _schedules_what_if(
     return WhatIf(rows, title, None)
 
 
-def _to_accuracy(rows: list[dict], sim: Simulator, big_b: int, noise: dict) -> str:
-    """Add to each constant-batch row (at ``big_b``) with times the epochs, time and cost to
-    accuracy under the gradient noise scale ``noise`` (:func:`tula.core.plan.noise_assumed`);
-    the title's words for it."""
-    e_acc = float(epochs_to_accuracy(sim.epochs, big_b, noise["b_noise"], noise["reference_batch"]))
+def _to_accuracy(
+    rows: list[ConstantRow], sim: Simulator, big_b: int, noise: NoiseScale
+) -> tuple[list[ConstantRow], str]:
+    """Each constant-batch row (at ``big_b``) with, where it has times, the epochs, time and cost
+    to accuracy under the gradient noise scale ``noise`` (:func:`tula.core.plan.noise_assumed`);
+    and the title's words for it."""
+    assert noise.b_noise is not None and noise.reference_batch is not None  # the noise a plan assumes
+    e_acc = float(epochs_to_accuracy(sim.epochs, big_b, noise.b_noise, noise.reference_batch))
+    out = []
     for r in rows:
-        if r["total_time_s"] is None:
+        if r.total_time_s is None or r.epoch_time_s is None:
+            out.append(r)
             continue
-        t_acc = float(sim.pricing.expected_time_s(e_acc * r["epoch_time_s"], r["n_workers"], r["epoch_time_s"]))
-        r.update(epochs_to_accuracy=e_acc, time_to_accuracy_s=t_acc)
-        if r["cost"] is not None:
-            r["cost_to_accuracy"] = r["cost"] * t_acc / r["total_time_s"]
-    return (
-        f"; to accuracy: {e_acc:.3g} epochs reach what {sim.epochs} reach at B0={noise['reference_batch']} "
-        f"(B_noise {noise['b_noise']:.3g}, {'a what-if' if noise['source'] == 'what-if' else 'profiled'})"
+        t_acc = float(sim.pricing.expected_time_s(e_acc * r.epoch_time_s, r.n_workers, r.epoch_time_s))
+        cost_acc = None if r.cost is None else r.cost * t_acc / r.total_time_s
+        out.append(replace(r, epochs_to_accuracy=e_acc, time_to_accuracy_s=t_acc, cost_to_accuracy=cost_acc))
+    words = (
+        f"; to accuracy: {e_acc:.3g} epochs reach what {sim.epochs} reach at B0={noise.reference_batch} "
+        f"(B_noise {noise.b_noise:.3g}, {'a what-if' if noise.source == 'what-if' else 'profiled'})"
     )
+    return out, words
 
 
 @overload
@@ -899,6 +1041,12 @@ def uses_spot(sim: Simulator) -> bool:
 
 __all__ = [
     "DEFAULT_WORKERS",
+    "ConstantRow",
+    "MeasuredPoint",
+    "ScheduleRow",
+    "ScheduledEpoch",
+    "SimulatedEpoch",
+    "SimulatedRow",
     "Simulator",
     "simulator_from_models",
     "parse_collectives",
