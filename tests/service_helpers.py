@@ -136,7 +136,7 @@ def seed_finished_job(home: Path, run_dir: Path, db_url: str | None = None) -> s
     with Store(db_url or f"sqlite:///{home / 'tula.db'}", home) as store:
         profile = json.loads((run_dir / "profile.json").read_text())
         job_id = store.create_job(profile["spec"], search=profile["search"])
-        assert store.claim_job("seed")["id"] == job_id, "the seeded store had another queued job"
+        assert store.claim_job("seed").id == job_id, "the seeded store had another queued job"
         out = store.job_dir(job_id)
         shutil.copytree(run_dir, out, dirs_exist_ok=True, copy_function=shutil.copyfile)
         observer = StoreObserver(store, job_id, home)

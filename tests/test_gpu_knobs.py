@@ -200,9 +200,9 @@ def test_channels_last_profiles_and_trains_a_cnn_on_cpu(tests_on_path, tmp_path)
     spec = spec_from_dict(_channels_last_job(True))
     launcher = local_launcher()
     rec = profile(spec, "partial", launcher=launcher)
-    assert rec["trials"] and {t["status"] for t in rec["trials"]} == {"ok"}, rec["trials"]
+    assert rec.trials and {t.status for t in rec.trials} == {"ok"}, rec.trials
     # AGS (its small batch goes through the model too), evaluation, a checkpoint: all in channels_last
     res = train(spec, "ags", 1, 32, tmp_path / "run", launcher=launcher)
-    assert len(res["history"]) == 1 and math.isfinite(res["history"][0]["train_loss"])
+    assert len(res.history) == 1 and math.isfinite(res.history[0].train_loss)
     weight = load_checkpoint(tmp_path / "run")["model"]["conv.weight"]
     assert weight.is_contiguous(memory_format=torch.channels_last)

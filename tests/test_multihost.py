@@ -276,20 +276,20 @@ def test_a_service_job_whose_host_is_lost_mid_training_resumes_on_the_hosts_left
         assert r.returncode == 0, r.stderr
         with Store(f"sqlite:///{home / 'tula.db'}", home) as store:
             (job,), _ = store.list_jobs()
-            ckpt = store.job_dir(job["id"]) / "train" / "checkpoint.pt"
+            ckpt = store.job_dir(job.id) / "train" / "checkpoint.pt"
             deadline = time.monotonic() + 240
             while not ckpt.exists():  # training, its first epoch done
-                job = store.get_job(job["id"])
-                assert job["state"] not in ("done", "failed") and time.monotonic() < deadline, (job, h.log_tail())
+                job = store.get_job(job.id)
+                assert job.state not in ("done", "failed") and time.monotonic() < deadline, (job, h.log_tail())
                 time.sleep(0.1)
             for p in h.worker_procs[2]:  # hosts 1 and 2 hold the world's ranks (workers in host order)
                 os.killpg(p.pid, signal.SIGKILL)
             deadline = time.monotonic() + 300
-            while (job := store.get_job(job["id"]))["state"] not in ("done", "failed", "cancelled"):
+            while (job := store.get_job(job.id)).state not in ("done", "failed", "cancelled"):
                 assert time.monotonic() < deadline, (job, h.log_tail())
                 time.sleep(0.3)
-            assert job["state"] == "done" and job["attempts"] == 2, (job, h.log_tail())
-            run = json.loads((store.job_dir(job["id"]) / "train" / "train.json").read_text())
+            assert job.state == "done" and job.attempts == 2, (job, h.log_tail())
+            run = json.loads((store.job_dir(job.id) / "train" / "train.json").read_text())
         assert run["epochs"] == 6 and run["resumed_from_epoch"] >= 1 and run["replicas_identical"], run
         assert [e["epoch"] for e in run["history"]] == list(range(1, 7))
 

@@ -8,7 +8,7 @@ from helpers import tiny_spec
 from tula.core.errors import WorkerError
 from tula.service.runner import LOST_CAUSES, MAX_ATTEMPTS, _after_a_failed_world
 from tula.service.settings import ServiceSettings
-from tula.service.store import Store
+from tula.service.store import JobRow, Store
 
 CLUSTER = "tcp://127.0.0.1:8786"
 
@@ -19,11 +19,11 @@ def store(tmp_path):
         yield s
 
 
-def _claimed(store: Store, attempts: int = 1) -> dict:
+def _claimed(store: Store, attempts: int = 1) -> JobRow:
     job_id = store.create_job(tiny_spec())
     for _ in range(attempts):
         job = store.claim_job("runner-a", job_id=job_id)
-        if job["attempts"] < attempts:
+        if job.attempts < attempts:
             store.update_job(job_id, state="queued")
     return job
 
@@ -34,9 +34,9 @@ def test_a_world_lost_on_the_cluster_queues_the_job_again_with_its_sentence(tmp_
     job = _claimed(store)
     err = WorkerError(f"the Dask scheduler at {CLUSTER} stopped answering ({cause})", cause=cause)
     assert _after_a_failed_world(store, job, err, ServiceSettings(home=tmp_path, cluster=CLUSTER)) == 3
-    row = store.get_job(job["id"])
-    assert row["state"] == "queued" and f"(attempt 1 of {MAX_ATTEMPTS})" in row["message"], row
-    assert f"stopped answering ({cause})" in row["message"] and not row["error"], row
+    row = store.get_job(job.id)
+    assert row.state == "queued" and f"(attempt 1 of {MAX_ATTEMPTS})" in row.message, row
+    assert f"stopped answering ({cause})" in row.message and not row.error, row
 
 
 def test_the_last_attempt_a_crash_or_this_hosts_processes_fail_the_job(tmp_path, store):
@@ -44,13 +44,13 @@ def test_the_last_attempt_a_crash_or_this_hosts_processes_fail_the_job(tmp_path,
     lost = WorkerError("the Dask scheduler stopped answering", cause="scheduler_lost")
     last = _claimed(store, attempts=MAX_ATTEMPTS)
     assert _after_a_failed_world(store, last, lost, on_cluster) == 2
-    assert store.get_job(last["id"])["state"] == "failed"
+    assert store.get_job(last.id).state == "failed"
     crash = _claimed(store)
     assert _after_a_failed_world(store, crash, WorkerError("rank 0 crashed", cause="crash"), on_cluster) == 2
-    assert store.get_job(crash["id"])["error"] == "rank 0 crashed"
+    assert store.get_job(crash.id).error == "rank 0 crashed"
     here = _claimed(store)
     assert _after_a_failed_world(store, here, lost, ServiceSettings(home=tmp_path)) == 2
-    assert store.get_job(here["id"])["state"] == "failed"
+    assert store.get_job(here.id).state == "failed"
 
 
 def test_runners_of_an_earlier_service_are_told_from_their_pid_files_damaged_ones_included(tmp_path, store):

@@ -328,7 +328,7 @@ def test_a_job_is_planned_from_the_models_of_a_job_submitted_before_it_never_aft
     url = f"sqlite:///{home / 'tula.db'}"
     with Store(url, home) as store:
         before = store.create_job(tiny_pipeline.spec_dict())
-        assert store.claim_job("runner-of-before")["id"] == before  # running, not queued: the seed claims its own
+        assert store.claim_job("runner-of-before").id == before  # running, not queued: the seed claims its own
     finished = seed_finished_job(home, tiny_pipeline.dir)
     spec = spec_from_dict(tiny_pipeline.spec_dict())
     with Store(url, home) as store, open_launcher(spec) as launcher:

@@ -12,7 +12,8 @@ import sys
 import textwrap
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timezone
+from types import SimpleNamespace
 
 import pytest
 from emulated_hosts import WORKER_ENV
@@ -148,9 +149,9 @@ def test_a_world_waiting_for_its_turn_says_why_and_a_stop_signal_ends_the_wait(t
     first = store.create_job({"name": "first"})
     time.sleep(0.002)
     second = store.create_job({"name": "second"})
-    assert [store.claim_job("r")["id"] for _ in "ab"] == [first, second]
+    assert [store.claim_job("r").id for _ in "ab"] == [first, second]
     store.update_job(second, message="profiling")
-    assert store.take_world(first, 1, 1)["granted"]
+    assert store.take_world(first, 1, 1).granted
     code = textwrap.dedent(f"""
         import sys
         from tula.core.errors import Interrupted
@@ -169,22 +170,22 @@ def test_a_world_waiting_for_its_turn_says_why_and_a_stop_signal_ends_the_wait(t
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300  # the process starts and asks: seconds, more on a slow machine
-        while (store.get_job(second)["message"] or "").startswith("profiling") and time.monotonic() < deadline:
+        while (store.get_job(second).message or "").startswith("profiling") and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.1)
         row = store.get_job(second)
-        assert row["message"] == (
+        assert row.message == (
             "waiting for 1 worker(s) at tcp://10.9.9.9:8786 for its next world: 0 of the 1 free until a running "
             "world ends"
         ), row
-        assert (row["world_workers"], row["world_granted_at"]) == (1, None)
+        assert (row.world_workers, row.world_granted_at) == (1, None)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)  # it ends within a poll of the gate; this only guards a hang
         assert proc.returncode == 143, (out, err)
         assert out.strip() == "stopped while waiting for 1 worker(s) for its next world; what it finished is kept"
-        assert store.get_job(second)["world_workers"] is None  # the ask was given back
+        assert store.get_job(second).world_workers is None  # the ask was given back
         store.leave_world(first)
-        assert store.take_world(second, 1, 1)["granted"]
+        assert store.take_world(second, 1, 1).granted
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -208,10 +209,11 @@ def test_a_cluster_the_service_cannot_place_jobs_on_is_one_sentence(tmp_path, cl
 def test_the_next_queued_job_starts_when_no_running_world_waits_and_a_worker_is_free():
     from tula.service.cluster import job_world, wait_sentence
 
-    holds_2 = {"world_workers": 2, "world_granted_at": "t"}
-    waits_4 = {"world_workers": 4, "world_granted_at": None}
-    between = {"world_workers": None, "world_granted_at": None}
-    assert [job_world(j)["world"] for j in (holds_2, waits_4, between)] == ["holds", "waits", None]
+    granted_at = datetime.now(timezone.utc)
+    holds_2 = SimpleNamespace(world_workers=2, world_granted_at=granted_at)  # a job row's world columns
+    waits_4 = SimpleNamespace(world_workers=4, world_granted_at=None)
+    between = SimpleNamespace(world_workers=None, world_granted_at=None)
+    assert [job_world(j).world for j in (holds_2, waits_4, between)] == ["holds", "waits", None]
     assert wait_sentence(4, [holds_2, between], "tcp://s:8786") is None  # 2 of 4 free
     assert wait_sentence(4, [holds_2, waits_4], "tcp://s:8786") == (
         "queued: 1 running job(s) wait for workers at tcp://s:8786 first"
@@ -219,7 +221,7 @@ def test_the_next_queued_job_starts_when_no_running_world_waits_and_a_worker_is_
     assert wait_sentence(4, [holds_2, holds_2], "tcp://s:8786") == (
         "queued: all 4 worker(s) at tcp://s:8786 are in running jobs' worlds; it starts when one is free"
     )
-    assert wait_sentence(1, [{"world_workers": 8, "world_granted_at": "t"}], "tcp://s:8786") is not None
+    assert wait_sentence(1, [SimpleNamespace(world_workers=8, world_granted_at=granted_at)], "tcp://s:8786") is not None
 
 
 def test_the_dashboards_cluster_page_says_why_it_has_no_workers_to_show():

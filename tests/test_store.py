@@ -147,30 +147,30 @@ def test_job_lifecycle(store, tiny_spec_dict):
     job_id = store.create_job(tiny_spec_dict, search="full", objective="cost", train=False)
     assert len(job_id) == 12 and job_id.isalnum()
     job = store.get_job(job_id)
-    assert job["state"] == "queued" and job["spec"] == tiny_spec_dict
-    assert (job["search"], job["objective"], job["train"]) == ("full", "cost", False)
-    assert job["progress"] == 0.0 and job["attempts"] == 0 and job["cancel_requested"] is False
-    assert job["runner"] is None and job["started_at"] is None and job["finished_at"] is None
-    assert job["created_at"].tzinfo == timezone.utc
+    assert job.state == "queued" and job.spec == tiny_spec_dict
+    assert (job.search, job.objective, job.train) == ("full", "cost", False)
+    assert job.progress == 0.0 and job.attempts == 0 and job.cancel_requested is False
+    assert job.runner is None and job.started_at is None and job.finished_at is None
+    assert job.created_at.tzinfo == timezone.utc
     assert store.get_job("nosuchjob") is None
 
     claimed = store.claim_job("runner-1")
-    assert claimed["id"] == job_id and claimed["state"] == "profiling" and claimed["runner"] == "runner-1"
-    assert claimed["attempts"] == 1 and claimed["heartbeat_at"] >= claimed["created_at"]
-    assert claimed["started_at"].tzinfo == timezone.utc
+    assert claimed.id == job_id and claimed.state == "profiling" and claimed.runner == "runner-1"
+    assert claimed.attempts == 1 and claimed.heartbeat_at >= claimed.created_at
+    assert claimed.started_at.tzinfo == timezone.utc
     assert store.claim_job("runner-2") is None  # nothing else queued
     assert store.count_running() == 1
 
     for state, progress in (("fitting", 0.5), ("planning", 0.6), ("training", 0.7)):
         store.update_job(job_id, state=state, progress=progress, message=f"now {state}")
         job = store.get_job(job_id)
-        assert (job["state"], job["progress"], job["message"]) == (state, progress, f"now {state}")
+        assert (job.state, job.progress, job.message) == (state, progress, f"now {state}")
     store.update_job(job_id, reused_models_from="abcdef123456")
     store.update_job(job_id, state="done", progress=1.0)
     job = store.get_job(job_id)
-    assert job["state"] == "done" and job["reused_models_from"] == "abcdef123456"
-    assert job["finished_at"] >= job["started_at"] >= job["created_at"]
-    assert job["message"] == "now training"  # None leaves a field as it was
+    assert job.state == "done" and job.reused_models_from == "abcdef123456"
+    assert job.finished_at >= job.started_at >= job.created_at
+    assert job.message == "now training"  # None leaves a field as it was
     assert store.count_running() == 0
     with pytest.raises(ValueError, match="unknown job state"):
         store.update_job(job_id, state="sleeping")
@@ -182,15 +182,15 @@ def test_job_lifecycle(store, tiny_spec_dict):
 
 def test_list_jobs_newest_first_with_state_filter_and_pages(store, tiny_spec_dict):
     ids = [store.create_job(tiny_spec_dict) for _ in range(5)]
-    assert store.claim_job("r")["id"] == ids[0]  # the oldest queued
+    assert store.claim_job("r").id == ids[0]  # the oldest queued
     page, total = store.list_jobs(limit=2)
-    assert total == 5 and [j["id"] for j in page] == ids[::-1][:2]
+    assert total == 5 and [j.id for j in page] == ids[::-1][:2]
     page, total = store.list_jobs(limit=2, offset=4)
-    assert total == 5 and [j["id"] for j in page] == [ids[0]]
+    assert total == 5 and [j.id for j in page] == [ids[0]]
     queued, total = store.list_jobs(state="queued")
-    assert total == 4 and [j["id"] for j in queued] == ids[:0:-1]
+    assert total == 4 and [j.id for j in queued] == ids[:0:-1]
     running, total = store.list_jobs(state=["profiling", "training"])
-    assert total == 1 and running[0]["id"] == ids[0]
+    assert total == 1 and running[0].id == ids[0]
     with pytest.raises(ValueError, match="unknown job state"):
         store.list_jobs(state="running")
 
@@ -204,7 +204,7 @@ def test_two_processes_claiming_at_once_never_get_the_same_job(store, store_url,
         ready()
         got = []
         while (job := s.claim_job(sys.argv[2])) is not None:
-            got.append(job["id"])
+            got.append(job.id)
             time.sleep(0.002)  # a runner does work between claims: the two overlap for sure
         print(json.dumps(got))
     """
@@ -214,8 +214,8 @@ def test_two_processes_claiming_at_once_never_get_the_same_job(store, store_url,
     assert not set(got_a) & set(got_b)
     assert len(got_a) + len(got_b) == len(ids) and set(got_a) | set(got_b) == ids
     jobs, _ = store.list_jobs(limit=100)
-    assert all(j["attempts"] == 1 and j["state"] == "profiling" for j in jobs)
-    assert {j["id"] for j in jobs if j["runner"] == "a"} == set(got_a)
+    assert all(j.attempts == 1 and j.state == "profiling" for j in jobs)
+    assert {j.id for j in jobs if j.runner == "a"} == set(got_a)
 
 
 def _running_jobs(store, spec: dict, n: int) -> list[str]:
@@ -224,7 +224,7 @@ def _running_jobs(store, spec: dict, n: int) -> list[str]:
     for _ in range(n):
         ids.append(store.create_job(spec))
         time.sleep(0.002)
-    assert [store.claim_job("r")["id"] for _ in ids] == ids
+    assert [store.claim_job("r").id for _ in ids] == ids
     return ids
 
 
@@ -232,42 +232,42 @@ def test_worlds_take_their_turns_in_submission_order_and_a_later_ask_never_passe
     """#29: a job holds the workers of the world it runs, none between worlds; asks are served
     in submission order once enough workers are free (4 here)."""
     a, b, c = _running_jobs(store, tiny_spec_dict, 3)
-    assert store.take_world(b, 2, 4)["granted"]
+    assert store.take_world(b, 2, 4).granted
     asked = store.take_world(a, 4, 4)  # the oldest job's world needs all 4: b holds 2
-    assert (asked["granted"], asked["free"], asked["ahead"]) == (False, 2, 0)
+    assert (asked.granted, asked.free, asked.ahead) == (False, 2, 0)
     later = store.take_world(c, 1, 4)  # 2 are free, but a's ask came from an earlier job
-    assert (later["granted"], later["free"], later["ahead"]) == (False, 2, 1)
-    view = {j["id"]: (j["world_workers"], j["world_granted_at"] is not None) for j in store.list_jobs()[0]}
+    assert (later.granted, later.free, later.ahead) == (False, 2, 1)
+    view = {j.id: (j.world_workers, j.world_granted_at is not None) for j in store.list_jobs()[0]}
     assert view == {a: (4, False), b: (2, True), c: (1, False)}
     store.leave_world(b)  # b's world ended: b holds nothing, between worlds
-    assert store.get_job(b)["world_workers"] is None
-    assert not store.take_world(c, 1, 4)["granted"]  # still a's turn first
-    assert store.take_world(a, 4, 4)["granted"]
-    assert store.take_world(a, 4, 4)["granted"]  # asking again keeps the grant
-    assert not store.take_world(b, 1, 4)["granted"]  # a holds all 4
+    assert store.get_job(b).world_workers is None
+    assert not store.take_world(c, 1, 4).granted  # still a's turn first
+    assert store.take_world(a, 4, 4).granted
+    assert store.take_world(a, 4, 4).granted  # asking again keeps the grant
+    assert not store.take_world(b, 1, 4).granted  # a holds all 4
     store.leave_world(a)
-    assert store.take_world(b, 1, 4)["granted"] and store.take_world(c, 1, 4)["granted"]
+    assert store.take_world(b, 1, 4).granted and store.take_world(c, 1, 4).granted
     store.leave_world(b)
     store.leave_world(c)
     bigger = store.take_world(a, 8, 4)  # larger than the cluster: all of it, on its turn
-    assert bigger["granted"] and bigger["need"] == 4
-    assert not store.take_world(b, 1, 0)["granted"]  # a cluster without workers grants nothing
+    assert bigger.granted and bigger.need == 4
+    assert not store.take_world(b, 1, 0).granted  # a cluster without workers grants nothing
     store.update_job(a, state="queued")  # a job that stops running holds nothing
-    assert (store.get_job(a)["world_workers"], store.get_job(a)["world_granted_at"]) == (None, None)
-    assert store.take_world(b, 4, 4)["granted"]
-    assert not store.take_world(a, 1, 4)["granted"]  # a job not running is never granted
+    assert (store.get_job(a).world_workers, store.get_job(a).world_granted_at) == (None, None)
+    assert store.take_world(b, 4, 4).granted
+    assert not store.take_world(a, 1, 4).granted  # a job not running is never granted
 
 
 def test_a_runner_gone_frees_its_world_when_its_job_is_queued_again(store, tiny_spec_dict):
     a, b = _running_jobs(store, tiny_spec_dict, 2)
-    assert store.take_world(a, 2, 2)["granted"]
-    assert not store.take_world(b, 1, 2)["granted"]
+    assert store.take_world(a, 2, 2).granted
+    assert not store.take_world(b, 1, 2).granted
     time.sleep(0.3)
     assert store.heartbeat(b, "r")
     assert store.requeue_stale(0.2) == [a]  # a's runner stopped heartbeating (killed)
-    assert store.take_world(b, 1, 2)["granted"]
+    assert store.take_world(b, 1, 2).granted
     again = store.claim_job("r2")
-    assert again["id"] == a and again["world_workers"] is None  # it asks afresh, in turn
+    assert again.id == a and again.world_workers is None  # it asks afresh, in turn
 
 
 def test_two_processes_asking_for_the_last_worker_at_once_never_both_get_it(store, store_url, tiny_spec_dict, tmp_path):
@@ -281,9 +281,9 @@ def test_two_processes_asking_for_the_last_worker_at_once_never_both_get_it(stor
         ready()
         got = both = 0
         for _ in range(40):
-            if s.take_world(me, 1, 1)["granted"]:
+            if s.take_world(me, 1, 1).granted:
                 got += 1
-                both += s.get_job(other)["world_granted_at"] is not None
+                both += s.get_job(other).world_granted_at is not None
                 s.leave_world(me)
             time.sleep(0.001)
         s.leave_world(me)
@@ -297,48 +297,48 @@ def test_two_processes_asking_for_the_last_worker_at_once_never_both_get_it(stor
 
 def test_requeue_stale_jobs(store, tiny_spec_dict):
     a, b, c, d = (store.create_job(tiny_spec_dict) for _ in range(4))
-    assert [store.claim_job(r)["id"] for r in ("ra", "rb", "rc", "rd")] == [a, b, c, d]
+    assert [store.claim_job(r).id for r in ("ra", "rb", "rc", "rd")] == [a, b, c, d]
     store.request_cancel(c)  # c's runner dies while cancelling
     store.update_job(d, state="done")  # an ended job is never re-queued
     time.sleep(1.0)
     assert store.heartbeat(b, "rb") is True  # b's runner is alive
     assert store.requeue_stale(0.8) == [a]
     job = store.get_job(a)
-    assert job["state"] == "queued" and job["runner"] is None and job["heartbeat_at"] is None
-    assert store.get_job(b)["state"] == "profiling"
-    assert store.get_job(c)["state"] == "cancelled" and store.get_job(c)["finished_at"] is not None
-    assert store.get_job(d)["state"] == "done"
+    assert job.state == "queued" and job.runner is None and job.heartbeat_at is None
+    assert store.get_job(b).state == "profiling"
+    assert store.get_job(c).state == "cancelled" and store.get_job(c).finished_at is not None
+    assert store.get_job(d).state == "done"
     assert store.heartbeat(a, "ra") is False  # the old runner learns the job is no longer its own
     again = store.claim_job("ra2")
-    assert again["id"] == a and again["attempts"] == 2 and again["started_at"] == job["started_at"]
+    assert again.id == a and again.attempts == 2 and again.started_at == job.started_at
     assert store.requeue_stale(3600) == []
     # a job whose runners keep dying ends failed after max_attempts
     time.sleep(0.3)
     assert store.requeue_stale(0.1, max_attempts=2) == [b]
     job = store.get_job(a)
-    assert job["state"] == "failed" and "2 time(s)" in job["error"]
+    assert job.state == "failed" and "2 time(s)" in job.error
 
 
 def test_cancel(store, tiny_spec_dict):
     queued, running, ended = (store.create_job(tiny_spec_dict) for _ in range(3))
-    assert store.claim_job("r")["id"] == queued
+    assert store.claim_job("r").id == queued
     store.update_job(queued, state="queued")  # handed back: queued again, no runner
-    assert store.get_job(queued)["runner"] is None
-    assert store.claim_job("r")["id"] == queued
-    assert store.claim_job("r")["id"] == running
+    assert store.get_job(queued).runner is None
+    assert store.claim_job("r").id == queued
+    assert store.claim_job("r").id == running
     store.update_job(ended, state="failed", error="it failed.")  # ended without running
     store.update_job(queued, state="queued")
 
     job = store.request_cancel(queued)
-    assert job["state"] == "cancelled" and job["finished_at"] is not None
+    assert job.state == "cancelled" and job.finished_at is not None
     assert store.claim_job("r2") is None  # a cancelled job is never claimed
 
     assert store.heartbeat(running, "r") is True
     job = store.request_cancel(running)
-    assert job["state"] == "profiling" and job["cancel_requested"] is True
+    assert job.state == "profiling" and job.cancel_requested is True
     assert store.heartbeat(running, "r") is False  # the runner's cue to stop
     store.update_job(running, state="cancelled")
-    assert store.get_job(running)["state"] == "cancelled"
+    assert store.get_job(running).state == "cancelled"
 
     before = store.get_job(ended)
     assert store.request_cancel(ended) == before  # an ended job is unchanged
@@ -388,7 +388,7 @@ def test_a_typed_record_is_stored_as_its_json_and_reads_back_typed(store, record
     models = parse_record(records["models"], ModelsRecord)
     parts = model_key_parts(models.spec, parse_record(records["profile"], ProfileRecord))
     store.put_models(job_id, model_key(parts), parts, models)
-    assert store.find_models(model_key(parts)) == (records["models"], job_id)
+    assert store.find_models(model_key(parts)) == (models, job_id)  # read as the typed record
 
 
 def _count(store: Store, table: str, job_id: str) -> int:
@@ -473,15 +473,15 @@ def test_models_are_found_by_key_newest_first(store, records, tiny_spec_dict):
     first, second, other = (store.create_job(tiny_spec_dict) for _ in range(3))
     assert store.find_models(key) is None
     store.put_models(first, key, parts, records["models"])
-    assert store.find_models(key) == (records["models"], first)
+    assert store.find_models(key) == (parse_record(records["models"], ModelsRecord), first)
     time.sleep(0.01)
     newer = json.loads(json.dumps(records["models"]))
     newer["profiling_s"] = 2.0
     store.put_models(second, key, parts, newer)
-    assert store.find_models(key) == (newer, second)
+    assert store.find_models(key) == (parse_record(newer, ModelsRecord), second)
     other_parts = {**parts, "collective": "tree"}
     store.put_models(other, model_key(other_parts), other_parts, records["models"])
-    assert store.find_models(key) == (newer, second)
+    assert store.find_models(key) == (parse_record(newer, ModelsRecord), second)
     with pytest.raises(ValueError, match="model_key"):
         store.put_models(other, key, other_parts, records["models"])
     with pytest.raises(RecordError, match="models record"):
@@ -498,7 +498,7 @@ def test_each_part_of_the_store_works_alone_on_the_same_database(store_url, reco
         assert not hasattr(queue, "put_record") and not hasattr(recs, "claim_job")
         assert not hasattr(arts, "find_models") and not hasattr(cache, "add_artifact")
         job_id = queue.create_job(tiny_spec_dict)
-        assert queue.claim_job("runner-1")["id"] == job_id
+        assert queue.claim_job("runner-1").id == job_id
         recs.put_record(job_id, records["profile"])
         png = arts.job_dir(job_id) / "plan.png"
         png.write_bytes(b"\x89PNG")
@@ -511,10 +511,10 @@ def test_each_part_of_the_store_works_alone_on_the_same_database(store_url, reco
         for p in parts.values():
             p.close()
     with Store(store_url, data_dir=tmp_path / "data") as store:
-        assert store.get_job(job_id)["state"] == "profiling"
+        assert store.get_job(job_id).state == "profiling"
         assert store.get_record(job_id, "profile") == records["profile"]
         assert store.artifacts(job_id) == {"plan.png": png}
-        assert store.find_models(model_key(key_parts)) == (records["models"], job_id)
+        assert store.find_models(model_key(key_parts)) == (parse_record(records["models"], ModelsRecord), job_id)
 
 
 # --------------------------------------------------------------------------- opening and migrating
@@ -536,7 +536,7 @@ def test_migrations_build_the_schema_from_empty_and_reopening_is_idempotent(stor
     s.close()
     for _ in range(2):
         s = Store(store_url, data_dir=tmp_path / "data")
-        assert s.get_job(job_id)["id"] == job_id
+        assert s.get_job(job_id).id == job_id
         with s.engine.connect() as conn:
             assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == [head]
         s.close()
@@ -552,7 +552,7 @@ def test_two_processes_opening_a_fresh_database_at_once(store_url, tmp_path):
     outs = _run_together(code, [[store_url]] * 2, tmp_path)
     s = Store(store_url)
     jobs, total = s.list_jobs()
-    assert total == 2 and {j["id"] for j in jobs} == {o.strip() for o in outs}
+    assert total == 2 and {j.id for j in jobs} == {o.strip() for o in outs}
     s.close()
 
 
@@ -629,7 +629,7 @@ def real_profile():
         }
     )
     with open_launcher(spec) as launcher:
-        rec = profile(spec, "partial", launcher=launcher)
+        rec = profile(spec, "partial", launcher=launcher).to_json_dict()  # the store's edge: as profile.json holds it
         facts, threads = launcher.facts(), launcher.threads_per_worker
     return spec.to_dict(), rec, facts, threads
 

@@ -13,6 +13,7 @@ as ``Authorization: Bearer <token>`` (or, for a browser, the cookie ``/login?tok
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import importlib
 import json
@@ -41,7 +42,7 @@ from tula.service.dashboard import dashboard_router
 from tula.service.logs import configure_logging
 from tula.service.replan import Problem, Replan, replan_from_models
 from tula.service.settings import ServiceSettings
-from tula.service.store import JOB_STATES, RECORD_KINDS, Store, StoreError
+from tula.service.store import ENDED_STATES, JOB_STATES, RECORD_KINDS, JobRow, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,9 @@ class PlanRequest(BaseModel):
     )
 
 
-def _job_view(job: dict, base: str = "") -> dict:
-    out = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in job.items()}
-    out["url"] = f"{base}/v1/jobs/{job['id']}"
-    return out
+def _job_view(job: JobRow, base: str = "") -> dict:
+    """A job as the API answers it: its fields, then its ``url``."""
+    return {**job.to_json_dict(), "url": f"{base}/v1/jobs/{job.id}"}
 
 
 def _sentence_of(err: RequestValidationError) -> str:
@@ -223,7 +223,7 @@ async def _lifespan(app: FastAPI):
         store.close()
 
 
-def _need_job(store: Store, job_id: str) -> dict:
+def _need_job(store: Store, job_id: str) -> JobRow:
     job = store.get_job(job_id)
     if job is None:
         raise Problem(404, f"there is no job {job_id!r}")
@@ -238,13 +238,11 @@ def _record(store: Store, job_id: str, name: str) -> dict:
     return rec
 
 
-def _no_record(job: dict, name: str) -> Problem:
+def _no_record(job: JobRow, name: str) -> Problem:
     """The 404 of a job without its ``name`` record (yet)."""
     return Problem(
         404,
-        f"job {job['id']!r} has no {name} record (it is {job['state']}"
-        + (f": {job['error']}" if job.get("error") else "")
-        + ")",
+        f"job {job.id!r} has no {name} record (it is {job.state}" + (f": {job.error}" if job.error else "") + ")",
     )
 
 
@@ -267,7 +265,7 @@ class _FinishedModels:
         models = store.read_record(job_id, ModelsRecord)  # the store's JSON read as the record
         if models is None:
             raise _no_record(job, "models")
-        if job["state"] in ("done", "failed", "cancelled"):
+        if job.state in ENDED_STATES:
             with self.lock:
                 if len(self.models) >= self.size:
                     self.models.pop(next(iter(self.models)))
@@ -472,7 +470,7 @@ async def plot(request: Request, job_id: str, name: Literal["plan.png", "train.p
     job = _need_job(store, job_id)
     path = store.artifact_path(job_id, name)
     if path is None or not Path(path).is_file():
-        raise Problem(404, f"job {job_id!r} has no {name} yet (it is {job['state']})")
+        raise Problem(404, f"job {job_id!r} has no {name} yet (it is {job.state})")
     return FileResponse(path, media_type="image/png")
 
 
@@ -532,7 +530,12 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
     return app
 
 
-_FACTS: dict[str, dict] = {}
+@functools.cache
+def _host_facts() -> dict:
+    """This host's facts (its device, CPU, memory), found once: the key of a spec planned here."""
+    from tula.engine.launch.base import host_facts
+
+    return host_facts("auto")
 
 
 def _plan_from_store(store: Store, spec, objective: str | None, noise_scale: float | None = None) -> dict:
@@ -540,12 +543,8 @@ def _plan_from_store(store: Store, spec, objective: str | None, noise_scale: flo
     from tula.core.plan import make_plan
     from tula.service.model_key import key_parts_for_new_job, model_key
 
-    if "facts" not in _FACTS:
-        from tula.engine.launch.base import host_facts
-
-        _FACTS["facts"] = host_facts("auto")
     try:
-        parts = key_parts_for_new_job(spec.to_dict(), _FACTS["facts"])
+        parts = key_parts_for_new_job(spec.to_dict(), _host_facts())
     except ValueError as err:
         raise Problem(
             404,
@@ -559,8 +558,8 @@ def _plan_from_store(store: Store, spec, objective: str | None, noise_scale: flo
             f"collective and hardware; submit the spec as a job (POST /v1/jobs) to profile it once",
         )
     models, from_job = found
-    if models["spec"]["data"] == spec.to_dict()["data"]:
-        size = models["dataset_size"]
+    if models.spec["data"] == spec.to_dict()["data"]:  # the stored spec is its JSON
+        size = models.dataset_size
     else:
         from tula.engine.workloads import check_workload
 
@@ -570,9 +569,8 @@ def _plan_from_store(store: Store, spec, objective: str | None, noise_scale: flo
             raise Problem(422, plain(err)) from None
     try:
         plan = make_plan(
-            rebase_models(models, spec.to_dict(), size, from_job), objective, noise_scale=noise_scale
-        ).to_json_dict()
+            rebase_models(models.to_json_dict(), spec.to_dict(), size, from_job), objective, noise_scale=noise_scale
+        )
     except (InfeasibleError, RecordError) as err:
         raise Problem(422, plain(err)) from None
-    plan["reused_models_from"] = from_job
-    return plan
+    return {**plan.to_json_dict(), "reused_models_from": from_job}

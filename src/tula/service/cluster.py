@@ -8,7 +8,10 @@ import contextlib
 import os
 import socket
 import threading
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol
 
 from tula.core.errors import TulaError
 from tula.core.registry import WORKER_LOCK_PREFIX, cluster_kind
@@ -74,9 +77,9 @@ def cluster_workers(settings: ServiceSettings) -> dict[str, Any]:
     """``{"cluster", "kind", "workers": [{"address", "host", "threads", "memory_bytes"}], "note"}``;
     a scheduler that does not answer is a :class:`TulaError` (one sentence)."""
     kind = cluster_kind(settings.cluster)
-    out: dict[str, Any] = {"cluster": settings.cluster, "kind": kind.name, "workers": [], "note": ""}
+    workers: list[dict[str, Any]] = []
     if kind.on_this_host:
-        out["workers"] = [
+        workers = [
             {
                 "address": "local",
                 "host": socket.gethostname(),
@@ -84,14 +87,14 @@ def cluster_workers(settings: ServiceSettings) -> dict[str, Any]:
                 "memory_bytes": host_memory_bytes(),
             }
         ]
-        out["note"] = "jobs run as processes on the service's host" + (
+        note = "jobs run as processes on the service's host" + (
             " (a Dask LocalCluster per job)" if kind.name == "dask" else ""
         )
     elif kind.name == "scheduler":
-        out["workers"] = _scheduler_workers(settings.cluster)
+        workers, note = _scheduler_workers(settings.cluster), ""
     else:  # a jobqueue cluster is submitted per job: no workers until one runs
-        out["note"] = "a dask-jobqueue cluster is started for each job; it has no workers between jobs"
-    return out
+        note = "a dask-jobqueue cluster is started for each job; it has no workers between jobs"
+    return {"cluster": settings.cluster, "kind": kind.name, "workers": workers, "note": note}
 
 
 def _scheduler_workers(address: str) -> list[dict[str, Any]]:
@@ -136,30 +139,48 @@ def cluster_view(settings: ServiceSettings, store: Any) -> dict[str, Any]:
     offered = cluster_workers(settings)
     running, _ = store.list_jobs(RUNNING_STATES, 1000)
     jobs = [
-        {"id": j["id"], "name": j["spec"].get("name"), "state": j["state"], **job_world(j)}
-        for j in sorted(running, key=lambda j: (j["created_at"], j["id"]))
+        {"id": j.id, "name": j.spec.get("name"), "state": j.state, **asdict(job_world(j))}
+        for j in sorted(running, key=lambda j: (j.created_at, j.id))
     ]
     return {**offered, "running_jobs": jobs}
 
 
-def job_world(job: dict) -> dict[str, Any]:
-    """A running job's world on the operator's workers (:mod:`tula.service.worlds`):
-    ``world_workers``, the workers it asks for or holds (None between worlds), and
-    ``world``: ``holds``, ``waits`` or None."""
-    n = job.get("world_workers")
-    return {"world_workers": n, "world": None if n is None else ("holds" if job.get("world_granted_at") else "waits")}
+class _HasWorld(Protocol):
+    """A job's columns that say its world (a :class:`~tula.service.store.JobRow` has them)."""
+
+    @property
+    def world_workers(self) -> int | None: ...
+
+    @property
+    def world_granted_at(self) -> datetime | None: ...
 
 
-def wait_sentence(total: int, running: list[dict], address: str) -> str | None:
+@dataclass(frozen=True)
+class JobWorld:
+    """A running job's world on the operator's workers (:mod:`tula.service.worlds`)."""
+
+    world_workers: int | None
+    """the workers it asks for or holds (None between worlds)"""
+    world: Literal["holds", "waits"] | None
+    """whether it holds them or waits for them; None between worlds"""
+
+
+def job_world(job: _HasWorld) -> JobWorld:
+    """The world ``job`` (a :class:`~tula.service.store.JobRow`) holds or waits for now."""
+    n = job.world_workers
+    return JobWorld(n, None if n is None else ("holds" if job.world_granted_at else "waits"))
+
+
+def wait_sentence(total: int, running: Sequence[_HasWorld], address: str) -> str | None:
     """None when the oldest queued job may start beside the ``running`` jobs on a scheduler
     of ``total`` workers, else the sentence its row shows while it waits.  It starts when no
     running job's world waits for its turn (an earlier job's world goes first) and some
     worker is free of the worlds running; its own worlds then take their turns."""
     worlds = [job_world(j) for j in running]
-    waiting = sum(1 for w in worlds if w["world"] == "waits")
+    waiting = sum(1 for w in worlds if w.world == "waits")
     if waiting:
         return f"queued: {waiting} running job(s) wait for workers at {address} first"
-    held = sum(min(w["world_workers"], total) for w in worlds if w["world"] == "holds")
+    held = sum(min(w.world_workers or 0, total) for w in worlds if w.world == "holds")
     if held >= total:
         return f"queued: all {total} worker(s) at {address} are in running jobs' worlds; it starts when one is free"
     return None
@@ -191,7 +212,7 @@ class WorkerRoom:
             why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise TulaError(f"the service's Dask scheduler at {address} does not answer: {why}") from None
 
-    def why_wait(self, running: list[dict]) -> str | None:
+    def why_wait(self, running: Sequence[_HasWorld]) -> str | None:
         """None when the oldest queued job may start beside the ``running`` jobs, else the
         sentence its row shows (:func:`wait_sentence`)."""
         if not self.counts:

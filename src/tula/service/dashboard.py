@@ -11,6 +11,7 @@ page (the job's stored plan is not changed).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Form, Request
@@ -30,7 +31,7 @@ from tula.service.dashboard_charts import (  # noqa: F401 - the charts' names, a
     train_charts,
 )
 from tula.service.replan import Problem, Replan, replan_from_models
-from tula.service.store import RUNNING_STATES
+from tula.service.store import RUNNING_STATES, JobRow
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5rem 2rem;color:#222;max-width:1200px}
@@ -56,12 +57,12 @@ def _progress(p: float | None) -> str:
     return f"<span class='bar'><span style='width:{p * 100:.0f}%'></span></span> {p:.0%}"
 
 
-def _job_row(j: dict) -> str:
-    msg = j.get("error") or j.get("message") or ""
+def _job_row(j: JobRow) -> str:
+    msg = j.error or j.message or ""
     return (
-        f"<tr data-id='{esc(j['id'])}'><td><a href='/jobs/{esc(j['id'])}'>{esc(j['id'])}</a></td>"
-        f"<td>{esc(j['spec'].get('name', ''))}</td><td class='state-{esc(j['state'])}'>{esc(j['state'])}</td>"
-        f"<td>{_progress(j.get('progress'))}</td><td>{esc(str(j.get('created_at', ''))[:19].replace('T', ' '))}</td>"
+        f"<tr data-id='{esc(j.id)}'><td><a href='/jobs/{esc(j.id)}'>{esc(j.id)}</a></td>"
+        f"<td>{esc(j.spec.get('name', ''))}</td><td class='state-{esc(j.state)}'>{esc(j.state)}</td>"
+        f"<td>{_progress(j.progress)}</td><td>{esc(str(j.created_at)[:19].replace('T', ' '))}</td>"
         f"<td>{esc(msg[:100])}</td></tr>"
     )
 
@@ -105,18 +106,17 @@ setInterval(refresh, 2000);
 
 
 # --------------------------------------------------------------------------- a job's page, part by part
-def _job_header(job: dict) -> list[str]:
+def _job_header(job: JobRow) -> list[str]:
     """The link back, the job's name, its state and progress, its error, where its models came from."""
-    job_id = job["id"]
     parts = [
-        f"<p><a href='/'>&larr; all jobs</a></p><h1>Job {esc(job_id)}: {esc(job['spec'].get('name', ''))}</h1>",
-        f"<p id='job-state'>state <b class='state-{esc(job['state'])}'>{esc(job['state'])}</b> "
-        f"{_progress(job.get('progress'))} <span class='note'>{esc(job.get('message') or '')}</span></p>",
+        f"<p><a href='/'>&larr; all jobs</a></p><h1>Job {esc(job.id)}: {esc(job.spec.get('name', ''))}</h1>",
+        f"<p id='job-state'>state <b class='state-{esc(job.state)}'>{esc(job.state)}</b> "
+        f"{_progress(job.progress)} <span class='note'>{esc(job.message or '')}</span></p>",
     ]
-    if job.get("error"):
-        parts.append(f"<p class='err' id='job-error'>{esc(job['error'])}</p>")
-    if job.get("reused_models_from"):
-        rf = job["reused_models_from"]
+    if job.error:
+        parts.append(f"<p class='err' id='job-error'>{esc(job.error)}</p>")
+    if job.reused_models_from:
+        rf = job.reused_models_from
         parts.append(
             f"<p class='note'>planned from the models of job <a href='/jobs/{esc(rf)}'>{esc(rf)}</a> "
             "(not profiled again)</p>"
@@ -142,19 +142,30 @@ def _plan_section(shown: PlanRecord | None, models: ModelsRecord | None, replann
     return []
 
 
-def _replan_form(job_id: str, form: dict | None, shown: PlanRecord | None) -> str:
+@dataclass(frozen=True)
+class ReplanForm:
+    """The re-plan form's fields as posted (text; empty: not given)."""
+
+    objective: str = ""
+    price: str = ""
+    cluster_sizes: str = ""
+    deadline: str = ""
+    budget: str = ""
+
+
+def _replan_form(job_id: str, form: ReplanForm | None, shown: PlanRecord | None) -> str:
     """The re-plan form, holding the values last posted."""
-    f = form or {}
-    sel = f.get("objective") or (shown.objective if shown is not None else "knee")
+    f = form or ReplanForm()
+    sel = f.objective or (shown.objective if shown is not None else "knee")
     opts = "".join(f"<option{' selected' if o == sel else ''}>{o}</option>" for o in OBJECTIVE_NAMES)
     return (
         f"<h2>Re-plan from the stored models</h2><form method='post' action='/jobs/{esc(job_id)}/replan' "
         f"id='replan'><label>objective<select name='objective'>{opts}</select></label>"
-        f"<label>price per node-hour<input name='price' size='6' value='{esc(f.get('price', ''))}'></label>"
+        f"<label>price per node-hour<input name='price' size='6' value='{esc(f.price)}'></label>"
         f"<label>cluster sizes<input name='cluster_sizes' size='12' placeholder='1,2,4,8' "
-        f"value='{esc(f.get('cluster_sizes', ''))}'></label>"
-        f"<label>deadline<input name='deadline' size='6' placeholder='8h' value='{esc(f.get('deadline', ''))}'>"
-        f"</label><label>budget<input name='budget' size='6' value='{esc(f.get('budget', ''))}'></label>"
+        f"value='{esc(f.cluster_sizes)}'></label>"
+        f"<label>deadline<input name='deadline' size='6' placeholder='8h' value='{esc(f.deadline)}'>"
+        f"</label><label>budget<input name='budget' size='6' value='{esc(f.budget)}'></label>"
         "<button type='submit'>re-plan</button></form>"
     )
 
@@ -177,7 +188,7 @@ def job_page(
     job_id: str,
     replanned: PlanRecord | None = None,
     replan_error: str | None = None,
-    form: dict | None = None,
+    form: ReplanForm | None = None,
 ) -> tuple[str, int]:
     """The page of ``job_id`` in ``store`` and its status (404 when there is no such job):
     the job, its plan (or ``replanned``, not saved), ``replan_error``, the re-plan form with
@@ -199,19 +210,18 @@ def job_page(
         f"<a href='/v1/jobs/{esc(job_id)}/{k}'>{k}.json</a>" for k in ("profile", "models", "plan", "train")
     )
     parts.append(f"<h2>Records</h2><p>{links}</p>")
-    script = "setTimeout(() => location.reload(), 3000);" if job["state"] in (*RUNNING_STATES, "queued") else ""
+    script = "setTimeout(() => location.reload(), 3000);" if job.state in (*RUNNING_STATES, "queued") else ""
     return _page(f"Tula job {job_id}", "".join(parts), script), 200
 
 
-def _replan_request(models: ModelsRecord, form: dict) -> Replan:
+def _replan_request(models: ModelsRecord, form: ReplanForm) -> Replan:
     """The re-plan the form asks for (a ValueError or Problem when a field does not parse)."""
-    price, cluster_sizes, budget = form["price"], form["cluster_sizes"], form["budget"]
     return Replan(
-        objective=form["objective"] or None,
-        pricing={**models.spec["pricing"], "price_per_node_hour": float(price)} if price else None,
-        cluster_sizes=[int(x) for x in cluster_sizes.split(",") if x.strip()] or None,
-        deadline=form["deadline"] or None,
-        budget=float(budget) if budget else None,
+        objective=form.objective or None,
+        pricing={**models.spec["pricing"], "price_per_node_hour": float(form.price)} if form.price else None,
+        cluster_sizes=[int(x) for x in form.cluster_sizes.split(",") if x.strip()] or None,
+        deadline=form.deadline or None,
+        budget=float(form.budget) if form.budget else None,
     )
 
 
@@ -305,13 +315,7 @@ async def job_replan(
 ):
     """The job's page with a re-plan from its stored models (not saved), or with why it cannot be made."""
     store = _store(request)
-    form = {
-        "objective": objective,
-        "price": price,
-        "cluster_sizes": cluster_sizes,
-        "deadline": deadline,
-        "budget": budget,
-    }
+    form = ReplanForm(objective=objective, price=price, cluster_sizes=cluster_sizes, deadline=deadline, budget=budget)
     models = store.read_record(job_id, ModelsRecord)
     if models is None:
         text, status = await run_in_threadpool(job_page, store, job_id, None, "this job has no fitted models yet", form)

@@ -13,7 +13,7 @@ import html
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from tula.core.live_plan import goodput_per_epoch
 from tula.core.noise_scale import (
@@ -23,7 +23,7 @@ from tula.core.noise_scale import (
     noise_scale_value,
     smooth_noise_scale,
 )
-from tula.core.records import EpochRecord, TrainRecord, as_epoch, epoch_score
+from tula.core.records import EpochRecord, Generation, TrainRecord, as_epoch, epoch_score
 from tula.core.say import plain
 
 if TYPE_CHECKING:
@@ -57,6 +57,56 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
     return [m * 10.0**e for e in decades for m in mults if lo - 1e-9 <= math.log10(m * 10.0**e) <= hi + 1e-9]
 
 
+# --------------------------------------------------------------------------- what a chart draws
+@dataclass(frozen=True)
+class Line:
+    """A series drawn as a line through its drawable points; always in the legend."""
+
+    x: Sequence[float]
+    y: Sequence[float | None]
+    color: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Points:
+    """A series drawn as marks, each with its hover ``title``: a dot of radius ``r``, a star
+    (``marker`` ``*``) or a diamond (``d``)."""
+
+    x: Sequence[float]
+    y: Sequence[float | None]
+    color: str
+    label: str
+    title: Sequence[str]
+    marker: str = "o"
+    r: float = 4
+    legend: bool = True
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A dashed rule across the chart at ``at`` (a y value for a horizontal rule, an x value for
+    a vertical one); its hover title is ``title``, else its ``label``."""
+
+    at: float
+    color: str
+    label: str
+    title: str | None = None
+    legend: bool = False
+
+
+@dataclass(frozen=True)
+class Band:
+    """A shaded horizontal band from ``lo`` to ``hi``; its hover title is ``title``, else its ``label``."""
+
+    lo: float
+    hi: float
+    color: str
+    label: str
+    title: str | None = None
+    legend: bool = False
+
+
 # --------------------------------------------------------------------------- one chart, step by step
 @dataclass(frozen=True)
 class _Frame:
@@ -85,7 +135,7 @@ class _Frame:
     def ph(self) -> int:
         return self.height - self.top - self.bottom
 
-    def ok(self, y: Any) -> bool:
+    def ok(self, y: Any) -> TypeGuard[float]:
         """Whether ``y`` can be drawn: a finite number, above 0 on a log y axis."""
         return _drawable(y, self.log_y)
 
@@ -98,18 +148,28 @@ class _Frame:
         return self.top + self.ph - (ty - self.y0) / (self.y1 - self.y0) * self.ph
 
 
-def _drawable(y: Any, log_y: bool) -> bool:
+def _drawable(y: Any, log_y: bool) -> TypeGuard[float]:
     return isinstance(y, (int, float)) and math.isfinite(y) and (y > 0 or not log_y)
 
 
-def _frame(lines: list[dict], points: list[dict], hlines: Sequence[dict], bands: Sequence[dict], **kw: Any) -> _Frame:
+def _frame(
+    lines: Sequence[Line],
+    points: Sequence[Points],
+    hlines: Sequence[Rule],
+    bands: Sequence[Band],
+    *,
+    width: int,
+    height: int,
+    log_x: bool,
+    log_y: bool,
+) -> _Frame:
     """The frame that shows every x above 0 and every drawable y (of the series, the
-    horizontal rules and the bands); ``kw``: width, height, log_x, log_y."""
-    log_x, log_y = kw["log_x"], kw["log_y"]
-    xs = [x for s in [*lines, *points] for x in s["x"] if x and x > 0] or [1]
-    ys = [y for s in [*lines, *points] for y in s["y"] if _drawable(y, log_y)]
-    ys += [h["at"] for h in hlines if _drawable(h["at"], log_y)]
-    ys += [v for b in bands for v in (b["lo"], b["hi"]) if _drawable(v, log_y)]
+    horizontal rules and the bands)."""
+    series: list[Line | Points] = [*lines, *points]
+    xs = [x for s in series for x in s.x if x and x > 0] or [1]
+    ys: list[Any] = [y for s in series for y in s.y if _drawable(y, log_y)]
+    ys += [h.at for h in hlines if _drawable(h.at, log_y)]
+    ys += [v for b in bands for v in (b.lo, b.hi) if _drawable(v, log_y)]
     ys = ys or [1]
     x0, x1 = (math.log2(min(xs)), math.log2(max(xs))) if log_x else (min(xs), max(xs))
     if log_y:
@@ -119,7 +179,7 @@ def _frame(lines: list[dict], points: list[dict], hlines: Sequence[dict], bands:
     else:
         y0, y1 = min(0.0, min(ys)), max(ys) * 1.08 or 1.0
     x1 = x1 if x1 > x0 else x0 + 1
-    return _Frame(kw["width"], kw["height"], x0, x1, y0, y1, log_x, log_y)
+    return _Frame(width, height, x0, x1, y0, y1, log_x, log_y)
 
 
 def _axes(f: _Frame, x_label: str, y_label: str) -> list[str]:
@@ -154,87 +214,88 @@ def _axes(f: _Frame, x_label: str, y_label: str) -> list[str]:
     return out
 
 
-def _bands_and_rules(f: _Frame, bands: Sequence[dict], hlines: Sequence[dict], vlines: Sequence[dict]) -> list[str]:
+def _bands_and_rules(f: _Frame, bands: Sequence[Band], hlines: Sequence[Rule], vlines: Sequence[Rule]) -> list[str]:
     """Shaded horizontal bands, then dashed horizontal and vertical rules, each with its title."""
     out = []
     for b in bands:
-        if f.ok(b["lo"]) and f.ok(b["hi"]):
-            y_top, y_bot = f.py(max(b["lo"], b["hi"])), f.py(min(b["lo"], b["hi"]))
+        if f.ok(b.lo) and f.ok(b.hi):
+            y_top, y_bot = f.py(max(b.lo, b.hi)), f.py(min(b.lo, b.hi))
             out.append(
-                f"<rect class='band' data-label='{esc(b['label'])}' x='{f.left}' y='{y_top:.1f}' width='{f.pw}' "
-                f"height='{max(y_bot - y_top, 1.0):.1f}' fill='{b['color']}' fill-opacity='0.15'>"
-                f"<title>{esc(b.get('title', b['label']))}</title></rect>"
+                f"<rect class='band' data-label='{esc(b.label)}' x='{f.left}' y='{y_top:.1f}' width='{f.pw}' "
+                f"height='{max(y_bot - y_top, 1.0):.1f}' fill='{b.color}' fill-opacity='0.15'>"
+                f"<title>{esc(b.label if b.title is None else b.title)}</title></rect>"
             )
     for h in hlines:
-        if f.ok(h["at"]):
+        if f.ok(h.at):
             out.append(
-                f"<line x1='{f.left}' x2='{f.left + f.pw}' y1='{f.py(h['at']):.1f}' y2='{f.py(h['at']):.1f}' "
-                f"stroke='{h['color']}' stroke-dasharray='6 3'><title>{esc(h.get('title', h['label']))}</title></line>"
+                f"<line x1='{f.left}' x2='{f.left + f.pw}' y1='{f.py(h.at):.1f}' y2='{f.py(h.at):.1f}' "
+                f"stroke='{h.color}' stroke-dasharray='6 3'><title>{esc(h.label if h.title is None else h.title)}"
+                "</title></line>"
             )
     for v in vlines:
         out.append(
-            f"<line x1='{f.px(v['at']):.1f}' x2='{f.px(v['at']):.1f}' y1='{f.top}' y2='{f.top + f.ph}' "
-            f"stroke='{v['color']}' stroke-dasharray='2 3'><title>{esc(v['label'])}</title></line>"
+            f"<line x1='{f.px(v.at):.1f}' x2='{f.px(v.at):.1f}' y1='{f.top}' y2='{f.top + f.ph}' "
+            f"stroke='{v.color}' stroke-dasharray='2 3'><title>{esc(v.label)}</title></line>"
         )
     return out
 
 
-def _polylines(f: _Frame, lines: list[dict]) -> list[str]:
+def _polylines(f: _Frame, lines: Sequence[Line]) -> list[str]:
     """Each line through its drawable points."""
     out = []
     for s in lines:
-        pts = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in zip(s["x"], s["y"]) if x > 0 and f.ok(y))
+        pts = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in zip(s.x, s.y) if x > 0 and f.ok(y))
         out.append(
-            f"<polyline class='series' data-label='{esc(s['label'])}' points='{pts}' fill='none' "
-            f"stroke='{s['color']}' stroke-width='1.6'><title>{esc(s['label'])}</title></polyline>"
+            f"<polyline class='series' data-label='{esc(s.label)}' points='{pts}' fill='none' "
+            f"stroke='{s.color}' stroke-width='1.6'><title>{esc(s.label)}</title></polyline>"
         )
     return out
 
 
-def _marker(s: dict, cx: float, cy: float) -> tuple[str, str]:
+def _marker(s: Points, cx: float, cy: float) -> tuple[str, str]:
     """The opening and the closing tag of a point's shape at (cx, cy): a star (``*``), a
     diamond (``d``) or a dot."""
-    if s.get("marker") == "*":
+    if s.marker == "*":
         corners = " ".join(
             f"{cx + r * math.sin(i * math.pi / 5):.1f},{cy - r * math.cos(i * math.pi / 5):.1f}"
             for i, r in enumerate([9, 4] * 5)
         )
         return f"<polygon points='{corners}' fill='gold' stroke='black'", "</polygon>"
-    if s.get("marker") == "d":
+    if s.marker == "d":
         return (
             f"<rect x='{cx - 4:.1f}' y='{cy - 4:.1f}' width='8' height='8' fill='none' "
-            f"stroke='{s['color']}' transform='rotate(45 {cx:.1f} {cy:.1f})'",
+            f"stroke='{s.color}' transform='rotate(45 {cx:.1f} {cy:.1f})'",
             "</rect>",
         )
-    return f"<circle cx='{cx:.1f}' cy='{cy:.1f}' r='{s.get('r', 4)}' fill='{s['color']}'", "</circle>"
+    return f"<circle cx='{cx:.1f}' cy='{cy:.1f}' r='{s.r}' fill='{s.color}'", "</circle>"
 
 
-def _point_marks(f: _Frame, points: list[dict]) -> list[str]:
+def _point_marks(f: _Frame, points: Sequence[Points]) -> list[str]:
     """Every drawable point, its values as its hover title."""
     out = []
     for s in points:
-        for x, y, t in zip(s["x"], s["y"], s["title"]):
+        for x, y, t in zip(s.x, s.y, s.title):
             if x > 0 and f.ok(y):
                 shape, end = _marker(s, f.px(x), f.py(y))
-                out.append(f"{shape} class='point' data-label='{esc(s['label'])}'><title>{esc(t)}</title>{end}")
+                out.append(f"{shape} class='point' data-label='{esc(s.label)}'><title>{esc(t)}</title>{end}")
     return out
 
 
-def _legend(f: _Frame, keyed: list[dict], legend_at: str) -> list[str]:
+def _legend(f: _Frame, keyed: Sequence[Line | Points | Rule | Band], legend_at: str) -> list[str]:
     """A colour key per entry of ``keyed``, at the top ``right`` or ``left``, on a light
     backing so that the labels stay readable over the lines."""
     ly, lx = f.top + 8, (f.left + 8 if legend_at == "left" else f.left + f.pw - 150)
     out = []
     if keyed:
-        wide = 22 + 5.6 * max(len(plain(s["label"])) for s in keyed)
+        wide = 22 + 5.6 * max(len(plain(s.label)) for s in keyed)
         out.append(
             f"<rect x='{lx - 3}' y='{ly - 11}' width='{wide:.0f}' height='{13 * len(keyed) + 3}' "
             "fill='#fff' fill-opacity='0.8'/>"
         )
     for s in keyed:
         out.append(
-            f"<rect x='{lx}' y='{ly - 8}' width='10' height='10' fill='{s['color']}'/>"
-            f"<text x='{lx + 15}' y='{ly + 1}' font-size='10'>{esc(s['label'])}</text>"
+            f"<rect x='{lx}' y='{ly - 8}' width='10' height='10' fill='{s.color}'/>"
+            f"<text x='{lx + 15}' y='{ly + 1}' font-size='10'>{esc(s.label)}</text>"
         )
         ly += 13
     return out
@@ -244,27 +305,27 @@ def svg_chart(
     title: str,
     x_label: str,
     y_label: str,
-    lines: list[dict],
-    points: list[dict],
-    hlines: Sequence[dict] = (),
-    vlines: Sequence[dict] = (),
+    lines: Sequence[Line],
+    points: Sequence[Points],
+    hlines: Sequence[Rule] = (),
+    vlines: Sequence[Rule] = (),
     log_x: bool = True,
     width: int = 560,
     height: int = 360,
     log_y: bool = False,
-    bands: Sequence[dict] = (),
+    bands: Sequence[Band] = (),
     legend_at: str = "right",
 ) -> str:
-    """An SVG line/point chart.  ``lines``: ``{"x", "y", "color", "label"}``; ``points``:
-    ``{"x", "y", "color", "label", "title", "marker"}`` (marker ``o``, ``*`` or ``d``) whose
-    ``title`` shows on hover; ``hlines``/``vlines``: ``{"at", "color", "label"}``; ``bands``:
-    ``{"lo", "hi", "color", "label"}``, a shaded horizontal band across the chart.  A line,
-    point or band with ``"legend": True`` (hlines, bands) or not ``False`` (lines, points) is
-    in the legend, at the top ``right`` or ``left``.  ``log_y``: a base-10 y axis on which
-    the values that are not finite and above 0 are left out (``None`` and NaN always are)."""
+    """An SVG line/point chart: ``lines`` (:class:`Line`), ``points`` (:class:`Points`, each
+    point's ``title`` shown on hover), horizontal and vertical rules (:class:`Rule`) and
+    shaded horizontal ``bands`` (:class:`Band`).  Every line, the points, rules and bands with
+    ``legend`` set are in the legend, at the top ``right`` or ``left``.  ``log_y``: a base-10
+    y axis on which the values that are not finite and above 0 are left out (``None`` and NaN
+    always are)."""
     f = _frame(lines, points, hlines, bands, width=width, height=height, log_x=log_x, log_y=log_y)
-    keyed = [*lines, *[p for p in points if p.get("legend", True)]]
-    keyed += [h for h in [*hlines, *bands] if h.get("legend", False)]
+    keyed: list[Line | Points | Rule | Band] = [*lines, *[p for p in points if p.legend]]
+    marks: list[Rule | Band] = [*hlines, *bands]
+    keyed += [m for m in marks if m.legend]
     out = [
         f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' "
         f"data-y-scale='{'log' if log_y else 'linear'}' aria-label='{esc(title)}'>"
@@ -280,76 +341,62 @@ def svg_chart(
 
 
 # --------------------------------------------------------------------------- the plan's charts
-def _cluster_series(chart: PlanChart, metric: str) -> tuple[list[dict], list[dict], list[dict]]:
+def _cluster_series(chart: PlanChart, metric: str) -> tuple[list[Line], list[Points], list[Rule]]:
     """Per cluster size: the predicted line, the measured points, and (time only) the knee."""
     unit = chart.unit
     lines, points, vlines = [], [], []
     for k, s in enumerate(chart.series):
         col, n = COLORS[k % len(COLORS)], s.n_workers
-        lines.append(
-            {
-                "x": s.predicted.global_batch,
-                "y": getattr(s.predicted, metric),
-                "color": col,
-                "label": f"N={n} predicted",
-            }
-        )
+        lines.append(Line(s.predicted.global_batch, getattr(s.predicted, metric), col, f"N={n} predicted"))
         m = s.measured
         if m.global_batch:
-            points.append(
-                {
-                    "x": m.global_batch,
-                    "y": getattr(m, metric),
-                    "color": col,
-                    "label": f"N={n} measured",
-                    "title": [
-                        f"measured N={n}, B={b}: {t:.4g} s, {c:.4g} {unit}"
-                        for b, t, c in zip(m.global_batch, m.total_time_s, m.cost)
-                    ],
-                }
-            )
+            titles = [
+                f"measured N={n}, B={b}: {t:.4g} s, {c:.4g} {unit}"
+                for b, t, c in zip(m.global_batch, m.total_time_s, m.cost)
+            ]
+            points.append(Points(m.global_batch, getattr(m, metric), col, f"N={n} measured", titles))
         if s.knee_batch and metric == "total_time_s":
-            vlines.append({"at": s.knee_batch, "color": col, "label": f"knee of N={n}: B={s.knee_batch}"})
+            vlines.append(Rule(s.knee_batch, col, f"knee of N={n}: B={s.knee_batch}"))
     return lines, points, vlines
 
 
-def _frontier_and_choice(chart: PlanChart, metric: str) -> list[dict]:
+def _frontier_and_choice(chart: PlanChart, metric: str) -> list[Points]:
     """The Pareto frontier's diamonds (when there is one) and the chosen configuration's star."""
     unit, fr, c = chart.unit, chart.frontier, chart.choice
     points = []
     if fr:
         points.append(
-            {
-                "x": [f.global_batch for f in fr],
-                "y": [getattr(f, metric) for f in fr],
-                "color": "#444",
-                "label": "Pareto frontier",
-                "marker": "d",
-                "title": [
+            Points(
+                x=[f.global_batch for f in fr],
+                y=[getattr(f, metric) for f in fr],
+                color="#444",
+                label="Pareto frontier",
+                marker="d",
+                title=[
                     f"Pareto: N={f.n_workers}, B={f.global_batch}: {f.total_time_s:.4g} s, {f.cost:.4g} {unit}"
                     for f in fr
                 ],
-            }
+            )
         )
     points.append(
-        {
-            "x": [c.global_batch],
-            "y": [chart.chosen_y(metric)],
-            "color": "gold",
-            "marker": "*",
-            "label": f"chosen: N={c.n_workers}, B={c.global_batch}",
-            "title": [f"chosen: N={c.n_workers}, B={c.global_batch}: {c.total_time_s:.4g} s, {c.cost:.4g} {unit}"],
-        }
+        Points(
+            x=[c.global_batch],
+            y=[chart.chosen_y(metric)],
+            color="gold",
+            marker="*",
+            label=f"chosen: N={c.n_workers}, B={c.global_batch}",
+            title=[f"chosen: N={c.n_workers}, B={c.global_batch}: {c.total_time_s:.4g} s, {c.cost:.4g} {unit}"],
+        )
     )
     return points
 
 
-def _limits(chart: PlanChart, metric: str) -> list[dict]:
+def _limits(chart: PlanChart, metric: str) -> list[Rule]:
     """The deadline (on the time chart) or the budget (on the cost chart), when the plan has one."""
     if metric == "total_time_s" and chart.deadline_s is not None:
-        return [{"at": chart.deadline_s, "color": "red", "label": f"deadline {chart.deadline_s:.4g} s"}]
+        return [Rule(chart.deadline_s, "red", f"deadline {chart.deadline_s:.4g} s")]
     if metric == "cost" and chart.budget is not None:
-        return [{"at": chart.budget, "color": "red", "label": f"budget {chart.budget:.4g} {chart.unit}"}]
+        return [Rule(chart.budget, "red", f"budget {chart.budget:.4g} {chart.unit}")]
     return []
 
 
@@ -371,48 +418,33 @@ def plan_charts(chart: PlanChart) -> str:
 
 
 # --------------------------------------------------------------------------- the training run's charts
-def _batch_series(h: list[EpochRecord], raw: list[float | None]) -> tuple[list[dict], list[dict]]:
+def _batch_series(h: list[EpochRecord], raw: list[float | None]) -> tuple[list[Line], list[Points]]:
     """The global batch per epoch: its line, and a point per epoch with the epoch's figures."""
     ep, batch = [r.epoch for r in h], [r.global_batch for r in h]
-    lines = [{"x": ep, "y": batch, "color": COLORS[2], "label": "global batch B"}]
-    points = [
-        {
-            "x": ep,
-            "y": batch,
-            "color": COLORS[2],
-            "label": "epochs",
-            "legend": False,
-            "r": 3,
-            "title": [
-                f"epoch {r.epoch}: B={r.global_batch} on N={r.n_workers}, B_simple "
-                f"{'n/a' if b is None else _fmt(b)}, updates so far {getattr(r, 'steps_done', None)}"
-                for r, b in zip(h, raw)
-            ],
-        }
+    lines = [Line(ep, batch, COLORS[2], "global batch B")]
+    titles = [
+        f"epoch {r.epoch}: B={r.global_batch} on N={r.n_workers}, B_simple "
+        f"{'n/a' if b is None else _fmt(b)}, updates so far {getattr(r, 'steps_done', None)}"
+        for r, b in zip(h, raw)
     ]
-    return lines, points
+    return lines, [Points(ep, batch, COLORS[2], "epochs", titles, legend=False, r=3)]
 
 
-def _b_simple_series(ep: list[int], raw: list[float | None]) -> tuple[dict, dict]:
+def _b_simple_series(ep: list[int], raw: list[float | None]) -> tuple[Line, Points]:
     """B_simple's running median (a line) and its measured values (points)."""
-    line = {
-        "x": ep,
-        "y": smooth_noise_scale(raw),
-        "color": COLORS[3],
-        "label": f"B_simple, running median of {SMOOTH_EPOCHS} epochs",
-    }
-    points = {
-        "x": [x for x, b in zip(ep, raw) if b is not None],
-        "y": [b for b in raw if b is not None],
-        "color": COLORS[3],
-        "label": "B_simple per epoch",
-        "r": 2.5,
-        "title": [f"epoch {x}: B_simple {_fmt(b)}" for x, b in zip(ep, raw) if b is not None],
-    }
+    line = Line(ep, smooth_noise_scale(raw), COLORS[3], f"B_simple, running median of {SMOOTH_EPOCHS} epochs")
+    points = Points(
+        x=[x for x, b in zip(ep, raw) if b is not None],
+        y=[b for b in raw if b is not None],
+        color=COLORS[3],
+        label="B_simple per epoch",
+        r=2.5,
+        title=[f"epoch {x}: B_simple {_fmt(b)}" for x, b in zip(ep, raw) if b is not None],
+    )
     return line, points
 
 
-def _early_estimate(ep: list[int], raw: list[float | None]) -> tuple[list[dict], list[dict]]:
+def _early_estimate(ep: list[int], raw: list[float | None]) -> tuple[list[Rule], list[Band]]:
     """The early-training estimate: its median as a rule and its p25-p75 as a band (none
     when the first epochs measured too little)."""
     early = early_noise_scale(raw)
@@ -424,14 +456,11 @@ def _early_estimate(ep: list[int], raw: list[float | None]) -> tuple[list[dict],
         f"({early.n} measured; p25-p75 {_fmt(early.p25)}-{_fmt(early.p75)}), the start-of-training "
         "scale (the planner's B_noise is the profile's measurement of it)"
     )
-    rule = {"at": early.median, "color": COLORS[4], "label": f"early B_simple {_fmt(early.median)}"}
-    band = {
-        "lo": early.p25,
-        "hi": early.p75,
-        "color": COLORS[4],
-        "label": f"early p25-p75 {_fmt(early.p25)}-{_fmt(early.p75)}",
-    }
-    return [{**rule, "title": say, "legend": True}], [{**band, "title": say, "legend": True}]
+    rule = Rule(early.median, COLORS[4], f"early B_simple {_fmt(early.median)}", title=say, legend=True)
+    band = Band(
+        early.p25, early.p75, COLORS[4], f"early p25-p75 {_fmt(early.p25)}-{_fmt(early.p75)}", title=say, legend=True
+    )
+    return [rule], [band]
 
 
 def noise_chart(history: Sequence[EpochRecord | Mapping[str, Any]]) -> str:
@@ -443,8 +472,8 @@ def noise_chart(history: Sequence[EpochRecord | Mapping[str, Any]]) -> str:
     ep = [r.epoch for r in h]
     raw = [noise_scale_value(r.b_simple) for r in h]
     lines, points = _batch_series(h, raw)
-    hlines: list[dict] = []
-    bands: list[dict] = []
+    hlines: list[Rule] = []
+    bands: list[Band] = []
     measured = any(b is not None for b in raw)
     if measured:
         line, marks = _b_simple_series(ep, raw)
@@ -474,23 +503,13 @@ def _score_chart(h: list[EpochRecord]) -> str:
         "Accuracy and loss" if label == "top-1" else "Test and train loss" if label == "loss" else f"{label} and loss"
     )
     train_loss = [getattr(r, "train_loss", float("nan")) for r in h]  # a hand-made epoch may have none
-    lines = [
-        {"x": ep, "y": [s[1] for s in score], "color": COLORS[0], "label": f"test {label}"},
-        {"x": ep, "y": train_loss, "color": COLORS[1], "label": "train loss"},
+    values = [value for _, value, _ in score]
+    lines = [Line(ep, values, COLORS[0], f"test {label}"), Line(ep, train_loss, COLORS[1], "train loss")]
+    titles = [
+        f"epoch {r.epoch}: {name} {shown}, loss {loss:.4f}, B={r.global_batch}, N={r.n_workers}"
+        for r, (name, _, shown), loss in zip(h, score, train_loss)
     ]
-    points = [
-        {
-            "x": ep,
-            "y": [s[1] for s in score],
-            "color": COLORS[0],
-            "label": "epochs",
-            "legend": False,
-            "title": [
-                f"epoch {r.epoch}: {s[0]} {s[2]}, loss {loss:.4f}, B={r.global_batch}, N={r.n_workers}"
-                for r, s, loss in zip(h, score, train_loss)
-            ],
-        }
-    ]
+    points = [Points(ep, values, COLORS[0], "epochs", titles, legend=False)]
     return svg_chart(title, "epoch", "value", lines, points, log_x=False)
 
 
@@ -498,11 +517,11 @@ def _ags_chart(h: list[EpochRecord]) -> str:
     """AGS's share of scaled steps per epoch."""
     ep = [r.epoch for r in h]
     scaled = [r.scaled_fraction if r.given("scaled_fraction") else float("nan") for r in h]
-    line = {"x": ep, "y": scaled, "color": COLORS[4], "label": "share of steps scaled"}
+    line = Line(ep, scaled, COLORS[4], "share of steps scaled")
     return svg_chart("AGS: steps scaled", "epoch", "fraction", [line], [], log_x=False)
 
 
-def _epoch_time_chart(h: list[EpochRecord], generations: list[dict]) -> str:
+def _epoch_time_chart(h: list[EpochRecord], generations: list[Generation]) -> str:
     """Each epoch's measured time beside the plan's prediction of it at its (N, B, k), each
     new world (a generation) marked at its first epoch."""
     from tula.core.run_costs import measured_epoch_s
@@ -512,13 +531,13 @@ def _epoch_time_chart(h: list[EpochRecord], generations: list[dict]) -> str:
     planned = [r.predicted_epoch_s for r in h]
     ratios = [r.measured_to_predicted for r in h]
     lines = [
-        {"x": ep, "y": measured, "color": COLORS[0], "label": "measured (steps, evaluation, checkpoint)"},
-        {
-            "x": ep,
-            "y": [p if r.given("predicted_epoch_s") else float("nan") for r, p in zip(h, planned)],
-            "color": COLORS[2],
-            "label": "the plan's prediction",
-        },
+        Line(ep, measured, COLORS[0], "measured (steps, evaluation, checkpoint)"),
+        Line(
+            ep,
+            [p if r.given("predicted_epoch_s") else float("nan") for r, p in zip(h, planned)],
+            COLORS[2],
+            "the plan's prediction",
+        ),
     ]
     titles = [
         f"epoch {r.epoch} at {_config(r)}: {m:.3f} s measured, {p:.3f} s planned ({x:.2f}x)"
@@ -526,15 +545,15 @@ def _epoch_time_chart(h: list[EpochRecord], generations: list[dict]) -> str:
         else f"epoch {r.epoch} at {_config(r)}: {m:.3f} s measured"
         for r, m, p, x in zip(h, measured, planned, ratios)
     ]
-    points = [{"x": ep, "y": measured, "color": COLORS[0], "label": "epochs", "legend": False, "title": titles}]
-    starts = [g for g in generations if g.get("new_world") and g.get("from_epoch", 1) > 1]
-    vlines = [{"at": g["from_epoch"] - 0.5, "color": COLORS[7], "label": f"new world: {_config(g)}"} for g in starts]
+    points = [Points(ep, measured, COLORS[0], "epochs", titles, legend=False)]
+    starts = [g for g in generations if g.new_world and g.from_epoch > 1]
+    vlines = [Rule(g.from_epoch - 0.5, COLORS[7], f"new world: {_config(g)}") for g in starts]
     return svg_chart("Epoch time: measured and planned", "epoch", "seconds", lines, points, vlines=vlines, log_x=False)
 
 
-def _config(r: EpochRecord | Mapping[str, Any]) -> str:
+def _config(r: EpochRecord | Generation | Mapping[str, Any]) -> str:
     """An epoch's, a generation's or a goodput row's (N, B, k) in words."""
-    if isinstance(r, EpochRecord):
+    if isinstance(r, (EpochRecord, Generation)):
         n, b, k = r.n_workers, r.global_batch, r.accumulation_steps or 1
     else:
         n, b, k = r["n_workers"], r["global_batch"], r.get("accumulation_steps") or 1
@@ -545,18 +564,18 @@ def _goodput_chart(rows: list[dict]) -> str:
     """A goodput schedule's useful samples per second per epoch, measured and predicted
     (:func:`tula.core.live_plan.goodput_per_epoch`)."""
     ep = [r["epoch"] for r in rows]
-    lines = [{"x": ep, "y": [r["measured"] for r in rows], "color": COLORS[0], "label": "measured"}]
+    measured = [r["measured"] for r in rows]
+    lines = [Line(ep, measured, COLORS[0], "measured")]
     if any(r["predicted"] is not None for r in rows):
         pred = [r["predicted"] if r["predicted"] is not None else float("nan") for r in rows]
-        lines.append({"x": ep, "y": pred, "color": COLORS[2], "label": "predicted by the choice"})
+        lines.append(Line(ep, pred, COLORS[2], "predicted by the choice"))
     titles = [
         f"epoch {r['epoch']} at {_config(r)}: {r['measured']:.4g} useful samples/s measured"
         + (f", {r['predicted']:.4g} predicted" if r["predicted"] is not None else "")
         + f" (B_noise {r['b_noise']:.4g}, efficiency {r['efficiency']:.2f})"
         for r in rows
     ]
-    points = [{"x": ep, "y": [r["measured"] for r in rows], "color": COLORS[0], "label": "epochs", "legend": False,
-               "title": titles}]  # fmt: skip
+    points = [Points(ep, measured, COLORS[0], "epochs", titles, legend=False)]
     return svg_chart("Goodput: useful samples per second", "epoch", "samples/s", lines, points, log_x=False)
 
 
@@ -565,14 +584,15 @@ def train_charts(run: TrainRecord | Mapping[str, Any]) -> str:
     share of scaled steps where it has one; the measured epoch time beside the plan's
     prediction where Tula planned the run (new worlds marked); a goodput schedule's goodput."""
     if isinstance(run, TrainRecord):
-        h, generations = list(run.history), run.generations
+        h, generations = list(run.history), list(run.generations or [])
     else:  # as read from JSON, or a record's parts (a run compared with the plan)
-        h, generations = [as_epoch(r) for r in run["history"]], run.get("generations")
+        h = [as_epoch(r) for r in run["history"]]
+        generations = [Generation.model_validate(g) for g in run.get("generations") or []]
     charts = [_score_chart(h), noise_chart(h)]
     if any(r.given("scaled_fraction") for r in h):
         charts.append(_ags_chart(h))
     if any(r.predicted_epoch_s for r in h):
-        charts.append(_epoch_time_chart(h, generations or []))
+        charts.append(_epoch_time_chart(h, generations))
     goodput = goodput_per_epoch(run)
     if goodput:
         charts.append(_goodput_chart(goodput))

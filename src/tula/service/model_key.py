@@ -36,6 +36,11 @@ What is in the key, and why:
 - ``step``, only when set (``train.step``): the user's own step class, which the profile times.
 - ``checkpointing``, only when on: the block classes named (or ``found``: found automatically),
   whose recomputation changes both the peak and the step.
+- ``parallelism``, only when not ``ddp`` (``train.parallelism: fsdp``): the profile measured
+  sharded steps, whose peak holds a share of the state and whose collectives differ.
+- ``sequence_lengths``, only when given (``search.sequence_lengths``, sorted): models measured
+  over several lengths carry terms in B*L and B*L^2 that one length's models do not (unlike
+  the rest of the search space, which only chooses which points are measured).
 - ``tf32`` (when given, true or false: left out it is torch's defaults) and ``cudnn_benchmark``
   (when true), only on CUDA: they choose other CUDA kernels; on a CPU they change nothing, so
   they stay out of a CPU key.  Left out when off, these knobs
@@ -118,52 +123,60 @@ def _json(value: Any) -> Any:
 def _parts(spec: dict | JobSpec, *, device: str, facts: dict, shape: list[int], threads: int | None) -> dict:
     job = spec if isinstance(spec, JobSpec) else spec_from_dict(spec)  # every default filled in, by the spec's rules
     data, opt, knobs = job.data, job.optimizer, job.train
-    data_part: dict[str, Any] = {"name": data.name, "sample_shape": [int(d) for d in shape]}
-    if data.name in DISK_SETS:
-        data_part.update(loader_workers=data.loader_workers, augment=data.augment)
-    if data.name == "factory":  # the user's sets: which ones, and how many loader workers read them
-        data_part.update(factory=data.factory, kwargs=_json(data.kwargs), loader_workers=data.loader_workers)
-    if data.prefetch != "auto":  # the input path a step waits for (default keys unchanged)
-        data_part["prefetch"] = data.prefetch
-    if device == "cuda" and data.device_resident_share != 0.25 and data.name not in DISK_SETS + ("factory",):
-        data_part["device_resident_share"] = data.device_resident_share  # resident or not: memory and time
-    opt_part: dict[str, Any] = {"name": opt.name}
-    if opt.name == "sgd":
-        opt_part["momentum_buffer"] = opt.momentum > 0  # torch's SGD keeps no state without momentum
-    if device == "cuda":
-        hardware = {"gpu": facts.get("gpu"), "cores": facts.get("cores")}
-    else:
-        hardware = {"cpu": facts.get("cpu"), "cores": facts.get("cores")}
-    parts: dict[str, Any] = {
+    cuda = device == "cuda"
+    # each optional entry is there only where it applies, so the keys of jobs without it stay as they were
+    data_part = {
+        "name": data.name,
+        "sample_shape": [int(d) for d in shape],
+        **(dict(loader_workers=data.loader_workers, augment=data.augment) if data.name in DISK_SETS else {}),
+        # the user's sets: which ones, and how many loader workers read them
+        **(
+            dict(factory=data.factory, kwargs=_json(data.kwargs), loader_workers=data.loader_workers)
+            if data.name == "factory"
+            else {}
+        ),
+        # the input path a step waits for (default keys unchanged)
+        **({"prefetch": data.prefetch} if data.prefetch != "auto" else {}),
+        # resident on the device or not: memory and time
+        **(
+            {"device_resident_share": data.device_resident_share}
+            if cuda and data.device_resident_share != 0.25 and data.name not in DISK_SETS + ("factory",)
+            else {}
+        ),
+    }
+    # torch's SGD keeps no state without momentum
+    opt_part = {"name": opt.name, **({"momentum_buffer": opt.momentum > 0} if opt.name == "sgd" else {})}
+    return {
         "key_version": KEY_VERSION,
         "model": {"name": job.model.name, "kwargs": _json(job.model.kwargs)},
         "data": data_part,
         "optimizer": opt_part,
         "collective": job.collective,
         "device": device,
-        "hardware": hardware,
+        "hardware": (
+            {"gpu": facts.get("gpu"), "cores": facts.get("cores")}
+            if cuda
+            else {"cpu": facts.get("cpu"), "cores": facts.get("cores")}
+        ),
         "torch": facts.get("torch"),
         "cluster": _cluster(job.cluster.where),
-        "backend": job.cluster.backend or ("nccl" if device == "cuda" else "gloo"),
+        "backend": job.cluster.backend or ("nccl" if cuda else "gloo"),
+        # measured in another arithmetic: another model (fp32 keys unchanged)
+        **({"precision": knobs.precision} if knobs.precision != "fp32" else {}),
+        # each knob changes the step; only when set
+        **({"channels_last": True} if knobs.channels_last else {}),
+        **({"step": knobs.step} if knobs.step is not None else {}),  # the user's own step class
+        # recomputed blocks: another peak and step are measured
+        **({"checkpointing": knobs.checkpoint_modules or "found"} if knobs.checkpointing == "on" else {}),
+        # sharded steps: another peak (a share of the state) and other collectives (ddp keys unchanged)
+        **({"parallelism": knobs.parallelism} if knobs.parallelism != "ddp" else {}),
+        # measured over several lengths: models with terms in B*L and B*L^2 (one length's keys unchanged)
+        **({"sequence_lengths": list(job.search.sequence_lengths)} if job.search.sequence_lengths else {}),
+        # CUDA kernels only: on a CPU they change nothing, and leave the key alone; tf32 left out: torch's defaults
+        **({"tf32": knobs.tf32} if cuda and knobs.tf32 is not None else {}),
+        **({"cudnn_benchmark": True} if cuda and knobs.cudnn_benchmark else {}),
+        **({"threads_per_worker": threads, "enforce_memory_cap": job.search.enforce_memory_cap} if not cuda else {}),
     }
-    if knobs.precision != "fp32":  # measured in another arithmetic: another model (fp32 keys unchanged)
-        parts["precision"] = knobs.precision
-    # each knob changes the step; only when set, so the keys of jobs without them stay as they were
-    if knobs.channels_last:
-        parts["channels_last"] = True
-    if knobs.step is not None:  # the user's own step class: another step is measured
-        parts["step"] = knobs.step
-    if knobs.checkpointing == "on":  # recomputed blocks: another peak and step are measured
-        parts["checkpointing"] = knobs.checkpoint_modules or "found"
-    if device == "cuda":  # CUDA kernels only: on a CPU they change nothing, and leave the key alone
-        if knobs.tf32 is not None:  # left out: torch's defaults, as every job before the knob
-            parts["tf32"] = knobs.tf32
-        if knobs.cudnn_benchmark:
-            parts["cudnn_benchmark"] = True
-    if device != "cuda":
-        parts["threads_per_worker"] = threads
-        parts["enforce_memory_cap"] = job.search.enforce_memory_cap
-    return parts
 
 
 def model_key_parts(spec: dict, profile: dict | ProfileRecord) -> dict:

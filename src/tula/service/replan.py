@@ -48,6 +48,11 @@ class Replan(BaseModel):
     )
 
 
+def _given(**fields: Any) -> dict[str, Any]:
+    """The fields that are not None."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def replan_from_models(models: dict | ModelsRecord, body: Replan, run: dict | None = None) -> PlanRecord:
     """The plan ``body`` asks for from ``models``; ``run``: the job's training record, which
     ``body.use_measured`` needs (a 409 without one, or without an epoch to compare)."""
@@ -63,22 +68,16 @@ def replan_from_models(models: dict | ModelsRecord, body: Replan, run: dict | No
         if measured is None:
             raise Problem(409, "the job's training run has no epoch to compare with its prediction")
 
-    d = dict(as_record(models, ModelsRecord).spec)
-    if body.pricing is not None:
-        d["pricing"] = body.pricing
-    if body.cluster_sizes is not None:
-        d["search"] = {**d["search"], "cluster_sizes": body.cluster_sizes}
-    if body.epochs is not None:
-        d["epochs"] = body.epochs
+    stored = as_record(models, ModelsRecord).spec  # the job's spec, as its JSON
+    constraints = None
     if body.deadline is not None or body.budget is not None:
-        cons = dict(d.get("constraints") or {})
-        if body.deadline is not None:
-            cons.pop("deadline_s", None)
-            cons["deadline"] = body.deadline
-        if body.budget is not None:
-            cons["budget"] = body.budget
-        d["constraints"] = cons
-    spec = spec_from_dict(d)  # a bad pricing or size list is a SpecError: 422
+        kept = {
+            k: v for k, v in (stored.get("constraints") or {}).items() if k != "deadline_s" or body.deadline is None
+        }
+        constraints = {**kept, **_given(deadline=body.deadline, budget=body.budget)}
+    search = None if body.cluster_sizes is None else {**stored["search"], "cluster_sizes": body.cluster_sizes}
+    asked = _given(pricing=body.pricing, search=search, epochs=body.epochs, constraints=constraints)
+    spec = spec_from_dict({**stored, **asked})  # a bad pricing or size list is a SpecError: 422
     try:
         plan = make_plan(
             with_spec(models, spec.to_dict()), body.objective, noise_scale=body.noise_scale, measured=measured

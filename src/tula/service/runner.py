@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from tula.core.errors import Interrupted, TulaError, WorkerError
-from tula.core.records import ModelsRecord, ProfileRecord
+from tula.core.events import EpochFinished, Event, StepDone, TrialFinished, TrialsPlanned, WorldStarted
+from tula.core.records import ProfileRecord
 from tula.core.registry import cluster_kind
 from tula.core.say import plain
 from tula.engine import interrupts
@@ -39,7 +40,7 @@ from tula.service.cluster import WorkerRoom
 from tula.service.logs import configure_logging
 from tula.service.memory_guard import MemoryGuard
 from tula.service.settings import ServiceSettings
-from tula.service.store import RUNNING_STATES, Store
+from tula.service.store import RUNNING_STATES, JobRow, Store
 from tula.service.worlds import StoreWorldGate
 
 log = logging.getLogger("tula.service.runner")  # its name also where it runs as __main__ (python -m)
@@ -77,22 +78,23 @@ class StoreObserver(Observer):
         self.total, self.done_count = 0, 0
         self.store.update_job(self.job_id, state=name, progress=0.0, message=message)
 
-    def event(self, stage: str, ev: dict) -> None:
-        kind = ev.get("type")
-        if kind == "plan":
-            self.total, self.done_count = ev["total"], ev.get("done", 0)
-        elif kind == "trial":
-            self.done_count += 1
-        elif kind == "start":
-            self.total = ev["epochs"] * ev["steps_per_epoch"]
-        elif kind == "step":
-            self.done_count = ev["epoch"] * ev["steps_per_epoch"] + ev["step"]
-        elif kind == "epoch":
-            self.done_count = ev["epoch"] * ev["steps"]
-        else:
-            return
+    def event(self, stage: str, ev: Event) -> None:
+        match ev:
+            case TrialsPlanned():
+                self.total, self.done_count = ev.total, ev.done
+            case TrialFinished():
+                self.done_count += 1
+            case WorldStarted():
+                self.total = ev.epochs * ev.steps_per_epoch
+            case StepDone():
+                self.done_count = ev.epoch * ev.steps_per_epoch + ev.step
+            case EpochFinished(record=rec):
+                self.done_count = rec.epoch * rec.steps
+            case _:
+                return
         now = time.monotonic()
-        if self.total and (now - self.last_write >= PROGRESS_EVERY_S or kind in ("trial", "epoch")):
+        finished_one = isinstance(ev, TrialFinished | EpochFinished)  # a trial's or an epoch's end: written at once
+        if self.total and (now - self.last_write >= PROGRESS_EVERY_S or finished_one):
             self.last_write = now
             self.store.update_job(self.job_id, progress=min(1.0, self.done_count / self.total))
 
@@ -120,7 +122,7 @@ class StoreObserver(Observer):
         self.store.update_job(self.job_id, message=message)
 
 
-def _reusable_models(store: Store, job: dict, spec, launcher) -> tuple[dict | ModelsRecord, str] | None:
+def _reusable_models(store: Store, job: JobRow, spec, launcher) -> tuple[dict, str] | None:
     """Models fitted by an earlier job (submitted before it) with the same key, rebased onto this
     job's spec, and that job's id; or None.  Never a later job's: jobs submitted together would then profile or not
     by which runner got further first (the first of them, its runner started late or queued
@@ -133,12 +135,12 @@ def _reusable_models(store: Store, job: dict, spec, launcher) -> tuple[dict | Mo
         parts = key_parts_for_new_job(spec.to_dict(), launcher.facts(), launcher.threads_per_worker)
     except ValueError:  # a key that cannot be known before profiling (e.g. the shape of a user's arrays)
         return None
-    found = store.find_models(model_key(parts), submitted_before=job["id"])
+    found = store.find_models(model_key(parts), submitted_before=job.id)
     if found is None:
         return None
     models, from_job = found
     _, data = check_workload(spec)
-    return rebase_models(models, spec.to_dict(), data.train_size, from_job), from_job
+    return rebase_models(models.to_json_dict(), spec.to_dict(), data.train_size, from_job), from_job
 
 
 def on_the_services_cluster(spec, settings: ServiceSettings):
@@ -170,7 +172,7 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
 
     store = Store(settings.store_url, settings.home)
     job = store.get_job(job_id)
-    if job is None or job["runner"] != runner:
+    if job is None or job.runner != runner:
         return 0  # re-queued or taken by another runner meanwhile
     stop = threading.Event()
     cancelled = threading.Event()
@@ -182,18 +184,18 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
                 row = store.get_job(job_id)
             except TulaError:
                 continue  # the store is briefly unavailable: try again at the next beat
-            if not mine or (row and row["cancel_requested"]):
-                cancelled.set() if row and row["cancel_requested"] else None
+            if not mine or (row and row.cancel_requested):
+                cancelled.set() if row and row.cancel_requested else None
                 os.kill(os.getpid(), signal.SIGTERM)  # the pipeline stops at the next step
                 return
 
     beat = threading.Thread(target=heartbeat, name="tula-heartbeat", daemon=True)
     beat.start()
-    log.info("job %s: runner %s (pid %d) starts it (attempt %s)", job_id, runner, os.getpid(), job.get("attempts"))
+    log.info("job %s: runner %s (pid %d) starts it (attempt %s)", job_id, runner, os.getpid(), job.attempts)
     out = store.job_dir(job_id)
     observer = StoreObserver(store, job_id, settings.home)
     try:
-        spec = on_the_services_cluster(spec_from_dict(job["spec"]), settings)
+        spec = on_the_services_cluster(spec_from_dict(job.spec), settings)
         with interrupts.graceful_signals(), open_launcher(spec) as launcher:
             if cluster_kind(settings.cluster).name == "scheduler" and hasattr(launcher, "world_gate"):
                 # the operator's workers are shared: each world takes its turn (tula.service.worlds)
@@ -209,9 +211,9 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
             run_pipeline(
                 spec,
                 out,
-                search=job["search"],
-                objective=job["objective"],
-                train_after=job["train"],
+                search=job.search,
+                objective=job.objective,
+                train_after=job.train,
                 resuming=True,
                 launcher=launcher,
                 observer=observer,
@@ -239,24 +241,22 @@ def run_job(settings: ServiceSettings, job_id: str, runner: str) -> int:
         store.close()
 
 
-def _after_a_failed_world(store: Store, job: dict, err: WorkerError, settings: ServiceSettings) -> int:
+def _after_a_failed_world(store: Store, job: JobRow, err: WorkerError, settings: ServiceSettings) -> int:
     """A world of the job failed: where a worker, its host or its link was lost on a cluster,
     the job is queued again (exit 3) and goes on from its records (the last checkpoint, the
     finished trials) on the workers there are, once enough are free -- at most
     :data:`MAX_ATTEMPTS` runs in all; any other failure ends it (exit 2)."""
-    if err.cause in LOST_CAUSES and job["attempts"] < MAX_ATTEMPTS and settings.cluster != "local":
+    if err.cause in LOST_CAUSES and job.attempts < MAX_ATTEMPTS and settings.cluster != "local":
         where = "once the scheduler answers" if err.cause == "scheduler_lost" else "on the workers left"
         store.update_job(
-            job["id"],
+            job.id,
             state="queued",
-            message=f"queued again to resume {where} (attempt {job['attempts']} of {MAX_ATTEMPTS}): {plain(err)}",
+            message=f"queued again to resume {where} (attempt {job.attempts} of {MAX_ATTEMPTS}): {plain(err)}",
         )
-        log.warning(
-            "job %s: a world failed (%s); queued again to resume %s: %s", job["id"], err.cause, where, plain(err)
-        )
+        log.warning("job %s: a world failed (%s); queued again to resume %s: %s", job.id, err.cause, where, plain(err))
         return 3
-    store.update_job(job["id"], state="failed", error=plain(err))
-    log.info("job %s: failed: %s", job["id"], plain(err))
+    store.update_job(job.id, state="failed", error=plain(err))
+    log.info("job %s: failed: %s", job.id, plain(err))
     return 2
 
 
@@ -325,14 +325,9 @@ class Dispatcher:
                 (self.pid_files / job_id).unlink(missing_ok=True)
                 over_memory = self.guard.forget(job_id) if self.guard is not None else None
                 job = self.store.get_job(job_id)
-                if over_memory is not None and job and job["state"] not in ("done", "cancelled"):
+                if over_memory is not None and job and job.state not in ("done", "cancelled"):
                     self.store.update_job(job_id, state="failed", error=over_memory)
-                elif (
-                    job
-                    and job["state"] in ("profiling", "fitting", "planning", "training")
-                    and job["runner"]
-                    and job["runner"].startswith(self.name)
-                ):
+                elif job and job.state in RUNNING_STATES and job.runner and job.runner.startswith(self.name):
                     # the runner ended without finishing the job (killed, stopped): queue it again
                     self.store.update_job(
                         job_id,
@@ -347,29 +342,29 @@ class Dispatcher:
             running = self.store.list_jobs(state=RUNNING_STATES, limit=10_000)[0]
             wait = self.room.why_wait(running)
             if wait is not None:  # in submission order: no later job passes it
-                if head.get("message") != wait:
-                    self.store.note_queued(head["id"], wait)
+                if head.message != wait:
+                    self.store.note_queued(head.id, wait)
                 return
             runner = f"{self.name}/{time.monotonic_ns()}"
-            job = self.store.claim_job(runner, job_id=head["id"])
+            job = self.store.claim_job(runner, job_id=head.id)
             if job is None:  # cancelled meanwhile: look again
                 continue
-            stale = self.children.pop(job["id"], None)
+            stale = self.children.pop(job.id, None)
             if stale is not None and stale.poll() is None:
                 # its runner is still alive but was silent past stale_after_s once it had
                 # started (or never started within START_LIMIT_S): it is replaced, never left
                 # running beside the new one
                 stale.kill()
                 stale.wait()
-            proc = self.children[job["id"]] = self._spawn(job["id"], runner)
-            self.starting[job["id"]] = (job["heartbeat_at"], time.monotonic())
+            proc = self.children[job.id] = self._spawn(job.id, runner)
+            self.starting[job.id] = (job.heartbeat_at, time.monotonic())
             log.info(
-                "job %s: claimed; runner %s started (pid %d, its output in %s)", job["id"], runner, proc.pid, self.log
+                "job %s: claimed; runner %s started (pid %d, its output in %s)", job.id, runner, proc.pid, self.log
             )
             if self.guard is not None:
-                self.guard.watch(job["id"], proc.pid)
+                self.guard.watch(job.id, proc.pid)
             self.pid_files.mkdir(parents=True, exist_ok=True)
-            (self.pid_files / job["id"]).write_text(f"{runner} {proc.pid}\n")
+            (self.pid_files / job.id).write_text(f"{runner} {proc.pid}\n")
 
     def _starting(self) -> list[str]:
         """The jobs whose runner, started here, is alive and has not beaten since its claim, for
@@ -378,7 +373,7 @@ class Dispatcher:
         for job_id, (claimed_beat, since) in list(self.starting.items()):
             proc = self.children.get(job_id)
             job = self.store.get_job(job_id) if proc is not None and proc.poll() is None else None
-            if job is None or job["heartbeat_at"] != claimed_beat or time.monotonic() - since > START_LIMIT_S:
+            if job is None or job.heartbeat_at != claimed_beat or time.monotonic() - since > START_LIMIT_S:
                 del self.starting[job_id]
         return list(self.starting)
 
@@ -426,7 +421,7 @@ class Dispatcher:
                 proc.kill()
         for job_id in list(self.children):
             job = self.store.get_job(job_id)
-            if job and job["state"] in ("profiling", "fitting", "planning", "training"):
+            if job and job.state in RUNNING_STATES:
                 self.store.update_job(job_id, state="queued", message="the service stopped; queued again to resume")
         if self.thread.is_alive():
             self.thread.join(timeout=5)

@@ -20,18 +20,18 @@ from typing import Any
 
 from tula.core.errors import Interrupted, TulaError, WorkerError
 from tula.engine import interrupts
+from tula.service.store.jobs import WorldTurn
 
 #: how often a world waiting for its turn asks again (seconds)
 ASK_EVERY_S = 0.2
 
 
-def waiting_sentence(need: int, turn: dict, address: str) -> str:
+def waiting_sentence(need: int, turn: WorldTurn, address: str) -> str:
     """What a running job's row says while its next world waits for workers."""
-    ahead = turn["ahead"]
     why = (
-        f"{ahead} earlier job(s) wait first"
-        if ahead
-        else f"{turn['free']} of the {turn['total']} free until a running world ends"
+        f"{turn.ahead} earlier job(s) wait first"
+        if turn.ahead
+        else f"{turn.free} of the {turn.total} free until a running world ends"
     )
     return f"waiting for {need} worker(s) at {address} for its next world: {why}"
 
@@ -66,17 +66,18 @@ class StoreWorldGate:
                     raise
                 except TulaError:  # the store is briefly unavailable: ask again
                     turn = None
-                if turn is not None and turn["granted"]:
+                if turn is not None and turn.granted:
                     if shown is not None and before is not None:
                         with contextlib.suppress(TulaError):
                             self.store.update_job(self.job_id, message=before)
                     return
                 if turn is not None:
-                    sentence = waiting_sentence(turn["need"], turn, self.address)
+                    sentence = waiting_sentence(turn.need, turn, self.address)
                     if sentence != shown:
                         with contextlib.suppress(TulaError):
                             if shown is None:
-                                before = (self.store.get_job(self.job_id) or {}).get("message")
+                                job = self.store.get_job(self.job_id)
+                                before = job.message if job is not None else None
                             self.store.update_job(self.job_id, message=sentence)
                             shown = sentence
                 time.sleep(self.ask_every_s)

@@ -2,7 +2,8 @@
 models and artefacts, in any SQLAlchemy database (an SQLite file by default; PostgreSQL tested).
 
 One :class:`Store` per process; it is safe to share between threads.  Everything crossing its
-boundary is a plain dict (or a ``Path``): no ORM object, no open transaction.  Every write
+boundary is a frozen object (a job as a :class:`JobRow`, a world's turn as a :class:`WorldTurn`,
+a record as its typed record or its JSON) or a ``Path``: no ORM object, no open transaction.  Every write
 is one transaction; on SQLite writes take the write lock up front (``BEGIN IMMEDIATE``) and
 wait up to the busy timeout for it, so concurrent writers queue instead of failing.
 
@@ -22,8 +23,8 @@ The store is one part for each job, each a module of this package:
 from __future__ import annotations
 
 from tula.service.store.artifacts import Artifacts
-from tula.service.store.database import BUSY_TIMEOUT_S, Database, StoreError, UnknownJob, mask_url, now_utc
-from tula.service.store.jobs import ENDED_STATES, JOB_STATES, RUNNING_STATES, JobQueue, new_id
+from tula.service.store.database import BUSY_TIMEOUT_S, Database, JobRow, StoreError, UnknownJob, mask_url, now_utc
+from tula.service.store.jobs import ENDED_STATES, JOB_STATES, RUNNING_STATES, JobQueue, WorldTurn, new_id
 from tula.service.store.model_cache import ModelCache
 from tula.service.store.records import RECORD_KINDS, Records
 from tula.service.store.schema import MIGRATIONS, VERSION_TABLE, metadata
@@ -39,11 +40,13 @@ __all__ = [
     "Artifacts",
     "Database",
     "JobQueue",
+    "JobRow",
     "ModelCache",
     "Records",
     "Store",
     "StoreError",
     "UnknownJob",
+    "WorldTurn",
     "mask_url",
     "metadata",
     "new_id",

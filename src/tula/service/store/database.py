@@ -8,10 +8,12 @@ write, and the rows every part of the store shares (a job by id, an insert-or-up
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -75,6 +77,51 @@ def _wal_mode(cur: Any, wait_s: float) -> None:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job as the store holds it: one row of ``tula_jobs``, its columns as typed fields (in the
+    table's order).  The store's edge: read from a row once (:meth:`from_row`), written out as the
+    API's JSON once (:meth:`to_json_dict`)."""
+
+    id: str
+    state: str
+    spec: dict[str, Any]
+    """the checked job spec, as the JSON it was submitted as"""
+    search: str
+    objective: str | None
+    train: bool
+    progress: float
+    message: str | None
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    updated_at: datetime
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    runner: str | None
+    attempts: int
+    reused_models_from: str | None
+    cancel_requested: bool
+    world_workers: int | None
+    """the workers its world asks for or holds now (None between worlds)"""
+    world_granted_at: datetime | None
+    """when its world's workers were granted (None while it waits)"""
+
+    @classmethod
+    def from_row(cls, row: Any) -> JobRow:
+        """The job of a ``tula_jobs`` row (a back end's 0/1 read as the booleans they are)."""
+        job = cls(**row._mapping)
+        return dataclasses.replace(job, train=bool(job.train), cancel_requested=bool(job.cancel_requested))
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The job as JSON values: each field by name, datetimes in ISO 8601."""
+        return {
+            f.name: (v.isoformat() if isinstance(v, datetime) else v)
+            for f in dataclasses.fields(self)
+            for v in (getattr(self, f.name),)
+        }
 
 
 _D = TypeVar("_D", bound="Database")
@@ -247,21 +294,14 @@ class Database:
         return f"{type(self).__name__}({self.safe_url!r})"
 
     # ----------------------------------------------------------------------- rows every part reads and writes
-    @staticmethod
-    def _job(row: Any) -> dict:
-        d = dict(row._mapping)
-        d["train"] = bool(d["train"])
-        d["cancel_requested"] = bool(d["cancel_requested"])
-        return d
-
-    def _get_job(self, conn: Connection, job_id: str, lock: bool = False) -> dict | None:
+    def _get_job(self, conn: Connection, job_id: str, lock: bool = False) -> JobRow | None:
         q = sa.select(jobs).where(jobs.c.id == job_id)
         if lock:
             q = q.with_for_update()
         row = conn.execute(q).first()
-        return self._job(row) if row is not None else None
+        return JobRow.from_row(row) if row is not None else None
 
-    def _need_job(self, conn: Connection, job_id: str, lock: bool = False) -> dict:
+    def _need_job(self, conn: Connection, job_id: str, lock: bool = False) -> JobRow:
         job = self._get_job(conn, job_id, lock)
         if job is None:
             raise UnknownJob(f"there is no job {job_id!r} in the store")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +16,7 @@ import sqlalchemy as sa
 
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
-from tula.service.store.database import Database, UnknownJob, now_utc
+from tula.service.store.database import Database, JobRow, UnknownJob, now_utc
 from tula.service.store.schema import jobs, plain_json
 
 #: a job's states, in pipeline order, then its ends
@@ -34,22 +35,37 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def _turn(rows: list[Any], job_id: str, n_workers: int, total: int) -> tuple[dict, Any]:
+@dataclass(frozen=True)
+class WorldTurn:
+    """:meth:`JobQueue.take_world`'s answer to a job's ask for a world."""
+
+    granted: bool
+    """whether the world may take its workers now"""
+    need: int
+    """the workers it asked for, capped at ``total``"""
+    free: int
+    """the workers the other jobs' granted worlds leave free"""
+    ahead: int
+    """the earlier jobs whose worlds wait for their turn first"""
+    total: int
+    """the workers of the operator's cluster"""
+
+
+def _turn(rows: list[Any], job_id: str, n_workers: int, total: int) -> tuple[WorldTurn, Any]:
     """:meth:`JobQueue.take_world`'s rule on the running jobs' worlds ``rows`` (in submission
     order): the answer, and ``job_id``'s row (None: it is not running, never granted)."""
     need = min(int(n_workers), total)
-    out = {"granted": False, "need": need, "free": 0, "ahead": 0, "total": total}
     mine = next((r for r in rows if r.id == job_id), None)
     if mine is None:
-        return out, None
+        return WorldTurn(granted=False, need=need, free=0, ahead=0, total=total), None
     held = sum(min(r.world_workers, total) for r in rows if r.world_granted_at is not None and r.id != job_id)
-    out["free"] = max(0, total - held)
+    free = max(0, total - held)
     if mine.world_granted_at is not None and mine.world_workers == n_workers:
-        return {**out, "granted": True}, mine  # asking again keeps the grant
+        return WorldTurn(granted=True, need=need, free=free, ahead=0, total=total), mine  # asking again keeps it
     earlier = rows[: rows.index(mine)]
-    out["ahead"] = sum(1 for r in earlier if r.world_workers is not None and r.world_granted_at is None)
-    out["granted"] = total > 0 and out["ahead"] == 0 and need <= out["free"]
-    return out, mine
+    ahead = sum(1 for r in earlier if r.world_workers is not None and r.world_granted_at is None)
+    granted = total > 0 and ahead == 0 and need <= free
+    return WorldTurn(granted=granted, need=need, free=free, ahead=ahead, total=total), mine
 
 
 class JobQueue(Database):
@@ -93,13 +109,13 @@ class JobQueue(Database):
             )
         return job_id
 
-    def get_job(self, job_id: str) -> dict | None:
+    def get_job(self, job_id: str) -> JobRow | None:
         with self._read() as conn:
             return self._get_job(conn, job_id)
 
     def list_jobs(
         self, state: str | Iterable[str] | None = None, limit: int = 50, offset: int = 0
-    ) -> tuple[list[dict], int]:
+    ) -> tuple[list[JobRow], int]:
         """Jobs newest first (optionally in ``state``, a state or several), and how many match."""
         where = []
         if state is not None:
@@ -117,17 +133,17 @@ class JobQueue(Database):
                 .limit(max(0, int(limit)))
                 .offset(max(0, int(offset)))
             ).all()
-        return [self._job(r) for r in rows], int(total)
+        return [JobRow.from_row(r) for r in rows], int(total)
 
-    def oldest_queued(self) -> dict | None:
+    def oldest_queued(self) -> JobRow | None:
         """The job :meth:`claim_job` would take next (the oldest queued), or None."""
         with self._read() as conn:
             row = conn.execute(
                 sa.select(jobs).where(jobs.c.state == "queued").order_by(jobs.c.created_at, jobs.c.id).limit(1)
             ).first()
-        return self._job(row) if row is not None else None
+        return JobRow.from_row(row) if row is not None else None
 
-    def claim_job(self, runner: str, job_id: str | None = None) -> dict | None:
+    def claim_job(self, runner: str, job_id: str | None = None) -> JobRow | None:
         """Take the oldest queued job (or the job ``job_id``, while it is queued) for ``runner``
         (state ``profiling``, attempts + 1, heartbeat now), or None when none is queued.  Two
         claimers never get the same job: PostgreSQL skips rows another claimer holds (FOR
@@ -175,28 +191,25 @@ class JobQueue(Database):
     ) -> None:
         """Set the fields given (None: unchanged).  Entering an end state sets ``finished_at``;
         going back to ``queued`` clears the runner."""
+        if state is not None and state not in JOB_STATES:
+            raise ValueError(f"unknown job state {state!r}; the states are {', '.join(JOB_STATES)}")
+        if progress is not None and not (0.0 <= float(progress) <= 1.0):
+            raise ValueError(f"progress must be in [0, 1], not {progress!r}")
         now = now_utc()
-        values: dict[str, Any] = {"updated_at": now}
-        if state is not None:
-            if state not in JOB_STATES:
-                raise ValueError(f"unknown job state {state!r}; the states are {', '.join(JOB_STATES)}")
-            values["state"] = state
-            if state not in RUNNING_STATES:  # a job that stops running holds no workers
-                values.update(NO_WORLD)
-            if state in ENDED_STATES:
-                values["finished_at"] = now
-            elif state == "queued":
-                values.update(runner=None, heartbeat_at=None, finished_at=None)
-        if progress is not None:
-            if not (0.0 <= float(progress) <= 1.0):
-                raise ValueError(f"progress must be in [0, 1], not {progress!r}")
-            values["progress"] = float(progress)
-        if message is not None:
-            values["message"] = plain(message)
-        if error is not None:
-            values["error"] = plain(error)
-        if reused_models_from is not None:
-            values["reused_models_from"] = reused_models_from
+        given = dict(
+            state=state,
+            progress=None if progress is None else float(progress),
+            message=None if message is None else plain(message),
+            error=None if error is None else plain(error),
+            reused_models_from=reused_models_from,
+        )
+        values: dict[str, Any] = {"updated_at": now, **{k: v for k, v in given.items() if v is not None}}
+        if state is not None and state not in RUNNING_STATES:  # a job that stops running holds no workers
+            values.update(NO_WORLD)
+        if state in ENDED_STATES:
+            values.update(finished_at=now)
+        elif state == "queued":
+            values.update(runner=None, heartbeat_at=None, finished_at=None)
         with self._write() as conn:
             if conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(**values)).rowcount != 1:
                 raise UnknownJob(f"there is no job {job_id!r} in the store")
@@ -299,20 +312,20 @@ class JobQueue(Database):
                     requeued.append(r.id)
         return requeued
 
-    def request_cancel(self, job_id: str) -> dict:
+    def request_cancel(self, job_id: str) -> JobRow:
         """Cancel ``job_id``: a queued job ends ``cancelled`` at once; a running one gets
         ``cancel_requested`` (its runner sees it in :meth:`heartbeat` and stops); an ended one
         is left as it is.  Returns the job as it is now."""
         now = now_utc()
         with self._write() as conn:
             job = self._need_job(conn, job_id, lock=True)
-            if job["state"] == "queued":
+            if job.state == "queued":
                 conn.execute(
                     sa.update(jobs)
                     .where(jobs.c.id == job_id, jobs.c.state == "queued")
                     .values(state="cancelled", cancel_requested=True, finished_at=now, updated_at=now)
                 )
-            elif job["state"] in RUNNING_STATES and not job["cancel_requested"]:
+            elif job.state in RUNNING_STATES and not job.cancel_requested:
                 conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(cancel_requested=True, updated_at=now))
             return self._need_job(conn, job_id)
 
@@ -325,10 +338,9 @@ class JobQueue(Database):
             )
 
     # ------------------------------------------------------------------ worlds on the operator's cluster
-    def take_world(self, job_id: str, n_workers: int, total_workers: int) -> dict:
+    def take_world(self, job_id: str, n_workers: int, total_workers: int) -> WorldTurn:
         """Ask, for the running job ``job_id``, for a world of ``n_workers`` of the operator's
-        ``total_workers``, and take it if it is this job's turn: ``{"granted", "need", "free",
-        "ahead", "total"}``.
+        ``total_workers``, and take it if it is this job's turn (:class:`WorldTurn`).
 
         The rule, decided in one transaction (PostgreSQL: under an advisory lock; SQLite
         serialises its writers): the running jobs' asks are served in submission order, each
@@ -341,7 +353,7 @@ class JobQueue(Database):
         total = max(0, int(total_workers))
         with self._read() as conn:  # a waiting world asks often: no write while nothing changes
             turn, mine = _turn(self._worlds(conn), job_id, n_workers, total)
-        if mine is None or (not turn["granted"] and mine.world_workers == n_workers and mine.world_granted_at is None):
+        if mine is None or (not turn.granted and mine.world_workers == n_workers and mine.world_granted_at is None):
             return turn
         with self._write() as conn:
             if self.dialect == "postgresql":
@@ -349,12 +361,12 @@ class JobQueue(Database):
             turn, mine = _turn(self._worlds(conn), job_id, n_workers, total)
             if mine is not None and (mine.world_workers, mine.world_granted_at is not None) != (
                 n_workers,
-                turn["granted"],
+                turn.granted,
             ):
                 conn.execute(
                     sa.update(jobs)
                     .where(jobs.c.id == job_id)
-                    .values(world_workers=int(n_workers), world_granted_at=now_utc() if turn["granted"] else None)
+                    .values(world_workers=int(n_workers), world_granted_at=now_utc() if turn.granted else None)
                 )
             return turn
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from tula.core.errors import RecordError
-from tula.core.records import MODELS_KIND, ModelsRecord, validate_record
+from tula.core.records import MODELS_KIND, ModelsRecord, parse_record, validate_record
 from tula.service.model_key import model_key
 from tula.service.store.database import Database, StoreError, now_utc
 from tula.service.store.schema import jobs, models_t, plain_json
@@ -32,8 +32,9 @@ class ModelCache(Database):
                 {"key_parts": plain_json(key_parts), "models": body, "created_at": now_utc()},
             )
 
-    def find_models(self, key: str, submitted_before: str | None = None) -> tuple[dict, str] | None:
-        """The newest models record stored under ``key`` and the job that fitted it, or None.
+    def find_models(self, key: str, submitted_before: str | None = None) -> tuple[ModelsRecord, str] | None:
+        """The newest models record stored under ``key`` (read as the typed record) and the job
+        that fitted it, or None.
         ``submitted_before``: a job's id; then only the models of jobs submitted before it
         (the queue's order: created, then id) count, so that whether a job profiles does not
         depend on how far the runners of jobs submitted after it got first."""
@@ -49,7 +50,7 @@ class ModelCache(Database):
         if row is None:
             return None
         try:
-            validate_record(row.models, f"the models record of job {row.job_id!r} stored for reuse", (MODELS_KIND,))
+            models = parse_record(row.models, ModelsRecord, f"the models record of job {row.job_id!r} stored for reuse")
         except RecordError as err:
             raise StoreError(str(err)) from None
-        return row.models, row.job_id
+        return models, row.job_id

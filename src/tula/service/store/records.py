@@ -19,7 +19,11 @@ from tula.core.records import (
     PROFILE_KIND,
     SCHEMAS,
     TRAIN_KIND,
+    EpochRecord,
+    ProfileRecord,
     RecordT,
+    TrainRecord,
+    Trial,
     _Record,
     parse_record,
     validate_record,
@@ -62,23 +66,25 @@ class Records(Database):
                 f"the record given for job {job_id!r} is not a profile, models, plan or training record (kind {kind!r})"
             )
         short = _short_kind(kind)
-        body = plain_json(record)
-        validate_record(body, f"the {NAMES[kind]} record given for job {job_id!r}")
+        body = plain_json(record)  # what the row holds: the record as its file holds it
+        typed = parse_record(body, SCHEMAS[kind], f"the {NAMES[kind]} record given for job {job_id!r}")
         now = now_utc()
         with self._write() as conn:
             self._need_job(conn, job_id)
             self._upsert(conn, records, {"job_id": job_id, "kind": short}, {"body": body, "updated_at": now})
-            if short == "profile":
+            if isinstance(typed, ProfileRecord):  # a trial's row keeps its JSON as the record has it
+                trials = zip(typed.trials, body["trials"])
                 self._sync_rows(
                     conn,
                     trials_t,
                     job_id,
                     ("n_workers", "global_batch"),
-                    {(t["n_workers"], t["global_batch"]): _trial_row(t) for t in body["trials"]},
+                    {(t.n_workers, t.global_batch): (_trial_columns(t), j) for t, j in trials},
                 )
-            elif short == "train":
+            elif isinstance(typed, TrainRecord):
+                epochs = zip(typed.history, body["history"])
                 self._sync_rows(
-                    conn, metrics_t, job_id, ("epoch",), {(e["epoch"],): _metric_row(e) for e in body["history"]}
+                    conn, metrics_t, job_id, ("epoch",), {(e.epoch,): (_metric_columns(e), j) for e, j in epochs}
                 )
 
     def get_record(self, job_id: str, kind: str) -> dict | None:
@@ -147,10 +153,15 @@ class Records(Database):
         return list(rows)
 
     def _sync_rows(
-        self, conn: Connection, table: sa.Table, job_id: str, key_cols: tuple[str, ...], want: dict[tuple, dict]
+        self,
+        conn: Connection,
+        table: sa.Table,
+        job_id: str,
+        key_cols: tuple[str, ...],
+        want: dict[tuple, tuple[dict[str, Any], Any]],
     ) -> None:
-        """Make ``job_id``'s rows of ``table`` exactly ``want`` (key tuple -> row values):
-        changed rows updated, new ones inserted, ones no longer there deleted."""
+        """Make ``job_id``'s rows of ``table`` exactly ``want`` (key tuple -> the row's columns
+        and its JSON body): changed rows updated, new ones inserted, ones no longer there deleted."""
         cols = [table.c[c] for c in key_cols]
         have = {
             tuple(r[:-1]): r[-1]
@@ -158,14 +169,14 @@ class Records(Database):
         }
         for k in have.keys() - want.keys():
             conn.execute(sa.delete(table).where(table.c.job_id == job_id, *[c == v for c, v in zip(cols, k)]))
-        for k, row in want.items():
+        for k, (columns, body) in want.items():
             if k not in have:
-                conn.execute(sa.insert(table).values(job_id=job_id, **row))
-            elif have[k] != row["body"]:
+                conn.execute(sa.insert(table).values(job_id=job_id, **columns, body=body))
+            elif have[k] != body:
                 conn.execute(
                     sa.update(table)
                     .where(table.c.job_id == job_id, *[c == v for c, v in zip(cols, k)])
-                    .values(**{c: v for c, v in row.items() if c not in key_cols})
+                    .values(**{c: v for c, v in columns.items() if c not in key_cols}, body=body)
                 )
 
 
@@ -173,28 +184,28 @@ def _finite(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _trial_row(t: dict) -> dict:
-    return {
-        "n_workers": t["n_workers"],
-        "global_batch": t["global_batch"],
-        "local_batch": t["local_batch"],
-        "status": t["status"],
-        "t_step_s": _finite(t.get("t_step_s")),
-        "t_compute_s": _finite(t.get("t_compute_s")),
-        "t_sync_s": _finite(t.get("t_sync_s")),
-        "peak_mem_bytes": t.get("peak_mem_bytes"),
-        "body": t,
-    }
+def _trial_columns(t: Trial) -> dict[str, Any]:
+    """A trial's row of ``tula_trials`` (its columns but the body)."""
+    return dict(
+        n_workers=t.n_workers,
+        global_batch=t.global_batch,
+        local_batch=t.local_batch,
+        status=t.status,
+        t_step_s=_finite(t.t_step_s),
+        t_compute_s=_finite(t.t_compute_s),
+        t_sync_s=_finite(t.t_sync_s),
+        peak_mem_bytes=t.peak_mem_bytes,
+    )
 
 
-def _metric_row(e: dict) -> dict:
-    return {
-        "epoch": e["epoch"],
-        "global_batch": e["global_batch"],
-        "n_workers": e["n_workers"],
-        "train_loss": _finite(e.get("train_loss")),
-        "test_loss": _finite(e.get("test_loss")),
-        "test_top1": _finite(e.get("test_top1")),
-        "epoch_time_s": _finite(e.get("epoch_time_s")),
-        "body": e,
-    }
+def _metric_columns(e: EpochRecord) -> dict[str, Any]:
+    """An epoch's row of ``tula_metrics`` (its columns but the body)."""
+    return dict(
+        epoch=e.epoch,
+        global_batch=e.global_batch,
+        n_workers=e.n_workers,
+        train_loss=_finite(e.train_loss),
+        test_loss=_finite(e.test_loss),
+        test_top1=_finite(e.test_top1),
+        epoch_time_s=_finite(e.epoch_time_s),
+    )
