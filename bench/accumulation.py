@@ -71,7 +71,7 @@ def main() -> None:
             d["train"]["accumulation_steps"] = k
             with tempfile.TemporaryDirectory() as scratch:
                 rec = train(spec_from_dict(d), "lbt", n, a.batch, scratch, launcher=launcher)
-            epochs = [h["epoch_time_s"] for h in rec["history"][1:]]
+            epochs = [h.epoch_time_s for h in rec.history[1:]]
             measured[(n, k)].append(statistics.median(epochs) / steps_per_epoch(dataset_size, a.batch))
     t = Table(title=f"digits / SmallCNN, B = {a.batch}: step time with k accumulation steps")
     for col in ("N", "k", "micro-batch", "measured ms", "predicted ms", "error"):

@@ -28,6 +28,7 @@ import dask
 from distributed import Client, LocalCluster
 
 from tula.core.errors import WorkerError
+from tula.core.records import TrainRecord
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
 from tula.engine.launch.clusters import WORKER_CONFIG
@@ -56,9 +57,9 @@ def startup_s(launcher) -> float:
     return max(started) - t0
 
 
-def trained_step_s(run: dict) -> float:
-    epochs = run["history"][1:] or run["history"]
-    return statistics.median(h["epoch_time_s"] for h in epochs) / run["steps_per_epoch"]
+def trained_step_s(run: TrainRecord) -> float:
+    epochs = run.history[1:] or run.history
+    return statistics.median(h.epoch_time_s for h in epochs) / run.steps_per_epoch
 
 
 def lost_worker_s(client: Client, spec, out: Path, pg_timeout_s: float) -> tuple[float, str]:
@@ -113,9 +114,9 @@ def main() -> None:
                 launcher = launchers[name]
                 startup[name].append(startup_s(launcher))
                 prof = profile(spec, "partial", launcher=launcher)
-                for t in prof["trials"]:
-                    if t["status"] == "ok":
-                        profiled[name].setdefault((t["n_workers"], t["global_batch"]), []).append(t["t_step_s"])
+                for t in prof.trials:
+                    if t.status == "ok":
+                        profiled[name].setdefault((t.n_workers, t.global_batch), []).append(t.t_step_s)
                 run = train(spec, "lbt", 2, 128, Path(tmp) / f"{name}{r}", launcher=launcher)
                 trained[name].append(trained_step_s(run))
                 print(

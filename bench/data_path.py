@@ -90,28 +90,28 @@ def spec_for(root: Path, workers: int, n: int, batch: int, model: dict, epochs: 
 def train_once(d: dict, n: int, batch: int, out: Path) -> dict:
     t0 = time.perf_counter()
     run = train(spec_from_dict(d), "lbt", n, batch, out, launcher=LocalLauncher(device="cpu", threads_per_worker=1))
-    hist = run["history"]
+    hist = run.history
     measured = hist[1:] or hist
-    sps = [h["steps"] / h["epoch_time_s"] for h in measured]
+    sps = [h.steps / h.epoch_time_s for h in measured]
     return {
         "steps_per_s": statistics.median(sps),
         "epoch_steps_per_s": sps,
-        "first_epoch_s": hist[0]["epoch_time_s"],
-        "steps_per_epoch": run["steps_per_epoch"],
-        "test_top1": run["final"]["test_top1"],
+        "first_epoch_s": hist[0].epoch_time_s,
+        "steps_per_epoch": run.steps_per_epoch,
+        "test_top1": hist[-1].test_top1,
         "wall_s": time.perf_counter() - t0,
     }
 
 
 def profile_once(d: dict) -> dict:
     rec = profile(spec_from_dict(d), launcher=LocalLauncher(device="cpu", threads_per_worker=1))
-    t = next(t for t in rec["trials"] if t["status"] == "ok")
+    t = next(t for t in rec.trials if t.status == "ok")
     return {
-        "t_step_s": t["t_step_s"],
-        "t_compute_s": t["t_compute_s"],
-        "t_data_s": t.get("t_data_s"),
-        "note": t["note"],
-        "profiling_s": rec["profiling_s"],
+        "t_step_s": t.t_step_s,
+        "t_compute_s": t.t_compute_s,
+        "t_data_s": t.t_data_s,
+        "note": t.note,
+        "profiling_s": rec.profiling_s,
     }
 
 

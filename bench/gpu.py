@@ -251,7 +251,7 @@ def partial_subset(prof: dict) -> dict:
 def tula_profile(s: Setup, precision: str, launcher) -> tuple[dict, MemoryModel, PerfModel, int | None]:
     from tula.engine.profile import profile
 
-    prof = profile(tula_spec(s, precision), "full", launcher=launcher)
+    prof = profile(tula_spec(s, precision), "full", launcher=launcher).to_json_dict()  # subsets are cut from its JSON
     models = fit_models(partial_subset(prof)).to_json_dict()
     return (
         prof,
@@ -276,7 +276,7 @@ def ags_run(s: Setup, launcher, out: Path, precision: str) -> dict:
         }
     )
     t0 = time.perf_counter()
-    rec = train(spec, "ags", 1, s.ags_batch, out, launcher=launcher)
+    rec = train(spec, "ags", 1, s.ags_batch, out, launcher=launcher).to_json_dict()  # the report's JSON holds it
     return {"record": rec, "wall_s": time.perf_counter() - t0}
 
 

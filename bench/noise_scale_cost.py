@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tula.core.records import TrainRecord
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
 from tula.engine.train import train
@@ -40,9 +41,9 @@ MODELS = {
 }
 
 
-def step_s(run: dict) -> float:
-    epochs = run["history"][1:] or run["history"]
-    return statistics.median(h["epoch_time_s"] / h["steps"] for h in epochs)
+def step_s(run: TrainRecord) -> float:
+    epochs = run.history[1:] or run.history
+    return statistics.median(h.epoch_time_s / h.steps for h in epochs)
 
 
 def main() -> None:
@@ -73,7 +74,7 @@ def main() -> None:
                     run = train(spec, "lbt", 2, batch, Path(tmp) / "out", launcher=launcher)
                 times[on] = step_s(run)
                 if on:
-                    assert run["history"][-1]["b_simple"] is not None
+                    assert run.history[-1].b_simple is not None
             on_s.append(times[True])
             off_s.append(times[False])
             ratios.append(times[True] / times[False])

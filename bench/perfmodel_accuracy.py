@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tula.core.events import Event, TrialFinished, TrialsPlanned
 from tula.core.fit import fit_models, save_record
 from tula.core.perfmodel import PerfModel
 from tula.core.spec import spec_from_dict
@@ -68,13 +69,13 @@ def _profile(spec, search: str, label: str) -> dict:
     ) as bar:
         task = bar.add_task("memory probe", total=None)
 
-        def on_event(ev):
-            if ev["type"] == "plan":
-                bar.update(task, total=ev["total"], description="trials")
-            elif ev["type"] == "trial":  # not the profile's other events ("checked", ...), which name no trial
-                bar.update(task, advance=1, description=f"N={ev['n_workers']} B={ev['global_batch']}")
+        def on_event(ev: Event) -> None:
+            if isinstance(ev, TrialsPlanned):
+                bar.update(task, total=ev.total, description="trials")
+            elif isinstance(ev, TrialFinished):  # not the profile's other events (Checked, ...), which name no trial
+                bar.update(task, advance=1, description=f"N={ev.n_workers} B={ev.global_batch}")
 
-        return profile(spec, search, on_event=on_event)
+        return profile(spec, search, on_event=on_event).to_json_dict()  # the comparisons read the trials' JSON
 
 
 def _key(t):

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from tula.core.fit import fit_models
+from tula.core.records import EpochRecord
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
 from tula.engine.profile import profile
@@ -78,12 +79,12 @@ def schedules(epochs: int) -> dict[str, dict]:
     }
 
 
-def predicted_s(perf, history: list[dict], dataset_size: int) -> float:
+def predicted_s(perf, history: list[EpochRecord], dataset_size: int) -> float:
     """Wall time the performance model predicts for the run's batch sequence with workers
     growing as ceil(B / batch_per_worker), up to 64 (steps and t_step from the model)."""
     total = 0.0
     for h in history:
-        big_b = h["global_batch"]
+        big_b = h.global_batch
         n = min(MAX_SIM_WORKERS, max(1, math.ceil(big_b / PER_WORKER)))
         total += (dataset_size // big_b) * float(perf.t_step_s(big_b / n, n))
     return total
@@ -134,17 +135,17 @@ def main() -> None:
                     )
                     rows.setdefault(label, []).append(
                         {
-                            "top1": 100 * run["final"]["test_top1"],
-                            "updates": run["steps_done"],
-                            "wall_s": run["train_s"],
-                            "pred_s": predicted_s(perf, run["history"], size),
-                            "batches": [h["global_batch"] for h in run["history"]],
-                            "workers": [h["n_workers"] for h in run["history"]],
+                            "top1": 100 * run.history[-1].test_top1,
+                            "updates": run.steps_done,
+                            "wall_s": run.train_s,
+                            "pred_s": predicted_s(perf, run.history, size),
+                            "batches": [h.global_batch for h in run.history],
+                            "workers": [h.n_workers for h in run.history],
                         }
                     )
                     print(
                         f"{name} seed {seed} {label:28s} top-1 {rows[label][-1]['top1']:.2f} updates "
-                        f"{run['steps_done']} batches {rows[label][-1]['batches']}",
+                        f"{run.steps_done} batches {rows[label][-1]['batches']}",
                         flush=True,
                     )
         ref = rows["constant small (reference)"]

@@ -185,8 +185,8 @@ def main() -> None:
                         rec = train(spec_from_dict(job(ds, seed, a.max_epochs, batches)), method, 1, b, scratch,
                                     launcher=launcher)  # fmt: skip
                     r = {"dataset": ds, "method": method, "batch": b, "seed": seed,
-                         "history": [{k: h.get(k) for k in ("epoch", "test_top1", "epoch_time_s", "train_loss")}
-                                     for h in rec["history"]], "wall_s": time.perf_counter() - t0}  # fmt: skip
+                         "history": [{k: getattr(h, k) for k in ("epoch", "test_top1", "epoch_time_s", "train_loss")}
+                                     for h in rec.history], "wall_s": time.perf_counter() - t0}  # fmt: skip
                     runs[key] = r
                     with results_path.open("a") as f:
                         f.write(json.dumps(r) + "\n")

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import tula
+from tula.core.events import EpochFinished, Event, StageStarted, TrialFinished
 
 
 def make_model() -> nn.Module:
@@ -38,10 +39,11 @@ class SmoothedCrossEntropy(nn.Module):
         return nn.functional.cross_entropy(out, target, label_smoothing=0.1)
 
 
-def show(stage: str, event: dict) -> None:
-    if event["type"] in ("stage", "trial", "epoch"):
-        print(stage, {k: v for k, v in event.items() if k in ("type", "n_workers", "global_batch", "status", "epoch",
-                                                               "train_loss", "test_top1")})  # fmt: skip
+def show(stage: str, event: Event) -> None:
+    if isinstance(event, StageStarted | TrialFinished | EpochFinished):  # a typed event; to_json_dict: plain values
+        print(stage, {k: v for k, v in event.to_json_dict().items() if k in ("type", "n_workers", "global_batch",
+                                                                              "status", "epoch", "train_loss",
+                                                                              "test_top1")})  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -63,6 +65,6 @@ if __name__ == "__main__":
     job.profile()
     job.fit()
     plan = job.plan("knee")
-    print("choice:", plan["reason"])
+    print("choice:", plan.reason)
     run = job.train()
-    print("final test top-1:", run["history"][-1]["test_top1"])
+    print("final test top-1:", run.history[-1].test_top1)

@@ -34,7 +34,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tula.core.records import TrainRecord
 
 HERE = Path(__file__).resolve().parent
 #: the checkout
@@ -326,7 +329,7 @@ def local_launcher(**kw: Any):
     return LocalLauncher(**{"device": "cpu", "threads_per_worker": 1, **kw})
 
 
-def train_in_two(d: dict, method: str, n_workers: int, batch: int, out: Path, launcher: Any) -> dict:
+def train_in_two(d: dict, method: str, n_workers: int, batch: int, out: Path, launcher: Any) -> TrainRecord:
     """The job ``d`` (a spec dict) trained for one epoch into ``out``, then resumed there to
     its ``epochs``; returns the resumed run's record."""
     from tula.core.spec import spec_from_dict

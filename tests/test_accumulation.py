@@ -52,19 +52,19 @@ def test_two_accumulation_steps_end_with_the_parameters_of_one(tmp_path, method)
     kw = {"ags": {"b_small": 32, "update_every": 2, "delta": 10.0}} if method == "ags" else {}
     one = train(spec_from_dict(_dict(2, 1, **kw)), method, 2, 128, tmp_path / "k1", launcher=local_launcher())
     two = train(spec_from_dict(_dict(2, 2, **kw)), method, 2, 128, tmp_path / "k2", launcher=local_launcher())
-    assert (two["accumulation_steps"], two["micro_batch"], two["local_batch"]) == (2, 32, 64)
-    assert (one["accumulation_steps"], one["micro_batch"], one["local_batch"]) == (1, 64, 64)
-    assert [(h["accumulation_steps"], h["micro_batch"]) for h in two["history"]] == [(2, 32)] * 2
-    assert two["steps_done"] == one["steps_done"] == 2 * steps_per_epoch(DIGITS_TRAIN, 128)
-    assert two["replicas_identical"]
+    assert (two.accumulation_steps, two.micro_batch, two.local_batch) == (2, 32, 64)
+    assert (one.accumulation_steps, one.micro_batch, one.local_batch) == (1, 64, 64)
+    assert [(h.accumulation_steps, h.micro_batch) for h in two.history] == [(2, 32)] * 2
+    assert two.steps_done == one.steps_done == 2 * steps_per_epoch(DIGITS_TRAIN, 128)
+    assert two.replicas_identical
     a, b = _params(tmp_path / "k1"), _params(tmp_path / "k2")
     assert all(torch.allclose(a[n], b[n], rtol=1e-5, atol=1e-6) for n in a)
-    assert two["history"][-1]["train_loss"] == pytest.approx(one["history"][-1]["train_loss"], rel=1e-5)
+    assert two.history[-1].train_loss == pytest.approx(one.history[-1].train_loss, rel=1e-5)
     # the noise scale's local batch is the share: the comm hook sees the accumulated gradient once a step
     # (without no_sync it would see each micro-batch's, and B_simple would come out near half)
-    assert two["history"][-1]["b_simple"] == pytest.approx(one["history"][-1]["b_simple"], rel=1e-3)
+    assert two.history[-1].b_simple == pytest.approx(one.history[-1].b_simple, rel=1e-3)
     if method == "ags":
-        assert two["traces"]["scaled"] == one["traces"]["scaled"]
+        assert two.traces["scaled"] == one.traces["scaled"]
 
 
 @pytest.mark.slow
@@ -87,8 +87,8 @@ def test_a_stopped_accumulated_run_resumes_to_the_uninterrupted_runs_parameters(
         )
         notes = [e["message"] for e in events if e["type"] == "note"]
         assert bool(notes) == (spec_k != 4) and all("4 accumulation step(s)" in n for n in notes), notes
-        assert resumed["resumed_from_epoch"] == 1 and resumed["accumulation_steps"] == 4
-        assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in ref["history"]]
+        assert resumed.resumed_from_epoch == 1 and resumed.accumulation_steps == 4
+        assert [h.train_loss for h in resumed.history] == [h.train_loss for h in ref.history]
         a, b = _params(tmp_path / "a"), _params(tmp_path / name)
         assert all(torch.equal(a[n], b[n]) for n in a)
 
@@ -102,14 +102,14 @@ def test_out_of_memory_doubles_the_accumulation_steps_before_it_halves_the_batch
     d["model"] = {"name": "workers:oom_above", "kwargs": {"local_batch": 32}}
     run = train(spec_from_dict(d), "lbt", 2, 256, tmp_path, launcher=local_launcher())
     got = [
-        (f["from_global_batch"], f["to_global_batch"], f["from_accumulation_steps"], f["to_accumulation_steps"])
-        for f in run["fallbacks"]
+        (f.from_global_batch, f.to_global_batch, f.from_accumulation_steps, f.to_accumulation_steps)
+        for f in run.fallbacks
     ]
     assert got == [(256, 256, 1, 2), (256, 256, 2, 4)]
-    assert "OutOfMemoryError" in run["fallbacks"][0]["reason"]
-    assert (run["global_batch"], run["accumulation_steps"], run["micro_batch"]) == (256, 4, 32)
-    assert run["history"][0]["accumulation_steps"] == 4
-    assert run["steps_done"] == steps_per_epoch(DIGITS_TRAIN, 256)
+    assert "OutOfMemoryError" in run.fallbacks[0].reason
+    assert (run.global_batch, run.accumulation_steps, run.micro_batch) == (256, 4, 32)
+    assert run.history[0].accumulation_steps == 4
+    assert run.steps_done == steps_per_epoch(DIGITS_TRAIN, 256)
     assert checkpoint_meta(tmp_path)["accumulation_steps"] == 4
 
 
@@ -126,25 +126,23 @@ def test_a_schedule_grows_through_accumulation_once_memory_caps_the_micro_batch(
     d["search"] = {"max_accumulation_steps": 4}
     d["train"]["batch_schedule"] = {"kind": "geometric", "factor": 2, "delay": 1}
     run = train(spec_from_dict(d), "lbt", 1, 32, tmp_path / "a", launcher=local_launcher())
-    got = [(h["global_batch"], h["accumulation_steps"], h["micro_batch"]) for h in run["history"]]
+    got = [(h.global_batch, h.accumulation_steps, h.micro_batch) for h in run.history]
     assert got == [(32, 1, 32), (64, 2, 32), (128, 4, 32)]
-    assert [(f["from_global_batch"], f["to_global_batch"], f["to_accumulation_steps"]) for f in run["fallbacks"]] == [
-        (64, 64, 2)
-    ]
-    assert (run["global_batch"], run["accumulation_steps"]) == (128, 4)
-    assert [(g["global_batch"], g["accumulation_steps"], g["new_world"]) for g in run["generations"]] == [
+    assert [(f.from_global_batch, f.to_global_batch, f.to_accumulation_steps) for f in run.fallbacks] == [(64, 64, 2)]
+    assert (run.global_batch, run.accumulation_steps) == (128, 4)
+    assert [(g.global_batch, g.accumulation_steps, g.new_world) for g in run.generations] == [
         (32, 1, True),
         (64, 2, True),
         (128, 4, False),
     ]
-    assert "as 4 accumulated micro-batches of 32" in run["history"][1]["schedule"]["reason"]
+    assert "as 4 accumulated micro-batches of 32" in run.history[1].schedule["reason"]
     # a resume after epoch 2 goes on at (128, 4)
     (tmp_path / "b").mkdir()
     shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)
     meta = checkpoint_meta(tmp_path / "b")
     assert (meta["epoch"], meta["next_global_batch"], meta["next_accumulation_steps"]) == (2, 128, 4)
     resumed = train(spec_from_dict(d), "lbt", 1, 32, tmp_path / "b", resume=True, launcher=local_launcher())
-    assert (resumed["global_batch"], resumed["accumulation_steps"]) == (128, 4)
+    assert (resumed.global_batch, resumed.accumulation_steps) == (128, 4)
     a, b = _params(tmp_path / "a"), _params(tmp_path / "b")
     assert all(torch.equal(a[n], b[n]) for n in a)
 

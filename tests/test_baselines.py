@@ -89,37 +89,37 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("name", list(RUNS))
 def test_method_learns_and_keeps_the_replicas_identical(runs, name):
     run, _ = runs[name]
-    hist = run["history"]
-    assert [h["epoch"] for h in hist] == [1, 2] and run["steps_done"] == EPOCHS * STEPS
-    assert hist[1]["train_loss"] < 0.95 * hist[0]["train_loss"], hist
-    assert run["final"]["test_top1"] > 0.3, hist  # chance is 0.1
-    assert run["replicas_identical"]  # polo: its replicas are averaged before every evaluation
+    hist = run.history
+    assert [h.epoch for h in hist] == [1, 2] and run.steps_done == EPOCHS * STEPS
+    assert hist[1].train_loss < 0.95 * hist[0].train_loss, hist
+    assert run.final["test_top1"] > 0.3, hist  # chance is 0.1
+    assert run.replicas_identical  # polo: its replicas are averaged before every evaluation
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["lrs", "lars", "lamb", "polo"])
 def test_lr_follows_the_methods_rule(runs, name):
     run, _ = runs[name]
-    assert [h["lr"] for h in run["history"]] == pytest.approx([LR_AFTER_WARMUP[name]] * EPOCHS, rel=1e-12)
+    assert [h.lr for h in run.history] == pytest.approx([LR_AFTER_WARMUP[name]] * EPOCHS, rel=1e-12)
 
 
 @pytest.mark.slow
 def test_adascale_gain_is_bounded_and_sets_the_lr(runs):
     run, _ = runs["adascale"]
-    gains = run["traces"]["gain"]  # per step, from the epochs' metrics
+    gains = run.traces["gain"]  # per step, from the epochs' metrics
     assert len(gains) == EPOCHS * STEPS
     assert all(1.0 <= g <= GLOBAL_BATCH / 64 for g in gains) and max(gains) > 1.0
-    tr = run["traces"]
+    tr = run.traces
     assert (tr["gain_min"], tr["gain_max"], tr["gain_last"]) == (min(gains), max(gains), gains[-1])
     assert tr["gain_steps"] == len(gains) and tr["gain_mean"] == pytest.approx(sum(gains) / len(gains))
-    for epoch, h in enumerate(run["history"], start=1):  # the LR of the next step: the last gain
-        assert h["lr"] == pytest.approx(LR_AFTER_WARMUP["adascale"] * gains[epoch * STEPS - 1], rel=1e-12)
+    for epoch, h in enumerate(run.history, start=1):  # the LR of the next step: the last gain
+        assert h.lr == pytest.approx(LR_AFTER_WARMUP["adascale"] * gains[epoch * STEPS - 1], rel=1e-12)
 
 
 @pytest.mark.slow
 def test_polo_switches_to_local_sgd_after_its_switch_epoch(runs):
     run, out_dir = runs["polo"]
-    assert run["traces"] == {"switch_step": STEPS, "averaging_period_steps": STEPS // 2}
+    assert run.traces == {"switch_step": STEPS, "averaging_period_steps": STEPS // 2}
     extra = load_checkpoint(out_dir)["method_state"]["extra"]
     # the DDP hook counted synchronous steps until the switch only; the averager every step
     assert (extra["averager_step"], extra["hook_iter"]) == (EPOCHS * STEPS, STEPS)

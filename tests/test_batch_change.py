@@ -31,13 +31,11 @@ def _spec(tiny_spec_dict, batches, epochs, **over):
 
 
 def _segments(run):
-    return [
-        (g["n_workers"], g["global_batch"], g["from_epoch"], g["world"], g["new_world"]) for g in run["generations"]
-    ]
+    return [(g.n_workers, g.global_batch, g.from_epoch, g.world, g.new_world) for g in run.generations]
 
 
 def _numbers(run):
-    return [{k: v for k, v in h.items() if k not in EPOCH_TIMES} for h in run["history"]]
+    return [{k: v for k, v in h.model_dump(exclude_unset=True).items() if k not in EPOCH_TIMES} for h in run.history]
 
 
 @pytest.mark.slow
@@ -50,23 +48,23 @@ def test_a_batch_change_at_fixed_workers_stays_in_the_world_and_matches_a_resume
     events = []
     ref = train(spec, method, 2, 64, tmp_path / "ref", launcher=local_launcher(), on_event=events.append)
     # digits: 1438 training samples -> 22 steps at 64, 11 at 128, 14 at 96
-    assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in ref["history"]] == [
+    assert [(h.global_batch, h.n_workers, h.steps) for h in ref.history] == [
         (64, 2, 22),
         (128, 2, 11),
         (96, 2, 14),
     ]
-    assert ref["steps_done"] == 47 == ref["history"][-1]["steps_done"]
+    assert ref.steps_done == 47 == ref.history[-1].steps_done
     assert _segments(ref) == [(2, 64, 1, 1, True), (2, 128, 2, 1, False), (2, 96, 3, 1, False)]
-    assert all(g["wall_s"] > 0 for g in ref["generations"])
+    assert all(g.wall_s > 0 for g in ref.generations)
     assert [(e["at_epoch"], e["global_batch"], e["new_world"]) for e in events if e["type"] == "resize"] == [
         (1, 128, False),
         (2, 96, False),
     ]
     assert [e["steps_per_epoch"] for e in events if e["type"] == "start"] == [22, 11, 14]
-    assert (ref["global_batch"], ref["local_batch"], ref["steps_per_epoch"]) == (96, 48, 14)
-    assert ref["replicas_identical"]
+    assert (ref.global_batch, ref.local_batch, ref.steps_per_epoch) == (96, 48, 14)
+    assert ref.replicas_identical
     if method == "ags":
-        assert all(h["b_simple"] is not None for h in ref["history"])  # the noise-scale hook went on
+        assert all(h.b_simple is not None for h in ref.history)  # the noise-scale hook went on
 
     # the epoch-2 checkpoint (kept as checkpoint.prev.pt) is what a run stopped after the
     # change to 96 leaves; resumed, the change to 96 is a new world, with the same result
@@ -74,8 +72,8 @@ def test_a_batch_change_at_fixed_workers_stays_in_the_world_and_matches_a_resume
     cut.mkdir()
     shutil.copy(tmp_path / "ref" / PREVIOUS, cut / CHECKPOINT)
     resumed = train(spec, method, 2, 64, cut, resume=True, launcher=local_launcher())
-    assert resumed["resumed_from_epoch"] == 2 and _segments(resumed) == [(2, 96, 3, 1, True)]
-    assert resumed["steps_done"] == ref["steps_done"]
+    assert resumed.resumed_from_epoch == 2 and _segments(resumed) == [(2, 96, 3, 1, True)]
+    assert resumed.steps_done == ref.steps_done
     assert _numbers(resumed) == _numbers(ref)  # losses, scores, LR, B_simple, the schedule's decisions
     a, b = load_checkpoint(tmp_path / "ref"), load_checkpoint(cut)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
@@ -90,9 +88,9 @@ def test_out_of_memory_at_a_new_batch_inside_the_world_falls_back(tiny_spec_dict
     spec = _spec(tiny_spec_dict, [32, 128], 2, model={"name": "workers:oom_above", "kwargs": {"local_batch": 32}})
     events = []
     run = train(spec, "lbt", 2, 32, tmp_path, launcher=local_launcher(), on_event=events.append)
-    assert [(f["from_global_batch"], f["to_global_batch"], f["at_epoch"]) for f in run["fallbacks"]] == [(128, 64, 1)]
-    assert "OutOfMemoryError" in run["fallbacks"][0]["reason"]
-    assert [(h["global_batch"], h["steps"]) for h in run["history"]] == [(32, 44), (64, 22)]
+    assert [(f.from_global_batch, f.to_global_batch, f.at_epoch) for f in run.fallbacks] == [(128, 64, 1)]
+    assert "OutOfMemoryError" in run.fallbacks[0].reason
+    assert [(h.global_batch, h.steps) for h in run.history] == [(32, 44), (64, 22)]
     assert _segments(run) == [(2, 32, 1, 1, True), (2, 64, 2, 2, True)]
     assert [e["type"] for e in events if e["type"] in ("resize", "fallback")] == ["resize", "fallback"]
 

@@ -68,8 +68,8 @@ def test_training_on_dask_equals_the_local_launcher_bit_for_bit(client, referenc
     spec = spec_from_dict(reference_run.spec_dict())
     local = reference_run.record("train.json")
     on_dask = train(spec, "ags", 2, 64, tmp_path / "dask", launcher=_dask(client))
-    assert on_dask["replicas_identical"] and local["replicas_identical"]
-    assert [h["train_loss"] for h in on_dask["history"]] == [h["train_loss"] for h in local["history"]]
+    assert on_dask.replicas_identical and local["replicas_identical"]
+    assert [h.train_loss for h in on_dask.history] == [h["train_loss"] for h in local["history"]]
     a, b = load_checkpoint(reference_run.dir)["model"], load_checkpoint(tmp_path / "dask")["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -82,10 +82,10 @@ def test_profile_on_dask_runs_the_same_trials(client, tiny_spec_dict):
     on_dask = profile(spec, "partial", launcher=_dask(client))
 
     def key(rec):
-        return [(t["n_workers"], t["global_batch"], t["status"]) for t in rec["trials"]]
+        return [(t.n_workers, t.global_batch, t.status) for t in rec.trials]
 
-    assert key(on_dask) == key(local) and {t["status"] for t in on_dask["trials"]} == {"ok"}
-    assert on_dask["memory"]["probe_local_batches"] == local["memory"]["probe_local_batches"]
+    assert key(on_dask) == key(local) and {t.status for t in on_dask.trials} == {"ok"}
+    assert on_dask.memory["probe_local_batches"] == local.memory["probe_local_batches"]
 
 
 def test_a_user_error_on_one_rank_is_that_sentence(client):
@@ -144,11 +144,11 @@ def test_out_of_memory_under_a_cap_on_a_dask_worker_falls_back(tiny_spec_dict, t
         run = train(spec_from_dict(d), "lbt", 2, 1024, tmp_path, launcher=_dask(client))
         # the cap ended with the world: the workers run the next world without it
         assert _dask(client).run(workers.allreduce_rank, 2, 1.0)[0]["sum"] == 3.0
-    assert run["fallbacks"] and run["fallbacks"][0]["from_global_batch"] == 1024
+    assert run.fallbacks and run.fallbacks[0].from_global_batch == 1024
     # the micro-batch that ran out of memory is halved: k doubles at the same global batch first
-    assert run["micro_batch"] < 512 and [h["epoch"] for h in run["history"]] == [1]
-    assert run["micro_batch"] == run["global_batch"] // 2 // run["accumulation_steps"]
-    assert run["fallbacks"][0]["to_accumulation_steps"] == 2
+    assert run.micro_batch < 512 and [h.epoch for h in run.history] == [1]
+    assert run.micro_batch == run.global_batch // 2 // run.accumulation_steps
+    assert run.fallbacks[0].to_accumulation_steps == 2
 
 
 class _StoppedWhileWaiting:
@@ -302,11 +302,11 @@ def test_ranks_are_grouped_by_host_and_the_profile_records_where_they_ran(tiny_s
 
         spec = _spec(tiny_spec_dict, search={"cluster_sizes": [1, 3], "min_batch": 48, "max_batch": 96})
         rec = profile(spec, "partial", launcher=_dask(client))
-        three = [t for t in rec["trials"] if t["n_workers"] == 3]
+        three = [t for t in rec.trials if t.n_workers == 3]
         assert three and all(
-            t["hosts"] == ["127.0.0.1", "127.0.0.1", "127.0.0.2"] and t["ranks_per_host"] == 2 for t in three
+            t.hosts == ["127.0.0.1", "127.0.0.1", "127.0.0.2"] and t.ranks_per_host == 2 for t in three
         )
-        assert rec["placement"]["hosts"] == ["127.0.0.1", "127.0.0.2"] and rec["launcher"] == "dask"
+        assert rec.placement["hosts"] == ["127.0.0.1", "127.0.0.2"] and rec.launcher == "dask"
         models = fit_models(rec)
         assert models.placement is not None and models.placement["n_hosts"] == 2
         plan = make_plan(models)
@@ -326,9 +326,9 @@ def test_the_world_grows_and_shrinks_on_dask_with_exact_step_counts(client, tiny
         "workers": {"min": 1, "max": 2, "batch_per_worker": 64},
     }
     run = train(spec_from_dict(d), "lbt", 1, 64, tmp_path, launcher=_dask(client))
-    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2), (64, 1)]
-    assert [g["n_workers"] for g in run["generations"]] == [1, 2, 1]
-    assert run["steps_done"] == 22 + 11 + 22 and run["replicas_identical"]
+    assert [(h.global_batch, h.n_workers) for h in run.history] == [(64, 1), (128, 2), (64, 1)]
+    assert [g.n_workers for g in run.generations] == [1, 2, 1]
+    assert run.steps_done == 22 + 11 + 22 and run.replicas_identical
 
 
 def test_the_launcher_reads_every_worker_however_often_its_client_refreshes_its_cache(client):
@@ -376,8 +376,8 @@ def test_a_world_larger_than_the_cluster_goes_on_with_the_workers_there_are(clie
         run = train(
             spec_from_dict(d), "lbt", 1, 64, tmp_path, launcher=_dask(other, worker_wait_s=2), on_event=events.append
         )
-    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2), (256, 2)]
-    assert run["steps_done"] == 22 + 11 + 5
+    assert [(h.global_batch, h.n_workers) for h in run.history] == [(64, 1), (128, 2), (256, 2)]
+    assert run.steps_done == 22 + 11 + 5
     notes = [e["message"] for e in events if e["type"] == "note"]
     assert notes == ["the cluster gave 2 of the 3 workers asked for; going on with 2 worker(s) at global batch 256"]
 
@@ -422,10 +422,10 @@ def test_a_worker_that_joins_later_is_used_by_the_next_world(tiny_spec_dict, tmp
         )
         joined = set(_workers(other)) - first
     assert len(joined) == 1
-    assert [(h["global_batch"], h["n_workers"]) for h in run["history"]] == [(64, 1), (128, 2)]
-    assert [g["n_workers"] for g in run["generations"]] == [1, 2]
+    assert [(h.global_batch, h.n_workers) for h in run.history] == [(64, 1), (128, 2)]
+    assert [g.n_workers for g in run.generations] == [1, 2]
     assert not [e for e in events if e["type"] == "note" and "the cluster gave" in e["message"]]
-    assert run["steps_done"] == 22 + 11 and run["replicas_identical"]
+    assert run.steps_done == 22 + 11 and run.replicas_identical
 
 
 def test_two_one_rank_worlds_at_once_take_the_two_free_workers_side_by_side(client):

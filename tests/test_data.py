@@ -233,11 +233,11 @@ def test_two_rank_training_with_loader_workers_resumes_exactly_and_leaves_no_pro
         done.set()
         t.join()
     assert seen["loader_workers"] >= 4, "the ranks did not start their DataLoader workers"
-    assert whole["replicas_identical"] and [h["epoch"] for h in whole["history"]] == [1, 2]
+    assert whole.replicas_identical and [h.epoch for h in whole.history] == [1, 2]
     resumed = train_in_two(d, "lbt", 2, 16, tmp_path / "split", launcher)
-    assert resumed["resumed_from_epoch"] == 1 and resumed["replicas_identical"]
+    assert resumed.resumed_from_epoch == 1 and resumed.replicas_identical
     assert_same_model(tmp_path / "whole", tmp_path / "split")
-    assert whole["history"][-1]["test_top1"] == resumed["history"][-1]["test_top1"]
+    assert whole.history[-1].test_top1 == resumed.history[-1].test_top1
     time.sleep(0.5)
     assert set(descendants(me)) <= before, "processes were left behind"
 
@@ -257,8 +257,8 @@ def test_profile_times_the_step_with_its_batch_through_the_loader(image_root):
     )
     before = set(descendants(os.getpid()))
     rec = profile(spec, launcher=local_launcher())
-    ok = [t for t in rec["trials"] if t["status"] == "ok"]
-    assert ok and all(0 <= t["t_data_s"] < t["t_step_s"] for t in ok)
+    ok = [t for t in rec.trials if t.status == "ok"]
+    assert ok and all(0 <= t.t_data_s < t.t_step_s for t in ok)
     assert set(descendants(os.getpid())) <= before
 
 

@@ -133,12 +133,12 @@ def test_ags_measures_its_factors_on_a_dict_batch(tests_on_path):
 def test_two_ranks_train_a_model_with_its_own_loss_and_report_perplexity(tests_on_path, tmp_path):
     spec = spec_from_dict(_spec())
     run = train(spec, "ags", 2, 64, tmp_path, launcher=local_launcher())
-    h = run["history"]
-    assert run["replicas_identical"] and [e["epoch"] for e in h] == [1, 2]
-    assert h[-1]["train_loss"] < h[0]["train_loss"]
-    assert h[-1]["test_loss"] < math.log(16)  # below a uniform guess over the vocabulary
-    assert h[-1]["test_perplexity"] == pytest.approx(math.exp(h[-1]["test_loss"]))
-    assert "test_top1" not in h[-1]
+    h = run.history
+    assert run.replicas_identical and [e.epoch for e in h] == [1, 2]
+    assert h[-1].train_loss < h[0].train_loss
+    assert h[-1].test_loss < math.log(16)  # below a uniform guess over the vocabulary
+    assert h[-1].test_perplexity == pytest.approx(math.exp(h[-1].test_loss))
+    assert not h[-1].given("test_top1")
 
 
 @pytest.mark.slow  # real worlds of 1 and 2 ranks
@@ -149,10 +149,9 @@ def test_the_profile_times_dict_batches_and_measures_their_noise_scale(tests_on_
     d["train"]["noise_scale"] = True
     d["search"] = {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 32}
     rec = profile(spec_from_dict(d), launcher=local_launcher())
-    rec = rec if isinstance(rec, dict) else rec.to_json_dict()
-    timed = {(t["n_workers"], t["local_batch"]) for t in rec["trials"] if t["status"] == "ok" and t["t_step_s"] > 0}
+    timed = {(t.n_workers, t.local_batch) for t in rec.trials if t.status == "ok" and t.t_step_s > 0}
     assert timed >= {(1, 16), (2, 16)}
-    noise = [t["noise"] for t in rec["trials"] if t.get("noise")]  # the gradient noise scale's pairs
+    noise = [t.noise for t in rec.trials if t.noise]  # the gradient noise scale's pairs
     assert noise and all(len(n["g2"]) == n["steps"] for n in noise)
 
 

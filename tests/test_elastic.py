@@ -32,18 +32,18 @@ def test_geometric_batch_grows_the_world_from_one_to_two_workers_with_exact_step
     ref = tmp_path / "ref"
     run = train(_spec(tiny_spec_dict), "ags", 1, 64, ref, launcher=local_launcher())
     # digits: 1438 training samples; B = 64 * 2^epoch, N = ceil(B / 64) clipped to 2
-    assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in run["history"]] == [
+    assert [(h.global_batch, h.n_workers, h.steps) for h in run.history] == [
         (64, 1, 22),
         (128, 2, 11),
         (256, 2, 5),
     ]
-    assert run["steps_done"] == 22 + 11 + 5 == run["history"][-1]["steps_done"]
-    assert [(g["n_workers"], g["global_batch"], g["from_epoch"]) for g in run["generations"]] == [
+    assert run.steps_done == 22 + 11 + 5 == run.history[-1].steps_done
+    assert [(g.n_workers, g.global_batch, g.from_epoch) for g in run.generations] == [
         (1, 64, 1),
         (2, 128, 2),
         (2, 256, 3),
     ]
-    assert run["replicas_identical"] and run["batch_schedule"] == "geometric"
+    assert run.replicas_identical and run.batch_schedule == "geometric"
     lines = [json.loads(s) for s in (ref / METRICS).read_text().splitlines()]
     assert [line["epoch"] for line in lines] == [1, 2, 3]
     assert lines[0]["schedule"]["global_batch"] == 128 and lines[0]["schedule"]["resize"]
@@ -54,8 +54,8 @@ def test_geometric_batch_grows_the_world_from_one_to_two_workers_with_exact_step
     cut.mkdir()
     shutil.copy(ref / PREVIOUS, cut / CHECKPOINT)
     resumed = train(_spec(tiny_spec_dict), "ags", 1, 64, cut, resume=True, launcher=local_launcher())
-    assert resumed["resumed_from_epoch"] == 2 and resumed["steps_done"] == run["steps_done"]
-    assert resumed["history"][-1]["train_loss"] == run["history"][-1]["train_loss"]
+    assert resumed.resumed_from_epoch == 2 and resumed.steps_done == run.steps_done
+    assert resumed.history[-1].train_loss == run.history[-1].train_loss
     a, b = load_checkpoint(ref)["model"], load_checkpoint(cut)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -89,21 +89,21 @@ def test_the_gradient_noise_scale_is_measured_and_the_adaptive_schedule_follows_
         workers={"min": 2, "max": 2},
     )
     run = train(spec, "lbt", 2, 16, tmp_path, launcher=local_launcher())
-    b_simple = [h["b_simple"] for h in run["history"]]
+    b_simple = [h.b_simple for h in run.history]
     assert all(b is not None and 1 < b < 1438 for b in b_simple), b_simple
     # measured about 25-35 after the first epoch: more than the band above the start of 16, so the batch grows
-    assert run["history"][0]["global_batch"] == 16 and b_simple[0] > 16 * 1.1, b_simple
-    assert run["history"][1]["global_batch"] > 16, run["history"]
-    for h, nxt in zip(run["history"], run["history"][1:]):
-        cur, target = h["global_batch"], max(h["b_simple"], 16)  # clipped at the smallest batch, 16
+    assert run.history[0].global_batch == 16 and b_simple[0] > 16 * 1.1, b_simple
+    assert run.history[1].global_batch > 16, run.history
+    for h, nxt in zip(run.history, run.history[1:]):
+        cur, target = h.global_batch, max(h.b_simple, 16)  # clipped at the smallest batch, 16
         if abs(target - cur) <= 0.1 * cur:  # within the band: the batch stays
-            assert nxt["global_batch"] == cur, (h, nxt)
+            assert nxt.global_batch == cur, (h, nxt)
             continue
         # otherwise the next epoch's batch moved from this one toward B_simple, by at most 4x
         want = min(max(target, cur / 4), cur * 4)
-        assert abs(nxt["global_batch"] - want) <= max(2, 0.1 * want), (h, nxt)
-        assert (nxt["global_batch"] - cur) * (target - cur) > 0, (h, nxt)  # moved, and toward B_simple
-    assert len({h["global_batch"] for h in run["history"]}) > 1
+        assert abs(nxt.global_batch - want) <= max(2, 0.1 * want), (h, nxt)
+        assert (nxt.global_batch - cur) * (target - cur) > 0, (h, nxt)  # moved, and toward B_simple
+    assert len({h.global_batch for h in run.history}) > 1
 
 
 def _piecewise(tiny_spec_dict, batches, epochs, **data):
@@ -131,19 +131,19 @@ def test_the_world_grows_from_one_to_two_workers_and_shrinks_back_with_exact_ste
         on_event=events.append,
     )
     # digits: 1438 training samples -> 22 steps at B=64, 11 at B=128
-    assert [(h["global_batch"], h["n_workers"], h["steps"]) for h in run["history"]] == [
+    assert [(h.global_batch, h.n_workers, h.steps) for h in run.history] == [
         (64, 1, 22),
         (128, 2, 11),
         (64, 1, 22),
     ]
-    assert run["steps_done"] == 55 == run["history"][-1]["steps_done"]
-    assert [(g["n_workers"], g["global_batch"], g["from_epoch"]) for g in run["generations"]] == [
+    assert run.steps_done == 55 == run.history[-1].steps_done
+    assert [(g.n_workers, g.global_batch, g.from_epoch) for g in run.generations] == [
         (1, 64, 1),
         (2, 128, 2),
         (1, 64, 3),
     ]
     assert [(e["at_epoch"], e["n_workers"]) for e in events if e["type"] == "resize"] == [(1, 2), (2, 1)]
-    assert run["replicas_identical"] and run["batch_schedule"] == "piecewise"
+    assert run.replicas_identical and run.batch_schedule == "piecewise"
 
 
 @pytest.mark.slow

@@ -141,15 +141,16 @@ DRIVER = r"""
 import sys
 from pathlib import Path
 from tula import cli_console
-from tula.core.records import PLAN_KIND, PROFILE_KIND
+from tula.core.events import FellBack, Note, TrialFinished, TrialsPlanned, WorldStarted
+from tula.core.records import PLAN_KIND, PROFILE_KIND, Fallback
 
 h = sys.argv[1] + "\x00"
 c = cli_console.ConsoleObserver()
 c.note(h)
 cli_console.stale_note({"pid": 1, "command": h})
 c.stage("profiling")
-c.event("profiling", {"type": "plan", "total": 1})
-c.event("profiling", {"type": "trial", "n_workers": 1, "global_batch": 16, "status": h})
+c.event("profiling", TrialsPlanned(total=1))
+c.event("profiling", TrialFinished(n_workers=1, global_batch=16, status=h))
 c.done("profiling")
 trial = {"n_workers": 1, "global_batch": 16, "local_batch": 16, "t_step_s": 0.001, "t_compute_s": 0.001,
          "t_sync_s": 0.0, "t_step_spread": 0.0, "peak_mem_bytes": 1000, "status": "error", "note": h}
@@ -160,9 +161,10 @@ config = {"candidate": True, "chosen": True, "n_workers": 1, "global_batch": 16,
           "feasible": True}
 c.saved(PLAN_KIND, {"objective": h, "configurations": [config], "reason": h}, Path("plan.json"))
 c.stage("training", method=h)
-c.event("training", {"type": "start", "epochs": 1, "steps_per_epoch": 2, "n_workers": 1, "global_batch": 16})
-c.event("training", {"type": "note", "message": h})
-c.event("training", {"type": "fallback", "from_global_batch": 32, "at_epoch": 1, "to_global_batch": 16})
+c.event("training", WorldStarted(epochs=1, steps_per_epoch=2, n_workers=1, global_batch=16, accumulation_steps=1,
+                                  micro_batch=16))
+c.event("training", Note(h))
+c.event("training", FellBack(Fallback(from_global_batch=32, at_epoch=1, to_global_batch=16)))
 c.done("training")
 """
 

@@ -118,15 +118,15 @@ def test_the_simulator_the_ranker_and_run_costs_predict_what_the_fitted_models_d
         assert [(o.global_batch, o.accumulation_steps) for o in options] == [(big_b, k)]
         assert options[0].epoch_s == pytest.approx(one["epoch_time_s"], rel=REL)
     # a constant batch simulated: its rows are the prediction on the simulator's network, each epoch priced alone
-    rows = [r for r in sim.constant(64, [1, 2, 4, 64, 128]) if r["collective"] == sim.perf.collective]
+    rows = [r for r in sim.constant(64, [1, 2, 4, 64, 128]) if r.collective == sim.perf.collective]
     q = fitted.predict(n_workers=[1, 2, 4, 64], global_batch=64, network=sim.network(), pricing=sim.pricing, epochs=1)
-    assert [r["t_step_s"] for r in rows[:4]] == pytest.approx(q.t_step_s.tolist(), rel=REL)
-    assert [r["t_sync_s"] for r in rows[:4]] == pytest.approx(q.t_sync_s.tolist(), rel=REL)
-    assert [r["epoch_time_s"] for r in rows[:4]] == pytest.approx(q.epoch_time_s.tolist(), rel=REL)
-    assert [r["total_time_s"] for r in rows[:4]] == pytest.approx((sim.epochs * q.total_time_s).tolist(), rel=REL)
-    assert [r["cost"] for r in rows[:4]] == pytest.approx((sim.epochs * q.cost).tolist(), rel=REL)
-    assert rows[4]["t_step_s"] is None  # N = 128 > B: no prediction
-    assert rows[1]["t_step_s"] == pytest.approx(p.at(2)["t_step_s"], rel=REL)  # N = 2 was profiled: the fitted step
+    assert [r.t_step_s for r in rows[:4]] == pytest.approx(q.t_step_s.tolist(), rel=REL)
+    assert [r.t_sync_s for r in rows[:4]] == pytest.approx(q.t_sync_s.tolist(), rel=REL)
+    assert [r.epoch_time_s for r in rows[:4]] == pytest.approx(q.epoch_time_s.tolist(), rel=REL)
+    assert [r.total_time_s for r in rows[:4]] == pytest.approx((sim.epochs * q.total_time_s).tolist(), rel=REL)
+    assert [r.cost for r in rows[:4]] == pytest.approx((sim.epochs * q.cost).tolist(), rel=REL)
+    assert rows[4].t_step_s is None  # N = 128 > B: no prediction
+    assert rows[1].t_step_s == pytest.approx(p.at(2)["t_step_s"], rel=REL)  # N = 2 was profiled: the fitted step
 
 
 def test_a_what_if_network_is_an_argument_of_the_prediction(models):

@@ -51,17 +51,18 @@ def test_a_job_of_python_objects_profiles_fits_plans_and_trains(tmp_path):
                    on_event=lambda stage, ev: events.append((stage, ev)))  # fmt: skip
     assert job.spec.model.name.startswith("pickle:") and job.spec.data.factory.startswith("pickle:")
     prof = job.profile()
-    assert prof["kind"] == PROFILE_KIND and all(t["status"] == "ok" for t in prof["trials"])
-    assert job.fit()["kind"] == MODELS_KIND
+    assert prof.kind == PROFILE_KIND and all(t.status == "ok" for t in prof.trials)
+    assert job.fit().kind == MODELS_KIND
     plan = job.plan("time")
-    assert plan["kind"] == PLAN_KIND and plan["objective"] == "time"
+    assert plan.kind == PLAN_KIND and plan.objective == "time"
     run = job.train()
-    assert run["kind"] == TRAIN_KIND and run["n_workers"] == plan["choice"]["n_workers"]
-    assert run["global_batch"] == plan["choice"]["global_batch"] and len(run["history"]) == 2
+    assert run.kind == TRAIN_KIND and run.n_workers == plan.choice.n_workers
+    assert run.global_batch == plan.choice.global_batch and len(run.history) == 2
     # the records are the ones the CLI writes, in the same places
     for name, kind in (("profile.json", PROFILE_KIND), ("models.json", MODELS_KIND), ("plan.json", PLAN_KIND)):
         assert json.loads((tmp_path / "job" / name).read_text())["kind"] == kind
-    assert json.loads((tmp_path / "job" / "train" / "train.json").read_text())["history"] == run["history"]
+    written = json.loads((tmp_path / "job" / "train" / "train.json").read_text())
+    assert written == json.loads(json.dumps(run.to_json_dict()))  # the record returned is the one written
     # progress came through the callback, not the terminal
     stages = {s for s, ev in events if ev["type"] == "stage"}
     assert stages == {"profiling", "fitting", "planning", "training"}
@@ -75,7 +76,7 @@ def test_a_job_from_a_yaml_spec_trains_as_tula_train_does(reference_run, tmp_pat
     path.write_text(yaml.safe_dump(reference_run.spec_dict()))
     run = tula.Job(path, out=tmp_path / "py").train("ags", 2, 64)
     cli = reference_run.record("train.json")
-    assert [h["train_loss"] for h in run["history"]] == [h["train_loss"] for h in cli["history"]]
+    assert [h.train_loss for h in run.history] == [h["train_loss"] for h in cli["history"]]
 
 
 def test_an_optimiser_factory_on_a_dask_client_trains_as_the_built_in_does_locally(
@@ -98,7 +99,7 @@ def test_an_optimiser_factory_on_a_dask_client_trains_as_the_built_in_does_local
         assert job.spec.optimizer.name.startswith("pickle:")
         run = job.train("ags", 2, 64)
         assert client.status == "running"  # the caller's to close
-    assert [h["train_loss"] for h in run["history"]] == [h["train_loss"] for h in local["history"]]
+    assert [h.train_loss for h in run.history] == [h["train_loss"] for h in local["history"]]
     with pytest.raises(TulaError, match="cluster is a distributed.Client that is closed"):
         tula.Job(spec, cluster=client, out=tmp_path / "closed")
 

@@ -259,13 +259,13 @@ def test_tula_simulate_replays_the_plan_rule_on_the_network_it_is_given():
     def run(bandwidth, rule):
         sim = simulator_from_models(models, bandwidth=bandwidth, latency=0.0, epochs=3)
         rows = what_if(models, sim, [1, 2, 4], ["ring"], 32, geometric, workers_rule=rule, max_workers=4).rows
-        return [(e["global_batch"], e["n_workers"]) for e in rows[0]["epochs"]], rows[0]
+        return [(e.global_batch, e.n_workers) for e in rows[0].epochs], rows[0]
 
     slow, slow_row = run("100Mbit/s", "plan")
     assert slow == [(32, 1), (64, 1), (128, 1)]
     adadamp, adadamp_row = run("100Mbit/s", None)  # N = ceil(B / 32)
     assert adadamp == [(32, 1), (64, 2), (128, 4)]
-    assert adadamp_row["total_time_s"] > 10 * slow_row["total_time_s"]  # the issue's ~30x, simulated
+    assert adadamp_row.total_time_s > 10 * slow_row.total_time_s  # the issue's ~30x, simulated
     fast, _ = run("100Gbit/s", "plan")
     assert fast == [(32, 4), (64, 4), (128, 4)]
     with pytest.raises(TulaError, match="'threshold' applies to the workers rule .plan. only") as refused:

@@ -29,7 +29,7 @@ def _models(perf: PerfModel) -> dict:
 
 
 def _trained(run):
-    return [(h["global_batch"], h["n_workers"]) for h in run["history"]]
+    return [(h.global_batch, h.n_workers) for h in run.history]
 
 
 @pytest.mark.slow
@@ -44,15 +44,15 @@ def test_the_world_grows_where_the_models_say_two_workers_are_faster(tiny_spec_d
 
     charts = train_charts(compare_with_plan(run, _models(perf)))
     assert charts.count("<title>new world: N=2, B=64</title>") == 1, charts
-    assert [(g["n_workers"], g["world"], g["new_world"]) for g in run["generations"]] == [
+    assert [(g.n_workers, g.world, g.new_world) for g in run.generations] == [
         (1, 1, True),
         (2, 2, True),
         (2, 2, False),
     ]
     # each decision's ranking is in the epoch's record, and what trained next is its choice
-    for h, nxt in zip(run["history"], run["history"][1:]):
-        ranking = h["schedule"]["ranking"]
-        assert (ranking[0]["global_batch"], ranking[0]["n_workers"]) == (nxt["global_batch"], nxt["n_workers"])
+    for h, nxt in zip(run.history, run.history[1:]):
+        ranking = h.schedule["ranking"]
+        assert (ranking[0]["global_batch"], ranking[0]["n_workers"]) == (nxt.global_batch, nxt.n_workers)
         assert ranking[0]["epoch_s"] < ranking[1]["epoch_s"]
 
 
@@ -62,7 +62,7 @@ def test_over_a_slow_link_the_world_stays_on_one_worker(tiny_spec_dict, tmp_path
     perf = PerfModel("ring", 4_500_000, 1e-3, 1e-5, alpha=1e-4, beta=8 / 100e6)
     run = train(_spec(tiny_spec_dict), "lbt", 1, 32, tmp_path, launcher=local_launcher(), models=_models(perf))
     assert _trained(run) == [(32, 1), (64, 1), (128, 1)]
-    assert {g["world"] for g in run["generations"]} == {1}
+    assert {g.world for g in run.generations} == {1}
 
 
 def test_the_plan_rule_without_models_is_refused_before_any_world(tiny_spec_dict, tmp_path):
@@ -90,13 +90,13 @@ def test_the_goodput_schedule_moves_the_batch_with_the_measured_noise_scale(tiny
     # two workers (the noise scale needs two batch sizes: a rank's and the world's), kept: no train.workers
     run = train(spec_from_dict(d), "lbt", 2, 32, tmp_path, launcher=local_launcher(), models=models)
     ranker, caps = Ranker(models, "lbt"), Caps(DIGITS_TRAIN, min_workers=2, max_workers=2)
-    assert len({h["global_batch"] for h in run["history"]}) > 1, run["history"]  # the batch moved
-    for h, nxt in zip(run["history"], run["history"][1:]):
-        assert h["b_simple"] is not None and h["b_simple"] > 0  # measured in the epoch, on the ranks
-        assert "goodput: " in h["schedule"]["reason"]
+    assert len({h.global_batch for h in run.history}) > 1, run.history  # the batch moved
+    for h, nxt in zip(run.history, run.history[1:]):
+        assert h.b_simple is not None and h.b_simple > 0  # measured in the epoch, on the ranks
+        assert "goodput: " in h.schedule["reason"]
         # what trained next is the goodput choice for the B_simple the epoch measured
-        want = choose_goodput(ranker, caps, h["global_batch"], 2, h["b_simple"], 32, min_batch=32)
-        assert nxt["global_batch"] == want.option.global_batch, (h["b_simple"], want.reason)
+        want = choose_goodput(ranker, caps, h.global_batch, 2, h.b_simple, 32, min_batch=32)
+        assert nxt.global_batch == want.option.global_batch, (h.b_simple, want.reason)
     # goodput over the epochs: the dashboard's chart and train.png's panel
     from tula.core.live_plan import goodput_per_epoch
     from tula.report import plot_training
@@ -177,8 +177,8 @@ def test_a_run_resumed_from_its_last_checkpoint_decides_what_the_uninterrupted_r
     shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)  # killed after epoch 3
     assert load_checkpoint(tmp_path / "b")["epoch"] == 3
     resumed = train(spec, "lbt", n, 32, tmp_path / "b", resume=True, launcher=local_launcher(), models=_models(perf))
-    assert resumed["resumed_from_epoch"] == 3
+    assert resumed.resumed_from_epoch == 3
     assert len(set(_trained(ref))) > 2, _trained(ref)  # decisions that changed the run, after the resume too
     assert _trained(resumed) == _trained(ref), (_trained(resumed), _trained(ref))
-    assert [h["schedule"]["reason"] for h in resumed["history"]] == [h["schedule"]["reason"] for h in ref["history"]]
-    assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in ref["history"]]
+    assert [h.schedule["reason"] for h in resumed.history] == [h.schedule["reason"] for h in ref.history]
+    assert [h.train_loss for h in resumed.history] == [h.train_loss for h in ref.history]

@@ -61,14 +61,14 @@ def test_both_sinks_hold_each_epoch_once_across_a_resume(tmp_path):
     )
     # epoch 1, then a resume in the same directory to epoch 2: one TensorBoard directory, one MLflow run
     rec = train_in_two(d, METHOD, WORKERS, BATCH, out, local_launcher())
-    history = rec["history"]
-    assert [h["epoch"] for h in history] == [1, 2]
+    history = rec.history
+    assert [h.epoch for h in history] == [1, 2]
 
     scalars = tensorboard_scalars(tb)
     for name in CHECKED:
         assert [s for s, _ in scalars[name]] == [1, 2], (name, scalars[name])  # once per epoch, not twice
         for (_, value), h in zip(scalars[name], history):
-            assert value == pytest.approx(h[name], rel=1e-6), (name, value, h[name])
+            assert value == pytest.approx(getattr(h, name), rel=1e-6), (name, value, getattr(h, name))
     assert "trace_delta_mean" in scalars  # AGS's per-step traces, summarised per epoch
     assert len(list(tb.glob("events.out.tfevents.*"))) == 2  # the resumed run added its file beside the first
 
@@ -86,7 +86,7 @@ def test_both_sinks_hold_each_epoch_once_across_a_resume(tmp_path):
         points = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
         assert [s for s, _ in points] == [1, 2], (name, points)
         for (_, value), h in zip(points, history):
-            assert value == pytest.approx(h[name], rel=1e-6), (name, value, h[name])
+            assert value == pytest.approx(getattr(h, name), rel=1e-6), (name, value, getattr(h, name))
 
     state = json.loads((out / STATE).read_text())
     assert state["0:tensorboard"]["last_epoch"] == 2 and state["1:mlflow"]["last_epoch"] == 2
@@ -112,7 +112,7 @@ def test_a_sink_added_on_resume_gets_the_epochs_before_it(tmp_path):
     # the default directory: tensorboard/ in the training output directory, epoch 1 written from metrics.jsonl
     scalars = tensorboard_scalars(out / "tensorboard")
     assert [s for s, _ in scalars["train_loss"]] == [1, 2]
-    assert [v for _, v in scalars["test_loss"]] == pytest.approx([h["test_loss"] for h in rec["history"]], rel=1e-6)
+    assert [v for _, v in scalars["test_loss"]] == pytest.approx([h.test_loss for h in rec.history], rel=1e-6)
 
 
 @needs_tensorboard
@@ -124,7 +124,7 @@ def test_a_failing_sink_is_a_warning_and_training_goes_on(tmp_path, caplog):
     d = spec_with([{"kind": "tensorboard", "dir": str(blocked / "tb")}], epochs=1)
     with caplog.at_level(logging.WARNING, logger="tula.engine.metrics_sinks"):
         rec = train(spec_from_dict(d), METHOD, WORKERS, BATCH, tmp_path / "run", launcher=local_launcher())
-    assert [h["epoch"] for h in rec["history"]] == [1]  # trained, checkpointed, recorded
+    assert [h.epoch for h in rec.history] == [1]  # trained, checkpointed, recorded
     assert (tmp_path / "run" / "checkpoint.pt").is_file()
     said = [r.getMessage() for r in caplog.records if r.name == "tula.engine.metrics_sinks"]
     assert any("train.loggers[0] (tensorboard) could not be opened" in m and "training goes on" in m for m in said), (
@@ -281,5 +281,5 @@ def test_a_runner_process_logs_its_job_under_its_module_name(tmp_path):
     r = subprocess.run([*cmd, "--job", job_id, "--runner", runner], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     assert f" INFO tula.service.runner: job {job_id}: runner {runner} (pid " in r.stderr, r.stderr
-    assert store.get_job(job_id)["state"] == "failed"
+    assert store.get_job(job_id).state == "failed"
     store.close()

@@ -48,7 +48,7 @@ job = tula.Job(
     model=Net, data=make_data, out="runs/no-guard", cluster=CLUSTER,
 )
 profile = job.profile()
-print("trials", [(t["n_workers"], t["global_batch"], t["status"]) for t in profile["trials"]])
+print("trials", [(t.n_workers, t.global_batch, t.status) for t in profile.trials])
 """
 
 

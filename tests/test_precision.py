@@ -72,14 +72,14 @@ def test_a_bf16_ags_run_resumed_ends_with_the_uninterrupted_runs_parameters(tiny
     shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)
     assert load_checkpoint(tmp_path / "b")["precision"]["name"] == "bf16"
     resumed = train(spec, "ags", 2, 128, tmp_path / "b", resume=True, launcher=launcher)
-    assert resumed["resumed_from_epoch"] == 2
-    assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in ref["history"]]
+    assert resumed.resumed_from_epoch == 2
+    assert [h.train_loss for h in resumed.history] == [h.train_loss for h in ref.history]
     a, b = load_checkpoint(tmp_path / "a")["model"], load_checkpoint(tmp_path / "b")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     # and bf16 is not fp32 by another name: the same job in fp32 trains to other numbers
     fp32 = train(spec_from_dict({**d, "train": {**d["train"], "precision": "fp32"}}), "ags", 2, 128,
                  tmp_path / "c", launcher=launcher)  # fmt: skip
-    assert fp32["history"][0]["train_loss"] != ref["history"][0]["train_loss"]
+    assert fp32.history[0].train_loss != ref.history[0].train_loss
 
 
 def test_fp16_skips_overflowed_steps_measures_unscaled_and_resumes_exactly(tiny_spec_dict, tmp_path, monkeypatch):
@@ -104,17 +104,17 @@ def test_fp16_skips_overflowed_steps_measures_unscaled_and_resumes_exactly(tiny_
     ref = job("fp16", "a").train("ags", 2, 128)
     state = load_checkpoint(tmp_path / "a" / "train")
     assert state["precision"]["name"] == "fp16" and state["precision"]["scaler"]["scale"] < 2.0**16
-    skipped = [h["skipped_steps"] for h in ref["history"]]
-    assert skipped[0] > 0 and skipped[1] < ref["history"][1]["steps"] // 2, skipped  # the scale settled
-    assert all(h["b_simple"] is not None for h in ref["history"][1:]), [h["b_simple"] for h in ref["history"]]
+    skipped = [h.skipped_steps for h in ref.history]
+    assert skipped[0] > 0 and skipped[1] < ref.history[1].steps // 2, skipped  # the scale settled
+    assert all(h.b_simple is not None for h in ref.history[1:]), [h.b_simple for h in ref.history]
     fp32 = job("fp32", "c").train("ags", 2, 128)
-    assert ref["history"][-1]["b_simple"] == pytest.approx(fp32["history"][-1]["b_simple"], rel=0.3)
-    assert ref["history"][-1]["train_loss"] < ref["history"][0]["train_loss"]
+    assert ref.history[-1].b_simple == pytest.approx(fp32.history[-1].b_simple, rel=0.3)
+    assert ref.history[-1].train_loss < ref.history[0].train_loss
     (tmp_path / "b" / "train").mkdir(parents=True)
     shutil.copyfile(tmp_path / "a" / "train" / PREVIOUS, tmp_path / "b" / "train" / CHECKPOINT)
     resumed = job("fp16", "b").train("ags", 2, 128, resume=True)
-    assert resumed["resumed_from_epoch"] == 2
-    assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in ref["history"]]
+    assert resumed.resumed_from_epoch == 2
+    assert [h.train_loss for h in resumed.history] == [h.train_loss for h in ref.history]
     a, b = load_checkpoint(tmp_path / "a" / "train")["model"], load_checkpoint(tmp_path / "b" / "train")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 

@@ -187,9 +187,9 @@ def test_training_with_prefetching_resumes_to_the_synchronous_model_bit_for_bit(
     whole = train(spec_from_dict(sync), "lbt", 2, 16, tmp_path / "whole", launcher=launcher)
     ahead = _factory_spec(prefetch="on")
     resumed = train_in_two(ahead, "lbt", 2, 16, tmp_path / "split", launcher)
-    assert resumed["resumed_from_epoch"] == 1 and resumed["replicas_identical"]
+    assert resumed.resumed_from_epoch == 1 and resumed.replicas_identical
     assert_same_model(tmp_path / "whole", tmp_path / "split")
-    assert whole["history"][-1]["test_loss"] == resumed["history"][-1]["test_loss"]
+    assert whole.history[-1].test_loss == resumed.history[-1].test_loss
 
 
 @pytest.mark.slow

@@ -74,22 +74,20 @@ def test_partial_profile_end_to_end_and_fit(tiny_spec_dict):
     spec = spec_from_dict(tiny_spec_dict)
     events = []
     rec = profile(spec, "partial", on_event=events.append)
-    assert rec["kind"] == "tula.profile" and rec["search"] == "partial"
+    assert rec.kind == "tula.profile" and rec.search == "partial"
     # partial search: extreme cluster sizes x extreme global batches
-    assert sorted((t["n_workers"], t["global_batch"]) for t in rec["trials"]) == [(1, 16), (1, 256), (2, 16), (2, 256)]
-    assert all(t["status"] == "ok" for t in rec["trials"])
+    assert sorted((t.n_workers, t.global_batch) for t in rec.trials) == [(1, 16), (1, 256), (2, 16), (2, 256)]
+    assert all(t.status == "ok" for t in rec.trials)
     assert [e["type"] for e in events[:2]] == ["checked", "plan"] and sum(e["type"] == "trial" for e in events) == 4
-    assert ProfileRecord.from_dict(rec).trials == [Trial(**t) for t in rec["trials"]]  # the record's values
+    assert ProfileRecord.from_dict(rec.to_json_dict()).trials == rec.trials  # the file's values read back
     models = fit_models(rec)
     assert models.kind == "tula.models"
     # the memory model of the two probe steps alone (local batches 16 and 32, before any
     # trial ran) predicts the peak every trial then measured, on 1 and on 2 workers
     probed = MemoryModel.from_dict(models.memory_probed)
     assert probed.probe_local_batches == (16, 32)
-    for t in rec["trials"]:
-        assert probed.predict_peak_bytes(t["local_batch"], t["n_workers"]) == pytest.approx(
-            t["peak_mem_bytes"], rel=0.1
-        ), t
+    for t in rec.trials:
+        assert probed.predict_peak_bytes(t.local_batch, t.n_workers) == pytest.approx(t.peak_mem_bytes, rel=0.1), t
     assert models.fit_error["peak_mem_median_rel"] < 0.05  # and refitted on the trials, closer still
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from tula.core.errors import InfeasibleError, PlacementError, SpecError, WorkerError
+from tula.core.events import Checked, Note, TrialFinished, TrialsPlanned
 from tula.core.records import PROFILE_KIND, ProfileRecord, Trial
 from tula.core.space import Config
 from tula.core.spec import spec_from_dict
-from tula.engine.profile import MemoryProbe, ProfileFailed, ProfileSession, profile_json
+from tula.engine.profile import MemoryProbe, ProfileFailed, ProfileSession
 
 #: a real profile record (tests/data/records): its memory model is one the record's checks accept
 STORED = json.loads((Path(__file__).parent / "data" / "records" / "profile.json").read_text())
@@ -73,18 +74,17 @@ def test_check_knows_the_workload_and_runs_every_size():
         [1, 8, 8],
     )  # digits: 1797 samples, 359 held out
     assert s.param_count > 0 and s.grad_bytes == 4 * s.param_count  # float32, every parameter trained
-    assert events == [{"type": "checked"}]
+    assert events == [Checked()]
 
 
 def test_a_launched_world_runs_only_its_own_size():
     s, events = _session(sizes=(1, 2, 4), world_size=2)
     assert s.sizes_to_run([1, 2, 4]) == [2]
     assert events == [
-        {
-            "type": "note",
-            "message": "N = 1, 4 not profiled: this world (started by its launcher) has 2 ranks, "
-            "and every trial here uses all of them",
-        }
+        Note(
+            "N = 1, 4 not profiled: this world (started by its launcher) has 2 ranks, "
+            "and every trial here uses all of them"
+        )
     ]
     s, _ = _session(world_size=3)
     with pytest.raises(SpecError, match="has 3 ranks, and search.cluster_sizes \\[1, 2\\] has no 3"):
@@ -94,8 +94,8 @@ def test_a_launched_world_runs_only_its_own_size():
 def test_sizes_with_more_ranks_than_gpus_are_not_measured():
     s, events = _session(gpus_per_host=1)
     assert s.sizes_to_run([1, 2]) == [1]
-    assert list(s.not_measured) == ["2"] and events[0]["type"] == "note"
-    assert events[0]["message"] == f"{s.not_measured['2']}: their trials are skipped, and the plan does not rank them"
+    assert list(s.not_measured) == ["2"]
+    assert events == [Note(f"{s.not_measured['2']}: their trials are skipped, and the plan does not rank them")]
     with pytest.raises(PlacementError):
         s.sizes_to_run([2, 4])
 
@@ -118,7 +118,7 @@ def test_resume_from_keeps_the_finished_trials():
     assert s.probe == MemoryProbe(previous.memory, 64, ((1, 16), (1, 32), (2, 32)))
     assert s.trials == [trials[0], trials[2]] and all(isinstance(t, Trial) for t in s.trials)
     assert (s.accumulation, s.run_trials, s.spent_before) == ([], [{"n_workers": 1}], 12.5)
-    assert events == [{"type": "plan", "total": 3, "done": 2}]
+    assert events == [TrialsPlanned(total=3, done=2)]
 
 
 # --------------------------------------------------------------------------- the configurations
@@ -130,7 +130,7 @@ def test_configs_to_run_records_what_a_launched_world_cannot_run():
     assert s.configs_to_run() == [Config(2, 32)]
     assert [(t.n_workers, t.global_batch, t.status) for t in s.trials[1:]] == [(1, 16, "skipped")]
     assert s.trials[1].note == "not run: this world (started by its launcher) has 2 ranks"
-    assert events[-1] == {"type": "trial", "n_workers": 1, "global_batch": 16, "status": "skipped"}
+    assert events[-1] == TrialFinished(n_workers=1, global_batch=16, status="skipped")
 
 
 def test_no_configuration_left_is_infeasible():
@@ -162,10 +162,10 @@ def test_a_crashed_world_records_its_trials_as_errors_and_raises_with_the_record
     _probed(s, [(1, 16), (2, 32), (2, 64)])
     with pytest.raises(ProfileFailed, match="rank 1 died") as e:
         s.world_failed(WorkerError("rank 1 died", rank=1, cause="crash"), 2, None)
-    rec = e.value.record  # as JSON's values: what the caller saves
-    assert rec is not None and rec["failed"] == "rank 1 died" and e.value.rank == 1
-    assert ProfileRecord.from_dict(rec).failed == "rank 1 died"
-    assert [(t["global_batch"], t["status"], t["note"]) for t in rec["trials"]] == [
+    rec = e.value.record  # the typed record: what the caller saves
+    assert rec is not None and rec.failed == "rank 1 died" and e.value.rank == 1
+    assert ProfileRecord.from_dict(rec.to_json_dict()).failed == "rank 1 died"
+    assert [(t.global_batch, t.status, t.note) for t in rec.trials] == [
         (32, "error", "rank 1 died"),
         (64, "error", "not run: the world failed earlier"),
     ]
@@ -189,7 +189,7 @@ def test_record_orders_the_trials_and_says_what_is_partial():
     typed = s.record(extra=[_trial(1, 8)], in_progress=True)
     assert isinstance(typed, ProfileRecord) and typed.in_progress and typed.failed is None
     assert [t.global_batch for t in typed.trials] == [8, 16, 32] and typed.configs == [(1, 32), (1, 16)]
-    rec = profile_json(typed)  # the file's values
+    rec = typed.to_json_dict()  # the file's values
     assert rec["kind"] == PROFILE_KIND and rec["search"] == "full" and rec["launcher"] == "fake"
     assert [t["global_batch"] for t in rec["trials"]] == [8, 16, 32]
     assert rec["configs"] == [[1, 32], [1, 16]] and rec["max_local_batch"] == 128
@@ -198,8 +198,8 @@ def test_record_orders_the_trials_and_says_what_is_partial():
     assert list(rec["not_measured"]) == ["2"] and rec["backend"] == "gloo"
     assert list(rec)[:6] == ["kind", "version", "spec", "search", "device", "backend"]  # the file's order
     assert ProfileRecord.from_dict(rec) == typed  # the file reads back as the record it was written from
-    assert "in_progress" not in profile_json(s.record())
-    assert profile_json(s.record(interrupted="SIGINT"))["interrupted"] == "SIGINT"
+    assert "in_progress" not in s.record().to_json_dict()
+    assert s.record(interrupted="SIGINT").to_json_dict()["interrupted"] == "SIGINT"
 
 
 def test_stopped_says_how_far_profiling_got():
@@ -212,4 +212,4 @@ def test_stopped_says_how_far_profiling_got():
     s.trials = [_trial(1, 16), _trial(1, 32, "error")]
     err = s.stopped(signal.SIGINT)
     assert str(err) == "profiling stopped by SIGINT: 1 of 3 trial(s) finished"
-    assert err.record["interrupted"] == "SIGINT"
+    assert err.record is not None and err.record.interrupted == "SIGINT"

@@ -15,11 +15,12 @@ from helpers import local_launcher
 
 from tula.core.config import Config
 from tula.core.errors import Interrupted as Stopped
+from tula.core.events import EpochFinished, Event, FellBack, Resized, WorldStarted
 from tula.core.records import TrainRecord
 from tula.core.spec import spec_from_dict
 from tula.engine import interrupts
 from tula.engine.rank_messages import Failed, Finished, Interrupted, OutOfMemory, Resize
-from tula.engine.train import TrainFailed, TrainSupervisor, _rank_results, train_json
+from tula.engine.train import TrainFailed, TrainSupervisor, _rank_results
 
 DIGITS_TRAIN = 1438  # scikit-learn's 1797 digits less the 359 (20 %) held out for testing
 AT = Config(n_workers=2, global_batch=64, accumulation_steps=2)
@@ -109,9 +110,9 @@ def test_a_world_that_trains_every_epoch_returns_finished_and_the_record_is_json
     assert rank0.config == rank1.config == Config(n_workers=2, global_batch=256, accumulation_steps=1)
     assert rank0.param_digest == rank1.param_digest and rank0.steps_done == rank0.steps_per_epoch == 5
     assert [h["epoch"] for h in rank0.history] == [1] and rank1.traces == {}
-    record = sup.dispatch(results)  # the typed record; train_json its file's values
+    record = sup.dispatch(results)  # the typed record; to_json_dict its file's values
     assert isinstance(record, TrainRecord) and record.steps_done == 5 and [h.epoch for h in record.history] == [1]
-    as_json = json.loads(json.dumps(train_json(record)))
+    as_json = json.loads(json.dumps(record.to_json_dict()))
     assert as_json["steps_done"] == 5 and TrainRecord.from_dict(as_json).history == record.history
     assert as_json["history"] == json.loads(json.dumps(rank0.history)) == [as_json["final"]]  # as the ranks wrote it
     assert list(as_json)[:4] == ["kind", "version", "spec", "method"]  # the file's order
@@ -126,7 +127,7 @@ def test_a_real_out_of_memory_under_a_cap_is_out_of_memory_from_the_ranks(tiny_s
     twice the accumulation steps."""
     d = dict(tiny_spec_dict, model={"name": "small_cnn", "kwargs": {"width": 32}})
     d["search"] = {**d["search"], "memory_budget_bytes": 8 * 2**20, "enforce_memory_cap": True}
-    events: list[dict] = []
+    events: list[Event] = []
     sup = _supervisor(_spec(d), 2, 1024, tmp_path, events)
     results = sup.generation()
     assert results and all(isinstance(r, OutOfMemory) for r in results), results
@@ -135,8 +136,8 @@ def test_a_real_out_of_memory_under_a_cap_is_out_of_memory_from_the_ranks(tiny_s
     assert results[0].segments == [] and results[0].note
     assert sup.dispatch(results) is None
     assert (sup.global_batch, sup.accum) == (1024, 2)
-    assert sup.fallbacks[0]["reason"] == results[0].note[:300]
-    assert [e["type"] for e in events] == ["start", "fallback"]
+    assert sup.fallbacks[0].reason == results[0].note[:300]
+    assert [type(e) for e in events] == [WorldStarted, FellBack]
 
 
 @pytest.mark.slow
@@ -145,7 +146,7 @@ def test_a_schedules_new_worker_count_ends_the_world_with_resize(tiny_spec_dict,
         "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
         "workers": {"min": 1, "max": 2, "batch_per_worker": 64},
     }
-    events: list[dict] = []
+    events: list[Event] = []
     sup = _supervisor(_spec(tiny_spec_dict, epochs=2, train=train), 1, 64, tmp_path, events, method="ags")
     sup.first_schedule()
     results = sup.generation()
@@ -157,14 +158,7 @@ def test_a_schedules_new_worker_count_ends_the_world_with_resize(tiny_spec_dict,
     assert (resize.epochs_done, resize.steps_done) == (1, 22)
     assert sup.dispatch(results) is None
     assert (sup.n_workers, sup.global_batch, sup.accum, sup.at_epoch) == (2, 128, 1, 1)
-    assert events[-1] == {
-        "type": "resize",
-        "at_epoch": 1,
-        "global_batch": 128,
-        "n_workers": 2,
-        "accumulation_steps": 1,
-        "new_world": True,
-    }
+    assert events[-1] == Resized(at_epoch=1, global_batch=128, n_workers=2, accumulation_steps=1, new_world=True)
 
 
 @pytest.mark.slow
@@ -173,9 +167,9 @@ def test_a_stop_signal_ends_the_world_with_interrupted_and_the_run_as_stopped(ti
     agree to stop at the next step boundary (or the epoch's end) and say :class:`Interrupted`."""
     sent: list[int] = []
 
-    def on_event(ev: dict) -> None:
-        if ev["type"] == "epoch" and not sent:
-            sent.append(ev["epoch"])
+    def on_event(ev: Event) -> None:
+        if isinstance(ev, EpochFinished) and not sent:
+            sent.append(ev.record.epoch)
             os.kill(os.getpid(), signal.SIGINT)
 
     sup = _supervisor(_spec(tiny_spec_dict, epochs=4), 2, 64, tmp_path)

@@ -24,6 +24,8 @@ from tula.core.errors import RecordError
 from tula.core.records import (
     NAMES,
     EpochRecord,
+    Fallback,
+    Generation,
     ModelsRecord,
     PlanRecord,
     ProfileRecord,
@@ -347,3 +349,30 @@ def test_a_language_models_epochs_are_scored_by_perplexity_and_the_table_shows_i
     table = text({**train, "history": sequence})
     assert "top-1" in table and "perplexity" in table and f"{math.exp(line['test_loss']):.2f}" in table
     assert "perplexity" not in text(train)
+
+
+def test_a_training_runs_generations_and_fallbacks_are_typed_and_written_back_as_they_were_read():
+    """The stored train.json's generations load as :class:`Generation`; a fallback and a generation
+    of a run before gradient accumulation (no k in them) load with k = 1 and are written back without
+    it, and today's are written in the order the trainer wrote them."""
+    stored = _json(json.loads((DATA / "train.json").read_text()))
+    rec = load_train(DATA / "train.json")
+    assert rec.generations and all(isinstance(g, Generation) for g in rec.generations)
+    assert rec.generations[0].config.n_workers == stored["generations"][0]["n_workers"]
+    assert _json(rec.to_json_dict())["generations"] == stored["generations"]
+    old_fallback = {"from_global_batch": 128, "to_global_batch": 64, "at_epoch": 1, "reason": "OutOfMemoryError"}
+    old_generation = {"n_workers": 2, "global_batch": 64, "from_epoch": 2, "wall_s": 1.5}
+    old = TrainRecord.from_dict({**stored, "fallbacks": [old_fallback], "generations": [old_generation]})
+    (fb,), (gen,) = old.fallbacks, old.generations or []
+    assert isinstance(fb, Fallback) and (fb.from_accumulation_steps, fb.to_accumulation_steps, fb.at_epoch) == (1, 1, 1)
+    assert gen.accumulation_steps == 1 and gen.world is None and gen.new_world is None
+    back = _json(old.to_json_dict())
+    assert back["fallbacks"] == [old_fallback] and back["generations"] == [old_generation]
+    now = Fallback(
+        from_global_batch=64, to_global_batch=64, from_accumulation_steps=1, to_accumulation_steps=2, at_epoch=0
+    )
+    assert list(now.to_json_dict()) == [
+        "from_global_batch", "to_global_batch", "from_accumulation_steps", "to_accumulation_steps", "at_epoch"
+    ]  # fmt: skip
+    with pytest.raises(RecordError, match="fallbacks.0.from_global_batch"):
+        TrainRecord.from_dict({**stored, "fallbacks": [{**old_fallback, "from_global_batch": 0}]}, "train.json")

@@ -44,7 +44,7 @@ def _spec(tiny_spec_dict, epochs):
 
 
 def _losses(run):
-    return [{k: h[k] for k in LOSS_KEYS if k in h} for h in run["history"]]
+    return [{k: getattr(h, k) for k in LOSS_KEYS if h.given(k)} for h in run.history]
 
 
 @pytest.mark.slow
@@ -57,13 +57,13 @@ def test_resumed_run_ends_with_the_same_model_as_an_uninterrupted_one(tiny_spec_
     assert load_checkpoint(tmp_path / "b")["epoch"] == 2
     resumed = train(spec, method, N_WORKERS, BATCH, tmp_path / "b", resume=True, launcher=local_launcher())
 
-    assert resumed["resumed_from_epoch"] == 2
-    assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
-    assert resumed["steps_done"] == ref["steps_done"] == 3 * ref["steps_per_epoch"]
-    assert ref["replicas_identical"] and resumed["replicas_identical"]
+    assert resumed.resumed_from_epoch == 2
+    assert [h.epoch for h in resumed.history] == [1, 2, 3]
+    assert resumed.steps_done == ref.steps_done == 3 * ref.steps_per_epoch
+    assert ref.replicas_identical and resumed.replicas_identical
     # same ops in the same order: equal, not approximately equal
     assert _losses(resumed) == _losses(ref)
-    assert {k: resumed["final"][k] for k in LOSS_KEYS} == {k: ref["final"][k] for k in LOSS_KEYS}
+    assert {k: resumed.final[k] for k in LOSS_KEYS} == {k: ref.final[k] for k in LOSS_KEYS}
     model_a, model_b = load_checkpoint(tmp_path / "a")["model"], load_checkpoint(tmp_path / "b")["model"]
     assert model_a.keys() == model_b.keys()
     differ = [k for k in model_a if not torch.equal(model_a[k], model_b[k])]

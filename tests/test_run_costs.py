@@ -10,6 +10,7 @@ from helpers import local_launcher
 
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
+from tula.core.records import RunTrial
 from tula.core.run_costs import (
     RunCosts,
     compare_with_plan,
@@ -76,6 +77,7 @@ def test_the_run_costs_fit_a_hand_made_record():
         _run_trial(2, 0.5, 0.1, None, 9.0, 9.0, 9.0, method="lars"),  # another method: not read
         {"n_workers": 4, "method": "ags", "status": "skipped", "note": "x"},
     ]
+    assert [RunTrial.model_validate(t).to_json_dict() for t in trials] == trials  # typed, written back as read
     c = fit_run_costs(trials, "ags")
     assert c.n_workers == (1, 2) and c.step_extra_s == pytest.approx((0.002, 0.003))
     assert c.periodic_s == pytest.approx(statistics.median([0.008, 0.004])) and c.periodic_every is None
@@ -167,7 +169,7 @@ def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_
     spec = spec_from_dict(d)
     launcher = local_launcher()
     rec = profile(spec, launcher=launcher)
-    (rt,) = rec["run_trials"]
+    (rt,) = rec.run_trials or []
     assert rt["status"] == "ok" and rt["method"] == method and rt["n_workers"] == 2
     assert len(rt["step_times_s"]) == len(rt["plain_step_times_s"]) >= 8
     models = fit_models(rec).to_json_dict()  # compare_with_plan reads the models as their JSON
@@ -176,8 +178,8 @@ def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_
     later = run["history"][1:]
     walls = [measured_epoch_s(h) for h in later]
     assert all(h["epoch_wall_s"] >= h["epoch_time_s"] + h["checkpoint_s"] for h in later)
-    trial = next(t for t in rec["trials"] if t["global_batch"] == 128)
-    tolerance = 0.10 + (max(walls) - min(walls)) / statistics.median(walls) + trial["t_step_spread"]
+    trial = next(t for t in rec.trials if t.global_batch == 128)
+    tolerance = 0.10 + (max(walls) - min(walls)) / statistics.median(walls) + (trial.t_step_spread or 0.0)
     ratio = run["prediction"]["median_ratio"]
     assert abs(ratio - 1.0) <= tolerance, (
         f"{method}: epochs took {ratio:.2f}x the prediction (tolerance {tolerance:.0%}); "

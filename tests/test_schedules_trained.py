@@ -53,7 +53,7 @@ def _expected_batches(kind, history):
         return [B0, b2, B0 + math.ceil(2.0 * (s1 + DIGITS // b2))]
     if kind == "increase_instead_of_decay":
         return [B0, 2 * B0, 2 * B0]
-    f0, f1 = history[0]["train_loss"], history[1]["train_loss"]
+    f0, f1 = history[0].train_loss, history[1].train_loss
     return [B0, B0, math.floor(B0 * f0 / f1)]
 
 
@@ -63,14 +63,14 @@ def test_a_trained_schedule_moves_the_batch_and_a_resumed_run_ends_as_an_uninter
 ):
     spec = _spec(tiny_spec_dict, kind)
     ref = train(spec, "lbt", 1, B0, tmp_path / "ref", launcher=local_launcher(in_process=True))
-    h = ref["history"]
-    assert ref["batch_schedule"] == kind
-    batches = [e["global_batch"] for e in h]
+    h = ref.history
+    assert ref.batch_schedule == kind
+    batches = [e.global_batch for e in h]
     assert batches == _expected_batches(kind, h)
     assert len(set(batches)) > 1, batches  # the schedule did move the batch
-    assert [e["steps"] for e in h] == [DIGITS // b for b in batches]
-    assert ref["steps_done"] == sum(DIGITS // b for b in batches)
-    lrs = [e["lr"] for e in h]
+    assert [e.steps for e in h] == [DIGITS // b for b in batches]
+    assert ref.steps_done == sum(DIGITS // b for b in batches)
+    lrs = [e.lr for e in h]
     if kind == "increase_instead_of_decay":  # the cap turned the second milestone into an LR decay
         assert lrs == pytest.approx([LR, LR, LR * 0.5])
     else:
@@ -81,10 +81,10 @@ def test_a_trained_schedule_moves_the_batch_and_a_resumed_run_ends_as_an_uninter
     shutil.copyfile(tmp_path / "ref" / PREVIOUS, cut / CHECKPOINT)
     assert load_checkpoint(cut)["epoch"] == 2
     resumed = train(spec, "lbt", 1, B0, cut, resume=True, launcher=local_launcher(in_process=True))
-    assert resumed["resumed_from_epoch"] == 2
+    assert resumed.resumed_from_epoch == 2
     keys = ("epoch", "global_batch", "steps", "lr", "train_loss", "test_loss", "test_top1")
-    assert [{k: e[k] for k in keys} for e in resumed["history"]] == [{k: e[k] for k in keys} for e in h]
-    assert resumed["steps_done"] == ref["steps_done"]
+    assert [{k: getattr(e, k) for k in keys} for e in resumed.history] == [{k: getattr(e, k) for k in keys} for e in h]
+    assert resumed.steps_done == ref.steps_done
     a, b = load_checkpoint(tmp_path / "ref")["model"], load_checkpoint(cut)["model"]
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, f"{kind}: the resumed weights differ from the uninterrupted run's in {differ}"

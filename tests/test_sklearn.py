@@ -205,12 +205,12 @@ def test_the_runner_trains_a_regression_spec_on_an_arrays_file_and_its_record_re
         }
     )
     run = train(spec, "lbt", 1, 32, tmp_path / "run", launcher=LocalLauncher(device="cpu", in_process=True))
-    assert run["steps_per_epoch"] == 192 // 32
-    h = run["history"]
-    assert "test_top1" not in h[-1] and h[-1]["test_r2"] > h[0]["test_r2"] and h[-1]["test_r2"] > 0.8
+    assert run.steps_per_epoch == 192 // 32
+    h = run.history
+    assert not h[-1].given("test_top1") and h[-1].test_r2 > h[0].test_r2 and h[-1].test_r2 > 0.8
     save_record(run, tmp_path / "train.json")
     back = load_record(tmp_path / "train.json", (TRAIN_KIND,))
-    assert back["history"][-1]["test_r2"] == h[-1]["test_r2"] and back["history"][-1]["test_top1"] is None
+    assert back["history"][-1]["test_r2"] == h[-1].test_r2 and back["history"][-1]["test_top1"] is None
     table = train_table(back)
     assert "R^2" in [c.header for c in table.columns]
     # a class-label spec with train.loss mse is one sentence before anything starts
@@ -244,6 +244,22 @@ def test_two_workers_on_local_processes_with_a_local_module_class(digits):
     assert est.score(X, y) > 0.85
 
 
+@pytest.mark.slow  # two worlds of spawned ranks
+def test_a_fit_under_fsdp_loads_its_weights_from_the_shards(digits):
+    """method__parallelism fsdp: checkpoint.pt holds no model tensors (the shards in
+    checkpoint.shards/ do), and the fitted module_ is gathered from them -- the weights a DDP fit
+    of the same job trains (FSDP's reduce-scatter averages as DDP's all-reduce does)."""
+    X, y = digits
+    kw = {"max_epochs": 2, "batch_size": 64, "lr": 0.05, "optimizer": "adam", "n_workers": 2, "random_state": 0}
+    sharded = TulaClassifier(Net, method__parallelism="fsdp", method__noise_scale=False, **kw).fit(X, y)
+    ddp = TulaClassifier(Net, method__noise_scale=False, **kw).fit(X, y)
+    assert sharded.train_record_["spec"]["train"]["parallelism"] == "fsdp"
+    mine, theirs = sharded.module_.state_dict(), ddp.module_.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.allclose(mine[k], theirs[k], rtol=1e-4, atol=1e-6) for k in mine), "FSDP's weights differ"
+    assert sharded.score(X, y) == ddp.score(X, y) > 0.85
+
+
 def _rank_that_seeds(ctx):
     torch.manual_seed(7)
     torch.rand(3)
@@ -270,8 +286,8 @@ def test_an_in_process_world_trains_as_a_spawned_one(tiny_spec_dict, tmp_path):
         launcher=local_launcher(in_process=True),
     )
     spawned = train(spec, "lbt", 1, 128, tmp_path / "spawned", launcher=local_launcher())
-    assert here["history"][0]["train_loss"] == spawned["history"][0]["train_loss"]
-    assert here["history"][0]["test_top1"] == spawned["history"][0]["test_top1"]
+    assert here.history[0].train_loss == spawned.history[0].train_loss
+    assert here.history[0].test_top1 == spawned.history[0].test_top1
 
 
 def test_sigint_stops_an_in_process_world_at_a_step_boundary(tiny_spec_dict, tmp_path):

@@ -53,9 +53,9 @@ def test_a_hanging_trial_ends_at_the_trial_timeout_and_the_finished_trials_are_k
     assert f"did not finish within {limit_s:.0f} s" in str(err), str(err)
     assert limit_s <= took_s < limit_s + 60, took_s  # at the limit, not after the hour's sleep
     rec = err.record
-    status = {(t["n_workers"], t["global_batch"]): t["status"] for t in rec["trials"]}
+    status = {(t.n_workers, t.global_batch): t.status for t in rec.trials}
     assert status == {(1, 16): "ok", (1, HANG_AT): "error"}, status  # partial search: the extremes
-    assert rec["failed"] and "did not finish within" in rec["failed"]
+    assert rec.failed and "did not finish within" in rec.failed
     assert ranks_below(os.getpid()) == []  # the hung rank was killed, not left sleeping
 
 

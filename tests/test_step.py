@@ -3,6 +3,7 @@ profiler's steps and the trainer's run the same code, to the bit; a user's subcl
 ``train.step`` is the one both run; a ``train.step`` that is not one is one sentence and exit 2
 before any worker starts.  The user's steps are tests/user_steps.py."""
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -109,6 +110,25 @@ def test_the_ranks_of_a_profile_and_of_training_run_the_named_step(tmp_path, mon
     n_steps = steps_per_epoch(load_dataset(spec.data, spec.seed).train_size, 32)
     assert len(trained) == n_steps, (len(trained), n_steps)  # every training step, and nothing else
     assert set(trained).isdisjoint(profiled)  # in the ranks (other processes than the profile's)
+
+
+@pytest.mark.slow  # a real world of two ranks, two epochs
+def test_the_ranks_run_training_s_epochs_through_an_overridden_run_epoch(tmp_path, monkeypatch):
+    """``run_epoch`` overridden in the spec's ``train.step`` subclass (tests/user_steps.py's
+    EpochCountingStep) is the epoch training runs: each rank calls it once per epoch, with the
+    epoch's steps, in the ranks' processes (not this one)."""
+    counts = tmp_path / "epochs.txt"
+    monkeypatch.setenv(COUNT_FILE_ENV, str(counts))
+    d = _spec("user_steps:EpochCountingStep")
+    d["epochs"] = 2
+    spec = spec_from_dict(d)
+    run = train(spec, "lbt", 2, 64, tmp_path / "train", launcher=local_launcher())
+    lines = [line.split() for line in counts.read_text().splitlines()]
+    n_steps = steps_per_epoch(load_dataset(spec.data, spec.seed).train_size, 64)
+    assert len(lines) == 2 * 2, lines  # two epochs on each of two ranks
+    assert len({pid for pid, _ in lines}) == 2 and str(os.getpid()) not in {pid for pid, _ in lines}
+    assert [int(steps) for _, steps in lines] == [n_steps] * 4
+    assert [h.steps for h in run.history] == [n_steps, n_steps] and run.steps_done == 2 * n_steps
 
 
 @pytest.mark.parametrize(

@@ -31,16 +31,16 @@ def test_ags_on_two_ranks_keeps_replicas_identical_and_learns(tiny_spec_dict, tm
     events = []
     run = train(spec, "ags", 2, 256, tmp_path, launcher=local_launcher(), on_event=events.append)
     spe = steps_per_epoch(DIGITS_TRAIN, 256)
-    assert run["replicas_identical"]
-    assert [h["epoch"] for h in run["history"]] == [1, 2]
-    assert run["steps_done"] == 2 * spe == sum(h["steps"] for h in run["history"])
-    assert run["fallbacks"] == [] and run["global_batch"] == 256 and run["local_batch"] == 128
-    tr = run["traces"]
+    assert run.replicas_identical
+    assert [h.epoch for h in run.history] == [1, 2]
+    assert run.steps_done == 2 * spe == sum(h.steps for h in run.history)
+    assert run.fallbacks == [] and run.global_batch == 256 and run.local_batch == 128
+    tr = run.traces
     assert len(tr["delta"]) == len(tr["scaled"]) == 2 * spe
     assert 0 < sum(tr["scaled"]) < 2 * spe  # the first step (delta = inf) is never scaled
     assert tr["scaled"][0] is False or tr["scaled"][0] == 0
-    assert run["history"][-1]["train_loss"] < run["history"][0]["train_loss"]
-    assert run["final"]["test_top1"] > 0.3  # far above chance (0.1) after 2 epochs of 5 steps
+    assert run.history[-1].train_loss < run.history[0].train_loss
+    assert run.final["test_top1"] > 0.3  # far above chance (0.1) after 2 epochs of 5 steps
     lines = [json.loads(s) for s in (tmp_path / METRICS).read_text().splitlines()]
     assert [r["epoch"] for r in lines] == [1, 2]
     assert [e["epoch"] for e in events if e["type"] == "epoch"] == [1, 2]
@@ -61,18 +61,49 @@ def test_oom_during_training_falls_back_to_a_smaller_micro_batch_under_a_real_ca
     d["train"] = {"warmup_epochs": 0}
     spec = spec_from_dict(d)
     run = train(spec, "lbt", 2, 1024, tmp_path, launcher=local_launcher())
-    assert run["fallbacks"], "the capped run never ran out of memory"
-    assert run["requested_global_batch"] == 1024
-    assert run["fallbacks"][0]["from_global_batch"] == 1024
-    assert all(f["to_global_batch"] == 1024 for f in run["fallbacks"])
-    chain = [1] + [f["to_accumulation_steps"] for f in run["fallbacks"]]
+    assert run.fallbacks, "the capped run never ran out of memory"
+    assert run.requested_global_batch == 1024
+    assert run.fallbacks[0].from_global_batch == 1024
+    assert all(f.to_global_batch == 1024 for f in run.fallbacks)
+    chain = [1] + [f.to_accumulation_steps for f in run.fallbacks]
     assert chain == [2**i for i in range(len(chain))]
-    assert run["global_batch"] == 1024 and run["accumulation_steps"] == chain[-1] > 1
-    assert run["micro_batch"] == 512 // chain[-1] and run["local_batch"] == 512
-    assert [h["epoch"] for h in run["history"]] == [1, 2]
-    assert all(h["global_batch"] == run["global_batch"] for h in run["history"])
-    assert run["steps_done"] == 2 * steps_per_epoch(DIGITS_TRAIN, run["global_batch"])
-    assert run["replicas_identical"]
+    assert run.global_batch == 1024 and run.accumulation_steps == chain[-1] > 1
+    assert run.micro_batch == 512 // chain[-1] and run.local_batch == 512
+    assert [h.epoch for h in run.history] == [1, 2]
+    assert all(h.global_batch == run.global_batch for h in run.history)
+    assert run.steps_done == 2 * steps_per_epoch(DIGITS_TRAIN, run.global_batch)
+    assert run.replicas_identical
+
+
+@pytest.mark.slow
+def test_oom_with_no_smaller_batch_left_ends_in_one_sentence_and_keeps_the_checkpoint(tiny_spec_dict, tmp_path):
+    """A run that goes on (--resume) under a memory cap so small that nothing fits (each rank's
+    address space capped at its size + 1 byte) falls back down the whole chain -- k doubles at
+    global batch 64 until the micro-batch is 1 sample -- and then, with no smaller batch left,
+    ends as the user's error: exit 2, one sentence naming the batch, the cap and the epoch kept,
+    no traceback, no fallback to a global batch of 0; the checkpoint of epoch 1 is untouched."""
+    d = dict(tiny_spec_dict, epochs=1)
+    d["train"] = {"warmup_epochs": 0}
+    out = tmp_path / "run"
+    first = train(spec_from_dict(d), "lbt", 2, 64, out, launcher=local_launcher())
+    assert [h.epoch for h in first.history] == [1]
+    kept = (out / CHECKPOINT).read_bytes()
+    d = dict(d, epochs=2)
+    d["search"] = {**d["search"], "memory_budget_bytes": 1, "enforce_memory_cap": True}
+    r = tula_in_process(*train_args(write_spec(tmp_path, d), out, batch=64), "--resume", out)
+    err = r.stderr.strip().splitlines()[-1]  # the fallbacks' lines and the bar come before it
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stdout + r.stderr and "ValidationError" not in r.stdout + r.stderr, r.stderr
+    assert r.stderr.count("error:") == 1 and err.startswith("error: "), r.stderr
+    assert (
+        "error: the model does not fit under the memory cap of 1 B per worker (search.memory_budget_bytes): "
+        "global batch 64 on 2 worker(s) ran out of memory at a micro-batch of 1 sample(s) per worker "
+        "(32 accumulation steps) and no smaller batch is left to fall back to; "
+        f"epoch 1 of 2 is kept in {out / CHECKPOINT}"
+    ) in err
+    assert "global batch 0" not in r.stdout + r.stderr  # no fallback to nothing was announced
+    assert (out / CHECKPOINT).read_bytes() == kept
+    assert checkpoint_meta(out)["epoch"] == 1
 
 
 @pytest.mark.slow
@@ -111,8 +142,8 @@ def test_killed_training_resumes_with_exact_epoch_and_step_counts(tiny_spec_dict
 
     # the same run, uninterrupted
     ref = train(spec_from_dict(d), "ags", 2, 64, tmp_path / "ref", launcher=local_launcher())
-    assert ref["final"]["test_loss"] == pytest.approx(rec["final"]["test_loss"], rel=1e-6)
-    assert ref["history"][-1]["train_loss"] == pytest.approx(rec["history"][-1]["train_loss"], rel=1e-6)
+    assert ref.final["test_loss"] == pytest.approx(rec["final"]["test_loss"], rel=1e-6)
+    assert ref.history[-1].train_loss == pytest.approx(rec["history"][-1]["train_loss"], rel=1e-6)
 
 
 @pytest.mark.slow

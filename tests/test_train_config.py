@@ -13,9 +13,18 @@ from helpers import models_record, tiny_spec, tula_in_process, write_spec
 
 from tula.core.config import Config
 from tula.core.errors import SpecError
-from tula.core.job_rules import NoConfigError, check_train_config, spec_at, train_config, train_method
+from tula.core.job_rules import (
+    NoConfigError,
+    check_train_config,
+    spec_at,
+    train_config,
+    train_method,
+    train_sequence_length,
+    training_spec,
+)
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
+from tula.core.records import TrainRecord
 from tula.core.spec import spec_from_dict
 
 PLAN = {"choice": {"n_workers": 2, "global_batch": 64, "accumulation_steps": 2}}
@@ -115,14 +124,39 @@ def test_the_method_is_the_argument_else_the_spec_s_else_lbt_where_ags_has_nothi
     assert train_method(_spec(method=spec_method), batch, explicit) == expected
 
 
+def test_the_sequence_length_is_the_argument_else_the_plan_s_else_the_spec_s():
+    """L by the same precedence (train_sequence_length), applied to the data by training_spec:
+    text's data.sequence_length, a factory's kwargs.sequence_length; data without one as it is."""
+    text = spec_from_dict({"name": "rule", "data": {"name": "text", "sequence_length": 32}})
+    planned = {"choice": {**PLAN["choice"], "sequence_length": 16}}
+    config = train_config(text, planned)
+    assert train_sequence_length(text) == 32
+    assert train_sequence_length(text, PLAN) == 32  # a plan without lengths: the spec's
+    assert train_sequence_length(text, planned) == 16
+    assert train_sequence_length(text, planned, sequence_length=24) == 24
+    at = training_spec(text, config, planned)
+    assert (at.data.sequence_length, at.train.accumulation_steps) == (16, 2)
+    assert training_spec(text, config, planned, sequence_length=24).data.sequence_length == 24
+    assert training_spec(text, config, PLAN).data == text.data
+    factory = spec_from_dict(
+        {"name": "rule", "data": {"factory": "test_sequence_length:text_factory", "kwargs": {"n": 64}}}
+    )
+    assert training_spec(factory, config, planned).data.kwargs == {"n": 64, "sequence_length": 16}
+    assert training_spec(factory, config, PLAN).data == factory.data
+    digits = _spec()
+    assert train_sequence_length(digits) is None and training_spec(digits, config, PLAN).data == digits.data
+
+
 # --------------------------------------------------------------------------- every front
 #: test_plan's hand-checked curves; with test_time_to_accuracy's memory (b <= 100) the time plan
 #: chooses 2 workers at B = 1000, each share of 500 as 5 micro-batches of 100
 PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)
 
 
-def _configuration(run: dict) -> tuple:
-    return run["method"], run["n_workers"], run["global_batch"], run["accumulation_steps"], run["micro_batch"]
+def _configuration(run: TrainRecord | dict) -> tuple:
+    """The configuration a training run record (typed, or as its file holds it) trained at."""
+    run = run if isinstance(run, TrainRecord) else TrainRecord.from_dict(run)
+    return run.method, run.n_workers, run.global_batch, run.accumulation_steps, run.micro_batch
 
 
 @pytest.mark.slow

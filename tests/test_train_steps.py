@@ -10,10 +10,11 @@ import pytest
 
 from tula.core.config import Config
 from tula.core.errors import InfeasibleError, RunDirError, SpecError, WorkerError
-from tula.core.records import CHECKPOINT_KIND, TRAIN_KIND, CheckpointMeta
+from tula.core.events import FellBack, Note, Resized
+from tula.core.records import CHECKPOINT_KIND, TRAIN_KIND, CheckpointMeta, Fallback
 from tula.core.spec import spec_from_dict
 from tula.engine.rank_messages import Failed, Finished, OutOfMemory, Resize
-from tula.engine.train import TrainSupervisor, train_json
+from tula.engine.train import TrainSupervisor
 
 TRAIN_SIZE = 1000
 
@@ -93,11 +94,14 @@ def _meta(**over) -> CheckpointMeta:
 
 # --------------------------------------------------------------------------- the resume state
 def test_resume_from_takes_the_checkpoints_batch_k_and_fallbacks(tmp_path):
-    fb = [{"from_global_batch": 128, "to_global_batch": 64}]
+    fb = [{"from_global_batch": 128, "to_global_batch": 64, "at_epoch": 1, "reason": "OutOfMemoryError"}]  # before k
     sup, _ = _supervisor(tmp_path, global_batch=128)
-    sup.resume_from(_meta(global_batch=64, accumulation_steps=2, fallbacks=fb))
+    meta = _meta(global_batch=64, accumulation_steps=2, fallbacks=fb)
+    sup.resume_from(meta)
     assert (sup.global_batch, sup.n_workers, sup.accum) == (64, 2, 2)
-    assert sup.fallbacks == fb and sup.fallbacks is not fb  # a copy: the run appends to its own
+    assert sup.fallbacks == [Fallback(from_global_batch=128, to_global_batch=64, at_epoch=1, reason="OutOfMemoryError")]
+    assert sup.fallbacks is not meta.fallbacks  # a copy: the run appends to its own
+    assert [f.to_json_dict() for f in sup.fallbacks] == fb  # written back as it was read: no k added
     assert sup.resumed_from_epoch == 2
     first = sup.first_trained
     assert first is not None and (first.epoch, first.global_batch, first.n_workers) == (1, 32, 1)
@@ -161,10 +165,7 @@ def test_first_schedule_goes_on_with_the_workers_the_cluster_gives(tmp_path):
     assert (sup.global_batch, sup.n_workers) == (192, 1)
     assert (sup.schedule["caps"].min_workers, sup.schedule["caps"].max_workers) == (1, 1)
     assert events == [
-        {
-            "type": "note",
-            "message": "the cluster gave 1 of the 2 workers asked for; going on with 1 worker(s) at global batch 192",
-        }
+        Note("the cluster gave 1 of the 2 workers asked for; going on with 1 worker(s) at global batch 192")
     ]
 
 
@@ -185,7 +186,7 @@ def test_add_segments_numbers_the_worlds(tmp_path):
     sup.add_segments([{**seg, "wall_s": 3.0}, {**seg, "global_batch": 128, "from_epoch": 2, "wall_s": 1.0}], 0.0)
     sup.add_segments([], 0.0)  # a world that trained no epoch adds nothing
     sup.add_segments([{**seg, "from_epoch": 3, "wall_s": 2.0}], 0.0)
-    assert [(g["global_batch"], g["from_epoch"], g["world"], g["new_world"]) for g in sup.generations] == [
+    assert [(g.global_batch, g.from_epoch, g.world, g.new_world) for g in sup.generations] == [
         (64, 1, 1, True),
         (128, 2, 1, False),
         (64, 3, 2, True),
@@ -206,16 +207,7 @@ def test_resize_moves_to_the_configuration_the_world_ended_for(tmp_path):
     assert sup.next_configuration(result) == Config(n_workers=2, global_batch=128, accumulation_steps=1)
     sup.resize(result)
     assert (sup.at_epoch, sup.global_batch, sup.n_workers, sup.accum) == (1, 128, 2, 1)
-    assert events == [
-        {
-            "type": "resize",
-            "at_epoch": 1,
-            "global_batch": 128,
-            "n_workers": 2,
-            "accumulation_steps": 1,
-            "new_world": True,
-        }
-    ]
+    assert events == [Resized(at_epoch=1, global_batch=128, n_workers=2, accumulation_steps=1, new_world=True)]
 
 
 def test_resize_with_fewer_workers_than_asked_rounds_the_batch(tmp_path):
@@ -231,7 +223,7 @@ def test_resize_with_fewer_workers_than_asked_rounds_the_batch(tmp_path):
         )
     )
     assert (sup.global_batch, sup.n_workers, sup.accum) == (130, 1, 1)  # k stays when the world gives none
-    assert [e["type"] for e in events] == ["note", "resize"]
+    assert [type(e) for e in events] == [Note, Resized]
 
 
 # --------------------------------------------------------------------------- out-of-memory fallback
@@ -239,17 +231,16 @@ def test_fall_back_doubles_k_while_the_micro_batch_is_even(tmp_path):
     sup, events = _supervisor(tmp_path, global_batch=128)
     sup.fall_back("OutOfMemoryError: " + "x" * 400)
     assert (sup.global_batch, sup.accum) == (128, 2)  # micro-batch 64 -> 32, the same updates
-    assert sup.fallbacks == [
-        {
-            "from_global_batch": 128,
-            "to_global_batch": 128,
-            "from_accumulation_steps": 1,
-            "to_accumulation_steps": 2,
-            "at_epoch": 0,
-            "reason": ("OutOfMemoryError: " + "x" * 400)[:300],
-        }
-    ]
-    assert events == [{"type": "fallback", **sup.fallbacks[0]}]
+    fallback = {
+        "from_global_batch": 128,
+        "to_global_batch": 128,
+        "from_accumulation_steps": 1,
+        "to_accumulation_steps": 2,
+        "at_epoch": 0,
+        "reason": ("OutOfMemoryError: " + "x" * 400)[:300],
+    }
+    assert sup.fallbacks == [Fallback(**fallback)]
+    assert events == [FellBack(Fallback(**fallback))]
 
 
 def test_fall_back_under_a_schedule_halves_the_batch_and_caps_the_micro_batch(tmp_path):
@@ -263,9 +254,13 @@ def test_fall_back_under_a_schedule_halves_the_batch_and_caps_the_micro_batch(tm
 
 def test_fall_back_with_nothing_smaller_left_is_infeasible(tmp_path):
     sup, events = _supervisor(tmp_path, global_batch=2)  # one sample per worker
-    with pytest.raises(InfeasibleError, match="global batch 2 ran out of memory on 2 worker\\(s\\) and no smaller"):
+    with pytest.raises(
+        InfeasibleError,
+        match="global batch 2 on 2 worker\\(s\\) ran out of memory at a micro-batch of 1 sample\\(s\\) per worker "
+        "and no smaller batch is left",
+    ):
         sup.fall_back("oom")
-    assert events[0]["to_global_batch"] == 0
+    assert events == []  # no fallback to a batch that cannot train is announced
 
 
 # --------------------------------------------------------------------------- the record
@@ -280,11 +275,11 @@ def test_record_from_the_last_worlds_results(tmp_path):
     ]
     typed = sup.record(ranks)
     assert typed.kind == TRAIN_KIND and typed.method == "lbt" and [h.epoch for h in typed.history] == [1, 2, 3]
-    rec = train_json(typed)  # as train.json has it
+    rec = typed.to_json_dict()  # as train.json has it
     assert (rec["global_batch"], rec["local_batch"], rec["micro_batch"], rec["accumulation_steps"]) == (128, 64, 32, 2)
     assert (rec["steps_per_epoch"], rec["steps_done"], rec["epochs"]) == (7, 21, 3)
     assert rec["final"] == hist[-1] and rec["best_test_top1"] == 0.75
     assert rec["replicas_identical"] is True and rec["traces"] == {"a": [1]}
     assert rec["resumed_from_epoch"] is None and rec["batch_schedule"] is None and rec["generations"] == []
-    rec = train_json(sup.record([replace(ranks[0], history=[]), replace(ranks[1], param_digest="e")]))
+    rec = sup.record([replace(ranks[0], history=[]), replace(ranks[1], param_digest="e")]).to_json_dict()
     assert rec["replicas_identical"] is False and rec["final"] == {} and math.isnan(rec["best_test_top1"])

@@ -24,6 +24,20 @@ class CountingStep(TrainStep):
         return super().train_step(batch, step, sync=sync)
 
 
+class EpochCountingStep(TrainStep):
+    """The built-in epoch, with one line per call (``pid steps``: the process and the steps the
+    epoch ran) appended to the file :data:`COUNT_FILE_ENV` names: which processes ran training's
+    epochs through this override, and how many steps each."""
+
+    def run_epoch(self, batches, n_steps, **kwargs):
+        ran = super().run_epoch(batches, n_steps, **kwargs)
+        path = os.environ.get(COUNT_FILE_ENV)
+        if path:
+            with Path(path).open("a") as fh:
+                fh.write(f"{os.getpid()} {ran.steps}\n")
+        return ran
+
+
 class HalvedLossStep(TrainStep):
     """A step whose update follows half the loss: with plain SGD, half the step."""
 

@@ -710,18 +710,20 @@ def _train_config(
     the plan's choice (as it planned it, with its accumulation, when it gives both), else the
     spec's, else the launched world's size, the workers rule's N for the first batch, or the
     checkpoint's (``resume``); one sentence when none gives both.  The job has the
-    configuration's accumulation steps."""
-    from tula.core.job_rules import NoConfigError, spec_at, train_config
+    configuration's accumulation steps and the plan's sequence length
+    (:func:`tula.core.job_rules.training_spec`)."""
+    from tula.core.job_rules import NoConfigError, train_config, training_spec
 
     def world_size() -> int | None:
         from tula.engine.launch.env import joined_world_size
 
         return joined_world_size()
 
+    planned = load_record(plan, expect=(PLAN_KIND,)) if plan is not None else None
     try:
         config = train_config(
             job,
-            load_record(plan, expect=(PLAN_KIND,)) if plan is not None else None,
+            planned,
             n_workers=workers,
             global_batch=batch,
             accumulation_steps=accumulation,
@@ -733,7 +735,7 @@ def _train_config(
             "no configuration to train at: give --workers and --batch, set train.n_workers and "
             "train.global_batch in the spec, or pass --plan plan.json"
         ) from None
-    return spec_at(job, config), config.n_workers, config.global_batch
+    return training_spec(job, config, planned), config.n_workers, config.global_batch
 
 
 def _opt(help: str, panel: str, *decls: str, **kw):

@@ -15,6 +15,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from tula.core.errors import SpecError
+from tula.core.events import (
+    Checked,
+    EpochFinished,
+    Event,
+    FellBack,
+    Note,
+    Resized,
+    StepDone,
+    TrialFinished,
+    TrialsPlanned,
+    WorldStarted,
+)
 from tula.core.records import (
     MODELS_KIND,
     PLAN_KIND,
@@ -28,7 +40,7 @@ from tula.core.records import (
     epoch_score,
 )
 from tula.core.say import plain, say
-from tula.pipeline import AnyRecord, Observer, is_partial, record_dict
+from tula.pipeline import AnyRecord, Observer, is_partial
 
 # rich falls back to 80 columns when the output is not a terminal (make demo | tee, CI logs),
 # which wraps the plan table; give such output room unless COLUMNS says otherwise
@@ -127,7 +139,7 @@ class ConsoleObserver(Observer):
             self.bar.stop()
             self.bar = None
 
-    def event(self, stage: str, ev: dict) -> None:
+    def event(self, stage: str, ev: Event) -> None:
         if stage == "training" and self.held is not None:
             self._say_held()
         (self._profiling if stage == "profiling" else self._training)(ev)
@@ -148,8 +160,9 @@ class ConsoleObserver(Observer):
             if plan.run_costs_note:
                 say(console, ("epochs", "bold"), ": ", plan.run_costs_note)
         elif kind == TRAIN_KIND:
-            console.print(train_table(record_dict(record)))  # the report reads a training run as a dict
-            say(console, ("trained", "bold green"), ": ", train_summary(as_record(record, TrainRecord)))
+            run = as_record(record, TrainRecord)
+            console.print(train_table(run))
+            say(console, ("trained", "bold green"), ": ", train_summary(run))
 
     def note(self, message: str) -> None:
         if self.held is not None:
@@ -158,66 +171,68 @@ class ConsoleObserver(Observer):
         say(console, message)
 
     # progress
-    def _profiling(self, ev: dict) -> None:
+    def _profiling(self, ev: Event) -> None:
         bar, task = self.bar, self.task
-        if ev.get("type") == "note":
-            say(bar.console if bar is not None else err_console, ("note", "yellow"), ": ", ev.get("message"))
+        if isinstance(ev, Note):
+            say(bar.console if bar is not None else err_console, ("note", "yellow"), ": ", ev.message)
             return
         if bar is None or task is None:  # progress outside the profiling stage: no bar to move
             return
-        if ev.get("type") == "checked":
+        if isinstance(ev, Checked):
             bar.start()
-        elif ev.get("type") == "plan":
-            bar.update(task, total=ev["total"], completed=ev.get("done", 0), description=f"{ev['total']} trials")
-        elif ev.get("type") == "trial":
-            line = plain(f"N={ev['n_workers']} B={ev['global_batch']}: {ev['status']}")
+        elif isinstance(ev, TrialsPlanned):
+            bar.update(task, total=ev.total, completed=ev.done, description=f"{ev.total} trials")
+        elif isinstance(ev, TrialFinished):
+            line = plain(f"N={ev.n_workers} B={ev.global_batch}: {ev.status}")
             bar.update(task, advance=1, description=line)
             if not err_console.is_terminal:  # a log (CI, a scheduler's file) gets a line per trial
                 say(err_console, "trial ", line)
 
-    def _training(self, ev: dict) -> None:
-        bar, task, method, kind = self.bar, self.task, self.method, ev.get("type")
+    def _training(self, ev: Event) -> None:
+        bar, task, method = self.bar, self.task, self.method
         out = bar.console if bar is not None else err_console  # where a line about the run goes
-        if kind == "note":
-            say(out, ("note", "yellow"), ": ", ev.get("message"))
-        elif kind == "resize":
+        if isinstance(ev, Note):
+            say(out, ("note", "yellow"), ": ", ev.message)
+        elif isinstance(ev, Resized):
             say(
                 out,
-                f"after epoch {ev['at_epoch']}: the batch schedule moves to global batch "
-                f"{ev['global_batch']} on {ev['n_workers']} worker(s) "
-                + ("(a new world)" if ev.get("new_world", True) else "(in the same world)"),
+                f"after epoch {ev.at_epoch}: the batch schedule moves to global batch "
+                f"{ev.global_batch} on {ev.n_workers} worker(s) "
+                + ("(a new world)" if ev.new_world else "(in the same world)"),
             )
-        elif kind == "fallback":
-            k0, k1 = ev.get("from_accumulation_steps", 1), ev.get("to_accumulation_steps", 1)
+        elif isinstance(ev, FellBack):
+            fb = ev.fallback
+            k0, k1 = fb.from_accumulation_steps, fb.to_accumulation_steps
             say(
                 out,
-                (f"out of memory at global batch {ev['from_global_batch']}", "yellow"),
+                (f"out of memory at global batch {fb.from_global_batch}", "yellow"),
                 (f" in {k0} accumulation steps" if k0 > 1 else ""),
-                f": resuming from epoch {ev['at_epoch']} at global batch {ev['to_global_batch']}",
+                f": resuming from epoch {fb.at_epoch} at global batch {fb.to_global_batch}",
                 (f" in {k1} accumulation steps" if k1 != k0 or k1 > 1 else ""),
             )
         elif bar is None or task is None:  # progress outside the training stage: no bar to move
             return
-        elif kind == "start":
+        elif isinstance(ev, WorldStarted):
             bar.start()
             bar.update(
                 task,
-                total=ev["epochs"] * ev["steps_per_epoch"],
+                total=ev.epochs * ev.steps_per_epoch,
                 completed=0,
-                description=plain(f"{method} N={ev['n_workers']} B={ev['global_batch']}"),
+                description=plain(f"{method} N={ev.n_workers} B={ev.global_batch}"),
             )
-        elif kind == "step":
-            bar.update(task, completed=ev["epoch"] * ev["steps_per_epoch"] + ev["step"])
+        elif isinstance(ev, StepDone):
+            bar.update(task, completed=ev.epoch * ev.steps_per_epoch + ev.step)
             if not err_console.is_terminal and time.monotonic() - self.last_line >= self.log_every_s:
                 self.last_line = time.monotonic()  # a log of a long epoch gets a line every few seconds
-                say(err_console, f"epoch {ev['epoch'] + 1}: step {ev['step']}/{ev['steps_per_epoch']}")
-        elif kind == "epoch":
+                say(err_console, f"epoch {ev.epoch + 1}: step {ev.step}/{ev.steps_per_epoch}")
+        elif isinstance(ev, EpochFinished):
+            rec = ev.record
             bar.update(
                 task,
-                completed=ev["epoch"] * ev["steps"],
+                completed=rec.epoch * rec.steps,
                 description=plain(
-                    f"{method} N={ev['n_workers']} B={ev['global_batch']} epoch {ev['epoch']}, {{}} {{}}".format(
-                        *epoch_score(ev)[::2]
+                    f"{method} N={rec.n_workers} B={rec.global_batch} epoch {rec.epoch}, {{}} {{}}".format(
+                        *epoch_score(rec)[::2]
                     )
                 ),
             )
@@ -225,10 +240,8 @@ class ConsoleObserver(Observer):
                 self.last_line = time.monotonic()
                 say(
                     err_console,
-                    f"epoch {ev['epoch']}: train loss {ev['train_loss']:.4f}, test {{}} {{}}".format(
-                        *epoch_score(ev)[::2]
-                    )
-                    + f", {ev['epoch_time_s']:.2f} s",
+                    f"epoch {rec.epoch}: train loss {rec.train_loss:.4f}, test {{}} {{}}".format(*epoch_score(rec)[::2])
+                    + f", {rec.epoch_time_s:.2f} s",
                 )
 
 

@@ -85,10 +85,18 @@ def flag(option: str) -> str:
     return FLAGS.get(option, "--" + option.replace("_", "-"))
 
 
+#: the core's options that one verb alone takes, as a sentence names them: the command with its flag and an
+#: example value (the core's ``history``, a training run to replay: ``tula simulate --history train.json``)
+IN_A_SENTENCE = {"history": "tula simulate --history train.json"}
+
+
 def spell(option: str) -> str:
-    """How the command line names the core's option ``option`` in a sentence: its flag; a spec
-    field (``train.accumulation_steps``) as itself, with the flag that sets it where one does
+    """How the command line names the core's option ``option`` in a sentence: its flag (an option
+    one verb alone takes: the command, :data:`IN_A_SENTENCE`); a spec field
+    (``train.accumulation_steps``) as itself, with the flag that sets it where one does
     (``train.accumulation_steps, --accumulation``)."""
+    if option in IN_A_SENTENCE:
+        return IN_A_SENTENCE[option]
     if "." not in option:
         return flag(option)
     return f"{option}, {FLAGS[option]}" if option in FLAGS else option

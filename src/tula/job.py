@@ -19,7 +19,9 @@ cloudpickle files in the job's directory (``pickle:PATH`` in the spec), as :mod:
 sends its modules: the directory must then be readable by every rank (a shared file system
 on a cluster).  Each stage writes its record into ``out`` as the
 CLI does -- ``profile.json``, ``models.json``, ``plan.json`` (with ``plan.png``) and
-``train/`` -- and returns it (the validated record, a dict).  ``cluster`` is any value of
+``train/`` -- and returns it as a typed, frozen record (:mod:`tula.core.records`:
+``ProfileRecord``, ``ModelsRecord``, ``PlanRecord``, ``TrainRecord``; read its fields as
+attributes, ``.to_json_dict()`` gives what its file holds).  ``cluster`` is any value of
 ``--cluster``, or an open ``distributed.Client`` (its workers run the ranks; the Client stays
 yours to close).  Progress goes to ``on_event(stage, event)`` instead of the terminal; the CLI
 and the service run the same stage functions (:mod:`tula.pipeline`).
@@ -40,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from tula.core.errors import TulaError
+from tula.core.events import Event, Note, RecordSaved, StageDone, StageStarted
+from tula.core.records import ModelsRecord, PlanRecord, ProfileRecord, TrainRecord, load_plan, load_profile
 from tula.core.spec import JobSpec, load_spec, spec_from_dict
 from tula.pipeline import (
     MODELS,
@@ -53,38 +57,38 @@ from tula.pipeline import (
     fit_stage,
     plan_stage,
     profile_stage,
-    record_dict,
     train_stage,
     training_method,
 )
 
-EventCallback = Callable[[str, dict], None]
+EventCallback = Callable[[str, Event], None]
 
 
 class _Forward(Observer):
-    """The pipeline's events to a callback: ``(stage, event)``; records and notes as events too."""
+    """The pipeline's events to a callback: ``(stage, event)``; records and notes as events too
+    (:mod:`tula.core.events`)."""
 
     def __init__(self, callback: EventCallback | None) -> None:
         self.callback = callback
 
-    def _send(self, stage: str, ev: dict) -> None:
+    def _send(self, stage: str, ev: Event) -> None:
         if self.callback is not None:
             self.callback(stage, ev)
 
     def stage(self, name: str, **info: Any) -> None:
-        self._send(name, {"type": "stage", **info})
+        self._send(name, StageStarted(info))
 
     def done(self, name: str) -> None:
-        self._send(name, {"type": "done"})
+        self._send(name, StageDone())
 
-    def event(self, stage: str, ev: dict) -> None:
+    def event(self, stage: str, ev: Event) -> None:
         self._send(stage, ev)
 
     def saved(self, kind: str, record: dict | AnyRecord | None, path: Path) -> None:
-        self._send("records", {"type": "saved", "kind": kind, "path": str(path)})
+        self._send("records", RecordSaved(record_kind=kind, path=str(path)))
 
     def note(self, message: str) -> None:
-        self._send("notes", {"type": "note", "message": message})
+        self._send("notes", Note(message))
 
 
 def _open_client(cluster: Any) -> Any:
@@ -103,7 +107,9 @@ class Job:
     """One training job driven from Python: profile, fit, plan and train it, and get its records.
 
     Each stage writes its record into ``out`` as the CLI does (``profile.json``, ``models.json``,
-    ``plan.json`` with ``plan.png``, and ``train/``) and returns it as a dict.  The spec's fields
+    ``plan.json`` with ``plan.png``, and ``train/``) and returns it as a typed, frozen record
+    (:class:`~tula.core.records.ProfileRecord`, :class:`~tula.core.records.ModelsRecord`,
+    :class:`~tula.core.records.PlanRecord`, :class:`~tula.core.records.TrainRecord`).  The spec's fields
     are checked when the job is made: a wrong one raises :class:`~tula.core.errors.TulaError`
     with one sentence.
 
@@ -132,8 +138,9 @@ class Job:
         ``tcp://HOST:PORT``, a jobqueue YAML file, ``env``), or an open ``distributed.Client``
         (it stays yours to close); ``None`` keeps the spec's.
     on_event : callable or None
-        Called as ``on_event(stage, event)`` with each progress event (a dict) instead of
-        printing to the terminal.
+        Called as ``on_event(stage, event)`` with each progress event (a typed, frozen
+        :class:`~tula.core.events.Event`: match on its class; ``event.to_json_dict()`` is the
+        dict these events were before) instead of printing to the terminal.
 
     Attributes
     ----------
@@ -141,7 +148,7 @@ class Job:
         The checked spec, with the Python objects given in place of their fields.
     out : pathlib.Path
         The directory the records are written to.
-    profile_record, models, plan_record : dict or None
+    profile_record, models, plan_record : ProfileRecord, ModelsRecord, PlanRecord or None
         The records made so far by :meth:`profile`, :meth:`fit` and :meth:`plan`.
 
     Raises
@@ -194,9 +201,9 @@ class Job:
             self.client = _open_client(cluster)
         self.spec = spec_from_dict(d)  # every field checked here: one sentence for the first wrong one
         self.observer = _Forward(on_event)
-        self.profile_record: dict | None = None
-        self.models: dict | None = None
-        self.plan_record: dict | None = None
+        self.profile_record: ProfileRecord | None = None
+        self.models: ModelsRecord | None = None
+        self.plan_record: PlanRecord | None = None
 
     def _with_objects(self, d: dict, **objects: Any) -> dict:
         """The spec with each Python object given in place of its field: its import path, or a
@@ -225,7 +232,7 @@ class Job:
         return d
 
     # ------------------------------------------------------------------ the stages
-    def profile(self, search: str = "partial", resume: bool = False) -> dict:
+    def profile(self, search: str = "partial", resume: bool = False) -> ProfileRecord:
         """Profile the job: run real trials of batch sizes and worker counts.
 
         Parameters
@@ -237,24 +244,23 @@ class Job:
 
         Returns
         -------
-        dict
+        ProfileRecord
             The profile record (also written to ``out/profile.json``).
         """
-        from tula.core.records import load_profile
-
         if search not in ("partial", "full"):
             raise TulaError(f"search is 'partial' or 'full', not {search!r}")
         previous = load_profile(self.out / PROFILE) if resume else None
-        self.profile_record = record_dict(profile_stage(self.spec, search, self.out / PROFILE, previous=previous,
-                                                        launcher=self._launcher(), observer=self.observer))  # fmt: skip
+        self.profile_record = profile_stage(
+            self.spec, search, self.out / PROFILE, previous=previous, launcher=self._launcher(), observer=self.observer
+        )
         return self.profile_record
 
-    def fit(self) -> dict:
+    def fit(self) -> ModelsRecord:
         """Fit the memory and performance models to the profile.
 
         Returns
         -------
-        dict
+        ModelsRecord
             The models record (also written to ``out/models.json``).
 
         Raises
@@ -265,10 +271,10 @@ class Job:
 
         if self.profile_record is None:
             raise TulaError("fit needs a profile: call profile() first")
-        self.models = record_dict(fit_stage(self.profile_record, self.out / MODELS, self.observer))
+        self.models = fit_stage(self.profile_record, self.out / MODELS, self.observer)
         return self.models
 
-    def plan(self, objective: str | None = None, **options: Any) -> dict:
+    def plan(self, objective: str | None = None, **options: Any) -> PlanRecord:
         """Choose a configuration (worker count and batch size) from the fitted models.
 
         Parameters
@@ -282,15 +288,16 @@ class Job:
 
         Returns
         -------
-        dict
+        PlanRecord
             The plan record (also written to ``out/plan.json``, with ``out/plan.png``).
         """
 
         if self.models is None:
             self.fit()
         assert self.models is not None
-        self.plan_record = record_dict(plan_stage(self.models, objective, self.out / PLAN, self.out / PLAN_PNG,
-                                                  self.observer, **options))  # fmt: skip
+        self.plan_record = plan_stage(
+            self.models, objective, self.out / PLAN, self.out / PLAN_PNG, self.observer, **options
+        )
         return self.plan_record
 
     def train(
@@ -300,13 +307,14 @@ class Job:
         global_batch: int | None = None,
         resume: bool = False,
         accumulation_steps: int | None = None,
-        plan: dict | str | Path | None = None,
-    ) -> dict:
+        plan: PlanRecord | dict | str | Path | None = None,
+    ) -> TrainRecord:
         """Train the model, by default at the plan's choice.
 
         The configuration follows the rule of every front
         (:func:`tula.core.job_rules.train_config`): each argument given here, else the plan's
-        choice, else the spec's ``train`` fields.
+        choice, else the spec's ``train`` fields; the data is built at the plan's sequence
+        length, else the spec's (:func:`tula.core.job_rules.training_spec`).
 
         Parameters
         ----------
@@ -323,13 +331,13 @@ class Job:
         accumulation_steps : int or None
             Micro-batches per step; ``None`` takes the plan's when it gives the worker count and
             the batch, else the spec's ``train.accumulation_steps``.
-        plan : dict, str, pathlib.Path or None
-            The plan to train at: a plan record, or the path of a ``plan.json``; ``None`` takes
-            the one :meth:`plan` made, if any.
+        plan : PlanRecord, dict, str, pathlib.Path or None
+            The plan to train at: a plan record (typed, or as read from JSON), or the path of a
+            ``plan.json``; ``None`` takes the one :meth:`plan` made, if any.
 
         Returns
         -------
-        dict
+        TrainRecord
             The training run record (also written to ``out/train/train.json``).
 
         Raises
@@ -337,21 +345,20 @@ class Job:
         TulaError
             If there is no configuration: neither a plan nor ``n_workers`` and ``global_batch``.
         """
-        from tula.core.job_rules import NoConfigError, spec_at, train_config
+        from tula.core.job_rules import NoConfigError, train_config, training_spec
 
         if isinstance(plan, (str, Path)):
-            from tula.core.records import PLAN_KIND, load_record
-
-            plan = load_record(Path(plan), expect=(PLAN_KIND,))
+            plan = load_plan(Path(plan))
         spec = self.spec
         if accumulation_steps is not None:  # checked as a spec field: one sentence for a bad one
             d = spec.to_dict()
             spec = spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": accumulation_steps}})
         train_dir = self.out / TRAIN_DIR
+        planned = plan if plan is not None else self.plan_record
         try:
             config = train_config(
                 spec,
-                plan if plan is not None else self.plan_record,
+                planned,
                 n_workers=n_workers,
                 global_batch=global_batch,
                 accumulation_steps=accumulation_steps,
@@ -361,10 +368,19 @@ class Job:
             raise TulaError(
                 "train needs a configuration: call plan() first, or give n_workers and global_batch"
             ) from None
-        spec = spec_at(spec, config)
+        spec = training_spec(spec, config, planned)  # its k and the plan's sequence length
         method = training_method(spec, config.global_batch, self.observer, method)
-        return record_dict(train_stage(spec, method, config.n_workers, config.global_batch, train_dir, resume=resume,
-                                       launcher=self._launcher(), observer=self.observer, models=self.models))  # fmt: skip
+        return train_stage(
+            spec,
+            method,
+            config.n_workers,
+            config.global_batch,
+            train_dir,
+            resume=resume,
+            launcher=self._launcher(),
+            observer=self.observer,
+            models=self.models,
+        )
 
     def _launcher(self) -> Any:
         """The launcher on the caller's Client, or None: the stages open the spec's ``cluster``
@@ -380,7 +396,7 @@ class Job:
         _open_client(self.client)  # still open
         return launcher_for_client(self.client, self.spec)
 
-    def run(self, search: str = "partial", objective: str | None = None) -> dict[str, dict]:
+    def run(self, search: str = "partial", objective: str | None = None) -> dict[str, AnyRecord]:
         """Profile, fit, plan and train, as ``tula run`` does.
 
         Parameters
@@ -392,9 +408,8 @@ class Job:
 
         Returns
         -------
-        dict of str to dict
+        dict of str to record
             The records by kind: ``profile``, ``models``, ``plan`` and ``train``.
         """
-        records = {"profile": self.profile(search), "models": self.fit(), "plan": self.plan(objective)}
-        records["train"] = self.train()
-        return records
+        profile, models, plan = self.profile(search), self.fit(), self.plan(objective)
+        return {"profile": profile, "models": models, "plan": plan, "train": self.train()}

@@ -26,7 +26,8 @@ from typing import Any
 
 from tula.core.config import Config
 from tula.core.errors import Interrupted, RunDirError, TulaError
-from tula.core.job_rules import method_fallback, spec_at, train_config, train_method
+from tula.core.events import Event
+from tula.core.job_rules import check_parallelism, method_fallback, train_config, train_method, training_spec
 from tula.core.records import (
     MODELS_KIND,
     PLAN_KIND,
@@ -36,14 +37,15 @@ from tula.core.records import (
     VERSIONS,
     ModelsRecord,
     PlanRecord,
+    PlanRow,
     ProfileRecord,
     TrainRecord,
     as_record,
     load_models,
     load_plan,
     load_profile,
-    load_record,
     load_run_manifest,
+    load_train,
     save_record,
 )
 from tula.core.sinks import check_sinks
@@ -55,7 +57,7 @@ TRAIN_DIR, TRAIN, TRAIN_PNG = "train", "train.json", "train.png"
 
 log = logging.getLogger(__name__)
 
-#: a record as the stages hand it on, typed (a dict where its producer still makes one)
+#: a record as the stages hand it on, typed
 AnyRecord = ProfileRecord | ModelsRecord | PlanRecord | TrainRecord
 
 
@@ -69,15 +71,15 @@ class Observer:
     def done(self, name: str) -> None:
         """Stage ``name`` ended (finished, failed or interrupted)."""
 
-    def event(self, stage: str, ev: dict) -> None:
-        """A progress event of the stage's workers (``plan``/``trial`` while profiling;
-        ``start``/``step``/``epoch``/``resize``/``fallback``/``note`` while training)."""
+    def event(self, stage: str, ev: Event) -> None:
+        """A progress event of the stage's workers (:mod:`tula.core.events`: ``Checked``,
+        ``TrialsPlanned``, ``TrialFinished`` while profiling; ``WorldStarted``, ``StepDone``,
+        ``EpochFinished``, ``Resized``, ``FellBack`` while training; ``Note`` in both)."""
 
     def saved(self, kind: str, record: dict | AnyRecord | None, path: Path) -> None:
         """``path`` was written: a record (``kind`` is its kind, ``record`` its content: the typed
-        object, or a dict where the stage's producer still makes one -- :func:`as_record` reads
-        either; a profile with ``in_progress`` is a snapshot) or a plot (``kind`` ``"plot"``,
-        ``record`` ``None``)."""
+        object -- :func:`as_record` reads a dict too; a profile with ``in_progress`` is a snapshot)
+        or a plot (``kind`` ``"plot"``, ``record`` ``None``)."""
 
     def note(self, message: str) -> None:
         """A line for the user."""
@@ -118,7 +120,7 @@ def profile_stage(
     previous: dict | ProfileRecord | None = None,
     launcher=None,
     observer: Observer | None = None,
-) -> dict | ProfileRecord:
+) -> ProfileRecord:
     """Profile ``job`` and write the record to ``save_to``; snapshots are written there as
     trials finish, and if a worker fails or the run is interrupted the trials finished
     before it are written there too, then the error is raised with a sentence saying so."""
@@ -126,7 +128,7 @@ def profile_stage(
 
     obs = observer or Observer()
 
-    def snapshot(rec: dict | ProfileRecord) -> None:
+    def snapshot(rec: ProfileRecord) -> None:
         save_record(rec, save_to)
         obs.saved(PROFILE_KIND, rec, save_to)
 
@@ -138,7 +140,7 @@ def profile_stage(
             search,
             launcher=launcher,
             on_event=lambda ev: obs.event("profiling", ev),
-            previous=None if previous is None else record_dict(previous),  # the profiler reads a dict
+            previous=previous,
             on_snapshot=snapshot,
         )
     except (ProfileFailed, ProfileInterrupted) as err:
@@ -156,7 +158,7 @@ def profile_stage(
     return rec
 
 
-def fit_stage(prof: dict | ProfileRecord, save_to: Path, observer: Observer | None = None) -> dict | ModelsRecord:
+def fit_stage(prof: dict | ProfileRecord, save_to: Path, observer: Observer | None = None) -> ModelsRecord:
     """Fit the memory and performance models of a profile; write them to ``save_to``."""
     from tula.core.fit import fit_models
 
@@ -179,7 +181,7 @@ def plan_stage(
     plot_to: Path | None = None,
     observer: Observer | None = None,
     **plan_options: Any,
-) -> dict | PlanRecord:
+) -> PlanRecord:
     """Choose a configuration from fitted models; write the plan (and its plot) there.
     ``plan_options`` go to :func:`tula.core.plan.make_plan`."""
     from tula.core.plan import make_plan
@@ -194,7 +196,7 @@ def plan_stage(
             plot_plan(p, as_record(models, ModelsRecord).trials, plot_to)
     finally:
         obs.done("planning")
-    log.info("planned (objective %s): %s", as_record(p, PlanRecord).objective, save_to)
+    log.info("planned (objective %s): %s", p.objective, save_to)
     obs.saved(PLAN_KIND, p, save_to)
     if plot_to is not None:
         obs.saved("plot", None, plot_to)
@@ -212,7 +214,7 @@ def train_stage(
     launcher=None,
     observer: Observer | None = None,
     models: dict | ModelsRecord | None = None,
-) -> dict | TrainRecord:
+) -> TrainRecord:
     """Train in ``out`` (checkpoints, metrics.jsonl); write train.json and train.png there.
     ``models``: the fitted models the run was planned with; each epoch's record then carries
     the plan's prediction for it and the ratio measured / predicted
@@ -233,7 +235,7 @@ def train_stage(
     )
     fitted = None if models is None else record_dict(models)  # the trainer and compare_with_plan read a dict
     try:
-        run: dict | TrainRecord = train(
+        run = train(
             job,
             method,
             n_workers,
@@ -247,34 +249,36 @@ def train_stage(
         if fitted is not None:
             from tula.core.run_costs import compare_with_plan
 
-            run = compare_with_plan(record_dict(run), fitted)
+            run = TrainRecord.from_dict(compare_with_plan(run, fitted), "the training run compared with its plan")
         save_record(run, out / TRAIN)
-        plot_training(record_dict(run), out / TRAIN_PNG)  # the report reads a training run as a dict
+        plot_training(run, out / TRAIN_PNG)
     finally:
         obs.done("training")
-    log.info("trained %d epoch(s): %s", len(as_record(run, TrainRecord).history), out / TRAIN)
+    log.info("trained %d epoch(s): %s", len(run.history), out / TRAIN)
     obs.saved(TRAIN_KIND, run, out / TRAIN)
     obs.saved("plot", None, out / TRAIN_PNG)
     return run
 
 
-def at_choice(job: JobSpec, choice: dict) -> JobSpec:
+def at_choice(job: JobSpec, choice: PlanRow | dict) -> JobSpec:
     """``job`` as it trains at a plan's ``choice`` with nothing else given: with the choice's
     gradient accumulation (``accumulation_steps``), unless a batch schedule or
-    ``train.workers`` chooses its own (:func:`tula.core.job_rules.train_config`)."""
-    return spec_at(job, train_config(job, {"choice": choice}))
+    ``train.workers`` chooses its own, and at its sequence length
+    (:func:`tula.core.job_rules.train_config`, :func:`tula.core.job_rules.training_spec`)."""
+    plan = {"choice": choice.to_json_dict() if isinstance(choice, PlanRow) else choice}
+    return training_spec(job, train_config(job, plan), plan)
 
 
 def checkpoint_config(train_dir: Path) -> Config | None:
     """The configuration the checkpoint in ``train_dir`` was trained at (its last epoch's:
     an out-of-memory fallback may have changed the batch or the accumulation since); ``None``
     without a checkpoint."""
-    from tula.engine.checkpoint import checkpoint_meta, has_checkpoint
+    from tula.engine.checkpoint import checkpoint_header, has_checkpoint
 
     if not has_checkpoint(train_dir):
         return None
-    meta = checkpoint_meta(train_dir)
-    return Config(meta["n_workers"], meta["global_batch"], meta.get("accumulation_steps", 1))
+    meta = checkpoint_header(train_dir)
+    return Config(meta.n_workers, meta.global_batch, meta.accumulation_steps)
 
 
 def training_method(
@@ -377,17 +381,17 @@ def _train_at_choice(
     resuming: bool,
     launcher: Any,
     obs: Observer,
-) -> dict | TrainRecord:
+) -> TrainRecord:
     """Train at the plan's choice in ``out``'s train directory, or, resuming a run whose
     training finished, read its record."""
     from tula.engine.checkpoint import has_checkpoint
 
-    config = train_config(job, record_dict(plan))  # the plan's choice: tula run and the service give nothing else
-    job = spec_at(job, config)
+    config = train_config(job, plan)  # the plan's choice: tula run and the service give nothing else
+    job = training_spec(job, config, plan)  # its k and its sequence length
     method = training_method(job, config.global_batch, obs)
     train_dir = out / TRAIN_DIR
     if resuming and (train_dir / TRAIN).exists():  # written only when training finished
-        run = load_record(train_dir / TRAIN, expect=(TRAIN_KIND,))
+        run = load_train(train_dir / TRAIN)
         obs.note(f"training: {train_dir / TRAIN} is complete")
         obs.saved(TRAIN_KIND, run, train_dir / TRAIN)
         return run
@@ -426,6 +430,7 @@ def run_pipeline(
     ``train``)."""
     if train_after:  # a metrics sink whose package is missing: one sentence, before any worker profiles
         check_sinks(job.train.loggers)
+        check_parallelism(job)  # train.parallelism fsdp with what it cannot train: likewise
     obs = observer or Observer()
     out.mkdir(parents=True, exist_ok=True)
     done: dict[str, dict | AnyRecord] = {}

@@ -9,7 +9,9 @@ tables live here, above all three, so that none of them imports another in a cir
 satisfy is checked, before any process starts; the method classes call :func:`check_method`
 with the same sentences.  :func:`train_config` and :func:`train_method` are the one rule every
 front follows for the configuration and the method to train at: an explicit argument over the
-plan's choice over the spec's fields over the defaults.
+plan's choice over the spec's fields over the defaults; :func:`training_spec` makes the spec a
+front trains with, at that configuration's k and at the sequence length the same rule gives
+(:func:`train_sequence_length`).
 """
 
 from __future__ import annotations
@@ -22,15 +24,25 @@ from tula.core.config import Config
 from tula.core.errors import SpecError, SpecOptionError
 from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
 from tula.core.pricing import make_pricing
-from tula.core.registry import OBJECTIVES, method_info
-from tula.core.schedules import Caps, initial_state, schedule_info
-from tula.core.spec import BatchScheduleSpec, JobSpec, spec_from_dict
+from tula.core.records import PlanRecord
+from tula.core.registry import METHODS, OBJECTIVES, method_info
+from tula.core.schedules import Caps, ScheduleState, initial_state, schedule_info
+from tula.core.spec import (
+    BatchScheduleSpec,
+    JobSpec,
+    data_at_sequence_length,
+    largest_world,
+    reference_sequence_length,
+    spec_from_dict,
+)
 
 
 def method_problem(method: str, spec: JobSpec, n_workers: int, global_batch: int) -> str | None:
     """The sentence saying why ``method`` cannot train at (``n_workers``, ``global_batch``)
     under ``spec``, from its constraints in the table; ``None`` when it can."""
     info = method_info(method)
+    if spec.train.parallelism == "fsdp" and info.whole_gradient:
+        return _whole_gradient_problem(method)
     if n_workers < info.min_workers:
         why = f" {info.min_workers_reason}" if info.min_workers_reason else ""
         return f"method {method!r}{why} and needs at least {info.min_workers} workers, not {n_workers}"
@@ -40,6 +52,50 @@ def method_problem(method: str, spec: JobSpec, n_workers: int, global_batch: int
             f"({global_batch}) for method {method!r}"
         )
     return None
+
+
+def _whole_gradient_problem(method: str) -> str:
+    return (
+        f"method {method!r} {method_info(method).whole_gradient}, which train.parallelism fsdp shards over the "
+        f"workers; use method {' or '.join(sharded_methods())} with fsdp, or train.parallelism ddp"
+    )
+
+
+def sharded_methods() -> list[str]:
+    """The methods that train on sharded gradients (``train.parallelism: fsdp``)."""
+    return [name for name, info in METHODS.items() if not info.whole_gradient]
+
+
+def parallelism_problem(spec: JobSpec, n_workers: int) -> str | None:
+    """The sentence saying why ``train.parallelism`` fsdp cannot train this spec on ``n_workers``
+    (beside the method's: :func:`method_problem`); ``None`` when it can (and under ddp)."""
+    t = spec.train
+    if t.parallelism != "fsdp":
+        return None
+    if t.precision == "fp16":
+        return (
+            "train.precision fp16 is not available with train.parallelism fsdp yet (its gradient scaler would "
+            "skip a step on the ranks whose shard overflowed and not on the others); use bf16 or fp32"
+        )
+    if t.noise_scale and n_workers > 1:
+        return (
+            "train.noise_scale needs each worker's whole gradient before it is averaged, which train.parallelism "
+            "fsdp reduce-scatters inside the backward pass; set train.noise_scale to false with fsdp"
+        )
+    return None
+
+
+def check_parallelism(spec: JobSpec) -> None:
+    """``train.parallelism`` fsdp with what it cannot train (the spec's method, fp16, the noise scale
+    on more than one worker of :func:`~tula.core.spec.largest_world`): one sentence, before a run
+    profiles (training checks its own configuration again: :func:`check_train_config`)."""
+    if spec.train.parallelism != "fsdp":
+        return
+    method = spec.train.method
+    problem = _whole_gradient_problem(method) if method_info(method).whole_gradient else None
+    problem = problem or parallelism_problem(spec, largest_world(spec))
+    if problem:
+        raise SpecError(problem)
 
 
 def check_method(method: str, spec: JobSpec, n_workers: int, global_batch: int) -> None:
@@ -66,6 +122,9 @@ def check_train_config(
     if global_batch > dataset_size:
         raise SpecError(f"global batch {global_batch} is larger than the training set ({dataset_size} samples)")
     check_method(method, spec, n_workers, global_batch)
+    problem = parallelism_problem(spec, n_workers)
+    if problem:
+        raise SpecError(problem)
 
 
 def smallest_batch_for(method: str, spec: JobSpec, n_workers: int) -> int:
@@ -115,7 +174,7 @@ def schedule_problem(method: str, spec: JobSpec) -> str | None:
     return None
 
 
-def state_from_spec(spec: JobSpec, first_batch: int, f0: float | None = None) -> dict[str, Any]:
+def state_from_spec(spec: JobSpec, first_batch: int, f0: float | None = None) -> ScheduleState:
     """:func:`initial_state` from ``spec.train.batch_schedule`` (``constant`` when it has none)."""
     t = spec.train
     s: BatchScheduleSpec | None = t.batch_schedule
@@ -230,7 +289,7 @@ def scheduled(spec: JobSpec) -> bool:
 
 def train_config(
     spec: JobSpec,
-    plan: Mapping[str, Any] | None = None,
+    plan: PlanRecord | Mapping[str, Any] | None = None,
     *,
     n_workers: int | None = None,
     global_batch: int | None = None,
@@ -256,13 +315,20 @@ def train_config(
     was planned or trained; but a spec with a batch schedule or ``train.workers`` does not take
     the plan's k: its schedule chooses its own); else the spec's ``train.accumulation_steps``.
 
+    The sequence length L (a data set that has one: ``text``, a factory that takes
+    ``sequence_length``) follows the same precedence, in :func:`train_sequence_length`: the
+    explicit argument, else the plan's choice (``search.sequence_lengths`` planned over), else
+    the spec's data (``data.sequence_length``, a factory's ``kwargs.sequence_length``).  Every
+    front makes the spec it trains with :func:`training_spec` (the configuration's k and that
+    L), so the ranks build their data sets at the length the plan chose.
+
     Parameters
     ----------
     spec : JobSpec
         The job (its ``train`` section).
-    plan : mapping or None
-        A plan record; its ``choice`` gives ``n_workers``, ``global_batch`` and
-        ``accumulation_steps``.
+    plan : PlanRecord or mapping or None
+        A plan record (typed, or as read from JSON); its ``choice`` gives ``n_workers``,
+        ``global_batch`` and ``accumulation_steps``.
     n_workers, global_batch, accumulation_steps : int or None
         What the caller asks for explicitly; ``None``: not given.
     world_size : callable or None
@@ -287,17 +353,15 @@ def train_config(
         If the configuration does not split (one sentence, as :func:`check_train_config`'s).
     """
     t = spec.train
-    choice = plan["choice"] if plan is not None else None
+    choice = _choice(plan)
     n, b, k = n_workers, global_batch, accumulation_steps
     whole: Config | None = None  # the configuration of the one source that gave both N and B
     if choice is not None and n is None and b is None and not scheduled(spec):
-        whole = Config(
-            int(choice["n_workers"]), int(choice["global_batch"]), int(choice.get("accumulation_steps") or 1)
-        )
+        whole = choice
     if n is None:
-        n = int(choice["n_workers"]) if choice is not None else t.n_workers
+        n = choice.n_workers if choice is not None else t.n_workers
     if b is None:
-        b = int(choice["global_batch"]) if choice is not None else t.global_batch
+        b = choice.global_batch if choice is not None else t.global_batch
     if n is None and world_size is not None:
         n = world_size()
     if n is None and b is not None and t.workers is not None:
@@ -319,6 +383,17 @@ def train_config(
     return config if scheduled(spec) else config.check()
 
 
+def _choice(plan: PlanRecord | Mapping[str, Any] | None) -> Config | None:
+    """The configuration a plan chose (``None``: no plan); a plan as read from JSON, or only its
+    ``choice``'s fields, is read at the edge here."""
+    if plan is None:
+        return None
+    if isinstance(plan, PlanRecord):
+        return plan.choice.config
+    c = plan["choice"]  # a plan as JSON's values (a file's, a request's)
+    return Config(int(c["n_workers"]), int(c["global_batch"]), int(c.get("accumulation_steps") or 1))
+
+
 def spec_at(spec: JobSpec, config: Config) -> JobSpec:
     """``spec`` as it trains at ``config``: its ``train.accumulation_steps`` is the
     configuration's k (the trainer reads k from the spec)."""
@@ -326,6 +401,46 @@ def spec_at(spec: JobSpec, config: Config) -> JobSpec:
         return spec
     d = spec.to_dict()
     return spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": config.accumulation_steps}})
+
+
+def train_sequence_length(
+    spec: JobSpec, plan: PlanRecord | Mapping[str, Any] | None = None, *, sequence_length: int | None = None
+) -> int | None:
+    """The sequence length L to train ``spec`` at, by :func:`train_config`'s precedence:
+    ``sequence_length`` when given (explicitly); else the plan's choice's (``None`` there: the
+    data has none, or the plan was made before lengths were planned); else the spec's data's own
+    (:func:`~tula.core.spec.reference_sequence_length`; ``None`` for the sets without one)."""
+    if sequence_length is not None:
+        return sequence_length
+    chosen = _chosen_length(plan)
+    return chosen if chosen is not None else reference_sequence_length(spec.data)
+
+
+def _chosen_length(plan: PlanRecord | Mapping[str, Any] | None) -> int | None:
+    if plan is None:
+        return None
+    if isinstance(plan, PlanRecord):
+        return plan.choice.sequence_length
+    given = plan["choice"].get("sequence_length")  # a plan as JSON's values
+    return None if given is None else int(given)
+
+
+def training_spec(
+    spec: JobSpec,
+    config: Config,
+    plan: PlanRecord | Mapping[str, Any] | None = None,
+    *,
+    sequence_length: int | None = None,
+) -> JobSpec:
+    """``spec`` as every front trains it at ``config`` (:func:`train_config`'s): with the
+    configuration's k (:func:`spec_at`) and its data built at :func:`train_sequence_length`'s L
+    (``sequence_length`` given explicitly, else ``plan``'s choice, else the spec's own length:
+    then the data as the spec gives it)."""
+    spec = spec_at(spec, config)
+    length = train_sequence_length(spec, plan, sequence_length=sequence_length)
+    if length is None or length == reference_sequence_length(spec.data):
+        return spec
+    return spec.model_copy(update={"data": data_at_sequence_length(spec.data, length)})
 
 
 def method_fallback(spec: JobSpec, global_batch: int) -> str | None:

@@ -123,6 +123,8 @@ class Trial:
     # the gradient noise scale measured at this trial's local batch from the world's fresh
     # model (the first trial of each world): tula.engine.profile.measure_noise's dict
     noise: dict | None = None
+    #: L, the tokens of each sample where the data set has a sequence length (absent in older profiles)
+    sequence_length: int | None = None
 
 
 def placement(trials: list[dict]) -> dict:
@@ -171,6 +173,12 @@ class _Frozen(BaseModel):
 
 
 RecordT = TypeVar("RecordT", bound="_Record")
+
+
+def _in_order(data: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
+    """``data`` with the keys of ``order`` first, in that order, then the rest as they were."""
+    ordered = {key: data.pop(key) for key in order if key in data}
+    return {**ordered, **data}
 
 
 class _Record(_Frozen):
@@ -299,6 +307,55 @@ class AccumulationCheck(_Frozen):
     """|predicted - measured| / measured"""
 
 
+class RunTrial(_Frozen):
+    """One world's run trial (the profile's ``run_trials``): the trainer's own step of the method
+    beside the plain profiled step at one (N, B), and the epoch's end, slowest rank; ``oom`` or
+    ``skipped`` (``note`` says why) where it timed nothing."""
+
+    _OMITTED_UNSET = frozenset(
+        {
+            "global_batch", "note", "local_batch", "steps_per_epoch", "update_every", "step_times_s",
+            "plain_step_times_s", "due", "eval_s", "epoch_end_s", "checkpoint_s", "t_run_step_s", "t_due_step_s",
+            "t_step_plain_s",
+        }
+    )  # fmt: skip
+
+    n_workers: int = Field(ge=1)
+    """N"""
+    global_batch: int | None = None
+    """B (a skipped trial: absent)"""
+    method: str
+    """the training method timed"""
+    status: str
+    """ok (timed), oom (the trainer's probe step did not fit) or skipped (note: why)"""
+    note: str | None = None
+    """why a skipped trial was skipped"""
+    local_batch: int | None = None
+    """b = B / N"""
+    steps_per_epoch: int | None = None
+    """the steps of an epoch at B"""
+    update_every: int | None = None
+    """the method's periodic work: every so many steps (null: none)"""
+    step_times_s: list[float] | None = None
+    """each timed step of the method, seconds (slowest rank)"""
+    plain_step_times_s: list[float] | None = None
+    """each timed plain step beside it, seconds"""
+    due: list[bool] | None = None
+    """which of the timed steps the periodic work fell due at"""
+    eval_s: float | None = None
+    """the evaluation, seconds"""
+    epoch_end_s: float | None = None
+    """the epoch's end (the evaluation included), seconds"""
+    checkpoint_s: float | None = None
+    """writing the checkpoint, seconds"""
+    t_run_step_s: float | None = None
+    """the median regular step of the method, seconds"""
+    t_due_step_s: float | None = None
+    """the median step the periodic work fell due at, seconds (null: none timed)"""
+    t_step_plain_s: float | None = None
+    """the median plain step, seconds"""
+
+
 class ProfileRecord(_Record):
     """What ``tula profile`` measured: a trial of short real training steps at each chosen (N, B)."""
 
@@ -327,8 +384,9 @@ class ProfileRecord(_Record):
     """the memory model measured at profile.memory_probe_batches (tula.core.memory_model.MemoryModel)"""
     max_local_batch: int | None
     """the largest local batch the memory model allows within the budget (null: no budget)"""
-    #: every (N, B) the search chose; trials not yet in ``trials`` are still to run
-    configs: list[tuple[int, int]] = Field(default_factory=list)
+    #: every (N, B) the search chose, and (N, B, L) at each other sequence length planned over
+    #: (search.sequence_lengths); trials not yet in ``trials`` are still to run
+    configs: list[tuple[int, int] | tuple[int, int, int]] = Field(default_factory=list)
     trials: list[Trial]
     """every trial run so far, by N and B"""
     profiling_s: float = Field(ge=0)
@@ -364,6 +422,24 @@ class ProfileRecord(_Record):
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
     _mem = field_validator("memory")(classmethod(lambda cls, v: _valid_memory(v)))
+
+    #: the order of the fields in ``profile.json`` (as it was written before the typed record)
+    _FILE_ORDER: ClassVar[tuple[str, ...]] = (
+        "kind", "version", "spec", "search", "device", "backend", "threads_per_worker", "precision",
+        "memory_budget_bytes", "enforce_memory_cap", "dataset_size", "sample_shape", "model", "memory",
+        "max_local_batch", "configs", "trials", "accumulation_trials", "run_trials", "placement", "launcher", "facts",
+        "not_measured", "profiling_s", "created", "failed", "interrupted", "in_progress",
+    )  # fmt: skip
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The record as ``profile.json`` holds it: ``failed``, ``interrupted`` and ``in_progress``
+        only where they were given, the configurations as lists, the fields in the file's order."""
+        data = super().to_json_dict()
+        for name in ("failed", "interrupted", "in_progress"):
+            if not self.given(name):
+                data.pop(name, None)
+        data["configs"] = [list(c) for c in self.configs]
+        return _in_order(data, self._FILE_ORDER)
 
     @model_validator(mode="after")
     def _ok_trials_measured(self) -> ProfileRecord:
@@ -477,6 +553,12 @@ class PlanRow(_Frozen):
     """the predicted cost of those epochs"""
     reason: str | None = None
     """why the row is what it is (infeasible, over a limit), where the planner says"""
+    sequence_length: int | None = Field(default=None, ge=1)
+    """L, the tokens of each sample (null: the data set has no sequence length; plans before it: absent)"""
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """how the ranks share the model: ddp (every rank holds all of it) or fsdp (sharded)"""
+    checkpointing: bool = False
+    """whether the blocks' activations are recomputed in the backward pass (train.checkpointing)"""
 
     @property
     def config(self) -> Config:
@@ -498,6 +580,9 @@ class PlanRow(_Frozen):
             "time_to_accuracy_s",
             "cost_to_accuracy",
             "reason",
+            "sequence_length",
+            "parallelism",
+            "checkpointing",
         }
     )
 
@@ -669,6 +754,53 @@ def epoch_score(h: EpochRecord | Mapping[str, Any]) -> tuple[str, float, str]:
     return "top-1", v, f"{v:.2%}"
 
 
+class Fallback(_Frozen):
+    """One out-of-memory fallback of a training run: the micro-batch halved -- k doubled at the same
+    global batch, or a smaller global batch -- from the last checkpoint."""
+
+    from_global_batch: int = Field(ge=1)
+    """B that ran out of memory"""
+    to_global_batch: int = Field(ge=0)
+    """B training went on at (below the smallest it can train at: the run ended infeasible)"""
+    from_accumulation_steps: int = Field(default=1, ge=1)
+    """k that ran out of memory (records before gradient accumulation: absent, 1)"""
+    to_accumulation_steps: int = Field(default=1, ge=1)
+    """k training went on at"""
+    at_epoch: int = Field(ge=0)
+    """the last finished epoch, whose checkpoint training went on from"""
+    reason: str = ""
+    """what ran out of memory, as the error said it (at most 300 characters)"""
+
+    _OMITTED_UNSET = frozenset({"from_accumulation_steps", "to_accumulation_steps", "reason"})
+
+
+class Generation(_Frozen):
+    """One stretch of a training run's epochs at one configuration: a world, or a batch change
+    inside one."""
+
+    global_batch: int = Field(ge=1)
+    """B of the stretch"""
+    n_workers: int = Field(ge=1)
+    """N of the stretch"""
+    accumulation_steps: int = Field(default=1, ge=1)
+    """k of the stretch (records before gradient accumulation: absent, 1)"""
+    from_epoch: int = Field(ge=1)
+    """its first epoch"""
+    wall_s: float | None = None
+    """its wall time, seconds (a world's first stretch counts from the world's start)"""
+    world: int | None = None
+    """which world (1, 2, ...) it ran in: stretches of one world have the same number"""
+    new_world: bool | None = None
+    """whether it started its world (the first, after a change of N or an out-of-memory fallback)"""
+
+    _OMITTED_UNSET = frozenset({"accumulation_steps", "world", "new_world"})
+
+    @property
+    def config(self) -> Config:
+        """The stretch's configuration (N, B, k) as one value."""
+        return Config(self.n_workers, self.global_batch, self.accumulation_steps)
+
+
 class TrainRecord(_Record):
     """What ``tula train`` did: the configuration it ended at and every epoch's figures."""
 
@@ -693,7 +825,7 @@ class TrainRecord(_Record):
     """its micro-batch b = local_batch / k, where local_batch is B / N"""
     history: list[EpochRecord]
     """each epoch's figures, as metrics.jsonl has them"""
-    fallbacks: list[dict] = Field(default_factory=list)
+    fallbacks: list[Fallback] = Field(default_factory=list)
     """each out-of-memory fallback: the batch and accumulation before and after, and the epoch"""
     traces: dict = Field(default_factory=dict)
     """per-step traces of the method (AGS's factors and gates, the noise scale), where it keeps some"""
@@ -717,7 +849,7 @@ class TrainRecord(_Record):
     """when the record was written (ISO 8601, with the host's UTC offset)"""
     batch_schedule: str | None = None
     """the batch schedule's kind (train.batch_schedule; null: a constant batch)"""
-    generations: list[dict] | None = None
+    generations: list[Generation] | None = None
     """each world's stretch of epochs: its configuration, first epoch and wall time"""
     prediction: dict | None = None
     """the comparison with the plan: the median measured / predicted epoch time, the epochs compared, a note"""
@@ -728,6 +860,21 @@ class TrainRecord(_Record):
             "replicas_identical", "train_s", "device", "created", "batch_schedule", "generations", "prediction",
         }
     )  # fmt: skip
+
+    #: the order of the fields in ``train.json`` (as it was written before the typed record)
+    _FILE_ORDER: ClassVar[tuple[str, ...]] = (
+        "kind", "version", "spec", "method", "n_workers", "requested_global_batch", "global_batch", "local_batch",
+        "accumulation_steps", "micro_batch", "steps_per_epoch", "epochs", "steps_done", "resumed_from_epoch",
+        "fallbacks", "history", "final", "best_test_top1", "replicas_identical", "traces", "train_s", "device",
+        "created", "batch_schedule", "generations",
+    )  # fmt: skip
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The record as ``train.json`` holds it: each epoch as its metrics.jsonl line has it (only
+        the fields the rank wrote), the fields in the file's order."""
+        data = super().to_json_dict()
+        data["history"] = [h.model_dump(exclude_unset=True) for h in self.history]
+        return _in_order(data, self._FILE_ORDER)
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
 
@@ -767,7 +914,7 @@ class CheckpointMeta(_Record):
     """N to continue with"""
     accumulation_steps: int = Field(default=1, ge=1)
     """k to continue with (checkpoints before gradient accumulation: 1)"""
-    fallbacks: list[dict] = Field(default_factory=list)
+    fallbacks: list[Fallback] = Field(default_factory=list)
     """the out-of-memory fallbacks so far"""
     history: list[EpochRecord] = Field(default_factory=list)
     """the finished epochs' figures"""

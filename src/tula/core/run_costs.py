@@ -26,22 +26,24 @@ thin calls of that prediction.  Numpy only: no torch.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 # the parameter record and the epoch formula live with the one prediction that combines them
 # (tula.core.fitted, which this module calls); they are this module's names as before
+from tula.core.errors import RecordError
 from tula.core.fitted import (
     FittedModels,
+    Predictions,
     RunCosts,
     describe,
     epoch_steps,
     epoch_time_s,
     run_costs_for,
 )
-from tula.core.records import EpochRecord, ModelsRecord, TrainRecord, as_epoch, as_record
+from tula.core.records import EpochRecord, ModelsRecord, RunTrial, TrainRecord, as_epoch, as_record
 
 __all__ = [
     "EPOCH_TIMES",
@@ -67,9 +69,10 @@ Models = ModelsRecord | Mapping[str, Any]
 EPOCH_TIMES = ("epoch_time_s", "eval_s", "epoch_end_s", "checkpoint_s", "epoch_wall_s")
 
 
-def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
+def fit_run_costs(run_trials: Sequence[RunTrial | Mapping[str, Any]], method: str) -> RunCosts | None:
     """The run costs of ``method`` from the profile's run trials of that method that ran
-    (``status: ok``); ``None`` when there is none.
+    (``status: ok``); ``None`` when there is none.  A trial as read from JSON is typed here
+    (:class:`~tula.core.records.RunTrial`).
 
     Per cluster size the method's extra per step is its regular steps' median minus the plain
     trial's ``t_step_s`` at the same (N, B), and its periodic work the due steps' median minus
@@ -77,17 +80,19 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
     ``a + c / N`` over the cluster sizes (``c / N`` alone from one size); the rest of the
     epoch's end is the median over the trials.  An extra measured below 0 (the method's step
     cannot do less than the plain step's work) is taken as 0, and a note says where."""
-    ok = [t for t in run_trials if t.get("status") == "ok" and t.get("method") == method]
+    trials = [t if isinstance(t, RunTrial) else RunTrial.model_validate(t) for t in run_trials]
+    ok = [t for t in trials if t.status == "ok" and t.method == method]
     if not ok:
         return None
     notes: list[str] = []
     by_n: dict[int, list[float]] = {}
     periodic_by_n: dict[int, list[float]] = {}
     for t in ok:
-        if t.get("t_step_plain_s") is not None:
-            by_n.setdefault(int(t["n_workers"]), []).append(t["t_run_step_s"] - t["t_step_plain_s"])
-        if t.get("t_due_step_s") is not None:
-            periodic_by_n.setdefault(int(t["n_workers"]), []).append(max(t["t_due_step_s"] - t["t_run_step_s"], 0.0))
+        run_step_s = _measured(t.t_run_step_s, "t_run_step_s")
+        if t.t_step_plain_s is not None:
+            by_n.setdefault(t.n_workers, []).append(run_step_s - t.t_step_plain_s)
+        if t.t_due_step_s is not None:
+            periodic_by_n.setdefault(t.n_workers, []).append(max(t.t_due_step_s - run_step_s, 0.0))
     periodic = [x for xs in periodic_by_n.values() for x in xs]
     periodic_ns = sorted(periodic_by_n)
     ns = sorted(by_n)
@@ -98,12 +103,11 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
             f"the method's step measured below the plain step at N = {', '.join(map(str, below))} "
             "(the machine's noise): its extra is taken as 0 there"
         )
-    every = ok[0].get("update_every")
-    steps = ok[0].get("steps_per_epoch")
+    every, steps = ok[0].update_every, ok[0].steps_per_epoch
     # the method's cadence, as a count of steps, unless it is once per epoch at the measured batch
     periodic_every = int(every) if every and periodic and every != steps else None
-    n_arr = np.array([t["n_workers"] for t in ok], float)
-    e_arr = np.array([t["eval_s"] for t in ok], float)
+    n_arr = np.array([t.n_workers for t in ok], float)
+    e_arr = np.array([_measured(t.eval_s, "eval_s") for t in ok], float)
     if len(set(n_arr.tolist())) >= 2:
         design = np.stack([np.ones_like(n_arr), 1.0 / n_arr], axis=1)
         (a, c), *_ = np.linalg.lstsq(design, e_arr, rcond=None)
@@ -111,7 +115,11 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
             a, c = (0.0, float(np.median(e_arr * n_arr))) if c >= 0 else (float(np.median(e_arr)), 0.0)
     else:
         a, c = 0.0, float(np.median(e_arr * n_arr))
-    end = [max(t["epoch_end_s"] - t["eval_s"], 0.0) + t["checkpoint_s"] for t in ok]
+    end = [
+        max(_measured(t.epoch_end_s, "epoch_end_s") - _measured(t.eval_s, "eval_s"), 0.0)
+        + _measured(t.checkpoint_s, "checkpoint_s")
+        for t in ok
+    ]
     if method == "polo":
         notes.append(
             "post-local SGD's step was measured in its synchronous phase; after polo_switch_epoch its steps "
@@ -132,21 +140,29 @@ def fit_run_costs(run_trials: list[dict], method: str) -> RunCosts | None:
     )
 
 
+def _measured(value: float | None, name: str) -> float:
+    """A figure an ``ok`` run trial carries; a trial without it is a damaged record."""
+    if value is None:
+        raise RecordError(f"the profile's run trial marked ok lacks its {name}")
+    return float(value)
+
+
 def _predicted(
     models: Models, method: str | None, global_batch: int, n_workers: int, accumulation_steps: int = 1
-) -> dict:
+) -> Predictions:
     """Configuration (B, N, k) as :meth:`tula.core.fitted.FittedModels.predict` predicts it from
-    ``models`` for ``method`` (default: the spec's), on the network the ranks were profiled on."""
+    ``models`` for ``method`` (default: the spec's), on the network the ranks were profiled on:
+    the predictions of that one configuration (each figure an array of one)."""
     fitted = FittedModels.from_record(models, method=method)
     k = max(1, int(accumulation_steps))
-    return fitted.predict(n_workers=n_workers, global_batch=global_batch, accumulation_steps=k).at(0)
+    return fitted.predict(n_workers=n_workers, global_batch=global_batch, accumulation_steps=k)
 
 
 def fitted_step_s(models: Models, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
     """The fitted plain step at (B, N, k), where the profile's ranks ran (their ranks per host).
 
     A compatibility wrapper: ``t_step_s`` of :meth:`tula.core.fitted.FittedModels.predict`."""
-    return float(_predicted(models, None, global_batch, n_workers, accumulation_steps)["t_step_s"])
+    return float(_predicted(models, None, global_batch, n_workers, accumulation_steps).t_step_s[0])
 
 
 def predicted_step_s(
@@ -156,7 +172,7 @@ def predicted_step_s(
     method's extra (:meth:`RunCosts.step_s`), as :func:`predicted_epoch_s` counts it.
 
     A compatibility wrapper: ``method_step_s`` of :meth:`tula.core.fitted.FittedModels.predict`."""
-    return float(_predicted(models, method, global_batch, n_workers, accumulation_steps)["method_step_s"])
+    return float(_predicted(models, method, global_batch, n_workers, accumulation_steps).method_step_s[0])
 
 
 def predicted_epoch_s(
@@ -166,7 +182,7 @@ def predicted_epoch_s(
     the ranks were profiled, and the run costs (:func:`run_costs_for`), ``floor(D / B)`` steps.
 
     A compatibility wrapper: ``epoch_time_s`` of :meth:`tula.core.fitted.FittedModels.predict`."""
-    return float(_predicted(models, method, global_batch, n_workers, accumulation_steps)["epoch_time_s"])
+    return float(_predicted(models, method, global_batch, n_workers, accumulation_steps).epoch_time_s[0])
 
 
 def measured_epoch_s(epoch: EpochRecord | Mapping[str, Any]) -> float:
@@ -183,23 +199,31 @@ def _as_json(run: TrainRecord | Mapping[str, Any]) -> dict[str, Any]:
     return run.to_json_dict() if isinstance(run, TrainRecord) else dict(run)
 
 
+def _compared(data: Mapping[str, Any], models: Models) -> tuple[list[dict[str, Any]], list[float], str]:
+    """A training run's epochs (its JSON ``data``) beside the plan's: each epoch's line with its
+    predicted time and the ratio measured / predicted added, the ratios that count (the epochs
+    after the first, or the one), and what the predicted epochs include (the run costs' note)."""
+    lines: list[dict[str, Any]] = list(data["history"])  # the JSON out: each line as it was, the comparison added
+    method = as_record(dict(data), TrainRecord).method
+    history = []
+    ratios: list[float] = []
+    for line, h in zip(lines, [as_epoch(line) for line in lines]):
+        p = predicted_epoch_s(models, method, h.global_batch, h.n_workers, h.accumulation_steps or 1)
+        ratio = measured_epoch_s(h) / p if p > 0 else None
+        history.append({**line, "predicted_epoch_s": p, "measured_to_predicted": ratio})
+        if ratio is not None and (len(history) > 1 or len(lines) == 1):
+            ratios.append(ratio)
+    _, note = run_costs_for(models.model_dump(mode="json") if isinstance(models, ModelsRecord) else models, method)
+    return history, ratios, note
+
+
 def compare_with_plan(run: TrainRecord | Mapping[str, Any], models: Models) -> dict:
     """``run`` (a training record, typed or as read from JSON) as JSON, with each epoch's
     predicted time at its (B, N, k) and the ratio measured / predicted, and ``prediction``:
     the median ratio over the epochs after the first (the first starts the world and warms
     the kernels), or over all with one."""
     data = _as_json(run)
-    method = as_record(data, TrainRecord).method
-    history = []
-    ratios: list[float] = []
-    for line in data["history"]:
-        h = as_epoch(line)
-        p = predicted_epoch_s(models, method, h.global_batch, h.n_workers, h.accumulation_steps or 1)
-        ratio = measured_epoch_s(h) / p if p > 0 else None
-        history.append({**line, "predicted_epoch_s": p, "measured_to_predicted": ratio})
-        if ratio is not None and (len(history) > 1 or len(data["history"]) == 1):
-            ratios.append(ratio)
-    _, note = run_costs_for(models.model_dump(mode="json") if isinstance(models, ModelsRecord) else models, method)
+    history, ratios, note = _compared(data, models)
     prediction = {
         "median_ratio": float(statistics.median(ratios)) if ratios else None,
         "epochs_compared": len(ratios),
@@ -214,16 +238,16 @@ def measured_ratio(run: TrainRecord | Mapping[str, Any], models: Models) -> dict
     the method it trained and the (N, B) it trained at last; ``None`` when it has no epoch
     to compare.  A re-plan may scale its predicted epochs by it (``make_plan(measured=...)``)."""
     data = _as_json(run)
-    if not data.get("history"):
+    epochs = [as_epoch(line) for line in data.get("history") or []]
+    if not epochs:
         return None
-    prediction = compare_with_plan(data, models)["prediction"]
-    if prediction["median_ratio"] is None:
+    _, ratios, _ = _compared(data, models)
+    if not ratios:
         return None
-    last = as_epoch(data["history"][-1])
     return {
-        "ratio": prediction["median_ratio"],
-        "epochs_compared": prediction["epochs_compared"],
+        "ratio": float(statistics.median(ratios)),
+        "epochs_compared": len(ratios),
         "method": as_record(data, TrainRecord).method,
-        "n_workers": last.n_workers,
-        "global_batch": last.global_batch,
+        "n_workers": epochs[-1].n_workers,
+        "global_batch": epochs[-1].global_batch,
     }

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tula.core.errors import Interrupted
+from tula.core.events import EpochFinished, Event, WorldStarted
 from tula.core.records import read_jsonl, write_atomic
 from tula.core.say import first_line
 from tula.core.sinks import sink_class
@@ -255,18 +256,17 @@ class EpochSinks:
         self.state: dict[str, dict] = {}
         self.opened = False
 
-    def __call__(self, ev: dict) -> None:
+    def __call__(self, ev: Event) -> None:
         if self.forward is not None:
             self.forward(ev)
         if not self.entries:
             return
-        kind = ev.get("type")
-        try:
-            if kind == "start" and not self.opened:
+        try:  # the sinks get the events' JSON (a logger's run parameters, an epoch's metrics line)
+            if isinstance(ev, WorldStarted) and not self.opened:
                 self.opened = True
-                self._open(ev)
-            elif kind == "epoch" and self.sinks:
-                self._log(ev)
+                self._open(ev.to_json_dict())
+            elif isinstance(ev, EpochFinished) and self.sinks:
+                self._log(ev.to_json_dict())
         except Exception as err:  # noqa: BLE001 - the sinks never stop training (each failure is also caught below)
             log.warning("train.loggers: %s: %s; training goes on", type(err).__name__, first_line(err, 300))
 

@@ -21,11 +21,24 @@ which bounds the batches to profile.
 
 Every step here runs through :class:`tula.engine.step.TrainStep` (``train.step``'s class), the
 object training steps with: the profile times the forward, backward and update training runs.
+
+The model is held as training holds it (:func:`tula.engine.fsdp.wrap_for_world`): DDP, or under
+``train.parallelism: fsdp`` FSDP2's shards (:class:`tula.engine.fsdp.Sharded`), so a trial's
+``peak_mem_bytes`` and ``t_step`` are those of the sharded step, its all-gathers and
+reduce-scatters included.  Under FSDP the compute-only steps (``Sharded.no_sync``:
+``set_requires_gradient_sync(False)``) are not free of collectives: each block's parameters are
+still all-gathered for its forward and its backward, only the gradients' reduce-scatter is left
+out (each rank keeps its whole gradients), so ``t_compute`` holds the all-gathers and
+``t_step - t_compute`` is the reduce-scatter's exposed time alone.  The out-of-memory probe runs
+with the model gathered whole (:func:`tula.engine.ddp.probe_fits`: an upper bound of the sharded
+step's memory), and the gradient noise scale is not measured under FSDP (no rank holds a whole
+local gradient; ``noise`` is absent, as training refuses ``train.noise_scale`` with fsdp).
 """
 
 from __future__ import annotations
 
 import gc
+import inspect
 import math
 import signal
 import statistics
@@ -39,16 +52,18 @@ import torch
 import torch.distributed as dist
 
 from tula.core.errors import InfeasibleError, Interrupted, PlacementError, SpecError, TulaError, WorkerError
+from tula.core.events import Checked, Event, Note, RankTrialFinished, TrialFinished, TrialsPlanned
 from tula.core.gpus import too_many_ranks_sentence, unplaceable_sizes, unplaced_note
 from tula.core.noise_scale import NoiseScale
 from tula.core.records import PROFILE_KIND, VERSIONS, ProfileRecord, Trial, parse_record, placement
 from tula.core.space import Config, candidate_configs, partial_configs
-from tula.core.spec import JobSpec
+from tula.core.spec import DataSpec, JobSpec, data_at_sequence_length, reference_sequence_length
 from tula.engine import interrupts
 from tula.engine.batch import batch_bytes, batch_loss, slice_batch
 from tula.engine.checkpointing import apply_checkpointing
 from tula.engine.data import data_path
-from tula.engine.ddp import OneRank, agree_max, probe_fits, wrap_ddp
+from tula.engine.ddp import OneRank, agree_max, probe_fits
+from tula.engine.fsdp import Sharded, wrap_for_world
 from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
 from tula.engine.launch import Launcher, WorkerContext
 from tula.engine.launch.clusters import default_threads, open_launcher
@@ -64,30 +79,45 @@ from tula.engine.memory import (
 from tula.engine.precision import Precision, check_precision
 from tula.engine.run_trial import RankRunTrial, RunTrialNotRun, merge_run_trials, run_trial
 from tula.engine.step import TrainStep, step_class
-from tula.engine.workloads import build_loss, build_model, build_optimizer, check_workload, load_dataset
+from tula.engine.workloads import (
+    build_loss,
+    build_model,
+    build_optimizer,
+    check_workload,
+    import_path,
+    load_dataset,
+)
 
 MAX_SPREAD = 0.15  # (p75 - p25) / median of step times above which another timed round runs
 MAX_ROUNDS = 3
 DATA_SHARE_NOTE = 0.1  # a trial whose wait for data is at least this share of its step says so
 FINISHED = ("ok", "oom", "skipped")  # trial statuses a resumed profile does not run again
 
+#: a configuration a profile runs: (N, B) at the data's own sequence length, or (N, B, L) at another
+ConfigTuple = tuple[int, int] | tuple[int, int, int]
+
 
 class ProfileFailed(WorkerError):
     """A worker failed mid-profile; ``record`` holds every trial finished before it (the
-    record as JSON's values, what the caller saves: :func:`profile_json`)."""
+    typed record, what the caller saves)."""
 
     def __init__(
-        self, message: str, rank: int | None = None, details: str = "", record: dict | None = None, cause: str = "crash"
+        self,
+        message: str,
+        rank: int | None = None,
+        details: str = "",
+        record: ProfileRecord | None = None,
+        cause: str = "crash",
     ):
         super().__init__(message, rank=rank, details=details, cause=cause)
         self.record = record
 
 
 class ProfileInterrupted(Interrupted):
-    """SIGINT/SIGTERM stopped profiling; ``record`` holds every trial finished before it (as
-    JSON's values: :func:`profile_json`)."""
+    """SIGINT/SIGTERM stopped profiling; ``record`` holds every trial finished before it (the
+    typed record)."""
 
-    def __init__(self, message: str, signum: int, record: dict | None):
+    def __init__(self, message: str, signum: int, record: ProfileRecord | None):
         super().__init__(message, signum)
         self.record = record
 
@@ -101,7 +131,7 @@ class MemoryProbe:
 
     memory: dict
     max_local_batch: int | None
-    configs: tuple[tuple[int, int], ...]
+    configs: tuple[ConfigTuple, ...]
 
 
 @dataclass(frozen=True)
@@ -138,12 +168,16 @@ class _Worker:
     def __init__(self, ctx: WorkerContext, spec: JobSpec):
         self.ctx, self.spec = ctx, spec
         torch.manual_seed(spec.seed)
-        self.data = load_dataset(spec.data, spec.seed, spec.search.memory_budget_bytes)
+        # L_ref: the data's own sequence length, which every trial records where the data has one
+        self.ref_length = trial_sequence_length(spec)
+        self.data = load_dataset(data_at_length(spec, None), spec.seed, spec.search.memory_budget_bytes)
+        self.ref_data = self.data
+        self.length_data: dict[int, Any] = {}  # the data set built at each other length a trial ran at
         set_backend_knobs(spec.train)  # TF32, cuDNN's autotuner: profiled as trained
         model = to_memory_format(build_model(spec.model).to(ctx.device), spec.train)
         apply_checkpointing(model, spec.train, spec.model.name)  # profiled as trained
-        self.ddp = wrap_ddp(model, ctx.device)
-        self.optimizer = build_optimizer(self.ddp.module, spec)
+        self.ddp: Any = wrap_for_world(model, ctx.device, spec.train)  # DDP or FSDP shards: profiled as trained
+        self.optimizer = build_optimizer(model, spec)  # the module DDP or the shards hold
         self.loss_fn = build_loss(spec.train.loss, ctx.device)
         self.prec = Precision(spec.train.precision, ctx.device)  # profiled as trained
         # the step training runs (train.step: the user's subclass), with the plain optimiser for the method's
@@ -159,6 +193,31 @@ class _Worker:
     def sample_bytes(self) -> int:
         x, y = self.data.batch(1, torch.Generator().manual_seed(0))
         return batch_bytes(x) + batch_bytes(y)
+
+    def use_length(self, sequence_length: int | None) -> None:
+        """The next batches from the data set built at ``sequence_length`` (``None``: the data's
+        own length), built once."""
+        if sequence_length is None or sequence_length == self.ref_length:
+            data = self.ref_data
+        else:
+            if sequence_length not in self.length_data:
+                spec = self.spec
+                self.length_data[sequence_length] = load_dataset(
+                    data_at_length(spec, sequence_length), spec.seed, spec.search.memory_budget_bytes
+                )
+            data = self.length_data[sequence_length]
+        if data is not self.data:
+            self.data, self.batches, self.batches_b = data, None, 0
+
+    def at_own_length(self, trials: Sequence[Trial]) -> list[Trial]:
+        """The ``trials`` at the data's own length; the next batches from it."""
+        self.use_length(None)
+        return [t for t in trials if t.sequence_length == self.ref_length]
+
+    def close(self) -> None:
+        """The data sets' prefetching threads and loaders' workers closed."""
+        for data in (self.ref_data, *self.length_data.values()):
+            data.close()
 
     def load_batch(self, local_batch: int) -> None:
         """The next random batch through the data path training uses (DataLoader workers
@@ -247,7 +306,7 @@ class _Worker:
         Per batch the unbiased estimates of |G|^2 and tr(Sigma); under fp16 a batch whose
         gradients overflowed is left out.  ``None`` when one rank has a batch of one."""
         n, b = self.ctx.world_size, local_batch
-        if n == 1 and b < 2:
+        if (n == 1 and b < 2) or isinstance(self.ddp, Sharded):  # FSDP: no rank holds a whole local gradient
             return None
         module = self.ddp.module
         params = [p for p in module.parameters() if p.requires_grad]
@@ -327,8 +386,9 @@ class _Worker:
             max_batch=self.data.train_size,
             resident_data_bytes=data_path(self.data, self.ctx.device).resident_bytes,
         )
-        buckets = mm.grad_bytes  # DDP's buckets hold the gradients (gradient_as_bucket_view)
-        if not isinstance(self.ddp, OneRank):  # probed in a DDP world: its peaks hold the buckets; the line does not
+        # DDP's buckets hold the gradients (gradient_as_bucket_view); FSDP has none
+        buckets = 0 if isinstance(self.ddp, Sharded) else mm.grad_bytes
+        if buckets and not isinstance(self.ddp, OneRank):  # a DDP world: its peaks hold the buckets, the line not
             mm = replace(
                 mm,
                 other_static_bytes=mm.other_static_bytes - buckets,
@@ -414,10 +474,96 @@ def select_configs(
     return b_max, partial_configs(spec.search, dataset_size, b_max, on_gpu if middle is None else middle)
 
 
+def length_configs(spec: JobSpec, chosen: Sequence[Config], b_max: int | None) -> list[tuple[int, int, int]]:
+    """The configurations (N, B, L) at the other lengths of ``search.sequence_lengths``: the
+    fewest runs that separate the memory and compute terms in B*L and B*L^2 from the batch's
+    line, which the ``chosen`` configurations fit at the data's own length L_ref (its static
+    part and ``c0`` do not depend on L) -- one trial per other length, on the smallest cluster
+    size at its largest chosen local batch (the most bytes and seconds per sample to measure),
+    above L_ref scaled down by L_ref / L where the memory bound ``b_max`` would not hold it.
+    Two lengths besides L_ref are what the L^2 terms need."""
+    lengths, ref = spec.search.sequence_lengths or [], reference_sequence_length(spec.data)
+    others = [n for n in lengths if n != ref]
+    if not others or not chosen or ref is None:
+        return []
+    n0 = min(c.n_workers for c in chosen)
+    b_top = max(c.local_batch for c in chosen if c.n_workers == n0)
+    out = []
+    for length in others:
+        b = b_top
+        if b_max is not None and length > ref:
+            b = max(1, min(b, b_max * ref // length))
+        out.append((n0, n0 * b, length))
+    return out
+
+
+def trial_sequence_length(spec: JobSpec) -> int | None:
+    """The sequence length a trial at the data's own length records: ``text``'s, or a factory's
+    where lengths are planned over (it is then given one); ``None`` for data without one."""
+    if spec.data.name == "text" or spec.search.sequence_lengths:
+        return reference_sequence_length(spec.data)
+    return None
+
+
+def data_at_length(spec: JobSpec, sequence_length: int | None) -> DataSpec:
+    """``spec``'s data set at ``sequence_length`` (``None``: its own length): ``text``'s
+    ``sequence_length``, a factory's ``sequence_length`` keyword (given whenever lengths are
+    planned over, so that every trial's length is known); the data as given otherwise."""
+    data = spec.data
+    if sequence_length is None:
+        if data.name != "factory" or not spec.search.sequence_lengths:
+            return data
+        sequence_length = reference_sequence_length(data)
+        if sequence_length is None:
+            return data
+    return data_at_sequence_length(data, sequence_length)
+
+
+def positional_limit(model: torch.nn.Module) -> int | None:
+    """The longest sequence ``model`` takes, where it says: its ``max_positions`` (``tiny_gpt``),
+    or its Hugging Face config's ``max_position_embeddings`` or ``n_positions``; ``None`` where
+    it says nothing (no limit known)."""
+    limit = getattr(model, "max_positions", None)
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        if limit is None and config is not None:
+            limit = getattr(config, name, None)
+    return int(limit) if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def check_sequence_lengths(spec: JobSpec, model: torch.nn.Module) -> None:
+    """``search.sequence_lengths`` against the model and data, before any world: a length above
+    the model's positional limit, or lengths for a data factory that takes no ``sequence_length``,
+    is a :class:`SpecError` in one sentence."""
+    lengths = spec.search.sequence_lengths
+    if not lengths:
+        return
+    if spec.data.name == "factory":
+        make = import_path(str(spec.data.factory), "data.factory")
+        try:
+            params = inspect.signature(make).parameters.values()
+        except (TypeError, ValueError):  # no signature to read: it is given the keyword and says so itself
+            params = None
+        if params is not None and not any(
+            p.name == "sequence_length" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params
+        ):
+            raise SpecError(
+                f"search.sequence_lengths {lengths} are given, but data factory {spec.data.factory!r} takes no "
+                "sequence_length keyword to build its sets at each length; add one, or leave sequence_lengths out"
+            )
+    limit = positional_limit(model)
+    if limit is not None and max(lengths) > limit:
+        too_long = [n for n in lengths if n > limit]
+        raise SpecError(
+            f"search.sequence_lengths {too_long} exceed the model's positional limit of {limit} tokens "
+            f"(model {spec.model.name!r}); give lengths of at most {limit}, or a model that takes longer sequences"
+        )
+
+
 def profile_world(
     ctx: WorkerContext,
     spec_dict: dict,
-    configs: list[tuple[int, int]] | None,
+    configs: list[ConfigTuple] | None,
     mem_cap_bytes: int | None,
     search: str,
     budget_bytes: int | None,
@@ -445,39 +591,39 @@ def profile_world(
         if set_up is not None:  # under the cap, the budget also holds what tensors do not show
             mm = with_address_space_overhead(mm, set_up)
         b_max, chosen = select_configs(spec, search, w.data.train_size, mm, budget_bytes, ctx.device.type == "cuda")
-        probe = MemoryProbe(mm.to_dict(), b_max, tuple((c.n_workers, c.global_batch) for c in chosen))
+        probe = MemoryProbe(mm.to_dict(), b_max, (*_pairs(chosen), *length_configs(spec, chosen, b_max)))
         if ctx.rank == 0:
             ctx.emit(
-                {
-                    "type": "plan",
-                    "total": len(chosen),
-                    "memory": probe.memory,
-                    "max_local_batch": b_max,
-                    "configs": list(probe.configs),
-                }
+                TrialsPlanned(
+                    total=len(probe.configs), memory=probe.memory, max_local_batch=b_max, configs=probe.configs
+                )
             )
         configs = [c for c in probe.configs if c[0] == ctx.world_size]
     if mem_cap_bytes is not None and ctx.device.type == "cpu":
         cap_bytes = cap_address_space(mem_cap_bytes, since=set_up)
     oom_at = oom_local_batch
     noise_steps = spec.profile.noise_steps  # at the first trial that runs: the model is as the world made it
-    for i, (n, big_b) in enumerate(sorted(configs, key=lambda c: c[1])):
+    # the trials at the data's own length in order of batch, then those at the other lengths
+    for i, (n, big_b, length) in enumerate(_in_run_order(configs)):
         if stop is not None and stop.agree():
             interrupted = stop.signum or signal.SIGINT
             break
         cfg = Config(n, big_b)
-        if oom_at is not None and cfg.local_batch >= oom_at:
+        if length is None and oom_at is not None and cfg.local_batch >= oom_at:
             t = Trial(
                 n, cfg.local_batch, big_b, "skipped", note=f"not run: local batch {oom_at} already ran out of memory"
             )
-        else:
-            t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps, noise_steps, spec.profile.min_timed_s)
-            if t.status == "ok":
+        else:  # at another length: its own trial (no noise, no out-of-memory threshold of the data's own length)
+            w.use_length(length)
+            noise = noise_steps if length is None else 0
+            t = w.trial(cfg, spec.profile.warmup_steps, spec.profile.timed_steps, noise, spec.profile.min_timed_s)
+            if length is None and t.status == "ok":
                 noise_steps = 0
-            if t.status == "oom":
+            if length is None and t.status == "oom":
                 oom_at = cfg.local_batch if oom_at is None else min(oom_at, cfg.local_batch)
-        t = replace(  # where this rank ran it, and how it met the others
+        t = replace(  # where this rank ran it, and how it met the others, at which length
             t,
+            sequence_length=w.ref_length if length is None else length,
             hosts=[ctx.host],
             devices=[_device_name(ctx.device)],
             interfaces=[ctx.interface],
@@ -485,11 +631,12 @@ def profile_world(
             local_ranks=[ctx.local_rank],
         )
         trials.append(t)
-        # kept if the world dies later (an event's values are JSON's)
-        ctx.emit({"type": "rank_trial", "rank": ctx.rank, "trial": asdict(t)})
+        # kept if the world dies later (the event is pickled across the launcher's queue)
+        ctx.emit(RankTrialFinished(rank=ctx.rank, trial=t))
         if ctx.rank == 0:
-            ctx.emit({"type": "trial", "n_workers": n, "global_batch": big_b, "status": t.status, "index": i})
-    ok = [t.local_batch for t in trials if t.status == "ok" and t.local_batch % 2 == 0]
+            ctx.emit(TrialFinished(n_workers=n, global_batch=big_b, status=t.status, index=i))
+    at_ref = w.at_own_length(trials)  # the checks below at the data's own length
+    ok = [t.local_batch for t in at_ref if t.status == "ok" and t.local_batch % 2 == 0]
     if spec.search.max_accumulation_steps > 1 and ok and interrupted is None:
         # the planner may accumulate: one check of its step model, at k = 2 on the largest batch run
         accumulation = w.accumulation_trial(max(ok), 2, spec.profile.timed_steps)
@@ -497,10 +644,33 @@ def profile_world(
         interrupted = stop.signum or signal.SIGINT
     # the trainer's own step and epoch end (tula.engine.run_trial)
     run_trial_figures = (
-        _run_trial(ctx, spec, [t for t in trials if t.status == "ok"], w) if interrupted is None else None
+        _run_trial(ctx, spec, [t for t in at_ref if t.status == "ok"], w) if interrupted is None else None
     )
-    w.data.close()  # the prefetching thread and the loader's workers
+    w.close()  # the prefetching threads and the loaders' workers
     return RankProfile(ctx.rank, tuple(trials), probe, cap_bytes, interrupted, accumulation, run_trial_figures)
+
+
+def _config_tuple(config: Sequence[Any]) -> ConfigTuple:
+    """A configuration as a record or an event holds it ((N, B) or (N, B, L)), as integers."""
+    if len(config) > 2:
+        return int(config[0]), int(config[1]), int(config[2])
+    return int(config[0]), int(config[1])
+
+
+def _pairs(configs: Sequence[Config]) -> list[tuple[int, int]]:
+    """(N, B) of each configuration."""
+    return [(c.n_workers, c.global_batch) for c in configs]
+
+
+def _in_run_order(configs: Sequence[Sequence[int]]) -> list[tuple[int, int, int | None]]:
+    """A world's configurations as (N, B, L) in its order of trials (:func:`_run_order`), L
+    ``None`` at the data's own length."""
+    return [(c[0], c[1], c[2] if len(c) > 2 else None) for c in sorted(configs, key=_run_order)]
+
+
+def _run_order(config: Sequence[int]) -> tuple[bool, int]:
+    """A world's order of trials: those at the data's own length by batch, then the others."""
+    return len(config) > 2, config[1]
 
 
 def _run_trial(
@@ -615,65 +785,29 @@ def _oom_threshold(trials: list[Trial]) -> int | None:
     return min(bad) if bad else None
 
 
-#: the order of a profile record's fields in ``profile.json`` (as it was written before the typed record)
-_PROFILE_KEYS = (
-    "kind", "version", "spec", "search", "device", "backend", "threads_per_worker", "precision",
-    "memory_budget_bytes", "enforce_memory_cap", "dataset_size", "sample_shape", "model", "memory",
-    "max_local_batch", "configs", "trials", "accumulation_trials", "run_trials", "placement", "launcher", "facts",
-    "not_measured", "profiling_s", "created", "failed", "interrupted", "in_progress",
-)  # fmt: skip
-
-
-def profile_json(rec: ProfileRecord) -> dict[str, Any]:
-    """The profile record ``rec`` as JSON's values, as ``profile.json`` holds it (the edge: what
-    is saved, and what :func:`profile` returns): ``failed``, ``interrupted`` and ``in_progress``
-    only where they were given, the configurations as lists, the fields in the file's order."""
-    data = rec.to_json_dict()
-    for name in ("failed", "interrupted", "in_progress"):
-        if not rec.given(name):
-            data.pop(name, None)
-    data["configs"] = [list(c) for c in rec.configs]
-    ordered = {key: data.pop(key) for key in _PROFILE_KEYS if key in data}
-    return {**ordered, **data}
-
-
 def profile(
     spec: JobSpec,
     search: str = "partial",
     launcher: Launcher | None = None,
-    on_event: Callable[[dict], None] | None = None,
+    on_event: Callable[[Event], None] | None = None,
     previous: dict | ProfileRecord | None = None,
-    on_snapshot: Callable[[dict], None] | None = None,
-) -> dict:
-    """Profile ``spec`` (``search`` = ``full`` | ``partial``); return the profile record as
-    JSON's values (:func:`profile_json` of :func:`profile_record`'s typed record, what
-    ``profile.json`` holds).
+    on_snapshot: Callable[[ProfileRecord], None] | None = None,
+) -> ProfileRecord:
+    """Profile ``spec`` (``search`` = ``full`` | ``partial``); return the typed, frozen profile
+    record (:class:`~tula.core.records.ProfileRecord`, its trials :class:`~tula.core.records.Trial`;
+    ``.to_json_dict()`` is what ``profile.json`` holds).
 
     ``previous`` is a partial profile record of the same spec (interrupted or failed):
     its memory model and configuration list are reused and its finished trials are kept,
-    so only the rest run.  ``on_event`` receives ``{"type": "checked"}`` once the model, data,
+    so only the rest run.  ``on_event`` receives :class:`~tula.core.events.Checked` once the model, data,
     loss and workers passed the checks made before any world starts (a failing check raises
-    before it), ``{"type": "plan", "total": k}`` once the trials are known and
-    ``{"type": "trial", ...}`` after each trial; ``on_snapshot`` the record so far
+    before it), :class:`~tula.core.events.TrialsPlanned` once the trials are known and
+    :class:`~tula.core.events.TrialFinished` after each trial; ``on_snapshot`` the record so far
     (``in_progress``) each time a trial has finished on every rank, so that a process killed
-    mid-profile loses no finished trial when its caller saved the snapshot (the snapshot as
-    JSON's values, like the record).
+    mid-profile loses no finished trial when its caller saved the snapshot.
 
     A failed world raises :class:`ProfileFailed`, SIGINT/SIGTERM :class:`ProfileInterrupted`;
     both carry the record of every trial finished before it."""
-    return profile_json(profile_record(spec, search, launcher, on_event, previous, on_snapshot))
-
-
-def profile_record(
-    spec: JobSpec,
-    search: str = "partial",
-    launcher: Launcher | None = None,
-    on_event: Callable[[dict], None] | None = None,
-    previous: dict | ProfileRecord | None = None,
-    on_snapshot: Callable[[dict], None] | None = None,
-) -> ProfileRecord:
-    """:func:`profile`, returning the typed, frozen record
-    (:class:`~tula.core.records.ProfileRecord`, its trials :class:`~tula.core.records.Trial`)."""
     if launcher is None:
         with open_launcher(spec) as opened:
             return _profile(spec, search, opened, on_event, previous, on_snapshot)
@@ -684,9 +818,9 @@ def _profile(
     spec: JobSpec,
     search: str,
     launcher: Launcher,
-    on_event: Callable[[dict], None] | None,
+    on_event: Callable[[Event], None] | None,
     previous: dict | ProfileRecord | None,
-    on_snapshot: Callable[[dict], None] | None = None,
+    on_snapshot: Callable[[ProfileRecord], None] | None = None,
 ) -> ProfileRecord:
     if search not in ("full", "partial"):
         raise ValueError(f"search must be 'full' or 'partial', not {search!r}")
@@ -720,11 +854,11 @@ class ProfileSession:
         spec: JobSpec,
         search: str,
         launcher: Launcher,
-        on_event: Callable[[dict], None] | None,
-        on_snapshot: Callable[[dict], None] | None = None,
+        on_event: Callable[[Event], None] | None,
+        on_snapshot: Callable[[ProfileRecord], None] | None = None,
     ) -> None:
         self.spec, self.search, self.launcher, self.on_snapshot = spec, search, launcher, on_snapshot
-        self.emit: Callable[[dict], None] = on_event or (lambda ev: None)
+        self.emit: Callable[[Event], None] = on_event or (lambda ev: None)
         self.t_start = time.perf_counter()
         self.streamed: dict[int, list[Trial]] = {}  # rank -> trials of the world now running
         self.accumulation: list[dict] = []  # each world's accumulated-step check (search.max_accumulation_steps > 1)
@@ -746,6 +880,8 @@ class ProfileSession:
         ``checked`` event."""
         spec = self.spec
         model, data = check_workload(spec)
+        check_sequence_lengths(spec, model)  # a length above the model's limit, or for a set without lengths
+        self.ref_length = trial_sequence_length(spec)
         self.dataset_size, self.sample_shape = data.train_size, list(data.sample_shape)
         self.facts = self.launcher.facts()  # the workers' hardware, read on a worker
         self.device = self.facts["device"]
@@ -757,10 +893,12 @@ class ProfileSession:
         self.budget = budget
         self.cap = budget if spec.search.enforce_memory_cap else None
         self.sizes = self.sizes_to_run(list(spec.search.cluster_sizes))
-        self.emit({"type": "checked"})  # the workload and the workers passed every check before a trial
+        self.emit(Checked())  # the workload and the workers passed every check before a trial
         self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self.param_count = sum(p.numel() for p in model.parameters())
-        n_max_trials = len(candidate_configs(spec.search, data.train_size, None))
+        n_max_trials = len(candidate_configs(spec.search, data.train_size, None)) + len(
+            spec.search.sequence_lengths or []
+        )
         self.timeout = spec.profile.trial_timeout_s * (n_max_trials + 1)
 
     def sizes_to_run(self, sizes: list[int]) -> list[int]:
@@ -779,11 +917,10 @@ class ProfileSession:
             cannot = [n for n in sizes if n != fixed]
             if cannot:
                 self.emit(
-                    {
-                        "type": "note",
-                        "message": f"N = {', '.join(map(str, cannot))} not profiled: this world (started "
-                        f"by {self.started_by}) has {fixed} ranks, and every trial here uses all of them",
-                    }
+                    Note(
+                        f"N = {', '.join(map(str, cannot))} not profiled: this world (started "
+                        f"by {self.started_by}) has {fixed} ranks, and every trial here uses all of them"
+                    )
                 )
             sizes = [fixed]
         # one rank per GPU: the sizes a launcher placing every rank on one host cannot run
@@ -801,9 +938,7 @@ class ProfileSession:
             )
         unplaced_why = unplaced_note(unplaced, gpus_per_host)
         self.not_measured = {str(n): unplaced_why for n in unplaced}
-        self.emit(
-            {"type": "note", "message": f"{unplaced_why}: their trials are skipped, and the plan does not rank them"}
-        )
+        self.emit(Note(f"{unplaced_why}: their trials are skipped, and the plan does not rank them"))
         return placeable
 
     def resume_from(self, previous: ProfileRecord) -> None:
@@ -812,14 +947,14 @@ class ProfileSession:
         its accumulation and run trials and its time so far; a ``plan`` event says how
         many trials are done."""
         self.probe = MemoryProbe(
-            previous.memory, previous.max_local_batch, tuple((int(n), int(b)) for n, b in previous.configs)
+            previous.memory, previous.max_local_batch, tuple(_config_tuple(c) for c in previous.configs)
         )
         self.trials = [t for t in previous.trials if t.status in FINISHED]
         # the checks and run trials are no fields of the typed record (kept as the file had them)
         self.accumulation = list(getattr(previous, "accumulation_trials", None) or [])
         self.run_trials = list(getattr(previous, "run_trials", None) or [])
         self.spent_before = previous.profiling_s
-        self.emit({"type": "plan", "total": len(self.probe.configs), "done": len(self.trials)})
+        self.emit(TrialsPlanned(total=len(self.probe.configs), done=len(self.trials)))
 
     # ------------------------------------------------------------------ the worlds
     def run(self) -> ProfileRecord:
@@ -830,16 +965,25 @@ class ProfileSession:
             # first world: memory probe, search space, then its own trials
             self.run_world(self.sizes[0], None)
         configs = self.configs_to_run()
-        done = {(t.n_workers, t.global_batch) for t in self.trials}
-        for n in sorted({c.n_workers for c in configs}):
-            todo = [
+        # the trials at other sequence lengths (search.sequence_lengths) on the sizes that run
+        sizes = {c.n_workers for c in configs}
+        at_lengths = [c for c in self._probed().configs if len(c) > 2 and c[0] in sizes]
+        done = {self.trial_key(t) for t in self.trials}
+        for n in sorted(sizes):
+            todo: list[ConfigTuple] = [
                 (c.n_workers, c.global_batch)
                 for c in configs
-                if c.n_workers == n and (c.n_workers, c.global_batch) not in done
+                if c.n_workers == n and (c.n_workers, c.global_batch, None) not in done
             ]
+            todo += [c for c in at_lengths if c[0] == n and (c[0], c[1], c[2]) not in done]
             if todo:
                 self.run_world(n, todo)
         return self.record()
+
+    def trial_key(self, t: Trial) -> tuple[int, int, int | None]:
+        """(N, B, L) of a trial, L ``None`` at the data's own length (its configuration's key)."""
+        length = None if t.sequence_length in (None, self.ref_length) else t.sequence_length
+        return t.n_workers, t.global_batch, length
 
     def configs_to_run(self) -> list[Config]:
         """The probed configurations this launcher can run (:class:`InfeasibleError` when the
@@ -847,7 +991,7 @@ class ProfileSession:
         cannot be placed, are recorded as ``skipped`` trials with the reason (and a
         ``trial`` event each)."""
         probe = self._probed()
-        configs = [Config(n, b) for n, b in probe.configs]
+        configs = [Config(c[0], c[1]) for c in probe.configs if len(c) == 2]
         if not configs:
             budget = self.budget
             raise InfeasibleError(
@@ -879,30 +1023,26 @@ class ProfileSession:
         for c in configs:
             if cannot(c) and (c.n_workers, c.global_batch) not in done_now:
                 self.trials.append(Trial(c.n_workers, c.local_batch, c.global_batch, "skipped", note=why(c)))
-                self.emit(
-                    {"type": "trial", "n_workers": c.n_workers, "global_batch": c.global_batch, "status": "skipped"}
-                )
+                self.emit(TrialFinished(n_workers=c.n_workers, global_batch=c.global_batch, status="skipped"))
         return [c for c in configs if not cannot(c)]
 
-    def forward(self, rank: int, ev: dict) -> None:
+    def forward(self, rank: int, ev: Event) -> None:
         """A rank's event: a rank's finished trial is kept (and, once every rank has finished
         it, a snapshot of the record with it is given to ``on_snapshot``); the first world's
         ``plan`` is the probe; the others go to ``on_event``."""
-        if ev["type"] == "rank_trial":  # a rank's trial as it crossed the process boundary: a dict
-            self.streamed.setdefault(rank, []).append(Trial(**ev["trial"]))
+        if isinstance(ev, RankTrialFinished):  # a rank's trial as it crossed the process boundary
+            self.streamed.setdefault(rank, []).append(replace(ev.trial))  # its own copy (one process: the rank's)
             k = min((len(self.streamed.get(r, [])) for r in range(self.world_size)), default=0)
             if self.on_snapshot is not None and k > self.snapped and self.probe is not None:
                 self.snapped = k  # every rank finished trial k: a snapshot with it
                 done = merge_trials([self.streamed[r][:k] for r in range(self.world_size)])
-                self.on_snapshot(profile_json(self.record(extra=done, in_progress=True)))
+                self.on_snapshot(self.record(extra=done, in_progress=True))
             return
-        if ev["type"] == "plan":
-            self.probe = MemoryProbe(
-                ev["memory"], ev["max_local_batch"], tuple((int(n), int(b)) for n, b in ev["configs"])
-            )
+        if isinstance(ev, TrialsPlanned) and ev.memory is not None:  # the first world's probe (no budget: no max)
+            self.probe = MemoryProbe(ev.memory, ev.max_local_batch, tuple(_config_tuple(c) for c in ev.configs or ()))
         self.emit(ev)
 
-    def run_world(self, n: int, configs: list[tuple[int, int]] | None) -> None:
+    def run_world(self, n: int, configs: list[ConfigTuple] | None) -> None:
         """One world of ``n`` ranks running ``configs`` (``None``: the first world, which
         probes the memory model and chooses them); its trials join the record
         (:meth:`merge_world`), a failed world is :meth:`world_failed`'s."""
@@ -932,7 +1072,7 @@ class ProfileSession:
             raise self.stopped(err.signum) from None
         self.merge_world(n, res)
 
-    def world_failed(self, err: WorkerError, n: int, configs: list[tuple[int, int]] | None) -> None:
+    def world_failed(self, err: WorkerError, n: int, configs: list[ConfigTuple] | None) -> None:
         """A world of ``n`` ranks that failed running ``configs``: the trials every rank
         finished are kept; an interruption is :class:`ProfileInterrupted`; an out-of-memory
         after the probe step is that trial's result (:meth:`out_of_memory`); anything else
@@ -945,22 +1085,22 @@ class ProfileSession:
             raise self.stopped(interrupts.requested() or signal.SIGINT) from None
         if self.probe is None:
             raise err  # nothing measured yet
-        finished = {(t.n_workers, t.global_batch) for t in done}
+        finished = {self.trial_key(t) for t in done}
         todo = sorted(
             (
                 tuple(c)
                 for c in (configs or [c for c in self.probe.configs if c[0] == n])
-                if (c[0], c[1]) not in finished
+                if (c[0], c[1], c[2] if len(c) > 2 else None) not in finished
             ),
-            key=lambda c: c[1],
+            key=_run_order,  # the world's own order
         )
         if err.cause == "oom" and todo:
             self.out_of_memory(err, n, todo)
             return
-        for i, (nn_, big_b) in enumerate(todo):
+        for i, c in enumerate(todo):
             note = str(err) if i == 0 else "not run: the world failed earlier"
-            self.trials.append(Trial(nn_, big_b // nn_, big_b, "error", note=note))
-        record = profile_json(self.record(failed=str(err)))
+            self.trials.append(Trial(c[0], c[1] // c[0], c[1], "error", note=note, sequence_length=self.length_of(c)))
+        record = self.record(failed=str(err))
         raise ProfileFailed(str(err), rank=err.rank, details=err.details, cause=err.cause, record=record) from None
 
     def out_of_memory(self, err: WorkerError, n: int, todo: list[tuple[int, ...]]) -> None:
@@ -968,14 +1108,31 @@ class ProfileSession:
         timed step) at ``todo[0]``, the first trial not finished: that trial is an
         out-of-memory result, those of larger local batches are skipped, and a fresh world
         runs the smaller ones still to do."""
-        (n_oom, b_oom), rest = todo[0], todo[1:]
+        first, rest = todo[0], todo[1:]
+        n_oom, b_oom = first[0], first[1]
         b_local = b_oom // n_oom
-        self.trials.append(Trial(n_oom, b_local, b_oom, "oom", note=str(err)[:300]))
+        self.trials.append(
+            Trial(n_oom, b_local, b_oom, "oom", note=str(err)[:300], sequence_length=self.length_of(first))
+        )
+        if len(first) > 2:  # at another sequence length: says nothing of the others
+            if rest:
+                self.run_world(n, [tuple(c) for c in rest])  # type: ignore[misc]  # (N, B) or (N, B, L), as given
+            return
         skipped = f"not run: local batch {b_local} already ran out of memory"
-        self.trials.extend(Trial(n_, b_ // n_, b_, "skipped", note=skipped) for n_, b_ in rest if b_ // n_ >= b_local)
-        smaller = [(c[0], c[1]) for c in rest if c[1] // c[0] < b_local]
+        at_ref = [c for c in rest if len(c) == 2]
+        self.trials.extend(
+            Trial(c[0], c[1] // c[0], c[1], "skipped", note=skipped, sequence_length=self.ref_length)
+            for c in at_ref
+            if c[1] // c[0] >= b_local
+        )
+        smaller: list[ConfigTuple] = [(c[0], c[1]) for c in at_ref if c[1] // c[0] < b_local]
+        smaller += [(c[0], c[1], c[2]) for c in rest if len(c) > 2]
         if smaller:
             self.run_world(n, smaller)
+
+    def length_of(self, config: Sequence[int]) -> int | None:
+        """The sequence length a trial of ``config`` ((N, B) or (N, B, L)) records."""
+        return config[2] if len(config) > 2 else self.ref_length
 
     def merge_world(self, n: int, res: list[RankProfile]) -> None:
         """A world's results (one per rank of ``n``) joined: its trials (per step the slowest
@@ -1007,7 +1164,7 @@ class ProfileSession:
         return ProfileInterrupted(
             f"profiling stopped by {name}: {n_done} of {len(self.probe.configs)} trial(s) finished",
             signum,
-            profile_json(self.record(interrupted=name)),
+            self.record(interrupted=name),
         )
 
     def _probed(self) -> MemoryProbe:
@@ -1026,9 +1183,9 @@ class ProfileSession:
         """The profile record (``profile.json``'s, typed): the trials so far (and ``extra``, a
         running world's finished ones) by (N, B), the memory model and configurations, the
         hardware; ``failed``, ``interrupted`` and ``in_progress`` when it is not the whole
-        profile.  :func:`profile_json` makes it JSON's values."""
+        profile.  ``.to_json_dict()`` makes it JSON's values."""
         spec, probe = self.spec, self._probed()
-        ordered = sorted([*self.trials, *extra], key=lambda t: (t.n_workers, t.global_batch))
+        ordered = sorted([*self.trials, *extra], key=lambda t: (t.n_workers, t.global_batch, t.sequence_length or 0))
         partial: dict[str, Any] = {
             **({"failed": failed} if failed else {}),
             **({"interrupted": interrupted} if interrupted else {}),

@@ -36,9 +36,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula.core.config import Config
 from tula.core.errors import SpecError, TulaError
+from tula.core.events import EpochFinished, Resized, StepDone, WorldStarted
 from tula.core.job_rules import check_train_config, state_from_spec
 from tula.core.noise_scale import NoiseScale
-from tula.core.records import read_jsonl, write_atomic
+from tula.core.records import EpochRecord, as_epoch, read_jsonl, write_atomic
 from tula.core.schedules import next_config, steps_per_epoch
 from tula.core.spec import JobSpec
 from tula.engine.batch import slice_batch, to_device
@@ -54,6 +55,7 @@ from tula.engine.ddp import (
     start_together,
     wrap_ddp,
 )
+from tula.engine.fsdp import full_parameters, gathered, load_shards, prune_shards, save_shards, wrap_for_world
 from tula.engine.gpu_knobs import set_backend_knobs, to_memory_format
 from tula.engine.launch import WorkerContext
 from tula.engine.memory import cap_address_space
@@ -78,9 +80,10 @@ def _local_batch(
 
 
 def param_digest(model: nn.Module) -> str:
-    """SHA-1 of every parameter's bytes: equal on two ranks iff their replicas are identical."""
+    """SHA-1 of every parameter's bytes: equal on two ranks iff their replicas are identical (FSDP's
+    shards gathered whole: every rank calls it)."""
     h = hashlib.sha1()
-    for p in model.parameters():
+    for p in full_parameters(model):
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
@@ -90,6 +93,24 @@ def _rewrite_metrics(path: Path, upto_epoch: int) -> None:
     checkpoint, if any), so every epoch appears exactly once after a resume."""
     lines = [r for r in read_jsonl(path) if r["epoch"] <= upto_epoch]
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in lines))
+
+
+#: the order of an epoch's figures in its ``metrics.jsonl`` line (as the rank wrote them before the typed record);
+#: the evaluation's scores come in this order whichever of them it gives
+_LINE_ORDER = (
+    "epoch", "steps", "steps_done", "global_batch", "n_workers", "accumulation_steps", "micro_batch", "lr",
+    "train_loss", "epoch_time_s", "test_loss", "test_top1", "test_top5", "test_r2", "test_perplexity",
+    "skipped_steps", "b_simple", "scaled_fraction", "eval_s", "epoch_end_s",
+)  # fmt: skip
+
+
+def epoch_line(figures: EpochRecord) -> dict[str, Any]:
+    """An epoch's figures as its ``metrics.jsonl`` line holds them (the rank's edge: the line, the
+    checkpoint's history and the ranks' messages are JSON's values): only the figures given, in the
+    line's order; the schedule's decision and the checkpoint's times join it later."""
+    data = figures.model_dump(exclude_unset=True)
+    ordered = {key: data.pop(key) for key in _LINE_ORDER if key in data}
+    return {**ordered, **data}
 
 
 def _drain_step_traces(method: Any) -> dict[str, list]:
@@ -231,7 +252,7 @@ class _RankTrainer:
         set_backend_knobs(spec.train)  # TF32, cuDNN's autotuner: as profiled
         self.model = to_memory_format(build_model(spec.model).to(self.device), spec.train)
         apply_checkpointing(self.model, spec.train, spec.model.name)  # before DDP, as profiled
-        self.ddp: Any = wrap_ddp(self.model, self.device)
+        self.ddp: Any = wrap_for_world(self.model, self.device, spec.train)  # DDP, or FSDP's shards
         self.loss_fn = build_loss(spec.train.loss, self.device)
         self.prec = Precision(spec.train.precision, self.device)
         # the step the profile timed (train.step: the user's subclass), with the method from start_at on
@@ -268,6 +289,8 @@ class _RankTrainer:
             self.own_norms = LocalGradNorms(self.params, self.device)
             self.ddp.register_comm_hook(self.own_norms, local_norms_allreduce_hook)
         self.gns_feed = _NoiseScaleFeed(self.gns, self.own_norms, self.world)
+        if state is not None:  # FSDP: the shards read into the model and the optimiser (DCP)
+            state = load_shards(self.ddp, self.method.optimizer, self.out, state)
         self.start_epoch, self.steps_done, self.history, self.sched_state, self.lr_mult = _restore(
             state,
             model=self.model,
@@ -367,7 +390,7 @@ class _RankTrainer:
 
         def progress(done: int) -> None:
             if self.rank == 0 and done % self.report_every == 0:
-                ctx.emit({"type": "step", "epoch": epoch, "step": done, "steps_per_epoch": self.n_steps})
+                ctx.emit(StepDone(epoch=epoch, step=done, steps_per_epoch=self.n_steps))
 
         ran = self.stepper.run_epoch(  # this rank's slice of each global batch (DataLoader workers for on-disk sets)
             batches,
@@ -402,32 +425,37 @@ class _RankTrainer:
         dist.all_reduce(slowest_s, op=dist.ReduceOp.MAX)
         t_eval = time.perf_counter()
         # the test split in the training arithmetic (train.step's class may override it)
-        scores = self.stepper.evaluate(
-            self.data, self.rank, self.world, self.spec.train.eval_batch, self.spec.train.loss
-        )
+        with gathered(self.ddp):  # FSDP: whole on every rank, so a rank's extra batch meets no collective
+            scores = self.stepper.evaluate(
+                self.data, self.rank, self.world, self.spec.train.eval_batch, self.spec.train.loss
+            )
         eval_s = time.perf_counter() - t_eval
-        rec = {
-            "epoch": epoch + 1,
-            "steps": self.n_steps,
-            "steps_done": self.steps_done,
-            "global_batch": self.global_batch,
-            "n_workers": self.world,
-            "accumulation_steps": self.accum,
-            "micro_batch": self.micro_batch,
-            "lr": self.method.lr,
-            "train_loss": float(loss_total) / (self.n_steps * self.world),
-            "epoch_time_s": float(slowest_s),
-            **scores,
-        }
+        skipped: dict[str, int] = {}
         if self.prec.scaler is not None:  # fp16: the steps the scaler skipped (gradients overflowed)
-            rec["skipped_steps"], self.skipped_steps = self.skipped_steps, 0
+            skipped, self.skipped_steps = {"skipped_steps": self.skipped_steps}, 0
         self.gns_feed.flush()
-        rec["b_simple"] = self.gns.b_simple()  # the batch the model could use now (one host sync per epoch)
         step_traces = _drain_step_traces(self.method)
-        if step_traces.get("scaled"):
-            rec["scaled_fraction"] = sum(map(bool, step_traces["scaled"])) / len(step_traces["scaled"])
-        # the epoch's work after its steps (this rank's): evaluation, and with it the reductions and the noise scale
-        rec["eval_s"], rec["epoch_end_s"] = eval_s, time.perf_counter() - t_end
+        scaled = step_traces.get("scaled")
+        figures = EpochRecord(  # checked as the record types them; written as the line has them
+            epoch=epoch + 1,
+            steps=self.n_steps,
+            steps_done=self.steps_done,
+            global_batch=self.global_batch,
+            n_workers=self.world,
+            accumulation_steps=self.accum,
+            micro_batch=self.micro_batch,
+            lr=self.method.lr,
+            train_loss=float(loss_total) / (self.n_steps * self.world),
+            epoch_time_s=float(slowest_s),
+            **scores,
+            **skipped,
+            b_simple=self.gns.b_simple(),  # the batch the model could use now (one host sync per epoch)
+            **({"scaled_fraction": sum(map(bool, scaled)) / len(scaled)} if scaled else {}),
+            # the epoch's work after its steps (this rank's): evaluation, the reductions and the noise scale
+            eval_s=eval_s,
+            epoch_end_s=time.perf_counter() - t_end,
+        )
+        rec = epoch_line(figures)  # the history, the checkpoint and the ranks' messages hold lines
         self.history.append(rec)
         return rec, step_traces
 
@@ -442,7 +470,7 @@ class _RankTrainer:
             return self.now()
         assert self.sched_state is not None, "_restore gives a run with a schedule the schedule's state"
         d = next_config(self.sched_state, epoch + 1, self.history, self.schedule["caps"])
-        self.sched_state = d.state
+        self.sched_state = d.state.to_dict()  # the checkpoint keeps the state as JSON
         nxt = Config(n_workers=d.n_workers, global_batch=d.global_batch, accumulation_steps=d.accumulation_steps)
         rec["schedule"] = d.record()
         if nxt == self.now() and d.lr_multiplier != self.lr_mult:
@@ -473,19 +501,21 @@ class _RankTrainer:
         }
 
     def write_epoch(self, ckpt: dict | None, rec: dict, step_traces: dict) -> None:
-        """Rank 0: the checkpoint, the metrics line, the progress event."""
+        """Rank 0: the checkpoint, the metrics line, the progress event (FSDP: every rank its shards first)."""
+        t0 = time.perf_counter()
+        ckpt = save_shards(self.ddp, self.method.optimizer, self.out, rec["epoch"], ckpt)
         if self.rank != 0:
             return
         assert ckpt is not None, "rank 0 always builds the checkpoint (_train_in_world)"
-        t0 = time.perf_counter()
         save_checkpoint(ckpt, self.out)
+        prune_shards(self.out)
         rec["checkpoint_s"] = time.perf_counter() - t0
         # the epoch as the plan predicts it, on rank 0's clock from the ranks' common start: its steps,
         # its end (evaluation, reductions, the schedule's decision), its checkpoint
         rec["epoch_wall_s"] = time.perf_counter() - self.epoch_t0
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
-        self.ctx.emit({"type": "epoch", **rec})
+        self.ctx.emit(EpochFinished(as_epoch(dict(rec))))
 
     # ------------------------------------------------------------------ a new batch, same workers
     def change_batch(self, epoch: int, new_batch: int, new_k: int, ckpt: dict) -> OutOfMemory | Resize | None:
@@ -508,28 +538,26 @@ class _RankTrainer:
                 return resize
         if self.rank == 0:
             self.ctx.emit(
-                {
-                    "type": "resize",
-                    "at_epoch": epoch + 1,
-                    "global_batch": new_batch,
-                    "n_workers": self.world,
-                    "accumulation_steps": new_k,
-                    "new_world": False,
-                }
+                Resized(
+                    at_epoch=epoch + 1,
+                    global_batch=new_batch,
+                    n_workers=self.world,
+                    accumulation_steps=new_k,
+                    new_world=False,
+                )
             )
         self.accum = new_k
         self.start_at(new_batch, ckpt)
         if self.rank == 0:
             self.ctx.emit(
-                {
-                    "type": "start",
-                    "global_batch": self.global_batch,
-                    "n_workers": self.world,
-                    "accumulation_steps": self.accum,
-                    "micro_batch": self.micro_batch,
-                    "steps_per_epoch": self.n_steps,
-                    "epochs": self.spec.epochs,
-                }
+                WorldStarted(
+                    global_batch=self.global_batch,
+                    n_workers=self.world,
+                    accumulation_steps=self.accum,
+                    micro_batch=self.micro_batch,
+                    steps_per_epoch=self.n_steps,
+                    epochs=self.spec.epochs,
+                )
             )
         oom = self.probe()
         if oom is not None:

@@ -185,6 +185,7 @@ def run_trial(
             times.append(pair.step(i))
             plains.append(pair.plain())
         due = [bool(every and i % every == 0) for i in indices]
+        rt.steps_done = 2 + len(indices)  # the trainer's steps this trial ran: the epoch's record counts them
         eval_s, epoch_end_s = _time_epoch_end(ctx, spec, rt, pair.loss_sum, sum(times))
         return RankRunTrial(
             n_workers=ctx.world_size,

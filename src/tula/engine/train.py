@@ -29,8 +29,19 @@ from typing import Any
 
 from tula.core.config import Config
 from tula.core.errors import InfeasibleError, Interrupted, RunDirError, SpecError, WorkerError
+from tula.core.events import Event, FellBack, Note, Resized, WorldStarted
 from tula.core.job_rules import caps_from_spec, check_train_config, smallest_batch_for, state_from_spec
-from tula.core.records import TRAIN_KIND, VERSIONS, CheckpointMeta, EpochRecord, TrainRecord, read_jsonl
+from tula.core.records import (
+    TRAIN_KIND,
+    VERSIONS,
+    CheckpointMeta,
+    EpochRecord,
+    Fallback,
+    Generation,
+    TrainRecord,
+    read_jsonl,
+)
+from tula.core.say import fmt_bytes
 from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-exported)
 from tula.core.spec import JobSpec
 from tula.engine import interrupts, rank_messages
@@ -85,7 +96,7 @@ def _available(
     wanted: Config,
     *,
     schedule: dict | None,
-    emit: Callable[[dict], None],
+    emit: Callable[[Event], None],
     dataset_size: int,
 ) -> Config:
     """The generation's configuration ``wanted`` with the workers the launcher can provide: when
@@ -102,11 +113,10 @@ def _available(
     if fewer > dataset_size:
         fewer = dataset_size // unit * unit
     emit(
-        {
-            "type": "note",
-            "message": f"the cluster gave {got} of the {n_workers} workers asked for; going on with "
-            f"{got} worker(s) at global batch {fewer}",
-        }
+        Note(
+            f"the cluster gave {got} of the {n_workers} workers asked for; going on with "
+            f"{got} worker(s) at global batch {fewer}"
+        )
     )
     if schedule is not None:
         caps = schedule["caps"]
@@ -175,12 +185,12 @@ def train(
     *,
     resume: bool = False,
     launcher: Launcher | None = None,
-    on_event: Callable[[dict], None] | None = None,
+    on_event: Callable[[Event], None] | None = None,
     models: dict | None = None,
-) -> dict:
-    """Train ``spec`` with ``method`` on ``n_workers`` at ``global_batch``; return the run record
-    as JSON's values (:func:`train_json` of :func:`train_record`'s typed record, what
-    ``train.json`` holds).
+) -> TrainRecord:
+    """Train ``spec`` with ``method`` on ``n_workers`` at ``global_batch``; return the typed, frozen
+    run record (:class:`~tula.core.records.TrainRecord`, its history
+    :class:`~tula.core.records.EpochRecord`; ``.to_json_dict()`` is what ``train.json`` holds).
 
     Writes ``checkpoint.pt`` and ``metrics.jsonl`` into ``out_dir`` as it goes, holding the
     directory's lock.  With ``resume`` an existing checkpoint is continued (at its own
@@ -217,35 +227,6 @@ def train(
     ``train.workers: {rule: plan}`` needs: at each batch change the worker count the models
     rank best (:class:`tula.core.live_plan.WorkerPlan`); each decision's ranking is in the
     epoch's ``schedule`` line."""
-    return train_json(
-        train_record(
-            spec,
-            method,
-            n_workers,
-            global_batch,
-            out_dir,
-            resume=resume,
-            launcher=launcher,
-            on_event=on_event,
-            models=models,
-        )
-    )
-
-
-def train_record(
-    spec: JobSpec,
-    method: str,
-    n_workers: int,
-    global_batch: int,
-    out_dir: str | Path,
-    *,
-    resume: bool = False,
-    launcher: Launcher | None = None,
-    on_event: Callable[[dict], None] | None = None,
-    models: dict | None = None,
-) -> TrainRecord:
-    """:func:`train`, returning the typed, frozen record (:class:`~tula.core.records.TrainRecord`,
-    its history :class:`~tula.core.records.EpochRecord`)."""
     with contextlib.ExitStack() as stack:
         if launcher is None:
             from tula.engine.launch.clusters import open_launcher
@@ -273,7 +254,7 @@ def _train(
     out_dir: str | Path,
     resume: bool,
     launcher: Launcher,
-    on_event: Callable[[dict], None] | None,
+    on_event: Callable[[Event], None] | None,
     models: dict | None = None,
 ) -> TrainRecord:
     out = check_out_dir(Path(out_dir))
@@ -323,21 +304,21 @@ class TrainSupervisor:
         global_batch: int,
         out: Path,
         launcher: Launcher,
-        on_event: Callable[[dict], None] | None,
+        on_event: Callable[[Event], None] | None,
         train_size: int,
         models: dict | None = None,
     ) -> None:
         self.spec, self.method, self.out, self.launcher, self.train_size = spec, method, out, launcher, train_size
         self.models = models  # the fitted models: train.workers.rule 'plan' ranks worker counts by them
-        self.emit: Callable[[dict], None] = on_event or (lambda ev: None)
+        self.emit: Callable[[Event], None] = on_event or (lambda ev: None)
         self.scheduled = spec.train.batch_schedule is not None or spec.train.workers is not None
         self.global_batch, self.n_workers, self.accum = global_batch, n_workers, spec.train.accumulation_steps
-        self.fallbacks: list[dict] = []
+        self.fallbacks: list[Fallback] = []
         self.resumed_from_epoch: int | None = None
         self.first_trained: EpochRecord | None = None  # a resumed run's first epoch (its schedule's caps start there)
         self.notes: list[str] = []
         self.schedule: dict | None = None  # a batch schedule's state, LR multiplier and caps
-        self.generations: list[dict] = []
+        self.generations: list[Generation] = []
         self.at_epoch = 0  # the last finished epoch when a world starts
         self.first_batch = global_batch
         self.device = "cpu"
@@ -350,7 +331,7 @@ class TrainSupervisor:
         out-of-memory starting the next; the world's end dispatched on rank 0's message."""
         self.resume_state(resume)
         for message in self.notes:
-            self.emit({"type": "note", "message": message})
+            self.emit(Note(message))
         if self.scheduled:
             self.first_schedule()
         check_train_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
@@ -468,15 +449,14 @@ class TrainSupervisor:
             kept = self.epochs_kept() if has_checkpoint(self.out) else (self.resumed_from_epoch or 0)
             raise _interrupted(None, kept, self.spec.epochs, self.out)
         self.emit(
-            {
-                "type": "start",
-                "global_batch": self.global_batch,
-                "n_workers": self.n_workers,
-                "accumulation_steps": self.accum,
-                "micro_batch": self.global_batch // self.n_workers // self.accum,
-                "steps_per_epoch": steps_per_epoch(self.train_size, self.global_batch),
-                "epochs": self.spec.epochs,
-            }
+            WorldStarted(
+                global_batch=self.global_batch,
+                n_workers=self.n_workers,
+                accumulation_steps=self.accum,
+                micro_batch=self.global_batch // self.n_workers // self.accum,
+                steps_per_epoch=steps_per_epoch(self.train_size, self.global_batch),
+                epochs=self.spec.epochs,
+            )
         )
         started = time.perf_counter()
         cap = self.spec.search.memory_budget_bytes if self.spec.search.enforce_memory_cap else None
@@ -486,7 +466,7 @@ class TrainSupervisor:
             method_name=self.method,
             config=self.config(),
             out_dir=str(self.out),
-            fallbacks=self.fallbacks,
+            fallbacks=[f.to_json_dict() for f in self.fallbacks],  # the ranks keep them in the checkpoint's dict
             mem_cap_bytes=cap,
             reach_token=uuid.uuid4().hex,
             schedule=self.schedule,
@@ -540,11 +520,13 @@ class TrainSupervisor:
         ``started`` (the world's start)."""
         if not segments:
             return
-        world_no = self.generations[-1]["world"] + 1 if self.generations else 1
+        world_no = (self.generations[-1].world or 0) + 1 if self.generations else 1
         if segments[0]["wall_s"] is None:  # the world's start counts to its first batch
             later = sum(g["wall_s"] for g in segments[1:])
             segments[0] = {**segments[0], "wall_s": time.perf_counter() - started - later}
-        self.generations.extend({**g, "world": world_no, "new_world": k == 0} for k, g in enumerate(segments))
+        self.generations.extend(
+            Generation.model_validate({**g, "world": world_no, "new_world": k == 0}) for k, g in enumerate(segments)
+        )
 
     # ------------------------------------------------------------------ between generations
     def next_configuration(self, result: Resize) -> Config:
@@ -571,22 +553,23 @@ class TrainSupervisor:
             "after epoch %d: a new world of %d worker(s) at B=%d", self.at_epoch, self.n_workers, self.global_batch
         )
         self.emit(
-            {
-                "type": "resize",
-                "at_epoch": self.at_epoch,
-                "global_batch": self.global_batch,
-                "n_workers": self.n_workers,
-                "accumulation_steps": self.accum,
-                "new_world": True,
-            }
+            Resized(
+                at_epoch=self.at_epoch,
+                global_batch=self.global_batch,
+                n_workers=self.n_workers,
+                accumulation_steps=self.accum,
+                new_world=True,
+            )
         )
 
     def fall_back(self, note: str) -> None:
         """After an out-of-memory (``note``: why) the micro-batch halves -- k doubles at the
         same global batch while it can, then B halves (:func:`next_fallback`) -- from the last
         checkpoint; a schedule's caps stop it growing back into the micro-batch that ran out.
-        The fallback joins ``fallbacks`` and is emitted; :class:`InfeasibleError` when no
-        smaller batch is left."""
+        The fallback joins ``fallbacks`` and is emitted; when no smaller batch is left (the
+        micro-batch was 1 sample, or the halved batch is below the smallest the method trains
+        at) :class:`InfeasibleError` with :meth:`cannot_fit`'s sentence instead, nothing
+        emitted: the last checkpoint stays as it is."""
         max_k = None
         if self.schedule:  # the schedule must not grow back into the micro-batch that ran out of memory
             failed_micro = self.global_batch // self.n_workers // self.accum
@@ -598,35 +581,59 @@ class TrainSupervisor:
             max_k = caps.max_accumulation_steps  # a schedule's k stays within its caps
         smaller, new_k = next_fallback(self.global_batch, self.n_workers, self.accum, max_k)
         self.at_epoch = self.epochs_kept()
+        if smaller < smallest_batch_for(self.method, self.spec, self.n_workers):
+            raise InfeasibleError(self.cannot_fit(smaller))
         self.fallbacks.append(
-            {
-                "from_global_batch": self.global_batch,
-                "to_global_batch": smaller,
-                "from_accumulation_steps": self.accum,
-                "to_accumulation_steps": new_k,
-                "at_epoch": self.at_epoch,
-                "reason": note[:300],
-            }
+            Fallback(
+                from_global_batch=self.global_batch,
+                to_global_batch=smaller,
+                from_accumulation_steps=self.accum,
+                to_accumulation_steps=new_k,
+                at_epoch=self.at_epoch,
+                reason=note[:300],
+            )
         )
-        self.emit({"type": "fallback", **self.fallbacks[-1]})
+        self.emit(FellBack(self.fallbacks[-1]))
         log.info(
             "out of memory at B=%d (k=%d): going on from epoch %d at B=%d (k=%d): %s",
             self.global_batch, self.accum, self.at_epoch, smaller, new_k, note[:300],
         )  # fmt: skip
-        if smaller < smallest_batch_for(self.method, self.spec, self.n_workers):
-            micro = self.global_batch // self.n_workers // self.accum
-            raise InfeasibleError(
-                f"global batch {self.global_batch} ran out of memory on {self.n_workers} worker(s)"
-                + (f" at a micro-batch of {micro} ({self.accum} accumulation steps)" if self.accum > 1 else "")
-                + " and no smaller batch is left to fall back to"
-            )
         self.global_batch, self.accum = smaller, new_k
+
+    def cannot_fit(self, smaller: int) -> str:
+        """The sentence that ends a run whose out-of-memory at the current configuration has no
+        smaller batch to fall back to (``smaller``: :func:`next_fallback`'s, below the smallest
+        the method trains at): the batch that did not fit, the memory it did not fit in (the
+        spec's enforced cap per worker, else the device's), and the epochs kept."""
+        micro = self.global_batch // self.n_workers // self.accum
+        spec = self.spec
+        if spec.search.enforce_memory_cap and spec.search.memory_budget_bytes is not None:
+            cap = fmt_bytes(spec.search.memory_budget_bytes)
+            where = f"under the memory cap of {cap} per worker (search.memory_budget_bytes)"
+        else:
+            where = f"in the {self.device} device's memory"
+        smallest = smallest_batch_for(self.method, spec, self.n_workers)
+        floor = (
+            f" (method {self.method!r} trains at a global batch of {smallest} at least on {self.n_workers} worker(s))"
+            if smaller > 0
+            else ""
+        )
+        done = (
+            f"epoch 1 of {spec.epochs} is" if self.at_epoch == 1 else f"epochs 1-{self.at_epoch} of {spec.epochs} are"
+        )
+        kept = f"{done} kept in {self.out / CHECKPOINT}" if self.at_epoch else "no epoch had finished, so none is kept"
+        return (
+            f"the model does not fit {where}: global batch {self.global_batch} on {self.n_workers} worker(s) ran out "
+            f"of memory at a micro-batch of {micro} sample(s) per worker"
+            + (f" ({self.accum} accumulation steps)" if self.accum > 1 else "")
+            + f" and no smaller batch is left to fall back to{floor}; {kept}"
+        )
 
     # ------------------------------------------------------------------ the record
     def record(self, res: list[Finished]) -> TrainRecord:
         """The run's record (``train.json``'s, typed) from the last world's messages ``res`` (one
         per rank): the configuration it ended at, the history, the fallbacks, the generations.
-        :func:`train_json` makes it JSON's values."""
+        ``.to_json_dict()`` makes it JSON's values."""
         rank0 = res[0]
         history = [EpochRecord.model_validate(h) for h in rank0.history]
         spec = self.spec
@@ -647,7 +654,7 @@ class TrainSupervisor:
             resumed_from_epoch=self.resumed_from_epoch,
             fallbacks=self.fallbacks,
             history=history,
-            final=_epoch_json(history[-1]) if history else {},
+            final=history[-1].model_dump(exclude_unset=True) if history else {},  # as its metrics line has it
             best_test_top1=max((h.test_top1 for h in history if h.test_top1 is not None), default=math.nan),
             replicas_identical=len({r.param_digest for r in res}) == 1,
             traces={**rank0.traces, **step_traces(self.out / METRICS)},
@@ -657,28 +664,3 @@ class TrainSupervisor:
             batch_schedule=None if spec.train.batch_schedule is None else spec.train.batch_schedule.kind,
             generations=self.generations,
         )
-
-
-def _epoch_json(epoch: EpochRecord) -> dict[str, Any]:
-    """An epoch's figures as JSON's values, as its ``metrics.jsonl`` line has them (only the
-    fields the rank wrote: no defaults added)."""
-    return epoch.model_dump(exclude_unset=True)
-
-
-#: the order of a training run record's fields in ``train.json`` (as it was written before the typed record)
-_TRAIN_KEYS = (
-    "kind", "version", "spec", "method", "n_workers", "requested_global_batch", "global_batch", "local_batch",
-    "accumulation_steps", "micro_batch", "steps_per_epoch", "epochs", "steps_done", "resumed_from_epoch",
-    "fallbacks", "history", "final", "best_test_top1", "replicas_identical", "traces", "train_s", "device",
-    "created", "batch_schedule", "generations",
-)  # fmt: skip
-
-
-def train_json(rec: TrainRecord) -> dict[str, Any]:
-    """The training run record ``rec`` as JSON's values, as ``train.json`` holds it (the edge:
-    what is saved, and what :func:`train` returns): each epoch as its metrics line has it, the
-    fields in the file's order."""
-    data = rec.to_json_dict()
-    data["history"] = [_epoch_json(h) for h in rec.history]
-    ordered = {key: data.pop(key) for key in _TRAIN_KEYS if key in data}
-    return {**ordered, **data}

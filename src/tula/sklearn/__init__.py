@@ -353,12 +353,18 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
             raise ParamError(str(err)) from None
 
     def _trained_module(self, out: Path, model_spec: dict, kwargs: dict) -> Any:
-        """The module built in this process with the run's last checkpointed parameters."""
+        """The module built in this process with the run's last checkpointed parameters: the
+        checkpoint's own, or under ``method__parallelism="fsdp"`` (its ``checkpoint.pt`` holds no
+        tensors) its shards gathered whole (:func:`tula.engine.fsdp.full_state_from_shards`)."""
         from tula.engine.checkpoint import load_checkpoint
+        from tula.engine.fsdp import SHARDS_KEY, full_state_from_shards
 
         state = load_checkpoint(out, map_location="cpu")
+        weights = state["model"]
+        if state.get(SHARDS_KEY):  # sharded (FSDP): the weights are in checkpoint.shards/, not in checkpoint.pt
+            weights = full_state_from_shards(out, state[SHARDS_KEY])["model"]
         module = self._build_module_here(model_spec, kwargs)
-        module.load_state_dict(state["model"])
+        module.load_state_dict(weights)
         module.eval()
         return module
 
@@ -366,17 +372,16 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
         """Train through the runner on the launcher ``cluster`` asks for, at the configuration
         of the rule every front follows (:func:`tula.core.job_rules.train_config`; the
         estimator's parameters are explicit arguments)."""
-        from tula.core.job_rules import spec_at, train_config, train_method
+        from tula.core.job_rules import train_config, train_method, training_spec
         from tula.engine.train import train
 
         config = train_config(spec, n_workers=n_workers, global_batch=batch)
-        spec, method = spec_at(spec, config), train_method(spec, config.global_batch, self.method)
+        spec, method = training_spec(spec, config), train_method(spec, config.global_batch, self.method)
         with self._launcher(spec, config.n_workers) as launcher:
             on_event = self._printer() if self.verbose else None
             run = train(spec, method, config.n_workers, config.global_batch, out, launcher=launcher, on_event=on_event)
-        # train_record_ and history_ are the record as train.json holds it (a dict); the trainer's typed
-        # TrainRecord, where it returns one, becomes that here
-        return run if isinstance(run, dict) else run.to_json_dict()
+        # train_record_ and history_ are the record as train.json holds it (a dict): the typed TrainRecord's JSON
+        return run.to_json_dict()
 
     @contextlib.contextmanager
     def _launcher(self, spec: Any, n_workers: int) -> Iterator[Any]:
@@ -402,19 +407,22 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
             )
 
     def _printer(self):
+        from tula.core.events import EpochFinished, Event, FellBack, Note, Resized
         from tula.core.records import epoch_score
 
-        def on_event(ev: dict) -> None:
-            if ev.get("type") == "epoch":
-                label, _, text = epoch_score(ev)
+        def on_event(ev: Event) -> None:
+            if isinstance(ev, EpochFinished):
+                rec = ev.record
+                label, _, text = epoch_score(rec)
                 print(
-                    f"epoch {ev['epoch']:>3}  B={ev['global_batch']} N={ev['n_workers']}  train loss "
-                    f"{ev['train_loss']:.4f}  test loss {ev['test_loss']:.4f}  {label} {text}  "
-                    f"{ev['epoch_time_s']:.2f} s",
+                    f"epoch {rec.epoch:>3}  B={rec.global_batch} N={rec.n_workers}  train loss "
+                    f"{rec.train_loss:.4f}  test loss {rec.test_loss:.4f}  {label} {text}  "
+                    f"{rec.epoch_time_s:.2f} s",
                     flush=True,
                 )
-            elif ev.get("type") in ("note", "resize", "fallback"):
-                print(f"{ev['type']}: " + ", ".join(f"{k}={v}" for k, v in ev.items() if k != "type"), flush=True)
+            elif isinstance(ev, Note | Resized | FellBack):  # as its JSON: 'note: message=...'
+                fields = ev.to_json_dict()
+                print(f"{ev.kind}: " + ", ".join(f"{k}={v}" for k, v in fields.items() if k != "type"), flush=True)
 
         return on_event
 

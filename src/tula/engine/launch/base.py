@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import torch
 
+from tula.core.events import Event
+
 
 @dataclass
 class RankFailure:
@@ -33,7 +35,7 @@ class RankFailure:
 class WorkerContext:
     """What a rank knows about its world.
 
-    ``emit`` sends a small event (a dict) to the launching process, e.g. for a progress bar;
+    ``emit`` sends a small event (a :class:`~tula.core.events.Event`) to the launching process, e.g. for a progress bar;
     it never blocks training.  ``stop`` says whether the launching process asked the world
     to stop (SIGINT/SIGTERM): see :class:`tula.engine.launch.runtime.StopFlag`."""
 
@@ -46,9 +48,9 @@ class WorkerContext:
     interface: str = ""  # the network interface of its collectives ("": torch's default)
     interface_source: str = ""  # why that one: see tula.engine.launch.netif.choose_interface
     stop: Any = None  # StopFlag; None outside a launched world
-    _emit: Callable[[dict], None] | None = field(default=None, repr=False)
+    _emit: Callable[[Event], None] | None = field(default=None, repr=False)
 
-    def emit(self, event: dict) -> None:
+    def emit(self, event: Event) -> None:
         if self._emit is not None:
             self._emit(event)
 
@@ -81,7 +83,7 @@ class Launcher(Protocol):
         fn: Callable[..., Any],
         n_workers: int,
         *args: Any,
-        on_event: Callable[[int, dict], None] | None = None,
+        on_event: Callable[[int, Event], None] | None = None,
         timeout_s: float | None = None,
     ) -> list[Any]:
         """Run ``fn(ctx, *args)`` on ``n_workers`` ranks; return results in rank order.

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import pickle
 import queue as queue_module
 import signal
 import socket
@@ -41,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tula.core.errors import PlacementError, TulaError, WorkerError
+from tula.core.events import Event as ProgressEvent
 from tula.core.gpus import crowded_hosts
 from tula.core.registry import WORKER_LOCK_PREFIX
 from tula.engine import interrupts
@@ -68,7 +70,7 @@ def _url_host(ip: str) -> str:
 
 
 def _run_rank_on_own_thread(
-    setup: RankSetup, fn: Callable[..., Any], args: tuple, emit: Callable[[dict], None]
+    setup: RankSetup, fn: Callable[..., Any], args: tuple, emit: Callable[[ProgressEvent], None]
 ) -> tuple[str, Any]:
     """:func:`run_rank` on a thread of its own, new for each world, with the Dask task's context
     (``distributed.get_worker()``) and thread state.
@@ -146,8 +148,9 @@ def _dask_rank(
                     elif abandoned():
                         stop.requested, stop.signum = True, signal.SIGTERM
 
-    def emit(ev: dict) -> None:
-        outbox.put(("event", setup.rank, ev))
+    def emit(ev: ProgressEvent) -> None:
+        # pickled here, unpickled by the caller: the scheduler holds bytes (it need not import tula)
+        outbox.put(("event", setup.rank, pickle.dumps(ev)))
 
     def fn_with_stop(ctx: WorkerContext, *a: Any) -> Any:
         holder["stop"] = ctx.stop
@@ -169,7 +172,7 @@ class _Gathering:
     ranks another rank reported unreachable (nothing will come from them), and since when a
     rank's worker has been missing from the scheduler's view."""
 
-    def __init__(self, addrs: list[str], queue: Any, on_event: Callable[[int, dict], None] | None) -> None:
+    def __init__(self, addrs: list[str], queue: Any, on_event: Callable[[int, ProgressEvent], None] | None) -> None:
         self.addrs, self.queue, self.on_event = addrs, queue, on_event
         self.results: dict[int, Any] = {}
         self.failures: dict[int, RankFailure] = {}
@@ -189,7 +192,7 @@ class _Gathering:
         with contextlib.suppress(Exception):
             for kind, rank, ev in self.queue.get(batch=True, callback_timeout=RPC_TIMEOUT_S):
                 if kind == "event" and self.on_event is not None:
-                    self.on_event(rank, ev)
+                    self.on_event(rank, pickle.loads(ev))  # noqa: S301 - the world's own ranks pickled it
 
     def fail(self, rank: int, failure: RankFailure, now: float) -> None:
         self.failures[rank] = failure
@@ -402,7 +405,7 @@ class DaskLauncher:
         fn: Callable[..., Any],
         n_workers: int,
         *args: Any,
-        on_event: Callable[[int, dict], None] | None = None,
+        on_event: Callable[[int, ProgressEvent], None] | None = None,
         timeout_s: float | None = None,
     ) -> list[Any]:
         gate = self.world_gate
@@ -428,7 +431,7 @@ class DaskLauncher:
         fn: Callable[..., Any],
         n_workers: int,
         *args: Any,
-        on_event: Callable[[int, dict], None] | None = None,
+        on_event: Callable[[int, ProgressEvent], None] | None = None,
         timeout_s: float | None = None,
     ) -> list[Any]:
         from distributed import Event, Queue, wait
@@ -589,7 +592,7 @@ class DaskLauncher:
         futures: list[Any],
         addrs: list[str],
         queue: Any,
-        on_event: Callable[[int, dict], None] | None,
+        on_event: Callable[[int, ProgressEvent], None] | None,
         timeout_s: float | None,
         wait: Callable[..., Any],
     ) -> list[Any]:

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from tula.core.errors import TulaError, WorkerError
+from tula.core.events import Event
 from tula.core.gpus import check_ranks_fit
 from tula.engine import interrupts
 from tula.engine.launch.base import RankFailure, WorkerContext, host_facts, pick_device
@@ -229,7 +230,7 @@ class EnvLauncher:
         fn: Callable[..., Any],
         n_workers: int,
         *args: Any,
-        on_event: Callable[[int, dict], None] | None = None,
+        on_event: Callable[[int, Event], None] | None = None,
         timeout_s: float | None = None,  # noqa: ARG002 - the world's launcher owns the ranks' lifetime
     ) -> list[Any]:
         """Driver: run ``fn(ctx, *args)`` on every rank of the world; results in rank order."""
@@ -266,7 +267,7 @@ class EnvLauncher:
                 failure = RankFailure(self.world.rank, "crash", f"its result cannot be sent to rank 0: {err}")
                 dist.gather_object(("failure", failure), None, dst=0, group=self._control)
 
-    def _run_as_rank(self, fn: Callable[..., Any], args: tuple, emit: Callable[[dict], None]) -> tuple[str, Any]:
+    def _run_as_rank(self, fn: Callable[..., Any], args: tuple, emit: Callable[[Event], None]) -> tuple[str, Any]:
         """``fn(ctx, *args)`` as this rank in the world that is already formed: ``("result",
         value)`` or ``("failure", RankFailure)``, never raises (as :func:`~.runtime.run_rank`)."""
         w = self.world

@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from tula.core.errors import WorkerError
+from tula.core.events import Event
 from tula.core.gpus import check_ranks_fit
 from tula.engine import interrupts
 from tula.engine.forkserver import rank_context, start_fork_server
@@ -129,7 +130,7 @@ class _LocalWorld:
         setups: list[RankSetup],
         fn: Callable[..., Any],
         args: tuple,
-        on_event: Callable[[int, dict], None] | None,
+        on_event: Callable[[int, Event], None] | None,
     ):
         self.n_workers = len(setups)
         self.on_event = on_event
@@ -324,7 +325,7 @@ class LocalLauncher:
         fn: Callable[..., Any],
         n_workers: int,
         *args: Any,
-        on_event: Callable[[int, dict], None] | None = None,
+        on_event: Callable[[int, Event], None] | None = None,
         timeout_s: float | None = None,
     ) -> list[Any]:
         # one GPU per rank: a world this host cannot place is refused before any rank starts
@@ -354,7 +355,9 @@ class LocalLauncher:
             unregister()
             world.close()
 
-    def _run_here(self, fn: Callable[..., Any], args: tuple, on_event: Callable[[int, dict], None] | None) -> list[Any]:
+    def _run_here(
+        self, fn: Callable[..., Any], args: tuple, on_event: Callable[[int, Event], None] | None
+    ) -> list[Any]:
         """A world of one rank in this process."""
         setup = RankSetup(
             0, 1, f"tcp://127.0.0.1:{free_port()}", self.device, self.threads_per_worker, self.pg_timeout_s or 600.0

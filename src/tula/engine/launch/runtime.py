@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from tula.core.errors import TulaError
+from tula.core.events import Event
 from tula.core.gpus import gpu_for_rank
 from tula.engine.launch.base import RankFailure, WorkerContext
 from tula.engine.launch.netif import InterfaceChoice, choose_interface, interface_env, unreachable_peers
@@ -225,7 +226,7 @@ class _Joining:
 
 
 def _join(
-    setup: RankSetup, stop: StopFlag, emit: Callable[[dict], None], world: contextlib.ExitStack, joining: _Joining
+    setup: RankSetup, stop: StopFlag, emit: Callable[[Event], None], world: contextlib.ExitStack, joining: _Joining
 ) -> WorkerContext:
     """Take the rank's device, choose its interface (for as long as ``world`` lasts), join the
     process group and the stop flag's group; the rank's :class:`WorkerContext`."""
@@ -300,7 +301,7 @@ def run_rank(
     setup: RankSetup,
     fn: Callable[..., Any],
     args: tuple,
-    emit: Callable[[dict], None],
+    emit: Callable[[Event], None],
     die_with_parent: bool = True,
     in_process: bool = False,
 ) -> tuple[str, Any]:
