@@ -125,9 +125,9 @@ def test_checkpointing_lowers_the_step_peak_where_activations_dominate():
 @pytest.mark.slow  # a real 2-rank world
 def test_two_ranks_train_with_checkpointing_and_end_with_identical_replicas(tmp_path):
     on = train(spec_from_dict(_gpt_spec("on")), "lbt", 2, 32, tmp_path / "on", launcher=local_launcher())
-    assert on["replicas_identical"] and [e["epoch"] for e in on["history"]] == [1]
+    assert on.replicas_identical and [e.epoch for e in on.history] == [1]
     off = train(spec_from_dict(_gpt_spec("off")), "lbt", 2, 32, tmp_path / "off", launcher=local_launcher())
-    assert off["history"][-1]["train_loss"] == on["history"][-1]["train_loss"]
+    assert off.history[-1].train_loss == on.history[-1].train_loss
     assert_same_model(tmp_path / "on", tmp_path / "off")  # DDP's gradients of the recomputed blocks: the same
 
 
@@ -141,10 +141,9 @@ def test_the_profile_measures_checkpointing_s_lower_peak():
         d["search"] = {"cluster_sizes": [1], "min_batch": 64, "max_batch": 64}
         d["profile"] = {"warmup_steps": 1, "timed_steps": 2, "threads_per_worker": 1, "min_timed_s": 0}
         rec = profile(spec_from_dict(d), launcher=local_launcher())
-        rec = rec if isinstance(rec, dict) else rec.to_json_dict()
-        ok = [t for t in rec["trials"] if t["status"] == "ok" and t["local_batch"] == 64]
-        assert ok, rec["trials"]
-        peaks[checkpointing] = ok[0]["peak_mem_bytes"]
+        ok = [t for t in rec.trials if t.status == "ok" and t.local_batch == 64]
+        assert ok, rec.trials
+        peaks[checkpointing] = ok[0].peak_mem_bytes
     print(f"profiled peak at b=64, 4 blocks: {peaks}")
     assert peaks["on"] < 0.8 * peaks["off"], peaks
 

@@ -100,11 +100,11 @@ def test_a_profile_skips_the_sizes_it_cannot_place_and_the_plan_does_not_rank_th
     spec = spec_from_dict(tiny_spec_dict)  # cluster sizes 1 and 2, as make demo's
     events: list[dict] = []
     rec = profile(spec, "partial", launcher=_OneGpuHost(device="cpu", threads_per_worker=1), on_event=events.append)
-    by_n = {n: [t for t in rec["trials"] if t["n_workers"] == n] for n in (1, 2)}
-    assert by_n[1] and all(t["status"] == "ok" for t in by_n[1])
-    assert by_n[2] and all(t["status"] == "skipped" for t in by_n[2])
-    assert all("N = 2" in t["note"] and "1 GPU" in t["note"] for t in by_n[2])
-    assert set(rec["not_measured"]) == {"2"}
+    by_n = {n: [t for t in rec.trials if t.n_workers == n] for n in (1, 2)}
+    assert by_n[1] and all(t.status == "ok" for t in by_n[1])
+    assert by_n[2] and all(t.status == "skipped" for t in by_n[2])
+    assert all("N = 2" in t.note and "1 GPU" in t.note for t in by_n[2])
+    assert set(rec.not_measured) == {"2"}
     notes = [e["message"] for e in events if e["type"] == "note"]
     assert len(notes) == 1 and "not measured: N = 2" in notes[0] and "skipped" in notes[0]
     models = fit_models(rec)
@@ -113,7 +113,7 @@ def test_a_profile_skips_the_sizes_it_cannot_place_and_the_plan_does_not_rank_th
     assert plan.choice.n_workers == 1
     rows2 = [r for r in plan.configurations if r.n_workers == 2]
     assert rows2 and not any(r.feasible for r in rows2) and all("not measured" in (r.reason or "") for r in rows2)
-    assert "not measured: N = 2" in plan.reason and plan.not_measured == rec["not_measured"]
+    assert "not measured: N = 2" in plan.reason and plan.not_measured == rec.not_measured
 
 
 def test_a_profile_whose_every_size_is_unplaceable_is_refused_before_any_world(tiny_spec_dict):

@@ -44,6 +44,9 @@ class MethodInfo:
         ``lr_rule`` must then be ``keep``, or the LR would be scaled twice)
     resizable : its state can move to another worker count (post-local SGD keeps one momentum
         per rank, which has no meaning on another count)
+    whole_gradient : why it needs the whole gradient or the whole model on every rank, which
+        ``train.parallelism: fsdp`` shards (completes "method 'x' ..."); empty when it trains on
+        sharded gradients
     """
 
     name: str
@@ -58,6 +61,7 @@ class MethodInfo:
     is_baseline: bool = True
     scales_lr_with_batch: bool = False
     resizable: bool = True
+    whole_gradient: str = ""
 
 
 _TABLE = (
@@ -69,6 +73,7 @@ _TABLE = (
         spec_section="train.ags",
         needs_b_small_below_batch=True,
         is_baseline=False,
+        whole_gradient="compares the norms of the whole small-batch and large-batch gradients",
     ),
     MethodInfo(
         "static",
@@ -78,6 +83,7 @@ _TABLE = (
         spec_section="train.ags",
         needs_b_small_below_batch=True,
         is_baseline=False,
+        whole_gradient="gates its scaling on the norm of the whole gradient",
     ),
     MethodInfo(
         "lbt",
@@ -101,6 +107,7 @@ _TABLE = (
         "LARS",
         spec_fields=("train.base_batch", "train.warmup_epochs"),
         scales_lr_with_batch=True,
+        whole_gradient="scales each layer by the norms of its whole weight and gradient",
     ),
     MethodInfo(
         "polo",
@@ -109,6 +116,7 @@ _TABLE = (
         "PoLo",
         spec_fields=("train.polo_switch_epoch", "train.polo_averages_per_epoch", "train.warmup_epochs"),
         resizable=False,
+        whole_gradient="averages whole model replicas",
     ),
     MethodInfo(
         "adascale",
@@ -118,6 +126,7 @@ _TABLE = (
         spec_fields=("train.base_batch",),
         min_workers=2,
         min_workers_reason="estimates the gradient variance across workers",
+        whole_gradient="reads each worker's whole gradient from DDP's buckets",
     ),
     MethodInfo(
         "lamb",
@@ -126,6 +135,7 @@ _TABLE = (
         "LAMB",
         spec_fields=("train.lamb_lr", "train.base_batch", "train.warmup_epochs"),
         scales_lr_with_batch=True,
+        whole_gradient="scales each layer by the norms of its whole weight and update",
     ),
 )
 

@@ -1,5 +1,6 @@
 """What profiling and training share inside a rank: building the DDP model (a one-rank world's
-model is not wrapped: :class:`OneRank`), and the out-of-memory probe whose verdict every rank
+model is not wrapped: :class:`OneRank`; the choice between DDP and FSDP is
+:func:`tula.engine.fsdp.wrap_for_world`'s), and the out-of-memory probe whose verdict every rank
 agrees on.
 
 The probe runs a forward/backward (and whatever ``step`` does) with no collective inside,
@@ -131,8 +132,10 @@ def probe_fits(step: Callable[[], None], device: torch.device, rank: int, model:
     allocator's words.  Any failure that is not out of memory is raised.  The step runs
     with no collective inside (:func:`_no_buffer_broadcast`): a rank may run it twice
     (:func:`tula.engine.memory.run_probe_step` retries a capped failure with the cap lifted)
-    while the others wait in the agreement."""
-    with _no_buffer_broadcast(model):
+    while the others wait in the agreement.  An FSDP model (:class:`tula.engine.fsdp.Sharded`) is
+    gathered whole for the step (its ``gathered()``: no collective inside, and the memory of the
+    whole parameters and gradients, as under DDP: an upper bound of the sharded step's)."""
+    with _no_buffer_broadcast(model), getattr(model, "gathered", contextlib.nullcontext)():
         fits_here, why = run_probe_step(step)  # raises what is not out of memory
     failed, note = not fits_here, f"out of memory on rank {rank}: {why}" if not fits_here else ""
     if agree_any(failed, device):

@@ -1,0 +1,273 @@
+"""Sharded data parallel (``train.parallelism: fsdp``, FSDP2's ``fully_shard``) on real 2-rank gloo
+worlds: the same losses as DDP for the same seed, a sharded checkpoint (DCP) that resumes exactly,
+the parameters, gradients and optimiser state of a rank divided by the worker count (measured), and
+the refusals before any worker starts."""
+
+import shutil
+
+import pytest
+import torch
+from helpers import assert_refused, local_launcher, run_tula, train_args, tula_in_process, write_spec
+
+from tula.core.spec import spec_from_dict
+from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
+from tula.engine.fsdp import (
+    SHARDS_DIR,
+    SHARDS_KEY,
+    full_parameters,
+    full_state_from_shards,
+    load_shards,
+    save_shards,
+    wrap_for_world,
+)
+from tula.engine.memory import measure_step_peak_bytes
+from tula.engine.precision import Precision
+from tula.engine.step import TrainStep
+from tula.engine.train import train
+from tula.engine.workloads import build_loss, build_model, load_dataset
+
+N_WORKERS, BATCH = 2, 32  # 256 - 1/8 test sequences -> 7 steps per epoch
+HISTORY_KEYS = ("train_loss", "test_loss", "test_perplexity", "lr")
+
+
+def _gpt_spec(parallelism: str = "fsdp", epochs: int = 3, d_model: int = 32, **train: object) -> dict:
+    """tiny_gpt (2 blocks) on 256 text sequences of 32 bytes, AdamW, warm-up and decay so the LR
+    changes across the checkpoint."""
+    return {
+        "name": "gpt-fsdp",
+        "model": {
+            "name": "tiny_gpt",
+            "kwargs": {"n_layers": 2, "d_model": d_model, "n_heads": 2, "max_positions": 32, "dropout": 0.0},
+        },
+        "data": {"name": "text", "sequence_length": 32, "num_samples": 256},
+        "epochs": epochs,
+        "optimizer": {"name": "adamw", "lr": 0.01},
+        "train": {
+            "method": "lrs",
+            "base_batch": 16,
+            "warmup_epochs": 2,
+            "lr_milestones": [2],
+            "parallelism": parallelism,
+            "noise_scale": False,
+            **train,
+        },
+    }
+
+
+def _history(run):
+    return [[getattr(h, k) for k in HISTORY_KEYS] for h in run.history]
+
+
+def test_fsdp_trains_as_ddp_does_and_its_sharded_checkpoint_resumes_exactly(tmp_path):
+    spec = spec_from_dict(_gpt_spec())
+    sharded = train(spec, "lrs", N_WORKERS, BATCH, tmp_path / "a", launcher=local_launcher())
+    ddp = train(spec_from_dict(_gpt_spec("ddp")), "lrs", N_WORKERS, BATCH, tmp_path / "ddp", launcher=local_launcher())
+    # the same losses, step for step: FSDP's reduce-scatter averages as DDP's all-reduce does
+    assert torch.allclose(torch.tensor(_history(sharded)), torch.tensor(_history(ddp)), rtol=1e-5, atol=0)
+    assert sharded.replicas_identical  # the gathered parameters, the same from every rank
+
+    # the checkpoint: shards (DCP) beside a checkpoint.pt without model tensors, the last two kept
+    head = load_checkpoint(tmp_path / "a")
+    assert head[SHARDS_KEY] == f"{SHARDS_DIR}/epoch-0003" and head["model"] == {}
+    assert sorted(p.name for p in (tmp_path / "a" / SHARDS_DIR).iterdir()) == ["epoch-0002", "epoch-0003"]
+
+    # what a run stopped after epoch 2 leaves: its checkpoint.pt and the shards it names
+    (tmp_path / "b").mkdir()
+    shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)
+    ref = load_checkpoint(tmp_path / "b")[SHARDS_KEY]
+    shutil.copytree(tmp_path / "a" / ref, tmp_path / "b" / ref)
+    resumed = train(spec, "lrs", N_WORKERS, BATCH, tmp_path / "b", resume=True, launcher=local_launcher())
+    assert resumed.resumed_from_epoch == 2 and _history(resumed) == _history(sharded)
+    whole_a = full_state_from_shards(tmp_path / "a", head[SHARDS_KEY])
+    whole_b = full_state_from_shards(tmp_path / "b", load_checkpoint(tmp_path / "b")[SHARDS_KEY])
+    assert whole_a["model"].keys() == whole_b["model"].keys()
+    differ = [k for k in whole_a["model"] if not torch.equal(whole_a["model"][k], whole_b["model"][k])]
+    assert not differ, f"resumed weights differ from the uninterrupted run's in {differ}"
+    moments = [
+        (name, key)
+        for name, state in whole_a["optimizer"]["state"].items()
+        for key, value in state.items()
+        if not torch.equal(torch.as_tensor(value), torch.as_tensor(whole_b["optimizer"]["state"][name][key]))
+    ]
+    assert not moments, f"resumed optimiser state differs in {moments}"
+
+
+def _local_bytes(tensors) -> int:
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
+def rank_memory(ctx, parallelism: str) -> dict:
+    """On each rank: tiny_gpt (4 blocks, 128 wide) as ``parallelism`` holds it, one AdamW step, then
+    the next step's peak (tula.engine.memory.measure_step_peak_bytes) and the bytes this rank holds of
+    the parameters, the gradients and the optimiser state."""
+    spec = spec_from_dict({**_gpt_spec(parallelism, d_model=128), "model": {
+        "name": "tiny_gpt",
+        "kwargs": {"n_layers": 4, "d_model": 128, "n_heads": 2, "max_positions": 16, "dropout": 0.0},
+    }, "data": {"name": "text", "sequence_length": 16, "num_samples": 64}})  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(spec.model)
+    block_bytes = max(_local_bytes(b.parameters()) for b in model.blocks)
+    root_bytes = _local_bytes(model.parameters()) - sum(_local_bytes(b.parameters()) for b in model.blocks)
+    held = wrap_for_world(model, ctx.device, spec.train)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    step = TrainStep(held, build_loss(spec.train.loss, ctx.device), Precision("fp32", ctx.device), optimizer=optimizer)
+    batch = load_dataset(spec.data, 0).batch(4, torch.Generator().manual_seed(ctx.rank))
+    step.train_step(batch)  # the optimiser's state exists from here on
+    peak = measure_step_peak_bytes(lambda: step.train_step(batch), model, optimizer, ctx.device)
+    state = (
+        _local_bytes(model.parameters())
+        + _local_bytes(p.grad for p in model.parameters() if p.grad is not None)
+        + _local_bytes(v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim())
+    )
+    return {"peak": peak, "state": state, "block": block_bytes, "root": root_bytes}
+
+
+def test_a_rank_holds_a_worker_counts_share_of_parameters_gradients_and_optimiser_state():
+    ddp = local_launcher().run(rank_memory, N_WORKERS, "ddp", timeout_s=120)
+    sharded = local_launcher().run(rank_memory, N_WORKERS, "fsdp", timeout_s=120)
+    print(f"DDP {ddp}\nFSDP {sharded}")
+    for d, s in zip(ddp, sharded):
+        # every tensor of the state split along its first dimension (all even here: no padding)
+        assert s["state"] * N_WORKERS == d["state"], (d, s)
+        # the step's peak: DDP's less the half of the state FSDP does not hold, plus what it gathers
+        # at once: a block's whole parameters and gradients, and the root's parameters
+        working_set = 2 * d["block"] + 2 * d["root"]
+        assert s["peak"] < d["peak"] - d["state"] / 2 + working_set, (d, s)
+        assert s["peak"] < d["peak"]
+
+
+def rank_shards(ctx, out_dir: str, write: bool) -> list[float]:
+    """On each rank: tiny_gpt sharded, one AdamW step from seed 1 (``write``: then its shards saved as
+    epoch 1's) or from seed 2 (then epoch 1's shards loaded over it); its parameters' sums, whole."""
+    spec = spec_from_dict(_gpt_spec())
+    torch.manual_seed(1 if write else 2)
+    model = build_model(spec.model)
+    held = wrap_for_world(model, ctx.device, spec.train)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    tokens = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(ctx.rank))
+    model(tokens, labels=tokens).loss.backward()
+    optimizer.step()
+    state = {"method_state": {"extra": {}}, "model": {}}
+    if write:
+        save_shards(held, optimizer, out_dir, 1, state)
+    else:
+        loaded = load_shards(held, optimizer, out_dir, {**state, SHARDS_KEY: f"{SHARDS_DIR}/epoch-0001"})
+        assert len(loaded["method_state"]["optimizer"]["state"]) == len(list(model.parameters()))
+    return [float(p.sum()) for p in full_parameters(model)]
+
+
+def test_shards_written_by_two_ranks_load_into_one(tmp_path):
+    """What a new worker count does with a sharded checkpoint (DCP reshards it)."""
+    written = local_launcher().run(rank_shards, 2, str(tmp_path), True, timeout_s=120)
+    loaded = local_launcher().run(rank_shards, 1, str(tmp_path), False, timeout_s=120)
+    assert loaded[0] == written[0] == written[1]
+
+
+@pytest.mark.parametrize(
+    "train_section, method, sentence",
+    [
+        (
+            {},
+            "ags",
+            "method 'ags' compares the norms of the whole small-batch and large-batch gradients, which "
+            "train.parallelism fsdp shards over the workers; use method lbt or lrs with fsdp, or train.parallelism "
+            "ddp",
+        ),
+        (
+            {"precision": "fp16"},
+            "lbt",
+            "train.precision fp16 is not available with train.parallelism fsdp yet",
+        ),
+        (
+            {"noise_scale": True},
+            "lbt",
+            "train.noise_scale needs each worker's whole gradient before it is averaged, which train.parallelism "
+            "fsdp reduce-scatters inside the backward pass; set train.noise_scale to false with fsdp",
+        ),
+    ],
+    ids=["whole-gradient-method", "fp16", "noise-scale"],
+)
+def test_what_fsdp_cannot_train_is_one_sentence_before_any_worker_starts(tmp_path, train_section, method, sentence):
+    spec = write_spec(tmp_path, _gpt_spec(**train_section))
+    r = tula_in_process(*train_args(spec, tmp_path / "out", method=method), env={"TULA_FP16_ON_CPU": "1"})
+    assert_refused(r, sentence)
+    assert not (tmp_path / "out" / CHECKPOINT).exists()
+
+
+def test_tula_run_refuses_fsdp_with_a_whole_gradient_method_before_profiling(tmp_path):
+    d = _gpt_spec(method="lars")
+    r = run_tula("run", write_spec(tmp_path, d), "--out", tmp_path / "run", timeout=120)  # a process of its own
+    assert_refused(r, "method 'lars' scales each layer by the norms of its whole weight and gradient")
+    assert not (tmp_path / "run" / "profile.json").exists()
+
+
+@pytest.mark.slow
+def test_the_out_of_memory_fallback_works_under_fsdp(tiny_spec_dict, tmp_path):
+    """tests/test_train.py's capped run (8 MiB of address space above each rank's set-up) with
+    fsdp: the ranks agree on out-of-memory at the gathered probe, the world starts again at half
+    the micro-batch until it fits, and the run trains there."""
+    d = dict(tiny_spec_dict, epochs=2, model={"name": "small_cnn", "kwargs": {"width": 32}})
+    d["search"] = {**d["search"], "memory_budget_bytes": 8 * 2**20, "enforce_memory_cap": True}
+    d["train"] = {"warmup_epochs": 0, "method": "lbt", "parallelism": "fsdp", "noise_scale": False}
+    run = train(spec_from_dict(d), "lbt", N_WORKERS, 1024, tmp_path, launcher=local_launcher())
+    assert run.fallbacks, "the capped run never ran out of memory"
+    assert all(f.to_global_batch == 1024 for f in run.fallbacks)
+    assert run.accumulation_steps > 1 and [h.epoch for h in run.history] == [1, 2]
+
+
+# --------------------------------------------------------------------------- the profile under FSDP
+@pytest.mark.slow  # two real 2-rank profiles
+def test_a_profile_under_fsdp_measures_sharded_steps_below_ddp_s_peaks():
+    """The profile holds the model as training does (``wrap_for_world``): under fsdp each trial's
+    step is the sharded one, whose peak is below the same trial's under DDP (each rank holds half
+    the parameters, gradients and AdamW state); the memory probe (run gathered) and the timings
+    run, and no noise scale is measured (no rank holds a whole local gradient)."""
+    from tula.engine.profile import profile
+
+    def trials(parallelism: str) -> dict:
+        spec = _gpt_spec(parallelism, d_model=128)
+        spec["search"] = {"cluster_sizes": [N_WORKERS], "min_batch": 4, "max_batch": 8}
+        spec["profile"] = {"warmup_steps": 1, "timed_steps": 2, "min_timed_s": 0.0, "noise_steps": 2}
+        rec = profile(spec_from_dict(spec), "full")
+        assert all(t.status == "ok" for t in rec.trials), rec.trials
+        return {t.global_batch: t for t in rec.trials}
+
+    ddp, sharded = trials("ddp"), trials("fsdp")
+    print({b: (ddp[b].peak_mem_bytes, sharded[b].peak_mem_bytes) for b in ddp})
+    assert sorted(ddp) == sorted(sharded) and len(ddp) >= 2
+    for b, t in sharded.items():
+        assert t.peak_mem_bytes < ddp[b].peak_mem_bytes, (b, t.peak_mem_bytes, ddp[b].peak_mem_bytes)
+        assert t.t_step_s > 0 and t.t_compute_s > 0 and t.noise is None
+    assert any(t.noise is not None for t in ddp.values())
+
+
+# --------------------------------------------------------------------------- the stored models' key
+def test_fsdp_and_several_sequence_lengths_change_the_stored_model_key_and_ddp_keeps_it():
+    """Models measured on sharded steps, or over several lengths (terms in B*L and B*L^2), are not
+    those of a DDP profile at one length: another key; ddp and no lengths leave the parts as they
+    were (the golden keys of test_gpu_knobs and test_checkpointing)."""
+    from tula.service.model_key import key_parts_for_new_job, model_key, model_key_parts
+
+    facts = {"device": "cpu", "cpu": "Test CPU", "gpu": None, "cores": 8, "torch": "2.14.1"}
+    profile = {"device": "cpu", "facts": facts, "sample_shape": [32], "threads_per_worker": 2}
+    keys = {}
+    for name, parallelism, lengths in (
+        ("ddp", "ddp", None),
+        ("fsdp", "fsdp", None),
+        ("lengths", "ddp", [32, 16]),
+        ("same lengths", "ddp", [16, 32, 16]),
+        ("other lengths", "ddp", [32, 64]),
+        ("both", "fsdp", [16, 32]),
+    ):
+        spec = _gpt_spec(parallelism)
+        if lengths is not None:
+            spec["search"] = {"sequence_lengths": lengths}
+        parts = key_parts_for_new_job(spec, facts, 2)
+        assert model_key_parts(spec, profile) == parts  # a finished profile of the job: the same parts
+        keys[name] = (model_key(parts), parts)
+    assert not {"parallelism", "sequence_lengths"} & set(keys["ddp"][1])
+    assert keys["fsdp"][1]["parallelism"] == "fsdp" and keys["lengths"][1]["sequence_lengths"] == [16, 32]
+    assert keys["lengths"][0] == keys["same lengths"][0]  # the set of lengths, as the spec reads it
+    distinct = {keys[n][0] for n in ("ddp", "fsdp", "lengths", "other lengths", "both")}
+    assert len(distinct) == 5
