@@ -38,6 +38,7 @@ from tula.core.records import (
 )
 from tula.core.registry import OBJECTIVES
 from tula.core.say import Table, fmt_bytes
+from tula.core.simulate import ConstantRow, MeasuredPoint, ScheduleRow, SimulatedRow
 
 if TYPE_CHECKING:
     from tula.core.perfmodel import PerfModel
@@ -64,8 +65,11 @@ def trials_table(profile: dict | ProfileRecord) -> Table:
         f"{rec.threads_per_worker} thread(s)/worker, {rec.profiling_s:.0f} s)"
     )
     data = any(r.t_data_s is not None for r in rec.trials)
+    lengths = len({r.sequence_length for r in rec.trials}) > 1  # profiled over several sequence lengths: an L column
     cols = (
-        ["N", "B", "b", "t_step ms", "t_compute ms", "t_sync ms"]
+        ["N", "B", "b"]
+        + (["L"] if lengths else [])
+        + ["t_step ms", "t_compute ms", "t_sync ms"]
         + (["data ms"] if data else [])
         + ["spread", "peak mem", "status"]
     )
@@ -79,6 +83,7 @@ def trials_table(profile: dict | ProfileRecord) -> Table:
                 str(r.n_workers),
                 str(r.global_batch),
                 str(r.local_batch),
+                *([str(r.sequence_length)] if lengths else []),
                 _ms(r.t_step_s),
                 _ms(r.t_compute_s),
                 _ms(r.t_sync_s),
@@ -117,6 +122,14 @@ def models_table(models: dict | ModelsRecord) -> Table:
         "memory: per sample",
         f"activations {fmt_bytes(mem.activation_bytes_per_sample)}, data {fmt_bytes(mem.batch_bytes_per_sample)}",
     )
+    if mem.sequence_length is not None or perf.sequence_length is not None:  # profiled over several lengths
+        ref = mem.sequence_length or perf.sequence_length
+        t.add_row(
+            "per sample at length L",
+            f"from L={ref}: memory {mem.bytes_per_token:+.4g} B * (L-{ref}) {mem.bytes_per_token_squared:+.4g} B * "
+            f"(L^2-{ref}^2); compute {perf.c1_per_token * 1e6:+.4g} us * (L-{ref}) "
+            f"{perf.c1_per_token_squared * 1e6:+.4g} us * (L^2-{ref}^2)",
+        )
     hosts = perf.beta_intra is not None or "beta_intra" in perf.frozen  # fitted across hosts
     m = "m" if hosts else "N"
     t.add_row(
@@ -181,6 +194,7 @@ def plan_table(plan: dict | PlanRecord) -> Table:
     spot = any(r.given("failure_free_time_s") for r in rows)
     acc = any(r.given("epochs_to_accuracy") for r in rows)
     parts = bool(rec.run_costs)  # an epoch = its steps + its end (evaluation, checkpoint, the method's)
+    lengths = len({r.sequence_length for r in rows}) > 1  # several sequence lengths planned: an L column
     title = f"Plan (objective: {rec.objective}); candidate batches and the choice"
     noise = rec.noise_scale or NoiseScale()
     if acc:
@@ -196,7 +210,9 @@ def plan_table(plan: dict | PlanRecord) -> Table:
     # what the epochs include: the method's step and each epoch's end, or that they were not measured
     t = Table(title=title, caption=rec.run_costs_note)
     cols = (
-        ["", "N", "B", "b", "t_step ms", "epoch s"]
+        ["", "N", "B", "b"]
+        + (["L"] if lengths else [])
+        + ["t_step ms", "epoch s"]
         + (["of which end s"] if parts else [])
         + ["total s" + (" (expected)" if spot else "")]
         + (["preempt."] if spot else [])
@@ -216,6 +232,7 @@ def plan_table(plan: dict | PlanRecord) -> Table:
             str(r.n_workers),
             str(r.global_batch),
             str(r.local_batch) if r.accumulation_steps == 1 else f"{r.accumulation_steps}x{r.micro_batch}",
+            *([str(r.sequence_length)] if lengths else []),
             _ms(r.t_step_s),
             f"{r.epoch_time_s:.3f}",
             *([f"{r.epoch_fixed_s if r.given('epoch_fixed_s') else 0.0:.3f}"] if parts else []),
@@ -419,98 +436,117 @@ def _dur(x: float | None) -> str:
     return "-" if x is None else format_duration(x)
 
 
-def simulation_tables(sim, rows: list[dict], unit: str = "$") -> list[Table]:
+def simulation_tables(sim, rows: Sequence[SimulatedRow], unit: str = "$") -> list[Table]:
     """One table per collective of a constant-batch simulation (rows: N) or a schedule
     simulation (rows: schedules): step time, epoch time, total time, cost, updates."""
     out = []
-    for c in dict.fromkeys(r["collective"] for r in rows):
-        mine = [r for r in rows if r["collective"] == c]
-        if "schedule" in mine[0]:
-            t = Table(title=f"Simulated {c}, {sim.epochs} epochs: {_simulated_network(sim)}")
-            acc = any(r.get("max_accumulation_steps", 1) > 1 for r in mine)
-            for col in (
-                "schedule",
-                "updates",
-                "max B",
-                "max N",
-                *(("max k",) if acc else ()),
-                "resizes",
-                "step ms (mean)",
-                "epoch (mean)",
-                "total",
-                f"cost {unit}",
-            ):
-                t.add_column(col, justify="right" if col != "schedule" else "left")
-            for r in mine:
-                t.add_row(
-                    r["schedule"],
-                    str(r["updates"]),
-                    str(r["max_batch"]),
-                    str(r["max_workers"]),
-                    *((str(r.get("max_accumulation_steps", 1)),) if acc else ()),
-                    str(r["resizes"]),
-                    _ms(r["t_step_s"]),
-                    _dur(r["epoch_time_s"]),
-                    _dur(r["total_time_s"]),
-                    f"{r['cost']:.4g}",
-                )
-        else:
-            t = Table(
-                title=f"Simulated {c}, B={mine[0]['global_batch']} constant, {sim.epochs} epochs: "
-                f"{_simulated_network(sim)}"
-            )
-            acc = any("time_to_accuracy_s" in r for r in mine)
-            for col in (
-                "N",
-                "b",
-                "step ms",
-                "sync ms",
-                "epoch",
-                "total",
-                f"cost {unit}",
-                *(("to accuracy",) if acc else ()),
-                "updates",
-                "speed-up",
-                "note",
-            ):
-                t.add_column(col, justify="right" if col != "note" else "left")
-            base = next((r["total_time_s"] for r in mine if r["total_time_s"] is not None), None)
-            for r in mine:
-                speed = "-" if r["total_time_s"] is None or base is None else f"{base / r['total_time_s']:.2f}x"
-                t.add_row(
-                    str(r["n_workers"]),
-                    f"{r['local_batch']:.4g}",
-                    _ms(r["t_step_s"]),
-                    _ms(r["t_sync_s"]),
-                    _dur(r["epoch_time_s"]),
-                    _dur(r["total_time_s"]),
-                    "-" if r["cost"] is None else f"{r['cost']:.4g}",
-                    *((_dur(r["time_to_accuracy_s"]) if "time_to_accuracy_s" in r else "-",) if acc else ()),
-                    str(r["updates"]),
-                    speed,
-                    r["note"],
-                    style="dim" if r["note"] else None,
-                )
-        out.append(t)
+    for c in dict.fromkeys(r.collective for r in rows):
+        mine = [r for r in rows if r.collective == c]
+        scheduled = [r for r in mine if isinstance(r, ScheduleRow)]
+        constant = [r for r in mine if isinstance(r, ConstantRow)]
+        out.append(_schedule_table(sim, c, scheduled, unit) if scheduled else _constant_table(sim, c, constant, unit))
     return out
 
 
-def simulation_summary(rows: list[dict]) -> Table:
+def _schedule_table(sim, collective: str, rows: list[ScheduleRow], unit: str) -> Table:
+    """A schedule simulation's table on one collective: a row per schedule."""
+    t = Table(title=f"Simulated {collective}, {sim.epochs} epochs: {_simulated_network(sim)}")
+    acc = any(r.max_accumulation_steps > 1 for r in rows)
+    for col in (
+        "schedule",
+        "updates",
+        "max B",
+        "max N",
+        *(("max k",) if acc else ()),
+        "resizes",
+        "step ms (mean)",
+        "epoch (mean)",
+        "total",
+        f"cost {unit}",
+    ):
+        t.add_column(col, justify="right" if col != "schedule" else "left")
+    for r in rows:
+        t.add_row(
+            r.schedule,
+            str(r.updates),
+            str(r.max_batch),
+            str(r.max_workers),
+            *((str(r.max_accumulation_steps),) if acc else ()),
+            str(r.resizes),
+            _ms(r.t_step_s),
+            _dur(r.epoch_time_s),
+            _dur(r.total_time_s),
+            f"{r.cost:.4g}",
+        )
+    return t
+
+
+def _constant_table(sim, collective: str, rows: list[ConstantRow], unit: str) -> Table:
+    """A constant-batch simulation's table on one collective: a row per cluster size N."""
+    t = Table(
+        title=f"Simulated {collective}, B={rows[0].global_batch} constant, {sim.epochs} epochs: "
+        f"{_simulated_network(sim)}"
+    )
+    acc = any(r.time_to_accuracy_s is not None for r in rows)
+    for col in (
+        "N",
+        "b",
+        "step ms",
+        "sync ms",
+        "epoch",
+        "total",
+        f"cost {unit}",
+        *(("to accuracy",) if acc else ()),
+        "updates",
+        "speed-up",
+        "note",
+    ):
+        t.add_column(col, justify="right" if col != "note" else "left")
+    base = next((r.total_time_s for r in rows if r.total_time_s is not None), None)
+    for r in rows:
+        speed = "-" if r.total_time_s is None or base is None else f"{base / r.total_time_s:.2f}x"
+        t.add_row(
+            str(r.n_workers),
+            f"{r.local_batch:.4g}",
+            _ms(r.t_step_s),
+            _ms(r.t_sync_s),
+            _dur(r.epoch_time_s),
+            _dur(r.total_time_s),
+            "-" if r.cost is None else f"{r.cost:.4g}",
+            *((_dur(r.time_to_accuracy_s),) if acc else ()),
+            str(r.updates),
+            speed,
+            r.note,
+            style="dim" if r.note else None,
+        )
+    return t
+
+
+def _row_label(r: SimulatedRow) -> str | int:
+    """What a simulated row is about: its schedule, or its cluster size N."""
+    return r.schedule if isinstance(r, ScheduleRow) else r.n_workers
+
+
+def simulation_summary(rows: Sequence[SimulatedRow]) -> Table:
     """AdaDamp's Table 2 layout: total training time, rows N (or schedules), a column per collective."""
-    key = "schedule" if "schedule" in rows[0] else "n_workers"
-    colls = list(dict.fromkeys(r["collective"] for r in rows))
-    t = Table(title="Simulated training time" + (" per schedule" if key == "schedule" else " per cluster size"))
-    t.add_column("schedule" if key == "schedule" else "N", justify="left" if key == "schedule" else "right")
+    scheduled = isinstance(rows[0], ScheduleRow)
+    colls = list(dict.fromkeys(r.collective for r in rows))
+    t = Table(title="Simulated training time" + (" per schedule" if scheduled else " per cluster size"))
+    t.add_column("schedule" if scheduled else "N", justify="left" if scheduled else "right")
     for c in colls:
         t.add_column(c, justify="right")
-    for k in dict.fromkeys(r[key] for r in rows):
-        by = {r["collective"]: r for r in rows if r[key] == k}
-        t.add_row(str(k), *[_dur(by[c]["total_time_s"]) if c in by else "-" for c in colls])
+    for k in dict.fromkeys(_row_label(r) for r in rows):
+        by = {r.collective: r for r in rows if _row_label(r) == k}
+        t.add_row(str(k), *[_dur(by[c].total_time_s) if c in by else "-" for c in colls])
     return t
 
 
 def plot_simulation(
-    sim, rows: list[dict], path: str | Path, title: str = "", measured: list[dict] | None = None
+    sim,
+    rows: Sequence[SimulatedRow],
+    path: str | Path,
+    title: str = "",
+    measured: Sequence[MeasuredPoint] | None = None,
 ) -> Path:
     """Constant batch: total time and cost vs N (log-log), a line per collective, the
     profiled measurements (E * updates * measured t_step) as points.  Schedules: total time
@@ -522,28 +558,29 @@ def plot_simulation(
     import numpy as np
 
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(12, 4.6))
-    colls = list(dict.fromkeys(r["collective"] for r in rows))
-    if "schedule" in rows[0]:
-        names = list(dict.fromkeys(r["schedule"] for r in rows))
+    colls = list(dict.fromkeys(r.collective for r in rows))
+    scheduled = [r for r in rows if isinstance(r, ScheduleRow)]
+    if scheduled:
+        names = list(dict.fromkeys(r.schedule for r in scheduled))
         x = np.arange(len(names))
         w = 0.8 / len(colls)
         for j, c in enumerate(colls):
-            by = {r["schedule"]: r for r in rows if r["collective"] == c}
-            ax_t.bar(x + j * w, [by[s]["total_time_s"] for s in names], w, label=c)
-            ax_c.bar(x + j * w, [by[s]["cost"] for s in names], w, label=c)
+            by = {r.schedule: r for r in scheduled if r.collective == c}
+            ax_t.bar(x + j * w, [by[s].total_time_s for s in names], w, label=c)
+            ax_c.bar(x + j * w, [by[s].cost for s in names], w, label=c)
         for ax in (ax_t, ax_c):
             ax.set_xticks(x + w * (len(colls) - 1) / 2, names, rotation=20, fontsize=8)
             ax.set_yscale("log")
     else:
         for c in colls:
-            mine = [r for r in rows if r["collective"] == c and r["total_time_s"] is not None]
-            n = [r["n_workers"] for r in mine]
-            ax_t.plot(n, [r["total_time_s"] for r in mine], "o-", ms=3, label=c)
-            ax_c.plot(n, [r["cost"] for r in mine], "o-", ms=3, label=c)
+            mine = [r for r in rows if isinstance(r, ConstantRow) and r.collective == c and r.total_time_s is not None]
+            n = [r.n_workers for r in mine]
+            ax_t.plot(n, [r.total_time_s for r in mine], "o-", ms=3, label=c)
+            ax_c.plot(n, [r.cost for r in mine], "o-", ms=3, label=c)
         if measured:
             ax_t.plot(
-                [m["n_workers"] for m in measured],
-                [m["total_time_s"] for m in measured],
+                [m.n_workers for m in measured],
+                [m.total_time_s for m in measured],
                 "k*",
                 ms=10,
                 label="profiled (measured step time)",
@@ -704,8 +741,8 @@ def _epoch_time_panel(ax, run: TrainRecord, history: list[EpochRecord]) -> None:
     ax.plot(ep, [measured_epoch_s(h) for h in hist], "o-", label="measured")
     ax.plot(ep, [h.predicted_epoch_s for h in hist], "s--", color="tab:purple", label="predicted")
     for g in run.generations or []:
-        if g.get("new_world") and g.get("from_epoch", 1) > 1:
-            ax.axvline(g["from_epoch"] - 0.5, color="grey", ls=":", lw=1)
+        if g.new_world and g.from_epoch > 1:
+            ax.axvline(g.from_epoch - 0.5, color="grey", ls=":", lw=1)
     for h in hist:
         k = h.accumulation_steps or 1
         ax.annotate(f"N={h.n_workers} B={h.global_batch}" + (f" k={k}" if k > 1 else ""),
@@ -753,7 +790,7 @@ def _accuracy_panel(ax, run: TrainRecord, history: list[EpochRecord]) -> None:
     ax2.plot(ep, [h.train_loss for h in history], "s--", color="tab:red", alpha=0.7, label="train loss")
     ax2.set_ylabel("train loss")
     for f in run.fallbacks:
-        ax.axvline(f["at_epoch"] + 0.5, color="grey", ls=":", lw=1)
+        ax.axvline(f.at_epoch + 0.5, color="grey", ls=":", lw=1)
     ax.legend(loc="lower right", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
     ax.set_title(f"{run.method}: N={run.n_workers}, B={run.global_batch}")

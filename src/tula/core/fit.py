@@ -39,7 +39,7 @@ from tula.core.records import (  # noqa: F401
     save_record,
 )
 from tula.core.run_costs import fit_run_costs
-from tula.core.spec import JobSpec, spec_from_dict
+from tula.core.spec import JobSpec, reference_sequence_length, spec_from_dict
 
 
 def oom_local_batch(trials: list[dict]) -> int | None:
@@ -122,16 +122,32 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
             "the profile has no successful trial to fit a performance model to "
             "(every trial ran out of memory or failed)"
         )
-    perf = fit_perf_model(trials, spec.collective, prof.model.grad_bytes)
+    # the batch's line is fitted at the data's own length (every trial of a profile of one length);
+    # the trials at the other lengths of search.sequence_lengths then fit the terms in B*L and B*L^2
+    ref_length = reference_sequence_length(spec.data)
+    at_ref = [t for t in prof.trials if t.sequence_length in (None, ref_length)]
+    ref_ok = [t for t in at_ref if t.status == "ok"]
+    if not ref_ok:
+        raise RecordError(
+            f"the profile has no successful trial at the data's own sequence length {ref_length} to fit the "
+            "performance model to (every one ran out of memory or failed)"
+        )
+    perf = fit_perf_model([asdict(t) for t in at_ref], spec.collective, prof.model.grad_bytes)
     ok = [asdict(t) for t in ok_trials]
     probed = MemoryModel.from_dict(prof.memory)
+    peaks = [t.peak_mem_bytes for t in ok_trials if t.peak_mem_bytes is not None]  # every one (ProfileRecord checks)
+    ref_peaks = [t.peak_mem_bytes for t in ref_ok if t.peak_mem_bytes is not None]
+    mem = probed.refit([t.local_batch for t in ref_ok], ref_peaks, [t.n_workers for t in ref_ok])
     local = np.array([t.local_batch for t in ok_trials])
     ns = [t.n_workers for t in ok_trials]
-    peaks = [t.peak_mem_bytes for t in ok_trials if t.peak_mem_bytes is not None]  # every one (ProfileRecord checks)
-    mem = probed.refit(local.tolist(), peaks, ns)
-    t_err = relative_errors(perf, ok)  # each trial where its ranks ran
-    m_err = relative_error(mem.predict_peak_bytes(local, ns), peaks)
-    acc = accumulation_check(perf, ok, prof.accumulation_trials or [])
+    lengths = None
+    if ref_length is not None and len(ref_ok) < len(ok_trials):  # trials at other lengths
+        perf = perf.with_sequence_length(ref_length, ok)
+        lengths = np.array([t.sequence_length or ref_length for t in ok_trials])
+        mem = mem.with_sequence_length(ref_length, lengths.tolist(), local.tolist(), peaks, ns)
+    t_err = relative_errors(perf, ok)  # each trial where its ranks ran, at its length
+    m_err = relative_error(mem.predict_peak_bytes(local, ns, lengths), peaks)
+    acc = accumulation_check(perf, [asdict(t) for t in ref_ok], prof.accumulation_trials or [])
     run_trials = prof.run_trials or []
     run_costs = fit_run_costs(run_trials, spec.train.method)
     fit_error = {
@@ -154,7 +170,7 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
         memory=mem.to_dict(),
         memory_probed=probed.to_dict(),
         perf=perf.to_dict(),
-        oom_local_batch=oom_local_batch(trials),
+        oom_local_batch=oom_local_batch([asdict(t) for t in at_ref]),
         fit_error=fit_error,
         accumulation_check=acc,
         trials=prof.trials,

@@ -248,6 +248,7 @@ class Predictions:
         preemptions); the failure-free time without a pricing
     cost : of ``total_time_s`` on N nodes (``None`` without a pricing)
     expected_preemptions : under spot pricing (else ``None``)
+    sequence_length : L of each configuration, where one was given (else ``None``)
     """
 
     n_workers: FloatArray
@@ -268,6 +269,7 @@ class Predictions:
     total_time_s: FloatArray
     cost: FloatArray | None = None
     expected_preemptions: FloatArray | None = None
+    sequence_length: FloatArray | None = None
 
     def __len__(self) -> int:
         return int(self.n_workers.size)
@@ -310,6 +312,22 @@ class FittedModels:
     max_local_batch: int | None = None
     ranks_per_node: int | None = None
     noise_scale: float | None = None
+    memory_budget_bytes: int | None = None  # the budget the memory model's limits are within (None: none)
+    memory_safety: float = 0.1  # the share of it kept free
+    oom_local_batch: int | None = None  # the smallest local batch that ran out of memory, at the data's own length
+
+    def max_local_batch_at(self, sequence_length: int | None = None) -> int | None:
+        """The largest micro-batch that fits in memory at sequence length L (``None``, or a memory
+        model of one length: :attr:`max_local_batch`): the memory model's limit at L, and below
+        the batch that ran out of memory while profiling where L is at least the data's own length."""
+        memory = self.memory
+        if sequence_length is None or memory is None or memory.sequence_length is None:
+            return self.max_local_batch
+        limits = [memory.max_local_batch(self.memory_budget_bytes, self.memory_safety, None, sequence_length)]
+        if self.oom_local_batch is not None and sequence_length >= memory.sequence_length:
+            limits.append(self.oom_local_batch - 1)
+        known = [b for b in limits if b is not None]
+        return min(known) if known else None
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any] | BaseModel, *, method: str | None = None) -> FittedModels:
@@ -353,6 +371,9 @@ class FittedModels:
             max_local_batch=min(known) if known else None,
             ranks_per_node=ranks_per_node_of(rec.get("trials") or []),
             noise_scale=None if b_noise is None else float(b_noise),
+            memory_budget_bytes=rec.get("memory_budget_bytes"),
+            memory_safety=spec.search.memory_safety,
+            oom_local_batch=b_oom,
         )
 
     @property
@@ -367,13 +388,20 @@ class FittedModels:
         return self.memory
 
     # ----------------------------------------------------------------------- the step's parts
-    def compute_s(self, micro_batch: ArrayLike, n_workers: ArrayLike, network: Network | None = None) -> FloatArray:
+    def compute_s(
+        self,
+        micro_batch: ArrayLike,
+        n_workers: ArrayLike,
+        network: Network | None = None,
+        sequence_length: ArrayLike | None = None,
+    ) -> FloatArray:
         """One micro-batch's compute on ``network``'s workers: the fitted compute with
-        co-location over min(N, R) ranks (all N on the flat model), divided by the compute speed."""
+        co-location over min(N, R) ranks (all N on the flat model), divided by the compute speed,
+        at ``sequence_length`` (default: the length fitted)."""
         net = self.network if network is None else network
         n = np.asarray(n_workers, float)
         m = n if net.ranks_per_node is None else np.minimum(n, net.ranks_per_node)
-        return np.asarray(self.perf.t_compute_s(micro_batch, m) / net.compute_speed, float)
+        return np.asarray(self.perf.t_compute_s(micro_batch, m, sequence_length) / net.compute_speed, float)
 
     def sync_s(self, n_workers: ArrayLike, network: Network | None = None) -> FloatArray:
         """The sync of N ranks on ``network`` (:func:`tula.core.perfmodel.sync_time_s`; 0 at N = 1)."""
@@ -403,6 +431,7 @@ class FittedModels:
         epochs: float | None = None,
         whole_steps: bool = True,
         measured_ratio: float | None = None,
+        sequence_length: ArrayLike | None = None,
     ) -> Predictions:
         """Predict many configurations at once.
 
@@ -420,6 +449,10 @@ class FittedModels:
         whole_steps : an epoch of ``floor(D / B)`` steps as the runner trains it (default), or
             Eq. 4a's ``D / B`` (the planner's)
         measured_ratio : scale every step and epoch by a finished run's measured / predicted
+        sequence_length : L of each configuration, broadcast with them (default: the data's own
+            length, the one the models were fitted at); the step, the peak and whether it fits
+            are predicted at it (:class:`~tula.core.memory_model.MemoryModel`'s and
+            :class:`~tula.core.perfmodel.PerfModel`'s terms in B*L and B*L^2)
 
         Returns
         -------
@@ -428,7 +461,8 @@ class FittedModels:
         n, big_b, k, local = self._inputs(configs, n_workers, global_batch, accumulation_steps, local_batch)
         net = self.network if network is None else network
         micro = local / k
-        compute = self.compute_s(micro, n, net)
+        length = None if sequence_length is None else np.broadcast_to(np.asarray(sequence_length, float), n.shape)
+        compute = self.compute_s(micro, n, net, length)
         sync = self.sync_s(n, net)
         t_step = np.asarray(self.perf.step_from_parts_s(compute, sync, n, k), float)
         costs, d = self.run_costs, self.dataset_size
@@ -441,8 +475,12 @@ class FittedModels:
             epoch, fixed = epoch * measured_ratio, fixed * measured_ratio
         peak = None
         if self.memory is not None:
-            peak = np.trunc(np.asarray(self.memory.predict_accumulated_peak_bytes(local, micro, n), float))
+            peak = np.trunc(np.asarray(self.memory.predict_accumulated_peak_bytes(local, micro, n, length), float))
         feasible = np.ones(n.shape, bool) if self.max_local_batch is None else micro <= self.max_local_batch
+        if length is not None:  # each length's own limit
+            limits = {v: self.max_local_batch_at(int(v)) for v in np.unique(length).tolist()}
+            cap = np.array([np.inf if limits[v] is None else limits[v] for v in np.ravel(length).tolist()], float)
+            feasible = micro <= cap.reshape(np.shape(length))
         free = (self.epochs if epochs is None else epochs) * epoch
         total, cost, lost = free, None, None
         if pricing is not None:
@@ -470,6 +508,7 @@ class FittedModels:
             total_time_s=_1d(total),
             cost=None if cost is None else _1d(cost),
             expected_preemptions=None if lost is None else _1d(lost),
+            sequence_length=None if length is None else _1d(length),
         )
 
     @staticmethod

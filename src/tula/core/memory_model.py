@@ -5,6 +5,17 @@ step as a function of the local batch, and the largest local batch that fits a b
 
 (M_data: an in-memory data set resident on the device, ``resident_data_bytes``; 0 otherwise.)
 
+Sequence length (#44).  Where the profile measured several sequence lengths L, the bytes per
+sample grow with L (a transformer's activations: every token's) and with L^2 (attention's
+scores, unless a fused kernel avoids them), from the length ``sequence_length`` the line was
+measured at, L_ref:
+
+    bytes_per_sample(L) = bytes_per_sample + bytes_per_token * (L - L_ref) + bytes_per_token_squared * (L^2 - L_ref^2)
+
+so M(b, L) = static + b * bytes_per_sample(L): terms in B*L and B*L^2.  ``bytes_per_token_squared``
+is fitted only where more than two lengths were measured (else 0); with one length
+(``sequence_length`` None) the model is the line above, in the batch alone.
+
 It is measured in :mod:`tula.engine.memory` (which needs torch); this module is numpy only, so
 fitting and planning from saved records never import torch.
 """
@@ -50,6 +61,11 @@ class MemoryModel:
     # world (not wrapped in DDP) allocates its gradients in the backward pass.  0 in records made
     # before one-rank worlds went unwrapped: their line was measured with the buckets in it.
     ddp_bucket_bytes: int = 0
+    # L_ref, the sequence length the line was measured at (None: one length measured, the batch alone) ...
+    sequence_length: int | None = None
+    # ... and the bytes per sample each extra token adds (the B*L term), and each extra L^2 (the B*L^2 term)
+    bytes_per_token: float = 0.0
+    bytes_per_token_squared: float = 0.0
 
     @property
     def static_bytes(self) -> int:
@@ -66,6 +82,23 @@ class MemoryModel:
     def bytes_per_sample(self) -> int:
         return self.activation_bytes_per_sample + self.batch_bytes_per_sample
 
+    def bytes_per_sample_at(self, sequence_length: ArrayLike | None = None) -> float | np.ndarray:
+        """The bytes each sample adds at sequence length L (``None``, or a model of one length:
+        :attr:`bytes_per_sample`, measured at L_ref), never below the data batch's share."""
+        if sequence_length is None or self.sequence_length is None:
+            return self.bytes_per_sample
+        length, ref = np.asarray(sequence_length, float), float(self.sequence_length)
+        extra = self.bytes_per_token * (length - ref) + self.bytes_per_token_squared * (length**2 - ref**2)
+        per_sample = np.maximum(self.bytes_per_sample + extra, self.batch_bytes_at(length))
+        return float(per_sample) if per_sample.ndim == 0 else per_sample
+
+    def batch_bytes_at(self, sequence_length: ArrayLike | None = None) -> float | np.ndarray:
+        """The data batch's bytes per sample at sequence length L: proportional to L (its tokens)."""
+        if sequence_length is None or self.sequence_length is None:
+            return self.batch_bytes_per_sample
+        scaled = self.batch_bytes_per_sample * np.asarray(sequence_length, float) / self.sequence_length
+        return float(scaled) if scaled.ndim == 0 else scaled
+
     def world_bytes(self, n_workers: ArrayLike | None = None) -> int | np.ndarray:
         """What a rank of an ``n_workers`` world holds beyond a one-rank world's: DDP's buckets
         where N >= 2; ``None`` (the worker count not known yet): as for N >= 2, the larger."""
@@ -74,38 +107,53 @@ class MemoryModel:
         return np.where(np.asarray(n_workers) > 1, self.ddp_bucket_bytes, 0)
 
     @overload
-    def predict_peak_bytes(self, local_batch: int, n_workers: int | None = None) -> int: ...
+    def predict_peak_bytes(
+        self, local_batch: int, n_workers: int | None = None, sequence_length: int | None = None
+    ) -> int: ...
 
     @overload
-    def predict_peak_bytes(self, local_batch: ArrayLike, n_workers: ArrayLike | None = None) -> int | np.ndarray: ...
+    def predict_peak_bytes(
+        self, local_batch: ArrayLike, n_workers: ArrayLike | None = None, sequence_length: ArrayLike | None = None
+    ) -> int | np.ndarray: ...
 
-    def predict_peak_bytes(self, local_batch: ArrayLike, n_workers: ArrayLike | None = None) -> int | np.ndarray:
+    def predict_peak_bytes(
+        self, local_batch: ArrayLike, n_workers: ArrayLike | None = None, sequence_length: ArrayLike | None = None
+    ) -> int | np.ndarray:
         """Predicted peak bytes of a rank for a local batch (scalar or numpy array) in a world of
-        ``n_workers`` (default: any N, :meth:`world_bytes`): the forward/backward line, or the
+        ``n_workers`` (default: any N, :meth:`world_bytes`) at ``sequence_length`` (default: the
+        length measured, :meth:`bytes_per_sample_at`): the forward/backward line, or the
         optimiser step's peak where that is higher."""
-        line = self.static_bytes + self.bytes_per_sample * np.asarray(local_batch)
+        line = self.static_bytes + self.bytes_per_sample_at(sequence_length) * np.asarray(local_batch)
         peak = np.maximum(line + self.world_bytes(n_workers), self.update_peak_bytes)
         return int(peak) if peak.ndim == 0 else peak
 
     @overload
     def predict_accumulated_peak_bytes(
-        self, local_batch: int, micro_batch: int, n_workers: int | None = None
+        self, local_batch: int, micro_batch: int, n_workers: int | None = None, sequence_length: int | None = None
     ) -> int: ...
 
     @overload
     def predict_accumulated_peak_bytes(
-        self, local_batch: ArrayLike, micro_batch: ArrayLike, n_workers: ArrayLike | None = None
+        self,
+        local_batch: ArrayLike,
+        micro_batch: ArrayLike,
+        n_workers: ArrayLike | None = None,
+        sequence_length: ArrayLike | None = None,
     ) -> int | np.ndarray: ...
 
     def predict_accumulated_peak_bytes(
-        self, local_batch: ArrayLike, micro_batch: ArrayLike, n_workers: ArrayLike | None = None
+        self,
+        local_batch: ArrayLike,
+        micro_batch: ArrayLike,
+        n_workers: ArrayLike | None = None,
+        sequence_length: ArrayLike | None = None,
     ) -> int | np.ndarray:
         """Predicted peak bytes when a rank's share ``local_batch`` runs as micro-batches of
         ``micro_batch`` (gradient accumulation): the micro-batch's forward/backward, plus the
         rest of the share's data, which is loaded whole and then sliced.  Equal to
         :meth:`predict_peak_bytes` when ``micro_batch`` is the share."""
-        extra = self.batch_bytes_per_sample * (np.asarray(local_batch) - np.asarray(micro_batch))
-        peak = self.predict_peak_bytes(micro_batch, n_workers) + extra
+        extra = self.batch_bytes_at(sequence_length) * (np.asarray(local_batch) - np.asarray(micro_batch))
+        peak = self.predict_peak_bytes(micro_batch, n_workers, sequence_length) + extra
         return int(peak) if np.ndim(peak) == 0 else peak
 
     @overload
@@ -120,19 +168,25 @@ class MemoryModel:
         return self.predict_peak_bytes(local_batch) + self.address_space_overhead_bytes
 
     def max_local_batch(
-        self, budget_bytes: int | None, safety: float = 0.1, n_workers: int | None = None
+        self,
+        budget_bytes: int | None,
+        safety: float = 0.1,
+        n_workers: int | None = None,
+        sequence_length: int | None = None,
     ) -> int | None:
         """Largest local batch whose predicted peak (plus the address-space overhead, see
         :meth:`predict_budget_bytes`) stays within ``(1 - safety) * budget`` in a world of
-        ``n_workers`` (default: any N); ``None`` when there is no budget, 0 when not even one
-        sample fits (:meth:`shortfall` says why)."""
+        ``n_workers`` (default: any N) at ``sequence_length`` (default: the length measured);
+        ``None`` when there is no budget, 0 when not even one sample fits (:meth:`shortfall`
+        says why)."""
         if budget_bytes is None:
             return None
         usable = budget_bytes * (1.0 - safety) - self.address_space_overhead_bytes
         room = usable - self.static_bytes - int(self.world_bytes(n_workers))
-        if room < self.bytes_per_sample or self.update_peak_bytes > usable:
+        per_sample = float(self.bytes_per_sample_at(sequence_length))
+        if room < per_sample or self.update_peak_bytes > usable:
             return 0
-        return int(math.floor(room / max(self.bytes_per_sample, 1)))
+        return int(math.floor(room / max(per_sample, 1)))
 
     def shortfall(self, budget_bytes: int, safety: float = 0.1) -> str:
         """Why not one sample fits ``budget_bytes`` (a clause for an error message)."""
@@ -189,8 +243,52 @@ class MemoryModel:
             activation_bytes_per_sample=int(math.ceil(slope)) - self.batch_bytes_per_sample,
         )
 
+    def with_sequence_length(
+        self,
+        reference_length: int,
+        lengths: Sequence[int],
+        local_batches: Sequence[int],
+        peak_bytes: Sequence[int],
+        n_workers: Sequence[int] | None = None,
+    ) -> MemoryModel:
+        """This model (the line measured at ``reference_length``) with the terms in B*L and B*L^2
+        fitted to peaks measured at other lengths (``lengths``, ``local_batches``, ``peak_bytes``,
+        in worlds of ``n_workers``; default one rank): each peak's bytes per sample beyond the
+        static part, against the reference's, by least squares on relative error.  The L^2 term
+        only where more than two lengths were measured (the reference among them), and never
+        below 0 (a fused attention kernel: no L^2 activations); unchanged without another length."""
+        ls = np.asarray(lengths, float)
+        ns = np.ones(len(ls)) if n_workers is None else np.asarray(n_workers, float)
+        keep = ls != reference_length
+        if not keep.any():
+            return self
+        ref = float(reference_length)
+        ls, bs = ls[keep], np.asarray(local_batches, float)[keep]
+        peaks = np.asarray(peak_bytes, float)[keep] - self.world_bytes(ns[keep])
+        per_sample = (peaks - self.static_bytes) / bs - self.bytes_per_sample  # beyond the reference's
+        d1, d2 = ls - ref, ls**2 - ref**2
+        w = bs / np.maximum(peaks, 1.0)  # relative error of the peak
+        quadratic = len(np.unique(ls)) >= 2  # with the reference: more than two lengths
+        per_token = per_token_sq = 0.0
+        if quadratic:
+            a = np.stack([d1, d2], axis=1) * w[:, None]
+            (per_token, per_token_sq), *_ = np.linalg.lstsq(a, per_sample * w, rcond=None)
+        if not quadratic or per_token_sq < 0:
+            per_token_sq = 0.0
+            per_token = float(np.sum(w * w * d1 * per_sample) / np.sum(w * w * d1 * d1))
+        return replace(
+            self,
+            sequence_length=int(reference_length),
+            bytes_per_token=float(per_token),
+            bytes_per_token_squared=float(per_token_sq),
+        )
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.sequence_length is None:  # a model of one length: its record as before sequence lengths
+            for name in ("sequence_length", "bytes_per_token", "bytes_per_token_squared"):
+                d.pop(name)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> MemoryModel:

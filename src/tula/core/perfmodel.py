@@ -64,6 +64,16 @@ about 20 ms up to b = 32-48).  It needs three batches at one cluster size (a ful
 the partial search's middle batch, ``search.partial_middle_batch``); with two, a floor and a
 line cannot be told apart, and it stays 0.
 
+Sequence length (#44).  Where the profile measured several sequence lengths L, the compute's
+time per sample grows with L (every token's work) and with L^2 (attention's), from the length
+``sequence_length`` (L_ref) the line was fitted at::
+
+    c1(L) = c1 + c1_per_token * (L - L_ref) + c1_per_token_squared * (L^2 - L_ref^2)
+
+in place of ``c1`` (:meth:`PerfModel.with_sequence_length` fits the two terms; the L^2 one only
+where more than two lengths were measured).  With one length (``sequence_length`` None) the
+model is the one above, in the batch alone.
+
 ``kappa`` is the slowdown of compute when workers share one host (0 on a cluster of
 separate nodes) and ``kappa0`` the fixed seconds per step it adds per extra worker (on a
 shared host a small step slows down by far more than a large one); ``rho`` the slowdown of compute by the communication threads running
@@ -223,16 +233,35 @@ class PerfModel:
     alpha_intra: float | None = None
     beta_intra: float | None = None
     t_floor_s: float = 0.0  # the host-bound floor under one rank's compute (0: none fitted)
+    # L_ref, the sequence length c1 was fitted at (None: one length measured, the batch alone) ...
+    sequence_length: int | None = None
+    # ... and the seconds per sample each extra token adds (the B*L term), and each extra L^2 (the B*L^2 term)
+    c1_per_token: float = 0.0
+    c1_per_token_squared: float = 0.0
+
+    def c1_at(self, sequence_length: ArrayLike | None = None) -> float | FloatArray:
+        """Seconds of compute per sample at sequence length L (``None``, or a model of one
+        length: ``c1``), never below a thousandth of ``c1``."""
+        if sequence_length is None or self.sequence_length is None:
+            return self.c1
+        length, ref = np.asarray(sequence_length, float), float(self.sequence_length)
+        c1 = self.c1 + self.c1_per_token * (length - ref) + self.c1_per_token_squared * (length**2 - ref**2)
+        return np.maximum(c1, 1e-3 * self.c1)
 
     # ---------------------------------------------------------------- prediction
     @overload
-    def t_compute_s(self, local_batch: float, n_workers: float) -> float: ...
+    def t_compute_s(self, local_batch: float, n_workers: float, sequence_length: float | None = None) -> float: ...
     @overload
-    def t_compute_s(self, local_batch: ArrayLike, n_workers: ArrayLike) -> FloatArray: ...
-    def t_compute_s(self, local_batch: ArrayLike, n_workers: ArrayLike) -> float | FloatArray:
-        """Compute with ``n_workers`` ranks sharing the host (pass min(N, R) on hosts of R)."""
+    def t_compute_s(
+        self, local_batch: ArrayLike, n_workers: ArrayLike, sequence_length: ArrayLike | None = None
+    ) -> FloatArray: ...
+    def t_compute_s(
+        self, local_batch: ArrayLike, n_workers: ArrayLike, sequence_length: ArrayLike | None = None
+    ) -> float | FloatArray:
+        """Compute with ``n_workers`` ranks sharing the host (pass min(N, R) on hosts of R), at
+        ``sequence_length`` (default: the length fitted, :meth:`c1_at`)."""
         b, n = np.asarray(local_batch, float), np.asarray(n_workers, float)
-        own = np.maximum(self.t_floor_s, self.c0 + self.c1 * b)
+        own = np.maximum(self.t_floor_s, self.c0 + self.c1_at(sequence_length) * b)
         return own * (1.0 + self.kappa * (n - 1)) + self.kappa0 * (n - 1)
 
     def t_sync_s(
@@ -260,6 +289,7 @@ class PerfModel:
         ranks_per_node: float | None = None,
         n_hosts: float | None = None,
         accumulation: float = 1,
+        sequence_length: float | None = None,
     ) -> float: ...
     @overload
     def t_step_s(
@@ -269,6 +299,7 @@ class PerfModel:
         ranks_per_node: ArrayLike | None = None,
         n_hosts: ArrayLike | None = None,
         accumulation: ArrayLike = 1,
+        sequence_length: ArrayLike | None = None,
     ) -> FloatArray: ...
     def t_step_s(
         self,
@@ -277,14 +308,16 @@ class PerfModel:
         ranks_per_node: ArrayLike | None = None,
         n_hosts: ArrayLike | None = None,
         accumulation: ArrayLike = 1,
+        sequence_length: ArrayLike | None = None,
     ) -> float | FloatArray:
         """Step time of N ranks.  ``ranks_per_node`` ``None`` (default): the flat model, as
         fitted on one host (co-location over all N, flat sync); R: hosts of R ranks each
         (co-location over min(N, R), the topology's sync).  ``accumulation``: k micro-batches
-        of ``local_batch`` per step, the first k - 1 without sync."""
+        of ``local_batch`` per step, the first k - 1 without sync.  ``sequence_length``: L
+        (default: the length fitted)."""
         n = np.asarray(n_workers, float)
         m = n if ranks_per_node is None else np.minimum(n, np.asarray(ranks_per_node, float))
-        compute = self.t_compute_s(local_batch, m)
+        compute = self.t_compute_s(local_batch, m, sequence_length)
         return self.step_from_parts_s(compute, self.t_sync_s(n, ranks_per_node, n_hosts), n, accumulation)
 
     @overload
@@ -364,10 +397,45 @@ class PerfModel:
         """Eq. 4a: T = E * D / B * t_step."""
         return epochs * self.epoch_time_s(global_batch, n_workers, dataset_size, ranks_per_node)
 
+    def with_sequence_length(self, reference_length: int, trials: list[dict]) -> PerfModel:
+        """This model (its ``c1`` fitted at ``reference_length``) with the compute's terms in
+        B*L and B*L^2 fitted to the successful ``trials`` at other lengths (their
+        ``sequence_length``; each one's compute-only time, where its ranks ran): each trial's
+        seconds per sample beyond ``c0`` and the co-location, against ``c1``, by least squares on
+        relative error.  The L^2 term only where more than two lengths were measured (the
+        reference among them), never below 0; unchanged without another length."""
+        ok = [t for t in _ok(trials) if t.get("sequence_length") not in (None, reference_length)]
+        if not ok:
+            return self
+        ref = float(reference_length)
+        ls = np.array([t["sequence_length"] for t in ok], float)
+        b = np.array([t["local_batch"] for t in ok], float)
+        m = np.array([min(t["n_workers"], world_shape(t)[0]) for t in ok], float)
+        tc = np.array([t["t_compute_s"] for t in ok], float)
+        own = (tc - self.kappa0 * (m - 1)) / (1.0 + self.kappa * (m - 1))
+        per_sample = (own - self.c0) / b - self.c1  # beyond the reference's
+        d1, d2 = ls - ref, ls**2 - ref**2
+        w = b / np.maximum(own, 1e-12)  # relative error of the compute time
+        quadratic = len(np.unique(ls)) >= 2  # with the reference: more than two lengths
+        per_token = per_token_sq = 0.0
+        if quadratic:
+            a = np.stack([d1, d2], axis=1) * w[:, None]
+            (per_token, per_token_sq), *_ = np.linalg.lstsq(a, per_sample * w, rcond=None)
+        if not quadratic or per_token_sq < 0:
+            per_token_sq = 0.0
+            per_token = float(np.sum(w * w * d1 * per_sample) / np.sum(w * w * d1 * d1))
+        return replace(
+            self, sequence_length=int(reference_length), c1_per_token=float(per_token),
+            c1_per_token_squared=float(per_token_sq),
+        )  # fmt: skip
+
     # ---------------------------------------------------------------- records
     def to_dict(self) -> dict:
         d = asdict(self)
         d["frozen"], d["notes"] = list(self.frozen), list(self.notes)
+        if self.sequence_length is None:  # a model of one length: its record as before sequence lengths
+            for name in ("sequence_length", "c1_per_token", "c1_per_token_squared"):
+                d.pop(name)
         return d
 
     @classmethod
@@ -598,10 +666,14 @@ def relative_error(predicted: ArrayLike, measured: ArrayLike) -> np.ndarray:
 
 def trial_step_s(model: PerfModel, trials: list[dict]) -> np.ndarray:
     """``model``'s step time at each successful trial, where its ranks ran (its own R and H
-    when the worlds spanned several hosts)."""
+    when the worlds spanned several hosts), at its sequence length where it has one."""
     b, n, _, _ = _arrays(trials)
     topo = trial_topology(trials)
-    return model.t_step_s(b, n) if topo is None else model.t_step_s(b, n, *topo)
+    lengths = [t.get("sequence_length") for t in _ok(trials)]
+    length = None if model.sequence_length is None else np.array([x or model.sequence_length for x in lengths], float)
+    if topo is None:
+        return model.t_step_s(b, n, sequence_length=length)
+    return model.t_step_s(b, n, *topo, sequence_length=length)
 
 
 def relative_errors(model: PerfModel, trials: list[dict]) -> np.ndarray:

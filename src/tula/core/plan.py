@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -69,7 +69,14 @@ from tula.core.records import (
 from tula.core.registry import OBJECTIVE_NAMES, OBJECTIVES
 from tula.core.run_costs import RunCosts
 from tula.core.space import candidate_global_batches, max_global_batch
-from tula.core.spec import ConstraintsSpec, JobSpec, PricingSpec, format_duration, spec_from_dict
+from tula.core.spec import (
+    ConstraintsSpec,
+    JobSpec,
+    PricingSpec,
+    format_duration,
+    planned_sequence_lengths,
+    spec_from_dict,
+)
 
 KNEE_FALLBACK_TOL = 0.05
 DENSE_POINTS_PER_OCTAVE = 16
@@ -368,6 +375,7 @@ class GridPoint:
     accumulation_steps: int
     candidate: bool
     reason: str = ""
+    sequence_length: int | None = None  # L, the tokens of each sample (None: the data has no sequence length)
 
     @property
     def global_batch(self) -> int:
@@ -478,12 +486,15 @@ class Planner:
     def plan(self, compare_spot: bool = False) -> PlanRecord:
         """The plan record (:func:`make_plan`): every step in turn."""
         rows = self.predict(self.grid())
-        feas, eligible = self.candidates(rows)
-        knees = self.knees(rows, feas)
-        curves = self.curves(rows, feas)
-        chosen, why = self.choose(rows, eligible, knees)
-        reason = self.reason(rows, feas, chosen, why)
-        plan = self.record(rows, feas, eligible, knees, curves, chosen, reason)
+        at = self.length_to_plan(rows)  # the rows of one sequence length: the curves, knees and choice are of it
+        sub = [rows[i] for i in at]
+        feas, eligible = self.candidates(sub)
+        knees = self.knees(sub, feas)
+        curves = self.curves(sub, feas)
+        chosen, why = self.choose(sub, eligible, knees)
+        reason = self.reason(sub, feas, chosen, why) + self.length_note(rows, sub[chosen])
+        back = {n: Knee(at[k.row], k.global_batch, k.method) for n, k in knees.items()}
+        plan = self.record(rows, [at[i] for i in feas], [at[i] for i in eligible], back, curves, at[chosen], reason)
         if compare_spot:
             comparison = _compare_spot(
                 plan, self.given_models, self.objective, self.cons, self.spec.pricing, self.noise_scale, self.method,
@@ -491,6 +502,60 @@ class Planner:
             )  # fmt: skip
             plan = plan.model_copy(update={"spot_comparison": comparison})
         return plan
+
+    # ----------------------------------------------------------------------- sequence lengths
+    @cached_property
+    def lengths(self) -> list[int | None]:
+        """The sequence lengths the rows are at (:func:`tula.core.spec.planned_sequence_lengths`);
+        a :class:`~tula.core.errors.SpecError` where several are asked of models fitted at one."""
+        lengths = planned_sequence_lengths(self.spec)
+        fitted_at = self.perf.sequence_length
+        if fitted_at is None and self.mem.sequence_length is None and len(lengths) > 1:
+            raise SpecError(
+                f"search.sequence_lengths {lengths} are asked, but the models were fitted at one sequence length; "
+                "profile with these sequence_lengths first (tula profile)"
+            )
+        return lengths
+
+    def length_to_plan(self, rows: Sequence[PlanRow]) -> list[int]:
+        """The indices of the rows at the sequence length the plan chooses at: with one length,
+        every row; with several, the length whose own choice (:meth:`choose` among its rows)
+        trains a token in the least time (by cost: for the least cost) -- each length's time
+        and cost divided by L, the same D sequences of L tokens an epoch at each."""
+        if len(self.lengths) <= 1:
+            return list(range(len(rows)))
+        best: tuple[float, list[int]] | None = None
+        first_error: InfeasibleError | None = None
+        for length in self.lengths:
+            at = [i for i, r in enumerate(rows) if r.sequence_length == length]
+            sub = [rows[i] for i in at]
+            try:
+                feas, eligible = self.candidates(sub)
+            except InfeasibleError as err:  # nothing fits, or meets the constraints, at this length
+                first_error = first_error or err
+                continue
+            chosen, _ = self.choose(sub, eligible, self.knees(sub, feas))
+            time_s, cost = self.ranked(sub)
+            by_cost = OBJECTIVES[self.objective].rule == "least_cost"
+            per_token = float((cost if by_cost else time_s)[chosen]) / float(length or 1)
+            if best is None or per_token < best[0]:
+                best = (per_token, at)
+        if best is None:
+            assert first_error is not None
+            raise first_error
+        return best[1]
+
+    def length_note(self, rows: Sequence[PlanRow], choice: PlanRow) -> str:
+        """The reason's words on the sequence length, where several were planned: the length
+        chosen and its tokens per second (B L / t_step)."""
+        if len(self.lengths) <= 1 or choice.sequence_length is None:
+            return ""
+        tokens_per_s = choice.global_batch * choice.sequence_length / choice.t_step_s
+        planned = ", ".join(str(n) for n in self.lengths)
+        return (
+            f" [at sequence length L={choice.sequence_length} ({tokens_per_s:.4g} tokens/s), the least "
+            f"{'cost' if OBJECTIVES[self.objective].rule == 'least_cost' else 'time'} per token of L = {planned}]"
+        )
 
     # ----------------------------------------------------------------------- the rows
     def grid(self) -> list[GridPoint]:
@@ -504,11 +569,15 @@ class Planner:
         big_lo, big_hi = search.min_batch, max_global_batch(search, d)
         limits = [b for b in (self.b_mem, None if self.b_oom is None else self.b_oom - 1) if b is not None]
         points: list[GridPoint] = []
-        for n in search.cluster_sizes:
-            lo, hi = max(1, math.ceil(big_lo / n)), big_hi // n
-            cand_local = [g // n for g in grid if g % n == 0 and g >= n]
-            for b in _dense_local_batches(lo, hi, cand_local + limits):
-                points.append(self.row(n, b, n * b in grid, min(limits) if limits else None))
+        for length in self.lengths:
+            at = self.limits_at(length)
+            at_limits = limits if at is None else [at[0]] if at[0] is not None else []
+            for n in search.cluster_sizes:
+                lo, hi = max(1, math.ceil(big_lo / n)), big_hi // n
+                cand_local = [g // n for g in grid if g % n == 0 and g >= n]
+                for b in _dense_local_batches(lo, hi, cand_local + at_limits):
+                    limit = min(at_limits) if at_limits else None
+                    points.append(replace(self.row(n, b, n * b in grid, limit, at), sequence_length=length))
         if not points:
             raise InfeasibleError(
                 "the search space is empty: no global batch between min_batch and max_batch splits over the "
@@ -516,18 +585,42 @@ class Planner:
             )
         return points
 
-    def row(self, n: int, b: int, candidate: bool, limit: int | None) -> GridPoint:
+    def limits_at(self, length: int | None) -> tuple[int | None, int | None] | None:
+        """At a sequence length other than the one the models were fitted at: the memory
+        model's largest local batch there and the batch that ran out of memory while profiling
+        where it binds there too (:meth:`FittedModels.max_local_batch_at`); ``None`` at the
+        fitted length (or models of one length): :attr:`b_mem` and :attr:`b_oom` as they are."""
+        fitted_at = self.mem.sequence_length
+        if length is None or fitted_at is None or length == fitted_at:
+            return None
+        b_mem = self.mem.max_local_batch(self.budget, self.spec.search.memory_safety, None, length)
+        b_oom = self.b_oom if length >= fitted_at else None
+        both = [b for b in (b_mem, None if b_oom is None else b_oom - 1) if b is not None]
+        return (min(both) if both else None), b_mem
+
+    def row(
+        self,
+        n: int,
+        b: int,
+        candidate: bool,
+        limit: int | None,
+        at_length: tuple[int | None, int | None] | None = None,
+    ) -> GridPoint:
         """The point of N workers at local batch b: where memory caps the local batch at ``limit``,
         k micro-batches of b / k may carry it (up to ``max_accumulation_steps``); the point is
         feasible when its micro-batch fits the memory budget and is below the batch that ran out
-        of memory, and its cluster size was measured."""
+        of memory, and its cluster size was measured.  ``at_length``: the limits at another
+        sequence length (:meth:`limits_at`)."""
         k_max = self.spec.search.max_accumulation_steps
         k = accumulation_for(b, limit, k_max) or 1
         micro, reason = b // k, ""
-        if self.b_mem is not None and micro > self.b_mem:
-            reason = f"predicted peak exceeds the memory budget (local batch > {self.b_mem})"
-        elif self.b_oom is not None and micro >= self.b_oom:
-            reason = f"a local batch of {self.b_oom} ran out of memory while profiling"
+        b_mem, b_oom = (self.b_mem, self.b_oom) if at_length is None else (at_length[1], None)
+        if at_length is not None and at_length[0] is not None and (b_mem is None or at_length[0] < b_mem):
+            b_oom = at_length[0] + 1  # the batch that ran out of memory binds here
+        if b_mem is not None and micro > b_mem:
+            reason = f"predicted peak exceeds the memory budget (local batch > {b_mem})"
+        elif b_oom is not None and micro >= b_oom:
+            reason = f"a local batch of {b_oom} ran out of memory while profiling"
         if reason and k_max > 1:
             reason += f", and no accumulation of up to {k_max} steps splits {b} into micro-batches that fit"
         if str(n) in self.not_measured:
@@ -545,10 +638,13 @@ class Planner:
         # one call of the fitted models' prediction (tula.core.fitted): on the network the profile's
         # ranks ran on, Eq. 4a's D / B steps of the method's step and each epoch's end, the spec's
         # epochs priced as one run (spot: expected, with preemptions)
+        with_lengths = self.perf.sequence_length is not None or self.mem.sequence_length is not None
         p = self.fitted.predict(
             [pt.config for pt in points], pricing=self.pricing, epochs=self.spec.epochs, whole_steps=False,
             measured_ratio=self.ratio,
+            sequence_length=np.array([pt.sequence_length or np.nan for pt in points], float) if with_lengths else None,
         )  # fmt: skip
+        checkpointing = self.spec.train.checkpointing == "on"
         assert p.cost is not None and p.peak_mem_bytes is not None  # priced, with the memory model
         columns: dict[str, np.ndarray] = {
             "t_step_s": p.t_step_s,
@@ -578,6 +674,9 @@ class Planner:
                 **predicted,
                 meets_constraints=ok,
                 chosen=False,
+                sequence_length=pt.sequence_length,
+                parallelism="ddp",
+                checkpointing=checkpointing,
             )
             for pt, predicted, ok in zip(points, values, meets)
         ]

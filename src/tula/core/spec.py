@@ -460,8 +460,20 @@ class SearchSpec(_Strict):
         description="on CPU, cap each worker's address space "
         "at its size after set-up plus the budget, so exceeding it is a real OOM",
     )
+    sequence_lengths: list[int] | None = Field(
+        default=None,
+        description="the sequence lengths L (tokens per sample) to profile and plan over, for a data set that has "
+        "one (text, or a data factory that takes sequence_length); default: the data's own length only",
+    )
 
     _mem = field_validator("memory_budget_bytes", mode="before")(classmethod(lambda cls, v: parse_bytes(v)))
+
+    @field_validator("sequence_lengths")
+    @classmethod
+    def _lengths(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(n < 1 for n in v)):
+            raise ValueError("sequence_lengths must be a non-empty list of positive lengths")
+        return None if v is None else sorted(set(v))
 
     @field_validator("cluster_sizes")
     @classmethod
@@ -833,6 +845,13 @@ class TrainSpec(_Strict):
     default found automatically: torch.nn.TransformerEncoderLayer and TransformerDecoderLayer, tiny_gpt's
     blocks, and any class whose name ends in Block or Layer, holds parameters and no batch norm, and appears
     at least twice.  Checkpointing on that matches no submodule is refused"""
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """how the ranks hold the model: ddp (DistributedDataParallel: every rank holds all parameters, gradients
+    and optimiser state, the gradients all-reduced) or fsdp (FSDP2's fully_shard per block, the blocks
+    checkpoint_modules' classes or found as checkpointing finds them, then the whole model: each rank holds
+    1/N of them, a block's parameters all-gathered for its forward and backward, its gradients
+    reduce-scattered; checkpoints are sharded, torch.distributed.checkpoint).  fsdp trains with methods lbt
+    and lrs, in fp32 or bf16, with train.noise_scale false; the profile and the plan still measure DDP"""
     loggers: list[LoggerSpec] = Field(default_factory=list)
     """metrics sinks each finished epoch is written to, by the process that supervises training (never by
     every rank): {kind: tensorboard, dir: ...} and {kind: mlflow, tracking_uri: ..., experiment: ...};
@@ -1015,6 +1034,46 @@ class JobSpec(_Strict):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @model_validator(mode="after")
+    def _lengths_need_a_length(self) -> JobSpec:
+        if self.search.sequence_lengths is not None and self.data.name not in ("text", "factory"):
+            raise ValueError(
+                f"search.sequence_lengths {self.search.sequence_lengths} are given, but data set {self.data.name!r} "
+                "has no sequence length (text has, and a data factory that takes sequence_length)"
+            )
+        return self
+
+
+def reference_sequence_length(data: DataSpec) -> int | None:
+    """L_ref, the tokens of a sample of the data as the spec gives it: ``text``'s
+    ``sequence_length``; a factory's ``kwargs.sequence_length`` (else ``data.sequence_length``,
+    which a factory that takes one is given where lengths are planned over); ``None`` for the
+    sets that have none."""
+    if data.name == "text":
+        return data.sequence_length
+    if data.name == "factory":
+        given = data.kwargs.get("sequence_length")
+        return int(given) if isinstance(given, int) else data.sequence_length
+    return None
+
+
+def data_at_sequence_length(data: DataSpec, sequence_length: int) -> DataSpec:
+    """``data`` built at ``sequence_length``: ``text``'s ``sequence_length``, a factory's
+    ``sequence_length`` keyword; the data as given for the sets that have none."""
+    if data.name == "text":
+        return data.model_copy(update={"sequence_length": sequence_length})
+    if data.name == "factory":
+        return data.model_copy(update={"kwargs": {**data.kwargs, "sequence_length": sequence_length}})
+    return data
+
+
+def planned_sequence_lengths(spec: JobSpec) -> list[int | None]:
+    """The sequence lengths a plan's rows are at: ``search.sequence_lengths``, else the data's own
+    length (``text``), else ``[None]`` (no sequence length)."""
+    if spec.search.sequence_lengths:
+        return list(spec.search.sequence_lengths)
+    return [spec.data.sequence_length if spec.data.name == "text" else None]
 
 
 def _sentence(err: ValidationError) -> str:
