@@ -174,12 +174,11 @@ def test_tula_check_accepts_checkpointing_on_tiny_gpt(tmp_path):
     assert r.returncode == 0, (r.stdout, r.stderr)
 
 
-def test_checkpointing_auto_is_refused_for_now(tmp_path):
-    assert_refused(
-        tula_in_process("check", write_spec(tmp_path, _gpt_spec("auto"))),
-        "spec field 'train.checkpointing': 'auto' (checkpointing where the planner chooses it) is not available "
-        "yet; use 'on' or 'off'",
-    )
+def test_checkpointing_auto_wraps_nothing_until_the_plan_chooses(tmp_path):
+    """auto: the planner's choice (tests/test_checkpointing_plan.py); the model as built wraps nothing."""
+    spec = spec_from_dict(_gpt_spec("auto"))
+    model = build_model(spec.model)
+    assert apply_checkpointing(model, spec.train) is model and all("forward" not in vars(b) for b in model.blocks)
 
 
 def test_checkpointing_off_wraps_nothing():

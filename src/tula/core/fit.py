@@ -40,6 +40,7 @@ from tula.core.records import (  # noqa: F401
 )
 from tula.core.run_costs import fit_run_costs
 from tula.core.spec import JobSpec, reference_sequence_length, spec_from_dict
+from tula.core.variants import fit_checkpointing_effect
 
 
 def oom_local_batch(trials: list[dict]) -> int | None:
@@ -116,7 +117,10 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
     prof = parse_record(profile, ProfileRecord, "the profile")
     spec = spec_from_dict(prof.spec)
     trials = [asdict(t) for t in prof.trials]
-    ok_trials = [t for t in prof.trials if t.status == "ok"]
+    # the models are the plain step's (the spec's variant); train.checkpointing auto's checkpointed
+    # trials then fit that variant's effect on them (tula.core.variants)
+    plain_trials = [t for t in prof.trials if not t.checkpointing]
+    ok_trials = [t for t in plain_trials if t.status == "ok"]
     if not ok_trials:
         raise RecordError(
             "the profile has no successful trial to fit a performance model to "
@@ -125,7 +129,7 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
     # the batch's line is fitted at the data's own length (every trial of a profile of one length);
     # the trials at the other lengths of search.sequence_lengths then fit the terms in B*L and B*L^2
     ref_length = reference_sequence_length(spec.data)
-    at_ref = [t for t in prof.trials if t.sequence_length in (None, ref_length)]
+    at_ref = [t for t in plain_trials if t.sequence_length in (None, ref_length)]
     ref_ok = [t for t in at_ref if t.status == "ok"]
     if not ref_ok:
         raise RecordError(
@@ -159,6 +163,7 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
     if acc:
         fit_error["accumulated_step_max_rel"] = max(a.rel_error for a in acc)
     not_measured = prof.not_measured
+    effect = fit_checkpointing_effect(mem, perf, prof.trials)
     return ModelsRecord(
         kind=MODELS_KIND,
         version=VERSIONS[MODELS_KIND],
@@ -175,13 +180,15 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
         accumulation_check=acc,
         trials=prof.trials,
         profiling_s=prof.profiling_s,
-        placement=placement(trials),
+        placement=placement(prof.trials),
         noise_scale=fit_noise_scale(trials),
         # the method's own step and each epoch's end, from the run trials (None: the profile had none)
         run_costs=None if run_costs is None else run_costs.to_dict(),
         run_trials=run_trials,
         # cluster sizes the profile could not place (one rank per GPU): N -> why; the plan does not rank them
         **({"not_measured": not_measured} if not_measured else {}),
+        # train.checkpointing auto: the checkpointed step's effect (None: not measured)
+        **({"checkpointing": effect.to_dict()} if effect is not None else {}),
     )
 
 

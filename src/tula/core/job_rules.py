@@ -425,6 +425,14 @@ def _chosen_length(plan: PlanRecord | Mapping[str, Any] | None) -> int | None:
     return None if given is None else int(given)
 
 
+def _chosen_checkpointing(plan: PlanRecord | Mapping[str, Any] | None) -> bool:
+    if plan is None:
+        return False
+    if isinstance(plan, PlanRecord):
+        return plan.choice.checkpointing
+    return bool(plan["choice"].get("checkpointing", False))  # a plan as JSON's values
+
+
 def training_spec(
     spec: JobSpec,
     config: Config,
@@ -435,8 +443,12 @@ def training_spec(
     """``spec`` as every front trains it at ``config`` (:func:`train_config`'s): with the
     configuration's k (:func:`spec_at`) and its data built at :func:`train_sequence_length`'s L
     (``sequence_length`` given explicitly, else ``plan``'s choice, else the spec's own length:
-    then the data as the spec gives it)."""
+    then the data as the spec gives it), and with ``train.checkpointing: auto`` the plan's choice of
+    activation checkpointing (on where its chosen row is checkpointed; off without a plan)."""
     spec = spec_at(spec, config)
+    if spec.train.checkpointing == "auto":
+        on = _chosen_checkpointing(plan)
+        spec = spec.model_copy(update={"train": spec.train.model_copy(update={"checkpointing": "on" if on else "off"})})
     length = train_sequence_length(spec, plan, sequence_length=sequence_length)
     if length is None or length == reference_sequence_length(spec.data):
         return spec

@@ -77,6 +77,7 @@ from tula.core.spec import (
     planned_sequence_lengths,
     spec_from_dict,
 )
+from tula.core.variants import CheckpointingEffect, RunVariant, run_variants, variant_models
 
 KNEE_FALLBACK_TOL = 0.05
 DENSE_POINTS_PER_OCTAVE = 16
@@ -443,6 +444,11 @@ class Planner:
         method: str | None = None,
         measured: dict | None = None,
     ) -> None:
+        # the options as given: a variant's own planner (:meth:`variant_planners`) is made with them
+        self.options: dict[str, Any] = {
+            "objective": objective, "constraints": constraints, "pricing": pricing, "noise_scale": noise_scale,
+            "method": method, "measured": measured,
+        }  # fmt: skip
         # the fitted models (memory, performance, the method's run costs) every row is predicted from
         self.fitted = FittedModels.from_record(models, method=method)
         self.given_models, self.models = models, _typed_models(models)
@@ -485,16 +491,21 @@ class Planner:
 
     def plan(self, compare_spot: bool = False) -> PlanRecord:
         """The plan record (:func:`make_plan`): every step in turn."""
-        rows = self.predict(self.grid())
-        at = self.length_to_plan(rows)  # the rows of one sequence length: the curves, knees and choice are of it
+        rows = self.variant_rows()
+        # the rows of one sequence length and one variant: the curves, knees and choice are of them
+        at = self.length_to_plan(rows)
         sub = [rows[i] for i in at]
         feas, eligible = self.candidates(sub)
         knees = self.knees(sub, feas)
         curves = self.curves(sub, feas)
         chosen, why = self.choose(sub, eligible, knees)
-        reason = self.reason(sub, feas, chosen, why) + self.length_note(rows, sub[chosen])
+        own = self.planner_of(sub[chosen])  # the chosen variant's planner: its limits, its notes
+        reason = own.reason(sub, feas, chosen, why) + self.length_note(rows, sub[chosen])
+        reason += self.variant_note(rows, sub[chosen])
         back = {n: Knee(at[k.row], k.global_batch, k.method) for n, k in knees.items()}
-        plan = self.record(rows, [at[i] for i in feas], [at[i] for i in eligible], back, curves, at[chosen], reason)
+        plan = own.record(rows, [at[i] for i in feas], [at[i] for i in eligible], back, curves, at[chosen], reason)
+        if own is not self:  # the spec as given (train.checkpointing auto)
+            plan = plan.model_copy(update={"spec": self.spec.to_dict()})
         if compare_spot:
             comparison = _compare_spot(
                 plan, self.given_models, self.objective, self.cons, self.spec.pricing, self.noise_scale, self.method,
@@ -502,6 +513,73 @@ class Planner:
             )  # fmt: skip
             plan = plan.model_copy(update={"spot_comparison": comparison})
         return plan
+
+    # ----------------------------------------------------------------------- run variants
+    @cached_property
+    def variant_planners(self) -> list[tuple[RunVariant, Planner]]:
+        """Each run variant the spec allows (:func:`tula.core.variants.run_variants`) and the
+        planner of its rows: this one where the spec fixes the variant (``train.checkpointing``
+        on or off); with ``auto``, one per variant, over the models record of that variant
+        (:func:`tula.core.variants.variant_models`), made with this planner's options."""
+        variants = run_variants(self.spec, self.models)
+        if self.spec.train.checkpointing != "auto":
+            return [(variants[0], self)]
+        return [(v, Planner(variant_models(self.models, v), **self.options)) for v in variants]
+
+    def planner_of(self, row: PlanRow) -> Planner:
+        """The planner of ``row``'s variant."""
+        for variant, planner in self.variant_planners:
+            if variant.checkpointing == row.checkpointing:
+                return planner
+        return self
+
+    def variant_rows(self) -> list[PlanRow]:
+        """The rows of every variant (:meth:`variant_planners`), each predicted by its own planner."""
+        rows: list[PlanRow] = []
+        for _, planner in self.variant_planners:
+            rows += planner.predict(planner.grid())
+        return rows
+
+    def variant_note(self, rows: Sequence[PlanRow], choice: PlanRow) -> str:
+        """The reason's words on activation checkpointing: with ``auto``, whether it was chosen and
+        why (the best row of the other variant, or that none of it fits, and the fitted compute
+        factor); with ``off``, a note where no row fits (the checkpointed step was not measured)."""
+        mode = self.spec.train.checkpointing
+        if mode != "auto":
+            return ""
+        if len(self.variant_planners) < 2:
+            return (
+                " [train.checkpointing auto: the profile has no checkpointed trial, so only the plain step was planned]"
+            )
+        assert self.models.checkpointing is not None  # two variants: the effect was fitted
+        factor = float(self.models.checkpointing["compute_factor"])
+        time_s, cost = self.ranked(rows)
+        by_cost = OBJECTIVES[self.objective].rule == "least_cost"
+        value = cost if by_cost else time_s
+        others = [
+            i for i, r in enumerate(rows)
+            if r.checkpointing != choice.checkpointing and r.feasible and r.meets_constraints
+            and r.sequence_length == choice.sequence_length
+        ]  # fmt: skip
+        what = "cost" if by_cost else "time"
+        chosen_value = float(value[rows.index(choice)])
+        if choice.checkpointing:
+            head = f" [with activation checkpointing (compute x{factor:.3g} fitted)"
+            if not others:
+                return f"{head}: without it no configuration fits]"
+            best = min(others, key=lambda i: float(value[i]))
+            return (
+                f"{head}: the best without it, N={rows[best].n_workers}, B={rows[best].global_batch}, takes "
+                f"{_times(float(value[best]), chosen_value)} the {what}]"
+            )
+        if not others:
+            return " [without activation checkpointing: with it no configuration fits the constraints better]"
+        best = min(others, key=lambda i: float(value[i]))
+        return (
+            f" [without activation checkpointing: its step is x{factor:.3g} slower, and its best, "
+            f"N={rows[best].n_workers}, B={rows[best].global_batch}, takes {_times(float(value[best]), chosen_value)} "
+            f"the {what}]"
+        )
 
     # ----------------------------------------------------------------------- sequence lengths
     @cached_property
@@ -518,16 +596,17 @@ class Planner:
         return lengths
 
     def length_to_plan(self, rows: Sequence[PlanRow]) -> list[int]:
-        """The indices of the rows at the sequence length the plan chooses at: with one length,
-        every row; with several, the length whose own choice (:meth:`choose` among its rows)
+        """The indices of the rows at the sequence length (and run variant, :meth:`variant_planners`)
+        the plan chooses at: with one of each, every row; with several, the one whose own choice (:meth:`choose` among its rows)
         trains a token in the least time (by cost: for the least cost) -- each length's time
         and cost divided by L, the same D sequences of L tokens an epoch at each."""
-        if len(self.lengths) <= 1:
+        groups = [(length, v.checkpointing) for length in self.lengths for v, _ in self.variant_planners]
+        if len(groups) <= 1:
             return list(range(len(rows)))
         best: tuple[float, list[int]] | None = None
         first_error: InfeasibleError | None = None
-        for length in self.lengths:
-            at = [i for i, r in enumerate(rows) if r.sequence_length == length]
+        for length, checkpointed in groups:
+            at = [i for i, r in enumerate(rows) if r.sequence_length == length and r.checkpointing == checkpointed]
             sub = [rows[i] for i in at]
             try:
                 feas, eligible = self.candidates(sub)
@@ -623,9 +702,21 @@ class Planner:
             reason = f"a local batch of {b_oom} ran out of memory while profiling"
         if reason and k_max > 1:
             reason += f", and no accumulation of up to {k_max} steps splits {b} into micro-batches that fit"
+        if reason and self.checkpointed_limit is not None and micro <= self.checkpointed_limit:
+            reason += "; fits with train.checkpointing: on (or auto)"  # the knob the spec forbids
         if str(n) in self.not_measured:
             reason = self.not_measured[str(n)]
         return GridPoint(n, b, k, candidate, reason)
+
+    @cached_property
+    def checkpointed_limit(self) -> int | None:
+        """With ``train.checkpointing: off`` and models that measured the checkpointed step (its
+        effect fitted): the largest local batch that fits with it (the spec forbids it; a row
+        infeasible without it says so).  ``None`` otherwise: nothing can be said of it."""
+        if self.spec.train.checkpointing != "off" or not self.models.checkpointing:
+            return None
+        effect = CheckpointingEffect.from_dict(self.models.checkpointing)
+        return effect.memory(self.mem).max_local_batch(self.budget, self.spec.search.memory_safety)
 
     def predict(self, points: Sequence[GridPoint]) -> list[PlanRow]:
         """The plan's rows: each point with its predicted step (``t_step_s``), epoch
@@ -697,6 +788,22 @@ class Planner:
             "cost_to_accuracy": np.asarray(c_acc, float),
         }
 
+    def forbidden_knob_note(self, rows: Sequence[PlanRow]) -> str:
+        """What a knob the spec forbids would do where nothing fits: ``fits with
+        train.checkpointing: on`` where the checkpointed step was measured and fits; where it was
+        not measured (``off``), that it was not, so whether it fits is not known."""
+        if self.spec.train.checkpointing != "off":
+            return ""
+        smallest = min(r.micro_batch or r.local_batch for r in rows)
+        if self.checkpointed_limit is not None:
+            if smallest <= self.checkpointed_limit:
+                return f"; a local batch of {smallest} fits with train.checkpointing: on (or auto)"
+            return ""
+        return (
+            "; activation checkpointing is off and was not measured, so whether it would make one fit is not known "
+            "(train.checkpointing: auto profiles it)"
+        )
+
     def meets_constraints(self, time_s: np.ndarray, cost: np.ndarray) -> np.ndarray:
         """Whether each time and cost (to accuracy, for a to-accuracy objective) is within the
         deadline and the budget (:meth:`Constraints.meets`), as a bool array."""
@@ -717,6 +824,7 @@ class Planner:
             raise InfeasibleError(
                 f"no configuration is feasible: the smallest local batch in the space "
                 f"({min(r.local_batch for r in rows)}) does not fit the memory budget of {self.budget} bytes"
+                + self.forbidden_knob_note(rows)
             )
         meets = np.array([r.meets_constraints for r in rows], bool)
         eligible = np.flatnonzero(feasible & meets).tolist()

@@ -959,7 +959,11 @@ def what_if(
             sim.epochs * float(epoch_time_s(t.t_step_s, big_b, t.n_workers, sim.dataset_size, sim.run_costs)),
         )
         for t in models.trials
-        if t.status == "ok" and t.t_step_s is not None and t.global_batch == big_b and fitted_collective in collectives
+        if t.status == "ok"
+        and t.t_step_s is not None
+        and t.global_batch == big_b
+        and fitted_collective in collectives
+        and not t.checkpointing  # train.checkpointing auto's checkpointed trials: another step than the plain one
     ]
     rows = sim.constant(big_b, workers, collectives)
     title = f"{job.name}: constant global batch {big_b}"

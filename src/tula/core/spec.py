@@ -837,9 +837,10 @@ class TrainSpec(_Strict):
     checkpointing: Literal["off", "on", "auto"] = "off"
     """activation checkpointing: on keeps only each block's input in the forward pass and recomputes the
     block's activations in the backward pass (torch.utils.checkpoint, non-reentrant), less memory for a
-    slower step (training mode only; evaluation runs plain); the blocks are checkpoint_modules' classes.  auto
-    (the planner's choice where a configuration fits only with it) comes in a later increment and is refused
-    for now.  Profiled as trained"""
+    slower step (training mode only; evaluation runs plain); the blocks are checkpoint_modules' classes.  auto:
+    the planner's choice per configuration -- the profile measures the checkpointed step at a few trials besides
+    the plain ones, the fit records its memory and compute effect, the plan weighs both and training applies its
+    choice (off where no plan says on).  on and off are profiled as trained"""
     checkpoint_modules: list[str] | None = Field(default=None, min_length=1)
     """the class names of the blocks checkpointing wraps, e.g. [Block] (the outermost matching submodules);
     default found automatically: torch.nn.TransformerEncoderLayer and TransformerDecoderLayer, tiny_gpt's
@@ -867,15 +868,6 @@ class TrainSpec(_Strict):
             f"{v[:80]!r} is not a loss; use {', '.join(functions)} or {MODEL_LOSS} (the model's own loss), or an "
             "import path 'package.module:loss'"
         )
-
-    @field_validator("checkpointing")
-    @classmethod
-    def _checkpointing_now(cls, v: str) -> str:
-        if v == "auto":
-            raise ValueError(
-                "'auto' (checkpointing where the planner chooses it) is not available yet; use 'on' or 'off'"
-            )
-        return v
 
     @field_validator("step")
     @classmethod

@@ -76,11 +76,12 @@ def describe_looked_for(class_names: list[str] | None) -> str:
     )
 
 
-def checkpoint_blocks(model: nn.Module, class_names: list[str] | None = None) -> int:
+def checkpoint_blocks(model: nn.Module, class_names: list[str] | None = None, *, wrap: bool = True) -> int:
     """Wrap the ``forward`` of each outermost submodule of ``model`` whose class is named in
     ``class_names`` (``None``: :func:`auto_block_classes`) with activation checkpointing; the model
     itself is never wrapped, nor a block inside a wrapped one.  Returns how many blocks are wrapped
-    (already-wrapped ones included: a second call wraps nothing twice)."""
+    (already-wrapped ones included: a second call wraps nothing twice); ``wrap`` False: how many
+    would be, wrapping none."""
     names = set(class_names) if class_names else None
     classes = auto_block_classes(model) if names is None else set()
 
@@ -93,7 +94,7 @@ def checkpoint_blocks(model: nn.Module, class_names: list[str] | None = None) ->
         nonlocal wrapped
         for child in module.children():
             if matches(child):
-                if not getattr(child, _MARK, False):
+                if wrap and not getattr(child, _MARK, False):
                     child.forward = types.MethodType(_checkpointed_forward, child)
                     setattr(child, _MARK, True)
                 wrapped += 1
@@ -106,13 +107,15 @@ def checkpoint_blocks(model: nn.Module, class_names: list[str] | None = None) ->
 
 def apply_checkpointing(model: nn.Module, train: TrainSpec, model_name: str = "the model") -> nn.Module:
     """``model`` with ``train.checkpointing`` applied (:func:`checkpoint_blocks` when ``on``;
-    nothing when ``off``).  No block to wrap is the user's
-    :class:`~tula.core.errors.WorkloadError`, one sentence naming the classes looked for."""
-    if train.checkpointing != "on":
+    nothing when ``off``, nor when ``auto``: the plan chooses, and training gets on or off from
+    it, :func:`tula.core.job_rules.training_spec`).  No block to wrap (on) or to choose to wrap
+    (auto) is the user's :class:`~tula.core.errors.WorkloadError`, one sentence naming the classes
+    looked for."""
+    if train.checkpointing == "off":
         return model
-    if checkpoint_blocks(model, train.checkpoint_modules) == 0:
+    if checkpoint_blocks(model, train.checkpoint_modules, wrap=train.checkpointing == "on") == 0:
         raise WorkloadError(
-            f"train.checkpointing is on, but model {model_name!r} has no submodule of "
+            f"train.checkpointing is {train.checkpointing}, but model {model_name!r} has no submodule of "
             f"{describe_looked_for(train.checkpoint_modules)} to checkpoint; name its repeated block class in "
             "train.checkpoint_modules, or set train.checkpointing to 'off'"
         )

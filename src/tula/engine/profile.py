@@ -497,6 +497,20 @@ def length_configs(spec: JobSpec, chosen: Sequence[Config], b_max: int | None) -
     return out
 
 
+def checkpointing_configs(trials: Sequence[Trial]) -> list[ConfigTuple]:
+    """The configurations (N, B) ``train.checkpointing: auto`` measures checkpointed: the fewest
+    that give its memory and time effect -- the smallest cluster size's two largest local batches
+    that ran plain at the data's own length (a line: bytes per sample and compute per sample),
+    below the batch that ran out of memory; none where fewer than two ran."""
+    ok = [t for t in trials if t.status == "ok" and not t.checkpointing]
+    if not ok:
+        return []
+    n0 = min(t.n_workers for t in ok)
+    ref = [t for t in ok if t.n_workers == n0 and t.sequence_length == ok[0].sequence_length]
+    batches = sorted({t.global_batch for t in ref})[-2:]
+    return [(n0, b) for b in batches] if len(batches) == 2 else []
+
+
 def trial_sequence_length(spec: JobSpec) -> int | None:
     """The sequence length a trial at the data's own length records: ``text``'s, or a factory's
     where lengths are planned over (it is then given one); ``None`` for data without one."""
@@ -568,6 +582,7 @@ def profile_world(
     search: str,
     budget_bytes: int | None,
     oom_local_batch: int | None = None,
+    checkpointed: bool = False,
 ) -> RankProfile:
     """Run in every rank of one world: the trials of ``configs`` ((n_workers, global_batch)
     pairs of this world's size) in order of batch.
@@ -576,8 +591,12 @@ def profile_world(
     space is bounded with it, and this world runs the configurations of its own size.
     Local batches at or above ``oom_local_batch`` (one already ran out of memory) are
     skipped.  After each trial the ranks agree whether to stop (SIGINT/SIGTERM); then
-    ``interrupted`` holds the signal number and the trials not run are left out."""
-    spec = JobSpec.model_validate(spec_dict)
+    ``interrupted`` holds the signal number and the trials not run are left out.
+
+    ``checkpointed``: the world of ``train.checkpointing: auto``'s checkpointed variant
+    (:func:`checkpointing_configs`): its trials with the blocks checkpointed and marked so,
+    without the noise scale, the accumulation check and the run trial."""
+    spec = _world_spec(spec_dict, checkpointed)
     w = _Worker(ctx, spec)
     set_up = AddressSpace.now() if mem_cap_bytes is not None and ctx.device.type == "cpu" else None
     trials: list[Trial] = []
@@ -602,7 +621,8 @@ def profile_world(
     if mem_cap_bytes is not None and ctx.device.type == "cpu":
         cap_bytes = cap_address_space(mem_cap_bytes, since=set_up)
     oom_at = oom_local_batch
-    noise_steps = spec.profile.noise_steps  # at the first trial that runs: the model is as the world made it
+    # at the first trial that runs: the model is as the world made it
+    noise_steps = 0 if checkpointed else spec.profile.noise_steps
     # the trials at the data's own length in order of batch, then those at the other lengths
     for i, (n, big_b, length) in enumerate(_in_run_order(configs)):
         if stop is not None and stop.agree():
@@ -624,6 +644,7 @@ def profile_world(
         t = replace(  # where this rank ran it, and how it met the others, at which length
             t,
             sequence_length=w.ref_length if length is None else length,
+            checkpointing=True if checkpointed else None,
             hosts=[ctx.host],
             devices=[_device_name(ctx.device)],
             interfaces=[ctx.interface],
@@ -637,17 +658,28 @@ def profile_world(
             ctx.emit(TrialFinished(n_workers=n, global_batch=big_b, status=t.status, index=i))
     at_ref = w.at_own_length(trials)  # the checks below at the data's own length
     ok = [t.local_batch for t in at_ref if t.status == "ok" and t.local_batch % 2 == 0]
-    if spec.search.max_accumulation_steps > 1 and ok and interrupted is None:
+    if spec.search.max_accumulation_steps > 1 and ok and interrupted is None and not checkpointed:
         # the planner may accumulate: one check of its step model, at k = 2 on the largest batch run
         accumulation = w.accumulation_trial(max(ok), 2, spec.profile.timed_steps)
     if interrupted is None and stop is not None and stop.agree():
         interrupted = stop.signum or signal.SIGINT
     # the trainer's own step and epoch end (tula.engine.run_trial)
     run_trial_figures = (
-        _run_trial(ctx, spec, [t for t in at_ref if t.status == "ok"], w) if interrupted is None else None
+        _run_trial(ctx, spec, [t for t in at_ref if t.status == "ok"], w)
+        if interrupted is None and not checkpointed
+        else None
     )
     w.close()  # the prefetching threads and the loaders' workers
     return RankProfile(ctx.rank, tuple(trials), probe, cap_bytes, interrupted, accumulation, run_trial_figures)
+
+
+def _world_spec(spec_dict: dict, checkpointed: bool) -> JobSpec:
+    """The spec a world's ranks run: the job's, with the blocks checkpointed in the world of
+    ``train.checkpointing: auto``'s checkpointed variant."""
+    spec = JobSpec.model_validate(spec_dict)
+    if not checkpointed:
+        return spec
+    return spec.model_copy(update={"train": spec.train.model_copy(update={"checkpointing": "on"})})
 
 
 def _config_tuple(config: Sequence[Any]) -> ConfigTuple:
@@ -968,7 +1000,7 @@ class ProfileSession:
         # the trials at other sequence lengths (search.sequence_lengths) on the sizes that run
         sizes = {c.n_workers for c in configs}
         at_lengths = [c for c in self._probed().configs if len(c) > 2 and c[0] in sizes]
-        done = {self.trial_key(t) for t in self.trials}
+        done = {self.trial_key(t) for t in self.trials if not t.checkpointing}
         for n in sorted(sizes):
             todo: list[ConfigTuple] = [
                 (c.n_workers, c.global_batch)
@@ -978,6 +1010,12 @@ class ProfileSession:
             todo += [c for c in at_lengths if c[0] == n and (c[0], c[1], c[2]) not in done]
             if todo:
                 self.run_world(n, todo)
+        if self.spec.train.checkpointing == "auto":  # the checkpointed variant, at a few trials
+            measured = {(t.n_workers, t.global_batch) for t in self.trials if t.checkpointing}
+            at_own = [t for t in self.trials if t.sequence_length in (None, self.ref_length)]
+            todo_checkpointed = [c for c in checkpointing_configs(at_own) if c not in measured]
+            if todo_checkpointed:
+                self.run_world(todo_checkpointed[0][0], todo_checkpointed, checkpointed=True)
         return self.record()
 
     def trial_key(self, t: Trial) -> tuple[int, int, int | None]:
@@ -1042,16 +1080,17 @@ class ProfileSession:
             self.probe = MemoryProbe(ev.memory, ev.max_local_batch, tuple(_config_tuple(c) for c in ev.configs or ()))
         self.emit(ev)
 
-    def run_world(self, n: int, configs: list[ConfigTuple] | None) -> None:
+    def run_world(self, n: int, configs: list[ConfigTuple] | None, checkpointed: bool = False) -> None:
         """One world of ``n`` ranks running ``configs`` (``None``: the first world, which
         probes the memory model and chooses them); its trials join the record
-        (:meth:`merge_world`), a failed world is :meth:`world_failed`'s."""
+        (:meth:`merge_world`), a failed world is :meth:`world_failed`'s.  ``checkpointed``: the
+        world of ``train.checkpointing: auto``'s checkpointed variant (:func:`profile_world`)."""
         self.streamed.clear()
         self.world_size, self.snapped = n, 0
         signum = interrupts.requested()
         if signum:
             raise self.stopped(signum)
-        oom_at = _oom_threshold([t for t in self.trials if t.n_workers == n])
+        oom_at = _oom_threshold([t for t in self.trials if t.n_workers == n and not t.checkpointing])
         try:
             res = self.launcher.run(
                 profile_world,
@@ -1061,12 +1100,16 @@ class ProfileSession:
                 self.cap,
                 self.search,
                 self.budget,
-                oom_at,
+                None if checkpointed else oom_at,
+                checkpointed,
                 on_event=self.forward,
                 timeout_s=self.timeout,
             )
         except WorkerError as err:
+            before = len(self.trials)
             self.world_failed(err, n, configs)
+            if checkpointed:  # its trials (and the one that ran out of memory) are the checkpointed variant's
+                self.trials[before:] = [replace(t, checkpointing=True) for t in self.trials[before:]]
             return
         except Interrupted as err:  # stopped before it began (its launcher's world gate: waiting for workers)
             raise self.stopped(err.signum) from None
@@ -1185,7 +1228,10 @@ class ProfileSession:
         hardware; ``failed``, ``interrupted`` and ``in_progress`` when it is not the whole
         profile.  ``.to_json_dict()`` makes it JSON's values."""
         spec, probe = self.spec, self._probed()
-        ordered = sorted([*self.trials, *extra], key=lambda t: (t.n_workers, t.global_batch, t.sequence_length or 0))
+        ordered = sorted(
+            [*self.trials, *extra],
+            key=lambda t: (t.n_workers, t.global_batch, t.sequence_length or 0, bool(t.checkpointing)),
+        )
         partial: dict[str, Any] = {
             **({"failed": failed} if failed else {}),
             **({"interrupted": interrupted} if interrupted else {}),
@@ -1211,7 +1257,7 @@ class ProfileSession:
             trials=ordered,
             accumulation_trials=self.accumulation,
             run_trials=self.run_trials,
-            placement=placement([asdict(t) for t in ordered]),
+            placement=placement(ordered),
             launcher=getattr(self.launcher, "name", type(self.launcher).__name__),
             facts=self.facts,  # the hardware it was measured on (a fitted model's key for reuse reads it)
             # cluster sizes the launcher could not place (one rank per GPU): N -> why
