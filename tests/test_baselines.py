@@ -106,12 +106,12 @@ def test_lr_follows_the_methods_rule(runs, name):
 @pytest.mark.slow
 def test_adascale_gain_is_bounded_and_sets_the_lr(runs):
     run, _ = runs["adascale"]
-    gains = run.traces["gain"]  # per step, from the epochs' metrics
+    gains = run.traces.gain  # per step, from the epochs' metrics (a method's own trace: kept as written)
     assert len(gains) == EPOCHS * STEPS
     assert all(1.0 <= g <= GLOBAL_BATCH / 64 for g in gains) and max(gains) > 1.0
     tr = run.traces
-    assert (tr["gain_min"], tr["gain_max"], tr["gain_last"]) == (min(gains), max(gains), gains[-1])
-    assert tr["gain_steps"] == len(gains) and tr["gain_mean"] == pytest.approx(sum(gains) / len(gains))
+    assert (tr.gain_min, tr.gain_max, tr.gain_last) == (min(gains), max(gains), gains[-1])
+    assert tr.gain_steps == len(gains) and tr.gain_mean == pytest.approx(sum(gains) / len(gains))
     for epoch, h in enumerate(run.history, start=1):  # the LR of the next step: the last gain
         assert h.lr == pytest.approx(LR_AFTER_WARMUP["adascale"] * gains[epoch * STEPS - 1], rel=1e-12)
 
@@ -119,7 +119,7 @@ def test_adascale_gain_is_bounded_and_sets_the_lr(runs):
 @pytest.mark.slow
 def test_polo_switches_to_local_sgd_after_its_switch_epoch(runs):
     run, out_dir = runs["polo"]
-    assert run.traces == {"switch_step": STEPS, "averaging_period_steps": STEPS // 2}
+    assert run.traces.to_json_dict() == {"switch_step": STEPS, "averaging_period_steps": STEPS // 2}
     extra = load_checkpoint(out_dir)["method_state"]["extra"]
     # the DDP hook counted synchronous steps until the switch only; the averager every step
     assert (extra["averager_step"], extra["hook_iter"]) == (EPOCHS * STEPS, STEPS)

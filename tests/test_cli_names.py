@@ -296,9 +296,9 @@ def test_check_counts_what_the_builders_build(tiny_spec_dict):
     job = spec_from_dict(tiny_spec_dict)
     found = check_job(job)
     model = build_model(job.model)
-    assert found["parameters"] == sum(p.numel() for p in model.parameters())
-    assert found["train_size"] + found["test_size"] == 1797  # scikit-learn's digits
-    assert found["sample_shape"] == (1, 8, 8) and found["classes"] == 10
+    assert found.parameters == sum(p.numel() for p in model.parameters())
+    assert found.train_size + found.test_size == 1797  # scikit-learn's digits
+    assert found.sample_shape == (1, 8, 8) and found.classes == 10
 
 
 @pytest.mark.parametrize(

@@ -142,7 +142,7 @@ def test_both_constraints_missed_name_both():
 
 def test_knee_that_misses_the_deadline_gives_way_to_the_nearest_that_meets_it():
     free = make_plan(_models(), "knee")
-    knee_b = free.knees["2"]["global_batch"]  # about 100 (the hyperbola's knee), T = 0.7 s
+    knee_b = free.knees["2"].global_batch  # about 100 (the hyperbola's knee), T = 0.7 s
     assert 90 <= knee_b <= 112
     plan = make_plan(_models(), "knee", {"deadline": 0.6})
     ok = [r for r in plan.configurations if r.feasible and r.meets_constraints]

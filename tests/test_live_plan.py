@@ -299,10 +299,13 @@ def test_goodput_per_epoch_by_hand():
         ],
     }  # fmt: skip
     rows = goodput_per_epoch(run)
-    assert [r["epoch"] for r in rows] == [2, 3]
-    assert rows[0]["efficiency"] == pytest.approx(64 / 96)
-    assert rows[0]["measured"] == pytest.approx(2560 * 64 / 96)
-    assert rows[0]["predicted"] == pytest.approx(1280 / 0.4 * 64 / 96)
-    assert rows[1]["b_noise"] == 96.0 and rows[1]["efficiency"] == pytest.approx(128 / 160)
-    assert rows[1]["predicted"] == pytest.approx(1280 / 0.48 * 128 / 160)
+    assert [r.epoch for r in rows] == [2, 3]
+    assert (rows[0].global_batch, rows[0].n_workers) == (64, 2)
+    assert rows[0].efficiency == pytest.approx(64 / 96)
+    assert rows[0].measured == pytest.approx(2560 * 64 / 96)
+    assert rows[0].predicted == pytest.approx(1280 / 0.4 * 64 / 96)
+    assert rows[1].b_noise == 96.0 and rows[1].efficiency == pytest.approx(128 / 160)
+    assert rows[1].predicted == pytest.approx(1280 / 0.48 * 128 / 160)
+    with pytest.raises(AttributeError):  # a frozen row
+        rows[0].measured = 0.0  # type: ignore[misc]
     assert goodput_per_epoch({**run, "batch_schedule": "geometric"}) == []

@@ -103,7 +103,7 @@ def test_the_goodput_schedule_moves_the_batch_with_the_measured_noise_scale(tiny
     from tula.service.dashboard_charts import train_charts
 
     rows = goodput_per_epoch(run)
-    assert [r["epoch"] for r in rows] == [2, 3] and all(r["measured"] > 0 for r in rows), rows
+    assert [r.epoch for r in rows] == [2, 3] and all(r.measured > 0 for r in rows), rows
     assert "Goodput: useful samples per second" in train_charts(run)
     plot_training(run, tmp_path / "train.png")
     assert (tmp_path / "train.png").stat().st_size > 10_000

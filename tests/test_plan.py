@@ -44,8 +44,8 @@ def test_knee_of_a_hyperbola_is_at_the_geometric_mean():
     # for T = a / B + c on [10, 1000], Kneedle's knee is at sqrt(10 * 1000) = 100
     plan = make_plan(_models(PERF), "knee")
     for n in ("1", "2"):
-        assert plan.knees[n]["method"] == "kneedle"
-        assert 90 <= plan.knees[n]["global_batch"] <= 112
+        assert plan.knees[n].method == "kneedle"
+        assert 90 <= plan.knees[n].global_batch <= 112
     assert plan.choice.n_workers == 2  # the faster of the two knees
     assert "knee" in plan.reason
 
@@ -53,7 +53,7 @@ def test_knee_of_a_hyperbola_is_at_the_geometric_mean():
 def test_flat_curve_has_no_knee_and_falls_back():
     flat = PerfModel("ring", grad_bytes=10**6, c0=0.0, c1=0.001)  # T = D * c1: the same for every batch
     plan = make_plan(_models(flat, sizes=(1,)), "knee")
-    assert plan.knees["1"]["method"] == "fallback"
+    assert plan.knees["1"].method == "fallback"
     assert _row(plan) == (1, 10)  # smallest batch within 5 % of the fastest
     assert "no knee found" in plan.reason
     idx, how = find_knee(np.array([1.0, 2.0, 3.0]), np.array([5.0, 5.0, 5.0]))

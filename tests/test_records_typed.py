@@ -376,3 +376,37 @@ def test_a_training_runs_generations_and_fallbacks_are_typed_and_written_back_as
     ]  # fmt: skip
     with pytest.raises(RecordError, match="fallbacks.0.from_global_batch"):
         TrainRecord.from_dict({**stored, "fallbacks": [{**old_fallback, "from_global_batch": 0}]}, "train.json")
+
+
+def test_a_plans_curves_and_knees_and_a_runs_traces_are_typed_and_written_back_as_they_were_read():
+    """The stored plan's curves and knees load as :class:`PlanCurve` and :class:`PlanKnee`; the stored
+    run's traces as :class:`MethodTraces` (AGS's per-step values and summary typed, another method's
+    figures kept as written); both write back the JSON they were read from, keys in the file's order."""
+    from tula.core.records import FactorSummary, MethodTraces, PlanCurve, PlanKnee
+
+    stored_plan = json.loads((DATA / "plan.json").read_text())
+    plan = load_plan(DATA / "plan.json")
+    curve = plan.curves["1"]
+    assert isinstance(curve, PlanCurve) and isinstance(plan.knees["1"], PlanKnee)
+    assert curve.global_batch == stored_plan["curves"]["1"]["global_batch"] and curve.time_to_accuracy_s
+    assert plan.knees["2"].global_batch == stored_plan["knees"]["2"]["global_batch"]
+    back = plan.to_json_dict()
+    assert back["curves"] == stored_plan["curves"] and back["knees"] == stored_plan["knees"]
+    without = {n: {k: v for k, v in c.items() if "accuracy" not in k} for n, c in stored_plan["curves"].items()}
+    older = PlanRecord.from_dict({**stored_plan, "curves": without})
+    assert older.curves["1"].time_to_accuracy_s is None and older.to_json_dict()["curves"] == without
+    with pytest.raises(RecordError, match="field 'curves.1.global_batch'"):
+        PlanRecord.from_dict({**stored_plan, "curves": {"1": {**without["1"], "global_batch": "many"}}}, "plan.json")
+
+    stored_run = json.loads((DATA / "train.json").read_text())
+    tr = load_train(DATA / "train.json").traces
+    assert isinstance(tr, MethodTraces) and isinstance(tr.factors, FactorSummary)
+    assert tr.delta_threshold == stored_run["traces"]["delta_threshold"] and tr.delta and tr.delta[0] is None
+    assert tr.scaled == stored_run["traces"]["scaled"] and tr.steps == stored_run["traces"]["steps"]  # kept
+    assert list(tr.to_json_dict()) == list(stored_run["traces"])  # the order the method wrote
+    polo = TrainRecord.from_dict({**stored_run, "traces": {"switch_step": 6, "averaging_period_steps": 3}})
+    assert polo.traces.scaled_fraction is None and polo.to_json_dict()["traces"] == {
+        "switch_step": 6, "averaging_period_steps": 3
+    }  # fmt: skip
+    none = TrainRecord.from_dict({**stored_run, "traces": {}})
+    assert not none.traces and none.to_json_dict()["traces"] == {}

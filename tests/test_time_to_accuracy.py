@@ -43,10 +43,10 @@ def test_epochs_to_accuracy_match_a_hand_calculation_and_a_small_noise_scale_pre
     knee = make_plan(models_record(PERF), "knee_to_accuracy", noise_scale=1000.0)
     for n, k in knee.knees.items():
         curve = knee.curves[n]
-        least = curve["global_batch"][
-            min(range(len(curve["global_batch"])), key=curve["time_to_accuracy_s"].__getitem__)
-        ]
-        assert k["global_batch"] <= least
+        times = curve.time_to_accuracy_s
+        assert times is not None
+        least = curve.global_batch[min(range(len(curve.global_batch)), key=times.__getitem__)]
+        assert k.global_batch <= least
 
 
 def test_the_noise_scale_is_one_sentence_when_missing_or_not_positive():

@@ -36,9 +36,10 @@ def test_ags_on_two_ranks_keeps_replicas_identical_and_learns(tiny_spec_dict, tm
     assert run.steps_done == 2 * spe == sum(h.steps for h in run.history)
     assert run.fallbacks == [] and run.global_batch == 256 and run.local_batch == 128
     tr = run.traces
-    assert len(tr["delta"]) == len(tr["scaled"]) == 2 * spe
-    assert 0 < sum(tr["scaled"]) < 2 * spe  # the first step (delta = inf) is never scaled
-    assert tr["scaled"][0] is False or tr["scaled"][0] == 0
+    assert tr.delta is not None and tr.scaled is not None
+    assert len(tr.delta) == len(tr.scaled) == 2 * spe
+    assert 0 < sum(tr.scaled) < 2 * spe  # the first step (delta = inf) is never scaled
+    assert tr.scaled[0] is False
     assert run.history[-1].train_loss < run.history[0].train_loss
     assert run.final["test_top1"] > 0.3  # far above chance (0.1) after 2 epochs of 5 steps
     lines = [json.loads(s) for s in (tmp_path / METRICS).read_text().splitlines()]

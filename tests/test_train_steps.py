@@ -142,9 +142,9 @@ def test_first_schedule_starts_at_epoch_0s_configuration(tmp_path):
     sup.first_schedule()
     # 64 samples at 96 per worker: ceil(64 / 96) = 1 worker
     assert (sup.global_batch, sup.n_workers, sup.accum) == (64, 1, 1)
-    caps = sup.schedule["caps"]
+    caps = sup.schedule.caps
     assert (caps.min_workers, caps.max_workers, caps.batch_per_worker, caps.dataset_size) == (1, 2, 96, TRAIN_SIZE)
-    assert sup.schedule["lr_multiplier"] == 1.0 and sup.schedule["state"] is not None
+    assert sup.schedule.lr_multiplier == 1.0 and sup.schedule.state is not None
     assert events == []
 
 
@@ -152,9 +152,9 @@ def test_first_schedule_of_a_resumed_run_takes_its_state_from_the_checkpoint(tmp
     sup, _ = _supervisor(tmp_path, train={**SCHEDULE, "workers": {"min": 1, "max": 2}})
     sup.resume_from(_meta(next_global_batch=192, next_n_workers=2))
     sup.first_schedule()
-    assert sup.schedule["state"] is None and sup.schedule["lr_multiplier"] == 1.0
+    assert sup.schedule.state is None and sup.schedule.lr_multiplier == 1.0
     # batch_per_worker defaults to the run's first local batch: epoch 1's 32 on 1 worker
-    assert sup.schedule["caps"].batch_per_worker == 32
+    assert sup.schedule.caps.batch_per_worker == 32
     assert (sup.global_batch, sup.n_workers) == (192, 2)
 
 
@@ -163,7 +163,7 @@ def test_first_schedule_goes_on_with_the_workers_the_cluster_gives(tmp_path):
     sup, events = _supervisor(tmp_path, train=train, launcher=_Launcher(have=1))
     sup.first_schedule()
     assert (sup.global_batch, sup.n_workers) == (192, 1)
-    assert (sup.schedule["caps"].min_workers, sup.schedule["caps"].max_workers) == (1, 1)
+    assert (sup.schedule.caps.min_workers, sup.schedule.caps.max_workers) == (1, 1)
     assert events == [
         Note("the cluster gave 1 of the 2 workers asked for; going on with 1 worker(s) at global batch 192")
     ]
@@ -249,7 +249,7 @@ def test_fall_back_under_a_schedule_halves_the_batch_and_caps_the_micro_batch(tm
     sup.global_batch, sup.n_workers = 128, 2
     sup.fall_back("oom")
     assert (sup.global_batch, sup.accum) == (64, 1)
-    assert sup.schedule["caps"].max_local_batch == 63  # below the micro-batch of 64 that ran out
+    assert sup.schedule.caps.max_local_batch == 63  # below the micro-batch of 64 that ran out
 
 
 def test_fall_back_with_nothing_smaller_left_is_infeasible(tmp_path):

@@ -21,7 +21,7 @@ import shlex
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -49,7 +49,7 @@ from tula.core.registry import METHOD_NAMES, OBJECTIVE_NAMES, OBJECTIVES, cluste
 from tula.core.registry import METHODS as METHOD_TABLE
 from tula.core.say import plain, say
 from tula.core.schedules import SCHEDULES
-from tula.core.spec import JobSpec, load_spec, parse_duration, spec_from_dict
+from tula.core.spec import BatchScheduleSpec, JobSpec, load_spec, parse_duration, spec_from_dict
 from tula.pipeline import (
     Observer,
     RunSettings,
@@ -196,14 +196,18 @@ def _job_with_workers(job: JobSpec, workers: tuple[int, ...] | None) -> JobSpec:
     return job if workers is None else spec_from_dict(_with_workers(job.to_dict(), workers))
 
 
+def _replaced(job: JobSpec, **fields: Any) -> JobSpec:
+    """``job`` with ``fields`` (its top-level parts, typed) replaced, checked again as a whole spec (an
+    option's value the spec refuses is the spec's one sentence)."""
+    return spec_from_dict(job.model_copy(update=fields).to_dict())
+
+
 def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
     """The spec with ``--cluster`` in its ``cluster.where`` (records say where they ran).
     Under ``env`` every rank of the launched world joins it here; a rank other than 0 then
     serves rank 0's worlds and exits with its exit code (it does not return)."""
     if cluster is not None:
-        d = job.to_dict()
-        d["cluster"] = {**d["cluster"], "where": cluster}
-        job = spec_from_dict(d)
+        job = _replaced(job, cluster=job.cluster.model_copy(update={"where": cluster}))
     if job.cluster.where == "local":  # the ranks' fork server imports torch beside this process
         from tula.engine.forkserver import start_fork_server
 
@@ -684,15 +688,17 @@ def _train_job(
     """The spec with ``tula train``'s --cluster, --epochs, --schedule and --accumulation in it."""
     job = _with_cluster(job, cluster)
     if epochs is not None:
-        job = spec_from_dict({**job.to_dict(), "epochs": epochs})
+        job = _replaced(job, epochs=epochs)
     if schedule is not None:
-        d = job.to_dict()
-        d["train"]["batch_schedule"] = {**(d["train"].get("batch_schedule") or {}), "kind": schedule}
-        job = spec_from_dict(d)
+        was = job.train.batch_schedule  # its other fields kept; the whole spec checks they belong to the kind
+        now = (
+            BatchScheduleSpec.model_construct(kind=schedule)
+            if was is None
+            else was.model_copy(update={"kind": schedule})
+        )
+        job = _replaced(job, train=job.train.model_copy(update={"batch_schedule": now}))
     if accumulation is not None:
-        d = job.to_dict()
-        d["train"]["accumulation_steps"] = accumulation
-        job = spec_from_dict(d)
+        job = _replaced(job, train=job.train.model_copy(update={"accumulation_steps": accumulation}))
     return job
 
 
@@ -1028,7 +1034,7 @@ def run(
 def _same_workers(out: Path, spec: Path | None, started: dict, workers: tuple[int, ...]) -> None:
     """``tula run --resume DIR --workers N,...``: the counts the run in ``out`` was started with
     (and ``spec``, when given again, with them the same job), else one sentence."""
-    was = ",".join(map(str, started["search"]["cluster_sizes"]))
+    was = ",".join(map(str, spec_from_dict(started).search.cluster_sizes))  # the manifest's spec, checked
     given = ",".join(map(str, workers))
     if given != was:
         raise RunDirError(
@@ -1082,13 +1088,13 @@ def check(spec: SpecArgument = None, example: ExampleOption = None) -> None:
     t.add_column("what", style="bold")
     t.add_column("found")
     rows = {
-        "model": found["model"],
-        "parameters": f"{found['parameters']:,}",
-        "data set": found["data"],
-        "samples": f"{found['train_size']:,} to train, {found['test_size']:,} to test",
-        "sample shape": " x ".join(map(str, found["sample_shape"])) or "a scalar",
-        "classes": str(found["classes"]) if found["classes"] else "not given (e.g. a regression)",
-        "loss": found["loss"],
+        "model": found.model,
+        "parameters": f"{found.parameters:,}",
+        "data set": found.data,
+        "samples": f"{found.train_size:,} to train, {found.test_size:,} to test",
+        "sample shape": " x ".join(map(str, found.sample_shape)) or "a scalar",
+        "classes": str(found.classes) if found.classes else "not given (e.g. a regression)",
+        "loss": found.loss,
     }
     for what, value in rows.items():
         t.add_row(what, plain(value))

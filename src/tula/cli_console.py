@@ -248,8 +248,8 @@ class ConsoleObserver(Observer):
 def train_summary(run: dict | TrainRecord) -> str:
     """A training record in one line: where it trained, its final score, its steps and time."""
     rec = as_record(run, TrainRecord)
-    tr = rec.traces or {}
-    extra = f", {tr['scaled_fraction']:.0%} of steps scaled" if "scaled_fraction" in tr else ""
+    scaled = rec.traces.scaled_fraction
+    extra = f", {scaled:.0%} of steps scaled" if scaled is not None else ""
     return (
         f"{rec.method} at N={rec.n_workers}, B={rec.global_batch}: final test {{}} {{}}".format(
             *epoch_score(rec.final or {})[::2]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
-from tula.core.live_plan import goodput_per_epoch
+from tula.core.live_plan import GoodputRow, goodput_per_epoch
 from tula.core.noise_scale import (
     SMOOTH_EPOCHS,
     early_epochs,
@@ -25,8 +25,10 @@ from tula.core.noise_scale import (
 )
 from tula.core.records import (
     EpochRecord,
+    MethodTraces,
     ModelsRecord,
     NoiseScale,
+    PlanCurve,
     PlanRecord,
     PlanRow,
     ProfileRecord,
@@ -66,9 +68,11 @@ def trials_table(profile: dict | ProfileRecord) -> Table:
     )
     data = any(r.t_data_s is not None for r in rec.trials)
     lengths = len({r.sequence_length for r in rec.trials}) > 1  # profiled over several sequence lengths: an L column
+    checkpointed = any(r.checkpointing for r in rec.trials)  # train.checkpointing auto's checkpointed trials
     cols = (
         ["N", "B", "b"]
         + (["L"] if lengths else [])
+        + (["ckpt"] if checkpointed else [])
         + ["t_step ms", "t_compute ms", "t_sync ms"]
         + (["data ms"] if data else [])
         + ["spread", "peak mem", "status"]
@@ -84,6 +88,7 @@ def trials_table(profile: dict | ProfileRecord) -> Table:
                 str(r.global_batch),
                 str(r.local_batch),
                 *([str(r.sequence_length)] if lengths else []),
+                *(["on" if r.checkpointing else "off"] if checkpointed else []),
                 _ms(r.t_step_s),
                 _ms(r.t_compute_s),
                 _ms(r.t_sync_s),
@@ -195,6 +200,7 @@ def plan_table(plan: dict | PlanRecord) -> Table:
     acc = any(r.given("epochs_to_accuracy") for r in rows)
     parts = bool(rec.run_costs)  # an epoch = its steps + its end (evaluation, checkpoint, the method's)
     lengths = len({r.sequence_length for r in rows}) > 1  # several sequence lengths planned: an L column
+    checkpointed = len({r.checkpointing for r in rows}) > 1  # train.checkpointing auto: a column of the variant
     title = f"Plan (objective: {rec.objective}); candidate batches and the choice"
     noise = rec.noise_scale or NoiseScale()
     if acc:
@@ -212,6 +218,7 @@ def plan_table(plan: dict | PlanRecord) -> Table:
     cols = (
         ["", "N", "B", "b"]
         + (["L"] if lengths else [])
+        + (["ckpt"] if checkpointed else [])
         + ["t_step ms", "epoch s"]
         + (["of which end s"] if parts else [])
         + ["total s" + (" (expected)" if spot else "")]
@@ -233,6 +240,7 @@ def plan_table(plan: dict | PlanRecord) -> Table:
             str(r.global_batch),
             str(r.local_batch) if r.accumulation_steps == 1 else f"{r.accumulation_steps}x{r.micro_batch}",
             *([str(r.sequence_length)] if lengths else []),
+            *(["on" if r.checkpointing else "off"] if checkpointed else []),
             _ms(r.t_step_s),
             f"{r.epoch_time_s:.3f}",
             *([f"{r.epoch_fixed_s if r.given('epoch_fixed_s') else 0.0:.3f}"] if parts else []),
@@ -303,9 +311,14 @@ class PlanChart:
         return float("nan") if value is None else float(value)
 
 
-def _line(curve: dict[str, Any]) -> ChartLine:
-    acc = {k: list(curve[k]) for k in ("time_to_accuracy_s", "cost_to_accuracy") if k in curve}
-    return ChartLine(list(curve["global_batch"]), list(curve["total_time_s"]), list(curve["cost"]), **acc)
+def _line(curve: PlanCurve) -> ChartLine:
+    def _acc(values: list[float | None] | None) -> list[float] | None:  # a missing point: not drawn
+        return None if values is None else [float("nan") if v is None else v for v in values]
+
+    return ChartLine(
+        list(curve.global_batch), list(curve.total_time_s), list(curve.cost),
+        time_to_accuracy_s=_acc(curve.time_to_accuracy_s), cost_to_accuracy=_acc(curve.cost_to_accuracy),
+    )  # fmt: skip
 
 
 def plan_chart_data(plan: dict | PlanRecord, trials: Sequence[Trial | dict]) -> PlanChart:
@@ -338,7 +351,7 @@ def plan_chart_data(plan: dict | PlanRecord, trials: Sequence[Trial | dict]) -> 
             cc = pricing.cost(tt, int(n), [m for _, _, m in meas])
             measured = ChartLine(list(gb), [float(x) for x in tt], [float(x) for x in cc])
         kn = rec.knees.get(n)
-        series.append(ChartSeries(int(n), _line(curve), measured, kn.get("global_batch") if kn else None))
+        series.append(ChartSeries(int(n), _line(curve), measured, kn.global_batch if kn else None))
     cons = rec.constraints
     return PlanChart(
         name=spec.name,
@@ -690,8 +703,8 @@ def training_figure(run: TrainRecord | Mapping[str, Any]):
     import matplotlib.pyplot as plt
 
     rec, history = _train_run(run)
-    tr = rec.traces or {}
-    has_delta = bool(tr.get("delta"))
+    tr = rec.traces
+    has_delta = bool(tr.delta)
     grows = len({(h.global_batch, h.n_workers) for h in history}) > 1
     noise = [noise_scale_value(h.b_simple) for h in history]  # None: not on a log axis
     measured = any(b is not None for b in noise)
@@ -712,16 +725,16 @@ def training_figure(run: TrainRecord | Mapping[str, Any]):
     return fig
 
 
-def _goodput_panel(ax, rows: list[dict]) -> None:
+def _goodput_panel(ax, rows: list[GoodputRow]) -> None:
     """A goodput schedule's useful samples per second per epoch, measured and as its choice
     predicted (:func:`tula.core.live_plan.goodput_per_epoch`), each epoch's (N, B) marked."""
-    ep = [r["epoch"] for r in rows]
-    ax.plot(ep, [r["measured"] for r in rows], "o-", label="measured")
-    pred = [(r["epoch"], r["predicted"]) for r in rows if r["predicted"] is not None]
+    ep = [r.epoch for r in rows]
+    ax.plot(ep, [r.measured for r in rows], "o-", label="measured")
+    pred = [(r.epoch, r.predicted) for r in rows if r.predicted is not None]
     if pred:
         ax.plot(*zip(*pred), "s--", color="tab:purple", label="predicted")
     for r in rows:
-        ax.annotate(f"N={r['n_workers']} B={r['global_batch']}", (r["epoch"], r["measured"]), fontsize=6,
+        ax.annotate(f"N={r.n_workers} B={r.global_batch}", (r.epoch, r.measured), fontsize=6,
                     xytext=(2, 4), textcoords="offset points")  # fmt: skip
     ax.set_title("goodput: samples/s x (B_noise + B0) / (B_noise + B)", fontsize=10)
     ax.set_xlabel("epoch")
@@ -796,21 +809,21 @@ def _accuracy_panel(ax, run: TrainRecord, history: list[EpochRecord]) -> None:
     ax.set_title(f"{run.method}: N={run.n_workers}, B={run.global_batch}")
 
 
-def _delta_panel(axd, tr: dict) -> None:
+def _delta_panel(axd, tr: MethodTraces) -> None:
     """AGS's gradient variability per step, its scaled and unscaled steps and the threshold."""
     import numpy as np
 
-    d = np.array([np.nan if v is None else v for v in tr["delta"]], float)
+    d = np.array([np.nan if v is None else v for v in tr.delta or []], float)
     steps = np.arange(len(d))
-    scaled = np.array(tr["scaled"], bool)
+    scaled = np.array(tr.scaled, bool)
     axd.semilogy(steps[scaled], d[scaled], ".", ms=3, color="tab:green", label="scaled step")
     axd.semilogy(steps[~scaled], d[~scaled], ".", ms=3, color="tab:red", label="sensitive step (unscaled)")
-    axd.axhline(tr["delta_threshold"], color="black", ls="--", lw=1, label=f"δ = {tr['delta_threshold']}")
+    axd.axhline(tr.delta_threshold, color="black", ls="--", lw=1, label=f"δ = {tr.delta_threshold}")
     axd.set_xlabel("step")
     axd.set_ylabel("gradient variability Δ(G)")
-    f = tr.get("factors") or {}
-    extra = f", factors mean {f['mean']:.2f} [{f['min']:.2f}, {f['max']:.2f}]" if f else ""
-    axd.set_title(f"{tr['scaled_fraction']:.0%} of steps scaled{extra}", fontsize=10)
+    f = tr.factors
+    extra = f", factors mean {f.mean:.2f} [{f.min:.2f}, {f.max:.2f}]" if f else ""
+    axd.set_title(f"{tr.scaled_fraction:.0%} of steps scaled{extra}", fontsize=10)
     axd.legend(fontsize=8)
     axd.grid(alpha=0.3)
 

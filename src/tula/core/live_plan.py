@@ -162,8 +162,12 @@ class Ranker:
             p = self.fitted.predict(
                 n_workers=n, global_batch=b, accumulation_steps=k, network=self.network,
                 pricing=self.pricing if by_cost else None, epochs=1,
-            ).at(0)  # fmt: skip
-            out.append(Option(b, n, k, p["epoch_time_s"], p["cost"] if by_cost else p["epoch_time_s"]))
+            )  # fmt: skip
+            epoch_s = score = p.epoch_time_s.reshape(-1)[0].item()
+            if by_cost:
+                assert p.cost is not None, "ranking by cost has a pricing (__init__), which prices each epoch"
+                score = p.cost.reshape(-1)[0].item()
+            out.append(Option(b, n, k, epoch_s, score))
         return sorted(out, key=lambda o: (o.score, o.n_workers, o.accumulation_steps))
 
 
@@ -241,7 +245,32 @@ def goodput(option: Option, dataset_size: int, b_noise: float, reference_batch: 
     return dataset_size / option.epoch_s * statistical_efficiency(option.global_batch, b_noise, reference_batch)
 
 
-def goodput_per_epoch(run: TrainRecord | Mapping[str, Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class GoodputRow:
+    """One epoch of a goodput schedule's run (:func:`goodput_per_epoch`): what the report's
+    goodput panel and the dashboard's goodput chart draw.
+
+    Attributes
+    ----------
+    epoch : the epoch, from 1
+    global_batch : B it trained at
+    n_workers : N it trained with
+    b_noise : the B_noise its batch was chosen with (the epoch before's B_simple), samples
+    efficiency : its batch's statistical efficiency against the run's first batch B0
+    measured : useful samples per second, measured (its ``epoch_wall_s``)
+    predicted : useful samples per second as predicted (None: no prediction for it)
+    """
+
+    epoch: int
+    global_batch: int
+    n_workers: int
+    b_noise: float
+    efficiency: float
+    measured: float
+    predicted: float | None
+
+
+def goodput_per_epoch(run: TrainRecord | Mapping[str, Any]) -> list[GoodputRow]:
     """A goodput schedule's run (a training record) epoch by epoch after the first: the
     B_noise its batch was chosen with (the epoch before's B_simple), that batch's statistical
     efficiency against the run's first batch B0, and its goodput -- useful samples per second,
@@ -266,15 +295,15 @@ def goodput_per_epoch(run: TrainRecord | Mapping[str, Any]) -> list[dict[str, An
         same = best is not None and (best["global_batch"], best["n_workers"]) == (h.global_batch, h.n_workers)
         planned_s = best["epoch_s"] if same else h.predicted_epoch_s  # else the plan's, if compared
         out.append(
-            {
-                "epoch": h.epoch,
-                "global_batch": h.global_batch,
-                "n_workers": h.n_workers,
-                "b_noise": float(b_noise),
-                "efficiency": eff,
-                "measured": samples / measured_epoch_s(h) * eff,
-                "predicted": samples / planned_s * eff if planned_s else None,
-            }
+            GoodputRow(
+                epoch=h.epoch,
+                global_batch=h.global_batch,
+                n_workers=h.n_workers,
+                b_noise=float(b_noise),
+                efficiency=eff,
+                measured=samples / measured_epoch_s(h) * eff,
+                predicted=samples / planned_s * eff if planned_s else None,
+            )
         )
     return out
 

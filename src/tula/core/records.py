@@ -27,8 +27,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -36,9 +35,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SerializerFunctionWrapHandler,
     TypeAdapter,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_serializer,
     model_validator,
@@ -47,6 +48,9 @@ from pydantic import (
 from tula.core.config import Config
 from tula.core.errors import RecordError
 from tula.core.registry import OBJECTIVE_NAMES
+from tula.core.trial import TRIAL_STATUSES, Trial
+
+__all__ = ["TRIAL_STATUSES", "Trial"]  # re-exported: parts of the profile and models records
 
 PROFILE_KIND = "tula.profile"
 MODELS_KIND = "tula.models"
@@ -74,70 +78,18 @@ NAMES = {
     CHECKPOINT_KIND: "checkpoint",
 }
 
-TRIAL_STATUSES = ("ok", "oom", "skipped", "error", "interrupted")
 
-
-@dataclass
-class Trial:
-    """One profiled configuration: (N, b) and what was measured there.
-
-    ``status``: ``ok`` (timed), ``oom`` (the ranks agreed it does not fit), ``skipped``
-    (a smaller local batch already ran out of memory), ``error`` (the world failed),
-    ``interrupted`` (Ctrl-C / SIGTERM before it ran)."""
-
-    #: N, the ranks of the world
-    n_workers: int
-    #: b, the samples each rank's step takes
-    local_batch: int
-    #: B = N x b
-    global_batch: int
-    #: how the trial ended (the class's description says each)
-    status: Literal["ok", "oom", "skipped", "error", "interrupted"]
-    #: the median time of a training step, seconds
-    t_step_s: float | None = None
-    #: the median time of a step's forward and backward computation, seconds
-    t_compute_s: float | None = None
-    #: the median time a step spends synchronising the gradients beyond the computation, seconds
-    t_sync_s: float | None = None
-    t_data_s: float | None = None  # median wait for the next batch (data loading) per step
-    #: the most memory a rank held during the trial, bytes
-    peak_mem_bytes: int | None = None
-    #: the spread of the timed steps relative to their median
-    t_step_spread: float | None = None
-    #: how many steps were timed
-    timed_steps: int = 0
-    #: why a trial that is not ok ended so, or what to know about it
-    note: str = ""
-    #: each timed step's time, seconds
-    step_times_s: list[float] = field(default_factory=list)
-    #: each timed step's computation time, seconds
-    compute_times_s: list[float] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)  # each rank's host (its worker's address), in rank order
-    interfaces: list[str] = field(default_factory=list)  # each rank's network interface ("": torch's default)
-    interface_sources: list[str] = field(
-        default_factory=list
-    )  # why each one (tula.engine.launch.netif.choose_interface)
-    local_ranks: list[int] = field(default_factory=list)  # each rank's position among the ranks on its host
-    devices: list[str] = field(default_factory=list)  # each rank's device
-    ranks_per_host: int | None = None  # the most ranks that shared one host
-    # the gradient noise scale measured at this trial's local batch from the world's fresh
-    # model (the first trial of each world): tula.engine.profile.measure_noise's dict
-    noise: dict | None = None
-    #: L, the tokens of each sample where the data set has a sequence length (absent in older profiles)
-    sequence_length: int | None = None
-
-
-def placement(trials: list[dict]) -> dict:
+def placement(trials: Sequence[Trial]) -> dict:
     """Where a profile's worlds ran: the hosts, the most ranks one host held, the devices --
     so that a model fitted on one host is never silently taken for a multi-host one."""
-    hosts = sorted({h for t in trials for h in t.get("hosts") or []})
-    per_host = max((max(Counter(t["hosts"]).values()) for t in trials if t.get("hosts")), default=0)
+    hosts = sorted({h for t in trials for h in t.hosts})
+    per_host = max((max(Counter(t.hosts).values()) for t in trials if t.hosts), default=0)
     return {
         "hosts": hosts,
         "n_hosts": len(hosts),
         "max_ranks_per_host": per_host,
-        "devices": sorted({d for t in trials for d in t.get("devices") or []}),
-        "max_workers": max((t["n_workers"] for t in trials if t.get("status") == "ok"), default=0),
+        "devices": sorted({d for t in trials for d in t.devices}),
+        "max_workers": max((t.n_workers for t in trials if t.status == "ok"), default=0),
     }
 
 
@@ -496,9 +448,12 @@ class ModelsRecord(_Record):
     """the profile's run trials (the method's steps and epoch ends)"""
     not_measured: dict[str, str] | None = None
     """cluster sizes the profile could not place (one rank per GPU): N -> why; the plan does not rank them"""
+    checkpointing: dict[str, Any] | None = None
+    """train.checkpointing auto: the checkpointed step's effect fitted to its trials
+    (tula.core.fitted.CheckpointingEffect: activation bytes per sample, compute factor; null: not measured)"""
 
     _OMITTED_UNSET = frozenset(
-        {"accumulation_check", "noise_scale", "placement", "run_costs", "run_trials", "not_measured"}
+        {"accumulation_check", "noise_scale", "placement", "run_costs", "run_trials", "not_measured", "checkpointing"}
     )
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
@@ -603,6 +558,33 @@ class PlanConstraints(_Frozen):
     """feasible configurations that also meet the deadline and the budget"""
 
 
+class PlanCurve(_Frozen):
+    """One cluster size's dense curve in a plan (:attr:`PlanRecord.curves`): its feasible rows'
+    global batches and, at each, the predicted time and cost (to accuracy too, where the rows have them)."""
+
+    _OMITTED_UNSET = frozenset({"time_to_accuracy_s", "cost_to_accuracy"})
+
+    global_batch: list[int]
+    """B of each point"""
+    total_time_s: list[float]
+    """the predicted time of the spec's epochs at each B, seconds"""
+    cost: list[float]
+    """the predicted cost of those epochs at each B"""
+    time_to_accuracy_s: list[float | None] | None = None
+    """the predicted time to accuracy at each B, seconds (absent: the rows have none)"""
+    cost_to_accuracy: list[float | None] | None = None
+    """the predicted cost to accuracy at each B (absent: the rows have none)"""
+
+
+class PlanKnee(_Frozen):
+    """One cluster size's knee of its time-vs-batch curve (:attr:`PlanRecord.knees`)."""
+
+    global_batch: int
+    """B at the knee"""
+    method: str
+    """how it was found (tula.core.plan.find_knee: kneedle, or the fallback named)"""
+
+
 class PlanRecord(_Record):
     """A plan.  Version 1 (before constraints) loads with ``constraints`` and
     ``spot_comparison`` ``None`` and every row's ``meets_constraints`` true."""
@@ -620,9 +602,9 @@ class PlanRecord(_Record):
     """training samples"""
     configurations: list[PlanRow]
     """every configuration evaluated"""
-    curves: dict[str, dict]
+    curves: dict[str, PlanCurve]
     """per cluster size N (a string key): the feasible rows' predictions as lists, by global batch"""
-    knees: dict[str, dict]
+    knees: dict[str, PlanKnee]
     """per cluster size N: the knee of its time-vs-batch curve (its global_batch, and the method that found it)"""
     frontier: list[PlanRow]
     """the Pareto frontier of the feasible configurations in time and cost"""
@@ -801,6 +783,58 @@ class Generation(_Frozen):
         return Config(self.n_workers, self.global_batch, self.accumulation_steps)
 
 
+class FactorSummary(_Frozen):
+    """AGS's per-parameter scaling factors over a run: their mean, least and largest."""
+
+    mean: float
+    """the mean factor"""
+    min: float
+    """the least factor"""
+    max: float
+    """the largest factor"""
+
+
+class MethodTraces(_Frozen):
+    """A training method's traces (:attr:`TrainRecord.traces`): a summary of what it did and its per-step
+    values, where it keeps some.  The fields typed here are the ones the reports read (AGS's); each method's
+    other figures (AdaScale's gains, the averaging period, ...) are kept as they were written.  Written
+    back with the keys in the order they were read."""
+
+    _OMITTED_UNSET = frozenset({"scaled_fraction", "factors", "delta_threshold", "delta", "scaled"})
+
+    scaled_fraction: float | None = None
+    """AGS: the share of the steps whose update was scaled"""
+    factors: FactorSummary | None = None
+    """AGS: its scaling factors' summary (null: none computed yet)"""
+    delta_threshold: float | None = None
+    """AGS: the gradient variability δ below which a step is scaled"""
+    delta: list[float | None] | None = None
+    """AGS: each step's gradient variability Δ(G) (null: not measured at that step)"""
+    scaled: list[bool] | None = None
+    """AGS: whether each step's update was scaled"""
+
+    _keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_order(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> MethodTraces:
+        traces = handler(data)
+        if isinstance(data, Mapping):
+            traces._keys = tuple(data)
+        return traces
+
+    @model_serializer(mode="wrap")
+    def _in_read_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in self._OMITTED_UNSET - self.model_fields_set:
+            data.pop(name, None)
+        return _in_order(data, self._keys)
+
+    def __bool__(self) -> bool:
+        """Whether the method kept any traces (an empty one, as ``{}`` was, is false)."""
+        return bool(self.model_fields_set or self.model_extra)
+
+
 class TrainRecord(_Record):
     """What ``tula train`` did: the configuration it ended at and every epoch's figures."""
 
@@ -827,7 +861,7 @@ class TrainRecord(_Record):
     """each epoch's figures, as metrics.jsonl has them"""
     fallbacks: list[Fallback] = Field(default_factory=list)
     """each out-of-memory fallback: the batch and accumulation before and after, and the epoch"""
-    traces: dict = Field(default_factory=dict)
+    traces: MethodTraces = Field(default_factory=MethodTraces)
     """per-step traces of the method (AGS's factors and gates, the noise scale), where it keeps some"""
     requested_global_batch: int | None = None
     """the B training was asked to start at (before any out-of-memory fallback)"""

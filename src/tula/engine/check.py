@@ -8,7 +8,7 @@ failure is the same one sentence a profile would give (:class:`~tula.core.errors
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -17,7 +17,33 @@ from tula.core.spec import JobSpec
 from tula.engine.workloads import check_workload
 
 
-def check_job(spec: JobSpec) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CheckResult:
+    """What ``tula check`` found: the workload a spec builds.
+
+    Attributes
+    ----------
+    model : the spec's model name and the module's class, e.g. ``small_cnn (SmallCNN)``
+    parameters : its trainable parameters
+    data : the data set's name
+    train_size : training samples
+    test_size : test samples
+    sample_shape : one input's shape
+    classes : the classes (0 when the set does not say, e.g. a regression)
+    loss : the spec's train.loss
+    """
+
+    model: str
+    parameters: int
+    data: str
+    train_size: int
+    test_size: int
+    sample_shape: tuple[int, ...]
+    classes: int
+    loss: str
+
+
+def check_job(spec: JobSpec) -> CheckResult:
     """Build ``spec``'s model, data sets and loss and run two training samples through them.
 
     Parameters
@@ -27,25 +53,23 @@ def check_job(spec: JobSpec) -> dict[str, Any]:
 
     Returns
     -------
-    dict
-        What was found: ``model`` (the spec's name and the module's class), ``parameters``
-        (trainable), ``data`` (the data set's name), ``train_size`` and ``test_size``
-        (samples), ``sample_shape`` (one input's shape), ``classes`` (0 when the set does not
-        say, e.g. a regression) and ``loss``.
+    CheckResult
+        What was found: the model, its trainable parameters, the data set, its sizes, a
+        sample's shape, the classes and the loss.
     """
     check_sinks(spec.train.loggers)  # a metrics sink whose package is missing: refused as training would
     torch.manual_seed(spec.seed)
     model, data = check_workload(spec)
     try:
-        return {
-            "model": f"{spec.model.name} ({type(model).__name__})",
-            "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "data": data.name,
-            "train_size": data.train_size,
-            "test_size": data.test_size,
-            "sample_shape": tuple(data.sample_shape),
-            "classes": data.num_classes,
-            "loss": spec.train.loss,
-        }
+        return CheckResult(
+            model=f"{spec.model.name} ({type(model).__name__})",
+            parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+            data=data.name,
+            train_size=data.train_size,
+            test_size=data.test_size,
+            sample_shape=tuple(data.sample_shape),
+            classes=data.num_classes,
+            loss=spec.train.loss,
+        )
     finally:
         data.close()

@@ -26,6 +26,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from tula.core.events import EpochFinished, Resized, StepDone, WorldStarted
 from tula.core.job_rules import check_train_config, state_from_spec
 from tula.core.noise_scale import NoiseScale
 from tula.core.records import EpochRecord, as_epoch, read_jsonl, write_atomic
-from tula.core.schedules import next_config, steps_per_epoch
+from tula.core.schedules import Caps, ScheduleState, next_config, steps_per_epoch
 from tula.core.spec import JobSpec
 from tula.engine.batch import slice_batch, to_device
 from tula.engine.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
@@ -113,6 +114,21 @@ def epoch_line(figures: EpochRecord) -> dict[str, Any]:
     return {**ordered, **data}
 
 
+@dataclass
+class ScheduleStart:
+    """What a world's ranks start a batch schedule from (``train_world``'s ``schedule``): the
+    schedule's state and LR multiplier (``None`` and 1: a resumed run's come from its checkpoint)
+    and the caps its choices stay within.  The supervisor lowers the caps between worlds (fewer
+    workers given, an out-of-memory fallback)."""
+
+    #: the schedule's state (epoch 0's decision's; a checkpoint keeps it as JSON's values), or None
+    state: ScheduleState | dict[str, Any] | None
+    #: the LR multiplier the schedule set
+    lr_multiplier: float
+    #: the workers, local batch and accumulation its choices stay within
+    caps: Caps
+
+
 def _drain_step_traces(method: Any) -> dict[str, list]:
     drain = getattr(method, "drain_step_traces", None)
     return drain() if drain is not None else {}
@@ -132,8 +148,8 @@ def _restore(
     n_steps: int,
     spec: JobSpec,
     global_batch: int,
-    schedule: dict | None,
-) -> tuple[int, int, list, dict | None, float]:
+    schedule: ScheduleStart | None,
+) -> tuple[int, int, list, ScheduleState | dict | None, float]:
     """Put this rank where the checkpoint ``state`` left the run (``None``: the start),
     with ``method`` just built for this world's batch (``n_steps`` steps per epoch): the
     model, the method's state (its LR rule re-applied at the new batch), the RNG, the
@@ -142,8 +158,8 @@ def _restore(
     checkpointed: one function, so both give the same numbers.  Returns ``(start_epoch,
     steps_done, history, schedule_state, lr_multiplier)``."""
     start_epoch, steps_done, history = 0, 0, []
-    sched_state = schedule["state"] if schedule else None
-    lr_mult = schedule["lr_multiplier"] if schedule else 1.0
+    sched_state = schedule.state if schedule else None
+    lr_mult = schedule.lr_multiplier if schedule else 1.0
     if state is not None:
         model.load_state_dict(state["model"])
         start_epoch, steps_done, history = state["epoch"], state["steps_done"], state["history"]
@@ -233,7 +249,7 @@ class _RankTrainer:
         method_name: str,
         out_dir: str,
         fallbacks: list[dict],
-        schedule: dict | None,
+        schedule: ScheduleStart | None,
         accumulation_steps: int = 1,
     ) -> None:
         self.ctx, self.spec, self.method_name, self.fallbacks, self.schedule = (
@@ -469,7 +485,7 @@ class _RankTrainer:
         if not self.schedule:
             return self.now()
         assert self.sched_state is not None, "_restore gives a run with a schedule the schedule's state"
-        d = next_config(self.sched_state, epoch + 1, self.history, self.schedule["caps"])
+        d = next_config(self.sched_state, epoch + 1, self.history, self.schedule.caps)
         self.sched_state = d.state.to_dict()  # the checkpoint keeps the state as JSON
         nxt = Config(n_workers=d.n_workers, global_batch=d.global_batch, accumulation_steps=d.accumulation_steps)
         rec["schedule"] = d.record()
@@ -576,7 +592,7 @@ def train_world(
     fallbacks: list[dict],
     mem_cap_bytes: int | None = None,
     reach_token: str | None = None,
-    schedule: dict | None = None,
+    schedule: ScheduleStart | None = None,
 ) -> RankResult:
     """Run on every rank: train ``spec.epochs`` epochs at ``config`` with ``method_name``,
     resuming from the checkpoint in ``out_dir`` when there is one.  Returns

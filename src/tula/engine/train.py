@@ -49,7 +49,7 @@ from tula.engine.checkpoint import CHECKPOINT, checkpoint_header, has_checkpoint
 from tula.engine.evaluation import evaluate  # noqa: F401 (re-exported)
 from tula.engine.launch import Launcher
 from tula.engine.metrics_sinks import EpochSinks
-from tula.engine.rank_loop import METRICS, STEP_TRACES, train_world  # noqa: F401 (re-exported)
+from tula.engine.rank_loop import METRICS, STEP_TRACES, ScheduleStart, train_world  # noqa: F401 (re-exported)
 from tula.engine.rank_messages import Failed, Finished, OutOfMemory, RankResult, Resize
 from tula.engine.rundir import check_out_dir, locked
 from tula.engine.train_checks import (  # noqa: F401 (re-exported)
@@ -95,7 +95,7 @@ def _available(
     launcher: Launcher,
     wanted: Config,
     *,
-    schedule: dict | None,
+    schedule: ScheduleStart | None,
     emit: Callable[[Event], None],
     dataset_size: int,
 ) -> Config:
@@ -119,8 +119,8 @@ def _available(
         )
     )
     if schedule is not None:
-        caps = schedule["caps"]
-        schedule["caps"] = replace(caps, max_workers=got, min_workers=min(caps.min_workers, got))
+        caps = schedule.caps
+        schedule.caps = replace(caps, max_workers=got, min_workers=min(caps.min_workers, got))
     return replace(wanted, n_workers=got, global_batch=fewer)
 
 
@@ -317,7 +317,7 @@ class TrainSupervisor:
         self.resumed_from_epoch: int | None = None
         self.first_trained: EpochRecord | None = None  # a resumed run's first epoch (its schedule's caps start there)
         self.notes: list[str] = []
-        self.schedule: dict | None = None  # a batch schedule's state, LR multiplier and caps
+        self.schedule: ScheduleStart | None = None  # a batch schedule's state, LR multiplier and caps
         self.generations: list[Generation] = []
         self.at_epoch = 0  # the last finished epoch when a world starts
         self.first_batch = global_batch
@@ -423,9 +423,9 @@ class TrainSupervisor:
         if self.resumed_from_epoch is None:  # epoch 0's configuration, within the caps
             d = next_config(state_from_spec(self.spec, self.global_batch), 0, [], caps)
             self.global_batch, self.n_workers, self.accum = d.global_batch, d.n_workers, d.accumulation_steps
-            self.schedule = {"state": d.state, "lr_multiplier": d.lr_multiplier, "caps": caps}
+            self.schedule = ScheduleStart(state=d.state, lr_multiplier=d.lr_multiplier, caps=caps)
         else:  # the state and LR multiplier come from the checkpoint
-            self.schedule = {"state": None, "lr_multiplier": 1.0, "caps": caps}
+            self.schedule = ScheduleStart(state=None, lr_multiplier=1.0, caps=caps)
         there = _available(
             self.launcher, self.config(), schedule=self.schedule, emit=self.emit, dataset_size=self.train_size
         )
@@ -573,9 +573,9 @@ class TrainSupervisor:
         max_k = None
         if self.schedule:  # the schedule must not grow back into the micro-batch that ran out of memory
             failed_micro = self.global_batch // self.n_workers // self.accum
-            caps = self.schedule["caps"]
+            caps = self.schedule.caps
             lim = caps.max_local_batch
-            self.schedule["caps"] = replace(
+            self.schedule.caps = replace(
                 caps, max_local_batch=min(lim or failed_micro, failed_micro - 1) if failed_micro > 1 else lim
             )
             max_k = caps.max_accumulation_steps  # a schedule's k stays within its caps

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from tula.core.live_plan import goodput_per_epoch
+from tula.core.live_plan import GoodputRow, goodput_per_epoch
 from tula.core.noise_scale import (
     SMOOTH_EPOCHS,
     early_epochs,
@@ -551,28 +551,26 @@ def _epoch_time_chart(h: list[EpochRecord], generations: list[Generation]) -> st
     return svg_chart("Epoch time: measured and planned", "epoch", "seconds", lines, points, vlines=vlines, log_x=False)
 
 
-def _config(r: EpochRecord | Generation | Mapping[str, Any]) -> str:
-    """An epoch's, a generation's or a goodput row's (N, B, k) in words."""
-    if isinstance(r, (EpochRecord, Generation)):
-        n, b, k = r.n_workers, r.global_batch, r.accumulation_steps or 1
-    else:
-        n, b, k = r["n_workers"], r["global_batch"], r.get("accumulation_steps") or 1
+def _config(r: EpochRecord | Generation | GoodputRow) -> str:
+    """An epoch's, a generation's or a goodput row's (N, B, k) in words (a goodput row: N and B)."""
+    n, b = r.n_workers, r.global_batch
+    k = 1 if isinstance(r, GoodputRow) else r.accumulation_steps or 1
     return f"N={n}, B={b}" + (f", k={k}" if k > 1 else "")
 
 
-def _goodput_chart(rows: list[dict]) -> str:
+def _goodput_chart(rows: list[GoodputRow]) -> str:
     """A goodput schedule's useful samples per second per epoch, measured and predicted
     (:func:`tula.core.live_plan.goodput_per_epoch`)."""
-    ep = [r["epoch"] for r in rows]
-    measured = [r["measured"] for r in rows]
+    ep = [r.epoch for r in rows]
+    measured = [r.measured for r in rows]
     lines = [Line(ep, measured, COLORS[0], "measured")]
-    if any(r["predicted"] is not None for r in rows):
-        pred = [r["predicted"] if r["predicted"] is not None else float("nan") for r in rows]
+    if any(r.predicted is not None for r in rows):
+        pred = [r.predicted if r.predicted is not None else float("nan") for r in rows]
         lines.append(Line(ep, pred, COLORS[2], "predicted by the choice"))
     titles = [
-        f"epoch {r['epoch']} at {_config(r)}: {r['measured']:.4g} useful samples/s measured"
-        + (f", {r['predicted']:.4g} predicted" if r["predicted"] is not None else "")
-        + f" (B_noise {r['b_noise']:.4g}, efficiency {r['efficiency']:.2f})"
+        f"epoch {r.epoch} at {_config(r)}: {r.measured:.4g} useful samples/s measured"
+        + (f", {r.predicted:.4g} predicted" if r.predicted is not None else "")
+        + f" (B_noise {r.b_noise:.4g}, efficiency {r.efficiency:.2f})"
         for r in rows
     ]
     points = [Points(ep, measured, COLORS[0], "epochs", titles, legend=False)]
