@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/run_prediction.py
 	$(VENV)/bin/python bench/plan_while_training.py
 	$(VENV)/bin/python bench/service_cluster.py
+	$(VENV)/bin/python bench/transformer_plan.py
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache

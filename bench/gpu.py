@@ -25,6 +25,21 @@ And 2 epochs of AGS in fp16 (``tula.engine.train.train``, one worker, GradScaler
 small synthetic set: its losses, the steps the scaler skipped, the share of AGS-scaled steps;
 then the same run in fp32 beside it.
 
+The transformer (#44), in fp32 and bf16 (of ``--precisions``): the built-in ``tiny_gpt`` (6
+blocks of width 512, 8 heads of 64, 256 token ids; AdamW) at local batches 8..64 at the sequence
+length L = 512, and at b = 8 at L = 256 and 1024:
+
+* **plain**: the plain loop on random token ids made on the device once, next-token targets,
+  cross-entropy over the vocabulary (the logits' class dimension second, as Tula's
+  ``cross_entropy`` takes them), autocast in bf16; and the same with every attention forced
+  through SDPA's flash-attention kernel (``torch.nn.attention.sdpa_kernel``; tiny_gpt's attention
+  is ``F.scaled_dot_product_attention``, causal), which says whether flash attention runs there
+  and what it gives against torch's own choice of kernel (it cannot run in fp32 on a GPU);
+* **tula**: Tula's profile of the ``text`` data set (``--search full``) at L = 512 with
+  ``search.sequence_lengths`` 256, 512, 1024 (one trial at each other length, at the largest batch);
+* **predicted**: the models fitted on that profile less one batch at L = 512 predict every
+  point's step and peak at its (b, L) (``FittedModels.predict``): three points are held out.
+
 The knobs of #25 item 3 (``--tf32``, ``--channels-last``, ``--cudnn-benchmark``) apply to
 both loops when given (default: torch's defaults, off).
 
@@ -38,7 +53,8 @@ date.
 steps -- every path but the CUDA-only ones (the peak-memory counter, the out-of-memory step).
 Not ResNet-18: torch's CPU kernels run its fp16 backward at about 1.5 s a step whatever the
 batch or image (its 11 M parameters; ShuffleNetV2 x0.5 has 0.35 M), which made the dry run
-take 90 s instead of about 30.  It writes no doc unless ``--doc`` is given.
+take 90 s instead of about 30.  The transformer's dry run: one block of width 32, b in 2, 4 at L = 16,
+lengths 8, 16, 32 (about 2.5 s of the dry run).  It writes no doc unless ``--doc`` is given.
 
 Run on a GPU machine: ``bench/gpu_prepare.sh`` here (wheels), then ``bench/gpu_run.sh`` there.
 Run here:             ``.venv/bin/python bench/gpu.py --dry-run``
@@ -84,6 +100,14 @@ SECTION = "## GPU check (`bench/gpu.py`, issue #25)"
 GIB = 2**30
 #: the dry run's model: a torchvision model whose fp16 steps on the CPU take tens of ms (see the docstring)
 DRY_RUN_MODEL = "shufflenet_v2_x0_5"
+#: the transformer on a GPU: tiny_gpt, 6 blocks of width 512 (8 heads of 64: a head size flash attention takes)
+GPT_KWARGS = {"n_layers": 6, "d_model": 512, "n_heads": 8, "max_positions": 1024, "dropout": 0.0}
+#: ... and in a dry run: one block of width 32
+DRY_RUN_GPT_KWARGS = {"n_layers": 1, "d_model": 32, "n_heads": 2, "max_positions": 32, "dropout": 0.0}
+#: the transformer's optimiser in both loops (a transformer's usual one; Tula's weight decay)
+GPT_OPTIMIZER = {"name": "adamw", "lr": 1e-3, "weight_decay": 5e-4}
+#: the precisions the transformer is measured in (of --precisions): fp16's scaler is the images' part
+GPT_PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -105,6 +129,12 @@ class Setup:
     ags_model: str = "resnet18"
     threads: int | None = None
     ratio_from_b: int = 64  # Tula / plain is summarised over b >= this (the issue's target: b >= 64)
+    # the transformer (#44): tiny_gpt's size, its local batches at the data's own length gpt_length,
+    # and the lengths its profile measures (search.sequence_lengths)
+    gpt_kwargs: dict = field(default_factory=lambda: dict(GPT_KWARGS))
+    gpt_batches: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    gpt_length: int = 512
+    gpt_lengths: list[int] = field(default_factory=lambda: [256, 512, 1024])
 
 
 @dataclass
@@ -177,21 +207,71 @@ def plain_steps(s: Setup, precision: str, b: int, warmup: int, timed: int) -> di
         opt.zero_grad(set_to_none=True)  # as Tula's step: the gradients are gone before the next forward
 
     try:
-        for _ in range(warmup):
-            step()
-        _sync(s.device)
-        if s.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(s.device)
-        times = []
-        for _ in range(timed):
-            t0 = time.perf_counter()
-            step()
-            _sync(s.device)
-            times.append(time.perf_counter() - t0)
-        peak = int(torch.cuda.max_memory_allocated(s.device)) if s.device.type == "cuda" else None
-        return {"t_step_s": statistics.median(times), "peak_bytes": peak}
+        return _time_steps(s.device, step, warmup, timed)
     finally:  # the model, batch and optimiser go with this frame (after an out of memory: with its traceback)
         _free(s.device)
+
+
+def _time_steps(device: torch.device, step, warmup: int, timed: int) -> dict:
+    """``warmup`` steps, then ``timed`` steps each timed to a synchronize: the median step seconds
+    and the peak bytes allocated over the timed steps (CUDA; ``None`` on a CPU)."""
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(timed):
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    return {"t_step_s": statistics.median(times), "peak_bytes": peak}
+
+
+def plain_token_steps(
+    s: Setup, precision: str, b: int, length: int, warmup: int, timed: int, flash: bool = False
+) -> dict:
+    """The plain loop of the transformer: tiny_gpt (``s.gpt_kwargs``, Tula's own initialisation)
+    at local batch ``b`` of ``length`` random token ids (the batch made on the device once),
+    next-token targets, cross-entropy over the vocabulary (the logits' class dimension second, as
+    Tula's ``cross_entropy`` loss takes them), AdamW (:data:`GPT_OPTIMIZER`), autocast in bf16.
+    ``flash``: every attention through SDPA's flash-attention kernel alone
+    (``torch.nn.attention.sdpa_kernel``); where it cannot run (fp32 on a GPU, a head size it
+    lacks) torch raises, and this returns ``{"error": ...}``.  Otherwise as :func:`plain_steps`."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tula.engine.workloads import build_model
+
+    _apply_knobs(s)
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(name="tiny_gpt", kwargs=dict(s.gpt_kwargs))).to(s.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=GPT_OPTIMIZER["lr"], weight_decay=GPT_OPTIMIZER["weight_decay"])
+    dtype = _DTYPES.get(precision)
+    vocab = int(s.gpt_kwargs.get("vocab_size", 256))
+    tokens = torch.randint(0, vocab, (b, length + 1), device=s.device)
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    model.train()
+
+    def step() -> None:
+        ctx = torch.autocast(s.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        kernel = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext()
+        with ctx, kernel:
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    try:
+        return _time_steps(s.device, step, warmup, timed)
+    except RuntimeError as err:
+        if not flash or isinstance(err, torch.OutOfMemoryError):
+            raise
+        return {"error": str(err).splitlines()[0][:160]}  # no flash kernel for this dtype or shape
+    finally:
+        if s.device.type == "cuda":  # on a CPU the frame's tensors go with it (a collection takes 0.3 s a call)
+            _free(s.device)
 
 
 def fits_one_step(s: Setup, b: int) -> dict:
@@ -259,6 +339,101 @@ def tula_profile(s: Setup, precision: str, launcher) -> tuple[dict, MemoryModel,
         PerfModel.from_dict(models["perf"]),
         ranks_per_node_of(models["trials"]),
     )
+
+
+def gpt_spec(s: Setup, precision: str) -> JobSpec:
+    """The transformer job Tula profiles: tiny_gpt on ``text`` (bytes of Python's own sources,
+    made here, nothing downloaded) at the length ``s.gpt_length``, one worker, its batches
+    ``s.gpt_batches`` and the other lengths of ``s.gpt_lengths`` (one trial each, at the largest
+    batch), in ``precision``."""
+    lo, hi = min(s.gpt_batches), max(s.gpt_batches)
+    return spec_from_dict(
+        {
+            "name": f"gpu-check-gpt-{precision}",
+            "model": {"name": "tiny_gpt", "kwargs": dict(s.gpt_kwargs)},
+            "data": {"name": "text", "sequence_length": s.gpt_length, "num_samples": math.ceil(hi / 0.8) + 8},
+            "optimizer": dict(GPT_OPTIMIZER),
+            "search": {
+                "cluster_sizes": [1],
+                "min_batch": lo,
+                "max_batch": hi,
+                "sequence_lengths": sorted(set(s.gpt_lengths) | {s.gpt_length}),
+            },
+            "profile": {
+                "device": s.device.type,
+                "warmup_steps": max(1, s.warmup // 2),
+                "timed_steps": max(2, s.timed // 3),
+                "min_timed_s": 0,
+                "noise_steps": 0,
+                "memory_probe_batches": [max(1, lo // 2), lo],
+                **({"threads_per_worker": s.threads} if s.threads else {}),
+            },
+            "train": {"precision": precision, **s.knobs},
+        }
+    )
+
+
+def gpt_subset(prof: dict, reference_length: int) -> dict:
+    """The transformer's profile less one of its batches at the reference length: there, the
+    smallest, middle and largest batch (as :func:`partial_subset`), and every trial at another
+    length; the rest is held out."""
+    sub = copy.deepcopy(prof)
+    at_ref = sorted(
+        t["global_batch"]
+        for t in prof["trials"]
+        if t["status"] == "ok" and t.get("sequence_length") == reference_length
+    )
+    keep = {at_ref[0], at_ref[-1], middle_batch(at_ref)} if at_ref else set()
+    sub["trials"] = [
+        t for t in prof["trials"] if t.get("sequence_length") != reference_length or t["global_batch"] in keep
+    ]
+    return sub
+
+
+def transformer_rows(s: Setup, precision: str, launcher, notes: list[str]) -> list[dict]:
+    """The transformer in ``precision``: the plain loop (:func:`plain_token_steps`) at each batch of
+    ``s.gpt_batches`` at ``s.gpt_length`` and at the smallest batch at each other length (points
+    the profile did not measure), and there again with flash attention forced; Tula's profile of
+    :func:`gpt_spec` (its trial's step and measured peak where it ran that point); and the models
+    fitted on :func:`gpt_subset` of it predicting each point's step and peak at its (b, L)
+    (:meth:`tula.core.fitted.FittedModels.predict`)."""
+    from tula.core.fitted import FittedModels
+    from tula.engine.profile import profile
+
+    points = [(b, s.gpt_length) for b in s.gpt_batches]
+    points += [(min(s.gpt_batches), n) for n in sorted(s.gpt_lengths) if n != s.gpt_length]
+    rows = []
+    for b, length in points:
+        r = plain_token_steps(s, precision, b, length, s.warmup, s.timed)
+        f = plain_token_steps(s, precision, b, length, s.warmup, s.timed, flash=True)
+        rows.append({"precision": precision, "b": b, "length": length, "plain": r["t_step_s"],
+                     "peak_plain": r["peak_bytes"], "flash": f.get("t_step_s"), "flash_error": f.get("error")})  # fmt: skip
+        print(f"tiny_gpt {precision} b={b} L={length}: plain {_ms(r['t_step_s'])} ms (flash attention forced: "
+              f"{_ms(f.get('t_step_s')) + ' ms' if 'error' not in f else f['error']}), peak {_gib(r['peak_bytes'])} GiB",
+              flush=True)  # fmt: skip
+    errors = sorted({r["flash_error"] for r in rows if r["flash_error"]})
+    if errors:
+        notes.append(f"tiny_gpt {precision}: flash attention forced did not run ({'; '.join(errors)}).")
+    _free(s.device)
+    prof = profile(gpt_spec(s, precision), "full", launcher=launcher).to_json_dict()
+    fitted_on = gpt_subset(prof, s.gpt_length)
+    fitted = FittedModels.from_record(fit_models(fitted_on).to_json_dict())
+    measured = {(t["local_batch"], t.get("sequence_length")): t for t in prof["trials"] if t["n_workers"] == 1}
+    fit_points = {(t["local_batch"], t.get("sequence_length")) for t in fitted_on["trials"] if t["status"] == "ok"}
+    for row in rows:
+        t = measured.get((row["b"], row["length"]))
+        p = fitted.predict(n_workers=1, local_batch=row["b"], sequence_length=row["length"])
+        row["tula"] = t["t_step_s"] if t and t["status"] == "ok" else None
+        row["tula_status"] = t["status"] if t else "not profiled"
+        row["peak_tula"] = t.get("peak_mem_bytes") if t else None
+        row["predicted"] = float(p.t_step_s[0])
+        row["peak_predicted"] = None if p.peak_mem_bytes is None else int(p.peak_mem_bytes[0])
+        row["fitted"] = (row["b"], row["length"]) in fit_points
+        print(f"tiny_gpt {precision} b={row['b']} L={row['length']}: tula {_ms(row['tula'])} ms "
+              f"({row['tula_status']}), predicted {_ms(row['predicted'])} ms, peak predicted "
+              f"{_gib(row['peak_predicted'])} GiB{'' if row['fitted'] else ' (held out)'}", flush=True)  # fmt: skip
+    _free(s.device)
+    return rows
 
 
 def ags_run(s: Setup, launcher, out: Path, precision: str) -> dict:
@@ -360,6 +535,7 @@ def render(results: dict) -> str:
             f"predicted {_gib(mb['lo']['predicted_bytes'])} GiB); at 1.05x (b = {mb['hi']['b']}): "
             f"{'fits' if mb['hi']['fits'] else 'out of memory'}.",
         ]
+    lines += render_transformer(results)
     for ags in results.get("ags", []):
         eps = ags["epochs"]
         lines += [
@@ -376,6 +552,54 @@ def render(results: dict) -> str:
     for note in results.get("notes", []):
         lines += ["", note]
     return "\n".join(lines) + "\n"
+
+
+def render_transformer(results: dict) -> list[str]:
+    """The transformer's table (#44) and its summary per precision; nothing where it did not run."""
+    rows = results.get("transformer") or []
+    if not rows:
+        return []
+    g = results["header"].get("gpt", {})
+    lines = [
+        "",
+        f"Transformer (#44): tiny_gpt ({g.get('n_layers')} blocks, width {g.get('d_model')}, {g.get('n_heads')} "
+        f"heads, 256 token ids), AdamW, attention through `F.scaled_dot_product_attention` (causal). Step time "
+        "(ms): the plain loop on random token ids already on the device (cross-entropy over the vocabulary), "
+        "the same with every attention forced through SDPA's flash-attention kernel (`flash`; `-` where it "
+        "cannot run: fp32 on a GPU), Tula's profile of the `text` data set at the sequence length L "
+        f"{g.get('length')} and one trial at each other length {g.get('lengths')} (at its largest batch), and "
+        "the prediction of the models fitted on that profile less one batch at L "
+        f"{g.get('length')}; `fitted` says whether the point was one of the fit's trials (no: held out).",
+        "",
+        "| model | precision | b | L | fitted | plain | flash | tula | tula / plain | predicted | predicted vs plain | "
+        "peak plain | peak tula | peak predicted | peak error vs tula | peak error vs plain |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ratio = "-" if r.get("tula") is None or r.get("plain") is None else f"{r['tula'] / r['plain']:.2f}x"
+        lines.append(
+            f"| tiny_gpt | {r['precision']} | {r['b']} | {r['length']} | {'yes' if r.get('fitted') else 'no'} | "
+            f"{_ms(r.get('plain'))} | {_ms(r.get('flash'))} | {_ms(r.get('tula'))} | {ratio} | "
+            f"{_ms(r.get('predicted'))} | {_pct(r.get('predicted'), r.get('plain'))} | {_gib(r.get('peak_plain'))} | "
+            f"{_gib(r.get('peak_tula'))} | {_gib(r.get('peak_predicted'))} | "
+            f"{_pct(r.get('peak_predicted'), r.get('peak_tula'))} | {_pct(r.get('peak_predicted'), r.get('peak_plain'))} |"
+        )
+    for precision in dict.fromkeys(r["precision"] for r in rows):
+        mine = [r for r in rows if r["precision"] == precision]
+        held = [r for r in mine if not r.get("fitted")]
+        step = _median_abs([(r["predicted"] - r["plain"]) / r["plain"] for r in mine if r.get("plain")])
+        step_held = _median_abs([(r["predicted"] - r["plain"]) / r["plain"] for r in held if r.get("plain")])
+        flash = [r["flash"] / r["plain"] for r in mine if r.get("flash") and r.get("plain")]
+        peak = _median_abs([(r["peak_predicted"] - r["peak_plain"]) / r["peak_plain"] for r in mine
+                            if r.get("peak_plain") and r.get("peak_predicted") is not None])  # fmt: skip
+        lines += [
+            "",
+            f"tiny_gpt {precision}: predicted vs plain step, median |error| {step} ({step_held} over the "
+            f"{len(held)} held-out points); flash forced / default, median "
+            f"{f'{statistics.median(flash):.2f}x' if flash else '-'}; peak memory predicted vs plain, median "
+            f"|error| {peak}.",
+        ]
+    return lines
 
 
 # --------------------------------------------------------------------------- the run, predicted (#26)
@@ -592,6 +816,12 @@ def run(s: Setup, budget: Budget, mode: str) -> dict:
         }
         if precision == "fp32" and mm32 is not None:
             results["max_batch"] = max_batch_check(s, mm32, budget, notes)
+    results["transformer"] = []
+    for precision in [p for p in s.precisions if p in GPT_PRECISIONS]:
+        if not budget.allows(40 if s.device.type == "cuda" else 5):
+            notes.append(f"tiny_gpt in {precision}: not run, the {budget.total_s:.0f} s budget ran out.")
+            continue
+        results["transformer"].extend(transformer_rows(s, precision, launcher, notes))
     results["ags"] = []
     for precision in ("fp16", "fp32"):  # fp16's scaler on the GPU, and the same run in fp32 beside it
         if not budget.allows(30 if s.device.type == "cuda" else 5):
@@ -665,6 +895,10 @@ def setup_for(args: argparse.Namespace) -> tuple[Setup, str]:
                 ags_model=DRY_RUN_MODEL,
                 threads=1,
                 ratio_from_b=4,
+                gpt_kwargs=dict(DRY_RUN_GPT_KWARGS),
+                gpt_batches=[2, 4],
+                gpt_length=16,
+                gpt_lengths=[8, 16, 32],
             ),  # fmt: skip
             "dry-run",
         )
@@ -753,6 +987,7 @@ def main(argv: list[str] | None = None) -> dict:
         "batches": ", ".join(map(str, s.batches)),
         "knobs": ", ".join(f"train.{k}" for k in s.knobs),
         "mode": "one GPU" if mode == "cuda" else "dry run on the CPU",
+        "gpt": {**s.gpt_kwargs, "length": s.gpt_length, "lengths": ", ".join(map(str, s.gpt_lengths))},
         "wall_s": time.perf_counter() - budget.t0,
         "epochs": args.epochs,
     }

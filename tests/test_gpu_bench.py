@@ -1,7 +1,9 @@
 """``bench/gpu.py``, the GPU check (#25 item 5), on the CPU: its doc section replaces the old one
 in place (or is appended), and its dry run -- ShuffleNetV2 x0.5 on 3x16x16, fp32, bf16 and fp16 (on
-torch's CPU kernels), Tula's real profile and AGS training through real ranks -- runs every path
-but the CUDA-only ones and writes the section."""
+torch's CPU kernels), Tula's real profile and AGS training through real ranks, and the transformer
+(#44: a one-block tiny_gpt on token ids, its plain loop with and without flash attention forced,
+Tula's profile over sequence lengths, the fitted models at held-out (b, L)) -- runs every path but
+the CUDA-only ones and writes the section."""
 
 from __future__ import annotations
 
@@ -58,6 +60,18 @@ def test_the_dry_run_exercises_every_cpu_path_and_writes_the_section(tmp_path):
         plain, tula, predicted = (row.split("|")[i].strip() for i in (3, 4, 6))
         assert float(plain) > 0 and float(tula) > 0 and float(predicted) > 0, row
     assert "Largest local batch predicted" in text and "at 1.05x" in text
+    # the transformer in fp32 (fp16 is the images' part): each batch at L 16, the smallest at the other lengths
+    gpt = [
+        [cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| tiny_gpt")
+    ]
+    assert [(row[1], row[2], row[3]) for row in gpt] == [("fp32", "2", "16"), ("fp32", "4", "16"),
+                                                        ("fp32", "2", "8"), ("fp32", "2", "32")], gpt  # fmt: skip
+    for row in gpt:  # the plain loop, flash attention forced (the CPU's kernel), the prediction
+        plain, flash, predicted = (float(row[i]) for i in (5, 6, 9))
+        assert plain > 0 and flash > 0 and predicted > 0, row
+    assert [row[4] for row in gpt] == ["yes", "yes", "no", "no"]  # the other lengths' trials are at b = 4
+    assert all(float(row[7]) > 0 for row in gpt[:2]) and all(row[7] == "-" for row in gpt[2:])  # Tula measured
+    assert "tiny_gpt fp32: predicted vs plain step" in text
     assert "AGS in fp16, 2 epochs" in text and "AGS in fp32, 2 epochs" in text and "dry run on the CPU" in text
     assert "budget ran out" not in text and "(budget)" not in text, text  # nothing left out for lack of time
     print(f"dry run: {wall_s:.0f} s")

@@ -150,6 +150,55 @@ def test_a_training_record_is_compared_with_the_plan_epoch_by_epoch():
     assert measured_epoch_s({"epoch_time_s": 1.0, "epoch_end_s": 0.5}) == 1.5  # a record without the wall time
 
 
+def test_the_epochs_are_predicted_at_the_sequence_length_trained():
+    """The plan chose another L (search.sequence_lengths) and training built its data at it
+    (job_rules.training_spec sets the spec's data.sequence_length): each epoch is predicted at
+    that L, not at the length the models were fitted at (32 here); a record without a length in
+    its spec (images, or one assembled by hand) is predicted at the fitted length as before."""
+    from dataclasses import replace
+
+    from tula.core.errors import RecordError
+    from tula.core.records import TrainRecord
+    from tula.core.run_costs import predicted_epoch_s, trained_sequence_length
+
+    models = _models(COSTS)
+    perf = PerfModel.from_dict(models["perf"])
+    models["perf"] = replace(perf, sequence_length=32, c1_per_token=perf.c1 / 32).to_dict()  # c1 per token
+    spec = spec_from_dict(
+        {"model": {"name": "tiny_gpt"}, "data": {"name": "text", "sequence_length": 64},
+         "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256, "sequence_lengths": [32, 64]}}
+    )  # fmt: skip
+    history = [
+        {"epoch": e, "global_batch": 200, "n_workers": 2, "epoch_time_s": 1.0, "epoch_end_s": 0.2,
+         "checkpoint_s": 0.1, "epoch_wall_s": w, "train_loss": 1.0, "test_loss": 1.0, "test_top1": 0.5,
+         "steps": 5, "steps_done": 5 * e, "lr": 0.1}
+        for e, w in ((1, 9.0), (2, 1.3), (3, 1.2))
+    ]  # fmt: skip
+    at_64, at_32 = (predicted_epoch_s(models, "ags", 200, 2, sequence_length=n) for n in (64, 32))
+    assert at_32 == pytest.approx(predicted_epoch_s(models, "ags", 200, 2))  # the fitted length: as before
+    # 5 steps of t_step(100, 2): compute 0.01 + 100 * 0.001 * (1 + (64 - 32) / 32) at L = 64, sync 0.01, extra 0.01
+    assert at_64 == pytest.approx(5 * (0.01 + 0.2 + 0.01 + 0.01) + 0.1 + 0.1 + 0.05 + 0.03)
+    run = compare_with_plan({"method": "ags", "spec": spec.to_dict(), "history": history}, models)
+    assert trained_sequence_length({"spec": spec.to_dict()}) == 64
+    assert [h["predicted_epoch_s"] for h in run["history"]] == pytest.approx([at_64] * 3)
+    ratios = [h["measured_to_predicted"] for h in run["history"]]
+    assert ratios == pytest.approx([9.0 / at_64, 1.3 / at_64, 1.2 / at_64])
+    assert run["prediction"]["median_ratio"] == pytest.approx(1.25 / at_64)
+    # the typed record (what tula run hands on) reads its spec the same
+    typed = TrainRecord(kind="tula.train", version=1, spec=spec.to_dict(), method="ags", n_workers=2,
+                        global_batch=200, steps_per_epoch=5, epochs=3, steps_done=15, history=history)  # fmt: skip
+    assert compare_with_plan(typed, models)["history"][1]["predicted_epoch_s"] == pytest.approx(at_64)
+    # trained at the fitted length, or without a length in the spec: the fitted length's prediction
+    at_ref = spec.model_copy(update={"data": spec.data.model_copy(update={"sequence_length": 32})})
+    digits = spec_from_dict({"search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256}})
+    for record in ({"spec": at_ref.to_dict()}, {"spec": digits.to_dict()}, {}):
+        other = compare_with_plan({"method": "ags", "history": history, **record}, models)
+        assert other["history"][1]["predicted_epoch_s"] == pytest.approx(at_32)
+    assert trained_sequence_length({"spec": digits.to_dict()}) is None and trained_sequence_length({}) is None
+    with pytest.raises(RecordError, match=r"spec.data.sequence_length: Input should be greater than or equal to 1"):
+        trained_sequence_length({"spec": {"data": {"name": "text", "sequence_length": 0}}})  # a damaged record
+
+
 @pytest.mark.slow
 @pytest.mark.serial  # the profile's step times against the training's
 @pytest.mark.parametrize("method", ["ags", "lbt"])

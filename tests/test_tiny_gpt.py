@@ -74,6 +74,9 @@ def test_tiny_gpt_logits_are_causal_and_class_second():
     tokens = torch.randint(0, 256, (3, 12))
     out = model(tokens)
     assert out.shape == (3, 256, 12)
+    # not a view of the head's output (FSDP2 warns of a module returning one), its layout the head's
+    assert out._base is None and out.stride() == (12 * 256, 1, 256)
+    assert model(tokens, labels=tokens).logits._base is None
     changed = tokens.clone()
     changed[:, 7] = (changed[:, 7] + 1) % 256
     out2 = model(changed)

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 # the parameter record and the epoch formula live with the one prediction that combines them
 # (tula.core.fitted, which this module calls); they are this module's names as before
@@ -44,6 +45,7 @@ from tula.core.fitted import (
     run_costs_for,
 )
 from tula.core.records import EpochRecord, ModelsRecord, RunTrial, TrainRecord, as_epoch, as_record
+from tula.core.spec import DataSpec, reference_sequence_length
 
 __all__ = [
     "EPOCH_TIMES",
@@ -59,6 +61,7 @@ __all__ = [
     "predicted_epoch_s",
     "predicted_step_s",
     "run_costs_for",
+    "trained_sequence_length",
 ]
 
 #: a models record: typed, or as read from JSON
@@ -148,14 +151,22 @@ def _measured(value: float | None, name: str) -> float:
 
 
 def _predicted(
-    models: Models, method: str | None, global_batch: int, n_workers: int, accumulation_steps: int = 1
+    models: Models,
+    method: str | None,
+    global_batch: int,
+    n_workers: int,
+    accumulation_steps: int = 1,
+    sequence_length: int | None = None,
 ) -> Predictions:
-    """Configuration (B, N, k) as :meth:`tula.core.fitted.FittedModels.predict` predicts it from
-    ``models`` for ``method`` (default: the spec's), on the network the ranks were profiled on:
-    the predictions of that one configuration (each figure an array of one)."""
+    """Configuration (B, N, k) at sequence length L as :meth:`tula.core.fitted.FittedModels.predict`
+    predicts it from ``models`` for ``method`` (default: the spec's), on the network the ranks
+    were profiled on: the predictions of that one configuration (each figure an array of one).
+    ``sequence_length`` ``None``: the length the models were fitted at."""
     fitted = FittedModels.from_record(models, method=method)
     k = max(1, int(accumulation_steps))
-    return fitted.predict(n_workers=n_workers, global_batch=global_batch, accumulation_steps=k)
+    return fitted.predict(
+        n_workers=n_workers, global_batch=global_batch, accumulation_steps=k, sequence_length=sequence_length
+    )
 
 
 def fitted_step_s(models: Models, global_batch: int, n_workers: int, accumulation_steps: int = 1) -> float:
@@ -176,13 +187,20 @@ def predicted_step_s(
 
 
 def predicted_epoch_s(
-    models: Models, method: str, global_batch: int, n_workers: int, accumulation_steps: int = 1
+    models: Models,
+    method: str,
+    global_batch: int,
+    n_workers: int,
+    accumulation_steps: int = 1,
+    sequence_length: int | None = None,
 ) -> float:
     """The plan's prediction of one epoch at (B, N, k) for ``method``: the fitted step where
-    the ranks were profiled, and the run costs (:func:`run_costs_for`), ``floor(D / B)`` steps.
+    the ranks were profiled, at ``sequence_length`` (default: the length the models were fitted
+    at), and the run costs (:func:`run_costs_for`), ``floor(D / B)`` steps.
 
     A compatibility wrapper: ``epoch_time_s`` of :meth:`tula.core.fitted.FittedModels.predict`."""
-    return float(_predicted(models, method, global_batch, n_workers, accumulation_steps).epoch_time_s[0])
+    predicted = _predicted(models, method, global_batch, n_workers, accumulation_steps, sequence_length)
+    return float(predicted.epoch_time_s[0])
 
 
 def measured_epoch_s(epoch: EpochRecord | Mapping[str, Any]) -> float:
@@ -199,16 +217,38 @@ def _as_json(run: TrainRecord | Mapping[str, Any]) -> dict[str, Any]:
     return run.to_json_dict() if isinstance(run, TrainRecord) else dict(run)
 
 
+def trained_sequence_length(run: TrainRecord | Mapping[str, Any]) -> int | None:
+    """The sequence length L a training record trained at: its spec's data's own length
+    (:func:`tula.core.spec.reference_sequence_length`: ``text``'s ``sequence_length``, a
+    factory's), which :func:`tula.core.job_rules.training_spec` sets to the plan's choice when
+    the plan chose among ``search.sequence_lengths``.  ``None`` for data without a length, and
+    for a record without its spec (one assembled by hand): its epochs are then predicted at the
+    length the models were fitted at."""
+    spec = run.spec if isinstance(run, TrainRecord) else run.get("spec")
+    data = spec.get("data") if isinstance(spec, Mapping) else None
+    if not isinstance(data, Mapping) or (data.get("factory") is None and data.get("name") != "text"):
+        return None  # the sets without a sequence length
+    # the fields that say the length, read as the spec reads them (the rest of an older record's data may differ)
+    length_fields = {k: data[k] for k in ("name", "factory", "kwargs", "sequence_length") if k in data}
+    try:
+        return reference_sequence_length(DataSpec.model_validate(length_fields))
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise RecordError(f"the training record's spec.data{'.' + where if where else ''}: {first['msg']}") from None
+
+
 def _compared(data: Mapping[str, Any], models: Models) -> tuple[list[dict[str, Any]], list[float], str]:
     """A training run's epochs (its JSON ``data``) beside the plan's: each epoch's line with its
     predicted time and the ratio measured / predicted added, the ratios that count (the epochs
     after the first, or the one), and what the predicted epochs include (the run costs' note)."""
     lines: list[dict[str, Any]] = list(data["history"])  # the JSON out: each line as it was, the comparison added
     method = as_record(dict(data), TrainRecord).method
+    length = trained_sequence_length(data)  # the plan may have chosen another L than the models' own
     history = []
     ratios: list[float] = []
     for line, h in zip(lines, [as_epoch(line) for line in lines]):
-        p = predicted_epoch_s(models, method, h.global_batch, h.n_workers, h.accumulation_steps or 1)
+        p = predicted_epoch_s(models, method, h.global_batch, h.n_workers, h.accumulation_steps or 1, length)
         ratio = measured_epoch_s(h) / p if p > 0 else None
         history.append({**line, "predicted_epoch_s": p, "measured_to_predicted": ratio})
         if ratio is not None and (len(history) > 1 or len(lines) == 1):
@@ -219,7 +259,8 @@ def _compared(data: Mapping[str, Any], models: Models) -> tuple[list[dict[str, A
 
 def compare_with_plan(run: TrainRecord | Mapping[str, Any], models: Models) -> dict:
     """``run`` (a training record, typed or as read from JSON) as JSON, with each epoch's
-    predicted time at its (B, N, k) and the ratio measured / predicted, and ``prediction``:
+    predicted time at its (B, N, k) and the sequence length trained at
+    (:func:`trained_sequence_length`), and the ratio measured / predicted, and ``prediction``:
     the median ratio over the epochs after the first (the first starts the world and warms
     the kernels), or over all with one."""
     data = _as_json(run)

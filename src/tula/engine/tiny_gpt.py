@@ -4,7 +4,8 @@ Token and learned position embeddings, ``n_layers`` pre-norm blocks (causal self
 through :func:`torch.nn.functional.scaled_dot_product_attention` with ``is_causal=True``, then
 a 4x MLP), a final norm and a linear head.  It takes a ``LongTensor`` of token ids of shape
 ``(batch, length)`` and returns logits of shape ``(batch, vocab_size, length)`` -- the class
-dimension second, as :func:`torch.nn.functional.cross_entropy` takes sequences -- so the
+dimension second, as :func:`torch.nn.functional.cross_entropy` takes sequences; a tensor of its
+own, not a view (the vocabulary contiguous in memory) -- so the
 built-in ``cross_entropy`` loss scores it against next-token targets of shape
 ``(batch, length)`` and evaluation counts top-1 per token.  Given ``labels`` (the next-token
 targets, ``-100`` ignored) it returns a :class:`LMOutput` with its own ``loss`` as well, as a
@@ -124,7 +125,11 @@ class TinyGPT(nn.Module):
         x = self.drop(self.token_embedding(tokens) + self.position_embedding(positions))
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.norm(x)).transpose(1, 2)
+        # (batch, vocab, length) as a tensor of its own, not a view of the head's output: FSDP2 warns
+        # on every rank of a module that returns a view.  clone() keeps the head's strides (the
+        # vocabulary contiguous), so the loss reads the same memory and its values are unchanged;
+        # the head's output is freed at once (nothing saves it), and a step's peak is unchanged
+        logits = self.head(self.norm(x)).transpose(1, 2).clone()
         if labels is None:
             return logits
         return LMOutput(F.cross_entropy(logits, labels, ignore_index=-100), logits)
