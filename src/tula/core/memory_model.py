@@ -30,6 +30,8 @@ from typing import overload
 import numpy as np
 from numpy.typing import ArrayLike
 
+from tula.core.length_terms import fit_length_terms
+
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
@@ -266,16 +268,8 @@ class MemoryModel:
         ls, bs = ls[keep], np.asarray(local_batches, float)[keep]
         peaks = np.asarray(peak_bytes, float)[keep] - self.world_bytes(ns[keep])
         per_sample = (peaks - self.static_bytes) / bs - self.bytes_per_sample  # beyond the reference's
-        d1, d2 = ls - ref, ls**2 - ref**2
         w = bs / np.maximum(peaks, 1.0)  # relative error of the peak
-        quadratic = len(np.unique(ls)) >= 2  # with the reference: more than two lengths
-        per_token = per_token_sq = 0.0
-        if quadratic:
-            a = np.stack([d1, d2], axis=1) * w[:, None]
-            (per_token, per_token_sq), *_ = np.linalg.lstsq(a, per_sample * w, rcond=None)
-        if not quadratic or per_token_sq < 0:
-            per_token_sq = 0.0
-            per_token = float(np.sum(w * w * d1 * per_sample) / np.sum(w * w * d1 * d1))
+        per_token, per_token_sq = fit_length_terms(ls, ref, per_sample, w)
         return replace(
             self,
             sequence_length=int(reference_length),

@@ -96,6 +96,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import least_squares
 
+from tula.core.length_terms import fit_length_terms
+
 #: what the model's functions return for array inputs (for plain numbers: a float)
 FloatArray = NDArray[np.float64]
 
@@ -414,16 +416,8 @@ class PerfModel:
         tc = np.array([t["t_compute_s"] for t in ok], float)
         own = (tc - self.kappa0 * (m - 1)) / (1.0 + self.kappa * (m - 1))
         per_sample = (own - self.c0) / b - self.c1  # beyond the reference's
-        d1, d2 = ls - ref, ls**2 - ref**2
         w = b / np.maximum(own, 1e-12)  # relative error of the compute time
-        quadratic = len(np.unique(ls)) >= 2  # with the reference: more than two lengths
-        per_token = per_token_sq = 0.0
-        if quadratic:
-            a = np.stack([d1, d2], axis=1) * w[:, None]
-            (per_token, per_token_sq), *_ = np.linalg.lstsq(a, per_sample * w, rcond=None)
-        if not quadratic or per_token_sq < 0:
-            per_token_sq = 0.0
-            per_token = float(np.sum(w * w * d1 * per_sample) / np.sum(w * w * d1 * d1))
+        per_token, per_token_sq = fit_length_terms(ls, ref, per_sample, w)
         return replace(
             self, sequence_length=int(reference_length), c1_per_token=float(per_token),
             c1_per_token_squared=float(per_token_sq),
