@@ -191,3 +191,24 @@ def test_tula_check_accepts_auto_and_refuses_it_without_blocks(tmp_path):
     assert r.returncode == 2 and "train.checkpointing is auto, but model 'tiny_gpt' has no submodule" in (
         r.stdout + r.stderr
     )
+
+
+def test_checkpointing_auto_has_a_stored_model_key_of_its_own_and_off_and_on_keep_theirs():
+    """An auto profile measured the checkpointed step besides the plain one: its models are not
+    those of an off (or on) profile, so the service must not reuse one for the other."""
+    from tula.service.model_key import key_parts_for_new_job, model_key
+
+    facts = {"device": "cpu", "cpu": "Test CPU", "gpu": None, "cores": 8, "torch": "2.14.1"}
+    base = {
+        "name": "k",
+        "model": {"name": "tiny_gpt", "kwargs": {"vocab_size": 64, "n_layers": 2, "d_model": 32, "n_heads": 2}},
+        "data": {"name": "text", "sequence_length": 16, "num_samples": 64},
+    }
+    keys = {}
+    for mode in ("off", "on", "auto"):
+        parts = key_parts_for_new_job({**base, "train": {"checkpointing": mode}}, facts, 2)
+        keys[mode] = (model_key(parts), parts)
+    assert len({k for k, _ in keys.values()}) == 3
+    assert "checkpointing" not in keys["off"][1] and "checkpointing_auto" not in keys["off"][1]
+    assert keys["on"][1]["checkpointing"] == "found" and "checkpointing_auto" not in keys["on"][1]
+    assert keys["auto"][1]["checkpointing_auto"] == "found" and "checkpointing" not in keys["auto"][1]

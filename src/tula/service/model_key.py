@@ -36,6 +36,9 @@ What is in the key, and why:
 - ``step``, only when set (``train.step``): the user's own step class, which the profile times.
 - ``checkpointing``, only when on: the block classes named (or ``found``: found automatically),
   whose recomputation changes both the peak and the step.
+- ``checkpointing_auto``, only when ``auto`` (the same value): the profile measured the plain step
+  and the checkpointed one besides, so its models carry the checkpointing effect that those of
+  an ``off`` or ``on`` profile do not.
 - ``parallelism``, only when not ``ddp`` (``train.parallelism: fsdp``): the profile measured
   sharded steps, whose peak holds a share of the state and whose collectives differ.
 - ``sequence_lengths``, only when given (``search.sequence_lengths``, sorted): models measured
@@ -168,6 +171,7 @@ def _parts(spec: dict | JobSpec, *, device: str, facts: dict, shape: list[int], 
         **({"step": knobs.step} if knobs.step is not None else {}),  # the user's own step class
         # recomputed blocks: another peak and step are measured
         **({"checkpointing": knobs.checkpoint_modules or "found"} if knobs.checkpointing == "on" else {}),
+        **({"checkpointing_auto": knobs.checkpoint_modules or "found"} if knobs.checkpointing == "auto" else {}),
         # sharded steps: another peak (a share of the state) and other collectives (ddp keys unchanged)
         **({"parallelism": knobs.parallelism} if knobs.parallelism != "ddp" else {}),
         # measured over several lengths: models with terms in B*L and B*L^2 (one length's keys unchanged)
