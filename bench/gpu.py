@@ -77,6 +77,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # a copy of the project with Tula not installed (PYTHONPATH=src also works)
@@ -105,7 +106,7 @@ GPT_KWARGS = {"n_layers": 6, "d_model": 512, "n_heads": 8, "max_positions": 1024
 #: ... and in a dry run: one block of width 32
 DRY_RUN_GPT_KWARGS = {"n_layers": 1, "d_model": 32, "n_heads": 2, "max_positions": 32, "dropout": 0.0}
 #: the transformer's optimiser in both loops (a transformer's usual one; Tula's weight decay)
-GPT_OPTIMIZER = {"name": "adamw", "lr": 1e-3, "weight_decay": 5e-4}
+GPT_OPTIMIZER: dict[str, Any] = {"name": "adamw", "lr": 1e-3, "weight_decay": 5e-4}
 #: the precisions the transformer is measured in (of --precisions): fp16's scaler is the images' part
 GPT_PRECISIONS = ("fp32", "bf16")
 
@@ -332,13 +333,8 @@ def tula_profile(s: Setup, precision: str, launcher) -> tuple[dict, MemoryModel,
     from tula.engine.profile import profile
 
     prof = profile(tula_spec(s, precision), "full", launcher=launcher).to_json_dict()  # subsets are cut from its JSON
-    models = fit_models(partial_subset(prof)).to_json_dict()
-    return (
-        prof,
-        MemoryModel.from_dict(models["memory"]),
-        PerfModel.from_dict(models["perf"]),
-        ranks_per_node_of(models["trials"]),
-    )
+    models = fit_models(partial_subset(prof))
+    return prof, models.memory, models.perf, ranks_per_node_of(models.trials)
 
 
 def gpt_spec(s: Setup, precision: str) -> JobSpec:
@@ -865,7 +861,7 @@ def max_batch_check(s: Setup, mm: MemoryModel, budget: Budget, notes: list[str])
         notes.append(f"largest batch {b_max}: the steps at 0.95x and 1.05x were not run (budget).")
         return None
     lo, hi = max(1, math.floor(0.95 * b_max)), math.ceil(1.05 * b_max)
-    res = {"budget_bytes": total, "b_max": b_max}
+    res: dict[str, Any] = {"budget_bytes": total, "b_max": b_max}
     for key, b in (("lo", lo), ("hi", hi)):
         r = fits_one_step(s, b)
         res[key] = {"b": b, **r, "predicted_bytes": int(mm.predict_peak_bytes(b, 1))}

@@ -28,8 +28,7 @@ import yaml
 from _stats import describe, kendall_tau, summarise  # bench/, the folder the script runs from
 
 from tula.core.fit import fit_models
-from tula.core.memory_model import MemoryModel
-from tula.core.perfmodel import PerfModel, ranks_per_node_of
+from tula.core.perfmodel import ranks_per_node_of
 
 BIN = Path(sys.executable).parent
 SPEC = {
@@ -52,10 +51,10 @@ def profile(precision: str, tmp: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def partial(prof: dict) -> dict:
+def partial(prof: dict) -> tuple[dict, set[tuple[int, int]]]:
     sub = copy.deepcopy(prof)
     ok = [t for t in prof["trials"] if t["status"] == "ok"]
-    keep = set()
+    keep: set[tuple[int, int]] = set()
     for n in {t["n_workers"] for t in ok}:
         bs = sorted(t["global_batch"] for t in ok if t["n_workers"] == n)
         keep |= {(n, bs[0]), (n, bs[-1])}
@@ -65,9 +64,9 @@ def partial(prof: dict) -> dict:
 
 def judge(prof: dict) -> dict:
     sub, kept = partial(prof)
-    models = fit_models(sub).to_json_dict()
-    mm, perf = MemoryModel.from_dict(models["memory"]), PerfModel.from_dict(models["perf"])
-    rpn = ranks_per_node_of(models["trials"])
+    models = fit_models(sub)
+    mm, perf = models.memory, models.perf
+    rpn = ranks_per_node_of(models.trials)
     held = [t for t in prof["trials"] if t["status"] == "ok" and (t["n_workers"], t["global_batch"]) not in kept]
     step_err = [abs(float(perf.t_step_s(t["local_batch"], t["n_workers"], rpn)) - t["t_step_s"]) / t["t_step_s"]
                 for t in held]  # fmt: skip

@@ -106,7 +106,7 @@ def predict_and_train(
             rows.append({**row, "skipped": str(err)})
             continue
         with tempfile.TemporaryDirectory() as out:
-            run = compare_with_plan(train(job, method, n, big_b, Path(out), launcher=launcher), models)
+            run = compare_with_plan(train(job, method, n, big_b, Path(out), launcher=launcher), models).to_json_dict()
         later = run["history"][1:]
         measured = statistics.median(measured_epoch_s(h) for h in later)
         predicted = later[0]["predicted_epoch_s"]

@@ -4,27 +4,31 @@ does the planner pick a configuration within 5 % of the fastest measured?
 
 On the built-in ``tiny_gpt`` (2 layers, width 64) and the ``text`` data set, gloo, the CPU:
 
-1. **Fit**: one partial profile over ``search.sequence_lengths`` (cluster sizes 1 and 2), through
-   Tula's own profiler (:func:`tula.engine.profile.profile`), fitted with
-   :func:`tula.core.fit.fit_models`.
+1. **Fit**: one partial profile over ``search.sequence_lengths`` (cluster sizes 1 and 2), with
+   ``train.checkpointing: auto`` and ``train.parallelism: auto`` (so the profile measures the
+   checkpointed and the sharded step at its few extra trials), through Tula's own profiler
+   (:func:`tula.engine.profile.profile`), fitted with :func:`tula.core.fit.fit_models`.
 2. **Held-out grid** (no point of it is a fitted trial): (B, L, N) with N in {1, 2} under DDP,
    plus FSDP (``train.parallelism: fsdp``) and activation checkpointing (``train.checkpointing:
    on``) points.  Each point is one real world (a one-configuration profile: its trial's step
    time and its peak as :mod:`tula.engine.memory` measures it); the points are measured
    ``--repeats`` times, interleaved (repeat 1 of every point, then repeat 2, ...), so the
    machine's repeat-to-repeat spread is measured in the same run.
-3. **Predictions** (:meth:`tula.core.fitted.FittedModels.predict` at each point's N, B and L)
-   against the measurements: peak memory median / max error (target <= 3 % / 8 %), step time
-   median error against 1.5x the median spread.  The models do not model FSDP or checkpointing
-   yet (the planner does not weigh them): those rows are scored apart and said so.
+3. **Predictions** (:meth:`tula.core.fitted.FittedModels.predict` at each point's N, B and L, on
+   the models record of the point's run variant: :func:`tula.core.variants.variant_models`, the
+   fitted checkpointing and sharding effects applied, as the planner predicts its rows) against
+   the measurements: peak memory median / max error (target <= 3 % / 8 %), step time median error
+   against 1.5x the median spread.  The DDP rows and the FSDP / checkpointing rows are scored
+   apart; a variant the profile did not measure is predicted as plain DDP and marked not modelled.
 4. **Memory cap** (``search.memory_budget_bytes``): at each L of the grid (DDP, no
-   checkpointing, N = 1: the configurations the model covers) the largest local batch b* whose
-   predicted peak fits the budget; worlds at 0.95 b* and 1.05 b* check that the first fits and the
-   second does not -- against the peak measured by the repo's tensor accounting
-   (:mod:`tula.engine.memory`), not under an enforced address-space cap.
+   checkpointing, N = 1), and at the grid's longest L checkpointed (N = 1) and sharded (N = 2), the
+   largest local batch b* whose predicted peak fits the budget; worlds at 0.95 b* and 1.05 b* check
+   that the first fits and the second does not -- against the peak measured by the repo's tensor
+   accounting (:mod:`tula.engine.memory`), not under an enforced address-space cap.
 5. **Planner**: :func:`tula.core.plan.make_plan` (objective ``time``: tokens per second) on the
-   fitted models; its choice is measured and its tokens/s compared with the fastest of the
-   grid's DDP points (target: within 5 %); likewise the grid point the models rank first.
+   fitted models (DDP or FSDP, checkpointing or not: the planner weighs them); its choice is
+   measured and its tokens/s compared with the fastest of the grid's points (target: within 5 %);
+   likewise the grid point the models rank first.
 
 Run:  .venv/bin/python bench/transformer_plan.py --out runs/bench/transformer_plan.json [--quick]
 """
@@ -48,7 +52,9 @@ from rich.table import Table
 from tula.core.fit import fit_models
 from tula.core.fitted import FittedModels
 from tula.core.plan import make_plan
+from tula.core.records import ModelsRecord
 from tula.core.spec import spec_from_dict
+from tula.core.variants import RunVariant, run_variants, variant_models
 from tula.engine.profile import profile
 
 console = Console(width=150)  # the tables are wide; a log file is not a terminal
@@ -70,8 +76,12 @@ class Point:
 
     @property
     def covered(self) -> bool:
-        """Whether the fitted models model this point (plain DDP, no checkpointing)."""
+        """Whether this point is plain DDP without checkpointing (the profile's own step)."""
         return self.parallelism == "ddp" and not self.checkpointing
+
+    @property
+    def variant(self) -> RunVariant:
+        return RunVariant(checkpointing=self.checkpointing, parallelism=self.parallelism)
 
     @property
     def label(self) -> str:
@@ -98,14 +108,15 @@ def spec_dict(
     timed_steps: int,
     lengths: list[int] | None = None,
     parallelism: str = "ddp",
-    checkpointing: bool = False,
+    checkpointing: str = "off",
 ) -> dict:
     spec: dict = {
         "name": "bench-transformer-plan",
         "model": MODEL,
         "data": {"name": "text", "sequence_length": sequence_length, "num_samples": 1024},
         "optimizer": {"name": "adamw", "lr": 0.01},
-        "train": {"parallelism": parallelism, "checkpointing": "on" if checkpointing else "off"},
+        # lbt: a method FSDP trains (the default, ags, needs the whole gradient: auto would plan DDP only)
+        "train": {"parallelism": parallelism, "checkpointing": checkpointing, "method": "lbt", "noise_scale": False},
         "search": {"cluster_sizes": cluster_sizes, "min_batch": batch[0], "max_batch": batch[1]},
         "profile": {
             "warmup_steps": 2,
@@ -128,7 +139,7 @@ def measure(p: Point, timed_steps: int) -> dict:
         batch=(p.global_batch, p.global_batch),
         timed_steps=timed_steps,
         parallelism=p.parallelism,
-        checkpointing=p.checkpointing,
+        checkpointing="on" if p.checkpointing else "off",
     )
     rec = profile(spec_from_dict(spec), "partial")
     trial = next((t for t in rec.trials if t.n_workers == p.n_workers and t.global_batch == p.global_batch), None)
@@ -137,17 +148,31 @@ def measure(p: Point, timed_steps: int) -> dict:
     return {"status": "ok", "t_step_s": trial.t_step_s, "peak_mem_bytes": trial.peak_mem_bytes}
 
 
-def predict(fitted: FittedModels, p: Point) -> tuple[float, float]:
-    """The models' step time (s) and peak (bytes) at ``p``, as if it trained under plain DDP."""
+def fitted_for(models: ModelsRecord, variant: RunVariant) -> tuple[FittedModels, bool]:
+    """The fitted models a row of ``variant`` is predicted with, as the planner predicts it
+    (:func:`tula.core.variants.variant_models`), and whether the variant is modelled (the profile
+    measured its effect); a variant it did not measure: plain DDP's, not modelled."""
+    if variant in run_variants(spec_from_dict(models.spec), models):
+        return FittedModels.from_record(variant_models(models, variant)), True
+    return FittedModels.from_record(variant_models(models, RunVariant(False))), variant == RunVariant(False)
+
+
+def predict(models: ModelsRecord, p: Point) -> tuple[float, float, bool]:
+    """The models' step time (s) and peak (bytes) at ``p``, under its variant's models, and whether
+    that variant is modelled (:func:`fitted_for`)."""
+    fitted, modelled = fitted_for(models, p.variant)
     pr = fitted.predict(n_workers=p.n_workers, global_batch=p.global_batch, sequence_length=p.sequence_length)
     assert pr.peak_mem_bytes is not None, "the models record has no memory model"
-    return float(pr.t_step_s[0]), float(pr.peak_mem_bytes[0])
+    return float(pr.t_step_s[0]), float(pr.peak_mem_bytes[0]), modelled
 
 
-def largest_fitting_batch(fitted: FittedModels, length: int, budget_bytes: int, limit: int = 4096) -> int:
-    """The largest local batch (N = 1) whose predicted peak at L is within the budget (no safety share)."""
+def largest_fitting_batch(
+    models: ModelsRecord, length: int, budget_bytes: int, variant: RunVariant, n_workers: int = 1, limit: int = 4096
+) -> int:
+    """The largest local batch on ``n_workers`` whose predicted peak at L, under ``variant``'s
+    models, is within the budget (no safety share)."""
     b = np.arange(1, limit + 1)
-    pr = fitted.predict(n_workers=1, local_batch=b, sequence_length=length)
+    pr = fitted_for(models, variant)[0].predict(n_workers=n_workers, local_batch=b, sequence_length=length)
     assert pr.peak_mem_bytes is not None
     fits = np.nonzero(np.asarray(pr.peak_mem_bytes, float) <= budget_bytes)[0]
     return int(b[fits[-1]]) if fits.size else 0
@@ -175,14 +200,26 @@ def run(args: argparse.Namespace) -> dict:
     )
     t0 = time.perf_counter()
     fit_spec = spec_dict(
-        sequence_length=FIT_LENGTH, cluster_sizes=[1, 2], batch=(8, 64), timed_steps=timed, lengths=lengths
+        sequence_length=FIT_LENGTH,
+        cluster_sizes=[1, 2],
+        batch=(8, 64),
+        timed_steps=timed,
+        lengths=lengths,
+        parallelism="auto",
+        checkpointing="auto",
     )
     rec = profile(spec_from_dict(fit_spec), "partial")
     models = fit_models(rec)
-    fitted = FittedModels.from_record(models)
     fitted_points = sorted(
         (t.n_workers, t.global_batch, t.sequence_length or FIT_LENGTH) for t in rec.trials if t.status == "ok"
     )
+    res["variant_trials"] = sorted(
+        (t.n_workers, t.global_batch, t.parallelism or "ddp", bool(t.checkpointing))
+        for t in rec.trials
+        if t.status == "ok" and (t.checkpointing or t.parallelism)
+    )
+    res["checkpointing_effect"] = None if models.checkpointing is None else models.checkpointing.to_dict()
+    res["sharding_effect"] = None if models.sharding is None else models.sharding.to_dict()
     res["profile_s"] = time.perf_counter() - t0
     res["fitted_trials"] = fitted_points
     res["fit_error"] = models.fit_error
@@ -200,8 +237,9 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     for p, ms in zip(points, reps):
         ok = [m for m in ms if m["status"] == "ok"]
-        t_pred, m_pred = predict(fitted, p)
-        row = {**asdict(p), "label": p.label, "covered": p.covered, "statuses": [m["status"] for m in ms]}
+        t_pred, m_pred, modelled = predict(models, p)
+        row = {**asdict(p), "label": p.label, "covered": p.covered, "modelled": modelled}
+        row["statuses"] = [m["status"] for m in ms]
         row |= {"t_step_pred_s": t_pred, "peak_pred_bytes": m_pred}
         if ok:
             times = [m["t_step_s"] for m in ok]
@@ -216,8 +254,13 @@ def run(args: argparse.Namespace) -> dict:
     pairs = [(r["t_step_s"][i], r["t_step_s"][j]) for r in rows if "t_step_s" in r
              for i in range(len(r["t_step_s"])) for j in range(i + 1, len(r["t_step_s"]))]  # fmt: skip
     res["spread_t_step"] = noise_floor([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
-    for group, keep in (("covered", True), ("not_modelled", False)):
-        sel = [r for r in rows if r["covered"] is keep and "t_step_median_s" in r]
+    groups = {
+        "covered": lambda r: r["covered"],
+        "variants": lambda r: not r["covered"] and r["modelled"],
+        "not_modelled": lambda r: not r["modelled"],
+    }
+    for group, keep in groups.items():
+        sel = [r for r in rows if keep(r) and "t_step_median_s" in r]
         if not sel:
             continue
         res[f"t_step_{group}"] = error_stats([r["t_step_pred_s"] for r in sel], [r["t_step_median_s"] for r in sel])
@@ -229,17 +272,22 @@ def run(args: argparse.Namespace) -> dict:
             )
 
     # ---------------------------------------------------------------- the memory cap
-    budget = int(predict(fitted, Point(1, 32, FIT_LENGTH))[1])  # b* = 32 at the fitted length
+    budget = int(predict(models, Point(1, 32, FIT_LENGTH))[1])  # b* = 32 at the fitted length
     res["memory_budget_bytes"] = budget
     caps = []
-    for length in sorted({p.sequence_length for p in points}):
-        b_star = largest_fitting_batch(fitted, length, budget)
-        row: dict = {"sequence_length": length, "b_star": b_star}
+    grid_lengths = sorted({p.sequence_length for p in points})
+    cap_points = [(length, RunVariant(False), 1) for length in grid_lengths]
+    cap_points += [(grid_lengths[-1], RunVariant(True), 1), (grid_lengths[-1], RunVariant(False, "fsdp"), 2)]
+    for length, variant, n in cap_points:
+        if not fitted_for(models, variant)[1]:
+            continue  # the profile did not measure the variant
+        b_star = largest_fitting_batch(models, length, budget, variant, n)
+        row = {"sequence_length": length, "b_star": b_star, "n_workers": n, "variant": asdict(variant)}
         for factor in (0.95, 1.05):
             b = max(1, int(round(factor * b_star)))
             if factor > 1 and b == b_star:
                 b += 1
-            m = measure(Point(1, b, length), timed)
+            m = measure(Point(n, n * b, length, variant.parallelism, variant.checkpointing), timed)
             peak = m.get("peak_mem_bytes")
             row[str(factor)] = {
                 "local_batch": b,
@@ -256,9 +304,9 @@ def run(args: argparse.Namespace) -> dict:
     choice = Point(c.n_workers, c.global_batch, c.sequence_length or FIT_LENGTH, c.parallelism, c.checkpointing)
     measured_choice = [measure(choice, timed) for _ in range(args.repeats)]
     ok_times = [m["t_step_s"] for m in measured_choice if m["status"] == "ok"]
-    ddp = [r for r in rows if r["covered"] and "tokens_per_s" in r]
-    best = max(ddp, key=lambda r: r["tokens_per_s"])
-    ranked_first = max(ddp, key=lambda r: r["global_batch"] * r["sequence_length"] / r["t_step_pred_s"])
+    measured = [r for r in rows if r["modelled"] and "tokens_per_s" in r]  # the rows the planner weighs
+    best = max(measured, key=lambda r: r["tokens_per_s"])
+    ranked_first = max(measured, key=lambda r: r["global_batch"] * r["sequence_length"] / r["t_step_pred_s"])
     planner: dict = {"choice": asdict(choice), "reason": plan.reason, "best_grid": best["label"]}
     planner["choice_in_grid"] = choice in points
     planner["best_grid_tokens_per_s"] = best["tokens_per_s"]
@@ -292,11 +340,11 @@ def report(res: dict) -> list[str]:
         tab.add_column(col, justify="right")
     for r in res["grid"]:
         if "t_step_median_s" not in r:
-            tab.add_row(r["label"], "yes" if r["covered"] else "no", "/".join(r["statuses"]), "", "", "", "", "")
+            tab.add_row(r["label"], "yes" if r["modelled"] else "no", "/".join(r["statuses"]), "", "", "", "", "")
             continue
         tab.add_row(
             r["label"],
-            "yes" if r["covered"] else "no",
+            "yes" if r["modelled"] else "no",
             " / ".join(f"{1e3 * t:.1f}" for t in r["t_step_s"]),
             f"{1e3 * r['t_step_pred_s']:.1f}",
             _pct(abs(r["t_step_pred_s"] / r["t_step_median_s"] - 1)),
@@ -309,7 +357,12 @@ def report(res: dict) -> list[str]:
     lines = []
     if spread is not None:
         lines.append(describe("step time, repeat-to-repeat spread (every pair of repeats)", spread))
-    for group, what in (("covered", "DDP, no checkpointing"), ("not_modelled", "FSDP or checkpointing: NOT MODELLED")):
+    groups = (
+        ("covered", "DDP, no checkpointing"),
+        ("variants", "FSDP or checkpointing (the fitted effects)"),
+        ("not_modelled", "NOT MODELLED (a variant the profile did not measure)"),
+    )
+    for group, what in groups:
         if f"t_step_{group}" not in res:
             continue
         lines.append(describe(f"step time, {what}", res[f"t_step_{group}"], spread, res.get(f"tau_{group}")))
@@ -327,17 +380,21 @@ def report(res: dict) -> list[str]:
             f"target step time median <= 1.5x the spread (DDP rows): {'met' if ok else 'MISSED'} "
             f"({_pct(st['median'])} against 1.5 x {_pct(spread['median'])})"
         )
-    if "peak_not_modelled" in res:
-        pn = res["peak_not_modelled"]
+    pv = res.get("peak_variants")
+    if pv is not None:
+        ok = pv["median"] <= MEMORY_TARGET_MEDIAN and pv["max"] <= MEMORY_TARGET_MAX
         lines.append(
-            f"FSDP / checkpointing rows, predicted as plain DDP (not modelled): peak median {_pct(pn['median'])}, "
-            f"max {_pct(pn['max'])}; step median {_pct(res['t_step_not_modelled']['median'])}"
+            f"target peak memory median <= 3 %, max <= 8 % (FSDP / checkpointing rows): {'met' if ok else 'MISSED'} "
+            f"({_pct(pv['median'])}, {_pct(pv['max'])})"
         )
-    lines.append(f"memory cap {res['memory_budget_bytes'] / 2**20:.2f} MiB (N = 1, DDP, no checkpointing):")
+    lines.append(f"memory cap {res['memory_budget_bytes'] / 2**20:.2f} MiB:")
     for c in res["memory_cap"]:
         lo, hi = c["0.95"], c["1.05"]
+        v = RunVariant(**c["variant"])
+        how = v.parallelism + (" ckpt" if v.checkpointing else "")
         lines.append(
-            f"  L={c['sequence_length']}: b* {c['b_star']}; b={lo['local_batch']} peak {_mib(lo['peak_mem_bytes'])} "
+            f"  L={c['sequence_length']} N={c['n_workers']} {how}: b* {c['b_star']}; "
+            f"b={lo['local_batch']} peak {_mib(lo['peak_mem_bytes'])} "
             f"fits={lo['fits']}; b={hi['local_batch']} peak {_mib(hi['peak_mem_bytes'])} fits={hi['fits']}: "
             f"{'met' if c['met'] else 'MISSED'}"
         )

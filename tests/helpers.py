@@ -416,6 +416,16 @@ def noisy_trials(truth: Any, worlds, batches, noise: float, seed: int) -> list[d
     return out
 
 
+def typed_trials(trials: list[dict]) -> list:
+    """``trials`` (dicts, as a profile record's JSON holds them) as :class:`tula.core.trial.Trial`
+    objects, checked as the records check them: what the fitting functions take."""
+    from pydantic import TypeAdapter
+
+    from tula.core.trial import Trial
+
+    return TypeAdapter(list[Trial]).validate_python(trials)
+
+
 def profile_record(spec: dict, trials: list[dict] | None = None, **fields: Any) -> dict:
     """A profile record as ``tula profile`` writes it (not validated): of ``trials``
     (:func:`known_trials` unless given) with a memory probe that matches those, the digits set
@@ -490,7 +500,7 @@ def models_record(
     pricing=None,
     epochs=1,
     constraints=None,
-    full: bool = False,
+    full: bool = True,
     *,
     spec: dict | None = None,
     dataset_size: int = MODELS_D,

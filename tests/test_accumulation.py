@@ -19,6 +19,7 @@ from helpers import local_launcher, train_args, tula_in_process
 import tula
 from tula.core.config import Config
 from tula.core.errors import SpecError
+from tula.core.events import Event, Note
 from tula.core.job_rules import check_train_config, schedule_problem
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, checkpoint_meta, load_checkpoint
@@ -85,7 +86,7 @@ def test_a_stopped_accumulated_run_resumes_to_the_uninterrupted_runs_parameters(
         resumed = train(
             spec, "ags", 2, 128, tmp_path / name, resume=True, launcher=local_launcher(), on_event=events.append
         )
-        notes = [e["message"] for e in events if e["type"] == "note"]
+        notes = [e.message for e in events if isinstance(e, Note)]
         assert bool(notes) == (spec_k != 4) and all("4 accumulation step(s)" in n for n in notes), notes
         assert resumed.resumed_from_epoch == 1 and resumed.accumulation_steps == 4
         assert [h.train_loss for h in resumed.history] == [h.train_loss for h in ref.history]
@@ -175,7 +176,7 @@ class _Gives:
 def test_fewer_workers_than_asked_keep_the_batch_splittable_into_k_micro_batches():
     """Pure: the nearest B to the asked one that is a multiple of N x k (k = 3: 3 x 2 = 6
     divides 252, not the 256 N alone would round to), never above the data set."""
-    notes: list[dict] = []
+    notes: list[Event] = []
 
     def available(have: int, global_batch: int, n_workers: int, dataset_size: int, k: int) -> tuple[int, int]:
         wanted = Config(n_workers=n_workers, global_batch=global_batch, accumulation_steps=k)
@@ -188,7 +189,7 @@ def test_fewer_workers_than_asked_keep_the_batch_splittable_into_k_micro_batches
     assert available(3, 256, 4, 10_000, 2) == (258, 3)
     assert available(2, 1000, 4, 999, 4) == (992, 2)
     assert available(4, 256, 4, 10_000, 3) == (256, 4)  # all there: unchanged
-    assert notes[0]["message"].endswith("going on with 2 worker(s) at global batch 258")
+    assert isinstance(notes[0], Note) and notes[0].message.endswith("going on with 2 worker(s) at global batch 258")
 
 
 def test_bad_accumulation_is_one_sentence(tmp_path):

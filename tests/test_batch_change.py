@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import local_launcher, train_args, tula_in_process, write_spec
 
+from tula.core.events import FellBack, Resized, WorldStarted
 from tula.core.job_rules import first_workers
 from tula.core.run_costs import EPOCH_TIMES
 from tula.core.spec import spec_from_dict
@@ -56,11 +57,11 @@ def test_a_batch_change_at_fixed_workers_stays_in_the_world_and_matches_a_resume
     assert ref.steps_done == 47 == ref.history[-1].steps_done
     assert _segments(ref) == [(2, 64, 1, 1, True), (2, 128, 2, 1, False), (2, 96, 3, 1, False)]
     assert all(g.wall_s > 0 for g in ref.generations)
-    assert [(e["at_epoch"], e["global_batch"], e["new_world"]) for e in events if e["type"] == "resize"] == [
+    assert [(e.at_epoch, e.global_batch, e.new_world) for e in events if isinstance(e, Resized)] == [
         (1, 128, False),
         (2, 96, False),
     ]
-    assert [e["steps_per_epoch"] for e in events if e["type"] == "start"] == [22, 11, 14]
+    assert [e.steps_per_epoch for e in events if isinstance(e, WorldStarted)] == [22, 11, 14]
     assert (ref.global_batch, ref.local_batch, ref.steps_per_epoch) == (96, 48, 14)
     assert ref.replicas_identical
     if method == "ags":
@@ -92,7 +93,7 @@ def test_out_of_memory_at_a_new_batch_inside_the_world_falls_back(tiny_spec_dict
     assert "OutOfMemoryError" in run.fallbacks[0].reason
     assert [(h.global_batch, h.steps) for h in run.history] == [(32, 44), (64, 22)]
     assert _segments(run) == [(2, 32, 1, 1, True), (2, 64, 2, 2, True)]
-    assert [e["type"] for e in events if e["type"] in ("resize", "fallback")] == ["resize", "fallback"]
+    assert [type(e) for e in events if isinstance(e, (Resized, FellBack))] == [Resized, FellBack]
 
 
 @pytest.mark.slow

@@ -11,20 +11,21 @@ per-step overhead chosen so that the larger batch fits only with checkpointing, 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers import local_launcher, tula_in_process, write_spec
 
 from tula.core.config import Config
+from tula.core.effects import CheckpointingEffect
 from tula.core.errors import InfeasibleError
 from tula.core.fit import fit_models
 from tula.core.job_rules import training_spec
-from tula.core.memory_model import MemoryModel
-from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
 from tula.core.records import ModelsRecord, ProfileRecord
 from tula.core.spec import spec_from_dict
-from tula.core.variants import CheckpointingEffect, RunVariant, run_variants, variant_models
+from tula.core.variants import RunVariant, run_variants, variant_models
 from tula.engine.checkpointing import apply_checkpointing
 from tula.engine.profile import profile
 from tula.engine.tiny_gpt import _Block
@@ -72,14 +73,14 @@ def test_the_profile_measures_the_checkpointed_variant_at_two_batches_and_its_pe
     assert ProfileRecord.from_dict(rec.to_json_dict()).trials == rec.trials  # the file's values read back
     # the fit: the plain models from the plain trials only, the effect from the checkpointed ones
     assert auto_models.checkpointing is not None
-    effect = CheckpointingEffect.from_dict(auto_models.checkpointing)
+    effect = auto_models.checkpointing
     print(f"fitted checkpointing effect: {effect}")
     assert effect.trials == 2
     assert effect.activation_bytes_per_sample < 0.7 * effect.plain_activation_bytes_per_sample
     assert effect.compute_factor >= 1.0  # recomputation never makes the step faster (never fitted below 1)
     assert auto_models.fit_error["peak_mem_max_rel"] < 0.05  # the plain line is not bent by checkpointed peaks
     # the checkpointed variant's memory model predicts its own measured peaks
-    mem = effect.memory(MemoryModel.from_dict(auto_models.memory))
+    mem = effect.memory(auto_models.memory)
     for t in checkpointed:
         assert t.peak_mem_bytes is not None
         assert abs(mem.predict_peak_bytes(t.local_batch, 1) - t.peak_mem_bytes) / t.peak_mem_bytes < 0.05
@@ -88,19 +89,19 @@ def test_the_profile_measures_the_checkpointed_variant_at_two_batches_and_its_pe
 def _constructed(models: ModelsRecord, budget_bytes: int | None, compute_factor: float = 1.3) -> ModelsRecord:
     """``models`` under ``budget_bytes`` with a per-step overhead c0 of 20 samples' compute (so the
     larger batch trains an epoch faster) and the checkpointed compute ``compute_factor`` x the plain."""
-    perf = PerfModel.from_dict(models.perf)
+    perf = models.perf
     assert models.checkpointing is not None
-    perf_dict = {**models.perf, "c0": 20 * perf.c1, "t_floor_s": 0.0}
-    effect = {**models.checkpointing, "compute_factor": compute_factor}
-    return models.model_copy(update={"memory_budget_bytes": budget_bytes, "perf": perf_dict, "checkpointing": effect})
+    faster = replace(perf, c0=20 * perf.c1, t_floor_s=0.0)
+    effect = replace(models.checkpointing, compute_factor=compute_factor)
+    return models.model_copy(update={"memory_budget_bytes": budget_bytes, "perf": faster, "checkpointing": effect})
 
 
 def _budget_for(models: ModelsRecord, checkpointed_b: int) -> tuple[int, int]:
     """The budget where the checkpointed step fits a local batch of ``checkpointed_b`` and no
     more, and the largest the plain step fits under it."""
     assert models.checkpointing is not None
-    plain = MemoryModel.from_dict(models.memory)
-    checkpointed = CheckpointingEffect.from_dict(models.checkpointing).memory(plain)
+    plain = models.memory
+    checkpointed = models.checkpointing.memory(plain)
     safety = spec_from_dict(models.spec).search.memory_safety
     budget = int(checkpointed.predict_peak_bytes(checkpointed_b) / (1 - safety)) + 1  # any N: with the buckets
     assert checkpointed.max_local_batch(budget, safety) == checkpointed_b
@@ -154,7 +155,11 @@ def test_on_and_off_plan_one_variant_and_the_models_record_is_the_variant_s_own(
     rec = ModelsRecord.model_construct(spec=_spec("on"), checkpointing=None)
     assert run_variants(spec_from_dict(models["spec"]), rec) == [RunVariant(True)]
     assert variant_models(rec, RunVariant(True)) is rec  # on/off: the record as it is
-    off = ModelsRecord.model_construct(spec=_spec("off"), checkpointing={"compute_factor": 1.2})
+    effect = CheckpointingEffect(
+        activation_bytes_per_sample=100, plain_activation_bytes_per_sample=300, static_delta_bytes=0,
+        compute_factor=1.2, trials=2,
+    )  # fmt: skip
+    off = ModelsRecord.model_construct(spec=_spec("off"), checkpointing=effect)
     assert run_variants(spec_from_dict(_spec("off")), off) == [RunVariant(False)]
 
 

@@ -226,7 +226,8 @@ def test_replan_use_measured_prints_the_plan_scaled_by_the_finished_runs_ratio(t
 
     models, run = tiny_pipeline.record("models.json"), tiny_pipeline.record("train/train.json")
     expected = replan_from_models(models, Replan(objective="time", use_measured=True), run)
-    assert expected.to_json_dict()["measured_ratio"]["ratio"] == measured_ratio(run, models)["ratio"]
+    measured = measured_ratio(run, models)
+    assert measured is not None and expected.to_json_dict()["measured_ratio"]["ratio"] == measured.ratio
     r = tula_in_process("replan", token_service.seeded, "--objective", "time", "--use-measured",
                         *_client_args(token_service))  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -280,14 +280,14 @@ def test_a_spot_plan_prices_the_expected_time():
 def test_compare_spot_says_when_spot_is_cheaper_and_when_not():
     # spot at a third of the on-demand price: cheaper while E[T] / T < 3
     cheap = make_plan(_spot_models(rate=36.0), "cost", compare_spot=True).spot_comparison
-    assert cheap["cheaper"] == "spot" and cheap["sentence"].startswith("spot is cheaper by")
-    assert cheap["break_even_rate_per_node_hour"] > 36.0
+    assert cheap is not None and cheap.cheaper == "spot" and cheap.sentence.startswith("spot is cheaper by")
+    assert cheap.break_even_rate_per_node_hour is not None and cheap.break_even_rate_per_node_hour > 36.0
     dear = make_plan(_spot_models(rate=72000.0), "cost", compare_spot=True).spot_comparison
-    assert dear["cheaper"] == "on_demand" and dear["sentence"].startswith("on-demand is cheaper by")
-    assert dear["break_even_rate_per_node_hour"] < 72000.0
+    assert dear is not None and dear.cheaper == "on_demand" and dear.sentence.startswith("on-demand is cheaper by")
+    assert dear.break_even_rate_per_node_hour is not None and dear.break_even_rate_per_node_hour < 72000.0
     # the on-demand plan is the fixed-price plan of the same job
     od = make_plan(_models(pricing={"kind": "fixed", "price_per_node_hour": 3 * 3600.0}), "cost")
-    assert dear["on_demand"]["cost"] == pytest.approx(od.choice.cost)
+    assert dear.on_demand.cost == pytest.approx(od.choice.cost)
     # from an on-demand spec the comparison plans spot
     m = _models(
         pricing={
@@ -299,7 +299,8 @@ def test_compare_spot_says_when_spot_is_cheaper_and_when_not():
             "restart_s": 0.05,
         }
     )
-    assert make_plan(m, "cost", compare_spot=True).spot_comparison["spot"] == cheap["spot"]
+    from_on_demand = make_plan(m, "cost", compare_spot=True).spot_comparison
+    assert from_on_demand is not None and from_on_demand.spot == cheap.spot
     with pytest.raises(SpecError, match="spot_price_per_node_hour"):
         make_plan(_models(), "cost", compare_spot=True)
 

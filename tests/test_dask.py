@@ -20,6 +20,7 @@ import yaml
 from helpers import cmdline, local_launcher, popen_tula, process_tree, run_tula, train_args
 
 from tula.core.errors import Interrupted, WorkerError
+from tula.core.events import Event, Note, StepDone
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta, load_checkpoint
 from tula.engine.train import METRICS, train
@@ -306,11 +307,12 @@ def test_ranks_are_grouped_by_host_and_the_profile_records_where_they_ran(tiny_s
         assert three and all(
             t.hosts == ["127.0.0.1", "127.0.0.1", "127.0.0.2"] and t.ranks_per_host == 2 for t in three
         )
-        assert rec.placement["hosts"] == ["127.0.0.1", "127.0.0.2"] and rec.launcher == "dask"
+        assert rec.placement is not None and rec.placement.hosts == ["127.0.0.1", "127.0.0.2"]
+        assert rec.launcher == "dask"
         models = fit_models(rec)
-        assert models.placement is not None and models.placement["n_hosts"] == 2
+        assert models.placement is not None and models.placement.n_hosts == 2
         plan = make_plan(models)
-        assert plan.fitted_on is not None and plan.fitted_on["n_hosts"] == 2 and "fitted on 2 host(s)" in plan.reason
+        assert plan.fitted_on is not None and plan.fitted_on.n_hosts == 2 and "fitted on 2 host(s)" in plan.reason
     finally:
         client.close()
         cluster.close()
@@ -378,7 +380,7 @@ def test_a_world_larger_than_the_cluster_goes_on_with_the_workers_there_are(clie
         )
     assert [(h.global_batch, h.n_workers) for h in run.history] == [(64, 1), (128, 2), (256, 2)]
     assert run.steps_done == 22 + 11 + 5
-    notes = [e["message"] for e in events if e["type"] == "note"]
+    notes = [e.message for e in events if isinstance(e, Note)]
     assert notes == ["the cluster gave 2 of the 3 workers asked for; going on with 2 worker(s) at global batch 256"]
 
 
@@ -398,7 +400,7 @@ def test_a_worker_that_joins_later_is_used_by_the_next_world(tiny_spec_dict, tmp
         "batch_schedule": {"kind": "geometric", "factor": 2, "delay": 1},
         "workers": {"min": 1, "max": 2, "batch_per_worker": 64},
     }
-    events: list[dict] = []
+    events: list[Event] = []
     with contextlib.ExitStack() as stack:
         import dask
 
@@ -412,9 +414,9 @@ def test_a_worker_that_joins_later_is_used_by_the_next_world(tiny_spec_dict, tmp
         first = set(_workers(other))
         assert len(first) == 1
 
-        def on_event(ev: dict) -> None:
+        def on_event(ev: Event) -> None:
             events.append(ev)
-            if ev["type"] == "step" and len(cluster.workers) == 1:  # the first world trains: a worker joins
+            if isinstance(ev, StepDone) and len(cluster.workers) == 1:  # the first world trains: a worker joins
                 cluster.scale(2)
 
         run = train(
@@ -424,7 +426,7 @@ def test_a_worker_that_joins_later_is_used_by_the_next_world(tiny_spec_dict, tmp
     assert len(joined) == 1
     assert [(h.global_batch, h.n_workers) for h in run.history] == [(64, 1), (128, 2)]
     assert [g.n_workers for g in run.generations] == [1, 2]
-    assert not [e for e in events if e["type"] == "note" and "the cluster gave" in e["message"]]
+    assert not [e for e in events if isinstance(e, Note) and "the cluster gave" in e.message]
     assert run.steps_done == 22 + 11 and run.replicas_identical
 
 

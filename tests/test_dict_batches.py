@@ -152,7 +152,7 @@ def test_the_profile_times_dict_batches_and_measures_their_noise_scale(tests_on_
     timed = {(t.n_workers, t.local_batch) for t in rec.trials if t.status == "ok" and t.t_step_s > 0}
     assert timed >= {(1, 16), (2, 16)}
     noise = [t.noise for t in rec.trials if t.noise]  # the gradient noise scale's pairs
-    assert noise and all(len(n["g2"]) == n["steps"] for n in noise)
+    assert noise and all(len(n.g2) == n.steps for n in noise)
 
 
 def test_tiny_gpt_gives_its_own_loss_given_labels_and_the_text_set_its_perplexity():

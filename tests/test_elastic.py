@@ -11,6 +11,7 @@ import torch
 from helpers import env_with_tests, kill_on_line, local_launcher, popen_tula, train_args, tula_in_process
 
 from tula.core.errors import SpecError
+from tula.core.events import Resized
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint
 from tula.engine.train import METRICS, train
@@ -142,7 +143,7 @@ def test_the_world_grows_from_one_to_two_workers_and_shrinks_back_with_exact_ste
         (2, 128, 2),
         (1, 64, 3),
     ]
-    assert [(e["at_epoch"], e["n_workers"]) for e in events if e["type"] == "resize"] == [(1, 2), (2, 1)]
+    assert [(e.at_epoch, e.n_workers) for e in events if isinstance(e, Resized)] == [(1, 2), (2, 1)]
     assert run.replicas_identical and run.batch_schedule == "piecewise"
 
 

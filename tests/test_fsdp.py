@@ -4,6 +4,7 @@ the parameters, gradients and optimiser state of a rank divided by the worker co
 the refusals before any worker starts."""
 
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from tula.engine.fsdp import (
 )
 from tula.engine.memory import measure_step_peak_bytes
 from tula.engine.precision import Precision
+from tula.engine.rank_checkpoint import RankCheckpoint
 from tula.engine.step import TrainStep
 from tula.engine.train import train
 from tula.engine.workloads import build_loss, build_model, load_dataset
@@ -148,12 +150,15 @@ def rank_shards(ctx, out_dir: str, write: bool) -> list[float]:
     tokens = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(ctx.rank))
     model(tokens, labels=tokens).loss.backward()
     optimizer.step()
-    state = {"method_state": {"extra": {}}, "model": {}}
+    state = RankCheckpoint.from_state(
+        {"epoch": 1, "steps_done": 1, "method": "lbt", "global_batch": 2, "n_workers": ctx.world_size,
+         "method_state": {"extra": {}}, "model": {}, "torch_rng": torch.get_rng_state()}
+    )  # fmt: skip
     if write:
         save_shards(held, optimizer, out_dir, 1, state)
     else:
-        loaded = load_shards(held, optimizer, out_dir, {**state, SHARDS_KEY: f"{SHARDS_DIR}/epoch-0001"})
-        assert len(loaded["method_state"]["optimizer"]["state"]) == len(list(model.parameters()))
+        loaded = load_shards(held, optimizer, out_dir, replace(state, shards=f"{SHARDS_DIR}/epoch-0001"))
+        assert len(loaded.method_state["optimizer"]["state"]) == len(list(model.parameters()))
     return [float(p.sum()) for p in full_parameters(model)]
 
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from helpers import free_port
 
 from tula.core.errors import InfeasibleError, PlacementError
+from tula.core.events import Note
 from tula.core.fit import fit_models, oom_local_batch
 from tula.core.gpus import (
     check_ranks_fit,
@@ -29,6 +30,7 @@ from tula.core.gpus import (
 )
 from tula.core.plan import make_plan
 from tula.core.spec import spec_from_dict
+from tula.core.trial import Trial
 from tula.engine.launch import LocalLauncher
 from tula.engine.launch.local import failure_sentence
 from tula.engine.launch.netif import InterfaceChoice
@@ -105,7 +107,7 @@ def test_a_profile_skips_the_sizes_it_cannot_place_and_the_plan_does_not_rank_th
     assert by_n[2] and all(t.status == "skipped" for t in by_n[2])
     assert all("N = 2" in t.note and "1 GPU" in t.note for t in by_n[2])
     assert set(rec.not_measured) == {"2"}
-    notes = [e["message"] for e in events if e["type"] == "note"]
+    notes = [e.message for e in events if isinstance(e, Note)]
     assert len(notes) == 1 and "not measured: N = 2" in notes[0] and "skipped" in notes[0]
     models = fit_models(rec)
     assert models.oom_local_batch is None  # a skipped size says nothing about memory
@@ -124,9 +126,9 @@ def test_a_profile_whose_every_size_is_unplaceable_is_refused_before_any_world(t
 
 def test_oom_local_batch_counts_only_what_ran_out_of_memory():
     trials = [
-        {"n_workers": 2, "local_batch": 8, "status": "skipped"},  # a size that was not placed
-        {"n_workers": 1, "local_batch": 64, "status": "oom"},
-        {"n_workers": 1, "local_batch": 128, "status": "skipped"},  # after the OOM
+        Trial(n_workers=2, local_batch=8, global_batch=16, status="skipped"),  # a size that was not placed
+        Trial(n_workers=1, local_batch=64, global_batch=64, status="oom"),
+        Trial(n_workers=1, local_batch=128, global_batch=128, status="skipped"),  # after the OOM
     ]
     assert oom_local_batch(trials) == 64
 

@@ -16,6 +16,7 @@ from torch import nn
 
 import tula
 from tula.core.errors import TulaError
+from tula.core.events import EpochFinished, Event, StageStarted, TrialFinished
 from tula.core.records import MODELS_KIND, PLAN_KIND, PROFILE_KIND, TRAIN_KIND
 
 pytestmark = pytest.mark.slow
@@ -44,7 +45,7 @@ def _job_objects():
 
 def test_a_job_of_python_objects_profiles_fits_plans_and_trains(tmp_path):
     make_model, make_data, loss = _job_objects()
-    events: list[tuple[str, dict]] = []
+    events: list[tuple[str, Event]] = []
     spec = {"name": "py", "epochs": 2, "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 64},
             "profile": {"warmup_steps": 1, "timed_steps": 3, "threads_per_worker": 1, "min_timed_s": 0}}  # fmt: skip
     job = tula.Job(spec, model=make_model, data=make_data, loss=loss, out=tmp_path / "job",
@@ -64,10 +65,10 @@ def test_a_job_of_python_objects_profiles_fits_plans_and_trains(tmp_path):
     written = json.loads((tmp_path / "job" / "train" / "train.json").read_text())
     assert written == json.loads(json.dumps(run.to_json_dict()))  # the record returned is the one written
     # progress came through the callback, not the terminal
-    stages = {s for s, ev in events if ev["type"] == "stage"}
+    stages = {s for s, ev in events if isinstance(ev, StageStarted)}
     assert stages == {"profiling", "fitting", "planning", "training"}
-    assert any(s == "training" and ev["type"] == "epoch" for s, ev in events)
-    assert any(s == "profiling" and ev["type"] == "trial" for s, ev in events)
+    assert any(s == "training" and isinstance(ev, EpochFinished) for s, ev in events)
+    assert any(s == "profiling" and isinstance(ev, TrialFinished) for s, ev in events)
 
 
 def test_a_job_from_a_yaml_spec_trains_as_tula_train_does(reference_run, tmp_path):

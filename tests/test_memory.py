@@ -12,6 +12,7 @@ from helpers import local_launcher, memory_model
 from torch import nn
 
 from tula.core.errors import InfeasibleError
+from tula.core.events import TrialsPlanned
 from tula.core.spec import spec_from_dict
 from tula.engine.memory import (
     MemoryModel,
@@ -398,9 +399,10 @@ def test_three_mib_budget_under_the_cap_fits_no_batch_and_says_why(capped_spec_d
             launcher=local_launcher(),
             on_event=events.append,
         )
-    plan = next(e for e in events if e["type"] == "plan")
-    mm = MemoryModel.from_dict(plan["memory"])
-    assert plan["max_local_batch"] == 0 and plan["configs"] == []
+    plan = next(e for e in events if isinstance(e, TrialsPlanned))
+    assert plan.memory is not None
+    mm = MemoryModel.from_dict(plan.memory)
+    assert plan.max_local_batch == 0 and plan.configs == ()
     assert mm.address_space_overhead_bytes > 3 * MiB
     assert (
         replace(mm, address_space_overhead_bytes=0).max_local_batch(3 * MiB, n_workers=1) >= 128

@@ -1,13 +1,14 @@
 import numpy as np
 import pytest
-from helpers import noisy_trials
+from helpers import noisy_trials, typed_trials
 
 from tula.core.perfmodel import PerfModel, fit_perf_model, link_bytes, relative_errors
+from tula.core.trial import Trial
 
 
 def _trials(model: PerfModel, sizes, batches, noise=0.01, seed=0):
-    """helpers.noisy_trials on one host: ``sizes`` worker counts."""
-    return noisy_trials(model, sizes, batches, noise, seed)
+    """helpers.noisy_trials on one host: ``sizes`` worker counts, typed."""
+    return typed_trials(noisy_trials(model, sizes, batches, noise, seed))
 
 
 GRAD = 50_000_000
@@ -61,7 +62,7 @@ def test_unidentifiable_parameters_are_frozen():
 def test_partial_search_points_predict_the_grid():
     true = PerfModel("ring", GRAD, c0=0.003, c1=0.0005, alpha=1e-4, beta=5e-10, kappa=0.05)
     grid = _trials(true, [1, 2, 4], [8, 16, 32, 64, 128, 256], noise=0.01)
-    corners = [t for t in grid if t["n_workers"] in (1, 4) and t["local_batch"] in (8, 256)]
+    corners = [t for t in grid if t.n_workers in (1, 4) and t.local_batch in (8, 256)]
     fit = fit_perf_model(corners, "ring", GRAD)
     assert np.median(relative_errors(fit, grid)) < 0.05
 
@@ -84,7 +85,7 @@ def test_round_trip_and_total_time():
 
 def test_no_trials_is_an_error():
     with pytest.raises(ValueError, match="no successful trial"):
-        fit_perf_model([{"n_workers": 1, "local_batch": 8, "status": "oom", "t_step_s": None}], "ring", GRAD)
+        fit_perf_model([Trial(n_workers=1, local_batch=8, global_batch=8, status="oom")], "ring", GRAD)
 
 
 def test_fit_finds_the_host_bound_floor_from_three_batches():

@@ -357,5 +357,5 @@ def test_a_free_price_plans_and_compares_without_dividing_by_zero():
     spot = {"kind": "spot", "price_per_node_hour": 1.0, "spot_price_per_node_hour": 0.0}
     spot["preemption_rate_per_node_hour"] = 0.1
     p = make_plan(models_record(PERF, pricing=spot), objective="time", compare_spot=True)
-    assert p.spot_comparison is not None and p.spot_comparison["cheaper"] == "spot"
-    assert "spot is free, so cheaper at any preemption rate" in p.spot_comparison["sentence"]
+    assert p.spot_comparison is not None and p.spot_comparison.cheaper == "spot"
+    assert "spot is free, so cheaper at any preemption rate" in p.spot_comparison.sentence

@@ -46,7 +46,7 @@ def test_bf16_is_profiled_as_trained_and_its_memory_model_predicts_bf16_peaks(ti
     # bf16 activations take about half the bytes: the two models differ
     assert mm16.activation_bytes_per_sample < 0.75 * mm32.activation_bytes_per_sample
     fitted = fit_models(bf16)
-    mm = MemoryModel.from_dict(fitted.memory)
+    mm = fitted.memory
     assert mm.precision == "bf16" and fitted.spec["train"]["precision"] == "bf16"
     ok = [t for t in bf16["trials"] if t["status"] == "ok"]
     assert len(ok) >= 6
@@ -58,7 +58,7 @@ def test_bf16_is_profiled_as_trained_and_its_memory_model_predicts_bf16_peaks(ti
     # 5 % under, as fp32's is about 4 % under there)
     assert sorted(errors)[len(errors) // 2] <= 0.05 and max(errors) <= 0.08, errors
     # the fp32 model would overestimate the bf16 peaks well beyond that
-    assert min(MemoryModel.from_dict(fit_models(fp32).memory).predict_peak_bytes(t["local_batch"], t["n_workers"]) /
+    assert min(fit_models(fp32).memory.predict_peak_bytes(t["local_batch"], t["n_workers"]) /
                t["peak_mem_bytes"] for t in ok if t["local_batch"] >= 64) > 1.2  # fmt: skip
 
 

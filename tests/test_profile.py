@@ -2,13 +2,13 @@ import statistics
 import time
 
 import pytest
-from helpers import local_launcher, memory_model
+from helpers import local_launcher, memory_model, typed_trials
 
+from tula.core.events import Checked, TrialFinished, TrialsPlanned
 from tula.core.fit import fit_models
 from tula.core.perfmodel import fit_perf_model
 from tula.core.records import ProfileRecord, Trial
 from tula.core.spec import spec_from_dict
-from tula.engine.memory import MemoryModel
 from tula.engine.profile import RankProfile, _merge_ranks, _world_trials, profile, profile_world, timed_pairs
 
 TRIAL_FIELDS = {
@@ -78,13 +78,14 @@ def test_partial_profile_end_to_end_and_fit(tiny_spec_dict):
     # partial search: extreme cluster sizes x extreme global batches
     assert sorted((t.n_workers, t.global_batch) for t in rec.trials) == [(1, 16), (1, 256), (2, 16), (2, 256)]
     assert all(t.status == "ok" for t in rec.trials)
-    assert [e["type"] for e in events[:2]] == ["checked", "plan"] and sum(e["type"] == "trial" for e in events) == 4
+    assert [type(e) for e in events[:2]] == [Checked, TrialsPlanned]
+    assert sum(isinstance(e, TrialFinished) for e in events) == 4
     assert ProfileRecord.from_dict(rec.to_json_dict()).trials == rec.trials  # the file's values read back
     models = fit_models(rec)
     assert models.kind == "tula.models"
     # the memory model of the two probe steps alone (local batches 16 and 32, before any
     # trial ran) predicts the peak every trial then measured, on 1 and on 2 workers
-    probed = MemoryModel.from_dict(models.memory_probed)
+    probed = models.memory_probed
     assert probed.probe_local_batches == (16, 32)
     for t in rec.trials:
         assert probed.predict_peak_bytes(t.local_batch, t.n_workers) == pytest.approx(t.peak_mem_bytes, rel=0.1), t
@@ -105,7 +106,7 @@ def _slope_round(spec):
     small, mid, big = _merge_ranks(res)
     assert [t["local_batch"] for t in (small, mid, big)] == [128, 512, 1024]
     assert all(t["status"] == "ok" for t in (small, mid, big))
-    perf = fit_perf_model([small, mid], "ring", grad_bytes=0)
+    perf = fit_perf_model(typed_trials([small, mid]), "ring", grad_bytes=0)
     assert perf.n_trials == 2 and "c0" not in perf.frozen
     predicted = float(perf.t_compute_s(1024, 1))
     # the margin: 20 % for the model (a line through two batches; measured 3-17 % on quiet

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ import pytest
 from pydantic import ValidationError
 
 from tula.core.errors import RecordError
+from tula.core.memory_model import MemoryModel
+from tula.core.perfmodel import PerfModel
 from tula.core.records import (
     NAMES,
     EpochRecord,
@@ -126,7 +129,8 @@ def test_the_typed_records_of_a_finished_run_say_what_its_dicts_say(tiny_pipelin
     assert plan.constraints is not None and plan.constraints.n_feasible == raw["constraints"]["n_feasible"]
     assert all(isinstance(t, Trial) for t in profile.trials + models.trials)
     assert profile.model.param_count > 0 and profile.facts is not None and profile.facts["device"] == "cpu"
-    assert models.memory["param_bytes"] == profile.memory["param_bytes"]  # memory and perf stay dicts
+    assert isinstance(models.memory, MemoryModel) and isinstance(models.perf, PerfModel)  # the models' parts typed
+    assert models.memory.param_bytes == profile.memory["param_bytes"]  # the profile's probe stays a dict
     assert all(isinstance(h, EpochRecord) for h in train.history) and train.history[-1].epoch == train.epochs
     lines = [EpochRecord.model_validate(h) for h in read_jsonl(d / "train" / "metrics.jsonl")]
     assert [(h.epoch, h.train_loss, h.test_loss) for h in train.history] == [
@@ -142,6 +146,28 @@ def test_stored_records_of_todays_format_load(name):
     assert type(rec) is cls and rec.version >= 1
     assert load_record(path) == rec.model_dump(mode="json")
     assert cls.from_dict(_json(rec.to_json_dict())) == rec
+
+
+def test_the_models_parts_are_their_typed_objects_and_are_written_back_as_they_were_read():
+    """The models record's memory and performance models, run costs, run trials and placement are the
+    typed objects the planner predicts with (no ``from_dict`` at the reader), and the record dumps the
+    file's JSON as it was: a model of one sequence length without the length's terms, tuples as lists."""
+    from tula.core.fitted import RunCosts
+    from tula.core.records import Placement, RunTrial
+
+    raw = json.loads((DATA / "models.json").read_text())
+    models = load_models(DATA / "models.json")
+    assert isinstance(models.memory, MemoryModel) and isinstance(models.memory_probed, MemoryModel)
+    assert isinstance(models.perf, PerfModel) and isinstance(models.run_costs, RunCosts)
+    assert isinstance(models.placement, Placement) and all(isinstance(t, RunTrial) for t in models.run_trials)
+    assert models.memory == MemoryModel.from_dict(raw["memory"]) and models.perf == PerfModel.from_dict(raw["perf"])
+    assert models.run_costs == RunCosts.from_dict(raw["run_costs"]) and models.placement.n_hosts == 1
+    written = models.to_json_dict()
+    for part in ("memory", "memory_probed", "perf", "run_costs", "run_trials", "placement"):
+        assert json.dumps(written[part]) == json.dumps(raw[part]), part  # the file's JSON, key for key, in its order
+    assert ModelsRecord.from_dict(models.to_json_dict()) == models
+    with pytest.raises(FrozenInstanceError):
+        models.perf.c0 = 1.0  # type: ignore[misc]
 
 
 def test_a_version_1_plan_loads_with_the_version_2_fields_defaulted_and_reports_as_its_version_2():
@@ -185,6 +211,11 @@ def test_a_v2_plan_without_its_constraints_is_refused_in_one_sentence(tmp_path):
         ("plan.json", lambda d: d["configurations"][3].update(cost="cheap"), "configurations.3.cost", "valid number"),
         ("plan.json", lambda d: d["choice"].update(candidate="perhaps"), "choice.candidate", "valid boolean"),
         ("models.json", lambda d: d["noise_scale"].update(b_noise=[1]), "noise_scale.b_noise", "valid number"),
+        ("models.json", lambda d: d["memory"].update(param_bytes="lots"), "memory", "memory model inside is damaged"),
+        ("models.json", lambda d: d["perf"].pop("c0"), "perf", "performance model inside is damaged (field 'c0' is"),
+        ("models.json", lambda d: d["run_costs"].update(eval_fixed_s="x"), "run_costs", "the run costs inside are"),
+        ("models.json", lambda d: d["placement"].update(n_hosts="two"), "placement.n_hosts", "valid integer"),
+        ("models.json", lambda d: d["run_trials"][0].update(status=None), "run_trials.0.status", "valid string"),
         ("profile.json", lambda d: d["trials"][0].update(t_step_s=None), "", "trial 0 is 'ok' but lacks"),
         ("train.json", lambda d: d["history"][1].update(epoch=0), "history.1.epoch", "greater than or equal to 1"),
         ("run.json", lambda d: d.update(train="sometimes"), "train", "valid boolean"),

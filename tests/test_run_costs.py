@@ -105,8 +105,9 @@ def _models(run_costs=None):
     mem = MemoryModel(1000, 1000, 0, 0, 0, 90, 10, (1, 2), (2100, 2200), "cpu")
     perf = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)
     return {
-        "kind": "tula.models", "spec": spec.to_dict(), "dataset_size": 1000, "memory_budget_bytes": None,
-        "memory": mem.to_dict(), "perf": perf.to_dict(), "oom_local_batch": None, "trials": [],
+        "kind": "tula.models", "version": 1, "search": "full", "device": "cpu", "spec": spec.to_dict(),
+        "dataset_size": 1000, "memory_budget_bytes": None, "memory": mem.to_dict(), "memory_probed": mem.to_dict(),
+        "perf": perf.to_dict(), "oom_local_batch": None, "fit_error": {"t_step_median_rel": 0.0}, "trials": [],
         "run_costs": None if run_costs is None else run_costs.to_dict(),
     }  # fmt: skip
 
@@ -117,13 +118,15 @@ def test_a_plan_says_what_its_epochs_include_and_which_method_was_not_measured()
     from tula.report import plan_table
 
     plan = make_plan(_models(COSTS), "time")
-    assert plan.method == "ags" and plan.run_costs["method"] == "ags"
+    assert plan.method == "ags" and plan.run_costs is not None and plan.run_costs.method == "ags"
     c = plan.choice
     assert c.epoch_time_s == pytest.approx(c.epoch_steps_s + c.epoch_fixed_s)
     assert c.epoch_fixed_s > 0.1 and "method 'ags''s step" in plan.run_costs_note
     other = make_plan(_models(COSTS), "time", method="lars")
     assert other.method == "lars" and "'lars''s step was not measured" in other.run_costs_note
-    assert other.run_costs["step_extra_s"] == [] and other.run_costs["eval_sharded_s"] == 0.2
+    assert other.run_costs is not None
+    assert other.run_costs.step_extra_s == () and other.run_costs.eval_sharded_s == 0.2
+    assert other.to_json_dict()["run_costs"]["step_extra_s"] == []  # written as the list it was
     console = Console(width=200, record=True)
     console.print(plan_table(other))
     text = " ".join(console.export_text().split())
@@ -144,9 +147,10 @@ def test_a_training_record_is_compared_with_the_plan_epoch_by_epoch():
     run = compare_with_plan({"method": "ags", "history": history}, models)
     # predicted: 5 steps of t_step(100, 2) = 0.01 + 0.1 + 0.01 sync, + 0.01 extra, then the epoch's end
     p = 5 * (0.12 + 0.01) + 0.1 + 0.1 + 0.05 + 0.03
-    assert run["history"][0]["predicted_epoch_s"] == pytest.approx(p)
-    assert run["prediction"]["median_ratio"] == pytest.approx(1.3 / p)  # the first epoch left out
-    assert run["prediction"]["epochs_compared"] == 3
+    assert run.history[0].predicted_epoch_s == pytest.approx(p)
+    assert run.prediction is not None
+    assert run.prediction.median_ratio == pytest.approx(1.3 / p)  # the first epoch left out
+    assert run.prediction.epochs_compared == 3
     assert measured_epoch_s({"epoch_time_s": 1.0, "epoch_end_s": 0.5}) == 1.5  # a record without the wall time
 
 
@@ -180,20 +184,20 @@ def test_the_epochs_are_predicted_at_the_sequence_length_trained():
     assert at_64 == pytest.approx(5 * (0.01 + 0.2 + 0.01 + 0.01) + 0.1 + 0.1 + 0.05 + 0.03)
     run = compare_with_plan({"method": "ags", "spec": spec.to_dict(), "history": history}, models)
     assert trained_sequence_length({"spec": spec.to_dict()}) == 64
-    assert [h["predicted_epoch_s"] for h in run["history"]] == pytest.approx([at_64] * 3)
-    ratios = [h["measured_to_predicted"] for h in run["history"]]
+    assert [h.predicted_epoch_s for h in run.history] == pytest.approx([at_64] * 3)
+    ratios = [h.measured_to_predicted for h in run.history]
     assert ratios == pytest.approx([9.0 / at_64, 1.3 / at_64, 1.2 / at_64])
-    assert run["prediction"]["median_ratio"] == pytest.approx(1.25 / at_64)
+    assert run.prediction is not None and run.prediction.median_ratio == pytest.approx(1.25 / at_64)
     # the typed record (what tula run hands on) reads its spec the same
     typed = TrainRecord(kind="tula.train", version=1, spec=spec.to_dict(), method="ags", n_workers=2,
                         global_batch=200, steps_per_epoch=5, epochs=3, steps_done=15, history=history)  # fmt: skip
-    assert compare_with_plan(typed, models)["history"][1]["predicted_epoch_s"] == pytest.approx(at_64)
+    assert compare_with_plan(typed, models).history[1].predicted_epoch_s == pytest.approx(at_64)
     # trained at the fitted length, or without a length in the spec: the fitted length's prediction
     at_ref = spec.model_copy(update={"data": spec.data.model_copy(update={"sequence_length": 32})})
     digits = spec_from_dict({"search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256}})
     for record in ({"spec": at_ref.to_dict()}, {"spec": digits.to_dict()}, {}):
         other = compare_with_plan({"method": "ags", "history": history, **record}, models)
-        assert other["history"][1]["predicted_epoch_s"] == pytest.approx(at_32)
+        assert other.history[1].predicted_epoch_s == pytest.approx(at_32)
     assert trained_sequence_length({"spec": digits.to_dict()}) is None and trained_sequence_length({}) is None
     with pytest.raises(RecordError, match=r"spec.data.sequence_length: Input should be greater than or equal to 1"):
         trained_sequence_length({"spec": {"data": {"name": "text", "sequence_length": 0}}})  # a damaged record
@@ -224,15 +228,18 @@ def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_
     models = fit_models(rec).to_json_dict()  # compare_with_plan reads the models as their JSON
     assert models["run_costs"]["method"] == method
     run = compare_with_plan(train(spec, method, 2, 128, tmp_path / "run", launcher=launcher), models)
-    later = run["history"][1:]
+    later = run.history[1:]
     walls = [measured_epoch_s(h) for h in later]
-    assert all(h["epoch_wall_s"] >= h["epoch_time_s"] + h["checkpoint_s"] for h in later)
+    for h in later:
+        assert h.epoch_wall_s is not None and h.checkpoint_s is not None
+        assert h.epoch_wall_s >= h.epoch_time_s + h.checkpoint_s
     trial = next(t for t in rec.trials if t.global_batch == 128)
     tolerance = 0.10 + (max(walls) - min(walls)) / statistics.median(walls) + (trial.t_step_spread or 0.0)
-    ratio = run["prediction"]["median_ratio"]
+    assert run.prediction is not None and run.prediction.median_ratio is not None
+    ratio = run.prediction.median_ratio
     assert abs(ratio - 1.0) <= tolerance, (
         f"{method}: epochs took {ratio:.2f}x the prediction (tolerance {tolerance:.0%}); "
-        f"measured {walls}, predicted {later[0]['predicted_epoch_s']:.3f} s"
+        f"measured {walls}, predicted {later[0].predicted_epoch_s:.3f} s"
     )
 
 
@@ -248,21 +255,19 @@ def test_the_dashboard_and_the_table_show_each_epoch_beside_its_prediction():
          "steps_done": 5 * e, "lr": 0.1}
         for e, w in ((1, 2.0), (2, 1.3))
     ]  # fmt: skip
-    run = compare_with_plan(
-        {"method": "ags", "history": history, "n_workers": 2, "global_batch": 200, "local_batch": 100,
-         "steps_per_epoch": 5},
-        _models(COSTS),
-    )  # fmt: skip
+    plain = {"method": "ags", "history": history, "n_workers": 2, "global_batch": 200, "local_batch": 100,
+             "steps_per_epoch": 5}  # fmt: skip
+    run = compare_with_plan(plain, _models(COSTS))
     html = train_charts(run)
     assert "Epoch time: measured and planned" in html
-    ratio = 1.3 / run["history"][1]["predicted_epoch_s"]
-    predicted = run["history"][1]["predicted_epoch_s"]
+    predicted = run.history[1].predicted_epoch_s
+    assert predicted is not None
+    ratio = 1.3 / predicted
     assert f"epoch 2 at N=2, B=200: 1.300 s measured, {predicted:.3f} s planned ({ratio:.2f}x)" in html
     console = Console(width=200, record=True)
     console.print(train_table(run))
     text = console.export_text()
     assert "planned s" in text and f"{ratio:.2f}x" in text
-    plain = {**run, "history": [{k: v for k, v in h.items() if "predicted" not in k} for h in run["history"]]}
     assert "Epoch time" not in train_charts(plain)  # not planned by Tula: no such chart
 
 
@@ -279,16 +284,19 @@ def test_a_finished_runs_measured_ratio_scales_a_replan_of_its_method_only():
                for e, w in ((1, 9.0), (2, 1.2 * p), (3, 1.3 * p), (4, 1.25 * p))]  # fmt: skip
     run = {"method": "ags", "history": history}
     m = measured_ratio(run, models)
-    assert m == {"ratio": pytest.approx(1.25), "epochs_compared": 3, "method": "ags", "n_workers": 2,
-                 "global_batch": 200}  # fmt: skip
+    assert m is not None and m.to_json_dict() == {
+        "ratio": pytest.approx(1.25), "epochs_compared": 3, "method": "ags", "n_workers": 2, "global_batch": 200,
+    }  # fmt: skip
     assert measured_ratio({"method": "ags", "history": []}, models) is None
     base, scaled = make_plan(models, "time"), make_plan(models, "time", measured=m)
     for a, b in zip(base.configurations, scaled.configurations):
         assert b.epoch_time_s == pytest.approx(1.25 * a.epoch_time_s)
         assert b.t_step_s == pytest.approx(1.25 * a.t_step_s)
-    assert scaled.measured_ratio["applied"] and "epochs scaled by 1.25" in scaled.reason
+    assert scaled.measured_ratio is not None and scaled.measured_ratio.applied
+    assert "epochs scaled by 1.25" in scaled.reason
     other = make_plan(models, "time", method="lars", measured=m)
-    assert not other.measured_ratio["applied"] and "is not applied" in other.reason
+    assert other.measured_ratio is not None and other.measured_ratio.applied is False
+    assert "is not applied" in other.reason
     assert other.choice.epoch_time_s == pytest.approx(make_plan(models, "time", method="lars").choice.epoch_time_s)
     with pytest.raises(Problem, match="no training run yet"):
         replan_from_models(models, Replan(use_measured=True), None)

@@ -32,6 +32,7 @@ from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
 from tula.core.records import ProfileRecord, load_profile
 from tula.core.spec import spec_from_dict
+from tula.core.trial import Trial
 from tula.engine.profile import profile
 from tula.report import plan_table, trials_table
 
@@ -96,8 +97,8 @@ def test_the_terms_in_l_recover_known_coefficients_and_vanish_at_the_reference()
 
     perf = PerfModel(collective="ring", grad_bytes=1000, c0=0.002, c1=0.0004)
     trials = [
-        {"status": "ok", "n_workers": 1, "local_batch": b, "sequence_length": n, "t_step_s": 1.0,
-         "t_compute_s": 0.002 + b * (0.0004 + 2e-6 * (n - ref) + 3e-8 * (n**2 - ref**2))}
+        Trial(status="ok", n_workers=1, local_batch=b, global_batch=b, sequence_length=n, t_step_s=1.0,
+              t_compute_s=0.002 + b * (0.0004 + 2e-6 * (n - ref) + 3e-8 * (n**2 - ref**2)))
         for b, n in zip(batches, lengths)
     ]  # fmt: skip
     fitted_perf = perf.with_sequence_length(ref, trials)
@@ -119,7 +120,7 @@ def test_a_profile_over_lengths_predicts_held_out_batches_and_lengths(tmp_path):
     assert ProfileRecord.from_dict(rec.to_json_dict()).trials == rec.trials  # the file's values read back
     assert "L" in [c.header for c in trials_table(rec).columns]  # the profile's table says each trial's length
     models = fit_models(rec)
-    assert models.memory["sequence_length"] == models.perf["sequence_length"] == 32
+    assert models.memory.sequence_length == models.perf.sequence_length == 32
     assert models.fit_error["peak_mem_max_rel"] < 0.02
     fitted = FittedModels.from_record(models)
     # the compute per sample grows with L: compared across a factor of 4 in tokens, since one trial per
@@ -193,7 +194,7 @@ def test_a_data_factory_that_takes_sequence_length_is_built_at_each_length():
     at = {t.sequence_length: t for t in rec.trials if t.local_batch == 16}
     assert at[32].peak_mem_bytes > at[16].peak_mem_bytes  # the set was built at 32: longer samples
     models = fit_models(rec)
-    assert models.memory["sequence_length"] == 16 and models.memory["bytes_per_token"] > 0
+    assert models.memory.sequence_length == 16 and models.memory.bytes_per_token > 0
 
 
 # --------------------------------------------------------------------------- training at the plan's length

@@ -296,16 +296,16 @@ def test_replan_with_use_measured_scales_the_epochs_by_the_finished_runs_ratio(c
     models = json.loads((tiny_pipeline.dir / "models.json").read_text())
     run = json.loads((tiny_pipeline.dir / "train" / "train.json").read_text())
     expected = measured_ratio(run, models)
-    assert expected is not None and expected["ratio"] > 0
+    assert expected is not None and expected.ratio > 0
     base = _replan(c, objective="time").json()
     r = _replan(c, objective="time", use_measured=True)
     assert r.status_code == 200, r.text
     plan = r.json()
     assert base["measured_ratio"] is None
-    assert plan["measured_ratio"] == {**expected, "applied": True}
+    assert plan["measured_ratio"] == {**expected.to_json_dict(), "applied": True}
     for a, b in zip(base["configurations"], plan["configurations"], strict=True):
         if a["feasible"]:
-            assert b["total_time_s"] == pytest.approx(a["total_time_s"] * expected["ratio"])
-    assert f"epochs scaled by {expected['ratio']:.2f}" in plan["reason"]
+            assert b["total_time_s"] == pytest.approx(a["total_time_s"] * expected.ratio)
+    assert f"epochs scaled by {expected.ratio:.2f}" in plan["reason"]
     bad = _replan(c, objective="time", use_measured="sometimes")
     assert bad.status_code == 422

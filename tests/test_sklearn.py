@@ -23,6 +23,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from tula.core.errors import Interrupted, TulaError
+from tula.core.events import StepDone
 from tula.core.records import TRAIN_KIND, validate_record
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
@@ -295,7 +296,7 @@ def test_sigint_stops_an_in_process_world_at_a_step_boundary(tiny_spec_dict, tmp
     sent = []
 
     def on_event(ev):
-        if ev["type"] == "step" and not sent:
+        if isinstance(ev, StepDone) and not sent:
             sent.append(ev)
             os.kill(os.getpid(), signal.SIGINT)  # the caller is the rank: its handler only asks to stop
 

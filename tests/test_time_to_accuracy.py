@@ -14,6 +14,7 @@ from tula.core.fit import fit_noise_scale
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
 from tula.core.records import PlanRecord
+from tula.core.trial import NoiseMeasurement, Trial
 
 PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)  # test_plan's hand-checked curves
 
@@ -65,25 +66,18 @@ def test_the_noise_scale_is_one_sentence_when_missing_or_not_positive():
         make_plan(models_record(PERF), "fastest")
 
 
+def _noise_trial(n_workers: int, noise: NoiseMeasurement | None = None) -> Trial:
+    """A profiled trial of N workers (local batch 8) with the noise scale's measurement ``noise``."""
+    return Trial(n_workers=n_workers, local_batch=8, global_batch=8 * n_workers, status="ok", noise=noise)
+
+
 def test_the_pooled_noise_scale_and_its_error():
     trials = [
-        {
-            "n_workers": 1,
-            "noise": {
-                "b_small": 8,
-                "b_big": 16,
-                "steps": 2,
-                "b_simple": 1.0,
-                "g2": [1.0, 3.0],
-                "trace_sigma": [30.0, 50.0],
-            },
-        },  # fmt: skip
-        {
-            "n_workers": 2,
-            "noise": {"b_small": 8, "b_big": 16, "steps": 1, "b_simple": 1.0, "g2": [2.0], "trace_sigma": [40.0]},
-        },  # fmt: skip
-        {"n_workers": 2, "status": "ok"},
-    ]
+        _noise_trial(1, NoiseMeasurement(b_small=8, b_big=16, steps=2, b_simple=1.0, g2=[1.0, 3.0],
+                                         trace_sigma=[30.0, 50.0])),
+        _noise_trial(2, NoiseMeasurement(b_small=8, b_big=16, steps=1, b_simple=1.0, g2=[2.0], trace_sigma=[40.0])),
+        _noise_trial(2),
+    ]  # fmt: skip
     ns = fit_noise_scale(trials)
     assert ns.b_noise == pytest.approx(120 / 6) and ns.steps == 3
     loo = [90 / 5, 70 / 3, 80 / 4]  # leave one batch out
@@ -91,10 +85,10 @@ def test_the_pooled_noise_scale_and_its_error():
     se = (2 / 3 * sum((x - mean) ** 2 for x in loo)) ** 0.5
     assert (ns.low, ns.high) == (pytest.approx(20 - se), pytest.approx(20 + se))
     assert ns.worlds is not None and [w.n_workers for w in ns.worlds] == [1, 2]
-    none = fit_noise_scale([{"n_workers": 1, "status": "ok"}])
+    none = fit_noise_scale([_noise_trial(1)])
     assert none.b_noise is None and none.note is not None and none.note.startswith("not measured")
-    flat = fit_noise_scale([{"n_workers": 1, "noise": {"b_small": 8, "b_big": 16, "steps": 2, "b_simple": None,
-                                                       "g2": [1.0, -2.0], "trace_sigma": [5.0, 5.0]}}])  # fmt: skip
+    swamped = NoiseMeasurement(b_small=8, b_big=16, steps=2, b_simple=None, g2=[1.0, -2.0], trace_sigma=[5.0, 5.0])
+    flat = fit_noise_scale([_noise_trial(1, swamped)])
     assert flat.b_noise is None and "swamps the signal" in (flat.note or "")
 
 

@@ -8,7 +8,15 @@ import math
 
 import numpy as np
 import pytest
-from helpers import memory_model, models_record, noisy_trials, profile_record, run_tula, tula_in_process
+from helpers import (
+    memory_model,
+    models_record,
+    noisy_trials,
+    profile_record,
+    run_tula,
+    tula_in_process,
+    typed_trials,
+)
 
 from tula.core.errors import TulaError
 from tula.core.fit import fit_models
@@ -135,7 +143,7 @@ def _trials(truth, worlds, batches=(8, 16, 32, 64, 128), noise=0.005, seed=0):
 def test_two_hosts_of_two_recover_both_bandwidths(collective):
     # a latency this design cannot identify is folded into the bandwidth: a small one, to recover the bandwidth
     truth = PerfModel(**{**TRUTH.to_dict(), "collective": collective, "alpha": 2e-4, "frozen": (), "notes": ()})
-    trials = _trials(truth, TWO_BY_TWO)
+    trials = typed_trials(_trials(truth, TWO_BY_TWO))
     fit = fit_perf_model(trials, collective, GRAD, overlap="never")
     assert fit.beta == pytest.approx(truth.beta, rel=0.1)
     assert fit.beta_intra == pytest.approx(truth.beta_intra, rel=0.15)
@@ -150,14 +158,14 @@ def test_two_hosts_of_two_recover_both_bandwidths(collective):
 
 def test_a_second_size_across_hosts_recovers_the_latency():
     worlds = TWO_BY_TWO + (["h0", "h1"],)  # and N = 2 across two hosts
-    fit = fit_perf_model(_trials(TRUTH, worlds), "ring", GRAD, overlap="never")
+    fit = fit_perf_model(typed_trials(_trials(TRUTH, worlds)), "ring", GRAD, overlap="never")
     assert "alpha" not in fit.frozen and fit.alpha == pytest.approx(TRUTH.alpha, rel=0.3)
     assert fit.beta == pytest.approx(TRUTH.beta, rel=0.05)
     assert fit.beta_intra == pytest.approx(TRUTH.beta_intra, rel=0.15)
 
 
 def test_four_hosts_of_one_recover_the_inter_link_and_freeze_the_intra_one():
-    fit = fit_perf_model(_trials(TRUTH, FOUR_BY_ONE), "ring", GRAD, overlap="never")
+    fit = fit_perf_model(typed_trials(_trials(TRUTH, FOUR_BY_ONE)), "ring", GRAD, overlap="never")
     assert fit.beta == pytest.approx(TRUTH.beta, rel=0.05)
     assert fit.alpha == pytest.approx(TRUTH.alpha, rel=0.3)
     assert fit.alpha_intra is None and fit.beta_intra is None
@@ -168,7 +176,7 @@ def test_four_hosts_of_one_recover_the_inter_link_and_freeze_the_intra_one():
 
 def test_ranks_sharing_a_host_only_across_hosts_cannot_show_the_faster_link():
     # N = 1 and 4 on 2 hosts of 2: the ring's steps are bound by the slower (inter-node) link
-    fit = fit_perf_model(_trials(TRUTH, ([], ["h0", "h0", "h1", "h1"])), "ring", GRAD, overlap="never")
+    fit = fit_perf_model(typed_trials(_trials(TRUTH, ([], ["h0", "h0", "h1", "h1"]))), "ring", GRAD, overlap="never")
     assert fit.beta_intra is None and {"alpha_intra", "beta_intra"} <= set(fit.frozen)
     assert NOTE_NO_LONE_HOST in fit.notes
     assert fit.beta == pytest.approx(TRUTH.beta, rel=0.1)
@@ -176,16 +184,17 @@ def test_ranks_sharing_a_host_only_across_hosts_cannot_show_the_faster_link():
 
 def test_one_host_keeps_the_flat_fit():
     worlds = ([], ["h0", "h0"], ["h0"] * 4)
-    trials = _trials(TRUTH, worlds)
-    fit = fit_perf_model(trials, "ring", GRAD)
-    for t in trials:
+    given = _trials(TRUTH, worlds)
+    fit = fit_perf_model(typed_trials(given), "ring", GRAD)
+    for t in given:
         del t["hosts"], t["ranks_per_host"], t["local_ranks"]  # a record from before hosts were kept
+    trials = typed_trials(given)
     assert fit == fit_perf_model(trials, "ring", GRAD)
     assert fit.alpha_intra is None and fit.beta_intra is None
     assert not {"alpha_intra", "beta_intra"} & set(fit.frozen) and not any("intra" in n for n in fit.notes)
     assert ranks_per_node_of(trials) is None
     np.testing.assert_array_equal(
-        trial_step_s(fit, trials), fit.t_step_s([t["local_batch"] for t in trials], [t["n_workers"] for t in trials])
+        trial_step_s(fit, trials), fit.t_step_s([t.local_batch for t in trials], [t.n_workers for t in trials])
     )
 
 
@@ -227,18 +236,18 @@ def two_by_two():
 
 @pytest.mark.parametrize("collective", ["ring", "parameter_server", "tree"])
 def test_the_simulator_reproduces_a_multi_host_fit_at_the_profiled_worlds(collective):
-    models = fit_models(_profile(TWO_BY_TWO, collective)).to_json_dict()
-    fitted = PerfModel.from_dict(models["perf"])
-    assert fitted.beta_intra is not None and models["placement"]["n_hosts"] == 2
+    models = fit_models(_profile(TWO_BY_TWO, collective))
+    fitted = models.perf
+    assert fitted.beta_intra is not None and models.placement is not None and models.placement.n_hosts == 2
     sim = simulator_from_models(models)
     assert sim.ranks_per_node == 2  # the most ranks one host held, not the largest N
     assert sim.intra_bandwidth_bytes_per_s == pytest.approx(1 / fitted.beta_intra)
-    ok = models["trials"]
-    b = np.array([t["local_batch"] for t in ok], float)
-    n = np.array([t["n_workers"] for t in ok], float)
+    ok = models.trials
+    b = np.array([t.local_batch for t in ok], float)
+    n = np.array([t.n_workers for t in ok], float)
     np.testing.assert_allclose(sim.t_step_s(collective, b, n), trial_step_s(fitted, ok), rtol=1e-12)
-    assert models["fit_error"]["t_step_median_rel"] == pytest.approx(float(np.median(relative_errors(fitted, ok))))
-    assert models["fit_error"]["t_step_median_rel"] < 0.03
+    assert models.fit_error["t_step_median_rel"] == pytest.approx(float(np.median(relative_errors(fitted, ok))))
+    assert models.fit_error["t_step_median_rel"] < 0.03
     # a node per worker: every sync crosses nodes
     one = simulator_from_models(models, ranks_per_node=1)
     assert float(one.t_sync_s(collective, 2)) == pytest.approx(float(fitted.t_sync_s(2, 1)), rel=1e-12)
@@ -251,9 +260,9 @@ def test_the_plan_predicts_on_the_hosts_it_was_fitted_for(two_by_two):
         want = float(perf.t_step_s(row.local_batch, row.n_workers, 2))
         assert row.t_step_s == pytest.approx(want, rel=1e-12)
     # a profile of one host: the flat model, as before
-    flat = fit_models(_profile(([], ["h0", "h0"], ["h0"] * 4))).to_json_dict()
-    assert ranks_per_node_of(flat["trials"]) is None
-    perf = PerfModel.from_dict(flat["perf"])
+    flat = fit_models(_profile(([], ["h0", "h0"], ["h0"] * 4)))
+    assert ranks_per_node_of(flat.trials) is None
+    perf = flat.perf
     for row in make_plan(flat, "time").configurations:
         assert row.t_step_s == pytest.approx(float(perf.t_step_s(row.local_batch, row.n_workers)), rel=1e-12)
 

@@ -10,6 +10,7 @@ import pytest
 from helpers import assert_refused, local_launcher, popen_tula, run_tula, train_args, tula_in_process, write_spec
 
 from tula.core.errors import SpecError, TulaError
+from tula.core.events import EpochFinished
 from tula.core.spec import spec_from_dict
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_meta
 from tula.engine.train import METRICS, steps_per_epoch, train
@@ -44,7 +45,7 @@ def test_ags_on_two_ranks_keeps_replicas_identical_and_learns(tiny_spec_dict, tm
     assert run.final["test_top1"] > 0.3  # far above chance (0.1) after 2 epochs of 5 steps
     lines = [json.loads(s) for s in (tmp_path / METRICS).read_text().splitlines()]
     assert [r["epoch"] for r in lines] == [1, 2]
-    assert [e["epoch"] for e in events if e["type"] == "epoch"] == [1, 2]
+    assert [e.record.epoch for e in events if isinstance(e, EpochFinished)] == [1, 2]
 
 
 @pytest.mark.slow

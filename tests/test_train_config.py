@@ -198,7 +198,7 @@ def test_every_front_trains_a_spec_and_a_plan_at_the_same_configuration(tmp_path
     save_record(models, run_dir / "models.json")
     save_record(plan, run_dir / "plan.json")
     done = run_pipeline(spec_from_dict(spec), run_dir, resuming=True)
-    assert _configuration(done["train"]) == planned
+    assert _configuration(done.train) == planned
     assert _configuration(json.loads((run_dir / "train" / "train.json").read_text())) == planned
 
 

@@ -13,7 +13,7 @@ from tula.core.errors import InfeasibleError, RunDirError, SpecError, WorkerErro
 from tula.core.events import FellBack, Note, Resized
 from tula.core.records import CHECKPOINT_KIND, TRAIN_KIND, CheckpointMeta, Fallback
 from tula.core.spec import spec_from_dict
-from tula.engine.rank_messages import Failed, Finished, OutOfMemory, Resize
+from tula.engine.rank_messages import Failed, Finished, OutOfMemory, Resize, Segment
 from tula.engine.train import TrainSupervisor
 
 TRAIN_SIZE = 1000
@@ -182,10 +182,10 @@ def test_a_failed_world_is_failed_unless_it_ran_out_of_memory(tmp_path):
 
 def test_add_segments_numbers_the_worlds(tmp_path):
     sup, _ = _supervisor(tmp_path)
-    seg = {"global_batch": 64, "n_workers": 2, "accumulation_steps": 1, "from_epoch": 1}
-    sup.add_segments([{**seg, "wall_s": 3.0}, {**seg, "global_batch": 128, "from_epoch": 2, "wall_s": 1.0}], 0.0)
+    seg = Segment(global_batch=64, n_workers=2, accumulation_steps=1, from_epoch=1)
+    sup.add_segments([replace(seg, wall_s=3.0), replace(seg, global_batch=128, from_epoch=2, wall_s=1.0)], 0.0)
     sup.add_segments([], 0.0)  # a world that trained no epoch adds nothing
-    sup.add_segments([{**seg, "from_epoch": 3, "wall_s": 2.0}], 0.0)
+    sup.add_segments([replace(seg, from_epoch=3, wall_s=2.0)], 0.0)
     assert [(g.global_batch, g.from_epoch, g.world, g.new_world) for g in sup.generations] == [
         (64, 1, 1, True),
         (128, 2, 1, False),

@@ -37,11 +37,18 @@ def test_the_grid_holds_out_the_fitted_lengths_and_scores_fsdp_and_checkpointing
 
 def test_the_largest_batch_under_a_cap_is_the_last_whose_predicted_peak_fits():
     from tula.core.fitted import FittedModels
+    from tula.core.records import ModelsRecord
+    from tula.core.variants import RunVariant
 
     bench = _bench()
-    fitted = FittedModels.from_record(json.loads((RECORDS / "models.json").read_text()))
+    models = ModelsRecord.from_dict(json.loads((RECORDS / "models.json").read_text()))
+    fitted = FittedModels.from_record(models)
     peak = lambda b: float(fitted.predict(n_workers=1, local_batch=b).peak_mem_bytes[0])  # noqa: E731
     budget = int(peak(37) + 1)
-    b_star = bench.largest_fitting_batch(fitted, 32, budget)
+    plain = RunVariant(False)
+    b_star = bench.largest_fitting_batch(models, 32, budget, plain)
     assert b_star == 37 and peak(b_star) <= budget < peak(b_star + 1)
-    assert bench.largest_fitting_batch(fitted, 32, int(peak(1)) - 1) == 0  # not one sample fits
+    assert bench.largest_fitting_batch(models, 32, int(peak(1)) - 1, plain) == 0  # not one sample fits
+    # a variant the record did not measure (no sharding effect): predicted as plain DDP, and said so
+    assert bench.fitted_for(models, RunVariant(False, "fsdp"))[1] is False
+    assert bench.fitted_for(models, plain)[1] is True

@@ -21,7 +21,7 @@ import shlex
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,6 +33,7 @@ from tula.cli_console import ConsoleObserver, console, err_console, show_simulat
 from tula.cli_options import CLUSTER, CONFIG, IO, NETWORK, OBJECTIVE, SCHEDULE, SERVICE, epilog
 from tula.cli_serve import ready_to_serve, serve_until_stopped
 from tula.core.errors import Interrupted, OptionError, RunDirError, TulaError
+from tula.core.job_rules import spec_with
 from tula.core.records import (
     PLAN_KIND,
     ModelsRecord,
@@ -68,6 +69,10 @@ from tula.pipeline import (
     with_spec,
 )
 from tula.service.logs import configure_logging
+
+if TYPE_CHECKING:
+    from tula.engine.check import CheckResult
+    from tula.service.client import Client
 
 SCHEDULE_KINDS = ", ".join(SCHEDULES)  # for --help
 
@@ -196,18 +201,12 @@ def _job_with_workers(job: JobSpec, workers: tuple[int, ...] | None) -> JobSpec:
     return job if workers is None else spec_from_dict(_with_workers(job.to_dict(), workers))
 
 
-def _replaced(job: JobSpec, **fields: Any) -> JobSpec:
-    """``job`` with ``fields`` (its top-level parts, typed) replaced, checked again as a whole spec (an
-    option's value the spec refuses is the spec's one sentence)."""
-    return spec_from_dict(job.model_copy(update=fields).to_dict())
-
-
 def _with_cluster(job: JobSpec, cluster: str | None) -> JobSpec:
     """The spec with ``--cluster`` in its ``cluster.where`` (records say where they ran).
     Under ``env`` every rank of the launched world joins it here; a rank other than 0 then
     serves rank 0's worlds and exits with its exit code (it does not return)."""
     if cluster is not None:
-        job = _replaced(job, cluster=job.cluster.model_copy(update={"where": cluster}))
+        job = spec_with(job, cluster=job.cluster.model_copy(update={"where": cluster}))
     if job.cluster.where == "local":  # the ranks' fork server imports torch beside this process
         from tula.engine.forkserver import start_fork_server
 
@@ -502,7 +501,7 @@ def plan(
         )
     spot = as_record(p, PlanRecord).spot_comparison
     if spot:
-        say(console, ("spot vs on-demand", "bold"), ": ", spot["sentence"])
+        say(console, ("spot vs on-demand", "bold"), ": ", spot.sentence)
     if plot is not None:
         say(console, "plot written to ", (plot, "bold"))
     say(console, "plan written to ", (out, "bold"))
@@ -688,7 +687,7 @@ def _train_job(
     """The spec with ``tula train``'s --cluster, --epochs, --schedule and --accumulation in it."""
     job = _with_cluster(job, cluster)
     if epochs is not None:
-        job = _replaced(job, epochs=epochs)
+        job = spec_with(job, epochs=epochs)
     if schedule is not None:
         was = job.train.batch_schedule  # its other fields kept; the whole spec checks they belong to the kind
         now = (
@@ -696,9 +695,9 @@ def _train_job(
             if was is None
             else was.model_copy(update={"kind": schedule})
         )
-        job = _replaced(job, train=job.train.model_copy(update={"batch_schedule": now}))
+        job = spec_with(job, train=job.train.model_copy(update={"batch_schedule": now}))
     if accumulation is not None:
-        job = _replaced(job, train=job.train.model_copy(update={"accumulation_steps": accumulation}))
+        job = spec_with(job, train=job.train.model_copy(update={"accumulation_steps": accumulation}))
     return job
 
 
@@ -1095,11 +1094,31 @@ def check(spec: SpecArgument = None, example: ExampleOption = None) -> None:
         "sample shape": " x ".join(map(str, found.sample_shape)) or "a scalar",
         "classes": str(found.classes) if found.classes else "not given (e.g. a regression)",
         "loss": found.loss,
+        **_check_variant_rows(found),
     }
     for what, value in rows.items():
         t.add_row(what, plain(value))
     console.print(t)
     say(console, ("ok", "bold green"), ": the spec's model takes its data and the loss scores it")
+
+
+def _check_variant_rows(found: CheckResult) -> dict[str, str]:
+    """``tula check``'s rows for the sequence lengths checked (none for data without a length),
+    the blocks checkpointing wraps and the parallelism."""
+    rows = {}
+    if found.sequence_lengths:
+        limit = "" if found.positional_limit is None else f" (the model takes up to {found.positional_limit:,})"
+        rows["sequence lengths"] = ", ".join(map(str, found.sequence_lengths)) + limit
+    ckpt = found.checkpointing
+    if ckpt != "off":
+        blocks = f"{found.checkpoint_blocks} block(s) of {', '.join(found.block_classes)}"
+        ckpt = f"{ckpt}: {blocks}" + (" (the plan chooses whether to checkpoint them)" if ckpt == "auto" else "")
+    rows["checkpointing"] = ckpt
+    how = found.parallelism
+    if how == "auto":
+        how = "auto: ddp only, " + found.fsdp_obstacle if found.fsdp_obstacle else "auto: the plan chooses ddp or fsdp"
+    rows["parallelism"] = how
+    return rows
 
 
 examples_app = typer.Typer(
@@ -1245,7 +1264,7 @@ def serve(
     serve_until_stopped(settings)
 
 
-def _client(server: str | None, token: str | None):
+def _client(server: str | None, token: str | None) -> Client:
     from tula.service.client import Client
 
     return Client(server, token)
@@ -1275,16 +1294,16 @@ def submit(
     rec = c.submit(
         job.to_dict(), search=search.value, objective=objective.value if objective else None, train=train_after
     )
-    say(console, "submitted job ", (rec["id"], "bold"), f" ({job.name}): {c.base}{rec['url']}")
+    say(console, "submitted job ", (rec.id, "bold"), f" ({job.name}): {c.base}{rec.url}")
     if wait:
         try:
-            _follow(c, rec["id"])
+            _follow(c, rec.id)
         except Interrupted as err:
-            err.hint = f"tula status {rec['id']}" + (f" --server {_q(server)}" if server else "")
+            err.hint = f"tula status {rec.id}" + (f" --server {_q(server)}" if server else "")
             raise
 
 
-def _follow(c, job_id: str) -> None:
+def _follow(c: Client, job_id: str) -> None:
     """Follow a service job with a progress bar until it ends.  SIGINT/SIGTERM stop the
     following, never the job: the first one is a request the loop sees at its next poll (no
     exception thrown into rich's or httpx's middle, which could leave a lock held), a second
@@ -1311,10 +1330,10 @@ def _follow(c, job_id: str) -> None:
                         j = c.job(job_id)
                         bar.update(
                             task,
-                            completed=j["progress"] or 0.0,
-                            description=plain(f"{j['state']}: {j.get('message') or ''}")[:80],
+                            completed=j.progress or 0.0,
+                            description=plain(f"{j.state}: {j.message or ''}")[:80],
                         )
-                        if j["state"] in ("done", "failed", "cancelled"):
+                        if j.ended:
                             break
                         stop.wait(1.0)
             finally:
@@ -1326,12 +1345,12 @@ def _follow(c, job_id: str) -> None:
         signum = signal.SIGINT
     if signum:
         raise Interrupted(f"stopped following job {job_id}, which goes on in the service", signum)
-    if j["state"] == "done":
+    if j.state == "done":
         plan = as_record(c.record(job_id, "plan"), PlanRecord)
         console.print(plan_table(plan))
         say(console, ("choice", "bold green"), ": ", plan.reason)
-    elif j["state"] == "failed":
-        raise TulaError(f"job {job_id} failed: {j['error']}")
+    elif j.state == "failed":
+        raise TulaError(f"job {job_id} failed: {j.error}")
     else:
         raise TulaError(f"job {job_id} was cancelled")
 
@@ -1352,7 +1371,7 @@ def status(
     c = _client(server, token)
     if job_id is None:
         page = c.jobs(state=state, limit=limit)
-        console.print(jobs_table(page["jobs"], page["total"]))
+        console.print(jobs_table(page))
         return
     job = c.job(job_id)
     records = {name: c.record(job_id, name, missing_ok=True) for name in ("plan", "train")}
@@ -1411,7 +1430,7 @@ def replan(
         body["use_measured"] = True
     c = _client(server, token)
     if price_over:  # the job's pricing with the fields given replaced (the service takes a whole pricing)
-        body["pricing"] = {**spec_from_dict(c.job(job_id)["spec"]).pricing.model_dump(mode="json"), **price_over}
+        body["pricing"] = {**spec_from_dict(c.job(job_id).spec).pricing.model_dump(mode="json"), **price_over}
     p = as_record(c.replan(job_id, {k: v for k, v in body.items() if v is not None}), PlanRecord)
     console.print(plan_table(p))
     say(console, ("choice", "bold green"), ": ", p.reason)

@@ -245,9 +245,8 @@ class ConsoleObserver(Observer):
                 )
 
 
-def train_summary(run: dict | TrainRecord) -> str:
+def train_summary(rec: TrainRecord) -> str:
     """A training record in one line: where it trained, its final score, its steps and time."""
-    rec = as_record(run, TrainRecord)
     scaled = rec.traces.scaled_fraction
     extra = f", {scaled:.0%} of steps scaled" if scaled is not None else ""
     return (
@@ -257,8 +256,8 @@ def train_summary(run: dict | TrainRecord) -> str:
         + f" after {rec.epochs} epochs "
         f"({rec.steps_done} steps, {rec.train_s:.0f} s{extra})"
         + (
-            f"; epochs took {pred['median_ratio']:.2f}x the plan's prediction (median of {pred['epochs_compared']})"
-            if (pred := rec.prediction or {}).get("median_ratio")
+            f"; epochs took {pred.median_ratio:.2f}x the plan's prediction (median of {pred.epochs_compared})"
+            if (pred := rec.prediction) is not None and pred.median_ratio
             else ""
         )
     )

@@ -43,6 +43,7 @@ from typing import Any
 
 from tula.core.errors import TulaError
 from tula.core.events import Event, Note, RecordSaved, StageDone, StageStarted
+from tula.core.job_rules import spec_with
 from tula.core.records import ModelsRecord, PlanRecord, ProfileRecord, TrainRecord, load_plan, load_profile
 from tula.core.spec import JobSpec, load_spec, spec_from_dict
 from tula.pipeline import (
@@ -195,11 +196,11 @@ class Job:
         self.out.mkdir(parents=True, exist_ok=True)
         d = self._with_objects(d, model=model, data=data, loss=loss, optimizer=optimizer)
         self.client = None  # a distributed.Client the ranks run on (the caller's)
-        if isinstance(cluster, str):
-            d["cluster"] = {**(d.get("cluster") or {}), "where": cluster}
-        elif cluster is not None:
+        if cluster is not None and not isinstance(cluster, str):
             self.client = _open_client(cluster)
         self.spec = spec_from_dict(d)  # every field checked here: one sentence for the first wrong one
+        if isinstance(cluster, str):  # checked again with it: a cluster the spec refuses is its sentence
+            self.spec = spec_with(self.spec, cluster=self.spec.cluster.model_copy(update={"where": cluster}))
         self.observer = _Forward(on_event)
         self.profile_record: ProfileRecord | None = None
         self.models: ModelsRecord | None = None
@@ -351,8 +352,7 @@ class Job:
             plan = load_plan(Path(plan))
         spec = self.spec
         if accumulation_steps is not None:  # checked as a spec field: one sentence for a bad one
-            d = spec.to_dict()
-            spec = spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": accumulation_steps}})
+            spec = spec_with(spec, train=spec.train.model_copy(update={"accumulation_steps": accumulation_steps}))
         train_dir = self.out / TRAIN_DIR
         planned = plan if plan is not None else self.plan_record
         try:

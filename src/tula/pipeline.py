@@ -27,7 +27,14 @@ from typing import Any
 from tula.core.config import Config
 from tula.core.errors import Interrupted, RunDirError, TulaError
 from tula.core.events import Event
-from tula.core.job_rules import check_parallelism, method_fallback, train_config, train_method, training_spec
+from tula.core.job_rules import (
+    check_parallelism,
+    method_fallback,
+    spec_with,
+    train_config,
+    train_method,
+    training_spec,
+)
 from tula.core.records import (
     MODELS_KIND,
     PLAN_KIND,
@@ -249,7 +256,7 @@ def train_stage(
         if fitted is not None:
             from tula.core.run_costs import compare_with_plan
 
-            run = TrainRecord.from_dict(compare_with_plan(run, fitted), "the training run compared with its plan")
+            run = compare_with_plan(run, fitted)
         save_record(run, out / TRAIN)
         plot_training(run, out / TRAIN_PNG)
     finally:
@@ -295,16 +302,30 @@ def training_method(
 
 
 # --------------------------------------------------------------------------- the whole job
+@dataclass(frozen=True)
+class StagesDone:
+    """The records :func:`run_pipeline`'s stages made or found in the run directory."""
+
+    models: dict | ModelsRecord
+    plan: dict | PlanRecord
+    profile: dict | ProfileRecord | None = None
+    """``None`` when the models were given (planned from another job's models)"""
+    train: TrainRecord | None = None
+    """``None`` without training (``train_after`` false)"""
+
+
 def _in_world(models: dict | ModelsRecord, launcher: Any, obs: Observer) -> dict | ModelsRecord:
     """The models as planned for ``launcher``: a launched world (``--cluster env``) trains on
     all of its ranks, so its plan chooses among configurations of that one worker count."""
     size = launcher.world_size
-    planned = as_record(models, ModelsRecord).spec
-    if size is None or planned["search"]["cluster_sizes"] == [size]:
+    if size is None:
+        return models
+    planned = spec_from_dict(as_record(models, ModelsRecord).spec)
+    if list(planned.search.cluster_sizes) == [size]:
         return models
     obs.note(f"planning for N = {size} only: the world this run is in has {size} ranks and trains on all of them")
-    spec = {**planned, "search": {**planned["search"], "cluster_sizes": [size]}}
-    return with_spec(models, spec)
+    spec = spec_with(planned, search=planned.search.model_copy(update={"cluster_sizes": [size]}))
+    return with_spec(models, spec.to_dict())
 
 
 def _models_and_plan(
@@ -315,11 +336,10 @@ def _models_and_plan(
     launcher: Any,
     obs: Observer,
     models: dict | ModelsRecord | None,
-    done: dict[str, dict | AnyRecord],
-) -> tuple[dict | ModelsRecord, dict | PlanRecord | None]:
+) -> tuple[dict | ModelsRecord, dict | PlanRecord | None, dict | ProfileRecord | None]:
     """The run's fitted models, and its plan where one was already written: given or found
     complete in ``out`` (``resuming``), or else profiled (a partial profile continued) and
-    fitted.  The profile, where there is one, goes into ``done``."""
+    fitted; and the profile, where there is one."""
     prof_path, models_path, plan_path = out / PROFILE, out / MODELS, out / PLAN
 
     def have(p: Path) -> bool:
@@ -329,14 +349,12 @@ def _models_and_plan(
         models = load_models(models_path)
     prof: dict | ProfileRecord | None = load_profile(prof_path) if have(prof_path) else None
     if models is not None and (prof is None or not is_partial(prof)):
-        if prof is not None:
-            done["profile"] = prof
         if not have(models_path):
             save_record(models, models_path)
             obs.saved(MODELS_KIND, models, models_path)
         else:
             obs.note(f"models: {models_path} is complete")
-        return models, load_plan(plan_path) if have(plan_path) else None
+        return models, load_plan(plan_path) if have(plan_path) else None, prof
     if prof is None or is_partial(prof):
         if prof is not None:
             obs.note(
@@ -347,8 +365,7 @@ def _models_and_plan(
     else:
         obs.note(f"profile: {prof_path} is complete")
         obs.saved(PROFILE_KIND, prof, prof_path)
-    done["profile"] = prof
-    return fit_stage(prof, models_path, obs), None
+    return fit_stage(prof, models_path, obs), None, prof
 
 
 def _plan_of_run(
@@ -419,27 +436,23 @@ def run_pipeline(
     launcher=None,
     observer: Observer | None = None,
     models: dict | ModelsRecord | None = None,
-) -> dict[str, dict | AnyRecord]:
+) -> StagesDone:
     """Profile, fit, plan and (with ``train_after``) train ``job`` in run directory ``out``.
 
     ``resuming``: continue from the records already in ``out`` (a partial profile goes on
     from its finished trials; a finished stage is not run again; training resumes from its
     checkpoint).  ``models``: a fitted models record to plan from instead of profiling
-    (the service's reuse of a model measured by another job).  Returns the records by
-    kind name (``profile`` -- absent when ``models`` was given --, ``models``, ``plan``,
-    ``train``)."""
+    (the service's reuse of a model measured by another job).  Returns the records the stages
+    made or found (:class:`StagesDone`)."""
     if train_after:  # a metrics sink whose package is missing: one sentence, before any worker profiles
         check_sinks(job.train.loggers)
         check_parallelism(job)  # train.parallelism fsdp with what it cannot train: likewise
     obs = observer or Observer()
     out.mkdir(parents=True, exist_ok=True)
-    done: dict[str, dict | AnyRecord] = {}
-    models, plan = _models_and_plan(job, out, search, resuming, launcher, obs, models, done)
-    done["models"] = models
-    done["plan"] = chosen = _plan_of_run(models, plan, objective, out, launcher, obs)
-    if train_after:
-        done["train"] = _train_at_choice(job, chosen, models, out, resuming, launcher, obs)
-    return done
+    models, plan, profile = _models_and_plan(job, out, search, resuming, launcher, obs, models)
+    chosen = _plan_of_run(models, plan, objective, out, launcher, obs)
+    trained = _train_at_choice(job, chosen, models, out, resuming, launcher, obs) if train_after else None
+    return StagesDone(models=models, plan=chosen, profile=profile, train=trained)
 
 
 # --------------------------------------------------------------------------- a run directory

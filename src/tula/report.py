@@ -8,10 +8,10 @@ hand-made ones that are not whole records."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import TypeAdapter
 
@@ -52,6 +52,32 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{1e3 * x:.2f}"
 
 
+_Row = TypeVar("_Row")
+
+
+@dataclass(frozen=True)
+class _Column(Generic[_Row]):
+    """One column of a table: its header, its cell for a row, and whether the table shows it."""
+
+    header: str
+    cell: Callable[[_Row], str]
+    shown: bool = True
+    justify: str = "right"
+
+
+def _add_columns(t: Table, columns: Sequence[_Column[_Row]]) -> list[_Column[_Row]]:
+    """Add ``columns``' shown ones to ``t`` (their headers, in order); those columns."""
+    shown = [c for c in columns if c.shown]
+    for c in shown:
+        t.add_column(c.header, justify=c.justify)
+    return shown
+
+
+def _cells(columns: Sequence[_Column[_Row]], row: _Row) -> list[str]:
+    """``row``'s cells in ``columns``."""
+    return [c.cell(row) for c in columns]
+
+
 def _trials(trials: Sequence[Trial | dict]) -> list[Trial]:
     """A record's trials as :class:`~tula.core.records.Trial` objects (dicts are checked once)."""
     if all(isinstance(t, Trial) for t in trials):
@@ -69,34 +95,28 @@ def trials_table(profile: dict | ProfileRecord) -> Table:
     data = any(r.t_data_s is not None for r in rec.trials)
     lengths = len({r.sequence_length for r in rec.trials}) > 1  # profiled over several sequence lengths: an L column
     checkpointed = any(r.checkpointing for r in rec.trials)  # train.checkpointing auto's checkpointed trials
-    cols = (
-        ["N", "B", "b"]
-        + (["L"] if lengths else [])
-        + (["ckpt"] if checkpointed else [])
-        + ["t_step ms", "t_compute ms", "t_sync ms"]
-        + (["data ms"] if data else [])
-        + ["spread", "peak mem", "status"]
+    sharded = any(r.parallelism == "fsdp" for r in rec.trials)  # train.parallelism auto's sharded trials
+    columns = _add_columns(
+        t,
+        [
+            _Column[Trial]("N", lambda r: str(r.n_workers)),
+            _Column[Trial]("B", lambda r: str(r.global_batch)),
+            _Column[Trial]("b", lambda r: str(r.local_batch)),
+            _Column[Trial]("L", lambda r: str(r.sequence_length), shown=lengths),
+            _Column[Trial]("ckpt", lambda r: "on" if r.checkpointing else "off", shown=checkpointed),
+            _Column[Trial]("parallelism", lambda r: r.parallelism or "ddp", shown=sharded),
+            _Column[Trial]("t_step ms", lambda r: _ms(r.t_step_s)),
+            _Column[Trial]("t_compute ms", lambda r: _ms(r.t_compute_s)),
+            _Column[Trial]("t_sync ms", lambda r: _ms(r.t_sync_s)),
+            _Column[Trial]("data ms", lambda r: _ms(r.t_data_s), shown=data),
+            _Column[Trial]("spread", lambda r: "-" if r.t_step_spread is None else f"{r.t_step_spread:.0%}"),
+            _Column[Trial]("peak mem", lambda r: fmt_bytes(r.peak_mem_bytes)),
+            _Column[Trial]("status", lambda r: r.status + (f" ({r.note})" if r.note else ""), justify="left"),
+        ],
     )
-    for col in cols:
-        t.add_column(col, justify="right" if col != "status" else "left")
     for r in rec.trials:
         style = {"ok": None, "oom": "red", "skipped": "yellow", "error": "red", "interrupted": "yellow"}.get(r.status)
-        spread = "-" if r.t_step_spread is None else f"{r.t_step_spread:.0%}"
-        row = (
-            [
-                str(r.n_workers),
-                str(r.global_batch),
-                str(r.local_batch),
-                *([str(r.sequence_length)] if lengths else []),
-                *(["on" if r.checkpointing else "off"] if checkpointed else []),
-                _ms(r.t_step_s),
-                _ms(r.t_compute_s),
-                _ms(r.t_sync_s),
-            ]
-            + ([_ms(r.t_data_s)] if data else [])
-            + [spread, fmt_bytes(r.peak_mem_bytes), r.status + (f" ({r.note})" if r.note else "")]
-        )
-        t.add_row(*row, style=style)
+        t.add_row(*_cells(columns, r), style=style)
     return t
 
 
@@ -109,11 +129,8 @@ def _compute_line(perf: PerfModel) -> str:
 
 def models_table(models: dict | ModelsRecord) -> Table:
     """The fitted memory and performance models, their in-sample error and the noise scale."""
-    from tula.core.memory_model import MemoryModel
-    from tula.core.perfmodel import PerfModel
-
     rec = as_record(models, ModelsRecord)
-    mem, perf, err = MemoryModel.from_dict(rec.memory), PerfModel.from_dict(rec.perf), rec.fit_error
+    mem, perf, err = rec.memory, rec.perf, rec.fit_error  # the record's parts, typed
     t = Table(title="Fitted models", show_header=False)
     t.add_column("what")
     t.add_column("value")
@@ -201,6 +218,7 @@ def plan_table(plan: dict | PlanRecord) -> Table:
     parts = bool(rec.run_costs)  # an epoch = its steps + its end (evaluation, checkpoint, the method's)
     lengths = len({r.sequence_length for r in rows}) > 1  # several sequence lengths planned: an L column
     checkpointed = len({r.checkpointing for r in rows}) > 1  # train.checkpointing auto: a column of the variant
+    sharded = any(r.parallelism == "fsdp" for r in rows)  # train.parallelism auto (or fsdp): a column of it
     title = f"Plan (objective: {rec.objective}); candidate batches and the choice"
     noise = rec.noise_scale or NoiseScale()
     if acc:
@@ -215,44 +233,42 @@ def plan_table(plan: dict | PlanRecord) -> Table:
         title += f"; {', '.join(limits)}: {cons.n_meeting} of {cons.n_feasible} feasible configurations meet it"
     # what the epochs include: the method's step and each epoch's end, or that they were not measured
     t = Table(title=title, caption=rec.run_costs_note)
-    cols = (
-        ["", "N", "B", "b"]
-        + (["L"] if lengths else [])
-        + (["ckpt"] if checkpointed else [])
-        + ["t_step ms", "epoch s"]
-        + (["of which end s"] if parts else [])
-        + ["total s" + (" (expected)" if spot else "")]
-        + (["preempt."] if spot else [])
-        + ["cost"]
-        + (["epochs to acc.", "to acc. s", "to acc. cost"] if acc else [])
-        + ["peak mem", "feasible"]
-        + (["meets"] if constrained else [])
+    columns = _add_columns(
+        t,
+        [
+            _Column[PlanRow]("", lambda r: "*" if r.chosen else ""),
+            _Column[PlanRow]("N", lambda r: str(r.n_workers)),
+            _Column[PlanRow]("B", lambda r: str(r.global_batch)),
+            _Column[PlanRow](
+                "b",
+                lambda r: (
+                    str(r.local_batch) if r.accumulation_steps == 1 else f"{r.accumulation_steps}x{r.micro_batch}"
+                ),
+            ),
+            _Column[PlanRow]("L", lambda r: str(r.sequence_length), shown=lengths),
+            _Column[PlanRow]("ckpt", lambda r: "on" if r.checkpointing else "off", shown=checkpointed),
+            _Column[PlanRow]("parallelism", lambda r: r.parallelism, shown=sharded),
+            _Column[PlanRow]("t_step ms", lambda r: _ms(r.t_step_s)),
+            _Column[PlanRow]("epoch s", lambda r: f"{r.epoch_time_s:.3f}"),
+            _Column[PlanRow](
+                "of which end s", lambda r: f"{r.epoch_fixed_s if r.given('epoch_fixed_s') else 0.0:.3f}", shown=parts
+            ),
+            _Column[PlanRow]("total s" + (" (expected)" if spot else ""), lambda r: f"{r.total_time_s:.2f}"),
+            _Column[PlanRow]("preempt.", lambda r: f"{r.expected_preemptions:.2g}", shown=spot),
+            _Column[PlanRow]("cost", lambda r: f"{r.cost:.4g}"),
+            _Column[PlanRow]("epochs to acc.", lambda r: f"{r.epochs_to_accuracy:.3g}", shown=acc),
+            _Column[PlanRow]("to acc. s", lambda r: f"{r.time_to_accuracy_s:.2f}", shown=acc),
+            _Column[PlanRow]("to acc. cost", lambda r: f"{r.cost_to_accuracy:.4g}", shown=acc),
+            _Column[PlanRow]("peak mem", lambda r: fmt_bytes(r.peak_mem_bytes)),
+            _Column[PlanRow]("feasible", lambda r: "yes" if r.feasible else "no"),
+            _Column[PlanRow]("meets", lambda r: "yes" if r.meets_constraints else "no", shown=constrained),
+        ],
     )
-    for col in cols:
-        t.add_column(col, justify="right")
     for r in rows:
         if not (r.candidate or r.chosen):
             continue
-        meets = r.meets_constraints
-        row = [
-            "*" if r.chosen else "",
-            str(r.n_workers),
-            str(r.global_batch),
-            str(r.local_batch) if r.accumulation_steps == 1 else f"{r.accumulation_steps}x{r.micro_batch}",
-            *([str(r.sequence_length)] if lengths else []),
-            *(["on" if r.checkpointing else "off"] if checkpointed else []),
-            _ms(r.t_step_s),
-            f"{r.epoch_time_s:.3f}",
-            *([f"{r.epoch_fixed_s if r.given('epoch_fixed_s') else 0.0:.3f}"] if parts else []),
-            f"{r.total_time_s:.2f}",
-        ]
-        row += [f"{r.expected_preemptions:.2g}"] if spot else []
-        row += [f"{r.cost:.4g}"]
-        if acc:
-            row += [f"{r.epochs_to_accuracy:.3g}", f"{r.time_to_accuracy_s:.2f}", f"{r.cost_to_accuracy:.4g}"]
-        row += [fmt_bytes(r.peak_mem_bytes), "yes" if r.feasible else "no"]
-        row += ["yes" if meets else "no"] if constrained else []
-        t.add_row(*row, style="bold green" if r.chosen else (None if r.feasible and meets else "dim"))
+        style = "bold green" if r.chosen else (None if r.feasible and r.meets_constraints else "dim")
+        t.add_row(*_cells(columns, r), style=style)
     return t
 
 
@@ -327,7 +343,7 @@ def plan_chart_data(plan: dict | PlanRecord, trials: Sequence[Trial | dict]) -> 
     measured steps and the epoch's end, with preemptions on spot), the knee; the Pareto frontier, the
     constraints and the choice."""
     from tula.core.pricing import make_pricing
-    from tula.core.run_costs import RunCosts, epoch_time_s
+    from tula.core.run_costs import epoch_time_s
     from tula.core.spec import spec_from_dict
 
     rec = as_record(plan, PlanRecord)
@@ -345,7 +361,7 @@ def plan_chart_data(plan: dict | PlanRecord, trials: Sequence[Trial | dict]) -> 
         measured = ChartLine([], [], [])
         if meas:
             gb = [g for g, _, _ in meas]
-            costs = RunCosts.from_dict(rec.run_costs) if rec.run_costs else None
+            costs = rec.run_costs
             ep = epoch_time_s([s for _, s, _ in meas], gb, int(n), d, costs, whole_steps=False)
             tt = pricing.expected_time_s(e * ep, int(n), ep)
             cc = pricing.cost(tt, int(n), [m for _, _, m in meas])
@@ -501,9 +517,23 @@ def _constant_table(sim, collective: str, rows: list[ConstantRow], unit: str) ->
         f"{_simulated_network(sim)}"
     )
     acc = any(r.time_to_accuracy_s is not None for r in rows)
+    # the step of each row, where the models record says it (a plan's L, parallelism and ckpt columns)
+    given = {
+        f: any(getattr(r, f) is not None for r in rows) for f in ("sequence_length", "parallelism", "checkpointing")
+    }
+    step = [
+        c
+        for c in (
+            _Column[ConstantRow]("L", lambda r: str(r.sequence_length), shown=given["sequence_length"]),
+            _Column[ConstantRow]("parallelism", lambda r: str(r.parallelism), shown=given["parallelism"]),
+            _Column[ConstantRow]("ckpt", lambda r: "on" if r.checkpointing else "off", shown=given["checkpointing"]),
+        )
+        if c.shown
+    ]
     for col in (
         "N",
         "b",
+        *(c.header for c in step),
         "step ms",
         "sync ms",
         "epoch",
@@ -521,6 +551,7 @@ def _constant_table(sim, collective: str, rows: list[ConstantRow], unit: str) ->
         t.add_row(
             str(r.n_workers),
             f"{r.local_batch:.4g}",
+            *_cells(step, r),
             _ms(r.t_step_s),
             _ms(r.t_sync_s),
             _dur(r.epoch_time_s),
@@ -649,40 +680,40 @@ def train_table(run: TrainRecord | Mapping[str, Any]) -> Table:
         + (f" in {rec.accumulation_steps} micro-batches of {rec.micro_batch}" if rec.accumulation_steps > 1 else "")
         + f", {rec.steps_per_epoch} steps/epoch)"
     )
-    cols = (
-        ["epoch"]
-        + (["B", "N", "updates"] if grows else [])
-        + ["train loss", "test loss"]
-        + ([score] if score != "loss" else [])  # a user's loss without labels: the test loss is the score
-        + (["top-5"] if top5 else [])
-        + (["perplexity"] if perplexity else [])  # a sequence model's, beside its top-1
-        + ["epoch s"]
-        + (["wall s", "planned s", "x plan"] if predicted else [])
-        + ["lr"]
-        + (["scaled steps"] if scaled else [])
+    # the epoch as the plan predicted it (steps, evaluation, checkpoint) when predicted
+    columns = _add_columns(
+        t,
+        [
+            _Column[EpochRecord]("epoch", lambda h: str(h.epoch)),
+            _Column[EpochRecord]("B", lambda h: str(h.global_batch), shown=grows),
+            _Column[EpochRecord]("N", lambda h: str(h.n_workers), shown=grows),
+            _Column[EpochRecord]("updates", lambda h: str(h.steps_done), shown=grows),
+            _Column[EpochRecord]("train loss", lambda h: f"{h.train_loss:.4f}"),
+            _Column[EpochRecord]("test loss", lambda h: f"{h.test_loss:.4f}"),
+            # a user's loss without labels: the test loss is the score
+            _Column[EpochRecord](score, lambda h: epoch_score(h)[2], shown=score != "loss"),
+            _Column[EpochRecord]("top-5", lambda h: f"{h.test_top5:.2%}", shown=top5),
+            _Column[EpochRecord](  # a sequence model's, beside its top-1
+                "perplexity",
+                lambda h: f"{h.test_perplexity:.2f}" if h.test_perplexity is not None else "-",
+                shown=perplexity,
+            ),
+            _Column[EpochRecord]("epoch s", lambda h: f"{h.epoch_time_s:.2f}"),
+            _Column[EpochRecord]("wall s", lambda h: f"{measured_epoch_s(h):.3f}", shown=predicted),
+            _Column[EpochRecord](
+                "planned s", lambda h: f"{h.predicted_epoch_s:.3f}" if h.predicted_epoch_s else "-", shown=predicted
+            ),
+            _Column[EpochRecord](
+                "x plan",
+                lambda h: f"{h.measured_to_predicted:.2f}x" if h.measured_to_predicted else "-",
+                shown=predicted,
+            ),
+            _Column[EpochRecord]("lr", lambda h: f"{h.lr:.4g}"),
+            _Column[EpochRecord]("scaled steps", lambda h: f"{h.scaled_fraction or 0:.0%}", shown=scaled),
+        ],
     )
-    for col in cols:
-        t.add_column(col, justify="right")
     for h in history:
-        row = (
-            [str(h.epoch)]
-            + ([str(h.global_batch), str(h.n_workers), str(h.steps_done)] if grows else [])
-            + [f"{h.train_loss:.4f}", f"{h.test_loss:.4f}"]
-            + ([epoch_score(h)[2]] if score != "loss" else [])
-        )
-        row += [f"{h.test_top5:.2%}"] if top5 else []
-        row += [f"{h.test_perplexity:.2f}" if h.test_perplexity is not None else "-"] if perplexity else []
-        row += [f"{h.epoch_time_s:.2f}"]
-        if predicted:  # the epoch as the plan predicted it: steps, evaluation, checkpoint
-            ratio, planned_s = h.measured_to_predicted, h.predicted_epoch_s
-            row += [
-                f"{measured_epoch_s(h):.3f}",
-                f"{planned_s:.3f}" if planned_s else "-",
-                f"{ratio:.2f}x" if ratio else "-",
-            ]
-        row += [f"{h.lr:.4g}"]
-        row += [f"{h.scaled_fraction or 0:.0%}"] if scaled else []
-        t.add_row(*row)
+        t.add_row(*_cells(columns, h))
     return t
 
 
@@ -760,7 +791,7 @@ def _epoch_time_panel(ax, run: TrainRecord, history: list[EpochRecord]) -> None:
         k = h.accumulation_steps or 1
         ax.annotate(f"N={h.n_workers} B={h.global_batch}" + (f" k={k}" if k > 1 else ""),
                     (h.epoch, measured_epoch_s(h)), fontsize=6, xytext=(2, 4), textcoords="offset points")  # fmt: skip
-    ratio = (run.prediction or {}).get("median_ratio")
+    ratio = run.prediction.median_ratio if run.prediction is not None else None
     ax.set_title("epoch time" + (f": measured / predicted {ratio:.2f} (median)" if ratio else ""), fontsize=10)
     ax.set_xlabel("epoch")
     ax.set_ylabel("seconds per epoch")

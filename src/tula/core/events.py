@@ -18,7 +18,8 @@ the profiler, not passed on) and :class:`TrialFinished`; training :class:`WorldS
 :class:`RecordSaved`.
 
 Where an event leaves Python (a logger's sink, a callback written for the dict events these
-replace) :meth:`Event.to_json_dict` gives it as it was sent before: ``{"type": kind, ...}``.
+replace) :meth:`Event.to_json_dict` gives it as it was sent before: ``{"type": kind, ...}``; an
+event itself is read by its attributes (``ev.epoch``), not by keys.
 """
 
 from __future__ import annotations
@@ -61,14 +62,6 @@ class Event:
             if value is not None:
                 out[f.name] = value
         return out
-
-    # a callback written for the dict events (ev["type"], ev["epoch"]) reads the same keys
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json_dict()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The value :meth:`to_json_dict` has under ``key``, else ``default``."""
-        return self.to_json_dict().get(key, default)
 
 
 @dataclass(frozen=True)

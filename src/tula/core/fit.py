@@ -8,7 +8,6 @@ without profiling again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -33,47 +32,42 @@ from tula.core.records import (  # noqa: F401
     NoiseScale,
     NoiseWorld,
     ProfileRecord,
+    Trial,
     load_record,
     parse_record,
     placement,
     save_record,
 )
 from tula.core.run_costs import fit_run_costs
-from tula.core.spec import JobSpec, reference_sequence_length, spec_from_dict
-from tula.core.variants import fit_checkpointing_effect
+from tula.core.spec import reference_sequence_length, spec_from_dict
+from tula.core.variants import fit_checkpointing_effect, fit_sharding_effect
 
 
-def oom_local_batch(trials: list[dict]) -> int | None:
+def oom_local_batch(trials: Sequence[Trial]) -> int | None:
     """Smallest local batch that ran out of memory.  (The trials skipped after one did have
     larger local batches; a trial skipped for another reason -- a cluster size the launcher
     could not place or run -- says nothing about memory.)"""
-    bad = [t["local_batch"] for t in trials if t["status"] == "oom"]
+    bad = [t.local_batch for t in trials if t.status == "oom"]
     return min(bad) if bad else None
 
 
-def fit_noise_scale(trials: Sequence[Mapping[str, Any]]) -> NoiseScale:
+def fit_noise_scale(trials: Sequence[Trial]) -> NoiseScale:
     """The gradient noise scale B_noise at the start of training, from the trials' ``noise``
     measurements (the first trial of each world): the ratio of the mean tr(Sigma) to the
     mean |G|^2 over every measured batch of every world (each batch's pair is unbiased at
     its own batch sizes, so they pool), with a jackknife standard error over the batches
     (``low``, ``high``: one error either side).  ``b_noise`` is None, with a ``note``
     saying why, when nothing was measured or no gradient signal stood above the noise."""
-    measured = [(t["n_workers"], t["noise"]) for t in trials if t.get("noise") and t["noise"].get("steps")]
+    measured = [(t.n_workers, t.noise) for t in trials if t.noise is not None and t.noise.steps]
     worlds = [
-        NoiseWorld(
-            n_workers=n,
-            b_small=m.get("b_small"),
-            b_big=m.get("b_big"),
-            steps=m.get("steps"),
-            b_simple=m.get("b_simple"),
-        )  # fmt: skip
+        NoiseWorld(n_workers=n, b_small=m.b_small, b_big=m.b_big, steps=m.steps, b_simple=m.b_simple)
         for n, m in measured
     ]
     if not measured:
         note = "not measured: the profile has no noise measurement (profile.noise_steps 0, or an older profile)"
         return NoiseScale(b_noise=None, low=None, high=None, steps=0, worlds=worlds, note=note)
-    g2 = np.array([v for _, m in measured for v in m["g2"]], float)
-    tr = np.array([v for _, m in measured for v in m["trace_sigma"]], float)
+    g2 = np.array([v for _, m in measured for v in m.g2], float)
+    tr = np.array([v for _, m in measured for v in m.trace_sigma], float)
     if g2.sum() <= 0:
         note = (
             f"not measurable: over {g2.size} batches the mean |G|^2 is not above 0 -- the gradient noise "
@@ -92,7 +86,7 @@ def fit_noise_scale(trials: Sequence[Mapping[str, Any]]) -> NoiseScale:
 
 
 def accumulation_check(
-    perf: PerfModel, trials: list[dict], checks: Sequence[Mapping[str, Any]]
+    perf: PerfModel, trials: Sequence[Trial], checks: Sequence[Mapping[str, Any]]
 ) -> list[AccumulationCheck]:
     """Each accumulated-step measurement of the profile (``accumulation_trials``) against the
     model's ``t_step(micro, N, k)``, on the hosts of the ordinary trial of the same batch."""
@@ -102,7 +96,7 @@ def accumulation_check(
         given = {k: a[k] for k in ("n_workers", "local_batch", "micro_batch", "accumulation_steps", "t_step_s")}
         measured = AccumulationCheck(**given, predicted_t_step_s=0.0, rel_error=0.0)
         n, b = measured.n_workers, measured.local_batch
-        same = next((t for t in trials if (t["n_workers"], t["local_batch"]) == (n, b)), None)
+        same = next((t for t in trials if (t.n_workers, t.local_batch) == (n, b)), None)
         r, h = world_shape(same) if topology and same else (None, None)
         predicted = float(perf.t_step_s(measured.micro_batch, n, r, h, measured.accumulation_steps))
         rel_error = abs(predicted - measured.t_step_s) / measured.t_step_s
@@ -116,10 +110,9 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
     :class:`~tula.core.records.ModelsRecord` (``.to_json_dict()`` where it is written)."""
     prof = parse_record(profile, ProfileRecord, "the profile")
     spec = spec_from_dict(prof.spec)
-    trials = [asdict(t) for t in prof.trials]
     # the models are the plain step's (the spec's variant); train.checkpointing auto's checkpointed
-    # trials then fit that variant's effect on them (tula.core.variants)
-    plain_trials = [t for t in prof.trials if not t.checkpointing]
+    # trials then fit that variant's effect on them (tula.core.variants), as train.parallelism auto's sharded ones
+    plain_trials = [t for t in prof.trials if not t.checkpointing and t.parallelism is None]
     ok_trials = [t for t in plain_trials if t.status == "ok"]
     if not ok_trials:
         raise RecordError(
@@ -136,8 +129,7 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
             f"the profile has no successful trial at the data's own sequence length {ref_length} to fit the "
             "performance model to (every one ran out of memory or failed)"
         )
-    perf = fit_perf_model([asdict(t) for t in at_ref], spec.collective, prof.model.grad_bytes)
-    ok = [asdict(t) for t in ok_trials]
+    perf = fit_perf_model(at_ref, spec.collective, prof.model.grad_bytes)
     probed = MemoryModel.from_dict(prof.memory)
     peaks = [t.peak_mem_bytes for t in ok_trials if t.peak_mem_bytes is not None]  # every one (ProfileRecord checks)
     ref_peaks = [t.peak_mem_bytes for t in ref_ok if t.peak_mem_bytes is not None]
@@ -146,12 +138,12 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
     ns = [t.n_workers for t in ok_trials]
     lengths = None
     if ref_length is not None and len(ref_ok) < len(ok_trials):  # trials at other lengths
-        perf = perf.with_sequence_length(ref_length, ok)
+        perf = perf.with_sequence_length(ref_length, ok_trials)
         lengths = np.array([t.sequence_length or ref_length for t in ok_trials])
         mem = mem.with_sequence_length(ref_length, lengths.tolist(), local.tolist(), peaks, ns)
-    t_err = relative_errors(perf, ok)  # each trial where its ranks ran, at its length
+    t_err = relative_errors(perf, ok_trials)  # each trial where its ranks ran, at its length
     m_err = relative_error(mem.predict_peak_bytes(local, ns, lengths), peaks)
-    acc = accumulation_check(perf, [asdict(t) for t in ref_ok], prof.accumulation_trials or [])
+    acc = accumulation_check(perf, ref_ok, prof.accumulation_trials or [])
     run_trials = prof.run_trials or []
     run_costs = fit_run_costs(run_trials, spec.train.method)
     fit_error = {
@@ -164,6 +156,7 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
         fit_error["accumulated_step_max_rel"] = max(a.rel_error for a in acc)
     not_measured = prof.not_measured
     effect = fit_checkpointing_effect(mem, perf, prof.trials)
+    sharding = fit_sharding_effect(mem, perf, prof.trials)
     return ModelsRecord(
         kind=MODELS_KIND,
         version=VERSIONS[MODELS_KIND],
@@ -172,28 +165,26 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
         device=prof.device,
         dataset_size=prof.dataset_size,
         memory_budget_bytes=prof.memory_budget_bytes,
-        memory=mem.to_dict(),
-        memory_probed=probed.to_dict(),
-        perf=perf.to_dict(),
-        oom_local_batch=oom_local_batch([asdict(t) for t in at_ref]),
+        memory=mem,
+        memory_probed=probed,
+        perf=perf,
+        oom_local_batch=oom_local_batch(at_ref),
         fit_error=fit_error,
         accumulation_check=acc,
         trials=prof.trials,
         profiling_s=prof.profiling_s,
         placement=placement(prof.trials),
-        noise_scale=fit_noise_scale(trials),
+        noise_scale=fit_noise_scale(prof.trials),
         # the method's own step and each epoch's end, from the run trials (None: the profile had none)
-        run_costs=None if run_costs is None else run_costs.to_dict(),
+        run_costs=run_costs,
         run_trials=run_trials,
         # cluster sizes the profile could not place (one rank per GPU): N -> why; the plan does not rank them
         **({"not_measured": not_measured} if not_measured else {}),
         # train.checkpointing auto: the checkpointed step's effect (None: not measured)
-        **({"checkpointing": effect.to_dict()} if effect is not None else {}),
+        **({"checkpointing": effect} if effect is not None else {}),
+        # train.parallelism auto: the sharded step's effect (None: not measured)
+        **({"sharding": sharding.to_dict()} if sharding is not None else {}),
     )
-
-
-def models_from(rec: dict) -> tuple[JobSpec, MemoryModel, PerfModel]:
-    return spec_from_dict(rec["spec"]), MemoryModel.from_dict(rec["memory"]), PerfModel.from_dict(rec["perf"])
 
 
 def rebase_models(models: dict, spec: dict, dataset_size: int, from_job: str | None = None) -> dict:

@@ -43,6 +43,8 @@ from tula.core.perfmodel import FloatArray, PerfModel, ranks_per_node_of, sync_t
 from tula.core.pricing import Pricing, SpotPricing
 from tula.core.schedules import steps_per_epoch
 from tula.core.spec import spec_from_dict
+from tula.core.trial import Trial
+from tula.core.validation import first_error
 
 
 # --------------------------------------------------------------------------- the run costs' terms
@@ -180,14 +182,15 @@ def _periodic_text(costs: RunCosts) -> str:
     return ", ".join(f"{x:.3f} s at N = {n}" for n, x in zip(costs.periodic_n_workers, costs.periodic_by_n_s))
 
 
-def run_costs_for(models: Mapping[str, Any], method: str) -> tuple[RunCosts | None, str]:
-    """The run costs a plan for ``method`` uses, from a models record, and the sentence that
+def run_costs_for(models: Mapping[str, Any] | BaseModel, method: str) -> tuple[RunCosts | None, str]:
+    """The run costs a plan for ``method`` uses, from a models record (a
+    :class:`~tula.core.records.ModelsRecord`, or a dict as read from JSON), and the sentence that
     says what they include.  For a method the profile did not run, the epoch's end (the same
     for every method) is kept and the step is the plain one: the sentence says so."""
-    rc = models.get("run_costs")
+    rc = models.get("run_costs") if isinstance(models, Mapping) else getattr(models, "run_costs", None)
     if not rc:
         return None, describe(None, method)
-    costs = RunCosts.from_dict(rc)
+    costs = rc if isinstance(rc, RunCosts) else RunCosts.from_dict(rc)
     if costs.method == method:
         return costs, describe(costs, method)
     loop = replace(costs, method=method, n_workers=(), step_extra_s=(), periodic_s=0.0, periodic_every=None,
@@ -338,40 +341,50 @@ class FittedModels:
         A record without a performance model or a training-set size, or with a damaged model,
         is a :class:`~tula.core.errors.RecordError` in one sentence (a bad spec inside: the
         spec's :class:`~tula.core.errors.SpecError`)."""
-        rec: Mapping[str, Any] = record.model_dump(mode="json") if isinstance(record, BaseModel) else record
-        if not isinstance(rec, Mapping):
-            raise RecordError(f"fitted models are read from a models record, not {type(rec).__name__}")
+        if not isinstance(record, (Mapping, BaseModel)):
+            raise RecordError(f"fitted models are read from a models record, not {type(record).__name__}")
+        if isinstance(record, BaseModel):  # a ModelsRecord: its parts typed (made by hand: some may be absent)
+
+            def part(key: str) -> Any:
+                return getattr(record, key, None)
+
+        else:  # as read from JSON: each part checked here
+
+            def part(key: str) -> Any:
+                return record.get(key)
+
         for key, what in (("perf", "performance model"), ("dataset_size", "training-set size")):
-            if rec.get(key) is None:
+            if part(key) is None:
                 raise RecordError(f"the models record has no {what} ('{key}'): fit a profile first (tula fit)")
-        perf = _checked(PerfModel, rec["perf"], "performance model")
-        memory = _checked(MemoryModel, rec["memory"], "memory model") if rec.get("memory") else None
-        spec = spec_from_dict(rec.get("spec") or {})
+        perf = _checked(PerfModel, part("perf"), "performance model")
+        memory = _checked(MemoryModel, part("memory"), "memory model") if part("memory") else None
+        spec = spec_from_dict(part("spec") or {})
         method = method or spec.train.method
         try:
-            costs, note = run_costs_for(rec, method)
+            costs, note = run_costs_for(record, method)
         except (TypeError, ValueError) as err:
             raise RecordError(f"the models record's run costs are damaged ({err})") from None
+        budget = part("memory_budget_bytes")
         limits = []
         if memory is not None:
-            b_mem = memory.max_local_batch(rec.get("memory_budget_bytes"), spec.search.memory_safety)
-            limits.append(b_mem)
-        b_oom = rec.get("oom_local_batch")
+            limits.append(memory.max_local_batch(budget, spec.search.memory_safety))
+        b_oom = part("oom_local_batch")
         limits.append(None if b_oom is None else int(b_oom) - 1)
         known = [b for b in limits if b is not None]
-        b_noise = (rec.get("noise_scale") or {}).get("b_noise")
+        noise = part("noise_scale")
+        b_noise = (noise or {}).get("b_noise") if isinstance(noise, Mapping) else getattr(noise, "b_noise", None)
         return cls(
             perf=perf,
             memory=memory,
-            dataset_size=int(rec["dataset_size"]),
+            dataset_size=int(part("dataset_size")),
             run_costs=costs,
             run_costs_note=note,
             method=method,
             epochs=spec.epochs,
             max_local_batch=min(known) if known else None,
-            ranks_per_node=ranks_per_node_of(rec.get("trials") or []),
+            ranks_per_node=ranks_per_node_of(_trials(part("trials") or [])),
             noise_scale=None if b_noise is None else float(b_noise),
-            memory_budget_bytes=rec.get("memory_budget_bytes"),
+            memory_budget_bytes=budget,
             memory_safety=spec.search.memory_safety,
             oom_local_batch=b_oom,
         )
@@ -551,25 +564,36 @@ def _1d(x: ArrayLike) -> FloatArray:
 _ADAPTERS: dict[str, TypeAdapter[Any]] = {}
 
 
-def _adapter(kind: type[PerfModel] | type[MemoryModel]) -> TypeAdapter[Any]:
+def _adapter(kind: type[PerfModel] | type[MemoryModel] | type[Trial]) -> TypeAdapter[Any]:
     """The pydantic validator of ``kind``'s fields (made once)."""
     if kind.__name__ not in _ADAPTERS:
         _ADAPTERS[kind.__name__] = TypeAdapter(kind)
     return _ADAPTERS[kind.__name__]
 
 
+def _trials(trials: Sequence[Trial | Mapping[str, Any]]) -> list[Trial]:
+    """A models record's trials, typed (a record as read from JSON holds them as dicts)."""
+    adapter = _adapter(Trial)
+    try:
+        return [t if isinstance(t, Trial) else adapter.validate_python(t, strict=False) for t in trials]
+    except ValidationError as err:
+        e = first_error(err)
+        raise RecordError(f"the models record's trials are damaged (field {e.where()!r} {e.message})") from None
+
+
 def _checked(kind: type[PerfModel] | type[MemoryModel], value: Any, what: str) -> Any:
-    """``kind.from_dict(value)``, or a :class:`~tula.core.errors.RecordError` saying which field
-    of the record's ``what`` is damaged."""
+    """``value`` as ``kind`` (an object of ``kind`` as it is; a dict by ``kind.from_dict``), or a
+    :class:`~tula.core.errors.RecordError` saying which field of the record's ``what`` is damaged."""
+    if isinstance(value, kind):
+        return value
     if not isinstance(value, Mapping):
         raise RecordError(f"the models record's {what} is damaged (a mapping of its fields is needed)")
     try:
         _adapter(kind).validate_python(dict(value), strict=False)
         return kind.from_dict(dict(value))
     except ValidationError as err:
-        e = err.errors()[0]
-        where = ".".join(str(p) for p in e["loc"])
-        msg = "is missing" if e["type"] == "missing" else e["msg"].removeprefix("Value error, ")
-        raise RecordError(f"the models record's {what} is damaged (field {where!r} {msg})") from None
+        e = first_error(err)
+        msg = "is missing" if e.missing else e.message
+        raise RecordError(f"the models record's {what} is damaged (field {e.where()!r} {msg})") from None
     except (TypeError, KeyError, ValueError) as err:
         raise RecordError(f"the models record's {what} is damaged ({err})") from None

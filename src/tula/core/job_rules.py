@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tula.core.config import Config
@@ -82,6 +83,21 @@ def parallelism_problem(spec: JobSpec, n_workers: int) -> str | None:
             "train.noise_scale needs each worker's whole gradient before it is averaged, which train.parallelism "
             "fsdp reduce-scatters inside the backward pass; set train.noise_scale to false with fsdp"
         )
+    return None
+
+
+def fsdp_obstacle(spec: JobSpec) -> str | None:
+    """With ``train.parallelism: auto``: why the planner may not weigh FSDP for this spec (a method
+    that needs the whole gradient, fp16, the noise scale on more than one worker of
+    :func:`~tula.core.spec.largest_world`), in one clause for the plan's reason; ``None`` when it may.
+    Not a refusal: ``auto`` then plans and trains DDP only."""
+    method, t = spec.train.method, spec.train
+    if method_info(method).whole_gradient:
+        return f"method {method!r} {method_info(method).whole_gradient}, which fsdp shards over the workers"
+    if t.precision == "fp16":
+        return "fsdp does not train in fp16 yet (its gradient scaler would skip a step on some ranks only)"
+    if t.noise_scale and largest_world(spec) > 1:
+        return "train.noise_scale needs each worker's whole gradient, which fsdp reduce-scatters"
     return None
 
 
@@ -383,15 +399,47 @@ def train_config(
     return config if scheduled(spec) else config.check()
 
 
+@dataclass(frozen=True)
+class PlanChoice:
+    """What training reads of a plan's choice: its configuration, its sequence length (``None``:
+    the data has none, or the plan was made before lengths were planned), its parallelism and
+    whether it is checkpointed."""
+
+    config: Config | None
+    """``None``: a plan's choice given only in part (its checkpointing, its length)"""
+    sequence_length: int | None = None
+    parallelism: str = "ddp"
+    checkpointing: bool = False
+
+    @classmethod
+    def of(cls, plan: PlanRecord | Mapping[str, Any] | None) -> PlanChoice | None:
+        """``plan``'s choice (``None``: no plan); a plan as read from JSON (a file's, a request's), or
+        only its ``choice``'s fields, is read at the edge here, once."""
+        if plan is None:
+            return None
+        if isinstance(plan, PlanRecord):
+            c = plan.choice
+            return cls(c.config, c.sequence_length, c.parallelism, c.checkpointing)
+        values = plan["choice"]  # a plan as JSON's values
+        n, b, length = values.get("n_workers"), values.get("global_batch"), values.get("sequence_length")
+        return cls(
+            None if n is None or b is None else Config(int(n), int(b), int(values.get("accumulation_steps") or 1)),
+            sequence_length=None if length is None else int(length),
+            parallelism=str(values.get("parallelism", "ddp")),
+            checkpointing=bool(values.get("checkpointing", False)),
+        )
+
+
 def _choice(plan: PlanRecord | Mapping[str, Any] | None) -> Config | None:
-    """The configuration a plan chose (``None``: no plan); a plan as read from JSON, or only its
-    ``choice``'s fields, is read at the edge here."""
-    if plan is None:
-        return None
-    if isinstance(plan, PlanRecord):
-        return plan.choice.config
-    c = plan["choice"]  # a plan as JSON's values (a file's, a request's)
-    return Config(int(c["n_workers"]), int(c["global_batch"]), int(c.get("accumulation_steps") or 1))
+    """The configuration a plan chose (``None``: no plan)."""
+    chosen = PlanChoice.of(plan)
+    return None if chosen is None else chosen.config
+
+
+def spec_with(spec: JobSpec, **fields: Any) -> JobSpec:
+    """``spec`` with ``fields`` (its top-level parts, typed: ``train=spec.train.model_copy(update=...)``)
+    replaced, checked again as a whole spec (a value the spec refuses is the spec's one sentence)."""
+    return spec_from_dict(spec.model_copy(update=fields).to_dict())
 
 
 def spec_at(spec: JobSpec, config: Config) -> JobSpec:
@@ -399,8 +447,7 @@ def spec_at(spec: JobSpec, config: Config) -> JobSpec:
     configuration's k (the trainer reads k from the spec)."""
     if spec.train.accumulation_steps == config.accumulation_steps:
         return spec
-    d = spec.to_dict()
-    return spec_from_dict({**d, "train": {**d["train"], "accumulation_steps": config.accumulation_steps}})
+    return spec_with(spec, train=spec.train.model_copy(update={"accumulation_steps": config.accumulation_steps}))
 
 
 def train_sequence_length(
@@ -417,20 +464,18 @@ def train_sequence_length(
 
 
 def _chosen_length(plan: PlanRecord | Mapping[str, Any] | None) -> int | None:
-    if plan is None:
-        return None
-    if isinstance(plan, PlanRecord):
-        return plan.choice.sequence_length
-    given = plan["choice"].get("sequence_length")  # a plan as JSON's values
-    return None if given is None else int(given)
+    chosen = PlanChoice.of(plan)
+    return None if chosen is None else chosen.sequence_length
+
+
+def _chosen_parallelism(plan: PlanRecord | Mapping[str, Any] | None) -> str:
+    chosen = PlanChoice.of(plan)
+    return "ddp" if chosen is None else chosen.parallelism
 
 
 def _chosen_checkpointing(plan: PlanRecord | Mapping[str, Any] | None) -> bool:
-    if plan is None:
-        return False
-    if isinstance(plan, PlanRecord):
-        return plan.choice.checkpointing
-    return bool(plan["choice"].get("checkpointing", False))  # a plan as JSON's values
+    chosen = PlanChoice.of(plan)
+    return chosen is not None and chosen.checkpointing
 
 
 def training_spec(
@@ -444,11 +489,15 @@ def training_spec(
     configuration's k (:func:`spec_at`) and its data built at :func:`train_sequence_length`'s L
     (``sequence_length`` given explicitly, else ``plan``'s choice, else the spec's own length:
     then the data as the spec gives it), and with ``train.checkpointing: auto`` the plan's choice of
-    activation checkpointing (on where its chosen row is checkpointed; off without a plan)."""
+    activation checkpointing (on where its chosen row is checkpointed; off without a plan), with
+    ``train.parallelism: auto`` the plan's choice of ddp or fsdp (ddp without a plan)."""
     spec = spec_at(spec, config)
     if spec.train.checkpointing == "auto":
         on = _chosen_checkpointing(plan)
         spec = spec.model_copy(update={"train": spec.train.model_copy(update={"checkpointing": "on" if on else "off"})})
+    if spec.train.parallelism == "auto":
+        how = _chosen_parallelism(plan)
+        spec = spec.model_copy(update={"train": spec.train.model_copy(update={"parallelism": how})})
     length = train_sequence_length(spec, plan, sequence_length=sequence_length)
     if length is None or length == reference_sequence_length(spec.data):
         return spec

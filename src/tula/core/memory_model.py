@@ -68,6 +68,12 @@ class MemoryModel:
     # ... and the bytes per sample each extra token adds (the B*L term), and each extra L^2 (the B*L^2 term)
     bytes_per_token: float = 0.0
     bytes_per_token_squared: float = 0.0
+    # train.parallelism fsdp (tula.core.effects.ShardingEffect): a rank of N holds 1/N of the parameters,
+    # gradients and optimiser state, and the gathered blocks' working set besides (world_bytes); False: DDP's
+    sharded: bool = False
+    sharded_gather_bytes: int = 0
+    # ... and the state bytes a rank of N holds 1/N of (fitted over two cluster sizes; None: all of param + grad + optimizer)
+    sharded_divided_bytes: int | None = None
 
     @property
     def static_bytes(self) -> int:
@@ -103,7 +109,16 @@ class MemoryModel:
 
     def world_bytes(self, n_workers: ArrayLike | None = None) -> int | np.ndarray:
         """What a rank of an ``n_workers`` world holds beyond a one-rank world's: DDP's buckets
-        where N >= 2; ``None`` (the worker count not known yet): as for N >= 2, the larger."""
+        where N >= 2; ``None`` (the worker count not known yet): as for N >= 2, the larger.  A
+        sharded model (FSDP): the gathered working set less the (N - 1) / N of the state a rank does
+        not hold (``None``: as for N = 1, the larger)."""
+        if self.sharded:
+            n = np.asarray(1 if n_workers is None else n_workers, float)
+            state = self.param_bytes + self.grad_bytes + self.optimizer_state_bytes
+            if self.sharded_divided_bytes is not None:
+                state = self.sharded_divided_bytes
+            held = np.rint(self.sharded_gather_bytes - state * (1.0 - 1.0 / np.maximum(n, 1.0))).astype(np.int64)
+            return int(held) if held.ndim == 0 else held
         if n_workers is None:
             return self.ddp_bucket_bytes
         return np.where(np.asarray(n_workers) > 1, self.ddp_bucket_bytes, 0)
@@ -282,6 +297,8 @@ class MemoryModel:
         if self.sequence_length is None:  # a model of one length: its record as before sequence lengths
             for name in ("sequence_length", "bytes_per_token", "bytes_per_token_squared"):
                 d.pop(name)
+        if not self.sharded:  # DDP's: its record as before sharding
+            d.pop("sharded"), d.pop("sharded_gather_bytes"), d.pop("sharded_divided_bytes")
         return d
 
     @classmethod

@@ -89,14 +89,15 @@ better than the additive one.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import least_squares
 
 from tula.core.length_terms import fit_length_terms
+from tula.core.trial import Trial
 
 #: what the model's functions return for array inputs (for plain numbers: a float)
 FloatArray = NDArray[np.float64]
@@ -180,21 +181,20 @@ def training_time_s(
 
 
 # --------------------------------------------------------------------------- where the worlds ran
-def _ok(trials: list[dict]) -> list[dict]:
-    return [t for t in trials if t.get("status") == "ok" and t.get("t_step_s")]
+def _ok(trials: Sequence[Trial]) -> list[Trial]:
+    return [t for t in trials if t.status == "ok" and t.t_step_s]
 
 
-def world_shape(trial: dict) -> tuple[int, int]:
+def world_shape(trial: Trial) -> tuple[int, int]:
     """(R, H) of a trial's world: the most ranks on one of its hosts and its hosts.  A trial
     that does not say where its ranks ran had them all on one host (the local launcher)."""
-    hosts = trial.get("hosts") or []
-    if not hosts:
-        return int(trial["n_workers"]), 1
-    per_host = Counter(hosts)
-    return int(trial.get("ranks_per_host") or max(per_host.values())), len(per_host)
+    if not trial.hosts:
+        return int(trial.n_workers), 1
+    per_host = Counter(trial.hosts)
+    return int(trial.ranks_per_host or max(per_host.values())), len(per_host)
 
 
-def trial_topology(trials: list[dict]) -> tuple[FloatArray, FloatArray] | None:
+def trial_topology(trials: Sequence[Trial]) -> tuple[FloatArray, FloatArray] | None:
     """(R, H) per successful trial when some world spanned more than one host -- the fit then
     models the topology -- else ``None``: the flat model, fitted on one host."""
     shapes = [world_shape(t) for t in _ok(trials)]
@@ -203,7 +203,7 @@ def trial_topology(trials: list[dict]) -> tuple[FloatArray, FloatArray] | None:
     return np.array([r for r, _ in shapes], float), np.array([h for _, h in shapes], float)
 
 
-def ranks_per_node_of(trials: list[dict]) -> int | None:
+def ranks_per_node_of(trials: Sequence[Trial]) -> int | None:
     """The R a model fitted on these trials predicts with: the most ranks one host held when
     some world spanned several hosts, else ``None`` (the flat model of one host).  The one
     rule the plan and the simulator's default follow."""
@@ -399,21 +399,21 @@ class PerfModel:
         """Eq. 4a: T = E * D / B * t_step."""
         return epochs * self.epoch_time_s(global_batch, n_workers, dataset_size, ranks_per_node)
 
-    def with_sequence_length(self, reference_length: int, trials: list[dict]) -> PerfModel:
+    def with_sequence_length(self, reference_length: int, trials: Sequence[Trial]) -> PerfModel:
         """This model (its ``c1`` fitted at ``reference_length``) with the compute's terms in
         B*L and B*L^2 fitted to the successful ``trials`` at other lengths (their
         ``sequence_length``; each one's compute-only time, where its ranks ran): each trial's
         seconds per sample beyond ``c0`` and the co-location, against ``c1``, by least squares on
         relative error.  The L^2 term only where more than two lengths were measured (the
         reference among them), never below 0; unchanged without another length."""
-        ok = [t for t in _ok(trials) if t.get("sequence_length") not in (None, reference_length)]
+        ok = [t for t in _ok(trials) if t.sequence_length not in (None, reference_length)]
         if not ok:
             return self
         ref = float(reference_length)
-        ls = np.array([t["sequence_length"] for t in ok], float)
-        b = np.array([t["local_batch"] for t in ok], float)
-        m = np.array([min(t["n_workers"], world_shape(t)[0]) for t in ok], float)
-        tc = np.array([t["t_compute_s"] for t in ok], float)
+        ls = np.array([t.sequence_length for t in ok], float)
+        b = np.array([t.local_batch for t in ok], float)
+        m = np.array([min(t.n_workers, world_shape(t)[0]) for t in ok], float)
+        tc = np.array([t.t_compute_s for t in ok], float)
         own = (tc - self.kappa0 * (m - 1)) / (1.0 + self.kappa * (m - 1))
         per_sample = (own - self.c0) / b - self.c1  # beyond the reference's
         w = b / np.maximum(own, 1e-12)  # relative error of the compute time
@@ -440,12 +440,12 @@ class PerfModel:
 
 
 # --------------------------------------------------------------------------- fitting
-def _arrays(trials: list[dict]) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+def _arrays(trials: Sequence[Trial]) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
     ok = _ok(trials)
-    b = np.array([t["local_batch"] for t in ok], float)
-    n = np.array([t["n_workers"] for t in ok], float)
-    ts = np.array([t["t_step_s"] for t in ok], float)
-    tc = np.array([t["t_compute_s"] for t in ok], float)
+    b = np.array([t.local_batch for t in ok], float)
+    n = np.array([t.n_workers for t in ok], float)
+    ts = np.array([t.t_step_s for t in ok], float)
+    tc = np.array([t.t_compute_s for t in ok], float)
     return b, n, ts, tc
 
 
@@ -559,6 +559,8 @@ def _fit_once(
     fixed: dict[str, float],
     topo: tuple[FloatArray, FloatArray] | None = None,
 ) -> tuple[PerfModel, float]:
+    from scipy.optimize import least_squares  # here: reading a models record need not import scipy
+
     init = _initial(b, n, ts, tc, collective, grad_bytes, topo)
     # optimise in scaled units so that every parameter is O(1)
     scale = {k: max(abs(init[k]), 1e-12) if k not in ("kappa", "rho", "gamma") else 1.0 for k in free}
@@ -586,10 +588,14 @@ def _fit_once(
 
 
 def fit_perf_model(
-    trials: list[dict], collective: str = "ring", grad_bytes: int = 0, overlap: str = "auto", min_gain: float = 0.05
+    trials: Sequence[Trial],
+    collective: str = "ring",
+    grad_bytes: int = 0,
+    overlap: str = "auto",
+    min_gain: float = 0.05,
 ) -> PerfModel:
-    """Fit the model to profiled trials (dicts with n_workers, local_batch, t_step_s,
-    t_compute_s, status, and where the ranks ran: hosts, ranks_per_host).  ``overlap``:
+    """Fit the model to profiled trials (:class:`~tula.core.trial.Trial`: n_workers, local_batch,
+    t_step_s, t_compute_s, status, and where the ranks ran: hosts, ranks_per_host).  ``overlap``:
     ``auto`` (keep gamma > 1 only when it lowers the RMSLE by more than ``min_gain``),
     ``never`` or ``always``.  Worlds all on one host: the flat model; some world across
     hosts: the topology, each trial at its own R and H (see the module docstring)."""
@@ -658,18 +664,18 @@ def relative_error(predicted: ArrayLike, measured: ArrayLike) -> np.ndarray:
     return np.abs(np.asarray(predicted, float) - m) / m
 
 
-def trial_step_s(model: PerfModel, trials: list[dict]) -> np.ndarray:
+def trial_step_s(model: PerfModel, trials: Sequence[Trial]) -> np.ndarray:
     """``model``'s step time at each successful trial, where its ranks ran (its own R and H
     when the worlds spanned several hosts), at its sequence length where it has one."""
     b, n, _, _ = _arrays(trials)
     topo = trial_topology(trials)
-    lengths = [t.get("sequence_length") for t in _ok(trials)]
+    lengths = [t.sequence_length for t in _ok(trials)]
     length = None if model.sequence_length is None else np.array([x or model.sequence_length for x in lengths], float)
     if topo is None:
         return model.t_step_s(b, n, sequence_length=length)
     return model.t_step_s(b, n, *topo, sequence_length=length)
 
 
-def relative_errors(model: PerfModel, trials: list[dict]) -> np.ndarray:
+def relative_errors(model: PerfModel, trials: Sequence[Trial]) -> np.ndarray:
     """Relative step-time error of ``model`` over the successful trials."""
     return relative_error(trial_step_s(model, trials), _arrays(trials)[2])

@@ -52,19 +52,21 @@ from pydantic import ValidationError
 
 from tula.core.accumulation import accumulation_for
 from tula.core.config import Config
-from tula.core.errors import InfeasibleError, RecordError, SpecError, SpecOptionError
+from tula.core.errors import InfeasibleError, SpecError, SpecOptionError
 from tula.core.fitted import FittedModels
 from tula.core.kneedle import knee_index
 from tula.core.pricing import SpotPricing, make_pricing
 from tula.core.records import (
     PLAN_KIND,
     VERSIONS,
+    MeasuredRatio,
     ModelsRecord,
     NoiseScale,
+    Placement,
     PlanConstraints,
     PlanRecord,
     PlanRow,
-    as_record,
+    SpotComparison,
 )
 from tula.core.registry import OBJECTIVE_NAMES, OBJECTIVES
 from tula.core.run_costs import RunCosts
@@ -77,7 +79,13 @@ from tula.core.spec import (
     planned_sequence_lengths,
     spec_from_dict,
 )
-from tula.core.variants import CheckpointingEffect, RunVariant, run_variants, variant_models
+from tula.core.validation import first_error
+from tula.core.variants import (
+    RunVariant,
+    parallelism_auto_note,
+    run_variants,
+    variant_models,
+)
 
 KNEE_FALLBACK_TOL = 0.05
 DENSE_POINTS_PER_OCTAVE = 16
@@ -144,12 +152,9 @@ class Constraints:
         try:
             c = ConstraintsSpec.model_validate(value)
         except ValidationError as err:
-            e = err.errors()[0]
-            where = ".".join(str(p) for p in e["loc"])
-            msg = e["msg"].removeprefix("Value error, ")
-            if e["type"] == "extra_forbidden":
-                msg = "is not a constraint (use deadline and budget)"
-            raise SpecError(f"constraint {where!r}: {msg}") from None
+            e = first_error(err)
+            msg = "is not a constraint (use deadline and budget)" if e.type == "extra_forbidden" else e.message
+            raise SpecError(f"constraint {e.where()!r}: {msg}") from None
         return cls(c.deadline_s, c.budget)
 
     @property
@@ -399,18 +404,17 @@ class GridPoint:
         return Config(self.n_workers, self.global_batch, self.accumulation_steps)
 
 
+def _variant_of(row: PlanRow) -> RunVariant:
+    """The run variant a plan row is of."""
+    return RunVariant(checkpointing=row.checkpointing, parallelism=row.parallelism)
+
+
 def _typed_models(models: Mapping[str, Any] | ModelsRecord) -> ModelsRecord:
-    """A models record as the typed object the planner reads: a whole record checked
-    (:func:`tula.core.records.parse_record`); a record's parts only, as a caller or a test
-    assembles them (without the fields a saved record has), typed field by field
-    (:func:`tula.core.records.as_record`) -- what the planner needs of them
-    :meth:`FittedModels.from_record <tula.core.fitted.FittedModels.from_record>` checked first."""
+    """A models record as the typed object the planner reads: the object as it is, a whole
+    record (a dict with its ``kind``) checked (:func:`tula.core.records.parse_record`)."""
     if isinstance(models, ModelsRecord):
         return models
-    try:
-        return ModelsRecord.from_dict(models, "the models record")
-    except RecordError:
-        return as_record({k: v for k, v in models.items() if k != "kind"}, ModelsRecord)
+    return ModelsRecord.from_dict(models, "the models record")
 
 
 class Planner:
@@ -442,7 +446,7 @@ class Planner:
         pricing: Any = None,
         noise_scale: float | None = None,
         method: str | None = None,
-        measured: dict | None = None,
+        measured: MeasuredRatio | Mapping[str, Any] | None = None,
     ) -> None:
         # the options as given: a variant's own planner (:meth:`variant_planners`) is made with them
         self.options: dict[str, Any] = {
@@ -451,15 +455,17 @@ class Planner:
         }  # fmt: skip
         # the fitted models (memory, performance, the method's run costs) every row is predicted from
         self.fitted = FittedModels.from_record(models, method=method)
+        self.mem = self.fitted.memory_model()  # a record without one: that sentence, before the whole record's check
         self.given_models, self.models = models, _typed_models(models)
-        spec, self.mem, self.perf = spec_from_dict(self.models.spec), self.fitted.memory_model(), self.fitted.perf
+        spec, self.perf = spec_from_dict(self.models.spec), self.fitted.perf
         if pricing is not None:
             spec = _with_pricing(spec, pricing)
         self.cons = Constraints.of(spec.constraints if constraints is None else constraints)
         if constraints is not None:  # the plan's spec says what it was planned under
             planned_under = {"deadline_s": self.cons.deadline_s, "budget": self.cons.budget}
             spec = spec_from_dict({**spec.to_dict(), "constraints": planned_under})
-        self.spec, self.noise_scale, self.measured = spec, noise_scale, measured
+        self.spec, self.noise_scale = spec, noise_scale
+        self.measured = None if measured is None else MeasuredRatio.model_validate(measured)
         self.objective = _checked_objective(objective or spec.objective)
         self.to_accuracy = OBJECTIVES[self.objective].to_accuracy
         self.noise = NoiseScale.model_validate(noise_assumed(self.models, noise_scale, spec.train.base_batch))
@@ -472,14 +478,16 @@ class Planner:
         self.pricing = make_pricing(spec.pricing)
         self.spot = isinstance(self.pricing, SpotPricing)
         self.budget = self.models.memory_budget_bytes
-        self.b_mem = self.mem.max_local_batch(self.budget, spec.search.memory_safety)
+        # sharded (fsdp): the limit depends on N (b_mem_at); here at the smallest N planned
+        sharded_at = min(spec.search.cluster_sizes) if self.mem.sharded else None
+        self.b_mem = self.mem.max_local_batch(self.budget, spec.search.memory_safety, sharded_at)
         self.b_oom = self.models.oom_local_batch
         # cluster sizes the profile could not place (one rank per GPU): no step was measured there,
         # and the fitted sync term says nothing about them, so they are listed but not ranked
         self.not_measured: dict[str, str] = dict(self.models.not_measured or {})
         self.method = self.fitted.method  # ``method``, else the spec's train.method
         # a finished run of this method: its measured / predicted, on every configuration
-        self.ratio = measured.get("ratio") if measured is not None and measured.get("method") == self.method else None
+        self.ratio = self.measured.ratio if self.measured is not None and self.measured.method == self.method else None
         # the fields of a row the choice, the constraints and the knees read
         self.tk, self.ck = ("time_to_accuracy_s", "cost_to_accuracy") if self.to_accuracy else ("total_time_s", "cost")
 
@@ -501,17 +509,17 @@ class Planner:
         chosen, why = self.choose(sub, eligible, knees)
         own = self.planner_of(sub[chosen])  # the chosen variant's planner: its limits, its notes
         reason = own.reason(sub, feas, chosen, why) + self.length_note(rows, sub[chosen])
-        reason += self.variant_note(rows, sub[chosen])
+        reason += self.variant_note(rows, sub[chosen]) + self.parallelism_note(rows, sub[chosen])
         back = {n: Knee(at[k.row], k.global_batch, k.method) for n, k in knees.items()}
         plan = own.record(rows, [at[i] for i in feas], [at[i] for i in eligible], back, curves, at[chosen], reason)
-        if own is not self:  # the spec as given (train.checkpointing auto)
+        if own is not self:  # the spec as given (train.checkpointing or train.parallelism auto)
             plan = plan.model_copy(update={"spec": self.spec.to_dict()})
         if compare_spot:
             comparison = _compare_spot(
                 plan, self.given_models, self.objective, self.cons, self.spec.pricing, self.noise_scale, self.method,
                 self.measured,
             )  # fmt: skip
-            plan = plan.model_copy(update={"spot_comparison": comparison})
+            plan = plan.model_copy(update={"spot_comparison": SpotComparison.model_validate(comparison)})
         return plan
 
     # ----------------------------------------------------------------------- run variants
@@ -519,17 +527,18 @@ class Planner:
     def variant_planners(self) -> list[tuple[RunVariant, Planner]]:
         """Each run variant the spec allows (:func:`tula.core.variants.run_variants`) and the
         planner of its rows: this one where the spec fixes the variant (``train.checkpointing``
-        on or off); with ``auto``, one per variant, over the models record of that variant
-        (:func:`tula.core.variants.variant_models`), made with this planner's options."""
+        on or off, ``train.parallelism`` ddp or fsdp); with ``auto``, one per variant, over the models
+        record of that variant (:func:`tula.core.variants.variant_models`), made with this planner's
+        options."""
         variants = run_variants(self.spec, self.models)
-        if self.spec.train.checkpointing != "auto":
+        if self.spec.train.checkpointing != "auto" and self.spec.train.parallelism != "auto":
             return [(variants[0], self)]
         return [(v, Planner(variant_models(self.models, v), **self.options)) for v in variants]
 
     def planner_of(self, row: PlanRow) -> Planner:
         """The planner of ``row``'s variant."""
         for variant, planner in self.variant_planners:
-            if variant.checkpointing == row.checkpointing:
+            if variant == _variant_of(row):
                 return planner
         return self
 
@@ -547,19 +556,19 @@ class Planner:
         mode = self.spec.train.checkpointing
         if mode != "auto":
             return ""
-        if len(self.variant_planners) < 2:
+        if not any(v.checkpointing for v, _ in self.variant_planners):
             return (
                 " [train.checkpointing auto: the profile has no checkpointed trial, so only the plain step was planned]"
             )
         assert self.models.checkpointing is not None  # two variants: the effect was fitted
-        factor = float(self.models.checkpointing["compute_factor"])
+        factor = float(self.models.checkpointing.compute_factor)
         time_s, cost = self.ranked(rows)
         by_cost = OBJECTIVES[self.objective].rule == "least_cost"
         value = cost if by_cost else time_s
         others = [
             i for i, r in enumerate(rows)
             if r.checkpointing != choice.checkpointing and r.feasible and r.meets_constraints
-            and r.sequence_length == choice.sequence_length
+            and r.sequence_length == choice.sequence_length and r.parallelism == choice.parallelism
         ]  # fmt: skip
         what = "cost" if by_cost else "time"
         chosen_value = float(value[rows.index(choice)])
@@ -581,6 +590,54 @@ class Planner:
             f"the {what}]"
         )
 
+    def parallelism_note(self, rows: Sequence[PlanRow], choice: PlanRow) -> str:
+        """The reason's words on the parallelism, with ``train.parallelism: auto``: why fsdp was
+        chosen (a local batch fits sharded where no DDP row of the same N fits it, or it is
+        faster or cheaper, by how much), or why ddp (faster or cheaper than the best fsdp row, by
+        how much, or fsdp fits nothing better); where auto planned ddp only, why (one clause)."""
+        if self.spec.train.parallelism != "auto":
+            return ""
+        only_ddp = parallelism_auto_note(self.spec, self.models)
+        if only_ddp:
+            return f" [{only_ddp}]"
+        assert self.models.sharding is not None  # two parallelisms: the effect was fitted
+        effect = self.models.sharding
+        time_s, cost = self.ranked(rows)
+        by_cost = OBJECTIVES[self.objective].rule == "least_cost"
+        value = cost if by_cost else time_s
+        others = [
+            i for i, r in enumerate(rows)
+            if r.parallelism != choice.parallelism and r.feasible and r.meets_constraints
+            and r.sequence_length == choice.sequence_length
+        ]  # fmt: skip
+        better = "cheaper" if by_cost else "faster"
+        chosen_value = float(value[rows.index(choice)])
+        sync = f"its sync {effect.sync_s * 1e3:.3g} ms per step at N={effect.n_workers} fitted"
+        if choice.parallelism == "fsdp":
+            ddp_fits = [
+                r.micro_batch or r.local_batch for r in rows
+                if r.parallelism == "ddp" and r.feasible and r.n_workers == choice.n_workers
+            ]  # fmt: skip
+            micro = choice.micro_batch or choice.local_batch
+            if not ddp_fits or micro > max(ddp_fits):
+                return f" [fsdp: fits at b={micro} on N={choice.n_workers} where ddp does not]"
+            if not others:
+                return " [fsdp: with ddp no configuration meets the constraints]"
+            best = min(others, key=lambda i: float(value[i]))
+            gain = 100.0 * (float(value[best]) / max(chosen_value, 1e-300) - 1.0)
+            return (
+                f" [fsdp: {better} by {gain:.3g} % than the best with ddp, N={rows[best].n_workers}, "
+                f"B={rows[best].global_batch}]"
+            )
+        if not others:
+            return " [ddp: with fsdp no configuration fits the constraints better]"
+        best = min(others, key=lambda i: float(value[i]))
+        gain = 100.0 * (float(value[best]) / max(chosen_value, 1e-300) - 1.0)
+        return (
+            f" [ddp: {better} by {gain:.3g} % than the best with fsdp, N={rows[best].n_workers}, "
+            f"B={rows[best].global_batch} ({sync})]"
+        )
+
     # ----------------------------------------------------------------------- sequence lengths
     @cached_property
     def lengths(self) -> list[int | None]:
@@ -600,13 +657,13 @@ class Planner:
         the plan chooses at: with one of each, every row; with several, the one whose own choice (:meth:`choose` among its rows)
         trains a token in the least time (by cost: for the least cost) -- each length's time
         and cost divided by L, the same D sequences of L tokens an epoch at each."""
-        groups = [(length, v.checkpointing) for length in self.lengths for v, _ in self.variant_planners]
+        groups = [(length, v) for length in self.lengths for v, _ in self.variant_planners]
         if len(groups) <= 1:
             return list(range(len(rows)))
         best: tuple[float, list[int]] | None = None
         first_error: InfeasibleError | None = None
-        for length, checkpointed in groups:
-            at = [i for i, r in enumerate(rows) if r.sequence_length == length and r.checkpointing == checkpointed]
+        for length, variant in groups:
+            at = [i for i, r in enumerate(rows) if r.sequence_length == length and _variant_of(r) == variant]
             sub = [rows[i] for i in at]
             try:
                 feas, eligible = self.candidates(sub)
@@ -646,12 +703,14 @@ class Planner:
         search, d = self.spec.search, self.fitted.dataset_size
         grid = candidate_global_batches(search, d)
         big_lo, big_hi = search.min_batch, max_global_batch(search, d)
-        limits = [b for b in (self.b_mem, None if self.b_oom is None else self.b_oom - 1) if b is not None]
         points: list[GridPoint] = []
         for length in self.lengths:
-            at = self.limits_at(length)
-            at_limits = limits if at is None else [at[0]] if at[0] is not None else []
             for n in search.cluster_sizes:
+                # per N: a sharded model's limit depends on it (b_mem_at)
+                oom_limit = None if self.b_oom is None else self.b_oom - 1
+                limits = [b for b in (self.b_mem_at(n), oom_limit) if b is not None]
+                at = self.limits_at(length, n)
+                at_limits = limits if at is None else [at[0]] if at[0] is not None else []
                 lo, hi = max(1, math.ceil(big_lo / n)), big_hi // n
                 cand_local = [g // n for g in grid if g % n == 0 and g >= n]
                 for b in _dense_local_batches(lo, hi, cand_local + at_limits):
@@ -664,7 +723,14 @@ class Planner:
             )
         return points
 
-    def limits_at(self, length: int | None) -> tuple[int | None, int | None] | None:
+    def b_mem_at(self, n: int) -> int | None:
+        """The memory model's largest local batch on N workers: :attr:`b_mem` for DDP's (the same
+        for every N >= 2); for a sharded one (fsdp) its own, larger on more workers."""
+        if not self.mem.sharded:
+            return self.b_mem
+        return self.mem.max_local_batch(self.budget, self.spec.search.memory_safety, n)
+
+    def limits_at(self, length: int | None, n: int | None = None) -> tuple[int | None, int | None] | None:
         """At a sequence length other than the one the models were fitted at: the memory
         model's largest local batch there and the batch that ran out of memory while profiling
         where it binds there too (:meth:`FittedModels.max_local_batch_at`); ``None`` at the
@@ -672,7 +738,8 @@ class Planner:
         fitted_at = self.mem.sequence_length
         if length is None or fitted_at is None or length == fitted_at:
             return None
-        b_mem = self.mem.max_local_batch(self.budget, self.spec.search.memory_safety, None, length)
+        sharded_n = n if self.mem.sharded else None  # a sharded model's limit depends on N
+        b_mem = self.mem.max_local_batch(self.budget, self.spec.search.memory_safety, sharded_n, length)
         b_oom = self.b_oom if length >= fitted_at else None
         both = [b for b in (b_mem, None if b_oom is None else b_oom - 1) if b is not None]
         return (min(both) if both else None), b_mem
@@ -693,7 +760,7 @@ class Planner:
         k_max = self.spec.search.max_accumulation_steps
         k = accumulation_for(b, limit, k_max) or 1
         micro, reason = b // k, ""
-        b_mem, b_oom = (self.b_mem, self.b_oom) if at_length is None else (at_length[1], None)
+        b_mem, b_oom = (self.b_mem_at(n), self.b_oom) if at_length is None else (at_length[1], None)
         if at_length is not None and at_length[0] is not None and (b_mem is None or at_length[0] < b_mem):
             b_oom = at_length[0] + 1  # the batch that ran out of memory binds here
         if b_mem is not None and micro > b_mem:
@@ -704,6 +771,9 @@ class Planner:
             reason += f", and no accumulation of up to {k_max} steps splits {b} into micro-batches that fit"
         if reason and self.checkpointed_limit is not None and micro <= self.checkpointed_limit:
             reason += "; fits with train.checkpointing: on (or auto)"  # the knob the spec forbids
+        sharded_fits = self.sharded_limit(n)
+        if reason and sharded_fits is not None and micro <= sharded_fits:
+            reason += "; fits with train.parallelism: fsdp (or auto)"  # the knob the spec forbids
         if str(n) in self.not_measured:
             reason = self.not_measured[str(n)]
         return GridPoint(n, b, k, candidate, reason)
@@ -715,8 +785,16 @@ class Planner:
         infeasible without it says so).  ``None`` otherwise: nothing can be said of it."""
         if self.spec.train.checkpointing != "off" or not self.models.checkpointing:
             return None
-        effect = CheckpointingEffect.from_dict(self.models.checkpointing)
-        return effect.memory(self.mem).max_local_batch(self.budget, self.spec.search.memory_safety)
+        return self.models.checkpointing.memory(self.mem).max_local_batch(self.budget, self.spec.search.memory_safety)
+
+    def sharded_limit(self, n: int) -> int | None:
+        """With ``train.parallelism: ddp`` and models that measured the sharded step (its effect
+        fitted): the largest local batch that fits sharded on ``n`` workers (the spec forbids it; a
+        row infeasible without it says so).  ``None`` otherwise, and on one worker."""
+        if self.spec.train.parallelism != "ddp" or not self.models.sharding or n < 2:
+            return None
+        sharded = self.models.sharding.memory(self.mem)
+        return sharded.max_local_batch(self.budget, self.spec.search.memory_safety, n)
 
     def predict(self, points: Sequence[GridPoint]) -> list[PlanRow]:
         """The plan's rows: each point with its predicted step (``t_step_s``), epoch
@@ -736,6 +814,7 @@ class Planner:
             sequence_length=np.array([pt.sequence_length or np.nan for pt in points], float) if with_lengths else None,
         )  # fmt: skip
         checkpointing = self.spec.train.checkpointing == "on"
+        parallelism = "fsdp" if self.spec.train.parallelism == "fsdp" else "ddp"
         assert p.cost is not None and p.peak_mem_bytes is not None  # priced, with the memory model
         columns: dict[str, np.ndarray] = {
             "t_step_s": p.t_step_s,
@@ -766,7 +845,7 @@ class Planner:
                 meets_constraints=ok,
                 chosen=False,
                 sequence_length=pt.sequence_length,
-                parallelism="ddp",
+                parallelism=parallelism,
                 checkpointing=checkpointing,
             )
             for pt, predicted, ok in zip(points, values, meets)
@@ -792,9 +871,12 @@ class Planner:
         """What a knob the spec forbids would do where nothing fits: ``fits with
         train.checkpointing: on`` where the checkpointed step was measured and fits; where it was
         not measured (``off``), that it was not, so whether it fits is not known."""
+        smallest = min(r.micro_batch or r.local_batch for r in rows)
+        sharded = [n for n in self.spec.search.cluster_sizes if (self.sharded_limit(n) or 0) >= smallest]
+        if sharded:
+            return f"; a local batch of {smallest} fits with train.parallelism: fsdp (or auto) on N={max(sharded)}"
         if self.spec.train.checkpointing != "off":
             return ""
-        smallest = min(r.micro_batch or r.local_batch for r in rows)
         if self.checkpointed_limit is not None:
             if smallest <= self.checkpointed_limit:
                 return f"; a local batch of {smallest} fits with train.checkpointing: on (or auto)"
@@ -913,13 +995,13 @@ class Planner:
         """The reason's bracketed notes: the hosts the models were fitted on, the cluster sizes
         not measured, and a finished run's measured ratio (applied or not)."""
         out = ""
-        fitted_on = self.models.placement or {}
-        if fitted_on.get("n_hosts"):
+        fitted_on = self.models.placement or Placement()
+        if fitted_on.n_hosts:
             where = (
-                f"fitted on {fitted_on['n_hosts']} host(s) with up to {fitted_on['max_ranks_per_host']} rank(s) "
-                f"per host, N <= {fitted_on['max_workers']} measured"
+                f"fitted on {fitted_on.n_hosts} host(s) with up to {fitted_on.max_ranks_per_host} rank(s) "
+                f"per host, N <= {fitted_on.max_workers} measured"
             )
-            if fitted_on["n_hosts"] == 1 and choice.n_workers > 1:
+            if fitted_on.n_hosts == 1 and choice.n_workers > 1:
                 where += "; the choice's sync time is from ranks sharing one host, not a network"
             out += f" [{where}]"
         if self.not_measured:
@@ -961,7 +1043,7 @@ class Planner:
             configurations=marked,
             spec=self.spec.to_dict(),
             dataset_size=self.fitted.dataset_size,
-            fitted_on=self.models.placement or {},
+            fitted_on=self.models.placement or Placement(),
             constraints=PlanConstraints(
                 deadline_s=self.cons.deadline_s,
                 budget=self.cons.budget,
@@ -974,10 +1056,10 @@ class Planner:
             not_measured=self.not_measured,
             # the method the epochs were predicted for, the terms used, and what they include
             method=self.method,
-            run_costs=None if costs is None else costs.to_dict(),
+            run_costs=costs,
             run_costs_note=costs_note,
             # a finished run's measured / predicted epoch time, and whether this plan's epochs are scaled by it
-            measured_ratio=None if self.measured is None else {**self.measured, "applied": bool(self.ratio)},
+            measured_ratio=self.measured and self.measured.model_copy(update={"applied": bool(self.ratio)}),
         )
 
 
@@ -1001,7 +1083,7 @@ def make_plan(
     compare_spot: bool = False,
     noise_scale: float | None = None,
     method: str | None = None,
-    measured: dict | None = None,
+    measured: MeasuredRatio | Mapping[str, Any] | None = None,
 ) -> PlanRecord:
     """Evaluate the search space with fitted models and choose a configuration: the plan record
     (:class:`~tula.core.records.PlanRecord`; ``.to_json_dict()`` where it is written or sent).
@@ -1032,16 +1114,16 @@ def make_plan(
     ).plan(compare_spot)
 
 
-def _measured_note(measured: dict, applied: bool, method: str) -> str:
-    at = f"N={measured['n_workers']}, B={measured['global_batch']}"
+def _measured_note(measured: MeasuredRatio, applied: bool, method: str) -> str:
+    at = f"N={measured.n_workers}, B={measured.global_batch}"
     if applied:
         return (
-            f"epochs scaled by {measured['ratio']:.2f}, what a finished run measured against its prediction "
-            f"({measured['epochs_compared']} epoch(s) at {at})"
+            f"epochs scaled by {measured.ratio:.2f}, what a finished run measured against its prediction "
+            f"({measured.epochs_compared} epoch(s) at {at})"
         )
     return (
-        f"the finished run trained {measured.get('method')!r}, not {method!r}: its measured ratio "
-        f"{measured['ratio']:.2f} is not applied"
+        f"the finished run trained {measured.method!r}, not {method!r}: its measured ratio "
+        f"{measured.ratio:.2f} is not applied"
     )
 
 
@@ -1076,7 +1158,7 @@ def _compare_spot(
     ps: PricingSpec,
     noise_scale: float | None = None,
     method: str | None = None,
-    measured: dict | None = None,
+    measured: MeasuredRatio | None = None,
 ) -> dict:
     """Plan the job on the other of spot and on-demand pricing (the same method and measured
     ratio) and compare the two choices."""

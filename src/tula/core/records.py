@@ -29,26 +29,34 @@ import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
     PrivateAttr,
     SerializerFunctionWrapHandler,
     TypeAdapter,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_serializer,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from tula.core.config import Config
+from tula.core.effects import CheckpointingEffect, ShardingEffect
 from tula.core.errors import RecordError
+from tula.core.fitted import RunCosts
+from tula.core.memory_model import MemoryModel
+from tula.core.perfmodel import PerfModel
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.trial import TRIAL_STATUSES, Trial
+from tula.core.validation import first_error, lowered
 
 __all__ = ["TRIAL_STATUSES", "Trial"]  # re-exported: parts of the profile and models records
 
@@ -79,18 +87,18 @@ NAMES = {
 }
 
 
-def placement(trials: Sequence[Trial]) -> dict:
+def placement(trials: Sequence[Trial]) -> Placement:
     """Where a profile's worlds ran: the hosts, the most ranks one host held, the devices --
     so that a model fitted on one host is never silently taken for a multi-host one."""
     hosts = sorted({h for t in trials for h in t.hosts})
     per_host = max((max(Counter(t.hosts).values()) for t in trials if t.hosts), default=0)
-    return {
-        "hosts": hosts,
-        "n_hosts": len(hosts),
-        "max_ranks_per_host": per_host,
-        "devices": sorted({d for t in trials for d in t.devices}),
-        "max_workers": max((t.n_workers for t in trials if t.status == "ok"), default=0),
-    }
+    return Placement(
+        hosts=hosts,
+        n_hosts=len(hosts),
+        max_ranks_per_host=per_host,
+        devices=sorted({d for t in trials for d in t.devices}),
+        max_workers=max((t.n_workers for t in trials if t.status == "ok"), default=0),
+    )
 
 
 class _Frozen(BaseModel):
@@ -167,23 +175,78 @@ def _valid_spec(value: Any) -> dict:
 
 
 def _valid_memory(value: Any) -> dict:
-    from tula.core.memory_model import MemoryModel  # a frozen dataclass; pydantic checks its fields' types
-
-    try:
+    try:  # a frozen dataclass; pydantic checks its fields' types
         model = TypeAdapter(MemoryModel).validate_python(value, strict=False)
     except ValidationError as err:
         raise ValueError(f"the memory model inside is damaged ({_first_error(err)})") from None
     return model.to_dict()  # the checked, converted values, not the raw ones
 
 
-def _valid_perf(value: Any) -> dict:
-    from tula.core.perfmodel import PerfModel
+#: the tuple fields of the run costs, which older writers may have left null (read as empty)
+_RUN_COSTS_TUPLES = ("n_workers", "step_extra_s", "notes", "periodic_n_workers", "periodic_by_n_s")
 
-    try:
-        model = TypeAdapter(PerfModel).validate_python(value, strict=False)
-    except ValidationError as err:
-        raise ValueError(f"the performance model inside is damaged ({_first_error(err)})") from None
-    return model.to_dict()
+
+def _typed_part(kind: type[Any], what: str, verb: str = "is") -> WrapValidator:
+    """The check of a record's part that is one of the models' own frozen dataclasses (a memory or
+    performance model, the run costs, an effect): an object of ``kind`` is taken as it is; a mapping
+    of its fields (as read from JSON) is checked and converted by pydantic, and a damaged one is one
+    sentence naming the part and its field ("the memory model inside is damaged (field ...)")."""
+    adapters: list[TypeAdapter[Any]] = []  # made at the first check: importing the records stays quick
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if isinstance(value, kind):
+            return value
+        if not isinstance(value, Mapping):
+            raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
+        data = dict(value)
+        if kind is RunCosts:
+            data.update({k: () for k in _RUN_COSTS_TUPLES if k in data and data[k] is None})
+        if not adapters:
+            adapters.append(TypeAdapter(kind))
+        try:
+            return adapters[0].validate_python(data, strict=False)
+        except ValidationError as err:
+            raise ValueError(f"the {what} inside {verb} damaged ({_first_error(err)})") from None
+
+    return WrapValidator(check)
+
+
+def _part_json(part: MemoryModel | PerfModel | RunCosts | CheckpointingEffect | ShardingEffect) -> dict[str, Any]:
+    """A typed part as its record writes it (its ``to_dict``: the fields of a model of one sequence
+    length as before lengths, tuples as lists where the writer wrote lists)."""
+    return part.to_dict()
+
+
+#: a memory model inside a record: :class:`~tula.core.memory_model.MemoryModel`, written as its ``to_dict``
+MemoryPart = Annotated[MemoryModel, _typed_part(MemoryModel, "memory model"), PlainSerializer(_part_json)]
+#: a performance model inside a record: :class:`~tula.core.perfmodel.PerfModel`
+PerfPart = Annotated[PerfModel, _typed_part(PerfModel, "performance model"), PlainSerializer(_part_json)]
+#: the run costs inside a record: :class:`~tula.core.fitted.RunCosts`
+RunCostsPart = Annotated[RunCosts, _typed_part(RunCosts, "run costs", "are"), PlainSerializer(_part_json)]
+#: checkpointing's effect inside a record: :class:`~tula.core.effects.CheckpointingEffect`
+CheckpointingPart = Annotated[
+    CheckpointingEffect, _typed_part(CheckpointingEffect, "checkpointing effect"), PlainSerializer(_part_json)
+]
+#: sharding's (FSDP's) effect inside a record: :class:`~tula.core.effects.ShardingEffect`
+ShardingPart = Annotated[ShardingEffect, _typed_part(ShardingEffect, "sharding effect"), PlainSerializer(_part_json)]
+
+
+class Placement(_Frozen):
+    """Where a profile's worlds ran (:func:`placement`): the hosts, the most ranks one host held, the
+    devices, the largest world measured.  A plan's ``fitted_on`` is its models' (empty: none known)."""
+
+    _OMITTED_UNSET = frozenset({"hosts", "n_hosts", "max_ranks_per_host", "devices", "max_workers"})
+
+    hosts: list[str] | None = None
+    """each host the ranks ran on"""
+    n_hosts: int | None = None
+    """how many hosts"""
+    max_ranks_per_host: int | None = None
+    """the most ranks one host held"""
+    devices: list[str] | None = None
+    """each device the ranks computed on"""
+    max_workers: int | None = None
+    """the largest world that ran a trial"""
 
 
 class ModelInfo(_Frozen):
@@ -361,7 +424,7 @@ class ProfileRecord(_Record):
     """the trials at k > 1 micro-batches a step, checking the step time's model of accumulation"""
     run_trials: list[dict] | None = None
     """each world's run trial: the trainer's own step and epoch end at one (N, B), slowest rank"""
-    placement: dict | None = None
+    placement: Placement | None = None
     """where the ranks ran: the hosts, the ranks per host, the devices, the largest world measured"""
     launcher: str | None = None
     """the launcher that started the ranks (local, env, ssh, ...)"""
@@ -421,11 +484,11 @@ class ModelsRecord(_Record):
     """training samples"""
     memory_budget_bytes: int | None
     """the memory each worker could use (null: no budget)"""
-    memory: dict
+    memory: MemoryPart
     """the memory model refitted to the trials' measured peaks (tula.core.memory_model.MemoryModel)"""
-    memory_probed: dict
+    memory_probed: MemoryPart
     """the memory model as the profile's probes measured it, before the refit"""
-    perf: dict
+    perf: PerfPart
     """the performance model: step time from compute and synchronisation (tula.core.perfmodel.PerfModel)"""
     oom_local_batch: int | None
     """the smallest local batch that ran out of memory (null: none did)"""
@@ -440,25 +503,35 @@ class ModelsRecord(_Record):
     """the profile's accumulated steps against the performance model (where the planner may accumulate)"""
     noise_scale: NoiseScale | None = None
     """the gradient noise scale the profile measured"""
-    placement: dict[str, Any] | None = None
+    placement: Placement | None = None
     """where the profile's worlds ran (:func:`placement`): the hosts, the most ranks one host held, the devices"""
-    run_costs: dict[str, Any] | None = None
+    run_costs: RunCostsPart | None = None
     """the method's own step and each epoch's end, from the run trials (tula.core.run_costs.RunCosts; null: none)"""
-    run_trials: list[dict[str, Any]] = Field(default_factory=list)
+    run_trials: list[RunTrial] = Field(default_factory=list)
     """the profile's run trials (the method's steps and epoch ends)"""
     not_measured: dict[str, str] | None = None
     """cluster sizes the profile could not place (one rank per GPU): N -> why; the plan does not rank them"""
-    checkpointing: dict[str, Any] | None = None
+    checkpointing: CheckpointingPart | None = None
     """train.checkpointing auto: the checkpointed step's effect fitted to its trials
-    (tula.core.fitted.CheckpointingEffect: activation bytes per sample, compute factor; null: not measured)"""
+    (tula.core.effects.CheckpointingEffect: activation bytes per sample, compute factor; null: not measured)"""
+    sharding: ShardingPart | None = None
+    """train.parallelism auto: the sharded (FSDP) step's effect fitted to its trials
+    (tula.core.effects.ShardingEffect: the gathered working set, the per-step sync; null: not measured)"""
 
     _OMITTED_UNSET = frozenset(
-        {"accumulation_check", "noise_scale", "placement", "run_costs", "run_trials", "not_measured", "checkpointing"}
+        {
+            "accumulation_check",
+            "noise_scale",
+            "placement",
+            "run_costs",
+            "run_trials",
+            "not_measured",
+            "checkpointing",
+            "sharding",
+        }
     )
 
     _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
-    _mem = field_validator("memory", "memory_probed")(classmethod(lambda cls, v: _valid_memory(v)))
-    _perf = field_validator("perf")(classmethod(lambda cls, v: _valid_perf(v)))
 
 
 class PlanRow(_Frozen):
@@ -585,6 +658,94 @@ class PlanKnee(_Frozen):
     """how it was found (tula.core.plan.find_knee: kneedle, or the fallback named)"""
 
 
+class SpotChoice(_Frozen):
+    """One side of a plan's spot comparison (:class:`SpotComparison`): its chosen configuration's
+    figures, or why none met the constraints (``infeasible``)."""
+
+    _OMITTED_UNSET = frozenset(
+        {
+            "n_workers", "global_batch", "local_batch", "total_time_s", "epoch_time_s", "cost",
+            "failure_free_time_s", "expected_preemptions", "infeasible",
+        }
+    )  # fmt: skip
+
+    n_workers: int | None = None
+    """N of the choice"""
+    global_batch: int | None = None
+    """B of the choice"""
+    local_batch: int | None = None
+    """b = B / N"""
+    total_time_s: float | None = None
+    """the predicted time of the spec's epochs, seconds (expected, with preemptions, on spot)"""
+    epoch_time_s: float | None = None
+    """the predicted time of an epoch, seconds"""
+    cost: float | None = None
+    """the predicted cost of the spec's epochs"""
+    failure_free_time_s: float | None = None
+    """spot: the time of the epochs without preemptions, seconds"""
+    expected_preemptions: float | None = None
+    """spot: the preemptions expected"""
+    infeasible: str | None = None
+    """why no configuration met the constraints under this pricing (the planner's sentence)"""
+
+
+class SpotComparison(_Frozen):
+    """A plan's spot against on-demand pricing (``tula plan --compare-spot``): each one's choice,
+    the prices, which is cheaper, and the preemption rate where the two cost the same."""
+
+    _OMITTED_UNSET = frozenset({"on_demand_cost_at_spot_choice"})
+
+    spot: SpotChoice
+    """the choice on spot nodes"""
+    on_demand: SpotChoice
+    """the choice on on-demand nodes"""
+    spot_price_per_node_hour: float | None = None
+    """the spot price of a node-hour"""
+    on_demand_price_per_node_hour: float | None = None
+    """the on-demand price of a node-hour"""
+    preemption_rate_per_node_hour: float | None = None
+    """the preemptions per node-hour assumed"""
+    cheaper: str | None = None
+    """spot, on_demand or equal"""
+    break_even_rate_per_node_hour: float | None = None
+    """the preemption rate below which spot costs less at its choice (null: none; infinite: any)"""
+    on_demand_cost_at_spot_choice: float | None = None
+    """the spot choice's failure-free time priced on demand"""
+    sentence: str = ""
+    """the comparison in one sentence"""
+
+
+class MeasuredRatio(_Frozen):
+    """What a finished training run measured against its prediction
+    (:func:`tula.core.run_costs.measured_ratio`), and in a plan whether its epochs were scaled by it."""
+
+    _OMITTED_UNSET = frozenset({"applied"})
+
+    ratio: float
+    """the median measured / predicted epoch time over the epochs after the first"""
+    epochs_compared: int = Field(ge=1)
+    """the epochs the median is over"""
+    method: str | None = None
+    """the training method the run trained"""
+    n_workers: int = Field(ge=1)
+    """N the run trained at last"""
+    global_batch: int = Field(ge=1)
+    """B the run trained at last"""
+    applied: bool | None = None
+    """a plan's: whether its epochs are scaled by the ratio (the run trained the plan's method)"""
+
+
+class RunPrediction(_Frozen):
+    """A training run compared with its plan (:func:`tula.core.run_costs.compare_with_plan`)."""
+
+    median_ratio: float | None = None
+    """the median measured / predicted epoch time over the epochs after the first (null: none compared)"""
+    epochs_compared: int = 0
+    """the epochs compared"""
+    note: str = ""
+    """what the predicted epochs include"""
+
+
 class PlanRecord(_Record):
     """A plan.  Version 1 (before constraints) loads with ``constraints`` and
     ``spot_comparison`` ``None`` and every row's ``meets_constraints`` true."""
@@ -610,11 +771,11 @@ class PlanRecord(_Record):
     """the Pareto frontier of the feasible configurations in time and cost"""
     constraints: PlanConstraints | None = None
     """what the plan was made under (version 2)"""
-    spot_comparison: dict | None = None
+    spot_comparison: SpotComparison | None = None
     """spot against on-demand pricing, when asked for"""
     method: str | None = None
     """the training method the epochs' costs are of"""
-    run_costs: dict | None = None
+    run_costs: RunCostsPart | None = None
     """what an epoch costs beyond its steps, as measured (tula.core.run_costs.RunCosts)"""
     run_costs_note: str | None = None
     """what the predicted epochs include, in words"""
@@ -626,11 +787,11 @@ class PlanRecord(_Record):
     """the smallest local batch that ran out of memory while profiling (null: none did)"""
     memory_budget_bytes: int | None = None
     """the memory each worker could use (null: no budget)"""
-    fitted_on: dict[str, Any] | None = None
+    fitted_on: Placement | None = None
     """where the models' profile ran (the models' placement: hosts, ranks per host, devices)"""
     not_measured: dict[str, str] | None = None
     """cluster sizes the profile could not place: N -> why (listed, not ranked)"""
-    measured_ratio: dict[str, Any] | None = None
+    measured_ratio: MeasuredRatio | None = None
     """a finished run's measured / predicted epoch time, and whether this plan's epochs are scaled by it"""
 
     _OMITTED_UNSET = frozenset(
@@ -885,7 +1046,7 @@ class TrainRecord(_Record):
     """the batch schedule's kind (train.batch_schedule; null: a constant batch)"""
     generations: list[Generation] | None = None
     """each world's stretch of epochs: its configuration, first epoch and wall time"""
-    prediction: dict | None = None
+    prediction: RunPrediction | None = None
     """the comparison with the plan: the median measured / predicted epoch time, the epochs compared, a note"""
 
     _OMITTED_UNSET = frozenset(
@@ -960,8 +1121,12 @@ class CheckpointMeta(_Record):
     """k the next epoch trains with"""
     precision: dict | None = None
     """the precision trained in and its loss scaler's state (absent in older checkpoints: fp32)"""
+    sequence_length: int | None = Field(default=None, ge=1)
+    """the sequence length trained at (absent for data without one, and in older checkpoints)"""
 
-    _OMITTED_UNSET = frozenset({"next_global_batch", "next_n_workers", "next_accumulation_steps", "precision"})
+    _OMITTED_UNSET = frozenset(
+        {"next_global_batch", "next_n_workers", "next_accumulation_steps", "precision", "sequence_length"}
+    )
 
 
 SCHEMAS: dict[str, type[_Record]] = {
@@ -975,12 +1140,11 @@ SCHEMAS: dict[str, type[_Record]] = {
 
 
 def _first_error(err: ValidationError) -> str:
-    e = err.errors()[0]
-    loc = ".".join(repr(p)[1:-1] if isinstance(p, str) else str(p) for p in e["loc"])  # a key may hold a line break
-    msg = e["msg"].removeprefix("Value error, ")
-    if e["type"] == "missing":
+    e = first_error(err)
+    loc = e.where(escape_keys=True)  # a key may hold a line break
+    if e.missing:
         return f"field '{loc}' is missing"
-    return f"field '{loc}': {msg[0].lower() + msg[1:]}" if loc else msg
+    return f"field '{loc}': {lowered(e.message)}" if loc else e.message
 
 
 def _kinds(expect: tuple[str, ...]) -> str:

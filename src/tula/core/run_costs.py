@@ -44,7 +44,16 @@ from tula.core.fitted import (
     epoch_time_s,
     run_costs_for,
 )
-from tula.core.records import EpochRecord, ModelsRecord, RunTrial, TrainRecord, as_epoch, as_record
+from tula.core.records import (
+    EpochRecord,
+    MeasuredRatio,
+    ModelsRecord,
+    RunPrediction,
+    RunTrial,
+    TrainRecord,
+    as_epoch,
+    as_record,
+)
 from tula.core.spec import DataSpec, reference_sequence_length
 
 __all__ = [
@@ -238,42 +247,41 @@ def trained_sequence_length(run: TrainRecord | Mapping[str, Any]) -> int | None:
         raise RecordError(f"the training record's spec.data{'.' + where if where else ''}: {first['msg']}") from None
 
 
-def _compared(data: Mapping[str, Any], models: Models) -> tuple[list[dict[str, Any]], list[float], str]:
-    """A training run's epochs (its JSON ``data``) beside the plan's: each epoch's line with its
-    predicted time and the ratio measured / predicted added, the ratios that count (the epochs
-    after the first, or the one), and what the predicted epochs include (the run costs' note)."""
-    lines: list[dict[str, Any]] = list(data["history"])  # the JSON out: each line as it was, the comparison added
+def _compared(data: Mapping[str, Any], models: Models) -> tuple[list[EpochRecord], list[float], str]:
+    """A training run's epochs (its JSON ``data``) beside the plan's: each epoch (as its line had
+    it) with its predicted time and the ratio measured / predicted added, the ratios that count
+    (the epochs after the first, or the one), and what the predicted epochs include (the run costs' note)."""
+    lines = [as_epoch(line) for line in data["history"]]
     method = as_record(dict(data), TrainRecord).method
     length = trained_sequence_length(data)  # the plan may have chosen another L than the models' own
-    history = []
+    history: list[EpochRecord] = []
     ratios: list[float] = []
-    for line, h in zip(lines, [as_epoch(line) for line in lines]):
+    for h in lines:
         p = predicted_epoch_s(models, method, h.global_batch, h.n_workers, h.accumulation_steps or 1, length)
         ratio = measured_epoch_s(h) / p if p > 0 else None
-        history.append({**line, "predicted_epoch_s": p, "measured_to_predicted": ratio})
+        history.append(h.model_copy(update={"predicted_epoch_s": p, "measured_to_predicted": ratio}))
         if ratio is not None and (len(history) > 1 or len(lines) == 1):
             ratios.append(ratio)
-    _, note = run_costs_for(models.model_dump(mode="json") if isinstance(models, ModelsRecord) else models, method)
+    _, note = run_costs_for(models, method)
     return history, ratios, note
 
 
-def compare_with_plan(run: TrainRecord | Mapping[str, Any], models: Models) -> dict:
-    """``run`` (a training record, typed or as read from JSON) as JSON, with each epoch's
-    predicted time at its (B, N, k) and the sequence length trained at
-    (:func:`trained_sequence_length`), and the ratio measured / predicted, and ``prediction``:
-    the median ratio over the epochs after the first (the first starts the world and warms
-    the kernels), or over all with one."""
+def compare_with_plan(run: TrainRecord | Mapping[str, Any], models: Models) -> TrainRecord:
+    """``run`` (a training record, typed or as read from JSON; a dict of a record's parts is typed
+    part by part, :func:`~tula.core.records.as_record`) with each epoch's predicted time at its
+    (B, N, k) and the sequence length trained at (:func:`trained_sequence_length`), and the ratio
+    measured / predicted, and ``prediction``: the median ratio over the epochs after the first
+    (the first starts the world and warms the kernels), or over all with one."""
     data = _as_json(run)
     history, ratios, note = _compared(data, models)
-    prediction = {
-        "median_ratio": float(statistics.median(ratios)) if ratios else None,
-        "epochs_compared": len(ratios),
-        "note": note,
-    }
-    return {**data, "history": history, "prediction": prediction}
+    prediction = RunPrediction(
+        median_ratio=float(statistics.median(ratios)) if ratios else None, epochs_compared=len(ratios), note=note
+    )
+    rec = run if isinstance(run, TrainRecord) else as_record(dict(run), TrainRecord)
+    return rec.model_copy(update={"history": history, "prediction": prediction})
 
 
-def measured_ratio(run: TrainRecord | Mapping[str, Any], models: Models) -> dict | None:
+def measured_ratio(run: TrainRecord | Mapping[str, Any], models: Models) -> MeasuredRatio | None:
     """What a finished training ``run`` of the job says of the plan's epochs: the median
     ratio measured / predicted over its epochs after the first (:func:`compare_with_plan`),
     the method it trained and the (N, B) it trained at last; ``None`` when it has no epoch
@@ -285,10 +293,10 @@ def measured_ratio(run: TrainRecord | Mapping[str, Any], models: Models) -> dict
     _, ratios, _ = _compared(data, models)
     if not ratios:
         return None
-    return {
-        "ratio": float(statistics.median(ratios)),
-        "epochs_compared": len(ratios),
-        "method": as_record(data, TrainRecord).method,
-        "n_workers": epochs[-1].n_workers,
-        "global_batch": epochs[-1].global_batch,
-    }
+    return MeasuredRatio(
+        ratio=float(statistics.median(ratios)),
+        epochs_compared=len(ratios),
+        method=as_record(data, TrainRecord).method,
+        n_workers=epochs[-1].n_workers,
+        global_batch=epochs[-1].global_batch,
+    )

@@ -98,7 +98,7 @@ from tula.core.perfmodel import (
 )
 from tula.core.plan import epochs_to_accuracy, noise_assumed
 from tula.core.pricing import Pricing, SpotPricing, make_pricing
-from tula.core.records import EpochRecord, ModelsRecord, NoiseScale, as_epoch, parse_record
+from tula.core.records import EpochRecord, ModelsRecord, NoiseScale, Placement, as_epoch, parse_record
 from tula.core.run_costs import RunCosts, epoch_time_s
 from tula.core.schedules import (
     SCHEDULE_NAMES,
@@ -112,7 +112,7 @@ from tula.core.schedules import (
     schedule_info,
     steps_per_epoch,
 )
-from tula.core.spec import JobSpec, parse_bandwidth, parse_duration, spec_from_dict
+from tula.core.spec import JobSpec, parse_bandwidth, parse_duration, reference_sequence_length, spec_from_dict
 
 #: a training run's epochs to replay: typed, or as read from JSON (metrics.jsonl lines, train.json's history)
 Epochs = Sequence[EpochRecord | Mapping[str, Any]]
@@ -204,6 +204,9 @@ class ConstantRow:
     epochs_to_accuracy, time_to_accuracy_s, cost_to_accuracy : with a gradient noise scale, the
         epochs, time and cost to the accuracy the spec's epochs reach at ``train.base_batch``
         (``None``: no noise scale, or no times)
+    sequence_length, parallelism, checkpointing : the step the row is of, as a plan's row says it
+        (L; ddp or fsdp; the blocks checkpointed), where the models record has them
+        (:attr:`Simulator.sequence_length`; ``None``: it has not, e.g. a CNN's)
     """
 
     collective: str
@@ -223,10 +226,21 @@ class ConstantRow:
     epochs_to_accuracy: float | None = None
     time_to_accuracy_s: float | None = None
     cost_to_accuracy: float | None = None
+    sequence_length: int | None = None
+    parallelism: str | None = None
+    checkpointing: bool | None = None
 
     #: the figures a row without them leaves out of its JSON (the others are ``null`` there)
     _OMITTED_UNSET: ClassVar[frozenset[str]] = frozenset(
-        {"failure_free_time_s", "epochs_to_accuracy", "time_to_accuracy_s", "cost_to_accuracy"}
+        {
+            "failure_free_time_s",
+            "epochs_to_accuracy",
+            "time_to_accuracy_s",
+            "cost_to_accuracy",
+            "sequence_length",
+            "parallelism",
+            "checkpointing",
+        }
     )
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -322,7 +336,9 @@ class Simulator:
     Build one with :func:`simulator_from_models`; ``bandwidth_bytes_per_s`` ``inf`` and
     ``latency_s`` 0 are a network that costs nothing.  ``bandwidth_bytes_per_s`` and
     ``latency_s`` are the inter-node link, ``intra_bandwidth_bytes_per_s`` and
-    ``intra_latency_s`` the intra-node one (``None``: the inter-node one)."""
+    ``intra_latency_s`` the intra-node one (``None``: the inter-node one).  ``sequence_length``,
+    ``parallelism`` and ``checkpointing``: the step its models are of (:func:`simulated_step`),
+    which each constant-batch row carries (``None``: the models record does not say)."""
 
     perf: PerfModel
     dataset_size: int
@@ -338,6 +354,9 @@ class Simulator:
     intra_bandwidth_bytes_per_s: float | None = None
     intra_latency_s: float | None = None
     run_costs: RunCosts | None = None  # the method's step and each epoch's end (tula.core.run_costs)
+    sequence_length: int | None = None  # L of the data the models were fitted at
+    parallelism: str | None = None  # ddp or fsdp
+    checkpointing: bool | None = None  # the blocks' activations recomputed
 
     # ---------------------------------------------------------------- the step
     @cached_property
@@ -445,7 +464,16 @@ class Simulator:
         rows = []
         for c in collectives:
             for n in workers:
-                row = ConstantRow(c, n, int(global_batch), global_batch / n, per_epoch * self.epochs)
+                row = ConstantRow(
+                    c,
+                    n,
+                    int(global_batch),
+                    global_batch / n,
+                    per_epoch * self.epochs,
+                    sequence_length=self.sequence_length,
+                    parallelism=self.parallelism,
+                    checkpointing=self.checkpointing,
+                )
                 if n > global_batch:
                     rows.append(replace(row, note="N > B: fewer than one sample per worker"))
                     continue
@@ -626,7 +654,7 @@ def _per_byte(bandwidth_bytes_per_s: float) -> float:
 
 
 def _network_from_fit(
-    perf: PerfModel, placement: dict
+    perf: PerfModel, placement: Placement
 ) -> tuple[float, float, float | None, float | None, _NetworkNotes]:
     """(bandwidth, latency, intra-node bandwidth, intra-node latency, the notes about them) read
     off the fitted sync term; an intra-node term ``None``: the inter-node one."""
@@ -642,9 +670,9 @@ def _network_from_fit(
             "the profile cannot tell latency from bandwidth (fewer than two cluster sizes above "
             "one): latency taken as 0; give a latency"
         )
-    if placement.get("n_hosts") == 1 and placement.get("max_workers", 0) > 1:
+    if placement.n_hosts == 1 and (placement.max_workers or 0) > 1:
         notes.loopback = (
-            f"the fitted network is {placement['max_workers']} ranks sharing one host "
+            f"the fitted network is {placement.max_workers} ranks sharing one host "
             "(loopback), not a network between nodes"
         )
     ibw = None if perf.beta_intra is None else (math.inf if perf.beta_intra <= 0 else 1.0 / perf.beta_intra)
@@ -718,7 +746,8 @@ def simulator_from_models(
         spec = spec_from_dict(d)
     fitted = FittedModels.from_record(rec, method=spec.train.method)
     perf, mem = fitted.perf, fitted.memory_model()
-    bw, lat, ibw, ilat, notes = _network(perf, rec.placement or {}, bandwidth, latency, intra_bandwidth, intra_latency)
+    placement = rec.placement or Placement()
+    bw, lat, ibw, ilat, notes = _network(perf, placement, bandwidth, latency, intra_bandwidth, intra_latency)
     if not (isinstance(compute_speed, (int, float)) and math.isfinite(compute_speed) and compute_speed > 0):
         raise TulaError(
             f"the compute speed must be a positive factor (2: workers twice as fast), not {compute_speed!r}"
@@ -728,6 +757,7 @@ def simulator_from_models(
     if epochs is not None and epochs < 1:
         raise TulaError(f"epochs must be at least 1, not {epochs}")
     max_local_batch = fitted.max_local_batch  # within the budget, below the batch that ran out of memory
+    step = simulated_step(rec, spec)
     return Simulator(
         perf=perf,
         dataset_size=rec.dataset_size,
@@ -739,16 +769,65 @@ def simulator_from_models(
         latency_s=float(lat),
         compute_speed=float(compute_speed),
         ranks_per_node=r,
-        notes=notes.sentences(),
+        notes=(*notes.sentences(), *step.notes),
         intra_bandwidth_bytes_per_s=ibw,
         intra_latency_s=None if ilat is None else float(ilat),
         run_costs=fitted.run_costs,
+        sequence_length=step.sequence_length,
+        parallelism=step.parallelism,
+        checkpointing=step.checkpointing,
     )
+
+
+@dataclass(frozen=True)
+class SimulatedStep:
+    """The step a models record's own models predict (:func:`simulated_step`): its sequence
+    length, parallelism and checkpointing where the record has them (``None`` where not), and
+    the notes on the variants an ``auto`` spec's plan weighs besides it."""
+
+    sequence_length: int | None = None
+    parallelism: str | None = None
+    checkpointing: bool | None = None
+    notes: tuple[str, ...] = ()
+
+    def words(self) -> str:
+        """The step in words for a title (``""`` where the record says nothing of it)."""
+        parts = [f"L={self.sequence_length}"] if self.sequence_length is not None else []
+        parts += [self.parallelism] if self.parallelism is not None else []
+        if self.checkpointing is not None:
+            parts.append("checkpointed" if self.checkpointing else "not checkpointed")
+        return ", ".join(parts)
+
+
+def simulated_step(models: dict | ModelsRecord, spec: JobSpec | None = None) -> SimulatedStep:
+    """The step ``models``' own memory and performance models are of -- the data's own sequence
+    length (where its trials ran at one), the spec's parallelism and checkpointing (``auto``: the
+    plain variant, DDP without checkpointing, the one every trial but the variants' measured;
+    shown where the spec asks for one besides ddp and off, or the profile measured it) -- and,
+    with ``auto`` and the other variant measured, a note that the plan weighs it too
+    (:func:`tula.core.variants.run_variants`; these rows are not of it)."""
+    rec = _models_record(models)
+    spec = spec or spec_from_dict(rec.spec)
+    t = spec.train
+    length = reference_sequence_length(spec.data) if any(x.sequence_length is not None for x in rec.trials) else None
+    sharded = rec.sharding is not None or any(x.parallelism is not None for x in rec.trials)
+    parallelism = ("ddp" if t.parallelism == "auto" else t.parallelism) if t.parallelism != "ddp" or sharded else None
+    checkpointed = rec.checkpointing is not None or any(x.checkpointing for x in rec.trials)
+    checkpointing = t.checkpointing == "on" if t.checkpointing != "off" or checkpointed else None
+    notes = []
+    if t.parallelism == "auto" and rec.sharding is not None:
+        notes.append("train.parallelism is auto: these rows are DDP's; the plan weighs FSDP as well (tula plan)")
+    if t.checkpointing == "auto" and rec.checkpointing is not None:
+        notes.append(
+            "train.checkpointing is auto: these rows are the step without checkpointing; the plan weighs the "
+            "checkpointed one as well (tula plan)"
+        )
+    return SimulatedStep(length, parallelism, checkpointing, tuple(notes))
 
 
 def _network(
     perf: PerfModel,
-    placement: dict,
+    placement: Placement,
     bandwidth: Any,
     latency: Any,
     intra_bandwidth: Any,
@@ -964,9 +1043,11 @@ def what_if(
         and t.global_batch == big_b
         and fitted_collective in collectives
         and not t.checkpointing  # train.checkpointing auto's checkpointed trials: another step than the plain one
+        and t.parallelism is None  # train.parallelism auto's sharded trials: likewise
     ]
     rows = sim.constant(big_b, workers, collectives)
-    title = f"{job.name}: constant global batch {big_b}"
+    step = SimulatedStep(sim.sequence_length, sim.parallelism, sim.checkpointing).words()
+    title = f"{job.name}: constant global batch {big_b}" + (f" ({step})" if step else "")
     noise = NoiseScale.model_validate(noise_assumed(models, noise_scale, job.train.base_batch))
     if noise.b_noise:
         rows, words = _to_accuracy(rows, sim, big_b, noise)
@@ -999,6 +1080,8 @@ def _schedules_what_if(
     title = f"{job.name}: schedules from B0={b0}, {rule}" + (
         f", up to {caps.max_accumulation_steps} accumulation steps" if caps.max_accumulation_steps > 1 else ""
     )
+    step = SimulatedStep(sim.sequence_length, sim.parallelism, sim.checkpointing).words()
+    title += f" ({step})" if step else ""
     return WhatIf(rows, title, None)
 
 
@@ -1053,6 +1136,8 @@ __all__ = [
     "SimulatedRow",
     "Simulator",
     "simulator_from_models",
+    "SimulatedStep",
+    "simulated_step",
     "parse_collectives",
     "parse_workers",
     "parse_schedule",

@@ -29,6 +29,7 @@ from tula.core.errors import SpecError
 from tula.core.registry import LOSS_NAMES, METHOD_NAMES, OBJECTIVE_NAMES, OPTIMIZER_NAMES, cluster_kind
 from tula.core.schedules import LR_RULES, PARAM_NAMES, SCHEDULE_NAMES, SCHEDULES, missing_param, param_problem
 from tula.core.sinks import SINK_FIELDS, SINK_NAMES, SINKS
+from tula.core.validation import first_error, lowered
 
 MODEL_LOSS = "model"
 """``train.loss: model``: the model returns its own loss (an output with ``.loss``, or a dict with
@@ -846,13 +847,17 @@ class TrainSpec(_Strict):
     default found automatically: torch.nn.TransformerEncoderLayer and TransformerDecoderLayer, tiny_gpt's
     blocks, and any class whose name ends in Block or Layer, holds parameters and no batch norm, and appears
     at least twice.  Checkpointing on that matches no submodule is refused"""
-    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    parallelism: Literal["ddp", "fsdp", "auto"] = "ddp"
     """how the ranks hold the model: ddp (DistributedDataParallel: every rank holds all parameters, gradients
     and optimiser state, the gradients all-reduced) or fsdp (FSDP2's fully_shard per block, the blocks
     checkpoint_modules' classes or found as checkpointing finds them, then the whole model: each rank holds
     1/N of them, a block's parameters all-gathered for its forward and backward, its gradients
     reduce-scattered; checkpoints are sharded, torch.distributed.checkpoint).  fsdp trains with methods lbt
-    and lrs, in fp32 or bf16, with train.noise_scale false; the profile and the plan still measure DDP"""
+    and lrs, in fp32 or bf16, with train.noise_scale false.  auto: the planner's choice per configuration -- the
+    profile measures DDP's trials and the sharded step at a few trials besides (the smallest cluster size of two
+    or more, and one batch at the next such size), the fit records its memory effect (which state divides by N,
+    measured where two sizes ran) and its sync, the plan weighs both and training applies its choice
+    (ddp where no plan says fsdp); with what fsdp cannot train, auto plans ddp only and the plan says why"""
     loggers: list[LoggerSpec] = Field(default_factory=list)
     """metrics sinks each finished epoch is written to, by the process that supervises training (never by
     every rank): {kind: tensorboard, dir: ...} and {kind: mlflow, tracking_uri: ..., experiment: ...};
@@ -1069,15 +1074,14 @@ def planned_sequence_lengths(spec: JobSpec) -> list[int | None]:
 
 
 def _sentence(err: ValidationError) -> str:
-    e = err.errors()[0]
-    loc = ".".join(repr(p)[1:-1] if isinstance(p, str) else str(p) for p in e["loc"])  # a key may hold a line break
-    msg = e["msg"].removeprefix("Value error, ")
-    if e["type"] == "extra_forbidden":
+    e = first_error(err)
+    loc, msg = e.where(escape_keys=True), e.message  # a key may hold a line break
+    if e.type == "extra_forbidden":
         return f"unknown field '{loc}' in the spec; check its spelling against the documented fields"
-    if e["type"] == "literal_error":
-        return f"spec field '{loc}' is {e.get('input')!r}, but it must be {msg.removeprefix('Input should be ')}"
+    if e.type == "literal_error":
+        return f"spec field '{loc}' is {e.input!r}, but it must be {msg.removeprefix('Input should be ')}"
     where = f"spec field '{loc}'" if loc else "the spec"
-    return f"{where}: {msg[0].lower() + msg[1:]}" if msg else f"{where} is invalid"
+    return f"{where}: {lowered(msg)}" if msg else f"{where} is invalid"
 
 
 def spec_from_dict(data: Any) -> JobSpec:

@@ -8,10 +8,34 @@ so that module cannot import the records module back.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 TRIAL_STATUSES = ("ok", "oom", "skipped", "error", "interrupted")
+
+
+@dataclass(frozen=True)
+class NoiseMeasurement:
+    """The gradient noise scale's measurement at one trial's local batch, from the world's fresh model
+    (``tula.engine.profile``): per batch the unbiased estimates of |G|^2 and
+    tr(Sigma) from a smaller and a larger batch's gradients (:func:`tula.core.fit.fit_noise_scale`
+    pools them over the worlds)."""
+
+    #: the smaller batch compared, samples
+    b_small: int
+    #: the larger batch compared, samples
+    b_big: int
+    #: the batches measured (those whose gradients did not overflow)
+    steps: int
+    #: each batch's estimate of |G|^2
+    g2: list[float] = field(default_factory=list)
+    #: each batch's estimate of tr(Sigma)
+    trace_sigma: list[float] = field(default_factory=list)
+    #: the world's estimate of B_simple = tr(Sigma) / |G|^2, samples (null: no signal above the noise)
+    b_simple: float | None = None
+    #: the seconds the measurement took
+    seconds: float = 0.0
 
 
 @dataclass
@@ -57,11 +81,20 @@ class Trial:
     local_ranks: list[int] = field(default_factory=list)  # each rank's position among the ranks on its host
     devices: list[str] = field(default_factory=list)  # each rank's device
     ranks_per_host: int | None = None  # the most ranks that shared one host
-    # the gradient noise scale measured at this trial's local batch from the world's fresh
-    # model (the first trial of each world): tula.engine.profile.measure_noise's dict
-    noise: dict | None = None
+    #: the gradient noise scale measured at this trial's local batch from the world's fresh
+    #: model (the first trial of each world)
+    noise: NoiseMeasurement | None = None
     #: L, the tokens of each sample where the data set has a sequence length (absent in older profiles)
     sequence_length: int | None = None
     #: true: measured with activation checkpointing, a variant train.checkpointing auto profiles besides the
     #: plain trials (absent: as the spec says)
     checkpointing: bool | None = None
+    #: fsdp: measured sharded, a variant train.parallelism auto profiles besides the DDP trials (absent: as the
+    #: spec says)
+    parallelism: Literal["fsdp"] | None = None
+
+    def __post_init__(self) -> None:
+        # a trial rebuilt from its dict (``Trial(**asdict(t))``, as the profiler merges its ranks') has its
+        # noise measurement as a dict: typed here, so that every Trial holds the measurement object
+        if isinstance(self.noise, Mapping):
+            self.noise = NoiseMeasurement(**self.noise)

@@ -2,40 +2,51 @@
 a spec allows and how a row of each is predicted.
 
 A *variant* (:class:`RunVariant`) is a way of running the same step that changes its memory and
-its time but not what it computes: activation checkpointing on or off (and, next, DDP or FSDP).
+its time but not what it computes: activation checkpointing on or off, and DDP or FSDP (FSDP2's
+``fully_shard``: each rank holds 1/N of the parameters, gradients and optimiser state).
 The profile measures the spec's own variant at every trial and, where the spec leaves the choice
 to the planner (``train.checkpointing: auto``), the other at the fewest trials that give its
 effect (:func:`tula.engine.profile.checkpointing_configs`: the smallest cluster size's two largest
-batches).  The fit records that effect (:class:`CheckpointingEffect`, the models record's
-``checkpointing``), fitted, not assumed; :func:`variant_models` turns the plain models record
+batches; with ``train.parallelism: auto``, :func:`tula.engine.profile.sharding_configs`: the
+smallest cluster size of two or more ranks, its two largest batches, and one batch at the next
+such size, sharded).  The fit records
+each effect (:class:`CheckpointingEffect`, the models record's ``checkpointing``;
+:class:`ShardingEffect`, its ``sharding``), fitted, not assumed; :func:`variant_models` turns the plain models record
 into the models record of a variant -- its memory and performance models with the effect applied
 -- so that a row of each variant is predicted by the one prediction every row is
 (:meth:`tula.core.fitted.FittedModels.predict`), and the planner plans each variant as it plans
 a spec of that variant (:class:`tula.core.plan.Planner`), then chooses among them by the
 objective.
 
-With ``train.checkpointing`` ``on`` or ``off`` there is one variant, the spec's, and nothing here
-changes a record or a plan.  Numpy only: no torch.
+With ``train.checkpointing`` ``on`` or ``off`` and ``train.parallelism`` ``ddp`` or ``fsdp`` there
+is one variant, the spec's, and nothing here changes a record or a plan.  With both ``auto`` the
+variants are crossed (the two effects are measured apart and applied one after the other: the
+checkpointed activations, then the sharded state).  ``train.parallelism: auto`` with what FSDP
+cannot train (a method that needs the whole gradient, fp16, the noise scale on several workers:
+:func:`tula.core.job_rules.fsdp_obstacle`) plans DDP only, and the plan's reason says why.  Numpy
+only: no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from tula.core.effects import CheckpointingEffect, ShardingEffect
+from tula.core.job_rules import fsdp_obstacle
 from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import PerfModel, world_shape
 from tula.core.records import ModelsRecord, Trial
-from tula.core.spec import JobSpec
+from tula.core.spec import JobSpec, TrainSpec, spec_from_dict
 
 
 @dataclass(frozen=True)
 class RunVariant:
-    """A way of running the step the plan may choose: with activation checkpointing or without
-    (``parallelism``: ``ddp`` only, for now)."""
+    """A way of running the step the plan may choose: with activation checkpointing or without,
+    under DDP or FSDP (``parallelism``)."""
 
     checkpointing: bool
     parallelism: str = "ddp"
@@ -45,58 +56,10 @@ class RunVariant:
         """The variant in words, for the plan's reason."""
         return "with activation checkpointing" if self.checkpointing else "without activation checkpointing"
 
-
-@dataclass(frozen=True)
-class CheckpointingEffect:
-    """What checkpointing changes, fitted to the checkpointed trials against the plain models
-    at the same (N, b, L).  Bytes, seconds.
-
-    activation_bytes_per_sample : the activations a sample keeps with the blocks checkpointed (the
-        memory model's ``activation_bytes_per_sample`` of the checkpointed variant; the plain
-        model's is beside it for the ratio)
-    plain_activation_bytes_per_sample : the plain model's, at the same fit
-    static_delta_bytes : the change of the line's intercept (0 with one trial: not separable)
-    compute_factor : the checkpointed compute over the plain model's prediction (the median
-        over the trials, never below 1): the recomputed forward passes, fitted
-    trials : how many checkpointed trials it was fitted to
-    """
-
-    activation_bytes_per_sample: int
-    plain_activation_bytes_per_sample: int
-    static_delta_bytes: int
-    compute_factor: float
-    trials: int
-
-    def memory(self, plain: MemoryModel) -> MemoryModel:
-        """``plain`` with the blocks checkpointed: the activations per sample (and their terms in
-        the sequence length, scaled alike) and the intercept's change."""
-        ratio = self.activation_bytes_per_sample / max(self.plain_activation_bytes_per_sample, 1)
-        return replace(
-            plain,
-            activation_bytes_per_sample=int(self.activation_bytes_per_sample),
-            other_static_bytes=int(plain.other_static_bytes + self.static_delta_bytes),
-            bytes_per_token=plain.bytes_per_token * ratio,
-            bytes_per_token_squared=plain.bytes_per_token_squared * ratio,
-        )
-
-    def perf(self, plain: PerfModel) -> PerfModel:
-        """``plain`` with its compute scaled by the fitted factor (the sync is unchanged)."""
-        f = self.compute_factor
-        return replace(
-            plain,
-            c0=plain.c0 * f,
-            c1=plain.c1 * f,
-            t_floor_s=plain.t_floor_s * f,
-            c1_per_token=plain.c1_per_token * f,
-            c1_per_token_squared=plain.c1_per_token_squared * f,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CheckpointingEffect:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+    @property
+    def sharded(self) -> bool:
+        """Whether the ranks hold shards of the model (FSDP)."""
+        return self.parallelism == "fsdp"
 
 
 def fit_checkpointing_effect(
@@ -127,7 +90,7 @@ def fit_checkpointing_effect(
     timed = [t for t in ok if t.t_compute_s]
     factor = 1.0
     if timed:
-        m = np.array([min(t.n_workers, world_shape(asdict(t))[0]) for t in timed], float)
+        m = np.array([min(t.n_workers, world_shape(t)[0]) for t in timed], float)
         lt = None if perf.sequence_length is None else [t.sequence_length or perf.sequence_length for t in timed]
         predicted = perf.t_compute_s(np.array([t.local_batch for t in timed], float), m, lt)
         measured = np.array([t.t_compute_s for t in timed], float)
@@ -142,35 +105,137 @@ def fit_checkpointing_effect(
     )
 
 
+def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[Trial]) -> ShardingEffect | None:
+    """The effect of FSDP from the profile's sharded trials (``parallelism`` ``fsdp``) against the
+    DDP ``memory`` and ``perf`` fitted to the others (:class:`ShardingEffect` says what and why).
+    ``None`` where no sharded trial ran."""
+    ok = [
+        t for t in trials
+        if t.parallelism == "fsdp" and not t.checkpointing and t.status == "ok" and t.peak_mem_bytes is not None
+        and t.n_workers >= 2  # a one-rank fully_shard is no point of the line in 1/N (sharding_configs)
+    ]  # fmt: skip
+    if not ok:
+        return None
+    b = np.array([t.local_batch for t in ok], float)
+    n = np.array([t.n_workers for t in ok], float)
+    lengths = None if memory.sequence_length is None else [t.sequence_length or memory.sequence_length for t in ok]
+    state = memory.param_bytes + memory.grad_bytes + memory.optimizer_state_bytes
+    # the DDP line's static part and activations, no buckets, nothing divided: each peak less it is
+    # gather - divided * (1 - 1/N), a line in 1/N
+    whole = replace(
+        memory, sharded=True, sharded_gather_bytes=0, sharded_divided_bytes=0, ddp_bucket_bytes=0, update_peak_bytes=0
+    )
+    left = np.array([t.peak_mem_bytes for t in ok], float) - np.asarray(whole.predict_peak_bytes(b, n, lengths), float)
+    sizes = sorted({int(x) for x in n})
+    divided: int | None = None
+    if len(sizes) >= 2:  # two cluster sizes: which bytes divide by N, measured
+        slope, intercept = np.polyfit(1.0 / n, left, 1)
+        if slope > 0:  # below 0: the host's noise; the whole state assumed divided
+            divided = int(round(float(slope)))
+            gather = float(intercept) + float(slope)
+    if divided is None:
+        gather = float(np.median(left + state * (1.0 - 1.0 / n)))
+    n_min = sizes[0]
+    timed = [t for t in ok if t.t_step_s and t.n_workers == n_min]  # the sync at n_workers (ShardingEffect.perf)
+    sync = 0.0
+    if timed:
+        m = np.array([min(t.n_workers, world_shape(t)[0]) for t in timed], float)
+        nt = np.array([t.n_workers for t in timed], float)
+        lt = None if perf.sequence_length is None else [t.sequence_length or perf.sequence_length for t in timed]
+        compute = perf.combine_s(perf.t_compute_s(np.array([t.local_batch for t in timed], float), m, lt), 0.0, nt)
+        measured = np.array([t.t_step_s for t in timed], float)
+        sync = max(0.0, float(np.median(measured - np.asarray(compute, float))))  # below 0: the host's noise
+    return ShardingEffect(
+        gather_bytes=int(round(gather)),
+        sync_s=sync,
+        n_workers=int(n_min),
+        state_bytes=int(state),
+        trials=len(ok),
+        divided_bytes=divided,
+        other_n_workers=sizes[1] if len(sizes) >= 2 else None,
+    )
+
+
 def run_variants(spec: JobSpec, models: ModelsRecord) -> list[RunVariant]:
-    """The variants the plan weighs: the spec's own (``on``: checkpointed; ``off``: plain), or,
-    with ``train.checkpointing: auto``, the plain one and, where the profile measured it (the
-    models record's ``checkpointing``), the checkpointed one."""
+    """The variants the plan weighs: the spec's own (checkpointing ``on``: checkpointed; ``off``:
+    plain; parallelism ``ddp`` or ``fsdp``), or, with ``auto``, both where the profile measured the
+    other (the models record's ``checkpointing``, ``sharding``), crossed; ``train.parallelism: auto``
+    with what FSDP cannot train (:func:`parallelism_auto_note`): DDP only."""
     mode = spec.train.checkpointing
-    if mode != "auto":
-        return [RunVariant(checkpointing=mode == "on")]
-    plain = RunVariant(checkpointing=False)
-    return [plain, RunVariant(checkpointing=True)] if models.checkpointing else [plain]
+    checkpointed = [mode == "on"] if mode != "auto" else [False, True] if models.checkpointing else [False]
+    how = spec.train.parallelism
+    if how != "auto":
+        parallelisms = [how]
+    else:
+        parallelisms = ["ddp", "fsdp"] if models.sharding and fsdp_obstacle(spec) is None else ["ddp"]
+    return [RunVariant(checkpointing=c, parallelism=p) for p in parallelisms for c in checkpointed]
+
+
+def parallelism_auto_note(spec: JobSpec, models: ModelsRecord) -> str:
+    """With ``train.parallelism: auto`` planned DDP only, why, in one clause for the plan's reason
+    (FSDP cannot train this spec, or the profile measured no sharded step); "" otherwise."""
+    if spec.train.parallelism != "auto":
+        return ""
+    obstacle = fsdp_obstacle(spec)
+    if obstacle is not None:
+        return f"train.parallelism auto planned ddp only: {obstacle}"
+    if not models.sharding:
+        return (
+            "train.parallelism auto planned ddp only: the profile has no sharded trial (it needs a cluster size of "
+            "two or more that ran)"
+        )
+    return ""
 
 
 def variant_models(models: ModelsRecord, variant: RunVariant) -> ModelsRecord:
     """The models record a row of ``variant`` is predicted from: ``models`` itself for the
-    variant the profile measured at every trial; for the checkpointed variant of an ``auto``
-    spec, its memory and performance models with :class:`CheckpointingEffect` applied, the
-    spec's ``train.checkpointing`` ``on``, and no plain out-of-memory batch (the plain step's
-    limit is not the checkpointed one's: the memory model's is)."""
+    variant the profile measured at every trial; for the checkpointed or the sharded variant of
+    an ``auto`` spec, its memory and performance models with :class:`CheckpointingEffect` and
+    :class:`ShardingEffect` applied (checkpointing first: it changes the activations, sharding the
+    state), the spec's ``auto`` made the variant's, and no plain out-of-memory batch (the plain
+    step's limit is not the other variant's: the memory model's is).  The sharded variant plans
+    cluster sizes of two or more only (on one rank there is nothing to shard)."""
     spec = models.spec
-    mode = (spec.get("train") or {}).get("checkpointing", "off")
-    if mode != "auto":
+    train_given = spec.get("train") or {}
+    checkpointing_auto = train_given.get("checkpointing", "off") == "auto"
+    parallelism_auto = train_given.get("parallelism", "ddp") == "auto"
+    if not checkpointing_auto and not parallelism_auto:
         return models
-    train = {**(spec.get("train") or {}), "checkpointing": "on" if variant.checkpointing else "off"}
+    train = dict(train_given)
+    if checkpointing_auto:
+        train["checkpointing"] = "on" if variant.checkpointing else "off"
+    if parallelism_auto:
+        train["parallelism"] = variant.parallelism
     update: dict[str, Any] = {"spec": {**spec, "train": train}}
-    if variant.checkpointing:
+    memory, perf = models.memory, models.perf
+    changed = False
+    if checkpointing_auto and variant.checkpointing:
         assert models.checkpointing is not None  # run_variants offers it only where measured
-        effect = CheckpointingEffect.from_dict(models.checkpointing)
-        update.update(
-            memory=effect.memory(MemoryModel.from_dict(models.memory)).to_dict(),
-            perf=effect.perf(PerfModel.from_dict(models.perf)).to_dict(),
-            oom_local_batch=None,
-        )
+        memory, perf, changed = models.checkpointing.memory(memory), models.checkpointing.perf(perf), True
+    if parallelism_auto and variant.sharded:
+        assert models.sharding is not None  # run_variants offers it only where measured
+        memory, perf, changed = models.sharding.memory(memory), models.sharding.perf(perf), True
+        sizes = [n for n in spec_from_dict(spec).search.cluster_sizes if n >= 2]
+        if sizes:
+            update["spec"]["search"] = {**(spec.get("search") or {}), "cluster_sizes": sizes}
+    if changed:
+        update.update(memory=memory, perf=perf, oom_local_batch=None)
     return models.model_copy(update=update)
+
+
+def models_as_trained(models: dict, train: TrainSpec) -> dict:
+    """The models record (its JSON) of the variant a run trains (``train``: the training spec's, its
+    ``auto`` made the plan's choice by :func:`tula.core.job_rules.training_spec`): where the
+    profile's spec left the choice to the planner and the run trains the checkpointed or the
+    sharded variant, :func:`variant_models` of it, so that planning while training
+    (:class:`tula.core.live_plan.Ranker`, which training's schedule and out-of-memory fallback
+    rank with: :func:`tula.engine.train.train`) prices the step that runs, not DDP's plain one;
+    ``models`` itself otherwise."""
+    given = (models.get("spec") or {}).get("train") or {}
+    if given.get("checkpointing", "off") != "auto" and given.get("parallelism", "ddp") != "auto":
+        return models
+    record = ModelsRecord.from_dict(models)
+    variant = RunVariant(checkpointing=train.checkpointing == "on", parallelism=train.parallelism)
+    if variant not in run_variants(spec_from_dict(record.spec), record):
+        return models  # a variant the profile did not measure (auto without its trials): the record as fitted
+    return variant_models(record, variant).to_json_dict()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from tula.core.errors import RecordError, SpecError
 from tula.core.spec import TrainSpec
 from tula.engine.checkpointing import auto_block_classes
 from tula.engine.ddp import wrap_ddp
+from tula.engine.rank_checkpoint import RankCheckpoint
 
 #: the directory of the run directory that holds the sharded checkpoints
 SHARDS_DIR = "checkpoint.shards"
@@ -176,8 +178,12 @@ def full_parameters(model: nn.Module) -> Iterator[torch.Tensor]:
 
 # ---------------------------------------------------------------------------- sharded checkpoints
 def save_shards(
-    model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: str | Path, epoch: int, state: dict | None
-) -> dict | None:
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    out_dir: str | Path,
+    epoch: int,
+    state: RankCheckpoint | None,
+) -> RankCheckpoint | None:
     """Under FSDP (``model`` a :class:`Sharded`; every rank calls it): write this rank's shards of
     the model and of ``optimizer``'s state into ``checkpoint.shards/epoch-NNNN`` (DCP) and return
     ``state`` (the checkpoint rank 0 writes; ``None`` elsewhere) as ``checkpoint.pt`` holds it: no
@@ -193,8 +199,7 @@ def save_shards(
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=Path(out_dir) / ref)
     if state is None:
         return None
-    method_state = {**state["method_state"], "optimizer": None}
-    return {**state, "model": {}, "method_state": method_state, SHARDS_KEY: ref}
+    return replace(state, model={}, method_state={**state.method_state, "optimizer": None}, shards=ref)
 
 
 def prune_shards(out_dir: str | Path) -> None:
@@ -216,13 +221,15 @@ def prune_shards(out_dir: str | Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: str | Path, state: dict) -> dict:
+def load_shards(
+    model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: str | Path, state: RankCheckpoint
+) -> RankCheckpoint:
     """The checkpoint ``state`` (read from ``checkpoint.pt`` on every rank) with its model and
     optimiser state put back: under FSDP its shards read (DCP, into this world's shards) into
     ``model`` and ``optimizer``, and returned as they now hold them, so that
     :func:`tula.engine.rank_loop._restore` loads them as it loads a DDP checkpoint's.  A DDP
     checkpoint under FSDP, or the reverse, is one sentence."""
-    ref = state.get(SHARDS_KEY)
+    ref = state.shards
     if not isinstance(model, Sharded):
         if ref is not None:
             raise SpecError(
@@ -241,8 +248,8 @@ def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: str
     model_state, optim_state = get_state_dict(model.module, optimizer)
     dcp.load({"model": model_state, "optimizer": optim_state}, checkpoint_id=Path(out_dir) / ref)  # in place
     set_state_dict(model.module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
-    method_state = {**state["method_state"], "optimizer": optimizer.state_dict()}
-    return {**state, "model": model.module.state_dict(), "method_state": method_state}
+    method_state = {**state.method_state, "optimizer": optimizer.state_dict()}
+    return replace(state, model=model.module.state_dict(), method_state=method_state)
 
 
 def full_state_from_shards(out_dir: str | Path, ref: str) -> dict[str, Any]:

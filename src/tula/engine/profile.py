@@ -38,7 +38,6 @@ local gradient; ``noise`` is absent, as training refuses ``train.noise_scale`` w
 from __future__ import annotations
 
 import gc
-import inspect
 import math
 import signal
 import statistics
@@ -54,10 +53,12 @@ import torch.distributed as dist
 from tula.core.errors import InfeasibleError, Interrupted, PlacementError, SpecError, TulaError, WorkerError
 from tula.core.events import Checked, Event, Note, RankTrialFinished, TrialFinished, TrialsPlanned
 from tula.core.gpus import too_many_ranks_sentence, unplaceable_sizes, unplaced_note
+from tula.core.job_rules import fsdp_obstacle
 from tula.core.noise_scale import NoiseScale
 from tula.core.records import PROFILE_KIND, VERSIONS, ProfileRecord, Trial, parse_record, placement
 from tula.core.space import Config, candidate_configs, partial_configs
 from tula.core.spec import DataSpec, JobSpec, data_at_sequence_length, reference_sequence_length
+from tula.core.trial import NoiseMeasurement
 from tula.engine import interrupts
 from tula.engine.batch import batch_bytes, batch_loss, slice_batch
 from tula.engine.checkpointing import apply_checkpointing
@@ -78,13 +79,13 @@ from tula.engine.memory import (
 )
 from tula.engine.precision import Precision, check_precision
 from tula.engine.run_trial import RankRunTrial, RunTrialNotRun, merge_run_trials, run_trial
+from tula.engine.sequence_lengths import check_sequence_lengths
 from tula.engine.step import TrainStep, step_class
 from tula.engine.workloads import (
     build_loss,
     build_model,
     build_optimizer,
     check_workload,
-    import_path,
     load_dataset,
 )
 
@@ -298,7 +299,7 @@ class _Worker:
     def measure_peak(self) -> int:
         return measure_step_peak_bytes(lambda: self.step(True), self.ddp.module, self.optimizer, self.ctx.device)
 
-    def measure_noise(self, local_batch: int, steps: int) -> dict | None:
+    def measure_noise(self, local_batch: int, steps: int) -> NoiseMeasurement | None:
         """The gradient noise scale's pair over ``steps`` fresh batches, with no update
         (:class:`tula.core.noise_scale.NoiseScale`): with N >= 2 ranks each rank's local gradient
         (``local_batch`` samples; squared norms averaged over the ranks) against their mean
@@ -347,15 +348,15 @@ class _Worker:
             traces.append(float(tr))
         mean_g2 = sum(g2s) / len(g2s) if g2s else math.nan
         mean_tr = sum(traces) / len(traces) if traces else math.nan
-        return {
-            "b_small": b_small,
-            "b_big": b_big,
-            "steps": len(g2s),
-            "g2": g2s,
-            "trace_sigma": traces,
-            "b_simple": mean_tr / mean_g2 if g2s and mean_g2 > 0 else None,
-            "seconds": time.perf_counter() - t0,
-        }
+        return NoiseMeasurement(
+            b_small=b_small,
+            b_big=b_big,
+            steps=len(g2s),
+            g2=g2s,
+            trace_sigma=traces,
+            b_simple=mean_tr / mean_g2 if g2s and mean_g2 > 0 else None,
+            seconds=time.perf_counter() - t0,
+        )
 
     def probe_memory(self, local_batches: tuple[int, int]) -> MemoryModel:
         """One untracked step (creates the optimiser state), then probe steps with their
@@ -502,13 +503,44 @@ def checkpointing_configs(trials: Sequence[Trial]) -> list[ConfigTuple]:
     that give its memory and time effect -- the smallest cluster size's two largest local batches
     that ran plain at the data's own length (a line: bytes per sample and compute per sample),
     below the batch that ran out of memory; none where fewer than two ran."""
-    ok = [t for t in trials if t.status == "ok" and not t.checkpointing]
+    ok = [t for t in trials if t.status == "ok" and not t.checkpointing and t.parallelism is None]
     if not ok:
         return []
     n0 = min(t.n_workers for t in ok)
     ref = [t for t in ok if t.n_workers == n0 and t.sequence_length == ok[0].sequence_length]
     batches = sorted({t.global_batch for t in ref})[-2:]
     return [(n0, b) for b in batches] if len(batches) == 2 else []
+
+
+def sharding_configs(trials: Sequence[Trial]) -> list[ConfigTuple]:
+    """The configurations (N, B) ``train.parallelism: auto`` measures sharded (FSDP): the fewest that
+    give its memory and sync effect -- the smallest cluster size of two ranks or more that ran, its
+    two largest local batches that ran under DDP at the data's own length (below the batch that ran
+    out of memory), and one batch at a second cluster size of two or more where one ran (of its
+    local batches that ran, the nearest to the first size's largest), so that the fit measures which bytes
+    divide by N (:func:`tula.core.variants.fit_sharding_effect`); none where no size of two or more
+    ran two batches."""
+    plain = [t for t in trials if t.status == "ok" and not t.checkpointing and t.parallelism is None]
+    ok = [t for t in plain if t.n_workers >= 2]
+    if not ok:
+        return []
+    n0 = min(t.n_workers for t in ok)
+    length = ok[0].sequence_length
+    ref = [t for t in ok if t.n_workers == n0 and t.sequence_length == length]
+    batches = sorted({t.global_batch for t in ref})[-2:]
+    if len(batches) != 2:
+        return []
+    configs: list[ConfigTuple] = [(n0, b) for b in batches]
+    # not one rank: fully_shard there is no point of the 1/N line (measured, tiny_gpt 4 x 64, AdamW: its
+    # peak 1.7 MB below DDP's at b = 128, where N = 2's is 1.3 MB below at b = 64 -- a fit through it divided
+    # 1.1 MB of the 3.8 MB state and missed N = 4's peaks by up to +16 %)
+    second = min((t.n_workers for t in ok if t.n_workers > n0 and t.sequence_length == length), default=None)
+    if second is not None:
+        ran = sorted({t.local_batch for t in plain if t.n_workers == second and t.sequence_length == length})
+        top = batches[-1] // n0  # the nearest local batch to it (in ratio; a tie: the smaller, less extrapolated)
+        local = min(ran, key=lambda b: abs(math.log(b / top)))
+        configs.append((second, second * local))
+    return configs
 
 
 def trial_sequence_length(spec: JobSpec) -> int | None:
@@ -533,47 +565,6 @@ def data_at_length(spec: JobSpec, sequence_length: int | None) -> DataSpec:
     return data_at_sequence_length(data, sequence_length)
 
 
-def positional_limit(model: torch.nn.Module) -> int | None:
-    """The longest sequence ``model`` takes, where it says: its ``max_positions`` (``tiny_gpt``),
-    or its Hugging Face config's ``max_position_embeddings`` or ``n_positions``; ``None`` where
-    it says nothing (no limit known)."""
-    limit = getattr(model, "max_positions", None)
-    config = getattr(model, "config", None)
-    for name in ("max_position_embeddings", "n_positions"):
-        if limit is None and config is not None:
-            limit = getattr(config, name, None)
-    return int(limit) if isinstance(limit, int) and not isinstance(limit, bool) else None
-
-
-def check_sequence_lengths(spec: JobSpec, model: torch.nn.Module) -> None:
-    """``search.sequence_lengths`` against the model and data, before any world: a length above
-    the model's positional limit, or lengths for a data factory that takes no ``sequence_length``,
-    is a :class:`SpecError` in one sentence."""
-    lengths = spec.search.sequence_lengths
-    if not lengths:
-        return
-    if spec.data.name == "factory":
-        make = import_path(str(spec.data.factory), "data.factory")
-        try:
-            params = inspect.signature(make).parameters.values()
-        except (TypeError, ValueError):  # no signature to read: it is given the keyword and says so itself
-            params = None
-        if params is not None and not any(
-            p.name == "sequence_length" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params
-        ):
-            raise SpecError(
-                f"search.sequence_lengths {lengths} are given, but data factory {spec.data.factory!r} takes no "
-                "sequence_length keyword to build its sets at each length; add one, or leave sequence_lengths out"
-            )
-    limit = positional_limit(model)
-    if limit is not None and max(lengths) > limit:
-        too_long = [n for n in lengths if n > limit]
-        raise SpecError(
-            f"search.sequence_lengths {too_long} exceed the model's positional limit of {limit} tokens "
-            f"(model {spec.model.name!r}); give lengths of at most {limit}, or a model that takes longer sequences"
-        )
-
-
 def profile_world(
     ctx: WorkerContext,
     spec_dict: dict,
@@ -583,6 +574,7 @@ def profile_world(
     budget_bytes: int | None,
     oom_local_batch: int | None = None,
     checkpointed: bool = False,
+    sharded: bool = False,
 ) -> RankProfile:
     """Run in every rank of one world: the trials of ``configs`` ((n_workers, global_batch)
     pairs of this world's size) in order of batch.
@@ -595,8 +587,9 @@ def profile_world(
 
     ``checkpointed``: the world of ``train.checkpointing: auto``'s checkpointed variant
     (:func:`checkpointing_configs`): its trials with the blocks checkpointed and marked so,
-    without the noise scale, the accumulation check and the run trial."""
-    spec = _world_spec(spec_dict, checkpointed)
+    without the noise scale, the accumulation check and the run trial.  ``sharded``: likewise the
+    world of ``train.parallelism: auto``'s sharded variant (:func:`sharding_configs`), FSDP's."""
+    spec = _world_spec(spec_dict, checkpointed, sharded)
     w = _Worker(ctx, spec)
     set_up = AddressSpace.now() if mem_cap_bytes is not None and ctx.device.type == "cpu" else None
     trials: list[Trial] = []
@@ -622,7 +615,7 @@ def profile_world(
         cap_bytes = cap_address_space(mem_cap_bytes, since=set_up)
     oom_at = oom_local_batch
     # at the first trial that runs: the model is as the world made it
-    noise_steps = 0 if checkpointed else spec.profile.noise_steps
+    noise_steps = 0 if checkpointed or sharded else spec.profile.noise_steps  # a variant's world: its trials only
     # the trials at the data's own length in order of batch, then those at the other lengths
     for i, (n, big_b, length) in enumerate(_in_run_order(configs)):
         if stop is not None and stop.agree():
@@ -645,6 +638,7 @@ def profile_world(
             t,
             sequence_length=w.ref_length if length is None else length,
             checkpointing=True if checkpointed else None,
+            parallelism="fsdp" if sharded else None,
             hosts=[ctx.host],
             devices=[_device_name(ctx.device)],
             interfaces=[ctx.interface],
@@ -658,7 +652,7 @@ def profile_world(
             ctx.emit(TrialFinished(n_workers=n, global_batch=big_b, status=t.status, index=i))
     at_ref = w.at_own_length(trials)  # the checks below at the data's own length
     ok = [t.local_batch for t in at_ref if t.status == "ok" and t.local_batch % 2 == 0]
-    if spec.search.max_accumulation_steps > 1 and ok and interrupted is None and not checkpointed:
+    if spec.search.max_accumulation_steps > 1 and ok and interrupted is None and not (checkpointed or sharded):
         # the planner may accumulate: one check of its step model, at k = 2 on the largest batch run
         accumulation = w.accumulation_trial(max(ok), 2, spec.profile.timed_steps)
     if interrupted is None and stop is not None and stop.agree():
@@ -666,20 +660,26 @@ def profile_world(
     # the trainer's own step and epoch end (tula.engine.run_trial)
     run_trial_figures = (
         _run_trial(ctx, spec, [t for t in at_ref if t.status == "ok"], w)
-        if interrupted is None and not checkpointed
+        if interrupted is None and not (checkpointed or sharded)
         else None
     )
     w.close()  # the prefetching threads and the loaders' workers
     return RankProfile(ctx.rank, tuple(trials), probe, cap_bytes, interrupted, accumulation, run_trial_figures)
 
 
-def _world_spec(spec_dict: dict, checkpointed: bool) -> JobSpec:
+def _world_spec(spec_dict: dict, checkpointed: bool, sharded: bool = False) -> JobSpec:
     """The spec a world's ranks run: the job's, with the blocks checkpointed in the world of
-    ``train.checkpointing: auto``'s checkpointed variant."""
+    ``train.checkpointing: auto``'s checkpointed variant, sharded (fsdp) in the world of
+    ``train.parallelism: auto``'s sharded variant, and DDP in the other worlds of ``auto``."""
     spec = JobSpec.model_validate(spec_dict)
-    if not checkpointed:
+    update: dict[str, str] = {}
+    if checkpointed:
+        update["checkpointing"] = "on"
+    if spec.train.parallelism == "auto":
+        update["parallelism"] = "fsdp" if sharded else "ddp"
+    if not update:
         return spec
-    return spec.model_copy(update={"train": spec.train.model_copy(update={"checkpointing": "on"})})
+    return spec.model_copy(update={"train": spec.train.model_copy(update=update)})
 
 
 def _config_tuple(config: Sequence[Any]) -> ConfigTuple:
@@ -1000,7 +1000,7 @@ class ProfileSession:
         # the trials at other sequence lengths (search.sequence_lengths) on the sizes that run
         sizes = {c.n_workers for c in configs}
         at_lengths = [c for c in self._probed().configs if len(c) > 2 and c[0] in sizes]
-        done = {self.trial_key(t) for t in self.trials if not t.checkpointing}
+        done = {self.trial_key(t) for t in self.trials if not t.checkpointing and t.parallelism is None}
         for n in sorted(sizes):
             todo: list[ConfigTuple] = [
                 (c.n_workers, c.global_batch)
@@ -1016,6 +1016,12 @@ class ProfileSession:
             todo_checkpointed = [c for c in checkpointing_configs(at_own) if c not in measured]
             if todo_checkpointed:
                 self.run_world(todo_checkpointed[0][0], todo_checkpointed, checkpointed=True)
+        if self.spec.train.parallelism == "auto" and fsdp_obstacle(self.spec) is None:  # the sharded variant
+            measured = {(t.n_workers, t.global_batch) for t in self.trials if t.parallelism == "fsdp"}
+            at_own = [t for t in self.trials if t.sequence_length in (None, self.ref_length)]
+            todo_sharded = [c for c in sharding_configs(at_own) if c not in measured]
+            for n in dict.fromkeys(c[0] for c in todo_sharded):  # a world per cluster size, the smallest N >= 2 first
+                self.run_world(n, [c for c in todo_sharded if c[0] == n], sharded=True)
         return self.record()
 
     def trial_key(self, t: Trial) -> tuple[int, int, int | None]:
@@ -1080,17 +1086,22 @@ class ProfileSession:
             self.probe = MemoryProbe(ev.memory, ev.max_local_batch, tuple(_config_tuple(c) for c in ev.configs or ()))
         self.emit(ev)
 
-    def run_world(self, n: int, configs: list[ConfigTuple] | None, checkpointed: bool = False) -> None:
+    def run_world(
+        self, n: int, configs: list[ConfigTuple] | None, checkpointed: bool = False, sharded: bool = False
+    ) -> None:
         """One world of ``n`` ranks running ``configs`` (``None``: the first world, which
         probes the memory model and chooses them); its trials join the record
         (:meth:`merge_world`), a failed world is :meth:`world_failed`'s.  ``checkpointed``: the
-        world of ``train.checkpointing: auto``'s checkpointed variant (:func:`profile_world`)."""
+        world of ``train.checkpointing: auto``'s checkpointed variant (:func:`profile_world`);
+        ``sharded``: of ``train.parallelism: auto``'s sharded one."""
         self.streamed.clear()
         self.world_size, self.snapped = n, 0
         signum = interrupts.requested()
         if signum:
             raise self.stopped(signum)
-        oom_at = _oom_threshold([t for t in self.trials if t.n_workers == n and not t.checkpointing])
+        oom_at = _oom_threshold(
+            [t for t in self.trials if t.n_workers == n and not t.checkpointing and t.parallelism is None]
+        )
         try:
             res = self.launcher.run(
                 profile_world,
@@ -1100,8 +1111,9 @@ class ProfileSession:
                 self.cap,
                 self.search,
                 self.budget,
-                None if checkpointed else oom_at,
+                None if checkpointed or sharded else oom_at,
                 checkpointed,
+                sharded,
                 on_event=self.forward,
                 timeout_s=self.timeout,
             )
@@ -1110,6 +1122,8 @@ class ProfileSession:
             self.world_failed(err, n, configs)
             if checkpointed:  # its trials (and the one that ran out of memory) are the checkpointed variant's
                 self.trials[before:] = [replace(t, checkpointing=True) for t in self.trials[before:]]
+            if sharded:  # likewise the sharded variant's
+                self.trials[before:] = [replace(t, parallelism="fsdp") for t in self.trials[before:]]
             return
         except Interrupted as err:  # stopped before it began (its launcher's world gate: waiting for workers)
             raise self.stopped(err.signum) from None
@@ -1230,7 +1244,13 @@ class ProfileSession:
         spec, probe = self.spec, self._probed()
         ordered = sorted(
             [*self.trials, *extra],
-            key=lambda t: (t.n_workers, t.global_batch, t.sequence_length or 0, bool(t.checkpointing)),
+            key=lambda t: (
+                t.n_workers,
+                t.global_batch,
+                t.sequence_length or 0,
+                bool(t.checkpointing),
+                t.parallelism or "",
+            ),
         )
         partial: dict[str, Any] = {
             **({"failed": failed} if failed else {}),

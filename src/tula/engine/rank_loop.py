@@ -26,7 +26,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,9 @@ from tula.core.errors import SpecError, TulaError
 from tula.core.events import EpochFinished, Resized, StepDone, WorldStarted
 from tula.core.job_rules import check_train_config, state_from_spec
 from tula.core.noise_scale import NoiseScale
-from tula.core.records import EpochRecord, as_epoch, read_jsonl, write_atomic
+from tula.core.records import EpochRecord, read_jsonl, write_atomic
 from tula.core.schedules import Caps, ScheduleState, next_config, steps_per_epoch
-from tula.core.spec import JobSpec
+from tula.core.spec import JobSpec, reference_sequence_length
 from tula.engine.batch import slice_batch, to_device
 from tula.engine.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from tula.engine.checkpointing import apply_checkpointing
@@ -63,9 +63,10 @@ from tula.engine.memory import cap_address_space
 from tula.engine.noise_feed import _NoiseScaleFeed
 from tula.engine.optim.methods import build_method
 from tula.engine.precision import Precision
-from tula.engine.rank_messages import Finished, Interrupted, OutOfMemory, RankResult, Resize
+from tula.engine.rank_checkpoint import RankCheckpoint, epoch_line
+from tula.engine.rank_messages import Finished, Interrupted, OutOfMemory, RankResult, Resize, Segment
 from tula.engine.step import TrainStep, step_class
-from tula.engine.train_checks import check_resumed_precision
+from tula.engine.train_checks import check_resumed_precision, check_resumed_sequence_length
 from tula.engine.workloads import Dataset, build_loss, build_model, load_dataset
 
 METRICS = "metrics.jsonl"
@@ -96,24 +97,6 @@ def _rewrite_metrics(path: Path, upto_epoch: int) -> None:
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in lines))
 
 
-#: the order of an epoch's figures in its ``metrics.jsonl`` line (as the rank wrote them before the typed record);
-#: the evaluation's scores come in this order whichever of them it gives
-_LINE_ORDER = (
-    "epoch", "steps", "steps_done", "global_batch", "n_workers", "accumulation_steps", "micro_batch", "lr",
-    "train_loss", "epoch_time_s", "test_loss", "test_top1", "test_top5", "test_r2", "test_perplexity",
-    "skipped_steps", "b_simple", "scaled_fraction", "eval_s", "epoch_end_s",
-)  # fmt: skip
-
-
-def epoch_line(figures: EpochRecord) -> dict[str, Any]:
-    """An epoch's figures as its ``metrics.jsonl`` line holds them (the rank's edge: the line, the
-    checkpoint's history and the ranks' messages are JSON's values): only the figures given, in the
-    line's order; the schedule's decision and the checkpoint's times join it later."""
-    data = figures.model_dump(exclude_unset=True)
-    ordered = {key: data.pop(key) for key in _LINE_ORDER if key in data}
-    return {**ordered, **data}
-
-
 @dataclass
 class ScheduleStart:
     """What a world's ranks start a batch schedule from (``train_world``'s ``schedule``): the
@@ -140,7 +123,7 @@ def ddp_has_comm_hook(ddp: nn.Module) -> bool:
 
 
 def _restore(
-    state: dict | None,
+    state: RankCheckpoint | None,
     *,
     model: nn.Module,
     method: Any,
@@ -149,7 +132,7 @@ def _restore(
     spec: JobSpec,
     global_batch: int,
     schedule: ScheduleStart | None,
-) -> tuple[int, int, list, ScheduleState | dict | None, float]:
+) -> tuple[int, int, list[EpochRecord], ScheduleState | dict | None, float]:
     """Put this rank where the checkpoint ``state`` left the run (``None``: the start),
     with ``method`` just built for this world's batch (``n_steps`` steps per epoch): the
     model, the method's state (its LR rule re-applied at the new batch), the RNG, the
@@ -161,16 +144,16 @@ def _restore(
     sched_state = schedule.state if schedule else None
     lr_mult = schedule.lr_multiplier if schedule else 1.0
     if state is not None:
-        model.load_state_dict(state["model"])
-        start_epoch, steps_done, history = state["epoch"], state["steps_done"], state["history"]
+        model.load_state_dict(state.model)
+        start_epoch, steps_done, history = state.epoch, state.steps_done, list(state.history)
         # the LR schedule's position is counted in epochs: a generation at another batch has
         # another number of steps per epoch
-        method.load_state_dict(state["method_state"], step=start_epoch * n_steps)
-        torch.set_rng_state(state["torch_rng"])
-        if schedule and state.get("schedule_state") is not None:
-            sched_state, lr_mult = state["schedule_state"], state["lr_multiplier"]
-        if state.get("noise_scale"):
-            gns.load_state_dict(state["noise_scale"])
+        method.load_state_dict(state.method_state, step=start_epoch * n_steps)
+        torch.set_rng_state(state.torch_rng)
+        if schedule and state.schedule_state is not None:
+            sched_state, lr_mult = state.schedule_state, state.lr_multiplier
+        if state.noise_scale:
+            gns.load_state_dict(state.noise_scale)
     if schedule:
         if sched_state is None:  # a checkpoint written before the run had a schedule
             sched_state = state_from_spec(spec, global_batch)
@@ -281,12 +264,12 @@ class _RankTrainer:
         self.own_norms: LocalGradNorms | None = None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.method: Any = None
-        self.segments: list[dict] = []  # the batches this world trained at
+        self.segments: list[Segment] = []  # the batches this world trained at
         self.segment_t0 = 0.0  # when the current in-world segment began
         self.epoch_t0 = 0.0  # when the current epoch's steps began (every rank at once: run_epoch)
 
     # ------------------------------------------------------------------ the batch it trains at
-    def start_at(self, global_batch: int, state: dict | None) -> None:
+    def start_at(self, global_batch: int, state: RankCheckpoint | None) -> None:
         """Build the method at ``global_batch`` and put this rank where ``state`` (a
         checkpoint, or ``None``: the start) left the run (:func:`_restore`)."""
         self.global_batch, self.local_batch = global_batch, global_batch // self.world
@@ -318,7 +301,7 @@ class _RankTrainer:
             schedule=self.schedule,
         )
         if state is not None:
-            self.prec.load_state_dict(state.get("precision"))  # fp16: the scaler's scale and counters
+            self.prec.load_state_dict(state.precision)  # fp16: the scaler's scale and counters
         self.report_every = max(1, self.n_steps // 25)
 
     def resized(self, epoch: int, nxt: Config) -> Resize:
@@ -333,15 +316,19 @@ class _RankTrainer:
             config=self.now(), segments=self.segments, epochs_done=epochs_done, steps_done=steps_done, signum=signum
         )
 
-    def finished(self) -> Finished:
+    def end_segment(self) -> None:
+        """The wall time of an in-world segment (not the world's first: the caller counts that one) ends now."""
         if len(self.segments) > 1:
-            self.segments[-1]["wall_s"] = time.perf_counter() - self.segment_t0
+            self.segments[-1] = replace(self.segments[-1], wall_s=time.perf_counter() - self.segment_t0)
+
+    def finished(self) -> Finished:
+        self.end_segment()
         return Finished(
             config=self.now(),
             segments=self.segments,
             steps_per_epoch=self.n_steps,
             steps_done=self.steps_done,
-            history=self.history,
+            history=[epoch_line(h) for h in self.history],  # the ranks' messages carry the lines
             traces=self.method.traces() if self.rank == 0 else {},
             param_digest=param_digest(self.model),
         )
@@ -368,13 +355,12 @@ class _RankTrainer:
         if not fits:
             return OutOfMemory(config=self.now(), segments=self.segments, note=note)
         self.segments.append(
-            {
-                "global_batch": self.global_batch,
-                "n_workers": self.world,
-                "accumulation_steps": self.accum,
-                "from_epoch": self.start_epoch + 1,
-                "wall_s": None,
-            }
+            Segment(
+                global_batch=self.global_batch,
+                n_workers=self.world,
+                accumulation_steps=self.accum,
+                from_epoch=self.start_epoch + 1,
+            )
         )
         return None
 
@@ -430,9 +416,9 @@ class _RankTrainer:
             self.gns_feed.step(self.method, self.params, self.local_batch, self.global_batch,
                                loss_scale=self.prec.loss_scale(), skip=not finite)  # fmt: skip
 
-    def epoch_record(self, epoch: int, loss_sum: torch.Tensor, epoch_s: float) -> tuple[dict, dict]:
-        """The epoch's line of ``metrics.jsonl`` (loss and time agreed over the ranks, the
-        evaluation, the noise scale) and the method's per-step traces."""
+    def epoch_record(self, epoch: int, loss_sum: torch.Tensor, epoch_s: float) -> tuple[EpochRecord, dict]:
+        """The epoch's figures (loss and time agreed over the ranks, the evaluation, the noise
+        scale), the last of :attr:`history`, and the method's per-step traces."""
         t_end = time.perf_counter()
         self.method.before_eval()
         loss_total = loss_sum.reshape(1)
@@ -471,70 +457,81 @@ class _RankTrainer:
             eval_s=eval_s,
             epoch_end_s=time.perf_counter() - t_end,
         )
-        rec = epoch_line(figures)  # the history, the checkpoint and the ranks' messages hold lines
-        self.history.append(rec)
-        return rec, step_traces
+        self.history.append(figures)
+        return figures, step_traces
 
     def now(self) -> Config:
         """The configuration it trains at."""
         return Config(n_workers=self.world, global_batch=self.global_batch, accumulation_steps=self.accum)
 
-    def decide(self, epoch: int, rec: dict) -> Config:
+    def decide(self, epoch: int) -> Config:
         """The batch schedule's configuration for the next epoch (the same on every rank: the
-        history is all-reduced); an LR change at the same batch is applied here."""
+        history is all-reduced), its decision joining the epoch's figures (the last of
+        :attr:`history`); an LR change at the same batch is applied here."""
         if not self.schedule:
             return self.now()
         assert self.sched_state is not None, "_restore gives a run with a schedule the schedule's state"
         d = next_config(self.sched_state, epoch + 1, self.history, self.schedule.caps)
         self.sched_state = d.state.to_dict()  # the checkpoint keeps the state as JSON
         nxt = Config(n_workers=d.n_workers, global_batch=d.global_batch, accumulation_steps=d.accumulation_steps)
-        rec["schedule"] = d.record()
+        self.history[-1] = self.history[-1].model_copy(update={"schedule": d.record()})
         if nxt == self.now() and d.lr_multiplier != self.lr_mult:
             self.method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * self.n_steps)
         self.lr_mult = d.lr_multiplier
         return nxt
 
-    def checkpoint_state(self, epoch: int, nxt: Config) -> dict:
-        return {
-            "epoch": epoch + 1,
-            "steps_done": self.steps_done,
-            "history": self.history,
-            "method": self.method_name,
-            "global_batch": self.global_batch,
-            "n_workers": self.world,
-            "accumulation_steps": self.accum,
-            "fallbacks": self.fallbacks,
-            "model": self.model.state_dict(),
-            "method_state": self.method.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "schedule_state": self.sched_state,
-            "lr_multiplier": self.lr_mult,
-            "next_global_batch": nxt.global_batch,
-            "next_n_workers": nxt.n_workers,
-            "next_accumulation_steps": nxt.accumulation_steps,
-            "noise_scale": self.gns.state_dict(),
-            "precision": self.prec.state_dict(),
-        }
+    def checkpoint_state(self, epoch: int, nxt: Config) -> RankCheckpoint:
+        """The run after ``epoch``, which trains at ``nxt`` next."""
+        return RankCheckpoint(
+            epoch=epoch + 1,
+            steps_done=self.steps_done,
+            history=list(self.history),
+            method=self.method_name,
+            global_batch=self.global_batch,
+            n_workers=self.world,
+            accumulation_steps=self.accum,
+            fallbacks=self.fallbacks,
+            model=self.model.state_dict(),
+            method_state=self.method.state_dict(),
+            torch_rng=torch.get_rng_state(),
+            schedule_state=self.sched_state,
+            lr_multiplier=self.lr_mult,
+            next_global_batch=nxt.global_batch,
+            next_n_workers=nxt.n_workers,
+            next_accumulation_steps=nxt.accumulation_steps,
+            noise_scale=self.gns.state_dict(),
+            precision=self.prec.state_dict(),
+            sequence_length=reference_sequence_length(self.spec.data),
+        )
 
-    def write_epoch(self, ckpt: dict | None, rec: dict, step_traces: dict) -> None:
-        """Rank 0: the checkpoint, the metrics line, the progress event (FSDP: every rank its shards first)."""
+    def write_epoch(self, ckpt: RankCheckpoint | None, step_traces: dict) -> RankCheckpoint | None:
+        """The epoch's checkpoint ``ckpt`` (FSDP: every rank its shards first), then on rank 0 the
+        file, the epoch's times joining its figures, its ``metrics.jsonl`` line and the progress event.
+        Returns the checkpoint as the run goes on from it (FSDP: naming the shards just written; its
+        history with rank 0's times), ``None`` where ``ckpt`` is."""
         t0 = time.perf_counter()
-        ckpt = save_shards(self.ddp, self.method.optimizer, self.out, rec["epoch"], ckpt)
+        ckpt = save_shards(self.ddp, self.method.optimizer, self.out, self.history[-1].epoch, ckpt)
         if self.rank != 0:
-            return
+            return ckpt
         assert ckpt is not None, "rank 0 always builds the checkpoint (_train_in_world)"
-        save_checkpoint(ckpt, self.out)
+        save_checkpoint(ckpt.to_state(), self.out)
         prune_shards(self.out)
-        rec["checkpoint_s"] = time.perf_counter() - t0
-        # the epoch as the plan predicts it, on rank 0's clock from the ranks' common start: its steps,
-        # its end (evaluation, reductions, the schedule's decision), its checkpoint
-        rec["epoch_wall_s"] = time.perf_counter() - self.epoch_t0
+        rec = self.history[-1] = self.history[-1].model_copy(
+            update={
+                "checkpoint_s": time.perf_counter() - t0,
+                # the epoch as the plan predicts it, on rank 0's clock from the ranks' common start: its steps,
+                # its end (evaluation, reductions, the schedule's decision), its checkpoint
+                "epoch_wall_s": time.perf_counter() - self.epoch_t0,
+            }
+        )
+        line = epoch_line(rec)
         with open(self.metrics_path, "a") as fh:
-            fh.write(json.dumps({**rec, STEP_TRACES: step_traces} if step_traces else rec) + "\n")
-        self.ctx.emit(EpochFinished(as_epoch(dict(rec))))
+            fh.write(json.dumps({**line, STEP_TRACES: step_traces} if step_traces else line) + "\n")
+        self.ctx.emit(EpochFinished(rec))
+        return replace(ckpt, history=list(self.history))
 
     # ------------------------------------------------------------------ a new batch, same workers
-    def change_batch(self, epoch: int, new_batch: int, new_k: int, ckpt: dict) -> OutOfMemory | Resize | None:
+    def change_batch(self, epoch: int, new_batch: int, new_k: int, ckpt: RankCheckpoint) -> OutOfMemory | Resize | None:
         """Go on in this world at ``new_batch`` with ``new_k`` accumulation steps: the method
         again at the new batch, from the state just checkpointed (``ckpt``), as a new
         generation would take it from the file; then the probe.  ``None`` when training goes
@@ -615,8 +612,8 @@ def train_world(
     the first all-reduce after the change sums in the kept wrapper's (rebuilt) bucket
     order where a new generation's sums in DDP's first order, which can differ in the last
     bits -- as a resumed run's first step does from an uninterrupted run's.
-    Every result carries ``segments``: one ``{global_batch, n_workers, from_epoch,
-    wall_s}`` per batch this world trained at (``wall_s`` of an in-world change: from the
+    Every result carries ``segments``: one :class:`~tula.engine.rank_messages.Segment` per batch this
+    world trained at (``wall_s`` of an in-world change: from the
     change to the segment's end; the first segment's is left to the caller).
     ``config.accumulation_steps``: the k each step runs with (:meth:`_RankTrainer.run_epoch`),
     which the caller may have raised after an out-of-memory."""
@@ -639,11 +636,12 @@ def _train_in_world(
     ctx, spec = rt.ctx, rt.spec
     state = None
     if has_checkpoint(rt.out):
-        state = load_checkpoint(rt.out, map_location=ctx.device)
-        check_resumed_precision(state, spec, out_dir)
-        if state["method"] != method_name:
+        state = RankCheckpoint.from_state(load_checkpoint(rt.out, map_location=ctx.device))
+        check_resumed_precision(state.precision, spec, out_dir)
+        check_resumed_sequence_length(state.sequence_length, spec, out_dir)
+        if state.method != method_name:
             raise SpecError(
-                f"the checkpoint in {out_dir} was trained with method {state['method']!r}, "
+                f"the checkpoint in {out_dir} was trained with method {state.method!r}, "
                 f"not {method_name!r}; use another --out or the same method"
             )
     rt.start_at(global_batch, state)
@@ -663,18 +661,16 @@ def _train_in_world(
         ran = rt.run_epoch(epoch)
         if isinstance(ran, Interrupted):  # interrupted at a step
             return ran
-        rec, step_traces = rt.epoch_record(epoch, *ran)
-        nxt = rt.decide(epoch, rec)
+        _, step_traces = rt.epoch_record(epoch, *ran)
+        nxt = rt.decide(epoch)
         change = nxt != rt.now() and epoch + 1 < spec.epochs
         in_world = change and nxt.n_workers == rt.world
-        ckpt = rt.checkpoint_state(epoch, nxt) if rt.rank == 0 or in_world else None
-        rt.write_epoch(ckpt, rec, step_traces)
+        ckpt = rt.write_epoch(rt.checkpoint_state(epoch, nxt) if rt.rank == 0 or in_world else None, step_traces)
         if stop is not None and epoch + 1 < spec.epochs and stop.agree():  # no new epoch starts
             return rt.interrupted(epochs_done=epoch + 1, steps_done=rt.steps_done, signum=stop.signum)
         if not change:
             continue
-        if len(rt.segments) > 1:  # the wall time of an in-world segment ends here
-            rt.segments[-1]["wall_s"] = time.perf_counter() - rt.segment_t0
+        rt.end_segment()
         if not in_world:  # another worker count: the next generation's world
             return rt.resized(epoch, nxt)
         try:  # what the caller checks before a new generation (it says why when this fails)

@@ -6,13 +6,12 @@ Every rank of a world runs :func:`tula.engine.rank_loop.train_world` and returns
 supervisor (:class:`tula.engine.train.TrainSupervisor`) dispatches on the type, and maps a
 world that failed -- or a rank that returned nothing it knows -- to :class:`Failed`.  The
 messages cross process boundaries (multiprocessing's queues, Dask's futures, a gather over
-the control group), so they hold only builtins, lists, dicts and
+the control group), so they hold only builtins, lists, dicts, :class:`Segment` and
 :class:`~tula.core.config.Config`, and pickle.  They are never written to disk as they are:
 the supervisor turns what it keeps into the run's record (``train.json``) itself.
 
-``segments`` (every message but :class:`Failed`): one ``{global_batch, n_workers,
-accumulation_steps, from_epoch, wall_s}`` per batch the world trained at, ``wall_s`` of the
-first left ``None`` for the supervisor (it counts from the world's start).
+``segments`` (every message but :class:`Failed`): one :class:`Segment` per batch the world
+trained at, ``wall_s`` of the first left ``None`` for the supervisor (it counts from the world's start).
 """
 
 from __future__ import annotations
@@ -24,6 +23,29 @@ from tula.core.config import Config
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One batch a world trained at, from epoch ``from_epoch`` on (a batch change inside the world
+    starts the next).
+
+    Parameters
+    ----------
+    global_batch, n_workers, accumulation_steps : int
+        The configuration.
+    from_epoch : int
+        Its first epoch (from 1).
+    wall_s : float or None
+        Its wall time, seconds; ``None`` for the world's first segment, which the supervisor counts
+        from the world's start.
+    """
+
+    global_batch: int
+    n_workers: int
+    accumulation_steps: int
+    from_epoch: int
+    wall_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Finished:
     """The world trained the job's last epoch.
 
@@ -31,7 +53,7 @@ class Finished:
     ----------
     config : Config
         The configuration it ended at (a batch change inside the world moves it).
-    segments : list of dict
+    segments : list of Segment
         The batches this world trained at.
     steps_per_epoch : int
         Optimizer steps per epoch at ``config``'s global batch.
@@ -46,7 +68,7 @@ class Finished:
     """
 
     config: Config
-    segments: list[dict]
+    segments: list[Segment]
     steps_per_epoch: int
     steps_done: int
     history: list[dict]
@@ -63,7 +85,7 @@ class Resize:
     ----------
     config : Config
         The configuration the world ended at.
-    segments : list of dict
+    segments : list of Segment
         The batches this world trained at.
     epochs_done : int
         The last finished epoch (the checkpoint's).
@@ -74,7 +96,7 @@ class Resize:
     """
 
     config: Config
-    segments: list[dict]
+    segments: list[Segment]
     epochs_done: int
     steps_done: int
     next: Config
@@ -89,14 +111,14 @@ class OutOfMemory:
     ----------
     config : Config
         The configuration that ran out of memory.
-    segments : list of dict
+    segments : list of Segment
         The batches this world trained at before it.
     note : str
         Why: the probe's or the failure's sentence.
     """
 
     config: Config
-    segments: list[dict]
+    segments: list[Segment]
     note: str
 
 
@@ -109,7 +131,7 @@ class Interrupted:
     ----------
     config : Config
         The configuration the world was at.
-    segments : list of dict
+    segments : list of Segment
         The batches this world trained at.
     epochs_done : int
         The last finished epoch.
@@ -120,7 +142,7 @@ class Interrupted:
     """
 
     config: Config
-    segments: list[dict]
+    segments: list[Segment]
     epochs_done: int
     steps_done: int
     signum: int | None

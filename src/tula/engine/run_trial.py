@@ -43,6 +43,7 @@ from tula.engine.data import data_path
 from tula.engine.ddp import agree_max
 from tula.engine.launch import WorkerContext
 from tula.engine.memory import errno_evidence
+from tula.engine.rank_loop import _RankTrainer
 
 MAX_STEPS = 60  # timed pairs of steps of a run trial at most
 MIN_STEPS = 8  # and at least: the extra is a difference of two medians
@@ -102,7 +103,7 @@ def timed_indices(timed: int, min_timed_s: float, t_warm_s: float, every: int | 
 class _SideBySide:
     """A run trial's two kinds of timed step: the trainer's and the profile's plain one."""
 
-    def __init__(self, ctx: WorkerContext, rt: Any, plain_step: Callable[[], None]):
+    def __init__(self, ctx: WorkerContext, rt: _RankTrainer, plain_step: Callable[[], None]) -> None:
         self.ctx, self.rt, self.plain_step = ctx, rt, plain_step
         self.batches = data_path(rt.data, ctx.device).random_batches(rt.local_batch, torch.Generator().manual_seed(7))
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
@@ -128,7 +129,9 @@ class _SideBySide:
         return time.perf_counter() - t0
 
 
-def _time_epoch_end(ctx: WorkerContext, spec: JobSpec, rt: Any, loss_sum: torch.Tensor, train_s: float) -> tuple:
+def _time_epoch_end(
+    ctx: WorkerContext, spec: JobSpec, rt: _RankTrainer, loss_sum: torch.Tensor, train_s: float
+) -> tuple[float, float]:
     """One epoch's end, as training runs it (evaluation once first: its shapes' first run):
     ``(eval_s, epoch_end_s)``."""
     rt.stepper.evaluate(rt.data, rt.rank, rt.world, spec.train.eval_batch, spec.train.loss)
@@ -136,17 +139,19 @@ def _time_epoch_end(ctx: WorkerContext, spec: JobSpec, rt: Any, loss_sum: torch.
         ctx.stop.drain()  # the last step's stop check, before the epoch end's collectives
     t0 = time.perf_counter()
     rec, _ = rt.epoch_record(0, loss_sum, train_s)
-    return rec["eval_s"], time.perf_counter() - t0
+    epoch_end_s = time.perf_counter() - t0
+    assert rec.eval_s is not None, "epoch_record times the evaluation of every epoch"
+    return rec.eval_s, epoch_end_s
 
 
-def _time_checkpoint(ctx: WorkerContext, rt: Any, out: str) -> float:
+def _time_checkpoint(ctx: WorkerContext, rt: _RankTrainer, out: str) -> float:
     """The checkpoint's second write into ``out`` (as every epoch after the first writes it), on
     rank 0; 0.0 on the others."""
     if ctx.rank != 0:
         return 0.0
-    save_checkpoint(rt.checkpoint_state(0, rt.now()), out)
+    save_checkpoint(rt.checkpoint_state(0, rt.now()).to_state(), out)
     t0 = time.perf_counter()
-    save_checkpoint(rt.checkpoint_state(0, rt.now()), out)
+    save_checkpoint(rt.checkpoint_state(0, rt.now()).to_state(), out)  # as write_epoch writes it
     return time.perf_counter() - t0
 
 
@@ -164,8 +169,6 @@ def run_trial(
     step is a difference measured side by side; this rank's figures (the caller takes the
     slowest rank per step).  :class:`RunTrialNotRun` ``oom`` when the trainer's own probe step
     does not fit."""
-    from tula.engine.rank_loop import _RankTrainer
-
     method = spec.train.method
     out = tempfile.mkdtemp(prefix="tula-run-trial-")
     rt = _RankTrainer(ctx, spec, method, out, [], None, 1)

@@ -22,7 +22,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,17 +44,19 @@ from tula.core.records import (
 from tula.core.say import fmt_bytes
 from tula.core.schedules import next_config, steps_per_epoch  # noqa: F401 (re-exported)
 from tula.core.spec import JobSpec
+from tula.core.variants import models_as_trained
 from tula.engine import interrupts, rank_messages
 from tula.engine.checkpoint import CHECKPOINT, checkpoint_header, has_checkpoint
 from tula.engine.evaluation import evaluate  # noqa: F401 (re-exported)
 from tula.engine.launch import Launcher
 from tula.engine.metrics_sinks import EpochSinks
 from tula.engine.rank_loop import METRICS, STEP_TRACES, ScheduleStart, train_world  # noqa: F401 (re-exported)
-from tula.engine.rank_messages import Failed, Finished, OutOfMemory, RankResult, Resize
+from tula.engine.rank_messages import Failed, Finished, OutOfMemory, RankResult, Resize, Segment
 from tula.engine.rundir import check_out_dir, locked
 from tula.engine.train_checks import (  # noqa: F401 (re-exported)
     _check_before_any_world,
     check_resumed_precision,
+    check_resumed_sequence_length,
 )
 from tula.engine.workloads import check_workload
 
@@ -124,7 +126,7 @@ def _available(
     return replace(wanted, n_workers=got, global_batch=fewer)
 
 
-def _segments_from_history(epochs: list[EpochRecord]) -> list[dict]:
+def _segments_from_history(epochs: list[EpochRecord]) -> list[Segment]:
     """The batches a world that failed had trained at, from its epochs in the checkpoint
     (``wall_s``: the sum of their epoch times, the world's own time being unknown), as the
     ranks' messages carry them (:class:`~tula.engine.rank_messages.OutOfMemory`'s ``segments``)."""
@@ -135,7 +137,7 @@ def _segments_from_history(epochs: list[EpochRecord]) -> list[dict]:
             runs.append((at, h.epoch, 0.0))
         runs[-1] = (at, runs[-1][1], runs[-1][2] + (h.epoch_time_s or 0.0))
     return [
-        {"global_batch": b, "n_workers": n, "accumulation_steps": k, "from_epoch": first, "wall_s": wall_s}
+        Segment(global_batch=b, n_workers=n, accumulation_steps=k, from_epoch=first, wall_s=wall_s)
         for (b, n, k), first, wall_s in runs
     ]
 
@@ -383,7 +385,8 @@ class TrainSupervisor:
         when k differs from the spec's), and with a schedule the configuration it chose
         after the last finished epoch."""
         # before any world: the ranks check it again on loading
-        check_resumed_precision({"precision": meta.precision}, self.spec, self.out)
+        check_resumed_precision(meta.precision, self.spec, self.out)
+        check_resumed_sequence_length(meta.sequence_length, self.spec, self.out)
         if meta.method != self.method or (not self.scheduled and meta.n_workers != self.n_workers):
             raise SpecError(
                 f"the checkpoint in {self.out} was trained with method {meta.method!r} on "
@@ -417,7 +420,8 @@ class TrainSupervisor:
             self.n_workers if first is None else first.n_workers,
             self.train_size,
             max_local_batch=None,
-            models=self.models,
+            # the models of the variant this run trains (train.parallelism auto's fsdp: the sharded memory model)
+            models=None if self.models is None else models_as_trained(self.models, self.spec.train),
             method=self.method,
         )
         if self.resumed_from_epoch is None:  # epoch 0's configuration, within the caps
@@ -514,18 +518,19 @@ class TrainSupervisor:
             )
         return OutOfMemory(config=config, segments=segments, note=str(err))
 
-    def add_segments(self, segments: list[dict], started: float) -> None:
+    def add_segments(self, segments: list[Segment], started: float) -> None:
         """A world's segments (one per batch it trained at) join ``generations`` under the
         next world number; the first one's time, when the world left it open, counts from
         ``started`` (the world's start)."""
         if not segments:
             return
         world_no = (self.generations[-1].world or 0) + 1 if self.generations else 1
-        if segments[0]["wall_s"] is None:  # the world's start counts to its first batch
-            later = sum(g["wall_s"] for g in segments[1:])
-            segments[0] = {**segments[0], "wall_s": time.perf_counter() - started - later}
+        if segments[0].wall_s is None:  # the world's start counts to its first batch
+            later = sum(g.wall_s or 0.0 for g in segments[1:])
+            segments = [replace(segments[0], wall_s=time.perf_counter() - started - later), *segments[1:]]
         self.generations.extend(
-            Generation.model_validate({**g, "world": world_no, "new_world": k == 0}) for k, g in enumerate(segments)
+            Generation.model_validate({**asdict(g), "world": world_no, "new_world": k == 0})
+            for k, g in enumerate(segments)
         )
 
     # ------------------------------------------------------------------ between generations

@@ -2,7 +2,7 @@
 (:func:`tula.engine.train.train`): one sentence each for a configuration that cannot train, a
 batch schedule the method cannot follow, the plan's worker rule without the models, a worker
 count a launched world cannot have, a missing metrics sink, fp16 on a CPU, and a checkpoint
-trained in another precision (which the ranks check again on loading it)."""
+trained in another precision or at another sequence length (which the ranks check again on loading it)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,31 @@ from pathlib import Path
 from tula.core.errors import SpecError
 from tula.core.job_rules import schedule_problem, uses_models, worker_plan
 from tula.core.sinks import check_sinks
-from tula.core.spec import JobSpec
+from tula.core.spec import JobSpec, reference_sequence_length
 from tula.engine.launch import Launcher
 from tula.engine.precision import check_precision
 
 
-def check_resumed_precision(state: dict, spec: JobSpec, out_dir: str | Path) -> None:
-    """One sentence when the checkpoint ``state`` (or its header) was trained in another
-    precision than the spec's."""
-    trained_in = (state.get("precision") or {}).get("name", "fp32")
+def check_resumed_precision(precision: dict | None, spec: JobSpec, out_dir: str | Path) -> None:
+    """One sentence when the checkpoint whose precision state is ``precision`` (``None``: a
+    checkpoint from before it was kept, fp32) was trained in another precision than the spec's."""
+    trained_in = (precision or {}).get("name", "fp32")
     if trained_in != spec.train.precision:
         raise SpecError(
             f"the checkpoint in {out_dir} was trained in {trained_in}, not train.precision "
             f"{spec.train.precision}; resume it in {trained_in}, or train into another --out"
+        )
+
+
+def check_resumed_sequence_length(trained_at: int | None, spec: JobSpec, out_dir: str | Path) -> None:
+    """One sentence when the checkpoint was trained at sequence length ``trained_at`` and the spec's
+    data (as the configuration rule set it: :func:`tula.core.job_rules.training_spec`) has another.
+    Nothing to compare for a checkpoint from before the length was kept, or data without one."""
+    now = reference_sequence_length(spec.data)
+    if trained_at is not None and now is not None and now != trained_at:
+        raise SpecError(
+            f"the checkpoint in {out_dir} was trained at sequence length {trained_at}, not {now}; resume it at "
+            f"sequence length {trained_at}, or train into another --out"
         )
 
 

@@ -4,19 +4,79 @@ and the tables they print.  No torch here."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import TypeAdapter, ValidationError
 
 from tula.core.errors import TulaError
 from tula.core.records import PlanRecord, as_record
 from tula.core.say import Table, first_line, plain, text
+from tula.core.validation import first_error, lowered
 
 DEFAULT_SERVER = "http://127.0.0.1:8787"
 
 
 class ServiceError(TulaError):
     """The service refused a request or could not be reached (one sentence)."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as the service answers it (``GET /v1/jobs/ID``, a page's job, or what ``POST /v1/jobs``
+    answers: its id, url and state), read once where the JSON comes in; fields it does not name are left out."""
+
+    id: str
+    state: str
+    spec: dict[str, Any] = field(default_factory=dict)
+    """the job's spec as the JSON it was submitted as"""
+    url: str = ""
+    progress: float | None = None
+    """0 to 1; None before the job has any"""
+    message: str | None = None
+    error: str | None = None
+    created_at: str = ""
+    """ISO 8601"""
+    reused_models_from: str | None = None
+    """the job whose stored models this one planned from (not profiled again)"""
+
+    @property
+    def name(self) -> str:
+        """The spec's name (``""`` without one)."""
+        return str(self.spec.get("name", ""))
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("done", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of the service's jobs (``GET /v1/jobs``) and how many there are in all."""
+
+    jobs: list[JobView]
+    total: int
+
+
+_Answer = TypeVar("_Answer")
+
+
+def _parsed(kind: type[_Answer], body: Any, what: str) -> _Answer:
+    """``body`` (an answer's JSON) as ``kind``, or a :class:`ServiceError` naming the field that is
+    missing or wrong."""
+    try:
+        return TypeAdapter(kind).validate_python(body)
+    except ValidationError as err:
+        e = first_error(err)
+        where = e.where()
+        if not where:
+            problem = f"with {type(body).__name__}, not a job"
+        elif e.missing:
+            problem = f"without the field '{where}'"
+        else:
+            problem = f"with field '{where}' wrong ({lowered(e.message)})"
+        raise ServiceError(f"the service answered {what} {problem}; is --server a Tula service?") from None
 
 
 class Client:
@@ -60,17 +120,19 @@ class Client:
             )
         return body
 
-    def submit(self, spec: dict, **options: Any) -> dict:
-        return self._call(
+    def submit(self, spec: dict, **options: Any) -> JobView:
+        """Submit ``spec``; the queued job (its id, url and state)."""
+        body = self._call(
             "POST", "/v1/jobs", json={"spec": spec, **{k: v for k, v in options.items() if v is not None}}
         )
+        return _parsed(JobView, body, "POST /v1/jobs")
 
-    def jobs(self, state: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+    def jobs(self, state: str | None = None, limit: int = 50, offset: int = 0) -> JobPage:
         params = {"limit": limit, "offset": offset, **({"state": state} if state else {})}
-        return self._call("GET", "/v1/jobs", params=params)
+        return _parsed(JobPage, self._call("GET", "/v1/jobs", params=params), "GET /v1/jobs")
 
-    def job(self, job_id: str) -> dict:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+    def job(self, job_id: str) -> JobView:
+        return _parsed(JobView, self._call("GET", f"/v1/jobs/{job_id}"), f"GET /v1/jobs/{job_id}")
 
     def record(self, job_id: str, name: str, missing_ok: bool = False) -> dict | None:
         return self._call("GET", f"/v1/jobs/{job_id}/{name}", missing_ok=missing_ok)
@@ -85,38 +147,38 @@ class Client:
         return self._call("POST", "/v1/plans", json={"spec": spec, "objective": objective})
 
 
-def jobs_table(jobs: list[dict], total: int) -> Table:
-    t = Table(title=f"Tula jobs ({len(jobs)} of {total})")
+def jobs_table(page: JobPage) -> Table:
+    t = Table(title=f"Tula jobs ({len(page.jobs)} of {page.total})")
     for col in ("id", "name", "state", "progress", "created", "message"):
         t.add_column(col, justify="right" if col == "progress" else "left")
-    for j in jobs:
-        msg = plain(j.get("error") or j.get("message") or "")
+    for j in page.jobs:
+        msg = plain(j.error or j.message or "")
         t.add_row(
-            plain(j["id"]),
-            plain(j["spec"].get("name", "")),
-            plain(j["state"]),
-            f"{(j.get('progress') or 0):.0%}",
-            plain(j.get("created_at", ""))[:19].replace("T", " "),
+            plain(j.id),
+            plain(j.name),
+            plain(j.state),
+            f"{(j.progress or 0):.0%}",
+            plain(j.created_at)[:19].replace("T", " "),
             msg[:70],
         )
     return t
 
 
-def job_detail(job: dict, records: dict[str, dict | None]) -> list:
+def job_detail(job: JobView, records: dict[str, dict | None]) -> list:
     from tula.report import plan_table, train_table
 
     out: list = [
         text(
             "job ",
-            (job["id"], "bold"),
-            f" ({job['spec'].get('name', '')}): {job['state']}, {(job.get('progress') or 0):.0%}",
-            *((" -- ", job["message"]) if job.get("message") else ()),
+            (job.id, "bold"),
+            f" ({job.name}): {job.state}, {(job.progress or 0):.0%}",
+            *((" -- ", job.message) if job.message else ()),
         )
     ]
-    if job.get("reused_models_from"):
-        out.append(text(f"planned from the models of job {job['reused_models_from']} (not profiled again)"))
-    if job.get("error"):
-        out.append(text(("error", "bold red"), ": ", job["error"]))
+    if job.reused_models_from:
+        out.append(text(f"planned from the models of job {job.reused_models_from} (not profiled again)"))
+    if job.error:
+        out.append(text(("error", "bold red"), ": ", job.error))
     plan, train = records.get("plan"), records.get("train")
     if plan:
         chosen = as_record(plan, PlanRecord)  # the answer's JSON read as the record

@@ -40,7 +40,9 @@ What is in the key, and why:
   and the checkpointed one besides, so its models carry the checkpointing effect that those of
   an ``off`` or ``on`` profile do not.
 - ``parallelism``, only when not ``ddp`` (``train.parallelism: fsdp``): the profile measured
-  sharded steps, whose peak holds a share of the state and whose collectives differ.
+  sharded steps, whose peak holds a share of the state and whose collectives differ; ``auto``
+  has its own value: the profile measured DDP's steps and the sharded one besides, so its models
+  carry the sharding effect that those of a ``ddp`` or ``fsdp`` profile do not.
 - ``sequence_lengths``, only when given (``search.sequence_lengths``, sorted): models measured
   over several lengths carry terms in B*L and B*L^2 that one length's models do not (unlike
   the rest of the search space, which only chooses which points are measured).

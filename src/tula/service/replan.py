@@ -12,7 +12,7 @@ from tula.core.errors import InfeasibleError
 from tula.core.records import ModelsRecord, PlanRecord, as_record
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
-from tula.pipeline import record_dict, with_spec
+from tula.pipeline import with_spec
 
 
 class Problem(Exception):
@@ -64,7 +64,7 @@ def replan_from_models(models: dict | ModelsRecord, body: Replan, run: dict | No
     if body.use_measured:
         if run is None:
             raise Problem(409, "the job has no training run yet: use_measured needs a finished one")
-        measured = measured_ratio(run, record_dict(models))  # it reads the models as a dict
+        measured = measured_ratio(run, models)
         if measured is None:
             raise Problem(409, "the job's training run has no epoch to compare with its prediction")
 
@@ -82,6 +82,6 @@ def replan_from_models(models: dict | ModelsRecord, body: Replan, run: dict | No
         plan = make_plan(
             with_spec(models, spec.to_dict()), body.objective, noise_scale=body.noise_scale, measured=measured
         )
-        return as_record(plan, PlanRecord)
+        return plan
     except InfeasibleError as err:
         raise Problem(422, plain(err)) from None

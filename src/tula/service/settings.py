@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tula.core.errors import TulaError
 from tula.core.registry import cluster_kind
+from tula.core.validation import first_error, lowered
 
 
 class SettingsError(TulaError):
@@ -153,8 +154,8 @@ def settings_from(env: Mapping[str, str] | None = None, **overrides: Any) -> Ser
     try:
         return ServiceSettings(**values)
     except ValidationError as err:
-        e = err.errors()[0]
-        field = ".".join(str(p) for p in e["loc"]) or "settings"
-        raise SettingsError(
-            f"service setting {field!r} (TULA_{field.split('.')[0].upper()}): {e['msg'][0].lower() + e['msg'][1:]}"
+        e = first_error(err)
+        field = e.where() or "settings"
+        raise SettingsError(  # a validator's sentence without pydantic's "Value error, " before it
+            f"service setting {field!r} (TULA_{field.split('.')[0].upper()}): {lowered(e.message)}"
         ) from None

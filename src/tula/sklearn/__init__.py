@@ -357,12 +357,13 @@ class _TulaEstimator(JobSpecParams, BaseEstimator):
         checkpoint's own, or under ``method__parallelism="fsdp"`` (its ``checkpoint.pt`` holds no
         tensors) its shards gathered whole (:func:`tula.engine.fsdp.full_state_from_shards`)."""
         from tula.engine.checkpoint import load_checkpoint
-        from tula.engine.fsdp import SHARDS_KEY, full_state_from_shards
+        from tula.engine.fsdp import full_state_from_shards
+        from tula.engine.rank_checkpoint import RankCheckpoint
 
-        state = load_checkpoint(out, map_location="cpu")
-        weights = state["model"]
-        if state.get(SHARDS_KEY):  # sharded (FSDP): the weights are in checkpoint.shards/, not in checkpoint.pt
-            weights = full_state_from_shards(out, state[SHARDS_KEY])["model"]
+        state = RankCheckpoint.from_state(load_checkpoint(out, map_location="cpu"))
+        weights = state.model
+        if state.shards:  # sharded (FSDP): the weights are in checkpoint.shards/, not in checkpoint.pt
+            weights = full_state_from_shards(out, state.shards)["model"]
         module = self._build_module_here(model_spec, kwargs)
         module.load_state_dict(weights)
         module.eval()

@@ -1,0 +1,151 @@
+"""What a run variant changes in the fitted models (#44), as small parameter records: their own
+module so that the models record (:mod:`tula.core.records`) holds them typed while
+:mod:`tula.core.variants`, which fits and applies them, reads the records (it re-exports them).
+
+Numpy only: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from tula.core.memory_model import MemoryModel
+from tula.core.perfmodel import PerfModel, link_bytes
+
+
+@dataclass(frozen=True)
+class CheckpointingEffect:
+    """What checkpointing changes, fitted to the checkpointed trials against the plain models
+    at the same (N, b, L).  Bytes, seconds.
+
+    activation_bytes_per_sample : the activations a sample keeps with the blocks checkpointed (the
+        memory model's ``activation_bytes_per_sample`` of the checkpointed variant; the plain
+        model's is beside it for the ratio)
+    plain_activation_bytes_per_sample : the plain model's, at the same fit
+    static_delta_bytes : the change of the line's intercept (0 with one trial: not separable)
+    compute_factor : the checkpointed compute over the plain model's prediction (the median
+        over the trials, never below 1): the recomputed forward passes, fitted
+    trials : how many checkpointed trials it was fitted to
+    """
+
+    activation_bytes_per_sample: int
+    plain_activation_bytes_per_sample: int
+    static_delta_bytes: int
+    compute_factor: float
+    trials: int
+
+    def memory(self, plain: MemoryModel) -> MemoryModel:
+        """``plain`` with the blocks checkpointed: the activations per sample (and their terms in
+        the sequence length, scaled alike) and the intercept's change."""
+        ratio = self.activation_bytes_per_sample / max(self.plain_activation_bytes_per_sample, 1)
+        return replace(
+            plain,
+            activation_bytes_per_sample=int(self.activation_bytes_per_sample),
+            other_static_bytes=int(plain.other_static_bytes + self.static_delta_bytes),
+            bytes_per_token=plain.bytes_per_token * ratio,
+            bytes_per_token_squared=plain.bytes_per_token_squared * ratio,
+        )
+
+    def perf(self, plain: PerfModel) -> PerfModel:
+        """``plain`` with its compute scaled by the fitted factor (the sync is unchanged)."""
+        f = self.compute_factor
+        return replace(
+            plain,
+            c0=plain.c0 * f,
+            c1=plain.c1 * f,
+            t_floor_s=plain.t_floor_s * f,
+            c1_per_token=plain.c1_per_token * f,
+            c1_per_token_squared=plain.c1_per_token_squared * f,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CheckpointingEffect:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class ShardingEffect:
+    """What FSDP (``fully_shard`` per block, then the root) changes, fitted to the sharded trials
+    against the DDP models at the same (N, b, L).  Bytes, seconds.
+
+    Memory: a rank of N holds ``(param + grad + optimizer state) / N`` of the model's state (the
+    memory model's own bytes, divided), the buffers and the workspaces as under DDP (no DDP buckets),
+    the activations as under DDP (``b * bytes_per_sample(L)``), and the gathered blocks' working set
+    (``gather_bytes``: a block's parameters all-gathered for its forward and backward, its whole
+    gradients before they are reduce-scattered, FSDP's own buffers).  That working set is what is
+    left of the sharded trials' measured peaks after the sharded state and the activations: the
+    median over the trials (it may be negative where FSDP frees more than the model says).
+    Measured (tiny_gpt 4 x 64, CPU, fitted at N = 2, b = 4 and 32): the fitted peaks within 4.2 %; at
+    N = 4, -1.8 % at b = 32 but -12 % at b = 8 (the DDP line's intercept beyond the state is not divided).
+
+    Time: an additive per-step term, ``sync_s`` -- the sharded trials' step time less the DDP
+    model's compute at the same (b, N) (its ``rho`` slowdown included), the median over the
+    trials, never below 0.  Additive, not a factor on the compute: what FSDP adds per step is its
+    all-gathers (forward and backward) and reduce-scatters, whose bytes are the parameters'
+    whatever the batch, and which a rank waits for before each block (not overlapped with the
+    backward as DDP's bucketed all-reduce is, so added, not combined under ``gamma``).  It was
+    measured at one N (``n_workers``); at other N it is scaled as the fitted collective's bytes
+    per link (a ring's ``2 (N - 1) / N * S``), so the sharded step's sync is ``sync_s *
+    link_bytes(N) / link_bytes(n_workers)``, 0 at N = 1.  With accumulation the k - 1 micro-batches
+    without sync are the DDP model's compute (their all-gathers are not counted).
+
+    Which static bytes divide by N is measured where the sharded trials ran at two cluster sizes
+    (:func:`tula.engine.profile.sharding_configs`: the smallest N >= 2's two largest batches and
+    one batch at the next N >= 2 that ran; not N = 1, whose one-rank ``fully_shard`` is no point of
+    the line): what is left of each peak after the DDP line's static part and activations is
+    ``gather_bytes - divided_bytes * (1 - 1/N)``, a line in 1/N whose slope is ``divided_bytes``
+    (the state a rank holds 1/N of) and whose value at 1/N = 1 is ``gather_bytes`` (what no N
+    divides).  Measured (tiny_gpt 4 x 64, AdamW, CPU, fitted at N = 2 and 4): 3.30 MB of the
+    3.76 MB state divided (an earlier measurement: from N = 2 to N = 4 the peak drops by
+    (parameters + optimiser state) / 4, not by the gradients' share too).  With one size measured,
+    ``divided_bytes`` is ``None`` and the whole state is assumed divided.
+
+    gather_bytes : the gathered blocks' working set, fitted (with ``divided_bytes``: what no N divides)
+    sync_s : the per-step all-gather and reduce-scatter time at ``n_workers``, fitted
+    n_workers : the smallest cluster size of two or more the sharded trials ran at
+    state_bytes : the parameters', gradients' and optimiser state's bytes the DDP memory model holds
+        (divided by N under FSDP where ``divided_bytes`` is ``None``)
+    trials : how many sharded trials it was fitted to
+    divided_bytes : the static bytes a rank of N holds 1/N of, fitted over two cluster sizes
+        (``None``: one size measured; ``state_bytes`` assumed)
+    other_n_workers : the second cluster size the sharded trials ran at (``None``: one)
+    """
+
+    gather_bytes: int
+    sync_s: float
+    n_workers: int
+    state_bytes: int
+    trials: int
+    divided_bytes: int | None = None
+    other_n_workers: int | None = None
+
+    def memory(self, plain: MemoryModel) -> MemoryModel:
+        """``plain`` (DDP's) sharded: its state divided by N in a world of N
+        (:meth:`~tula.core.memory_model.MemoryModel.world_bytes`), the gathered working set added,
+        no DDP buckets, and no optimiser-step floor (the update runs on the shards)."""
+        return replace(
+            plain,
+            sharded=True,
+            sharded_gather_bytes=int(self.gather_bytes),
+            sharded_divided_bytes=self.divided_bytes,
+            ddp_bucket_bytes=0,
+            update_peak_bytes=0,
+        )
+
+    def perf(self, plain: PerfModel) -> PerfModel:
+        """``plain`` (DDP's) with its sync replaced by the fitted per-step term, scaled over N as
+        the collective's bytes per link, added to the compute (``gamma`` 1, no latency term)."""
+        at = float(link_bytes(plain.collective, self.n_workers, float(max(plain.grad_bytes, 1))))
+        beta = self.sync_s / at if at > 0 else 0.0
+        return replace(plain, alpha=0.0, beta=beta, alpha_intra=None, beta_intra=None, gamma=1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardingEffect:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})  # a one-size record: no divided_bytes
