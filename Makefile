@@ -30,7 +30,8 @@ test: lint
 	test $$parallel -eq 0 -a $$serial -eq 0
 
 # The architecture's contracts (import-linter: the layers, no torch in the core), ruff's lint
-# and format check, mypy on the package (pyproject's [tool.mypy]).  A minute or two; part of `make test`, so of CI.
+# and format check, mypy on the package and the benchmark scripts (pyproject's [tool.mypy] files).  A minute or
+# two; part of `make test`, so of CI.
 lint: $(STAMP)
 	cd src && ../$(VENV)/bin/lint-imports ../pyproject.toml
 	$(VENV)/bin/ruff check src tests bench examples docs/gen

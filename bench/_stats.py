@@ -52,7 +52,7 @@ def abs_rel_errors(predicted: Sequence[float], measured: Sequence[float]) -> np.
     return np.abs(p / m - 1.0)
 
 
-def summarise(errors: Sequence[float]) -> dict:
+def summarise(errors: Sequence[float] | np.ndarray) -> dict:
     """The mean, median, 95th percentile and worst of absolute relative errors.
 
     Parameters

@@ -26,7 +26,6 @@ from rich.console import Console
 from rich.table import Table
 
 from tula.core.fit import fit_models
-from tula.core.perfmodel import PerfModel
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
 from tula.engine.profile import profile
@@ -57,14 +56,14 @@ def main() -> None:
     a = ap.parse_args()
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     t0 = time.perf_counter()
-    models = fit_models(profile(spec_from_dict(spec(1)), "full", launcher)).to_json_dict()
+    models = fit_models(profile(spec_from_dict(spec(1)), "full", launcher))
     console.print(f"profile and fit: {time.perf_counter() - t0:.0f} s")
-    for c in models["accumulation_check"]:
-        console.print(f"  the profile's own check: N={c['n_workers']} {c['accumulation_steps']} x {c['micro_batch']}: "
-                      f"{c['rel_error']:.1%} off")  # fmt: skip
-    perf = PerfModel.from_dict(models["perf"])
+    for c in models.accumulation_check:
+        console.print(f"  the profile's own check: N={c.n_workers} {c.accumulation_steps} x {c.micro_batch}: "
+                      f"{c.rel_error:.1%} off")  # fmt: skip
+    perf = models.perf
     measured: dict[tuple[int, int], list[float]] = {c: [] for c in CONFIGS}
-    dataset_size = models["dataset_size"]
+    dataset_size = models.dataset_size
     for _ in range(a.rounds):
         for n, k in CONFIGS:
             d = spec(a.epochs)
@@ -93,9 +92,9 @@ def main() -> None:
     # ranking of the (N, k) at this B, predicted against measured
     twice = [v[:2] for v in measured.values() if len(v) >= 2]
     noise = noise_floor(*zip(*twice, strict=True)) if twice else None
-    pred, got = [r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]
+    pred_s, meas_s = [r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]
     console.print(
-        describe("step time with accumulation", error_stats(pred, got), noise, kendall_tau(pred, got)),
+        describe("step time with accumulation", error_stats(pred_s, meas_s), noise, kendall_tau(pred_s, meas_s)),
         highlight=False,
         soft_wrap=True,
     )
@@ -103,7 +102,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.node()}, {torch.get_num_threads()} torch threads",
         "rows": rows,
-        "profile_check": models["accumulation_check"],
+        "profile_check": models.to_json_dict()["accumulation_check"],
     }
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -15,6 +15,7 @@ timeout + 5 s.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from distributed import Client, LocalCluster
 from tula.core.errors import WorkerError
 from tula.core.records import TrainRecord
 from tula.core.spec import spec_from_dict
-from tula.engine.launch import LocalLauncher
+from tula.engine.launch import Launcher, LocalLauncher
 from tula.engine.launch.clusters import WORKER_CONFIG
 from tula.engine.launch.dask import DaskLauncher
 from tula.engine.profile import profile
@@ -51,9 +52,12 @@ def stamp(ctx) -> float:
     return time.time()
 
 
-def startup_s(launcher) -> float:
+def startup_s(launcher: Launcher) -> float:
     t0 = time.time()
-    started = launcher.run(stamp, 2)
+    # a local rank (forked from the fork server) finds the function by its module's name, not in
+    # __main__; Dask's workers take __main__'s function by value (cloudpickle), as they always did
+    fn = stamp if isinstance(launcher, DaskLauncher) else importlib.import_module("cluster_overhead").stamp
+    started = launcher.run(fn, 2)
     return max(started) - t0
 
 
@@ -100,7 +104,7 @@ def main() -> None:
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
     )
     client = Client(cluster)
-    launchers = {
+    launchers: dict[str, Launcher] = {
         "local": LocalLauncher(device="cpu", threads_per_worker=1),
         "dask": DaskLauncher(client, device="cpu", threads_per_worker=1, pg_timeout_s=args.pg_timeout),
     }
@@ -115,7 +119,7 @@ def main() -> None:
                 startup[name].append(startup_s(launcher))
                 prof = profile(spec, "partial", launcher=launcher)
                 for t in prof.trials:
-                    if t.status == "ok":
+                    if t.status == "ok" and t.t_step_s is not None:
                         profiled[name].setdefault((t.n_workers, t.global_batch), []).append(t.t_step_s)
                 run = train(spec, "lbt", 2, 128, Path(tmp) / f"{name}{r}", launcher=launcher)
                 trained[name].append(trained_step_s(run))

@@ -60,7 +60,7 @@ def make_images(root: Path, classes: int, per_class: int, size: int, seed: int =
         d.mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
             field = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize(
-                (size, size), Image.BILINEAR
+                (size, size), Image.Resampling.BILINEAR
             )
             img = np.asarray(field).astype(np.int16) + rng.integers(-24, 25, (size, size, 3))
             Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(d / f"{i:05d}.jpg", quality=90)

@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--configs", default="1x64,2x128", help="N x B pairs")
     args = ap.parse_args()
-    configs = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")]
+    configs = [(int(n), int(b)) for n, b in (c.split("x") for c in args.configs.split(","))]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),

@@ -131,7 +131,7 @@ def main() -> None:
     for precision in args.precisions:
         for b in batches:
             steps = {
-                "plain": plain_variant(model, classes, shape, b, precision, device, ddp=False),
+                "plain": plain_variant(model, classes, shape, b, precision, device, ddp=""),
                 "ddp": plain_variant(model, classes, shape, b, precision, device, ddp="default"),
                 "quiet": plain_variant(model, classes, shape, b, precision, device, ddp="quiet"),
                 "tula": tula_variant(model, classes, shape, b, precision, device),

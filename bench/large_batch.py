@@ -24,6 +24,7 @@ and ``ags_trace_<data>.png``; a markdown summary in ``summary.md``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -32,16 +33,21 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tula.core.config import Config
+from tula.core.events import Event
 from tula.core.registry import METHODS as METHOD_TABLE
 from tula.core.spec import spec_from_dict
-from tula.engine.launch import LocalLauncher
+from tula.engine.launch import LocalLauncher, WorkerContext
+from tula.engine.rank_messages import Finished
 from tula.engine.train import METRICS, step_traces, steps_per_epoch, train_world
 from tula.engine.workloads import load_dataset
 
@@ -60,7 +66,7 @@ DATASETS = {
 # label -> (tula method, spec overrides): every method of tula's registry under its label,
 # the baselines first; "AGS" is the default granularity, "AGS-element" the other one, run
 # too, to choose the default.
-OVERRIDES = {
+OVERRIDES: dict[str, dict[str, Any]] = {
     # LARS steps are lr * trust_coeff (0.001) * |w| / |g|: it needs a LARS-scale LR, not SGD's
     "lars": {"optimizer": {"lr": 1.0}},
     "ags": {"train": {"ags": {"granularity": "tensor"}}},
@@ -73,7 +79,7 @@ TABLE_METHODS = ["SB", *METHODS]
 
 
 def job_spec(dataset: str, seed: int, epochs: int, overrides: dict) -> dict:
-    d = {
+    d: dict[str, Any] = {
         "name": f"large-batch-{dataset}",
         **DATASETS[dataset],
         "epochs": epochs,
@@ -129,39 +135,68 @@ def make_cells(
 
 
 # --------------------------------------------------------------------------- in every rank
-def run_cells(ctx, cells: list[dict], scratch: str) -> int:
+@dataclass(frozen=True)
+class CellDone(Event):
+    """Rank 0 trained one cell: its row of ``results.jsonl`` (``row``)."""
+
+    kind: ClassVar[str] = "cell"
+    row: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OverheadRound(Event):
+    """Rank 0 finished round ``round`` of the step-time overhead's interleaved runs."""
+
+    kind: ClassVar[str] = "overhead_round"
+    round: int
+
+
+def train_cell(ctx: WorkerContext, spec: dict, method: str, global_batch: int, out: Path) -> Finished:
+    """One run of the runner at ``global_batch`` on this world, to the job's last epoch."""
+    res = train_world(
+        ctx, spec, method_name=method, config=Config(ctx.world_size, global_batch), out_dir=str(out), fallbacks=[]
+    )
+    if not isinstance(res, Finished):
+        raise RuntimeError(f"{method} at B={global_batch} did not finish: {res}")
+    return res
+
+
+def run_cells(ctx: WorkerContext, cells: list[dict], scratch: str) -> int:
     """Train every cell in turn with the runner; rank 0 reports each as an event."""
     for c in cells:
         out = Path(scratch) / cell_key(c).replace("/", "_")
         out.mkdir(parents=True, exist_ok=True)
-        res = train_world(ctx, c["spec"], c["method"], c["global_batch"], str(out), [], None)
+        res = train_cell(ctx, c["spec"], c["method"], c["global_batch"], out)
         if ctx.rank == 0:
-            hist = res["history"]
-            tr = {**(res.get("traces") or {}), **step_traces(out / METRICS)}  # per-step values: metrics.jsonl
+            hist = res.history
+            tr = {**res.traces, **step_traces(out / METRICS)}  # per-step values: metrics.jsonl
             ctx.emit(
-                {
-                    "type": "cell",
-                    "key": cell_key(c),
-                    **{k: c[k] for k in ("dataset", "seed", "label", "method", "global_batch")},
-                    "epochs": len(hist),
-                    "steps_per_epoch": res["steps_per_epoch"],
-                    "test_top1": hist[-1]["test_top1"],
-                    "best_test_top1": max(h["test_top1"] for h in hist),
-                    "test_loss": hist[-1]["test_loss"],
-                    "train_loss": hist[-1]["train_loss"],
-                    "s_per_epoch": statistics.median(h["epoch_time_s"] for h in hist),
-                    "scaled_fraction": tr.get("scaled_fraction"),
-                    "factors": tr.get("factors"),
-                    "delta": tr.get("delta") if c["seed"] == 0 else None,
-                    "scaled": tr.get("scaled") if c["seed"] == 0 else None,
-                    "delta_threshold": tr.get("delta_threshold"),
-                    "history": [{k: h[k] for k in ("epoch", "test_top1", "train_loss")} for h in hist],
-                }
+                CellDone(
+                    {
+                        "key": cell_key(c),
+                        **{k: c[k] for k in ("dataset", "seed", "label", "method", "global_batch")},
+                        "epochs": len(hist),
+                        "steps_per_epoch": res.steps_per_epoch,
+                        "test_top1": hist[-1]["test_top1"],
+                        "best_test_top1": max(h["test_top1"] for h in hist),
+                        "test_loss": hist[-1]["test_loss"],
+                        "train_loss": hist[-1]["train_loss"],
+                        "s_per_epoch": statistics.median(h["epoch_time_s"] for h in hist),
+                        "scaled_fraction": tr.get("scaled_fraction"),
+                        "factors": tr.get("factors"),
+                        "delta": tr.get("delta") if c["seed"] == 0 else None,
+                        "scaled": tr.get("scaled") if c["seed"] == 0 else None,
+                        "delta_threshold": tr.get("delta_threshold"),
+                        "history": [{k: h[k] for k in ("epoch", "test_top1", "train_loss")} for h in hist],
+                    }
+                )
             )
     return 0
 
 
-def time_overhead(ctx, spec_lbt: dict, spec_ags: dict, global_batch: int, rounds: int, scratch: str) -> dict:
+def time_overhead(
+    ctx: WorkerContext, spec_lbt: dict, spec_ags: dict, global_batch: int, rounds: int, scratch: str
+) -> dict:
     """LBT (the wrapped SGD alone) and AGS with once-per-epoch factor updates, interleaved
     ``rounds`` times in this world; per-step seconds from the runner's epoch times."""
     per_step: dict[str, list[float]] = {"lbt": [], "ags": []}
@@ -171,10 +206,10 @@ def time_overhead(ctx, spec_lbt: dict, spec_ags: dict, global_batch: int, rounds
         ):
             out = Path(scratch) / f"overhead_{name}_{r}"
             out.mkdir(parents=True, exist_ok=True)
-            res = train_world(ctx, spec, name, global_batch, str(out), [], None)
-            per_step[name] += [h["epoch_time_s"] / h["steps"] for h in res["history"][1:]]  # epoch 1: warm-up
+            res = train_cell(ctx, spec, name, global_batch, out)
+            per_step[name] += [h["epoch_time_s"] / h["steps"] for h in res.history[1:]]  # epoch 1: warm-up
         if ctx.rank == 0:
-            ctx.emit({"type": "overhead_round", "round": r + 1})
+            ctx.emit(OverheadRound(r + 1))
     return per_step
 
 
@@ -355,7 +390,8 @@ def plot_ags_trace(results: dict[str, dict], ds: int, batch: int, path: Path) ->
         "n_workers": 2,
         "global_batch": batch,
         "fallbacks": [],
-        "history": r["history"],
+        # the cell's lines keep epoch, top-1 and loss; its one configuration is every epoch's
+        "history": [{"global_batch": batch, "n_workers": 2, **h} for h in r["history"]],
         "traces": {
             "delta": r["delta"],
             "scaled": r["scaled"],
@@ -425,6 +461,8 @@ def main() -> None:
     )
     launcher = LocalLauncher(device="cpu", threads_per_worker=1)
     scratch = tempfile.mkdtemp(prefix="tula-large-batch-")
+    # the ranks' function and events by the module's name, not __main__'s: a rank's event unpickles here
+    by_name = importlib.import_module("large_batch")
     t0 = time.perf_counter()
     if a.report_only:
         cells = []
@@ -439,13 +477,13 @@ def main() -> None:
             ) as bar:
                 task = bar.add_task("cells", total=len(cells))
 
-                def on_event(rank: int, ev: dict) -> None:
-                    if ev.get("type") == "cell":
+                def on_event(rank: int, ev: Event) -> None:
+                    if isinstance(ev, by_name.CellDone):
                         with open(res_path, "a") as fh:
-                            fh.write(json.dumps({k: v for k, v in ev.items() if k != "type"}) + "\n")
-                        bar.update(task, advance=1, description=f"{ev['key']}: top-1 {ev['test_top1']:.1%}")
+                            fh.write(json.dumps(ev.row) + "\n")
+                        bar.update(task, advance=1, description=f"{ev.row['key']}: top-1 {ev.row['test_top1']:.1%}")
 
-                launcher.run(run_cells, 2, cells, scratch, on_event=on_event, timeout_s=None)
+                launcher.run(by_name.run_cells, 2, cells, scratch, on_event=on_event, timeout_s=None)
         ds0 = datasets[-1]
         if a.report_only:
             per_step = json.loads((a.out / "summary.json").read_text())["overhead"]["samples"]
@@ -454,7 +492,14 @@ def main() -> None:
             spec_lbt = job_spec(ds0, 0, 6, {})
             spec_ags = job_spec(ds0, 0, 6, METHODS["AGS"][1])
             per_step = launcher.run(
-                time_overhead, 2, spec_lbt, spec_ags, a.overhead_batch, a.overhead_rounds, scratch, timeout_s=None
+                by_name.time_overhead,
+                2,
+                spec_lbt,
+                spec_ags,
+                a.overhead_batch,
+                a.overhead_rounds,
+                scratch,
+                timeout_s=None,
             )[0]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -80,8 +80,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-WORKLOADS = {
+WORKLOADS: dict[str, dict[str, Any]] = {
     "small_cnn": {
         "model": {"name": "small_cnn", "kwargs": {"in_channels": 3, "num_classes": 10, "width": 32}},
         "budget_mib": 768,

@@ -22,6 +22,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,12 +33,11 @@ from rich.table import Table
 
 from tula.core.events import Event, TrialFinished, TrialsPlanned
 from tula.core.fit import fit_models, save_record
-from tula.core.perfmodel import PerfModel
 from tula.core.spec import spec_from_dict
 from tula.engine.memory import MemoryModel
 from tula.engine.profile import profile
 
-WORKLOADS = {
+WORKLOADS: dict[str, dict[str, Any]] = {
     "small_cnn": {
         "model": {"name": "small_cnn", "kwargs": {"in_channels": 1, "num_classes": 10, "width": 32}},
         "data": {"name": "digits"},
@@ -118,7 +118,7 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
     b = np.array([truth[k]["local_batch"] for k in common], float)
     meas_t = [truth[k]["t_step_s"] for k in common]
     meas_m = [truth[k]["peak_mem_bytes"] for k in common]
-    res = {
+    res: dict[str, Any] = {
         "model": name,
         "configs": len(common),
         "partial_trials": len(part["trials"]),
@@ -132,8 +132,8 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
     }
     global_b = np.array([k[1] for k in common], float)
     for label, rec in (("partial", part), ("full", full_a)):
-        models = fit_models(rec).to_json_dict()
-        perf, mem = PerfModel.from_dict(models["perf"]), MemoryModel.from_dict(models["memory"])
+        models = fit_models(rec)
+        perf, mem = models.perf, models.memory
         pred_t = perf.t_step_s(b, n)
         e_t = _rel(pred_t, meas_t)
         e_m = _rel(mem.predict_peak_bytes(b, n), meas_m)
@@ -145,7 +145,7 @@ def evaluate(name: str, timed_steps: int, out_dir: Path) -> dict:
         res["stats"][f"mem_{label}"] = summarise(e_m)
         # a plan ranks configurations by their time per sample: the step over the global batch
         res["stats"][f"tau_{label}"] = kendall_tau(pred_t / global_b, np.asarray(meas_t) / global_b)
-        res[f"perf_{label}"] = models["perf"]
+        res[f"perf_{label}"] = models.to_json_dict()["perf"]
         for k, p in zip(common, pred_t):
             res["per_config"][f"N={k[0]} B={k[1]}"][f"{label}_pred_s"] = float(p)
     # the memory model straight from the two probe steps, before any trial refines it

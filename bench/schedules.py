@@ -18,6 +18,7 @@ reference's accuracy with at least 2x fewer model updates.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import statistics
 import tempfile
@@ -27,7 +28,7 @@ from pathlib import Path
 from tula.core.fit import fit_models
 from tula.core.records import EpochRecord
 from tula.core.spec import spec_from_dict
-from tula.engine.launch import LocalLauncher
+from tula.engine.launch import Launcher, LocalLauncher
 from tula.engine.profile import profile
 from tula.engine.train import train
 
@@ -94,12 +95,15 @@ def stamp(ctx) -> float:
     return time.time()
 
 
-def resize_cost_s(launcher, n: int = 2, repeats: int = 3) -> float:
+def resize_cost_s(launcher: Launcher, n: int = 2, repeats: int = 3) -> float:
     """A new world's start: what a resize costs beyond writing the checkpoint."""
+    # a local rank (forked from the fork server) finds the function by its module's name, not in
+    # __main__; Dask's workers take __main__'s function by value (cloudpickle), as they always did
+    fn = importlib.import_module("schedules").stamp if isinstance(launcher, LocalLauncher) else stamp
     costs = []
     for _ in range(repeats):
         t0 = time.time()
-        costs.append(max(launcher.run(stamp, n)) - t0)
+        costs.append(max(launcher.run(fn, n)) - t0)
     return statistics.median(costs)
 
 
@@ -119,10 +123,8 @@ def main() -> None:
             "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 1024},
             "profile": {"warmup_steps": 2, "timed_steps": 6, "threads_per_worker": 1},
         }
-        models = fit_models(profile(spec_from_dict(base), "partial", launcher=launcher)).to_json_dict()
-        from tula.core.perfmodel import PerfModel
-
-        perf, size = PerfModel.from_dict(models["perf"]), models["dataset_size"]
+        models = fit_models(profile(spec_from_dict(base), "partial", launcher=launcher))
+        perf, size = models.perf, models.dataset_size
         rows: dict[str, list[dict]] = {}
         with tempfile.TemporaryDirectory() as tmp:
             for seed in range(args.seeds):
@@ -133,9 +135,12 @@ def main() -> None:
                     run = train(
                         spec, "lbt", n0, c["batch"], Path(tmp) / f"{label}-{seed}".replace(" ", "_"), launcher=launcher
                     )
+                    top1 = run.history[-1].test_top1
+                    if top1 is None:
+                        raise SystemExit(f"{label}: the run's last epoch has no top-1 accuracy")
                     rows.setdefault(label, []).append(
                         {
-                            "top1": 100 * run.history[-1].test_top1,
+                            "top1": 100 * top1,
                             "updates": run.steps_done,
                             "wall_s": run.train_s,
                             "pred_s": predicted_s(perf, run.history, size),

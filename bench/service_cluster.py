@@ -49,6 +49,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -115,6 +116,11 @@ def _t(s: str | None) -> float | None:
     return datetime.fromisoformat(s).timestamp() if s else None
 
 
+def _t_at(s: str) -> float:
+    """A time every job has (``created_at``), seconds since the epoch."""
+    return datetime.fromisoformat(s).timestamp()
+
+
 def _world_path(values: list[int | None]) -> str:
     """The world sizes a job held over its run, as the samples saw them change: ``1 2 1``."""
     path: list[int] = []
@@ -130,12 +136,12 @@ def analyse(jobs: list[dict], cluster: list[list], n_workers: int) -> dict:
     """The jobs' rows and the utilisation, from the service's own account: each ``GET
     /v1/cluster`` sample (time, workers a world's lock holds, workers, {job: [world workers,
     holds | waits | None]}) stands for the time until the next one."""
-    t_first = min(_t(j["created_at"]) for j in jobs)
-    t1 = max(_t(j["finished_at"]) or _t(j["created_at"]) for j in jobs)
+    t_first = min(_t_at(j["created_at"]) for j in jobs)
+    t1 = max(_t(j["finished_at"]) or _t_at(j["created_at"]) for j in jobs)
     steps = [(x, (nxt[0] if nxt is not None else t1) - x[0]) for x, nxt in zip(cluster, [*cluster[1:], None])]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for j in sorted(jobs, key=lambda j: j["created_at"]):
-        c, s, f = _t(j["created_at"]), _t(j["started_at"]), _t(j["finished_at"])
+        c, s, f = _t_at(j["created_at"]), _t(j["started_at"]), _t(j["finished_at"])
         held = [x[3][j["id"]][0] if x[3].get(j["id"], [None, None])[1] == "holds" else None for x in cluster]
         turn_s = sum(dt for x, dt in steps if x[3].get(j["id"], [None, None])[1] == "waits")
         rows.append({"name": j["spec"]["name"], "state": j["state"], "worlds": _world_path(held),
@@ -144,12 +150,12 @@ def analyse(jobs: list[dict], cluster: list[list], n_workers: int) -> dict:
     held_ws = queued_held_ws = queued_s = 0.0
     locked = []
     for x, dt in steps:
-        held = min(n_workers, sum(w for w, st in x[3].values() if st == "holds"))
-        held_ws += held * dt
+        held_now = min(n_workers, sum(w for w, st in x[3].values() if st == "holds"))
+        held_ws += held_now * dt
         waiting = any(st == "waits" for _, st in x[3].values())
         if waiting or any(r["created"] <= x[0] < (r["started"] or t1) for r in rows):  # some job waited
             queued_s += dt
-            queued_held_ws += held * dt
+            queued_held_ws += held_now * dt
             locked.append(x[1] / max(x[2], 1))
     return {
         "rows": rows,

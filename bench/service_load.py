@@ -65,7 +65,7 @@ def _light_client(url: str, job_id: str, bodies: list[dict], n: int, k: int) -> 
     """One standard-library client on one keep-alive connection: ``n`` re-plans, each answer
     read in full; their latencies and any errors."""
     u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    conn = http.client.HTTPConnection(u.hostname or "localhost", u.port, timeout=60)
     encoded = [json.dumps(b).encode() for b in bodies]
     latencies, errors = [], []
     try:

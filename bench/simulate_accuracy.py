@@ -192,13 +192,11 @@ def main() -> None:
         held_noise = [
             noise[(r["n_workers"], r["global_batch"])] for r in rows if (r["n_workers"], r["global_batch"]) in noise
         ]
-        stats = {
-            "error": summarise(errs),
-            "noise": summarise(held_noise) if held_noise else None,
-            "tau": kendall_tau([r["simulated_total_s"] for r in rows], [r["measured_total_s"] for r in rows]),
-        }
-        results["schemes"][name]["stats"] = stats
-        lines.append(describe(f"held out: {name}", stats["error"], stats["noise"], stats["tau"]))
+        error_stats = summarise(errs)
+        noise_stats = summarise(held_noise) if held_noise else None
+        tau = kendall_tau([r["simulated_total_s"] for r in rows], [r["measured_total_s"] for r in rows])
+        results["schemes"][name]["stats"] = {"error": error_stats, "noise": noise_stats, "tau": tau}
+        lines.append(describe(f"held out: {name}", error_stats, noise_stats, tau))
         summary.add_row(
             name,
             str(len(rows)),

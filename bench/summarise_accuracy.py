@@ -103,6 +103,19 @@ def pct(cell: str) -> float | None:
     return None if x is None else x / 100.0
 
 
+def val(cell: str) -> float:
+    """A table cell that must be a number (:func:`num`)."""
+    x = num(cell)
+    if x is None:
+        raise SystemExit(f"the table cell {cell!r} is not a number: update bench/summarise_accuracy.py")
+    return x
+
+
+def pct_val(cell: str) -> float:
+    """A percentage cell that must be a number, as a fraction (:func:`pct`)."""
+    return val(cell) / 100.0
+
+
 # --------------------------------------------------------------------------- the claims
 @dataclass
 class Block:
@@ -128,10 +141,10 @@ def gpu_check(secs) -> list[Block]:
     out = []
     for prec in ("fp32", "bf16", "fp16", None):
         rows = [r for r in t.rows if prec is None or r[0] == prec]
-        b = [num(r[t.col("b")]) for r in rows]
-        pred = [num(r[t.col("predicted")]) for r in rows]
-        plain = [num(r[t.col("plain")]) for r in rows]
-        errs = [abs(pct(r[t.col("predicted vs plain")])) for r in rows]  # as the benchmark printed it
+        b = [val(r[t.col("b")]) for r in rows]
+        pred = [val(r[t.col("predicted")]) for r in rows]
+        plain = [val(r[t.col("plain")]) for r in rows]
+        errs = [abs(pct_val(r[t.col("predicted vs plain")])) for r in rows]  # as the benchmark printed it
         # a plan ranks batches by time per sample: the step over b
         tau = kendall_tau([p / x for p, x in zip(pred, b, strict=True)], [m / x for m, x in zip(plain, b, strict=True)])
         label = prec or "all precisions"
@@ -145,7 +158,7 @@ def gpu_check(secs) -> list[Block]:
                 tau_of="time per sample over b = 32..256",
             )  # fmt: skip
         )
-    mem = [abs(pct(r[t.col("peak error vs tula")])) for r in t.rows]
+    mem = [abs(pct_val(r[t.col("peak error vs tula")])) for r in t.rows]
     out.append(Block("peak memory, ResNet-50/224, fp32/bf16/fp16", f"2026-11-26 12:50 UTC, {H100}", h, mem))
     return out
 
@@ -153,8 +166,8 @@ def gpu_check(secs) -> list[Block]:
 def accumulation(secs) -> list[Block]:
     h = "### Accumulation at a fixed B (`bench/accumulation.py`)"
     t = tables(_section(secs, h))[0]
-    pred = [num(r[t.col("predicted ms")]) for r in t.rows]
-    meas = [num(r[t.col("measured ms")]) for r in t.rows]
+    pred = [val(r[t.col("predicted ms")]) for r in t.rows]
+    meas = [val(r[t.col("measured ms")]) for r in t.rows]
     return [
         Block(
             "step time with accumulation, small_cnn on digits, B = 512, N 1-2 x k 1-4",
@@ -171,12 +184,12 @@ def simulator(secs) -> list[Block]:
     h = "## Simulating held-out configurations (`bench/simulate_accuracy.py`, issue #11)"
     ts = tables(_section(secs, h))
     loo, n2 = ts[1], ts[2]
-    key = lambda t, r: (int(num(r[t.col("N")])), int(num(r[t.col("B")])))  # noqa: E731
-    noise = {key(loo, r): pct(r[loo.col("noise A-B")]) for r in loo.rows}
+    key = lambda t, r: (int(val(r[t.col("N")])), int(val(r[t.col("B")])))  # noqa: E731
+    noise = {key(loo, r): pct_val(r[loo.col("noise A-B")]) for r in loo.rows}
     out = []
     for t, what in ((loo, "leave one out, 8 configurations"), (n2, "N = 2 held out (a one-worker fit)")):
-        sim = [num(r[t.col("simulated")]) for r in t.rows]
-        meas = [num(r[t.col("measured (A)")]) for r in t.rows]
+        sim = [val(r[t.col("simulated")]) for r in t.rows]
+        meas = [val(r[t.col("measured (A)")]) for r in t.rows]
         steps = [1437 // key(t, r)[1] for r in t.rows]  # digits' 1437 training samples (the section's own rule)
         tau = kendall_tau(
             [s * k for s, k in zip(sim, steps, strict=True)], [m * k for m, k in zip(meas, steps, strict=True)]
@@ -202,9 +215,9 @@ def run_prediction_cpu(secs) -> list[Block]:
     out = []
     for data in ("digits", "mnist1d", None):
         sel = [r for r in rows if data is None or r[0] == data]
-        errs = [flip(pct(r[t.col("error")])) for r in sel]  # printed as measured / predicted - 1
-        pred = [num(r[t.col("predicted s")]) for r in sel]
-        meas = [num(r[t.col("measured s")]) for r in sel]
+        errs = [flip(pct_val(r[t.col("error")])) for r in sel]  # printed as measured / predicted - 1
+        pred = [val(r[t.col("predicted s")]) for r in sel]
+        meas = [val(r[t.col("measured s")]) for r in sel]
         label = data or "both data sets"
         out.append(
             Block(
@@ -229,10 +242,11 @@ def run_prediction_gpu(secs) -> list[Block]:
     t1 = tables(_section(secs, h1))[0]
     t2 = tables(_section(secs, h2))[1]  # 15:41, the floor and the middle batch; its bf16 rows were not rerun
     rows = [
-        (r[0], pct(r[t1.col("error")]), num(r[t1.col("predicted s")]), num(r[t1.col("measured s")])) for r in t1.rows
+        (r[0], pct_val(r[t1.col("error")]), val(r[t1.col("predicted s")]), val(r[t1.col("measured s")]))
+        for r in t1.rows
     ]
     rows += [
-        (r[0], pct(r[t2.col("error")]), num(r[t2.col("predicted s")]), num(r[t2.col("measured s")]))
+        (r[0], pct_val(r[t2.col("error")]), val(r[t2.col("predicted s")]), val(r[t2.col("measured s")]))
         for r in t2.rows
         if r[t2.col("precision")] == "bf16"
     ]
@@ -295,15 +309,15 @@ def time_to_accuracy(secs) -> list[Block]:
     ):
         t = tables(_section(secs, h))[0]
         rows = [r for r in t.rows if num(r[t.col("B")]) != 32]  # B = 32 is the reference: 0 by construction
-        pred = [num(r[t.col("predicted E/E0")]) for r in rows]
+        pred = [val(r[t.col("predicted E/E0")]) for r in rows]
         for method, nth in (("lbt", 0), ("ags", 1)):
-            meas = [num(r[t.col("measured E/E0", nth)]) for r in rows]
+            meas = [val(r[t.col("measured E/E0", nth)]) for r in rows]
             out.append(
                 Block(
                     f"relative epochs to target (B_noise), {data}, {method}, B = 64..1024",
                     f"2026-11-25 20:10 UTC, {CPU} (AMD EPYC)",
                     h,
-                    [abs(pct(r[t.col("error", nth)])) for r in rows],
+                    [abs(pct_val(r[t.col("error", nth)])) for r in rows],
                     tau=kendall_tau(pred, meas),
                     tau_of="epochs to target over B",
                 )  # fmt: skip

@@ -37,6 +37,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from _stats import describe, error_stats, kendall_tau  # bench/, the folder the script runs from
@@ -114,7 +115,7 @@ def summarise(dataset: str, method: str, batches: list[int], runs: dict, target_
             for b in batches}  # fmt: skip
     finals = [r["history"][-1]["test_top1"] for r in mine[batches[0]]]
     target = target_frac * statistics.median(finals)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for b in batches:
         got = [reached(r["history"], target) for r in mine[b]]
         n_ok = sum(e is not None for e, _ in got)

@@ -41,7 +41,8 @@ import torch  # noqa: E402
 
 from tula.core.spec import spec_from_dict  # noqa: E402
 from tula.engine.data import data_path, epoch_order  # noqa: E402
-from tula.engine.launch import LocalLauncher  # noqa: E402
+from tula.engine.launch import LocalLauncher, WorkerContext  # noqa: E402
+from tula.engine.rank_messages import Interrupted  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:
@@ -49,11 +50,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(ctx, spec_dict: dict, method: str, global_batch: int, rounds: int) -> dict:
+def measure(ctx: WorkerContext, spec_dict: dict, method: str, global_batch: int, rounds: int) -> dict:
     """Run in the rank: the variants of the module's docstring, ``rounds`` times interleaved."""
     from tula.engine.profile import _Worker
     from tula.engine.rank_loop import _RankTrainer
-    from tula.engine.run_trial import run_trial
+    from tula.engine.run_trial import RankRunTrial, run_trial
 
     spec = spec_from_dict(spec_dict)
     out = tempfile.mkdtemp(prefix="tula-trainer-step-")
@@ -72,8 +73,10 @@ def measure(ctx, spec_dict: dict, method: str, global_batch: int, rounds: int) -
 
     rt.run_epoch(0)  # warm-up: the first epoch's kernels
     for r in range(rounds):
-        _, s = rt.run_epoch(1 + 2 * r)
-        got["loop"].append(s / n)
+        ran = rt.run_epoch(1 + 2 * r)
+        if isinstance(ran, Interrupted):
+            return {"status": "interrupted"}
+        got["loop"].append(ran[1] / n)
         perm = epoch_order(spec.seed, 2 + 2 * r, rt.data.train_size)
         batches = data_path(rt.data, ctx.device).epoch_batches(
             2 + 2 * r, perm, rt.global_batch, rt.rank, rt.local_batch, n
@@ -82,17 +85,18 @@ def measure(ctx, spec_dict: dict, method: str, global_batch: int, rounds: int) -
         times = []
         for i in range(n):
             t0 = time.perf_counter()
-            x, y = next(batches)
-            rt.train_step((2 + 2 * r) * n + i, x, y)
+            rt.stepper.train_step(next(batches), (2 + 2 * r) * n + i)
             _sync(ctx.device)
             times.append(time.perf_counter() - t0)
         got["synced"].append(sum(times) / n)
         got["synced median"].append(statistics.median(times))
         t = run_trial(ctx, spec, global_batch, 20, 0.5, plain)
-        regular = [s for s, d in zip(t["step_times_s"], t["due"]) if not d]
+        if not isinstance(t, RankRunTrial):
+            return {"status": t.status, "note": t.note}
+        regular = [s for s, d in zip(t.step_times_s, t.due) if not d]
         got["trial run"].append(statistics.median(regular))
-        got["trial plain"].append(statistics.median(t["plain_step_times_s"]))
-        due = [s for s, d in zip(t["step_times_s"], t["due"]) if d]
+        got["trial plain"].append(statistics.median(t.plain_step_times_s))
+        due = [s for s, d in zip(t.step_times_s, t.due) if d]
         got["trial due"].append(statistics.median(due) if due else 0.0)
     rt.data.close()
     return {"status": "ok", "steps_per_epoch": n, "per_round_s": got}
