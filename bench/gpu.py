@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import gc
 import json
 import math
@@ -92,6 +91,7 @@ from _stats import summarise  # noqa: E402  (bench/_stats.py: numpy only, nothin
 from tula.core.fit import fit_models  # noqa: E402
 from tula.core.memory_model import MemoryModel  # noqa: E402
 from tula.core.perfmodel import PerfModel, ranks_per_node_of  # noqa: E402
+from tula.core.records import ProfileRecord  # noqa: E402
 from tula.core.space import middle_batch  # noqa: E402
 from tula.core.spec import JobSpec, ModelSpec, spec_from_dict  # noqa: E402
 
@@ -315,24 +315,22 @@ def tula_spec(s: Setup, precision: str) -> JobSpec:
     )
 
 
-def partial_subset(prof: dict) -> dict:
+def partial_subset(prof: ProfileRecord) -> ProfileRecord:
     """The profile as ``--search partial`` would have measured it on a GPU: each N at its
     smallest and largest batch that ran, and the one nearest their geometric mean
     (``search.partial_middle_batch``, on by default on a GPU)."""
-    sub = copy.deepcopy(prof)
-    ok = [t for t in prof["trials"] if t["status"] == "ok"]
-    keep = set()
-    for n in {t["n_workers"] for t in ok}:
-        bs = sorted(t["global_batch"] for t in ok if t["n_workers"] == n)
+    ok = [t for t in prof.trials if t.status == "ok"]
+    keep: set[tuple[int, int | None]] = set()
+    for n in {t.n_workers for t in ok}:
+        bs = sorted(t.global_batch for t in ok if t.n_workers == n)
         keep |= {(n, bs[0]), (n, bs[-1]), (n, middle_batch(bs))}  # (n, None) matches no trial
-    sub["trials"] = [t for t in prof["trials"] if (t["n_workers"], t["global_batch"]) in keep]
-    return sub
+    return prof.model_copy(update={"trials": [t for t in prof.trials if (t.n_workers, t.global_batch) in keep]})
 
 
-def tula_profile(s: Setup, precision: str, launcher) -> tuple[dict, MemoryModel, PerfModel, int | None]:
+def tula_profile(s: Setup, precision: str, launcher) -> tuple[ProfileRecord, MemoryModel, PerfModel, int | None]:
     from tula.engine.profile import profile
 
-    prof = profile(tula_spec(s, precision), "full", launcher=launcher).to_json_dict()  # subsets are cut from its JSON
+    prof = profile(tula_spec(s, precision), "full", launcher=launcher)
     models = fit_models(partial_subset(prof))
     return prof, models.memory, models.perf, ranks_per_node_of(models.trials)
 
@@ -369,21 +367,14 @@ def gpt_spec(s: Setup, precision: str) -> JobSpec:
     )
 
 
-def gpt_subset(prof: dict, reference_length: int) -> dict:
+def gpt_subset(prof: ProfileRecord, reference_length: int) -> ProfileRecord:
     """The transformer's profile less one of its batches at the reference length: there, the
     smallest, middle and largest batch (as :func:`partial_subset`), and every trial at another
     length; the rest is held out."""
-    sub = copy.deepcopy(prof)
-    at_ref = sorted(
-        t["global_batch"]
-        for t in prof["trials"]
-        if t["status"] == "ok" and t.get("sequence_length") == reference_length
-    )
+    at_ref = sorted(t.global_batch for t in prof.trials if t.status == "ok" and t.sequence_length == reference_length)
     keep = {at_ref[0], at_ref[-1], middle_batch(at_ref)} if at_ref else set()
-    sub["trials"] = [
-        t for t in prof["trials"] if t.get("sequence_length") != reference_length or t["global_batch"] in keep
-    ]
-    return sub
+    trials = [t for t in prof.trials if t.sequence_length != reference_length or t.global_batch in keep]
+    return prof.model_copy(update={"trials": trials})
 
 
 def transformer_rows(s: Setup, precision: str, launcher, notes: list[str]) -> list[dict]:
@@ -411,17 +402,17 @@ def transformer_rows(s: Setup, precision: str, launcher, notes: list[str]) -> li
     if errors:
         notes.append(f"tiny_gpt {precision}: flash attention forced did not run ({'; '.join(errors)}).")
     _free(s.device)
-    prof = profile(gpt_spec(s, precision), "full", launcher=launcher).to_json_dict()
+    prof = profile(gpt_spec(s, precision), "full", launcher=launcher)
     fitted_on = gpt_subset(prof, s.gpt_length)
-    fitted = FittedModels.from_record(fit_models(fitted_on).to_json_dict())
-    measured = {(t["local_batch"], t.get("sequence_length")): t for t in prof["trials"] if t["n_workers"] == 1}
-    fit_points = {(t["local_batch"], t.get("sequence_length")) for t in fitted_on["trials"] if t["status"] == "ok"}
+    fitted = FittedModels.from_record(fit_models(fitted_on))
+    measured = {(t.local_batch, t.sequence_length): t for t in prof.trials if t.n_workers == 1}
+    fit_points = {(t.local_batch, t.sequence_length) for t in fitted_on.trials if t.status == "ok"}
     for row in rows:
         t = measured.get((row["b"], row["length"]))
         p = fitted.predict(n_workers=1, local_batch=row["b"], sequence_length=row["length"])
-        row["tula"] = t["t_step_s"] if t and t["status"] == "ok" else None
-        row["tula_status"] = t["status"] if t else "not profiled"
-        row["peak_tula"] = t.get("peak_mem_bytes") if t else None
+        row["tula"] = t.t_step_s if t and t.status == "ok" else None
+        row["tula_status"] = t.status if t else "not profiled"
+        row["peak_tula"] = t.peak_mem_bytes if t else None
         row["predicted"] = float(p.t_step_s[0])
         row["peak_predicted"] = None if p.peak_mem_bytes is None else int(p.peak_mem_bytes[0])
         row["fitted"] = (row["b"], row["length"]) in fit_points
@@ -780,14 +771,14 @@ def run(s: Setup, budget: Budget, mode: str) -> dict:
         prof, mm, perf, rpn = tula_profile(s, precision, launcher)
         if precision == "fp32":
             mm32 = mm
-        by_b = {t["local_batch"]: t for t in prof["trials"] if t["n_workers"] == 1}
+        by_b = {t.local_batch: t for t in prof.trials if t.n_workers == 1}
         for row in prec_rows:
             t = by_b.get(row["b"])
-            row["tula"] = t["t_step_s"] if t and t["status"] == "ok" else None
-            row["tula_status"] = t["status"] if t else "not profiled"
+            row["tula"] = t.t_step_s if t and t.status == "ok" else None
+            row["tula_status"] = t.status if t else "not profiled"
             row["predicted"] = float(perf.t_step_s(row["b"], 1, rpn))
             row["peak_predicted"] = int(mm.predict_peak_bytes(row["b"], 1))
-            row["peak_tula"] = t.get("peak_mem_bytes") if t else None
+            row["peak_tula"] = t.peak_mem_bytes if t else None
             row["resident"] = int(mm.resident_data_bytes)
             print(f"{precision} b={row['b']}: tula {_ms(row['tula'])} ms ({row['tula_status']}), predicted "
                   f"{_ms(row['predicted'])} ms, peak predicted {_gib(row['peak_predicted'])} GiB", flush=True)  # fmt: skip

@@ -187,7 +187,8 @@ def run_cells(ctx: WorkerContext, cells: list[dict], scratch: str) -> int:
                         "delta": tr.get("delta") if c["seed"] == 0 else None,
                         "scaled": tr.get("scaled") if c["seed"] == 0 else None,
                         "delta_threshold": tr.get("delta_threshold"),
-                        "history": [{k: h[k] for k in ("epoch", "test_top1", "train_loss")} for h in hist],
+                        # whole metrics lines (train.png's figure reads them), without the per-step traces
+                        "history": [{k: v for k, v in h.items() if k != "step_traces"} for h in hist],
                     }
                 )
             )
@@ -379,27 +380,37 @@ def plot_accuracy(
     plt.close(fig)
 
 
-def plot_ags_trace(results: dict[str, dict], ds: int, batch: int, path: Path) -> bool:
+def plot_ags_trace(results: dict[str, dict], ds: str, batch: int, path: Path) -> bool:
+    from pydantic import ValidationError
+
+    from tula.core.records import TrainRecord
     from tula.report import plot_training
 
     r = results.get(f"{ds}/seed0/AGS/B{batch}")
     if not r or not r.get("delta"):
         return False
-    run = {
-        "method": "ags",
-        "n_workers": 2,
-        "global_batch": batch,
-        "fallbacks": [],
-        # the cell's lines keep epoch, top-1 and loss; its one configuration is every epoch's
-        "history": [{"global_batch": batch, "n_workers": 2, **h} for h in r["history"]],
-        "traces": {
-            "delta": r["delta"],
-            "scaled": r["scaled"],
-            "scaled_fraction": r["scaled_fraction"],
-            "delta_threshold": r["delta_threshold"],
-            "factors": r["factors"],
-        },
-    }
+    try:  # the cell as the training record it trained (its one configuration every epoch's)
+        run = TrainRecord(
+            kind="tula.train",
+            version=1,
+            spec=job_spec(ds, 0, r["epochs"], {}),
+            method="ags",
+            n_workers=2,
+            global_batch=batch,
+            steps_per_epoch=r["steps_per_epoch"],
+            epochs=r["epochs"],
+            steps_done=r["steps_per_epoch"] * r["epochs"],
+            history=r["history"],
+            traces={
+                "delta": r["delta"],
+                "scaled": r["scaled"],
+                "scaled_fraction": r["scaled_fraction"],
+                "delta_threshold": r["delta_threshold"],
+                "factors": r["factors"],
+            },
+        )
+    except ValidationError:  # results of an earlier version kept only the epoch, top-1 and loss of each epoch
+        return False
     plot_training(run, path)
     return True
 

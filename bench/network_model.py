@@ -44,7 +44,6 @@ Run:  sudo .venv/bin/python bench/network_model.py [--rates 100,1000] [--models 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import platform
@@ -65,7 +64,7 @@ from bare_allreduce import measure as measure_bare_allreduce  # noqa: E402
 from emulated_hosts import EmulatedHosts, why_unavailable  # noqa: E402
 
 from tula.core.fit import fit_models  # noqa: E402
-from tula.core.records import PROFILE_KIND, load_record  # noqa: E402
+from tula.core.records import ProfileRecord, load_profile  # noqa: E402
 from tula.core.simulate import simulator_from_models  # noqa: E402
 
 console = Console(width=150)
@@ -90,7 +89,7 @@ def spec_for(model: str, sizes: list[int], timed_steps: int) -> dict:
     }
 
 
-def profile(h: EmulatedHosts, spec: dict, out: Path) -> dict:
+def profile(h: EmulatedHosts, spec: dict, out: Path) -> ProfileRecord:
     path = out.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(spec))
     t0 = time.perf_counter()
@@ -112,60 +111,60 @@ def profile(h: EmulatedHosts, spec: dict, out: Path) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"tula profile failed ({r.returncode}): {r.stderr[-2000:]}\n{h.log_tail()}")
     console.print(f"  profiled {out.name} in {time.perf_counter() - t0:.0f} s")
-    return load_record(out, expect=(PROFILE_KIND,))
+    return load_profile(out)
 
 
-def partial(prof: dict) -> dict:
+def partial(prof: ProfileRecord) -> ProfileRecord:
     """The partial search's trials (each N at its smallest and largest batch) of a full profile."""
-    sub = copy.deepcopy(prof)
-    ok = [t for t in prof["trials"] if t["status"] == "ok"]
+    ok = [t for t in prof.trials if t.status == "ok"]
     keep = []
-    for n in sorted({t["n_workers"] for t in ok}):
-        bs = sorted(t["global_batch"] for t in ok if t["n_workers"] == n)
+    for n in sorted({t.n_workers for t in ok}):
+        bs = sorted(t.global_batch for t in ok if t.n_workers == n)
         keep += [(n, bs[0]), (n, bs[-1])]
-    sub["trials"] = [t for t in prof["trials"] if (t["n_workers"], t["global_batch"]) in keep]
-    return sub
+    return prof.model_copy(update={"trials": [t for t in prof.trials if (t.n_workers, t.global_batch) in keep]})
 
 
-def judge(fit_prof: dict, held: dict, bare_sync_s: dict[int, float]) -> dict:
+def judge(fit_prof: ProfileRecord, held: ProfileRecord, bare_sync_s: dict[int, float]) -> dict:
     """The held-out trials against the simulator fitted on ``fit_prof``.  ``bare_sync_s``: per
     N, a bare all-reduce of the model's gradients on the same hosts and cores (a barrier
     before each, no compute beside it): the network model's own error is against it, and
     DDP's sync time above it is reported as the excess."""
-    models = fit_models(fit_prof).to_json_dict()
+    models = fit_models(fit_prof)
     sim = simulator_from_models(models, ranks_per_node=1)  # one rank per emulated host
-    perf = models["perf"]
+    perf = models.perf
     rows = []
-    for t in held["trials"]:
-        if t["status"] != "ok":
+    for t in held.trials:
+        if t.status != "ok":
             continue
-        n, big_b = t["n_workers"], t["global_batch"]
+        n, big_b = t.n_workers, t.global_batch
+        step_s, compute_s, sync_s = t.t_step_s, t.t_compute_s, t.t_sync_s
+        assert step_s is not None and compute_s is not None and sync_s is not None, "a trial that ran is timed"
         b = big_b / n
         pred_step = float(sim.t_step_s("ring", b, n))
         pred_comp = float(sim.t_compute_s(b, n))
         pred_sync = float(sim.t_sync_s("ring", n))
         bare = bare_sync_s[n]
-        excess = max(t["t_sync_s"] - bare, 0.0)
+        excess = max(sync_s - bare, 0.0)
         rows.append(
             {
                 "bare_sync_s": bare,
                 "excess_sync_s": excess,
-                "excess_share": excess / t["t_step_s"],
+                "excess_share": excess / step_s,
                 "network_rel_error": (pred_sync - bare) / bare,
-                "rel_error_without_excess": abs(pred_step - (t["t_step_s"] - excess)) / (t["t_step_s"] - excess),
+                "rel_error_without_excess": abs(pred_step - (step_s - excess)) / (step_s - excess),
                 "n_workers": n,
                 "global_batch": big_b,
-                "measured_s": t["t_step_s"],
+                "measured_s": step_s,
                 "simulated_s": pred_step,
-                "rel_error": abs(pred_step - t["t_step_s"]) / t["t_step_s"],
-                "measured_compute_s": t["t_compute_s"],
+                "rel_error": abs(pred_step - step_s) / step_s,
+                "measured_compute_s": compute_s,
                 "simulated_compute_s": pred_comp,
-                "compute_rel_error": (pred_comp - t["t_compute_s"]) / t["t_compute_s"],
-                "measured_sync_s": t["t_sync_s"],
+                "compute_rel_error": (pred_comp - compute_s) / compute_s,
+                "measured_sync_s": sync_s,
                 "simulated_sync_s": pred_sync,
             }
         )
-    bw = None if perf["beta"] <= 0 else 1.0 / perf["beta"]
+    bw = None if perf.beta <= 0 else 1.0 / perf.beta
 
     def median(key: str) -> float | None:
         return float(np.median([r[key] for r in rows])) if rows else None
@@ -177,9 +176,9 @@ def judge(fit_prof: dict, held: dict, bare_sync_s: dict[int, float]) -> dict:
         "median_abs_network_rel_error": float(np.median([abs(r["network_rel_error"]) for r in rows])) if rows else None,
         "median_without_excess": median("rel_error_without_excess"),
         "fitted_bandwidth_bytes_per_s": bw,
-        "alpha_s": perf["alpha"],
-        "frozen": perf["frozen"],
-        "fit_rmsle": perf["rmsle"],
+        "alpha_s": perf.alpha,
+        "frozen": list(perf.frozen),
+        "fit_rmsle": perf.rmsle,
     }
 
 
@@ -190,29 +189,29 @@ def topology(rate: float, inter: dict, args) -> dict:
     with EmulatedHosts(n_hosts=2, workers_per_host=2, rate_mbit=rate, pin_cores=args.pin) as h:
         p12 = profile(h, spec_for("mlp", [1, 2], args.timed_steps), base.with_name(base.name + "-n12.json"))
         p4 = profile(h, spec_for("mlp", [4], args.timed_steps), base.with_name(base.name + "-n4.json"))
-    models = fit_models(p12).to_json_dict()  # one host: the flat fit's alpha, beta are the intra-host link
-    perf = models["perf"]
-    intra_bw = None if perf["beta"] <= 0 else 1.0 / perf["beta"]
+    models = fit_models(p12)  # one host: the flat fit's alpha, beta are the intra-host link
+    perf = models.perf
+    intra_bw = None if perf.beta <= 0 else 1.0 / perf.beta
     net = dict(bandwidth=inter["fitted_bandwidth_bytes_per_s"], latency=inter["alpha_s"])
-    topo = simulator_from_models(models, ranks_per_node=2, intra_bandwidth=intra_bw, intra_latency=perf["alpha"], **net)
+    topo = simulator_from_models(models, ranks_per_node=2, intra_bandwidth=intra_bw, intra_latency=perf.alpha, **net)
     flat = simulator_from_models(models, ranks_per_node=1, **net)
     rows = []
-    for t in p4["trials"]:
-        if t["status"] != "ok":
+    for t in p4.trials:
+        if t.status != "ok" or t.t_step_s is None:
             continue
-        b = t["global_batch"] / 4
+        b = t.global_batch / 4
         # compute: the fitted one at the 2 ranks that share a host
         ts_topo = float(topo.t_step_s("ring", b, 4))
         ts_flat = float(flat.t_step_s("ring", b, 4))
         rows.append(
             {
-                "global_batch": t["global_batch"],
-                "measured_s": t["t_step_s"],
+                "global_batch": t.global_batch,
+                "measured_s": t.t_step_s,
                 "topology_s": ts_topo,
-                "topology_rel_error": abs(ts_topo - t["t_step_s"]) / t["t_step_s"],
+                "topology_rel_error": abs(ts_topo - t.t_step_s) / t.t_step_s,
                 "flat_s": ts_flat,
-                "flat_rel_error": abs(ts_flat - t["t_step_s"]) / t["t_step_s"],
-                "hosts": t["hosts"],
+                "flat_rel_error": abs(ts_flat - t.t_step_s) / t.t_step_s,
+                "hosts": t.hosts,
             }
         )
     return {
@@ -278,7 +277,7 @@ def main() -> None:
                     h, spec_for(model, [1, 2], args.timed_steps), base.with_name(base.name + "-n12.json")
                 )
                 held = profile(h, spec_for(model, [3, 4], args.timed_steps), base.with_name(base.name + "-n34.json"))
-                bare = measure_bare_allreduce(h, [3, 4], [held["model"]["param_count"]], args.pin, 10, args.out)
+                bare = measure_bare_allreduce(h, [3, 4], [held.model.param_count], args.pin, 10, args.out)
                 console.print(
                     "  bare all-reduce of the gradients, no compute: "
                     + ", ".join(f"N={n} {1e3 * t:.1f} ms" for n, t in bare.items())

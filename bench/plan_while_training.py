@@ -60,7 +60,7 @@ from emulated_hosts import EmulatedHosts, why_unavailable  # noqa: E402
 
 from tula.core.fit import fit_models  # noqa: E402
 from tula.core.plan import make_plan  # noqa: E402
-from tula.core.records import PROFILE_KIND, load_record, save_record  # noqa: E402
+from tula.core.records import EpochRecord, TrainRecord, load_profile, load_train, save_record  # noqa: E402
 from tula.core.run_costs import measured_epoch_s  # noqa: E402
 
 console = Console(width=150)
@@ -111,34 +111,34 @@ def run_on_head(h: EmulatedHosts, args: list, what: str) -> float:
     return time.perf_counter() - t0
 
 
-def time_to_target(history: list[dict], target: float) -> float | None:
+def time_to_target(history: list[EpochRecord], target: float) -> float | None:
     """Seconds of training (the epochs' wall times) until the first epoch whose test accuracy
     is at least ``target``; None when none reaches it."""
     total = 0.0
     for h in history:
         total += measured_epoch_s(h)
-        if (h.get("test_top1") or 0.0) >= target:
+        if (h.test_top1 or 0.0) >= target:
             return total
     return None
 
 
-def wall_to_target(run: dict, target: float) -> float | None:
+def wall_to_target(run: TrainRecord, target: float) -> float | None:
     """Wall seconds of training until the first epoch whose test accuracy is at least
     ``target``, world starts included: the epochs' wall times as :func:`time_to_target` sums
     them, plus, for each generation begun by then, the part of its ``wall_s`` that none of its
     epochs holds (a new world's start: processes, the process group, the checkpoint read).
     None when no epoch reaches it or the record has no generations."""
-    history, gens = run["history"], run.get("generations") or []
+    history, gens = run.history, run.generations or []
     if not gens:
         return None
-    ends = [g["from_epoch"] for g in gens[1:]] + [history[-1]["epoch"] + 1]
+    ends = [g.from_epoch for g in gens[1:]] + [history[-1].epoch + 1]
     total = 0.0
     for g, end in zip(gens, ends):
-        epochs = [h for h in history if g["from_epoch"] <= h["epoch"] < end]
-        total += max(0.0, (g.get("wall_s") or 0.0) - sum(measured_epoch_s(h) for h in epochs))
+        epochs = [h for h in history if g.from_epoch <= h.epoch < end]
+        total += max(0.0, (g.wall_s or 0.0) - sum(measured_epoch_s(h) for h in epochs))
         for h in epochs:
             total += measured_epoch_s(h)
-            if (h.get("test_top1") or 0.0) >= target:
+            if (h.test_top1 or 0.0) >= target:
                 return total
     return None
 
@@ -154,10 +154,10 @@ def one_rate(rate: float, model: str, args, out: Path, data: str = "digits") -> 
         prof_path = out / f"{tag}-{rate:g}-profile.json"
         t = run_on_head(h, ["profile", spec_path, "--search", "full", "--out", prof_path, "--force"], "profile")
         console.print(f"{tag} at {rate:g} Mbit/s: profiled in {t:.0f} s")
-        models = fit_models(load_record(prof_path, expect=(PROFILE_KIND,))).to_json_dict()
+        models = fit_models(load_profile(prof_path))
         models_path = out / f"{tag}-{rate:g}-models.json"
         save_record(models, models_path)
-        choice = make_plan(models, "time").to_json_dict()["choice"]
+        choice = make_plan(models, "time").choice
         for seed in args.seeds:
             for name, train in STRATEGIES.items():
                 s = base_spec(model, args.epochs, seed, data)
@@ -169,13 +169,13 @@ def one_rate(rate: float, model: str, args, out: Path, data: str = "digits") -> 
                 shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time
                 cmd = ["train", path, "--models", models_path, "--out", run_dir]
                 if name == "fixed":
-                    cmd += ["--workers", choice["n_workers"], "--batch", choice["global_batch"]]
+                    cmd += ["--workers", choice.n_workers, "--batch", choice.global_batch]
                 else:
                     cmd += ["--batch", 32]
                 wall = run_on_head(h, cmd, f"training {name}")
-                run = json.loads((run_dir / "train.json").read_text())
-                hist = run["history"]
-                ratios = [measured_epoch_s(e) / e["predicted_epoch_s"] for e in hist[1:] if e.get("predicted_epoch_s")]
+                run = load_train(run_dir / "train.json")
+                hist = run.history
+                ratios = [measured_epoch_s(e) / e.predicted_epoch_s for e in hist[1:] if e.predicted_epoch_s]
                 row = {
                     "rate_mbit": rate,
                     "model": model,
@@ -183,22 +183,22 @@ def one_rate(rate: float, model: str, args, out: Path, data: str = "digits") -> 
                     "target": target,
                     "seed": seed,
                     "strategy": name,
-                    "configs": " ".join(f"{e['global_batch']}/{e['n_workers']}" for e in hist),
+                    "configs": " ".join(f"{e.global_batch}/{e.n_workers}" for e in hist),
                     "train_s": sum(measured_epoch_s(e) for e in hist),
                     "to_target_s": time_to_target(hist, target),
                     "wall_to_target_s": wall_to_target(run, target),
-                    "world_starts": sum(1 for g in run.get("generations") or [] if g.get("new_world")),
-                    "final_acc": hist[-1].get("test_top1"),
+                    "world_starts": sum(1 for g in run.generations or [] if g.new_world),
+                    "final_acc": hist[-1].test_top1,
                     "median_measured_to_predicted": statistics.median(ratios) if ratios else None,
                     # each generation's epoch after the first, for the accuracy statistics (bench/_stats.py)
                     "epochs": [
                         {
-                            "config": (e["global_batch"], e["n_workers"]),
-                            "predicted_s": e["predicted_epoch_s"],
+                            "config": (e.global_batch, e.n_workers),
+                            "predicted_s": e.predicted_epoch_s,
                             "measured_s": measured_epoch_s(e),
                         }
                         for e in hist[1:]
-                        if e.get("predicted_epoch_s")
+                        if e.predicted_epoch_s
                     ],
                     "command_s": wall,
                 }

@@ -32,6 +32,7 @@ from tula.core.errors import TulaError
 from tula.core.fit import fit_models
 from tula.core.job_rules import check_train_config
 from tula.core.plan import make_plan
+from tula.core.records import ModelsRecord
 from tula.core.registry import METHOD_NAMES
 from tula.core.run_costs import (
     EPOCH_TIMES,
@@ -93,24 +94,25 @@ def predict_and_train(
     against the plan's prediction, or the sentence that skipped it."""
     job = spec_from_dict(job_dict)
     method = job.train.method
-    models = fit_models(profile(job, "partial", launcher)).to_json_dict()
-    plan = make_plan(models, objective).to_json_dict()
-    choice = (plan["choice"]["n_workers"], plan["choice"]["global_batch"])
+    models = fit_models(profile(job, "partial", launcher))
+    plan = make_plan(models, objective)
+    choice = (plan.choice.n_workers, plan.choice.global_batch)
     rest = [c for c in dict.fromkeys(others) if c != choice]
     rows = []
     for n, big_b in [choice, *rest[:cap_others]]:
         row = {"method": method, "n_workers": n, "global_batch": big_b, "chosen": (n, big_b) == choice}
         try:
-            check_train_config(job, method, n, big_b, models["dataset_size"])
+            check_train_config(job, method, n, big_b, models.dataset_size)
         except TulaError as err:
             rows.append({**row, "skipped": str(err)})
             continue
         with tempfile.TemporaryDirectory() as out:
-            run = compare_with_plan(train(job, method, n, big_b, Path(out), launcher=launcher), models).to_json_dict()
-        later = run["history"][1:]
+            run = compare_with_plan(train(job, method, n, big_b, Path(out), launcher=launcher), models)
+        later = run.history[1:]
         measured = statistics.median(measured_epoch_s(h) for h in later)
-        predicted = later[0]["predicted_epoch_s"]
-        steps = later[0]["steps"]
+        predicted = later[0].predicted_epoch_s
+        assert predicted is not None, "compare_with_plan predicts every epoch"
+        steps = later[0].steps
         end_p, periodic_p = predicted_end_s(models, method, n, steps)
         rows.append(
             {
@@ -118,22 +120,22 @@ def predict_and_train(
                 "measured_epoch_s": measured,
                 "predicted_epoch_s": predicted,
                 "error": measured / predicted - 1.0,
-                "steps_s": statistics.median(h["epoch_time_s"] for h in later),
-                "end_s": statistics.median(h["epoch_end_s"] + h["checkpoint_s"] for h in later),
+                "steps_s": statistics.median(h.epoch_time_s for h in later),
+                "end_s": statistics.median((h.epoch_end_s or 0.0) + (h.checkpoint_s or 0.0) for h in later),
                 "steps_per_epoch": steps,
                 # a step as the epoch's steps ran it: the method's periodic work falls inside them
-                "measured_step_s": statistics.median(h["epoch_time_s"] / h["steps"] for h in later),
+                "measured_step_s": statistics.median(h.epoch_time_s / h.steps for h in later),
                 "predicted_step_s": predicted_step_s(models, method, big_b, n) + periodic_p / steps,
                 "predicted_end_s": end_p,
                 # the parts, to tell which one a miss is in: the trained epochs' and the run trial's
-                "epochs": [{k: h.get(k) for k in EPOCH_TIMES} for h in later],
+                "epochs": [{k: getattr(h, k) for k in EPOCH_TIMES} for h in later],
                 "run_trial": trial_parts(models, method),
             }
         )
     return rows
 
 
-def predicted_end_s(models: dict, method: str, n_workers: int, steps: int) -> tuple[float, float]:
+def predicted_end_s(models: ModelsRecord, method: str, n_workers: int, steps: int) -> tuple[float, float]:
     """The plan's end of an epoch of ``steps`` steps at N (evaluation, the epoch's records, the
     checkpoint), to set beside the trained epochs' ``end_s``, and the method's periodic work
     in that epoch, which training does inside its steps (``RunCosts.epoch_fixed_s``; 0 and 0
@@ -145,18 +147,18 @@ def predicted_end_s(models: dict, method: str, n_workers: int, steps: int) -> tu
     return float(costs.epoch_fixed_s(n_workers, steps)) - periodic, periodic
 
 
-def trial_parts(models: dict, method: str) -> list[dict]:
+def trial_parts(models: ModelsRecord, method: str) -> list[dict]:
     """The profile's run trials of ``method`` as measured (their batch, medians of the
     method's and the plain steps side by side, the epoch's end), with the fitted plain step
     at the same batch: what the plan's per-step and per-epoch terms were fitted from."""
     out = []
-    for t in models.get("run_trials") or []:
-        if t.get("status") != "ok" or t.get("method") != method:
+    for t in models.run_trials:
+        if t.status != "ok" or t.method != method or t.global_batch is None:
             continue
         keys = ("n_workers", "global_batch", "t_run_step_s", "t_due_step_s", "t_step_plain_s", "eval_s",
                 "epoch_end_s", "checkpoint_s")  # fmt: skip
-        fitted = fitted_step_s(models, t["global_batch"], t["n_workers"])
-        out.append({**{k: t.get(k) for k in keys}, "fitted_plain_step_s": fitted})
+        fitted = fitted_step_s(models, t.global_batch, t.n_workers)
+        out.append({**{k: getattr(t, k) for k in keys}, "fitted_plain_step_s": fitted})
     return out
 
 

@@ -24,7 +24,6 @@ Run:  python bench/simulate_accuracy.py [--profile A.json [B.json]] [--timed-ste
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import platform
@@ -40,15 +39,16 @@ from rich.console import Console
 from rich.table import Table
 
 from tula.core.fit import fit_models
-from tula.core.records import PROFILE_KIND, load_record
+from tula.core.records import ProfileRecord, load_profile
 from tula.core.schedules import steps_per_epoch
 from tula.core.simulate import simulator_from_models
+from tula.core.trial import Trial
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=140)
 
 
-def run_profile(spec_path: Path, out: Path, timed_steps: int) -> dict:
+def run_profile(spec_path: Path, out: Path, timed_steps: int) -> ProfileRecord:
     """A real ``tula profile --search full`` of the spec (timed steps overridden)."""
     spec = yaml.safe_load(spec_path.read_text())
     spec.setdefault("profile", {})["timed_steps"] = timed_steps
@@ -60,36 +60,35 @@ def run_profile(spec_path: Path, out: Path, timed_steps: int) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"tula profile failed ({r.returncode}): {r.stderr[-2000:]}")
     console.print(f"profiled {out.name} in {time.perf_counter() - t0:.0f} s")
-    return load_record(out, expect=(PROFILE_KIND,))
+    return load_profile(out)
 
 
-def _key(t: dict) -> tuple[int, int]:
-    return t["n_workers"], t["global_batch"]
+def _key(t: Trial) -> tuple[int, int]:
+    return t.n_workers, t.global_batch
 
 
-def simulate_held_out(prof: dict, held: set[tuple[int, int]]) -> list[dict]:
+def simulate_held_out(prof: ProfileRecord, held: set[tuple[int, int]]) -> list[dict]:
     """Refit ``prof`` without the ``held`` configurations; simulate each of them."""
-    sub = copy.deepcopy(prof)
-    sub["trials"] = [t for t in prof["trials"] if _key(t) not in held]
-    models = fit_models(sub).to_json_dict()
+    models = fit_models(prof.model_copy(update={"trials": [t for t in prof.trials if _key(t) not in held]}))
     sim = simulator_from_models(models)
-    coll, epochs, d = models["perf"]["collective"], sim.epochs, sim.dataset_size
+    coll, epochs, d = models.perf.collective, sim.epochs, sim.dataset_size
     out = []
-    for t in prof["trials"]:
-        if _key(t) not in held or t["status"] != "ok":
+    for t in prof.trials:
+        if _key(t) not in held or t.status != "ok" or t.t_step_s is None:
             continue
-        row = sim.constant(t["global_batch"], [t["n_workers"]], [coll])[0]
-        measured_total = epochs * steps_per_epoch(d, t["global_batch"]) * t["t_step_s"]
+        row = sim.constant(t.global_batch, [t.n_workers], [coll])[0]
+        assert row.t_step_s is not None, "a configuration the profile ran is simulated"
+        measured_total = epochs * steps_per_epoch(d, t.global_batch) * t.t_step_s
         out.append(
             {
-                "n_workers": t["n_workers"],
-                "global_batch": t["global_batch"],
-                "measured_s": t["t_step_s"],
+                "n_workers": t.n_workers,
+                "global_batch": t.global_batch,
+                "measured_s": t.t_step_s,
                 "simulated_s": row.t_step_s,
                 "measured_total_s": measured_total,
                 "simulated_total_s": row.total_time_s,
-                "rel_error": abs(row.t_step_s - t["t_step_s"]) / t["t_step_s"],
-                "frozen": list(models["perf"]["frozen"]),
+                "rel_error": abs(row.t_step_s - t.t_step_s) / t.t_step_s,
+                "frozen": list(models.perf.frozen),
             }
         )
     return out
@@ -108,11 +107,11 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.1f}; spec {args.spec.name}"
     )
     if args.profile:
-        profs = [load_record(p, expect=(PROFILE_KIND,)) for p in args.profile]
+        profs = [load_profile(p) for p in args.profile]
     else:
         profs = [run_profile(args.spec, args.out / f"profile_{x}.json", args.timed_steps) for x in "AB"]
     a = profs[0]
-    ok = sorted(_key(t) for t in a["trials"] if t["status"] == "ok")
+    ok = sorted(_key(t) for t in a.trials if t.status == "ok")
     batches = sorted({b for _, b in ok})
     schemes = {
         "largest batch": [{k for k in ok if k[1] == batches[-1]}],
@@ -130,11 +129,11 @@ def main() -> None:
 
     noise, b_steps = {}, {}
     if len(profs) > 1:
-        b_steps = {_key(t): t["t_step_s"] for t in profs[1]["trials"] if t["status"] == "ok"}
+        b_steps = {_key(t): t.t_step_s for t in profs[1].trials if t.status == "ok" and t.t_step_s is not None}
         noise = {
-            k: abs(t["t_step_s"] - b_steps[k]) / b_steps[k]
-            for k, t in ((_key(t), t) for t in a["trials"] if t["status"] == "ok")
-            if k in b_steps
+            _key(t): abs(t.t_step_s - b_steps[_key(t)]) / b_steps[_key(t)]
+            for t in a.trials
+            if t.status == "ok" and t.t_step_s is not None and _key(t) in b_steps
         }
         results["noise"] = {f"N={k[0]} B={k[1]}": v for k, v in noise.items()}
 
@@ -154,7 +153,7 @@ def main() -> None:
             "simulated ms",
             "rel. error",
             "rel. error vs B",
-            f"total s measured / simulated ({a['spec']['epochs']} epochs)",
+            f"total s measured / simulated ({a.spec.epochs} epochs)",
             "noise A-B",
             "frozen in the fit",
         ):

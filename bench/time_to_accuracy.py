@@ -46,6 +46,7 @@ from rich.table import Table
 
 from tula.core.fit import fit_models
 from tula.core.plan import make_plan
+from tula.core.records import ModelsRecord
 from tula.core.spec import spec_from_dict
 from tula.engine.launch import LocalLauncher
 from tula.engine.profile import profile
@@ -159,8 +160,9 @@ def main() -> None:
     for ds in datasets:
         # 1. the profile and the fitted models, once per data set (kept in OUT)
         mpath = out / f"models-{ds}.json"
-        if mpath.exists():
-            models = json.loads(mpath.read_text())
+        if mpath.exists():  # the models record, and this bench's profiling seconds beside its fields
+            cached = json.loads(mpath.read_text())
+            models, profiling_s = ModelsRecord.from_dict(cached, str(mpath)), float(cached["bench_profiling_s"])
         else:
             t0 = time.perf_counter()
             prof = profile(
@@ -168,12 +170,14 @@ def main() -> None:
                 "partial",
                 LocalLauncher(device="cpu", threads_per_worker=a.threads),
             )
-            models = fit_models(prof).to_json_dict()
-            models["bench_profiling_s"] = time.perf_counter() - t0
-            mpath.write_text(json.dumps(models))
-        ns = models["noise_scale"]
-        console.print(f"[bold]{ds}[/bold]: B_noise {ns['b_noise']:.3g} ({ns['low']:.3g}-{ns['high']:.3g}) from a "
-                      f"{models['bench_profiling_s']:.1f} s profile")  # fmt: skip
+            models = fit_models(prof)
+            profiling_s = time.perf_counter() - t0
+            mpath.write_text(json.dumps({**models.to_json_dict(), "bench_profiling_s": profiling_s}))
+        ns = models.noise_scale
+        if ns is None or ns.b_noise is None or ns.low is None or ns.high is None:
+            raise SystemExit(f"{ds}: the profile measured no gradient noise scale, which this benchmark predicts from")
+        console.print(f"[bold]{ds}[/bold]: B_noise {ns.b_noise:.3g} ({ns.low:.3g}-{ns.high:.3g}) from a "
+                      f"{profiling_s:.1f} s profile")  # fmt: skip
         # 2. the training runs
         for method in methods:
             for seed in range(a.seeds):
@@ -193,27 +197,26 @@ def main() -> None:
                         f.write(json.dumps(r) + "\n")
                     console.print(f"  {key}: final top-1 {r['history'][-1]['test_top1']:.4f} ({r['wall_s']:.0f} s)")
         # 3-5. per method: epochs to target, predicted vs measured, the plan's choice vs the fastest
-        summary["datasets"][ds] = {"b_noise": ns, "methods": {}}
+        summary["datasets"][ds] = {"b_noise": ns.to_json_dict(), "methods": {}}
         for method in methods:
-            target, rows = summarise(ds, method, batches, runs, a.target, ns["b_noise"])
+            target, rows = summarise(ds, method, batches, runs, a.target, ns.b_noise)
             errs = [r["rel_error"] for r in rows[1:] if r["rel_error"] is not None]
             e0 = rows[0]["epochs"]
             plans, predicted_tta = {}, {}
             if e0:
-                m = dict(models)
                 d = spec_from_dict(job(ds, 0, max(1, round(e0)), batches)).to_dict()
                 d["search"]["cluster_sizes"] = [1]
                 d["search"]["max_batch"] = batches[-1]
-                m["spec"] = d
+                m = models.model_copy(update={"spec": spec_from_dict(d)})  # checked: model_copy does not validate
                 # the plan's choice among the batches trained here (the planner also searches the batches
                 # between them, which were not trained, so its own choice may not be measurable)
                 for objective, key in (("time_to_accuracy", "time_to_accuracy_s"), ("time", "total_time_s")):
-                    plan = make_plan(m, objective).to_json_dict()
-                    trained = [c for c in plan["configurations"] if c["feasible"] and c["global_batch"] in batches]
-                    plans[objective] = min(trained, key=lambda c: c[key])["global_batch"]
+                    plan = make_plan(m, objective)
+                    trained = [c for c in plan.configurations if c.feasible and c.global_batch in batches]
+                    plans[objective] = min(trained, key=lambda c: getattr(c, key)).global_batch
                     if objective == "time_to_accuracy":  # the plan's ranking of the trained batches
-                        predicted_tta = {c["global_batch"]: c[key] for c in trained}
-                    plans[objective + "_unrestricted"] = plan["choice"]["global_batch"]
+                        predicted_tta = {c.global_batch: getattr(c, key) for c in trained}
+                    plans[objective + "_unrestricted"] = plan.choice.global_batch
             timed = [r for r in rows if r["seconds"] is not None]
             fastest = min(timed, key=lambda r: r["seconds"]) if timed else None
             at = {r["batch"]: r for r in rows}

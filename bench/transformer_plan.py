@@ -26,9 +26,15 @@ On the built-in ``tiny_gpt`` (2 layers, width 64) and the ``text`` data set, glo
    that the first fits and the second does not -- against the peak measured by the repo's tensor
    accounting (:mod:`tula.engine.memory`), not under an enforced address-space cap.
 5. **Planner**: :func:`tula.core.plan.make_plan` (objective ``time``: tokens per second) on the
-   fitted models (DDP or FSDP, checkpointing or not: the planner weighs them); its choice is
-   measured and its tokens/s compared with the fastest of the grid's points (target: within 5 %);
-   likewise the grid point the models rank first.
+   fitted models (DDP or FSDP, checkpointing or not: the planner weighs them), planned right after
+   the fit; its choice is measured among the grid's points, in the same interleaved repeats (so
+   that the machine's load, which moves over minutes on a shared host, is the same for both), and
+   its tokens/s compared with the fastest of the grid's points (target: within 5 %); likewise the
+   grid point the models rank first.  The profile record the models were fitted on is written
+   beside ``--out`` (``*.profile.json``), so that the fit and the plan can be checked again
+   offline (:func:`tula.core.fit.fit_models` on it), and the load average at the fit's start and
+   end and at each repeat is recorded: a fit made while the load moved predicts the worlds of one
+   cluster size slower than those of another.
 
 Run:  .venv/bin/python bench/transformer_plan.py --out runs/bench/transformer_plan.json [--quick]
 """
@@ -62,6 +68,11 @@ console = Console(width=150)  # the tables are wide; a log file is not a termina
 MODEL = {"name": "tiny_gpt", "kwargs": {"n_layers": 2, "d_model": 64, "n_heads": 2, "max_positions": 128}}
 FIT_LENGTH = 32  # the data's own length: the models' reference L
 MEMORY_TARGET_MEDIAN, MEMORY_TARGET_MAX, PLAN_TARGET = 0.03, 0.08, 0.05
+# each timed round of a world lasts about this long (profile.min_timed_s): the fit's trials longer than the
+# grid's, because the plan's choice across N and L turns on single trials (the per-token terms come from one
+# trial at each other length), and a round of 0.2 s on this shared host caught load bursts (a quick run,
+# 2026-11-29 09:41, load 6: N=1 b=64 L=16 timed 19.2 ms with sync and 34.4 ms without, a 78.8 % fit error)
+GRID_MIN_TIMED_S, FIT_MIN_TIMED_S = 0.2, 1.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,7 @@ def spec_dict(
     cluster_sizes: list[int],
     batch: tuple[int, int],
     timed_steps: int,
+    min_timed_s: float = GRID_MIN_TIMED_S,
     lengths: list[int] | None = None,
     parallelism: str = "ddp",
     checkpointing: str = "off",
@@ -122,13 +134,53 @@ def spec_dict(
             "warmup_steps": 2,
             "timed_steps": timed_steps,
             "threads_per_worker": 1,
-            "min_timed_s": 0.2,
+            "min_timed_s": min_timed_s,
             "noise_steps": 0,
         },
     }
     if lengths is not None:
         spec["search"]["sequence_lengths"] = lengths
     return spec
+
+
+def planner_choice(plan_choice: Point, rows: list[dict], choice_row: dict) -> dict:
+    """The planner's verdict from measured rows (each a grid row: ``modelled``, ``label``,
+    ``global_batch``, ``sequence_length``, ``t_step_pred_s`` and, where measured, ``tokens_per_s``
+    and ``t_step_s``): the choice's tokens per second (``choice_row``, measured in the same repeats)
+    against the fastest measured row the planner weighs (the modelled ones; the choice is one of
+    them when it lies on the grid), and the grid row the models rank first against it."""
+    measured = [r for r in rows if r["modelled"] and "tokens_per_s" in r]  # the rows the planner weighs
+    best = max(measured, key=lambda r: r["tokens_per_s"])
+    ranked_first = max(measured, key=lambda r: r["global_batch"] * r["sequence_length"] / r["t_step_pred_s"])
+    out: dict = {
+        "choice": asdict(plan_choice),
+        "best_grid": best["label"],
+        "best_grid_tokens_per_s": best["tokens_per_s"],
+    }
+    if "tokens_per_s" in choice_row:
+        tps = choice_row["tokens_per_s"]
+        out |= {"choice_t_step_s": choice_row["t_step_s"], "choice_tokens_per_s": tps}
+        out["choice_t_step_pred_s"] = choice_row["t_step_pred_s"]
+        out["choice_vs_best"] = tps / max(tps, best["tokens_per_s"])
+    out["models_first_in_grid"] = ranked_first["label"]
+    out["models_first_vs_best"] = ranked_first["tokens_per_s"] / best["tokens_per_s"]
+    return out
+
+
+def measured_row(models: ModelsRecord, p: Point, ms: list[dict]) -> dict:
+    """A point's row: its predictions and, from its repeats ``ms`` that ran, the median step time,
+    the median peak and the tokens per second at the median step."""
+    ok = [m for m in ms if m["status"] == "ok"]
+    t_pred, m_pred, modelled = predict(models, p)
+    row = {**asdict(p), "label": p.label, "covered": p.covered, "modelled": modelled}
+    row["statuses"] = [m["status"] for m in ms]
+    row |= {"t_step_pred_s": t_pred, "peak_pred_bytes": m_pred}
+    if ok:
+        times = [m["t_step_s"] for m in ok]
+        row |= {"t_step_s": times, "t_step_median_s": float(np.median(times))}
+        row |= {"peak_mem_bytes": float(np.median([m["peak_mem_bytes"] for m in ok]))}
+        row |= {"tokens_per_s": p.global_batch * p.sequence_length / float(np.median(times))}
+    return row
 
 
 def measure(p: Point, timed_steps: int) -> dict:
@@ -152,7 +204,7 @@ def fitted_for(models: ModelsRecord, variant: RunVariant) -> tuple[FittedModels,
     """The fitted models a row of ``variant`` is predicted with, as the planner predicts it
     (:func:`tula.core.variants.variant_models`), and whether the variant is modelled (the profile
     measured its effect); a variant it did not measure: plain DDP's, not modelled."""
-    if variant in run_variants(spec_from_dict(models.spec), models):
+    if variant in run_variants(models.spec, models):
         return FittedModels.from_record(variant_models(models, variant)), True
     return FittedModels.from_record(variant_models(models, RunVariant(False))), variant == RunVariant(False)
 
@@ -204,11 +256,17 @@ def run(args: argparse.Namespace) -> dict:
         cluster_sizes=[1, 2],
         batch=(8, 64),
         timed_steps=timed,
+        min_timed_s=FIT_MIN_TIMED_S,
         lengths=lengths,
         parallelism="auto",
         checkpointing="auto",
     )
     rec = profile(spec_from_dict(fit_spec), "partial")
+    res["load_average_after_profile"] = _load()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    profile_path = args.out.with_name(args.out.stem + ".profile.json")
+    profile_path.write_text(json.dumps(rec.to_json_dict(), indent=1))
+    res["profile_record"] = str(profile_path)
     models = fit_models(rec)
     fitted_points = sorted(
         (t.n_workers, t.global_batch, t.sequence_length or FIT_LENGTH) for t in rec.trials if t.status == "ok"
@@ -223,30 +281,31 @@ def run(args: argparse.Namespace) -> dict:
     res["profile_s"] = time.perf_counter() - t0
     res["fitted_trials"] = fitted_points
     res["fit_error"] = models.fit_error
-    console.print(f"fitted on {len(fitted_points)} trials (N, B, L) {fitted_points} in {res['profile_s']:.0f} s")
+    res["perf_model"] = models.perf.to_dict()
+    console.print(
+        f"fitted on {len(fitted_points)} trials (N, B, L) {fitted_points} in {res['profile_s']:.0f} s; "
+        f"load average {res['load_average_start']} -> {res['load_average_after_profile']}; step-time fit error "
+        f"median {_pct(models.fit_error['t_step_median_rel'])}, max {_pct(models.fit_error['t_step_max_rel'])}"
+    )
+    # the planner's choice, planned now so that it is measured in the grid's repeats
+    plan = make_plan(models, "time")
+    c = plan.choice
+    choice = Point(c.n_workers, c.global_batch, c.sequence_length or FIT_LENGTH, c.parallelism, c.checkpointing)
 
-    # ---------------------------------------------------------------- the held-out grid, interleaved
+    # ---------------------------------------------------------------- the held-out grid and the choice, interleaved
     points = grid(quick)
     assert not {(p.n_workers, p.global_batch, p.sequence_length) for p in points} & set(fitted_points)
-    reps: list[list[dict]] = [[] for _ in points]
+    measured_points = points if choice in points else [*points, choice]
+    reps: list[list[dict]] = [[] for _ in measured_points]
+    res["load_average_repeats"] = []
     t0 = time.perf_counter()
     for r in range(args.repeats):
-        for i, p in enumerate(points):
+        for i, p in enumerate(measured_points):
             reps[i].append(measure(p, timed))
+        res["load_average_repeats"].append(_load())
         console.print(f"repeat {r + 1} of {args.repeats} done ({time.perf_counter() - t0:.0f} s)")
-    rows = []
-    for p, ms in zip(points, reps):
-        ok = [m for m in ms if m["status"] == "ok"]
-        t_pred, m_pred, modelled = predict(models, p)
-        row = {**asdict(p), "label": p.label, "covered": p.covered, "modelled": modelled}
-        row["statuses"] = [m["status"] for m in ms]
-        row |= {"t_step_pred_s": t_pred, "peak_pred_bytes": m_pred}
-        if ok:
-            times = [m["t_step_s"] for m in ok]
-            row |= {"t_step_s": times, "t_step_median_s": float(np.median(times))}
-            row |= {"peak_mem_bytes": float(np.median([m["peak_mem_bytes"] for m in ok]))}
-            row |= {"tokens_per_s": p.global_batch * p.sequence_length / float(np.median(times))}
-        rows.append(row)
+    rows = [measured_row(models, p, ms) for p, ms in zip(points, reps)]
+    choice_row = rows[points.index(choice)] if choice in points else measured_row(models, choice, reps[-1])
     res["grid_s"] = time.perf_counter() - t0
     res["grid"] = rows
 
@@ -282,7 +341,7 @@ def run(args: argparse.Namespace) -> dict:
         if not fitted_for(models, variant)[1]:
             continue  # the profile did not measure the variant
         b_star = largest_fitting_batch(models, length, budget, variant, n)
-        row = {"sequence_length": length, "b_star": b_star, "n_workers": n, "variant": asdict(variant)}
+        row: dict = {"sequence_length": length, "b_star": b_star, "n_workers": n, "variant": asdict(variant)}
         for factor in (0.95, 1.05):
             b = max(1, int(round(factor * b_star)))
             if factor > 1 and b == b_star:
@@ -299,23 +358,8 @@ def run(args: argparse.Namespace) -> dict:
     res["memory_cap"] = caps
 
     # ---------------------------------------------------------------- the planner
-    plan = make_plan(models, "time")
-    c = plan.choice
-    choice = Point(c.n_workers, c.global_batch, c.sequence_length or FIT_LENGTH, c.parallelism, c.checkpointing)
-    measured_choice = [measure(choice, timed) for _ in range(args.repeats)]
-    ok_times = [m["t_step_s"] for m in measured_choice if m["status"] == "ok"]
-    measured = [r for r in rows if r["modelled"] and "tokens_per_s" in r]  # the rows the planner weighs
-    best = max(measured, key=lambda r: r["tokens_per_s"])
-    ranked_first = max(measured, key=lambda r: r["global_batch"] * r["sequence_length"] / r["t_step_pred_s"])
-    planner: dict = {"choice": asdict(choice), "reason": plan.reason, "best_grid": best["label"]}
-    planner["choice_in_grid"] = choice in points
-    planner["best_grid_tokens_per_s"] = best["tokens_per_s"]
-    if ok_times:
-        tps = choice.global_batch * choice.sequence_length / float(np.median(ok_times))
-        planner |= {"choice_t_step_s": ok_times, "choice_tokens_per_s": tps}
-        planner["choice_vs_best"] = tps / max(tps, best["tokens_per_s"])
-    planner["models_first_in_grid"] = ranked_first["label"]
-    planner["models_first_vs_best"] = ranked_first["tokens_per_s"] / best["tokens_per_s"]
+    planner = planner_choice(choice, rows, choice_row)
+    planner |= {"reason": plan.reason, "choice_in_grid": choice in points}
     res["planner"] = planner
     res["load_average_end"] = _load()
     return res
@@ -355,6 +399,13 @@ def report(res: dict) -> list[str]:
     console.print(tab)
     spread = res["spread_t_step"]
     lines = []
+    if "load_average_after_profile" in res:
+        fe = res["fit_error"]
+        lines.append(
+            f"fit: load average {res['load_average_start']} at the profile's start, {res['load_average_after_profile']} "
+            f"at its end, {res.get('load_average_repeats')} after each repeat; step-time error on its own trials "
+            f"median {_pct(fe['t_step_median_rel'])}, max {_pct(fe['t_step_max_rel'])}"
+        )
     if spread is not None:
         lines.append(describe("step time, repeat-to-repeat spread (every pair of repeats)", spread))
     groups = (

@@ -17,6 +17,7 @@ conftest.py).  A test module imports what it needs from here, never from another
 - records made by hand: :func:`profile_record` (of :func:`known_trials`, known step times and
   peaks, or of given trials, e.g. :func:`noisy_trials` of a performance model),
   :func:`models_record` (a models record of a known performance model and :func:`memory_model`);
+  a training run's epochs and record, whole and checked: :func:`epoch`, :func:`train_record`;
 - damaged input for hypothesis: :func:`json_values`, :func:`other_types`,
   :func:`mutation_site`, :func:`damaged_bytes`.
 """
@@ -37,7 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tula.core.records import TrainRecord
+    from collections.abc import Sequence
+
+    from tula.core.records import EpochRecord, TrainRecord
 
 HERE = Path(__file__).resolve().parent
 #: the checkout
@@ -543,6 +546,52 @@ def models_record(
     if placement is not None:
         rec["placement"] = placement
     return rec
+
+
+def epoch(number: int = 1, **fields: Any) -> EpochRecord:
+    """Epoch ``number``'s metrics line, whole and checked: 10 steps at B = 64 on 2 workers,
+    learning rate 0.1, training and test loss 1.0, 1 s; ``steps_done`` 10 per epoch so far.
+    ``fields`` replace or add figures (``epoch_wall_s``, ``b_simple``, ``test_top1``, ...); the
+    ones not given stay unset, as in a line that does not carry them."""
+    from tula.core.records import EpochRecord
+
+    line: dict[str, Any] = {
+        "epoch": number,
+        "steps": 10,
+        "global_batch": 64,
+        "n_workers": 2,
+        "lr": 0.1,
+        "train_loss": 1.0,
+        "epoch_time_s": 1.0,
+        "test_loss": 1.0,
+        **fields,
+    }
+    line.setdefault("steps_done", line["steps"] * number)
+    return EpochRecord.model_validate(line)
+
+
+def train_record(history: Sequence[EpochRecord] = (), **fields: Any) -> TrainRecord:
+    """A training record of the epochs ``history`` (:func:`epoch`'s), whole and checked: AGS on
+    :func:`tiny_spec`, at the last epoch's N, B and steps (2, 64 and 10 without one), as many
+    epochs as given (1 without one) and their steps.  ``fields`` replace top-level fields
+    (``method``, ``spec``, ``traces``, ``batch_schedule``, ...)."""
+    from tula.core.records import TrainRecord
+
+    last = history[-1] if history else None
+    record: dict[str, Any] = {
+        "kind": "tula.train",
+        "version": 1,
+        "spec": tiny_spec(),
+        "method": "ags",
+        "n_workers": last.n_workers if last else 2,
+        "global_batch": last.global_batch if last else 64,
+        "steps_per_epoch": last.steps if last else 10,
+        "epochs": len(history) or 1,
+        "steps_done": last.steps_done if last else 0,
+        "history": list(history),
+        **fields,
+    }
+    return TrainRecord.model_validate(record)
 
 
 # --------------------------------------------------------------------------- damaged input (hypothesis)

@@ -136,7 +136,7 @@ def test_a_schedule_grows_through_accumulation_once_memory_caps_the_micro_batch(
         (64, 2, True),
         (128, 4, False),
     ]
-    assert "as 4 accumulated micro-batches of 32" in run.history[1].schedule["reason"]
+    assert "as 4 accumulated micro-batches of 32" in run.history[1].schedule.reason
     # a resume after epoch 2 goes on at (128, 4)
     (tmp_path / "b").mkdir()
     shutil.copyfile(tmp_path / "a" / PREVIOUS, tmp_path / "b" / CHECKPOINT)

@@ -21,7 +21,7 @@ from tula.core.config import Config
 from tula.core.effects import CheckpointingEffect
 from tula.core.errors import InfeasibleError
 from tula.core.fit import fit_models
-from tula.core.job_rules import training_spec
+from tula.core.job_rules import spec_with, training_spec
 from tula.core.plan import make_plan
 from tula.core.records import ModelsRecord, ProfileRecord
 from tula.core.spec import spec_from_dict
@@ -102,7 +102,7 @@ def _budget_for(models: ModelsRecord, checkpointed_b: int) -> tuple[int, int]:
     assert models.checkpointing is not None
     plain = models.memory
     checkpointed = models.checkpointing.memory(plain)
-    safety = spec_from_dict(models.spec).search.memory_safety
+    safety = models.spec.search.memory_safety
     budget = int(checkpointed.predict_peak_bytes(checkpointed_b) / (1 - safety)) + 1  # any N: with the buckets
     assert checkpointed.max_local_batch(budget, safety) == checkpointed_b
     return budget, plain.max_local_batch(budget, safety) or 0
@@ -110,7 +110,7 @@ def _budget_for(models: ModelsRecord, checkpointed_b: int) -> tuple[int, int]:
 
 @pytest.mark.slow  # the profile of the fixture, and one short training run
 def test_the_plan_picks_checkpointing_only_when_the_objective_gains(auto_models, tmp_path):
-    assert run_variants(spec_from_dict(auto_models.spec), auto_models) == [RunVariant(False), RunVariant(True)]
+    assert run_variants(auto_models.spec, auto_models) == [RunVariant(False), RunVariant(True)]
     # a budget where B=64 fits only checkpointed: the overhead per step makes the larger batch faster
     budget, plain_limit = _budget_for(auto_models, 64)
     assert 16 <= plain_limit <= 32, plain_limit  # measured: the checkpointed activations are about a third
@@ -123,22 +123,23 @@ def test_the_plan_picks_checkpointing_only_when_the_objective_gains(auto_models,
     best_plain = min(r.total_time_s for r in rows if not r.checkpointing and r.feasible)
     assert plan.choice.total_time_s < best_plain  # priced at its slower step, and still faster
     assert "with activation checkpointing (compute x1.3 fitted): the best without it" in plan.reason, plan.reason
-    assert plan.spec["train"]["checkpointing"] == "auto"
+    assert plan.spec.train.checkpointing == "auto"
     # training applies the plan's choice
-    trained = training_spec(spec_from_dict(plan.spec), plan.choice.config, plan)
+    trained = training_spec(plan.spec, plan.choice.config, plan)
     assert trained.train.checkpointing == "on"
     run = train(trained, "lbt", plan.choice.n_workers, plan.choice.global_batch, tmp_path, launcher=local_launcher())
-    assert run.spec["train"]["checkpointing"] == "on" and [e.epoch for e in run.history] == [1]
+    assert run.spec.train.checkpointing == "on" and [e.epoch for e in run.history] == [1]
 
     # no budget: everything fits plain, checkpointing only slows the step -- not chosen
     plan = make_plan(_constructed(auto_models, None), "time")
     assert not plan.choice.checkpointing and plan.choice.global_batch == 64, plan.reason
     assert "without activation checkpointing: its step is x1.3 slower" in plan.reason, plan.reason
-    assert training_spec(spec_from_dict(plan.spec), plan.choice.config, plan).train.checkpointing == "off"
+    assert training_spec(plan.spec, plan.choice.config, plan).train.checkpointing == "off"
 
     # the same budget with checkpointing forbidden: the rows that fit only with it say so
-    off = _constructed(auto_models, budget).model_copy(update={"spec": {**auto_models.spec, "train": {
-        **auto_models.spec["train"], "checkpointing": "off"}}})  # fmt: skip
+    spec = auto_models.spec
+    off_spec = spec_with(spec, train=spec.train.model_copy(update={"checkpointing": "off"}))
+    off = _constructed(auto_models, budget).model_copy(update={"spec": off_spec})
     plan = make_plan(off, "time")
     assert {r.checkpointing for r in plan.configurations} == {False} and plan.choice.local_batch == plain_limit
     big = next(r for r in plan.configurations if r.local_batch == 64)
@@ -152,14 +153,14 @@ def test_the_plan_picks_checkpointing_only_when_the_objective_gains(auto_models,
 
 def test_on_and_off_plan_one_variant_and_the_models_record_is_the_variant_s_own():
     models = {"spec": _spec("on")}
-    rec = ModelsRecord.model_construct(spec=_spec("on"), checkpointing=None)
+    rec = ModelsRecord.model_construct(spec=spec_from_dict(_spec("on")), checkpointing=None)
     assert run_variants(spec_from_dict(models["spec"]), rec) == [RunVariant(True)]
     assert variant_models(rec, RunVariant(True)) is rec  # on/off: the record as it is
     effect = CheckpointingEffect(
         activation_bytes_per_sample=100, plain_activation_bytes_per_sample=300, static_delta_bytes=0,
         compute_factor=1.2, trials=2,
     )  # fmt: skip
-    off = ModelsRecord.model_construct(spec=_spec("off"), checkpointing=effect)
+    off = ModelsRecord.model_construct(spec=spec_from_dict(_spec("off")), checkpointing=effect)
     assert run_variants(spec_from_dict(_spec("off")), off) == [RunVariant(False)]
 
 

@@ -88,6 +88,7 @@ def test_plan_of_a_profile_fits_and_plans_as_the_pipeline_did(tiny_pipeline, tmp
 def test_the_stages_take_a_record_typed_or_as_a_dict_and_write_the_same_file(tiny_pipeline, tmp_path):
     """A producer may hand a stage its typed record or (before it is converted) a dict: the file
     written is the same, and the models planned over other workers keep the type they came in."""
+    from tula.core.job_rules import spec_with
     from tula.core.records import MODELS_KIND, ModelsRecord, load_models, load_profile, load_record
     from tula.pipeline import is_partial, plan_stage, profiled_trials, with_spec
 
@@ -96,10 +97,10 @@ def test_the_stages_take_a_record_typed_or_as_a_dict_and_write_the_same_file(tin
     plan_stage(as_dict, "time", tmp_path / "dict.json")
     assert (tmp_path / "typed.json").read_text() == (tmp_path / "dict.json").read_text()
     assert json.loads((tmp_path / "typed.json").read_text())["objective"] == "time"
-    spec = {**typed.spec, "search": {**typed.spec["search"], "cluster_sizes": [1]}}
+    spec = spec_with(typed.spec, search=typed.spec.search.model_copy(update={"cluster_sizes": [1]}))
     assert isinstance(with_spec(typed, spec), ModelsRecord) and with_spec(typed, spec).spec == spec
-    assert with_spec(as_dict, spec) == {**as_dict, "spec": spec}
-    assert load_record(tiny_pipeline.dir / "models.json", expect=(MODELS_KIND,))["spec"] == typed.spec
+    assert with_spec(as_dict, spec) == {**as_dict, "spec": spec.to_dict()}
+    assert load_record(tiny_pipeline.dir / "models.json", expect=(MODELS_KIND,))["spec"] == typed.spec.to_dict()
     prof = load_profile(tiny_pipeline.dir / "profile.json")
     partial = _partial(tiny_pipeline, tmp_path / "p", "interrupted")
     assert not is_partial(prof) and not is_partial(tiny_pipeline.record("profile.json"))
@@ -221,12 +222,13 @@ def test_replan_sends_deadline_and_budget(token_service, tiny_pipeline, objectiv
 
 
 def test_replan_use_measured_prints_the_plan_scaled_by_the_finished_runs_ratio(token_service, tiny_pipeline):
+    from tula.core.records import TrainRecord
     from tula.core.run_costs import measured_ratio
     from tula.service.replan import Replan, replan_from_models
 
     models, run = tiny_pipeline.record("models.json"), tiny_pipeline.record("train/train.json")
     expected = replan_from_models(models, Replan(objective="time", use_measured=True), run)
-    measured = measured_ratio(run, models)
+    measured = measured_ratio(TrainRecord.from_dict(run), models)
     assert measured is not None and expected.to_json_dict()["measured_ratio"]["ratio"] == measured.ratio
     r = tula_in_process("replan", token_service.seeded, "--objective", "time", "--use-measured",
                         *_client_args(token_service))  # fmt: skip

@@ -92,7 +92,7 @@ def test_a_deadline_moves_the_cheapest_choice_to_two_nodes():
     assert not any(r.meets_constraints for r in rows if r.n_workers == 1)
     assert plan.constraints.n_meeting == sum(r.meets_constraints for r in rows)
     assert "within the 600 ms deadline" in plan.reason
-    assert plan.spec["constraints"]["deadline_s"] == pytest.approx(0.6)
+    assert plan.spec.constraints.deadline_s == pytest.approx(0.6)
 
 
 def test_a_budget_moves_the_fastest_choice_to_one_node():

@@ -86,7 +86,7 @@ def test_profile_on_dask_runs_the_same_trials(client, tiny_spec_dict):
         return [(t.n_workers, t.global_batch, t.status) for t in rec.trials]
 
     assert key(on_dask) == key(local) and {t.status for t in on_dask.trials} == {"ok"}
-    assert on_dask.memory["probe_local_batches"] == local.memory["probe_local_batches"]
+    assert on_dask.memory.probe_local_batches == local.memory.probe_local_batches
 
 
 def test_a_user_error_on_one_rank_is_that_sentence(client):
@@ -349,6 +349,22 @@ def test_the_launcher_reads_every_worker_however_often_its_client_refreshes_its_
     finally:
         other.close()
     assert set(counts) == {2}, {n: counts.count(n) for n in set(counts)}
+
+
+def test_each_workers_facts_arrive_typed_as_the_local_launcher_reads_them(client):
+    """A worker sends its hardware as plain values (the scheduler passes them on without Tula's
+    classes); the launcher types them on arrival: each worker of the module's LocalCluster reads
+    this machine, as the local launcher does, and ``facts()`` is one of them (rank 0's worker's)."""
+    from tula.core.records import HostFacts
+    from tula.engine.launch.base import host_facts
+
+    launcher = _dask(client)
+    here = host_facts("cpu").to_json_dict()
+    each = launcher.worker_facts()
+    assert set(each) == set(_workers(client))
+    assert all(isinstance(facts, HostFacts) and facts.to_json_dict() == here for facts in each.values())
+    assert isinstance(launcher.facts(), HostFacts) and launcher.facts().to_json_dict() == here
+    assert launcher.default_threads(2) == max(1, (here["cores"] or 1) // 2)  # a host's cores shared by its 2 workers
 
 
 def test_an_existing_scheduler_is_used_by_its_address(client, tiny_spec_dict):

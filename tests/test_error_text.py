@@ -138,11 +138,13 @@ def test_sigint_prints_the_continue_command_with_a_hostile_path(tmp_path):
 
 
 DRIVER = r"""
+import json
 import sys
 from pathlib import Path
+from helpers import HERE, profile_record, tiny_spec
 from tula import cli_console
 from tula.core.events import FellBack, Note, TrialFinished, TrialsPlanned, WorldStarted
-from tula.core.records import PLAN_KIND, PROFILE_KIND, Fallback
+from tula.core.records import PLAN_KIND, PROFILE_KIND, Fallback, PlanRecord, ProfileRecord
 
 h = sys.argv[1] + "\x00"
 c = cli_console.ConsoleObserver()
@@ -154,12 +156,10 @@ c.event("profiling", TrialFinished(n_workers=1, global_batch=16, status=h))
 c.done("profiling")
 trial = {"n_workers": 1, "global_batch": 16, "local_batch": 16, "t_step_s": 0.001, "t_compute_s": 0.001,
          "t_sync_s": 0.0, "t_step_spread": 0.0, "peak_mem_bytes": 1000, "status": "error", "note": h}
-c.saved(PROFILE_KIND, {"search": "partial", "device": h, "threads_per_worker": 1, "profiling_s": 1.0,
-                       "trials": [trial]}, Path("profile.json"))
-config = {"candidate": True, "chosen": True, "n_workers": 1, "global_batch": 16, "local_batch": 16,
-          "t_step_s": 0.001, "epoch_time_s": 0.1, "total_time_s": 0.2, "cost": 0.01, "peak_mem_bytes": 1000,
-          "feasible": True}
-c.saved(PLAN_KIND, {"objective": h, "configurations": [config], "reason": h}, Path("plan.json"))
+profile = profile_record(tiny_spec(), [trial], search="partial", device=h, threads_per_worker=1, profiling_s=1.0)
+c.saved(PROFILE_KIND, ProfileRecord.from_dict(profile), Path("profile.json"))
+plan = json.loads((HERE / "data" / "records" / "plan.json").read_text())
+c.saved(PLAN_KIND, PlanRecord.from_dict({**plan, "reason": h}), Path("plan.json"))
 c.stage("training", method=h)
 c.event("training", WorldStarted(epochs=1, steps_per_epoch=2, n_workers=1, global_batch=16, accumulation_steps=1,
                                   micro_batch=16))
@@ -188,8 +188,7 @@ def test_the_observer_prints_notes_events_and_records_as_they_are(tmp_path):
     assert f"choice: {shown}" in lines
     assert any(f"Profile (partial search, {shown}, 1 thread(s)/worker, 1 s)" in ln for ln in lines)
     assert any(f"error ({shown})" in ln for ln in lines)  # a trial's note in the table
-    # a table's title wraps at the table's width
-    assert f"Plan (objective: {shown}); candidate batches and the choice" in " ".join(out.split())
+    assert "Plan (objective: knee" in out  # a whole plan's objective is one of the objectives
     err_lines = err.splitlines()
     assert f"trial N=1 B=16: {shown}" in err_lines
     assert f"note: {shown}" in err_lines  # a training note

@@ -103,3 +103,36 @@ def test_lost_failures_name_the_silent_dead_before_the_ranks_a_stop_kills():
     # no stop, nobody silent, or everyone answered: nothing lost
     assert lost_failures([], [None, None], [0, 1], False, 60.0) == []
     assert lost_failures([], [0, 0], [], True, 60.0) == []
+
+
+def test_host_facts_are_typed_once_and_a_record_writes_them_as_they_were_read():
+    """``host_facts`` builds the typed :class:`HostFacts` where they are read; what a Dask worker
+    sends (``host_facts_json``) is plain JSON values that type back to the same facts; a profile
+    record writes them back key for key (in the order host_facts writes them), with a fact it does
+    not know kept and a null kept null."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from tula.core.records import HostFacts, ProfileRecord
+    from tula.engine.launch.base import host_facts, host_facts_json
+
+    facts = host_facts("cpu")
+    assert isinstance(facts, HostFacts) and facts.device == "cpu" and facts.torch == torch.__version__
+    sent = json.loads(json.dumps(host_facts_json("cpu")))  # what crosses the wire: plain values only
+    assert HostFacts.model_validate(sent).to_json_dict() == sent == facts.to_json_dict()
+    order = ("device", "cpu", "cores", "torch", "cuda_available", "gpu", "gpu_memory_bytes", "gpus", "memory_bytes")
+    assert list(sent) == [k for k in order if k in sent]
+    assert ("gpu" in sent) == ("gpu_memory_bytes" in sent) == torch.cuda.is_available() == sent["cuda_available"]
+    stored = json.loads((Path(__file__).parent / "data" / "records" / "profile.json").read_text())
+    for written in (
+        stored["facts"],
+        {"device": "cuda", "cores": 8, "torch": "2.14.1", "gpu": None, "a_later_fact": [1]},
+        {"device": "cpu"},
+    ):
+        rec = ProfileRecord.from_dict({**stored, "facts": written})
+        assert isinstance(rec.facts, HostFacts)
+        assert json.dumps(rec.to_json_dict()["facts"]) == json.dumps(written)
+    with pytest.raises(Exception, match="facts.device"):
+        ProfileRecord.from_dict({**stored, "facts": {"cpu": "no device"}})

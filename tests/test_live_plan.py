@@ -9,6 +9,7 @@ from tula.core.errors import SpecError, TulaError
 from tula.core.live_plan import Ranker, candidate_batches, choose_goodput, choose_workers, statistical_efficiency
 from tula.core.perfmodel import PerfModel
 from tula.core.pricing import FixedPricing
+from tula.core.records import ScheduleDecision
 from tula.core.schedules import Caps
 
 D = 2**16
@@ -150,9 +151,9 @@ def test_a_geometric_schedule_with_the_plan_rule_stays_on_one_worker_over_a_slow
     assert [(d.global_batch, d.n_workers) for d in decisions] == [(32, 1), (64, 1), (128, 1)]
     assert all("workers: B=" in d.reason for d in decisions)
     # the ranking behind each choice is in the record, best first
-    rec = decisions[1].record()
-    assert [r["n_workers"] for r in rec["ranking"]][0] == 1 and len(rec["ranking"]) == 4
-    assert rec["ranking"][0]["epoch_s"] == pytest.approx((D // 64) * (1e-3 + 1e-5 * 64))
+    rec = ScheduleDecision.of(decisions[1])
+    assert [r.n_workers for r in rec.ranking][0] == 1 and len(rec.ranking) == 4
+    assert rec.ranking[0].epoch_s == pytest.approx((D // 64) * (1e-3 + 1e-5 * 64))
 
 
 def test_a_geometric_schedule_with_the_plan_rule_grows_the_world_over_a_free_link():
@@ -283,19 +284,27 @@ def test_goodput_per_epoch_by_hand():
     from tula.core.live_plan import goodput_per_epoch
 
     ranking = [
-        {"global_batch": 64, "n_workers": 2, "epoch_s": 0.4},
-        {"global_batch": 64, "n_workers": 1, "epoch_s": 0.6},
+        {"global_batch": 64, "n_workers": 2, "accumulation_steps": 1, "epoch_s": 0.4, "score": 0.4, "micro_batch": 32},
+        {"global_batch": 64, "n_workers": 1, "accumulation_steps": 1, "epoch_s": 0.6, "score": 0.6, "micro_batch": 64},
     ]
+
+    def decision(epoch: int, changed: bool, **more) -> dict:  # an epoch line's schedule, as the trainer writes it
+        return {"epoch": epoch, "global_batch": 64, "n_workers": 2, "local_batch": 32, "wanted_batch": 64.0,
+                "capped_by": None, "lr_scale": 1.0, "lr_decay": 1.0, "decayed_instead": False, "changed": changed,
+                "resize": False, "reason": "goodput", "accumulation_steps": 1, **more, "lr_multiplier": 1.0,
+                "micro_batch": 32}  # fmt: skip
+
+    every = {"steps_done": 1, "lr": 0.1, "train_loss": 1.0, "epoch_time_s": 0.4, "test_loss": 1.0}  # not read here
     run = {
         "batch_schedule": "goodput",
         "history": [
             {"epoch": 1, "global_batch": 32, "n_workers": 2, "steps": 40, "epoch_wall_s": 0.8, "b_simple": 32.0,
-             "schedule": {"ranking": ranking}},
+             "schedule": decision(1, True, ranking=ranking), **every},
             {"epoch": 2, "global_batch": 64, "n_workers": 2, "steps": 20, "epoch_wall_s": 0.5, "b_simple": 96.0,
-             "schedule": {"changed": False}},
+             "schedule": decision(2, False), **every},
             {"epoch": 3, "global_batch": 64, "n_workers": 2, "steps": 20, "epoch_wall_s": 0.45, "b_simple": None,
-             "predicted_epoch_s": 0.48},
-            {"epoch": 4, "global_batch": 64, "n_workers": 2, "steps": 20, "epoch_wall_s": 0.45},
+             "predicted_epoch_s": 0.48, **every},
+            {"epoch": 4, "global_batch": 64, "n_workers": 2, "steps": 20, "epoch_wall_s": 0.45, **every},
         ],
     }  # fmt: skip
     rows = goodput_per_epoch(run)

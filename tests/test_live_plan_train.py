@@ -51,9 +51,9 @@ def test_the_world_grows_where_the_models_say_two_workers_are_faster(tiny_spec_d
     ]
     # each decision's ranking is in the epoch's record, and what trained next is its choice
     for h, nxt in zip(run.history, run.history[1:]):
-        ranking = h.schedule["ranking"]
-        assert (ranking[0]["global_batch"], ranking[0]["n_workers"]) == (nxt.global_batch, nxt.n_workers)
-        assert ranking[0]["epoch_s"] < ranking[1]["epoch_s"]
+        ranking = h.schedule.ranking
+        assert (ranking[0].global_batch, ranking[0].n_workers) == (nxt.global_batch, nxt.n_workers)
+        assert ranking[0].epoch_s < ranking[1].epoch_s
 
 
 @pytest.mark.slow
@@ -93,7 +93,7 @@ def test_the_goodput_schedule_moves_the_batch_with_the_measured_noise_scale(tiny
     assert len({h.global_batch for h in run.history}) > 1, run.history  # the batch moved
     for h, nxt in zip(run.history, run.history[1:]):
         assert h.b_simple is not None and h.b_simple > 0  # measured in the epoch, on the ranks
-        assert "goodput: " in h.schedule["reason"]
+        assert "goodput: " in h.schedule.reason
         # what trained next is the goodput choice for the B_simple the epoch measured
         want = choose_goodput(ranker, caps, h.global_batch, 2, h.b_simple, 32, min_batch=32)
         assert nxt.global_batch == want.option.global_batch, (h.b_simple, want.reason)
@@ -147,9 +147,10 @@ def test_tula_train_with_the_runs_models_trains_where_they_rank_best(tiny_pipeli
     )
     # beside each epoch, the plan's prediction for its (B, N, k), and in the plot
     assert all(h["predicted_epoch_s"] > 0 and h["measured_to_predicted"] > 0 for h in run["history"])
+    from tula.core.records import load_train
     from tula.report import training_figure
 
-    titles = [ax.get_title() for ax in training_figure(run).axes]
+    titles = [ax.get_title() for ax in training_figure(load_train(tmp_path / "out" / "train.json")).axes]
     assert any(t.startswith("epoch time: measured / predicted") for t in titles), titles
 
 
@@ -180,5 +181,5 @@ def test_a_run_resumed_from_its_last_checkpoint_decides_what_the_uninterrupted_r
     assert resumed.resumed_from_epoch == 3
     assert len(set(_trained(ref))) > 2, _trained(ref)  # decisions that changed the run, after the resume too
     assert _trained(resumed) == _trained(ref), (_trained(resumed), _trained(ref))
-    assert [h.schedule["reason"] for h in resumed.history] == [h.schedule["reason"] for h in ref.history]
+    assert [h.schedule.reason for h in resumed.history] == [h.schedule.reason for h in ref.history]
     assert [h.train_loss for h in resumed.history] == [h.train_loss for h in ref.history]

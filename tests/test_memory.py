@@ -431,7 +431,7 @@ def test_max_local_batch_under_a_cap_is_what_runs(capped_spec_dict):
     d = dict(capped_spec_dict)
     d["search"] = {**d["search"], "cluster_sizes": [1], "memory_budget_bytes": "64MiB"}
     rec = profile(spec_from_dict(d), "partial", launcher=local_launcher())
-    mm = MemoryModel.from_dict(rec.memory)
+    mm = rec.memory  # the probe, typed
     assert mm.address_space_overhead_bytes > 0
     assert rec.max_local_batch < replace(mm, address_space_overhead_bytes=0).max_local_batch(64 * MiB)
     assert rec.trials and all(t.status == "ok" for t in rec.trials), rec.trials

@@ -7,41 +7,34 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers import epoch, train_record
 
+from tula.core.errors import RecordError
+from tula.core.records import TrainRecord
 from tula.report import plot_training, training_figure
 from tula.service.dashboard_charts import noise_chart, train_charts
 
 
-def run_record(b_simple: list, batches: list[int] | None = None) -> dict:
+def run_record(b_simple: list, batches: list[int] | None = None) -> TrainRecord:
     n = len(b_simple)
     batches = batches or [64] * n
     history = [
-        {
-            "epoch": e,
-            "global_batch": batches[e - 1],
-            "n_workers": 2,
-            "b_simple": b,
-            "train_loss": 2.0 / e,
-            "test_loss": 2.2 / e,
-            "test_top1": 1 - 1 / (e + 1),
-            "steps_done": 10 * e,
-            "epoch_time_s": 1.0,
-            "lr": 0.1,
-        }
+        epoch(
+            e,
+            global_batch=batches[e - 1],
+            n_workers=2,
+            b_simple=b,
+            train_loss=2.0 / e,
+            test_loss=2.2 / e,
+            test_top1=1 - 1 / (e + 1),
+            steps_done=10 * e,
+            epoch_time_s=1.0,
+            lr=0.1,
+        )
         for e, b in zip(range(1, n + 1), b_simple)
     ]
-    return {
-        "method": "ags",
-        "n_workers": 2,
-        "global_batch": batches[-1],
-        "local_batch": batches[-1] // 2,
-        "steps_per_epoch": 10,
-        "steps_done": 10 * n,
-        "epochs": n,
-        "train_s": float(n),
-        "history": history,
-        "final": history[-1],
-    }
+    final = history[-1].to_json_dict() if history else None
+    return train_record(history, local_batch=batches[-1] // 2 if batches else 32, train_s=float(n), final=final)
 
 
 # ~50 for 16 epochs, then up to 1e6 as the mean gradient vanishes; unusable values on the way
@@ -108,8 +101,16 @@ def test_the_dashboard_draws_b_simple_on_a_log_axis():
     assert "data-y-scale='linear'" in html.split("<svg")[1]
 
 
-@pytest.mark.parametrize("values", [[None] * 5, [math.inf, math.nan, 0.0, -1.0, "n/a"], []])
+@pytest.mark.parametrize("values", [[None] * 5, [math.inf, math.nan, 0.0, -1.0], []])
 def test_the_dashboard_says_when_b_simple_was_not_measured(values):
-    svg = noise_chart(run_record(values)["history"]) if values else noise_chart([])
+    svg = noise_chart(run_record(values).history) if values else noise_chart([])
     assert "B_simple not measured" in svg and "data-y-scale='log'" in svg
     assert "running median" not in svg and "early B_simple" not in svg
+    lines = [h.to_json_dict() for h in run_record([None] * 3).history]  # the same epochs as read from JSON
+    assert noise_chart(lines) == noise_chart(run_record([None] * 3).history)
+
+
+def test_a_metrics_line_with_a_b_simple_that_is_no_number_is_refused_by_name():
+    line = {**epoch().to_json_dict(), "b_simple": "n/a"}
+    with pytest.raises(RecordError, match=r"^an epoch's metrics line is damaged: field 'b_simple'"):
+        noise_chart([line])

@@ -20,7 +20,7 @@ from helpers import local_launcher, memory_model, models_record
 from tula.core.config import Config
 from tula.core.errors import InfeasibleError, SpecError
 from tula.core.fit import fit_models
-from tula.core.job_rules import check_parallelism, training_spec, worker_plan
+from tula.core.job_rules import check_parallelism, spec_with, training_spec, worker_plan
 from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
@@ -84,6 +84,8 @@ def test_the_profile_measures_the_sharded_variant_and_its_fitted_memory_predicts
     effect = auto_models.sharding
     assert isinstance(effect, ShardingEffect) and effect.trials == 2 and effect.n_workers == 2
     assert effect.sync_s >= 0.0
+    # the all-gathers' part (every micro-batch's) from the sharded compute-only steps, within the sync
+    assert effect.gather_s is not None and 0.0 <= effect.gather_s <= effect.sync_s, effect
     ddp_only = rec.model_copy(update={"trials": [t for t in rec.trials if t.parallelism is None]})
     plain = fit_models(ddp_only)  # the DDP models are those of DDP's trials alone
     assert plain.memory == auto_models.memory and plain.perf == auto_models.perf and plain.sharding is None
@@ -113,7 +115,7 @@ def _budget_where_only_fsdp_fits(models: ModelsRecord) -> int:
     """The budget where the sharded step fits a local batch of 4 on 2 ranks (B = 8, the smallest
     global batch) and DDP fits neither b = 4 on 2 ranks nor b = 8 on one."""
     assert models.sharding is not None
-    safety = spec_from_dict(models.spec).search.memory_safety
+    safety = models.spec.search.memory_safety
     sharded = models.sharding.memory(models.memory)
     budget = int(sharded.predict_peak_bytes(4, 2) / (1 - safety)) + 1
     assert (sharded.max_local_batch(budget, safety, 2) or 0) >= 4
@@ -124,7 +126,7 @@ def _budget_where_only_fsdp_fits(models: ModelsRecord) -> int:
 
 @pytest.mark.slow  # the profile of the fixture, and one short training run
 def test_the_plan_picks_fsdp_where_memory_forces_it_and_ddp_where_it_does_not(auto_models, tmp_path):
-    assert run_variants(spec_from_dict(auto_models.spec), auto_models) == [RunVariant(False), RunVariant(False, "fsdp")]
+    assert run_variants(auto_models.spec, auto_models) == [RunVariant(False), RunVariant(False, "fsdp")]
     budget = _budget_where_only_fsdp_fits(auto_models)
     plan = make_plan(_with_sync(auto_models, budget), "time")
     rows = plan.configurations
@@ -133,23 +135,24 @@ def test_the_plan_picks_fsdp_where_memory_forces_it_and_ddp_where_it_does_not(au
     assert not any(r.feasible for r in rows if r.parallelism == "ddp")
     assert plan.choice.parallelism == "fsdp" and plan.choice.n_workers == 2, plan.reason
     assert f"[fsdp: fits at b={plan.choice.local_batch} on N=2 where ddp does not]" in plan.reason, plan.reason
-    assert plan.spec["train"]["parallelism"] == "auto"  # the spec as given
+    assert plan.spec.train.parallelism == "auto"  # the spec as given
     assert "parallelism" in [c.header for c in plan_table(plan).columns]  # a plan with fsdp rows: its column
-    trained = training_spec(spec_from_dict(plan.spec), plan.choice.config, plan)
+    trained = training_spec(plan.spec, plan.choice.config, plan)
     assert trained.train.parallelism == "fsdp"  # training applies the plan's choice
     run = train(trained, "lbt", plan.choice.n_workers, plan.choice.global_batch, tmp_path, launcher=local_launcher())
-    assert run.spec["train"]["parallelism"] == "fsdp" and [e.epoch for e in run.history] == [1]
+    assert run.spec.train.parallelism == "fsdp" and [e.epoch for e in run.history] == [1]
     assert (tmp_path / SHARDS_DIR).is_dir()  # its checkpoint is sharded: FSDP trained it
 
     # no budget: DDP fits everything and FSDP only adds its sync -- ddp, and by how much it is faster
     plan = make_plan(_with_sync(auto_models, None), "time")
     assert plan.choice.parallelism == "ddp", plan.reason
     assert "[ddp: faster by " in plan.reason and "than the best with fsdp" in plan.reason, plan.reason
-    assert training_spec(spec_from_dict(plan.spec), plan.choice.config, plan).train.parallelism == "ddp"
+    assert training_spec(plan.spec, plan.choice.config, plan).train.parallelism == "ddp"
 
     # the same budget with ddp asked: the rows that fit only sharded say so, and nothing is feasible
     ddp = _with_sync(auto_models, budget)
-    ddp = ddp.model_copy(update={"spec": {**ddp.spec, "train": {**ddp.spec["train"], "parallelism": "ddp"}}})
+    ddp_spec = spec_with(ddp.spec, train=ddp.spec.train.model_copy(update={"parallelism": "ddp"}))
+    ddp = ddp.model_copy(update={"spec": ddp_spec})
     with pytest.raises(InfeasibleError, match=r"fits with train.parallelism: fsdp \(or auto\) on N=2"):
         make_plan(ddp, "time")
     roomier = ddp.model_copy(update={"memory_budget_bytes": int(budget * 1.6)})
@@ -162,7 +165,7 @@ def test_the_plan_picks_fsdp_where_memory_forces_it_and_ddp_where_it_does_not(au
 
 def _models(spec: dict) -> ModelsRecord:
     effect = ShardingEffect(gather_bytes=10, sync_s=0.01, n_workers=2, state_bytes=100, trials=2)
-    return ModelsRecord.model_construct(spec=spec, checkpointing=None, sharding=effect)
+    return ModelsRecord.model_construct(spec=spec_from_dict(spec), checkpointing=None, sharding=effect)
 
 
 def test_auto_plans_ddp_only_with_what_fsdp_cannot_train_and_says_why():
@@ -184,14 +187,16 @@ def test_auto_plans_ddp_only_with_what_fsdp_cannot_train_and_says_why():
     ok = spec_from_dict(_spec())
     assert run_variants(ok, _models(_spec())) == [RunVariant(False), RunVariant(False, "fsdp")]
     assert parallelism_auto_note(ok, _models(_spec())) == ""
-    no_trial = ModelsRecord.model_construct(spec=_spec(), checkpointing=None, sharding=None)
+    no_trial = ModelsRecord.model_construct(spec=ok, checkpointing=None, sharding=None)
     assert "the profile has no sharded trial" in parallelism_auto_note(ok, no_trial)
     # fixed parallelisms: one variant, the spec's
     assert run_variants(spec_from_dict(_spec("fsdp")), _models(_spec("fsdp"))) == [RunVariant(False, "fsdp")]
     assert run_variants(spec_from_dict(_spec("ddp")), _models(_spec("ddp"))) == [RunVariant(False)]
     # both auto: the variants crossed
     both = _spec(checkpointing="auto")
-    crossed = ModelsRecord.model_construct(spec=both, checkpointing=object(), sharding=_models(both).sharding)
+    crossed = ModelsRecord.model_construct(
+        spec=spec_from_dict(both), checkpointing=object(), sharding=_models(both).sharding
+    )
     assert len(run_variants(spec_from_dict(both), crossed)) == 4
     # training without a plan: ddp
     assert training_spec(ok, Config(2, 16)).train.parallelism == "ddp"
@@ -255,6 +260,39 @@ def test_the_fit_measures_which_state_bytes_divide_by_n_where_two_cluster_sizes_
         memory, perf, [_sharded_trial(1, 8, 10**6), *[_sharded_trial(2, b, peaks[(2, b)]) for b in (4, 64)]]
     )
     assert with_one == one
+
+
+def test_with_accumulation_the_sharded_step_all_gathers_at_every_micro_batch_and_reduce_scatters_once():
+    """Sharded trials made by a step whose micro-batch all-gathers for 20 ms and whose step reduce-scatters
+    for 10 ms more (the compute-only steps, every pass under no_sync, still all-gather): the fit splits
+    the 30 ms sync into them, and a step of k micro-batches pays the all-gathers k times, the
+    reduce-scatter once (as Sharded.no_sync runs it); a record without the split assumes 2/3."""
+    perf = PerfModel("ring", 10**6, 0.01, 0.001)
+    memory = memory_model(optimizer_state_bytes=2000)
+
+    def trial(b: int) -> Trial:
+        compute = 0.01 + 0.001 * b
+        return replace(_sharded_trial(2, b, 10**6), t_compute_s=compute + 0.02, t_step_s=compute + 0.03)
+
+    effect = fit_sharding_effect(memory, perf, [trial(4), trial(64)])
+    assert effect is not None and effect.gather_s is not None
+    assert effect.sync_s == pytest.approx(0.03) and effect.gather_s == pytest.approx(0.02)
+    sharded = effect.perf(perf)
+    assert sharded.sync_share_per_micro_batch == pytest.approx(2 / 3)
+    compute = 0.01 + 0.001 * 8
+    for k in (1, 2, 4):
+        step = sharded.t_step_s(8, 2, accumulation=k)
+        assert step == pytest.approx(k * (compute + 0.02) + 0.01), k
+    assert sharded.to_dict()["sync_share_per_micro_batch"] == pytest.approx(2 / 3)
+    assert PerfModel.from_dict(sharded.to_dict()) == sharded
+    assert "sync_share_per_micro_batch" not in perf.to_dict()  # DDP's record as before
+    assert perf.t_step_s(8, 2, accumulation=2) == pytest.approx(2 * compute)  # DDP: no sync at all here (beta 0)
+    # a record fitted before the split: the all-gathers' share of the bytes (two all-gathers, one reduce-scatter)
+    old = ShardingEffect.from_dict({k: v for k, v in effect.to_dict().items() if k != "gather_s"})
+    assert old.gather_s is None and old.perf(perf).sync_share_per_micro_batch == pytest.approx(2 / 3)
+    # compute-only steps no slower than DDP's compute: nothing paid per micro-batch
+    quiet = fit_sharding_effect(memory, perf, [replace(trial(b), t_compute_s=0.01 + 0.001 * b) for b in (4, 64)])
+    assert quiet is not None and quiet.gather_s == 0.0 and quiet.perf(perf).sync_share_per_micro_batch == 0.0
 
 
 def test_the_sharded_variant_runs_at_a_second_cluster_size_of_two_or_more_only():

@@ -47,7 +47,7 @@ def test_bf16_is_profiled_as_trained_and_its_memory_model_predicts_bf16_peaks(ti
     assert mm16.activation_bytes_per_sample < 0.75 * mm32.activation_bytes_per_sample
     fitted = fit_models(bf16)
     mm = fitted.memory
-    assert mm.precision == "bf16" and fitted.spec["train"]["precision"] == "bf16"
+    assert mm.precision == "bf16" and fitted.spec.train.precision == "bf16"
     ok = [t for t in bf16["trials"] if t["status"] == "ok"]
     assert len(ok) >= 6
     errors = [

@@ -12,13 +12,15 @@ import pytest
 
 from tula.core.errors import InfeasibleError, PlacementError, SpecError, WorkerError
 from tula.core.events import Checked, Note, TrialFinished, TrialsPlanned
-from tula.core.records import PROFILE_KIND, ProfileRecord, Trial
+from tula.core.memory_model import MemoryModel
+from tula.core.records import PROFILE_KIND, AccumulationTrial, HostFacts, ProfileRecord, RunTrial, Trial
 from tula.core.space import Config
 from tula.core.spec import spec_from_dict
 from tula.engine.profile import MemoryProbe, ProfileFailed, ProfileSession
 
 #: a real profile record (tests/data/records): its memory model is one the record's checks accept
 STORED = json.loads((Path(__file__).parent / "data" / "records" / "profile.json").read_text())
+MEMORY = ProfileRecord.from_dict(STORED).memory
 
 
 class _Launcher:
@@ -30,8 +32,8 @@ class _Launcher:
     def __init__(self, world_size: int | None = None, gpus_per_host: int | None = None):
         self.world_size, self.gpus_per_host = world_size, gpus_per_host
 
-    def facts(self) -> dict:
-        return {"device": "cpu"}
+    def facts(self) -> HostFacts:
+        return HostFacts(device="cpu")
 
     def run(self, *args, **kw):
         raise AssertionError("no world in these tests")
@@ -51,7 +53,7 @@ def _session(sizes=(1, 2), **launcher) -> tuple[ProfileSession, list[dict]]:
 
 
 def _probed(session: ProfileSession, configs) -> None:
-    session.probe = MemoryProbe(STORED["memory"], 128, tuple(tuple(c) for c in configs))
+    session.probe = MemoryProbe(MEMORY, 128, tuple(tuple(c) for c in configs))
 
 
 def _trial(n: int, big_b: int, status: str = "ok") -> Trial:
@@ -103,22 +105,32 @@ def test_sizes_with_more_ranks_than_gpus_are_not_measured():
 def test_resume_from_keeps_the_finished_trials():
     s, events = _session()
     trials = [_trial(1, 16), _trial(1, 32, "error"), _trial(2, 32, "oom")]
+    accumulated = {"local_batch": 16, "micro_batch": 8, "accumulation_steps": 2, "step_times_s": [0.3, 0.5],
+                   "n_workers": 1, "t_step_s": 0.4}  # fmt: skip
+    skipped = {"n_workers": 2, "method": "ags", "status": "skipped", "note": "too small"}
     previous = ProfileRecord.from_dict(
         {
             **STORED,
             "max_local_batch": 64,
             "configs": [[1, 16], [1, 32], [2, 32]],
             "trials": [dataclasses.asdict(t) for t in trials],
-            "run_trials": [{"n_workers": 1}],
+            "accumulation_trials": [accumulated],
+            "run_trials": [skipped],
             "profiling_s": 12.5,
             "interrupted": "SIGINT",
         }
     )
     s.resume_from(previous)
-    assert s.probe == MemoryProbe(previous.memory, 64, ((1, 16), (1, 32), (2, 32)))
+    assert s.probe == MemoryProbe(MEMORY, 64, ((1, 16), (1, 32), (2, 32))) and isinstance(s.probe.memory, MemoryModel)
     assert s.trials == [trials[0], trials[2]] and all(isinstance(t, Trial) for t in s.trials)
-    assert (s.accumulation, s.run_trials, s.spent_before) == ([], [{"n_workers": 1}], 12.5)
+    assert s.accumulation == [AccumulationTrial(**accumulated)] and s.run_trials == [RunTrial(**skipped)]
+    assert s.spent_before == 12.5
     assert events == [TrialsPlanned(total=3, done=2)]
+    # the resumed record writes its parts back as the partial file had them
+    s.check()
+    rec = s.record().to_json_dict()
+    assert (rec["accumulation_trials"], rec["run_trials"]) == ([accumulated], [skipped])
+    assert rec["memory"] == MEMORY.to_dict() and json.loads(json.dumps(rec["memory"])) == STORED["memory"]
 
 
 # --------------------------------------------------------------------------- the configurations
@@ -193,7 +205,7 @@ def test_record_orders_the_trials_and_says_what_is_partial():
     assert rec["kind"] == PROFILE_KIND and rec["search"] == "full" and rec["launcher"] == "fake"
     assert [t["global_batch"] for t in rec["trials"]] == [8, 16, 32]
     assert rec["configs"] == [[1, 32], [1, 16]] and rec["max_local_batch"] == 128
-    assert rec["memory"] == ProfileRecord.from_dict(STORED).memory
+    assert rec["memory"] == MEMORY.to_dict() and isinstance(typed.memory, MemoryModel)
     assert rec["in_progress"] is True and "failed" not in rec and "interrupted" not in rec
     assert list(rec["not_measured"]) == ["2"] and rec["backend"] == "gloo"
     assert list(rec)[:6] == ["kind", "version", "spec", "search", "device", "backend"]  # the file's order

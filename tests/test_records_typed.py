@@ -128,9 +128,9 @@ def test_the_typed_records_of_a_finished_run_say_what_its_dicts_say(tiny_pipelin
     assert [r.global_batch for r in plan.configurations] == [r["global_batch"] for r in raw["configurations"]]
     assert plan.constraints is not None and plan.constraints.n_feasible == raw["constraints"]["n_feasible"]
     assert all(isinstance(t, Trial) for t in profile.trials + models.trials)
-    assert profile.model.param_count > 0 and profile.facts is not None and profile.facts["device"] == "cpu"
+    assert profile.model.param_count > 0 and profile.facts is not None and profile.facts.device == "cpu"
     assert isinstance(models.memory, MemoryModel) and isinstance(models.perf, PerfModel)  # the models' parts typed
-    assert models.memory.param_bytes == profile.memory["param_bytes"]  # the profile's probe stays a dict
+    assert models.memory_probed == profile.memory and isinstance(profile.memory, MemoryModel)  # the probe, typed
     assert all(isinstance(h, EpochRecord) for h in train.history) and train.history[-1].epoch == train.epochs
     lines = [EpochRecord.model_validate(h) for h in read_jsonl(d / "train" / "metrics.jsonl")]
     assert [(h.epoch, h.train_loss, h.test_loss) for h in train.history] == [
@@ -146,6 +146,32 @@ def test_stored_records_of_todays_format_load(name):
     assert type(rec) is cls and rec.version >= 1
     assert load_record(path) == rec.model_dump(mode="json")
     assert cls.from_dict(_json(rec.to_json_dict())) == rec
+
+
+#: one world's accumulated step as the profile records it
+ACCUMULATED = {"local_batch": 16, "micro_batch": 8, "accumulation_steps": 2, "step_times_s": [0.3, 0.5],
+               "n_workers": 2, "t_step_s": 0.4}  # fmt: skip
+SLOW = {**ACCUMULATED, "t_step_s": "slow"}  # one damaged
+
+
+def test_the_profiles_parts_are_their_typed_objects_and_are_written_back_as_they_were_read():
+    """The profile record's memory probe, accumulated steps and run trials are typed (the fit reads them
+    without ``from_dict``), and the record dumps the file's JSON as it was, key for key, in its order."""
+    from tula.core.records import AccumulationTrial, RunTrial
+
+    raw = json.loads((DATA / "profile.json").read_text())
+    raw["accumulation_trials"] = [ACCUMULATED]
+    profile = ProfileRecord.from_dict(raw)
+    assert isinstance(profile.memory, MemoryModel) and profile.memory == MemoryModel.from_dict(raw["memory"])
+    assert profile.accumulation_trials == [AccumulationTrial(**ACCUMULATED)]
+    assert profile.run_trials and all(isinstance(t, RunTrial) for t in profile.run_trials)
+    assert [t.status for t in profile.run_trials] == [t["status"] for t in raw["run_trials"]]
+    written = profile.to_json_dict()
+    for part in ("memory", "accumulation_trials", "run_trials"):
+        assert json.dumps(written[part]) == json.dumps(raw[part]), part
+    assert ProfileRecord.from_dict(_json(written)) == profile
+    with pytest.raises(ValidationError):
+        profile.run_trials[0].method = "sgd"  # type: ignore[misc]
 
 
 def test_the_models_parts_are_their_typed_objects_and_are_written_back_as_they_were_read():
@@ -217,6 +243,9 @@ def test_a_v2_plan_without_its_constraints_is_refused_in_one_sentence(tmp_path):
         ("models.json", lambda d: d["placement"].update(n_hosts="two"), "placement.n_hosts", "valid integer"),
         ("models.json", lambda d: d["run_trials"][0].update(status=None), "run_trials.0.status", "valid string"),
         ("profile.json", lambda d: d["trials"][0].update(t_step_s=None), "", "trial 0 is 'ok' but lacks"),
+        ("profile.json", lambda d: d["memory"].pop("param_bytes"), "memory", "memory model inside is damaged (field"),
+        ("profile.json", lambda d: d["run_trials"][1].update(due="often"), "run_trials.1.due", "valid list"),
+        ("profile.json", lambda d: d.update(accumulation_trials=[SLOW]), "accumulation_trials.0.t_step_s", "number"),
         ("train.json", lambda d: d["history"][1].update(epoch=0), "history.1.epoch", "greater than or equal to 1"),
         ("run.json", lambda d: d.update(train="sometimes"), "train", "valid boolean"),
     ],
@@ -331,21 +360,54 @@ def test_validate_record_still_returns_the_dict_it_did():
     assert math.isinf(typed.history[0].b_simple or 0) and as_dict["history"][0]["b_simple"] is None
 
 
-def test_a_records_parts_without_its_kind_are_typed_field_by_field():
-    """What a caller assembles (the console's hand-made records, a record being filled) is not a whole
-    record: as_record types what it has, so that the report reads it as it reads a whole one."""
-    from tula.core.records import PlanRow, as_record
+def test_as_record_takes_a_typed_record_or_a_whole_one_and_refuses_a_records_parts():
+    """Where a record comes into a module: its object passes as it is, its JSON (with its kind) is
+    checked whole; a dict of some of its fields is one sentence -- a record is built whole, with its
+    class --, and so is a value of another type."""
+    from tula.core.records import as_record
 
     whole = json.loads((DATA / "plan.json").read_text())
+    plan = as_record(whole, PlanRecord)
+    assert isinstance(plan, PlanRecord) and as_record(plan, PlanRecord) is plan
     parts = {k: whole[k] for k in ("objective", "configurations", "reason")}
-    plan = as_record(parts, PlanRecord)
-    assert all(isinstance(r, PlanRow) for r in plan.configurations) and plan.configurations[0].given("candidate")
-    assert plan.constraints is None and plan.run_costs is None  # absent: the defaults
-    with pytest.raises(AttributeError):
-        plan.choice  # noqa: B018 - a required field not given is absent, not made up
-    assert as_record({**parts, "objective": "fastest"}, PlanRecord).objective == "fastest"  # as given: not checked
+    with pytest.raises(RecordError) as refused:
+        as_record(parts, PlanRecord)
+    assert (
+        str(refused.value) == "a whole plan record is needed here, not a dict of some of its fields (it has no 'kind')"
+    )
     with pytest.raises(RecordError, match="is a damaged plan record: field 'choice' is missing"):
         as_record({**parts, "kind": "tula.plan", "version": 2}, PlanRecord)  # a whole record is checked whole
+    with pytest.raises(RecordError, match="is a damaged plan record: field 'objective'"):
+        as_record({**whole, "objective": "fastest"}, PlanRecord)
+    with pytest.raises(TypeError, match="^a training run record is needed here, not PlanRecord$"):
+        as_record(plan, TrainRecord)
+    with pytest.raises(TypeError, match="^a plan record is needed here, not list$"):
+        as_record([whole], PlanRecord)
+
+
+def test_as_epoch_takes_an_epoch_or_a_whole_metrics_line_of_today_or_before():
+    """Every line of a stored metrics.jsonl is an epoch (the figures beyond the typed ones kept); a
+    line of before gradient accumulation, the noise scale and the wall times (the figures every
+    epoch has since the first trainer) too; a line without one of those is refused by name."""
+    from tula.core.records import as_epoch
+
+    lines = [json.loads(ln) for ln in (DATA / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    epochs = [as_epoch(ln) for ln in lines]
+    assert [e.epoch for e in epochs] == [ln["epoch"] for ln in lines]
+    assert epochs[0].to_json_dict()["step_traces"] == lines[0]["step_traces"]  # kept as written
+    assert as_epoch(epochs[0]) is epochs[0]
+    first = ("epoch", "steps", "steps_done", "global_batch", "n_workers", "lr", "train_loss", "epoch_time_s")
+    old = {k: lines[0][k] for k in (*first, "test_loss", "test_top1")}
+    e = as_epoch(old)
+    assert e.accumulation_steps == 1 and e.b_simple is None and e.epoch_wall_s is None
+    assert e.model_dump(exclude_unset=True) == old  # written back as it was read (a training record writes so)
+    for name in (*first, "test_loss"):
+        with pytest.raises(RecordError, match=f"^an epoch's metrics line is damaged: field '{name}' is missing$"):
+            as_epoch({k: v for k, v in old.items() if k != name})
+    with pytest.raises(RecordError, match="^an epoch's metrics line is damaged: field 'steps': "):
+        as_epoch({**old, "steps": 0})
+    with pytest.raises(TypeError, match="not str$"):
+        as_epoch("epoch 1")  # type: ignore[arg-type]
 
 
 def test_a_language_models_epochs_are_scored_by_perplexity_and_the_table_shows_it():
@@ -367,7 +429,7 @@ def test_a_language_models_epochs_are_scored_by_perplexity_and_the_table_shows_i
 
     def text(run: dict) -> str:
         console = Console(width=240, record=True)
-        console.print(train_table(run))
+        console.print(train_table(TrainRecord.from_dict(run)))
         return console.export_text()
 
     own_loss = [{k: v for k, v in h.items() if k not in ("test_top1", "test_top5")} for h in train["history"]]

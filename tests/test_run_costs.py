@@ -6,7 +6,7 @@ import statistics
 
 import numpy as np
 import pytest
-from helpers import local_launcher
+from helpers import epoch, local_launcher, train_record
 
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
@@ -140,25 +140,27 @@ def test_a_plan_says_what_its_epochs_include_and_which_method_was_not_measured()
 def test_a_training_record_is_compared_with_the_plan_epoch_by_epoch():
     models = _models(COSTS)
     history = [
-        {"epoch": e, "global_batch": 200, "n_workers": 2, "epoch_time_s": 1.0, "epoch_end_s": 0.2,
-         "checkpoint_s": 0.1, "epoch_wall_s": w}
+        epoch(e, global_batch=200, n_workers=2, steps=5, epoch_time_s=1.0, epoch_end_s=0.2, checkpoint_s=0.1,
+              epoch_wall_s=w)
         for e, w in ((1, 9.0), (2, 1.3), (3, 1.2), (4, 1.4))
     ]  # fmt: skip
-    run = compare_with_plan({"method": "ags", "history": history}, models)
+    run = compare_with_plan(train_record(history), models)
     # predicted: 5 steps of t_step(100, 2) = 0.01 + 0.1 + 0.01 sync, + 0.01 extra, then the epoch's end
     p = 5 * (0.12 + 0.01) + 0.1 + 0.1 + 0.05 + 0.03
     assert run.history[0].predicted_epoch_s == pytest.approx(p)
     assert run.prediction is not None
     assert run.prediction.median_ratio == pytest.approx(1.3 / p)  # the first epoch left out
     assert run.prediction.epochs_compared == 3
-    assert measured_epoch_s({"epoch_time_s": 1.0, "epoch_end_s": 0.5}) == 1.5  # a record without the wall time
+    assert measured_epoch_s(epoch(epoch_time_s=1.0, epoch_end_s=0.5)) == 1.5  # a record without the wall time
+    line = epoch(epoch_time_s=1.0, epoch_end_s=0.5).to_json_dict()
+    assert measured_epoch_s(line) == 1.5  # its metrics line as read from JSON
 
 
 def test_the_epochs_are_predicted_at_the_sequence_length_trained():
     """The plan chose another L (search.sequence_lengths) and training built its data at it
     (job_rules.training_spec sets the spec's data.sequence_length): each epoch is predicted at
     that L, not at the length the models were fitted at (32 here); a record without a length in
-    its spec (images, or one assembled by hand) is predicted at the fitted length as before."""
+    its spec (images) is predicted at the fitted length as before."""
     from dataclasses import replace
 
     from tula.core.errors import RecordError
@@ -172,35 +174,39 @@ def test_the_epochs_are_predicted_at_the_sequence_length_trained():
         {"model": {"name": "tiny_gpt"}, "data": {"name": "text", "sequence_length": 64},
          "search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256, "sequence_lengths": [32, 64]}}
     )  # fmt: skip
-    history = [
+    lines = [
         {"epoch": e, "global_batch": 200, "n_workers": 2, "epoch_time_s": 1.0, "epoch_end_s": 0.2,
          "checkpoint_s": 0.1, "epoch_wall_s": w, "train_loss": 1.0, "test_loss": 1.0, "test_top1": 0.5,
          "steps": 5, "steps_done": 5 * e, "lr": 0.1}
         for e, w in ((1, 9.0), (2, 1.3), (3, 1.2))
     ]  # fmt: skip
+    history = [epoch(**line) for line in lines]
     at_64, at_32 = (predicted_epoch_s(models, "ags", 200, 2, sequence_length=n) for n in (64, 32))
     assert at_32 == pytest.approx(predicted_epoch_s(models, "ags", 200, 2))  # the fitted length: as before
     # 5 steps of t_step(100, 2): compute 0.01 + 100 * 0.001 * (1 + (64 - 32) / 32) at L = 64, sync 0.01, extra 0.01
     assert at_64 == pytest.approx(5 * (0.01 + 0.2 + 0.01 + 0.01) + 0.1 + 0.1 + 0.05 + 0.03)
-    run = compare_with_plan({"method": "ags", "spec": spec.to_dict(), "history": history}, models)
-    assert trained_sequence_length({"spec": spec.to_dict()}) == 64
+    run = compare_with_plan(train_record(history, spec=spec.to_dict()), models)
+    assert trained_sequence_length(train_record(spec=spec.to_dict())) == 64
     assert [h.predicted_epoch_s for h in run.history] == pytest.approx([at_64] * 3)
     ratios = [h.measured_to_predicted for h in run.history]
     assert ratios == pytest.approx([9.0 / at_64, 1.3 / at_64, 1.2 / at_64])
     assert run.prediction is not None and run.prediction.median_ratio == pytest.approx(1.25 / at_64)
     # the typed record (what tula run hands on) reads its spec the same
     typed = TrainRecord(kind="tula.train", version=1, spec=spec.to_dict(), method="ags", n_workers=2,
-                        global_batch=200, steps_per_epoch=5, epochs=3, steps_done=15, history=history)  # fmt: skip
+                        global_batch=200, steps_per_epoch=5, epochs=3, steps_done=15, history=lines)  # fmt: skip
     assert compare_with_plan(typed, models).history[1].predicted_epoch_s == pytest.approx(at_64)
     # trained at the fitted length, or without a length in the spec: the fitted length's prediction
     at_ref = spec.model_copy(update={"data": spec.data.model_copy(update={"sequence_length": 32})})
     digits = spec_from_dict({"search": {"cluster_sizes": [1, 2], "min_batch": 16, "max_batch": 256}})
-    for record in ({"spec": at_ref.to_dict()}, {"spec": digits.to_dict()}, {}):
-        other = compare_with_plan({"method": "ags", "history": history, **record}, models)
+    for record in ({"spec": at_ref.to_dict()}, {"spec": digits.to_dict()}, {}):  # {}: the helper's digits
+        other = compare_with_plan(train_record(history, **record), models)
         assert other.history[1].predicted_epoch_s == pytest.approx(at_32)
-    assert trained_sequence_length({"spec": digits.to_dict()}) is None and trained_sequence_length({}) is None
-    with pytest.raises(RecordError, match=r"spec.data.sequence_length: Input should be greater than or equal to 1"):
-        trained_sequence_length({"spec": {"data": {"name": "text", "sequence_length": 0}}})  # a damaged record
+    assert trained_sequence_length(train_record(spec=digits.to_dict())) is None
+    assert trained_sequence_length(train_record()) is None
+    damaged = train_record(spec=spec.to_dict()).to_json_dict()
+    damaged["spec"]["data"]["sequence_length"] = 0
+    with pytest.raises(RecordError, match=r"damaged training run record: field 'spec'.*sequence_length"):
+        TrainRecord.from_dict(damaged)  # a damaged record is refused where it is read, before a comparison
 
 
 @pytest.mark.slow
@@ -223,8 +229,9 @@ def test_a_real_profile_predicts_the_epochs_that_tula_train_runs(tmp_path, tiny_
     launcher = local_launcher()
     rec = profile(spec, launcher=launcher)
     (rt,) = rec.run_trials or []
-    assert rt["status"] == "ok" and rt["method"] == method and rt["n_workers"] == 2
-    assert len(rt["step_times_s"]) == len(rt["plain_step_times_s"]) >= 8
+    assert rt.status == "ok" and rt.method == method and rt.n_workers == 2
+    assert rt.step_times_s is not None and rt.plain_step_times_s is not None
+    assert len(rt.step_times_s) == len(rt.plain_step_times_s) >= 8
     models = fit_models(rec).to_json_dict()  # compare_with_plan reads the models as their JSON
     assert models["run_costs"]["method"] == method
     run = compare_with_plan(train(spec, method, 2, 128, tmp_path / "run", launcher=launcher), models)
@@ -250,13 +257,11 @@ def test_the_dashboard_and_the_table_show_each_epoch_beside_its_prediction():
     from tula.service.dashboard_charts import train_charts
 
     history = [
-        {"epoch": e, "global_batch": 200, "n_workers": 2, "epoch_time_s": 1.0, "epoch_end_s": 0.2,
-         "checkpoint_s": 0.1, "epoch_wall_s": w, "train_loss": 1.0, "test_loss": 1.0, "test_top1": 0.5,
-         "steps_done": 5 * e, "lr": 0.1}
+        epoch(e, global_batch=200, n_workers=2, steps=5, epoch_end_s=0.2, checkpoint_s=0.1, epoch_wall_s=w,
+              test_top1=0.5)
         for e, w in ((1, 2.0), (2, 1.3))
     ]  # fmt: skip
-    plain = {"method": "ags", "history": history, "n_workers": 2, "global_batch": 200, "local_batch": 100,
-             "steps_per_epoch": 5}  # fmt: skip
+    plain = train_record(history, local_batch=100)
     run = compare_with_plan(plain, _models(COSTS))
     html = train_charts(run)
     assert "Epoch time: measured and planned" in html
@@ -280,14 +285,14 @@ def test_a_finished_runs_measured_ratio_scales_a_replan_of_its_method_only():
 
     models = _models(COSTS)
     p = predicted_epoch_s(models, "ags", 200, 2)
-    history = [{"epoch": e, "global_batch": 200, "n_workers": 2, "epoch_time_s": w, "epoch_wall_s": w}
+    history = [epoch(e, global_batch=200, n_workers=2, steps=5, epoch_time_s=w, epoch_wall_s=w)
                for e, w in ((1, 9.0), (2, 1.2 * p), (3, 1.3 * p), (4, 1.25 * p))]  # fmt: skip
-    run = {"method": "ags", "history": history}
+    run = train_record(history)
     m = measured_ratio(run, models)
     assert m is not None and m.to_json_dict() == {
         "ratio": pytest.approx(1.25), "epochs_compared": 3, "method": "ags", "n_workers": 2, "global_batch": 200,
     }  # fmt: skip
-    assert measured_ratio({"method": "ags", "history": []}, models) is None
+    assert measured_ratio(train_record(), models) is None  # no epoch
     base, scaled = make_plan(models, "time"), make_plan(models, "time", measured=m)
     for a, b in zip(base.configurations, scaled.configurations):
         assert b.epoch_time_s == pytest.approx(1.25 * a.epoch_time_s)
@@ -301,7 +306,7 @@ def test_a_finished_runs_measured_ratio_scales_a_replan_of_its_method_only():
     with pytest.raises(Problem, match="no training run yet"):
         replan_from_models(models, Replan(use_measured=True), None)
     with pytest.raises(Problem, match="no epoch to compare"):
-        replan_from_models(models, Replan(use_measured=True), {"method": "ags", "history": []})
+        replan_from_models(models, Replan(use_measured=True), train_record().to_json_dict())  # as the store has it
 
 
 def test_timed_indices_cover_the_time_asked_and_one_due_step():

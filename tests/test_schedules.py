@@ -12,6 +12,7 @@ from helpers import assert_imports_no_torch
 
 from tula.core.errors import SpecError
 from tula.core.job_rules import caps_from_spec, state_from_spec
+from tula.core.records import ScheduleDecision
 from tula.core.schedules import (
     LR_RULES,
     PARAM_NAMES,
@@ -271,6 +272,36 @@ def test_a_resumed_schedule_decides_exactly_as_an_uninterrupted_one(kind, params
     assert len(set(col(full, "global_batch"))) > 1  # the schedule did move
 
 
+def test_a_decision_in_an_epoch_line_is_typed_and_dumps_as_read():
+    """The decision an epoch line carries (``schedule``) loads as a ScheduleDecision and writes back the
+    same JSON: the trainer's, one written before gradient accumulation (no k, no micro-batch), and one
+    with a workers rule's ranking; a damaged one names its field."""
+    from tula.core.errors import RecordError
+    from tula.core.records import RankedOption, as_epoch
+
+    d = next_config(initial_state("geometric", 32, {"factor": 2, "delay": 1}), 0, [], Caps(1000, None, 1, 4, 32))
+    line = {"epoch": 1, "steps": 31, "steps_done": 31, "global_batch": 32, "n_workers": 1, "lr": 0.1,
+            "train_loss": 1.0, "epoch_time_s": 0.5, "test_loss": 1.0, "schedule": ScheduleDecision.of(d).to_json_dict()}  # fmt: skip
+    assert list(line["schedule"]) == [
+        "epoch", "global_batch", "n_workers", "local_batch", "wanted_batch", "capped_by", "lr_scale", "lr_decay",
+        "decayed_instead", "changed", "resize", "reason", "accumulation_steps", "lr_multiplier", "micro_batch",
+    ]  # fmt: skip
+    e = as_epoch(json.loads(json.dumps(line)))
+    assert isinstance(e.schedule, ScheduleDecision) and e.schedule == ScheduleDecision.of(d)
+    assert (
+        e.to_json_dict()["schedule"] == line["schedule"] and e.schedule.config == d.config and e.schedule.ranking == ()
+    )
+    old = {k: v for k, v in line["schedule"].items() if k not in ("accumulation_steps", "micro_batch")}
+    assert as_epoch({**line, "schedule": old}).to_json_dict()["schedule"] == old
+    option = {"global_batch": 32, "n_workers": 1, "accumulation_steps": 1, "epoch_s": 0.5, "score": 0.5,
+              "micro_batch": 32}  # fmt: skip
+    ranked = as_epoch({**line, "schedule": {**line["schedule"], "ranking": [option]}})
+    assert ranked.schedule is not None and ranked.schedule.ranking == (RankedOption(**option),)
+    assert ranked.to_json_dict()["schedule"]["ranking"] == (option,)  # json.dumps writes the tuple as a list
+    with pytest.raises(RecordError, match="epoch_s"):
+        as_epoch({**line, "schedule": {**line["schedule"], "ranking": [{**option, "epoch_s": "fast"}]}})
+
+
 def test_the_input_state_is_not_changed_and_epochs_come_in_order():
     state = initial_state("loss_ratio", 32).to_dict()  # as the checkpoint keeps it
     copy = json.loads(json.dumps(state))
@@ -279,7 +310,7 @@ def test_the_input_state_is_not_changed_and_epochs_come_in_order():
     d1 = next_config(d0.state, 1, [{"train_loss": 1.0, "steps": 3, "global_batch": 32, "n_workers": 1}], Caps(100))
     with pytest.raises(ValueError, match="already decided"):
         next_config(d1.state, 1, [{"train_loss": 1.0, "steps": 3}], Caps(100))
-    assert json.loads(json.dumps(d1.record()))["global_batch"] == 32
+    assert json.loads(json.dumps(ScheduleDecision.of(d1).to_json_dict()))["global_batch"] == 32
 
 
 def test_state_and_caps_from_the_spec():
@@ -433,7 +464,7 @@ def test_the_batch_grows_through_accumulation_once_the_workers_are_at_their_most
     assert col(ds, "changed") == [True, True, True, True, True, False]
     assert col(ds, "resize") == [False, True, False, False, False, False]
     assert "as 2 accumulated micro-batches of 64" in ds[2].reason
-    assert ds[3].record()["accumulation_steps"] == 4 and ds[3].record()["micro_batch"] == 64
+    assert ScheduleDecision.of(ds[3]).accumulation_steps == 4 and ScheduleDecision.of(ds[3]).micro_batch == 64
     # a share that no k up to the cap splits into fitting micro-batches is rounded down: 2 x 150 -> k 2 of 75
     odd = drive(initial_state("constant", 300), Caps(10_000, 80, 2, 2, None, 3), 0)[0]
     assert (odd.global_batch, odd.n_workers, odd.accumulation_steps, odd.micro_batch) == (300, 2, 2, 75)

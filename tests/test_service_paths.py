@@ -291,11 +291,12 @@ def test_replan_with_use_measured_scales_the_epochs_by_the_finished_runs_ratio(c
     says so in its reason and its record; without it the plan is the models' own."""
     import json
 
+    from tula.core.records import TrainRecord
     from tula.core.run_costs import measured_ratio
 
     models = json.loads((tiny_pipeline.dir / "models.json").read_text())
     run = json.loads((tiny_pipeline.dir / "train" / "train.json").read_text())
-    expected = measured_ratio(run, models)
+    expected = measured_ratio(TrainRecord.from_dict(run), models)
     assert expected is not None and expected.ratio > 0
     base = _replan(c, objective="time").json()
     r = _replan(c, objective="time", use_measured=True)

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import memory_model, models_record, profile_record, run_python, run_tula, tula_in_process
+from helpers import epoch, memory_model, models_record, profile_record, run_python, run_tula, tula_in_process
 
 from tula.core.errors import OptionError, TulaError
 from tula.core.fit import fit_models
@@ -224,7 +224,7 @@ def test_loss_ratio_replays_a_training_runs_losses():
     caps = Caps(1000, None, 1, 8, 25)
     with pytest.raises(TulaError, match="follows the train_loss measured while training"):
         sim.schedule("loss_ratio", 25, caps, {}, ["ring"])
-    history = [{"train_loss": 2.0}, {"train_loss": 1.0}, {"train_loss": 0.5}]
+    history = [epoch(1, train_loss=2.0), epoch(2, train_loss=1.0), epoch(3, train_loss=0.5)]
     res = sim.schedule("loss_ratio", 25, caps, {}, ["ring"], history=history)[0]
     # B0 x F(w0) / F(wk), F(w0) the first epoch's loss: 25, 25, 50, 100
     assert [e.global_batch for e in res.epochs] == [25, 25, 50, 100]
@@ -480,7 +480,7 @@ def test_each_epochs_configuration_is_decided_in_one_place_from_the_epochs_befor
 
     base = simulator_from_models(_record(HAND, dataset_size=1000, epochs=3), bandwidth="1GB/s", latency="1us")
     sim = Watched(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
-    history = [{"train_loss": 2.0, "b_simple": 10.0}, {"train_loss": 1.0, "b_simple": 20.0}]
+    history = [epoch(1, train_loss=2.0, b_simple=10.0), epoch(2, train_loss=1.0, b_simple=20.0)]
     res = sim.schedule("loss_ratio", 25, Caps(1000, None, 1, 8, 25), {}, ["ring"], history=history)[0]
     assert [len(d) for d in seen] == [0, 1, 2]
     assert [(d.train_loss, d.b_simple) for d in seen[2]] == [(2.0, 10.0), (1.0, 20.0)]

@@ -189,7 +189,7 @@ def test_regressor_reports_r2_on_the_held_out_split_like_sklearn():
 
 # --------------------------------------------------------------------------- the runner's regression loss
 def test_the_runner_trains_a_regression_spec_on_an_arrays_file_and_its_record_reads_back(tmp_path):
-    from tula.core.records import load_record, save_record
+    from tula.core.records import load_record, load_train, save_record
     from tula.report import train_table
 
     rng = np.random.RandomState(0)
@@ -212,7 +212,7 @@ def test_the_runner_trains_a_regression_spec_on_an_arrays_file_and_its_record_re
     save_record(run, tmp_path / "train.json")
     back = load_record(tmp_path / "train.json", (TRAIN_KIND,))
     assert back["history"][-1]["test_r2"] == h[-1].test_r2 and back["history"][-1]["test_top1"] is None
-    table = train_table(back)
+    table = train_table(load_train(tmp_path / "train.json"))  # the table takes the typed record
     assert "R^2" in [c.header for c in table.columns]
     # a class-label spec with train.loss mse is one sentence before anything starts
     np.savez(tmp_path / "labels.npz", x=x, y=(y[:, 0] > 0).astype(np.int64))

@@ -131,6 +131,22 @@ def test_the_ranks_run_training_s_epochs_through_an_overridden_run_epoch(tmp_pat
     assert [h.steps for h in run.history] == [n_steps, n_steps] and run.steps_done == 2 * n_steps
 
 
+@pytest.mark.slow  # two real worlds of two ranks, one epoch each
+def test_an_overridden_train_step_keeps_the_gradient_noise_measurement(tmp_path):
+    """Training feeds the gradient noise scale from inside the step (:meth:`TrainStep.optimizer_step`
+    calls its ``on_gradients`` hook between the backward and the update), so a user's ``train_step``
+    (tests/user_steps.py's CountingStep, which runs the built-in one) measures the same B_simple, to
+    the bit, as the built-in step on the same seed."""
+    runs = []
+    for step in (None, "user_steps:CountingStep"):
+        d = _spec(step, noise_scale=True)
+        d["epochs"] = 1
+        runs.append(train(spec_from_dict(d), "lbt", 2, 64, tmp_path / f"run{len(runs)}", launcher=local_launcher()))
+    built_in, overridden = ([(h.b_simple, h.train_loss) for h in run.history] for run in runs)
+    assert built_in[0][0] is not None and built_in[0][0] > 0, built_in  # measured on the two ranks
+    assert overridden == built_in
+
+
 @pytest.mark.parametrize(
     "step, sentence",
     [

@@ -644,8 +644,9 @@ def test_a_new_job_gets_the_key_its_profile_gives(real_profile):
     assert parts == key_parts_for_new_job(spec, facts)  # threads derived as the local launcher does
     assert model_key(parts) == model_key(key_parts_for_new_job(spec, facts))
     assert len(model_key(parts)) == 64
-    assert parts["hardware"] == {"cpu": facts["cpu"], "cores": os.cpu_count()} and parts["device"] == "cpu"
-    assert parts["torch"] == facts["torch"] and parts["data"]["sample_shape"] == rec["sample_shape"] == [1, 8, 8]
+    assert parts["hardware"] == {"cpu": facts.cpu, "cores": os.cpu_count()} and parts["device"] == "cpu"
+    assert parts["torch"] == facts.torch and parts["data"]["sample_shape"] == rec["sample_shape"] == [1, 8, 8]
+    assert rec["facts"] == facts.to_json_dict()  # the launcher's facts, as the record writes them
     assert parts["threads_per_worker"] == rec["threads_per_worker"]
     # what does not decide the fitted parameters leaves the key alone
     key = model_key(parts)
@@ -673,7 +674,8 @@ def test_a_new_job_gets_the_key_its_profile_gives(real_profile):
         d[path[-1]] = value
         assert model_key(key_parts_for_new_job(other, facts, None if path[0] != "cluster" else threads)) != key, path
     for fact, value in (("cpu", "Other CPU"), ("cores", 64), ("torch", "9.9"), ("device", "cuda")):
-        assert model_key(key_parts_for_new_job(spec, {**facts, fact: value}, threads)) != key, fact
+        assert model_key(key_parts_for_new_job(spec, facts.model_copy(update={fact: value}), threads)) != key, fact
+        assert model_key(key_parts_for_new_job(spec, {**facts.to_json_dict(), fact: value}, threads)) != key, fact
 
 
 def test_a_profile_without_facts_cannot_be_keyed(tiny_spec_dict):

@@ -11,7 +11,7 @@ import pytest
 from tula.core.config import Config
 from tula.core.errors import InfeasibleError, RunDirError, SpecError, WorkerError
 from tula.core.events import FellBack, Note, Resized
-from tula.core.records import CHECKPOINT_KIND, TRAIN_KIND, CheckpointMeta, Fallback
+from tula.core.records import CHECKPOINT_KIND, TRAIN_KIND, CheckpointMeta, Fallback, HostFacts
 from tula.core.spec import spec_from_dict
 from tula.engine.rank_messages import Failed, Finished, OutOfMemory, Resize, Segment
 from tula.engine.train import TrainSupervisor
@@ -27,8 +27,8 @@ class _Launcher:
     def __init__(self, have: int | None = None):
         self.have = have
 
-    def facts(self) -> dict:
-        return {"device": "cpu"}
+    def facts(self) -> HostFacts:
+        return HostFacts(device="cpu")
 
     def provide(self, n: int) -> int:
         return n if self.have is None else min(n, self.have)

@@ -271,7 +271,7 @@ def _plan_constraints(models: dict | ModelsRecord, deadline: str | None, budget:
     """The spec's constraints with --deadline and --budget in place of its own."""
     from tula.core.plan import Constraints
 
-    base = Constraints.of(spec_from_dict(as_record(models, ModelsRecord).spec).constraints)
+    base = Constraints.of(as_record(models, ModelsRecord).spec.constraints)
     d_s = base.deadline_s if deadline is None else _deadline_s(deadline)
     _check_budget(budget)
     return Constraints(d_s, base.budget if budget is None else budget)
@@ -339,7 +339,7 @@ def profile(
     previous = None
     if resume is not None:
         previous = load_profile(out)
-        if not same_job(previous.spec, job.to_dict()):
+        if not same_job(previous.spec, job):
             raise RunDirError(
                 f"{out} was profiled from another spec than {source}; give that spec, or profile into another --out"
             )
@@ -486,7 +486,7 @@ def plan(
     with locked(out.parent, on_stale=stale_note):
         shown = ConsoleObserver()
         models = _models_to_plan(path, job, rec, search, out.parent, shown)
-        models = with_spec(models, _with_workers(as_record(models, ModelsRecord).spec, workers))  # over --workers
+        models = with_spec(models, _job_with_workers(as_record(models, ModelsRecord).spec, workers))  # over --workers
         p = plan_stage(
             models,
             objective.value if objective else None,
@@ -520,7 +520,7 @@ def _plan_source(
     rec = None if is_spec else read_record_of(source, (ProfileRecord, ModelsRecord))
     assert rec is None or isinstance(rec, (ProfileRecord, ModelsRecord))
     if rec is not None and workers is not None:  # one sentence for counts the record's spec refuses, before any work
-        spec_from_dict(_with_workers(rec.spec, workers))
+        _job_with_workers(rec.spec, workers)
     out = out or (RUNS / job.name / "plan.json" if job else source.parent / "plan.json")
     check_out_file(out, force)
     if is_spec:  # every record this command will write, checked before any work
@@ -1002,7 +1002,7 @@ def run(
         started, settings = continue_run(out, spec if workers is None else None, asked)
         if workers is not None:
             _same_workers(out, spec, started, workers)
-        job = _with_cluster(spec_from_dict(started), cluster)
+        job = _with_cluster(started, cluster)
     else:
         if spec is None:
             raise TulaError(
@@ -1030,17 +1030,17 @@ def run(
             raise
 
 
-def _same_workers(out: Path, spec: Path | None, started: dict, workers: tuple[int, ...]) -> None:
+def _same_workers(out: Path, spec: Path | None, started: JobSpec, workers: tuple[int, ...]) -> None:
     """``tula run --resume DIR --workers N,...``: the counts the run in ``out`` was started with
     (and ``spec``, when given again, with them the same job), else one sentence."""
-    was = ",".join(map(str, spec_from_dict(started).search.cluster_sizes))  # the manifest's spec, checked
+    was = ",".join(map(str, started.search.cluster_sizes))  # the manifest's spec, checked
     given = ",".join(map(str, workers))
     if given != was:
         raise RunDirError(
             f"the run in {out} was started with --workers {was}; --resume continues it as it was started, so drop "
             f"--workers {given} (or start a new run with another --out)"
         )
-    if spec is not None and not same_job(_with_workers(load_spec(spec).to_dict(), workers), started):
+    if spec is not None and not same_job(_job_with_workers(load_spec(spec), workers), started):
         raise RunDirError(
             f"{spec} differs from the spec the run in {out} was started with; resume without SPEC, or start a new "
             "run with another --out"

@@ -109,13 +109,13 @@ def record_dict(rec: dict | AnyRecord) -> dict:
     return rec if isinstance(rec, dict) else rec.to_json_dict()
 
 
-def with_spec(models: dict | ModelsRecord, spec: dict) -> dict | ModelsRecord:
+def with_spec(models: dict | ModelsRecord, spec: JobSpec) -> dict | ModelsRecord:
     """``models`` planned over another ``spec`` (a record's spec with --workers or the launched world's
     size in it), of the type it was given: a record as a dict while the fitter still makes dicts, else
     the frozen object with its spec replaced."""
     if isinstance(models, dict):
-        return {**models, "spec": spec}
-    return models.model_copy(update={"spec": spec})
+        return {**models, "spec": spec.to_dict()}
+    return models.model_copy(update={"spec": spec})  # a checked JobSpec: model_copy does not validate
 
 
 # --------------------------------------------------------------------------- the stages
@@ -320,12 +320,12 @@ def _in_world(models: dict | ModelsRecord, launcher: Any, obs: Observer) -> dict
     size = launcher.world_size
     if size is None:
         return models
-    planned = spec_from_dict(as_record(models, ModelsRecord).spec)
+    planned = as_record(models, ModelsRecord).spec
     if list(planned.search.cluster_sizes) == [size]:
         return models
     obs.note(f"planning for N = {size} only: the world this run is in has {size} ranks and trains on all of them")
     spec = spec_with(planned, search=planned.search.model_copy(update={"cluster_sizes": [size]}))
-    return with_spec(models, spec.to_dict())
+    return with_spec(models, spec)
 
 
 def _models_and_plan(
@@ -469,13 +469,16 @@ class RunSettings:
     train: bool | None
 
 
-def same_job(a: dict, b: dict) -> bool:
+def same_job(a: dict | JobSpec, b: dict | JobSpec) -> bool:
     """Two specs describe the same job wherever it runs (the cluster may change on resume).
 
     Both are read through the spec model first, so a spec stored before a field was added
     (its default then filled in) is the same job as that spec read today."""
 
-    def normal(d: dict) -> dict:
+    def normal(given: dict | JobSpec) -> dict:
+        if isinstance(given, JobSpec):
+            return {k: v for k, v in given.to_dict().items() if k != "cluster"}
+        d = given
         try:
             d = spec_from_dict(d).to_dict()
         except TulaError:
@@ -492,7 +495,7 @@ def _as_flag(setting: str, value: Any) -> str:
     return f"--{setting} {value}" if value is not None else f"the spec's {setting}"
 
 
-def continue_run(out: Path, spec_path: Path | None, asked: RunSettings) -> tuple[dict, RunSettings]:
+def continue_run(out: Path, spec_path: Path | None, asked: RunSettings) -> tuple[JobSpec, RunSettings]:
     """The run in ``out`` to continue: its spec and settings, from its ``run.json``.  The spec
     at ``spec_path``, when given again, must be the same job, and what ``asked`` gives must
     be what the run was started with: a run continues as it was started."""
@@ -502,7 +505,7 @@ def continue_run(out: Path, spec_path: Path | None, asked: RunSettings) -> tuple
             f"{str(out)!r} holds no Tula run to continue (no run.json); start one with `tula run SPEC --out DIR`"
         )
     manifest = load_run_manifest(out / "run.json")
-    if spec_path is not None and not same_job(load_spec(spec_path).to_dict(), manifest.spec):
+    if spec_path is not None and not same_job(load_spec(spec_path), manifest.spec):
         raise RunDirError(
             f"{spec_path} differs from the spec the run in {out} was started with; resume without "
             "SPEC, or start a new run with another --out"

@@ -2,16 +2,16 @@
 
 The tables and plots of records take the typed records of :mod:`tula.core.records`
 (:class:`~tula.core.records.ProfileRecord`, :class:`~tula.core.records.ModelsRecord`,
-:class:`~tula.core.records.PlanRecord`); a record given as a dict is typed once, where it comes in
-(:func:`~tula.core.records.as_record`: a whole record checked, a caller's parts of one field by field).  A training run is still read as a dict: its callers pass runs in progress and
-hand-made ones that are not whole records."""
+:class:`~tula.core.records.PlanRecord`); a profile, models or plan record given as its JSON is
+typed once, where it comes in (:func:`~tula.core.records.as_record`: a whole record checked).  The
+training run's table and figure take the :class:`~tula.core.records.TrainRecord` only."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from pydantic import TypeAdapter
 
@@ -34,7 +34,6 @@ from tula.core.records import (
     ProfileRecord,
     TrainRecord,
     Trial,
-    as_epoch,
     as_record,
     epoch_score,
 )
@@ -207,7 +206,7 @@ def noise_scale_text(noise: dict | NoiseScale) -> str:
 
 def plan_table(plan: dict | PlanRecord) -> Table:
     """The plan's candidate configurations and its choice, with what the epochs include."""
-    from tula.core.spec import format_duration, spec_from_dict
+    from tula.core.spec import format_duration
 
     rec = as_record(plan, PlanRecord)
     rows = rec.configurations
@@ -223,7 +222,7 @@ def plan_table(plan: dict | PlanRecord) -> Table:
     noise = rec.noise_scale or NoiseScale()
     if acc:
         title += (
-            f"; to accuracy: the spec's {spec_from_dict(rec.spec).epochs} epochs at B0={noise.reference_batch} "
+            f"; to accuracy: the spec's {rec.spec.epochs} epochs at B0={noise.reference_batch} "
             f"scaled by B_noise {noise.b_noise:.3g} ({'what-if' if noise.source == 'what-if' else 'profiled'})"
         )
     if cons is not None and constrained:
@@ -344,11 +343,10 @@ def plan_chart_data(plan: dict | PlanRecord, trials: Sequence[Trial | dict]) -> 
     constraints and the choice."""
     from tula.core.pricing import make_pricing
     from tula.core.run_costs import epoch_time_s
-    from tula.core.spec import spec_from_dict
 
     rec = as_record(plan, PlanRecord)
     ok_trials = [t for t in _trials(trials) if t.status == "ok"]
-    spec = spec_from_dict(rec.spec)
+    spec = rec.spec
     pricing = make_pricing(spec.pricing)
     d, e = rec.dataset_size, spec.epochs
     series = []
@@ -654,18 +652,9 @@ def _save_figure(fig, path: str | Path) -> Path:
     return p
 
 
-def _train_run(run: TrainRecord | Mapping[str, Any]) -> tuple[TrainRecord, list[EpochRecord]]:
-    """``run`` typed, and its epochs: a training record as it is, or as read from JSON (a
-    record's parts only -- a hand-made run, one compared with the plan -- typed field by
-    field: :func:`tula.core.records.as_record`)."""
-    if isinstance(run, TrainRecord):
-        return run, list(run.history)
-    return as_record(dict(run), TrainRecord), [as_epoch(h) for h in run.get("history") or []]
-
-
-def train_table(run: TrainRecord | Mapping[str, Any]) -> Table:
+def train_table(rec: TrainRecord) -> Table:
     """One row per epoch: loss, accuracy (or R^2, perplexity), time, LR and (AGS) the share of scaled steps."""
-    rec, history = _train_run(run)
+    history = list(rec.history)
     top5 = any(h.given("test_top5") for h in history)
     score = epoch_score(history[0])[0] if history else "top-1"
     perplexity = score != "perplexity" and any(h.test_perplexity is not None for h in history)
@@ -717,12 +706,12 @@ def train_table(run: TrainRecord | Mapping[str, Any]) -> Table:
     return t
 
 
-def plot_training(run: TrainRecord | Mapping[str, Any], path: str | Path) -> Path:
+def plot_training(run: TrainRecord, path: str | Path) -> Path:
     """Write :func:`training_figure` as a PNG at ``path``."""
     return _save_figure(training_figure(run), path)
 
 
-def training_figure(run: TrainRecord | Mapping[str, Any]):
+def training_figure(run: TrainRecord):
     """Test accuracy and training loss per epoch; for AGS and static scaling also the
     gradient variability Δ(G) per step with scaled and unscaled steps marked; where the batch
     changes or B_simple was measured, the global batch, workers and B_simple per epoch on a
@@ -733,7 +722,7 @@ def training_figure(run: TrainRecord | Mapping[str, Any]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rec, history = _train_run(run)
+    rec, history = run, list(run.history)
     tr = rec.traces
     has_delta = bool(tr.delta)
     grows = len({(h.global_batch, h.n_workers) for h in history}) > 1

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from tula.core.errors import RecordError
-from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import (
     PerfModel,
     fit_perf_model,
@@ -28,6 +27,7 @@ from tula.core.records import (  # noqa: F401
     PROFILE_KIND,
     VERSIONS,
     AccumulationCheck,
+    AccumulationTrial,
     ModelsRecord,
     NoiseScale,
     NoiseWorld,
@@ -86,21 +86,28 @@ def fit_noise_scale(trials: Sequence[Trial]) -> NoiseScale:
 
 
 def accumulation_check(
-    perf: PerfModel, trials: Sequence[Trial], checks: Sequence[Mapping[str, Any]]
+    perf: PerfModel, trials: Sequence[Trial], checks: Sequence[AccumulationTrial]
 ) -> list[AccumulationCheck]:
     """Each accumulated-step measurement of the profile (``accumulation_trials``) against the
     model's ``t_step(micro, N, k)``, on the hosts of the ordinary trial of the same batch."""
     out = []
     topology = trial_topology(trials) is not None
     for a in checks:
-        given = {k: a[k] for k in ("n_workers", "local_batch", "micro_batch", "accumulation_steps", "t_step_s")}
-        measured = AccumulationCheck(**given, predicted_t_step_s=0.0, rel_error=0.0)
-        n, b = measured.n_workers, measured.local_batch
+        n, b = a.n_workers, a.local_batch
         same = next((t for t in trials if (t.n_workers, t.local_batch) == (n, b)), None)
         r, h = world_shape(same) if topology and same else (None, None)
-        predicted = float(perf.t_step_s(measured.micro_batch, n, r, h, measured.accumulation_steps))
-        rel_error = abs(predicted - measured.t_step_s) / measured.t_step_s
-        out.append(measured.model_copy(update={"predicted_t_step_s": predicted, "rel_error": rel_error}))
+        predicted = float(perf.t_step_s(a.micro_batch, n, r, h, a.accumulation_steps))
+        out.append(
+            AccumulationCheck(
+                n_workers=n,
+                local_batch=b,
+                micro_batch=a.micro_batch,
+                accumulation_steps=a.accumulation_steps,
+                t_step_s=a.t_step_s,
+                predicted_t_step_s=predicted,
+                rel_error=abs(predicted - a.t_step_s) / a.t_step_s,
+            )
+        )
     return out
 
 
@@ -109,7 +116,7 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
     ``profile.json``, checked here, or a :class:`~tula.core.records.ProfileRecord`): the
     :class:`~tula.core.records.ModelsRecord` (``.to_json_dict()`` where it is written)."""
     prof = parse_record(profile, ProfileRecord, "the profile")
-    spec = spec_from_dict(prof.spec)
+    spec = prof.spec
     # the models are the plain step's (the spec's variant); train.checkpointing auto's checkpointed
     # trials then fit that variant's effect on them (tula.core.variants), as train.parallelism auto's sharded ones
     plain_trials = [t for t in prof.trials if not t.checkpointing and t.parallelism is None]
@@ -130,7 +137,7 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
             "performance model to (every one ran out of memory or failed)"
         )
     perf = fit_perf_model(at_ref, spec.collective, prof.model.grad_bytes)
-    probed = MemoryModel.from_dict(prof.memory)
+    probed = prof.memory
     peaks = [t.peak_mem_bytes for t in ok_trials if t.peak_mem_bytes is not None]  # every one (ProfileRecord checks)
     ref_peaks = [t.peak_mem_bytes for t in ref_ok if t.peak_mem_bytes is not None]
     mem = probed.refit([t.local_batch for t in ref_ok], ref_peaks, [t.n_workers for t in ref_ok])

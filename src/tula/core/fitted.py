@@ -42,7 +42,7 @@ from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import FloatArray, PerfModel, ranks_per_node_of, sync_time_s
 from tula.core.pricing import Pricing, SpotPricing
 from tula.core.schedules import steps_per_epoch
-from tula.core.spec import spec_from_dict
+from tula.core.spec import JobSpec, spec_from_dict
 from tula.core.trial import Trial
 from tula.core.validation import first_error
 
@@ -358,7 +358,8 @@ class FittedModels:
                 raise RecordError(f"the models record has no {what} ('{key}'): fit a profile first (tula fit)")
         perf = _checked(PerfModel, part("perf"), "performance model")
         memory = _checked(MemoryModel, part("memory"), "memory model") if part("memory") else None
-        spec = spec_from_dict(part("spec") or {})
+        given_spec = part("spec")
+        spec = given_spec if isinstance(given_spec, JobSpec) else spec_from_dict(given_spec or {})
         method = method or spec.train.method
         try:
             costs, note = run_costs_for(record, method)

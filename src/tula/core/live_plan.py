@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from tula.core.accumulation import accumulation_for
 from tula.core.config import Config
 from tula.core.errors import SpecError
 from tula.core.fitted import FittedModels, Network
-from tula.core.records import ModelsRecord, TrainRecord, as_epoch
+from tula.core.records import ModelsRecord, RankedOption, TrainRecord, as_epoch
 from tula.core.run_costs import measured_epoch_s
 from tula.core.schedules import Caps
 
@@ -72,8 +72,9 @@ class Option:
         """The option's configuration (N, B, k) as one value."""
         return Config(self.n_workers, self.global_batch, self.accumulation_steps)
 
-    def record(self) -> dict[str, Any]:
-        return {**asdict(self), "micro_batch": self.micro_batch}
+    def record(self) -> RankedOption:
+        """The option as a decision's ranking keeps it in an epoch line."""
+        return RankedOption.of(self)
 
 
 class Ranker:
@@ -204,7 +205,7 @@ class WorkerPlan:
 
     def choose(
         self, global_batch: int, caps: Caps, current_workers: int | None
-    ) -> tuple[Config, str, list[dict[str, Any]]]:
+    ) -> tuple[Config, str, list[RankedOption]]:
         """``(config, reason, ranking)`` for ``global_batch`` (already within the caps): the
         configuration chosen, why, and every option ranked, best first."""
         options = self.ranker.options(global_batch, caps)
@@ -291,9 +292,10 @@ def goodput_per_epoch(run: TrainRecord | Mapping[str, Any]) -> list[GoodputRow]:
             continue
         eff = statistical_efficiency(h.global_batch, b_noise, b0)
         samples = h.steps * h.global_batch
-        best = ((prev.schedule or {}).get("ranking") or [None])[0]  # a decision that changed B
-        same = best is not None and (best["global_batch"], best["n_workers"]) == (h.global_batch, h.n_workers)
-        planned_s = best["epoch_s"] if same else h.predicted_epoch_s  # else the plan's, if compared
+        ranking = prev.schedule.ranking if prev.schedule is not None else ()
+        best = ranking[0] if ranking else None  # a decision that changed B
+        same = best is not None and (best.global_batch, best.n_workers) == (h.global_batch, h.n_workers)
+        planned_s = best.epoch_s if best is not None and same else h.predicted_epoch_s  # else the plan's, if compared
         out.append(
             GoodputRow(
                 epoch=h.epoch,
@@ -333,9 +335,9 @@ class GoodputChoice:
 
     def record(self) -> dict[str, Any]:
         return {
-            **self.option.record(),
+            **self.option.record().to_json_dict(),
             "reason": self.reason,
-            "candidates": [{**o.record(), "goodput": g} for o, g in self.candidates],
+            "candidates": [{**o.record().to_json_dict(), "goodput": g} for o, g in self.candidates],
         }
 
 

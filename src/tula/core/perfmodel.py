@@ -7,7 +7,9 @@
 
 With gradient accumulation a step is k micro-batches of b samples: the first k - 1 backward
 passes run under DDP's ``no_sync`` (compute only, no communication threads beside them), the
-last is an ordinary step whose sync overlaps its backward.
+last is an ordinary step whose sync overlaps its backward.  Under FSDP the k - 1 also all-gather
+the parameters (forward and backward): each pays ``sync_share_per_micro_batch`` of the sync
+(:class:`tula.core.effects.ShardingEffect`, fitted; 0 under DDP).
 
 ``m`` is the number of ranks that share one host: N for the flat model (one host, or no
 topology given: ``ranks_per_node=None``), min(N, R) on hosts of R ranks each.
@@ -240,6 +242,10 @@ class PerfModel:
     # ... and the seconds per sample each extra token adds (the B*L term), and each extra L^2 (the B*L^2 term)
     c1_per_token: float = 0.0
     c1_per_token_squared: float = 0.0
+    # the share of t_sync each of the k - 1 micro-batches without gradient sync pays too: FSDP's parameter
+    # all-gathers run at every micro-batch's forward and backward, its reduce-scatter once (0: DDP, whose
+    # no_sync micro-batches communicate nothing; tula.core.effects.ShardingEffect.perf sets it)
+    sync_share_per_micro_batch: float = 0.0
 
     def c1_at(self, sequence_length: ArrayLike | None = None) -> float | FloatArray:
         """Seconds of compute per sample at sequence length L (``None``, or a model of one
@@ -335,9 +341,13 @@ class PerfModel:
     ) -> float | FloatArray:
         """A step of k = ``accumulation`` micro-batches from the compute of one of them and
         the sync (the one place the rule is written): k - 1 computes without sync, then
-        one whose sync it overlaps as fitted (:meth:`combine_s`)."""
+        one whose sync it overlaps as fitted (:meth:`combine_s`).  Under FSDP each of the k - 1
+        also pays :attr:`sync_share_per_micro_batch` of the sync (its parameters' all-gathers)."""
         last = self.combine_s(t_compute_s, t_sync_s, n_workers)
-        return (np.asarray(accumulation, float) - 1.0) * np.asarray(t_compute_s, float) + last
+        micro = np.asarray(t_compute_s, float)
+        if self.sync_share_per_micro_batch:
+            micro = micro + self.sync_share_per_micro_batch * np.asarray(t_sync_s, float)
+        return (np.asarray(accumulation, float) - 1.0) * micro + last
 
     @overload
     def combine_s(self, t_compute_s: float, t_sync_s: float, n_workers: float) -> float: ...
@@ -430,6 +440,8 @@ class PerfModel:
         if self.sequence_length is None:  # a model of one length: its record as before sequence lengths
             for name in ("sequence_length", "c1_per_token", "c1_per_token_squared"):
                 d.pop(name)
+        if not self.sync_share_per_micro_batch:  # DDP's: its record as before FSDP's accumulation
+            d.pop("sync_share_per_micro_batch")
         return d
 
     @classmethod

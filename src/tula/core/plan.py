@@ -457,7 +457,7 @@ class Planner:
         self.fitted = FittedModels.from_record(models, method=method)
         self.mem = self.fitted.memory_model()  # a record without one: that sentence, before the whole record's check
         self.given_models, self.models = models, _typed_models(models)
-        spec, self.perf = spec_from_dict(self.models.spec), self.fitted.perf
+        spec, self.perf = self.models.spec, self.fitted.perf
         if pricing is not None:
             spec = _with_pricing(spec, pricing)
         self.cons = Constraints.of(spec.constraints if constraints is None else constraints)
@@ -513,7 +513,7 @@ class Planner:
         back = {n: Knee(at[k.row], k.global_batch, k.method) for n, k in knees.items()}
         plan = own.record(rows, [at[i] for i in feas], [at[i] for i in eligible], back, curves, at[chosen], reason)
         if own is not self:  # the spec as given (train.checkpointing or train.parallelism auto)
-            plan = plan.model_copy(update={"spec": self.spec.to_dict()})
+            plan = plan.model_copy(update={"spec": self.spec})  # checked: model_copy does not validate
         if compare_spot:
             comparison = _compare_spot(
                 plan, self.given_models, self.objective, self.cons, self.spec.pricing, self.noise_scale, self.method,

@@ -36,13 +36,13 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    PlainValidator,
     PrivateAttr,
     SerializerFunctionWrapHandler,
     TypeAdapter,
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
-    field_validator,
     model_serializer,
     model_validator,
 )
@@ -55,6 +55,8 @@ from tula.core.fitted import RunCosts
 from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import PerfModel
 from tula.core.registry import OBJECTIVE_NAMES
+from tula.core.schedules import Decision, RankedConfig
+from tula.core.spec import JobSpec, spec_from_dict
 from tula.core.trial import TRIAL_STATUSES, Trial
 from tula.core.validation import first_error, lowered
 
@@ -165,21 +167,28 @@ class _Record(_Frozen):
         return self
 
 
-def _valid_spec(value: Any) -> dict:
-    from tula.core.spec import spec_from_dict
-
+def _valid_spec(value: Any) -> JobSpec:
+    """The check of a record's job spec: a :class:`~tula.core.spec.JobSpec` is taken as it is; a mapping
+    (as read from JSON) is checked by :func:`~tula.core.spec.spec_from_dict`, and a damaged one is one
+    sentence naming the field ("the job spec inside is invalid (...)")."""
+    if isinstance(value, JobSpec):
+        return value
+    if not isinstance(value, Mapping):
+        raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
     try:
-        return spec_from_dict(value).to_dict()
+        return spec_from_dict(dict(value))
     except Exception as err:  # noqa: BLE001 - SpecError's sentence becomes this field's
         raise ValueError(f"the job spec inside is invalid ({err})") from None
 
 
-def _valid_memory(value: Any) -> dict:
-    try:  # a frozen dataclass; pydantic checks its fields' types
-        model = TypeAdapter(MemoryModel).validate_python(value, strict=False)
-    except ValidationError as err:
-        raise ValueError(f"the memory model inside is damaged ({_first_error(err)})") from None
-    return model.to_dict()  # the checked, converted values, not the raw ones
+def _spec_json(spec: JobSpec) -> dict[str, Any]:
+    return spec.to_dict()
+
+
+#: a record's job spec: typed in memory, its ``to_dict()`` in the file
+SpecPart = Annotated[
+    JobSpec, PlainValidator(_valid_spec, json_schema_input_type=dict[str, Any]), PlainSerializer(_spec_json)
+]
 
 
 #: the tuple fields of the run costs, which older writers may have left null (read as empty)
@@ -249,6 +258,39 @@ class Placement(_Frozen):
     """the largest world that ran a trial"""
 
 
+class HostFacts(_Frozen):
+    """The hardware of a machine where ranks run, as a launcher read it there
+    (:func:`tula.engine.launch.base.host_facts`): the device kind the ranks use, the CPU model, the
+    cores, torch's version, and the GPU's name and memory where one is visible.  A fact is written
+    back only where it was read (a CPU host has no ``gpu``), so a profile's ``facts`` dumps as it was
+    written; the key of its fitted models (:mod:`tula.service.model_key`) reads ``device``, ``cpu``
+    or ``gpu``, ``cores`` and ``torch``."""
+
+    _OMITTED_UNSET = frozenset(
+        {"cpu", "cores", "torch", "cuda_available", "gpu", "gpu_memory_bytes", "gpus", "memory_bytes"}
+    )
+
+    # the fields in the order host_facts writes them (the file's order)
+    device: str
+    """the device kind the ranks use: cpu or cuda (``auto`` resolved where they run)"""
+    cpu: str | None = None
+    """the CPU model as the OS names it"""
+    cores: int | None = None
+    """the machine's CPU cores (null: the OS did not say)"""
+    torch: str | None = None
+    """torch's version"""
+    cuda_available: bool | None = None
+    """whether a CUDA GPU is visible"""
+    gpu: str | None = None
+    """the first visible GPU's name (only where one is visible)"""
+    gpu_memory_bytes: int | None = None
+    """the first visible GPU's memory, bytes (only where one is visible)"""
+    gpus: int | None = None
+    """how many GPUs are visible (only where one is)"""
+    memory_bytes: int | None = None
+    """the machine's memory, bytes (where /proc/meminfo says)"""
+
+
 class ModelInfo(_Frozen):
     """The network a profile measured."""
 
@@ -301,6 +343,24 @@ class NoiseScale(_Frozen):
     """B0, the global batch the spec's epochs are meant at (a plan's)"""
     source: str | None = None
     """where a plan's value came from: profile, or what-if (given by hand)"""
+
+
+class AccumulationTrial(_Frozen):
+    """One world's accumulated step as the profile measured it (the profile's ``accumulation_trials``):
+    a batch an ordinary trial already ran, as ``accumulation_steps`` micro-batches, slowest rank."""
+
+    local_batch: int = Field(ge=1)
+    """b, the samples each rank's step takes"""
+    micro_batch: int = Field(ge=1)
+    """the micro-batch each of the k passes takes"""
+    accumulation_steps: int = Field(ge=1)
+    """k"""
+    step_times_s: list[float]
+    """each timed step, seconds (per step the slowest rank)"""
+    n_workers: int = Field(ge=1)
+    """N"""
+    t_step_s: float = Field(gt=0)
+    """the median of the timed steps, seconds"""
 
 
 class AccumulationCheck(_Frozen):
@@ -375,7 +435,7 @@ class ProfileRecord(_Record):
     """What ``tula profile`` measured: a trial of short real training steps at each chosen (N, B)."""
 
     kind: Literal["tula.profile"]
-    spec: dict
+    spec: SpecPart
     """the job spec profiled (the reference's spec page has its fields)"""
     search: Literal["full", "partial"]
     """full: every candidate (N, B); partial: only the extreme cluster sizes and batches"""
@@ -395,7 +455,7 @@ class ProfileRecord(_Record):
     """the shape of one sample"""
     model: ModelInfo
     """the network"""
-    memory: dict
+    memory: MemoryPart
     """the memory model measured at profile.memory_probe_batches (tula.core.memory_model.MemoryModel)"""
     max_local_batch: int | None
     """the largest local batch the memory model allows within the budget (null: no budget)"""
@@ -415,14 +475,14 @@ class ProfileRecord(_Record):
     #: a snapshot written while trials still ran (the process may have died since): the
     #: finished trials are kept and the rest run when it is resumed, as for ``interrupted``
     in_progress: bool = False
-    facts: dict[str, Any] | None = None
-    """what the launcher read where the ranks ran: the device kind, the CPU model or GPU name, the cores,
-    torch's version (records before it: absent)"""
+    facts: HostFacts | None = None
+    """what the launcher read where the ranks ran (:class:`HostFacts`): the device kind, the CPU model or
+    GPU name, the cores, torch's version (records before it: absent)"""
     precision: str | None = None
     """the precision the trials trained in (train.precision)"""
-    accumulation_trials: list[dict] | None = None
+    accumulation_trials: list[AccumulationTrial] | None = None
     """the trials at k > 1 micro-batches a step, checking the step time's model of accumulation"""
-    run_trials: list[dict] | None = None
+    run_trials: list[RunTrial] | None = None
     """each world's run trial: the trainer's own step and epoch end at one (N, B), slowest rank"""
     placement: Placement | None = None
     """where the ranks ran: the hosts, the ranks per host, the devices, the largest world measured"""
@@ -434,9 +494,6 @@ class ProfileRecord(_Record):
     _OMITTED_UNSET = frozenset(
         {"facts", "precision", "accumulation_trials", "run_trials", "placement", "launcher", "not_measured"}
     )
-
-    _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
-    _mem = field_validator("memory")(classmethod(lambda cls, v: _valid_memory(v)))
 
     #: the order of the fields in ``profile.json`` (as it was written before the typed record)
     _FILE_ORDER: ClassVar[tuple[str, ...]] = (
@@ -474,7 +531,7 @@ class ModelsRecord(_Record):
     """What ``tula fit`` fitted to a profile: the memory and performance models the planner predicts with."""
 
     kind: Literal["tula.models"]
-    spec: dict
+    spec: SpecPart
     """the job spec profiled"""
     search: Literal["full", "partial"]
     """the profile's search"""
@@ -530,8 +587,6 @@ class ModelsRecord(_Record):
             "sharding",
         }
     )
-
-    _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
 
 
 class PlanRow(_Frozen):
@@ -757,7 +812,7 @@ class PlanRecord(_Record):
     """the chosen configuration"""
     reason: str
     """why it was chosen, in one sentence"""
-    spec: dict
+    spec: SpecPart
     """the job spec planned"""
     dataset_size: int = Field(ge=1)
     """training samples"""
@@ -809,13 +864,118 @@ class PlanRecord(_Record):
         }
     )
 
-    _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
-
     @model_validator(mode="after")
     def _v2_fields(self) -> PlanRecord:
         if self.version >= 2 and self.constraints is None:
             raise ValueError("field 'constraints' is missing (a version 2 plan records what it was planned under)")
         return self
+
+
+class RankedOption(_Frozen):
+    """One configuration a batch schedule's workers rule ranked for a batch
+    (:class:`tula.core.live_plan.Option` as an epoch line keeps it)."""
+
+    global_batch: int = Field(ge=1)
+    """B, a multiple of n_workers x accumulation_steps"""
+    n_workers: int = Field(ge=1)
+    """N"""
+    accumulation_steps: int = Field(ge=1)
+    """k, the micro-batches of a rank's share"""
+    epoch_s: float
+    """the predicted epoch (steps and the run's per-epoch costs), seconds"""
+    score: float
+    """what the rule ranked by, lower is better: epoch_s, or the cost of an epoch"""
+    micro_batch: int = Field(ge=1)
+    """b = global_batch / (n_workers x k)"""
+
+    @property
+    def config(self) -> Config:
+        """The option's configuration (N, B, k) as one value."""
+        return Config(self.n_workers, self.global_batch, self.accumulation_steps)
+
+    @classmethod
+    def of(cls, option: RankedConfig) -> RankedOption:
+        """``option`` (a :class:`tula.core.live_plan.Option`, or one of these) as an epoch line keeps it."""
+        if isinstance(option, RankedOption):
+            return option
+        return cls(
+            global_batch=option.global_batch,
+            n_workers=option.n_workers,
+            accumulation_steps=option.accumulation_steps,
+            epoch_s=option.epoch_s,
+            score=option.score,
+            micro_batch=option.micro_batch,
+        )
+
+
+class ScheduleDecision(_Frozen):
+    """A batch schedule's decision for the epochs after an epoch (:attr:`EpochRecord.schedule`):
+    a :class:`tula.core.schedules.Decision` as its line keeps it (:meth:`of`)."""
+
+    epoch: int = Field(ge=0)
+    """finished epochs when it was decided"""
+    global_batch: int = Field(ge=1)
+    """B of the next epochs"""
+    n_workers: int = Field(ge=1)
+    """N of the next epochs"""
+    local_batch: int = Field(ge=1)
+    """B / N, a rank's share of a step"""
+    wanted_batch: float | None
+    """what the schedule asked for before the caps and rounding (null: unbounded)"""
+    capped_by: str | None
+    """what capped B: memory, max_batch, dataset, or null"""
+    lr_scale: float
+    """the LR rule's multiplier relative to the first batch B0"""
+    lr_decay: float
+    """the product of the LR decays taken instead of growing the batch"""
+    decayed_instead: bool
+    """at this boundary the LR decayed because the batch was at its cap"""
+    changed: bool
+    """B, N or k differ from the previous decision's"""
+    resize: bool
+    """N differs from the previous decision's (a new world)"""
+    reason: str
+    """one line saying why"""
+    accumulation_steps: int = Field(default=1, ge=1)
+    """k of the next epochs (lines written before gradient accumulation: absent, 1)"""
+    ranking: tuple[RankedOption, ...] = ()
+    """with a workers rule, the options it ranked for this batch, best first (absent otherwise)"""
+    lr_multiplier: float
+    """what the spec's LR is multiplied by: lr_scale x lr_decay"""
+    micro_batch: int | None = Field(default=None, ge=1)
+    """B / (N k), what one forward/backward of a rank holds (lines before gradient accumulation: absent)"""
+
+    _OMITTED_UNSET = frozenset({"accumulation_steps", "ranking", "micro_batch"})
+
+    @property
+    def config(self) -> Config:
+        """The configuration decided, (N, B, k) as one value."""
+        return Config(self.n_workers, self.global_batch, self.accumulation_steps)
+
+    @classmethod
+    def of(cls, decision: Decision) -> ScheduleDecision:
+        """``decision`` as the trainer writes it into the epoch's line: without the schedule's state
+        (the checkpoint keeps that), an unbounded wanted batch as null, the ranking only where there is one."""
+        wanted = decision.wanted_batch
+        ranked = {"ranking": tuple(RankedOption.of(o) for o in decision.ranking)} if decision.ranking else {}
+        return cls(
+            epoch=decision.epoch,
+            global_batch=decision.global_batch,
+            n_workers=decision.n_workers,
+            local_batch=decision.local_batch,
+            wanted_batch=None if wanted is None or not math.isfinite(wanted) else wanted,
+            capped_by=decision.capped_by,
+            lr_scale=decision.lr_scale,
+            lr_decay=decision.lr_decay,
+            decayed_instead=decision.decayed_instead,
+            changed=decision.changed,
+            resize=decision.resize,
+            reason=decision.reason,
+            accumulation_steps=decision.accumulation_steps,
+            lr_multiplier=decision.lr_multiplier,
+            micro_batch=decision.micro_batch,
+            **ranked,
+        )
 
 
 class EpochRecord(_Frozen):
@@ -861,7 +1021,7 @@ class EpochRecord(_Frozen):
     """seconds the evaluation on the test split took"""
     epoch_end_s: float | None = None
     """seconds of the epoch's work after its steps (the reductions, the evaluation, the noise scale)"""
-    schedule: dict | None = None
+    schedule: ScheduleDecision | None = None
     """the batch schedule's decision for the next epoch (its ranking of configurations), where one runs"""
     checkpoint_s: float | None = None
     """seconds writing the epoch's checkpoint and records took"""
@@ -1000,7 +1160,7 @@ class TrainRecord(_Record):
     """What ``tula train`` did: the configuration it ended at and every epoch's figures."""
 
     kind: Literal["tula.train"]
-    spec: dict
+    spec: SpecPart
     """the job spec trained"""
     method: str
     """the training method (train.method)"""
@@ -1071,15 +1231,13 @@ class TrainRecord(_Record):
         data["history"] = [h.model_dump(exclude_unset=True) for h in self.history]
         return _in_order(data, self._FILE_ORDER)
 
-    _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
-
 
 class RunManifest(_Record):
     """What ``tula run`` was asked to do in a run directory, so ``tula run --resume DIR`` can
     continue it without the original command line."""
 
     kind: Literal["tula.run"]
-    spec: dict
+    spec: SpecPart
     """the job spec the run was started with"""
     search: Literal["full", "partial"]
     """the profile's search"""
@@ -1089,8 +1247,6 @@ class RunManifest(_Record):
     """whether the run trains after planning"""
     created: str = ""
     """when the run was started (empty where the writer did not record it)"""
-
-    _spec = field_validator("spec")(classmethod(lambda cls, v: _valid_spec(v)))
 
 
 class CheckpointMeta(_Record):
@@ -1200,26 +1356,20 @@ def parse_record(data: Any, cls: type[RecordT], source: str | None = None) -> Re
 
 def as_record(data: Any, cls: type[RecordT]) -> RecordT:
     """``data`` as the typed object ``cls`` where it comes into a module that reads records: an
-    object of ``cls`` as it is; a whole record (a dict with its ``kind``) checked by
-    :func:`parse_record`; any other dict -- a record's parts only, as a caller assembles them
-    (the console's hand-made ones, a record still being filled) -- typed field by field without
-    the checks of a whole record: each given field as its type where it is one, as given where
-    not, a missing field absent (reading it raises ``AttributeError``)."""
+    object of ``cls`` as it is; a whole record as its JSON (a dict with its ``kind``: a file's, an
+    HTTP answer's, the store's) checked by :func:`parse_record`.  A dict of a record's parts only
+    (no ``kind``) is a :class:`~tula.core.errors.RecordError` -- build the record whole, with its
+    class (``TrainRecord(...)``) --, and anything else a ``TypeError``: one sentence each."""
     if isinstance(data, cls):
         return data
-    if isinstance(data, dict) and "kind" not in data:
-        values: dict[str, Any] = {}
-        for name, info in cls.model_fields.items():
-            if name in data:
-                try:
-                    values[name] = TypeAdapter(info.annotation or Any).validate_python(data[name])
-                except ValidationError:
-                    values[name] = data[name]
-        extra = {k: v for k, v in data.items() if k not in cls.model_fields}
-        rec = cls.model_construct(**values, **extra)
-        assert isinstance(rec, cls)
-        return rec
-    return parse_record(data, cls)
+    name = NAMES[_kind_of(cls)]
+    if isinstance(data, Mapping):
+        if "kind" not in data:
+            raise RecordError(
+                f"a whole {name} record is needed here, not a dict of some of its fields (it has no 'kind')"
+            )
+        return parse_record(dict(data), cls)
+    raise TypeError(f"a {name} record is needed here, not {type(data).__name__}")
 
 
 def read_record(path: str | Path, cls: type[RecordT]) -> RecordT:
@@ -1345,13 +1495,22 @@ def read_record_of(path: str | Path, classes: tuple[type[_Record], ...]) -> _Rec
     return _checked(_read_json(path), repr(str(Path(path))), tuple(_kind_of(c) for c in classes))
 
 
-def as_epoch(data: Any) -> EpochRecord:
+def as_epoch(data: EpochRecord | Mapping[str, Any]) -> EpochRecord:
     """One epoch's figures as an :class:`EpochRecord` where they come into a module that reads
-    them: an ``EpochRecord`` as it is; a dict (a metrics.jsonl line, a history entry as the
-    trainer keeps it, a simulated epoch's parts) typed field by field as :func:`as_record` types
-    a record's parts -- the figures a line carries beyond the typed ones kept."""
+    them: an ``EpochRecord`` as it is; a whole metrics line as its JSON (a ``metrics.jsonl`` line,
+    an entry of a training record's ``history``; lines written before the later figures --
+    ``accumulation_steps``, the noise scale, the wall times -- too) checked, the figures it
+    carries beyond the typed ones kept (``step_traces``).  A line without a figure every epoch
+    has (``epoch``, ``steps``, ``steps_done``, ``global_batch``, ``n_workers``, ``lr``,
+    ``train_loss``, ``epoch_time_s``, ``test_loss``) or with a damaged one is a
+    :class:`~tula.core.errors.RecordError` naming the field; anything else a ``TypeError``."""
     if isinstance(data, EpochRecord):
         return data
-    rec = as_record(data, EpochRecord)  # type: ignore[type-var]  # a record's part, typed as a record's parts are
-    assert isinstance(rec, EpochRecord)
-    return rec
+    if not isinstance(data, Mapping):
+        raise TypeError(
+            f"an epoch's figures (an EpochRecord or a metrics line) are needed here, not {type(data).__name__}"
+        )
+    try:
+        return EpochRecord.model_validate(dict(data))
+    except ValidationError as err:
+        raise RecordError(f"an epoch's metrics line is damaged: {_first_error(err)}") from None

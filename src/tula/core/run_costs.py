@@ -30,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 # the parameter record and the epoch formula live with the one prediction that combines them
 # (tula.core.fitted, which this module calls); they are this module's names as before
@@ -52,9 +51,8 @@ from tula.core.records import (
     RunTrial,
     TrainRecord,
     as_epoch,
-    as_record,
 )
-from tula.core.spec import DataSpec, reference_sequence_length
+from tula.core.spec import reference_sequence_length
 
 __all__ = [
     "EPOCH_TIMES",
@@ -213,8 +211,9 @@ def predicted_epoch_s(
 
 
 def measured_epoch_s(epoch: EpochRecord | Mapping[str, Any]) -> float:
-    """An epoch of a training record as the plan predicts it: its steps, its end (evaluation),
-    its checkpoint (``epoch_wall_s``; older records: the steps' time alone)."""
+    """An epoch of a training record (an :class:`~tula.core.records.EpochRecord`, or its whole
+    metrics line: :func:`~tula.core.records.as_epoch`) as the plan predicts it: its steps, its end
+    (evaluation), its checkpoint (``epoch_wall_s``; older records: the steps' time alone)."""
     e = as_epoch(epoch)
     wall = e.epoch_wall_s
     if wall is not None:
@@ -222,81 +221,60 @@ def measured_epoch_s(epoch: EpochRecord | Mapping[str, Any]) -> float:
     return float(e.epoch_time_s) + float(e.epoch_end_s or 0.0)
 
 
-def _as_json(run: TrainRecord | Mapping[str, Any]) -> dict[str, Any]:
-    return run.to_json_dict() if isinstance(run, TrainRecord) else dict(run)
-
-
-def trained_sequence_length(run: TrainRecord | Mapping[str, Any]) -> int | None:
+def trained_sequence_length(run: TrainRecord) -> int | None:
     """The sequence length L a training record trained at: its spec's data's own length
     (:func:`tula.core.spec.reference_sequence_length`: ``text``'s ``sequence_length``, a
     factory's), which :func:`tula.core.job_rules.training_spec` sets to the plan's choice when
-    the plan chose among ``search.sequence_lengths``.  ``None`` for data without a length, and
-    for a record without its spec (one assembled by hand): its epochs are then predicted at the
-    length the models were fitted at."""
-    spec = run.spec if isinstance(run, TrainRecord) else run.get("spec")
-    data = spec.get("data") if isinstance(spec, Mapping) else None
-    if not isinstance(data, Mapping) or (data.get("factory") is None and data.get("name") != "text"):
-        return None  # the sets without a sequence length
-    # the fields that say the length, read as the spec reads them (the rest of an older record's data may differ)
-    length_fields = {k: data[k] for k in ("name", "factory", "kwargs", "sequence_length") if k in data}
-    try:
-        return reference_sequence_length(DataSpec.model_validate(length_fields))
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(map(str, first["loc"]))
-        raise RecordError(f"the training record's spec.data{'.' + where if where else ''}: {first['msg']}") from None
+    the plan chose among ``search.sequence_lengths``.  ``None`` for data without a length: its
+    epochs are then predicted at the length the models were fitted at."""
+    return reference_sequence_length(run.spec.data)
 
 
-def _compared(data: Mapping[str, Any], models: Models) -> tuple[list[EpochRecord], list[float], str]:
-    """A training run's epochs (its JSON ``data``) beside the plan's: each epoch (as its line had
-    it) with its predicted time and the ratio measured / predicted added, the ratios that count
-    (the epochs after the first, or the one), and what the predicted epochs include (the run costs' note)."""
-    lines = [as_epoch(line) for line in data["history"]]
-    method = as_record(dict(data), TrainRecord).method
-    length = trained_sequence_length(data)  # the plan may have chosen another L than the models' own
+def _compared(run: TrainRecord, models: Models) -> tuple[list[EpochRecord], list[float], str]:
+    """A training ``run``'s epochs beside the plan's: each epoch (as its line had it) with its
+    predicted time and the ratio measured / predicted added, the ratios that count (the epochs
+    after the first, or the one), and what the predicted epochs include (the run costs' note)."""
+    length = trained_sequence_length(run)  # the plan may have chosen another L than the models' own
     history: list[EpochRecord] = []
     ratios: list[float] = []
-    for h in lines:
-        p = predicted_epoch_s(models, method, h.global_batch, h.n_workers, h.accumulation_steps or 1, length)
+    for h in run.history:
+        p = predicted_epoch_s(models, run.method, h.global_batch, h.n_workers, h.accumulation_steps or 1, length)
         ratio = measured_epoch_s(h) / p if p > 0 else None
         history.append(h.model_copy(update={"predicted_epoch_s": p, "measured_to_predicted": ratio}))
-        if ratio is not None and (len(history) > 1 or len(lines) == 1):
+        if ratio is not None and (len(history) > 1 or len(run.history) == 1):
             ratios.append(ratio)
-    _, note = run_costs_for(models, method)
+    _, note = run_costs_for(models, run.method)
     return history, ratios, note
 
 
-def compare_with_plan(run: TrainRecord | Mapping[str, Any], models: Models) -> TrainRecord:
-    """``run`` (a training record, typed or as read from JSON; a dict of a record's parts is typed
-    part by part, :func:`~tula.core.records.as_record`) with each epoch's predicted time at its
-    (B, N, k) and the sequence length trained at (:func:`trained_sequence_length`), and the ratio
-    measured / predicted, and ``prediction``: the median ratio over the epochs after the first
-    (the first starts the world and warms the kernels), or over all with one."""
-    data = _as_json(run)
-    history, ratios, note = _compared(data, models)
+def compare_with_plan(run: TrainRecord, models: Models) -> TrainRecord:
+    """``run`` (a training record; :func:`~tula.core.records.load_train` reads one from its file)
+    with each epoch's predicted time at its (B, N, k) and the sequence length trained at
+    (:func:`trained_sequence_length`), and the ratio measured / predicted, and ``prediction``:
+    the median ratio over the epochs after the first (the first starts the world and warms the
+    kernels), or over all with one."""
+    history, ratios, note = _compared(run, models)
     prediction = RunPrediction(
         median_ratio=float(statistics.median(ratios)) if ratios else None, epochs_compared=len(ratios), note=note
     )
-    rec = run if isinstance(run, TrainRecord) else as_record(dict(run), TrainRecord)
-    return rec.model_copy(update={"history": history, "prediction": prediction})
+    return run.model_copy(update={"history": history, "prediction": prediction})
 
 
-def measured_ratio(run: TrainRecord | Mapping[str, Any], models: Models) -> MeasuredRatio | None:
+def measured_ratio(run: TrainRecord, models: Models) -> MeasuredRatio | None:
     """What a finished training ``run`` of the job says of the plan's epochs: the median
     ratio measured / predicted over its epochs after the first (:func:`compare_with_plan`),
     the method it trained and the (N, B) it trained at last; ``None`` when it has no epoch
     to compare.  A re-plan may scale its predicted epochs by it (``make_plan(measured=...)``)."""
-    data = _as_json(run)
-    epochs = [as_epoch(line) for line in data.get("history") or []]
-    if not epochs:
+    if not run.history:
         return None
-    _, ratios, _ = _compared(data, models)
+    _, ratios, _ = _compared(run, models)
     if not ratios:
         return None
+    last = run.history[-1]
     return MeasuredRatio(
         ratio=float(statistics.median(ratios)),
         epochs_compared=len(ratios),
-        method=as_record(data, TrainRecord).method,
-        n_workers=epochs[-1].n_workers,
-        global_batch=epochs[-1].global_batch,
+        method=run.method,
+        n_workers=last.n_workers,
+        global_batch=last.global_batch,
     )

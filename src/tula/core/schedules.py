@@ -129,6 +129,24 @@ class Param:
 
 
 # ---------------------------------------------------------------------------- the schedules
+class RankedConfig(Protocol):
+    """One configuration a workers rule ranked for a batch (:class:`tula.core.live_plan.Option`,
+    :class:`tula.core.records.RankedOption`): what a :class:`Decision`'s ranking holds."""
+
+    @property
+    def global_batch(self) -> int: ...
+    @property
+    def n_workers(self) -> int: ...
+    @property
+    def accumulation_steps(self) -> int: ...
+    @property
+    def epoch_s(self) -> float: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def micro_batch(self) -> int: ...
+
+
 class EpochFigures(Protocol):
     """An epoch's figures as an object holds them (:class:`tula.core.records.EpochRecord`): what
     :meth:`FinishedEpoch.of` reads of one."""
@@ -674,7 +692,9 @@ class Decision:
     accumulation_steps : k, the micro-batches of a rank's share (1 unless the memory caps
         the local batch on the most workers and ``Caps.max_accumulation_steps`` allows more)
     ranking : with ``Caps.workers_rule``, the options it ranked for this batch, best first
-        (each a dict: B, N, k, the predicted epoch and the score); empty otherwise
+        (each a :class:`RankedConfig`: B, N, k, the predicted epoch and the score); empty
+        otherwise.  An epoch line keeps the decision as a :class:`tula.core.records.ScheduleDecision`
+        (:meth:`~tula.core.records.ScheduleDecision.of`)
     """
 
     epoch: int
@@ -691,7 +711,7 @@ class Decision:
     reason: str
     state: ScheduleState = field(repr=False, compare=False)
     accumulation_steps: int = 1
-    ranking: tuple[dict[str, Any], ...] = field(default=(), repr=False, compare=False)
+    ranking: tuple[RankedConfig, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def micro_batch(self) -> int:
@@ -707,20 +727,6 @@ class Decision:
     def lr_multiplier(self) -> float:
         """What the spec's LR (and the method's own rule) is multiplied by: ``lr_scale * lr_decay``."""
         return self.lr_scale * self.lr_decay
-
-    def record(self) -> dict[str, Any]:
-        """The JSON-serialisable fields for train.json (without the state; the ranking where there is one)."""
-        wanted = self.wanted_batch
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "state"}
-        d.update(
-            wanted_batch=None if wanted is None or not math.isfinite(wanted) else wanted,
-            ranking=list(self.ranking),
-            lr_multiplier=self.lr_multiplier,
-            micro_batch=self.micro_batch,
-        )
-        if not self.ranking:
-            d.pop("ranking")
-        return d
 
 
 def initial_state(
@@ -777,7 +783,7 @@ class _Fitted:
     capped_by: str | None
     cap: int
     why: str = ""
-    ranking: tuple[dict[str, Any], ...] = ()
+    ranking: tuple[RankedConfig, ...] = ()
 
 
 def _fit(wanted: float, caps: Caps, max_batch: int | None, current_workers: int | None = None) -> _Fitted:
@@ -882,7 +888,7 @@ def next_config(
     if first or epoch_done % start.every_epochs == 0:
         schedule = start.schedule
         wanted, reason = schedule.want(ctx)
-        ranking: tuple[dict[str, Any], ...] = ()
+        ranking: tuple[RankedConfig, ...] = ()
         if keep and math.isfinite(wanted) and _floor(wanted) == start.batch:
             b, n, capped_by, k = start.batch, start.workers, None, k_now
         else:

@@ -739,7 +739,7 @@ def simulator_from_models(
         (default: the fitted beta_intra / alpha_intra, else the inter-node link)
     """
     rec = _models_record(models)
-    spec: JobSpec = spec_from_dict(rec.spec)
+    spec: JobSpec = rec.spec
     if pricing:
         d = spec.to_dict()
         d["pricing"] = {**d["pricing"], **pricing}
@@ -807,7 +807,7 @@ def simulated_step(models: dict | ModelsRecord, spec: JobSpec | None = None) -> 
     with ``auto`` and the other variant measured, a note that the plan weighs it too
     (:func:`tula.core.variants.run_variants`; these rows are not of it)."""
     rec = _models_record(models)
-    spec = spec or spec_from_dict(rec.spec)
+    spec = spec or rec.spec
     t = spec.train
     length = reference_sequence_length(spec.data) if any(x.sequence_length is not None for x in rec.trials) else None
     sharded = rec.sharding is not None or any(x.parallelism is not None for x in rec.trials)
@@ -894,7 +894,7 @@ def default_batch(models: dict | ModelsRecord) -> int:
     """The constant batch simulated by default: the spec's ``train.global_batch``, else the
     largest global batch profiled."""
     rec = _models_record(models)
-    spec = spec_from_dict(rec.spec)
+    spec = rec.spec
     if spec.train.global_batch:
         return spec.train.global_batch
     ok = [t.global_batch for t in rec.trials if t.status == "ok"]
@@ -921,7 +921,7 @@ def schedule_caps(
     ``needs_models`` (goodput): the worker count the models rank best on the simulated
     network, kept within ``threshold`` (:class:`tula.core.live_plan.WorkerPlan`)."""
     models = _models_record(models)
-    spec = spec_from_dict(models.spec)
+    spec = models.spec
     w = spec.train.workers
     rule = workers_rule or (w.rule if w else "batch_per_worker")
     if rule not in ("plan", "batch_per_worker"):
@@ -956,7 +956,7 @@ def schedule_caps(
 
 def schedule_settings(models: dict | ModelsRecord, kind: str, given: dict[str, Any]) -> dict[str, Any]:
     """The spec's ``train.batch_schedule`` settings when it is of ``kind``, updated with ``given``."""
-    spec = spec_from_dict(_models_record(models).spec)
+    spec = _models_record(models).spec
     s = spec.train.batch_schedule
     base: dict[str, Any] = {}
     if s is not None and s.kind == kind:
@@ -1004,7 +1004,7 @@ def what_if(
     also holds the epochs, time and cost to the accuracy the spec's epochs reach at
     ``train.base_batch`` (:func:`tula.core.plan.epochs_to_accuracy`)."""
     models = _models_record(models)
-    job = spec_from_dict(models.spec)
+    job = models.spec
     schedule_only = {
         "min_workers": min_workers,
         "max_workers": max_workers,

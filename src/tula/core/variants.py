@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 
 from tula.core.effects import CheckpointingEffect, ShardingEffect
-from tula.core.job_rules import fsdp_obstacle
+from tula.core.job_rules import fsdp_obstacle, spec_with
 from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import PerfModel, world_shape
 from tula.core.records import ModelsRecord, Trial
-from tula.core.spec import JobSpec, TrainSpec, spec_from_dict
+from tula.core.spec import JobSpec, TrainSpec
 
 
 @dataclass(frozen=True)
@@ -138,13 +138,21 @@ def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[T
     n_min = sizes[0]
     timed = [t for t in ok if t.t_step_s and t.n_workers == n_min]  # the sync at n_workers (ShardingEffect.perf)
     sync = 0.0
+    gather_s: float | None = None
     if timed:
         m = np.array([min(t.n_workers, world_shape(t)[0]) for t in timed], float)
         nt = np.array([t.n_workers for t in timed], float)
         lt = None if perf.sequence_length is None else [t.sequence_length or perf.sequence_length for t in timed]
-        compute = perf.combine_s(perf.t_compute_s(np.array([t.local_batch for t in timed], float), m, lt), 0.0, nt)
+        own = np.asarray(perf.t_compute_s(np.array([t.local_batch for t in timed], float), m, lt), float)
+        compute = perf.combine_s(own, 0.0, nt)
         measured = np.array([t.t_step_s for t in timed], float)
         sync = max(0.0, float(np.median(measured - np.asarray(compute, float))))  # below 0: the host's noise
+        # the compute-only steps (every pass under no_sync) still all-gather: their excess over DDP's compute
+        # is the part of the sync every micro-batch pays (ShardingEffect: gather_s)
+        gathered = [(c, x) for t, x in zip(timed, own) if (c := t.t_compute_s)]
+        if gathered:
+            excess = float(np.median([c - x for c, x in gathered]))
+            gather_s = min(max(excess, 0.0), sync)
     return ShardingEffect(
         gather_bytes=int(round(gather)),
         sync_s=sync,
@@ -153,6 +161,7 @@ def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[T
         trials=len(ok),
         divided_bytes=divided,
         other_n_workers=sizes[1] if len(sizes) >= 2 else None,
+        gather_s=gather_s,
     )
 
 
@@ -196,17 +205,17 @@ def variant_models(models: ModelsRecord, variant: RunVariant) -> ModelsRecord:
     step's limit is not the other variant's: the memory model's is).  The sharded variant plans
     cluster sizes of two or more only (on one rank there is nothing to shard)."""
     spec = models.spec
-    train_given = spec.get("train") or {}
-    checkpointing_auto = train_given.get("checkpointing", "off") == "auto"
-    parallelism_auto = train_given.get("parallelism", "ddp") == "auto"
+    checkpointing_auto = spec.train.checkpointing == "auto"
+    parallelism_auto = spec.train.parallelism == "auto"
     if not checkpointing_auto and not parallelism_auto:
         return models
-    train = dict(train_given)
+    train: dict[str, Any] = {}
     if checkpointing_auto:
         train["checkpointing"] = "on" if variant.checkpointing else "off"
     if parallelism_auto:
         train["parallelism"] = variant.parallelism
-    update: dict[str, Any] = {"spec": {**spec, "train": train}}
+    spec_fields: dict[str, Any] = {"train": spec.train.model_copy(update=train)}
+    update: dict[str, Any] = {}
     memory, perf = models.memory, models.perf
     changed = False
     if checkpointing_auto and variant.checkpointing:
@@ -215,9 +224,10 @@ def variant_models(models: ModelsRecord, variant: RunVariant) -> ModelsRecord:
     if parallelism_auto and variant.sharded:
         assert models.sharding is not None  # run_variants offers it only where measured
         memory, perf, changed = models.sharding.memory(memory), models.sharding.perf(perf), True
-        sizes = [n for n in spec_from_dict(spec).search.cluster_sizes if n >= 2]
+        sizes = [n for n in spec.search.cluster_sizes if n >= 2]
         if sizes:
-            update["spec"]["search"] = {**(spec.get("search") or {}), "cluster_sizes": sizes}
+            spec_fields["search"] = spec.search.model_copy(update={"cluster_sizes": sizes})
+    update["spec"] = spec_with(spec, **spec_fields)  # checked again as a whole spec
     if changed:
         update.update(memory=memory, perf=perf, oom_local_batch=None)
     return models.model_copy(update=update)
@@ -236,6 +246,6 @@ def models_as_trained(models: dict, train: TrainSpec) -> dict:
         return models
     record = ModelsRecord.from_dict(models)
     variant = RunVariant(checkpointing=train.checkpointing == "on", parallelism=train.parallelism)
-    if variant not in run_variants(spec_from_dict(record.spec), record):
+    if variant not in run_variants(record.spec, record):
         return models  # a variant the profile did not measure (auto without its trials): the record as fitted
     return variant_models(record, variant).to_json_dict()

@@ -123,7 +123,10 @@ class Sharded(nn.Module):
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """The backward passes inside keep the whole gradients on each rank (nothing is
-        reduce-scattered); the first synchronised backward after it reduces them with its own."""
+        reduce-scattered); the first synchronised backward after it reduces them with its own.
+        The parameters are still all-gathered for every forward and backward inside (the blocks
+        reshard after each, as outside): accumulation pays the all-gathers per micro-batch, the
+        reduce-scatter once (:class:`tula.core.effects.ShardingEffect`)."""
         root: Any = self.module
         root.set_requires_gradient_sync(False)
         try:

@@ -49,13 +49,23 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import TypeAdapter
 
 from tula.core.errors import InfeasibleError, Interrupted, PlacementError, SpecError, TulaError, WorkerError
 from tula.core.events import Checked, Event, Note, RankTrialFinished, TrialFinished, TrialsPlanned
 from tula.core.gpus import too_many_ranks_sentence, unplaceable_sizes, unplaced_note
 from tula.core.job_rules import fsdp_obstacle
 from tula.core.noise_scale import NoiseScale
-from tula.core.records import PROFILE_KIND, VERSIONS, ProfileRecord, Trial, parse_record, placement
+from tula.core.records import (
+    PROFILE_KIND,
+    VERSIONS,
+    AccumulationTrial,
+    ProfileRecord,
+    RunTrial,
+    Trial,
+    parse_record,
+    placement,
+)
 from tula.core.space import Config, candidate_configs, partial_configs
 from tula.core.spec import DataSpec, JobSpec, data_at_sequence_length, reference_sequence_length
 from tula.core.trial import NoiseMeasurement
@@ -126,11 +136,11 @@ class ProfileInterrupted(Interrupted):
 # --------------------------------------------------------------------------- inside a rank
 @dataclass(frozen=True)
 class MemoryProbe:
-    """What the first world's memory probe found (or a resumed record kept): the memory model
-    (:meth:`tula.core.memory_model.MemoryModel.to_dict`), the largest local batch it allows
-    within the budget (``None``: no budget) and every configuration (N, B) the search chose."""
+    """What the first world's memory probe found (or a resumed record kept): the memory model,
+    the largest local batch it allows within the budget (``None``: no budget) and every
+    configuration (N, B) the search chose."""
 
-    memory: dict
+    memory: MemoryModel
     max_local_batch: int | None
     configs: tuple[ConfigTuple, ...]
 
@@ -603,11 +613,11 @@ def profile_world(
         if set_up is not None:  # under the cap, the budget also holds what tensors do not show
             mm = with_address_space_overhead(mm, set_up)
         b_max, chosen = select_configs(spec, search, w.data.train_size, mm, budget_bytes, ctx.device.type == "cuda")
-        probe = MemoryProbe(mm.to_dict(), b_max, (*_pairs(chosen), *length_configs(spec, chosen, b_max)))
-        if ctx.rank == 0:
+        probe = MemoryProbe(mm, b_max, (*_pairs(chosen), *length_configs(spec, chosen, b_max)))
+        if ctx.rank == 0:  # the event crosses the process boundary as JSON's values
             ctx.emit(
                 TrialsPlanned(
-                    total=len(probe.configs), memory=probe.memory, max_local_batch=b_max, configs=probe.configs
+                    total=len(probe.configs), memory=mm.to_dict(), max_local_batch=b_max, configs=probe.configs
                 )
             )
         configs = [c for c in probe.configs if c[0] == ctx.world_size]
@@ -893,8 +903,8 @@ class ProfileSession:
         self.emit: Callable[[Event], None] = on_event or (lambda ev: None)
         self.t_start = time.perf_counter()
         self.streamed: dict[int, list[Trial]] = {}  # rank -> trials of the world now running
-        self.accumulation: list[dict] = []  # each world's accumulated-step check (search.max_accumulation_steps > 1)
-        self.run_trials: list[dict] = []  # each world's run trial (tula.engine.run_trial)
+        self.accumulation: list[AccumulationTrial] = []  # each world's accumulated step (max_accumulation_steps > 1)
+        self.run_trials: list[RunTrial] = []  # each world's run trial (tula.engine.run_trial)
         self.probe: MemoryProbe | None = None  # the memory model, the largest local batch, the configurations
         self.trials: list[Trial] = []
         self.spent_before = 0.0
@@ -916,12 +926,12 @@ class ProfileSession:
         self.ref_length = trial_sequence_length(spec)
         self.dataset_size, self.sample_shape = data.train_size, list(data.sample_shape)
         self.facts = self.launcher.facts()  # the workers' hardware, read on a worker
-        self.device = self.facts["device"]
+        self.device = self.facts.device
         check_precision(spec.train.precision, self.device)  # fp16 on a CPU: one sentence before any world
         self.threads = self.launcher.threads_per_worker or default_threads(spec)
         budget = spec.search.memory_budget_bytes
         if budget is None and self.device == "cuda":
-            budget = self.facts["gpu_memory_bytes"]
+            budget = self.facts.gpu_memory_bytes
         self.budget = budget
         self.cap = budget if spec.search.enforce_memory_cap else None
         self.sizes = self.sizes_to_run(list(spec.search.cluster_sizes))
@@ -982,9 +992,8 @@ class ProfileSession:
             previous.memory, previous.max_local_batch, tuple(_config_tuple(c) for c in previous.configs)
         )
         self.trials = [t for t in previous.trials if t.status in FINISHED]
-        # the checks and run trials are no fields of the typed record (kept as the file had them)
-        self.accumulation = list(getattr(previous, "accumulation_trials", None) or [])
-        self.run_trials = list(getattr(previous, "run_trials", None) or [])
+        self.accumulation = list(previous.accumulation_trials or [])
+        self.run_trials = list(previous.run_trials or [])
         self.spent_before = previous.profiling_s
         self.emit(TrialsPlanned(total=len(self.probe.configs), done=len(self.trials)))
 
@@ -1043,7 +1052,7 @@ class ProfileSession:
                 f"within the budget of {budget} bytes, below every candidate (min_batch {self.spec.search.min_batch} "
                 f"over up to {max(self.sizes)} workers)"
                 + (
-                    f": {MemoryModel.from_dict(probe.memory).shortfall(budget, self.spec.search.memory_safety)}"
+                    f": {probe.memory.shortfall(budget, self.spec.search.memory_safety)}"
                     if probe.max_local_batch == 0 and budget is not None  # 0 only under a budget
                     else ""
                 )
@@ -1083,7 +1092,9 @@ class ProfileSession:
                 self.on_snapshot(self.record(extra=done, in_progress=True))
             return
         if isinstance(ev, TrialsPlanned) and ev.memory is not None:  # the first world's probe (no budget: no max)
-            self.probe = MemoryProbe(ev.memory, ev.max_local_batch, tuple(_config_tuple(c) for c in ev.configs or ()))
+            # the event's values (rank 0's to_dict), checked and converted as the record's memory part is
+            memory = TypeAdapter(MemoryModel).validate_python(ev.memory, strict=False)
+            self.probe = MemoryProbe(memory, ev.max_local_batch, tuple(_config_tuple(c) for c in ev.configs or ()))
         self.emit(ev)
 
     def run_world(
@@ -1202,9 +1213,16 @@ class ProfileSession:
         timings = [r.accumulation for r in res if r.accumulation is not None]
         if timings and len(timings) == len(res):  # per step the slowest rank, then the median
             steps = [max(xs) for xs in zip(*(a.step_times_s for a in timings))]
-            # the record's accumulation check, as JSON's values
+            first = timings[0]
             self.accumulation.append(
-                {**asdict(timings[0]), "n_workers": n, "step_times_s": steps, "t_step_s": statistics.median(steps)}
+                AccumulationTrial(
+                    local_batch=first.local_batch,
+                    micro_batch=first.micro_batch,
+                    accumulation_steps=first.accumulation_steps,
+                    step_times_s=steps,
+                    n_workers=n,
+                    t_step_s=statistics.median(steps),
+                )
             )
         if any(r.interrupted is not None for r in res):
             raise self.stopped(res[0].interrupted or signal.SIGINT)

@@ -40,7 +40,7 @@ from tula.core.errors import SpecError, TulaError
 from tula.core.events import EpochFinished, Resized, StepDone, WorldStarted
 from tula.core.job_rules import check_train_config, state_from_spec
 from tula.core.noise_scale import NoiseScale
-from tula.core.records import EpochRecord, read_jsonl, write_atomic
+from tula.core.records import EpochRecord, ScheduleDecision, read_jsonl, write_atomic
 from tula.core.schedules import Caps, ScheduleState, next_config, steps_per_epoch
 from tula.core.spec import JobSpec, reference_sequence_length
 from tula.engine.batch import slice_batch, to_device
@@ -474,7 +474,7 @@ class _RankTrainer:
         d = next_config(self.sched_state, epoch + 1, self.history, self.schedule.caps)
         self.sched_state = d.state.to_dict()  # the checkpoint keeps the state as JSON
         nxt = Config(n_workers=d.n_workers, global_batch=d.global_batch, accumulation_steps=d.accumulation_steps)
-        self.history[-1] = self.history[-1].model_copy(update={"schedule": d.record()})
+        self.history[-1] = self.history[-1].model_copy(update={"schedule": ScheduleDecision.of(d)})
         if nxt == self.now() and d.lr_multiplier != self.lr_mult:
             self.method.set_schedule_lr(d.lr_multiplier, (epoch + 1) * self.n_steps)
         self.lr_mult = d.lr_multiplier

@@ -33,10 +33,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
+from tula.core.records import RunTrial
 from tula.core.spec import JobSpec
 from tula.engine.checkpoint import save_checkpoint
 from tula.engine.data import data_path
@@ -80,12 +81,12 @@ class RunTrialNotRun:
     global_batch: int | None = None
     note: str = ""
 
-    def to_json_dict(self) -> dict[str, Any]:
-        """As the profile record's ``run_trials`` holds it."""
+    def as_run_trial(self) -> RunTrial:
+        """As the profile record's ``run_trials`` holds it: an ``oom`` trial with its batch, a
+        ``skipped`` one with its note."""
         if self.status == "oom":
-            return {"n_workers": self.n_workers, "global_batch": self.global_batch, "method": self.method,
-                    "status": "oom"}  # fmt: skip
-        return {"n_workers": self.n_workers, "method": self.method, "status": self.status, "note": self.note}
+            return RunTrial(n_workers=self.n_workers, global_batch=self.global_batch, method=self.method, status="oom")
+        return RunTrial(n_workers=self.n_workers, method=self.method, status=self.status, note=self.note)
 
 
 def timed_indices(timed: int, min_timed_s: float, t_warm_s: float, every: int | None) -> list[int]:
@@ -209,39 +210,39 @@ def run_trial(
         shutil.rmtree(out, ignore_errors=True)
 
 
-def merge_run_trials(per_rank: list[RankRunTrial | RunTrialNotRun]) -> dict[str, Any]:
+def merge_run_trials(per_rank: list[RankRunTrial | RunTrialNotRun]) -> RunTrial:
     """One run trial from every rank's, as the profile record's ``run_trials`` holds it: per
     step the slowest rank (the method's and the plain one's), then medians; the epoch's end
     the slowest rank's.  A trial that timed nothing is rank 0's (the ranks agree on it)."""
     first = per_rank[0]
     timed = [r for r in per_rank if isinstance(r, RankRunTrial)]
     if isinstance(first, RunTrialNotRun) or len(timed) != len(per_rank):
-        return first.to_json_dict() if isinstance(first, RunTrialNotRun) else _not_run_everywhere(per_rank)
+        return first.as_run_trial() if isinstance(first, RunTrialNotRun) else _not_run_everywhere(per_rank)
     steps = [max(xs) for xs in zip(*(r.step_times_s for r in timed))]
     plains = [max(xs) for xs in zip(*(r.plain_step_times_s for r in timed))]
     regular = [t for t, d in zip(steps, first.due) if not d] or steps
     due = [t for t, d in zip(steps, first.due) if d]
-    return {
-        "n_workers": first.n_workers,
-        "global_batch": first.global_batch,
-        "method": first.method,
-        "status": "ok",
-        "local_batch": first.local_batch,
-        "steps_per_epoch": first.steps_per_epoch,
-        "update_every": first.update_every,
-        "step_times_s": steps,
-        "plain_step_times_s": plains,
-        "due": first.due,
-        "eval_s": max(r.eval_s for r in timed),
-        "epoch_end_s": max(r.epoch_end_s for r in timed),
-        "checkpoint_s": max(r.checkpoint_s for r in timed),
-        "t_run_step_s": statistics.median(regular),
-        "t_due_step_s": statistics.median(due) if due else None,
-        "t_step_plain_s": statistics.median(plains),
-    }
+    return RunTrial(
+        n_workers=first.n_workers,
+        global_batch=first.global_batch,
+        method=first.method,
+        status="ok",
+        local_batch=first.local_batch,
+        steps_per_epoch=first.steps_per_epoch,
+        update_every=first.update_every,
+        step_times_s=steps,
+        plain_step_times_s=plains,
+        due=first.due,
+        eval_s=max(r.eval_s for r in timed),
+        epoch_end_s=max(r.epoch_end_s for r in timed),
+        checkpoint_s=max(r.checkpoint_s for r in timed),
+        t_run_step_s=statistics.median(regular),
+        t_due_step_s=statistics.median(due) if due else None,
+        t_step_plain_s=statistics.median(plains),
+    )
 
 
-def _not_run_everywhere(per_rank: list[RankRunTrial | RunTrialNotRun]) -> dict[str, Any]:
+def _not_run_everywhere(per_rank: list[RankRunTrial | RunTrialNotRun]) -> RunTrial:
     """The run trial of a world whose ranks disagreed (rank 0 timed, another did not): the
     first rank's that timed nothing."""
-    return next(r for r in per_rank if isinstance(r, RunTrialNotRun)).to_json_dict()
+    return next(r for r in per_rank if isinstance(r, RunTrialNotRun)).as_run_trial()

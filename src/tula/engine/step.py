@@ -153,6 +153,10 @@ class TrainStep:
         first ``k - 1`` (forward too: DDP decides at the forward whether the backward syncs)
         under DDP's ``no_sync()`` and the last one synchronised, each micro-batch's loss divided
         by ``k``: the gradient is the mean over the share, as at ``k = 1``.  ``sync=False``: every pass under ``no_sync()``.
+        Under FSDP (:class:`tula.engine.fsdp.Sharded`) ``no_sync()`` skips the reduce-scatter only:
+        every micro-batch still all-gathers its blocks' parameters for its forward and backward
+        (they reshard after each), so the step pays the all-gathers ``k`` times and the
+        reduce-scatter once (:class:`tula.core.effects.ShardingEffect`).
         ``accumulation_steps``: another ``k`` for this call (the out-of-memory probe runs one
         micro-batch as ``k = 1``).
 
@@ -184,6 +188,11 @@ class TrainStep:
         anything reads them, the method's ``after_backward`` on the share ``x``, ``y`` (in the
         step's arithmetic; skipped when the gradients overflowed), :attr:`on_gradients`, the
         optimiser's step (fp16: skipped on an overflow) and the method's LR schedule.
+
+        Training measures the gradient noise scale (``train.noise_scale``) and counts fp16's
+        skipped steps in :attr:`on_gradients`: an override of :meth:`train_step` or
+        :meth:`forward_backward` keeps both; one of this method that does not call it must call
+        ``self.on_gradients(finite)`` itself between the backward and the update.
 
         Returns
         -------

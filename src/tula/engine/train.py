@@ -337,7 +337,7 @@ class TrainSupervisor:
         if self.scheduled:
             self.first_schedule()
         check_train_config(self.spec, self.method, self.n_workers, self.global_batch, self.train_size, self.accum)
-        self.device = self.launcher.facts()["device"]
+        self.device = self.launcher.facts().device
         self.first_batch = self.global_batch
         self.t0 = time.perf_counter()
         self.at_epoch = self.resumed_from_epoch or 0

@@ -75,4 +75,4 @@ def _check_before_any_world(
     check_sinks(spec.train.loggers)  # a metrics sink whose package is missing: one sentence naming it
     if spec.train.precision == "fp16":  # fp16 on a CPU: one sentence before any world
         device = getattr(launcher, "device", "auto")
-        check_precision("fp16", launcher.facts()["device"] if device == "auto" else device)
+        check_precision("fp16", launcher.facts().device if device == "auto" else device)

@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tula import __version__
 from tula.core.errors import InfeasibleError, RecordError, SpecError, TulaError
-from tula.core.records import ModelsRecord
+from tula.core.records import HostFacts, ModelsRecord
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
 from tula.service.admission import admit, check_options, parse_json_body, parse_spec_text, too_deep
@@ -531,7 +531,7 @@ def create_app(settings: ServiceSettings, *, dispatch: bool = True) -> FastAPI:
 
 
 @functools.cache
-def _host_facts() -> dict:
+def _host_facts() -> HostFacts:
     """This host's facts (its device, CPU, memory), found once: the key of a spec planned here."""
     from tula.engine.launch.base import host_facts
 
@@ -558,7 +558,7 @@ def _plan_from_store(store: Store, spec, objective: str | None, noise_scale: flo
             f"collective and hardware; submit the spec as a job (POST /v1/jobs) to profile it once",
         )
     models, from_job = found
-    if models.spec["data"] == spec.to_dict()["data"]:  # the stored spec is its JSON
+    if models.spec.data == spec.data:  # the stored spec, typed
         size = models.dataset_size
     else:
         from tula.engine.workloads import check_workload

@@ -11,7 +11,7 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from tula.core.errors import TulaError
-from tula.core.records import PlanRecord, as_record
+from tula.core.records import PlanRecord, TrainRecord, as_record
 from tula.core.say import Table, first_line, plain, text
 from tula.core.validation import first_error, lowered
 
@@ -184,5 +184,5 @@ def job_detail(job: JobView, records: dict[str, dict | None]) -> list:
         chosen = as_record(plan, PlanRecord)  # the answer's JSON read as the record
         out += [plan_table(chosen), text(("choice", "bold green"), ": ", chosen.reason)]
     if train:
-        out.append(train_table(train))
+        out.append(train_table(as_record(train, TrainRecord)))
     return out

@@ -218,7 +218,9 @@ def _replan_request(models: ModelsRecord, form: ReplanForm) -> Replan:
     """The re-plan the form asks for (a ValueError or Problem when a field does not parse)."""
     return Replan(
         objective=form.objective or None,
-        pricing={**models.spec["pricing"], "price_per_node_hour": float(form.price)} if form.price else None,
+        pricing={**models.spec.pricing.model_dump(mode="json"), "price_per_node_hour": float(form.price)}
+        if form.price
+        else None,
         cluster_sizes=[int(x) for x in form.cluster_sizes.split(",") if x.strip()] or None,
         deadline=form.deadline or None,
         budget=float(form.budget) if form.budget else None,

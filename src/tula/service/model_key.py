@@ -69,13 +69,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import TypeAdapter
 
 from tula.core.errors import RecordError
-from tula.core.records import ProfileRecord
+from tula.core.records import HostFacts, ProfileRecord
 from tula.core.registry import cluster_kind
 from tula.core.spec import DataSpec, JobSpec, spec_from_dict
 
@@ -125,7 +126,7 @@ def _json(value: Any) -> Any:
     return TypeAdapter(Any).dump_python(value, mode="json")
 
 
-def _parts(spec: dict | JobSpec, *, device: str, facts: dict, shape: list[int], threads: int | None) -> dict:
+def _parts(spec: dict | JobSpec, *, device: str, facts: HostFacts, shape: list[int], threads: int | None) -> dict:
     job = spec if isinstance(spec, JobSpec) else spec_from_dict(spec)  # every default filled in, by the spec's rules
     data, opt, knobs = job.data, job.optimizer, job.train
     cuda = device == "cuda"
@@ -158,12 +159,8 @@ def _parts(spec: dict | JobSpec, *, device: str, facts: dict, shape: list[int], 
         "optimizer": opt_part,
         "collective": job.collective,
         "device": device,
-        "hardware": (
-            {"gpu": facts.get("gpu"), "cores": facts.get("cores")}
-            if cuda
-            else {"cpu": facts.get("cpu"), "cores": facts.get("cores")}
-        ),
-        "torch": facts.get("torch"),
+        "hardware": ({"gpu": facts.gpu, "cores": facts.cores} if cuda else {"cpu": facts.cpu, "cores": facts.cores}),
+        "torch": facts.torch,
         "cluster": _cluster(job.cluster.where),
         "backend": job.cluster.backend or ("nccl" if cuda else "gloo"),
         # measured in another arithmetic: another model (fp32 keys unchanged)
@@ -185,15 +182,16 @@ def _parts(spec: dict | JobSpec, *, device: str, facts: dict, shape: list[int], 
     }
 
 
-def model_key_parts(spec: dict, profile: dict | ProfileRecord) -> dict:
+def model_key_parts(spec: dict | JobSpec, profile: dict | ProfileRecord) -> dict:
     """The key parts of the models fitted from ``profile`` (a profile record, typed or as a dict: only its
-    ``device``, ``facts``, ``sample_shape`` and ``threads_per_worker`` are read) of the job ``spec`` (a spec
-    as a dict): hardware, threads and sample shape as the profile MEASURED them.
+    ``device``, ``facts``, ``sample_shape`` and ``threads_per_worker`` are read) of the job ``spec`` (a
+    :class:`~tula.core.spec.JobSpec`, or a spec as a dict): hardware, threads and sample shape as the profile
+    MEASURED them.
 
     Raises :class:`~tula.core.errors.RecordError` for a profile that does not say which hardware
     it ran on (written before profile records carried ``facts``)."""
     where = _Measured.of(profile)
-    if not isinstance(where.facts, dict) or not where.facts.get("torch"):
+    if where.facts is None or not where.facts.torch:
         raise RecordError(
             "the profile record does not say which hardware it was measured on (it has no 'facts'; "
             "an older Tula wrote it), so its fitted models cannot be stored for reuse"
@@ -206,7 +204,7 @@ class _Measured:
     """What of a profile decides its models' key: where its trials ran."""
 
     device: str
-    facts: Any
+    facts: HostFacts | None
     sample_shape: list[int]
     threads: int | None
 
@@ -215,23 +213,38 @@ class _Measured:
         # a dict may be a profile's parts only (the service's and the tests' own), so it is not checked whole
         if isinstance(profile, ProfileRecord):
             return cls(profile.device, profile.facts, profile.sample_shape, profile.threads_per_worker)
-        return cls(profile["device"], profile.get("facts"), profile["sample_shape"], profile.get("threads_per_worker"))
+        facts = profile.get("facts")
+        return cls(
+            profile["device"],
+            _typed(facts) if isinstance(facts, HostFacts | Mapping) else None,
+            profile["sample_shape"],
+            profile.get("threads_per_worker"),
+        )
 
 
-def key_parts_for_new_job(spec: dict, facts: dict, threads_per_worker: int | None = None) -> dict:
+def _typed(facts: HostFacts | Mapping[str, Any]) -> HostFacts:
+    """``facts`` as :class:`~tula.core.records.HostFacts` (a mapping: as a profile record holds them)."""
+    return facts if isinstance(facts, HostFacts) else HostFacts.model_validate(dict(facts))
+
+
+def key_parts_for_new_job(
+    spec: dict, facts: HostFacts | Mapping[str, Any], threads_per_worker: int | None = None
+) -> dict:
     """The key parts of a job not yet profiled: ``facts`` from its launcher's ``facts()``
-    (read where the ranks will run), ``threads_per_worker`` the launcher's
+    (read where the ranks will run; a mapping of them, as a record holds them, is typed first),
+    ``threads_per_worker`` the launcher's
     ``threads_per_worker`` (what its profile would run with).  Left out, it is the spec's
     ``profile.threads_per_worker``, else what ``open_launcher`` gives a local launcher
     (cores // the largest cluster size); a Dask cluster's must be given (on CPU)."""
     job = spec_from_dict(spec)
-    device = facts["device"]
+    facts = _typed(facts)
+    device = facts.device
     threads = threads_per_worker
     if threads is None and device != "cuda":
         threads = job.profile.threads_per_worker
         where = job.cluster.where
         if threads is None and where == "local":  # as tula.engine.profile.default_threads
-            threads = max(1, (facts.get("cores") or 1) // max(job.search.cluster_sizes))
+            threads = max(1, (facts.cores or 1) // max(job.search.cluster_sizes))
         if threads is None:
             raise ValueError(
                 f"the threads per worker of a job on cluster {where!r} depend on its workers: pass the "

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tula.core.errors import InfeasibleError
-from tula.core.records import ModelsRecord, PlanRecord, as_record
+from tula.core.records import ModelsRecord, PlanRecord, TrainRecord, as_record
 from tula.core.registry import OBJECTIVE_NAMES
 from tula.core.say import plain
 from tula.pipeline import with_spec
@@ -53,7 +53,7 @@ def _given(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def replan_from_models(models: dict | ModelsRecord, body: Replan, run: dict | None = None) -> PlanRecord:
+def replan_from_models(models: dict | ModelsRecord, body: Replan, run: dict | TrainRecord | None = None) -> PlanRecord:
     """The plan ``body`` asks for from ``models``; ``run``: the job's training record, which
     ``body.use_measured`` needs (a 409 without one, or without an epoch to compare)."""
     from tula.core.plan import make_plan
@@ -64,11 +64,11 @@ def replan_from_models(models: dict | ModelsRecord, body: Replan, run: dict | No
     if body.use_measured:
         if run is None:
             raise Problem(409, "the job has no training run yet: use_measured needs a finished one")
-        measured = measured_ratio(run, models)
+        measured = measured_ratio(as_record(run, TrainRecord), models)  # the store's JSON, as the record
         if measured is None:
             raise Problem(409, "the job's training run has no epoch to compare with its prediction")
 
-    stored = as_record(models, ModelsRecord).spec  # the job's spec, as its JSON
+    stored = as_record(models, ModelsRecord).spec.to_dict()  # the job's spec, as its JSON
     constraints = None
     if body.deadline is not None or body.budget is not None:
         kept = {
@@ -79,9 +79,7 @@ def replan_from_models(models: dict | ModelsRecord, body: Replan, run: dict | No
     asked = _given(pricing=body.pricing, search=search, epochs=body.epochs, constraints=constraints)
     spec = spec_from_dict({**stored, **asked})  # a bad pricing or size list is a SpecError: 422
     try:
-        plan = make_plan(
-            with_spec(models, spec.to_dict()), body.objective, noise_scale=body.noise_scale, measured=measured
-        )
+        plan = make_plan(with_spec(models, spec), body.objective, noise_scale=body.noise_scale, measured=measured)
         return plan
     except InfeasibleError as err:
         raise Problem(422, plain(err)) from None

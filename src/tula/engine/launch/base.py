@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from tula.core.events import Event
+from tula.core.records import HostFacts
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Launcher(Protocol):
         or ``None`` where the launcher forms worlds of any size."""
         ...
 
-    def facts(self) -> dict:
+    def facts(self) -> HostFacts:
         """The workers' hardware (:func:`host_facts`), read where the ranks run."""
         ...
 
@@ -109,28 +110,39 @@ class WorldGate(Protocol):
         ...
 
 
-def host_facts(device: str = "auto") -> dict:
+def host_facts(device: str = "auto") -> HostFacts:
     """This machine's hardware as a worker sees it: the device kind ranks will use (``auto``
     -> ``cuda`` where a GPU is visible), CPU model, cores, memory, GPU name and memory, torch
-    version."""
+    version.  Each fact is given only where it was read (a CPU host has no ``gpu``)."""
     import os
 
-    facts: dict[str, Any] = {
-        "device": pick_device(device),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "cuda_available": torch.cuda.is_available(),
-    }
-    if facts["cuda_available"]:
+    cuda_available = torch.cuda.is_available()
+    gpu: dict[str, Any] = {}
+    if cuda_available:
         props = torch.cuda.get_device_properties(0)
-        facts.update(gpu=props.name, gpu_memory_bytes=int(props.total_memory), gpus=torch.cuda.device_count())
+        gpu = dict(gpu=props.name, gpu_memory_bytes=int(props.total_memory), gpus=torch.cuda.device_count())
+    memory: dict[str, Any] = {}
     try:
         with open("/proc/meminfo") as fh:
-            facts["memory_bytes"] = int(fh.readline().split()[1]) * 1024
+            memory["memory_bytes"] = int(fh.readline().split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return facts
+    return HostFacts(
+        device=pick_device(device),
+        cpu=cpu_model(),
+        cores=os.cpu_count(),
+        torch=torch.__version__,
+        cuda_available=cuda_available,
+        **gpu,
+        **memory,
+    )
+
+
+def host_facts_json(device: str = "auto") -> dict[str, Any]:
+    """:func:`host_facts` as plain values: what a Dask worker sends back (through the scheduler,
+    which need not import Tula's classes); the caller types it again
+    (``HostFacts.model_validate``)."""
+    return host_facts(device).to_json_dict()
 
 
 def cpu_model() -> str:

@@ -44,9 +44,10 @@ from typing import Any
 from tula.core.errors import PlacementError, TulaError, WorkerError
 from tula.core.events import Event as ProgressEvent
 from tula.core.gpus import crowded_hosts
+from tula.core.records import HostFacts
 from tula.core.registry import WORKER_LOCK_PREFIX
 from tula.engine import interrupts
-from tula.engine.launch.base import RankFailure, WorkerContext, WorldGate, host_facts
+from tula.engine.launch.base import RankFailure, WorkerContext, WorldGate, host_facts_json
 from tula.engine.launch.local import failure_sentence, root_failure
 from tula.engine.launch.netif import is_loopback, resolve
 from tula.engine.launch.runtime import RankSetup, run_rank
@@ -335,14 +336,17 @@ class DaskLauncher:
         silent = self.silent(workers)
         return {a: w for a, w in workers.items() if a not in silent}
 
-    def worker_facts(self) -> dict[str, dict]:
-        """Each worker's hardware, read on the worker."""
-        return self.client.run(host_facts, self.device)
+    def worker_facts(self, workers: list[str] | None = None) -> dict[str, HostFacts]:
+        """The hardware of each worker (address -> its facts; ``workers``: those only), read on the
+        worker.  A worker sends plain values (the scheduler passes them on without Tula's classes);
+        they are typed here, on arrival."""
+        sent: dict[str, dict[str, Any]] = self.client.run(host_facts_json, self.device, workers=workers)
+        return {addr: HostFacts.model_validate(facts) for addr, facts in sent.items()}
 
-    def facts(self) -> dict:
+    def facts(self) -> HostFacts:
         """The hardware of the worker rank 0 would run on (read there)."""
         ((_, addr),) = self._choose(1)
-        return self.client.run(host_facts, self.device, workers=[addr])[addr]
+        return self.worker_facts([addr])[addr]
 
     def default_threads(self, n_ranks: int) -> int:
         """Torch threads per rank: a host's cores shared by the Dask workers on it (the
@@ -352,7 +356,7 @@ class DaskLauncher:
         per_host: dict[str, int] = {}
         for w in workers.values():
             per_host[w["host"]] = per_host.get(w["host"], 0) + 1
-        cores = [max(1, (facts[a].get("cores") or 1) // per_host[w["host"]]) for a, w in workers.items() if a in facts]
+        cores = [max(1, (facts[a].cores or 1) // per_host[w["host"]]) for a, w in workers.items() if a in facts]
         return min(cores) if cores else 1
 
     def provide(self, n_workers: int) -> int:
@@ -444,13 +448,13 @@ class DaskLauncher:
         futures: list[Any] = []
         unregister = interrupts.on_stop(lambda signum: stop_event.set())
         try:
-            device = self.client.run(host_facts, self.device, workers=[addrs[0]])[addrs[0]]["device"]
+            device = self.worker_facts([addrs[0]])[addrs[0]].device
             hosts = [h for h, _ in chosen]
             if device == "cuda":  # one GPU per rank: a host with more ranks than GPUs, before any starts
-                seen = self.client.run(host_facts, self.device, workers=addrs)
+                seen = self.worker_facts(addrs)
                 gpus: dict[str, int | None] = {}
                 for h, a in chosen:  # a rank's local rank indexes its own worker's visible GPUs
-                    g = int(seen.get(a, {}).get("gpus") or 0)
+                    g = int(seen[a].gpus or 0) if a in seen else 0
                     gpus[h] = g if h not in gpus else min(g, gpus[h] or 0)
                 crowded = crowded_hosts({h: hosts.count(h) for h in hosts}, gpus)
                 if crowded:

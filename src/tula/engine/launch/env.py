@@ -46,6 +46,7 @@ import torch.distributed as dist
 from tula.core.errors import TulaError, WorkerError
 from tula.core.events import Event
 from tula.core.gpus import check_ranks_fit
+from tula.core.records import HostFacts
 from tula.engine import interrupts
 from tula.engine.launch.base import RankFailure, WorkerContext, host_facts, pick_device
 from tula.engine.launch.local import failure_sentence, root_failure
@@ -217,7 +218,7 @@ class EnvLauncher:
         return box[0]
 
     # ------------------------------------------------------------------ the launcher interface
-    def facts(self) -> dict:
+    def facts(self) -> HostFacts:
         """The hardware of rank 0's host (the driver runs on a rank)."""
         return host_facts(self.device)
 

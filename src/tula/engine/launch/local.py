@@ -18,6 +18,7 @@ import torch.distributed as dist
 from tula.core.errors import WorkerError
 from tula.core.events import Event
 from tula.core.gpus import check_ranks_fit
+from tula.core.records import HostFacts
 from tula.engine import interrupts
 from tula.engine.forkserver import rank_context, start_fork_server
 from tula.engine.launch.base import RankFailure, host_facts, pick_device
@@ -302,7 +303,7 @@ class LocalLauncher:
         self.pg_timeout_s = pg_timeout_s
         self.in_process = in_process
 
-    def facts(self) -> dict:
+    def facts(self) -> HostFacts:
         """This machine's hardware: the ranks run here."""
         return host_facts(self.device)
 
