@@ -562,33 +562,44 @@ class Planner:
             )
         assert self.models.checkpointing is not None  # two variants: the effect was fitted
         factor = float(self.models.checkpointing.compute_factor)
+        by_cost, chosen_value, best = self.best_other_variant(
+            rows, choice, lambda r: r.checkpointing != choice.checkpointing and r.parallelism == choice.parallelism
+        )
+        what = "cost" if by_cost else "time"
+        if choice.checkpointing:
+            head = f" [with activation checkpointing (compute x{factor:.3g} fitted)"
+            if best is None:
+                return f"{head}: without it no configuration fits]"
+            return (
+                f"{head}: the best without it, N={best[0].n_workers}, B={best[0].global_batch}, takes "
+                f"{_times(best[1], chosen_value)} the {what}]"
+            )
+        if best is None:
+            return " [without activation checkpointing: with it no configuration fits the constraints better]"
+        return (
+            f" [without activation checkpointing: its step is x{factor:.3g} slower, and its best, "
+            f"N={best[0].n_workers}, B={best[0].global_batch}, takes {_times(best[1], chosen_value)} "
+            f"the {what}]"
+        )
+
+    def best_other_variant(
+        self, rows: Sequence[PlanRow], choice: PlanRow, other: Callable[[PlanRow], bool]
+    ) -> tuple[bool, float, tuple[PlanRow, float] | None]:
+        """For a variant note: whether the objective ranks by cost, the chosen row's time (or
+        cost), and the best feasible row meeting the constraints at the chosen sequence length
+        that ``other`` picks (another variant), with its value (``None``: there is none)."""
         time_s, cost = self.ranked(rows)
         by_cost = OBJECTIVES[self.objective].rule == "least_cost"
         value = cost if by_cost else time_s
         others = [
             i for i, r in enumerate(rows)
-            if r.checkpointing != choice.checkpointing and r.feasible and r.meets_constraints
-            and r.sequence_length == choice.sequence_length and r.parallelism == choice.parallelism
+            if other(r) and r.feasible and r.meets_constraints and r.sequence_length == choice.sequence_length
         ]  # fmt: skip
-        what = "cost" if by_cost else "time"
         chosen_value = float(value[rows.index(choice)])
-        if choice.checkpointing:
-            head = f" [with activation checkpointing (compute x{factor:.3g} fitted)"
-            if not others:
-                return f"{head}: without it no configuration fits]"
-            best = min(others, key=lambda i: float(value[i]))
-            return (
-                f"{head}: the best without it, N={rows[best].n_workers}, B={rows[best].global_batch}, takes "
-                f"{_times(float(value[best]), chosen_value)} the {what}]"
-            )
         if not others:
-            return " [without activation checkpointing: with it no configuration fits the constraints better]"
+            return by_cost, chosen_value, None
         best = min(others, key=lambda i: float(value[i]))
-        return (
-            f" [without activation checkpointing: its step is x{factor:.3g} slower, and its best, "
-            f"N={rows[best].n_workers}, B={rows[best].global_batch}, takes {_times(float(value[best]), chosen_value)} "
-            f"the {what}]"
-        )
+        return by_cost, chosen_value, (rows[best], float(value[best]))
 
     def parallelism_note(self, rows: Sequence[PlanRow], choice: PlanRow) -> str:
         """The reason's words on the parallelism, with ``train.parallelism: auto``: why fsdp was
@@ -602,16 +613,10 @@ class Planner:
             return f" [{only_ddp}]"
         assert self.models.sharding is not None  # two parallelisms: the effect was fitted
         effect = self.models.sharding
-        time_s, cost = self.ranked(rows)
-        by_cost = OBJECTIVES[self.objective].rule == "least_cost"
-        value = cost if by_cost else time_s
-        others = [
-            i for i, r in enumerate(rows)
-            if r.parallelism != choice.parallelism and r.feasible and r.meets_constraints
-            and r.sequence_length == choice.sequence_length
-        ]  # fmt: skip
+        by_cost, chosen_value, best = self.best_other_variant(
+            rows, choice, lambda r: r.parallelism != choice.parallelism
+        )
         better = "cheaper" if by_cost else "faster"
-        chosen_value = float(value[rows.index(choice)])
         sync = f"its sync {effect.sync_s * 1e3:.3g} ms per step at N={effect.n_workers} fitted"
         if choice.parallelism == "fsdp":
             ddp_fits = [
@@ -621,21 +626,19 @@ class Planner:
             micro = choice.micro_batch or choice.local_batch
             if not ddp_fits or micro > max(ddp_fits):
                 return f" [fsdp: fits at b={micro} on N={choice.n_workers} where ddp does not]"
-            if not others:
+            if best is None:
                 return " [fsdp: with ddp no configuration meets the constraints]"
-            best = min(others, key=lambda i: float(value[i]))
-            gain = 100.0 * (float(value[best]) / max(chosen_value, 1e-300) - 1.0)
+            gain = 100.0 * (best[1] / max(chosen_value, 1e-300) - 1.0)
             return (
-                f" [fsdp: {better} by {gain:.3g} % than the best with ddp, N={rows[best].n_workers}, "
-                f"B={rows[best].global_batch}]"
+                f" [fsdp: {better} by {gain:.3g} % than the best with ddp, N={best[0].n_workers}, "
+                f"B={best[0].global_batch}]"
             )
-        if not others:
+        if best is None:
             return " [ddp: with fsdp no configuration fits the constraints better]"
-        best = min(others, key=lambda i: float(value[i]))
-        gain = 100.0 * (float(value[best]) / max(chosen_value, 1e-300) - 1.0)
+        gain = 100.0 * (best[1] / max(chosen_value, 1e-300) - 1.0)
         return (
-            f" [ddp: {better} by {gain:.3g} % than the best with fsdp, N={rows[best].n_workers}, "
-            f"B={rows[best].global_batch} ({sync})]"
+            f" [ddp: {better} by {gain:.3g} % than the best with fsdp, N={best[0].n_workers}, "
+            f"B={best[0].global_batch} ({sync})]"
         )
 
     # ----------------------------------------------------------------------- sequence lengths
