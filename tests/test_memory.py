@@ -165,6 +165,55 @@ def test_a_ddp_world_adds_its_gradient_buckets_to_the_forward_backward_line():
     )
 
 
+def test_a_ddp_world_is_the_one_rank_line_or_a_small_batch_phase_above_it():
+    """The refit on trials shaped like the peaks measured (2026-11-29, tiny_gpt 2 x 64 on ``text``, AdamW,
+    bytes at L_ref 32): one rank 1,696,000 + 11,840 b L; two ranks max(that line, line + 631,040 - 2,312 b L),
+    a phase with fewer bytes per sample above the line below b = 8.5 (small_cnn on digits: the same shape).
+    The line is the one-rank trials', and N >= 2 is never predicted low, at any batch or length."""
+    mm = memory_model(
+        param_bytes=565_248, grad_bytes=565_248, optimizer_state_bytes=1_130_616, batch_bytes_per_sample=512
+    )
+
+    def one(b: float, length: int = 32) -> float:
+        return 1_696_000 + 11_840 * b * length
+
+    def two(b: float, length: int = 32) -> float:
+        return max(one(b, length), one(b, length) + 631_040 - 2_312 * b * length)
+
+    # the profile's trials: one rank at b 8 and 64, two ranks at b 4 (the phase) and 32 (the line)
+    fitted = mm.refit([8, 64, 4, 32], [int(one(8)), int(one(64)), int(two(4)), int(two(32))], [1, 1, 2, 2])
+    assert fitted.static_bytes == 1_696_000 and fitted.bytes_per_sample == 11_840 * 32  # the line, exactly
+    assert fitted.ddp_bucket_bytes == 0 and fitted.ddp_floor_bytes == two(4)  # nothing beyond it at b 32
+    assert fitted.ddp_phase_bytes_per_sample == pytest.approx((two(32) - two(4)) / 28)  # the two-rank trials' line
+    batches = np.arange(1, 129)
+    assert list(fitted.predict_peak_bytes(batches, 1)) == [one(b) for b in batches]
+    predicted = fitted.predict_peak_bytes(batches, 2)
+    assert all(predicted >= [two(b) for b in batches])  # never low
+    assert predicted[[3, 31]].tolist() == [two(4), two(32)] and list(predicted[31:]) == [one(b) for b in batches[31:]]
+    assert max(predicted[3:31] / [two(b) for b in batches[3:31]]) < 1.06  # between the two trials: within 6 %
+    assert fitted.predict_peak_bytes(8) == fitted.predict_peak_bytes(8, 2)  # N not known: as for N >= 2
+    # the largest batch that fits: the phase counts
+    budget = int(two(6) / 0.9)
+    b_max = fitted.max_local_batch(budget, n_workers=2)
+    assert fitted.predict_peak_bytes(b_max, 2) <= 0.9 * budget < fitted.predict_peak_bytes(b_max + 1, 2)
+    assert fitted.max_local_batch(int(two(3) / 0.9), n_workers=2) == 0  # below the floor: not one sample
+    assert fitted.max_local_batch(budget, n_workers=1) > b_max
+    # other lengths (one-rank trials at L 16 and 64): the phase's bytes per sample scale as the line's
+    at_lengths = fitted.with_sequence_length(32, [16, 64], [64, 64], [int(one(64, 16)), int(one(64, 64))])
+    for length in (16, 24, 48, 64):
+        predicted = at_lengths.predict_peak_bytes(batches, 2, length)
+        assert all(predicted >= [two(b, length) for b in batches]), length
+    # both two-rank trials in the phase (b 2 and 8): its line recovered, the line plus its excess beyond
+    phase = mm.refit([8, 64, 2, 8], [int(one(8)), int(one(64)), int(two(2)), int(two(8))], [1, 1, 2, 2])
+    assert phase.ddp_phase_bytes == 1_696_000 + 631_040 and phase.ddp_phase_bytes_per_sample == pytest.approx(304_896)
+    assert phase.ddp_bucket_bytes == two(8) - one(8) == 39_168
+    assert all(phase.predict_peak_bytes(batches[1:], 2) >= [two(b) for b in batches[1:]])
+    # the record round-trips; one without the fields (made before) predicts as before
+    assert MemoryModel.from_dict(fitted.to_dict()) == fitted
+    assert "ddp_floor_bytes" not in mm.to_dict() and MemoryModel.from_dict(mm.to_dict()).ddp_floor_bytes == 0
+    assert mm.predict_peak_bytes(4, 2) == mm.static_bytes + 4 * mm.bytes_per_sample + mm.ddp_bucket_bytes
+
+
 def test_refit_uses_more_points():
     mm = memory_model(
         param_bytes=100,

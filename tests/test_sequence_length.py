@@ -31,9 +31,10 @@ from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import PerfModel
 from tula.core.plan import make_plan
 from tula.core.records import ProfileRecord, load_profile
+from tula.core.space import Config
 from tula.core.spec import spec_from_dict
 from tula.core.trial import Trial
-from tula.engine.profile import profile
+from tula.engine.profile import length_configs, profile
 from tula.report import plan_table, trials_table
 
 RECORDS = Path(__file__).parent / "data" / "records"
@@ -65,8 +66,23 @@ def test_one_length_fits_and_plans_the_stored_records_exactly():
     stored_plan = json.loads((RECORDS / "plan.json").read_text())
     assert all(t.sequence_length is None for t in load_profile(RECORDS / "profile.json").trials)  # old files load
     models = json.loads(json.dumps(fit_models(profile_rec).to_json_dict()))
-    for part in ("memory", "perf", "fit_error"):
-        assert models[part] == stored_models[part], part  # no new keys, the same numbers
+    assert models["perf"] == stored_models["perf"]  # no new keys, the same numbers
+    # the memory line is now the one-rank trials' alone, and the two-rank trials fit what a DDP world holds
+    # beyond it (MemoryModel.with_ddp_phase; measured 2026-11-29: a two-rank peak is the one-rank line's at
+    # large batches, above it only at small ones), where it was fitted over both sizes less the buckets
+    # (53,032 bytes): the line is 154,456 + 20,480 b (was 110,050 + 21,159 b), the two-rank excess at b 32
+    # 5,184 bytes, the two-rank trials' line 182,339 + 19,770.7 b floored at its b 8 peak; the four trials'
+    # peaks now fitted exactly (were off 2.7 % median, 6.7 % max)
+    changed = {
+        "other_static_bytes": -4984, "activation_bytes_per_sample": 20216, "ddp_bucket_bytes": 5184,
+        "ddp_floor_bytes": 340504, "ddp_phase_bytes": 182339,
+    }  # fmt: skip
+    per_sample = {"ddp_phase_bytes_per_sample": pytest.approx(19770.67)}
+    assert models["memory"] == {**stored_models["memory"], **changed, **per_sample}
+    assert models["fit_error"] == {
+        **stored_models["fit_error"], "peak_mem_median_rel": pytest.approx(0, abs=1e-6),
+        "peak_mem_max_rel": pytest.approx(0, abs=1e-6),
+    }  # fmt: skip
     plan = make_plan(stored_models, stored_plan["objective"]).to_json_dict()
     assert plan["reason"] == stored_plan["reason"]
     for row, old in zip(plan["configurations"], stored_plan["configurations"], strict=True):
@@ -108,6 +124,36 @@ def test_the_terms_in_l_recover_known_coefficients_and_vanish_at_the_reference()
     assert "c1_per_token" not in perf.to_dict() and PerfModel.from_dict(fitted_perf.to_dict()) == fitted_perf
 
 
+def test_one_trial_per_other_length_at_the_largest_batch_recovers_the_measured_peaks():
+    """``length_configs``' design against the peaks measured on the host (2026-11-29, tiny_gpt 2 x 64 on
+    ``text``, AdamW, one rank, b 8-64 at L 16-64: exactly 1,696,000 + 8 L + 11,840 b L bytes at 70 points,
+    the intercept's 8 bytes per token of L and no L^2 term): the trials it chooses fit the terms, and the
+    smallest batches at the other lengths, which no trial ran, are predicted as measured."""
+    spec = _spec(32, [16, 32, 64])
+    spec["search"]["cluster_sizes"] = [1, 2]
+    job = spec_from_dict(spec)
+    chosen = [Config(1, 8), Config(1, 64), Config(2, 8), Config(2, 64)]
+    assert length_configs(job, chosen, None) == [(1, 64, 16), (1, 64, 64)]  # the smallest size's largest batch
+    assert length_configs(job, chosen, 48) == [(1, 64, 16), (1, 24, 64)]  # above L_ref: scaled to the bound
+
+    def measured(b: int, length: int) -> int:
+        return 1_696_000 + 8 * length + 11_840 * b * length
+
+    ref = 32
+    mem = MemoryModel(
+        param_bytes=565_248, grad_bytes=565_248, optimizer_state_bytes=1_130_616, buffer_bytes=0,
+        other_static_bytes=measured(0, ref) - 2_261_112, activation_bytes_per_sample=11_840 * ref - 512,
+        batch_bytes_per_sample=512, probe_local_batches=(16, 32), probe_peak_bytes=(measured(16, ref), measured(32, ref)),
+        device="cpu",
+    )  # fmt: skip
+    fitted = mem.with_sequence_length(ref, [16, 64], [64, 64], [measured(64, 16), measured(64, 64)])
+    assert fitted.bytes_per_token == pytest.approx(11_840, rel=1e-4)
+    assert fitted.bytes_per_token_squared == pytest.approx(0.0, abs=1e-3)
+    for b in (1, 8, 12, 40, 64):
+        for length in (16, 24, 48, 64):
+            assert _rel(float(fitted.predict_peak_bytes(b, 1, length)), measured(b, length)) < 2e-4, (b, length)
+
+
 # --------------------------------------------------------------------------- a real profile over lengths
 @pytest.mark.slow  # real worlds
 def test_a_profile_over_lengths_predicts_held_out_batches_and_lengths(tmp_path):
@@ -134,7 +180,9 @@ def test_a_profile_over_lengths_predicts_held_out_batches_and_lengths(tmp_path):
         assert t.sequence_length == length
         p = fitted.predict(n_workers=1, local_batch=b, sequence_length=length)
         assert p.peak_mem_bytes is not None
-        assert _rel(float(p.peak_mem_bytes[0]), t.peak_mem_bytes) < 0.02, (b, length)
+        # a small batch at another length, where no trial ran (measured within 0.07 %; run 4 of bench/transformer_plan
+        # missed N 1, B 12, L 24 by 9 %, its static part 574 kB low)
+        assert _rel(float(p.peak_mem_bytes[0]), t.peak_mem_bytes) < 0.01, (b, length)
         assert 1 / 4 < float(p.t_step_s[0]) / t.t_step_s < 4, (b, length, float(p.t_step_s[0]), t.t_step_s)
 
     # the plan searches the lengths: each row carries its L, the table shows it
@@ -215,6 +263,10 @@ def test_tula_run_trains_at_the_sequence_length_its_plan_chose(tmp_path):
     assert run["spec"]["data"]["sequence_length"] == chosen  # the spec the ranks built their data from
     assert (run["n_workers"], run["global_batch"]) == (plan["choice"]["n_workers"], plan["choice"]["global_batch"])
     assert run["history"] and run["history"][-1]["test_loss"] > 0
+    # the epoch line counts tokens at the length trained: steps x B x L over the epoch's time
+    h = run["history"][0]
+    line = next(ln for ln in r.stderr.splitlines() if ln.startswith("epoch 1: train loss"))
+    assert line.endswith(f", {h['steps'] * h['global_batch'] * chosen / h['epoch_time_s']:.4g} tokens/s"), line
 
 
 # --------------------------------------------------------------------------- refusals

@@ -44,7 +44,7 @@ class CheckpointingEffect:
         the sequence length, scaled alike) and the intercept's change."""
         ratio = self.activation_bytes_per_sample / max(self.plain_activation_bytes_per_sample, 1)
         return replace(
-            plain,
+            plain.without_ddp_phase(),  # N >= 2: the buckets (the plain step's small-batch phase not measured here)
             activation_bytes_per_sample=int(self.activation_bytes_per_sample),
             other_static_bytes=int(plain.other_static_bytes + self.static_delta_bytes),
             bytes_per_token=plain.bytes_per_token * ratio,
@@ -129,6 +129,35 @@ class ShardingEffect:
     (parameters + optimiser state) / 4, not by the gradients' share too).  With one size measured,
     ``divided_bytes`` is ``None`` and the whole state is assumed divided.
 
+    Small local batches.  FSDP's peak is not DDP's line less a constant: it is the larger of two lines,
+    and at small batches it sits at another point of the backward, with fewer bytes per sample and
+    more static bytes.  Measured (a script not kept in the repository, 2026-11-29: bench/transformer_plan's
+    tiny_gpt 2 x 64, AdamW, gloo, 2 ranks, MemTracker after the optimiser's first step, b 2-32 at L = 24
+    and 32): a rank's peak is ``max(1.014 MB + 11,840 B * b * L, 1.546 MB + 9,528 B * b * L)``, the second
+    line above the first below about 230 tokens a rank; DDP's peaks at N = 2 have the same two slopes
+    (its intercepts 0.68 MB and 0.78 MB higher), so the DDP line, fitted at the larger batches, is
+    itself low there.  Run 4's 16.2 % miss (N = 2, B = 12, L = 24: 2.78 MiB measured, 2.33 predicted)
+    had a second cause: the profile's sharded world measured its first trial (b = 4) at the optimiser's
+    first step, whose AdamW state (1/N of it, 565 kB) did not exist yet at the backward's peak (2,200,584
+    bytes measured there, 2,765,952 after one step; :meth:`tula.engine.profile._Worker.trial` now steps
+    once first).  The fit takes the line through the sharded trials at each size: where they span two
+    batches, ``bytes_per_sample_delta`` (their per-sample growth less DDP's, least squares with the
+    terms above), which the sharded model adds to the activations per sample (scaled by the
+    activations of the line it is applied to over ``activation_bytes_per_sample``, the DDP model's it
+    was fitted against, so a checkpointed line keeps its share).  A chord of the two lines: on the
+    run-4 profile with its b = 4 peak as measured after one step, the held-out FSDP points within
+    +0.7 %, +1.5 %, +0.8 % and +5.0 % (b = 6 at L = 48), checkpointed + FSDP -1.9 %; the script's
+    peaks at L = 32 from b = 4 to 32 within 5.0 % (high between the fitted batches), at b = 2 6.1 % low.
+    Two lines fitted apart would need one more sharded trial at a small batch (the smallest N's
+    smallest batch and half of it), which the profile does not run.
+
+    Accumulation's memory.  Under ``no_sync`` every micro-batch's backward leaves the whole gradients
+    unsharded on each rank until the last one reduce-scatters them, so a step of k > 1 micro-batches
+    peaks above the micro-batch's own step by the whole ``grad_bytes`` (not ``(1 - 1/N)`` of them):
+    measured (the script, L = 24, 2 ranks) 565,248 + 3,072 bytes at micro-batches of 10 and 16, and
+    498 kB at micro-batches of 2 and 6 (the small-batch line's point already holds part of them);
+    :meth:`~tula.core.memory_model.MemoryModel.predict_accumulated_peak_bytes` adds ``grad_bytes``.
+
     gather_bytes : the gathered blocks' working set, fitted (with ``divided_bytes``: what no N divides)
     sync_s : the per-step all-gather and reduce-scatter time at ``n_workers``, fitted
     n_workers : the smallest cluster size of two or more the sharded trials ran at
@@ -140,6 +169,10 @@ class ShardingEffect:
     other_n_workers : the second cluster size the sharded trials ran at (``None``: one)
     gather_s : the all-gathers' part of ``sync_s``, paid at every micro-batch, fitted (``None``: a
         record from before the split; :data:`ASSUMED_GATHER_SHARE` of ``sync_s`` assumed)
+    bytes_per_sample_delta : the sharded peak's bytes per sample less the DDP line's, fitted where the
+        sharded trials at one size span two batches (0: not measured, or a record from before it)
+    activation_bytes_per_sample : the DDP model's activations per sample the delta was fitted against
+        (``None`` with no delta)
     """
 
     gather_bytes: int
@@ -150,6 +183,8 @@ class ShardingEffect:
     divided_bytes: int | None = None
     other_n_workers: int | None = None
     gather_s: float | None = None
+    bytes_per_sample_delta: int = 0
+    activation_bytes_per_sample: int | None = None
 
     @property
     def gather_share(self) -> float:
@@ -161,9 +196,15 @@ class ShardingEffect:
     def memory(self, plain: MemoryModel) -> MemoryModel:
         """``plain`` (DDP's) sharded: its state divided by N in a world of N
         (:meth:`~tula.core.memory_model.MemoryModel.world_bytes`), the gathered working set added,
-        no DDP buckets, and no optimiser-step floor (the update runs on the shards)."""
+        no DDP buckets, no optimiser-step floor (the update runs on the shards), and the activations per
+        sample changed by the fitted :attr:`bytes_per_sample_delta` (scaled as ``plain``'s activations are to
+        those it was fitted against: a checkpointed ``plain`` keeps its share)."""
+        delta = float(self.bytes_per_sample_delta)
+        if delta and self.activation_bytes_per_sample:
+            delta *= plain.activation_bytes_per_sample / self.activation_bytes_per_sample
         return replace(
             plain,
+            activation_bytes_per_sample=max(0, int(round(plain.activation_bytes_per_sample + delta))),
             sharded=True,
             sharded_gather_bytes=int(self.gather_bytes),
             sharded_divided_bytes=self.divided_bytes,

@@ -140,6 +140,13 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
     probed = prof.memory
     peaks = [t.peak_mem_bytes for t in ok_trials if t.peak_mem_bytes is not None]  # every one (ProfileRecord checks)
     ref_peaks = [t.peak_mem_bytes for t in ref_ok if t.peak_mem_bytes is not None]
+    # the line over the one-rank trials at L_ref, and what an N >= 2 world holds beyond it over the N >= 2 trials
+    # (MemoryModel.refit).  Measured (bench/transformer_plan run 4's profile, 2026-11-29): a two-rank peak is the
+    # one-rank line's at large batches (N 2, b 32, L 32: 128 bytes below it) and above it only at small ones (b 4:
+    # +335 kB, not the buckets' 565 kB): max(line, a phase with 80 % of its bytes per sample, 631 kB above it at
+    # b 0; small_cnn the same shape).  The line over both sizes, each N >= 2 peak less the buckets, came out 574 kB
+    # low (1,122,301 bytes; one rank measures 1,696,000 + 8 L): run 4's DDP rows were off 1.5 % median, 9.1 % max
+    # (low), now 0.0 % and 5.4 % (high, at N 2 B 12 L 48: the two-rank trials' line between its two batches)
     mem = probed.refit([t.local_batch for t in ref_ok], ref_peaks, [t.n_workers for t in ref_ok])
     local = np.array([t.local_batch for t in ok_trials])
     ns = [t.n_workers for t in ok_trials]

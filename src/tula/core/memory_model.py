@@ -5,6 +5,11 @@ step as a function of the local batch, and the largest local batch that fits a b
 
 (M_data: an in-memory data set resident on the device, ``resident_data_bytes``; 0 otherwise.)
 
+The line is a one-rank world's.  A DDP world of N >= 2 (measured, tiny_gpt and small_cnn) peaks at
+the line (plus ``ddp_bucket_bytes``) at large batches and in another phase of its step, with fewer
+bytes per sample, above it at small ones: max(line, phase), bounded from above by the N >= 2 trials'
+own line and, below their smallest batch, by its peak (:meth:`MemoryModel.with_ddp_phase`).
+
 Sequence length (#44).  Where the profile measured several sequence lengths L, the bytes per
 sample grow with L (a transformer's activations: every token's) and with L^2 (attention's
 scores, unless a fused kernel avoids them), from the length ``sequence_length`` the line was
@@ -74,6 +79,15 @@ class MemoryModel:
     sharded_gather_bytes: int = 0
     # ... and the state bytes a rank of N holds 1/N of (fitted over two cluster sizes; None: all of param + grad + optimizer)
     sharded_divided_bytes: int | None = None
+    # DDP, N >= 2, as the profile's trials measured it (refit): the peak is the one-rank line's plus
+    # ddp_bucket_bytes (then the extra at the largest batch measured) at large batches, but at small ones another
+    # phase of the step, with fewer bytes per sample, sits higher (tiny_gpt, 2026-11-29: max(line, line + 631 kB
+    # - 2,312 b L)).  Bounded from above by the N >= 2 trials' own line (ddp_phase_bytes + ddp_phase_bytes_per_sample
+    # * b, the per-sample scaled with L as the line's) and, below the smallest batch measured, by its peak
+    # (ddp_floor_bytes).  0: not measured (a profile without N >= 2 trials, records made before)
+    ddp_floor_bytes: int = 0
+    ddp_phase_bytes: int = 0
+    ddp_phase_bytes_per_sample: float = 0.0
 
     @property
     def static_bytes(self) -> int:
@@ -123,6 +137,21 @@ class MemoryModel:
             return self.ddp_bucket_bytes
         return np.where(np.asarray(n_workers) > 1, self.ddp_bucket_bytes, 0)
 
+    def ddp_phase_peak_bytes(
+        self, local_batch: ArrayLike, n_workers: ArrayLike | None = None, sequence_length: ArrayLike | None = None
+    ) -> float | np.ndarray:
+        """The small-batch phase of a DDP world of N >= 2 (``None``: as for N >= 2): the N >= 2
+        trials' own line, never below the peak at their smallest batch; 0 where N is 1, for a
+        sharded model, or where the profile measured no N >= 2 world (see ``ddp_floor_bytes``)."""
+        if self.sharded or not self.ddp_floor_bytes:
+            return 0.0
+        scale = np.asarray(self.bytes_per_sample_at(sequence_length), float) / max(self.bytes_per_sample, 1)
+        phase = self.ddp_phase_bytes + self.ddp_phase_bytes_per_sample * scale * np.asarray(local_batch, float)
+        peak = np.maximum(phase, float(self.ddp_floor_bytes))
+        if n_workers is not None:
+            peak = np.where(np.asarray(n_workers) > 1, peak, 0.0)
+        return float(peak) if np.ndim(peak) == 0 else peak
+
     @overload
     def predict_peak_bytes(
         self, local_batch: int, n_workers: int | None = None, sequence_length: int | None = None
@@ -139,9 +168,11 @@ class MemoryModel:
         """Predicted peak bytes of a rank for a local batch (scalar or numpy array) in a world of
         ``n_workers`` (default: any N, :meth:`world_bytes`) at ``sequence_length`` (default: the
         length measured, :meth:`bytes_per_sample_at`): the forward/backward line, or the
-        optimiser step's peak where that is higher."""
+        optimiser step's peak where that is higher, or in a DDP world of N >= 2 its small-batch
+        phase (:meth:`ddp_phase_peak_bytes`) where that is."""
         line = self.static_bytes + self.bytes_per_sample_at(sequence_length) * np.asarray(local_batch)
         peak = np.maximum(line + self.world_bytes(n_workers), self.update_peak_bytes)
+        peak = np.maximum(peak, self.ddp_phase_peak_bytes(local_batch, n_workers, sequence_length))
         return int(peak) if peak.ndim == 0 else peak
 
     @overload
@@ -168,8 +199,14 @@ class MemoryModel:
         """Predicted peak bytes when a rank's share ``local_batch`` runs as micro-batches of
         ``micro_batch`` (gradient accumulation): the micro-batch's forward/backward, plus the
         rest of the share's data, which is loaded whole and then sliced.  Equal to
-        :meth:`predict_peak_bytes` when ``micro_batch`` is the share."""
-        extra = self.batch_bytes_at(sequence_length) * (np.asarray(local_batch) - np.asarray(micro_batch))
+        :meth:`predict_peak_bytes` when ``micro_batch`` is the share.  A sharded model (FSDP) with
+        more than one micro-batch also holds the whole gradients (``grad_bytes``, not divided by N):
+        under ``no_sync`` its micro-batches keep them until the last one reduce-scatters them
+        (:class:`tula.core.effects.ShardingEffect`: measured)."""
+        local, micro = np.asarray(local_batch), np.asarray(micro_batch)
+        extra = self.batch_bytes_at(sequence_length) * (local - micro)
+        if self.sharded:
+            extra = extra + np.where(micro < local, self.grad_bytes, 0)
         peak = self.predict_peak_bytes(micro_batch, n_workers, sequence_length) + extra
         return int(peak) if np.ndim(peak) == 0 else peak
 
@@ -203,16 +240,23 @@ class MemoryModel:
         per_sample = float(self.bytes_per_sample_at(sequence_length))
         if room < per_sample or self.update_peak_bytes > usable:
             return 0
-        return int(math.floor(room / max(per_sample, 1)))
+        largest = int(math.floor(room / max(per_sample, 1)))
+        if float(self.ddp_phase_peak_bytes(1, n_workers, sequence_length)):  # N >= 2's small-batch phase
+            if self.ddp_floor_bytes > usable:
+                return 0
+            phase_per_sample = self.ddp_phase_bytes_per_sample * per_sample / max(self.bytes_per_sample, 1)
+            if phase_per_sample > 0:
+                largest = min(largest, int(math.floor((usable - self.ddp_phase_bytes) / phase_per_sample)))
+        return max(largest, 0)
 
     def shortfall(self, budget_bytes: int, safety: float = 0.1) -> str:
         """Why not one sample fits ``budget_bytes`` (a clause for an error message)."""
         usable = budget_bytes * (1.0 - safety)
         need = (
-            max(self.static_bytes + self.bytes_per_sample, self.update_peak_bytes)
+            max(max(self.static_bytes + self.bytes_per_sample, self.update_peak_bytes) + self.ddp_bucket_bytes,
+                float(self.ddp_phase_peak_bytes(1)))
             + self.address_space_overhead_bytes
-            + self.ddp_bucket_bytes
-        )
+        )  # fmt: skip
         parts = [
             f"{_mib(max(self.static_bytes, self.update_peak_bytes))} of parameters, gradients, optimiser "
             f"state and workspaces"
@@ -235,12 +279,27 @@ class MemoryModel:
     ) -> MemoryModel:
         """The same static decomposition with intercept and slope refitted to more measured
         peaks (e.g. the profiled trials, in worlds of ``n_workers``; default: one rank), by
-        least squares on relative error over the larger half of the batches.  The probes'
-        peaks are on the line already; a DDP world's peaks lose its buckets first."""
+        least squares on relative error over the larger half of the batches.
+
+        Where the trials ran one-rank worlds at two batches or more and DDP worlds of N >= 2 too,
+        the line is the one-rank trials' alone and the N >= 2 trials fit what a DDP world holds
+        beyond it (:meth:`with_ddp_phase`): measured (tiny_gpt, 2026-11-29), a two-rank peak is the
+        one-rank line's at large batches and another phase's above it at small ones, so the
+        line less a constant for the buckets fitted over both sizes came out 574 kB low.
+        Otherwise the probes' peaks (on the line already) join the trials, a DDP world's less
+        its buckets (``ddp_bucket_bytes``)."""
         ns = np.ones(len(local_batches)) if n_workers is None else np.asarray(n_workers, float)
-        trials = np.asarray(peak_bytes, float) - self.world_bytes(ns)
-        b = np.concatenate([np.asarray(self.probe_local_batches, float), np.asarray(local_batches, float)])
-        p = np.concatenate([np.asarray(self.probe_peak_bytes, float), trials])
+        batches, peaks = np.asarray(local_batches, float), np.asarray(peak_bytes, float)
+        one = ns <= 1
+        if not self.sharded and not one.all() and len(np.unique(batches[one])) >= 2:
+            line = self._refit_line(batches[one], peaks[one])
+            return line.with_ddp_phase(batches[~one].tolist(), peaks[~one].tolist())
+        b = np.concatenate([np.asarray(self.probe_local_batches, float), batches])
+        p = np.concatenate([np.asarray(self.probe_peak_bytes, float), peaks - self.world_bytes(ns)])
+        return self._refit_line(b, p)
+
+    def _refit_line(self, b: np.ndarray, p: np.ndarray) -> MemoryModel:
+        """Intercept and slope fitted to peaks ``p`` at local batches ``b`` (see :meth:`refit`)."""
         # at small batches the peak can sit in another phase of the step (optimiser update
         # rather than backward), so the line is fitted to the larger half of the batches
         keep = b >= np.median(b)
@@ -258,6 +317,47 @@ class MemoryModel:
             self,
             other_static_bytes=int(round(intercept)) - known,
             activation_bytes_per_sample=int(math.ceil(slope)) - self.batch_bytes_per_sample,
+        )
+
+    def with_ddp_phase(self, local_batches: Sequence[int], peak_bytes: Sequence[int]) -> MemoryModel:
+        """This model (its line a one-rank world's) with what a DDP world of N >= 2 holds beyond it
+        fitted to N >= 2 peaks measured at the line's length: ``ddp_bucket_bytes`` the excess over
+        the line at the largest batch (not below 0), ``ddp_floor_bytes`` the peak at the smallest,
+        and the phase line through those two peaks (raised until no peak lies above the model).
+
+        The peak is max(line, a phase with fewer bytes per sample): convex in the batch, so the line
+        through two peaks lies above it between them, and beyond the largest batch the line plus
+        its excess there; below the smallest the phase's peak only falls.  Never low, at most the
+        phase line's excess over the truth between the two batches.  Unchanged without peaks."""
+        b, p = np.asarray(local_batches, float), np.asarray(peak_bytes, float)
+        if not len(b) or self.sharded:
+            return self
+        smallest, largest = float(b.min()), float(b.max())
+        floor = float(p[b == smallest].max())
+        at_largest = float(p[b == largest].max())
+        line = self.static_bytes + self.bytes_per_sample * b
+        extra = max(0.0, float((p - line)[b == largest].max()))
+        per_sample = max(0.0, (at_largest - floor) / (largest - smallest)) if largest > smallest else 0.0
+        phase = floor - per_sample * smallest
+        model = np.maximum(np.maximum(line + extra, phase + per_sample * b), floor)
+        phase += max(0.0, float((p - model).max()))  # a peak between the two batches above the phase line
+        return replace(
+            self,
+            ddp_bucket_bytes=int(math.ceil(extra)),
+            ddp_floor_bytes=int(math.ceil(floor)),
+            ddp_phase_bytes=int(math.ceil(phase)),
+            ddp_phase_bytes_per_sample=float(per_sample),
+        )
+
+    def without_ddp_phase(self) -> MemoryModel:
+        """This model with a DDP world's N >= 2 term as its gradient buckets alone (``grad_bytes``), as
+        before :meth:`with_ddp_phase`: for a variant of the step whose N >= 2 worlds the phase was not
+        measured on (checkpointing: run 4, N 2, b 20, L 24 and 48, 379 and 419 kB above the
+        checkpointed line, where the plain step's phase line predicted +50 % and +68 %)."""
+        if not self.ddp_floor_bytes:
+            return self
+        return replace(
+            self, ddp_bucket_bytes=self.grad_bytes, ddp_floor_bytes=0, ddp_phase_bytes=0, ddp_phase_bytes_per_sample=0.0
         )
 
     def with_sequence_length(
@@ -299,6 +399,8 @@ class MemoryModel:
                 d.pop(name)
         if not self.sharded:  # DDP's: its record as before sharding
             d.pop("sharded"), d.pop("sharded_gather_bytes"), d.pop("sharded_divided_bytes")
+        if not self.ddp_floor_bytes:  # no N >= 2 world measured beyond the line: its record as before
+            d.pop("ddp_floor_bytes"), d.pop("ddp_phase_bytes"), d.pop("ddp_phase_bytes_per_sample")
         return d
 
     @classmethod

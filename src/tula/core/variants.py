@@ -80,7 +80,8 @@ def fit_checkpointing_effect(
     lengths = None if memory.sequence_length is None else [t.sequence_length or memory.sequence_length for t in ok]
     peaks = np.array([t.peak_mem_bytes for t in ok], float)
     # the plain line without its activations: what the checkpointed one adds its own to
-    base = np.asarray(memory.predict_peak_bytes(b, n, lengths), float) - memory.activation_bytes_per_sample * b
+    plain = memory.without_ddp_phase()  # N >= 2 as CheckpointingEffect.memory predicts it: the buckets
+    base = np.asarray(plain.predict_peak_bytes(b, n, lengths), float) - memory.activation_bytes_per_sample * b
     if len(np.unique(b)) >= 2:
         slope, intercept = np.polyfit(b, peaks - base, 1)
         activation, delta = float(slope), float(intercept)
@@ -127,14 +128,26 @@ def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[T
     )
     left = np.array([t.peak_mem_bytes for t in ok], float) - np.asarray(whole.predict_peak_bytes(b, n, lengths), float)
     sizes = sorted({int(x) for x in n})
+    # the per-sample change, where the trials at one size span two batches: FSDP's peak grows by fewer bytes
+    # per sample than DDP's line at small batches (ShardingEffect: measured), so the line through the trials
+    spans = any(len({int(x) for x in b[n == size]}) >= 2 for size in sizes)
     divided: int | None = None
+    delta = 0.0
     if len(sizes) >= 2:  # two cluster sizes: which bytes divide by N, measured
-        slope, intercept = np.polyfit(1.0 / n, left, 1)
-        if slope > 0:  # below 0: the host's noise; the whole state assumed divided
-            divided = int(round(float(slope)))
-            gather = float(intercept) + float(slope)
+        columns = [np.ones_like(b), -(1.0 - 1.0 / n), *([b] if spans else [])]
+        coef = np.linalg.lstsq(np.stack(columns, axis=1), left, rcond=None)[0]
+        if coef[1] > 0:  # below 0: the host's noise; the whole state assumed divided
+            divided = int(round(float(coef[1])))
+            gather, delta = float(coef[0]), float(coef[2]) if spans else 0.0
     if divided is None:
-        gather = float(np.median(left + state * (1.0 - 1.0 / n)))
+        held = left + state * (1.0 - 1.0 / n)  # gather + delta * b
+        if spans:
+            gather, delta = (
+                float(c) for c in np.linalg.lstsq(np.stack([np.ones_like(b), b], axis=1), held, rcond=None)[0]
+            )
+        else:
+            gather = float(np.median(held))
+    delta = max(delta, -float(memory.activation_bytes_per_sample))
     n_min = sizes[0]
     timed = [t for t in ok if t.t_step_s and t.n_workers == n_min]  # the sync at n_workers (ShardingEffect.perf)
     sync = 0.0
@@ -162,6 +175,8 @@ def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[T
         divided_bytes=divided,
         other_n_workers=sizes[1] if len(sizes) >= 2 else None,
         gather_s=gather_s,
+        bytes_per_sample_delta=int(round(delta)),
+        activation_bytes_per_sample=memory.activation_bytes_per_sample if round(delta) else None,
     )
 
 
