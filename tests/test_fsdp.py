@@ -169,6 +169,38 @@ def test_shards_written_by_two_ranks_load_into_one(tmp_path):
     assert loaded[0] == written[0] == written[1]
 
 
+def rank_run_trial(ctx, tmp_root: str):
+    """On each rank: the run trial of lrs at a global batch of 16 under fsdp (no plain step beside it),
+    its temporary folders made under ``tmp_root``/rank-R; the trial and what that folder holds after it."""
+    import tempfile
+    from pathlib import Path
+
+    from tula.engine.run_trial import run_trial
+
+    here = Path(tmp_root) / f"rank-{ctx.rank}"
+    here.mkdir()
+    before, tempfile.tempdir = tempfile.tempdir, str(here)
+    try:
+        trial = run_trial(ctx, spec_from_dict(_gpt_spec(epochs=1)), 16, 1, 0.0, lambda: None)
+    finally:
+        tempfile.tempdir = before
+    return trial, sorted(str(p.relative_to(here)) for p in here.rglob("*"))
+
+
+def test_a_run_trial_under_fsdp_times_every_ranks_sharded_checkpoint_and_leaves_no_files(tmp_path):
+    """Under fsdp training writes the shards on every rank (DCP) and rank 0 the small checkpoint.pt:
+    the run trial times that write on every rank (under DDP rank 0's file alone, 0.0 elsewhere), and
+    removes what it wrote."""
+    from tula.engine.run_trial import RankRunTrial, merge_run_trials
+
+    results = local_launcher().run(rank_run_trial, N_WORKERS, str(tmp_path), timeout_s=120)
+    trials = [trial for trial, _ in results]
+    print([t.checkpoint_s for t in trials])
+    assert all(isinstance(t, RankRunTrial) and t.checkpoint_s > 0 for t in trials), trials
+    assert merge_run_trials(trials).checkpoint_s == max(t.checkpoint_s for t in trials)
+    assert [left for _, left in results] == [[], []]
+
+
 @pytest.mark.parametrize(
     "train_section, method, sentence",
     [

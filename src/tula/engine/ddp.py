@@ -132,9 +132,32 @@ def probe_fits(step: Callable[[], None], device: torch.device, rank: int, model:
     allocator's words.  Any failure that is not out of memory is raised.  The step runs
     with no collective inside (:func:`_no_buffer_broadcast`): a rank may run it twice
     (:func:`tula.engine.memory.run_probe_step` retries a capped failure with the cap lifted)
-    while the others wait in the agreement.  An FSDP model (:class:`tula.engine.fsdp.Sharded`) is
-    gathered whole for the step (its ``gathered()``: no collective inside, and the memory of the
-    whole parameters and gradients, as under DDP: an upper bound of the sharded step's)."""
+    while the others wait in the agreement.
+
+    An FSDP model (:class:`tula.engine.fsdp.Sharded`) is gathered whole for the step (its
+    ``gathered()``: every unit all-gathered once on entry, all ranks together, then no collective
+    inside).  So under FSDP the probe does not measure the sharded step, and is neither exact nor a
+    safe bound of it (measured 2026-11-29, tiny_gpt, 4 blocks, 2 gloo ranks, B = 4, L = 16):
+
+    * in tensors it holds more: the whole parameters and gradients on every rank, up to (N - 1) / N of
+      both beyond the sharded step (MemTracker peaks of the forward/backward: 43.0 MB gathered against
+      36.1 MB sharded at d_model 256, 160.0 against 138.2 MB at 512), so a batch that fits only
+      sharded -- FSDP's reason -- can be refused here, in the profile and in training;
+    * under an address-space cap (CPU, ``search.enforce_memory_cap``) it is not an upper bound either:
+      what a step adds to the address space depends on where the allocator puts its buffers (the
+      sharded step allocates each block's all-gather and reduce-scatter buffers anew), not on its
+      tensor bytes.  Capped at the end of set-up (d_model 512): the gathered probe ran with 38 and
+      45 MiB of headroom (not with 30), one synchronised sharded forward/backward needed 60-90 MiB
+      (out of memory at 45 and 60, ran at 90): the probe accepts caps its sharded step exceeds;
+    * the entry's all-gather allocates each unit's whole parameters inside a collective, outside
+      :func:`~tula.engine.memory.run_probe_step`: a rank that cannot fails its world (measured at 15 and
+      30 MiB: "rank 1 of 2 ran out of memory ... 12609536 bytes", one block's whole parameters),
+      which the world-level fallback takes (the profile's ``world_failed``/``out_of_memory``,
+      training's ``world_failed``), not this agreement.
+
+    A sharded probe would run the real synchronised sharded forward/backward (collectives inside),
+    without the capped retry (a rank would retry alone inside the collectives), and let a rank that
+    runs out of memory fail the world with cause ``oom`` for that fallback: a fresh world per refusal."""
     with _no_buffer_broadcast(model), getattr(model, "gathered", contextlib.nullcontext)():
         fits_here, why = run_probe_step(step)  # raises what is not out of memory
     failed, note = not fits_here, f"out of memory on rank {rank}: {why}" if not fits_here else ""

@@ -18,7 +18,8 @@ epoch's end and checkpoint are timed too) at one configuration the world already
   small batch keeps the two models within memory);
 * one epoch's end: evaluation (``eval_s``), the rest of
   :meth:`~tula.engine.rank_loop._RankTrainer.epoch_record` (``epoch_end_s``, evaluation included)
-  and the checkpoint's write (``checkpoint_s``, rank 0; into a temporary folder, removed).
+  and the checkpoint's write (``checkpoint_s``: under DDP rank 0's file, under FSDP every rank's
+  shards and rank 0's file, the slowest rank's; into a temporary folder, removed).
 
 :func:`tula.core.run_costs.fit_run_costs` turns the trials into the plan's per-step and
 per-epoch terms.
@@ -41,7 +42,8 @@ from tula.core.records import RunTrial
 from tula.core.spec import JobSpec
 from tula.engine.checkpoint import save_checkpoint
 from tula.engine.data import data_path
-from tula.engine.ddp import agree_max
+from tula.engine.ddp import agree_max, start_together
+from tula.engine.fsdp import Sharded, prune_shards, save_shards
 from tula.engine.launch import WorkerContext
 from tula.engine.memory import errno_evidence
 from tula.engine.rank_loop import _RankTrainer
@@ -66,7 +68,7 @@ class RankRunTrial:
     due: list[bool]
     eval_s: float
     epoch_end_s: float
-    checkpoint_s: float  # rank 0's; 0.0 on the others
+    checkpoint_s: float  # DDP: rank 0's (0.0 on the others); FSDP: every rank's, its shards and rank 0's file
 
 
 @dataclass(frozen=True)
@@ -146,13 +148,31 @@ def _time_epoch_end(
 
 
 def _time_checkpoint(ctx: WorkerContext, rt: _RankTrainer, out: str) -> float:
-    """The checkpoint's second write into ``out`` (as every epoch after the first writes it), on
-    rank 0; 0.0 on the others."""
-    if ctx.rank != 0:
+    """The checkpoint's second write into ``out`` (as every epoch after the first writes it, beside the
+    one before), as :meth:`~tula.engine.rank_loop._RankTrainer.write_epoch` writes it; this rank's
+    seconds (the caller takes the slowest rank's).
+
+    Under DDP rank 0 writes ``checkpoint.pt`` alone (0.0 on the others).  Under FSDP every rank writes
+    its shards of the model and the optimiser's state (DCP, :func:`tula.engine.fsdp.save_shards`: its
+    collectives hold the ranks together), then rank 0 the small ``checkpoint.pt`` and the pruning of
+    the shards no checkpoint names; each rank into its own ``out`` (DCP makes the shards' folder on
+    every rank), as a run directory on a file system every rank shares holds them."""
+    sharded = isinstance(rt.ddp, Sharded)
+    if ctx.rank != 0 and not sharded:
         return 0.0
-    save_checkpoint(rt.checkpoint_state(0, rt.now()).to_state(), out)
+
+    def write(epoch: int) -> None:
+        ckpt = rt.checkpoint_state(epoch - 1, rt.now()) if ctx.rank == 0 else None
+        ckpt = save_shards(rt.ddp, rt.method.optimizer, out, epoch, ckpt)
+        if ckpt is not None:  # rank 0
+            save_checkpoint(ckpt.to_state(), out)
+            prune_shards(out)
+
+    write(1)
+    if sharded:
+        start_together(ctx.device)  # the others do not wait for rank 0's first file inside the timed write
     t0 = time.perf_counter()
-    save_checkpoint(rt.checkpoint_state(0, rt.now()).to_state(), out)  # as write_epoch writes it
+    write(2)
     return time.perf_counter() - t0
 
 
