@@ -752,6 +752,7 @@ def _opt(help: str, panel: str, *decls: str, **kw):
     epilog=epilog(
         "tula simulate runs/digits-small-cnn/models.json --workers 1,8,64,512 --bandwidth 100Gbit/s",
         "tula simulate runs/digits-small-cnn/models.json --schedule geometric:factor=2 --max-workers 64",
+        "tula simulate runs/gpt/models.json --sequence-length 64,128 --parallelism fsdp --checkpointing on",
     )
 )
 def simulate(
@@ -782,6 +783,32 @@ def simulate(
         ),
     ] = None,
     pricing: PricingOption = None,
+    sequence_length: Annotated[
+        str | None,
+        _opt(
+            "sequence lengths L to predict at, comma-separated, e.g. 64,128 (default: the data's own), with the "
+            "per-token terms fitted from search.sequence_lengths; the rows show tokens/s",
+            CONFIG,
+            "--sequence-length",
+            metavar="L[,L...]",
+        ),
+    ] = None,
+    parallelism: Annotated[
+        str | None,
+        _opt(
+            "the run variant's parallelism, ddp or fsdp (default: the models record's own; the other needs "
+            "its fitted effect: a profile with train.parallelism auto)",
+            CONFIG,
+        ),
+    ] = None,
+    checkpointing: Annotated[
+        str | None,
+        _opt(
+            "the run variant's activation checkpointing, on or off (default: the models record's own; the "
+            "other needs its fitted effect: a profile with train.checkpointing auto)",
+            CONFIG,
+        ),
+    ] = None,
     collective: Annotated[
         str | None, _opt("ring, parameter_server, tree, comma-separated (default: all three)", NETWORK)
     ] = None,
@@ -884,33 +911,51 @@ def simulate(
     beyond the profiled ones, per collective (ring all-reduce, parameter server, tree), for a
     constant batch or batch schedules, on the fitted network or a given one: --bandwidth and
     --latency between nodes, --intra-bandwidth and --intra-latency within a node of
-    --ranks-per-node workers.  No profiling, no torch."""
-    from tula.core.simulate import parse_collectives, parse_schedule, parse_workers, simulator_from_models, what_if
+    --ranks-per-node workers; at other --sequence-length and run variants (--parallelism,
+    --checkpointing) where the profile fitted them.  No profiling, no torch."""
+    from dataclasses import replace
+
+    from tula.core.simulate import (
+        parse_collectives,
+        parse_schedule,
+        parse_sequence_lengths,
+        parse_workers,
+        simulator_from_models,
+        what_if,
+    )
     from tula.engine.rundir import check_out_file
 
     colls = parse_collectives(collective)
     ns = parse_workers(workers)
+    lengths = parse_sequence_lengths(sequence_length)
     scheds = [(text, *parse_schedule(text)) for text in schedule or []]
     price_over = _pricing_overrides(pricing)
     out = out or models_json.parent / "simulate.png"
     check_out_file(out, force, what="--out")
     models = load_models(models_json)
-    sim = simulator_from_models(
-        models,
-        bandwidth,
-        latency,
-        compute_speed,
-        ranks_per_node,
-        epochs,
-        price_over,
-        intra_bandwidth=intra_bandwidth,
-        intra_latency=intra_latency,
-    )
+    sims = [
+        simulator_from_models(
+            models,
+            bandwidth,
+            latency,
+            compute_speed,
+            ranks_per_node,
+            epochs,
+            price_over,
+            intra_bandwidth=intra_bandwidth,
+            intra_latency=intra_latency,
+            sequence_length=length,
+            parallelism=parallelism,
+            checkpointing=checkpointing,
+        )
+        for length in lengths or (None,)
+    ]
+    sim = replace(sims[0], notes=tuple(dict.fromkeys(n for one in sims for n in one.notes)))  # each length's notes
     # the run's epochs, as the what-if reads them (dicts of JSON's values)
     past = [h.model_dump(mode="json") for h in load_train(history).history] if history is not None else None
     w = what_if(
         models,
-        sim,
+        sims,
         ns,
         colls,
         batch,

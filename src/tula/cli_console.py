@@ -32,6 +32,7 @@ from tula.core.records import (
     PLAN_KIND,
     PROFILE_KIND,
     TRAIN_KIND,
+    EpochRecord,
     ModelsRecord,
     PlanRecord,
     ProfileRecord,
@@ -108,6 +109,7 @@ class ConsoleObserver(Observer):
         self.last_line = time.monotonic()  # when a log (not a terminal) last got a line
         self.log_every_s = log_step_every_s()
         self.held: list[str] | None = None  # notes kept until training starts (hold_notes)
+        self.sequence_length: int | None = None  # L of the data trained on (None: none): an epoch's tokens/s
 
     def hold_notes(self) -> None:
         """Keep the notes said from now on until training's first event (its checks have passed
@@ -128,6 +130,7 @@ class ConsoleObserver(Observer):
             # the bar appears once the workload passed its checks: a failing one prints only its sentence
             self.task = self.bar.add_task("memory probe", total=None)
         elif name == "training":  # the bar appears once the configuration is validated and the workers start
+            self.sequence_length = info.get("sequence_length")
             self.bar = _stage_bar("training")
             self.task = self.bar.add_task(plain(self.method or ""), total=None)
 
@@ -241,8 +244,17 @@ class ConsoleObserver(Observer):
                 say(
                     err_console,
                     f"epoch {rec.epoch}: train loss {rec.train_loss:.4f}, test {{}} {{}}".format(*epoch_score(rec)[::2])
-                    + f", {rec.epoch_time_s:.2f} s",
+                    + f", {rec.epoch_time_s:.2f} s"
+                    + epoch_tokens_per_s(rec, self.sequence_length),
                 )
+
+
+def epoch_tokens_per_s(rec: EpochRecord, sequence_length: int | None) -> str:
+    """An epoch line's throughput in tokens (``", 1.234e+04 tokens/s"``: its steps x B x L over its
+    time) where the data has a sequence length L; empty without one."""
+    if sequence_length is None or rec.epoch_time_s <= 0:
+        return ""
+    return f", {rec.steps * rec.global_batch * sequence_length / rec.epoch_time_s:.4g} tokens/s"
 
 
 def train_summary(rec: TrainRecord) -> str:

@@ -56,7 +56,7 @@ from tula.core.records import (
     save_record,
 )
 from tula.core.sinks import check_sinks
-from tula.core.spec import JobSpec, load_spec, spec_from_dict
+from tula.core.spec import JobSpec, load_spec, reference_sequence_length, spec_from_dict
 
 STAGES = ("profiling", "fitting", "planning", "training")
 PROFILE, MODELS, PLAN, PLAN_PNG = "profile.json", "models.json", "plan.json", "plan.png"
@@ -231,7 +231,9 @@ def train_stage(
     from tula.report import plot_training
 
     obs = observer or Observer()
-    obs.stage("training", method=method, n_workers=n_workers, global_batch=global_batch)
+    length = reference_sequence_length(job.data)  # the length trained at, where the data has one
+    info = {} if length is None else {"sequence_length": length}
+    obs.stage("training", method=method, n_workers=n_workers, global_batch=global_batch, **info)
     log.info(
         "training %s on %d worker(s) at B=%d into %s%s",
         method,

@@ -40,6 +40,7 @@ from tula.core.records import (
 from tula.core.registry import OBJECTIVES
 from tula.core.say import Table, fmt_bytes
 from tula.core.simulate import ConstantRow, MeasuredPoint, ScheduleRow, SimulatedRow
+from tula.core.spec import reference_sequence_length
 
 if TYPE_CHECKING:
     from tula.core.perfmodel import PerfModel
@@ -49,6 +50,25 @@ _TRIALS = TypeAdapter(list[Trial])
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{1e3 * x:.2f}"
+
+
+def _count(x: int | float | None) -> str:
+    return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def _rate(tokens: int | float | None, seconds: float | None) -> str:
+    """Tokens per second, 4 significant digits ("-": no tokens or no time)."""
+    return "-" if tokens is None or not seconds else f"{tokens / seconds:.4g}"
+
+
+def epoch_tokens(epoch: EpochRecord, sequence_length: int | None) -> int | None:
+    """The tokens an epoch trained: its steps x B x L (``None``: no sequence length)."""
+    return None if sequence_length is None else epoch.steps * epoch.global_batch * sequence_length
+
+
+def _tokens_per_batch(row: Trial | PlanRow) -> int | None:
+    """B L, the tokens of a global batch (``None``: no sequence length)."""
+    return None if row.sequence_length is None else row.global_batch * row.sequence_length
 
 
 _Row = TypeVar("_Row")
@@ -93,6 +113,7 @@ def trials_table(profile: dict | ProfileRecord) -> Table:
     )
     data = any(r.t_data_s is not None for r in rec.trials)
     lengths = len({r.sequence_length for r in rec.trials}) > 1  # profiled over several sequence lengths: an L column
+    tokens = any(r.sequence_length is not None for r in rec.trials)  # trials of a sequence length: tokens too
     checkpointed = any(r.checkpointing for r in rec.trials)  # train.checkpointing auto's checkpointed trials
     sharded = any(r.parallelism == "fsdp" for r in rec.trials)  # train.parallelism auto's sharded trials
     columns = _add_columns(
@@ -102,9 +123,11 @@ def trials_table(profile: dict | ProfileRecord) -> Table:
             _Column[Trial]("B", lambda r: str(r.global_batch)),
             _Column[Trial]("b", lambda r: str(r.local_batch)),
             _Column[Trial]("L", lambda r: str(r.sequence_length), shown=lengths),
+            _Column[Trial]("tokens/batch", lambda r: _count(_tokens_per_batch(r)), shown=tokens),
             _Column[Trial]("ckpt", lambda r: "on" if r.checkpointing else "off", shown=checkpointed),
             _Column[Trial]("parallelism", lambda r: r.parallelism or "ddp", shown=sharded),
             _Column[Trial]("t_step ms", lambda r: _ms(r.t_step_s)),
+            _Column[Trial]("tokens/s", lambda r: _rate(_tokens_per_batch(r), r.t_step_s), shown=tokens),
             _Column[Trial]("t_compute ms", lambda r: _ms(r.t_compute_s)),
             _Column[Trial]("t_sync ms", lambda r: _ms(r.t_sync_s)),
             _Column[Trial]("data ms", lambda r: _ms(r.t_data_s), shown=data),
@@ -186,22 +209,28 @@ def models_table(models: dict | ModelsRecord) -> Table:
             f"{a.t_step_s * 1e3:.2f} ms, predicted {a.predicted_t_step_s * 1e3:.2f} ms ({a.rel_error:.1%} off)",
         )
     if rec.noise_scale is not None:
-        t.add_row("noise scale", noise_scale_text(rec.noise_scale))
+        t.add_row("noise scale", noise_scale_text(rec.noise_scale, reference_sequence_length(rec.spec.data)))
     for note in perf.notes:
         t.add_row("note", note)
     return t
 
 
-def noise_scale_text(noise: dict | NoiseScale) -> str:
-    """The models' gradient noise scale in words: the value, its error, where it was measured."""
+def noise_scale_text(noise: dict | NoiseScale, sequence_length: int | None = None) -> str:
+    """The models' gradient noise scale in words: the value, its error, where it was measured;
+    with the ``sequence_length`` L it was measured at, also in tokens (B_noise L)."""
     ns = noise if isinstance(noise, NoiseScale) else NoiseScale.model_validate(noise)
     if not ns.b_noise:
         return f"B_noise {ns.note or 'not measured'}"
     err = ""
     if ns.low is not None and ns.high is not None:
         err = f" ({ns.low:.3g}-{ns.high:.3g}, one jackknife error)"
+    in_tokens = (
+        "" if sequence_length is None else f", {ns.b_noise * sequence_length:.3g} tokens at L={sequence_length},"
+    )
     worlds = ", ".join(f"N={w.n_workers} b={w.b_small} vs {w.b_big}" for w in ns.worlds or [])
-    return f"B_noise {ns.b_noise:.3g} samples{err} at the start of training, over {ns.steps} batches ({worlds})"
+    return (
+        f"B_noise {ns.b_noise:.3g} samples{err}{in_tokens} at the start of training, over {ns.steps} batches ({worlds})"
+    )
 
 
 def plan_table(plan: dict | PlanRecord) -> Table:
@@ -216,14 +245,19 @@ def plan_table(plan: dict | PlanRecord) -> Table:
     acc = any(r.given("epochs_to_accuracy") for r in rows)
     parts = bool(rec.run_costs)  # an epoch = its steps + its end (evaluation, checkpoint, the method's)
     lengths = len({r.sequence_length for r in rows}) > 1  # several sequence lengths planned: an L column
+    tokens = any(r.sequence_length is not None for r in rows)  # rows of a sequence length: tokens beside samples
     checkpointed = len({r.checkpointing for r in rows}) > 1  # train.checkpointing auto: a column of the variant
     sharded = any(r.parallelism == "fsdp" for r in rows)  # train.parallelism auto (or fsdp): a column of it
     title = f"Plan (objective: {rec.objective}); candidate batches and the choice"
     noise = rec.noise_scale or NoiseScale()
     if acc:
+        length = rec.choice.sequence_length  # the noise scale in tokens at the choice's length too
+        in_tokens = (
+            "" if length is None or not noise.b_noise else f" = {noise.b_noise * length:.3g} tokens at L={length}"
+        )
         title += (
             f"; to accuracy: the spec's {rec.spec.epochs} epochs at B0={noise.reference_batch} "
-            f"scaled by B_noise {noise.b_noise:.3g} ({'what-if' if noise.source == 'what-if' else 'profiled'})"
+            f"scaled by B_noise {noise.b_noise:.3g}{in_tokens} ({'what-if' if noise.source == 'what-if' else 'profiled'})"
         )
     if cons is not None and constrained:
         limits = ([f"deadline {format_duration(cons.deadline_s)}"] if cons.deadline_s is not None else []) + (
@@ -245,9 +279,11 @@ def plan_table(plan: dict | PlanRecord) -> Table:
                 ),
             ),
             _Column[PlanRow]("L", lambda r: str(r.sequence_length), shown=lengths),
+            _Column[PlanRow]("tokens/batch", lambda r: _count(_tokens_per_batch(r)), shown=tokens),
             _Column[PlanRow]("ckpt", lambda r: "on" if r.checkpointing else "off", shown=checkpointed),
             _Column[PlanRow]("parallelism", lambda r: r.parallelism, shown=sharded),
             _Column[PlanRow]("t_step ms", lambda r: _ms(r.t_step_s)),
+            _Column[PlanRow]("tokens/s", lambda r: _rate(_tokens_per_batch(r), r.t_step_s), shown=tokens),
             _Column[PlanRow]("epoch s", lambda r: f"{r.epoch_time_s:.3f}"),
             _Column[PlanRow](
                 "of which end s", lambda r: f"{r.epoch_fixed_s if r.given('epoch_fixed_s') else 0.0:.3f}", shown=parts
@@ -256,6 +292,15 @@ def plan_table(plan: dict | PlanRecord) -> Table:
             _Column[PlanRow]("preempt.", lambda r: f"{r.expected_preemptions:.2g}", shown=spot),
             _Column[PlanRow]("cost", lambda r: f"{r.cost:.4g}"),
             _Column[PlanRow]("epochs to acc.", lambda r: f"{r.epochs_to_accuracy:.3g}", shown=acc),
+            _Column[PlanRow](  # the tokens those epochs train: epochs x D x L
+                "tokens to acc.",
+                lambda r: _count(
+                    None
+                    if r.sequence_length is None or r.epochs_to_accuracy is None
+                    else r.epochs_to_accuracy * rec.dataset_size * r.sequence_length
+                ),
+                shown=acc and tokens,
+            ),
             _Column[PlanRow]("to acc. s", lambda r: f"{r.time_to_accuracy_s:.2f}", shown=acc),
             _Column[PlanRow]("to acc. cost", lambda r: f"{r.cost_to_accuracy:.4g}", shown=acc),
             _Column[PlanRow]("peak mem", lambda r: fmt_bytes(r.peak_mem_bytes)),
@@ -528,11 +573,13 @@ def _constant_table(sim, collective: str, rows: list[ConstantRow], unit: str) ->
         )
         if c.shown
     ]
+    tokens = any(r.tokens_per_s is not None for r in rows)  # where L is known: B * L / t_step
     for col in (
         "N",
         "b",
         *(c.header for c in step),
         "step ms",
+        *(("tokens/s",) if tokens else ()),
         "sync ms",
         "epoch",
         "total",
@@ -543,14 +590,20 @@ def _constant_table(sim, collective: str, rows: list[ConstantRow], unit: str) ->
         "note",
     ):
         t.add_column(col, justify="right" if col != "note" else "left")
-    base = next((r.total_time_s for r in rows if r.total_time_s is not None), None)
+    # the speed-up over each step's first row with times (one step per sequence length asked)
+    bases: dict[int | None, float] = {}
     for r in rows:
+        if r.total_time_s is not None:
+            bases.setdefault(r.sequence_length, r.total_time_s)
+    for r in rows:
+        base = bases.get(r.sequence_length)
         speed = "-" if r.total_time_s is None or base is None else f"{base / r.total_time_s:.2f}x"
         t.add_row(
             str(r.n_workers),
             f"{r.local_batch:.4g}",
             *_cells(step, r),
             _ms(r.t_step_s),
+            *((("-" if r.tokens_per_s is None else f"{r.tokens_per_s:.4g}"),) if tokens else ()),
             _ms(r.t_sync_s),
             _dur(r.epoch_time_s),
             _dur(r.total_time_s),
@@ -564,9 +617,17 @@ def _constant_table(sim, collective: str, rows: list[ConstantRow], unit: str) ->
     return t
 
 
-def _row_label(r: SimulatedRow) -> str | int:
-    """What a simulated row is about: its schedule, or its cluster size N."""
-    return r.schedule if isinstance(r, ScheduleRow) else r.n_workers
+def _row_label(r: SimulatedRow, lengths: bool = False) -> str | int:
+    """What a simulated row is about: its schedule, or its cluster size N (``lengths``: with its
+    sequence length, where the rows are of several)."""
+    if isinstance(r, ScheduleRow):
+        return r.schedule
+    return f"{r.n_workers} (L={r.sequence_length})" if lengths else r.n_workers
+
+
+def _several_lengths(rows: Sequence[SimulatedRow]) -> bool:
+    """Whether constant-batch rows are of more than one sequence length (``tula simulate --sequence-length``)."""
+    return len({r.sequence_length for r in rows if isinstance(r, ConstantRow)}) > 1
 
 
 def simulation_summary(rows: Sequence[SimulatedRow]) -> Table:
@@ -577,8 +638,9 @@ def simulation_summary(rows: Sequence[SimulatedRow]) -> Table:
     t.add_column("schedule" if scheduled else "N", justify="left" if scheduled else "right")
     for c in colls:
         t.add_column(c, justify="right")
-    for k in dict.fromkeys(_row_label(r) for r in rows):
-        by = {r.collective: r for r in rows if _row_label(r) == k}
+    lengths = _several_lengths(rows)
+    for k in dict.fromkeys(_row_label(r, lengths) for r in rows):
+        by = {r.collective: r for r in rows if _row_label(r, lengths) == k}
         t.add_row(str(k), *[_dur(by[c].total_time_s) if c in by else "-" for c in colls])
     return t
 
@@ -614,11 +676,22 @@ def plot_simulation(
             ax.set_xticks(x + w * (len(colls) - 1) / 2, names, rotation=20, fontsize=8)
             ax.set_yscale("log")
     else:
+        several = _several_lengths(rows)  # a line per collective and sequence length
+        lengths = list(dict.fromkeys(r.sequence_length for r in rows if isinstance(r, ConstantRow)))
         for c in colls:
-            mine = [r for r in rows if isinstance(r, ConstantRow) and r.collective == c and r.total_time_s is not None]
-            n = [r.n_workers for r in mine]
-            ax_t.plot(n, [r.total_time_s for r in mine], "o-", ms=3, label=c)
-            ax_c.plot(n, [r.cost for r in mine], "o-", ms=3, label=c)
+            for length in lengths:
+                mine = [
+                    r
+                    for r in rows
+                    if isinstance(r, ConstantRow)
+                    and r.collective == c
+                    and r.sequence_length == length
+                    and r.total_time_s is not None
+                ]
+                n = [r.n_workers for r in mine]
+                label = f"{c} L={length}" if several else c
+                ax_t.plot(n, [r.total_time_s for r in mine], "o-", ms=3, label=label)
+                ax_c.plot(n, [r.cost for r in mine], "o-", ms=3, label=label)
         if measured:
             ax_t.plot(
                 [m.n_workers for m in measured],
@@ -663,6 +736,7 @@ def train_table(rec: TrainRecord) -> Table:
     from tula.core.run_costs import measured_epoch_s
 
     grows = len({(h.global_batch, h.n_workers) for h in history}) > 1
+    length = reference_sequence_length(rec.spec.data)  # the sequence length trained at: tokens/s too
     t = Table(
         title=f"Training: {rec.method} on N={rec.n_workers}, B={rec.global_batch} "
         f"(b={rec.local_batch}"
@@ -688,6 +762,9 @@ def train_table(rec: TrainRecord) -> Table:
                 shown=perplexity,
             ),
             _Column[EpochRecord]("epoch s", lambda h: f"{h.epoch_time_s:.2f}"),
+            _Column[EpochRecord](
+                "tokens/s", lambda h: _rate(epoch_tokens(h, length), h.epoch_time_s), shown=length is not None
+            ),
             _Column[EpochRecord]("wall s", lambda h: f"{measured_epoch_s(h):.3f}", shown=predicted),
             _Column[EpochRecord](
                 "planned s", lambda h: f"{h.predicted_epoch_s:.3f}" if h.predicted_epoch_s else "-", shown=predicted

@@ -183,7 +183,7 @@ class FellBack(Event):
 @dataclass(frozen=True)
 class StageStarted(Event):
     """A stage of the pipeline begins (``tula.Job``'s callback); ``info``: training's ``method``,
-    ``n_workers`` and ``global_batch``."""
+    ``n_workers`` and ``global_batch`` (and ``sequence_length`` where the data has one)."""
 
     kind: ClassVar[str] = "stage"
     info: dict[str, Any] = field(default_factory=dict)

@@ -409,6 +409,15 @@ def _variant_of(row: PlanRow) -> RunVariant:
     return RunVariant(checkpointing=row.checkpointing, parallelism=row.parallelism)
 
 
+def _tokens(global_batch: int, sequence_length: int | None, t_step_s: float) -> dict[str, int | float]:
+    """A row's figures in tokens, where it has a sequence length L: ``tokens_per_batch`` (B L)
+    and ``tokens_per_s`` (B L / t_step); none without one (a row as before sequence lengths)."""
+    if sequence_length is None:
+        return {}
+    tokens = global_batch * sequence_length
+    return {"tokens_per_batch": tokens, "tokens_per_s": tokens / t_step_s if t_step_s else math.inf}
+
+
 def _typed_models(models: Mapping[str, Any] | ModelsRecord) -> ModelsRecord:
     """A models record as the typed object the planner reads: the object as it is, a whole
     record (a dict with its ``kind``) checked (:func:`tula.core.records.parse_record`)."""
@@ -685,16 +694,22 @@ class Planner:
         return best[1]
 
     def length_note(self, rows: Sequence[PlanRow], choice: PlanRow) -> str:
-        """The reason's words on the sequence length, where several were planned: the length
-        chosen and its tokens per second (B L / t_step)."""
-        if len(self.lengths) <= 1 or choice.sequence_length is None:
+        """The reason's words on the sequence length, where the rows have one: the length, the
+        chosen batch in tokens (B L) and its tokens per second (B L / t_step); where several were
+        planned, that the length chosen trains a token in the least time (or cost) of them."""
+        if choice.sequence_length is None:
             return ""
-        tokens_per_s = choice.global_batch * choice.sequence_length / choice.t_step_s
-        planned = ", ".join(str(n) for n in self.lengths)
-        return (
-            f" [at sequence length L={choice.sequence_length} ({tokens_per_s:.4g} tokens/s), the least "
-            f"{'cost' if OBJECTIVES[self.objective].rule == 'least_cost' else 'time'} per token of L = {planned}]"
+        length = choice.sequence_length
+        tokens = choice.global_batch * length
+        tokens_per_s = tokens / choice.t_step_s if choice.t_step_s else math.inf
+        note = (
+            f" [at sequence length L={length}: B={choice.global_batch} is {tokens} tokens, {tokens_per_s:.4g} tokens/s"
         )
+        if len(self.lengths) <= 1:
+            return note + "]"
+        planned = ", ".join(str(n) for n in self.lengths)
+        by = "cost" if OBJECTIVES[self.objective].rule == "least_cost" else "time"
+        return f"{note}; the least {by} per token of L = {planned}]"
 
     # ----------------------------------------------------------------------- the rows
     def grid(self) -> list[GridPoint]:
@@ -850,6 +865,7 @@ class Planner:
                 sequence_length=pt.sequence_length,
                 parallelism=parallelism,
                 checkpointing=checkpointing,
+                **_tokens(pt.global_batch, pt.sequence_length, predicted["t_step_s"]),
             )
             for pt, predicted, ok in zip(points, values, meets)
         ]
@@ -979,10 +995,15 @@ class Planner:
         fastest, cheapest = float(time_s[feas].min()), float(cost[feas].min())
         took = f"{c_time:.1f} s" + (f" expected ({c.expected_preemptions:.2g} preemptions)" if self.spot else "")
         if self.to_accuracy:
-            assert noise.b_noise is not None
+            assert noise.b_noise is not None and c.epochs_to_accuracy is not None
+            length = c.sequence_length  # with one: the epochs and the noise scale in tokens too (B L)
+            tokens = (
+                "" if length is None else f" ({c.epochs_to_accuracy * self.fitted.dataset_size * length:.3g} tokens)"
+            )
+            in_tokens = "" if length is None else f" = {noise.b_noise * length:.3g} tokens at L={length}"
             trains = (
-                f"needs {c.epochs_to_accuracy:.3g} epochs to reach what {epochs} reach at "
-                f"B0={noise.reference_batch} (B_noise {noise.b_noise:.3g}, "
+                f"needs {c.epochs_to_accuracy:.3g} epochs{tokens} to reach what {epochs} reach at "
+                f"B0={noise.reference_batch} (B_noise {noise.b_noise:.3g}{in_tokens}, "
                 f"{'a what-if' if noise.source == 'what-if' else 'from the profile'})"
             )
         else:

@@ -642,6 +642,10 @@ class PlanRow(_Frozen):
     """how the ranks share the model: ddp (every rank holds all of it) or fsdp (sharded)"""
     checkpointing: bool = False
     """whether the blocks' activations are recomputed in the backward pass (train.checkpointing)"""
+    tokens_per_batch: int | None = Field(default=None, ge=1)
+    """B * L, the tokens of a global batch (null or absent: no sequence length; plans before it)"""
+    tokens_per_s: float | None = None
+    """B * L / t_step_s, the tokens trained per second (null or absent: no sequence length; plans before it)"""
 
     @property
     def config(self) -> Config:
@@ -666,6 +670,8 @@ class PlanRow(_Frozen):
             "sequence_length",
             "parallelism",
             "checkpointing",
+            "tokens_per_batch",
+            "tokens_per_s",
         }
     )
 

@@ -69,6 +69,14 @@ ending in a checkpoint).  A schedule is simulated epoch by epoch through
 :func:`tula.core.schedules.next_config`, with the workers rule N = clip(ceil(B /
 batch_per_worker), min, max); the schedules that follow the training loss or the gradient
 noise scale (``loss_ratio``, ``adaptive``) replay a training run's measured per-epoch values.
+A transformer's step (#44): by default the rows are of the models record's own step (the data's
+own sequence length; the spec's parallelism and checkpointing, ``auto``'s plain variant); a
+simulator at another sequence length L predicts with the fitted per-token terms (refused where
+the models were fitted at one length, or L is above the positional limit the spec gives:
+:func:`check_sequence_length`), and one of another run variant (DDP or FSDP, checkpointing on
+or off) from the models with the fitted effect applied, as the planner applies it (refused where
+the profile did not measure it: :func:`variant_record`); a constant batch's rows then carry
+tokens per second, B * L / t_step.
 Not modelled: the seconds a resize takes (a new world when N changes: 0.1 s with the local
 launcher here, 2 s before its ranks forked from a fork server, see docs/benchmarks.md; a new
 batch on the same workers stays in its world, milliseconds), stragglers, and network contention beyond the alpha-beta model.
@@ -87,6 +95,7 @@ from numpy.typing import ArrayLike
 
 from tula.core.errors import OptionError, TulaError
 from tula.core.fitted import FittedModels, Network, Predictions
+from tula.core.job_rules import fsdp_obstacle
 from tula.core.live_plan import DEFAULT_THRESHOLD, Ranker, WorkerPlan
 from tula.core.memory_model import MemoryModel
 from tula.core.perfmodel import (
@@ -113,6 +122,7 @@ from tula.core.schedules import (
     steps_per_epoch,
 )
 from tula.core.spec import JobSpec, parse_bandwidth, parse_duration, reference_sequence_length, spec_from_dict
+from tula.core.variants import RunVariant, variant_models
 
 #: a training run's epochs to replay: typed, or as read from JSON (metrics.jsonl lines, train.json's history)
 Epochs = Sequence[EpochRecord | Mapping[str, Any]]
@@ -155,6 +165,27 @@ def parse_workers(value: str | Sequence[int] | None) -> tuple[int, ...]:
         out.append(n)
     if not out:
         raise TulaError("no worker count given; give counts such as 1,2,4,64")
+    return tuple(sorted(set(out)))
+
+
+def parse_sequence_lengths(value: str | Sequence[int] | None) -> tuple[int, ...]:
+    """``"64,128"`` or a list into sequence lengths, ascending, each once (``None``: none asked, ``()``)."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for v in items:
+        try:
+            length = int(str(v).strip())
+        except ValueError:
+            raise TulaError(
+                f"sequence length {str(v).strip()!r} is not a whole number; give lengths such as 64,128"
+            ) from None
+        if length < 1:
+            raise TulaError(f"sequence length {length} is below 1; give lengths such as 64,128")
+        out.append(length)
+    if not out:
+        raise TulaError("no sequence length given; give lengths such as 64,128")
     return tuple(sorted(set(out)))
 
 
@@ -207,6 +238,7 @@ class ConstantRow:
     sequence_length, parallelism, checkpointing : the step the row is of, as a plan's row says it
         (L; ddp or fsdp; the blocks checkpointed), where the models record has them
         (:attr:`Simulator.sequence_length`; ``None``: it has not, e.g. a CNN's)
+    tokens_per_s : where L is known, the tokens a step trains per second, B * L / ``t_step_s``
     """
 
     collective: str
@@ -229,6 +261,7 @@ class ConstantRow:
     sequence_length: int | None = None
     parallelism: str | None = None
     checkpointing: bool | None = None
+    tokens_per_s: float | None = None
 
     #: the figures a row without them leaves out of its JSON (the others are ``null`` there)
     _OMITTED_UNSET: ClassVar[frozenset[str]] = frozenset(
@@ -240,6 +273,7 @@ class ConstantRow:
             "sequence_length",
             "parallelism",
             "checkpointing",
+            "tokens_per_s",
         }
     )
 
@@ -338,7 +372,11 @@ class Simulator:
     ``latency_s`` are the inter-node link, ``intra_bandwidth_bytes_per_s`` and
     ``intra_latency_s`` the intra-node one (``None``: the inter-node one).  ``sequence_length``,
     ``parallelism`` and ``checkpointing``: the step its models are of (:func:`simulated_step`),
-    which each constant-batch row carries (``None``: the models record does not say)."""
+    which each constant-batch row carries (``None``: the models record does not say); a step at
+    ``sequence_length`` is predicted at it (the fitted per-token terms; :meth:`predict`).
+    ``record``: the models record of that step (a run variant's: :func:`variant_record`);
+    ``profiled_step``: whether the profile's plain trials ran this very step (the data's own
+    length, the record's own variant), so that their measured times may be shown beside it."""
 
     perf: PerfModel
     dataset_size: int
@@ -357,6 +395,12 @@ class Simulator:
     sequence_length: int | None = None  # L of the data the models were fitted at
     parallelism: str | None = None  # ddp or fsdp
     checkpointing: bool | None = None  # the blocks' activations recomputed
+    memory_budget_bytes: int | None = None  # the budget the limit at another length is within (None: none)
+    memory_safety: float = 0.1  # the share of it kept free
+    oom_local_batch: int | None = None  # the smallest local batch that ran out of memory, at the data's own length
+    record: ModelsRecord | None = field(default=None, compare=False, repr=False)
+    profiled_step: bool = True
+    sharded_min_workers: int = 1  # FSDP's effect applied to a DDP profile: fitted at N >= 2 (the plan's sizes)
 
     # ---------------------------------------------------------------- the step
     @cached_property
@@ -370,6 +414,9 @@ class Simulator:
             run_costs=self.run_costs,
             epochs=self.epochs,
             max_local_batch=self.max_local_batch,
+            memory_budget_bytes=self.memory_budget_bytes,
+            memory_safety=self.memory_safety,
+            oom_local_batch=self.oom_local_batch,
         )
 
     def network(self, collective: str | None = None) -> Network:
@@ -398,7 +445,8 @@ class Simulator:
     ) -> Predictions:
         """:meth:`tula.core.fitted.FittedModels.predict` on this network with ``collective``
         (default: the fitted one): epochs of ``floor(D / B)`` steps, each priced alone
-        (``epochs=1``: the simulator adds its epochs up, a schedule's each at its own configuration)."""
+        (``epochs=1``: the simulator adds its epochs up, a schedule's each at its own configuration),
+        at :attr:`sequence_length` where the step has one."""
         return self.fitted.predict(
             n_workers=n_workers,
             global_batch=global_batch,
@@ -407,6 +455,7 @@ class Simulator:
             network=self.network(collective),
             pricing=self.pricing,
             epochs=1,
+            sequence_length=self.sequence_length,
         )
 
     @overload
@@ -416,7 +465,7 @@ class Simulator:
     def t_compute_s(self, local_batch: ArrayLike, n_workers: ArrayLike) -> float | FloatArray:
         """Per-worker compute: the fitted compute with co-location counted up to R workers,
         divided by the compute speed (:meth:`tula.core.fitted.FittedModels.compute_s`)."""
-        out = self.fitted.compute_s(local_batch, n_workers, self.network())
+        out = self.fitted.compute_s(local_batch, n_workers, self.network(), self.sequence_length)
         return float(out) if out.ndim == 0 else out
 
     def t_sync_s(self, collective: str, n_workers: ArrayLike) -> FloatArray:
@@ -477,16 +526,22 @@ class Simulator:
                 if n > global_batch:
                     rows.append(replace(row, note="N > B: fewer than one sample per worker"))
                     continue
+                if n < self.sharded_min_workers:  # as variant_models plans it: nothing to shard on one rank
+                    rows.append(replace(row, note="FSDP on one worker: nothing to shard (the plan weighs N >= 2)"))
+                    continue
                 # an epoch at (B, N), its wall time and cost alone; one configuration at a time (scalars), as
                 # before the one prediction: a vectorised step may differ in its last bit where gamma != 1
                 one = self.predict(c, n_workers=n, global_batch=global_batch)
                 assert one.cost is not None  # priced
                 b, epoch_free, fits = global_batch / n, float(one.epoch_time_s[0]), bool(one.feasible[0])
+                t_step = float(one.t_step_s[0])
+                if self.sequence_length is not None:  # B * L tokens a step
+                    row = replace(row, tokens_per_s=global_batch * self.sequence_length / t_step)
                 rows.append(
                     replace(
                         row,
                         note="" if fits else f"local batch {b:g} exceeds memory (at most {self.max_local_batch})",
-                        t_step_s=float(one.t_step_s[0]),
+                        t_step_s=t_step,
                         t_compute_s=float(one.t_compute_s[0]),
                         t_sync_s=float(one.t_sync_s[0]),
                         epoch_time_s=epoch_free,
@@ -719,6 +774,10 @@ def simulator_from_models(
     pricing: dict | None = None,
     intra_bandwidth: Any = None,
     intra_latency: Any = None,
+    *,
+    sequence_length: int | None = None,
+    parallelism: str | None = None,
+    checkpointing: str | bool | None = None,
 ) -> Simulator:
     """A :class:`Simulator` from a models record.
 
@@ -737,8 +796,18 @@ def simulator_from_models(
     pricing : fields of the spec's pricing to replace
     intra_bandwidth, intra_latency : the intra-node link, as ``bandwidth`` and ``latency``
         (default: the fitted beta_intra / alpha_intra, else the inter-node link)
+    sequence_length : L to predict at, with the fitted per-token terms (default: the data's own);
+        refused where the models were fitted at one length, or L is above the model's positional
+        limit the spec gives (:func:`check_sequence_length`)
+    parallelism, checkpointing : the run variant to predict (``ddp`` or ``fsdp``; ``on``/``off`` or
+        a bool; default: the record's own), the fitted effect applied as the planner does;
+        refused where the profile did not measure it (:func:`variant_record`)
     """
-    rec = _models_record(models)
+    original = _models_record(models)
+    rec = variant_record(original, parallelism, checkpointing)
+    own_length = simulated_step(original).sequence_length
+    if sequence_length is not None:
+        check_sequence_length(rec, sequence_length)
     spec: JobSpec = rec.spec
     if pricing:
         d = spec.to_dict()
@@ -758,6 +827,11 @@ def simulator_from_models(
         raise TulaError(f"epochs must be at least 1, not {epochs}")
     max_local_batch = fitted.max_local_batch  # within the budget, below the batch that ran out of memory
     step = simulated_step(rec, spec)
+    # FSDP's fitted effect applied to an auto profile's DDP models (variant_models)
+    sharding_applied = original.spec.train.parallelism == "auto" and rec.spec.train.parallelism == "fsdp"
+    if sequence_length is not None and sequence_length != step.sequence_length:
+        max_local_batch = fitted.max_local_batch_at(sequence_length)
+        step = replace(step, sequence_length=sequence_length, notes=(*step.notes, *_length_notes(rec, sequence_length)))
     return Simulator(
         perf=perf,
         dataset_size=rec.dataset_size,
@@ -776,7 +850,142 @@ def simulator_from_models(
         sequence_length=step.sequence_length,
         parallelism=step.parallelism,
         checkpointing=step.checkpointing,
+        memory_budget_bytes=fitted.memory_budget_bytes,
+        memory_safety=fitted.memory_safety,
+        oom_local_batch=fitted.oom_local_batch,
+        record=rec,
+        profiled_step=rec is original and step.sequence_length == own_length,
+        sharded_min_workers=2 if sharding_applied else 1,
     )
+
+
+#: the model's keyword arguments that say its positional limit, as a spec may give them (tiny_gpt's
+#: ``max_positions``, a Hugging Face config's ``max_position_embeddings`` or ``n_positions``)
+POSITIONAL_LIMIT_KWARGS: tuple[str, ...] = ("max_positions", "max_position_embeddings", "n_positions")
+
+
+def positional_limit_of(spec: JobSpec) -> tuple[int, str] | None:
+    """The longest sequence the spec's model takes where the spec says it (a keyword argument of
+    :data:`POSITIONAL_LIMIT_KWARGS` in ``model.kwargs``), with that keyword; ``None`` where it says
+    nothing (the model's own default is the engine's to read: ``tula check``)."""
+    kwargs = spec.model.kwargs or {}
+    for name in POSITIONAL_LIMIT_KWARGS:
+        value = kwargs.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, name
+    return None
+
+
+def check_sequence_length(models: dict | ModelsRecord, sequence_length: int) -> None:
+    """Refuse to predict at ``sequence_length`` in one sentence where the models record cannot:
+    its data has no sequence length (a CNN's), L is above the model's positional limit the spec
+    gives (:func:`positional_limit_of`), or L is another than the data's own and the memory and
+    performance models were fitted at that one length only (no ``search.sequence_lengths``)."""
+    rec = _models_record(models)
+    own = simulated_step(rec).sequence_length
+    if own is None:
+        raise OptionError(
+            "{sequence_length} applies to data of sequences; the models record's trials ran at no sequence "
+            "length (its data has none)",
+            sequence_length="sequence_length",
+        )
+    limit = positional_limit_of(rec.spec)
+    if limit is not None and sequence_length > limit[0]:
+        raise TulaError(
+            f"sequence length {sequence_length} exceeds the model's positional limit of {limit[0]} tokens "
+            f"(model.kwargs.{limit[1]}); give lengths of at most {limit[0]}"
+        )
+    fitted_lengths = (rec.perf.sequence_length, rec.memory.sequence_length if rec.memory else None)
+    if sequence_length != own and any(length is None for length in fitted_lengths):
+        raise TulaError(
+            f"the models were fitted at one sequence length ({own}) and cannot predict at {sequence_length}; "
+            "profile with search.sequence_lengths to fit the per-token terms"
+        )
+
+
+def _length_notes(models: ModelsRecord, sequence_length: int) -> tuple[str, ...]:
+    """A note where ``sequence_length`` is outside the lengths the profile's trials ran at."""
+    ran = sorted({t.sequence_length for t in models.trials if t.status == "ok" and t.sequence_length is not None})
+    if ran and not ran[0] <= sequence_length <= ran[-1]:
+        return (
+            f"L={sequence_length} is outside the sequence lengths profiled ({ran[0]} to {ran[-1]}): the per-token "
+            "terms are extrapolated there",
+        )
+    return ()
+
+
+def _parse_checkpointing(value: str | bool | None) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    if value in ("on", "off"):
+        return value == "on"
+    raise OptionError(f"{{checkpointing}} is on or off, not {value!r}", checkpointing="checkpointing")
+
+
+def variant_record(
+    models: dict | ModelsRecord, parallelism: str | None = None, checkpointing: str | bool | None = None
+) -> ModelsRecord:
+    """The models record of the run variant asked (``parallelism`` ``ddp`` or ``fsdp``,
+    ``checkpointing`` ``on``/``off`` or a bool; ``None``: the record's own, which its rows are of,
+    :func:`simulated_step`): the record itself for its own step, else the fitted effect applied as
+    the planner applies it (:func:`tula.core.variants.variant_models`).  A variant the profile did not
+    measure (no fitted effect for it, or the spec fixed the other one) is one sentence."""
+    rec = _models_record(models)
+    if parallelism is not None and parallelism not in ("ddp", "fsdp"):
+        raise OptionError(f"{{parallelism}} is ddp or fsdp, not {parallelism!r}", parallelism="parallelism")
+    ckpt = _parse_checkpointing(checkpointing)
+    train = rec.spec.train
+    own = RunVariant(
+        checkpointing=train.checkpointing == "on",
+        parallelism="ddp" if train.parallelism == "auto" else train.parallelism,
+    )
+    asked = RunVariant(
+        checkpointing=own.checkpointing if ckpt is None else ckpt,
+        parallelism=own.parallelism if parallelism is None else parallelism,
+    )
+    if asked == own:
+        return rec
+    if asked.parallelism != own.parallelism:
+        _check_parallelism_measured(rec, asked.parallelism)
+    if asked.checkpointing != own.checkpointing:
+        _check_checkpointing_measured(rec, asked.checkpointing)
+    return variant_models(rec, asked)
+
+
+def _check_parallelism_measured(rec: ModelsRecord, parallelism: str) -> None:
+    """Refuse ``parallelism`` where the record has no fitted step of it, in one sentence."""
+    how = rec.spec.train.parallelism
+    if how != "auto":
+        name = parallelism.upper()
+        raise TulaError(
+            f"the profile did not measure {name} (train.parallelism is {how}): profile with train.parallelism: "
+            f"auto or {parallelism}"
+        )
+    obstacle = fsdp_obstacle(rec.spec)
+    if obstacle is not None:
+        raise TulaError(f"FSDP cannot train this spec ({obstacle}), so the profile did not measure it")
+    if rec.sharding is None:
+        raise TulaError(
+            "the profile did not measure FSDP: it ran no sharded trial (train.parallelism: auto runs them at a "
+            "cluster size of two or more); profile with search.cluster_sizes including 2, or train.parallelism: fsdp"
+        )
+
+
+def _check_checkpointing_measured(rec: ModelsRecord, checkpointed: bool) -> None:
+    """Refuse checkpointing on or off where the record has no fitted step of it, in one sentence."""
+    mode = rec.spec.train.checkpointing
+    asked = "on" if checkpointed else "off"
+    if mode != "auto":
+        what = "activation checkpointing" if checkpointed else "the step without activation checkpointing"
+        raise TulaError(
+            f"the profile did not measure {what} (train.checkpointing is {mode}): profile with "
+            f"train.checkpointing: auto or {asked}"
+        )
+    if rec.checkpointing is None:
+        raise TulaError(
+            "the profile did not measure activation checkpointing: it ran no checkpointed trial; profile with "
+            "train.checkpointing: auto again, or on"
+        )
 
 
 @dataclass(frozen=True)
@@ -947,7 +1156,9 @@ def schedule_caps(
             threshold = w.threshold if w is not None and w.threshold is not None else DEFAULT_THRESHOLD
         if not 0 <= threshold < 1:
             raise OptionError(f"{{threshold}} must be at least 0 and below 1, not {threshold!r}", threshold="threshold")
-        ranker = Ranker(models, spec.train.method, network=sim.network())  # the models' ranking on this network
+        # the models' ranking on this network; a what-if step (another length or run variant) ranked by its own epochs
+        step_epoch_s = None if sim.profiled_step else sim.epoch_s
+        ranker = Ranker(sim.record or models, spec.train.method, epoch_s_of=step_epoch_s, network=sim.network())
         if rule != "plan":  # goodput under AdaDamp's rule: the batch by goodput, on the first worker count
             hi = lo
         return Caps(sim.dataset_size, sim.max_local_batch, lo, hi, None, k_max, WorkerPlan(ranker, threshold))
@@ -979,7 +1190,7 @@ class WhatIf:
 
 def what_if(
     models: dict | ModelsRecord,
-    sim: Simulator,
+    sim: Simulator | Sequence[Simulator],
     workers: Sequence[int],
     collectives: Sequence[str],
     batch: int | None = None,
@@ -1002,9 +1213,21 @@ def what_if(
     (default ``search.max_accumulation_steps``).  With a gradient noise scale
     (``noise_scale``, a what-if, else the one the profile measured) each constant-batch row
     also holds the epochs, time and cost to the accuracy the spec's epochs reach at
-    ``train.base_batch`` (:func:`tula.core.plan.epochs_to_accuracy`)."""
+    ``train.base_batch`` (:func:`tula.core.plan.epochs_to_accuracy`).  ``sim``: one simulator, or
+    one per sequence length asked (:func:`simulator_from_models`'s ``sequence_length``; a constant
+    batch only), whose rows follow one another."""
     models = _models_record(models)
     job = models.spec
+    sims = [sim] if isinstance(sim, Simulator) else list(sim)
+    if not sims:
+        raise ValueError("what_if needs a simulator")
+    if len(sims) > 1 and schedules:
+        raise OptionError(
+            "{schedule} simulates one sequence length; give one {sequence_length}",
+            schedule="schedules",
+            sequence_length="sequence_length",
+        )
+    sim = sims[0]
     schedule_only = {
         "min_workers": min_workers,
         "max_workers": max_workers,
@@ -1032,6 +1255,7 @@ def what_if(
         return _schedules_what_if(models, sim, job, b0, caps, collectives, schedules, history)
     big_b = batch or default_batch(models)
     fitted_collective = sim.perf.collective
+    profiled = any(s.profiled_step for s in sims)  # the trials' own step simulated: their times beside it
     measured = [
         MeasuredPoint(
             t.n_workers,
@@ -1044,15 +1268,29 @@ def what_if(
         and fitted_collective in collectives
         and not t.checkpointing  # train.checkpointing auto's checkpointed trials: another step than the plain one
         and t.parallelism is None  # train.parallelism auto's sharded trials: likewise
+        and profiled
     ]
-    rows = sim.constant(big_b, workers, collectives)
-    step = SimulatedStep(sim.sequence_length, sim.parallelism, sim.checkpointing).words()
-    title = f"{job.name}: constant global batch {big_b}" + (f" ({step})" if step else "")
+    rows: list[ConstantRow] = []
+    words = ""
     noise = NoiseScale.model_validate(noise_assumed(models, noise_scale, job.train.base_batch))
-    if noise.b_noise:
-        rows, words = _to_accuracy(rows, sim, big_b, noise)
-        title += words
+    for one in sims:  # each length's rows after the one before
+        mine = one.constant(big_b, workers, collectives)
+        if noise.b_noise:
+            mine, words = _to_accuracy(mine, one, big_b, noise)
+        rows += mine
+    step = _steps_words(sims)
+    title = f"{job.name}: constant global batch {big_b}" + (f" ({step})" if step else "") + words
     return WhatIf(rows, title, measured)
+
+
+def _steps_words(sims: Sequence[Simulator]) -> str:
+    """The simulated steps in words for a title: one's (:meth:`SimulatedStep.words`), or, for one per
+    sequence length, their lengths together (``L=64,128, fsdp``)."""
+    first = SimulatedStep(sims[0].sequence_length, sims[0].parallelism, sims[0].checkpointing).words()
+    if len(sims) == 1:
+        return first
+    lengths = ",".join(str(s.sequence_length) for s in sims)
+    return ", ".join([f"L={lengths}", *first.split(", ")[1:]])
 
 
 def _schedules_what_if(
@@ -1141,6 +1379,10 @@ __all__ = [
     "parse_collectives",
     "parse_workers",
     "parse_schedule",
+    "parse_sequence_lengths",
+    "check_sequence_length",
+    "positional_limit_of",
+    "variant_record",
     "default_batch",
     "schedule_caps",
     "schedule_settings",
