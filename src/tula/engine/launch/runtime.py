@@ -326,6 +326,9 @@ def run_rank(
         from tula.engine.memory import steady_heap
 
         steady_heap()  # a fresh rank process: not a Dask worker's, which lives on, nor the caller's
+        from tula.engine.gpu_knobs import flush_denormals
+
+        flush_denormals()  # before torch starts its intra-op threads, which inherit it (set_backend_knobs: this thread)
         import faulthandler
 
         # a native crash (SIGSEGV; SIGABRT, as glibc's "double free or corruption") prints each thread's Python
