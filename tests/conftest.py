@@ -3,6 +3,7 @@ import os
 import shutil
 import signal
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 signal.signal(signal.SIGINT, signal.default_int_handler)
 if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def _subnormal_floats_after_each_test():
+    """IEEE floats again after each test: a test that runs a rank's set-up in this process
+    (tula.engine.gpu_knobs.set_backend_knobs) flushes subnormals to zero in its thread, which
+    Hypothesis's float strategies in a later test of the same worker refuse to run under."""
+    yield
+    torch = sys.modules.get("torch")  # not imported for a test that did not import it
+    if torch is not None:
+        torch.set_flush_denormal(False)
 
 
 @pytest.fixture(scope="session", autouse=True)
