@@ -3,6 +3,7 @@ worlds: the same losses as DDP for the same seed, a sharded checkpoint (DCP) tha
 the parameters, gradients and optimiser state of a rank divided by the worker count (measured), and
 the refusals before any worker starts."""
 
+import re
 import shutil
 from dataclasses import replace
 
@@ -242,15 +243,103 @@ def test_tula_run_refuses_fsdp_with_a_whole_gradient_method_before_profiling(tmp
 @pytest.mark.slow
 def test_the_out_of_memory_fallback_works_under_fsdp(tiny_spec_dict, tmp_path):
     """tests/test_train.py's capped run (8 MiB of address space above each rank's set-up) with
-    fsdp: the ranks agree on out-of-memory at the gathered probe, the world starts again at half
-    the micro-batch until it fits, and the run trains there."""
+    fsdp: the probe is the synchronised sharded step, so a rank that runs out of memory there fails
+    its world with cause oom (the world's sentence is the fallback's reason); the world starts again
+    at half the micro-batch until it fits, and the run trains there."""
     d = dict(tiny_spec_dict, epochs=2, model={"name": "small_cnn", "kwargs": {"width": 32}})
     d["search"] = {**d["search"], "memory_budget_bytes": 8 * 2**20, "enforce_memory_cap": True}
     d["train"] = {"warmup_epochs": 0, "method": "lbt", "parallelism": "fsdp", "noise_scale": False}
     run = train(spec_from_dict(d), "lbt", N_WORKERS, 1024, tmp_path, launcher=local_launcher())
     assert run.fallbacks, "the capped run never ran out of memory"
     assert all(f.to_global_batch == 1024 for f in run.fallbacks)
+    assert all(re.match(r"rank [01] of 2 ran out of memory \(", f.reason) for f in run.fallbacks), run.fallbacks
     assert run.accumulation_steps > 1 and [h.epoch for h in run.history] == [1, 2]
+
+
+def rank_probed_and_unprobed_steps(ctx, out_root: str) -> dict:
+    """On each rank, for k = 1 and 2 accumulation steps: two lrs trainers at a global batch of 16
+    built alike (the same seed), one probed first (:meth:`_RankTrainer.probe`: under fsdp the
+    synchronised sharded step; at k = 2 a micro-batch under no_sync, then one synchronised), then
+    each two steps on the same two batches; their losses and parameters (digest) after them."""
+    from tula.engine.rank_loop import _RankTrainer, param_digest
+
+    spec = spec_from_dict(_gpt_spec(epochs=1))
+    runs = {}
+    for k in (1, 2):
+        for probed in (False, True):
+            rt = _RankTrainer(ctx, spec, "lrs", f"{out_root}/{k}-{probed}", [], None, k)
+            try:
+                rt.start_at(16, None)
+                if probed:
+                    assert rt.probe() is None
+                    assert all(p.grad is None for p in rt.model.parameters())
+                gen = torch.Generator().manual_seed(ctx.rank)
+                losses = [float(rt.stepper.train_step(rt.data.batch(rt.local_batch, gen), i)) for i in range(2)]
+                runs[k, probed] = (losses, param_digest(rt.model))
+            finally:
+                rt.data.close()
+    return runs
+
+
+def test_the_sharded_probe_leaves_no_gradient_behind(tmp_path):
+    """Under fsdp the probe runs synchronised (a backward under no_sync would leave whole gradients in
+    FSDP's accumulators, which the next synchronised backward reduces with its own) and its gradients
+    are dropped: the steps after it are an unprobed trainer's, bit for bit, with and without accumulation."""
+    for runs in local_launcher().run(rank_probed_and_unprobed_steps, N_WORKERS, str(tmp_path), timeout_s=120):
+        for k in (1, 2):
+            assert runs[k, True] == runs[k, False], (k, runs[k, True], runs[k, False])
+
+
+def test_a_sharded_trial_whose_probe_runs_out_of_memory_is_the_profiles_oom_result():
+    """A profiling world under fsdp capped at 30 MiB above its set-up (tiny_gpt, 4 blocks 512 wide, whose
+    first synchronised sharded step, AdamW's update included, ran out of memory at every cap from 30 to
+    120 MiB and ran at 160, measured 2026-11-29): the probe is that step, so a rank runs out of memory inside
+    it and fails the world with cause oom; the session records the trial as out of memory, with the world's
+    sentence, and no error."""
+    import json
+    from pathlib import Path
+
+    from tula.core.records import ProfileRecord
+    from tula.engine.profile import MemoryProbe, ProfileSession
+
+    d = _gpt_spec(d_model=512)
+    d["model"]["kwargs"].update(n_layers=4, max_positions=16)
+    d["data"] = {"name": "text", "sequence_length": 16, "num_samples": 64}
+    d["search"] = {"cluster_sizes": [N_WORKERS]}
+    d["profile"] = {"warmup_steps": 1, "timed_steps": 2, "min_timed_s": 0.0}
+    session = ProfileSession(spec_from_dict(d), "full", local_launcher(), None)
+    session.check()
+    stored = json.loads((Path(__file__).parent / "data" / "records" / "profile.json").read_text())
+    session.probe = MemoryProbe(ProfileRecord.from_dict(stored).memory, 4, ((N_WORKERS, 8),))
+    session.cap = 30 * 2**20
+    session.run_world(N_WORKERS, [(N_WORKERS, 8)])
+    assert [(t.global_batch, t.status) for t in session.trials] == [(8, "oom")], session.trials
+    assert re.match(r"rank [01] of 2 ran out of memory \(", session.trials[0].note), session.trials[0].note
+
+
+def test_a_world_that_runs_out_of_memory_after_its_trials_keeps_them_and_records_its_run_trial_as_oom():
+    """Under fsdp the run trial's probe (and the accumulated-step check) run synchronised sharded steps, so an
+    out-of-memory after the world's last trial fails the world: its trials are kept and its run trial is
+    ``oom`` with the world's sentence, where it used to fail the profile."""
+    import json
+    from pathlib import Path
+
+    from tula.core.errors import WorkerError
+    from tula.core.records import ProfileRecord, Trial
+    from tula.engine.profile import MemoryProbe, ProfileSession
+
+    session = ProfileSession(spec_from_dict(_gpt_spec()), "full", local_launcher(), None)
+    session.check()
+    stored = json.loads((Path(__file__).parent / "data" / "records" / "profile.json").read_text())
+    session.probe = MemoryProbe(ProfileRecord.from_dict(stored).memory, 8, ((N_WORKERS, 16),))
+    ran = Trial(N_WORKERS, 8, 16, "ok", step_times_s=[0.2], compute_times_s=[0.1], peak_mem_bytes=1000, timed_steps=1)
+    session.streamed = {0: [ran], 1: [ran]}
+    sentence = "rank 1 of 2 ran out of memory (RuntimeError: DefaultCPUAllocator: can't allocate memory)"
+    session.world_failed(WorkerError(sentence, rank=1, cause="oom"), N_WORKERS, [(N_WORKERS, 16)])
+    assert [(t.global_batch, t.status) for t in session.trials] == [(16, "ok")]
+    [run_trial] = session.run_trials
+    assert (run_trial.n_workers, run_trial.method, run_trial.status) == (N_WORKERS, "lrs", "oom")
+    assert run_trial.note.endswith(sentence)
 
 
 # --------------------------------------------------------------------------- the profile under FSDP
@@ -258,8 +347,8 @@ def test_the_out_of_memory_fallback_works_under_fsdp(tiny_spec_dict, tmp_path):
 def test_a_profile_under_fsdp_measures_sharded_steps_below_ddp_s_peaks():
     """The profile holds the model as training does (``wrap_for_world``): under fsdp each trial's
     step is the sharded one, whose peak is below the same trial's under DDP (each rank holds half
-    the parameters, gradients and AdamW state); the memory probe (run gathered) and the timings
-    run, and no noise scale is measured (no rank holds a whole local gradient)."""
+    the parameters, gradients and AdamW state); the out-of-memory probe (the synchronised sharded step)
+    and the timings run, and no noise scale is measured (no rank holds a whole local gradient)."""
     from tula.engine.profile import profile
 
     def trials(parallelism: str) -> dict:

@@ -1,11 +1,12 @@
 """What profiling and training share inside a rank: building the DDP model (a one-rank world's
 model is not wrapped: :class:`OneRank`; the choice between DDP and FSDP is
-:func:`tula.engine.fsdp.wrap_for_world`'s), and the out-of-memory probe whose verdict every rank
-agrees on.
+:func:`tula.engine.fsdp.wrap_for_world`'s), and the out-of-memory probe (:func:`probe_fits`).
 
-The probe runs a forward/backward (and whatever ``step`` does) with no collective inside,
-so a rank that runs out of memory cannot leave another waiting in one; the ranks then
-agree through one all-reduce.  An out-of-memory is a result, not a crash.
+Under DDP the probe runs a forward/backward (and whatever ``step`` does) with no collective
+inside, so a rank that runs out of memory cannot leave another waiting in one; the ranks then
+agree through one all-reduce.  An out-of-memory is a result, not a crash.  Under FSDP it runs
+the synchronised sharded step, and a rank that runs out of memory fails the world (cause
+``oom``), whose caller falls back.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tula.engine.memory import run_probe_step
+from tula.engine.memory import errno_evidence, run_probe_step
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> DDP | OneRank:
@@ -124,42 +125,64 @@ def start_together(device: torch.device) -> None:
     agree_max(0.0, device)
 
 
-def probe_fits(step: Callable[[], None], device: torch.device, rank: int, model: nn.Module) -> tuple[bool, str]:
-    """Run ``step`` -- a forward/backward of ``model`` (the rank's DDP or :class:`OneRank`)
-    under ``no_sync()`` -- and agree whether it fit on every rank.
+def probe_fits(step: Callable[[bool], None], device: torch.device, rank: int, model: nn.Module) -> tuple[bool, str]:
+    """Run ``step`` -- a forward/backward of ``model`` (the rank's DDP, :class:`OneRank` or FSDP's
+    :class:`tula.engine.fsdp.Sharded`), and whatever else the caller's step does; ``step(sync)``:
+    with the gradients synchronised or under ``no_sync()`` -- and return whether it fit on every rank.
 
-    Returns ``(fits, note)``; the note names the rank that ran out of memory and the
-    allocator's words.  Any failure that is not out of memory is raised.  The step runs
-    with no collective inside (:func:`_no_buffer_broadcast`): a rank may run it twice
-    (:func:`tula.engine.memory.run_probe_step` retries a capped failure with the cap lifted)
-    while the others wait in the agreement.
+    Returns ``(fits, note)``; the note names the rank that ran out of memory and the allocator's
+    words.  Any failure that is not out of memory is raised.
 
-    An FSDP model (:class:`tula.engine.fsdp.Sharded`) is gathered whole for the step (its
-    ``gathered()``: every unit all-gathered once on entry, all ranks together, then no collective
-    inside).  So under FSDP the probe does not measure the sharded step, and is neither exact nor a
-    safe bound of it (measured 2026-11-29, tiny_gpt, 4 blocks, 2 gloo ranks, B = 4, L = 16):
+    Under DDP (and :class:`OneRank`) the step runs under ``no_sync()`` (``step(False)``) with no
+    collective inside (:func:`_no_buffer_broadcast`): a rank may run it twice
+    (:func:`tula.engine.memory.run_probe_step` retries a capped failure with the cap lifted) while
+    the others wait in the agreement, one all-reduce.
 
-    * in tensors it holds more: the whole parameters and gradients on every rank, up to (N - 1) / N of
-      both beyond the sharded step (MemTracker peaks of the forward/backward: 43.0 MB gathered against
-      36.1 MB sharded at d_model 256, 160.0 against 138.2 MB at 512), so a batch that fits only
-      sharded -- FSDP's reason -- can be refused here, in the profile and in training;
-    * under an address-space cap (CPU, ``search.enforce_memory_cap``) it is not an upper bound either:
-      what a step adds to the address space depends on where the allocator puts its buffers (the
-      sharded step allocates each block's all-gather and reduce-scatter buffers anew), not on its
-      tensor bytes.  Capped at the end of set-up (d_model 512): the gathered probe ran with 38 and
-      45 MiB of headroom (not with 30), one synchronised sharded forward/backward needed 60-90 MiB
-      (out of memory at 45 and 60, ran at 90): the probe accepts caps its sharded step exceeds;
-    * the entry's all-gather allocates each unit's whole parameters inside a collective, outside
-      :func:`~tula.engine.memory.run_probe_step`: a rank that cannot fails its world (measured at 15 and
-      30 MiB: "rank 1 of 2 ran out of memory ... 12609536 bytes", one block's whole parameters),
-      which the world-level fallback takes (the profile's ``world_failed``/``out_of_memory``,
-      training's ``world_failed``), not this agreement.
+    Under FSDP the step is the one training runs, synchronised (``step(True)``): each block's
+    parameters all-gathered for its forward and its backward, its gradients reduce-scattered.  With
+    collectives inside no rank can run it alone, so there is no capped retry and no agreement: a
+    rank that runs out of memory raises (with the errno it failed with:
+    :func:`~tula.engine.memory.errno_evidence`), its world fails with cause ``oom`` ("rank 1 of 2
+    ran out of memory (...)"; the peers' "Connection closed by peer" ranks below it), and the
+    world-level fallbacks take it: the profile records the trial as ``oom`` and runs the smaller
+    batches in a fresh world (``ProfileSession.world_failed``), training ends the world as
+    :class:`~tula.engine.rank_messages.OutOfMemory` and falls back to a smaller micro-batch
+    (``TrainSupervisor.world_failed``).  When it ran, the step's gradients (the reduce-scattered
+    shards) are dropped: a synchronised backward leaves no whole gradient in FSDP's accumulators
+    (a probe under ``no_sync()`` would, and the next synchronised backward would reduce them with
+    its own).
 
-    A sharded probe would run the real synchronised sharded forward/backward (collectives inside),
-    without the capped retry (a rank would retry alone inside the collectives), and let a rank that
-    runs out of memory fail the world with cause ``oom`` for that fallback: a fresh world per refusal."""
-    with _no_buffer_broadcast(model), getattr(model, "gathered", contextlib.nullcontext)():
-        fits_here, why = run_probe_step(step)  # raises what is not out of memory
+    Why not the whole model gathered for the step (``Sharded.gathered()``, the probe before
+    2026-11-29: one all-gather per unit on entry, then no collective inside): it does not measure
+    the sharded step and is neither exact nor a safe bound of it (measured 2026-11-29, tiny_gpt,
+    4 blocks, 2 gloo ranks, B = 4, L = 16):
+
+    * in tensors it holds more -- the whole parameters and gradients on every rank (MemTracker peaks
+      of the forward/backward: 43.0 MB gathered against 36.1 MB sharded at d_model 256, 160.0
+      against 138.2 MB at 512) --, so a batch that fits only sharded, FSDP's reason, was refused;
+    * under an address-space cap (CPU, ``search.enforce_memory_cap``) it is not an upper bound
+      either: what a step adds to the address space depends on where the allocator puts its
+      buffers (the sharded step allocates each block's all-gather and reduce-scatter buffers
+      anew), not on its tensor bytes.  Capped at the end of set-up (d_model 512) the gathered
+      probe ran with 38 and 45 MiB of headroom, one synchronised sharded forward/backward needed
+      60-90 MiB (out of memory at 45 and 60, ran at 90): it accepted caps its sharded step exceeded;
+    * its entry's all-gather allocates each unit's whole parameters inside a collective, so a rank
+      that could not failed its world anyway (at 15 and 30 MiB: "rank 1 of 2 ran out of memory
+      ... 12609536 bytes", one block's whole parameters).
+
+    The synchronised sharded step under the same caps failed its world with cause ``oom``, the
+    peer's gloo error never hiding it (8 of 8 runs, 2026-11-29); as the profile's probe (a whole
+    step, AdamW's first update included, d_model 512, B = 8) every world capped at 30 to 120 MiB
+    above set-up ended as the trial's ``oom`` with the world's sentence (8 of 8), at 160 and 200
+    MiB the trial ran."""
+    if hasattr(model, "gathered"):  # FSDP's Sharded (tula.engine.fsdp, which imports this module)
+        with errno_evidence():  # an out of memory fails the world, with the errno that says so
+            step(True)
+        for p in model.parameters():  # the probe's gradient shards: no update takes them
+            p.grad = None
+        return True, ""
+    with _no_buffer_broadcast(model):
+        fits_here, why = run_probe_step(lambda: step(False))  # raises what is not out of memory
     failed, note = not fits_here, f"out of memory on rank {rank}: {why}" if not fits_here else ""
     if agree_any(failed, device):
         return False, note or "out of memory on another rank"

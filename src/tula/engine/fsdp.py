@@ -89,8 +89,9 @@ class Sharded(nn.Module):
     """The model of an FSDP2 world, with the part of DDP's interface that profiling and training
     use: ``module`` (the model, whose parameters are now sharded DTensors), ``no_sync()`` (gradient
     accumulation: the backward keeps whole gradients and reduce-scatters none), and
-    :meth:`gathered` (the whole model on every rank, no collective inside: the out-of-memory
-    probe and the evaluation).
+    :meth:`gathered` (the whole model on every rank, no collective inside: the evaluation).  The
+    out-of-memory probe runs the synchronised sharded step, not gathered
+    (:func:`tula.engine.ddp.probe_fits` says why).
 
     Parameters
     ----------
@@ -138,8 +139,7 @@ class Sharded(nn.Module):
     def gathered(self) -> Iterator[None]:
         """Every unit's parameters gathered once on entry (all ranks together), then forward and
         backward passes with no collective inside: nothing resharded, no gradient reduced, so a
-        rank may run a pass the others do not (a probe that ran out of memory, an evaluation
-        with one more batch).  On exit the whole gradients are dropped and the units resharded.
+        rank may run a pass the others do not (an evaluation with one more batch).  On exit the whole gradients are dropped and the units resharded.
         Holds the whole parameters and gradients, as DDP does."""
         units = self._units()
         for unit in units:
@@ -163,8 +163,7 @@ class Sharded(nn.Module):
 
 def gathered(model: nn.Module) -> contextlib.AbstractContextManager[None]:
     """:meth:`Sharded.gathered` for a sharded model; nothing for DDP and ``OneRank``, whose
-    forward passes hold no collective the ranks must meet in (DDP's buffer broadcast aside:
-    :func:`tula.engine.ddp.probe_fits` turns it off)."""
+    forward passes hold no collective the ranks must meet in (DDP's buffer broadcast aside)."""
     if isinstance(model, Sharded):
         return model.gathered()
     return contextlib.nullcontext()

@@ -29,9 +29,10 @@ reduce-scatters included.  Under FSDP the compute-only steps (``Sharded.no_sync`
 ``set_requires_gradient_sync(False)``) are not free of collectives: each block's parameters are
 still all-gathered for its forward and its backward, only the gradients' reduce-scatter is left
 out (each rank keeps its whole gradients), so ``t_compute`` holds the all-gathers and
-``t_step - t_compute`` is the reduce-scatter's exposed time alone.  The out-of-memory probe runs
-with the model gathered whole (:func:`tula.engine.ddp.probe_fits`, whose docstring says how far
-that is from the sharded step's memory: not a bound of it), and the gradient noise scale is not
+``t_step - t_compute`` is the reduce-scatter's exposed time alone.  The out-of-memory probe is
+the synchronised sharded step (:func:`tula.engine.ddp.probe_fits`): a rank that runs out of memory
+there fails the world with cause ``oom``, which :meth:`ProfileSession.world_failed` records as the
+trial's ``oom`` (smaller batches in a fresh world).  The gradient noise scale is not
 measured under FSDP (no rank holds a whole local gradient; ``noise`` is absent, as training refuses
 ``train.noise_scale`` with fsdp).
 """
@@ -415,19 +416,15 @@ class _Worker:
         ``min_timed_s`` (:func:`timed_pairs`)."""
         b = cfg.local_batch
 
-        def probe() -> None:
+        def probe(sync: bool) -> None:  # DDP: without synchronisation; FSDP: the synchronised step (probe_fits)
             self.load_batch(b)
-            self.step(sync=False)
+            self.step(sync=sync)  # an update too: the optimiser's state exists before the peak is measured
 
         fits, note = probe_fits(probe, self.ctx.device, self.ctx.rank, self.ddp)
         if not fits:
             self.release()
             return Trial(n_workers=cfg.n_workers, local_batch=b, global_batch=cfg.global_batch, status="oom", note=note)
         noise = self.measure_noise(b, noise_steps) if noise_steps > 0 else None
-        if isinstance(self.ddp, Sharded) and not self.optimizer.state:
-            # an FSDP world's first trial: its probe (gathered, gradients dropped) updated nothing, and the optimiser
-            # creates its state at its first update, after the backward's peak (measured: AdamW's 1/N missing)
-            self.step(True)
         peak = self.measure_peak()
         for _ in range(warmup):
             t0 = time.perf_counter()
@@ -544,8 +541,10 @@ def sharding_configs(trials: Sequence[Trial]) -> list[ConfigTuple]:
     """The configurations (N, B) ``train.parallelism: auto`` measures sharded (FSDP): the fewest that
     give its memory and sync effect -- the smallest cluster size of two ranks or more that ran, its
     two largest local batches that ran under DDP at the data's own length (below the batch that ran
-    out of memory), and one batch at a second cluster size of two or more where one ran (of its
-    local batches that ran, the nearest to the first size's largest), so that the fit measures which bytes
+    out of memory) and half the smaller of them (where that is a sample or more: the small-batch
+    phase, :class:`tula.core.effects.ShardingEffect`), and one batch at a second cluster size of two or
+    more where one ran (of its local batches that ran, the nearest to the first size's largest), so that
+    the fit measures which bytes
     divide by N (:func:`tula.core.variants.fit_sharding_effect`); none where no size of two or more
     ran two batches."""
     plain = [t for t in trials if t.status == "ok" and not t.checkpointing and t.parallelism is None]
@@ -559,6 +558,11 @@ def sharding_configs(trials: Sequence[Trial]) -> list[ConfigTuple]:
     if len(batches) != 2:
         return []
     configs: list[ConfigTuple] = [(n0, b) for b in batches]
+    # and half the smaller local batch: FSDP's small-batch phase (ShardingEffect: the larger of two lines; the
+    # chord through the two alone predicted up to 8 % low below the smaller)
+    half = batches[0] // n0 // 2
+    if half >= 1:
+        configs.insert(0, (n0, n0 * half))
     # not one rank: fully_shard there is no point of the 1/N line (measured, tiny_gpt 4 x 64, AdamW: its
     # peak 1.7 MB below DDP's at b = 128, where N = 2's is 1.3 MB below at b = 64 -- a fit through it divided
     # 1.1 MB of the 3.8 MB state and missed N = 4's peaks by up to +16 %)
@@ -569,6 +573,18 @@ def sharding_configs(trials: Sequence[Trial]) -> list[ConfigTuple]:
         local = min(ran, key=lambda b: abs(math.log(b / top)))
         configs.append((second, second * local))
     return configs
+
+
+def combined_configs(trials: Sequence[Trial]) -> list[ConfigTuple]:
+    """The configuration (N, B) both ``auto``s measure checkpointed and sharded: the sharded variant's
+    largest batch at its smallest cluster size (:func:`sharding_configs`), one trial -- the two effects,
+    measured apart (checkpointing at the smallest N, sharding at N >= 2), compose to a peak that sits
+    elsewhere in the step (:class:`tula.core.effects.ShardingEffect`: measured); none without sharded ones."""
+    configs = sharding_configs(trials)
+    if not configs:
+        return []
+    n0 = configs[0][0]
+    return [(n0, max(c[1] for c in configs if c[0] == n0))]
 
 
 def trial_sequence_length(spec: JobSpec) -> int | None:
@@ -1038,17 +1054,25 @@ class ProfileSession:
             if todo:
                 self.run_world(n, todo)
         if self.spec.train.checkpointing == "auto":  # the checkpointed variant, at a few trials
-            measured = {(t.n_workers, t.global_batch) for t in self.trials if t.checkpointing}
+            ran = [t for t in self.trials if t.checkpointing and t.parallelism is None]  # not a combined one
+            measured = {(t.n_workers, t.global_batch) for t in ran}
             at_own = [t for t in self.trials if t.sequence_length in (None, self.ref_length)]
             todo_checkpointed = [c for c in checkpointing_configs(at_own) if c not in measured]
             if todo_checkpointed:
                 self.run_world(todo_checkpointed[0][0], todo_checkpointed, checkpointed=True)
         if self.spec.train.parallelism == "auto" and fsdp_obstacle(self.spec) is None:  # the sharded variant
-            measured = {(t.n_workers, t.global_batch) for t in self.trials if t.parallelism == "fsdp"}
+            ran = [t for t in self.trials if t.parallelism == "fsdp" and not t.checkpointing]
+            measured = {(t.n_workers, t.global_batch) for t in ran}
             at_own = [t for t in self.trials if t.sequence_length in (None, self.ref_length)]
             todo_sharded = [c for c in sharding_configs(at_own) if c not in measured]
             for n in dict.fromkeys(c[0] for c in todo_sharded):  # a world per cluster size, the smallest N >= 2 first
                 self.run_world(n, [c for c in todo_sharded if c[0] == n], sharded=True)
+            if self.spec.train.checkpointing == "auto":  # both auto: the checkpointed step sharded, at one trial
+                ran = [t for t in self.trials if t.parallelism == "fsdp" and t.checkpointing]
+                combined = {(t.n_workers, t.global_batch) for t in ran}
+                todo_both = [c for c in combined_configs(at_own) if (c[0], c[1]) not in combined]
+                if todo_both:
+                    self.run_world(todo_both[0][0], todo_both, checkpointed=True, sharded=True)
         return self.record()
 
     def trial_key(self, t: Trial) -> tuple[int, int, int | None]:
@@ -1161,7 +1185,8 @@ class ProfileSession:
     def world_failed(self, err: WorkerError, n: int, configs: list[ConfigTuple] | None) -> None:
         """A world of ``n`` ranks that failed running ``configs``: the trials every rank
         finished are kept; an interruption is :class:`ProfileInterrupted`; an out-of-memory
-        after the probe step is that trial's result (:meth:`out_of_memory`); anything else
+        after the probe step is that trial's result (:meth:`out_of_memory`), after the world's
+        last trial (its accumulated-step check or run trial) the run trial's (``oom``); anything else
         records the trials not run as ``error`` and raises :class:`ProfileFailed` with the
         record (re-raised as it is when nothing was measured yet)."""
         # keep every trial all ranks finished; the one in flight and the rest are not
@@ -1182,6 +1207,12 @@ class ProfileSession:
         )
         if err.cause == "oom" and todo:
             self.out_of_memory(err, n, todo)
+            return
+        if err.cause == "oom" and done:
+            # every trial finished: the world ran out of memory after them, in its accumulated-step check or
+            # its run trial (FSDP's probes fail their world: tula.engine.ddp.probe_fits); the trials are kept
+            note = f"the world ran out of memory after its trials (its accumulated-step check or run trial): {err}"
+            self.run_trials.append(RunTrial(n_workers=n, method=self.spec.train.method, status="oom", note=note[:300]))
             return
         for i, c in enumerate(todo):
             note = str(err) if i == 0 else "not run: the world failed earlier"

@@ -4,10 +4,12 @@ caller (:func:`tula.engine.train.train`) launches, :class:`_RankTrainer` holding
 * data: each epoch is a permutation of the training set seeded by (seed, epoch); step
   ``i`` takes global batch ``i`` of it and rank ``r`` its ``r``-th slice, so a resumed
   run sees exactly the batches an uninterrupted one would;
-* before the first step at a batch size, a *probe* forward/backward under ``no_sync()``
-  whose out-of-memory verdict all ranks agree on (:func:`tula.engine.ddp.probe_fits`): the world
-  then returns :class:`~tula.engine.rank_messages.OutOfMemory` instead of hanging in a collective; BatchNorm statistics
-  are restored after the probe;
+* before the first step at a batch size, a *probe* forward/backward (:func:`tula.engine.ddp.probe_fits`):
+  under DDP under ``no_sync()``, its out-of-memory verdict agreed by all ranks, so that the world
+  returns :class:`~tula.engine.rank_messages.OutOfMemory` instead of hanging in a collective; under
+  FSDP synchronised, as training runs it, a rank that runs out of memory failing the world with
+  cause ``oom`` (which the caller takes as ``OutOfMemory``); BatchNorm statistics are restored and
+  the probe's gradients dropped after it;
 * after each epoch: evaluation (top-1, and top-5 where there are more than 5 classes) on
   the test split, sharded over the ranks; a checkpoint with a checksum (model, method
   state, RNG, epoch history; :mod:`tula.engine.checkpoint`, the last two kept) written by rank 0;
@@ -178,22 +180,28 @@ def _probe(
     micro_batch: int | None = None,
     stepper: TrainStep | None = None,
 ) -> tuple[bool, str]:
-    """Can every rank run a step at this batch?  One forward/backward under ``no_sync()`` on
-    the epoch's first batch -- its first micro-batch (``micro_batch`` samples of the rank's
-    share) when the step accumulates, whose activations are what a step holds at once
-    (:func:`tula.engine.ddp.probe_fits`), through ``stepper``'s passes (the step training runs;
-    default the built-in one over ``ddp``, ``loss_fn`` and ``prec``); BatchNorm statistics and
-    the gradients are put back as they were."""
+    """Can every rank run a step at this batch?  The forward/backward of the epoch's first batch
+    through ``stepper``'s passes (the step training runs; default the built-in one over ``ddp``,
+    ``loss_fn`` and ``prec``), as :func:`tula.engine.ddp.probe_fits` runs it: under DDP one pass
+    under ``no_sync()`` -- of the first micro-batch (``micro_batch`` samples of the rank's share)
+    when the step accumulates, whose activations are what a step holds at once --, the ranks
+    agreeing on the verdict; under FSDP synchronised, as training runs it -- when the step
+    accumulates its first two micro-batches, the first under ``no_sync()`` (each rank's whole
+    gradients kept, as a step holds them) and the second synchronised (which reduces them with
+    its own) --, an out-of-memory failing the world.  BatchNorm statistics and the gradients are
+    put back as they were (none: the probe's are dropped, so no update takes them)."""
     buffers = [b.detach().clone() for b in model.buffers()]
     passes = stepper if stepper is not None else TrainStep(ddp, loss_fn, prec or Precision("fp32", device))
 
-    def probe_step() -> None:
+    def probe_step(sync: bool) -> None:
         x, y = _local_batch(
             data, epoch_order(spec.seed, epoch, data.train_size), 0, global_batch, rank, local_batch, device
         )
+        micro_batches = 1
         if micro_batch is not None:
-            x, y = slice_batch(x, 0, micro_batch), slice_batch(y, 0, micro_batch)
-        passes.forward_backward(x, y, sync=False, accumulation_steps=1)
+            micro_batches = 2 if sync else 1  # FSDP: an accumulated step's whole gradients, then its reduce-scatter
+            x, y = slice_batch(x, 0, micro_batches * micro_batch), slice_batch(y, 0, micro_batches * micro_batch)
+        passes.forward_backward(x, y, sync=sync, accumulation_steps=micro_batches)
 
     fits, note = probe_fits(probe_step, device, rank, ddp)
     method.optimizer.zero_grad(set_to_none=True)

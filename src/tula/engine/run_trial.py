@@ -189,7 +189,10 @@ def run_trial(
     synchronised step with its batch, on the profile's model), so that the method's extra per
     step is a difference measured side by side; this rank's figures (the caller takes the
     slowest rank per step).  :class:`RunTrialNotRun` ``oom`` when the trainer's own probe step
-    does not fit."""
+    does not fit under DDP; under FSDP the probe is the synchronised sharded step
+    (:func:`tula.engine.ddp.probe_fits`), and a rank that runs out of memory there fails the world
+    with cause ``oom``, which the profile records as this world's run trial ``oom``, its trials kept
+    (:meth:`tula.engine.profile.ProfileSession.world_failed`)."""
     method = spec.train.method
     out = tempfile.mkdtemp(prefix="tula-run-trial-")
     rt = _RankTrainer(ctx, spec, method, out, [], None, 1)
