@@ -154,7 +154,8 @@ def test_a_ddp_world_adds_its_gradient_buckets_to_the_forward_backward_line():
     assert mm.predict_peak_bytes(30, 1) == 5000 and mm.predict_peak_bytes(30, 4) == 6000
     assert mm.predict_peak_bytes(30) == 6000  # the worker count not known: the larger
     assert list(mm.predict_peak_bytes(np.array([30, 30]), np.array([1, 2]))) == [5000, 6000]
-    assert mm.predict_accumulated_peak_bytes(60, 30, 1) == 5000 + 10 * 30
+    assert mm.predict_accumulated_peak_bytes(60, 30, 1) == 5000 + 1000 + 10 * 30  # k = 2: the gradients held
+    assert mm.predict_accumulated_peak_bytes(30, 30, 1) == 5000  # k = 1: the step's own peak
     assert mm.max_local_batch(12000, 0.0, n_workers=1) == 100 and mm.max_local_batch(12000, 0.0) == 90
     # refitting on trials of both world sizes: a DDP world's peaks lose the buckets first
     again = mm.refit([100, 200, 100, 200], [12000, 22000, 13000, 23000], [1, 1, 2, 2])

@@ -36,7 +36,7 @@ from tula.core.variants import (
     variant_models,
 )
 from tula.engine.fsdp import SHARDS_DIR
-from tula.engine.profile import profile, sharding_configs
+from tula.engine.profile import combined_configs, profile, sharding_configs
 from tula.engine.train import train
 from tula.report import plan_table, trials_table
 
@@ -73,16 +73,18 @@ def test_the_profile_measures_the_sharded_variant_and_its_fitted_memory_predicts
     rec = auto_profile
     sharded = [t for t in rec.trials if t.parallelism == "fsdp"]
     ddp = {t.local_batch: t for t in rec.trials if t.parallelism is None and t.n_workers == 2 and t.status == "ok"}
-    assert len(sharded) == 2 and all(t.status == "ok" and t.n_workers == 2 for t in sharded), rec.trials
-    assert sorted(t.local_batch for t in sharded) == sorted(ddp)[-2:]  # the two largest DDP batches at N=2
-    for t in sharded:  # measured: a rank holds half the state, so the same batch's peak is lower
+    assert len(sharded) == 3 and all(t.status == "ok" and t.n_workers == 2 for t in sharded), rec.trials
+    two = sorted(ddp)[-2:]  # the two largest DDP batches at N=2, and half the smaller (the small-batch phase)
+    assert sorted(t.local_batch for t in sharded) == [two[0] // 2, *two]
+    for t in (t for t in sharded if t.local_batch in ddp):  # measured: a rank holds half the state: a lower peak
         assert t.peak_mem_bytes is not None and ddp[t.local_batch].peak_mem_bytes is not None
         assert t.peak_mem_bytes < ddp[t.local_batch].peak_mem_bytes, (t, ddp[t.local_batch])
     assert ProfileRecord.from_dict(rec.to_json_dict()).trials == rec.trials  # the file's values read back
     assert "parallelism" in [c.header for c in trials_table(rec).columns]  # the sharded trials: a column
     # the fit: DDP's models from DDP's trials only, the sharding effect from the sharded ones
     effect = auto_models.sharding
-    assert isinstance(effect, ShardingEffect) and effect.trials == 2 and effect.n_workers == 2
+    assert isinstance(effect, ShardingEffect) and effect.trials == 3 and effect.n_workers == 2
+    assert effect.small_batch_floor_bytes == min(sharded, key=lambda t: t.local_batch).peak_mem_bytes
     assert effect.sync_s >= 0.0
     # the all-gathers' part (every micro-batch's) from the sharded compute-only steps, within the sync
     assert effect.gather_s is not None and 0.0 <= effect.gather_s <= effect.sync_s, effect
@@ -296,16 +298,19 @@ def test_with_accumulation_the_sharded_step_all_gathers_at_every_micro_batch_and
 
 
 def test_the_sharded_variant_runs_at_a_second_cluster_size_of_two_or_more_only():
-    """sharding_configs: the smallest N >= 2's two largest batches, and at the next N >= 2 the local batch
-    nearest its largest; a one-rank world is never a second size."""
+    """sharding_configs: the smallest N >= 2's two largest batches and half the smaller, and at the next N >= 2
+    the local batch nearest its largest; a one-rank world is never a second size.  combined_configs (both
+    ``auto``s): the checkpointed + sharded trial at the largest of the smallest N >= 2."""
 
     def ran(n: int, b: int) -> Trial:
         return Trial(n_workers=n, local_batch=b, global_batch=n * b, status="ok", sequence_length=32)
 
     trials = [ran(1, 8), ran(1, 128), ran(2, 4), ran(2, 64), ran(4, 2), ran(4, 32), ran(8, 1), ran(8, 16)]
-    assert sharding_configs(trials) == [(2, 8), (2, 128), (4, 128)]
-    assert sharding_configs([t for t in trials if t.n_workers <= 2]) == [(2, 8), (2, 128)]
+    assert sharding_configs(trials) == [(2, 4), (2, 8), (2, 128), (4, 128)]
+    assert sharding_configs([t for t in trials if t.n_workers <= 2]) == [(2, 4), (2, 8), (2, 128)]
     assert sharding_configs([ran(1, 8), ran(2, 4)]) == []  # one batch at N = 2: nothing to fit
+    assert sharding_configs([ran(2, 1), ran(2, 8)]) == [(2, 2), (2, 16)]  # no half of one sample
+    assert combined_configs(trials) == [(2, 128)] and combined_configs([ran(1, 8)]) == []
 
 
 def test_planning_while_training_prices_the_variant_the_run_trains():

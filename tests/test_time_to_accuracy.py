@@ -146,15 +146,21 @@ def test_accumulation_carries_a_batch_the_memory_caps_and_its_step_time_is_k_com
     assert plain.max_local_batch == 100 and _nb(plain) == (2, 200)  # N = 2 at b = 100: T = 20 / 200 + 0.5
     m = _capped(k_max=8)
     acc = make_plan(m, "time")
-    row = next(r for r in acc.configurations if (r.n_workers, r.global_batch) == (1, 640))
-    assert (row.accumulation_steps, row.micro_batch, row.feasible) == (8, 80, True)
-    # N = 1: no sync, so k computes of 0.01 + 0.001 * 80 s; per epoch D / B = 1000 / 640 steps
-    assert row.t_step_s == pytest.approx(8 * (0.01 + 0.001 * 80))
-    assert row.peak_mem_bytes == 2000 + 100 * 80 + 10 * (640 - 80)  # the share's data is loaded whole
-    # N = 2 at B = 1000: shares of 500 as 5 micro-batches of 100; the sync overlaps only the last
-    big = next(r for r in acc.configurations if (r.n_workers, r.global_batch) == (2, 1000))
-    assert (big.accumulation_steps, big.micro_batch) == (5, 100)
-    assert big.t_step_s == pytest.approx(5 * (0.01 + 0.001 * 100) + 0.01)
+    # a row fits where its accumulated peak does: the micro-batch's step, the rest of the share's data (loaded
+    # whole) and the gradients (1,000 B) held between the micro-batches
+    row = next(r for r in acc.configurations if (r.n_workers, r.global_batch) == (1, 320))
+    assert (row.accumulation_steps, row.micro_batch, row.feasible) == (5, 64, True)
+    # N = 1: no sync, so k computes of 0.01 + 0.001 * 64 s
+    assert row.t_step_s == pytest.approx(5 * (0.01 + 0.001 * 64))
+    assert row.peak_mem_bytes == 2000 + 100 * 64 + 10 * (320 - 64) + 1000 <= 12_000
+    # B = 640 on one worker: 8 micro-batches of 80 fit one step each, but not the share's (16,600 B): refused
+    over = next(r for r in acc.configurations if (r.n_workers, r.global_batch) == (1, 640))
+    assert (over.accumulation_steps, over.micro_batch, over.feasible, over.peak_mem_bytes) == (8, 80, False, 16600)
+    assert over.reason.startswith("predicted peak of 8 micro-batches of 80 exceeds the memory budget")
+    # N = 2 at B = 640: shares of 320 as 5 micro-batches of 64; the sync overlaps only the last
+    big = next(r for r in acc.configurations if (r.n_workers, r.global_batch) == (2, 640))
+    assert (big.accumulation_steps, big.micro_batch, big.feasible) == (5, 64, True)
+    assert big.t_step_s == pytest.approx(5 * (0.01 + 0.001 * 64) + 0.01)
     # a share no k <= 8 splits into micro-batches of at most 100 (e.g. 997, prime) stays infeasible, saying so
     odd = [r for r in acc.configurations if not r.feasible]
     assert odd and all("no accumulation of up to 8 steps" in r.reason for r in odd)
@@ -168,13 +174,13 @@ def test_tula_train_at_a_plan_that_accumulates_trains_with_its_k(tiny_spec_dict,
     from tula.pipeline import at_choice
 
     plan = make_plan(_capped(k_max=8), "time")
-    assert _nb(plan) == (2, 1000) and plan.choice.accumulation_steps == 5  # shares of 500 as 5 x 100
+    assert _nb(plan) == (2, 320) and plan.choice.accumulation_steps == 2  # shares of 160 as 2 x 80
     save_record(plan, tmp_path / "plan.json")
-    assert at_choice(spec_from_dict(tiny_spec_dict), plan.choice.to_json_dict()).train.accumulation_steps == 5
+    assert at_choice(spec_from_dict(tiny_spec_dict), plan.choice.to_json_dict()).train.accumulation_steps == 2
     (tmp_path / "spec.json").write_text(json.dumps(dict(tiny_spec_dict, epochs=1)))
     r = tula_in_process(
         "train", tmp_path / "spec.json", "--plan", tmp_path / "plan.json", "--method", "lbt", "--out", tmp_path / "run"
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     run = json.loads((tmp_path / "run" / "train.json").read_text())
-    assert (run["n_workers"], run["global_batch"], run["accumulation_steps"], run["micro_batch"]) == (2, 1000, 5, 100)
+    assert (run["n_workers"], run["global_batch"], run["accumulation_steps"], run["micro_batch"]) == (2, 320, 2, 80)

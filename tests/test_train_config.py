@@ -148,8 +148,9 @@ def test_the_sequence_length_is_the_argument_else_the_plan_s_else_the_spec_s():
 
 
 # --------------------------------------------------------------------------- every front
-#: test_plan's hand-checked curves; with test_time_to_accuracy's memory (b <= 100) the time plan
-#: chooses 2 workers at B = 1000, each share of 500 as 5 micro-batches of 100
+#: test_plan's hand-checked curves; with test_time_to_accuracy's memory (b <= 100, and a share's
+#: accumulated peak within 12 kB) the time plan chooses 2 workers at B = 320, each share of 160 as 2
+#: micro-batches of 80
 PERF = PerfModel("ring", grad_bytes=10**6, c0=0.01, c1=0.001, beta=0.01 / 10**6)
 
 
@@ -164,7 +165,7 @@ def test_every_front_trains_a_spec_and_a_plan_at_the_same_configuration(tmp_path
     """``tula train SPEC --plan P``, ``tula.Job(SPEC).train(plan=P)``, and the pipeline that
     ``tula run`` and the service's runner call, resuming a run that holds P: the spec's
     train.n_workers and train.global_batch (1, 64) differ from the plan's choice (2 workers at
-    B = 1000 as 5 micro-batches of 100), and each front trains at the choice.  (Before the one
+    B = 320 as 2 micro-batches of 80), and each front trains at the choice.  (Before the one
     rule, ``tula train`` took the spec's and ``tula.Job.train`` took no plan.)  The estimators
     take no plan: their parameters are explicit arguments."""
     import tula
@@ -174,14 +175,10 @@ def test_every_front_trains_a_spec_and_a_plan_at_the_same_configuration(tmp_path
     models = models_record(PERF, budget=12_000, full=True)
     models["spec"]["search"] |= {"memory_safety": 0.0, "max_accumulation_steps": 8}
     plan = make_plan(models, "time")
-    assert (plan.choice.n_workers, plan.choice.global_batch, plan.choice.accumulation_steps) == (
-        2,
-        1000,
-        5,
-    )
+    assert (plan.choice.n_workers, plan.choice.global_batch, plan.choice.accumulation_steps) == (2, 320, 2)
     spec = dict(tiny_spec(profile=False), epochs=1, train={"method": "lbt", "n_workers": 1, "global_batch": 64})
     save_record(plan, tmp_path / "plan.json")
-    planned = ("lbt", 2, 1000, 5, 100)
+    planned = ("lbt", 2, 320, 2, 80)
 
     r = tula_in_process(
         "train", write_spec(tmp_path, spec), "--plan", tmp_path / "plan.json", "--out", tmp_path / "cli"

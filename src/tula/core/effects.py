@@ -119,8 +119,8 @@ class ShardingEffect:
     and -1.4 % at load 7).
 
     Which static bytes divide by N is measured where the sharded trials ran at two cluster sizes
-    (:func:`tula.engine.profile.sharding_configs`: the smallest N >= 2's two largest batches and
-    one batch at the next N >= 2 that ran; not N = 1, whose one-rank ``fully_shard`` is no point of
+    (:func:`tula.engine.profile.sharding_configs`: the smallest N >= 2's two largest batches (and half
+    the smaller) and one batch at the next N >= 2 that ran; not N = 1, whose one-rank ``fully_shard`` is no point of
     the line): what is left of each peak after the DDP line's static part and activations is
     ``gather_bytes - divided_bytes * (1 - 1/N)``, a line in 1/N whose slope is ``divided_bytes``
     (the state a rank holds 1/N of) and whose value at 1/N = 1 is ``gather_bytes`` (what no N
@@ -139,8 +139,8 @@ class ShardingEffect:
     itself low there.  Run 4's 16.2 % miss (N = 2, B = 12, L = 24: 2.78 MiB measured, 2.33 predicted)
     had a second cause: the profile's sharded world measured its first trial (b = 4) at the optimiser's
     first step, whose AdamW state (1/N of it, 565 kB) did not exist yet at the backward's peak (2,200,584
-    bytes measured there, 2,765,952 after one step; :meth:`tula.engine.profile._Worker.trial` now steps
-    once first).  The fit takes the line through the sharded trials at each size: where they span two
+    bytes measured there, 2,765,952 after one step; :meth:`tula.engine.profile._Worker.trial` now measures
+    after an update).  The fit takes the line through the sharded trials at each size: where they span two
     batches, ``bytes_per_sample_delta`` (their per-sample growth less DDP's, least squares with the
     terms above), which the sharded model adds to the activations per sample (scaled by the
     activations of the line it is applied to over ``activation_bytes_per_sample``, the DDP model's it
@@ -148,8 +148,33 @@ class ShardingEffect:
     run-4 profile with its b = 4 peak as measured after one step, the held-out FSDP points within
     +0.7 %, +1.5 %, +0.8 % and +5.0 % (b = 6 at L = 48), checkpointed + FSDP -1.9 %; the script's
     peaks at L = 32 from b = 4 to 32 within 5.0 % (high between the fitted batches), at b = 2 6.1 % low.
-    Two lines fitted apart would need one more sharded trial at a small batch (the smallest N's
-    smallest batch and half of it), which the profile does not run.
+    Below the smaller batch the chord falls under the small-batch line, so the profile runs a third
+    sharded trial at half the smaller local batch (:func:`tula.engine.profile.sharding_configs`; one trial
+    more in the sharded world), and the fit takes the small-batch phase as the line through the two
+    smallest (``small_batch_bytes``, ``small_batch_bytes_per_sample``: the sharded model's N >= 2 phase,
+    :meth:`~tula.core.memory_model.MemoryModel.ddp_phase_peak_bytes`), the smallest's peak a floor below it,
+    and the chord through the other two.  Each line through two peaks of a convex curve lies above it
+    between them, so the sharded peak is not predicted low from the smallest sharded batch to the
+    largest.  Measured (engineer I's script, 2026-11-29: the 2-rank worlds of
+    :func:`tula.engine.profile.profile_world`, 13 (b, L) from b 1 to 32 and L 16 to 48, fitted on run 4's
+    profile, its sharded trials at b 2, 4 and 32): FSDP's peaks from -13.9 % (b = 1), -8.4 % (b = 2,
+    L = 24) and -6.9 % (b = 4, L = 16) with the chord alone to never low (0.0 % to +5.0 %, median 0.8 %;
+    +12.2 % at b = 1 and +7.6 % at b = 2, L = 24, the floor's, which is per sample, not per token).  The
+    phase is measured at the smallest N >= 2; at a larger N (a rank holds less of the state) it is high.
+
+    Checkpointed and sharded (both ``auto``s).  The effects are measured apart (checkpointing at the
+    smallest N, sharding at N >= 2) and composed -- the checkpointed activations, then the sharded state --
+    but checkpointing moves the peak to another point of the step (its recomputed block, in the backward),
+    where FSDP holds other bytes: measured (the script, 13 (b, L) at N = 2), the composition predicted every
+    checkpointed + sharded peak low, -1.5 % to -5.0 %.  Such a peak less the one-rank checkpointed line is
+    nearly a constant (-324 to -398 kB from b 1 to 32 at L 32), so the profile runs one
+    checkpointed + sharded trial (:func:`tula.engine.profile.combined_configs`: the sharded world's largest
+    batch at its size, in a world of its own: 3.7 and 3.9 s at bench/transformer_plan's fit settings, load
+    3-4, beside 6-9 s of the sharded world, to which the third sharded trial added 0-2 s; the profile took 12
+    trials, not 10) and the checkpointed sharded model adds what it measured beyond the composition
+    (``checkpointed_offset_bytes``; the small-batch phase, the plain step's, is left out): every one of the 13
+    peaks never low, 0.0 % to +5.5 % (median 4.4 %; high at small batches, where the scaled chord's slope is
+    below the checkpointed one), and the stored grid's N = 2, B = 40, L = 48 row +0.7 % (-1.9 % composed).
 
     Accumulation's memory.  Under ``no_sync`` every micro-batch's backward leaves the whole gradients
     unsharded on each rank until the last one reduce-scatters them, so a step of k > 1 micro-batches
@@ -173,6 +198,12 @@ class ShardingEffect:
         sharded trials at one size span two batches (0: not measured, or a record from before it)
     activation_bytes_per_sample : the DDP model's activations per sample the delta was fitted against
         (``None`` with no delta)
+    small_batch_bytes, small_batch_bytes_per_sample : the small-batch phase's line (a rank's peak at
+        ``n_workers``, at the DDP model's length), through the two smallest sharded batches
+    small_batch_floor_bytes : the peak at the smallest sharded batch, a floor below it (0: the phase not
+        measured: fewer than three sharded batches at ``n_workers``, or a record from before it)
+    checkpointed_offset_bytes : what the checkpointed + sharded trial's peak adds to the checkpointing effect
+        and this one composed, fitted (``None``: no such trial; the composition alone)
     """
 
     gather_bytes: int
@@ -185,6 +216,10 @@ class ShardingEffect:
     gather_s: float | None = None
     bytes_per_sample_delta: int = 0
     activation_bytes_per_sample: int | None = None
+    small_batch_bytes: int = 0
+    small_batch_bytes_per_sample: float = 0.0
+    small_batch_floor_bytes: int = 0
+    checkpointed_offset_bytes: int | None = None
 
     @property
     def gather_share(self) -> float:
@@ -193,23 +228,33 @@ class ShardingEffect:
             return ASSUMED_GATHER_SHARE
         return min(1.0, max(0.0, self.gather_s / self.sync_s)) if self.sync_s > 0 else 0.0
 
-    def memory(self, plain: MemoryModel) -> MemoryModel:
+    def memory(self, plain: MemoryModel, checkpointed: bool = False) -> MemoryModel:
         """``plain`` (DDP's) sharded: its state divided by N in a world of N
         (:meth:`~tula.core.memory_model.MemoryModel.world_bytes`), the gathered working set added,
         no DDP buckets, no optimiser-step floor (the update runs on the shards), and the activations per
         sample changed by the fitted :attr:`bytes_per_sample_delta` (scaled as ``plain``'s activations are to
-        those it was fitted against: a checkpointed ``plain`` keeps its share)."""
+        those it was fitted against: a checkpointed ``plain`` keeps its share).  Where the sharded trials
+        measured the small-batch phase (:attr:`small_batch_floor_bytes`) and ``plain`` is the step it was
+        measured on (not ``checkpointed``: :meth:`CheckpointingEffect.memory`'s), that phase, as the memory model's
+        N >= 2 phase (:meth:`~tula.core.memory_model.MemoryModel.ddp_phase_peak_bytes`); none otherwise (not
+        DDP's).  ``checkpointed``: the checkpointed + sharded trial's :attr:`checkpointed_offset_bytes` added."""
         delta = float(self.bytes_per_sample_delta)
         if delta and self.activation_bytes_per_sample:
             delta *= plain.activation_bytes_per_sample / self.activation_bytes_per_sample
+        phase = not checkpointed and self.small_batch_floor_bytes > 0
+        offset = (self.checkpointed_offset_bytes or 0) if checkpointed else 0
         return replace(
             plain,
             activation_bytes_per_sample=max(0, int(round(plain.activation_bytes_per_sample + delta))),
+            other_static_bytes=plain.other_static_bytes + offset,
             sharded=True,
             sharded_gather_bytes=int(self.gather_bytes),
             sharded_divided_bytes=self.divided_bytes,
             ddp_bucket_bytes=0,
             update_peak_bytes=0,
+            ddp_floor_bytes=self.small_batch_floor_bytes if phase else 0,
+            ddp_phase_bytes=self.small_batch_bytes if phase else 0,
+            ddp_phase_bytes_per_sample=self.small_batch_bytes_per_sample if phase else 0.0,
         )
 
     def perf(self, plain: PerfModel) -> PerfModel:

@@ -170,7 +170,7 @@ def fit_models(profile: Mapping[str, Any] | ProfileRecord) -> ModelsRecord:
         fit_error["accumulated_step_max_rel"] = max(a.rel_error for a in acc)
     not_measured = prof.not_measured
     effect = fit_checkpointing_effect(mem, perf, prof.trials)
-    sharding = fit_sharding_effect(mem, perf, prof.trials)
+    sharding = fit_sharding_effect(mem, perf, prof.trials, effect)  # and the checkpointed + sharded trial
     return ModelsRecord(
         kind=MODELS_KIND,
         version=VERSIONS[MODELS_KIND],

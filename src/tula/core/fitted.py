@@ -36,6 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from tula.core.accumulation import fewest_accumulation_steps
 from tula.core.config import Config
 from tula.core.errors import RecordError
 from tula.core.memory_model import MemoryModel
@@ -236,9 +237,9 @@ class Predictions:
     n_workers, global_batch, accumulation_steps : the configurations (N, B, k)
     local_batch : B / N, a rank's share of a step (not rounded: a what-if may split B unevenly)
     micro_batch : B / (N k), the samples of one forward and backward pass
-    feasible : bool; the micro-batch fits in memory: within the memory model's largest local
-        batch under the budget (less the safety margin) and below the batch that ran out of
-        memory while profiling (all True where neither is known)
+    feasible : bool; the configuration fits in memory (:meth:`FittedModels.fits_in_memory`): its
+        accumulated peak within the budget less the safety margin and its micro-batch below the
+        batch that ran out of memory while profiling (all True where neither is known)
     peak_mem_bytes : int64; a rank's predicted peak, rounded down (``None`` without a memory model)
     t_compute_s, t_sync_s : one micro-batch's compute on the network's workers, and the sync
     t_step_s : the plain (DDP) step of k micro-batches (Eq. 2)
@@ -300,7 +301,8 @@ class FittedModels:
     run_costs_note : the sentence saying what ``run_costs`` include (:func:`run_costs_for`)
     method : the training method the run costs are for
     epochs : the spec's epochs, ``predict``'s default
-    max_local_batch : the largest micro-batch that fits in memory (``None``: no limit known)
+    max_local_batch : the largest micro-batch that fits one step in any world (``None``: no limit
+        known): the schedules' cap; whether a configuration fits is :meth:`fits_in_memory`
     ranks_per_node : the ranks per host the fit predicts with (``None``: one host, the flat model)
     noise_scale : the gradient noise scale B_noise the profile measured (``None``: not measured)
     """
@@ -331,6 +333,62 @@ class FittedModels:
             limits.append(self.oom_local_batch - 1)
         known = [b for b in limits if b is not None]
         return min(known) if known else None
+
+    def fits_in_memory(
+        self,
+        local_batch: ArrayLike,
+        micro_batch: ArrayLike,
+        n_workers: ArrayLike,
+        sequence_length: ArrayLike | None = None,
+    ) -> np.ndarray:
+        """Whether a rank's share ``local_batch``, run as micro-batches of ``micro_batch``, fits in
+        memory on ``n_workers`` at ``sequence_length`` (default: the length fitted): the one rule of
+        the plan's rows, :meth:`predict`'s ``feasible`` and the accumulation chosen
+        (:meth:`accumulation_steps_for`), for DDP and FSDP.  Its accumulated peak
+        (:meth:`~tula.core.memory_model.MemoryModel.predict_accumulated_peak_bytes`: the
+        micro-batch's step, the rest of the share's data and, with k > 1, the gradients held between
+        the micro-batches) with the address-space overhead within the budget less the safety
+        margin, and the micro-batch below the batch that ran out of memory while profiling (at a
+        length at least the data's own).  Without a memory model or a budget, the micro-batch
+        against the largest known (:attr:`max_local_batch`, at each length :meth:`max_local_batch_at`).
+        A bool array of the inputs' broadcast shape."""
+        local, micro, n = np.broadcast_arrays(*(np.asarray(x, float) for x in (local_batch, micro_batch, n_workers)))
+        length = None if sequence_length is None else np.broadcast_to(np.asarray(sequence_length, float), local.shape)
+        memory, budget = self.memory, self.memory_budget_bytes
+        if memory is None or budget is None:  # nothing to predict against: the largest micro-batch known
+            if length is None:
+                return np.ones(local.shape, bool) if self.max_local_batch is None else micro <= self.max_local_batch
+            limits = {v: self.max_local_batch_at(int(v)) for v in np.unique(length).tolist()}
+            cap = np.array([np.inf if limits[v] is None else limits[v] for v in np.ravel(length).tolist()], float)
+            return np.asarray(micro <= cap.reshape(local.shape))
+        usable = budget * (1.0 - self.memory_safety) - memory.address_space_overhead_bytes
+        fits = np.asarray(memory.predict_accumulated_peak_bytes(local, micro, n, length), float) <= usable
+        if self.oom_local_batch is not None:  # it binds at the data's own length and above
+            binds = np.ones(local.shape, bool)
+            if length is not None and memory.sequence_length is not None:
+                binds = ~(length < memory.sequence_length)
+            fits = fits & (~binds | (micro < self.oom_local_batch))
+        return np.asarray(fits)
+
+    def accumulation_steps_for(
+        self,
+        share: int,
+        n_workers: int,
+        max_steps: int,
+        sequence_length: int | None = None,
+        max_micro_batch: int | None = None,
+    ) -> int | None:
+        """The fewest accumulation steps k <= ``max_steps`` that split a rank's ``share`` into k
+        equal micro-batches that fit (:meth:`fits_in_memory` on ``n_workers`` at ``sequence_length``,
+        and at most ``max_micro_batch`` where given): the largest micro-batch that fits.  None
+        where none does."""
+
+        def fits(micro: int) -> bool:
+            if max_micro_batch is not None and micro > max_micro_batch:
+                return False
+            return bool(self.fits_in_memory(share, micro, n_workers, sequence_length).all())
+
+        return fewest_accumulation_steps(share, max_steps, fits)
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any] | BaseModel, *, method: str | None = None) -> FittedModels:
@@ -490,11 +548,7 @@ class FittedModels:
         peak = None
         if self.memory is not None:
             peak = np.trunc(np.asarray(self.memory.predict_accumulated_peak_bytes(local, micro, n, length), float))
-        feasible = np.ones(n.shape, bool) if self.max_local_batch is None else micro <= self.max_local_batch
-        if length is not None:  # each length's own limit
-            limits = {v: self.max_local_batch_at(int(v)) for v in np.unique(length).tolist()}
-            cap = np.array([np.inf if limits[v] is None else limits[v] for v in np.ravel(length).tolist()], float)
-            feasible = micro <= cap.reshape(np.shape(length))
+        feasible = self.fits_in_memory(local, micro, n, length)
         free = (self.epochs if epochs is None else epochs) * epoch
         total, cost, lost = free, None, None
         if pricing is not None:

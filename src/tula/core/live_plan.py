@@ -148,7 +148,12 @@ class Ranker:
             share = wanted // n
             if share < 1:
                 break
-            k = accumulation_for(share, caps.max_local_batch, caps.max_accumulation_steps)
+            # the plan's rule: the fewest micro-batches whose accumulated peak fits, within the caps' micro-batch;
+            # where none does, the caps' alone (as the batch schedules bound it: a run goes on as they planned)
+            k_max = caps.max_accumulation_steps
+            k = self.fitted.accumulation_steps_for(share, n, k_max, None, caps.max_local_batch) or accumulation_for(
+                share, caps.max_local_batch, k_max
+            )
             if k is None:
                 continue
             configs.append(Config(n, n * (share // k * k), k))

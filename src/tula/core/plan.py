@@ -733,7 +733,7 @@ class Planner:
                 cand_local = [g // n for g in grid if g % n == 0 and g >= n]
                 for b in _dense_local_batches(lo, hi, cand_local + at_limits):
                     limit = min(at_limits) if at_limits else None
-                    points.append(replace(self.row(n, b, n * b in grid, limit, at), sequence_length=length))
+                    points.append(replace(self.row(n, b, n * b in grid, limit, at, length), sequence_length=length))
         if not points:
             raise InfeasibleError(
                 "the search space is empty: no global batch between min_batch and max_batch splits over the "
@@ -742,10 +742,9 @@ class Planner:
         return points
 
     def b_mem_at(self, n: int) -> int | None:
-        """The memory model's largest local batch on N workers: :attr:`b_mem` for DDP's (the same
-        for every N >= 2); for a sharded one (fsdp) its own, larger on more workers."""
-        if not self.mem.sharded:
-            return self.b_mem
+        """The memory model's largest local batch of one step on N workers, its prediction there
+        (:meth:`FittedModels.fits_in_memory` at k = 1): DDP's the same for every N >= 2; a sharded
+        one's (fsdp) larger on more workers."""
         return self.mem.max_local_batch(self.budget, self.spec.search.memory_safety, n)
 
     def limits_at(self, length: int | None, n: int | None = None) -> tuple[int | None, int | None] | None:
@@ -756,8 +755,7 @@ class Planner:
         fitted_at = self.mem.sequence_length
         if length is None or fitted_at is None or length == fitted_at:
             return None
-        sharded_n = n if self.mem.sharded else None  # a sharded model's limit depends on N
-        b_mem = self.mem.max_local_batch(self.budget, self.spec.search.memory_safety, sharded_n, length)
+        b_mem = self.mem.max_local_batch(self.budget, self.spec.search.memory_safety, n, length)
         b_oom = self.b_oom if length >= fitted_at else None
         both = [b for b in (b_mem, None if b_oom is None else b_oom - 1) if b is not None]
         return (min(both) if both else None), b_mem
@@ -769,14 +767,19 @@ class Planner:
         candidate: bool,
         limit: int | None,
         at_length: tuple[int | None, int | None] | None = None,
+        sequence_length: int | None = None,
     ) -> GridPoint:
         """The point of N workers at local batch b: where memory caps the local batch at ``limit``,
         k micro-batches of b / k may carry it (up to ``max_accumulation_steps``); the point is
         feasible when its micro-batch fits the memory budget and is below the batch that ran out
         of memory, and its cluster size was measured.  ``at_length``: the limits at another
-        sequence length (:meth:`limits_at`)."""
+        sequence length (:meth:`limits_at`), and ``sequence_length`` that length.  The k micro-batches
+        are the fewest whose accumulated peak fits (:meth:`FittedModels.accumulation_steps_for`, the rule
+        of the row's feasibility too: the rest of the share's data and the gradients held between
+        them count); where none does, the fewest within ``limit``, refused."""
         k_max = self.spec.search.max_accumulation_steps
-        k = accumulation_for(b, limit, k_max) or 1
+        fitting = self.fitted.accumulation_steps_for(b, n, k_max, sequence_length, limit)
+        k = fitting or accumulation_for(b, limit, k_max) or 1
         micro, reason = b // k, ""
         b_mem, b_oom = (self.b_mem_at(n), self.b_oom) if at_length is None else (at_length[1], None)
         if at_length is not None and at_length[0] is not None and (b_mem is None or at_length[0] < b_mem):
@@ -785,6 +788,11 @@ class Planner:
             reason = f"predicted peak exceeds the memory budget (local batch > {b_mem})"
         elif b_oom is not None and micro >= b_oom:
             reason = f"a local batch of {b_oom} ran out of memory while profiling"
+        elif fitting is None:  # the micro-batch fits one step, but not the share's k micro-batches
+            reason = (
+                f"predicted peak of {k} micro-batches of {micro} exceeds the memory budget (the rest of the "
+                f"share's data and the gradients held between micro-batches)"
+            )
         if reason and k_max > 1:
             reason += f", and no accumulation of up to {k_max} steps splits {b} into micro-batches that fit"
         if reason and self.checkpointed_limit is not None and micro <= self.checkpointed_limit:

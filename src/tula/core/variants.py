@@ -8,8 +8,9 @@ The profile measures the spec's own variant at every trial and, where the spec l
 to the planner (``train.checkpointing: auto``), the other at the fewest trials that give its
 effect (:func:`tula.engine.profile.checkpointing_configs`: the smallest cluster size's two largest
 batches; with ``train.parallelism: auto``, :func:`tula.engine.profile.sharding_configs`: the
-smallest cluster size of two or more ranks, its two largest batches, and one batch at the next
-such size, sharded).  The fit records
+smallest cluster size of two or more ranks, its two largest batches and half the smaller, and one
+batch at the next such size, sharded; with both ``auto``, one checkpointed and sharded,
+:func:`tula.engine.profile.combined_configs`).  The fit records
 each effect (:class:`CheckpointingEffect`, the models record's ``checkpointing``;
 :class:`ShardingEffect`, its ``sharding``), fitted, not assumed; :func:`variant_models` turns the plain models record
 into the models record of a variant -- its memory and performance models with the effect applied
@@ -21,7 +22,8 @@ objective.
 With ``train.checkpointing`` ``on`` or ``off`` and ``train.parallelism`` ``ddp`` or ``fsdp`` there
 is one variant, the spec's, and nothing here changes a record or a plan.  With both ``auto`` the
 variants are crossed (the two effects are measured apart and applied one after the other: the
-checkpointed activations, then the sharded state).  ``train.parallelism: auto`` with what FSDP
+checkpointed activations, then the sharded state; then what one checkpointed + sharded trial measured
+beyond them, :attr:`ShardingEffect.checkpointed_offset_bytes`).  ``train.parallelism: auto`` with what FSDP
 cannot train (a method that needs the whole gradient, fp16, the noise scale on several workers:
 :func:`tula.core.job_rules.fsdp_obstacle`) plans DDP only, and the plan's reason says why.  Numpy
 only: no torch.
@@ -29,6 +31,7 @@ only: no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -72,7 +75,10 @@ def fit_checkpointing_effect(
     the slope is that trial's.  The compute factor is the median of each trial's measured
     compute over the plain model's at the same (b, N, L), where its ranks ran.  ``None``
     where no checkpointed trial ran."""
-    ok = [t for t in trials if t.checkpointing and t.status == "ok" and t.peak_mem_bytes is not None]
+    ok = [  # not a checkpointed + sharded trial (the sharding effect's)
+        t for t in trials
+        if t.checkpointing and t.parallelism is None and t.status == "ok" and t.peak_mem_bytes is not None
+    ]  # fmt: skip
     if not ok:
         return None
     b = np.array([t.local_batch for t in ok], float)
@@ -106,9 +112,13 @@ def fit_checkpointing_effect(
     )
 
 
-def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[Trial]) -> ShardingEffect | None:
+def fit_sharding_effect(
+    memory: MemoryModel, perf: PerfModel, trials: Sequence[Trial], checkpointing: CheckpointingEffect | None = None
+) -> ShardingEffect | None:
     """The effect of FSDP from the profile's sharded trials (``parallelism`` ``fsdp``) against the
-    DDP ``memory`` and ``perf`` fitted to the others (:class:`ShardingEffect` says what and why).
+    DDP ``memory`` and ``perf`` fitted to the others (:class:`ShardingEffect` says what and why);
+    with ``checkpointing`` (the checkpointed step's effect) and a checkpointed + sharded trial, what that
+    trial's peak adds to the two effects composed (:attr:`ShardingEffect.checkpointed_offset_bytes`).
     ``None`` where no sharded trial ran."""
     ok = [
         t for t in trials
@@ -117,16 +127,23 @@ def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[T
     ]  # fmt: skip
     if not ok:
         return None
-    b = np.array([t.local_batch for t in ok], float)
-    n = np.array([t.n_workers for t in ok], float)
-    lengths = None if memory.sequence_length is None else [t.sequence_length or memory.sequence_length for t in ok]
+    n_min = min(t.n_workers for t in ok)
+    phase_bytes, phase_per_sample, floor = _small_batch_phase([t for t in ok if t.n_workers == n_min])
+    smallest = min(t.local_batch for t in ok if t.n_workers == n_min)
+    line = [t for t in ok if not (floor and t.n_workers == n_min and t.local_batch == smallest)]  # the others
+    b = np.array([t.local_batch for t in line], float)
+    n = np.array([t.n_workers for t in line], float)
+    lengths = None if memory.sequence_length is None else [t.sequence_length or memory.sequence_length for t in line]
     state = memory.param_bytes + memory.grad_bytes + memory.optimizer_state_bytes
-    # the DDP line's static part and activations, no buckets, nothing divided: each peak less it is
-    # gather - divided * (1 - 1/N), a line in 1/N
+    # the DDP line's static part and activations, no buckets, no small-batch phase, nothing divided: each peak
+    # less it is gather - divided * (1 - 1/N), a line in 1/N
     whole = replace(
-        memory, sharded=True, sharded_gather_bytes=0, sharded_divided_bytes=0, ddp_bucket_bytes=0, update_peak_bytes=0
+        memory, sharded=True, sharded_gather_bytes=0, sharded_divided_bytes=0, ddp_bucket_bytes=0, update_peak_bytes=0,
+        ddp_floor_bytes=0, ddp_phase_bytes=0, ddp_phase_bytes_per_sample=0.0,
+    )  # fmt: skip
+    left = np.array([t.peak_mem_bytes for t in line], float) - np.asarray(
+        whole.predict_peak_bytes(b, n, lengths), float
     )
-    left = np.array([t.peak_mem_bytes for t in ok], float) - np.asarray(whole.predict_peak_bytes(b, n, lengths), float)
     sizes = sorted({int(x) for x in n})
     # the per-sample change, where the trials at one size span two batches: FSDP's peak grows by fewer bytes
     # per sample than DDP's line at small batches (ShardingEffect: measured), so the line through the trials
@@ -148,7 +165,6 @@ def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[T
         else:
             gather = float(np.median(held))
     delta = max(delta, -float(memory.activation_bytes_per_sample))
-    n_min = sizes[0]
     timed = [t for t in ok if t.t_step_s and t.n_workers == n_min]  # the sync at n_workers (ShardingEffect.perf)
     sync = 0.0
     gather_s: float | None = None
@@ -166,7 +182,7 @@ def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[T
         if gathered:
             excess = float(np.median([c - x for c, x in gathered]))
             gather_s = min(max(excess, 0.0), sync)
-    return ShardingEffect(
+    effect = ShardingEffect(
         gather_bytes=int(round(gather)),
         sync_s=sync,
         n_workers=int(n_min),
@@ -177,7 +193,46 @@ def fit_sharding_effect(memory: MemoryModel, perf: PerfModel, trials: Sequence[T
         gather_s=gather_s,
         bytes_per_sample_delta=int(round(delta)),
         activation_bytes_per_sample=memory.activation_bytes_per_sample if round(delta) else None,
+        small_batch_bytes=phase_bytes,
+        small_batch_bytes_per_sample=phase_per_sample,
+        small_batch_floor_bytes=floor,
     )
+    return effect if checkpointing is None else _with_checkpointed_offset(effect, memory, checkpointing, trials)
+
+
+def _small_batch_phase(trials: Sequence[Trial]) -> tuple[int, float, int]:
+    """FSDP's small-batch phase from the sharded ``trials`` at one cluster size where they ran three batches
+    or more (:func:`tula.engine.profile.sharding_configs`: half the smaller of the line's two): the line
+    through the two smallest batches' peaks (bytes at b = 0, bytes per sample) and the smallest's peak, a
+    floor below it; (0, 0.0, 0) with fewer."""
+    small = sorted({t.local_batch for t in trials})
+    if len(small) < 3:
+        return 0, 0.0, 0
+    b1, b2 = small[:2]
+    p1, p2 = (max(t.peak_mem_bytes or 0 for t in trials if t.local_batch == b) for b in (b1, b2))
+    per_sample = max(0.0, (p2 - p1) / (b2 - b1))
+    return int(math.ceil(p1 - per_sample * b1)), per_sample, int(p1)
+
+
+def _with_checkpointed_offset(
+    effect: ShardingEffect, memory: MemoryModel, checkpointing: CheckpointingEffect, trials: Sequence[Trial]
+) -> ShardingEffect:
+    """``effect`` with what the checkpointed + sharded trials' peaks add to the two effects composed
+    (:attr:`ShardingEffect.checkpointed_offset_bytes`, the median); unchanged without such a trial."""
+    both = [
+        t for t in trials
+        if t.parallelism == "fsdp" and t.checkpointing and t.status == "ok" and t.peak_mem_bytes is not None
+        and t.n_workers >= 2
+    ]  # fmt: skip
+    if not both:
+        return effect
+    composed = effect.memory(checkpointing.memory(memory), checkpointed=True)
+    at = composed.predict_peak_bytes(
+        np.array([t.local_batch for t in both]), np.array([t.n_workers for t in both]),
+        None if memory.sequence_length is None else [t.sequence_length or memory.sequence_length for t in both],
+    )  # fmt: skip
+    offset = float(np.median(np.array([t.peak_mem_bytes for t in both], float) - np.asarray(at, float)))
+    return replace(effect, checkpointed_offset_bytes=int(round(offset)))
 
 
 def run_variants(spec: JobSpec, models: ModelsRecord) -> list[RunVariant]:
@@ -238,7 +293,8 @@ def variant_models(models: ModelsRecord, variant: RunVariant) -> ModelsRecord:
         memory, perf, changed = models.checkpointing.memory(memory), models.checkpointing.perf(perf), True
     if parallelism_auto and variant.sharded:
         assert models.sharding is not None  # run_variants offers it only where measured
-        memory, perf, changed = models.sharding.memory(memory), models.sharding.perf(perf), True
+        checkpointed = checkpointing_auto and variant.checkpointing  # the effects composed, and what the trial adds
+        memory, perf, changed = models.sharding.memory(memory, checkpointed), models.sharding.perf(perf), True
         sizes = [n for n in spec.search.cluster_sizes if n >= 2]
         if sizes:
             spec_fields["search"] = spec.search.model_copy(update={"cluster_sizes": sizes})
