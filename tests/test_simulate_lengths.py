@@ -12,9 +12,9 @@ from helpers import memory_model, models_record, tula_in_process
 
 from tula.core.effects import CheckpointingEffect, ShardingEffect
 from tula.core.fitted import FittedModels
-from tula.core.perfmodel import PerfModel
+from tula.core.perfmodel import COLLECTIVES, PerfModel
 from tula.core.records import ModelsRecord, validate_record
-from tula.core.simulate import simulator_from_models, what_if
+from tula.core.simulate import simulated_collectives, simulator_from_models, what_if
 from tula.core.variants import RunVariant, variant_models
 from tula.report import simulation_summary, simulation_tables
 
@@ -155,6 +155,35 @@ def test_a_run_variant_is_its_models_with_the_fitted_effect_applied(tmp_path):
     assert "fsdp" in row and " on " in row, row
 
 
+def test_fsdp_s_step_says_its_fitted_sync_not_a_network(tmp_path):
+    rec = _record({"parallelism": "auto"}, effects=True)
+    sim, plain = simulator_from_models(rec, parallelism="fsdp"), simulator_from_models(rec)
+    assert sim.sharding == SHARDED and plain.sharding is None
+    assert simulated_collectives(sim) == ("ring",) and simulated_collectives(plain) == COLLECTIVES
+    w = what_if(rec, sim, [1, 2, 4], simulated_collectives(sim), batch=32)
+    _, two, four = w.rows
+    assert two.t_sync_s == pytest.approx(SHARDED.sync_s, rel=1e-12)  # the fitted sync at the N it was measured at
+    assert four.t_sync_s == pytest.approx(SHARDED.sync_s * 1.5, rel=1e-12)  # a ring's 2 (N - 1) / N: 3/2 of N = 2's
+    (table,) = simulation_tables(sim, w.rows)
+    title = str(table.title)
+    words = (
+        "FSDP's all-gathers and reduce-scatter: the profile's fitted sync, 4 ms a step at N=2 (25% of it all-gathers, "
+        "paid at every micro-batch), scaled over N as a ring's bytes per link; compute x1, 2 rank(s) per node"
+    )
+    assert title.endswith(words) and "Gbit/s" not in title and "latency" not in title, title
+    assert not any("bandwidth" in n or "latency" in n for n in sim.notes), sim.notes
+    assert "bandwidth" in str(simulation_tables(plain, plain.constant(32, [2], ["ring"]))[0].title)  # DDP's: a link
+    r = _simulate(tmp_path, rec, "--parallelism", "fsdp")
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "FSDP's all-gathers and reduce-scatter: the profile's fitted sync" in out, out
+    assert "Simulated ring" in out and "Simulated tree" not in out and "Gbit/s" not in out
+
+
+#: an auto profile with FSDP's effect fitted, and what-if links or collectives asked of its FSDP step
+FSDP_WHAT_IF = {"train": {"parallelism": "auto"}, "effects": True}
+
+
 @pytest.mark.parametrize(
     "record, args, words",
     [
@@ -213,6 +242,24 @@ def test_a_run_variant_is_its_models_with_the_fitted_effect_applied(tmp_path):
             ["--sequence-length", "32,64", "--schedule", "geometric:factor=2"],
             "--schedule simulates one sequence length; give one --sequence-length",
         ),
+        (
+            FSDP_WHAT_IF,
+            ["--parallelism", "fsdp", "--bandwidth", "100Gbit/s"],
+            "--bandwidth does not apply to FSDP's step: its all-gathers and reduce-scatter are the profile's fitted "
+            "sync, scaled over N as a ring's bytes per link, not a network's bandwidth and latency; leave "
+            "--bandwidth out to simulate FSDP on the profiled network, or simulate DDP on another",
+        ),
+        (
+            FSDP_WHAT_IF,
+            ["--parallelism", "fsdp", "--latency", "5us", "--intra-bandwidth", "600GB/s"],
+            "--latency, --intra-bandwidth do not apply to FSDP's step: its all-gathers and reduce-scatter are",
+        ),
+        (
+            FSDP_WHAT_IF,
+            ["--parallelism", "fsdp", "--collective", "ring,tree"],
+            "--collective tree does not apply to FSDP's step: its all-gathers and reduce-scatter are the profile's "
+            "fitted sync, scaled over N as a ring's bytes per link; give ring or leave --collective out",
+        ),
     ],
     ids=[
         "no-length",
@@ -228,6 +275,9 @@ def test_a_run_variant_is_its_models_with_the_fitted_effect_applied(tmp_path):
         "bad-parallelism",
         "bad-checkpointing",
         "schedule-at-two-lengths",
+        "fsdp-bandwidth",
+        "fsdp-links",
+        "fsdp-collective",
     ],
 )
 def test_what_the_models_record_cannot_answer_is_one_sentence_and_exit_2(tmp_path, record, args, words):

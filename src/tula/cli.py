@@ -920,6 +920,7 @@ def simulate(
         parse_schedule,
         parse_sequence_lengths,
         parse_workers,
+        simulated_collectives,
         simulator_from_models,
         what_if,
     )
@@ -951,6 +952,7 @@ def simulate(
         for length in lengths or (None,)
     ]
     sim = replace(sims[0], notes=tuple(dict.fromkeys(n for one in sims for n in one.notes)))  # each length's notes
+    colls = simulated_collectives(sim, None if collective is None else colls)  # FSDP's fitted sync: the fitted one
     # the run's epochs, as the what-if reads them (dicts of JSON's values)
     past = [h.model_dump(mode="json") for h in load_train(history).history] if history is not None else None
     w = what_if(

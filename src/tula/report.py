@@ -39,11 +39,12 @@ from tula.core.records import (
 )
 from tula.core.registry import OBJECTIVES
 from tula.core.say import Table, fmt_bytes
-from tula.core.simulate import ConstantRow, MeasuredPoint, ScheduleRow, SimulatedRow
+from tula.core.simulate import ConstantRow, MeasuredPoint, ScheduleRow, SimulatedRow, sharded_sync_words
 from tula.core.spec import reference_sequence_length
 
 if TYPE_CHECKING:
     from tula.core.perfmodel import PerfModel
+    from tula.core.spec import JobSpec
 
 _TRIALS = TypeAdapter(list[Trial])
 
@@ -428,13 +429,23 @@ def plan_chart_data(plan: dict | PlanRecord, trials: Sequence[Trial | dict]) -> 
 
 
 def plot_plan(plan: dict | PlanRecord, trials: Sequence[Trial | dict], path: str | Path) -> Path:
+    """Write :func:`plan_figure` as a PNG at ``path``."""
+    return _save_figure(plan_figure(plan, trials), path)
+
+
+def plan_figure(plan: dict | PlanRecord, trials: Sequence[Trial | dict]):
     """Time and cost vs global batch per cluster size: predicted lines, measured points
-    (time: E epochs of S(B) measured steps and the epoch's end), the chosen configuration starred."""
+    (time: E epochs of S(B) measured steps and the epoch's end), the chosen configuration starred;
+    where the rows have a sequence length, against the tokens of a batch (:func:`_tokens_plan_figure`).
+    An open matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rec = as_record(plan, PlanRecord)
+    if any(r.sequence_length is not None for r in rec.configurations):
+        return _tokens_plan_figure(rec, trials)
     data = plan_chart_data(plan, trials)
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(12, 4.6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -483,7 +494,164 @@ def plot_plan(plan: dict | PlanRecord, trials: Sequence[Trial | dict], path: str
     ax_t.legend(fontsize=8)
     ax_c.legend(fontsize=8)
     fig.suptitle(f"{data.name}: objective {data.objective} (dotted: knee per cluster size)")
-    return _save_figure(fig, path)
+    return fig
+
+
+#: a plan row's step: (L, parallelism, checkpointing)
+_Step = tuple[int | None, str, bool]
+
+
+def _step_words(step: _Step) -> str:
+    """``L=64, fsdp, checkpointed``: a plan row's step in words (a legend's label)."""
+    length, parallelism, checkpointing = step
+    return f"L={length}, {parallelism}" + (", checkpointed" if checkpointing else "")
+
+
+def _trial_step(trial: Trial, spec: JobSpec) -> _Step:
+    """The step a profiled trial ran: its length, and its variant (a variant trial's, else the spec's own)."""
+    own = "ddp" if spec.train.parallelism == "auto" else spec.train.parallelism
+    return (
+        trial.sequence_length,
+        trial.parallelism or own,
+        bool(trial.checkpointing or spec.train.checkpointing == "on"),
+    )
+
+
+#: one line style per cluster size where the colours are the steps (L, variant)
+_SIZE_STYLES: tuple[str | tuple, ...] = ("-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+
+
+def _tokens_plan_figure(rec: PlanRecord, trials: Sequence[Trial | dict]):
+    """A plan of a model of sequences: time and cost (to accuracy, where the objective is) against
+    the tokens of a global batch, B x L.  One step (L, variant) planned: a line per cluster size, as a
+    CNN's plan; several: one colour and one legend entry per step, one line style per cluster size.
+    The profiled trials of each step as points, the choice starred with its L, parallelism and
+    checkpointing.  An open matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    plot = _TokensPlot(rec, plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    plot.lines(axes)
+    if not plot.to_accuracy:  # the profiled trials, as E epochs of their measured steps
+        plot.measured(axes, _trials(trials))
+    knees = plot.marks(axes)
+    how = "colour: L and variant, line style: cluster size" if plot.several else ""
+    how = how or ("dotted: knee per cluster size" if knees else "")
+    fig.suptitle(f"{rec.spec.name}: objective {rec.objective}" + (f" ({how})" if how else ""))
+    return fig
+
+
+class _TokensPlot:
+    """What :func:`_tokens_plan_figure` draws: the plan's feasible rows of a length, their steps (L,
+    variant) and cluster sizes, and the metric the objective ranks by (to accuracy, or the epochs')."""
+
+    def __init__(self, rec: PlanRecord, colors: list[str]):
+        self.rec, self.colors = rec, colors
+        self.to_accuracy = OBJECTIVES[rec.objective].to_accuracy if rec.objective in OBJECTIVES else False
+        self.keys = ("time_to_accuracy_s", "cost_to_accuracy") if self.to_accuracy else ("total_time_s", "cost")
+        self.rows = [
+            r
+            for r in rec.configurations
+            if r.feasible and r.sequence_length is not None and getattr(r, self.keys[0]) is not None
+        ]
+        self.steps: list[_Step] = sorted(
+            {(r.sequence_length, r.parallelism, r.checkpointing) for r in self.rows},
+            key=lambda s: (s[0] or 0, s[1], s[2]),
+        )
+        self.sizes = sorted({r.n_workers for r in self.rows})
+        self.several = len(self.steps) > 1
+
+    def look(self, step: _Step, n_workers: int) -> tuple[str, str | tuple]:
+        """The colour and line style of a step's line at a cluster size."""
+        i, j = self.steps.index(step), self.sizes.index(n_workers)
+        if self.several:
+            return self.colors[i % len(self.colors)], _SIZE_STYLES[j % len(_SIZE_STYLES)]
+        return self.colors[j % len(self.colors)], "-"
+
+    def line(self, step: _Step, n_workers: int) -> list[PlanRow]:
+        """A step's rows at a cluster size by global batch, the fastest of each B."""
+        best: dict[int, PlanRow] = {}
+        for r in self.rows:
+            if (r.sequence_length, r.parallelism, r.checkpointing) == step and r.n_workers == n_workers:
+                if r.global_batch not in best or getattr(r, self.keys[0]) < getattr(best[r.global_batch], self.keys[0]):
+                    best[r.global_batch] = r
+        return [best[b] for b in sorted(best)]
+
+    def lines(self, axes) -> None:
+        """The predicted lines: per step and cluster size, the legend naming each step (each size with one)."""
+        for step in self.steps:
+            labelled = False
+            for n in self.sizes:
+                line = self.line(step, n)
+                if not line:
+                    continue
+                col, style = self.look(step, n)
+                label = f"N={n} predicted" if not self.several else None if labelled else _step_words(step)
+                labelled = True
+                tokens = [r.global_batch * (step[0] or 1) for r in line]
+                for ax, key in zip(axes, self.keys):
+                    ax.plot(tokens, [getattr(r, key) for r in line], color=col, ls=style, label=label)
+        if self.several and len(self.sizes) > 1:  # which line style is which cluster size
+            for j, n in enumerate(self.sizes):
+                for ax in axes:
+                    ax.plot([], [], color="grey", ls=_SIZE_STYLES[j % len(_SIZE_STYLES)], label=f"N={n}")
+
+    def measured(self, axes, trials: list[Trial]) -> None:
+        """The profiled trials of a step planned, as points: E epochs of their measured steps, and their cost."""
+        from tula.core.pricing import make_pricing
+        from tula.core.run_costs import epoch_time_s
+
+        spec, pricing = self.rec.spec, make_pricing(self.rec.spec.pricing)
+        for t in trials:
+            step = _trial_step(t, spec)
+            if t.status != "ok" or step not in self.steps or t.n_workers not in self.sizes:
+                continue
+            if t.t_step_s is None or t.peak_mem_bytes is None:  # an ok trial has both (ProfileRecord checks it)
+                continue
+            ep = epoch_time_s(t.t_step_s, t.global_batch, t.n_workers, self.rec.dataset_size, self.rec.run_costs)
+            time_s = pricing.expected_time_s(spec.epochs * ep, t.n_workers, ep)
+            cost = pricing.cost(time_s, t.n_workers, t.peak_mem_bytes)
+            col, _ = self.look(step, t.n_workers)
+            for ax, y in zip(axes, (time_s, cost)):
+                ax.plot([t.global_batch * (step[0] or 1)], [float(y)], "o", color=col, ms=4)
+
+    def marks(self, axes) -> bool:
+        """The knees (one step planned), the deadline and budget, the choice starred, the axes; whether
+        knees were drawn."""
+        from tula.core.pricing import make_pricing
+
+        rec, (ax_t, ax_c) = self.rec, axes
+        knees = not self.several and bool(rec.knees)  # of each cluster size's curve: one step's rows
+        for n in self.sizes if knees else []:
+            knee = rec.knees.get(str(n))
+            if knee is not None:
+                ax_t.axvline(knee.global_batch * (self.steps[0][0] or 1), color=self.look(self.steps[0], n)[0],
+                             ls=":", lw=1)  # fmt: skip
+        cons = rec.constraints
+        if cons is not None and cons.deadline_s is not None:
+            ax_t.axhline(cons.deadline_s, color="red", ls="--", lw=1, label="deadline")
+        if cons is not None and cons.budget is not None:
+            ax_c.axhline(cons.budget, color="red", ls="--", lw=1, label="budget")
+        c = rec.choice
+        chosen = c.global_batch * (c.sequence_length or 1)
+        label = (
+            f"chosen: N={c.n_workers}, B={c.global_batch} ({chosen} tokens), "
+            f"{_step_words((c.sequence_length, c.parallelism, c.checkpointing))}"
+        )
+        for ax, key in zip(axes, self.keys):
+            value = getattr(c, key)
+            ax.plot([chosen], [float("nan") if value is None else value], marker="*", ms=18, color="gold",
+                    mec="black", ls="none", label=label)  # fmt: skip
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("tokens per global batch, B x L")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        spec = rec.spec
+        unit = make_pricing(spec.pricing).unit
+        acc = self.to_accuracy
+        ax_t.set_ylabel("time to their accuracy at B0 (s)" if acc else f"training time for {spec.epochs} epochs (s)")
+        ax_c.set_ylabel(f"cost{' to that accuracy' if acc else ''} ({spec.pricing.kind} pricing, {unit})")
+        return knees
 
 
 def fmt_bandwidth(bytes_per_s: float) -> str:
@@ -494,6 +662,12 @@ def fmt_bandwidth(bytes_per_s: float) -> str:
 
 
 def _simulated_network(sim) -> str:
+    """The line a simulation's tables and plot say its network in: the links the sync runs on, or, for
+    FSDP's step from its fitted effect, that sync as the profile measured it (no link of it is known);
+    the compute speed and the ranks per node."""
+    if sim.sharding is not None:
+        sync = sharded_sync_words(sim.sharding, sim.perf.collective)
+        return f"{sync}; compute x{sim.compute_speed:g}, {sim.ranks_per_node} rank(s) per node"
     link = f"bandwidth {fmt_bandwidth(sim.bandwidth_bytes_per_s)}, latency {sim.latency_s * 1e6:.3g} us"
     ibw = sim.bandwidth_bytes_per_s if sim.intra_bandwidth_bytes_per_s is None else sim.intra_bandwidth_bytes_per_s
     ilat = sim.latency_s if sim.intra_latency_s is None else sim.intra_latency_s
@@ -709,7 +883,7 @@ def plot_simulation(
     for ax in (ax_t, ax_c):
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle((title + "\n" if title else "") + _simulated_network(sim), fontsize=10)
+    fig.suptitle((title + "\n" if title else "") + _simulated_network(sim), fontsize=10, wrap=True)
     return _save_figure(fig, path)
 
 
@@ -819,6 +993,14 @@ def training_figure(run: TrainRecord):
         _epoch_time_panel(axes[0, 1 + has_delta + grows], rec, history)
     if goodput:
         _goodput_panel(axes[0, cols - 1], goodput)
+    length = reference_sequence_length(rec.spec.data)
+    if length is not None:  # a model of sequences: the step trained, its batch in tokens
+        t = rec.spec.train
+        fig.suptitle(
+            f"{rec.spec.name}: {rec.method} at L={length}, B={rec.global_batch} ({rec.global_batch * length} tokens a "
+            f"batch), {t.parallelism}, checkpointing {t.checkpointing}",
+            fontsize=10,
+        )
     return fig
 
 

@@ -76,7 +76,11 @@ the models were fitted at one length, or L is above the positional limit the spe
 :func:`check_sequence_length`), and one of another run variant (DDP or FSDP, checkpointing on
 or off) from the models with the fitted effect applied, as the planner applies it (refused where
 the profile did not measure it: :func:`variant_record`); a constant batch's rows then carry
-tokens per second, B * L / t_step.
+tokens per second, B * L / t_step.  FSDP's step from that effect has no network of its own: its
+all-gathers and reduce-scatter are the sync the profile's sharded trials measured at one N, scaled
+over N as the fitted collective's bytes per link (:meth:`tula.core.effects.ShardingEffect.perf`), so
+it is simulated on the fitted collective alone, said as that sync (:func:`sharded_sync_words`), and a
+bandwidth, latency or other collective given for it is refused in one sentence.
 Not modelled: the seconds a resize takes (a new world when N changes: 0.1 s with the local
 launcher here, 2 s before its ranks forked from a fork server, see docs/benchmarks.md; a new
 batch on the same workers stays in its world, milliseconds), stragglers, and network contention beyond the alpha-beta model.
@@ -93,6 +97,7 @@ from typing import Any, ClassVar, overload
 import numpy as np
 from numpy.typing import ArrayLike
 
+from tula.core.effects import ShardingEffect
 from tula.core.errors import OptionError, TulaError
 from tula.core.fitted import FittedModels, Network, Predictions
 from tula.core.job_rules import fsdp_obstacle
@@ -401,6 +406,9 @@ class Simulator:
     record: ModelsRecord | None = field(default=None, compare=False, repr=False)
     profiled_step: bool = True
     sharded_min_workers: int = 1  # FSDP's effect applied to a DDP profile: fitted at N >= 2 (the plan's sizes)
+    # FSDP's fitted effect whose sync this step's is (ShardingEffect.perf: the measured sync scaled over N as the
+    # fitted collective's bytes per link, no network's bandwidth or latency); None: the sync is the network's
+    sharding: ShardingEffect | None = None
 
     # ---------------------------------------------------------------- the step
     @cached_property
@@ -801,10 +809,18 @@ def simulator_from_models(
         limit the spec gives (:func:`check_sequence_length`)
     parallelism, checkpointing : the run variant to predict (``ddp`` or ``fsdp``; ``on``/``off`` or
         a bool; default: the record's own), the fitted effect applied as the planner does;
-        refused where the profile did not measure it (:func:`variant_record`)
+        refused where the profile did not measure it (:func:`variant_record`); FSDP's step from its
+        fitted effect refuses the links (``bandwidth``, ``latency``, ``intra_bandwidth``,
+        ``intra_latency``): its sync is the profile's measured one, not a network's
     """
     original = _models_record(models)
     rec = variant_record(original, parallelism, checkpointing)
+    # FSDP's fitted effect applied to an auto profile's DDP models (variant_models): its sync is that effect's
+    sharded = original.spec.train.parallelism == "auto" and rec.spec.train.parallelism == "fsdp"
+    sharding = original.sharding if sharded else None
+    if sharding is not None:
+        links = {"bandwidth": bandwidth, "latency": latency, "intra_bandwidth": intra_bandwidth}
+        _refuse_links_for_sharded_sync(rec.perf.collective, {**links, "intra_latency": intra_latency})
     own_length = simulated_step(original).sequence_length
     if sequence_length is not None:
         check_sequence_length(rec, sequence_length)
@@ -823,12 +839,17 @@ def simulator_from_models(
         )
     r = _ranks_per_node(rec, fitted.ranks_per_node, ranks_per_node)
     _note_intra_link(notes, perf, ibw, ilat, r)
+    if sharding is not None:  # no link of the network the sync runs on: nothing to say of one
+        notes.bandwidth = notes.latency = notes.intra_latency = notes.intra = None
+        if notes.loopback is not None:
+            notes.loopback = (
+                "FSDP's all-gathers and reduce-scatter were measured with ranks sharing one host (loopback), not "
+                "over a network between nodes"
+            )
     if epochs is not None and epochs < 1:
         raise TulaError(f"epochs must be at least 1, not {epochs}")
     max_local_batch = fitted.max_local_batch  # within the budget, below the batch that ran out of memory
     step = simulated_step(rec, spec)
-    # FSDP's fitted effect applied to an auto profile's DDP models (variant_models)
-    sharding_applied = original.spec.train.parallelism == "auto" and rec.spec.train.parallelism == "fsdp"
     if sequence_length is not None and sequence_length != step.sequence_length:
         max_local_batch = fitted.max_local_batch_at(sequence_length)
         step = replace(step, sequence_length=sequence_length, notes=(*step.notes, *_length_notes(rec, sequence_length)))
@@ -855,8 +876,58 @@ def simulator_from_models(
         oom_local_batch=fitted.oom_local_batch,
         record=rec,
         profiled_step=rec is original and step.sequence_length == own_length,
-        sharded_min_workers=2 if sharding_applied else 1,
+        sharded_min_workers=2 if sharding is not None else 1,
+        sharding=sharding,
     )
+
+
+#: how a collective's bytes per link are said (FSDP's fitted sync is scaled over N by them)
+_BYTES_PER_LINK_WORDS = {"ring": "a ring's", "tree": "a tree's", "parameter_server": "a parameter server's"}
+
+
+def sharded_sync_words(sharding: ShardingEffect, collective: str) -> str:
+    """FSDP's sync as the simulator predicts it from the fitted effect (:meth:`ShardingEffect.perf`), in
+    words for a table's title: the profile's fitted all-gathers and reduce-scatter at the cluster size
+    they were measured at, scaled over N as ``collective``'s bytes per link -- no bandwidth, no latency."""
+    share = f"{sharding.gather_share:.0%}" + (" assumed" if sharding.gather_s is None else "")
+    return (
+        f"FSDP's all-gathers and reduce-scatter: the profile's fitted sync, {sharding.sync_s * 1e3:.3g} ms a step at "
+        f"N={sharding.n_workers} ({share} of it all-gathers, paid at every micro-batch), scaled over N as "
+        f"{_BYTES_PER_LINK_WORDS.get(collective, collective)} bytes per link"
+    )
+
+
+def _refuse_links_for_sharded_sync(collective: str, links: Mapping[str, Any]) -> None:
+    """Refuse, in one sentence, a network given for FSDP's step from its fitted effect: its sync is the
+    profile's measured one scaled over N, not an alpha-beta term a bandwidth or latency would replace."""
+    given = tuple(name for name, value in links.items() if value is not None)
+    if given:
+        raise OptionError(
+            "{links} " + ("does" if len(given) == 1 else "do") + " not apply to FSDP's step: its all-gathers and "
+            "reduce-scatter are the profile's fitted sync, scaled over N as "
+            f"{_BYTES_PER_LINK_WORDS.get(collective, collective)} bytes per link, not a network's bandwidth and "
+            "latency; leave {links} out to simulate FSDP on the profiled network, or simulate DDP on another",
+            links=given,
+        )
+
+
+def simulated_collectives(sim: Simulator, collectives: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The collectives ``sim``'s rows are simulated on: ``collectives`` (``None``: all three); for FSDP's
+    step from its fitted effect (:attr:`Simulator.sharding`) the fitted one alone, whose bytes per link
+    scale its sync (its all-gathers and reduce-scatter are no all-reduce to choose), ``collectives``
+    naming another being one sentence."""
+    if sim.sharding is None:
+        return COLLECTIVES if collectives is None else tuple(collectives)
+    fitted = sim.perf.collective
+    other = next((c for c in collectives or () if c != fitted), None)
+    if other is not None:
+        raise OptionError(
+            f"{{collective}} {other} does not apply to FSDP's step: its all-gathers and reduce-scatter are the "
+            f"profile's fitted sync, scaled over N as {_BYTES_PER_LINK_WORDS.get(fitted, fitted)} bytes per link; "
+            f"give {fitted} or leave {{collective}} out",
+            collective="collective",
+        )
+    return (fitted,)
 
 
 #: the model's keyword arguments that say its positional limit, as a spec may give them (tiny_gpt's
@@ -1228,6 +1299,7 @@ def what_if(
             sequence_length="sequence_length",
         )
     sim = sims[0]
+    collectives = simulated_collectives(sim, collectives)  # FSDP's fitted sync: on the fitted collective alone
     schedule_only = {
         "min_workers": min_workers,
         "max_workers": max_workers,
