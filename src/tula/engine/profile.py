@@ -944,6 +944,7 @@ class ProfileSession:
         self.spent_before = 0.0
         self.world_size = 0  # the running world's size
         self.snapped = 0  # its trials already in a snapshot
+        self.world_variant = (False, False)  # its variant: (checkpointed, sharded)
         self.not_measured: dict[str, str] = {}  # cluster sizes the launcher cannot place: N -> why
         self.fixed: int | None = None  # a launched world's one size
         self.started_by = "its launcher"
@@ -1149,6 +1150,7 @@ class ProfileSession:
         ``sharded``: of ``train.parallelism: auto``'s sharded one."""
         self.streamed.clear()
         self.world_size, self.snapped = n, 0
+        self.world_variant = (checkpointed, sharded)  # a fresh world after an out-of-memory runs the same variant
         signum = interrupts.requested()
         if signum:
             raise self.stopped(signum)
@@ -1226,6 +1228,7 @@ class ProfileSession:
         out-of-memory result, those of larger local batches are skipped, and a fresh world
         runs the smaller ones still to do."""
         first, rest = todo[0], todo[1:]
+        variant = self.world_variant  # the failed world's (checkpointed, sharded): the fresh one runs it too
         n_oom, b_oom = first[0], first[1]
         b_local = b_oom // n_oom
         self.trials.append(
@@ -1233,7 +1236,7 @@ class ProfileSession:
         )
         if len(first) > 2:  # at another sequence length: says nothing of the others
             if rest:
-                self.run_world(n, [tuple(c) for c in rest])  # type: ignore[misc]  # (N, B) or (N, B, L), as given
+                self.run_world(n, [tuple(c) for c in rest], *variant)  # type: ignore[misc]  # (N, B) or (N, B, L)
             return
         skipped = f"not run: local batch {b_local} already ran out of memory"
         at_ref = [c for c in rest if len(c) == 2]
@@ -1245,7 +1248,7 @@ class ProfileSession:
         smaller: list[ConfigTuple] = [(c[0], c[1]) for c in at_ref if c[1] // c[0] < b_local]
         smaller += [(c[0], c[1], c[2]) for c in rest if len(c) > 2]
         if smaller:
-            self.run_world(n, smaller)
+            self.run_world(n, smaller, *variant)
 
     def length_of(self, config: Sequence[int]) -> int | None:
         """The sequence length a trial of ``config`` ((N, B) or (N, B, L)) records."""
